@@ -1,0 +1,117 @@
+from . import recover_pb2 as _recover_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class FinishRequest(_message.Message):
+    __slots__ = ("jobId", "nodeRank", "exitCode", "message")
+    JOBID_FIELD_NUMBER: _ClassVar[int]
+    NODERANK_FIELD_NUMBER: _ClassVar[int]
+    EXITCODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    jobId: str
+    nodeRank: int
+    exitCode: int
+    message: str
+    def __init__(self, jobId: _Optional[str] = ..., nodeRank: _Optional[int] = ..., exitCode: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class JobQuery(_message.Message):
+    __slots__ = ("jobId",)
+    JOBID_FIELD_NUMBER: _ClassVar[int]
+    jobId: str
+    def __init__(self, jobId: _Optional[str] = ...) -> None: ...
+
+class AgentRecord(_message.Message):
+    __slots__ = ("nodeRank", "role", "host", "pid", "ranksPerNode", "subscribed", "registeredAt", "lastSeen", "finished", "exitCode")
+    NODERANK_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    RANKSPERNODE_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBED_FIELD_NUMBER: _ClassVar[int]
+    REGISTEREDAT_FIELD_NUMBER: _ClassVar[int]
+    LASTSEEN_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    EXITCODE_FIELD_NUMBER: _ClassVar[int]
+    nodeRank: int
+    role: str
+    host: str
+    pid: int
+    ranksPerNode: int
+    subscribed: bool
+    registeredAt: float
+    lastSeen: float
+    finished: bool
+    exitCode: int
+    def __init__(self, nodeRank: _Optional[int] = ..., role: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., ranksPerNode: _Optional[int] = ..., subscribed: bool = ..., registeredAt: _Optional[float] = ..., lastSeen: _Optional[float] = ..., finished: bool = ..., exitCode: _Optional[int] = ...) -> None: ...
+
+class RoundRecord(_message.Message):
+    __slots__ = ("round", "startedAt", "endedAt", "faultRanks", "strategiesTried", "strategy", "outcome", "durationSeconds")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    STARTEDAT_FIELD_NUMBER: _ClassVar[int]
+    ENDEDAT_FIELD_NUMBER: _ClassVar[int]
+    FAULTRANKS_FIELD_NUMBER: _ClassVar[int]
+    STRATEGIESTRIED_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    DURATIONSECONDS_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    startedAt: float
+    endedAt: float
+    faultRanks: _containers.RepeatedCompositeFieldContainer[_recover_pb2.FaultRank]
+    strategiesTried: _containers.RepeatedScalarFieldContainer[str]
+    strategy: str
+    outcome: str
+    durationSeconds: float
+    def __init__(self, round: _Optional[int] = ..., startedAt: _Optional[float] = ..., endedAt: _Optional[float] = ..., faultRanks: _Optional[_Iterable[_Union[_recover_pb2.FaultRank, _Mapping]]] = ..., strategiesTried: _Optional[_Iterable[str]] = ..., strategy: _Optional[str] = ..., outcome: _Optional[str] = ..., durationSeconds: _Optional[float] = ...) -> None: ...
+
+class EventRecord(_message.Message):
+    __slots__ = ("time", "kind", "round", "detail")
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    time: float
+    kind: str
+    round: int
+    detail: str
+    def __init__(self, time: _Optional[float] = ..., kind: _Optional[str] = ..., round: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class JobRecord(_message.Message):
+    __slots__ = ("jobId", "state", "nodeCount", "ranksPerNode", "restarts", "maxRestarts", "createdAt", "updatedAt", "agents", "rounds", "events", "info")
+    JOBID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    NODECOUNT_FIELD_NUMBER: _ClassVar[int]
+    RANKSPERNODE_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    MAXRESTARTS_FIELD_NUMBER: _ClassVar[int]
+    CREATEDAT_FIELD_NUMBER: _ClassVar[int]
+    UPDATEDAT_FIELD_NUMBER: _ClassVar[int]
+    AGENTS_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    jobId: str
+    state: str
+    nodeCount: int
+    ranksPerNode: int
+    restarts: int
+    maxRestarts: int
+    createdAt: float
+    updatedAt: float
+    agents: _containers.RepeatedCompositeFieldContainer[AgentRecord]
+    rounds: _containers.RepeatedCompositeFieldContainer[RoundRecord]
+    events: _containers.RepeatedCompositeFieldContainer[EventRecord]
+    info: str
+    def __init__(self, jobId: _Optional[str] = ..., state: _Optional[str] = ..., nodeCount: _Optional[int] = ..., ranksPerNode: _Optional[int] = ..., restarts: _Optional[int] = ..., maxRestarts: _Optional[int] = ..., createdAt: _Optional[float] = ..., updatedAt: _Optional[float] = ..., agents: _Optional[_Iterable[_Union[AgentRecord, _Mapping]]] = ..., rounds: _Optional[_Iterable[_Union[RoundRecord, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[EventRecord, _Mapping]]] = ..., info: _Optional[str] = ...) -> None: ...
+
+class JobList(_message.Message):
+    __slots__ = ("status", "jobs")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    status: _recover_pb2.Status
+    jobs: _containers.RepeatedCompositeFieldContainer[JobRecord]
+    def __init__(self, status: _Optional[_Union[_recover_pb2.Status, _Mapping]] = ..., jobs: _Optional[_Iterable[_Union[JobRecord, _Mapping]]] = ...) -> None: ...

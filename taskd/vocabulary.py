@@ -1,0 +1,94 @@
+"""The strings and codes that travel on the wire, shared by every part of taskd.
+
+They mirror ClusterD's vocabulary so that a TaskD agent and a taskd controller
+(or the other way round) understand each other.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class FaultType:
+    """`FaultRank.faultType` values."""
+
+    RECOVERABLE = "0"  # on-chip memory fault, recoverable in place
+    PROCESS = "1"  # process death, hang, anything else
+    NETWORK = "2"
+
+    ALL = (RECOVERABLE, PROCESS, NETWORK)
+
+
+class SignalType:
+    """`ProcessManageSignal.signalType` values."""
+
+    STOP_TRAIN = "stopTrain"
+    GLOBAL_FAULT = "globalFault"
+    CHANGE_STRATEGY = "changeStrategy"
+    SAVE_AND_EXIT = "saveAndExit"
+    KEEP_ALIVE = "keep-alive"
+    KILL_MASTER = "killMaster"
+    FAULT_NODES_EXIT = "faultNodesExit"
+
+
+class Action:
+    """`ProcessManageSignal.actions` entries."""
+
+    STOP_TRAIN = "stop_train"
+    PAUSE_TRAIN = "pause_train"
+    ON_GLOBAL_RANK = "on_global_rank"
+    CHANGE_STRATEGY = "change_strategy"
+    SAVE_AND_EXIT = "save_and_exit"
+    FAULT_NODES_EXIT = "fault_nodes_exit"
+    FAULT_NODES_RESTART = "fault_nodes_restart"
+
+
+class Strategy:
+    """Recovery strategies, in the order the controller prefers them."""
+
+    RETRY = "retry"  # in-process step retry
+    RECOVER = "recover"  # restart only the faulty ranks
+    JOB_RESCHEDULING = "job-rescheduling"  # restart every rank from checkpoint
+    DUMP = "dump"  # healthy ranks save, then exit
+    EXIT = "exit"
+
+    ORDER = (RETRY, RECOVER, JOB_RESCHEDULING, DUMP, EXIT)
+    TERMINAL = (DUMP, EXIT)
+
+
+def parse_strategies(text: str | list[str] | tuple[str, ...]) -> list[str]:
+    """Parse `recover,job-rescheduling,exit`; raise ValueError naming an unknown entry."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    out: list[str] = []
+    for item in (i.strip() for i in items):
+        if not item:
+            continue
+        if item not in Strategy.ORDER:
+            raise ValueError(f"unknown strategy {item!r}; known: {', '.join(Strategy.ORDER)}")
+        if item not in out:
+            out.append(item)
+    return out
+
+
+class Code(IntEnum):
+    """`Status.code` values."""
+
+    OK = 0
+    NOT_REGISTERED = 400
+    OUT_OF_ORDER = 401
+    JOB_NOT_EXIST = 402
+    RECOVERY_DISABLED = 403
+    PROCESS_NOT_READY = 404
+    RETRY_FAILED_RECOVERABLE = 405
+    RETRY_FAILED_UNRECOVERABLE = 406
+    DUMP_FAILED = 407
+    NOT_INITIALISED = 408
+    INVALID_PARAMS = 409
+    RATE_LIMITED = 410
+    TOO_MANY_REQUESTS = 429
+    TOO_MANY_JOBS = 500
+    SIGNAL_QUEUE_BUSY = 504
+    REPORT_TIMEOUT = 507
+
+
+DEFAULT_PORT = 8899
