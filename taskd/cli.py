@@ -1,4 +1,4 @@
-"""`taskd` command line: parses flags into configs and hands them to the parts."""
+"""`taskd` command line: parses flags and hands them to the parts (run, server, status)."""
 
 from __future__ import annotations
 
@@ -10,20 +10,40 @@ log = logging.getLogger("taskd")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from taskd.controller.cli_commands import add_server_arguments, add_status_arguments
+    from taskd.run import add_run_arguments
+
     parser = argparse.ArgumentParser(prog="taskd", description="Fault-tolerant supervision for distributed training")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_run_arguments(sub.add_parser("run", help="launch and supervise a training job (torchrun-like)"))
+    add_server_arguments(sub.add_parser("server", help="run the recovery controller"))
+    add_status_arguments(sub.add_parser("status", help="show jobs, faults and recoveries of a controller"))
     sub.add_parser("version", help="print the version")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "version":
-        from importlib.metadata import version
+    from taskd.run import setup_console_logging
 
-        sys.stdout.write(version("taskd") + "\n")
-        return 0
-    return 2
+    setup_console_logging(args.verbose)
+    if args.command == "run":
+        from taskd.run import run_main
+
+        return run_main(args)
+    if args.command == "server":
+        from taskd.controller.cli_commands import server_main
+
+        return server_main(args)
+    if args.command == "status":
+        from taskd.controller.cli_commands import status_main
+
+        return status_main(args)
+    from importlib.metadata import version
+
+    sys.stdout.write(version("taskd") + "\n")
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,7 @@
+"""`python -m taskd ...` is the `taskd` command."""
+
+import sys
+
+from taskd.cli import main
+
+sys.exit(main())

@@ -1,0 +1,129 @@
+"""Process-group handling the agent needs beyond the launcher's callbacks: verify, escalate, reap."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections.abc import Iterable
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+
+def process_group(pid: int) -> int | None:
+    """The process group of a live pid, or None when it is gone."""
+    try:
+        return os.getpgid(pid)
+    except (ProcessLookupError, PermissionError):
+        return None
+
+
+def live_group_members(pgids: Iterable[int]) -> dict[int, list[int]]:
+    """Non-zombie processes of each group, found by scanning /proc (a group outlives its leader)."""
+    wanted = set(pgids)
+    found: dict[int, list[int]] = {}
+    if not wanted:
+        return found
+    for proc in psutil.process_iter(["status"]):
+        try:
+            pgid = os.getpgid(proc.pid)
+        except (ProcessLookupError, PermissionError):
+            continue
+        if pgid in wanted and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            found.setdefault(pgid, []).append(proc.pid)
+    return found
+
+
+def signal_groups(pgids: Iterable[int], sig: int) -> None:
+    for pgid in pgids:
+        if pgid <= 1 or pgid == os.getpgrp():
+            continue  # never signal our own group or init's
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            pass
+        except PermissionError as exc:
+            log.warning("cannot signal process group %d: %s", pgid, exc)
+
+
+def wait_groups_gone(pgids: Iterable[int], timeout: float, poll: float = 0.01) -> dict[int, list[int]]:
+    """Wait until no live member of the groups is left; return what is still alive at the deadline."""
+    deadline = time.monotonic() + timeout
+    remaining = live_group_members(pgids)
+    while remaining and time.monotonic() < deadline:
+        time.sleep(poll)
+        remaining = live_group_members(remaining)
+    return remaining
+
+
+def stop_groups(pgids: Iterable[int], grace: float, first_signal: int = signal.SIGTERM) -> dict[int, list[int]]:
+    """SIGTERM (or first_signal), wait `grace`, SIGKILL what is left, and confirm; returns survivors."""
+    groups = [g for g in set(pgids) if g > 1]
+    alive = live_group_members(groups)
+    if not alive:
+        return {}
+    signal_groups(alive, first_signal)
+    alive = wait_groups_gone(alive, grace)
+    if alive:
+        log.warning("process groups %s outlived %.1fs of grace: SIGKILL", sorted(alive), grace)
+        signal_groups(alive, signal.SIGKILL)
+        alive = wait_groups_gone(alive, 5.0)
+        if alive:
+            log.error("process groups %s survive SIGKILL", sorted(alive))
+    return alive
+
+
+def msrun_schedulers(parent_pid: int | None = None) -> list[psutil.Process]:
+    """msrun's scheduler: a child of the msrun process with MS_ROLE=MS_SCHED in its environment."""
+    found = []
+    try:
+        children = psutil.Process(parent_pid or os.getpid()).children(recursive=False)
+    except psutil.Error:
+        return found
+    for child in children:
+        try:
+            if child.environ().get("MS_ROLE") == "MS_SCHED":
+                found.append(child)
+        except psutil.Error:
+            continue
+    return found
+
+
+def reap_processes(procs: list[psutil.Process], grace: float) -> None:
+    """Terminate, wait, kill: used for msrun's scheduler, which no callback covers."""
+    for proc in procs:
+        try:
+            proc.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=5.0)
+
+
+def describe_exit(returncode: int | None) -> str:
+    if returncode is None:
+        return "ended (exit status unknown)"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"killed by {name}"
+    return f"exited with code {returncode}"
+
+
+def shell_exit_code(returncode: int | None) -> int:
+    """What a shell would report: 128 + signal for a signal, 1 when unknown."""
+    if returncode is None:
+        return 1
+    if returncode < 0:
+        return 128 + (-returncode)
+    return returncode

@@ -1,0 +1,514 @@
+"""The agent's main loop: watch ranks, report faults, carry out what the controller decides.
+
+Everything that touches rank processes runs on the thread that called `run()` (msrun's main
+thread, or `taskd run`'s): the launcher's callbacks are not thread-safe, and PR_SET_PDEATHSIG
+fires when the *thread* that spawned a rank exits. The subscriber thread only queues signals.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import psutil
+
+from taskd.agent.config import AgentConfig
+from taskd.agent.process_tools import (
+    describe_exit,
+    msrun_schedulers,
+    process_group,
+    reap_processes,
+    shell_exit_code,
+    stop_groups,
+    wait_groups_gone,
+)
+from taskd.agent.rank_watch import RankWatch
+from taskd.agent.summary import FaultRecord, JobResult, RecoveryRecord
+from taskd.vocabulary import Action, Code, FaultType, SignalType, Strategy
+
+log = logging.getLogger("taskd.agent")
+
+RUNNING, SUCCEEDED, FAILED, STOPPING, STOPPED, NOT_STARTED = (
+    "running", "succeeded", "failed", "stopping", "stopped", "not-started")
+MONITOR_RUNNING, MONITOR_GONE, MONITOR_NEVER_STARTED = None, 300, 200
+
+
+class LauncherDetails(Protocol):
+    """Optional extras a launcher can offer beyond msrun's four callbacks (taskd's own does)."""
+
+    def returncode(self, local_rank: int) -> int | None: ...
+
+    def tail_log(self, local_rank: int, n: int = 20) -> list[str]: ...
+
+
+@dataclass
+class Rank:
+    local_rank: int
+    global_rank: int
+    pid: int | None = None
+    pgid: int | None = None
+    create_time: float | None = None
+    state: str = NOT_STARTED
+    returncode: int | None = None
+
+
+class Supervisor:
+    """One job on one node, from START_ALL_WORKER to the last rank's end."""
+
+    def __init__(self, config: AgentConfig, callbacks: dict[str, Callable[..., Any]],
+                 details: LauncherDetails | None = None) -> None:
+        self.config = config
+        self.cb = callbacks
+        self.details = details
+        self.result = JobResult()
+        self.ranks: dict[int, Rank] = {}
+        self._watch = RankWatch()
+        self._commands: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._terminate_signal: int | None = None
+        self._done = False
+        self._mgr: Any = None
+        self._embedded: Any = None
+        self._subscriber: threading.Thread | None = None
+        self._degraded = False
+        self._restarts_used = 0
+        self._round_faults: dict[int, int] = {}
+        self._round_started: float | None = None
+        self._old_handlers: dict[int, Any] = {}
+
+    # ----------------------------------------------------------------- lifecycle
+    def run(self) -> JobResult:
+        self._install_signal_handlers()
+        try:
+            self._discover_ranks()
+            self._connect()
+            self._start_all(first=True)
+            self._loop()
+        except BaseException as exc:
+            if not self._done:
+                log.error("agent failed: %s: %s; stopping every rank", type(exc).__name__, exc)
+                self._finish(False, 1, f"agent error: {exc}")
+            raise
+        finally:
+            self._shutdown()
+        return self.result
+
+    def _discover_ranks(self) -> None:
+        """Ask MONITOR before any rank runs: msrun answers status 200 entries with global ranks."""
+        entries = self.cb["MONITOR"]([-1]) or {}
+        count = self.config.ranks_per_node or len(entries)
+        if count <= 0:
+            raise RuntimeError("MONITOR([-1]) returned no ranks and ranks_per_node is not set")
+        self.config.ranks_per_node = count
+        node_ids = [e.get("node_id") for e in entries.values() if isinstance(e.get("node_id"), int)]
+        if self.config.node_rank is None:
+            if node_ids and node_ids[0] >= 0:
+                self.config.node_rank = node_ids[0]
+            elif 0 in entries and isinstance(entries[0].get("global_rank"), int):
+                self.config.node_rank = max(0, entries[0]["global_rank"]) // count
+            else:
+                self.config.node_rank = 0
+        if self.config.node_count is None:
+            total = 0
+            for var in ("MS_WORKER_NUM", "RANK_SIZE", "WORLD_SIZE"):
+                try:
+                    total = int(os.environ.get(var, "0"))
+                except ValueError:
+                    total = 0
+                if total:
+                    break
+            self.config.node_count = max(1, -(-total // count)) if total else 1
+        for local_rank in range(count):
+            entry = entries.get(local_rank, {})
+            global_rank = entry.get("global_rank")
+            if not isinstance(global_rank, int) or global_rank < 0:
+                global_rank = self.config.node_rank * count + local_rank
+            self.ranks[local_rank] = Rank(local_rank, global_rank)
+        self.result.ranks = count
+        self._local_of = {r.global_rank: r.local_rank for r in self.ranks.values()}
+
+    def _connect(self) -> None:
+        from taskd.proto import recover_pb2
+        from taskd.toolkit.recover_module import recover_manager as rm
+
+        cfg = self.config
+        address = cfg.server
+        if address is None:
+            from taskd.controller.server import ControllerConfig, EmbeddedController
+
+            self._embedded = EmbeddedController(ControllerConfig(
+                listen="127.0.0.1:0", state_path=":memory:", default_max_restarts=cfg.max_restarts))
+            address = self._embedded.start()
+            log.debug("embedded controller on %s", address)
+        info = recover_pb2.ClientInfo(
+            jobId=cfg.resolved_job_id(), role="agent", nodeRank=cfg.node_rank or 0,
+            nodeCount=cfg.node_count or 1, ranksPerNode=cfg.ranks_per_node or 0,
+            maxRestarts=cfg.max_restarts, host=socket.gethostname(), pid=os.getpid(),
+            strategies=cfg.offered_strategies)
+        mgr = rm.DLRecoverManager(info, address)
+        try:
+            enabled = mgr.init_clusterd()
+            if enabled:
+                status = mgr.register(info)
+                enabled = status.code == Code.OK
+                if not enabled:
+                    log.warning("controller %s refused registration: %d %s", address, status.code, status.info)
+        except rm.ServerUnreachable as exc:
+            log.warning("%s: running degraded (local restarts only)", exc)
+            enabled = False
+        if not enabled:
+            mgr.stop()
+            self._degraded = True
+            return
+        self._mgr = mgr
+        rm.set_manager(mgr)
+        handlers = {
+            Action.STOP_TRAIN: "stop", Action.ON_GLOBAL_RANK: "strategies",
+            Action.CHANGE_STRATEGY: "change", Action.SAVE_AND_EXIT: "dump",
+            Action.FAULT_NODES_EXIT: "kill", SignalType.KILL_MASTER: "kill",
+        }
+        for name, kind in handlers.items():
+            mgr.register_action_handler(name, self._queue_handler(kind))
+        self._subscriber = threading.Thread(target=mgr.start_subscribe, name="taskd-subscriber", daemon=True)
+        self._subscriber.start()
+        deadline = time.monotonic() + 5.0
+        while not getattr(mgr, "connected", True) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        log.info("job %s: node %d of %d, %d rank(s), controller %s%s", cfg.job_id, cfg.node_rank,
+                 cfg.node_count, cfg.ranks_per_node, address, " (embedded)" if self._embedded else "")
+
+    def _queue_handler(self, kind: str) -> Callable[[Any], None]:
+        def handler(sig: Any) -> None:
+            self._commands.put((kind, sig))
+            self._watch.wake()
+        return handler
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self._old_handlers[signum] = signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self._terminate_signal = signum
+        self._watch.wake()
+
+    def _shutdown(self) -> None:
+        alive = [r for r in self.ranks.values() if r.state in (RUNNING, STOPPING)]
+        if alive:
+            self._stop_ranks(alive, graceful=True)
+        self._ensure_all_gone()
+        if self.config.launcher == "msrun":
+            schedulers = msrun_schedulers()
+            if schedulers:
+                log.info("reaping msrun's scheduler (pid %s)", ", ".join(str(p.pid) for p in schedulers))
+                reap_processes(schedulers, self.config.stop_grace)
+        if self._mgr is not None:
+            try:
+                self._mgr.report_finished(0 if self.result.succeeded else self.result.exit_code, self.result.reason)
+            except Exception as exc:  # the job is over either way
+                log.debug("could not report the end of the job: %s", exc)
+            self._mgr.stop()
+        if self._subscriber is not None:
+            self._subscriber.join(timeout=5.0)
+        if self._embedded is not None:
+            self._embedded.stop()
+        self._watch.close()
+        for signum, handler in self._old_handlers.items():
+            signal.signal(signum, handler)
+        self.result.ended = time.time()
+
+    # ----------------------------------------------------------------- main loop
+    def _loop(self) -> None:
+        next_sweep = time.monotonic() + self.config.monitor_interval
+        while not self._done:
+            for exit_ in self._watch.wait(max(0.0, next_sweep - time.monotonic())):
+                self._on_exit(exit_.local_rank, exit_.pid)
+            self._run_commands()
+            if self._terminate_signal is not None and not self._done:
+                name = signal.Signals(self._terminate_signal).name
+                log.warning("received %s: stopping every rank", name)
+                self._finish(False, 128 + self._terminate_signal, f"agent received {name}")
+                break
+            if time.monotonic() >= next_sweep:
+                self._sweep()
+                next_sweep = time.monotonic() + self.config.monitor_interval
+            if not self._done and self.ranks and all(r.state == SUCCEEDED for r in self.ranks.values()):
+                self._finish(True, 0, "")
+
+    def _run_commands(self) -> None:
+        while not self._done:
+            try:
+                kind, sig = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                getattr(self, f"_on_{kind}")(sig)
+            except Exception:
+                log.exception("handling %s failed", kind)
+
+    def _finish(self, succeeded: bool, exit_code: int, reason: str) -> None:
+        if self._done:
+            return
+        self._done = True
+        self.result.succeeded = succeeded
+        self.result.exit_code = 0 if succeeded else (exit_code or 1)
+        self.result.reason = reason
+        first = self.result.first_failure
+        if not succeeded and first is not None and self.details is not None:
+            try:
+                self.result.first_failure_log = self.details.tail_log(first.local_rank, 20)
+            except Exception as exc:
+                log.debug("no log tail for rank %d: %s", first.global_rank, exc)
+        self._stop_ranks([r for r in self.ranks.values() if r.state in (RUNNING, STOPPING)], graceful=True)
+
+    # ----------------------------------------------------------------- rank exits
+    def _exit_status(self, rank: Rank) -> tuple[int | None, int | None]:
+        """(MONITOR status, raw returncode) of an exited rank; MONITOR can lag the pidfd a little."""
+        deadline = time.monotonic() + 1.0
+        while True:
+            entry = (self.cb["MONITOR"]([rank.local_rank]) or {}).get(rank.local_rank, {})
+            status = entry.get("status", MONITOR_GONE)
+            if entry.get("pid") not in (None, rank.pid):
+                status = MONITOR_GONE  # a newer incarnation: ours is gone
+            if status is not MONITOR_RUNNING or time.monotonic() > deadline:
+                break
+            time.sleep(0.005)
+        if status is MONITOR_RUNNING:
+            status = MONITOR_GONE
+        returncode = None
+        if self.details is not None:
+            try:
+                returncode = self.details.returncode(rank.local_rank)
+            except Exception:
+                returncode = None
+        if returncode is None:
+            returncode = 0 if status == 0 else None
+        return status, returncode
+
+    def _on_exit(self, local_rank: int, pid: int) -> None:
+        rank = self.ranks.get(local_rank)
+        if rank is None or rank.pid != pid or rank.state not in (RUNNING, STOPPING):
+            return
+        status, returncode = self._exit_status(rank)
+        rank.returncode = returncode
+        if rank.state == STOPPING:
+            rank.state = STOPPED
+            return
+        if status == 0:
+            rank.state = SUCCEEDED
+            log.info("rank %d (pid %d) finished", rank.global_rank, pid)
+            return
+        rank.state = FAILED
+        self._fault(rank, "exit", FaultType.PROCESS)
+
+    def _fault(self, rank: Rank, reason: str, fault_type: str) -> None:
+        record = FaultRecord(time.time(), rank.global_rank, rank.local_rank, rank.pid, rank.returncode, reason)
+        self.result.faults.append(record)
+        if self.result.first_failure is None:
+            self.result.first_failure = record
+        log.warning("fault: %s", record.describe())
+        self._round_faults[rank.global_rank] = int(fault_type)
+        if self._round_started is None:
+            self._round_started = time.monotonic()
+        if self._degraded:
+            self._local_recovery()
+            return
+        self._report_fault({rank.global_rank: int(fault_type)}, record.describe())
+
+    def _report_fault(self, faults: dict[int, int], detail: str) -> None:
+        from taskd.toolkit.recover_module.recover_manager import ServerUnreachable
+
+        deadline = time.monotonic() + self.config.controller_timeout
+        delay = 0.1
+        while True:
+            try:
+                code = self._mgr.report_process_fault(faults, detail=detail)
+                if code == Code.OK:
+                    return
+                log.warning("controller answered %d to the fault report", code)
+            except ServerUnreachable as exc:
+                log.warning("%s", exc)
+            if time.monotonic() >= deadline or self._terminate_signal is not None:
+                break
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+        log.warning("controller unreachable for %.0fs: degraded mode, restarts handled locally",
+                    self.config.controller_timeout)
+        self._degraded = True
+        self._local_recovery()
+
+    def _local_recovery(self) -> None:
+        """No controller: restart the whole node's ranks while the budget lasts (a single node keeps training)."""
+        if self._restarts_used >= self.config.max_restarts:
+            self._finish(False, self._failure_code(), f"restart budget of {self.config.max_restarts} spent")
+            return
+        self._restarts_used += 1
+        log.warning("degraded: local job-rescheduling (restart %d of %d)", self._restarts_used,
+                    self.config.max_restarts)
+        started = time.monotonic()
+        ranks = sorted(self._round_faults)
+        self._stop_ranks(list(self.ranks.values()), graceful=False)
+        if self._start_all() == 0:
+            self._recovered(Strategy.JOB_RESCHEDULING, ranks, started, degraded=True)
+
+    def _failure_code(self) -> int:
+        first = self.result.first_failure
+        return shell_exit_code(first.returncode) if first is not None else 1
+
+    # ----------------------------------------------------------------- sweep
+    def _sweep(self) -> None:
+        """What pidfds cannot tell: launcher statuses, zombies, pid reuse, restarts by someone else."""
+        entries = self.cb["MONITOR"]([-1]) or {}
+        for rank in list(self.ranks.values()):
+            if rank.state != RUNNING or rank.pid is None:
+                continue
+            entry = entries.get(rank.local_rank, {})
+            gone = entry.get("status", MONITOR_RUNNING) is not MONITOR_RUNNING
+            if not gone and entry.get("pid") not in (None, rank.pid):
+                gone = True
+            if not gone:
+                try:
+                    proc = psutil.Process(rank.pid)
+                    gone = proc.status() == psutil.STATUS_ZOMBIE or (
+                        rank.create_time is not None and abs(proc.create_time() - rank.create_time) > 0.01)
+                except psutil.NoSuchProcess:
+                    gone = True
+            if gone:
+                self._watch.unwatch(rank.local_rank, rank.pid)
+                self._on_exit(rank.local_rank, rank.pid)
+
+    # ----------------------------------------------------------------- starting and stopping
+    def _adopt(self, local_ranks: list[int]) -> None:
+        """Read new pids from MONITOR and watch them."""
+        entries = self.cb["MONITOR"]([-1]) or {}
+        for local_rank in local_ranks:
+            rank = self.ranks[local_rank]
+            entry = entries.get(local_rank, {})
+            pid = entry.get("pid")
+            if pid is None:
+                rank.state, rank.pid = FAILED, None
+                continue
+            rank.pid, rank.state, rank.returncode = pid, RUNNING, None
+            rank.pgid = process_group(pid) or pid
+            try:
+                rank.create_time = psutil.Process(pid).create_time()
+            except psutil.NoSuchProcess:
+                rank.create_time = None
+            if not self._watch.watch(local_rank, pid) or entry.get("status") is not MONITOR_RUNNING:
+                self._on_exit(local_rank, pid)
+
+    def _start_all(self, first: bool = False) -> int:
+        code = self.cb["START_ALL_WORKER"]()
+        self._adopt(sorted(self.ranks))
+        pids = ", ".join(f"{r.global_rank}:{r.pid}" for r in self.ranks.values())
+        log.info("%s %d rank(s) (rank:pid %s)%s", "started" if first else "restarted", len(self.ranks), pids,
+                 "" if code == 0 else f"; START_ALL_WORKER returned {code}")
+        return code
+
+    def _stop_ranks(self, ranks: list[Rank], graceful: bool) -> None:
+        """Stop ranks and every process of their groups; confirm with psutil before returning."""
+        live = [r for r in ranks if r.pid is not None and r.state in (RUNNING, STOPPING)]
+        for rank in live:
+            rank.state = STOPPING
+        pgids = [r.pgid or r.pid for r in ranks if r.pid is not None]
+        if graceful and live:
+            stop_groups(pgids, self.config.stop_grace)
+        if live:
+            self.cb["KILL_WORKER"]([r.pid for r in live])
+        survivors = wait_groups_gone(pgids, max(self.config.stop_grace, 1.0))
+        if survivors:
+            stop_groups(survivors, 0.0, first_signal=signal.SIGKILL)
+        for rank in live:
+            self._watch.unwatch(rank.local_rank, rank.pid)
+            if rank.state == STOPPING:
+                _, rank.returncode = self._exit_status(rank)
+                rank.state = STOPPED
+
+    def _ensure_all_gone(self) -> None:
+        try:
+            self.cb["KILL_WORKER"]([-1])
+        except Exception as exc:
+            log.warning("KILL_WORKER([-1]) failed: %s", exc)
+        pgids = [r.pgid or r.pid for r in self.ranks.values() if r.pid is not None]
+        if pgids:
+            stop_groups(pgids, 0.0, first_signal=signal.SIGKILL)
+
+    # ----------------------------------------------------------------- controller signals
+    def _local_ranks(self, faults: dict[int, int]) -> list[int]:
+        return sorted(self._local_of[g] for g in faults if g in self._local_of)
+
+    def _on_stop(self, sig: Any) -> None:
+        for global_rank, fault_type in sig.fault_ranks.items():
+            self._round_faults.setdefault(global_rank, fault_type)
+        if self._round_started is None:
+            self._round_started = time.monotonic()
+        ranks = [self.ranks[lr] for lr in self._local_ranks(sig.fault_ranks)]
+        self._stop_ranks(ranks, graceful=False)
+        self._mgr.report_stop_complete(Code.OK, "", sig.fault_ranks)
+
+    def _on_strategies(self, sig: Any) -> None:
+        self._mgr.report_recover_strategy(sig.fault_ranks, self.config.offered_strategies)
+
+    def _on_change(self, sig: Any) -> None:
+        strategy = sig.strategy
+        faults = sig.fault_ranks or dict(self._round_faults)
+        started = self._round_started or time.monotonic()
+        log.info("strategy: %s for rank(s) %s", strategy, sorted(faults))
+        if strategy == Strategy.RECOVER:
+            local = self._local_ranks(faults)
+            self._stop_ranks([self.ranks[lr] for lr in local], graceful=False)
+            code = self.cb["START_WORKER_LIST"](local) if local else 0
+            self._adopt(local)
+            msg = "" if code == 0 else f"START_WORKER_LIST({local}) returned {code}"
+            self._mgr.report_recover_status(Code.OK if code == 0 else 1, msg, faults, strategy)
+            if code == 0:
+                self._recovered(strategy, sorted(faults), started)
+        elif strategy == Strategy.JOB_RESCHEDULING:
+            self._stop_ranks(list(self.ranks.values()), graceful=False)
+            code = self._start_all()
+            msg = "" if code == 0 else f"START_ALL_WORKER returned {code}"
+            self._mgr.report_recover_status(Code.OK if code == 0 else 1, msg, faults, strategy)
+            if code == 0:
+                self._recovered(strategy, sorted(faults), started)
+        elif strategy == Strategy.DUMP:
+            self._on_dump(sig)
+        elif strategy == Strategy.EXIT:
+            self._stop_ranks(list(self.ranks.values()), graceful=True)
+            self._mgr.report_recover_status(Code.OK, "", faults, strategy)
+            self._finish(False, self._failure_code(), "the controller chose exit")
+        else:
+            log.warning("strategy %r is not one this agent carries out", strategy)
+            self._mgr.report_recover_status(Code.RETRY_FAILED_UNRECOVERABLE, f"unsupported strategy {strategy}",
+                                            faults, strategy)
+
+    def _on_dump(self, sig: Any) -> None:
+        faults = sig.fault_ranks or dict(self._round_faults)
+        self._stop_ranks(list(self.ranks.values()), graceful=True)
+        self._mgr.report_recover_status(Code.DUMP_FAILED, "this agent cannot ask ranks to save", faults,
+                                        Strategy.DUMP)
+        self._finish(False, self._failure_code(), "dump")
+
+    def _on_kill(self, sig: Any) -> None:
+        log.warning("controller sent %s: stopping every rank", sig.signal_type or sig.actions)
+        self._finish(False, self._failure_code(), f"controller sent {sig.signal_type}")
+
+    def _recovered(self, strategy: str, ranks: list[int], started: float, degraded: bool = False) -> None:
+        seconds = time.monotonic() - started
+        self.result.recoveries.append(RecoveryRecord(strategy, ranks, time.time(), seconds, degraded))
+        pids = ", ".join(f"{self.ranks[self._local_of[g]].global_rank}:{self.ranks[self._local_of[g]].pid}"
+                         for g in ranks if g in self._local_of)
+        log.info("recovered rank(s) %s with %s in %.3fs%s", ranks, strategy, seconds,
+                 f" (now rank:pid {pids})" if pids else "")
+        self._round_faults.clear()
+        self._round_started = None
+
+
+__all__ = ["Supervisor", "LauncherDetails", "describe_exit"]

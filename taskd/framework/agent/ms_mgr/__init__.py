@@ -1,0 +1,1 @@
+"""TaskD-compatible layout: taskd.framework.agent.ms_mgr.msrun_plugin."""

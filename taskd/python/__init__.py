@@ -1,0 +1,1 @@
+"""Compatibility paths used by MindSpore and TaskD documentation (taskd.python.*)."""

@@ -1,0 +1,1 @@
+"""Compatibility re-export."""
