@@ -1,0 +1,34 @@
+"""taskd's local launcher: spawns a node's ranks and serves msrun's four callbacks.
+
+    from taskd.launcher import LocalLauncher, WorkerSpec, command_for
+
+    launcher = LocalLauncher(WorkerSpec(command_for("train.py", ["--steps", "100"]), nproc_per_node=4))
+    plugin.register_callbacks(...)  # for name, func in launcher.callbacks().items()
+"""
+
+from taskd.launcher.local import Incarnation, LocalLauncher, describe_returncode, exit_code_of
+from taskd.launcher.process import set_child_subreaper
+from taskd.launcher.spec import (
+    STATUS_FAILED,
+    STATUS_NOT_STARTED,
+    STATUS_OK,
+    STATUS_RUNNING,
+    WorkerSpec,
+    command_for,
+    free_port,
+)
+
+__all__ = [
+    "STATUS_FAILED",
+    "STATUS_NOT_STARTED",
+    "STATUS_OK",
+    "STATUS_RUNNING",
+    "Incarnation",
+    "LocalLauncher",
+    "WorkerSpec",
+    "command_for",
+    "describe_returncode",
+    "exit_code_of",
+    "free_port",
+    "set_child_subreaper",
+]

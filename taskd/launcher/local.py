@@ -1,0 +1,397 @@
+"""LocalLauncher: the four msrun callbacks, implemented with real processes on this node.
+
+Vocabulary: a *rank* is a local rank slot (0..nproc_per_node-1); each start of a
+rank is an *incarnation* (a process group led by the rank's process). The agent
+only sees pids and local ranks, through the callbacks' msrun contract.
+
+Threading: call the spawning callbacks (START_ALL_WORKER, START_WORKER_LIST)
+from a thread that lives as long as the agent (PR_SET_PDEATHSIG fires when the
+spawning *thread* exits). All methods are thread-safe.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from taskd.launcher.env import rank_env
+from taskd.launcher.output import OutputPump, RankLog, RankOutput
+from taskd.launcher.process import has_exited, kill_group, spawn
+from taskd.launcher.spec import (
+    STATUS_FAILED,
+    STATUS_NOT_STARTED,
+    STATUS_OK,
+    WorkerSpec,
+    free_port,
+)
+from taskd.worker.heartbeat_file import HeartbeatFile
+
+log = logging.getLogger(__name__)
+
+SPAWN_FAILED_CODE = 127  # returncode reported for a rank whose process could not be started
+_KEEP_TAILS = 8  # incarnations whose output tail is kept per rank
+
+
+@dataclass
+class Incarnation:
+    """One start of one rank."""
+
+    local_rank: int
+    global_rank: int
+    restart: int  # how many times the rank was started before this one
+    popen: subprocess.Popen[bytes] | None
+    output: RankOutput
+    started_at: float = field(default_factory=time.time)
+    returncode: int | None = None
+    ended_at: float | None = None
+    error: str | None = None  # why it could not be started
+
+    @property
+    def pid(self) -> int | None:
+        return self.popen.pid if self.popen is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self.popen is not None and self.returncode is None
+
+
+class LocalLauncher:
+    """Starts, watches and stops the ranks of one node; see :meth:`callbacks` for the msrun contract."""
+
+    def __init__(self, spec: WorkerSpec, on_exit: Callable[[int, int, int], None] | None = None) -> None:
+        """``on_exit(local_rank, pid, returncode)`` is called from the I/O thread when a rank's process ends."""
+        self._own_run_dir = spec.run_dir is None
+        run_dir = spec.run_dir or tempfile.mkdtemp(prefix=f"taskd-{_safe(spec.job_id)}-")
+        os.makedirs(run_dir, exist_ok=True)
+        if spec.log_dir:
+            os.makedirs(spec.log_dir, exist_ok=True)
+        port = spec.master_port or free_port(spec.master_addr)
+        self.spec = dataclasses.replace(spec, run_dir=run_dir, master_port=port)
+        self._on_exit = on_exit
+        self._lock = threading.RLock()
+        self._closed = False
+        self._incarnations: dict[int, list[Incarnation]] = {r: [] for r in range(spec.nproc_per_node)}
+        self._logs: dict[int, RankLog] = {}
+        self._pump = OutputPump()
+
+    # -- msrun callbacks ---------------------------------------------------------------------
+    def callbacks(self) -> dict[str, Callable[..., object]]:
+        """The four callbacks under msrun's names, ready for ``MSRunPlugin.register_callbacks``."""
+        return {
+            "KILL_WORKER": self.kill_worker,
+            "START_ALL_WORKER": self.start_all_worker,
+            "START_WORKER_LIST": self.start_worker_list,
+            "MONITOR": self.monitor,
+        }
+
+    def kill_worker(self, pids: list[int]) -> int:
+        """SIGKILL the process group of each listed worker pid (``[-1]``: every live worker); returns 0.
+
+        Asynchronous like msrun's: the processes are gone a moment later, not
+        necessarily when this returns. Unknown pids are logged and ignored.
+        """
+        _require_list("KILL_WORKER", pids)
+        with self._lock:
+            live = {inc.pid: inc for incs in self._incarnations.values() for inc in incs if inc.running}
+            if list(pids) == [-1]:
+                targets = list(live.values())
+            else:
+                targets = []
+                for pid in pids:
+                    if pid in live:
+                        targets.append(live[pid])
+                    else:
+                        log.warning("KILL_WORKER: pid %s is not a live worker of this launcher", pid)
+            for inc in targets:
+                log.info("killing rank %d (pid %d) and its process group", inc.global_rank, inc.pid)
+                kill_group(inc.pid)  # type: ignore[arg-type]
+        return 0
+
+    def start_all_worker(self) -> int:
+        """Kill every live worker, then start every local rank; 0 if all are running right after, else 1."""
+        self._check_open()
+        with self._lock:
+            live = [inc for incs in self._incarnations.values() for inc in incs if inc.running]
+            for inc in live:
+                kill_group(inc.pid)  # type: ignore[arg-type]
+            for inc in live:
+                self._wait_reaped(inc, timeout=10.0)
+            ok = [self._start(r) for r in range(self.spec.nproc_per_node)]
+        return 0 if all(ok) else 1
+
+    def start_worker_list(self, ranks: list[int]) -> int:
+        """Start a fresh process for each listed local rank; 0 if all are running right after, else 1.
+
+        Like msrun, a still-running incarnation is not killed first (the agent
+        stops faulty ranks before restarting them); it is still tracked, so
+        ``kill_worker([-1])`` and ``close()`` stop it.
+        """
+        _require_list("START_WORKER_LIST", ranks)
+        self._check_open()
+        ok = True
+        with self._lock:
+            for rank in ranks:
+                if not self._valid(rank):
+                    log.error("START_WORKER_LIST: %r is not a local rank (0..%d)", rank, self.spec.nproc_per_node - 1)
+                    ok = False
+                    continue
+                current = self._current(rank)
+                if current is not None and current.running and not self._reap(current):
+                    log.warning("START_WORKER_LIST: rank %d (pid %d) is still running", current.global_rank,
+                                current.pid)
+                ok = self._start(rank) and ok
+        return 0 if ok else 1
+
+    def monitor(self, ranks: list[int]) -> dict[int, dict[str, object]]:
+        """msrun's MONITOR: ``{local_rank: {"pid", "status", "global_rank", "local_rank", "node_id"}}``.
+
+        status: None running, 0 exited 0, 300 ended any other way, 200 never
+        started (then the entry is only ``pid``, ``status``, ``global_rank``).
+        Ranks that are not local ranks of this node are left out.
+        """
+        _require_list("MONITOR", ranks)
+        with self._lock:
+            wanted = range(self.spec.nproc_per_node) if list(ranks) == [-1] else ranks
+            result: dict[int, dict[str, object]] = {}
+            for rank in wanted:
+                if not self._valid(rank):
+                    continue
+                global_rank = self.spec.global_rank(rank)
+                inc = self._current(rank)
+                if inc is None:
+                    result[rank] = {"pid": None, "status": STATUS_NOT_STARTED, "global_rank": global_rank}
+                    continue
+                if inc.running:
+                    self._reap(inc)
+                result[rank] = {
+                    "pid": inc.pid,
+                    "status": _status(inc),
+                    "global_rank": global_rank,
+                    "local_rank": rank,
+                    "node_id": self.spec.node_rank,
+                }
+            return result
+
+    # -- accessors for the agent -------------------------------------------------------------
+    def returncode(self, local_rank: int) -> int | None:
+        """Exit code of the rank's current incarnation as Popen gives it (-N for signal N); None if running."""
+        with self._lock:
+            inc = self._current(local_rank)
+            if inc is None:
+                return None
+            if inc.running:
+                self._reap(inc)
+            return inc.returncode
+
+    def pid(self, local_rank: int) -> int | None:
+        with self._lock:
+            inc = self._current(local_rank)
+            return inc.pid if inc is not None else None
+
+    def restart_count(self, local_rank: int) -> int:
+        """How many times the rank's current incarnation was preceded by another (0 before any restart)."""
+        with self._lock:
+            return max(0, len(self._incarnations.get(local_rank, [])) - 1)
+
+    def incarnation(self, local_rank: int) -> Incarnation | None:
+        """The current incarnation (pid, start time, exit code, spawn error) or None if never started."""
+        with self._lock:
+            return self._current(local_rank)
+
+    def log_path(self, local_rank: int) -> str | None:
+        if not self.spec.log_dir or not self._valid(local_rank):
+            return None
+        return os.path.join(self.spec.log_dir, f"rank_{self.spec.global_rank(local_rank)}.log")
+
+    def heartbeat_path(self, local_rank: int) -> str:
+        return os.path.join(self.spec.run_dir or "", f"rank_{self.spec.global_rank(local_rank)}.hb")
+
+    def tail_log(self, local_rank: int, n: int = 20) -> list[str]:
+        """The last ``n`` output lines of the rank's current incarnation (e.g. its traceback)."""
+        with self._lock:
+            inc = self._current(local_rank)
+        if inc is None:
+            return []
+        if inc.popen is not None and not inc.running:
+            inc.output.done.wait(1.0)  # let the I/O thread copy what the process wrote last
+        return list(inc.output.tail)[-n:] if n > 0 else []
+
+    # -- shutdown ----------------------------------------------------------------------------
+    def close(self, grace: float = 5.0) -> None:
+        """SIGTERM every rank's group, wait up to ``grace``, SIGKILL what is left, reap; idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            live = [inc for incs in self._incarnations.values() for inc in incs if inc.running]
+            for inc in live:
+                kill_group(inc.pid, signal.SIGTERM)  # type: ignore[arg-type]
+            deadline = time.monotonic() + max(0.0, grace)
+            for inc in live:
+                self._wait_reaped(inc, timeout=max(0.0, deadline - time.monotonic()), kill=False)
+            for inc in live:
+                if inc.running:
+                    log.info("rank %d (pid %d) did not stop within %.1fs: SIGKILL", inc.global_rank, inc.pid, grace)
+                    kill_group(inc.pid)  # type: ignore[arg-type]
+            for inc in live:
+                self._wait_reaped(inc, timeout=10.0)
+        self._pump.close()
+        for rank_log in self._logs.values():
+            rank_log.close()
+        if self._own_run_dir and self.spec.run_dir:
+            shutil.rmtree(self.spec.run_dir, ignore_errors=True)
+
+    def __enter__(self) -> LocalLauncher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals ---------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("the launcher is closed")
+
+    def _valid(self, rank: object) -> bool:
+        return isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank < self.spec.nproc_per_node
+
+    def _current(self, rank: int) -> Incarnation | None:
+        incs = self._incarnations.get(rank)
+        return incs[-1] if incs else None
+
+    def _rank_log(self, rank: int) -> RankLog:
+        if rank not in self._logs:
+            self._logs[rank] = RankLog(self.log_path(rank))
+        return self._logs[rank]
+
+    def _start(self, rank: int) -> bool:
+        """Spawn one incarnation of ``rank``; True if it is running right after."""
+        spec = self.spec
+        global_rank = spec.global_rank(rank)
+        restart = len(self._incarnations[rank])
+        hb_path = self.heartbeat_path(rank)
+        HeartbeatFile(hb_path).create()
+        env = rank_env(spec, rank, restart, hb_path)
+        rank_log = self._rank_log(rank)
+        output = RankOutput(rank_log, f"[rank{global_rank}]: ", spec.console)
+        try:
+            popen = spawn(spec.entrypoint, env, cwd=spec.cwd)
+        except (OSError, subprocess.SubprocessError) as exc:
+            inc = Incarnation(rank, global_rank, restart, None, output, returncode=SPAWN_FAILED_CODE,
+                              ended_at=time.time(), error=f"{type(exc).__name__}: {exc}")
+            self._append(inc)
+            rank_log.write(_header(inc).encode())
+            output.note(f"taskd: cannot start rank {global_rank}: {inc.error}")
+            output.finish()
+            log.error("cannot start rank %d: %s", global_rank, inc.error)
+            return False
+        inc = Incarnation(rank, global_rank, restart, popen, output)
+        self._append(inc)
+        rank_log.write(_header(inc).encode())
+        assert popen.stdout is not None
+        self._pump.add_stream(popen.stdout, output)
+        self._pump.add_exit_watch(popen.pid, lambda: self._on_process_exit(inc))
+        log.debug("started rank %d (local %d) pid %d, restart %d", global_rank, rank, popen.pid, restart)
+        return not has_exited(popen.pid)
+
+    def _append(self, inc: Incarnation) -> None:
+        incs = self._incarnations[inc.local_rank]
+        incs.append(inc)
+        for old in incs[:-_KEEP_TAILS]:
+            if not old.running:
+                old.output.tail.clear()
+
+    def _on_process_exit(self, inc: Incarnation) -> None:
+        """I/O thread: the rank's process ended; reap it at once so no zombie stays behind."""
+        with self._lock:
+            if not self._reap(inc):
+                return
+        if self._on_exit is not None and inc.pid is not None and inc.returncode is not None:
+            try:
+                self._on_exit(inc.local_rank, inc.pid, inc.returncode)
+            except Exception:
+                log.exception("on_exit callback failed")
+
+    def _reap(self, inc: Incarnation) -> bool:
+        """If the incarnation's process has exited: kill what is left of its group, reap it. True if it ended.
+
+        The group is killed *before* reaping, while the leader's zombie still
+        reserves the pgid, so the signal cannot hit an unrelated group.
+        """
+        if not inc.running:
+            return True
+        pid = inc.pid
+        assert pid is not None and inc.popen is not None
+        if not has_exited(pid):
+            return False
+        kill_group(pid)  # processes the rank left in its group
+        inc.returncode = inc.popen.wait()
+        inc.ended_at = time.time()
+        log.info("rank %d (pid %d) ended: %s", inc.global_rank, pid, describe_returncode(inc.returncode))
+        return True
+
+    def _wait_reaped(self, inc: Incarnation, timeout: float, kill: bool = True) -> None:
+        """Wait (up to ``timeout``) for a signalled incarnation to end and reap it."""
+        if not inc.running:
+            return
+        assert inc.popen is not None
+        try:
+            inc.popen.wait(timeout) if timeout > 0 else None
+        except subprocess.TimeoutExpired:
+            pass
+        if inc.popen.returncode is not None:
+            if kill:
+                kill_group(inc.popen.pid)
+            inc.returncode = inc.popen.returncode
+            inc.ended_at = time.time()
+            log.info("rank %d (pid %d) ended: %s", inc.global_rank, inc.pid, describe_returncode(inc.returncode))
+        else:
+            self._reap(inc)
+
+
+def describe_returncode(code: int | None) -> str:
+    """'exit code 3', 'signal SIGKILL' or 'running', for event lines."""
+    if code is None:
+        return "running"
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+def exit_code_of(code: int) -> int:
+    """A Popen returncode as a shell would report it (128 + N for signal N)."""
+    return 128 - code if code < 0 else code
+
+
+def _status(inc: Incarnation) -> int | None:
+    if inc.running:
+        return None
+    return STATUS_OK if inc.returncode == 0 else STATUS_FAILED
+
+
+def _header(inc: Incarnation) -> str:
+    when = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(inc.started_at))
+    pid = inc.pid if inc.pid is not None else "-"
+    who = f"rank {inc.global_rank} (local {inc.local_rank})"
+    return f"==== taskd: {who} start #{inc.restart} pid {pid} at {when} ====\n"
+
+
+def _require_list(name: str, value: object) -> None:
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"{name} takes a list of ints, got {type(value).__name__}")
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:40] or "job"

@@ -1,0 +1,240 @@
+"""One I/O thread for every rank of a node: copies rank output to logs and console, watches exits.
+
+A thread per rank would cost a thread per rank and make shutdown ordering hard;
+one selector over every pipe (and every rank's pidfd) costs one thread in all.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import selectors
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import IO
+
+log = logging.getLogger(__name__)
+
+TAIL_LINES = 200
+_console_lock = threading.Lock()
+
+
+class RankLog:
+    """A rank's log file, shared by all its incarnations: append only, never truncated."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._file: IO[bytes] | None = open(path, "ab", buffering=0) if path else None  # noqa: SIM115
+
+    def write(self, data: bytes) -> None:
+        with self._lock:
+            if self._file is not None:
+                try:
+                    self._file.write(data)
+                except OSError as exc:  # disk full must not stop the job
+                    log.warning("cannot write log %s: %s", self.path, exc)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+
+class RankOutput:
+    """The output of one incarnation of a rank: log bytes as they come, console lines, a tail."""
+
+    def __init__(self, rank_log: RankLog, prefix: str, console: bool) -> None:
+        self.log = rank_log
+        self.prefix = prefix
+        self.console = console
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self._partial = b""
+        self.done = threading.Event()
+
+    def note(self, line: str) -> None:
+        """A line of the launcher's own (e.g. why a spawn failed), kept in log and tail."""
+        self.log.write(line.encode() + b"\n")
+        self.tail.append(line)
+        self._echo([line])
+
+    def feed(self, data: bytes) -> None:
+        self.log.write(data)
+        data = self._partial + data
+        *complete, self._partial = data.split(b"\n")
+        if complete:
+            lines = [c.decode("utf-8", "replace") for c in complete]
+            self.tail.extend(lines)
+            self._echo(lines)
+
+    def finish(self) -> None:
+        if self._partial:
+            line = self._partial.decode("utf-8", "replace")
+            self._partial = b""
+            self.log.write(b"\n")
+            self.tail.append(line)
+            self._echo([line])
+        self.done.set()
+
+    def _echo(self, lines: list[str]) -> None:
+        if not self.console:
+            return
+        text = "".join(f"{self.prefix}{line}\n" for line in lines)
+        with _console_lock:
+            try:
+                sys.stdout.write(text)
+                sys.stdout.flush()
+            except (OSError, ValueError):  # closed or broken console: the log still has it
+                pass
+
+
+class OutputPump:
+    """The I/O thread: pipes to :class:`RankOutput`, pidfds to exit callbacks.
+
+    Registration from other threads goes through a queue and a wake-up pipe, so
+    the selector is only ever touched by its own thread.
+    """
+
+    def __init__(self, name: str = "taskd-launcher-io") -> None:
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        self._pending: list[tuple[str, object, object]] = []
+        self._lock = threading.Lock()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def add_stream(self, stream: IO[bytes], sink: RankOutput) -> None:
+        self._submit("stream", stream, sink)
+
+    def add_exit_watch(self, pid: int, callback: Callable[[], None]) -> bool:
+        """Call ``callback`` (in the I/O thread) as soon as ``pid`` exits; False if pidfds are unavailable."""
+        try:
+            pidfd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            return False
+        self._submit("exit", pidfd, callback)
+        return True
+
+    def _submit(self, kind: str, obj: object, data: object) -> None:
+        with self._lock:
+            if not self._stopping:
+                self._pending.append((kind, obj, data))
+                self._wake()
+                return
+        _discard(kind, obj, data)
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except BlockingIOError:  # already awake
+            pass
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Drain what the (dead) ranks left in their pipes for up to ``timeout``, then stop; idempotent."""
+        with self._lock:
+            if not self._stopping:
+                self._stopping = True
+                self._wake()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("launcher I/O thread did not stop within %.1fs", timeout)
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception:  # the job must not lose its supervision silently
+            log.exception("launcher I/O thread failed")
+        finally:
+            self._teardown()
+
+    def _loop(self) -> None:
+        drain_deadline = None
+        while True:
+            timeout = None
+            if drain_deadline is not None:
+                timeout = max(0.0, drain_deadline - _now())
+            for key, _ in self._sel.select(timeout):
+                if key.data is None:
+                    self._take_pending()
+                elif key.data[0] == "stream":
+                    self._read(key)
+                else:
+                    self._sel.unregister(key.fd)
+                    os.close(key.fd)
+                    try:
+                        key.data[1]()
+                    except Exception:
+                        log.exception("exit callback failed")
+            if self._stopping:
+                if drain_deadline is None:
+                    drain_deadline = _now() + 1.0
+                streams = [k for k in self._sel.get_map().values() if k.data is not None and k.data[0] == "stream"]
+                if not streams or _now() >= drain_deadline:
+                    return
+
+    def _take_pending(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for kind, obj, data in pending:
+            if kind == "stream":
+                self._sel.register(obj, selectors.EVENT_READ, ("stream", obj, data))  # type: ignore[arg-type]
+            else:
+                self._sel.register(obj, selectors.EVENT_READ, ("exit", data))  # type: ignore[arg-type]
+
+    def _read(self, key: selectors.SelectorKey) -> None:
+        _, stream, sink = key.data
+        try:
+            data = os.read(key.fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            sink.feed(data)
+            return
+        self._sel.unregister(key.fd)
+        stream.close()
+        sink.finish()
+
+    def _teardown(self) -> None:
+        for key in list(self._sel.get_map().values()):
+            if key.data is None:
+                continue
+            self._sel.unregister(key.fd)
+            if key.data[0] == "stream":
+                key.data[1].close()
+                key.data[2].finish()
+            else:
+                os.close(key.fd)
+        with self._lock:
+            self._stopping = True
+            pending, self._pending = self._pending, []
+            self._sel.close()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+        for kind, obj, data in pending:
+            _discard(kind, obj, data)
+
+
+def _discard(kind: str, obj: object, data: object) -> None:
+    """Release a registration the thread will never serve."""
+    if kind == "stream":
+        obj.close()  # type: ignore[attr-defined]
+        data.finish()  # type: ignore[attr-defined]
+    else:
+        os.close(obj)  # type: ignore[arg-type]
+
+
+def _now() -> float:
+    return time.monotonic()

@@ -1,0 +1,1 @@
+"""Placeholder; the worker SDK is filled in below."""

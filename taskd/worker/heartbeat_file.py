@@ -1,0 +1,229 @@
+"""The per-rank heartbeat file shared by a rank (writer) and its agent (reader).
+
+A small fixed binary layout in a memory-mapped file, so that a heartbeat costs a
+few microseconds (a struct write into shared memory, no syscall) and the agent
+can read it at any time without talking to the rank. The rank's fields are
+guarded by a sequence counter (odd while a write is in progress) so the agent
+never sees a torn update. The save-request counter is the only field the agent
+writes; the rank answers through the acknowledgement fields.
+
+Layout (little-endian, ``SIZE`` bytes):
+
+======  ====  ===============================================================
+offset  type  field
+======  ====  ===============================================================
+0       4s    magic ``b"TKHB"``
+4       u32   layout version
+8       u64   sequence counter (rank side; odd = write in progress)
+16      i32   pid of the rank that last attached
+20      u32   signal number on which the rank dumps its Python stacks (0 = none)
+24      f64   wall time of the last heartbeat (0 = none yet)
+32      i64   step of the last heartbeat (-1 = unknown)
+40      f64   timeout of the current section in seconds (0 = none)
+48      f64   wall time the current section was entered (0 = none)
+56      u64   save requests issued (agent side)
+64      u64   save requests acknowledged (rank side)
+72      u32   1 if the last acknowledged save succeeded, else 0
+76      u32   length of the section name in bytes
+80      64s   section name, UTF-8
+144     u64   number of heartbeats written
+======  ====  ===============================================================
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import time
+from dataclasses import dataclass
+
+MAGIC = b"TKHB"
+VERSION = 1
+SIZE = 256
+SECTION_MAX = 64
+
+_HEADER = struct.Struct("<4sI")  # offset 0
+_SEQ = struct.Struct("<Q")  # offset 8
+_IDENT = struct.Struct("<iI")  # offset 16: pid, stack signal
+_BEAT = struct.Struct("<dq")  # offset 24: time, step
+_SECTION = struct.Struct("<dd")  # offset 40: timeout, start
+_REQUEST = struct.Struct("<Q")  # offset 56
+_ACK = struct.Struct("<QI")  # offset 64: ack, ok
+_NAME = struct.Struct("<I64s")  # offset 76: length, name
+_COUNT = struct.Struct("<Q")  # offset 144
+_ALL = struct.Struct("<4sIQiIdqddQQII64sQ")  # the whole record, for one-shot reads
+
+OFF_SEQ = 8
+OFF_IDENT = 16
+OFF_BEAT = 24
+OFF_SECTION = 40
+OFF_REQUEST = 56
+OFF_ACK = 64
+OFF_NAME = 76
+OFF_COUNT = 144
+
+
+class HeartbeatFileError(Exception):
+    """The file is missing, too small or not a heartbeat file."""
+
+
+@dataclass(frozen=True)
+class HeartbeatState:
+    """One consistent snapshot of a rank's heartbeat file.
+
+    ``time`` is 0.0 until the rank's first heartbeat: no heartbeat yet means the
+    agent should not apply a hang check. ``section`` is "" outside any section.
+    """
+
+    time: float
+    step: int | None
+    section: str
+    section_timeout: float | None
+    section_start: float | None
+    save_request: int
+    save_ack: int
+    save_ok: bool
+    pid: int
+    stack_signal: int
+    beats: int
+
+    @property
+    def started(self) -> bool:
+        """Whether the rank has written any heartbeat or entered a section."""
+        return self.time > 0.0 or self.section_start is not None
+
+    def deadline(self, heartbeat_timeout: float | None) -> float | None:
+        """Wall time after which the rank counts as hung, or None for no check.
+
+        Inside a section with a timeout the section's own deadline applies; inside
+        one without, ``heartbeat_timeout`` counts from the later of its start and the
+        last heartbeat; otherwise from the last heartbeat.
+        """
+        if self.section_start is not None and self.section_timeout:
+            return self.section_start + self.section_timeout
+        if heartbeat_timeout is None or not self.started:
+            return None
+        return max(self.time, self.section_start or 0.0) + heartbeat_timeout
+
+
+class HeartbeatFile:
+    """Access to one heartbeat file: the agent creates and reads it, the rank writes it."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self._fd: int | None = None
+        self._map: mmap.mmap | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def create(self) -> HeartbeatFile:
+        """(Re)initialise the file: zeroed fields, no heartbeat yet. Called before each spawn.
+
+        Existing mappings (the agent's) stay valid and see the reset.
+        """
+        buf = bytearray(SIZE)
+        _HEADER.pack_into(buf, 0, MAGIC, VERSION)
+        _BEAT.pack_into(buf, OFF_BEAT, 0.0, -1)
+        # in place (one pwrite), so that a reader that already mapped the file sees the reset
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if os.fstat(fd).st_size != SIZE:
+                os.ftruncate(fd, SIZE)
+            os.pwrite(fd, bytes(buf), 0)
+        finally:
+            os.close(fd)
+        self.close()
+        return self
+
+    def open(self) -> HeartbeatFile:
+        """Map the file (idempotent); raises HeartbeatFileError if it is not a heartbeat file."""
+        if self._map is not None:
+            return self
+        try:
+            fd = os.open(self.path, os.O_RDWR)
+        except OSError as exc:
+            raise HeartbeatFileError(f"cannot open heartbeat file {self.path}: {exc}") from exc
+        try:
+            if os.fstat(fd).st_size < SIZE:
+                raise HeartbeatFileError(f"heartbeat file {self.path} is smaller than {SIZE} bytes")
+            mapping = mmap.mmap(fd, SIZE)
+        except BaseException:
+            os.close(fd)
+            raise
+        magic, version = _HEADER.unpack_from(mapping, 0)
+        if magic != MAGIC or version != VERSION:
+            mapping.close()
+            os.close(fd)
+            raise HeartbeatFileError(f"{self.path} is not a version {VERSION} heartbeat file")
+        self._fd, self._map = fd, mapping
+        return self
+
+    def close(self) -> None:
+        """Unmap the file; safe to call twice."""
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> HeartbeatFile:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def buffer(self) -> mmap.mmap:
+        """The mapped bytes (for the rank-side writer in ``taskd.worker``)."""
+        return self.open()._map  # type: ignore[return-value]
+
+    # -- agent side --------------------------------------------------------------------------
+    def read(self, retries: int = 100) -> HeartbeatState:
+        """A consistent snapshot; retries while the rank is in the middle of a write."""
+        mapping = self.buffer
+        fields = None
+        for _ in range(retries):
+            fields = _ALL.unpack_from(mapping, 0)
+            seq = fields[2]
+            if seq % 2 == 0 and _SEQ.unpack_from(mapping, OFF_SEQ)[0] == seq:
+                break
+            time.sleep(0)  # let the writer finish
+        assert fields is not None
+        (_, _, _, pid, stack_signal, beat_time, step, sec_timeout, sec_start, request, ack, ok, name_len, name,
+         beats) = fields
+        section = name[: min(name_len, SECTION_MAX)].decode("utf-8", "replace")
+        return HeartbeatState(
+            time=beat_time,
+            step=None if step < 0 else step,
+            section=section,
+            section_timeout=sec_timeout or None,
+            section_start=sec_start or None,
+            save_request=request,
+            save_ack=ack,
+            save_ok=bool(ok),
+            pid=pid,
+            stack_signal=stack_signal,
+            beats=beats,
+        )
+
+    def request_save(self) -> int:
+        """Ask the rank to save at its next step boundary; returns the request number to wait for.
+
+        The request is done when ``read().save_ack >= number``; ``save_ok`` then tells whether it worked.
+        """
+        mapping = self.buffer
+        number = _REQUEST.unpack_from(mapping, OFF_REQUEST)[0] + 1
+        _REQUEST.pack_into(mapping, OFF_REQUEST, number)
+        return number
+
+    def wait_save(self, number: int, timeout: float, interval: float = 0.01) -> HeartbeatState | None:
+        """Wait until request ``number`` is acknowledged; None on timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self.read()
+            if state.save_ack >= number:
+                return state
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(interval)
