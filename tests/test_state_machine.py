@@ -1,0 +1,485 @@
+"""The recovery state machine as a table: events in, states, codes and signals out (no sockets)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from taskd.controller.state_machine import (
+    RULES,
+    AgentConnected,
+    AgentDisconnected,
+    AgentFinished,
+    AgentRegistered,
+    FaultReported,
+    JobInit,
+    JobMachine,
+    JobState,
+    MachineConfig,
+    RecoverStatusReported,
+    StopComplete,
+    StrategiesReported,
+    Tick,
+    describe_table,
+)
+from taskd.vocabulary import Code, SignalType, Strategy
+
+S = JobState
+CFG = MachineConfig(stop_timeout=10, strategy_timeout=10, recover_timeout=50, resume_timeout=20, settle_window=30,
+                    default_max_restarts=3)
+ALL = ("retry", "recover", "job-rescheduling", "dump", "exit")
+
+
+@dataclass
+class Step:
+    """Deliver `event` at time `t`; then check state, code, and the types/strategies of broadcast signals."""
+
+    t: float
+    event: Any
+    state: JobState
+    code: int = 0
+    signals: list[str] = field(default_factory=list)  # "stopTrain" / "globalFault" / "changeStrategy:<name>"
+    info: str = ""
+
+
+def new_job(nodes: int = 2, **init: Any) -> JobMachine:
+    m = JobMachine("j1", CFG, 0.0, JobInit(node_count=nodes, **init))
+    for n in range(nodes):
+        assert m.handle(AgentRegistered(node_rank=n, host="h", pid=100 + n), 0.0).code == 0
+        m.handle(AgentConnected(node_rank=n), 0.0)
+    return m
+
+
+def sig_names(out) -> list[str]:
+    return [s.signal_type + (f":{s.strategy}" if s.strategy else "") for s in out.signals]
+
+
+def play(m: JobMachine, steps: list[Step]) -> None:
+    for i, st in enumerate(steps):
+        out = m.handle(st.event, st.t)
+        where = f"step {i}: {st.event}"
+        assert out.code == st.code, f"{where}: code {out.code} ({out.info})"
+        assert m.state == st.state, where
+        assert sig_names(out) == st.signals, where
+        assert st.info in out.info, f"{where}: info {out.info!r}"
+
+
+def stop(n: int, t: float = 1, state: S = S.STOPPING, signals: list[str] | None = None) -> Step:
+    return Step(t, StopComplete(node_rank=n), state, signals=signals or [])
+
+
+def round_steps(faults: dict[int, str], supported: tuple[str, ...], chosen: str, end: S = S.RUNNING) -> list[Step]:
+    """A whole round on a 2-node job, both agents answering."""
+    return [
+        Step(1, FaultReported(node_rank=1, faults=faults), S.STOPPING, signals=["stopTrain"]),
+        stop(0),
+        stop(1, state=S.COLLECTING, signals=["globalFault"]),
+        Step(2, StrategiesReported(node_rank=0, strategies=supported), S.COLLECTING),
+        Step(2, StrategiesReported(node_rank=1, strategies=supported), S.RECOVERING if chosen != "exit" else S.FAILED,
+             signals=[f"changeStrategy:{chosen}"]),
+    ] + ([] if chosen == "exit" else [
+        Step(3, RecoverStatusReported(node_rank=0, strategy=chosen), S.RECOVERING),
+        Step(4, RecoverStatusReported(node_rank=1, strategy=chosen), end),
+    ])
+
+
+FULL_ROUNDS = {
+    "retry with type-0 faults": ({1: "0"}, ALL, "retry", S.RUNNING),
+    "recover for a process fault": ({1: "1"}, ALL, "recover", S.RUNNING),
+    "mixed 0/1 faults skip retry": ({1: "0", 2: "1"}, ALL, "recover", S.RUNNING),
+    "network fault starts at job-rescheduling": ({1: "2"}, ALL, "job-rescheduling", S.RUNNING),
+    "only what every agent supports": ({1: "0"}, ("job-rescheduling", "exit"), "job-rescheduling", S.RUNNING),
+    "dump ends the job": ({1: "1"}, ("dump", "exit"), "dump", S.FAILED),
+    "exit ends the job": ({1: "1"}, ("exit",), "exit", S.FAILED),
+    "nothing supported means exit": ({1: "1"}, (), "exit", S.FAILED),
+}
+
+
+@pytest.mark.parametrize("faults,supported,chosen,end", FULL_ROUNDS.values(), ids=FULL_ROUNDS.keys())
+def test_full_round(faults: dict[int, str], supported: tuple[str, ...], chosen: str, end: S) -> None:
+    m = new_job()
+    play(m, round_steps(faults, supported, chosen, end))
+    if end == S.RUNNING:
+        assert m.round is None and m.deadline is None
+    if chosen in ("recover", "job-rescheduling"):
+        assert m.restarts == 1
+    if chosen == "dump":
+        assert "dumped" in m.info
+
+
+def test_recovery_recorded_with_duration() -> None:
+    m = new_job()
+    records = []
+    for st in round_steps({1: "1"}, ALL, "recover"):
+        records += m.handle(st.event, st.t).records
+    ended = [r for r in records if r.kind == "round_ended"]
+    assert len(ended) == 1
+    assert ended[0].detail["outcome"] == "recovered" and ended[0].detail["strategy"] == "recover"
+    assert ended[0].detail["duration"] == pytest.approx(3.0)  # fault at t=1, last status at t=4
+
+
+def test_stop_train_goes_to_every_agent_with_all_fault_ranks() -> None:
+    m = new_job(nodes=3)
+    out = m.handle(FaultReported(node_rank=2, faults={5: "1", 7: "1"}), 1)
+    (sig,) = out.signals
+    assert sig.signal_type == SignalType.STOP_TRAIN and sig.actions == ("stop_train",)
+    assert sig.faults == ((5, "1"), (7, "1"))
+    assert m.deadline == 1 + CFG.stop_timeout
+    for n in (0, 1):
+        assert m.handle(StopComplete(node_rank=n), 2).signals == []
+    (g,) = m.handle(StopComplete(node_rank=2), 2).signals
+    assert g.signal_type == SignalType.GLOBAL_FAULT and g.actions == ("on_global_rank",) and g.faults == sig.faults
+
+
+def test_change_strategy_signal_fields() -> None:
+    m = new_job(nodes=1)
+    m.handle(FaultReported(faults={0: "1"}), 1)
+    m.handle(StopComplete(), 1)
+    (sig,) = m.handle(StrategiesReported(strategies=ALL), 1).signals
+    assert sig.signal_type == "changeStrategy" and sig.actions == ("change_strategy",)
+    assert sig.strategy == "recover" and sig.timeout == CFG.recover_timeout
+
+
+# ------------------------------------------------------------------ escalation
+
+
+def test_failed_strategy_escalates_to_the_next() -> None:
+    m = new_job()
+    play(m, round_steps({1: "1"}, ALL, "recover")[:-2] + [
+        Step(3, RecoverStatusReported(node_rank=0, code=1, info="spawn failed", strategy="recover"), S.RECOVERING,
+             signals=["changeStrategy:job-rescheduling"]),
+        Step(3, RecoverStatusReported(node_rank=1, strategy="recover"), S.RECOVERING, code=Code.OUT_OF_ORDER,
+             info="carrying out job-rescheduling, not recover"),
+        Step(4, RecoverStatusReported(node_rank=0, strategy="job-rescheduling"), S.RECOVERING),
+        Step(4, RecoverStatusReported(node_rank=1, strategy="job-rescheduling"), S.RUNNING),
+    ])
+    assert m.restarts == 2
+
+
+def test_recover_timeout_escalates_then_exit_after_everything_failed() -> None:
+    m = new_job()
+    play(m, round_steps({1: "1"}, ("recover", "job-rescheduling", "exit"), "recover")[:-2] + [
+        Step(2 + 49, Tick(), S.RECOVERING),  # not yet due
+        Step(2 + 50, Tick(), S.RECOVERING, signals=["changeStrategy:job-rescheduling"]),
+        Step(200, Tick(), S.FAILED, signals=["changeStrategy:exit"]),
+    ])
+    assert "exit" in m.info and m.deadline is None
+
+
+def test_stop_timeout_proceeds_without_the_silent_agent_and_excludes_in_place() -> None:
+    m = new_job()
+    play(m, [
+        Step(1, FaultReported(node_rank=1, faults={1: "0"}), S.STOPPING, signals=["stopTrain"]),
+        stop(0),
+        Step(11, Tick(), S.COLLECTING, signals=["globalFault"]),
+        # only node 0 is waited for now; type-0 would allow retry, but the timeout excludes it
+        Step(12, StrategiesReported(node_rank=0, strategies=ALL), S.RECOVERING,
+             signals=["changeStrategy:job-rescheduling"]),
+        Step(13, RecoverStatusReported(node_rank=0, strategy="job-rescheduling"), S.RUNNING),
+    ])
+
+
+def test_collect_timeout_proceeds_without_the_silent_agent() -> None:
+    m = new_job()
+    play(m, round_steps({1: "1"}, ALL, "recover")[:4] + [
+        Step(12, Tick(), S.RECOVERING, signals=["changeStrategy:job-rescheduling"]),
+    ])
+
+
+def test_stop_failure_excludes_in_place_strategies() -> None:
+    m = new_job(nodes=1)
+    play(m, [
+        Step(1, FaultReported(faults={0: "0"}), S.STOPPING, signals=["stopTrain"]),
+        Step(1, StopComplete(code=1, info="rank 0 survived SIGKILL"), S.COLLECTING, signals=["globalFault"]),
+        Step(1, StrategiesReported(strategies=ALL), S.RECOVERING, signals=["changeStrategy:job-rescheduling"]),
+    ])
+
+
+def test_no_agent_answers_means_exit() -> None:
+    m = new_job()
+    play(m, [
+        Step(1, FaultReported(faults={0: "1"}), S.STOPPING, signals=["stopTrain"]),
+        Step(20, Tick(), S.FAILED, signals=["changeStrategy:exit"]),
+    ])
+
+
+# ------------------------------------------------------------------ faults during a round
+
+
+def test_fault_before_decision_joins_the_round() -> None:
+    m = new_job()
+    play(m, [
+        Step(1, FaultReported(node_rank=0, faults={0: "0"}), S.STOPPING, signals=["stopTrain"]),
+        stop(0),
+        Step(2, FaultReported(node_rank=1, faults={3: "1"}), S.STOPPING, signals=["stopTrain"]),
+        stop(1),  # node 0's earlier ack was for the smaller set: still waiting for it
+        stop(0, state=S.COLLECTING, signals=["globalFault"]),
+        Step(3, FaultReported(node_rank=1, faults={4: "1"}), S.STOPPING, signals=["stopTrain"]),  # back to stopping
+    ])
+    assert m.last_signal is not None and [r for r, _ in m.last_signal.faults] == [0, 3, 4]
+    assert m.round is not None and m.round.number == 1
+
+
+def test_stale_stop_complete_is_not_counted() -> None:
+    m = new_job()
+    m.handle(FaultReported(faults={0: "1"}), 1)
+    m.handle(FaultReported(node_rank=1, faults={1: "1"}), 1)
+    out = m.handle(StopComplete(node_rank=0, faults={0: "1"}), 2)  # answers the first stopTrain
+    assert out.code == 0 and "earlier stopTrain" in out.info
+    m.handle(StopComplete(node_rank=1, faults={0: "1", 1: "1"}), 2)
+    assert m.state == S.STOPPING
+    m.handle(StopComplete(node_rank=0, faults={0: "1", 1: "1"}), 2)
+    assert m.state == S.COLLECTING
+
+
+def test_fault_after_decision_is_queued_and_opens_the_next_round() -> None:
+    m = new_job()
+    play(m, round_steps({1: "2"}, ALL, "job-rescheduling")[:-1] + [
+        Step(3, FaultReported(node_rank=0, faults={0: "1"}), S.RECOVERING, info="queued"),
+        Step(4, RecoverStatusReported(node_rank=1, strategy="job-rescheduling"), S.STOPPING, signals=["stopTrain"]),
+    ])
+    assert m.round is not None and m.round.number == 2 and m.round.faults == {0: "1"}
+
+
+def test_repeated_reports_are_idempotent() -> None:
+    m = new_job()
+    play(m, [
+        Step(1, FaultReported(node_rank=1, faults={1: "1"}), S.STOPPING, signals=["stopTrain"]),
+        Step(1, FaultReported(node_rank=1, faults={1: "1"}), S.STOPPING, info="already in round 1"),
+        stop(0), stop(0),
+        stop(1, state=S.COLLECTING, signals=["globalFault"]),
+        Step(2, StrategiesReported(node_rank=0, strategies=ALL), S.COLLECTING),
+        Step(2, StrategiesReported(node_rank=0, strategies=ALL), S.COLLECTING),
+        Step(2, StrategiesReported(node_rank=1, strategies=ALL), S.RECOVERING, signals=["changeStrategy:recover"]),
+        Step(3, FaultReported(node_rank=1, faults={1: "1"}), S.RECOVERING, info="queued"),
+        Step(3, FaultReported(node_rank=1, faults={1: "1"}), S.RECOVERING, info="already queued"),
+        Step(3, RecoverStatusReported(node_rank=0, strategy="recover"), S.RECOVERING),
+        Step(3, RecoverStatusReported(node_rank=0, strategy="recover"), S.RECOVERING),
+    ])
+
+
+# ------------------------------------------------------------------ budget and settle window
+
+
+def _full_round(m: JobMachine, t: float, faults: dict[int, str], supported=ALL) -> str:
+    m.handle(FaultReported(faults=faults), t)
+    m.handle(StopComplete(), t)
+    out = m.handle(StrategiesReported(strategies=supported), t)
+    chosen = out.signals[-1].strategy
+    if m.state == S.RECOVERING:
+        m.handle(RecoverStatusReported(strategy=chosen), t + 1)
+    return chosen
+
+
+def test_restart_budget_bounds_restarting_strategies() -> None:
+    m = JobMachine("j1", CFG, 0, JobInit(node_count=1, max_restarts=2))
+    m.handle(AgentRegistered(), 0)
+    supported = ("recover", "job-rescheduling", "exit")
+    assert _full_round(m, 100, {0: "1"}, supported) == "recover"
+    assert _full_round(m, 200, {0: "1"}, supported) == "recover"
+    assert m.restarts == 2
+    assert _full_round(m, 300, {0: "1"}, supported) == "exit"
+    assert m.state == S.FAILED and "restart budget spent (2/2)" in m.info
+
+
+def test_default_budget_comes_from_config() -> None:
+    assert JobMachine("j", CFG, 0).max_restarts == 3
+    assert JobMachine("j", CFG, 0, JobInit(max_restarts=0)).max_restarts == 0
+
+
+def test_settle_window_turns_recover_into_job_rescheduling_and_bans_it_after_two() -> None:
+    m = new_job(nodes=1, max_restarts=10)
+    assert _full_round(m, 100, {0: "1"}) == "recover"  # succeeds at t=101
+    assert _full_round(m, 110, {0: "1"}) == "job-rescheduling"  # within 30 s: recover did not settle
+    assert m.unsettled_recovers == 1 and not m.recover_banned
+    assert _full_round(m, 500, {0: "1"}) == "recover"  # a fresh fault long after: recover is fine
+    assert _full_round(m, 520, {0: "0"}) == "job-rescheduling"  # unsettled again (even retry is skipped)
+    assert m.recover_banned
+    assert _full_round(m, 900, {0: "1"}) == "job-rescheduling"  # never recover again
+
+
+def test_queued_fault_after_recover_counts_as_unsettled() -> None:
+    m = new_job(nodes=1)
+    m.handle(FaultReported(faults={0: "1"}), 1)
+    m.handle(StopComplete(), 1)
+    m.handle(StrategiesReported(strategies=ALL), 1)
+    m.handle(FaultReported(faults={1: "1"}), 2)  # queued during recover
+    m.handle(RecoverStatusReported(strategy="recover"), 3)
+    assert m.state == S.STOPPING and m.unsettled_recovers == 1
+    assert "recover" in m.round.excluded
+
+
+def test_policy_limits_strategies() -> None:
+    m = new_job(nodes=1, strategies=("job-rescheduling",))
+    assert _full_round(m, 1, {0: "0"}) == "job-rescheduling"
+
+
+# ------------------------------------------------------------------ wrong order, wrong agent
+
+OUT_OF_ORDER = {
+    "stop complete while running": ([], StopComplete(), "job j1 is RUNNING, not STOPPING"),
+    "strategies while stopping": ([FaultReported(faults={0: "1"})], StrategiesReported(strategies=ALL),
+                                  "job j1 is STOPPING, not COLLECTING"),
+    "status while collecting": ([FaultReported(faults={0: "1"}), StopComplete()],
+                                RecoverStatusReported(strategy="recover"), "is COLLECTING, not"),
+    "status for another strategy": (
+        [FaultReported(faults={0: "1"}), StopComplete(), StrategiesReported(strategies=ALL)],
+        RecoverStatusReported(strategy="retry"), "carrying out recover, not retry"),
+}
+
+
+@pytest.mark.parametrize("before,event,info", OUT_OF_ORDER.values(), ids=OUT_OF_ORDER.keys())
+def test_out_of_order_is_401_naming_the_state(before: list, event: Any, info: str) -> None:
+    m = new_job(nodes=1)
+    for e in before:
+        assert m.handle(e, 1).code == 0
+    state = m.state
+    out = m.handle(event, 2)
+    assert out.code == Code.OUT_OF_ORDER and info in out.info
+    assert m.state == state and out.signals == []
+
+
+def test_unregistered_agent_is_400() -> None:
+    m = new_job(nodes=2)
+    out = m.handle(FaultReported(node_rank=5, faults={0: "1"}), 1)
+    assert out.code == Code.NOT_REGISTERED and "node 5" in out.info and m.state == S.RUNNING
+
+
+def test_register_out_of_range_node_is_409() -> None:
+    m = new_job(nodes=2)
+    out = m.handle(AgentRegistered(node_rank=2), 1)
+    assert out.code == Code.INVALID_PARAMS and "nodeRank" in out.info
+
+
+def test_fault_on_a_finished_job_is_401() -> None:
+    m = new_job(nodes=1)
+    m.handle(AgentFinished(exit_code=0), 1)
+    out = m.handle(FaultReported(faults={0: "1"}), 2)
+    assert out.code == Code.OUT_OF_ORDER and "SUCCEEDED" in out.info
+
+
+# ------------------------------------------------------------------ job end and init
+
+
+def test_succeeded_when_every_agent_finished_zero() -> None:
+    m = new_job()
+    play(m, [
+        Step(1, AgentFinished(node_rank=0, exit_code=0), S.RUNNING),
+        Step(2, AgentFinished(node_rank=1, exit_code=0), S.SUCCEEDED),
+    ])
+
+
+def test_non_zero_finish_fails_the_job_and_stops_the_others() -> None:
+    m = new_job()
+    play(m, [Step(1, AgentFinished(node_rank=1, exit_code=3, message="rank 2 exited 3"), S.FAILED,
+                  signals=["changeStrategy:exit"])])
+    assert "exit code 3" in m.info
+
+
+def test_exit_status_reports_are_accepted_after_failure() -> None:
+    m = new_job(nodes=1)
+    _full_round(m, 1, {0: "1"}, ("exit",))
+    assert m.state == S.FAILED
+    assert m.handle(RecoverStatusReported(strategy="exit"), 2).code == 0
+    assert m.handle(RecoverStatusReported(strategy="recover"), 2).code == Code.OUT_OF_ORDER
+
+
+INIT_CASES = {
+    "finished job is reset": (True, True, 100, "reset"),
+    "an online agent makes init a join": (False, True, 999, "joined"),
+    "a known agent (host, pid) rejoins": (False, False, 100, "joined"),
+    "nobody online, unknown caller: reset": (False, False, 999, "reset"),
+}
+
+
+@pytest.mark.parametrize("finished,online,pid,expect", INIT_CASES.values(), ids=INIT_CASES.keys())
+def test_init_joins_or_resets(finished: bool, online: bool, pid: int, expect: str) -> None:
+    m = new_job(nodes=1)
+    m.handle(FaultReported(faults={0: "1"}), 1)
+    if finished:
+        m.handle(AgentFinished(exit_code=1), 2)
+    if not online:
+        m.handle(AgentDisconnected(), 2)
+        m.agents[0].online = False
+    out = m.handle(JobInit(node_count=1, host="h", pid=pid), 3)
+    assert out.code == 0 and expect in out.info
+    if expect == "reset":
+        assert m.state == S.RUNNING and m.agents == {} and m.round is None and m.restarts == 0
+    else:
+        assert 0 in m.agents
+
+
+# ------------------------------------------------------------------ restart of the controller
+
+
+def test_snapshot_restore_mid_round_resumes_when_all_agents_are_back() -> None:
+    m = new_job()
+    m.handle(FaultReported(faults={1: "1"}), 1)
+    m.handle(StopComplete(node_rank=0), 1)
+    m.handle(StopComplete(node_rank=1), 1)
+    m.handle(StrategiesReported(node_rank=0, strategies=ALL), 1)
+    snap = m.snapshot()
+    agents = list(m.agents.values())
+    r, out = JobMachine.restore(snap, agents, CFG, 50)
+    assert r.state == S.RESUMING and r.deadline == 50 + CFG.resume_timeout
+    assert r.handle(StopComplete(node_rank=0), 51).code == Code.OUT_OF_ORDER
+    assert r.handle(FaultReported(node_rank=0, faults={0: "1"}), 51).code == 0  # merged, round not decided
+    assert r.handle(AgentConnected(node_rank=0), 52).signals == []
+    out = r.handle(AgentConnected(node_rank=1), 53)
+    assert r.state == S.STOPPING and sig_names(out) == ["stopTrain"]
+    assert out.signals[0].faults == ((0, "1"), (1, "1"))
+    assert r.round.number == 1
+
+
+def test_restore_resumes_on_timeout_without_missing_agents() -> None:
+    m = new_job()
+    m.handle(FaultReported(faults={1: "1"}), 1)
+    r, _ = JobMachine.restore(m.snapshot(), list(m.agents.values()), CFG, 50)
+    r.handle(AgentConnected(node_rank=0), 51)
+    out = r.handle(Tick(), 50 + CFG.resume_timeout)
+    assert r.state == S.STOPPING and sig_names(out) == ["stopTrain"]
+
+
+def test_restore_keeps_settled_state_and_budget() -> None:
+    m = new_job(nodes=1, max_restarts=5)
+    _full_round(m, 1, {0: "1"})
+    r, _ = JobMachine.restore(m.snapshot(), list(m.agents.values()), CFG, 10)
+    assert r.state == S.RUNNING and r.restarts == 1 and r.max_restarts == 5
+    assert r.recover_succeeded_at == m.recover_succeeded_at
+
+
+def test_reconnecting_agent_gets_the_signal_it_still_owes() -> None:
+    m = new_job()
+    m.handle(FaultReported(faults={1: "1"}), 1)
+    m.handle(StopComplete(node_rank=0), 1)
+    m.handle(AgentDisconnected(node_rank=1), 2)
+    out = m.handle(AgentConnected(node_rank=1), 3)
+    assert [s.signal_type for s in out.direct] == ["stopTrain"] and out.signals == []
+    assert m.handle(AgentConnected(node_rank=0), 3).direct == []  # node 0 already answered
+
+
+# ------------------------------------------------------------------ the table itself
+
+
+def test_every_state_handles_every_report_or_answers_401() -> None:
+    events = [StopComplete(), StrategiesReported(strategies=ALL), RecoverStatusReported(strategy="recover"),
+              FaultReported(faults={0: "1"}), AgentFinished(), Tick(), AgentConnected(), AgentDisconnected()]
+    for state in JobState:
+        for ev in events:
+            m = new_job(nodes=1)
+            m.handle(FaultReported(faults={0: "1"}), 1)
+            m.state = state
+            if state in (S.RUNNING, S.SUCCEEDED):
+                m.round = None
+            if state == S.RECOVERING:
+                m.round.strategy = Strategy.RECOVER
+            out = m.handle(ev, 2)  # never raises: a table target mismatch would
+            assert out.code in (0, Code.OUT_OF_ORDER), (state, ev, out.info)
+
+
+def test_table_is_readable() -> None:
+    text = describe_table()
+    assert len(text.splitlines()) == len(RULES)
+    assert "STOPPING" in text and "on_stop_complete" in text
