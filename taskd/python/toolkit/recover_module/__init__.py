@@ -1,0 +1,1 @@
+"""TaskD-compatible path for taskd.toolkit.recover_module."""

@@ -1,0 +1,1 @@
+"""The `DLRecoverManager` client of the ClusterD-compatible `Recover` service."""

@@ -1,0 +1,25 @@
+"""Exceptions raised by the recover client.
+
+Callers mostly need to tell "the controller is not there" (retry later, or give up the job)
+from everything else, hence the small hierarchy.
+"""
+
+from __future__ import annotations
+
+
+class RecoverClientError(Exception):
+    """A call to the controller failed for a reason other than a status code."""
+
+
+class ServerUnreachable(RecoverClientError, ConnectionError):
+    """The controller did not answer: refused, unresolvable, or silent past the deadline."""
+
+    def __init__(self, address: str, detail: str = "") -> None:
+        self.address = address
+        self.detail = detail
+        message = f"recovery controller at {address} is unreachable"
+        super().__init__(f"{message}: {detail}" if detail else message)
+
+
+class ConfigurationError(RecoverClientError, ValueError):
+    """The client cannot be built from what it was given (missing env variables, bad address)."""

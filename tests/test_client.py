@@ -1,0 +1,651 @@
+"""DLRecoverManager against a tiny real gRPC server on a loopback port.
+
+The server here is deliberately scriptable (answer codes, signals to push, silence) so that
+every branch of the client can be driven; tests/test_client_controller.py runs the client
+against the real controller.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable
+from concurrent import futures
+
+import grpc
+import pytest
+
+from taskd.proto import recover_pb2, recover_pb2_grpc, taskd_pb2_grpc
+from taskd.toolkit.recover_module import recover_manager as rm
+from taskd.toolkit.recover_module.backoff import Backoff
+from taskd.toolkit.recover_module.channel import normalize_address
+from taskd.toolkit.recover_module.recover_manager import (
+    ConfigurationError,
+    DLRecoverManager,
+    RecoverSignal,
+    ServerUnreachable,
+)
+from taskd.vocabulary import DEFAULT_PORT, Code
+
+JOB = "job-1"
+LOGGER = "taskd.toolkit.recover_module.recover_manager"
+WAIT = 20.0  # generous: the suite must pass on a loaded 2-core machine
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = WAIT, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class Recorder(recover_pb2_grpc.RecoverServicer, taskd_pb2_grpc.AgentReportServicer):
+    """Records every call; answers scripted codes (default 0); streams pushed signals."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.calls: list[tuple[str, object]] = []
+        self.codes: dict[str, collections.deque[int]] = collections.defaultdict(collections.deque)
+        self.streams: list[queue.Queue] = []
+        self.subscriptions = 0
+        self.greet = True  # send a keep-alive as soon as a stream opens
+
+    def names(self) -> list[str]:
+        with self.lock:
+            return [name for name, _ in self.calls]
+
+    def requests(self, name: str) -> list:
+        with self.lock:
+            return [req for n, req in self.calls if n == name]
+
+    def _answer(self, name: str, request: object) -> recover_pb2.Status:
+        with self.lock:
+            self.calls.append((name, request))
+            code = self.codes[name].popleft() if self.codes[name] else 0
+        return recover_pb2.Status(code=code, info=f"{name} scripted {code}")
+
+    def Init(self, request, context):
+        return self._answer("Init", request)
+
+    def Register(self, request, context):
+        return self._answer("Register", request)
+
+    def HealthCheck(self, request, context):
+        return self._answer("HealthCheck", request)
+
+    def ReportStopComplete(self, request, context):
+        return self._answer("ReportStopComplete", request)
+
+    def ReportRecoverStrategy(self, request, context):
+        return self._answer("ReportRecoverStrategy", request)
+
+    def ReportRecoverStatus(self, request, context):
+        return self._answer("ReportRecoverStatus", request)
+
+    def ReportProcessFault(self, request, context):
+        return self._answer("ReportProcessFault", request)
+
+    def ReportFinished(self, request, context):
+        return self._answer("ReportFinished", request)
+
+    def SubscribeProcessManageSignal(self, request, context):
+        stream: queue.Queue = queue.Queue()
+        with self.lock:
+            self.calls.append(("Subscribe", request))
+            self.streams.append(stream)
+            self.subscriptions += 1
+        if self.greet:
+            yield recover_pb2.ProcessManageSignal(uuid="hello", jobId=request.jobId, signalType="keep-alive")
+        while context.is_active():
+            try:
+                item = stream.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            if item is None:
+                return
+            yield item
+
+    def push(self, **fields: object) -> None:
+        """Send one signal to every open stream."""
+        fields.setdefault("jobId", JOB)
+        message = recover_pb2.ProcessManageSignal(**fields)
+        with self.lock:
+            for stream in self.streams:
+                stream.put(message)
+
+    def end_streams(self) -> None:
+        with self.lock:
+            for stream in self.streams:
+                stream.put(None)
+            self.streams.clear()
+
+
+class TinyServer:
+    """A real grpc.server on 127.0.0.1; restartable on the same port."""
+
+    def __init__(self, recorder: Recorder | None = None) -> None:
+        self.recorder = recorder or Recorder()
+        self.port = 0
+        self.server: grpc.Server | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> TinyServer:
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=16),
+            options=[
+                ("grpc.http2.min_ping_interval_without_data_ms", 1000),
+                ("grpc.http2.max_ping_strikes", 0),
+                ("grpc.keepalive_permit_without_calls", 1),
+            ],
+        )
+        recover_pb2_grpc.add_RecoverServicer_to_server(self.recorder, server)
+        taskd_pb2_grpc.add_AgentReportServicer_to_server(self.recorder, server)
+        port = server.add_insecure_port(f"127.0.0.1:{self.port}")
+        assert port, f"could not bind 127.0.0.1:{self.port}"
+        self.port = port
+        server.start()
+        self.server = server
+        return self
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.recorder.end_streams()
+            self.server.stop(grace=0).wait(WAIT)
+            self.server = None
+
+
+@pytest.fixture
+def server():
+    srv = TinyServer().start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def make_manager(server):
+    made: list[DLRecoverManager] = []
+
+    def make(address: str | None = None, node_rank: int = 2, **kwargs) -> DLRecoverManager:
+        kwargs.setdefault("call_timeout", 5.0)
+        kwargs.setdefault("init_timeout", 10.0)
+        kwargs.setdefault("backoff_initial", 0.05)
+        kwargs.setdefault("backoff_max", 0.3)
+        info = recover_pb2.ClientInfo(jobId=JOB, role="master agent", nodeRank=node_rank, nodeCount=3)
+        manager = DLRecoverManager(info, address or server.address, **kwargs)
+        made.append(manager)
+        return manager
+
+    yield make
+    for manager in made:
+        manager.stop()
+
+
+class Subscriber:
+    """Runs start_subscribe in a thread, like the agent does."""
+
+    def __init__(self, manager: DLRecoverManager) -> None:
+        self.manager = manager
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.manager.start_subscribe("pytorch")
+        except BaseException as exc:  # surfaced by the test
+            self.error = exc
+
+    def stop(self) -> float:
+        started = time.monotonic()
+        self.manager.stop()
+        self.thread.join(WAIT)
+        assert not self.thread.is_alive(), "start_subscribe did not return after stop()"
+        assert self.error is None, f"start_subscribe raised {self.error!r}"
+        return time.monotonic() - started
+
+
+@pytest.fixture
+def subscribe():
+    subs: list[Subscriber] = []
+
+    def start(manager: DLRecoverManager, connected: bool = True) -> Subscriber:
+        """Subscribe; by default wait for the stream's greeting so that pushed signals reach it."""
+        sub = Subscriber(manager)
+        subs.append(sub)
+        if connected:
+            wait_until(lambda: manager.connected, what="subscription connected")
+        return sub
+
+    yield start
+    for sub in subs:
+        sub.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# -- pure helpers ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("10.0.0.5", f"10.0.0.5:{DEFAULT_PORT}"),
+        ("10.0.0.5:9000", "10.0.0.5:9000"),
+        (" ctrl.example ", f"ctrl.example:{DEFAULT_PORT}"),
+        ("[::1]:9000", "[::1]:9000"),
+        ("::1", f"[::1]:{DEFAULT_PORT}"),
+        ("http://host:1234/", "host:1234"),
+    ],
+)
+def test_normalize_address(given, expected):
+    assert normalize_address(given) == expected
+
+
+@pytest.mark.parametrize("bad", ["", "host:", "host:abc", "host:70000", "[::1", ":80"])
+def test_normalize_address_rejects_bad_input(bad):
+    with pytest.raises(ConfigurationError, match="address"):
+        normalize_address(bad)
+
+
+def test_backoff_grows_is_capped_and_jittered():
+    backoff = Backoff(initial=0.1, maximum=1.0, multiplier=2.0, jitter=0.5)
+    delays = [backoff.next_delay() for _ in range(20)]
+    assert all(0.05 - 1e-9 <= d <= 1.0 for d in delays)
+    assert max(delays[10:]) > 0.5  # reached the cap region
+    assert len({round(d, 6) for d in delays[10:]}) > 1  # jittered, not a fixed value
+    backoff.reset()
+    assert backoff.next_delay() <= 0.1
+
+
+def test_compat_path_reexports_the_same_objects():
+    from taskd.python.toolkit.recover_module import recover_manager as compat
+
+    for name in rm.__all__:
+        assert getattr(compat, name) is getattr(rm, name), name
+
+
+def test_constructor_rejects_bad_arguments():
+    with pytest.raises(ConfigurationError, match="jobId"):
+        DLRecoverManager(recover_pb2.ClientInfo(), "127.0.0.1")
+    with pytest.raises(TypeError):
+        DLRecoverManager({"jobId": "x"}, "127.0.0.1")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="address"):
+        DLRecoverManager(recover_pb2.ClientInfo(jobId="x"), "host:port")
+    manager = DLRecoverManager(recover_pb2.ClientInfo(jobId="x"), "127.0.0.1")
+    assert manager.server_addr == f"127.0.0.1:{DEFAULT_PORT}"
+    manager.stop()
+
+
+# -- set-up calls ----------------------------------------------------------------------------------
+
+
+def test_init_clusterd_retries_until_ok(server, make_manager):
+    server.recorder.codes["Init"].extend([Code.NOT_INITIALISED, Code.TOO_MANY_REQUESTS])
+    manager = make_manager()
+    assert manager.init_clusterd() is True
+    inits = server.recorder.requests("Init")
+    assert len(inits) == 3
+    assert inits[0].jobId == JOB and inits[0].nodeRank == 2 and inits[0].nodeCount == 3 and inits[0].pid > 0
+
+
+def test_init_clusterd_recovery_disabled_returns_false(server, make_manager):
+    server.recorder.codes["Init"].append(Code.RECOVERY_DISABLED)
+    assert make_manager().init_clusterd() is False
+    assert server.recorder.names() == ["Init"]
+
+
+def test_init_clusterd_gives_up_after_bounded_attempts(server, make_manager):
+    server.recorder.codes["Init"].extend([Code.TOO_MANY_JOBS] * 10)
+    assert make_manager(init_attempts=3).init_clusterd() is False
+    assert server.recorder.names() == ["Init"] * 3
+
+
+def test_register_and_health_check(server, make_manager):
+    manager = make_manager()
+    status = manager.register(manager.info)
+    assert status.code == 0
+    assert manager.health_check().code == 0
+    assert server.recorder.names() == ["Register", "HealthCheck"]
+    assert server.recorder.requests("Register")[0].role == "master agent"
+
+
+# -- reports ---------------------------------------------------------------------------------------
+
+
+def test_reports_convert_fault_ranks_and_carry_identity(server, make_manager):
+    manager = make_manager(node_rank=4)
+    assert manager.report_process_fault({3: 1, "1": "0"}, detail="pid 42 killed by SIGKILL") == 0
+    assert manager.report_stop_complete(0, "stopped", {3: 1}) == 0
+    assert manager.report_recover_strategy({3: 1}, ["recover", "job-rescheduling", "exit"]) == 0
+    assert manager.report_recover_status(0, "recovered", {3: 1}, "recover", isolate_ranks=[3]) == 0
+    assert manager.report_finished(0, "all ranks exited 0") == 0
+
+    rec = server.recorder
+    fault = rec.requests("ReportProcessFault")[0]
+    assert (fault.jobId, fault.nodeRank, fault.detail) == (JOB, 4, "pid 42 killed by SIGKILL")
+    assert [(f.rankId, f.faultType) for f in fault.faultRanks] == [("1", "0"), ("3", "1")]
+    stop = rec.requests("ReportStopComplete")[0]
+    assert (stop.jobId, stop.nodeRank, stop.status.code, stop.status.info) == (JOB, 4, 0, "stopped")
+    assert [(f.rankId, f.faultType) for f in stop.faultRanks] == [("3", "1")]
+    strategy = rec.requests("ReportRecoverStrategy")[0]
+    assert list(strategy.strategies) == ["recover", "job-rescheduling", "exit"] and strategy.nodeRank == 4
+    assert [(f.rankId, f.faultType) for f in strategy.faultRanks] == [("3", "1")]
+    status = rec.requests("ReportRecoverStatus")[0]
+    assert (status.strategy, status.status.code, status.nodeRank) == ("recover", 0, 4)
+    assert list(status.isolateRankIds) == ["3"]
+    finished = rec.requests("ReportFinished")[0]
+    assert (finished.jobId, finished.nodeRank, finished.exitCode, finished.message) == (JOB, 4, 0, "all ranks exited 0")
+
+
+def test_report_reregisters_once_and_retries_once(server, make_manager):
+    manager = make_manager()
+    manager.register()
+    server.recorder.calls.clear()
+    server.recorder.codes["ReportProcessFault"].append(Code.NOT_REGISTERED)
+    assert manager.report_process_fault({0: 1}) == 0
+    assert server.recorder.names() == ["ReportProcessFault", "Register", "ReportProcessFault"]
+
+
+def test_report_reinits_when_the_job_is_unknown(server, make_manager):
+    server.recorder.codes["ReportStopComplete"].append(Code.JOB_NOT_EXIST)
+    assert make_manager().report_stop_complete(0, "", {1: 1}) == 0
+    assert server.recorder.names() == ["ReportStopComplete", "Init", "Register", "ReportStopComplete"]
+
+
+def test_report_returns_the_final_code_after_one_retry(server, make_manager):
+    server.recorder.codes["ReportRecoverStatus"].extend([Code.OUT_OF_ORDER, Code.OUT_OF_ORDER, 0])
+    assert make_manager().report_recover_status(0, "ok", {}, "recover") == Code.OUT_OF_ORDER
+    assert server.recorder.names() == ["ReportRecoverStatus", "Register", "ReportRecoverStatus"]
+
+
+@pytest.mark.parametrize("bad", [{"x": 1}, {-1: 1}, {1: "net"}, [1, 2], {True: 1}])
+def test_report_with_bad_fault_ranks_answers_409_without_a_call(server, make_manager, bad, caplog):
+    with caplog.at_level(logging.ERROR, logger=LOGGER):
+        assert make_manager().report_process_fault(bad) == Code.INVALID_PARAMS
+    assert server.recorder.names() == []
+    assert "invalid arguments" in caplog.text
+
+
+def test_report_with_bad_code_or_strategies_answers_409(server, make_manager):
+    manager = make_manager()
+    assert manager.report_stop_complete("zero", "", {}) == Code.INVALID_PARAMS
+    assert manager.report_recover_strategy({}, ["recover", 3]) == Code.INVALID_PARAMS
+    assert manager.report_finished(2**40) == Code.INVALID_PARAMS
+    assert server.recorder.names() == []
+
+
+# -- unreachable server ----------------------------------------------------------------------------
+
+
+def test_unreachable_server_raises_naming_the_address(make_manager):
+    address = f"127.0.0.1:{free_port()}"
+    manager = make_manager(address=address, call_timeout=0.5, init_timeout=2.0)
+    started = time.monotonic()
+    with pytest.raises(ServerUnreachable, match=address) as info:
+        manager.report_process_fault({0: 1})
+    assert info.value.address == address
+    with pytest.raises(ServerUnreachable, match=address):
+        manager.init_clusterd()
+    with pytest.raises(ServerUnreachable, match=address):
+        manager.health_check()
+    assert time.monotonic() - started < WAIT  # bounded, not a hang
+
+
+def test_unreachable_without_wait_for_ready_fails_fast(make_manager):
+    address = f"127.0.0.1:{free_port()}"
+    manager = make_manager(address=address, wait_for_ready=False, call_timeout=5.0)
+    with pytest.raises(ServerUnreachable, match=address):
+        manager.register()
+
+
+# -- signals ---------------------------------------------------------------------------------------
+
+
+def test_dispatch_by_signal_type_then_each_action(server, make_manager, subscribe):
+    manager = make_manager()
+    manager.register()
+    seen: list[tuple[str, RecoverSignal]] = []
+    for name in ("globalFault", "stop_train", "on_global_rank", "killMaster"):
+        manager.register_action_handler(name, lambda sig, name=name: seen.append((name, sig)))
+    subscribe(manager)
+    wait_until(lambda: manager.connected, what="connected")
+    server.recorder.push(uuid="u1", signalType="globalFault", actions=["stop_train", "on_global_rank"])
+    server.recorder.push(uuid="u2", signalType="killMaster")
+    wait_until(lambda: len(seen) == 4, what="4 dispatches")
+    assert [(name, sig.uuid) for name, sig in seen] == [
+        ("globalFault", "u1"),
+        ("stop_train", "u1"),
+        ("on_global_rank", "u1"),
+        ("killMaster", "u2"),
+    ]
+
+
+def test_signal_is_parsed_for_handlers(server, make_manager, subscribe):
+    manager = make_manager()
+    manager.register()
+    got: list[RecoverSignal] = []
+    manager.register_action_handler("change_strategy", got.append)
+    subscribe(manager)
+    server.recorder.push(
+        uuid="u-9",
+        signalType="changeStrategy",
+        actions=["change_strategy"],
+        faultRanks=[recover_pb2.FaultRank(rankId="5", faultType="2"), recover_pb2.FaultRank(rankId="7", faultType="0")],
+        changeStrategy="recover",
+        timeout=30,
+        nodeRankIds=["0", "2"],
+        extraParams='{"k": 1}',
+    )
+    wait_until(lambda: got, what="change_strategy")
+    sig = got[0]
+    assert (sig.uuid, sig.job_id, sig.signal_type, sig.actions) == ("u-9", JOB, "changeStrategy", ["change_strategy"])
+    assert sig.fault_ranks == {5: 2, 7: 0}
+    assert (sig.strategy, sig.timeout, sig.node_ranks, sig.extra_params) == ("recover", 30, [0, 2], '{"k": 1}')
+    assert isinstance(sig.raw, recover_pb2.ProcessManageSignal) and sig.raw.uuid == "u-9"
+
+
+def test_unknown_action_is_logged_and_raising_handler_keeps_the_stream(server, make_manager, subscribe, caplog):
+    manager = make_manager()
+    manager.register()
+    delivered: list[str] = []
+
+    def boom(sig: RecoverSignal) -> None:
+        raise RuntimeError("handler exploded")
+
+    manager.register_action_handler("stop_train", boom)
+    manager.register_action_handler("on_global_rank", lambda sig: delivered.append(sig.uuid))
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        subscribe(manager)
+        server.recorder.push(uuid="a", signalType="stopTrain", actions=["stop_train", "teleport", "on_global_rank"])
+        server.recorder.push(uuid="b", signalType="globalFault", actions=["on_global_rank"])
+        wait_until(lambda: delivered == ["a", "b"], what="both signals")
+    assert "no handler registered for action 'teleport'" in caplog.text
+    assert "handler exploded" in caplog.text
+    assert server.recorder.subscriptions == 1  # the same stream carried both signals
+
+
+def test_signal_for_another_job_is_dropped(server, make_manager, subscribe, caplog):
+    manager = make_manager()
+    manager.register()
+    got: list[str] = []
+    manager.register_action_handler("stop_train", lambda sig: got.append(sig.uuid))
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        subscribe(manager)
+        server.recorder.push(uuid="other", jobId="job-2", signalType="stopTrain", actions=["stop_train"])
+        server.recorder.push(uuid="mine", signalType="stopTrain", actions=["stop_train"])
+        wait_until(lambda: got, what="own signal")
+    assert got == ["mine"]
+    assert "dropping stopTrain signal other for job 'job-2'" in caplog.text
+
+
+def test_keep_alive_feeds_liveness(server, make_manager, subscribe):
+    manager = make_manager()
+    manager.register()
+    alive: list[str] = []
+    manager.register_action_handler("keep-alive", lambda sig: alive.append(sig.uuid))
+    assert not manager.connected and manager.last_signal_time is None
+    subscribe(manager)
+    first = manager.last_signal_time
+    server.recorder.push(uuid="ka-2", signalType="keep-alive")
+    wait_until(lambda: "ka-2" in alive, what="second keep-alive")
+    assert manager.last_signal_time >= first
+
+
+def test_silent_stream_is_reopened_after_liveness_timeout(server, make_manager, subscribe):
+    server.recorder.greet = False  # never sends anything
+    manager = make_manager(liveness_timeout=0.5)
+    manager.register()
+    subscribe(manager, connected=False)
+    wait_until(lambda: server.recorder.subscriptions >= 2, what="a second subscription")
+    names = server.recorder.names()
+    second = [i for i, n in enumerate(names) if n == "Subscribe"][1]
+    assert names[second - 2 : second] == ["Init", "Register"]
+    assert not manager.connected
+
+
+def test_long_handler_is_not_mistaken_for_a_dead_stream(server, make_manager, subscribe):
+    manager = make_manager(liveness_timeout=0.5)
+    manager.register()
+    release = threading.Event()
+    done: list[str] = []
+
+    def slow(sig: RecoverSignal) -> None:
+        release.wait(WAIT)
+        done.append(sig.uuid)
+
+    manager.register_action_handler("stop_train", slow)
+    subscribe(manager)
+    server.recorder.push(uuid="slow", signalType="stopTrain", actions=["stop_train"])
+    time.sleep(1.5)  # three liveness periods inside the handler
+    release.set()
+    wait_until(lambda: done == ["slow"], what="slow handler")
+    assert server.recorder.subscriptions == 1
+
+
+def test_first_subscribe_inits_and_registers_when_not_registered(server, make_manager, subscribe):
+    manager = make_manager()
+    subscribe(manager)
+    wait_until(lambda: "Subscribe" in server.recorder.names(), what="subscription")
+    assert server.recorder.names()[:3] == ["Init", "Register", "Subscribe"]
+
+
+def test_reconnects_after_server_restart_on_the_same_port(server, make_manager, subscribe):
+    manager = make_manager()
+    assert manager.init_clusterd() and manager.register().code == 0
+    got: list[str] = []
+    manager.register_action_handler("stop_train", lambda sig: got.append(sig.uuid))
+    subscribe(manager)
+    wait_until(lambda: server.recorder.subscriptions == 1 and manager.connected, what="first subscription")
+    server.recorder.push(uuid="before", signalType="stopTrain", actions=["stop_train"])
+    wait_until(lambda: got == ["before"], what="signal before restart")
+
+    server.stop()
+    wait_until(lambda: not manager.connected, what="disconnect noticed")
+    server.recorder.calls.clear()
+    server.start()  # same port, same recorder
+    wait_until(lambda: server.recorder.subscriptions == 2 and manager.connected, what="resubscription")
+    assert server.recorder.names()[:3] == ["Init", "Register", "Subscribe"]
+    server.recorder.push(uuid="after", signalType="stopTrain", actions=["stop_train"])
+    wait_until(lambda: got == ["before", "after"], what="signal after restart")
+
+
+def test_stop_returns_promptly_while_subscribed(server, make_manager, subscribe):
+    manager = make_manager()
+    manager.register()
+    sub = subscribe(manager)
+    wait_until(lambda: manager.connected, what="connected")
+    assert sub.stop() < WAIT
+    assert not manager.connected
+    # reports still work after stop(): a fresh channel is opened for them
+    assert manager.report_process_fault({0: 1}) == 0
+
+
+def test_stop_returns_promptly_while_server_is_down(make_manager, subscribe):
+    manager = make_manager(address=f"127.0.0.1:{free_port()}", call_timeout=30.0, init_timeout=60.0)
+    sub = subscribe(manager, connected=False)
+    time.sleep(0.5)  # inside a wait-for-ready Init with a long deadline
+    assert sub.stop() < WAIT
+
+
+def test_stop_from_a_handler_ends_the_subscription(server, make_manager, subscribe):
+    manager = make_manager()
+    manager.register()
+    manager.register_action_handler("killMaster", lambda sig: manager.stop())
+    sub = subscribe(manager)
+    server.recorder.push(uuid="k", signalType="killMaster")
+    sub.thread.join(WAIT)
+    assert not sub.thread.is_alive()
+
+
+def test_register_action_handler_validates(make_manager):
+    manager = make_manager()
+    with pytest.raises(ValueError):
+        manager.register_action_handler("", print)
+    with pytest.raises(TypeError):
+        manager.register_action_handler("stop_train", "not callable")  # type: ignore[arg-type]
+
+
+# -- module functions ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_current_manager():
+    rm.set_manager(None)
+    yield
+    current = rm._current
+    rm.set_manager(None)
+    if current is not None:
+        current.stop()
+
+
+def test_module_functions_build_the_manager_from_env(server, monkeypatch, no_current_manager):
+    monkeypatch.setenv("MINDX_TASK_ID", JOB)
+    monkeypatch.setenv("MINDX_SERVER_IP", server.address)
+    monkeypatch.setenv("TASKD_NODE_RANK", "1")
+    assert rm.report_process_fault({6: 1}) == 0
+    assert rm.report_stop_complete(0, "ok", {6: 1}) == 0
+    assert rm.report_recover_strategy({6: 1}, ["exit"]) == 0
+    assert rm.report_recover_status(0, "ok", {6: 1}, "exit") == 0
+    assert rm.report_finished(1, "rank 6 failed") == 0
+    assert rm.get_manager() is rm.get_manager()
+    fault = server.recorder.requests("ReportProcessFault")[0]
+    assert (fault.jobId, fault.nodeRank, [(f.rankId, f.faultType) for f in fault.faultRanks]) == (JOB, 1, [("6", "1")])
+    assert server.recorder.requests("ReportFinished")[0].exitCode == 1
+
+
+def test_module_functions_use_the_manager_that_was_set(server, make_manager, monkeypatch, no_current_manager):
+    monkeypatch.delenv("MINDX_TASK_ID", raising=False)
+    monkeypatch.delenv("MINDX_SERVER_IP", raising=False)
+    manager = make_manager(node_rank=9)
+    rm.set_manager(manager)
+    assert rm.get_manager() is manager
+    assert rm.report_process_fault({0: 2}) == 0
+    assert server.recorder.requests("ReportProcessFault")[0].nodeRank == 9
+
+
+def test_module_functions_without_env_raise_a_clear_error(monkeypatch, no_current_manager):
+    monkeypatch.delenv("MINDX_TASK_ID", raising=False)
+    monkeypatch.setenv("MINDX_SERVER_IP", "127.0.0.1")
+    with pytest.raises(ConfigurationError, match="MINDX_TASK_ID is not set"):
+        rm.report_process_fault({0: 1})
+    monkeypatch.delenv("MINDX_SERVER_IP")
+    with pytest.raises(ConfigurationError, match="MINDX_TASK_ID and MINDX_SERVER_IP are not set"):
+        rm.get_manager()
+    monkeypatch.setenv("MINDX_TASK_ID", JOB)
+    monkeypatch.setenv("MINDX_SERVER_IP", "127.0.0.1:1")
+    monkeypatch.setenv("TASKD_NODE_RANK", "first")
+    with pytest.raises(ConfigurationError, match="TASKD_NODE_RANK"):
+        rm.get_manager()
