@@ -174,13 +174,13 @@ def server():
 def make_manager(server):
     made: list[DLRecoverManager] = []
 
-    def make(address: str | None = None, node_rank: int = 2, **kwargs) -> DLRecoverManager:
+    def make(address: str | None = None, node_rank: int | None = 2, *args, **kwargs) -> DLRecoverManager:
         kwargs.setdefault("call_timeout", 5.0)
         kwargs.setdefault("init_timeout", 10.0)
         kwargs.setdefault("backoff_initial", 0.05)
         kwargs.setdefault("backoff_max", 0.3)
-        info = recover_pb2.ClientInfo(jobId=JOB, role="master agent", nodeRank=node_rank, nodeCount=3)
-        manager = DLRecoverManager(info, address or server.address, **kwargs)
+        info = recover_pb2.ClientInfo(jobId=JOB, role="master agent", nodeRank=node_rank or 0, nodeCount=3)
+        manager = DLRecoverManager(info, address or server.address, *args, **kwargs)
         made.append(manager)
         return manager
 
@@ -649,3 +649,38 @@ def test_module_functions_without_env_raise_a_clear_error(monkeypatch, no_curren
     monkeypatch.setenv("TASKD_NODE_RANK", "first")
     with pytest.raises(ConfigurationError, match="TASKD_NODE_RANK"):
         rm.get_manager()
+
+
+# -- TLS (TaskD's secure_conn / cert_path) ---------------------------------------------------------
+
+
+def test_secure_channel_with_a_ca_certificate(tmp_path, make_manager):
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl CLI not available to make a test certificate")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )
+    recorder = Recorder()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    recover_pb2_grpc.add_RecoverServicer_to_server(recorder, server)
+    port = server.add_secure_port(
+        "127.0.0.1:0", grpc.ssl_server_credentials([(key.read_bytes(), cert.read_bytes())])
+    )
+    server.start()
+    try:
+        manager = make_manager(f"127.0.0.1:{port}", None, True, str(cert))
+        assert manager.register().code == 0
+        assert recorder.names() == ["Register"]
+        plain = make_manager(f"127.0.0.1:{port}", call_timeout=1.0)
+        with pytest.raises(ServerUnreachable):
+            plain.register()  # an insecure client cannot talk to a TLS server
+    finally:
+        server.stop(grace=0).wait(WAIT)
+    with pytest.raises(ConfigurationError, match="cert_path"):
+        DLRecoverManager(recover_pb2.ClientInfo(jobId=JOB), "127.0.0.1", True, str(tmp_path / "missing.pem"))
