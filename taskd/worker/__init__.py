@@ -1,1 +1,40 @@
-"""Placeholder; the worker SDK is filled in below."""
+"""What a training script imports from taskd: rank info, atomic checkpoints, heartbeats.
+
+    from taskd import worker
+
+    ckpt = worker.CheckpointManager(f"ckpt/rank{worker.rank()}", keep=3)
+    state, start = ckpt.load_latest() or (init_state(), 0)
+    worker.on_save_request(lambda: ckpt.save(state, step))
+    for step in range(start, steps):
+        state = train_step(state, step)
+        worker.heartbeat(step)
+        if step % 100 == 0:
+            with worker.section("checkpoint", timeout=600):
+                ckpt.save(state, step)
+
+Standard library only; every call is harmless outside taskd.
+"""
+
+from taskd.worker.checkpoint import CheckpointManager, CorruptCheckpoint
+from taskd.worker.env import job_id, local_rank, rank, restart_count, world_size
+from taskd.worker.heartbeat_file import HeartbeatFile, HeartbeatFileError, HeartbeatState
+from taskd.worker.progress import heartbeat, on_save_request, section
+from taskd.worker.serializers import Serializer, register_serializer
+
+__all__ = [
+    "CheckpointManager",
+    "CorruptCheckpoint",
+    "HeartbeatFile",
+    "HeartbeatFileError",
+    "HeartbeatState",
+    "Serializer",
+    "heartbeat",
+    "job_id",
+    "local_rank",
+    "on_save_request",
+    "rank",
+    "register_serializer",
+    "restart_count",
+    "section",
+    "world_size",
+]

@@ -36,7 +36,7 @@ import mmap
 import os
 import struct
 import time
-from dataclasses import dataclass
+from typing import NamedTuple
 
 MAGIC = b"TKHB"
 VERSION = 1
@@ -68,8 +68,7 @@ class HeartbeatFileError(Exception):
     """The file is missing, too small or not a heartbeat file."""
 
 
-@dataclass(frozen=True)
-class HeartbeatState:
+class HeartbeatState(NamedTuple):
     """One consistent snapshot of a rank's heartbeat file.
 
     ``time`` is 0.0 until the rank's first heartbeat: no heartbeat yet means the

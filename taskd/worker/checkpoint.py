@@ -1,0 +1,231 @@
+"""Atomic, self-checking checkpoints: a rank killed at any instant never leaves one that loads wrong.
+
+A checkpoint is written to a temporary file in the same directory, fsynced,
+renamed into place, and the directory fsynced: a reader sees the old set of
+files or the new one, never a partial file. Each file starts with a fixed
+header (step, payload length, CRC-32, serializer), filled in last, so a
+truncated or damaged file is recognised and skipped on load.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import re
+import struct
+import zlib
+from typing import IO, Any
+
+from taskd.worker.serializers import Serializer, get_serializer
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"TASKDCK1"
+_HEADER = struct.Struct("<8sIIqQI16s12x")  # magic, version, header size, step, payload length, crc32, serializer
+HEADER_SIZE = _HEADER.size  # 64
+VERSION = 1
+_CHUNK = 1 << 20
+_OPTIONAL_MODULES = {"torch": "torch", "mindspore": "mindspore"}
+
+
+class CorruptCheckpoint(Exception):
+    """The file is truncated, damaged or not a taskd checkpoint."""
+
+
+class _ChecksummingWriter:
+    """A write-only file wrapper that keeps the CRC-32 and length of what passes through."""
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        self._raw = raw
+        self.crc = 0
+        self.length = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self.crc = zlib.crc32(view, self.crc)
+        self.length += view.nbytes
+        self._raw.write(view)
+        return view.nbytes
+
+    def flush(self) -> None:
+        self._raw.flush()
+
+
+class CheckpointManager:
+    """Saves a rank's state every so often and finds the newest good one at restart.
+
+    One directory per rank (and per run): files are ``<prefix>-<step>.tkc``; the
+    ``keep`` highest steps are kept. ``serializer`` is "pickle" (default), "torch",
+    "mindspore" or an object with ``name``, ``dump(state, file)`` and ``load(file)``.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], keep: int = 3, serializer: str | Serializer = "pickle",
+                 prefix: str = "ckpt") -> None:
+        if not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"keep must be a positive integer, got {keep!r}")
+        if not re.fullmatch(r"[A-Za-z0-9_.]+", prefix):
+            raise ValueError(f"prefix must be letters, digits, '_' or '.', got {prefix!r}")
+        if isinstance(serializer, str) and serializer in _OPTIONAL_MODULES:
+            if importlib.util.find_spec(_OPTIONAL_MODULES[serializer]) is None:
+                raise ValueError(f"serializer {serializer!r} needs the {_OPTIONAL_MODULES[serializer]} package")
+        self.directory = os.fspath(directory)
+        self.keep = keep
+        self.prefix = prefix
+        self.serializer = get_serializer(serializer)
+        self._name_re = re.compile(rf"{re.escape(prefix)}-(\d+)\.tkc")
+        self._tmp_re = re.compile(rf"\.{re.escape(prefix)}-\d+\.(\d+)\.[0-9a-f]+\.tmp")
+        os.makedirs(self.directory, exist_ok=True)
+        self._remove_stale_temps()
+
+    # -- paths -------------------------------------------------------------------------------
+    def path_for(self, step: int) -> str:
+        return os.path.join(self.directory, f"{self.prefix}-{step:012d}.tkc")
+
+    def steps(self) -> list[int]:
+        """Steps that have a checkpoint file (not yet verified), ascending."""
+        found = []
+        for name in os.listdir(self.directory):
+            match = self._name_re.fullmatch(name)
+            if match:
+                found.append(int(match.group(1)))
+        return sorted(found)
+
+    def latest_step(self) -> int | None:
+        """The highest step whose checkpoint is intact (checksum verified), or None."""
+        for step in reversed(self.steps()):
+            try:
+                self._verify(self.path_for(step))
+                return step
+            except CorruptCheckpoint:
+                continue
+        return None
+
+    # -- save --------------------------------------------------------------------------------
+    def save(self, state: Any, step: int) -> str:
+        """Write ``state`` as the checkpoint of ``step`` atomically, prune old ones; returns its path.
+
+        Saving a step again replaces its checkpoint atomically (a rank that
+        resumed and recomputed steps saves the same steps again).
+        """
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ValueError(f"step must be a non-negative integer, got {step!r}")
+        final = self.path_for(step)
+        tmp = os.path.join(self.directory, f".{self.prefix}-{step}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+        try:
+            with open(tmp, "xb") as f:
+                f.write(bytes(HEADER_SIZE))  # all zeros: not a checkpoint until the real header lands
+                writer = _ChecksummingWriter(f)
+                self.serializer.dump(state, writer)  # type: ignore[arg-type]
+                f.flush()
+                header = _HEADER.pack(MAGIC, VERSION, HEADER_SIZE, step, writer.length, writer.crc,
+                                      self.serializer.name.encode("ascii"))
+                f.seek(0)
+                f.write(header)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            _unlink(tmp)
+            raise
+        _fsync_dir(self.directory)
+        self._prune(keep_step=step)
+        log.debug("saved checkpoint of step %d to %s", step, final)
+        return final
+
+    def _prune(self, keep_step: int) -> None:
+        steps = self.steps()
+        for step in steps[: max(0, len(steps) - self.keep)]:
+            if step != keep_step:
+                _unlink(self.path_for(step))
+
+    def _remove_stale_temps(self) -> None:
+        """Temporary files of saves that died half-way (their writer is gone)."""
+        for name in os.listdir(self.directory):
+            match = self._tmp_re.fullmatch(name)
+            if match and not _alive(int(match.group(1))):
+                _unlink(os.path.join(self.directory, name))
+
+    # -- load --------------------------------------------------------------------------------
+    def load(self, step: int) -> Any:
+        """The state saved for ``step``; raises CorruptCheckpoint or FileNotFoundError."""
+        path = self.path_for(step)
+        serializer = self._verify(path)
+        with open(path, "rb") as f:
+            f.seek(HEADER_SIZE)
+            try:
+                return serializer.load(f)
+            except Exception as exc:
+                raise CorruptCheckpoint(f"{path}: cannot deserialize: {type(exc).__name__}: {exc}") from exc
+
+    def load_latest(self) -> tuple[Any, int] | None:
+        """``(state, step)`` of the newest intact checkpoint, or None.
+
+        A damaged file is skipped with a warning and renamed to ``*.corrupt``.
+        """
+        for step in reversed(self.steps()):
+            try:
+                return self.load(step), step
+            except FileNotFoundError:  # pruned by a concurrent save
+                continue
+            except CorruptCheckpoint as exc:
+                log.warning("skipping checkpoint of step %d: %s", step, exc)
+                self._quarantine(step)
+        return None
+
+    def _quarantine(self, step: int) -> None:
+        """Set a damaged file aside (kept for inspection) so that pruning never keeps it over good ones."""
+        path = self.path_for(step)
+        try:
+            os.replace(path, path + ".corrupt")
+        except OSError as exc:
+            log.warning("cannot set %s aside: %s", path, exc)
+
+    def _verify(self, path: str) -> Serializer:
+        """Check header, length and checksum; returns the serializer the file was written with."""
+        with open(path, "rb") as f:
+            raw = f.read(HEADER_SIZE)
+            if len(raw) < HEADER_SIZE:
+                raise CorruptCheckpoint(f"{path}: truncated header ({len(raw)} bytes)")
+            magic, version, header_size, step, length, crc, name = _HEADER.unpack(raw)
+            if magic != MAGIC or version != VERSION or header_size != HEADER_SIZE:
+                raise CorruptCheckpoint(f"{path}: not a taskd checkpoint (version {VERSION})")
+            size = os.fstat(f.fileno()).st_size
+            if size != HEADER_SIZE + length:
+                raise CorruptCheckpoint(f"{path}: {size} bytes, expected {HEADER_SIZE + length} (truncated?)")
+            actual = 0
+            while chunk := f.read(_CHUNK):
+                actual = zlib.crc32(chunk, actual)
+            if actual != crc:
+                raise CorruptCheckpoint(f"{path}: checksum mismatch")
+        try:
+            return get_serializer(name.rstrip(b"\0").decode("ascii"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise CorruptCheckpoint(f"{path}: {exc}") from exc
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # our own leftovers from an earlier, failed save
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,50 @@
+"""Where this rank stands in the job, read from whichever launcher started it (taskd, torchrun or msrun).
+
+Outside any launcher the answers describe a single-process job (rank 0 of 1), so a
+script runs unchanged on a laptop.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def _int_env(*names: str, default: int) -> int:
+    for name in names:
+        value = os.environ.get(name)
+        if value is None or value.strip() == "":
+            continue
+        try:
+            return int(value)
+        except ValueError:
+            continue
+    return default
+
+
+def rank() -> int:
+    """Global rank: ``RANK`` (torchrun, taskd) or ``RANK_ID`` (msrun); 0 otherwise."""
+    return _int_env("RANK", "RANK_ID", default=0)
+
+
+def local_rank() -> int:
+    """Rank on this node: ``LOCAL_RANK``, or msrun's ``DEVICE_ID`` when running under msrun; 0 otherwise."""
+    if "LOCAL_RANK" in os.environ:
+        return _int_env("LOCAL_RANK", default=0)
+    if "MS_WORKER_NUM" in os.environ or "RANK_ID" in os.environ:
+        return _int_env("DEVICE_ID", default=0)
+    return 0
+
+
+def world_size() -> int:
+    """Number of ranks in the job: ``WORLD_SIZE``, ``RANK_SIZE`` or ``MS_WORKER_NUM``; 1 otherwise."""
+    return max(1, _int_env("WORLD_SIZE", "RANK_SIZE", "MS_WORKER_NUM", default=1))
+
+
+def restart_count() -> int:
+    """How many times this rank was started before (``TASKD_RESTART_COUNT`` or torchrun's); 0 otherwise."""
+    return _int_env("TASKD_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", default=0)
+
+
+def job_id() -> str | None:
+    """The job's id under taskd (``TASKD_JOB_ID`` or ``MINDX_TASK_ID``), else None."""
+    return os.environ.get("TASKD_JOB_ID") or os.environ.get("MINDX_TASK_ID") or None
