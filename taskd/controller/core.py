@@ -1,0 +1,165 @@
+"""The controller's core: jobs in memory, every handled event committed, signals fanned out.
+
+It glues the pure `JobMachine`s to the `Store`, the `SignalHub` and one deadline timer for
+all jobs. Everything runs on the server's event loop thread, so handling one event (state
+change + SQLite commit + queueing signals) is atomic with respect to other requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import json
+import logging
+import math
+import time
+from collections.abc import Callable
+
+from taskd.controller.hub import SignalHub, Subscriber, to_message
+from taskd.controller.state_machine import Event, JobInit, JobMachine, MachineConfig, Outcome, Record, Tick
+from taskd.controller.store import Store
+from taskd.proto import recover_pb2, taskd_pb2
+from taskd.vocabulary import Code
+
+log = logging.getLogger(__name__)
+
+
+class ControllerCore:
+    def __init__(self, config: MachineConfig, store: Store, hub: SignalHub, max_jobs: int = 10000,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.store = store
+        self.hub = hub
+        self.max_jobs = max_jobs
+        self.clock = clock
+        self.jobs: dict[str, JobMachine] = {}
+        self._heap: list[tuple[float, str]] = []
+        self._pushed: dict[str, float | None] = {}
+        self._next_wake = math.inf
+        self._wake = asyncio.Event()
+
+    # ------------------------------------------------------------------ events
+
+    def load(self) -> int:
+        """Bring persisted jobs back; jobs caught mid-round wait for their agents (RESUMING)."""
+        now = self.clock()
+        for snap, agents in self.store.load_jobs():
+            m, out = JobMachine.restore(snap, agents, self.config, now)
+            self.jobs[m.job_id] = m
+            self._finish(m, out, now)
+            log.info("loaded job %s (%s)", m.job_id, m.state.value)
+        return len(self.jobs)
+
+    def init_job(self, job_id: str, ev: JobInit) -> Outcome:
+        m = self.jobs.get(job_id)
+        if m is not None:
+            return self.dispatch(job_id, ev)
+        if len(self.jobs) >= self.max_jobs:
+            return Outcome(code=Code.TOO_MANY_JOBS, info=f"too many jobs ({len(self.jobs)}); limit {self.max_jobs}")
+        now = self.clock()
+        m = JobMachine(job_id, self.config, now, ev)
+        self.jobs[job_id] = m
+        out = Outcome(info=f"job {job_id} created")
+        out.records.append(Record("job_created", 0, {"node_count": m.node_count, "ranks_per_node": m.ranks_per_node,
+                                                      "max_restarts": m.max_restarts, "policy": list(m.policy),
+                                                      "host": ev.host, "pid": ev.pid}))
+        self._finish(m, out, now)
+        return out
+
+    def dispatch(self, job_id: str, event: Event, reply_to: Subscriber | None = None) -> Outcome:
+        m = self.jobs.get(job_id)
+        if m is None:
+            return Outcome(code=Code.JOB_NOT_EXIST, info=f"job {job_id} does not exist (call Init first)")
+        now = self.clock()
+        out = m.handle(event, now)
+        self._finish(m, out, now, reply_to)
+        return out
+
+    def _finish(self, m: JobMachine, out: Outcome, now: float, reply_to: Subscriber | None = None) -> None:
+        if out.records or out.agents_changed:
+            self.store.commit(m, out.records, out.agents_changed, now)  # before anyone hears of it
+        for rec in out.records:
+            if rec.kind not in ("stop_complete", "strategies_reported", "recover_status", "agent_subscribed",
+                                "agent_unsubscribed"):
+                log.info("job %s round %d: %s %s", m.job_id, rec.round, rec.kind, json.dumps(rec.detail))
+        if out.signals:
+            reached = self.hub.broadcast(m.job_id, out.signals)
+            for sig in out.signals:
+                log.info("job %s: %s %s to %d agent(s)", m.job_id, sig.signal_type, sig.strategy, reached)
+        if reply_to is not None:
+            for sig in out.direct:
+                reply_to.offer(to_message(m.job_id, sig))
+        self._schedule(m)
+
+    # ------------------------------------------------------------------ the one timer
+
+    def _schedule(self, m: JobMachine) -> None:
+        if self._pushed.get(m.job_id) == m.deadline:
+            return
+        self._pushed[m.job_id] = m.deadline
+        if m.deadline is not None:
+            heapq.heappush(self._heap, (m.deadline, m.job_id))
+            if m.deadline < self._next_wake:
+                self._wake.set()
+
+    def fire_due(self) -> None:
+        now = self.clock()
+        while self._heap and self._heap[0][0] <= now:
+            deadline, job_id = heapq.heappop(self._heap)
+            m = self.jobs.get(job_id)
+            if m is None or m.deadline is None or m.deadline > now:
+                continue  # superseded
+            self._pushed[job_id] = None
+            self.dispatch(job_id, Tick())
+
+    async def run_timer(self) -> None:
+        """Deliver `Tick` to every job whose deadline is due; sleeps until the earliest one."""
+        while True:
+            try:
+                self.fire_due()
+            except Exception:  # a bug in one job must not stop every job's timer
+                log.exception("deadline handling failed")
+            self._next_wake = self._heap[0][0] if self._heap else math.inf
+            self._wake.clear()
+            delay = min(max(self._next_wake - self.clock(), 0.0), 60.0)
+            try:
+                await asyncio.wait_for(self._wake.wait(), delay)
+            except asyncio.TimeoutError:
+                pass
+
+    # ------------------------------------------------------------------ read-only view
+
+    def job_list(self, job_id: str = "") -> taskd_pb2.JobList:
+        if job_id and job_id not in self.jobs:
+            return taskd_pb2.JobList(status=recover_pb2.Status(code=Code.JOB_NOT_EXIST,
+                                                               info=f"job {job_id} does not exist"))
+        jobs = [self.jobs[job_id]] if job_id else sorted(self.jobs.values(), key=lambda j: j.created_at)
+        return taskd_pb2.JobList(status=recover_pb2.Status(code=Code.OK), jobs=[self._job_record(m) for m in jobs])
+
+    def _job_record(self, m: JobMachine) -> taskd_pb2.JobRecord:
+        agents = [
+            taskd_pb2.AgentRecord(nodeRank=a.node_rank, role=a.role, host=a.host, pid=a.pid,
+                                  ranksPerNode=a.ranks_per_node, subscribed=self.hub_has(m.job_id, a.node_rank),
+                                  registeredAt=a.registered_at, lastSeen=a.last_seen, finished=a.finished,
+                                  exitCode=a.exit_code)
+            for a in sorted(m.agents.values(), key=lambda a: a.node_rank)
+        ]
+        rounds = [
+            taskd_pb2.RoundRecord(
+                round=r["round"], startedAt=r["started_at"], endedAt=r["ended_at"],
+                faultRanks=[recover_pb2.FaultRank(rankId=str(k), faultType=t) for k, t in r["faults"]],
+                strategiesTried=r["tried"], strategy=r["strategy"], outcome=r["outcome"],
+                durationSeconds=r["duration"],
+            )
+            for r in self.store.rounds(m.job_id)
+        ]
+        events = [taskd_pb2.EventRecord(time=e["time"], kind=e["kind"], round=e["round"], detail=e["detail"])
+                  for e in self.store.events(m.job_id)]
+        return taskd_pb2.JobRecord(
+            jobId=m.job_id, state=m.state.value, nodeCount=m.node_count, ranksPerNode=m.ranks_per_node,
+            restarts=m.restarts, maxRestarts=m.max_restarts, createdAt=m.created_at, updatedAt=m.updated_at,
+            agents=agents, rounds=rounds, events=events, info=m.info,
+        )
+
+    def hub_has(self, job_id: str, node_rank: int) -> bool:
+        return self.hub.has(job_id, node_rank)

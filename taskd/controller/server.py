@@ -1,0 +1,251 @@
+"""The controller process: config, a server with a clear lifecycle, and two ways to run it.
+
+- `run_server(config)`: `taskd server`; serves until SIGTERM/SIGINT, then shuts down gracefully.
+- `EmbeddedController(config)`: the same server on its own event loop in a daemon thread, for
+  `taskd run` and for MSRunPlugin when no controller address is configured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from taskd.controller.core import ControllerCore
+from taskd.controller.hub import SignalHub
+from taskd.controller.service import add_services
+from taskd.controller.state_machine import MachineConfig
+from taskd.controller.store import MEMORY, Store
+from taskd.vocabulary import DEFAULT_PORT
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE = 64 * 1024 * 1024
+
+
+@dataclass
+class ControllerConfig:
+    """Everything `taskd server` can be told; the CLI only parses flags into this."""
+
+    listen: str = f"127.0.0.1:{DEFAULT_PORT}"
+    state_path: str | None = None  # None = default_state_path(); ":memory:" keeps nothing
+    keepalive_interval: float = 5.0
+    stop_timeout: float = 60.0
+    strategy_timeout: float = 60.0
+    recover_timeout: float = 300.0
+    resume_timeout: float = 120.0
+    settle_window: float = 30.0
+    default_max_restarts: int = 3
+    max_jobs: int = 10000
+    subscriber_queue_size: int = 1024
+    # gRPC core rejects bursts above these with CANCELLED (defaults 1000/3000); a controller
+    # restart makes every agent reconnect at once, so keep them well above the agent count.
+    max_pending_requests: int = 20000
+    max_pending_requests_hard_limit: int = 60000
+    grace: float = 5.0
+    extra_options: list[tuple[str, Any]] = field(default_factory=list)
+
+    def machine_config(self) -> MachineConfig:
+        return MachineConfig(
+            stop_timeout=self.stop_timeout, strategy_timeout=self.strategy_timeout,
+            recover_timeout=self.recover_timeout, resume_timeout=self.resume_timeout,
+            settle_window=self.settle_window, default_max_restarts=self.default_max_restarts,
+        )
+
+    def grpc_options(self) -> list[tuple[str, Any]]:
+        return [
+            ("grpc.server.max_pending_requests", self.max_pending_requests),
+            ("grpc.server.max_pending_requests_hard_limit", self.max_pending_requests_hard_limit),
+            ("grpc.max_receive_message_length", MAX_MESSAGE),
+            ("grpc.max_send_message_length", MAX_MESSAGE),
+            # clients ping every few seconds even without calls: allow it instead of GOAWAY(too_many_pings)
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", 1000),
+            ("grpc.http2.max_ping_strikes", 0),
+            # and find dead agents' connections ourselves
+            ("grpc.keepalive_time_ms", 20000),
+            ("grpc.keepalive_timeout_ms", 10000),
+            ("grpc.so_reuseport", 0),
+            *self.extra_options,
+        ]
+
+
+class ControllerServer:
+    """start() binds and serves; wait() until stopped; stop(grace) closes streams and the store."""
+
+    def __init__(self, config: ControllerConfig | None = None) -> None:
+        self.config = config or ControllerConfig()
+        self.core: ControllerCore | None = None
+        self._server: grpc.aio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._port = 0
+        self._stopped: asyncio.Event | None = None
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def address(self) -> str:
+        host = self.config.listen.rsplit(":", 1)[0] if ":" in self.config.listen else self.config.listen
+        if host in ("", "0.0.0.0", "[::]", "::"):
+            host = "127.0.0.1"
+        return f"{host}:{self._port}"
+
+    async def start(self) -> None:
+        cfg = self.config
+        self._stopped = asyncio.Event()
+        store = Store(cfg.state_path)
+        hub = SignalHub(cfg.subscriber_queue_size)
+        self.core = ControllerCore(cfg.machine_config(), store, hub, max_jobs=cfg.max_jobs)
+        self.core.load()
+        server = grpc.aio.server(options=cfg.grpc_options())
+        add_services(server, self.core)
+        listen = cfg.listen if ":" in cfg.listen else f"{cfg.listen}:{DEFAULT_PORT}"
+        try:
+            port = server.add_insecure_port(listen)
+        except RuntimeError as exc:
+            store.close()
+            raise OSError(f"cannot listen on {listen}: {exc}") from exc
+        if port == 0:
+            store.close()
+            raise OSError(f"cannot listen on {listen}")
+        self._port = port
+        await server.start()
+        self._server = server
+        self._tasks = [
+            asyncio.create_task(self.core.run_timer(), name="taskd-deadlines"),
+            asyncio.create_task(hub.run_keepalive(cfg.keepalive_interval), name="taskd-keepalive"),
+        ]
+        log.info("taskd controller listening on %s (state %s, %d job(s) loaded)", self.address,
+                 store.path, len(self.core.jobs))
+
+    async def wait(self) -> None:
+        """Until stop() has finished."""
+        assert self._stopped is not None, "start() first"
+        await self._stopped.wait()
+
+    serve_forever = wait
+
+    async def stop(self, grace: float | None = None) -> None:
+        if self._server is None or self.core is None:
+            return
+        server, self._server = self._server, None
+        self.core.hub.close_all("controller shutting down")
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        await server.stop(self.config.grace if grace is None else grace)
+        self.core.store.close()
+        log.info("taskd controller on %s stopped", self.address)
+        assert self._stopped is not None
+        self._stopped.set()
+
+
+async def serve(config: ControllerConfig, ready: Any = None) -> None:
+    """Serve until SIGTERM/SIGINT (main thread) and shut down gracefully; `ready(server)` after start."""
+    server = ControllerServer(config)
+    await server.start()
+    if ready is not None:
+        ready(server)
+    loop = asyncio.get_running_loop()
+    stop_requested = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop_requested.set)
+    try:
+        await stop_requested.wait()
+        log.info("shutting down")
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await server.stop()
+
+
+def run_server(config: ControllerConfig, ready: Any = None) -> int:
+    """Blocking entry point of `taskd server`; returns the exit code."""
+    asyncio.run(serve(config, ready))
+    return 0
+
+
+class EmbeddedController:
+    """A controller running on its own event loop in a daemon thread of this process."""
+
+    def __init__(self, config: ControllerConfig | None = None) -> None:
+        self.config = config or ControllerConfig(listen="127.0.0.1:0", state_path=MEMORY)
+        self.server: ControllerServer | None = None
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._address = ""
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    def start(self, timeout: float = 30.0) -> str:
+        """Start serving; returns "127.0.0.1:<port>". Raises what the server raised on startup."""
+        if self._thread is not None:
+            return self._address
+        self._thread = threading.Thread(target=self._run, name="taskd-controller", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TimeoutError(f"embedded controller did not start within {timeout}s")
+        if self._error is not None:
+            self._thread.join(timeout)
+            self._thread = None
+            raise self._error
+        return self._address
+
+    def stop(self, timeout: float = 10.0) -> None:
+        thread, loop, stop = self._thread, self._loop, self._stop
+        if thread is None or loop is None or stop is None:
+            return
+        with contextlib.suppress(RuntimeError):  # loop already closed
+            loop.call_soon_threadsafe(stop.set)
+        thread.join(timeout)
+        if thread.is_alive():
+            log.warning("embedded controller did not stop within %ss", timeout)
+        self._thread = None
+
+    def __enter__(self) -> EmbeddedController:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._main())
+        except BaseException as exc:  # reported to start()
+            if not self._ready.is_set():
+                self._error = exc
+            else:
+                log.exception("embedded controller crashed")
+        finally:
+            self._ready.set()
+            loop.close()
+
+    async def _main(self) -> None:
+        self._stop = asyncio.Event()
+        server = ControllerServer(self.config)
+        await server.start()
+        self.server = server
+        self._address = server.address
+        self._ready.set()
+        try:
+            await self._stop.wait()
+        finally:
+            await server.stop(min(self.config.grace, 1.0))

@@ -1,0 +1,159 @@
+"""grpc.aio servicers: `Recover` (ClusterD-compatible), `taskd.v1.AgentReport`, `taskd.v1.JobStatus`.
+
+Thin on purpose: validate the request (409 naming the field), turn it into a state-machine
+event, hand it to the core, answer with the outcome's code and info.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+from taskd.controller import validation as v
+from taskd.controller.core import ControllerCore
+from taskd.controller.state_machine import (
+    AgentConnected,
+    AgentDisconnected,
+    AgentFinished,
+    AgentRegistered,
+    FaultReported,
+    JobInit,
+    Outcome,
+    RecoverStatusReported,
+    StopComplete,
+    StrategiesReported,
+)
+from taskd.proto import recover_pb2, recover_pb2_grpc, taskd_pb2, taskd_pb2_grpc
+from taskd.vocabulary import Code
+
+log = logging.getLogger(__name__)
+
+Status = recover_pb2.Status
+
+
+def _invalid(info: str) -> Status:
+    return Status(code=Code.INVALID_PARAMS, info=info)
+
+
+def _answer(out: Outcome, method: str, job_id: str) -> Status:
+    if out.code != Code.OK:
+        log.info("%s for job %s answered %d: %s", method, job_id, out.code, out.info)
+    return Status(code=out.code, info=out.info)
+
+
+class RecoverService(recover_pb2_grpc.RecoverServicer):
+    def __init__(self, core: ControllerCore) -> None:
+        self.core = core
+
+    async def Init(self, request: recover_pb2.ClientInfo, context: grpc.aio.ServicerContext) -> Status:
+        if why := v.check_client(request):
+            return _invalid(why)
+        ev = JobInit(
+            node_count=request.nodeCount, ranks_per_node=request.ranksPerNode,
+            max_restarts=request.maxRestarts if request.HasField("maxRestarts") else None,
+            strategies=tuple(request.strategies), node_rank=request.nodeRank, host=request.host, pid=request.pid,
+        )
+        return _answer(self.core.init_job(request.jobId, ev), "Init", request.jobId)
+
+    async def Register(self, request: recover_pb2.ClientInfo, context: grpc.aio.ServicerContext) -> Status:
+        if why := v.check_client(request):
+            return _invalid(why)
+        ev = AgentRegistered(node_rank=request.nodeRank, role=request.role, host=request.host, pid=request.pid,
+                             ranks_per_node=request.ranksPerNode)
+        return _answer(self.core.dispatch(request.jobId, ev), "Register", request.jobId)
+
+    async def HealthCheck(self, request: recover_pb2.ClientInfo, context: grpc.aio.ServicerContext) -> Status:
+        if why := v.check_client(request):
+            return _invalid(why)
+        job = self.core.jobs.get(request.jobId)
+        if job is None:
+            return Status(code=Code.NOT_REGISTERED, info=f"job {request.jobId} does not exist")
+        if request.nodeRank not in job.agents:
+            return Status(code=Code.NOT_REGISTERED,
+                          info=f"node {request.nodeRank} of job {request.jobId} is not registered")
+        return Status(code=Code.OK, info=job.state.value)
+
+    async def SubscribeProcessManageSignal(
+        self, request: recover_pb2.ClientInfo, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[recover_pb2.ProcessManageSignal]:
+        if why := v.check_client(request):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{Code.INVALID_PARAMS}: {why}")
+        job_id, node = request.jobId, request.nodeRank
+        job = self.core.jobs.get(job_id)
+        if job is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"{Code.JOB_NOT_EXIST}: job {job_id} does not exist")
+        if node not in job.agents:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"{Code.NOT_REGISTERED}: node {node} of job {job_id} is not registered")
+        sub = self.core.hub.subscribe(job_id, node)
+        try:
+            self.core.dispatch(job_id, AgentConnected(node_rank=node), reply_to=sub)
+            while True:
+                msg = await sub.queue.get()
+                if msg is None:
+                    log.debug("stream of job %s node %d closed: %s", job_id, node, sub.closed_reason)
+                    return
+                yield msg
+        finally:
+            if self.core.hub.unsubscribe(sub):
+                self.core.dispatch(job_id, AgentDisconnected(node_rank=node))
+
+    async def ReportStopComplete(self, request: recover_pb2.StopCompleteRequest,
+                                 context: grpc.aio.ServicerContext) -> Status:
+        if why := v.check_stop_complete(request):
+            return _invalid(why)
+        ev = StopComplete(node_rank=request.nodeRank, code=request.status.code, info=request.status.info,
+                          faults=v.faults_dict(request.faultRanks))
+        return _answer(self.core.dispatch(request.jobId, ev), "ReportStopComplete", request.jobId)
+
+    async def ReportRecoverStrategy(self, request: recover_pb2.RecoverStrategyRequest,
+                                    context: grpc.aio.ServicerContext) -> Status:
+        if why := v.check_recover_strategy(request):
+            return _invalid(why)
+        ev = StrategiesReported(node_rank=request.nodeRank, strategies=tuple(request.strategies),
+                                faults=v.faults_dict(request.faultRanks))
+        return _answer(self.core.dispatch(request.jobId, ev), "ReportRecoverStrategy", request.jobId)
+
+    async def ReportRecoverStatus(self, request: recover_pb2.RecoverStatusRequest,
+                                  context: grpc.aio.ServicerContext) -> Status:
+        if why := v.check_recover_status(request):
+            return _invalid(why)
+        ev = RecoverStatusReported(node_rank=request.nodeRank, code=request.status.code, info=request.status.info,
+                                   strategy=request.strategy, isolate_ranks=tuple(request.isolateRankIds))
+        return _answer(self.core.dispatch(request.jobId, ev), "ReportRecoverStatus", request.jobId)
+
+    async def ReportProcessFault(self, request: recover_pb2.ProcessFaultRequest,
+                                 context: grpc.aio.ServicerContext) -> Status:
+        if why := v.check_process_fault(request):
+            return _invalid(why)
+        ev = FaultReported(node_rank=request.nodeRank, faults=v.faults_dict(request.faultRanks), detail=request.detail)
+        return _answer(self.core.dispatch(request.jobId, ev), "ReportProcessFault", request.jobId)
+
+
+class AgentReportService(taskd_pb2_grpc.AgentReportServicer):
+    def __init__(self, core: ControllerCore) -> None:
+        self.core = core
+
+    async def ReportFinished(self, request: taskd_pb2.FinishRequest, context: grpc.aio.ServicerContext) -> Status:
+        if why := v.check_finish(request.jobId, request.nodeRank, request.message):
+            return _invalid(why)
+        ev = AgentFinished(node_rank=request.nodeRank, exit_code=request.exitCode, message=request.message)
+        return _answer(self.core.dispatch(request.jobId, ev), "ReportFinished", request.jobId)
+
+
+class JobStatusService(taskd_pb2_grpc.JobStatusServicer):
+    def __init__(self, core: ControllerCore) -> None:
+        self.core = core
+
+    async def ListJobs(self, request: taskd_pb2.JobQuery, context: grpc.aio.ServicerContext) -> taskd_pb2.JobList:
+        if request.jobId and (why := v.check_job_id(request.jobId)):
+            return taskd_pb2.JobList(status=_invalid(why))
+        return self.core.job_list(request.jobId)
+
+
+def add_services(server: grpc.aio.Server, core: ControllerCore) -> None:
+    recover_pb2_grpc.add_RecoverServicer_to_server(RecoverService(core), server)
+    taskd_pb2_grpc.add_AgentReportServicer_to_server(AgentReportService(core), server)
+    taskd_pb2_grpc.add_JobStatusServicer_to_server(JobStatusService(core), server)

@@ -1,0 +1,227 @@
+"""SQLite persistence of the controller: jobs, agents, faults, rounds, strategies and events.
+
+One transaction per handled event, committed before the gRPC answer goes out, so whatever
+was answered 0 survives a SIGKILL of the controller (WAL + synchronous=NORMAL: the commit
+is in the OS page cache when `commit()` returns; only a power loss could drop it).
+The job row holds a JSON snapshot of the state machine; the other tables are the history
+that `taskd status` shows.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from taskd.controller.state_machine import AgentInfo, JobMachine, Record
+
+log = logging.getLogger(__name__)
+
+MEMORY = ":memory:"
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id TEXT PRIMARY KEY,
+    state TEXT NOT NULL,
+    snapshot TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS agents (
+    job_id TEXT NOT NULL,
+    node_rank INTEGER NOT NULL,
+    role TEXT, host TEXT, pid INTEGER, ranks_per_node INTEGER,
+    registered_at REAL, last_seen REAL,
+    finished INTEGER NOT NULL DEFAULT 0, exit_code INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (job_id, node_rank)
+);
+CREATE TABLE IF NOT EXISTS rounds (
+    job_id TEXT NOT NULL,
+    round INTEGER NOT NULL,
+    started_at REAL NOT NULL,
+    ended_at REAL NOT NULL DEFAULT 0,
+    faults TEXT NOT NULL DEFAULT '',
+    tried TEXT NOT NULL DEFAULT '[]',
+    strategy TEXT NOT NULL DEFAULT '',
+    outcome TEXT NOT NULL DEFAULT 'open',
+    duration REAL NOT NULL DEFAULT 0,
+    PRIMARY KEY (job_id, round)
+);
+CREATE TABLE IF NOT EXISTS faults (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id TEXT NOT NULL, round INTEGER NOT NULL, time REAL NOT NULL,
+    node_rank INTEGER NOT NULL, rank INTEGER NOT NULL, fault_type TEXT NOT NULL,
+    action TEXT NOT NULL, detail TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS strategies (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id TEXT NOT NULL, round INTEGER NOT NULL, strategy TEXT NOT NULL,
+    chosen_at REAL NOT NULL, ended_at REAL NOT NULL DEFAULT 0,
+    outcome TEXT NOT NULL DEFAULT 'open', reason TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id TEXT NOT NULL, round INTEGER NOT NULL, time REAL NOT NULL,
+    kind TEXT NOT NULL, detail TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_by_job ON events (job_id, id);
+CREATE INDEX IF NOT EXISTS faults_by_job ON faults (job_id, round);
+CREATE INDEX IF NOT EXISTS strategies_by_job ON strategies (job_id, round);
+"""
+
+
+def default_state_path() -> Path:
+    """`$XDG_DATA_HOME/taskd/controller.sqlite3`, else `~/.local/share/taskd/controller.sqlite3`."""
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "taskd" / "controller.sqlite3"
+
+
+def parse_fault_text(text: str) -> list[tuple[int, str]]:
+    """Inverse of the state machine's "rank:type,rank:type" form."""
+    out = []
+    for item in filter(None, text.split(",")):
+        rank, _, ftype = item.partition(":")
+        out.append((int(rank), ftype))
+    return out
+
+
+class Store:
+    """The controller's SQLite database; used from one thread (the server's event loop)."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        target = str(default_state_path() if path is None else path)
+        if target != MEMORY:
+            Path(target).parent.mkdir(parents=True, exist_ok=True)
+        self.path = target
+        self.conn = sqlite3.connect(target, check_same_thread=False, isolation_level=None)
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=NORMAL")
+        self.conn.execute("PRAGMA busy_timeout=5000")
+        self.conn.executescript(SCHEMA)
+        log.info("controller state in %s", target)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    # ------------------------------------------------------------------ writes
+
+    def commit(self, job: JobMachine, records: Iterable[Record], agents_changed: Iterable[int], now: float) -> None:
+        """Persist the job's snapshot, its new history records and changed agents in one transaction."""
+        c = self.conn
+        c.execute("BEGIN")
+        try:
+            c.execute(
+                "INSERT INTO jobs (job_id, state, snapshot, created_at, updated_at) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT(job_id) DO UPDATE SET state=excluded.state, snapshot=excluded.snapshot, "
+                "updated_at=excluded.updated_at",
+                (job.job_id, job.state.value, json.dumps(job.snapshot()), job.created_at, job.updated_at),
+            )
+            for rec in records:
+                self._write_record(job.job_id, rec, now)
+            for node in agents_changed:
+                self._write_agent(job.job_id, node, job.agents.get(node))
+            c.execute("COMMIT")
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
+
+    def _write_record(self, job_id: str, rec: Record, now: float) -> None:
+        c, d = self.conn, rec.detail
+        c.execute("INSERT INTO events (job_id, round, time, kind, detail) VALUES (?, ?, ?, ?, ?)",
+                  (job_id, rec.round, now, rec.kind, json.dumps(d, sort_keys=True)))
+        if rec.kind == "fault_reported":
+            c.executemany(
+                "INSERT INTO faults (job_id, round, time, node_rank, rank, fault_type, action, detail) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(job_id, rec.round, now, d.get("node_rank", 0), r, t, d.get("action", ""), d.get("detail", ""))
+                 for r, t in parse_fault_text(d.get("faults", ""))],
+            )
+        elif rec.kind == "round_started":
+            c.execute("INSERT OR REPLACE INTO rounds (job_id, round, started_at, faults) VALUES (?, ?, ?, ?)",
+                      (job_id, rec.round, now, d.get("faults", "")))
+        elif rec.kind in ("round_resumed",):
+            c.execute("UPDATE rounds SET faults=? WHERE job_id=? AND round=?", (d.get("faults", ""), job_id, rec.round))
+        elif rec.kind == "strategy_chosen":
+            c.execute("INSERT INTO strategies (job_id, round, strategy, chosen_at) VALUES (?, ?, ?, ?)",
+                      (job_id, rec.round, d["strategy"], now))
+            c.execute("UPDATE rounds SET tried = json_insert(tried, '$[#]', ?) WHERE job_id=? AND round=?",
+                      (d["strategy"], job_id, rec.round))
+        elif rec.kind == "strategy_failed":
+            self._end_strategy(job_id, rec.round, "failed", d.get("reason", ""), now)
+        elif rec.kind == "round_ended":
+            outcome = d.get("outcome", "")
+            c.execute(
+                "UPDATE rounds SET ended_at=?, outcome=?, strategy=?, duration=?, tried=? WHERE job_id=? AND round=?",
+                (now, outcome, d.get("strategy", ""), d.get("duration", 0.0), json.dumps(d.get("tried", [])),
+                 job_id, rec.round),
+            )
+            self._end_strategy(job_id, rec.round, "succeeded" if outcome in ("recovered", "dumped") else outcome, "",
+                               now)
+        elif rec.kind == "job_reset":
+            c.execute("DELETE FROM agents WHERE job_id=?", (job_id,))
+
+    def _end_strategy(self, job_id: str, rnd: int, outcome: str, reason: str, now: float) -> None:
+        self.conn.execute(
+            "UPDATE strategies SET outcome=?, reason=?, ended_at=? WHERE id = "
+            "(SELECT max(id) FROM strategies WHERE job_id=? AND round=? AND outcome='open')",
+            (outcome, reason, now, job_id, rnd),
+        )
+
+    def _write_agent(self, job_id: str, node: int, a: AgentInfo | None) -> None:
+        if a is None:
+            self.conn.execute("DELETE FROM agents WHERE job_id=? AND node_rank=?", (job_id, node))
+            return
+        self.conn.execute(
+            "INSERT OR REPLACE INTO agents (job_id, node_rank, role, host, pid, ranks_per_node, registered_at, "
+            "last_seen, finished, exit_code) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (job_id, a.node_rank, a.role, a.host, a.pid, a.ranks_per_node, a.registered_at, a.last_seen,
+             int(a.finished), a.exit_code),
+        )
+
+    # ------------------------------------------------------------------ reads
+
+    def load_jobs(self) -> list[tuple[dict[str, Any], list[AgentInfo]]]:
+        """Every persisted job: its snapshot and its agents."""
+        agents: dict[str, list[AgentInfo]] = {}
+        for row in self.conn.execute(
+            "SELECT job_id, node_rank, role, host, pid, ranks_per_node, registered_at, last_seen, finished, exit_code "
+            "FROM agents ORDER BY job_id, node_rank"
+        ):
+            agents.setdefault(row[0], []).append(AgentInfo(
+                node_rank=row[1], role=row[2] or "", host=row[3] or "", pid=row[4] or 0, ranks_per_node=row[5] or 0,
+                registered_at=row[6] or 0.0, last_seen=row[7] or 0.0, finished=bool(row[8]), exit_code=row[9],
+            ))
+        return [(json.loads(snap), agents.get(job_id, []))
+                for job_id, snap in self.conn.execute("SELECT job_id, snapshot FROM jobs ORDER BY created_at")]
+
+    def rounds(self, job_id: str) -> list[dict[str, Any]]:
+        cols = ("round", "started_at", "ended_at", "faults", "tried", "strategy", "outcome", "duration")
+        rows = self.conn.execute(f"SELECT {', '.join(cols)} FROM rounds WHERE job_id=? ORDER BY round", (job_id,))
+        out = []
+        for row in rows:
+            d = dict(zip(cols, row, strict=True))
+            d["faults"] = parse_fault_text(d["faults"])
+            d["tried"] = json.loads(d["tried"] or "[]")
+            out.append(d)
+        return out
+
+    def events(self, job_id: str, limit: int = 500) -> list[dict[str, Any]]:
+        """The job's last `limit` events, oldest first."""
+        rows = self.conn.execute(
+            "SELECT time, kind, round, detail FROM events WHERE job_id=? ORDER BY id DESC LIMIT ?", (job_id, limit)
+        ).fetchall()
+        return [{"time": t, "kind": k, "round": r, "detail": d} for t, k, r, d in reversed(rows)]
+
+    def faults(self, job_id: str) -> list[dict[str, Any]]:
+        cols = ("round", "time", "node_rank", "rank", "fault_type", "action", "detail")
+        rows = self.conn.execute(f"SELECT {', '.join(cols)} FROM faults WHERE job_id=? ORDER BY id", (job_id,))
+        return [dict(zip(cols, row, strict=True)) for row in rows]
+
+    def strategies(self, job_id: str) -> list[dict[str, Any]]:
+        cols = ("round", "strategy", "chosen_at", "ended_at", "outcome", "reason")
+        rows = self.conn.execute(f"SELECT {', '.join(cols)} FROM strategies WHERE job_id=? ORDER BY id", (job_id,))
+        return [dict(zip(cols, row, strict=True)) for row in rows]

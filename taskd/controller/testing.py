@@ -1,0 +1,164 @@
+"""`ScriptedAgent`: a real gRPC client that plays one agent step by step.
+
+It speaks to the controller with the raw generated stubs, so tests (and anyone poking at a
+controller by hand) can drive every call of a recovery round and read the signals it gets.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Mapping, Sequence
+
+import grpc
+
+from taskd.proto import recover_pb2, recover_pb2_grpc, taskd_pb2, taskd_pb2_grpc
+from taskd.vocabulary import SignalType
+
+CALL_TIMEOUT = 10.0
+
+
+def fault_ranks(faults: Mapping[int | str, int | str]) -> list[recover_pb2.FaultRank]:
+    return [recover_pb2.FaultRank(rankId=str(r), faultType=str(t)) for r, t in faults.items()]
+
+
+class StreamEnded(Exception):
+    """The signal stream ended; `code` is its gRPC status code."""
+
+    def __init__(self, code: grpc.StatusCode | None, details: str) -> None:
+        super().__init__(f"{code}: {details}")
+        self.code = code
+        self.details = details
+
+
+class ScriptedAgent:
+    def __init__(self, address: str, job_id: str, node_rank: int = 0, node_count: int = 1, ranks_per_node: int = 1,
+                 host: str = "localhost", pid: int = 0, role: str = "agent") -> None:
+        self.address = address
+        self.info = recover_pb2.ClientInfo(jobId=job_id, role=role, nodeRank=node_rank, nodeCount=node_count,
+                                           ranksPerNode=ranks_per_node, host=host, pid=pid or 10_000 + node_rank)
+        self.channel = grpc.insecure_channel(address)
+        self.stub = recover_pb2_grpc.RecoverStub(self.channel)
+        self.reports = taskd_pb2_grpc.AgentReportStub(self.channel)
+        self.status_stub = taskd_pb2_grpc.JobStatusStub(self.channel)
+        self.signals: queue.Queue[recover_pb2.ProcessManageSignal | StreamEnded] = queue.Queue()
+        self._call: grpc.Future | None = None
+        self._reader: threading.Thread | None = None
+
+    @property
+    def job_id(self) -> str:
+        return self.info.jobId
+
+    @property
+    def node_rank(self) -> int:
+        return self.info.nodeRank
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def init(self, max_restarts: int | None = None, strategies: Sequence[str] = ()) -> recover_pb2.Status:
+        info = recover_pb2.ClientInfo()
+        info.CopyFrom(self.info)
+        if max_restarts is not None:
+            info.maxRestarts = max_restarts
+        info.strategies[:] = list(strategies)
+        return self.stub.Init(info, timeout=CALL_TIMEOUT)
+
+    def register(self) -> recover_pb2.Status:
+        return self.stub.Register(self.info, timeout=CALL_TIMEOUT)
+
+    def health(self) -> recover_pb2.Status:
+        return self.stub.HealthCheck(self.info, timeout=CALL_TIMEOUT)
+
+    def join(self, **init: object) -> ScriptedAgent:
+        """Init, Register and subscribe, asserting each answered 0."""
+        for status in (self.init(**init), self.register()):  # type: ignore[arg-type]
+            if status.code != 0:
+                raise AssertionError(f"node {self.node_rank}: {status.code} {status.info}")
+        self.subscribe()
+        return self
+
+    def subscribe(self) -> None:
+        self.unsubscribe()
+        call = self.stub.SubscribeProcessManageSignal(self.info)
+        self._call = call
+        self._reader = threading.Thread(target=self._read, args=(call,), daemon=True,
+                                        name=f"scripted-agent-{self.node_rank}")
+        self._reader.start()
+
+    def _read(self, call: grpc.Future) -> None:
+        try:
+            for msg in call:
+                self.signals.put(msg)
+            self.signals.put(StreamEnded(grpc.StatusCode.OK, "stream ended"))
+        except grpc.RpcError as exc:
+            self.signals.put(StreamEnded(exc.code(), exc.details() or ""))
+
+    def unsubscribe(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+            if self._reader is not None:
+                self._reader.join(CALL_TIMEOUT)
+            self._call = None
+            while not self.signals.empty():
+                self.signals.get_nowait()
+
+    def close(self) -> None:
+        self.unsubscribe()
+        self.channel.close()
+
+    # ------------------------------------------------------------------ signals
+
+    def next_signal(self, timeout: float = 20.0, keepalive: bool = False) -> recover_pb2.ProcessManageSignal:
+        """The next signal (keep-alives skipped unless asked for); raises StreamEnded / queue.Empty."""
+        while True:
+            item = self.signals.get(timeout=timeout)
+            if isinstance(item, StreamEnded):
+                raise item
+            if keepalive or item.signalType != SignalType.KEEP_ALIVE:
+                return item
+
+    def expect(self, signal_type: str, strategy: str = "", timeout: float = 20.0) -> recover_pb2.ProcessManageSignal:
+        sig = self.next_signal(timeout)
+        if sig.signalType != signal_type or (strategy and sig.changeStrategy != strategy):
+            raise AssertionError(f"node {self.node_rank} expected {signal_type} {strategy}, got "
+                                 f"{sig.signalType} {sig.changeStrategy}")
+        return sig
+
+    def no_signal(self, wait: float = 0.3) -> None:
+        """Assert nothing but keep-alives arrives within `wait` seconds."""
+        try:
+            sig = self.next_signal(wait)
+        except queue.Empty:
+            return
+        raise AssertionError(f"node {self.node_rank} got unexpected {sig.signalType} {sig.changeStrategy}")
+
+    # ------------------------------------------------------------------ reports
+
+    def fault(self, faults: Mapping[int | str, int | str], detail: str = "") -> recover_pb2.Status:
+        req = recover_pb2.ProcessFaultRequest(jobId=self.job_id, faultRanks=fault_ranks(faults),
+                                              nodeRank=self.node_rank, detail=detail)
+        return self.stub.ReportProcessFault(req, timeout=CALL_TIMEOUT)
+
+    def stop_complete(self, code: int = 0, info: str = "", faults: Mapping[int | str, int | str] | None = None
+                      ) -> recover_pb2.Status:
+        req = recover_pb2.StopCompleteRequest(jobId=self.job_id, status=recover_pb2.Status(code=code, info=info),
+                                              faultRanks=fault_ranks(faults or {}), nodeRank=self.node_rank)
+        return self.stub.ReportStopComplete(req, timeout=CALL_TIMEOUT)
+
+    def strategies(self, names: Sequence[str], faults: Mapping[int | str, int | str] | None = None
+                   ) -> recover_pb2.Status:
+        req = recover_pb2.RecoverStrategyRequest(jobId=self.job_id, faultRanks=fault_ranks(faults or {}),
+                                                 strategies=list(names), nodeRank=self.node_rank)
+        return self.stub.ReportRecoverStrategy(req, timeout=CALL_TIMEOUT)
+
+    def status(self, strategy: str, code: int = 0, info: str = "") -> recover_pb2.Status:
+        req = recover_pb2.RecoverStatusRequest(jobId=self.job_id, status=recover_pb2.Status(code=code, info=info),
+                                               strategy=strategy, nodeRank=self.node_rank)
+        return self.stub.ReportRecoverStatus(req, timeout=CALL_TIMEOUT)
+
+    def finished(self, exit_code: int = 0, message: str = "") -> recover_pb2.Status:
+        req = taskd_pb2.FinishRequest(jobId=self.job_id, nodeRank=self.node_rank, exitCode=exit_code, message=message)
+        return self.reports.ReportFinished(req, timeout=CALL_TIMEOUT)
+
+    def list_jobs(self, job_id: str = "") -> taskd_pb2.JobList:
+        return self.status_stub.ListJobs(taskd_pb2.JobQuery(jobId=job_id), timeout=CALL_TIMEOUT)
