@@ -327,3 +327,14 @@ def test_worker_spec_validation():
         WorkerSpec(["x"], nnodes=2, node_rank=2)
     assert command_for("a.py", ["--x"]) == [sys.executable, "-u", "a.py", "--x"]
     assert command_for("/bin/true") == ["/bin/true"]
+
+
+def test_restart_right_after_kill_does_not_overlap_incarnations(make_launcher, caplog):
+    launcher = make_launcher(nproc=1)
+    launcher.start_all_worker()
+    old = launcher.pid(0)
+    launcher.kill_worker([old])
+    with caplog.at_level(logging.WARNING, logger="taskd.launcher"):
+        assert launcher.start_worker_list([0]) == 0
+    assert "still running" not in caplog.text
+    assert gone(old) and launcher.pid(0) != old

@@ -54,6 +54,7 @@ class Incarnation:
     returncode: int | None = None
     ended_at: float | None = None
     error: str | None = None  # why it could not be started
+    killed: bool = False  # SIGKILL sent to its group by KILL_WORKER
 
     @property
     def pid(self) -> int | None:
@@ -114,6 +115,7 @@ class LocalLauncher:
             for inc in targets:
                 log.info("killing rank %d (pid %d) and its process group", inc.global_rank, inc.pid)
                 kill_group(inc.pid)  # type: ignore[arg-type]
+                inc.killed = True
         return 0
 
     def start_all_worker(self) -> int:
@@ -133,7 +135,9 @@ class LocalLauncher:
 
         Like msrun, a still-running incarnation is not killed first (the agent
         stops faulty ranks before restarting them); it is still tracked, so
-        ``kill_worker([-1])`` and ``close()`` stop it.
+        ``kill_worker([-1])`` and ``close()`` stop it. One that KILL_WORKER
+        already signalled is first waited for (up to 5 s), so incarnations of a
+        rank never overlap after a kill.
         """
         _require_list("START_WORKER_LIST", ranks)
         self._check_open()
@@ -145,6 +149,8 @@ class LocalLauncher:
                     ok = False
                     continue
                 current = self._current(rank)
+                if current is not None and current.killed:
+                    self._wait_reaped(current, timeout=5.0)  # SIGKILLed a moment ago: it dies within ms
                 if current is not None and current.running and not self._reap(current):
                     log.warning("START_WORKER_LIST: rank %d (pid %d) is still running", current.global_rank,
                                 current.pid)
