@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from taskd.launcher.env import rank_env
 from taskd.launcher.output import OutputPump, RankLog, RankOutput
-from taskd.launcher.process import has_exited, kill_group, spawn
+from taskd.launcher.process import has_exited, kill_group, spawn, wait_exit
 from taskd.launcher.spec import (
     STATUS_FAILED,
     STATUS_NOT_STARTED,
@@ -243,7 +243,7 @@ class LocalLauncher:
                 kill_group(inc.pid, signal.SIGTERM)  # type: ignore[arg-type]
             deadline = time.monotonic() + max(0.0, grace)
             for inc in live:
-                self._wait_reaped(inc, timeout=max(0.0, deadline - time.monotonic()), kill=False)
+                self._wait_reaped(inc, timeout=max(0.0, deadline - time.monotonic()))
             for inc in live:
                 if inc.running:
                     log.info("rank %d (pid %d) did not stop within %.1fs: SIGKILL", inc.global_rank, inc.pid, grace)
@@ -345,22 +345,10 @@ class LocalLauncher:
         log.info("rank %d (pid %d) ended: %s", inc.global_rank, pid, describe_returncode(inc.returncode))
         return True
 
-    def _wait_reaped(self, inc: Incarnation, timeout: float, kill: bool = True) -> None:
-        """Wait (up to ``timeout``) for a signalled incarnation to end and reap it."""
-        if not inc.running:
-            return
-        assert inc.popen is not None
-        try:
-            inc.popen.wait(timeout) if timeout > 0 else None
-        except subprocess.TimeoutExpired:
-            pass
-        if inc.popen.returncode is not None:
-            if kill:
-                kill_group(inc.popen.pid)
-            inc.returncode = inc.popen.returncode
-            inc.ended_at = time.time()
-            log.info("rank %d (pid %d) ended: %s", inc.global_rank, inc.pid, describe_returncode(inc.returncode))
-        else:
+    def _wait_reaped(self, inc: Incarnation, timeout: float) -> None:
+        """Wait (up to ``timeout``) for a signalled incarnation to end, then reap it."""
+        if inc.running:
+            wait_exit(inc.pid, timeout)  # type: ignore[arg-type]
             self._reap(inc)
 
 
