@@ -338,3 +338,14 @@ def test_restart_right_after_kill_does_not_overlap_incarnations(make_launcher, c
         assert launcher.start_worker_list([0]) == 0
     assert "still running" not in caplog.text
     assert gone(old) and launcher.pid(0) != old
+
+
+def test_output_without_newlines_still_reaches_the_log(tmp_path):
+    spec = WorkerSpec([sys.executable, "-c", "import sys; sys.stdout.write('x' * 200000); sys.stdout.flush()"],
+                      nproc_per_node=1, log_dir=str(tmp_path))
+    with LocalLauncher(spec) as launcher:
+        launcher.start_all_worker()
+        wait_for(lambda: launcher.monitor([0])[0]["status"] == STATUS_OK, what="rank to end")
+        tail = launcher.tail_log(0, n=10)
+        assert sum(len(line) for line in tail) == 200000
+    assert open(tmp_path / "rank_0.log").read().count("x") == 200000

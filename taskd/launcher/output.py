@@ -19,6 +19,7 @@ from typing import IO
 log = logging.getLogger(__name__)
 
 TAIL_LINES = 200
+MAX_LINE = 64 * 1024
 _console_lock = threading.Lock()
 
 
@@ -66,6 +67,9 @@ class RankOutput:
         self.log.write(data)
         data = self._partial + data
         *complete, self._partial = data.split(b"\n")
+        if len(self._partial) > MAX_LINE:  # a rank writing without newlines: show it in pieces
+            complete.append(self._partial)
+            self._partial = b""
         if complete:
             lines = [c.decode("utf-8", "replace") for c in complete]
             self.tail.extend(lines)
