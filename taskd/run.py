@@ -103,13 +103,19 @@ def run_main(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+# Loggers whose INFO lines are the user's "one line per event"; the rest speak up at WARNING.
+EVENT_LOGGERS = ("taskd.agent", "taskd.run", "taskd.controller.server")
+
+
 def setup_console_logging(verbose: bool = False) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("[taskd %(asctime)s] %(message)s", "%H:%M:%S"))
     root = logging.getLogger("taskd")
     root.handlers[:] = [handler]
-    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    root.setLevel(logging.DEBUG if verbose else logging.WARNING)
     root.propagate = False
+    for name in EVENT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.INFO)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,6 +23,7 @@ import psutil
 from taskd.agent.config import AgentConfig
 from taskd.agent.process_tools import (
     describe_exit,
+    live_group_members,
     msrun_schedulers,
     process_group,
     reap_processes,
@@ -47,6 +48,10 @@ class LauncherDetails(Protocol):
     def returncode(self, local_rank: int) -> int | None: ...
 
     def tail_log(self, local_rank: int, n: int = 20) -> list[str]: ...
+
+    def heartbeat_path(self, local_rank: int) -> str | None: ...
+
+    def log_path(self, local_rank: int) -> str | None: ...
 
 
 @dataclass
@@ -82,6 +87,8 @@ class Supervisor:
         self._round_faults: dict[int, int] = {}
         self._round_started: float | None = None
         self._old_handlers: dict[int, Any] = {}
+        self._heartbeats: dict[int, Any] = {}
+        self._hang_detail = ""
 
     # ----------------------------------------------------------------- lifecycle
     def run(self) -> JobResult:
@@ -152,7 +159,7 @@ class Supervisor:
             nodeCount=cfg.node_count or 1, ranksPerNode=cfg.ranks_per_node or 0,
             maxRestarts=cfg.max_restarts, host=socket.gethostname(), pid=os.getpid(),
             strategies=cfg.offered_strategies)
-        mgr = rm.DLRecoverManager(info, address)
+        mgr = rm.DLRecoverManager(info, address, init_timeout=max(1.0, cfg.controller_timeout))
         try:
             enabled = mgr.init_clusterd()
             if enabled:
@@ -321,7 +328,10 @@ class Supervisor:
         if self._degraded:
             self._local_recovery()
             return
-        self._report_fault({rank.global_rank: int(fault_type)}, record.describe())
+        detail = record.describe()
+        if reason == "hang" and self._hang_detail:
+            detail = f"{detail}: {self._hang_detail}"
+        self._report_fault({rank.global_rank: int(fault_type)}, detail)
 
     def _report_fault(self, faults: dict[int, int], detail: str) -> None:
         from taskd.toolkit.recover_module.recover_manager import ServerUnreachable
@@ -384,6 +394,74 @@ class Supervisor:
             if gone:
                 self._watch.unwatch(rank.local_rank, rank.pid)
                 self._on_exit(rank.local_rank, rank.pid)
+            elif not self._done:
+                self._check_hang(rank)
+
+    # ----------------------------------------------------------------- hangs and saves
+    def _heartbeat(self, rank: Rank) -> Any:
+        """The rank's heartbeat file, when the launcher gives one and the rank attached to it."""
+        if self.details is None or not hasattr(self.details, "heartbeat_path"):
+            return None
+        from taskd.worker.heartbeat_file import HeartbeatFile, HeartbeatFileError
+
+        path = self.details.heartbeat_path(rank.local_rank)
+        if not path:
+            return None
+        cached = self._heartbeats.get(rank.local_rank)
+        if cached is None or cached.path != str(path):
+            cached = HeartbeatFile(path)
+            self._heartbeats[rank.local_rank] = cached
+        try:
+            return cached if cached.read().pid == rank.pid else None
+        except (HeartbeatFileError, OSError, ValueError):
+            return None
+
+    def _check_hang(self, rank: Rank) -> None:
+        hb = self._heartbeat(rank)
+        if hb is None:
+            return
+        state = hb.read()
+        deadline = state.deadline(self.config.heartbeat_timeout)
+        if deadline is None or time.time() <= deadline:
+            return
+        where = f" in section {state.section!r}" if state.section else ""
+        step = f" at step {state.step}" if state.step is not None else ""
+        quiet = time.time() - max(state.time, state.section_start or 0.0)
+        log.warning("hang: rank %d (pid %d) made no progress for %.1fs%s%s", rank.global_rank, rank.pid,
+                    quiet, step, where)
+        self._record_stacks(rank, state.stack_signal)
+        self._stop_ranks([rank], graceful=False)
+        rank.state, rank.returncode = FAILED, None
+        self._hang_detail = f"last heartbeat {quiet:.1f}s ago{step}{where}"
+        self._fault(rank, "hang", FaultType.PROCESS)
+
+    def _record_stacks(self, rank: Rank, stack_signal: int) -> None:
+        """Put the hung rank's Python stacks in its log: py-spy when installed, else faulthandler."""
+        import shutil
+        import subprocess
+
+        log_path = self.details.log_path(rank.local_rank) if hasattr(self.details, "log_path") else None
+        pyspy = shutil.which("py-spy")
+        if pyspy and log_path:
+            try:
+                out = subprocess.run([pyspy, "dump", "--pid", str(rank.pid)], capture_output=True, text=True,
+                                     timeout=10)
+                if out.returncode == 0 and out.stdout.strip():
+                    with open(log_path, "a", encoding="utf-8") as fh:
+                        fh.write(f"--- taskd: stacks of hung rank {rank.global_rank} (py-spy) ---\n")
+                        fh.write(out.stdout)
+                    log.info("stacks of rank %d written to %s", rank.global_rank, log_path)
+                    return
+                log.debug("py-spy dump failed: %s", out.stderr.strip())
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                log.debug("py-spy dump failed: %s", exc)
+        if stack_signal:
+            try:
+                os.kill(rank.pid, stack_signal)
+                time.sleep(0.3)  # faulthandler writes from a C handler; give the output pump a moment
+                log.info("stacks of rank %d requested with signal %d (see its log)", rank.global_rank, stack_signal)
+            except ProcessLookupError:
+                pass
 
     # ----------------------------------------------------------------- starting and stopping
     def _adopt(self, local_ranks: list[int]) -> None:
@@ -421,8 +499,11 @@ class Supervisor:
         pgids = [r.pgid or r.pid for r in ranks if r.pid is not None]
         if graceful and live:
             stop_groups(pgids, self.config.stop_grace)
-        if live:
-            self.cb["KILL_WORKER"]([r.pid for r in live])
+        # KILL_WORKER (SIGKILL of each group) for whatever the grace left, and so msrun knows
+        alive_groups = live_group_members(pgids) if graceful else None
+        still = [r for r in live if alive_groups is None or (r.pgid or r.pid) in alive_groups]
+        if still:
+            self.cb["KILL_WORKER"]([r.pid for r in still])
         survivors = wait_groups_gone(pgids, max(self.config.stop_grace, 1.0))
         if survivors:
             stop_groups(survivors, 0.0, first_signal=signal.SIGKILL)
@@ -490,11 +571,34 @@ class Supervisor:
                                             faults, strategy)
 
     def _on_dump(self, sig: Any) -> None:
+        """Ask every healthy rank to save at its next step boundary, wait (bounded), then stop the job."""
         faults = sig.fault_ranks or dict(self._round_faults)
+        budget = self.config.dump_timeout
+        if sig.timeout and sig.timeout > 0:
+            budget = min(budget, max(1.0, sig.timeout * 0.8))
+        requests = {}
+        unsaved = []
+        for rank in self.ranks.values():
+            if rank.state != RUNNING:
+                continue
+            hb = self._heartbeat(rank)
+            if hb is None:
+                unsaved.append(rank.global_rank)
+                continue
+            requests[rank.global_rank] = (hb, hb.request_save())
+        log.info("dump: asked rank(s) %s to save (up to %.0fs)", sorted(requests), budget)
+        deadline = time.monotonic() + budget
+        saved = []
+        for global_rank, (hb, number) in sorted(requests.items()):
+            state = hb.wait_save(number, max(0.0, deadline - time.monotonic()))
+            (saved if state is not None and state.save_ok else unsaved).append(global_rank)
         self._stop_ranks(list(self.ranks.values()), graceful=True)
-        self._mgr.report_recover_status(Code.DUMP_FAILED, "this agent cannot ask ranks to save", faults,
-                                        Strategy.DUMP)
-        self._finish(False, self._failure_code(), "dump")
+        msg = f"saved: {sorted(saved)}; not saved: {sorted(unsaved)}"
+        log.info("dump: %s", msg)
+        code = Code.OK if saved and not unsaved else Code.DUMP_FAILED
+        if self._mgr is not None:
+            self._mgr.report_recover_status(code, msg, faults, Strategy.DUMP)
+        self._finish(False, self._failure_code(), f"dumped ({msg})")
 
     def _on_kill(self, sig: Any) -> None:
         log.warning("controller sent %s: stopping every rank", sig.signal_type or sig.actions)
