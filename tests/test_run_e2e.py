@@ -1,0 +1,252 @@
+"""`taskd run` end to end: real ranks, real signals, the embedded (or a real) controller."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "train_resumable.py"
+
+
+def wait_for(cond: Callable[[], object], timeout: float, what: str) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def taskd_run(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    full_env = {**os.environ, **(env or {})}
+    full_env.pop("MINDX_SERVER_IP", None)
+    full_env.pop("MINDX_TASK_ID", None)
+    return subprocess.Popen([sys.executable, "-m", "taskd.run", "--monitor-interval", "0.2", *args],
+                            stdout=log.open("wb"), stderr=subprocess.STDOUT, env=full_env, cwd=ROOT)
+
+
+def ranks_of(agent_pid: int) -> dict[int, int]:
+    """{global rank: pid} of the live rank processes started by an agent (found by their RANK variable)."""
+    found = {}
+    try:
+        children = psutil.Process(agent_pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return found
+    for child in children:
+        try:
+            env = child.environ()
+            if "RANK" in env and child.status() != psutil.STATUS_ZOMBIE and "python" in child.name():
+                found[int(env["RANK"])] = child.pid
+        except psutil.Error:
+            continue
+    return found
+
+
+def leftovers(marker: str) -> list[int]:
+    out = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and any(marker in a for a in proc.info["cmdline"] or []):
+                out.append(proc.pid)
+        except psutil.Error:
+            continue
+    return out
+
+
+def example_args(tmp: Path, steps: int = 80, sleep: float = 0.04) -> list[str]:
+    return [str(EXAMPLE), "--steps", str(steps), "--ckpt-every", "10", "--ckpt-dir", str(tmp / "ckpt"),
+            "--out", str(tmp / "out"), "--step-sleep", str(sleep)]
+
+
+def has_checkpoint(tmp: Path, rank: int) -> bool:
+    d = tmp / "ckpt" / f"rank{rank}"
+    return d.is_dir() and any(d.iterdir())
+
+
+def params(tmp: Path, world: int) -> list[np.ndarray]:
+    return [np.load(tmp / "out" / f"rank{r}.npy") for r in range(world)]
+
+
+def summary(tmp: Path, rank: int) -> dict:
+    return json.loads((tmp / "out" / f"rank{rank}.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory: pytest.TempPathFactory) -> list[np.ndarray]:
+    """A fault-free 4-rank run: what every recovered run must reproduce bit for bit."""
+    tmp = tmp_path_factory.mktemp("baseline")
+    proc = taskd_run(["--nproc-per-node", "4", "--quiet", *example_args(tmp, sleep=0.0)], tmp / "console.log")
+    assert proc.wait(timeout=120) == 0, (tmp / "console.log").read_text()
+    return params(tmp, 4)
+
+
+def kill_rank_mid_run(proc: subprocess.Popen[bytes], tmp: Path, victim: int, world: int) -> dict[int, int]:
+    wait_for(lambda: has_checkpoint(tmp, victim), 60, f"rank {victim}'s first checkpoint")
+    pids = wait_for(lambda: (r := ranks_of(proc.pid)) and len(r) == world and r, 30, "every rank running")
+    os.kill(pids[victim], signal.SIGKILL)
+    return pids
+
+
+def test_recover_restarts_only_the_killed_rank(tmp_path: Path, baseline: list[np.ndarray]) -> None:
+    console = tmp_path / "console.log"
+    proc = taskd_run(["--nproc-per-node", "4", "--log-dir", str(tmp_path / "logs"), *example_args(tmp_path)],
+                     console)
+    kill_rank_mid_run(proc, tmp_path, victim=2, world=4)
+    assert proc.wait(timeout=120) == 0, console.read_text()
+    text = console.read_text()
+    assert "fault: rank 2" in text and "killed by SIGKILL" in text
+    assert "recovered rank(s) [2] with recover" in text
+    for rank, (got, want) in enumerate(zip(params(tmp_path, 4), baseline, strict=True)):
+        assert np.array_equal(got, want), f"rank {rank} parameters differ from the fault-free run"
+    restarts = {r: summary(tmp_path, r)["restart_count"] for r in range(4)}
+    assert restarts == {0: 0, 1: 0, 2: 1, 3: 0}, "only rank 2 may be restarted"
+    headers = {r: (tmp_path / "logs" / f"rank_{r}.log").read_text().count("==== taskd: rank") for r in range(4)}
+    assert headers == {0: 1, 1: 1, 2: 2, 3: 1}, "logs are appended across restarts, one header per incarnation"
+
+
+def test_job_rescheduling_restarts_every_rank(tmp_path: Path, baseline: list[np.ndarray]) -> None:
+    console = tmp_path / "console.log"
+    proc = taskd_run(["--nproc-per-node", "4", "--strategies", "job-rescheduling,exit", *example_args(tmp_path)],
+                     console)
+    kill_rank_mid_run(proc, tmp_path, victim=2, world=4)
+    assert proc.wait(timeout=120) == 0, console.read_text()
+    assert "with job-rescheduling" in console.read_text()
+    for rank, (got, want) in enumerate(zip(params(tmp_path, 4), baseline, strict=True)):
+        assert np.array_equal(got, want), f"rank {rank} parameters differ from the fault-free run"
+    assert {summary(tmp_path, r)["restart_count"] for r in range(4)} == {1}
+
+
+def test_rank_crashing_at_every_start_exhausts_the_budget(tmp_path: Path) -> None:
+    marker = f"always-crash-{os.getpid()}-{time.monotonic_ns()}"
+    script = tmp_path / f"{marker}.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    print('Traceback (most recent call last):\\nRuntimeError: rank 1 cannot start', flush=True)\n"
+        "    sys.exit(3)\n"
+        "time.sleep(60)\n")
+    console = tmp_path / "console.log"
+    proc = taskd_run(["--nproc-per-node", "2", "--max-restarts", "2", "--stop-grace", "1", str(script)], console)
+    code = proc.wait(timeout=120)
+    text = console.read_text()
+    assert code == 3, text
+    assert "first failure: rank 1" in text
+    assert "RuntimeError: rank 1 cannot start" in text.split("first failure:")[-1], "the failing rank's log tail"
+    assert leftovers(marker) == []
+
+
+def test_sigterm_to_taskd_run_stops_everything_within_grace(tmp_path: Path) -> None:
+    marker = f"sleeper-{os.getpid()}-{time.monotonic_ns()}"
+    script = tmp_path / f"{marker}.py"
+    script.write_text("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(120)\n")
+    console = tmp_path / "console.log"
+    proc = taskd_run(["--nproc-per-node", "3", "--stop-grace", "2", str(script)], console)
+    wait_for(lambda: len(ranks_of(proc.pid)) == 3, 60, "3 ranks running")
+    proc.send_signal(signal.SIGTERM)
+    started = time.monotonic()
+    code = proc.wait(timeout=30)
+    assert code == 128 + signal.SIGTERM, console.read_text()
+    # ranks ignore SIGTERM, so this also proves the SIGKILL after the grace period
+    assert time.monotonic() - started < 2 + 10
+    assert leftovers(marker) == []
+
+
+def test_sigkill_to_taskd_run_takes_its_ranks_along(tmp_path: Path) -> None:
+    marker = f"orphan-{os.getpid()}-{time.monotonic_ns()}"
+    script = tmp_path / f"{marker}.py"
+    script.write_text("import time\ntime.sleep(120)\n")
+    proc = taskd_run(["--nproc-per-node", "2", str(script)], tmp_path / "console.log")
+    wait_for(lambda: len(ranks_of(proc.pid)) == 2, 60, "2 ranks running")
+    assert len(leftovers(marker)) == 3  # the agent (its argv names the script) and 2 ranks
+    proc.kill()
+    proc.wait(timeout=10)
+    wait_for(lambda: leftovers(marker) == [], 10, "ranks to die with their agent")
+
+
+def test_non_python_executable(tmp_path: Path) -> None:
+    console = tmp_path / "console.log"
+    proc = taskd_run(["--nproc-per-node", "2", "sh", "-c", 'echo "hello from $RANK of $WORLD_SIZE"'], console)
+    assert proc.wait(timeout=60) == 0, console.read_text()
+    text = console.read_text()
+    assert "hello from 0 of 2" in text and "hello from 1 of 2" in text
+
+
+def test_bad_arguments_are_clear_errors(tmp_path: Path) -> None:
+    for args, needle in [
+        (["--strategies", "recover,teleport", "x.py"], "teleport"),
+        (["--nproc-per-node", "0", "x.py"], "nproc-per-node"),
+        ([str(tmp_path / "missing.py")], "no such file"),
+    ]:
+        out = subprocess.run([sys.executable, "-m", "taskd.run", *args], capture_output=True, text=True,
+                             timeout=60, cwd=ROOT)
+        assert out.returncode != 0 and needle in out.stderr, (args, out.stderr)
+
+
+def test_two_nodes_share_one_controller(tmp_path: Path, baseline: list[np.ndarray]) -> None:
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "taskd", "server", "--listen", f"127.0.0.1:{port}",
+                               "--state", ":memory:"], stdout=(tmp_path / "server.log").open("wb"),
+                              stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        wait_for(lambda: _port_open(port), 30, "taskd server to listen")
+        nodes = [
+            taskd_run(["--nnodes", "2", "--node-rank", str(r), "--nproc-per-node", "2", "--job-id", "two-nodes",
+                       "--server", f"127.0.0.1:{port}", *example_args(tmp_path)], tmp_path / f"node{r}.log")
+            for r in range(2)
+        ]
+        wait_for(lambda: has_checkpoint(tmp_path, 3), 60, "rank 3's first checkpoint")
+        pids = wait_for(lambda: (r := ranks_of(nodes[1].pid)) and len(r) == 2 and r, 30, "node 1's ranks")
+        assert set(pids) == {2, 3}, "global ranks of node 1 are 2 and 3"
+        os.kill(pids[3], signal.SIGKILL)
+        for r, node in enumerate(nodes):
+            assert node.wait(timeout=120) == 0, (tmp_path / f"node{r}.log").read_text()
+        assert "recovered rank(s) [3]" in (tmp_path / "node1.log").read_text()
+        for rank, (got, want) in enumerate(zip(params(tmp_path, 4), baseline, strict=True)):
+            assert np.array_equal(got, want), f"rank {rank} differs"
+        status = subprocess.run([sys.executable, "-m", "taskd", "status", "--server", f"127.0.0.1:{port}",
+                                 "--job", "two-nodes", "--json"], capture_output=True, text=True, timeout=30)
+        assert status.returncode == 0, status.stderr
+        job = json.loads(status.stdout)["jobs"][0]
+        assert job["state"] == "SUCCEEDED" and len(job["agents"]) == 2
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def _port_open(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_unreachable_controller_degrades_to_local_restarts(tmp_path: Path, baseline: list[np.ndarray]) -> None:
+    console = tmp_path / "console.log"
+    args = ["--nproc-per-node", "4", "--server", f"127.0.0.1:{free_port()}", *example_args(tmp_path)]
+    proc = taskd_run(args, console, env={"TASKD_CONTROLLER_TIMEOUT": "2"})
+    kill_rank_mid_run(proc, tmp_path, victim=1, world=4)
+    assert proc.wait(timeout=120) == 0, console.read_text()
+    text = console.read_text()
+    assert "degraded" in text
+    for rank, (got, want) in enumerate(zip(params(tmp_path, 4), baseline, strict=True)):
+        assert np.array_equal(got, want), f"rank {rank} differs"
