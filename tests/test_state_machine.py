@@ -260,6 +260,22 @@ def test_repeated_reports_are_idempotent() -> None:
     ])
 
 
+def test_duplicate_answer_after_the_phase_moved_on_is_fine_but_a_late_one_is_401() -> None:
+    m = new_job()
+    m.handle(FaultReported(faults={0: "1"}), 1)
+    m.handle(StopComplete(node_rank=0), 1)
+    m.handle(Tick(), 11)  # node 1 never answered: dropped from the round
+    assert m.state == S.COLLECTING
+    dup = m.handle(StopComplete(node_rank=0), 12)
+    assert dup.code == 0 and "already counted" in dup.info
+    late = m.handle(StopComplete(node_rank=1), 12)
+    assert late.code == Code.OUT_OF_ORDER and late.info.startswith("job j1 is COLLECTING, not STOPPING")
+    m.handle(StrategiesReported(node_rank=0, strategies=ALL), 12)
+    assert m.state == S.RECOVERING
+    assert m.handle(StrategiesReported(node_rank=0, strategies=ALL), 12).code == 0
+    assert m.handle(StrategiesReported(node_rank=0, strategies=("exit",)), 12).code == Code.OUT_OF_ORDER
+
+
 # ------------------------------------------------------------------ budget and settle window
 
 

@@ -298,7 +298,8 @@ class JobMachine:
         return None
 
     def _out_of_order_info(self, event: Event) -> str:
-        accepting = [s.value for s in JobState if any(isinstance(event, r.event) and s in r.sources for r in RULES)]
+        accepting = [s.value for s in JobState
+                     if any(isinstance(event, r.event) and s in r.sources and r.handler not in TOLERANT for r in RULES)]
         name = type(event).__name__
         expected = " or ".join(accepting) if accepting else "another state"
         return f"job {self.job_id} is {self.state.value}, not {expected} ({name} refused)"
@@ -529,16 +530,18 @@ class JobMachine:
 
     def _fail(self, info: str, now: float, out: Outcome, outcome: str = "failed", notify: bool = True) -> JobState:
         """End the job FAILED; `notify` tells every agent to stop all ranks (changeStrategy exit)."""
-        if self.round is not None:
-            self._close_round(outcome, now, out)
-        elif notify:
+        if self.round is None and notify:
             self.round_counter += 1
             self.round = Round(number=self.round_counter, started_at=now, faults={}, participants=self.expected_nodes())
-        if notify:
-            assert self.round is not None
-            self.round.strategy = Strategy.EXIT
-            out.signals.append(self._signal(SignalType.CHANGE_STRATEGY, (Action.CHANGE_STRATEGY,), self.round.faults,
+            self._record(out, "round_started", faults="", reason=info)
+        r = self.round
+        if r is not None and notify:
+            r.strategy = Strategy.EXIT
+            r.tried.append(Strategy.EXIT)
+            self._record(out, "strategy_chosen", strategy=Strategy.EXIT, skipped={}, reason=info)
+            out.signals.append(self._signal(SignalType.CHANGE_STRATEGY, (Action.CHANGE_STRATEGY,), r.faults,
                                             strategy=Strategy.EXIT))
+        self._close_round(outcome, now, out)
         self.queued.clear()
         self.deadline = None
         self.info = info
@@ -664,6 +667,7 @@ def on_fault_merge(m: JobMachine, ev: FaultReported, now: float, out: Outcome) -
         return m.state
     r.faults.update(new)
     _fault_record(m, out, ev, new, "merged")
+    m._record(out, "round_faults", faults=_fmt_faults(r.faults))
     if m.state == S.RESUMING:
         return S.RESUMING
     return m._broadcast_stop(now, out)
@@ -703,6 +707,25 @@ def on_stop_complete(m: JobMachine, ev: StopComplete, now: float, out: Outcome) 
     if r.participants <= r.acks:
         return m._to_collecting(now, out)
     return S.STOPPING
+
+
+def on_repeated_stop_complete(m: JobMachine, ev: StopComplete, now: float, out: Outcome) -> JobState:
+    """A duplicate of an answer already counted (a client retry) is fine; anything else is out of order."""
+    if m.round is not None and ev.node_rank in m.round.acks and ev.code == Code.OK:
+        out.info = f"already counted; job {m.job_id} is {m.state.value}"
+        return m.state
+    out.code = Code.OUT_OF_ORDER
+    out.info = m._out_of_order_info(ev)
+    return m.state
+
+
+def on_repeated_strategies(m: JobMachine, ev: StrategiesReported, now: float, out: Outcome) -> JobState:
+    if m.round is not None and m.round.reports.get(ev.node_rank) == tuple(ev.strategies):
+        out.info = f"already counted; job {m.job_id} is {m.state.value}"
+        return m.state
+    out.code = Code.OUT_OF_ORDER
+    out.info = m._out_of_order_info(ev)
+    return m.state
 
 
 def on_strategies(m: JobMachine, ev: StrategiesReported, now: float, out: Outcome) -> JobState:
@@ -856,8 +879,10 @@ RULES: tuple[Rule, ...] = (
     # the round: stop -> collect -> decide -> recover
     Rule(frozenset({S.STOPPING}), StopComplete,
          frozenset({S.STOPPING, S.COLLECTING, S.RECOVERING, S.FAILED}), on_stop_complete),
+    Rule(frozenset({S.COLLECTING, S.RECOVERING}), StopComplete, _SAME, on_repeated_stop_complete),
     Rule(frozenset({S.COLLECTING}), StrategiesReported,
          frozenset({S.COLLECTING, S.RECOVERING, S.FAILED}), on_strategies),
+    Rule(frozenset({S.RECOVERING}), StrategiesReported, _SAME, on_repeated_strategies),
     Rule(frozenset({S.RECOVERING}), RecoverStatusReported,
          frozenset({S.RECOVERING, S.RUNNING, S.STOPPING, S.FAILED}), on_recover_status),
     Rule(frozenset({S.FAILED}), RecoverStatusReported, frozenset({S.FAILED}), on_late_status),
@@ -868,6 +893,10 @@ RULES: tuple[Rule, ...] = (
     Rule(frozenset({S.RECOVERING}), Tick, frozenset({S.RECOVERING, S.FAILED}), on_tick_recovering),
     Rule(frozenset({S.RESUMING}), Tick, frozenset({S.RESUMING, S.STOPPING}), on_tick_resuming),
 )
+
+
+TOLERANT = (on_repeated_stop_complete, on_repeated_strategies, on_late_status)
+"""Rules that only accept duplicates; not named as "the state that accepts this" in a 401."""
 
 
 def describe_table() -> str:

@@ -143,7 +143,7 @@ class Store:
         elif rec.kind == "round_started":
             c.execute("INSERT OR REPLACE INTO rounds (job_id, round, started_at, faults) VALUES (?, ?, ?, ?)",
                       (job_id, rec.round, now, d.get("faults", "")))
-        elif rec.kind in ("round_resumed",):
+        elif rec.kind in ("round_faults", "round_resumed"):
             c.execute("UPDATE rounds SET faults=? WHERE job_id=? AND round=?", (d.get("faults", ""), job_id, rec.round))
         elif rec.kind == "strategy_chosen":
             c.execute("INSERT INTO strategies (job_id, round, strategy, chosen_at) VALUES (?, ?, ?, ?)",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Mapping, Sequence
 
 import grpc
@@ -110,8 +111,9 @@ class ScriptedAgent:
 
     def next_signal(self, timeout: float = 20.0, keepalive: bool = False) -> recover_pb2.ProcessManageSignal:
         """The next signal (keep-alives skipped unless asked for); raises StreamEnded / queue.Empty."""
+        deadline = time.monotonic() + timeout
         while True:
-            item = self.signals.get(timeout=timeout)
+            item = self.signals.get(timeout=max(deadline - time.monotonic(), 0.0))
             if isinstance(item, StreamEnded):
                 raise item
             if keepalive or item.signalType != SignalType.KEEP_ALIVE:

@@ -1,0 +1,100 @@
+"""`taskd server` and `taskd status`: flags -> ControllerConfig / a status query. taskd/cli.py calls these."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+import grpc
+
+from taskd.vocabulary import DEFAULT_PORT
+
+log = logging.getLogger(__name__)
+
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    d = _defaults()
+    parser.add_argument("--listen", default=d.listen, metavar="HOST:PORT",
+                        help=f"address to serve on (default {d.listen}; port 0 = any free port)")
+    parser.add_argument("--state", default=None, metavar="PATH",
+                        help="SQLite state file (default: $XDG_DATA_HOME/taskd/controller.sqlite3); ':memory:' keeps "
+                             "nothing")
+    parser.add_argument("--keepalive-interval", type=float, default=d.keepalive_interval, metavar="SECONDS")
+    parser.add_argument("--stop-timeout", type=float, default=d.stop_timeout, metavar="SECONDS",
+                        help="wait for every agent's stop-complete")
+    parser.add_argument("--strategy-timeout", type=float, default=d.strategy_timeout, metavar="SECONDS",
+                        help="wait for every agent's supported strategies")
+    parser.add_argument("--recover-timeout", type=float, default=d.recover_timeout, metavar="SECONDS",
+                        help="wait for every agent's recover status")
+    parser.add_argument("--settle-window", type=float, default=d.settle_window, metavar="SECONDS",
+                        help="a fault this soon after a successful recover counts as that recover failing")
+    parser.add_argument("--max-restarts", type=int, default=d.default_max_restarts, metavar="N",
+                        help="restart budget of a job that does not send its own")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+
+def _defaults():  # noqa: ANN202 - avoid importing grpc.aio machinery at parser build time
+    from taskd.controller.server import ControllerConfig
+
+    return ControllerConfig()
+
+
+def _positive(name: str, value: float) -> str:
+    return "" if value > 0 else f"--{name} must be > 0, got {value}"
+
+
+def server_main(args: argparse.Namespace) -> int:
+    from taskd.controller.server import ControllerConfig, run_server
+
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=getattr(logging, args.log_level),
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    errors = [e for e in (
+        _positive("keepalive-interval", args.keepalive_interval), _positive("stop-timeout", args.stop_timeout),
+        _positive("strategy-timeout", args.strategy_timeout), _positive("recover-timeout", args.recover_timeout),
+        "" if args.settle_window >= 0 else "--settle-window must be >= 0",
+        "" if args.max_restarts >= 0 else "--max-restarts must be >= 0",
+    ) if e]
+    if errors:
+        sys.stderr.write("taskd server: " + "; ".join(errors) + "\n")
+        return 2
+    config = ControllerConfig(
+        listen=args.listen, state_path=args.state, keepalive_interval=args.keepalive_interval,
+        stop_timeout=args.stop_timeout, strategy_timeout=args.strategy_timeout,
+        recover_timeout=args.recover_timeout, settle_window=args.settle_window,
+        default_max_restarts=args.max_restarts,
+    )
+
+    def ready(server) -> None:  # noqa: ANN001
+        sys.stdout.write(f"taskd controller listening on {server.address}\n")
+        sys.stdout.flush()
+
+    try:
+        return run_server(config, ready=ready)
+    except OSError as exc:
+        sys.stderr.write(f"taskd server: {exc}\n")
+        return 1
+
+
+def add_status_arguments(parser: argparse.ArgumentParser) -> None:
+    default = os.environ.get("MINDX_SERVER_IP") or f"127.0.0.1:{DEFAULT_PORT}"
+    parser.add_argument("--server", default=default, metavar="ADDR",
+                        help=f"controller address host[:port] (default $MINDX_SERVER_IP or 127.0.0.1:{DEFAULT_PORT})")
+    parser.add_argument("--job", default=None, metavar="ID", help="only this job")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS")
+
+
+def status_main(args: argparse.Namespace) -> int:
+    from taskd.controller.status_view import fetch_jobs, normalize_address, render_json, render_text
+
+    try:
+        jobs = fetch_jobs(args.server, args.job, timeout=args.timeout)
+    except grpc.RpcError as exc:
+        sys.stderr.write(f"taskd status: cannot reach the controller at {normalize_address(args.server)}: "
+                         f"{exc.code().name}: {exc.details()}\n")
+        return 1
+    sys.stdout.write(render_json(jobs) if args.json else render_text(jobs))
+    return 0 if jobs.status.code == 0 else 1

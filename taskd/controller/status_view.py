@@ -1,0 +1,104 @@
+"""`taskd status`: fetch the controller's read-only job view and render it for people or scripts."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import grpc
+from google.protobuf import json_format
+
+from taskd.proto import taskd_pb2, taskd_pb2_grpc
+from taskd.vocabulary import DEFAULT_PORT
+
+
+def normalize_address(address: str) -> str:
+    """`host` or `host:port` (MINDX_SERVER_IP style) -> `host:port`."""
+    address = address.strip()
+    if address.startswith("["):  # [v6]:port or [v6]
+        return address if "]:" in address else f"{address}:{DEFAULT_PORT}"
+    if address.count(":") == 1:
+        return address
+    if ":" in address:  # bare IPv6
+        return f"[{address}]:{DEFAULT_PORT}"
+    return f"{address}:{DEFAULT_PORT}"
+
+
+def fetch_jobs(address: str, job_id: str | None = None, timeout: float = 5.0) -> taskd_pb2.JobList:
+    """ListJobs on the controller at `address`; raises grpc.RpcError when it cannot be reached in `timeout`."""
+    with grpc.insecure_channel(normalize_address(address)) as channel:
+        stub = taskd_pb2_grpc.JobStatusStub(channel)
+        return stub.ListJobs(taskd_pb2.JobQuery(jobId=job_id or ""), timeout=timeout, wait_for_ready=False)
+
+
+def _ts(t: float) -> str:
+    if not t:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) + f".{int((t % 1) * 1000):03d}"
+
+
+def _faults(faults) -> str:  # noqa: ANN001 - repeated FaultRank
+    return ", ".join(f"rank {f.rankId} (type {f.faultType})" for f in faults) or "-"
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
+    out = [line.rstrip()]
+    for r in rows:
+        out.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    return out
+
+
+def render_text(job_list: taskd_pb2.JobList, events: int = 20) -> str:
+    """A human summary: each job, its agents, every round (faults, strategies, outcome, duration), last events."""
+    if job_list.status.code != 0:
+        return f"error {job_list.status.code}: {job_list.status.info}\n"
+    if not job_list.jobs:
+        return "no jobs\n"
+    out: list[str] = []
+    for job in job_list.jobs:
+        out.append(f"job {job.jobId}: {job.state}")
+        out.append(f"  nodes {job.nodeCount}, ranks per node {job.ranksPerNode or '-'}, "
+                   f"restarts {job.restarts}/{job.maxRestarts}, created {_ts(job.createdAt)}, "
+                   f"updated {_ts(job.updatedAt)}")
+        if job.info:
+            out.append(f"  {job.info}")
+        out.append("  agents:")
+        rows = []
+        for a in job.agents:
+            rpn = a.ranksPerNode or job.ranksPerNode
+            ranks = f"{a.nodeRank * rpn}-{a.nodeRank * rpn + rpn - 1}" if rpn else "-"
+            finished = f"exit {a.exitCode}" if a.finished else "-"
+            rows.append([str(a.nodeRank), a.host or "-", str(a.pid or "-"), ranks,
+                         "yes" if a.subscribed else "no", _ts(a.lastSeen), finished])
+        out += ["    " + line for line in _table(["node", "host", "pid", "ranks", "subscribed", "last seen",
+                                                    "finished"], rows)] if rows else ["    (none registered)"]
+        out.append("  faults and recoveries:")
+        rows = []
+        for r in job.rounds:
+            duration = f"{r.durationSeconds:.3f}s" if r.endedAt else "-"
+            rows.append([str(r.round), _ts(r.startedAt), _faults(r.faultRanks), " -> ".join(r.strategiesTried) or "-",
+                         r.outcome, r.strategy or "-", _ts(r.endedAt), duration])
+        out += ["    " + line for line in _table(["round", "fault at", "faults", "strategies tried", "outcome",
+                                                    "strategy", "ended at", "duration"], rows)] if rows \
+            else ["    (none)"]
+        if events and job.events:
+            out.append(f"  last {min(events, len(job.events))} events:")
+            for e in job.events[-events:]:
+                out.append(f"    {_ts(e.time)}  round {e.round:<3} {e.kind:<20} {e.detail}")
+        out.append("")
+    return "\n".join(out)
+
+
+def render_json(job_list: taskd_pb2.JobList) -> str:
+    """The JobList as JSON (proto field names), with each event's detail parsed into an object."""
+    data = json_format.MessageToDict(job_list, preserving_proto_field_name=True,
+                                     always_print_fields_with_no_presence=True)
+    for job in data.get("jobs", []):
+        for e in job.get("events", []):
+            try:
+                e["detail"] = json.loads(e.get("detail") or "{}")
+            except ValueError:
+                pass
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"
