@@ -1,0 +1,101 @@
+"""`taskd status` against a real controller holding a recovered fault."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from taskd.cli import main as taskd_main
+from taskd.controller.server import ControllerConfig, EmbeddedController
+from taskd.controller.status_view import fetch_jobs, normalize_address, render_json, render_text
+from taskd.controller.testing import ScriptedAgent
+
+ALL = ["retry", "recover", "job-rescheduling", "dump", "exit"]
+
+
+def ok(status) -> None:  # noqa: ANN001
+    assert status.code == 0, f"{status.code}: {status.info}"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    """A controller with job "train" that recovered from a fault of rank 3 (and escalated once)."""
+    cfg = ControllerConfig(listen="127.0.0.1:0", state_path=":memory:", keepalive_interval=1.0)
+    with EmbeddedController(cfg) as ctl:
+        agents = [ScriptedAgent(ctl.address, "train", n, 2, ranks_per_node=2).join() for n in range(2)]
+        ok(agents[1].fault({3: 1}, detail="rank 3 pid 4242 killed by signal 9"))
+        for a in agents:
+            a.expect("stopTrain")
+            ok(a.stop_complete())
+        for a in agents:
+            a.expect("globalFault")
+            ok(a.strategies(ALL))
+        for a in agents:
+            a.expect("changeStrategy", "recover")
+        ok(agents[0].status("recover", code=1, info="spawn failed"))
+        for a in agents:
+            a.expect("changeStrategy", "job-rescheduling")
+            ok(a.status("job-rescheduling"))
+        ScriptedAgent(ctl.address, "other", 0, 1).join().close()
+        yield ctl.address
+        for a in agents:
+            a.close()
+
+
+def test_fetch_and_render_text(server: str) -> None:
+    jobs = fetch_jobs(server)
+    assert [j.jobId for j in jobs.jobs] == ["train", "other"]
+    text = render_text(jobs)
+    assert "job train: RUNNING" in text and "job other: RUNNING" in text
+    assert "restarts 2/3" in text
+    assert "rank 3 (type 1)" in text and "recover -> job-rescheduling" in text and "recovered" in text
+    assert "rank 3 pid 4242 killed by signal 9" in text  # the fault's detail, in the event list
+    round_line = next(line for line in text.splitlines() if "rank 3 (type 1)" in line)
+    assert round_line.split()[-1].endswith("s")  # a duration
+    train = text.split("job other")[0]
+    node_lines = [cols for cols in map(str.split, train.splitlines()) if len(cols) > 1 and cols[1] == "localhost"]
+    assert ["0-1", "2-3"] == [cols[3] for cols in node_lines]  # global ranks of each node
+
+
+def test_render_json_and_filter(server: str) -> None:
+    data = json.loads(render_json(fetch_jobs(server, "train")))
+    (job,) = data["jobs"]
+    assert job["jobId"] == "train" and job["state"] == "RUNNING"
+    (rnd,) = job["rounds"]
+    assert rnd["outcome"] == "recovered" and rnd["strategy"] == "job-rescheduling"
+    assert rnd["strategiesTried"] == ["recover", "job-rescheduling"] and rnd["durationSeconds"] > 0
+    assert rnd["faultRanks"] == [{"rankId": "3", "faultType": "1"}]
+    fault = next(e for e in job["events"] if e["kind"] == "fault_reported")
+    assert fault["detail"]["faults"] == "3:1" and fault["time"] > 0
+
+
+def test_taskd_status_command(server: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert taskd_main(["status", "--server", server, "--job", "train"]) == 0
+    out = capsys.readouterr().out
+    assert "job train: RUNNING" in out and "other" not in out
+    assert taskd_main(["status", "--server", server, "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["jobs"]) == 2
+    assert taskd_main(["status", "--server", server, "--job", "nope"]) == 1
+    assert "402" in capsys.readouterr().out
+
+
+def test_taskd_status_unreachable(capsys: pytest.CaptureFixture[str]) -> None:
+    assert taskd_main(["status", "--server", "127.0.0.1:1", "--timeout", "1"]) == 1
+    assert "cannot reach the controller at 127.0.0.1:1" in capsys.readouterr().err
+
+
+def test_normalize_address() -> None:
+    assert normalize_address("10.0.0.1") == "10.0.0.1:8899"
+    assert normalize_address("10.0.0.1:9000") == "10.0.0.1:9000"
+    assert normalize_address("::1") == "[::1]:8899"
+    assert normalize_address("[::1]:7") == "[::1]:7"
+
+
+def test_render_empty_and_error() -> None:
+    from taskd.proto import recover_pb2, taskd_pb2
+
+    assert render_text(taskd_pb2.JobList()) == "no jobs\n"
+    err = taskd_pb2.JobList(status=recover_pb2.Status(code=402, info="job x does not exist"))
+    assert render_text(err).startswith("error 402")
