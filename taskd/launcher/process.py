@@ -9,6 +9,9 @@ The death signal is set by exec'ing through util-linux's `setpriv --pdeathsig KI
 not by a Python `preexec_fn`: the agent runs gRPC threads, and running Python code in
 a child forked from a process with live gRPC threads crashes it (measured: 10 of 40
 spawns died with SIGSEGV). `preexec_fn` is only the fallback when setpriv is missing.
+Between fork and setpriv's prctl the agent may die unnoticed; a one-line `sh` check of
+the parent pid, after the prctl and before exec'ing the rank, closes that window
+(the same check `preexec_fn` does with getppid()).
 """
 
 from __future__ import annotations
@@ -69,12 +72,19 @@ def set_child_subreaper() -> bool:
 
 
 _SETPRIV = shutil.which("setpriv")
+_SH = shutil.which("sh")
+# Run by sh after setpriv's prctl: if the agent died before the death signal was armed, the
+# rank was already re-parented; give up instead of running as an orphan. $0 is the agent's pid.
+_PARENT_CHECK = '[ "$PPID" = "$0" ] || exit 1; exec "$@"'
 
 
 def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None) -> subprocess.Popen[bytes]:
     """Start one rank as a session leader whose stdout+stderr is a pipe; raises OSError if it cannot start."""
     if _SETPRIV is not None:
-        command = [_SETPRIV, "--pdeathsig", "KILL", "--", *argv]
+        command = [_SETPRIV, "--pdeathsig", "KILL", "--"]
+        if _SH is not None:
+            command += [_SH, "-c", _PARENT_CHECK, str(os.getpid())]
+        command += list(argv)
         preexec = None
     else:
         command = list(argv)
