@@ -25,9 +25,9 @@ def server() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def fast_server() -> Iterator[str]:
-    """Short waits, to exercise the timeouts."""
-    cfg = ControllerConfig(listen="127.0.0.1:0", state_path=":memory:", keepalive_interval=0.2, stop_timeout=0.5,
-                           strategy_timeout=0.5, recover_timeout=0.5, settle_window=30)
+    """Short waits, to exercise the timeouts (the stop wait leaves a loaded machine time for one answer)."""
+    cfg = ControllerConfig(listen="127.0.0.1:0", state_path=":memory:", keepalive_interval=0.2, stop_timeout=2.0,
+                           strategy_timeout=10, recover_timeout=0.5, settle_window=30)
     with EmbeddedController(cfg) as ctl:
         yield ctl.address
 
