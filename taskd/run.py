@@ -40,6 +40,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="SIGTERM to SIGKILL when stopping ranks (default 5)")
     parser.add_argument("--heartbeat-timeout", type=float, default=None, metavar="S",
                         help="a rank whose last taskd.worker.heartbeat() is older is hung (default: off)")
+    parser.add_argument("--dump-timeout", type=float, default=30.0, metavar="S",
+                        help="how long the dump strategy waits for ranks to save (default 30)")
     parser.add_argument("--master-addr", default="127.0.0.1", help="MASTER_ADDR for the ranks")
     parser.add_argument("--master-port", type=int, default=0, help="MASTER_PORT for the ranks (0 = a free port)")
     parser.add_argument("--quiet", action="store_true", help="do not echo rank output on the console")
@@ -92,7 +94,7 @@ def run_main(args: argparse.Namespace) -> int:
             details=launcher, launcher="taskd", job_id=job_id, server=server, node_rank=args.node_rank,
             node_count=args.nnodes, ranks_per_node=args.nproc_per_node, strategies=strategies,
             max_restarts=args.max_restarts, monitor_interval=args.monitor_interval, stop_grace=args.stop_grace,
-            heartbeat_timeout=args.heartbeat_timeout, log_dir=args.log_dir,
+            heartbeat_timeout=args.heartbeat_timeout, log_dir=args.log_dir, dump_timeout=args.dump_timeout,
         )
         for name, func in launcher.callbacks().items():
             plugin.register_callbacks(name, func)

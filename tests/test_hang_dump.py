@@ -78,7 +78,7 @@ def test_dump_saves_healthy_ranks_then_exits(tmp_path: Path) -> None:
 
     script = write_worker(tmp_path)
     console = tmp_path / "console.log"
-    proc = taskd_run(["--nproc-per-node", "3", "--strategies", "dump,exit", "--stop-grace", "1",
+    proc = taskd_run(["--nproc-per-node", "3", "--strategies", "dump,exit", "--stop-grace", "1", "--dump-timeout", "3",
                       str(script), str(tmp_path), "dump"], console)
     code = proc.wait(timeout=120)
     text = console.read_text()
