@@ -89,12 +89,14 @@ class Supervisor:
         self._old_handlers: dict[int, Any] = {}
         self._heartbeats: dict[int, Any] = {}
         self._hang_detail = ""
+        self._heartbeat_dir: str | None = None
 
     # ----------------------------------------------------------------- lifecycle
     def run(self) -> JobResult:
         self._install_signal_handlers()
         try:
             self._discover_ranks()
+            self._export_heartbeat_dir()
             self._connect()
             self._start_all(first=True)
             self._loop()
@@ -140,6 +142,16 @@ class Supervisor:
             self.ranks[local_rank] = Rank(local_rank, global_rank)
         self.result.ranks = count
         self._local_of = {r.global_rank: r.local_rank for r in self.ranks.values()}
+
+    def _export_heartbeat_dir(self) -> None:
+        """Under msrun no callback takes per-rank variables: ranks inherit one directory and name their file."""
+        if self.details is not None or os.environ.get("TASKD_HEARTBEAT_DIR"):
+            self._heartbeat_dir = os.environ.get("TASKD_HEARTBEAT_DIR") if self.details is None else None
+            return
+        import tempfile
+
+        self._heartbeat_dir = tempfile.mkdtemp(prefix="taskd-heartbeat-")
+        os.environ["TASKD_HEARTBEAT_DIR"] = self._heartbeat_dir
 
     def _connect(self) -> None:
         from taskd.proto import recover_pb2
@@ -228,6 +240,13 @@ class Supervisor:
         if self._embedded is not None:
             self._embedded.stop()
         self._watch.close()
+        for hb in self._heartbeats.values():
+            hb.close()
+        if self._heartbeat_dir is not None and os.environ.get("TASKD_HEARTBEAT_DIR") == self._heartbeat_dir:
+            import shutil
+
+            shutil.rmtree(self._heartbeat_dir, ignore_errors=True)
+            os.environ.pop("TASKD_HEARTBEAT_DIR", None)
         for signum, handler in self._old_handlers.items():
             signal.signal(signum, handler)
         self.result.ended = time.time()
@@ -400,11 +419,16 @@ class Supervisor:
     # ----------------------------------------------------------------- hangs and saves
     def _heartbeat(self, rank: Rank) -> Any:
         """The rank's heartbeat file, when the launcher gives one and the rank attached to it."""
-        if self.details is None or not hasattr(self.details, "heartbeat_path"):
-            return None
         from taskd.worker.heartbeat_file import HeartbeatFile, HeartbeatFileError
 
-        path = self.details.heartbeat_path(rank.local_rank)
+        if self.details is not None and hasattr(self.details, "heartbeat_path"):
+            path = self.details.heartbeat_path(rank.local_rank)
+        elif self._heartbeat_dir is not None:
+            path = os.path.join(self._heartbeat_dir, f"rank_{rank.global_rank}.hb")
+            if not os.path.exists(path):
+                return None
+        else:
+            return None
         if not path:
             return None
         cached = self._heartbeats.get(rank.local_rank)
@@ -483,7 +507,21 @@ class Supervisor:
             if not self._watch.watch(local_rank, pid) or entry.get("status") is not MONITOR_RUNNING:
                 self._on_exit(local_rank, pid)
 
+    def _reset_heartbeats(self, local_ranks: list[int]) -> None:
+        """A fresh incarnation must not inherit its predecessor's last heartbeat (our launcher does this itself)."""
+        if self._heartbeat_dir is None:
+            return
+        from taskd.worker.heartbeat_file import HeartbeatFile
+
+        for local_rank in local_ranks:
+            try:
+                name = f"rank_{self.ranks[local_rank].global_rank}.hb"
+                HeartbeatFile(os.path.join(self._heartbeat_dir, name)).create()
+            except OSError as exc:
+                log.debug("cannot reset heartbeat file of rank %d: %s", local_rank, exc)
+
     def _start_all(self, first: bool = False) -> int:
+        self._reset_heartbeats(sorted(self.ranks))
         code = self.cb["START_ALL_WORKER"]()
         self._adopt(sorted(self.ranks))
         pids = ", ".join(f"{r.global_rank}:{r.pid}" for r in self.ranks.values())
@@ -546,6 +584,7 @@ class Supervisor:
         if strategy == Strategy.RECOVER:
             local = self._local_ranks(faults)
             self._stop_ranks([self.ranks[lr] for lr in local], graceful=False)
+            self._reset_heartbeats(local)
             code = self.cb["START_WORKER_LIST"](local) if local else 0
             self._adopt(local)
             msg = "" if code == 0 else f"START_WORKER_LIST({local}) returned {code}"
