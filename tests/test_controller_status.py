@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 
 import pytest
@@ -71,6 +72,16 @@ def test_render_json_and_filter(server: str) -> None:
     assert fault["detail"]["faults"] == "3:1" and fault["time"] > 0
 
 
+@pytest.fixture
+def taskd_logging() -> Iterator[None]:
+    """`taskd.cli.main` configures the "taskd" logger for a console; undo it for the tests that follow."""
+    logger = logging.getLogger("taskd")
+    saved = (logger.handlers[:], logger.level, logger.propagate)
+    yield
+    logger.handlers[:], logger.level, logger.propagate = saved
+
+
+@pytest.mark.usefixtures("taskd_logging")
 def test_taskd_status_command(server: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert taskd_main(["status", "--server", server, "--job", "train"]) == 0
     out = capsys.readouterr().out
@@ -81,6 +92,7 @@ def test_taskd_status_command(server: str, capsys: pytest.CaptureFixture[str]) -
     assert "402" in capsys.readouterr().out
 
 
+@pytest.mark.usefixtures("taskd_logging")
 def test_taskd_status_unreachable(capsys: pytest.CaptureFixture[str]) -> None:
     assert taskd_main(["status", "--server", "127.0.0.1:1", "--timeout", "1"]) == 1
     assert "cannot reach the controller at 127.0.0.1:1" in capsys.readouterr().err

@@ -98,7 +98,10 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
                 yield msg
         finally:
             if self.core.hub.unsubscribe(sub):
-                self.core.dispatch(job_id, AgentDisconnected(node_rank=node))
+                try:
+                    self.core.dispatch(job_id, AgentDisconnected(node_rank=node))
+                except Exception:  # e.g. the store already closed during shutdown
+                    log.debug("could not record the end of job %s node %d's stream", job_id, node, exc_info=True)
 
     async def ReportStopComplete(self, request: recover_pb2.StopCompleteRequest,
                                  context: grpc.aio.ServicerContext) -> Status:
