@@ -255,3 +255,10 @@ def test_default_state_path_follows_xdg(monkeypatch: pytest.MonkeyPatch, tmp_pat
     monkeypatch.delenv("XDG_DATA_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert default_state_path() == tmp_path / "home" / ".local" / "share" / "taskd" / "controller.sqlite3"
+
+
+def test_unusable_state_file_is_a_clear_error(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.sqlite3"
+    junk.write_text("not a database")
+    with pytest.raises(OSError, match="junk.sqlite3"):
+        Store(junk)

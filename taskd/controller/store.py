@@ -97,11 +97,14 @@ class Store:
         if target != MEMORY:
             Path(target).parent.mkdir(parents=True, exist_ok=True)
         self.path = target
-        self.conn = sqlite3.connect(target, check_same_thread=False, isolation_level=None)
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute("PRAGMA synchronous=NORMAL")
-        self.conn.execute("PRAGMA busy_timeout=5000")
-        self.conn.executescript(SCHEMA)
+        try:
+            self.conn = sqlite3.connect(target, check_same_thread=False, isolation_level=None)
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute("PRAGMA synchronous=NORMAL")
+            self.conn.execute("PRAGMA busy_timeout=5000")
+            self.conn.executescript(SCHEMA)
+        except sqlite3.Error as exc:
+            raise OSError(f"cannot use {target} as the controller's state: {exc}") from exc
         log.info("controller state in %s", target)
 
     def close(self) -> None:
