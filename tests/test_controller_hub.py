@@ -32,6 +32,6 @@ def test_broadcast_replace_and_overflow() -> None:
         assert newer.closed_reason == "signal queue overflow" and newer.queue.get_nowait() is None
         assert hub.count() == 3
         hub.close_all("bye")
-        assert a.closed_reason == "bye" and other.closed_reason == "bye"
+        assert a.closed_reason == "signal queue overflow" and other.closed_reason == "bye"
 
     asyncio.run(scenario())
