@@ -1,0 +1,243 @@
+"""Shared helpers of the benchmark scripts: timing statistics, tables, JSON results, processes.
+
+Each benchmark is a plain script (`python bench/NAME.py [--quick]`); this module is imported
+from the script's own directory, so it is not part of the `taskd` package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+BENCH_DIR = Path(__file__).resolve().parent
+ROOT = BENCH_DIR.parent
+RESULTS = BENCH_DIR / "results"
+RANK_DUMMY = BENCH_DIR / "rank_dummy.py"
+TASKD_DRIVER = BENCH_DIR / "run_taskd.py"
+TORCHRUN_DRIVER = BENCH_DIR / "run_torchrun.py"
+
+
+# ----------------------------------------------------------------------------- statistics
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, int(round(q / 100.0 * len(ordered) + 0.5)) - 1))
+    return ordered[k]
+
+
+def stats(values: Iterable[float], scale: float = 1.0) -> dict[str, Any]:
+    """n, p50, p99, max, mean of `values` multiplied by `scale` (e.g. 1e3 for ms)."""
+    vals = [v * scale for v in values]
+    if not vals:
+        return {"n": 0, "p50": None, "p99": None, "max": None, "mean": None}
+    return {"n": len(vals), "p50": percentile(vals, 50), "p99": percentile(vals, 99), "max": max(vals),
+            "mean": sum(vals) / len(vals)}
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else a / b
+
+
+# ----------------------------------------------------------------------------- output
+
+def fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def table(headers: list[str], rows: list[list[Any]], digits: int = 2) -> str:
+    """A Markdown table (pastes straight into BENCHMARKS.md)."""
+    cells = [[fmt(c, digits) for c in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    line = lambda row: "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |"  # noqa: E731
+    out = [line(headers), "| " + " | ".join("-" * w for w in widths) + " |"]
+    out.extend(line(r) for r in cells)
+    return "\n".join(out)
+
+
+def machine() -> dict[str, Any]:
+    load = os.getloadavg()
+    return {
+        "cpus": os.cpu_count(), "cpu_model": _cpu_model(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "kernel": platform.release(), "python": platform.python_version(),
+        "loadavg_at_start": [round(x, 2) for x in load],
+        "torch": torch_version(),
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def torch_version() -> str | None:
+    try:
+        import importlib.metadata as md
+
+        return md.version("torch")
+    except Exception:
+        return None
+
+
+def write_result(name: str, data: dict[str, Any]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
+    os.replace(tmp, path)
+    print(f"\nresults written to {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+    return path
+
+
+def header(name: str, args: Any) -> dict[str, Any]:
+    return {"benchmark": name, "command": " ".join([sys.executable.rsplit('/', 1)[-1], *sys.argv]),
+            "quick": bool(getattr(args, "quick", False)), "started": time.time(), "machine": machine()}
+
+
+# ----------------------------------------------------------------------------- processes
+
+def wait_for(cond: Callable[[], Any], timeout: float, what: str, interval: float = 0.005) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def bench_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("MINDX_SERVER_IP", "MINDX_TASK_ID")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    env.update(extra)
+    return env
+
+
+def stop_process(proc: subprocess.Popen[Any] | None, grace: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL after `grace`; reaps it."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+def start_controller(port: int, state: str = ":memory:", log: Path | None = None,
+                     extra: list[str] | None = None) -> subprocess.Popen[bytes]:
+    """A standalone `taskd server` process (python -m taskd.controller); returns once it accepts calls."""
+    cmd = [sys.executable, "-m", "taskd.controller", "--listen", f"127.0.0.1:{port}", "--state", state,
+           "--log-level", "WARNING", *(extra or [])]
+    out = log.open("ab") if log else subprocess.DEVNULL
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=bench_env(), cwd=ROOT)
+    wait_for(lambda: proc.poll() is not None or _accepts(port), 30, "the controller to listen", 0.02)
+    if proc.poll() is not None:
+        raise RuntimeError(f"controller exited with {proc.returncode}: {cmd}")
+    return proc
+
+
+def _accepts(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def job_events(address: str, job_id: str, timeout: float = 30.0) -> list[dict[str, Any]]:
+    """The controller's event history of one job: [{"time", "kind", "round", "detail"}]."""
+    import grpc
+
+    from taskd.proto import taskd_pb2, taskd_pb2_grpc
+
+    with grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", 256 * 2**20)]) as ch:
+        reply = taskd_pb2_grpc.JobStatusStub(ch).ListJobs(taskd_pb2.JobQuery(jobId=job_id), timeout=timeout)
+    if reply.status.code != 0 or not reply.jobs:
+        raise RuntimeError(f"ListJobs({job_id}) answered {reply.status.code}: {reply.status.info}")
+    return [{"time": e.time, "kind": e.kind, "round": e.round, "detail": json.loads(e.detail or "{}")}
+            for e in reply.jobs[0].events]
+
+
+class JsonlTail:
+    """Reads a JSON-lines file as it grows (the drivers' log records, the ranks' start records)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._pos = 0
+        self._partial = b""
+        self.records: list[dict[str, Any]] = []
+
+    def poll(self) -> list[dict[str, Any]]:
+        try:
+            with self.path.open("rb") as fh:
+                fh.seek(self._pos)
+                data = fh.read()
+        except FileNotFoundError:
+            return []
+        self._pos += len(data)
+        data = self._partial + data
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        new = [json.loads(line) for line in lines if line.strip()]
+        self.records.extend(new)
+        return new
+
+    def find(self, pred: Callable[[dict[str, Any]], bool], timeout: float, what: str) -> dict[str, Any]:
+        def look() -> dict[str, Any] | None:
+            self.poll()
+            for rec in reversed(self.records):
+                if pred(rec):
+                    return rec
+            return None
+        return wait_for(look, timeout, what, 0.002)
+
+
+def ranks_alive(records: list[dict[str, Any]], ranks: Iterable[int], after: float) -> dict[int, dict[str, Any]]:
+    """The first start record of each rank at or after `after` (from rank_dummy's start file)."""
+    found: dict[int, dict[str, Any]] = {}
+    wanted = set(ranks)
+    for rec in records:
+        if rec.get("event") == "start" and rec["rank"] in wanted and rec["t"] >= after and rec["rank"] not in found:
+            found[rec["rank"]] = rec
+    return found
+
+
+def torch_missing_message() -> str:
+    return ("torch is not installed: skipping the torchrun side "
+            "(install it with `pip install torch==2.13.0`, a CPU build)")
+
+
+def has_torch() -> bool:
+    return torch_version() is not None
