@@ -1,0 +1,266 @@
+"""MindSpore's real msrun hands a job to taskd's MSRunPlugin (issue 4).
+
+Each test runs the real `msrun` of the installed MindSpore with `MS_ENABLE_TFT='{RSC:1}'`, kills a
+rank with SIGKILL (or lets one crash), and checks the outcome from outside: msrun's exit code, the
+ranks' own records, the weights a real training wrote, and that nothing of the job is left running
+and its `--master_port` is free. No `MINDX_SERVER_IP`: the plugin runs its embedded controller.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+if importlib.util.find_spec("mindspore") is None:
+    pytest.skip("MindSpore is not installed (pip install -e '.[mindspore]'): msrun tests need it",
+                allow_module_level=True)
+
+BIN_DIR = Path(sys.executable).parent
+MSRUN = shutil.which("msrun", path=str(BIN_DIR)) or shutil.which("msrun")
+if MSRUN is None:
+    pytest.skip("MindSpore is installed but its `msrun` command is not on PATH", allow_module_level=True)
+
+pytestmark = pytest.mark.mindspore
+
+REPO = Path(__file__).resolve().parent.parent
+DUMMY = REPO / "tests" / "mindspore_scripts" / "dummy_train.py"
+TRAIN_DP = REPO / "examples" / "mindspore" / "train_dp.py"
+FALLBACK_MARK = "process controlled by msrun"  # msrun's warning when it could not hand control over
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def port_is_free(port: int) -> bool:
+    """True when a new scheduler could listen on the port (SO_REUSEADDR ignores TIME_WAIT leftovers)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def processes_with(marker: str) -> list[psutil.Process]:
+    """Live processes whose command line mentions the marker (zombies have an empty one)."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if proc.pid != os.getpid() and marker in " ".join(proc.info["cmdline"] or ()):
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def wait_for(what: str, predicate: Callable[[], object], timeout: float, job: MsrunJob | None = None) -> object:
+    """Poll until predicate() is truthy; fail with the job's logs when it never is."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if job is not None and job.proc.poll() is not None:
+            pytest.fail(f"msrun exited ({job.proc.returncode}) while waiting for {what}\n{job.logs()}")
+        time.sleep(0.1)
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}\n{job.logs() if job else ''}")
+
+
+class MsrunJob:
+    """One `msrun` run with 2 local ranks; `marker` is a path unique to the test in every rank's argv."""
+
+    def __init__(self, tmp_path: Path, name: str, script: Path, script_args: list[str], env: dict[str, str]):
+        self.dir = tmp_path / name
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.marker = str(self.dir)
+        self.log_dir = self.dir / "logs"
+        self.port = free_port()
+        self.console = self.dir / "msrun.out"
+        cmd = [MSRUN, "--worker_num", "2", "--local_worker_num", "2", "--master_addr", "127.0.0.1",
+               "--master_port", str(self.port), "--log_dir", str(self.log_dir), "--join", "False",
+               str(script), *script_args]
+        with open(self.console, "wb") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=self.dir,
+                                         start_new_session=True)
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"msrun still running after {timeout:.0f}s\n{self.logs()}")
+
+    def output(self) -> str:
+        return self.console.read_text(errors="replace")
+
+    def logs(self, tail: int = 40) -> str:
+        parts = [f"--- msrun console ({self.console})", *self.output().splitlines()[-tail:]]
+        for path in sorted(self.log_dir.glob("*")) if self.log_dir.is_dir() else ():
+            if path.is_file():
+                lines = [ln for ln in path.read_text(errors="replace").splitlines() if "[INFO]" not in ln]
+                parts += [f"--- {path.name}", *lines[-tail:]]
+        return "\n".join(parts)
+
+    def rank_process(self, rank: int) -> psutil.Process | None:
+        """The live worker process of a global rank, found by marker and msrun's environment."""
+        for proc in processes_with(self.marker):
+            try:
+                env = proc.environ()
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            if env.get("MS_ROLE") == "MS_WORKER" and env.get("RANK_ID") == str(rank):
+                return proc
+        return None
+
+    def kill(self) -> None:
+        """Teardown: end msrun and whatever of the job is still alive."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        for proc in processes_with(self.marker):
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+    def assert_plugin_in_control(self) -> None:
+        out = self.output()
+        assert FALLBACK_MARK not in out, f"msrun did not hand control to taskd\n{self.logs()}"
+
+    def assert_nothing_left(self) -> None:
+        """After msrun exited: no process of the job, and a new job could use the port."""
+        def clean() -> bool:
+            return not processes_with(self.marker) and port_is_free(self.port)
+
+        deadline = time.monotonic() + 5  # reaping is synchronous; this only absorbs kernel lag
+        while not clean() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = [f"{p.pid}: {' '.join(p.cmdline())}" for p in processes_with(self.marker)]
+        assert not left, "processes of the job are still running:\n" + "\n".join(left) + "\n" + self.logs()
+        assert port_is_free(self.port), f"--master_port {self.port} is still in use\n{self.logs()}"
+
+
+@pytest.fixture
+def msrun_env(tmp_path: Path) -> dict[str, str]:
+    """msrun's environment: plugin switched on, embedded controller, ranks run this interpreter."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("MS_", "MINDX_", "TASKD_", "RANK_", "DEVICE_ID", "PYTEST_"))}
+    env["PATH"] = f"{BIN_DIR}{os.pathsep}{env.get('PATH', '')}"  # msrun starts ranks as `python <script>`
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env["MS_ENABLE_TFT"] = "{RSC:1}"
+    env["MINDX_TASK_ID"] = f"msrun-test-{uuid.uuid4().hex[:8]}"
+    env["GLOG_v"] = "2"  # MindSpore: warnings and up
+    env["TASKD_MAX_RESTARTS"] = "3"
+    return env
+
+
+@pytest.fixture
+def jobs(tmp_path: Path) -> Iterator[Callable[..., MsrunJob]]:
+    """Start msrun jobs in tmp_path/<name>; `{dir}` in a script argument becomes that directory."""
+    started: list[MsrunJob] = []
+
+    def start(name: str, script: Path, script_args: list[str], env: dict[str, str]) -> MsrunJob:
+        args = [a.replace("{dir}", str(tmp_path / name)) for a in script_args]
+        job = MsrunJob(tmp_path, name, script, args, env)
+        started.append(job)
+        return job
+
+    yield start
+    for job in started:
+        job.kill()
+
+
+def files(directory: Path, prefix: str) -> list[Path]:
+    return sorted(directory.glob(prefix + "*")) if directory.is_dir() else []
+
+
+def started(state: Path, rank: int) -> list[Path]:
+    return files(state, f"start-rank{rank}-")
+
+
+def pid_of(record: Path) -> int:
+    return int(record.name.rsplit("-", 1)[1])
+
+
+@pytest.mark.timeout(180)
+def test_dummy_rank_sigkilled_mid_run_is_recovered(jobs, msrun_env):
+    job = jobs("dummy", DUMMY, ["--state-dir", "{dir}/state", "--duration", "5"], msrun_env)
+    state = job.dir / "state"
+    wait_for("both ranks to start", lambda: started(state, 0) and started(state, 1), 90, job)
+    time.sleep(0.5)  # mid-run
+    victim = pid_of(started(state, 1)[0])
+    os.kill(victim, signal.SIGKILL)
+
+    rc = job.wait(120)
+    job.assert_plugin_in_control()
+    assert rc == 0, f"msrun exited {rc} after a recoverable fault\n{job.logs()}"
+    assert len(started(state, 1)) >= 2, f"rank 1 was never restarted\n{job.logs()}"
+    for rank in (0, 1):
+        done = [pid_of(p) for p in files(state, f"done-rank{rank}-")]
+        assert done, f"rank {rank} never finished a run\n{job.logs()}"
+        assert victim not in done
+    job.assert_nothing_left()
+
+
+@pytest.mark.timeout(420)
+def test_real_training_rank_sigkilled_is_rescheduled_and_matches_fault_free_run(jobs, msrun_env):
+    train = ["--steps", "40", "--ckpt-every", "10", "--ckpt-dir", "{dir}/ckpt", "--out", "{dir}/out"]
+    reference = jobs("reference", TRAIN_DP, train, msrun_env)
+    rc = reference.wait(180)
+    reference.assert_plugin_in_control()
+    assert rc == 0, f"fault-free run failed ({rc})\n{reference.logs()}"
+    expected = np.load(reference.dir / "out" / "rank_0.npy")
+    assert np.array_equal(expected, np.load(reference.dir / "out" / "rank_1.npy"))
+    reference.assert_nothing_left()
+
+    job = jobs("faulty", TRAIN_DP, [*train, "--step-sleep", "0.1"], msrun_env)
+    first_ckpt = job.dir / "ckpt" / "rank_1" / "step10.ckpt"
+    victim = wait_for("rank 1 past its first checkpoint",
+                      lambda: first_ckpt.exists() and job.rank_process(1), 150, job)
+    victim.kill()
+
+    rc = job.wait(240)
+    job.assert_plugin_in_control()
+    assert rc == 0, f"msrun exited {rc} after rank 1 was killed\n{job.logs()}"
+    assert "job-rescheduling" in job.output(), f"no job-rescheduling in msrun's output\n{job.logs()}"
+    for rank in (0, 1):  # every rank restarted (job-rescheduling) and resumed from a checkpoint
+        log = (job.log_dir / f"worker_{rank}.log").read_text(errors="replace")
+        assert "resumed from step" in log, f"rank {rank} did not resume from a checkpoint\n{job.logs()}"
+        weights = np.load(job.dir / "out" / f"rank_{rank}.npy")
+        assert np.array_equal(weights, expected), f"rank {rank}'s final weights differ from the fault-free run"
+    job.assert_nothing_left()
+
+
+@pytest.mark.timeout(180)
+def test_rank_that_always_crashes_fails_the_job_once_restarts_are_spent(jobs, msrun_env):
+    msrun_env["TASKD_MAX_RESTARTS"] = "1"
+    args = ["--state-dir", "{dir}/state", "--duration", "60", "--crash", "always", "--crash-after", "0.3",
+            "--scheduler-holds-port", "120"]
+    job = jobs("crashing", DUMMY, args, msrun_env)
+    state = job.dir / "state"
+    wait_for("the scheduler to listen", lambda: files(state, "scheduler-"), 60, job)
+
+    rc = job.wait(150)
+    job.assert_plugin_in_control()
+    assert rc != 0, f"msrun exited 0 although rank 1 never ran through\n{job.logs()}"
+    assert len(started(state, 1)) == 2, f"expected 1 start + 1 restart of rank 1\n{job.logs()}"
+    assert not files(state, "done-"), "a rank finished although it should have been stopped"
+    job.assert_nothing_left()
