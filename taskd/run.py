@@ -115,7 +115,6 @@ def setup_console_logging(verbose: bool = False) -> None:
     root = logging.getLogger("taskd")
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbose else logging.WARNING)
-    root.propagate = False
     for name in EVENT_LOGGERS:
         logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.INFO)
 

@@ -90,6 +90,7 @@ class Supervisor:
         self._heartbeats: dict[int, Any] = {}
         self._hang_detail = ""
         self._heartbeat_dir: str | None = None
+        self._seen_signals: set[tuple[str, str]] = set()
 
     # ----------------------------------------------------------------- lifecycle
     def run(self) -> JobResult:
@@ -205,6 +206,12 @@ class Supervisor:
 
     def _queue_handler(self, kind: str) -> Callable[[Any], None]:
         def handler(sig: Any) -> None:
+            # a resubscribing agent is sent the signal it still owes an answer to again, same uuid
+            key = (kind, sig.uuid)
+            if sig.uuid and key in self._seen_signals:
+                log.debug("signal %s already handled", sig.uuid)
+                return
+            self._seen_signals.add(key)
             self._commands.put((kind, sig))
             self._watch.wake()
         return handler

@@ -7,6 +7,7 @@ event, hand it to the core, answer with the outcome's code and info.
 from __future__ import annotations
 
 import logging
+import uuid as uuidlib
 from collections.abc import AsyncIterator
 
 import grpc
@@ -26,7 +27,7 @@ from taskd.controller.state_machine import (
     StrategiesReported,
 )
 from taskd.proto import recover_pb2, recover_pb2_grpc, taskd_pb2, taskd_pb2_grpc
-from taskd.vocabulary import Code
+from taskd.vocabulary import Code, SignalType
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,9 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 f"{Code.NOT_REGISTERED}: node {node} of job {job_id} is not registered")
         sub = self.core.hub.subscribe(job_id, node)
+        # an immediate keep-alive tells the agent its stream is live (it waits for that before starting ranks)
+        sub.offer(recover_pb2.ProcessManageSignal(uuid=uuidlib.uuid4().hex, jobId=job_id,
+                                                  signalType=SignalType.KEEP_ALIVE), droppable=True)
         try:
             self.core.dispatch(job_id, AgentConnected(node_rank=node), reply_to=sub)
             while True:
