@@ -472,7 +472,7 @@ class Supervisor:
         import subprocess
 
         log_path = self.details.log_path(rank.local_rank) if hasattr(self.details, "log_path") else None
-        pyspy = shutil.which("py-spy")
+        pyspy = shutil.which("py-spy") if os.environ.get("TASKD_PYSPY", "1") != "0" else None
         if pyspy and log_path:
             try:
                 out = subprocess.run([pyspy, "dump", "--pid", str(rank.pid)], capture_output=True, text=True,
