@@ -25,6 +25,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "server":  # the controller logs its own events at --log-level
+        from taskd.controller.cli_commands import server_main
+
+        if args.verbose:
+            args.log_level = "DEBUG"
+        return server_main(args)
     from taskd.run import setup_console_logging
 
     setup_console_logging(args.verbose)
@@ -32,10 +38,6 @@ def main(argv: list[str] | None = None) -> int:
         from taskd.run import run_main
 
         return run_main(args)
-    if args.command == "server":
-        from taskd.controller.cli_commands import server_main
-
-        return server_main(args)
     if args.command == "status":
         from taskd.controller.cli_commands import status_main
 

@@ -106,7 +106,7 @@ def run_main(args: argparse.Namespace) -> int:
 
 
 # Loggers whose INFO lines are the user's "one line per event"; the rest speak up at WARNING.
-EVENT_LOGGERS = ("taskd.agent", "taskd.run", "taskd.controller.server")
+EVENT_LOGGERS = ("taskd.agent", "taskd.run")
 
 
 def setup_console_logging(verbose: bool = False) -> None:
