@@ -1,0 +1,49 @@
+"""Every way the agent can end leaves no rank behind: here, an exception inside supervision."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from taskd.framework.agent.ms_mgr.msrun_plugin import MSRunPlugin
+from taskd.launcher import LocalLauncher, WorkerSpec
+
+
+def test_exception_in_a_callback_stops_every_rank(tmp_path: Path) -> None:
+    script = tmp_path / "sleeper.py"
+    script.write_text("import time\ntime.sleep(120)\n")
+    launcher = LocalLauncher(WorkerSpec(entrypoint=[sys.executable, str(script)], nproc_per_node=3))
+    plugin = MSRunPlugin(details=launcher, launcher="taskd", monitor_interval=0.1, stop_grace=1.0)
+    callbacks = launcher.callbacks()
+    calls = {"n": 0}
+    started: set[int] = set()
+
+    def flaky_monitor(ranks: list[int]) -> dict:
+        answer = callbacks["MONITOR"](ranks)
+        if any(e.get("pid") for e in answer.values()):
+            started.update(e["pid"] for e in answer.values() if e.get("pid"))
+            calls["n"] += 1
+            if calls["n"] > 5:  # well after the ranks started: the launcher "breaks"
+                raise RuntimeError("launcher lost its mind")
+        return answer
+
+    for name, func in callbacks.items():
+        plugin.register_callbacks(name, flaky_monitor if name == "MONITOR" else func)
+    try:
+        with pytest.raises(RuntimeError, match="lost its mind"):
+            plugin.run()
+        assert len(started) == 3
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(psutil.pid_exists(p) and
+                                                  psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                                                  for p in started):
+            time.sleep(0.05)
+        alive = [p for p in started if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        assert alive == [], "ranks survived an exception in the agent"
+        assert plugin.result is None or not plugin.result.succeeded
+    finally:
+        launcher.close(1.0)
