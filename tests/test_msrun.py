@@ -119,6 +119,15 @@ class MsrunJob:
                 parts += [f"--- {path.name}", *lines[-tail:]]
         return "\n".join(parts)
 
+    def spawns(self, rank: int) -> int:
+        """How often msrun spawned a rank: it prints one line per spawn on its console."""
+        return self.output().count(f"Start worker process with rank id:{rank},")
+
+    def assert_one_job_rescheduling(self) -> None:
+        """One fault, one whole-job restart: msrun spawned every rank exactly twice."""
+        counts = {rank: self.spawns(rank) for rank in (0, 1)}
+        assert counts == {0: 2, 1: 2}, f"spawns per rank {counts}, expected 2 each\n{self.logs()}"
+
     def rank_process(self, rank: int) -> psutil.Process | None:
         """The live worker process of a global rank, found by marker and msrun's environment."""
         for proc in processes_with(self.marker):
@@ -212,12 +221,24 @@ def test_dummy_rank_sigkilled_mid_run_is_recovered(jobs, msrun_env):
     rc = job.wait(120)
     job.assert_plugin_in_control()
     assert rc == 0, f"msrun exited {rc} after a recoverable fault\n{job.logs()}"
-    assert len(started(state, 1)) >= 2, f"rank 1 was never restarted\n{job.logs()}"
+    job.assert_one_job_rescheduling()
+    for rank in (0, 1):  # every spawn reached the script (a child can die between fork and exec)
+        assert len(started(state, rank)) == 2, f"rank {rank}: 2 spawns but {len(started(state, rank))} runs"
     for rank in (0, 1):
         done = [pid_of(p) for p in files(state, f"done-rank{rank}-")]
         assert done, f"rank {rank} never finished a run\n{job.logs()}"
         assert victim not in done
     job.assert_nothing_left()
+
+    # The issue's logging contract: the killed incarnation's log survives msrun's truncation, and
+    # taskd's own events are in a file in msrun's --log_dir as well as on its console.
+    logs = [p for p in job.log_dir.rglob("*") if p.is_file()]
+    kept = [p for p in logs if "worker_1" in p.name and p.name != "worker_1.log"
+            and f"pid {victim} started" in p.read_text(errors="replace")]
+    assert kept, f"the killed rank's log was not kept: {sorted(p.name for p in logs)}"
+    own = [p for p in logs if p.name != "scheduler.log" and not p.name.startswith("worker_")
+           and msrun_env["MINDX_TASK_ID"] in p.read_text(errors="replace")]
+    assert own, f"no taskd log file in msrun's --log_dir: {sorted(p.name for p in logs)}"
 
 
 @pytest.mark.timeout(420)
@@ -241,6 +262,7 @@ def test_real_training_rank_sigkilled_is_rescheduled_and_matches_fault_free_run(
     job.assert_plugin_in_control()
     assert rc == 0, f"msrun exited {rc} after rank 1 was killed\n{job.logs()}"
     assert "job-rescheduling" in job.output(), f"no job-rescheduling in msrun's output\n{job.logs()}"
+    job.assert_one_job_rescheduling()
     for rank in (0, 1):  # every rank restarted (job-rescheduling) and resumed from a checkpoint
         log = (job.log_dir / f"worker_{rank}.log").read_text(errors="replace")
         assert "resumed from step" in log, f"rank {rank} did not resume from a checkpoint\n{job.logs()}"
@@ -261,6 +283,7 @@ def test_rank_that_always_crashes_fails_the_job_once_restarts_are_spent(jobs, ms
     rc = job.wait(150)
     job.assert_plugin_in_control()
     assert rc != 0, f"msrun exited 0 although rank 1 never ran through\n{job.logs()}"
-    assert len(started(state, 1)) == 2, f"expected 1 start + 1 restart of rank 1\n{job.logs()}"
+    assert job.spawns(1) == 2, f"expected 1 start + 1 restart of rank 1, got {job.spawns(1)}\n{job.logs()}"
+    assert len(started(state, 1)) == 2, f"rank 1: 2 spawns but {len(started(state, 1))} runs\n{job.logs()}"
     assert not files(state, "done-"), "a rank finished although it should have been stopped"
     job.assert_nothing_left()
