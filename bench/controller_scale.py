@@ -1,0 +1,239 @@
+"""Controller scale: N simulated agents of one job on one `taskd server` process.
+
+For each N: start `python -m taskd.controller` (SQLite state file, stop timeout 1 h so a round stays
+open), start P processes of bench/sim_agents.py (grpc.aio clients, one connection per agent unless
+--per-channel says otherwise), then measure
+- server RSS per agent: (RSS with all N subscribed - RSS before any agent) / N;
+- stopTrain fan-out: a ReportProcessFault for a new rank (the first opens the round, the next ones
+  merge into it and each re-broadcasts stopTrain) to every agent having it: p50/p99/max over agents;
+- ReportProcessFault calls/s: all agents report the round's fault again (idempotent, answered
+  "already in round") with bounded concurrency per process;
+- the reconnect storm: SIGTERM the controller, start a new one on the same port and state file; every
+  agent reconnects with jittered backoff. The controller, which restored the job mid-round (RESUMING),
+  records `round_resumed` when every agent is subscribed again: that minus the new process's spawn
+  is the time to resubscribe all. Refused attempts are counted by the agents.
+
+    python bench/controller_scale.py [--quick] [--sizes 100,1000,4000,10000] [--procs 4] [--per-channel 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import grpc
+import psutil
+from common import (
+    BENCH_DIR,
+    ROOT,
+    bench_env,
+    free_port,
+    header,
+    job_events,
+    start_controller,
+    stats,
+    stop_process,
+    table,
+    write_result,
+)
+
+from taskd.proto import recover_pb2, recover_pb2_grpc
+
+SERVER_FLAGS = ["--stop-timeout", "3600", "--strategy-timeout", "3600", "--recover-timeout", "3600",
+                "--settle-window", "0"]
+
+
+class Sims:
+    """The P simulated-agent processes, driven through their stdin/stdout."""
+
+    def __init__(self, address: str, job: str, n: int, procs: int, per_channel: int, work: Path) -> None:
+        self.procs: list[subprocess.Popen[str]] = []
+        per = -(-n // procs)
+        for first in range(0, n, per):
+            count = min(per, n - first)
+            cmd = [sys.executable, str(BENCH_DIR / "sim_agents.py"), "--address", address, "--job", job,
+                   "--first", str(first), "--count", str(count), "--nodes", str(n), "--per-channel", str(per_channel)]
+            self.procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                               stderr=(work / f"sim-{first}.log").open("w"), text=True,
+                                               env=bench_env(), cwd=ROOT))
+
+    def ask(self, cmd: dict[str, Any], timeout: float = 300.0) -> list[dict[str, Any]]:
+        line = json.dumps({**cmd, "timeout": timeout}) + "\n"
+        for p in self.procs:
+            p.stdin.write(line)
+            p.stdin.flush()
+        answers = []
+        for p in self.procs:
+            out = p.stdout.readline()
+            if not out:
+                raise RuntimeError(f"simulated agents (pid {p.pid}) exited with {p.poll()}")
+            answers.append(json.loads(out))
+        return answers
+
+    def close(self) -> None:
+        for p in self.procs:
+            try:
+                p.stdin.write('{"cmd": "quit"}\n')
+                p.stdin.flush()
+            except (BrokenPipeError, OSError):
+                pass
+        for p in self.procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(10)
+
+
+def report_fault(address: str, job: str, rank: int) -> float:
+    with grpc.insecure_channel(address) as ch:
+        stub = recover_pb2_grpc.RecoverStub(ch)
+        req = recover_pb2.ProcessFaultRequest(jobId=job, nodeRank=rank, detail="bench probe",
+                                              faultRanks=[recover_pb2.FaultRank(rankId=str(rank), faultType="1")])
+        grpc.channel_ready_future(ch).result(timeout=30)
+        t0 = time.time()
+        st = stub.ReportProcessFault(req, timeout=60)
+    if st.code != 0:
+        raise RuntimeError(f"ReportProcessFault answered {st.code}: {st.info}")
+    return t0
+
+
+def one_size(n: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    job = f"bench-scale-{n}"
+    state = str(work / f"state-{n}.sqlite3")
+    res: dict[str, Any] = {"n": n, "procs": args.procs, "per_channel": args.per_channel}
+    server = start_controller(port, state=state, log=work / f"controller-{n}.log", extra=SERVER_FLAGS)
+    sims = None
+    try:
+        proc = psutil.Process(server.pid)
+        rss0 = proc.memory_info().rss
+        t0 = time.time()
+        sims = Sims(address, job, n, args.procs, args.per_channel, work)
+        ready = sims.ask({"cmd": "ready"}, timeout=args.timeout)
+        res["subscribe_all_s"] = time.time() - t0
+        res["subscribed"] = sum(a["ready"] for a in ready)
+        res["refused_at_start"] = dict(sum((Counter(a["refused"]) for a in ready), Counter()))
+        if res["subscribed"] < n:
+            res["error"] = f"only {res['subscribed']} of {n} agents subscribed within {args.timeout}s"
+            return res
+        time.sleep(1.0)
+        rss1 = proc.memory_info().rss
+        res["server_rss_mib"] = rss1 / 2**20
+        res["rss_per_agent_kib"] = (rss1 - rss0) / n / 1024
+        # fan-out: each probe reports a new rank; the first opens the round, the others merge and re-broadcast
+        lat: list[float] = []
+        per_probe = []
+        for k in range(1, args.probes + 1):
+            time.sleep(0.5)
+            t_report = report_fault(address, job, (k * 7919) % n)
+            got = sims.ask({"cmd": "wait", "count": k}, timeout=args.timeout)
+            times = [t - t_report for a in got for t in a["times"]]
+            per_probe.append(stats(times, 1e3))
+            lat.extend(times)
+            if len(times) < n:
+                res["error"] = f"probe {k}: only {len(times)} of {n} agents got stopTrain"
+                break
+        res["fanout_ms"] = stats(lat, 1e3)
+        res["fanout_per_probe_ms"] = per_probe
+        # ReportProcessFault throughput: the round's first fault reported again by every agent
+        calls = max(args.min_calls, n)
+        answers = sims.ask({"cmd": "report", "calls": -(-calls // len(sims.procs)), "concurrency": args.concurrency,
+                            "distinct": False}, timeout=args.timeout)
+        codes = sum((Counter(a["codes"]) for a in answers), Counter())
+        span = max(a["t1"] for a in answers) - min(a["t0"] for a in answers)
+        res["report_calls"] = sum(codes.values())
+        res["report_codes"] = dict(codes)
+        res["report_calls_per_s"] = res["report_calls"] / span if span > 0 else None
+        if not args.no_storm:
+            res["storm"] = storm(server, port, state, n, sims, args, work)
+            server = res["storm"].pop("_server")
+            try:
+                resumed = [e for e in job_events(address, job, timeout=120) if e["kind"] == "round_resumed"]
+            except Exception as exc:  # noqa: BLE001 - recorded, not fatal
+                resumed, res["storm"]["history_error"] = [], str(exc)
+            if resumed:
+                res["storm"]["all_resubscribed_s"] = resumed[-1]["time"] - res["storm"]["restart_spawned_at"]
+    finally:
+        if sims is not None:
+            sims.close()
+        stop_process(server, grace=30)
+    return res
+
+
+def storm(server: subprocess.Popen[bytes], port: int, state: str, n: int, sims: Sims, args: argparse.Namespace,
+          work: Path) -> dict[str, Any]:
+    t_stop = time.time()
+    stop_process(server, grace=30)
+    stopped = time.time()
+    spawned = time.time()
+    new = start_controller(port, state=state, log=work / f"controller-{n}.log", extra=SERVER_FLAGS)
+    got = sims.ask({"cmd": "resubscribed", "generation": 2}, timeout=args.timeout)
+    times = [t for a in got for t in a["times"]]
+    refused = sum((Counter(a["refused"]) for a in got), Counter())
+    before = Counter()  # refusals seen at start were already reported separately
+    lost = n - len(times)
+    return {"_server": new, "stop_s": stopped - t_stop, "restart_spawned_at": spawned,
+            "resubscribed": len(times), "lost": lost,
+            "last_agent_stream_s": (max(times) - spawned) if times else None,
+            "first_message_s": stats([t - spawned for t in times]),
+            "refused_total": dict(refused - before)}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="tiny run to check the script works")
+    p.add_argument("--sizes", default="100,1000,4000,10000", help="agent counts N")
+    p.add_argument("--procs", type=int, default=4, help="processes running the simulated agents")
+    p.add_argument("--per-channel", type=int, default=1, help="agents sharing one gRPC connection")
+    p.add_argument("--probes", type=int, default=5, help="stopTrain fan-outs measured per N")
+    p.add_argument("--min-calls", type=int, default=2000, help="ReportProcessFault calls measured (at least N)")
+    p.add_argument("--concurrency", type=int, default=64, help="calls in flight per process")
+    p.add_argument("--timeout", type=float, default=600.0, help="per phase")
+    p.add_argument("--no-storm", action="store_true", help="skip the controller restart")
+    args = p.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    if args.quick:
+        sizes, args.procs, args.probes, args.min_calls = [50], 2, 2, 200
+    result = header("controller_scale", args)
+    result["sizes"] = sizes
+    result["runs"] = []
+    with tempfile.TemporaryDirectory(prefix="taskd-bench-scale-") as tmp:
+        for n in sizes:
+            t = time.time()
+            run = one_size(n, args, Path(tmp))
+            run["elapsed_s"] = time.time() - t
+            result["runs"].append(run)
+            print(f"N={n}: done in {run['elapsed_s']:.0f}s{' - ' + run['error'] if 'error' in run else ''}",
+                  file=sys.stderr)
+    rows = []
+    for r in result["runs"]:
+        f = r.get("fanout_ms", {})
+        s = r.get("storm", {})
+        rows.append([r["n"], r.get("subscribe_all_s"), r.get("rss_per_agent_kib"), f.get("p50"), f.get("p99"),
+                     f.get("max"), r.get("report_calls_per_s"), s.get("all_resubscribed_s"),
+                     s.get("last_agent_stream_s"), sum(s.get("refused_total", {}).values()) if s else None,
+                     s.get("lost")])
+    ok = [r["n"] for r in result["runs"] if r.get("fanout_ms", {}).get("p99") is not None
+          and r["fanout_ms"]["p99"] < 1000 and "error" not in r]
+    result["largest_n_with_fanout_p99_under_1s"] = max(ok) if ok else None
+    print(f"Controller scale: one taskd server, N simulated agents of one job ({args.procs} client processes, "
+          f"{args.per_channel} agent(s) per connection, same 2 cores)")
+    print(table(["N", "subscribe all s", "RSS KiB/agent", "fan-out p50 ms", "fan-out p99 ms", "fan-out max ms",
+                 "ReportProcessFault/s", "restart: all resubscribed s", "last stream s", "refused", "lost"],
+                rows, 1))
+    print(f"\nlargest N with stopTrain fan-out p99 under 1 s: {result['largest_n_with_fanout_p99_under_1s']}")
+    write_result("controller_scale", result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

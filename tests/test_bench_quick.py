@@ -1,0 +1,41 @@
+"""Each benchmark script still runs: `python bench/NAME.py --quick` prints its table and writes valid JSON.
+
+The figures themselves are not asserted (they depend on the machine); BENCHMARKS.md records them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+
+# script name -> (a line its table prints, keys its JSON must hold)
+EXPECTED = {
+    "detection": ("| taskd agent notices", {"taskd", "torchrun", "kills", "machine"}),
+    "recovery": ("| taskd recover", {"taskd", "torchrun", "sizes", "ratios_torchrun_over_taskd_first_line_p50"}),
+    "work_lost": ("| recover", {"runs", "summary", "ks"}),
+    "controller_scale": ("| N ", {"runs", "sizes", "largest_n_with_fanout_p99_under_1s"}),
+    "overhead": ("| taskd run", {"taskd", "torchrun", "worker_sdk_us_per_call", "taskd_over_torchrun"}),
+}
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_quick_run_prints_table_and_writes_json(name: str) -> None:
+    result = BENCH / "results" / f"{name}.json"
+    result.unlink(missing_ok=True)
+    proc = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), "--quick"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    line, keys = EXPECTED[name]
+    assert line in proc.stdout, proc.stdout
+    data = json.loads(result.read_text())
+    assert keys <= set(data), f"missing keys {keys - set(data)}"
+    assert data["quick"] is True
+    assert data["benchmark"] == name
