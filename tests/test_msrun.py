@@ -167,8 +167,7 @@ class MsrunJob:
         assert port_is_free(self.port), f"--master_port {self.port} is still in use\n{self.logs()}"
 
 
-@pytest.fixture
-def msrun_env(tmp_path: Path) -> dict[str, str]:
+def make_env() -> dict[str, str]:
     """msrun's environment: plugin switched on, embedded controller, ranks run this interpreter."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("MS_", "MINDX_", "TASKD_", "RANK_", "DEVICE_ID", "PYTEST_"))}
@@ -179,6 +178,11 @@ def msrun_env(tmp_path: Path) -> dict[str, str]:
     env["GLOG_v"] = "2"  # MindSpore: warnings and up
     env["TASKD_MAX_RESTARTS"] = "3"
     return env
+
+
+@pytest.fixture
+def msrun_env() -> dict[str, str]:
+    return make_env()
 
 
 @pytest.fixture
@@ -209,36 +213,63 @@ def pid_of(record: Path) -> int:
     return int(record.name.rsplit("-", 1)[1])
 
 
-@pytest.mark.timeout(180)
-def test_dummy_rank_sigkilled_mid_run_is_recovered(jobs, msrun_env):
-    job = jobs("dummy", DUMMY, ["--state-dir", "{dir}/state", "--duration", "5"], msrun_env)
-    state = job.dir / "state"
-    wait_for("both ranks to start", lambda: started(state, 0) and started(state, 1), 90, job)
-    time.sleep(0.5)  # mid-run
-    victim = pid_of(started(state, 1)[0])
-    os.kill(victim, signal.SIGKILL)
+class KilledDummyRun:
+    """A dummy job whose rank 1 was SIGKILLed mid-run, shared by the tests that look at it."""
 
-    rc = job.wait(120)
+    def __init__(self, base: Path) -> None:
+        self.env = make_env()
+        self.job = MsrunJob(base, "dummy", DUMMY, ["--state-dir", str(base / "dummy" / "state"), "--duration", "5"],
+                            self.env)
+        self.state = self.job.dir / "state"
+        try:
+            wait_for("both ranks to start", lambda: started(self.state, 0) and started(self.state, 1), 90, self.job)
+            time.sleep(0.5)  # mid-run
+            self.victim = pid_of(started(self.state, 1)[0])
+            os.kill(self.victim, signal.SIGKILL)
+            self.rc = self.job.wait(120)
+        except BaseException:
+            self.job.kill()
+            raise
+
+
+@pytest.fixture(scope="module")
+def killed_dummy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KilledDummyRun]:
+    run = None
+    try:
+        run = KilledDummyRun(tmp_path_factory.mktemp("killed-dummy"))
+        yield run
+    finally:
+        if run is not None:
+            run.job.kill()
+
+
+@pytest.mark.timeout(180)
+def test_dummy_rank_sigkilled_mid_run_is_recovered(killed_dummy):
+    job, state, victim = killed_dummy.job, killed_dummy.state, killed_dummy.victim
     job.assert_plugin_in_control()
-    assert rc == 0, f"msrun exited {rc} after a recoverable fault\n{job.logs()}"
+    assert killed_dummy.rc == 0, f"msrun exited {killed_dummy.rc} after a recoverable fault\n{job.logs()}"
     job.assert_one_job_rescheduling()
     for rank in (0, 1):  # every spawn reached the script (a child can die between fork and exec)
         assert len(started(state, rank)) == 2, f"rank {rank}: 2 spawns but {len(started(state, rank))} runs"
-    for rank in (0, 1):
         done = [pid_of(p) for p in files(state, f"done-rank{rank}-")]
         assert done, f"rank {rank} never finished a run\n{job.logs()}"
         assert victim not in done
     job.assert_nothing_left()
 
-    # The issue's logging contract: the killed incarnation's log survives msrun's truncation, and
-    # taskd's own events are in a file in msrun's --log_dir as well as on its console.
+
+@pytest.mark.timeout(180)
+def test_restarted_rank_keeps_its_old_log_and_taskd_logs_to_log_dir(killed_dummy):
+    """msrun truncates a rank's log at each spawn: the plugin keeps the killed incarnation's log,
+    and writes its own events to a file in msrun's --log_dir as well as to the console."""
+    job, victim = killed_dummy.job, killed_dummy.victim
     logs = [p for p in job.log_dir.rglob("*") if p.is_file()]
+    names = sorted(str(p.relative_to(job.log_dir)) for p in logs)
     kept = [p for p in logs if "worker_1" in p.name and p.name != "worker_1.log"
             and f"pid {victim} started" in p.read_text(errors="replace")]
-    assert kept, f"the killed rank's log was not kept: {sorted(p.name for p in logs)}"
+    assert kept, f"the killed rank's log was not kept: {names}"
     own = [p for p in logs if p.name != "scheduler.log" and not p.name.startswith("worker_")
-           and msrun_env["MINDX_TASK_ID"] in p.read_text(errors="replace")]
-    assert own, f"no taskd log file in msrun's --log_dir: {sorted(p.name for p in logs)}"
+           and killed_dummy.env["MINDX_TASK_ID"] in p.read_text(errors="replace")]
+    assert own, f"no taskd log file (mentioning the job id) in msrun's --log_dir: {names}"
 
 
 @pytest.mark.timeout(420)
