@@ -101,7 +101,6 @@ def run_main(args: argparse.Namespace) -> int:
         result = plugin.run()
     finally:
         launcher.close(args.stop_grace)
-    log.info("%s", result.format_summary())
     return result.exit_code
 
 

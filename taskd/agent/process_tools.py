@@ -61,7 +61,7 @@ def wait_groups_gone(pgids: Iterable[int], timeout: float, poll: float = 0.01) -
 
 def stop_groups(pgids: Iterable[int], grace: float, first_signal: int = signal.SIGTERM) -> dict[int, list[int]]:
     """SIGTERM (or first_signal), wait `grace`, SIGKILL what is left, and confirm; returns survivors."""
-    groups = [g for g in set(pgids) if g > 1]
+    groups = [g for g in set(pgids) if g > 1 and g != os.getpgrp()]
     alive = live_group_members(groups)
     if not alive:
         return {}
@@ -127,3 +127,28 @@ def shell_exit_code(returncode: int | None) -> int:
     if returncode < 0:
         return 128 + (-returncode)
     return returncode
+
+
+def restart_msrun_scheduler(grace: float) -> int | None:
+    """Replace msrun's scheduler with a fresh one (same argv, environment, cwd; its log appended).
+
+    Ranks restarted under the old scheduler find it still counting their dead predecessors as
+    alive; their first collective then uses stale addresses and fails about 30 s later.
+    """
+    import subprocess
+
+    procs = msrun_schedulers()
+    if not procs:
+        return None  # not the node that runs the scheduler
+    old = procs[0]
+    try:
+        cmd, env, cwd = old.cmdline(), old.environ(), old.cwd()
+        log_path = os.readlink(f"/proc/{old.pid}/fd/1")
+    except (psutil.Error, OSError) as exc:
+        log.warning("cannot read msrun's scheduler (pid %d): %s; keeping it", old.pid, exc)
+        return None
+    reap_processes(procs, grace)
+    with open(log_path if log_path.startswith("/") else os.devnull, "ab") as out:
+        new = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+    log.info("restarted msrun's scheduler (pid %d -> %d)", old.pid, new.pid)
+    return new.pid

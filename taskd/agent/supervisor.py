@@ -27,6 +27,7 @@ from taskd.agent.process_tools import (
     msrun_schedulers,
     process_group,
     reap_processes,
+    restart_msrun_scheduler,
     shell_exit_code,
     stop_groups,
     wait_groups_gone,
@@ -91,6 +92,7 @@ class Supervisor:
         self._hang_detail = ""
         self._heartbeat_dir: str | None = None
         self._seen_signals: set[tuple[str, str]] = set()
+        self._starts: dict[int, int] = {}
 
     # ----------------------------------------------------------------- lifecycle
     def run(self) -> JobResult:
@@ -506,7 +508,8 @@ class Supervisor:
                 rank.state, rank.pid = FAILED, None
                 continue
             rank.pid, rank.state, rank.returncode = pid, RUNNING, None
-            rank.pgid = process_group(pid) or pid
+            pgid = process_group(pid)
+            rank.pgid = pid if pgid in (None, os.getpgrp()) else pgid  # a child that died before its setsid
             try:
                 rank.create_time = psutil.Process(pid).create_time()
             except psutil.NoSuchProcess:
@@ -527,7 +530,24 @@ class Supervisor:
             except OSError as exc:
                 log.debug("cannot reset heartbeat file of rank %d: %s", local_rank, exc)
 
+    def _keep_worker_logs(self, local_ranks: list[int]) -> None:
+        """msrun reopens a restarted rank's log with "w": keep the previous incarnation's as .<n>."""
+        if self.details is not None or not self.config.log_dir:
+            return
+        for local_rank in local_ranks:
+            starts = self._starts.get(local_rank, 0)
+            self._starts[local_rank] = starts + 1
+            path = os.path.join(self.config.log_dir, f"worker_{self.ranks[local_rank].global_rank}.log")
+            if starts and os.path.exists(path):
+                kept = f"{path}.{starts - 1}"
+                try:
+                    os.replace(path, kept)
+                    log.debug("kept the log of rank %d's incarnation %d as %s", local_rank, starts - 1, kept)
+                except OSError as exc:
+                    log.warning("cannot keep %s: %s", path, exc)
+
     def _start_all(self, first: bool = False) -> int:
+        self._keep_worker_logs(sorted(self.ranks))
         self._reset_heartbeats(sorted(self.ranks))
         code = self.cb["START_ALL_WORKER"]()
         self._adopt(sorted(self.ranks))
@@ -591,6 +611,7 @@ class Supervisor:
         if strategy == Strategy.RECOVER:
             local = self._local_ranks(faults)
             self._stop_ranks([self.ranks[lr] for lr in local], graceful=False)
+            self._keep_worker_logs(local)
             self._reset_heartbeats(local)
             code = self.cb["START_WORKER_LIST"](local) if local else 0
             self._adopt(local)
@@ -600,6 +621,8 @@ class Supervisor:
                 self._recovered(strategy, sorted(faults), started)
         elif strategy == Strategy.JOB_RESCHEDULING:
             self._stop_ranks(list(self.ranks.values()), graceful=False)
+            if self.config.launcher == "msrun" and self.details is None:
+                restart_msrun_scheduler(self.config.stop_grace)
             code = self._start_all()
             msg = "" if code == 0 else f"START_ALL_WORKER returned {code}"
             self._mgr.report_recover_status(Code.OK if code == 0 else 1, msg, faults, strategy)

@@ -42,14 +42,22 @@ class MSRunPlugin:
         if missing:
             raise RuntimeError(f"register_callbacks() was never called for {', '.join(missing)}")
         _ensure_console_logging()
-        supervisor = Supervisor(self.config, dict(self._callbacks), self.details)
-        self.result = supervisor.run()
+        if self.config.launcher == "msrun" and not self.config.log_dir:
+            self.config.log_dir = _msrun_log_dir(sys.argv)
+        file_handler = _log_file_handler(self.config.log_dir) if self.config.launcher == "msrun" else None
+        try:
+            supervisor = Supervisor(self.config, dict(self._callbacks), self.details)
+            self.result = supervisor.run()
+            log.info("%s", self.result.format_summary())
+        finally:
+            if file_handler is not None:
+                logging.getLogger("taskd").removeHandler(file_handler)
+                file_handler.close()
         return self.result
 
     def start(self) -> None:
         """msrun's entry point: returns when every rank exited 0, else exits with the job's code."""
         result = self.run()
-        log.info("%s", result.format_summary())
         if not result.succeeded:
             sys.exit(result.exit_code)
 
@@ -63,3 +71,33 @@ def _ensure_console_logging() -> None:
     handler.setFormatter(logging.Formatter("[taskd %(asctime)s] %(message)s", "%H:%M:%S"))
     root.addHandler(handler)
     root.setLevel(logging.INFO)
+
+
+def _msrun_log_dir(argv: list[str]) -> str | None:
+    """The plugin runs inside msrun: its --log_dir is in our own argv."""
+    for i, arg in enumerate(argv):
+        if arg == "--log_dir" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--log_dir="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _log_file_handler(log_dir: str | None) -> logging.Handler | None:
+    """taskd's events next to msrun's scheduler.log and worker_<rank>.log."""
+    if not log_dir:
+        return None
+    import os
+
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+        handler = logging.FileHandler(os.path.join(log_dir, "taskd_agent.log"), encoding="utf-8")
+    except OSError as exc:
+        log.warning("cannot write taskd's log in %s: %s", log_dir, exc)
+        return None
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("taskd")
+    root.addHandler(handler)
+    if root.getEffectiveLevel() > logging.INFO:
+        root.setLevel(logging.INFO)
+    return handler
