@@ -13,11 +13,11 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable
 from concurrent import futures
 
 import grpc
 import pytest
+from support import wait_until
 
 from taskd.proto import recover_pb2, recover_pb2_grpc, taskd_pb2_grpc
 from taskd.toolkit.recover_module import recover_manager as rm
@@ -34,15 +34,6 @@ from taskd.vocabulary import DEFAULT_PORT, Code
 JOB = "job-1"
 LOGGER = "taskd.toolkit.recover_module.recover_manager"
 WAIT = 20.0  # generous: the suite must pass on a loaded 2-core machine
-
-
-def wait_until(predicate: Callable[[], object], timeout: float = WAIT, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 class Recorder(recover_pb2_grpc.RecoverServicer, taskd_pb2_grpc.AgentReportServicer):

@@ -9,6 +9,7 @@ import time
 
 import grpc
 import pytest
+from support import wait_until
 
 from taskd.controller.server import ControllerConfig, EmbeddedController
 from taskd.proto import recover_pb2, taskd_pb2, taskd_pb2_grpc
@@ -18,15 +19,6 @@ from taskd.vocabulary import Code
 WAIT = 20.0
 LOGGER = "taskd.toolkit.recover_module.recover_manager"
 HANDLED = ("stop_train", "on_global_rank", "change_strategy", "save_and_exit", "killMaster")
-
-
-def wait_until(predicate, timeout: float = WAIT, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def controller_config(listen: str = "127.0.0.1:0", state_path: str = ":memory:") -> ControllerConfig:

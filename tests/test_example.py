@@ -6,10 +6,10 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
+from support import wait_for
 
 from taskd.launcher import STATUS_FAILED, STATUS_OK, LocalLauncher, WorkerSpec, command_for
 from taskd.worker import CheckpointManager, HeartbeatFile
@@ -81,17 +81,6 @@ def test_rank_0_ignores_crash_once(tmp_path):
     result = run_example(tmp_path, "r0", 0, "--crash-once-at-step", "3")
     assert result.returncode == 0, result.stderr
     assert summary(tmp_path, "r0", 0)["resumed_from"] == 0
-
-
-def wait_for(pred, timeout: float = TIMEOUT, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_under_the_launcher_crash_and_restart_one_rank(tmp_path, reference):

@@ -9,11 +9,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
-from collections.abc import Callable
 
 import psutil
 import pytest
+from support import wait_for
 
 from taskd.launcher import (
     STATUS_FAILED,
@@ -54,17 +53,6 @@ RANK_SCRIPT = textwrap.dedent(
 )
 
 TIMEOUT = 20.0
-
-
-def wait_for(pred: Callable[[], object], timeout: float = TIMEOUT, what: str = "condition") -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def gone(pid: int) -> bool:

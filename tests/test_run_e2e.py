@@ -9,31 +9,15 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import psutil
 import pytest
+from support import free_port, leftovers, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "train_resumable.py"
-
-
-def wait_for(cond: Callable[[], object], timeout: float, what: str) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def taskd_run(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -59,17 +43,6 @@ def ranks_of(agent_pid: int) -> dict[int, int]:
         except psutil.Error:
             continue
     return found
-
-
-def leftovers(marker: str) -> list[int]:
-    out = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        try:
-            if proc.info["status"] != psutil.STATUS_ZOMBIE and any(marker in a for a in proc.info["cmdline"] or []):
-                out.append(proc.pid)
-        except psutil.Error:
-            continue
-    return out
 
 
 def example_args(tmp: Path, steps: int = 80, sleep: float = 0.04) -> list[str]:

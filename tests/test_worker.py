@@ -10,6 +10,7 @@ import textwrap
 import time
 
 import pytest
+from support import wait_for
 
 from taskd import worker
 from taskd.worker import HeartbeatFile, HeartbeatFileError
@@ -27,17 +28,6 @@ def clean_env(**extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     env.update(extra)
     return env
-
-
-def wait_for(pred, timeout: float = TIMEOUT, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 @pytest.fixture

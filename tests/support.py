@@ -1,0 +1,45 @@
+"""Helpers shared by the test modules (tests/ is on sys.path: `from support import wait_for`)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+
+import psutil
+
+WAIT = 20.0  # generous: the suite must pass on a loaded 2-core machine
+
+
+def wait_for(pred: Callable[[], object], timeout: float = WAIT, what: str = "condition",
+             interval: float = 0.02) -> object:
+    """Poll until pred() is truthy and return its value; fail naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+wait_until = wait_for
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def leftovers(marker: str) -> list[int]:
+    """Live (non-zombie) processes whose command line mentions `marker`."""
+    out = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and any(marker in a for a in proc.info["cmdline"] or []):
+                out.append(proc.pid)
+        except psutil.Error:
+            continue
+    return out
