@@ -315,7 +315,7 @@ class Supervisor:
                 status = MONITOR_GONE  # a newer incarnation: ours is gone
             if status is not MONITOR_RUNNING or time.monotonic() > deadline:
                 break
-            time.sleep(0.005)
+            time.sleep(0.001)
         if status is MONITOR_RUNNING:
             status = MONITOR_GONE
         returncode = None
