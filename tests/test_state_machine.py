@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -12,6 +12,7 @@ from taskd.controller.state_machine import (
     AgentConnected,
     AgentDisconnected,
     AgentFinished,
+    AgentLossDue,
     AgentRegistered,
     FaultReported,
     JobInit,
@@ -28,7 +29,7 @@ from taskd.vocabulary import Code, SignalType, Strategy
 
 S = JobState
 CFG = MachineConfig(stop_timeout=10, strategy_timeout=10, recover_timeout=50, resume_timeout=20, settle_window=30,
-                    default_max_restarts=3)
+                    default_max_restarts=3, agent_loss_timeout=30)
 ALL = ("retry", "recover", "job-rescheduling", "dump", "exit")
 
 
@@ -44,8 +45,8 @@ class Step:
     info: str = ""
 
 
-def new_job(nodes: int = 2, **init: Any) -> JobMachine:
-    m = JobMachine("j1", CFG, 0.0, JobInit(node_count=nodes, **init))
+def new_job(nodes: int = 2, cfg: MachineConfig = CFG, **init: Any) -> JobMachine:
+    m = JobMachine("j1", cfg, 0.0, JobInit(node_count=nodes, **init))
     for n in range(nodes):
         assert m.handle(AgentRegistered(node_rank=n, host="h", pid=100 + n), 0.0).code == 0
         m.handle(AgentConnected(node_rank=n), 0.0)
@@ -476,12 +477,177 @@ def test_reconnecting_agent_gets_the_signal_it_still_owes() -> None:
     assert m.handle(AgentConnected(node_rank=0), 3).direct == []  # node 0 already answered
 
 
+# ------------------------------------------------------------------ a lost agent
+
+
+@dataclass
+class Fired:
+    events: list[Any]
+    signals: list[Any]
+    records: list[Any]
+
+
+def fire(m: JobMachine, t: float) -> Fired:
+    """Deliver the timer events due at `t`, as the controller's timer does; their merged outcome."""
+    events = m.due_events(t)
+    outs = [m.handle(ev, t) for ev in events]
+    return Fired(events, [s for o in outs for s in o.signals], [r for o in outs for r in o.records])
+
+
+FAST_LOSS = replace(CFG, agent_loss_timeout=5)  # shorter than the round's waits, to be lost mid-round
+
+
+def _enter(state: S) -> JobMachine:
+    """A 2-node job in `state`, every deadline of its round still far away at t=10."""
+    m = new_job(cfg=FAST_LOSS)
+    steps = round_steps({1: "1"}, ALL, "recover")
+    upto = {S.RUNNING: 0, S.STOPPING: 1, S.COLLECTING: 3, S.RECOVERING: 5}[state]
+    play(m, steps[:upto])
+    assert m.state == state
+    return m
+
+
+@pytest.mark.parametrize("state", [S.RUNNING, S.STOPPING, S.COLLECTING, S.RECOVERING], ids=lambda s: s.value)
+def test_lost_agent_fails_the_job_and_tells_the_others_to_exit(state: S) -> None:
+    m = _enter(state)
+    m.handle(AgentDisconnected(node_rank=1), 5)
+    assert m.wake_at == 10 and m.state == state
+    assert fire(m, 9.9).events == []  # not yet due
+    fired = fire(m, 10)
+    assert m.state == S.FAILED and sig_names(fired) == ["changeStrategy:exit"]
+    assert m.info == "agent of node 1 lost for 5s: nothing can restart its ranks"
+    (lost,) = [r for r in fired.records if r.kind == "agent_lost"]
+    assert lost.detail["node_rank"] == 1 and lost.detail["seconds"] == 5 and lost.detail["pid"] == 101
+    (ended,) = [r for r in fired.records if r.kind == "round_ended"]
+    assert ended.detail["outcome"] == "failed" and ended.detail["strategy"] == "exit"
+    assert m.wake_at is None and m.deadline is None
+    # the remaining agent confirms the exit as usual
+    assert m.handle(RecoverStatusReported(node_rank=0, strategy="exit"), 11).code == 0
+
+
+def test_reconnect_within_the_timeout_cancels_the_loss() -> None:
+    m = new_job()
+    play(m, [
+        Step(5, AgentDisconnected(node_rank=1), S.RUNNING),
+        Step(34, AgentConnected(node_rank=1), S.RUNNING),  # a network blip, 29 s long
+    ])
+    assert m.wake_at is None and fire(m, 100).events == [] and m.state == S.RUNNING
+    m.handle(AgentDisconnected(node_rank=1), 200)  # a later loss gets a whole timeout of its own
+    assert m.wake_at == 230
+    assert fire(m, 229).events == [] and m.state == S.RUNNING
+    assert sig_names(fire(m, 230)) == ["changeStrategy:exit"] and m.state == S.FAILED
+
+
+def test_a_stale_loss_event_changes_nothing() -> None:
+    m = new_job()
+    m.handle(AgentDisconnected(node_rank=1), 5)
+    m.handle(AgentConnected(node_rank=1), 6)
+    out = m.handle(AgentLossDue(), 40)  # e.g. a timer set before the agent came back
+    assert out.code == 0 and out.signals == [] and m.state == S.RUNNING
+
+
+def test_finished_agents_are_not_lost() -> None:
+    m = new_job(nodes=3)
+    play(m, [
+        Step(1, AgentFinished(node_rank=0), S.RUNNING),
+        Step(2, AgentDisconnected(node_rank=0), S.RUNNING),  # finished, then left: done, not lost
+        Step(3, AgentDisconnected(node_rank=1), S.RUNNING),  # left first, finished later: not lost either
+        Step(4, AgentFinished(node_rank=1), S.RUNNING),
+    ])
+    assert m.gone_agents() == {} and m.wake_at is None and fire(m, 100).events == []
+    play(m, [Step(101, AgentFinished(node_rank=2), S.SUCCEEDED)])
+
+
+def test_lost_agent_when_the_others_finished_fails_without_signals() -> None:
+    m = new_job()
+    m.handle(AgentFinished(node_rank=0), 1)
+    m.handle(AgentDisconnected(node_rank=0), 1)
+    m.handle(AgentDisconnected(node_rank=1), 2)
+    fired = fire(m, 32)
+    assert m.state == S.FAILED and fired.signals == [] and "node 1 lost for 30s" in m.info
+
+
+def test_single_agent_job_whose_agent_is_lost_is_failed() -> None:
+    m = new_job(nodes=1)
+    m.handle(AgentDisconnected(), 1)
+    fired = fire(m, 31)
+    assert m.state == S.FAILED and fired.signals == []  # nobody left to tell
+    assert [r.kind for r in fired.records] == ["agent_lost", "job_failed", "state"]
+    assert m.info == "agent of node 0 lost for 30s: nothing can restart its ranks"
+
+
+def test_several_agents_lost_at_once_are_named_together() -> None:
+    m = new_job(nodes=3)
+    m.handle(AgentDisconnected(node_rank=2), 1)
+    m.handle(AgentDisconnected(node_rank=1), 2)
+    fired = fire(m, 40)
+    assert [r.detail["node_rank"] for r in fired.records if r.kind == "agent_lost"] == [1, 2]
+    assert m.info == "agents of nodes 1, 2 lost for 39s: nothing can restart their ranks"
+    assert sig_names(fired) == ["changeStrategy:exit"]
+
+
+def test_loss_comes_before_a_round_timeout_due_at_the_same_time() -> None:
+    m = new_job(cfg=replace(CFG, agent_loss_timeout=10))
+    m.handle(FaultReported(faults={1: "1"}), 1)  # stop deadline 11
+    m.handle(AgentDisconnected(node_rank=1), 1)  # lost at 11 too
+    fired = fire(m, 11)
+    assert [type(e).__name__ for e in fired.events] == ["AgentLossDue", "Tick"]
+    assert m.state == S.FAILED and sig_names(fired) == ["changeStrategy:exit"]
+
+
+def test_late_subscriber_to_a_failed_job_gets_kill_master() -> None:
+    m = new_job()
+    m.handle(AgentDisconnected(node_rank=1), 1)
+    fire(m, 31)
+    assert m.state == S.FAILED
+    # the lost agent comes back: its Init (same host and pid, never finished) joins instead of resetting
+    assert "joined" in m.handle(JobInit(node_count=2, node_rank=1, host="h", pid=101), 40).info
+    assert m.handle(AgentRegistered(node_rank=1, host="h", pid=101), 40).code == 0
+    out = m.handle(AgentConnected(node_rank=1), 40)
+    assert [s.signal_type for s in out.direct] == [SignalType.KILL_MASTER] and out.signals == []
+    assert m.state == S.FAILED and [r.kind for r in out.records] == ["agent_subscribed", "kill_master"]
+    # a new run of the job (another process) still starts afresh
+    assert "reset" in m.handle(JobInit(node_count=2, host="h", pid=555), 50).info and m.state == S.RUNNING
+
+
+def test_subscriber_to_a_succeeded_job_gets_nothing() -> None:
+    m = new_job()
+    m.handle(AgentFinished(node_rank=0), 1)
+    m.handle(AgentFinished(node_rank=1), 1)
+    assert m.state == S.SUCCEEDED
+    out = m.handle(AgentConnected(node_rank=1), 2)
+    assert out.direct == [] and out.signals == [] and m.state == S.SUCCEEDED
+
+
+def test_resuming_keeps_its_own_timeout_then_a_missing_agent_is_lost() -> None:
+    m = new_job()
+    m.handle(FaultReported(faults={1: "1"}), 1)
+    r, _ = JobMachine.restore(m.snapshot(), list(m.agents.values()), CFG, 50)
+    r.handle(AgentConnected(node_rank=0), 51)
+    assert r.wake_at == 50 + CFG.resume_timeout  # no loss while RESUMING (resume timeout 20 < loss 30)
+    assert sig_names(fire(r, 70)) == ["stopTrain"] and r.state == S.STOPPING
+    assert r.wake_at == 80  # node 1 has been gone since the restart
+    fired = fire(r, 80)
+    assert r.state == S.FAILED and sig_names(fired) == ["changeStrategy:exit"]
+    assert "node 1 lost for 30s" in r.info
+
+
+def test_restored_running_job_waits_one_loss_timeout_for_its_agents() -> None:
+    m = new_job()
+    r, _ = JobMachine.restore(m.snapshot(), list(m.agents.values()), CFG, 100)
+    assert r.state == S.RUNNING and r.wake_at == 130
+    r.handle(AgentConnected(node_rank=0), 101)
+    r.handle(AgentConnected(node_rank=1), 129)
+    assert r.wake_at is None and fire(r, 200).events == [] and r.state == S.RUNNING
+
+
 # ------------------------------------------------------------------ the table itself
 
 
 def test_every_state_handles_every_report_or_answers_401() -> None:
     events = [StopComplete(), StrategiesReported(strategies=ALL), RecoverStatusReported(strategy="recover"),
-              FaultReported(faults={0: "1"}), AgentFinished(), Tick(), AgentConnected(), AgentDisconnected()]
+              FaultReported(faults={0: "1"}), AgentFinished(), Tick(), AgentConnected(), AgentDisconnected(),
+              AgentLossDue()]
     for state in JobState:
         for ev in events:
             m = new_job(nodes=1)

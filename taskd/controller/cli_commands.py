@@ -30,6 +30,9 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                         help="wait for every agent's recover status")
     parser.add_argument("--settle-window", type=float, default=d.settle_window, metavar="SECONDS",
                         help="a fault this soon after a successful recover counts as that recover failing")
+    parser.add_argument("--agent-loss-timeout", type=float, default=d.agent_loss_timeout, metavar="SECONDS",
+                        help="an agent whose signal stream closed and that does not come back (nor report that it "
+                             "finished) within this fails its job; the other agents are told to exit")
     parser.add_argument("--max-restarts", type=int, default=d.default_max_restarts, metavar="N",
                         help="restart budget of a job that does not send its own")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -54,6 +57,7 @@ def server_main(args: argparse.Namespace) -> int:
     errors = [e for e in (
         _positive("keepalive-interval", args.keepalive_interval), _positive("stop-timeout", args.stop_timeout),
         _positive("strategy-timeout", args.strategy_timeout), _positive("recover-timeout", args.recover_timeout),
+        _positive("agent-loss-timeout", args.agent_loss_timeout),
         "" if args.settle_window >= 0 else "--settle-window must be >= 0",
         "" if args.max_restarts >= 0 else "--max-restarts must be >= 0",
     ) if e]
@@ -64,7 +68,7 @@ def server_main(args: argparse.Namespace) -> int:
         listen=args.listen, state_path=args.state, keepalive_interval=args.keepalive_interval,
         stop_timeout=args.stop_timeout, strategy_timeout=args.strategy_timeout,
         recover_timeout=args.recover_timeout, settle_window=args.settle_window,
-        default_max_restarts=args.max_restarts,
+        default_max_restarts=args.max_restarts, agent_loss_timeout=args.agent_loss_timeout,
     )
 
     def ready(server) -> None:  # noqa: ANN001

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 
 from taskd.controller.hub import SignalHub, Subscriber, to_message
-from taskd.controller.state_machine import Event, JobInit, JobMachine, MachineConfig, Outcome, Record, Tick
+from taskd.controller.state_machine import Event, JobInit, JobMachine, MachineConfig, Outcome, Record
 from taskd.controller.store import Store
 from taskd.proto import recover_pb2, taskd_pb2
 from taskd.vocabulary import Code
@@ -94,26 +94,32 @@ class ControllerCore:
     # ------------------------------------------------------------------ the one timer
 
     def _schedule(self, m: JobMachine) -> None:
-        if self._pushed.get(m.job_id) == m.deadline:
+        wake_at = m.wake_at
+        if self._pushed.get(m.job_id) == wake_at:
             return
-        self._pushed[m.job_id] = m.deadline
-        if m.deadline is not None:
-            heapq.heappush(self._heap, (m.deadline, m.job_id))
-            if m.deadline < self._next_wake:
+        self._pushed[m.job_id] = wake_at
+        if wake_at is not None:
+            heapq.heappush(self._heap, (wake_at, m.job_id))
+            if wake_at < self._next_wake:
                 self._wake.set()
 
     def fire_due(self) -> None:
+        """Deliver the timer events (a round deadline, an agent's loss) of every job that is due."""
         now = self.clock()
+        due: list[str] = []
         while self._heap and self._heap[0][0] <= now:
-            deadline, job_id = heapq.heappop(self._heap)
+            _, job_id = heapq.heappop(self._heap)
             m = self.jobs.get(job_id)
-            if m is None or m.deadline is None or m.deadline > now:
+            if m is None or m.wake_at is None or m.wake_at > now or job_id in due:
                 continue  # superseded
             self._pushed[job_id] = None
-            self.dispatch(job_id, Tick())
+            due.append(job_id)
+        for job_id in due:
+            for event in self.jobs[job_id].due_events(now):
+                self.dispatch(job_id, event)
 
     async def run_timer(self) -> None:
-        """Deliver `Tick` to every job whose deadline is due; sleeps until the earliest one."""
+        """Deliver the timer events of every job that is due; sleeps until the earliest one."""
         while True:
             try:
                 self.fire_due()

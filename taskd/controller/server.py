@@ -42,6 +42,8 @@ class ControllerConfig:
     resume_timeout: float = 120.0
     settle_window: float = 30.0
     default_max_restarts: int = 3
+    # an agent whose stream closed and that neither resubscribed nor finished within this fails its job
+    agent_loss_timeout: float = 30.0
     max_jobs: int = 10000
     subscriber_queue_size: int = 1024
     # gRPC core rejects bursts above these with CANCELLED (defaults 1000/3000); a controller
@@ -56,6 +58,7 @@ class ControllerConfig:
             stop_timeout=self.stop_timeout, strategy_timeout=self.strategy_timeout,
             recover_timeout=self.recover_timeout, resume_timeout=self.resume_timeout,
             settle_window=self.settle_window, default_max_restarts=self.default_max_restarts,
+            agent_loss_timeout=self.agent_loss_timeout,
         )
 
     def grpc_options(self) -> list[tuple[str, Any]]:

@@ -36,6 +36,8 @@ TERMINAL = frozenset({S.SUCCEEDED, S.FAILED})
 LIVE = frozenset(JobState) - TERMINAL
 ANY = frozenset(JobState)
 ROUND_STATES = frozenset({S.STOPPING, S.COLLECTING, S.RECOVERING, S.RESUMING})
+ACTIVE = LIVE - {S.RESUMING}
+"""States in which a lost agent fails the job (RESUMING has its own resume timeout)."""
 
 RESTARTING = frozenset({Strategy.RECOVER, Strategy.JOB_RESCHEDULING})
 """Strategies that restart processes and so spend the restart budget."""
@@ -54,6 +56,7 @@ class MachineConfig:
     resume_timeout: float = 120.0
     settle_window: float = 30.0
     default_max_restarts: int = 3
+    agent_loss_timeout: float = 30.0
 
 
 # ---------------------------------------------------------------------------- events in
@@ -134,10 +137,18 @@ class Tick:
     """Time passed; the machine acts if its deadline is due."""
 
 
+@dataclass(frozen=True)
+class AgentLossDue:
+    """Time passed; agents gone longer than `agent_loss_timeout` (if any still are) are lost."""
+
+
 Event = (
     JobInit | AgentRegistered | AgentConnected | AgentDisconnected | FaultReported | StopComplete
-    | StrategiesReported | RecoverStatusReported | AgentFinished | Tick
+    | StrategiesReported | RecoverStatusReported | AgentFinished | Tick | AgentLossDue
 )
+
+TIMER_EVENTS = (Tick, AgentLossDue, AgentDisconnected)
+"""Events nobody waits an answer for: when no rule takes them they are dropped, not answered 401."""
 
 # A report must come from an agent the job knows (Register), else 400.
 NEEDS_REGISTERED = (
@@ -194,6 +205,7 @@ class AgentInfo:
     subscribed: bool = False
     finished: bool = False
     exit_code: int = 0
+    gone_since: float | None = None  # its stream closed (or the controller restarted) and it has not resubscribed
 
 
 @dataclass
@@ -269,7 +281,7 @@ class JobMachine:
             return out
         rule = self._find_rule(event)
         if rule is None:
-            if isinstance(event, (Tick, AgentDisconnected)):
+            if isinstance(event, TIMER_EVENTS):
                 return out
             out.code = Code.OUT_OF_ORDER
             out.info = self._out_of_order_info(event)
@@ -312,6 +324,33 @@ class JobMachine:
 
     def expected_nodes(self) -> set[int]:
         return set(range(self.node_count))
+
+    def gone_agents(self) -> dict[int, float]:
+        """{node rank: since when} of unfinished agents without a signal stream."""
+        return {n: a.gone_since for n, a in self.agents.items() if a.gone_since is not None and not a.finished}
+
+    @property
+    def loss_deadline(self) -> float | None:
+        """When the first gone agent counts as lost; None while no agent is gone or loss does not apply."""
+        if self.state not in ACTIVE:
+            return None
+        gone = self.gone_agents()
+        return min(gone.values()) + self.config.agent_loss_timeout if gone else None
+
+    @property
+    def wake_at(self) -> float | None:
+        """When the caller must next deliver `due_events` (the round's deadline or an agent's loss)."""
+        times = [t for t in (self.deadline, self.loss_deadline) if t is not None]
+        return min(times) if times else None
+
+    def due_events(self, now: float) -> list[Event]:
+        """The timer events due at `now`; an agent's loss first, so a failed job skips its round timeout."""
+        due: list[Event] = []
+        if self.loss_deadline is not None and self.loss_deadline <= now:
+            due.append(AgentLossDue())
+        if self.deadline is not None and self.deadline <= now:
+            due.append(Tick())
+        return due
 
     def owed_signal(self, node_rank: int) -> Signal | None:
         """The current phase's signal if this agent still owes an answer to it (re-sent on reconnect)."""
@@ -408,6 +447,8 @@ class JobMachine:
         m.signal_seq = snap.get("signal_seq", 0)
         for a in agents:
             a.online = a.subscribed = False
+            # every stream closed with the old controller: each agent gets a whole loss timeout to come back
+            a.gone_since = None if a.finished or m.state in TERMINAL else now
             m.agents[a.node_rank] = a
         rs = snap.get("round")
         if rs is not None:
@@ -562,9 +603,13 @@ class JobMachine:
 
 
 def on_init(m: JobMachine, ev: JobInit, now: float, out: Outcome) -> JobState:
-    known = ev.pid != 0 and any(a.pid == ev.pid and a.host == ev.host for a in m.agents.values())
+    callers = [a for a in m.agents.values() if ev.pid != 0 and a.pid == ev.pid and a.host == ev.host]
+    known = bool(callers)
     online = any(a.online for a in m.agents.values())
-    if m.state in TERMINAL or (not online and not known):
+    # an agent of a failed job that never finished is reconnecting (e.g. after being declared lost), not
+    # starting a new run: it joins, so that its subscription learns the job failed (killMaster)
+    returning = m.state == S.FAILED and any(not a.finished for a in callers)
+    if (m.state in TERMINAL and not returning) or (not online and not known):
         reason = f"job was {m.state.value}" if m.state in TERMINAL else "no agent of the job is connected"
         if m.round is not None and m.state not in TERMINAL:
             m._close_round("abandoned", now, out)
@@ -607,12 +652,22 @@ def on_register(m: JobMachine, ev: AgentRegistered, now: float, out: Outcome) ->
 def on_connected(m: JobMachine, ev: AgentConnected, now: float, out: Outcome) -> JobState:
     a = m.agents[ev.node_rank]
     a.subscribed = True
+    a.gone_since = None
     out.agents_changed.add(ev.node_rank)
     m._record(out, "agent_subscribed", node_rank=ev.node_rank)
     owed = m.owed_signal(ev.node_rank)
     if owed is not None:
         out.direct.append(owed)
     return m.state
+
+
+def on_connected_failed(m: JobMachine, ev: AgentConnected, now: float, out: Outcome) -> JobState:
+    """An agent back on a failed job (e.g. declared lost meanwhile) must stop its ranks and exit non-zero."""
+    on_connected(m, ev, now, out)
+    if not m.agents[ev.node_rank].finished:
+        out.direct.append(m._signal(SignalType.KILL_MASTER, ()))
+        m._record(out, "kill_master", node_rank=ev.node_rank, reason=m.info)
+    return S.FAILED
 
 
 def on_connected_resuming(m: JobMachine, ev: AgentConnected, now: float, out: Outcome) -> JobState:
@@ -642,6 +697,34 @@ def on_disconnected(m: JobMachine, ev: AgentDisconnected, now: float, out: Outco
         out.agents_changed.add(ev.node_rank)
         m._record(out, "agent_unsubscribed", node_rank=ev.node_rank)
     return m.state
+
+
+def on_disconnected_live(m: JobMachine, ev: AgentDisconnected, now: float, out: Outcome) -> JobState:
+    """Start the agent's loss clock: unless it resubscribes or finishes in time, the job fails."""
+    a = m.agents.get(ev.node_rank)
+    if a is not None and a.subscribed and not a.finished:
+        a.gone_since = now
+    return on_disconnected(m, ev, now, out)
+
+
+def on_agent_lost(m: JobMachine, ev: AgentLossDue, now: float, out: Outcome) -> JobState:
+    """Agents gone past the loss timeout took their ranks with them: nothing can restart those ranks,
+    and the other ranks would wait for them forever, so the job ends (the others are told to exit)."""
+    lost = {n: now - t for n, t in m.gone_agents().items() if now - t >= m.config.agent_loss_timeout}
+    if not lost:
+        return m.state  # came back, or finished, since the timer was set
+    for n, seconds in sorted(lost.items()):
+        a = m.agents[n]
+        m._record(out, "agent_lost", node_rank=n, seconds=round(seconds, 3), timeout=m.config.agent_loss_timeout,
+                  host=a.host, pid=a.pid)
+    nodes = sorted(lost)
+    if len(nodes) == 1:
+        info = f"agent of node {nodes[0]} lost for {lost[nodes[0]]:.0f}s: nothing can restart its ranks"
+    else:
+        info = (f"agents of nodes {', '.join(map(str, nodes))} lost for {max(lost.values()):.0f}s: "
+                f"nothing can restart their ranks")
+    others = any(not a.finished for n, a in m.agents.items() if n not in lost)
+    return m._fail(info, now, out, notify=others)
 
 
 def _fault_record(m: JobMachine, out: Outcome, ev: FaultReported, faults: Mapping[int, str], action: str,
@@ -813,36 +896,40 @@ def _missing(m: JobMachine, answered: Iterable[int]) -> list[int]:
     return sorted(m.round.participants - set(answered))
 
 
-def on_tick_stopping(m: JobMachine, ev: Tick, now: float, out: Outcome) -> JobState:
-    if m.deadline is None or now < m.deadline:
-        return m.state
+def _due(m: JobMachine, now: float) -> bool:
+    return m.deadline is not None and now >= m.deadline
+
+
+def _drop_silent(m: JobMachine, answered: Iterable[int], kind: str, why: str, out: Outcome) -> None:
+    """A stop or strategy timeout: the round goes on without the agents that did not answer, and
+    excludes the in-place strategies, since it no longer knows the state of those nodes."""
     r = m.round
     assert r is not None
-    missing = _missing(m, r.acks)
-    why = f"stop timeout: node(s) {missing} did not confirm"
-    m._record(out, "stop_timeout", missing=missing)
+    missing = _missing(m, answered)
+    m._record(out, kind, missing=missing)
     r.participants -= set(missing)
     for s in IN_PLACE:
-        r.excluded.setdefault(s, why)
+        r.excluded.setdefault(s, why.format(missing=missing))
+
+
+def on_tick_stopping(m: JobMachine, ev: Tick, now: float, out: Outcome) -> JobState:
+    if not _due(m, now):
+        return m.state
+    assert m.round is not None
+    _drop_silent(m, m.round.acks, "stop_timeout", "stop timeout: node(s) {missing} did not confirm", out)
     return m._to_collecting(now, out)
 
 
 def on_tick_collecting(m: JobMachine, ev: Tick, now: float, out: Outcome) -> JobState:
-    if m.deadline is None or now < m.deadline:
+    if not _due(m, now):
         return m.state
-    r = m.round
-    assert r is not None
-    missing = _missing(m, r.reports)
-    why = f"strategy timeout: node(s) {missing} did not report"
-    m._record(out, "collect_timeout", missing=missing)
-    r.participants -= set(missing)
-    for s in IN_PLACE:
-        r.excluded.setdefault(s, why)
+    assert m.round is not None
+    _drop_silent(m, m.round.reports, "collect_timeout", "strategy timeout: node(s) {missing} did not report", out)
     return m._decide(now, out)
 
 
 def on_tick_recovering(m: JobMachine, ev: Tick, now: float, out: Outcome) -> JobState:
-    if m.deadline is None or now < m.deadline:
+    if not _due(m, now):
         return m.state
     r = m.round
     assert r is not None
@@ -852,7 +939,7 @@ def on_tick_recovering(m: JobMachine, ev: Tick, now: float, out: Outcome) -> Job
 
 
 def on_tick_resuming(m: JobMachine, ev: Tick, now: float, out: Outcome) -> JobState:
-    if m.deadline is None or now < m.deadline:
+    if not _due(m, now):
         return m.state
     back = sorted(n for n, a in m.agents.items() if a.subscribed)
     return resume_round(m, f"resume timeout; agents back: {back}", now, out)
@@ -867,9 +954,13 @@ RULES: tuple[Rule, ...] = (
     Rule(ANY, JobInit, frozenset({S.RUNNING}) | _SAME, on_init),
     Rule(ANY, AgentRegistered, _SAME, on_register),
     Rule(frozenset({S.RESUMING}), AgentConnected, frozenset({S.RESUMING, S.STOPPING}), on_connected_resuming),
+    Rule(frozenset({S.FAILED}), AgentConnected, frozenset({S.FAILED}), on_connected_failed),
     Rule(ANY, AgentConnected, _SAME, on_connected),
+    Rule(LIVE, AgentDisconnected, _SAME, on_disconnected_live),
     Rule(ANY, AgentDisconnected, _SAME, on_disconnected),
     Rule(ANY, AgentFinished, frozenset({S.SUCCEEDED, S.FAILED}) | _SAME, on_finished),
+    # an agent gone past the loss timeout (its stream closed, no finish, no resubscription) fails the job
+    Rule(ACTIVE, AgentLossDue, frozenset({S.FAILED}) | _SAME, on_agent_lost),
     # a fault opens a round, joins an undecided one, or waits for the next
     Rule(frozenset({S.RUNNING}), FaultReported, frozenset({S.STOPPING}), on_fault_running),
     Rule(frozenset({S.STOPPING, S.COLLECTING, S.RESUMING}), FaultReported,
@@ -912,5 +1003,5 @@ def describe_table() -> str:
 __all__ = [
     "JobState", "MachineConfig", "JobMachine", "Outcome", "Signal", "Record", "AgentInfo", "Round", "Rule", "RULES",
     "JobInit", "AgentRegistered", "AgentConnected", "AgentDisconnected", "FaultReported", "StopComplete",
-    "StrategiesReported", "RecoverStatusReported", "AgentFinished", "Tick", "describe_table",
+    "StrategiesReported", "RecoverStatusReported", "AgentFinished", "Tick", "AgentLossDue", "describe_table",
 ]
