@@ -538,6 +538,16 @@ def test_reconnect_within_the_timeout_cancels_the_loss() -> None:
     assert sig_names(fire(m, 230)) == ["changeStrategy:exit"] and m.state == S.FAILED
 
 
+def test_an_agent_that_registers_but_never_subscribes_is_lost_too() -> None:
+    m = JobMachine("j1", CFG, 0.0, JobInit(node_count=2))
+    m.handle(AgentRegistered(node_rank=0, host="h", pid=100), 0)
+    m.handle(AgentConnected(node_rank=0), 1)
+    m.handle(AgentRegistered(node_rank=1, host="h", pid=101), 2)  # its node died before it subscribed
+    assert m.wake_at == 32
+    fired = fire(m, 32)
+    assert m.state == S.FAILED and sig_names(fired) == ["changeStrategy:exit"] and "node 1 lost" in m.info
+
+
 def test_a_stale_loss_event_changes_nothing() -> None:
     m = new_job()
     m.handle(AgentDisconnected(node_rank=1), 5)

@@ -205,7 +205,7 @@ class AgentInfo:
     subscribed: bool = False
     finished: bool = False
     exit_code: int = 0
-    gone_since: float | None = None  # its stream closed (or the controller restarted) and it has not resubscribed
+    gone_since: float | None = None  # without a signal stream since (registered, stream closed, controller restart)
 
 
 @dataclass
@@ -644,6 +644,8 @@ def on_register(m: JobMachine, ev: AgentRegistered, now: float, out: Outcome) ->
         a = m.agents[ev.node_rank] = AgentInfo(node_rank=ev.node_rank, registered_at=now)
     a.role, a.host, a.pid, a.ranks_per_node = ev.role, ev.host, ev.pid, ev.ranks_per_node
     a.online, a.last_seen = True, now
+    if not a.subscribed and not a.finished and a.gone_since is None and m.state in LIVE:
+        a.gone_since = now  # no signal stream yet: one that never comes is as lost as one that closed
     out.agents_changed.add(ev.node_rank)
     m._record(out, "agent_registered", node_rank=ev.node_rank, role=ev.role, host=ev.host, pid=ev.pid)
     return m.state
