@@ -1,0 +1,82 @@
+"""A lost `taskd run` end to end: a real `taskd server`, two real nodes, one SIGKILLed.
+
+Node 1's ranks die with their agent (PDEATHSIG); nothing can restart them, so after
+`--agent-loss-timeout` the controller fails the job and node 0 stops its ranks and exits non-zero
+instead of running (or, in a coupled job, hanging) forever.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from test_run_e2e import ROOT, free_port, leftovers, ranks_of, taskd_run, wait_for
+
+LOSS_TIMEOUT = 3
+
+
+def _port_open(port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_sigkilled_node_fails_the_job_and_the_other_node_exits(tmp_path: Path) -> None:
+    marker = f"lost-node-{os.getpid()}-{time.monotonic_ns()}"
+    script = tmp_path / f"{marker}.py"
+    script.write_text("import time\ntime.sleep(120)\n")
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-m", "taskd", "server", "--listen", address, "--state", ":memory:",
+                               "--agent-loss-timeout", str(LOSS_TIMEOUT)],
+                              stdout=(tmp_path / "server.log").open("wb"), stderr=subprocess.STDOUT, cwd=ROOT)
+    nodes: list[subprocess.Popen[bytes]] = []
+    try:
+        wait_for(lambda: _port_open(port), 30, "taskd server to listen")
+        nodes = [
+            taskd_run(["--nnodes", "2", "--node-rank", str(r), "--nproc-per-node", "2", "--job-id", "lost-node",
+                       "--server", address, "--stop-grace", "2", str(script)], tmp_path / f"node{r}.log")
+            for r in range(2)
+        ]
+        for r, node in enumerate(nodes):
+            wait_for(lambda node=node: len(ranks_of(node.pid)) == 2, 60, f"node {r}'s 2 ranks")
+        node1_ranks = list(ranks_of(nodes[1].pid).values())
+        node0_ranks = list(ranks_of(nodes[0].pid).values())
+
+        nodes[1].kill()
+        nodes[1].wait(timeout=10)
+        wait_for(lambda: not any(pid in leftovers(marker) for pid in node1_ranks), 10,
+                 "node 1's ranks to die with their agent")
+
+        # the loss timeout plus a generous margin for a loaded machine: bounded, not a timing assertion
+        code = nodes[0].wait(timeout=LOSS_TIMEOUT + 60)
+        log0 = (tmp_path / "node0.log").read_text()
+        assert code != 0, log0
+        assert "job FAILED (the controller chose exit)" in log0, log0
+        wait_for(lambda: leftovers(marker) == [], 10, "no rank process of the job left")
+        assert not any(pid in leftovers(marker) for pid in node0_ranks)
+
+        status = subprocess.run([sys.executable, "-m", "taskd", "status", "--server", address, "--job", "lost-node",
+                                 "--json"], capture_output=True, text=True, timeout=30, cwd=ROOT)
+        assert status.returncode == 0, status.stderr
+        job = json.loads(status.stdout)["jobs"][0]
+        assert job["state"] == "FAILED", job
+        assert "agent of node 1 lost" in job["info"], job["info"]
+        lost = [e for e in job["events"] if e["kind"] == "agent_lost"]
+        assert len(lost) == 1 and lost[0]["detail"]["node_rank"] == 1, lost
+        assert lost[0]["detail"]["seconds"] >= LOSS_TIMEOUT
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+                node.wait(timeout=10)
+        server.terminate()
+        server.wait(timeout=30)
