@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import queue
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -130,3 +132,12 @@ def test_real_client_back_on_a_failed_job_gets_kill_master(server: str, job) -> 
     finally:
         mgr.stop()
         thread.join(10)
+
+
+@pytest.mark.parametrize("value,needle", [("0", "--agent-loss-timeout must be > 0"),
+                                          ("-1", "--agent-loss-timeout must be > 0"),
+                                          ("soon", "invalid float value")])
+def test_bad_agent_loss_timeout_is_a_clear_error(value: str, needle: str) -> None:
+    out = subprocess.run([sys.executable, "-m", "taskd", "server", "--listen", "127.0.0.1:0", "--state", ":memory:",
+                          "--agent-loss-timeout", value], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and needle in out.stderr, out.stderr

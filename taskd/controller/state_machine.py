@@ -994,9 +994,10 @@ TOLERANT = (on_repeated_stop_complete, on_repeated_strategies, on_late_status)
 
 def describe_table() -> str:
     """The transition table as text (used by the docs and handy in a debugger)."""
+    named = {ANY: "*", LIVE: "LIVE (not terminal)", ACTIVE: "ACTIVE (LIVE, not RESUMING)"}
     rows = []
     for r in RULES:
-        src = "*" if r.sources == ANY else ",".join(sorted(s.value for s in r.sources))
+        src = named.get(r.sources) or ",".join(sorted(s.value for s in r.sources))
         dst = "same" if r.targets == ANY else ",".join(sorted(s.value for s in r.targets))
         rows.append(f"{src:<30} {r.event.__name__:<22} -> {dst:<40} {r.handler.__name__}")
     return "\n".join(rows)
