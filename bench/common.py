@@ -241,3 +241,22 @@ def torch_missing_message() -> str:
 
 def has_torch() -> bool:
     return torch_version() is not None
+
+
+class EventCollector:
+    """Accumulates a job's event history across calls: the controller answers only the last 500 events."""
+
+    def __init__(self, address: str, job_id: str) -> None:
+        self.address = address
+        self.job_id = job_id
+        self._seen: set[tuple[float, str, int, str]] = set()
+        self.events: list[dict[str, Any]] = []
+
+    def fetch(self) -> list[dict[str, Any]]:
+        for e in job_events(self.address, self.job_id):
+            key = (e["time"], e["kind"], e["round"], json.dumps(e["detail"], sort_keys=True))
+            if key not in self._seen:
+                self._seen.add(key)
+                self.events.append(e)
+        self.events.sort(key=lambda e: e["time"])
+        return self.events

@@ -31,12 +31,12 @@ from common import (
     ROOT,
     TASKD_DRIVER,
     TORCHRUN_DRIVER,
+    EventCollector,
     JsonlTail,
     bench_env,
     free_port,
     has_torch,
     header,
-    job_events,
     ranks_alive,
     ratio,
     start_controller,
@@ -74,6 +74,7 @@ def run_taskd(kills: int, nproc: int, work: Path) -> dict[str, Any]:
                              stdout=(work / "taskd-console.log").open("wb"), stderr=subprocess.STDOUT, cwd=ROOT)
     ev, rk = JsonlTail(events), JsonlTail(ranks)
     kills_done: list[dict[str, Any]] = []
+    collector = EventCollector(address, job)
     try:
         wait_for(lambda: current_pids(rk, nproc), 60, "every rank started")
         for i in range(kills):
@@ -88,7 +89,9 @@ def run_taskd(kills: int, nproc: int, work: Path) -> dict[str, Any]:
             wait_for(lambda v=victim, t=t_kill: rk.poll() is not None and ranks_alive(rk.records, [v], t), 60,
                      "the replacement rank's start")
             kills_done.append({"pid": pid, "rank": victim, "t_kill": t_kill, "t_agent": rec["t"]})
-        history = job_events(address, job)
+            if i % 10 == 9:
+                collector.fetch()  # the controller answers only its last 500 events
+        history = collector.fetch()
     finally:
         stop_process(agent)
         stop_process(controller)
@@ -103,6 +106,8 @@ def run_taskd(kills: int, nproc: int, work: Path) -> dict[str, Any]:
     agent_lat = [k["t_agent"] - k["t_kill"] for k in kills_done]
     ctrl_lat = [k["t_controller"] - k["t_kill"] for k in kills_done if k["t_controller"] is not None]
     return {"kills": kills_done, "agent_ms": stats(agent_lat, 1e3), "controller_ms": stats(ctrl_lat, 1e3),
+            "agent_ms_all": [round(x * 1e3, 3) for x in agent_lat],
+            "controller_ms_all": [round(x * 1e3, 3) for x in ctrl_lat],
             "controller_missing": sum(1 for k in kills_done if k["t_controller"] is None)}
 
 
@@ -142,6 +147,7 @@ def run_torchrun(kills: int, nproc: int, work: Path) -> dict[str, Any]:
         stop_process(agent)
     return {"kills": done, "agent_ms": stats([d["t_agent"] - d["t_kill"] for d in done], 1e3),
             "term_ms": stats([d["t_term"] - d["t_kill"] for d in done], 1e3),
+            "acts_ms_all": [round((min(d["t_agent"], d["t_term"]) - d["t_kill"]) * 1e3, 3) for d in done],
             "acts_ms": stats([min(d["t_agent"], d["t_term"]) - d["t_kill"] for d in done], 1e3)}
 
 

@@ -32,12 +32,12 @@ from common import (
     ROOT,
     TASKD_DRIVER,
     TORCHRUN_DRIVER,
+    EventCollector,
     JsonlTail,
     bench_env,
     free_port,
     has_torch,
     header,
-    job_events,
     ratio,
     start_controller,
     stats,
@@ -75,6 +75,7 @@ def run_taskd(address: str, nproc: int, strategy: str, reps: int, work: Path) ->
     ev, rk = JsonlTail(events), JsonlTail(ranks)
     kills: list[dict[str, Any]] = []
     everyone = list(range(nproc))
+    collector = EventCollector(address, job)
     try:
         wait_for(lambda: latest_pids(rk, nproc), 60, "every rank started")
         for i in range(reps):
@@ -89,7 +90,9 @@ def run_taskd(address: str, nproc: int, strategy: str, reps: int, work: Path) ->
             starts = wait_for(lambda t=t_kill, rs=replaced: starts_after(rk, t, rs), 60, "the replacements' start")
             kills.append({"t_kill": t_kill, "pid": pid, "t_running": rec["t"],
                           "t_first_line": max(s["t"] for s in starts.values())})
-        history = job_events(address, job)
+            if i % 10 == 9:
+                collector.fetch()  # the controller answers only its last 500 events
+        history = collector.fetch()
     finally:
         stop_process(agent)
     phases = _phases(history, kills)
