@@ -147,7 +147,7 @@ Event = (
     | StrategiesReported | RecoverStatusReported | AgentFinished | Tick | AgentLossDue
 )
 
-TIMER_EVENTS = (Tick, AgentLossDue, AgentDisconnected)
+FIRE_AND_FORGET = (Tick, AgentLossDue, AgentDisconnected)
 """Events nobody waits an answer for: when no rule takes them they are dropped, not answered 401."""
 
 # A report must come from an agent the job knows (Register), else 400.
@@ -281,7 +281,7 @@ class JobMachine:
             return out
         rule = self._find_rule(event)
         if rule is None:
-            if isinstance(event, TIMER_EVENTS):
+            if isinstance(event, FIRE_AND_FORGET):
                 return out
             out.code = Code.OUT_OF_ORDER
             out.info = self._out_of_order_info(event)
