@@ -631,9 +631,12 @@ class Supervisor:
         elif strategy == Strategy.DUMP:
             self._on_dump(sig)
         elif strategy == Strategy.EXIT:
+            why = _reason(sig)
+            if why:
+                log.warning("the controller ends the job: %s", why)
             self._stop_ranks(list(self.ranks.values()), graceful=True)
             self._mgr.report_recover_status(Code.OK, "", faults, strategy)
-            self._finish(False, self._failure_code(), "the controller chose exit")
+            self._finish(False, self._failure_code(), f"the controller chose exit{': ' + why if why else ''}")
         else:
             log.warning("strategy %r is not one this agent carries out", strategy)
             self._mgr.report_recover_status(Code.RETRY_FAILED_UNRECOVERABLE, f"unsupported strategy {strategy}",
@@ -670,8 +673,10 @@ class Supervisor:
         self._finish(False, self._failure_code(), f"dumped ({msg})")
 
     def _on_kill(self, sig: Any) -> None:
-        log.warning("controller sent %s: stopping every rank", sig.signal_type or sig.actions)
-        self._finish(False, self._failure_code(), f"controller sent {sig.signal_type}")
+        why = _reason(sig)
+        log.warning("controller sent %s%s: stopping every rank", sig.signal_type or sig.actions,
+                    f" ({why})" if why else "")
+        self._finish(False, self._failure_code(), f"controller sent {sig.signal_type}{': ' + why if why else ''}")
 
     def _recovered(self, strategy: str, ranks: list[int], started: float, degraded: bool = False) -> None:
         seconds = time.monotonic() - started
@@ -682,6 +687,17 @@ class Supervisor:
                  f" (now rank:pid {pids})" if pids else "")
         self._round_faults.clear()
         self._round_started = None
+
+
+def _reason(sig: Any) -> str:
+    """taskd's controller says why it ends a job in extraParams {"reason": ...}; ClusterD sends other JSON."""
+    import json
+
+    try:
+        params = json.loads(sig.extra_params or "{}")
+    except (TypeError, ValueError):
+        return ""
+    return str(params.get("reason", "")) if isinstance(params, dict) else ""
 
 
 __all__ = ["Supervisor", "LauncherDetails", "describe_exit"]

@@ -8,6 +8,7 @@ until its queue overflows is closed; its agent reconnects and is re-sent what it
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid as uuidlib
 
@@ -23,6 +24,7 @@ def to_message(job_id: str, sig: Signal) -> recover_pb2.ProcessManageSignal:
         uuid=sig.uuid, jobId=job_id, signalType=sig.signal_type, actions=list(sig.actions),
         faultRanks=[recover_pb2.FaultRank(rankId=str(r), faultType=t) for r, t in sig.faults],
         changeStrategy=sig.strategy, timeout=sig.timeout,
+        extraParams=json.dumps({"reason": sig.reason}) if sig.reason else "",
     )
 
 

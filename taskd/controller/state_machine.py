@@ -168,6 +168,7 @@ class Signal:
     faults: tuple[tuple[int, str], ...] = ()
     strategy: str = ""
     timeout: int = 0
+    reason: str = ""  # why the job is ending (exit, killMaster): travels as extraParams {"reason": ...}
 
 
 @dataclass(frozen=True)
@@ -478,12 +479,12 @@ class JobMachine:
         self.policy = tuple(ev.strategies)
 
     def _signal(self, signal_type: str, actions: tuple[str, ...], faults: Mapping[int, str] = (),
-                strategy: str = "", timeout: int = 0) -> Signal:
+                strategy: str = "", timeout: int = 0, reason: str = "") -> Signal:
         self.signal_seq += 1
         sig = Signal(
             uuid=f"{self.job_id}-{self.round_number}-{self.signal_seq}",
             signal_type=signal_type, actions=actions,
-            faults=tuple(sorted(dict(faults).items())), strategy=strategy, timeout=timeout,
+            faults=tuple(sorted(dict(faults).items())), strategy=strategy, timeout=timeout, reason=reason,
         )
         self.last_signal = sig
         return sig
@@ -553,12 +554,14 @@ class JobMachine:
         self._record(out, "strategy_chosen", strategy=chosen, skipped=skipped,
                      restarts=self.restarts, max_restarts=self.max_restarts)
         timeout = 0 if chosen == Strategy.EXIT else int(round(self.config.recover_timeout))
-        out.signals.append(self._signal(SignalType.CHANGE_STRATEGY, (Action.CHANGE_STRATEGY,), r.faults,
-                                        strategy=chosen, timeout=timeout))
+        info = ""
         if chosen == Strategy.EXIT:
             reason = "; ".join(f"{k}: {v}" for k, v in skipped.items())
-            return self._fail(f"exit after round {r.number} (faults {_fmt_faults(r.faults)}): {reason}", now, out,
-                              outcome="failed", notify=False)
+            info = f"exit after round {r.number} (faults {_fmt_faults(r.faults)}): {reason}"
+        out.signals.append(self._signal(SignalType.CHANGE_STRATEGY, (Action.CHANGE_STRATEGY,), r.faults,
+                                        strategy=chosen, timeout=timeout, reason=info))
+        if chosen == Strategy.EXIT:
+            return self._fail(info, now, out, outcome="failed", notify=False)
         self.deadline = now + self.config.recover_timeout
         return S.RECOVERING
 
@@ -581,7 +584,7 @@ class JobMachine:
             r.tried.append(Strategy.EXIT)
             self._record(out, "strategy_chosen", strategy=Strategy.EXIT, skipped={}, reason=info)
             out.signals.append(self._signal(SignalType.CHANGE_STRATEGY, (Action.CHANGE_STRATEGY,), r.faults,
-                                            strategy=Strategy.EXIT))
+                                            strategy=Strategy.EXIT, reason=info))
         self._close_round(outcome, now, out)
         self.queued.clear()
         self.deadline = None
@@ -667,7 +670,7 @@ def on_connected_failed(m: JobMachine, ev: AgentConnected, now: float, out: Outc
     """An agent back on a failed job (e.g. declared lost meanwhile) must stop its ranks and exit non-zero."""
     on_connected(m, ev, now, out)
     if not m.agents[ev.node_rank].finished:
-        out.direct.append(m._signal(SignalType.KILL_MASTER, ()))
+        out.direct.append(m._signal(SignalType.KILL_MASTER, (), reason=m.info))
         m._record(out, "kill_master", node_rank=ev.node_rank, reason=m.info)
     return S.FAILED
 
