@@ -60,7 +60,7 @@ def test_sigkilled_node_fails_the_job_and_the_other_node_exits(tmp_path: Path) -
         code = nodes[0].wait(timeout=LOSS_TIMEOUT + 60)
         log0 = (tmp_path / "node0.log").read_text()
         assert code != 0, log0
-        assert "job FAILED (the controller chose exit)" in log0, log0
+        assert "job FAILED (the controller chose exit: agent of node 1 lost" in log0, log0
         wait_for(lambda: leftovers(marker) == [], 10, "no rank process of the job left")
         assert not any(pid in leftovers(marker) for pid in node0_ranks)
 
