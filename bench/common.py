@@ -103,8 +103,10 @@ def torch_version() -> str | None:
 
 
 def write_result(name: str, data: dict[str, Any]) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+    """Write bench/results/NAME.json (or $BENCH_RESULTS_DIR/NAME.json: the tests keep real results intact)."""
+    results = Path(os.environ.get("BENCH_RESULTS_DIR") or RESULTS)
+    results.mkdir(parents=True, exist_ok=True)
+    path = results / f"{name}.json"
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
     os.replace(tmp, path)

@@ -6,6 +6,7 @@ The figures themselves are not asserted (they depend on the machine); BENCHMARKS
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,11 +28,11 @@ EXPECTED = {
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_quick_run_prints_table_and_writes_json(name: str) -> None:
-    result = BENCH / "results" / f"{name}.json"
-    result.unlink(missing_ok=True)
+def test_quick_run_prints_table_and_writes_json(name: str, tmp_path: Path) -> None:
+    result = tmp_path / f"{name}.json"
+    env = {**os.environ, "BENCH_RESULTS_DIR": str(tmp_path)}
     proc = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), "--quick"], capture_output=True, text=True,
-                          cwd=ROOT, timeout=120)
+                          cwd=ROOT, env=env, timeout=120)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     line, keys = EXPECTED[name]
     assert line in proc.stdout, proc.stdout
