@@ -675,3 +675,84 @@ def test_table_is_readable() -> None:
     text = describe_table()
     assert len(text.splitlines()) == len(RULES)
     assert "STOPPING" in text and "on_stop_complete" in text
+
+
+# ------------------------------------------------------------------ the per-agent indexes (O(1) events)
+
+
+def test_agent_counters_follow_register_subscribe_finish_and_reset() -> None:
+    m = new_job(nodes=3)
+    assert (m.online_count, m.subscribed_count, m.finished_ok_count) == (3, 3, 0) and m.index_problems() == []
+    m.handle(AgentDisconnected(node_rank=2), 1)
+    assert (m.online_count, m.subscribed_count) == (2, 2) and m.wake_at == 1 + CFG.agent_loss_timeout
+    m.handle(AgentConnected(node_rank=2), 2)  # back in time: no loss clock any more
+    assert (m.online_count, m.subscribed_count) == (3, 3) and m.wake_at is None
+    m.handle(AgentFinished(node_rank=0), 3)
+    m.handle(AgentRegistered(node_rank=1, host="other", pid=7), 3)  # a new process for node 1
+    assert m.finished_ok_count == 1 and [a.node_rank for a in m.agents_at("other", 7)] == [1]
+    assert m.agents_at("h", 101) == [] and [a.node_rank for a in m.agents_at("h", 100)] == [0]
+    assert m.index_problems() == []
+    # the job ended badly; a new run (unknown process, nobody online) resets it: indexes empty too
+    m.handle(AgentFinished(node_rank=1, exit_code=3), 4)
+    for n in (1, 2):
+        m.handle(AgentDisconnected(node_rank=n), 4)
+    assert m.state == S.FAILED and m.online_count == 1  # node 0 finished but its stream never closed
+    m.agents[0].online = False  # as if its stream had closed long ago
+    assert "reset" in m.handle(JobInit(node_count=2, host="h", pid=999), 5).info
+    assert (m.online_count, m.subscribed_count, m.finished_ok_count) == (0, 0, 0)
+    assert m.agents == {} and m.agents_at("h", 100) == [] and m.wake_at is None and m.index_problems() == []
+
+
+def test_init_joins_by_host_and_pid_without_scanning() -> None:
+    m = new_job(nodes=2)
+    for n in (0, 1):
+        m.handle(AgentDisconnected(node_rank=n), 1)
+    assert m.online_count == 0
+    assert "joined" in m.handle(JobInit(node_count=2, host="h", pid=101), 2).info  # node 1's process
+    assert "reset" in m.handle(JobInit(node_count=2, host="elsewhere", pid=101), 3).info
+
+
+def test_indexes_are_rebuilt_on_restore_and_the_source_job_keeps_its_own() -> None:
+    m = new_job(nodes=3)
+    m.handle(FaultReported(faults={1: "1"}), 1)
+    m.handle(AgentFinished(node_rank=2), 1)
+    r, _ = JobMachine.restore(m.snapshot(), list(m.agents.values()), CFG, 50)
+    assert r.index_problems() == [] and (r.online_count, r.subscribed_count, r.finished_ok_count) == (0, 0, 1)
+    assert [a.node_rank for a in r.agents_at("h", 101)] == [1]
+    assert all(r.agents[n] is not m.agents[n] for n in m.agents)  # restore copies the agents it is given
+    assert m.index_problems() == [] and m.subscribed_count == 3
+    for n in range(3):
+        r.handle(AgentConnected(node_rank=n), 51 + n)
+        assert r.index_problems() == []
+    assert r.state == S.STOPPING  # resumed when the third came back (counted, not scanned)
+
+
+def test_loss_clock_follows_the_earliest_unfinished_gone_agent() -> None:
+    m = new_job(nodes=3)
+    m.handle(AgentDisconnected(node_rank=0), 1)
+    m.handle(AgentDisconnected(node_rank=1), 2)
+    assert m.wake_at == 1 + CFG.agent_loss_timeout
+    m.handle(AgentFinished(node_rank=0), 3)  # finished agents are not lost
+    assert m.wake_at == 2 + CFG.agent_loss_timeout
+    for _ in range(200):  # a flapping agent must not grow the loss heap without bound
+        m.handle(AgentConnected(node_rank=2), 4)
+        m.handle(AgentDisconnected(node_rank=2), 4)
+    assert len(m._gone_heap) <= 2 * len(m.agents) + 65 and m.index_problems() == []
+    m.handle(AgentConnected(node_rank=1), 5)
+    assert m.wake_at == 4 + CFG.agent_loss_timeout
+
+
+def test_thousands_of_agents_subscribe_in_linear_time() -> None:
+    """5,000 agents join, register, subscribe, and resubscribe after a restore, counted rather than scanned
+    (no timing asserted: with a scan per event this test alone took minutes)."""
+    n = 5000
+    m = JobMachine("big", CFG, 0.0, JobInit(node_count=n))
+    for k in range(n):
+        assert m.handle(JobInit(node_count=n, node_rank=k, host=f"h{k}", pid=k + 1), 0.0).code == 0
+        assert m.handle(AgentRegistered(node_rank=k, host=f"h{k}", pid=k + 1), 0.0).code == 0
+        m.handle(AgentConnected(node_rank=k), 0.0)
+    assert m.subscribed_count == n and m.online_count == n and m.wake_at is None and m.index_problems() == []
+    m.handle(FaultReported(faults={0: "1"}), 1)
+    r, _ = JobMachine.restore(m.snapshot(), list(m.agents.values()), CFG, 2)
+    resumed = [r.handle(AgentConnected(node_rank=k), 3).signals for k in range(n)]
+    assert all(not s for s in resumed[:-1]) and [s.signal_type for s in resumed[-1]] == ["stopTrain"]

@@ -13,6 +13,7 @@ an info naming the state and the state(s) that would accept it.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -193,20 +194,127 @@ class Outcome:
 # ---------------------------------------------------------------------------- job model
 
 
-@dataclass
 class AgentInfo:
-    node_rank: int
-    role: str = ""
-    host: str = ""
-    pid: int = 0
-    ranks_per_node: int = 0
-    registered_at: float = 0.0
-    last_seen: float = 0.0
-    online: bool = False  # registered or subscribed since this controller started, stream not closed
-    subscribed: bool = False
-    finished: bool = False
-    exit_code: int = 0
-    gone_since: float | None = None  # without a signal stream since (registered, stream closed, controller restart)
+    """One agent of a job. The flags the machine counts are properties: setting one keeps the owning
+    job's indexes (online/subscribed/finished counts, (host, pid) lookup, loss heap) in step, so every
+    per-agent event is O(1) however many agents the job has."""
+
+    __slots__ = ("node_rank", "role", "ranks_per_node", "registered_at", "last_seen", "_host", "_pid", "_online",
+                 "_subscribed", "_finished", "_exit_code", "_gone_since", "_owner")
+
+    def __init__(self, node_rank: int, role: str = "", host: str = "", pid: int = 0, ranks_per_node: int = 0,
+                 registered_at: float = 0.0, last_seen: float = 0.0, online: bool = False, subscribed: bool = False,
+                 finished: bool = False, exit_code: int = 0, gone_since: float | None = None) -> None:
+        self._owner: JobMachine | None = None
+        self.node_rank = node_rank
+        self.role = role
+        self.ranks_per_node = ranks_per_node
+        self.registered_at = registered_at
+        self.last_seen = last_seen
+        self._host, self._pid = host, pid
+        # registered or subscribed since this controller started, stream not closed
+        self._online = online
+        self._subscribed = subscribed
+        self._finished, self._exit_code = finished, exit_code
+        # without a signal stream since (registered, stream closed, controller restart)
+        self._gone_since = gone_since
+
+    def copy(self) -> AgentInfo:
+        return AgentInfo(self.node_rank, self.role, self._host, self._pid, self.ranks_per_node, self.registered_at,
+                         self.last_seen, self._online, self._subscribed, self._finished, self._exit_code,
+                         self._gone_since)
+
+    def __repr__(self) -> str:
+        return (f"AgentInfo(node_rank={self.node_rank}, host={self._host!r}, pid={self._pid}, online={self._online}, "
+                f"subscribed={self._subscribed}, finished={self._finished}, exit_code={self._exit_code}, "
+                f"gone_since={self._gone_since})")
+
+    @property
+    def host(self) -> str:
+        return self._host
+
+    @host.setter
+    def host(self, value: str) -> None:
+        self._set_identity(value, self._pid)
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    @pid.setter
+    def pid(self, value: int) -> None:
+        self._set_identity(self._host, value)
+
+    def _set_identity(self, host: str, pid: int) -> None:
+        if (host, pid) == (self._host, self._pid):
+            return
+        owner = self._owner
+        if owner is not None:
+            owner._index_identity(self, add=False)
+        self._host, self._pid = host, pid
+        if owner is not None:
+            owner._index_identity(self, add=True)
+
+    @property
+    def online(self) -> bool:
+        return self._online
+
+    @online.setter
+    def online(self, value: bool) -> None:
+        if value != self._online:
+            self._online = value
+            if self._owner is not None:
+                self._owner.online_count += 1 if value else -1
+
+    @property
+    def subscribed(self) -> bool:
+        return self._subscribed
+
+    @subscribed.setter
+    def subscribed(self, value: bool) -> None:
+        if value != self._subscribed:
+            self._subscribed = value
+            if self._owner is not None and self._owner._expected(self.node_rank):
+                self._owner.subscribed_count += 1 if value else -1
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    @finished.setter
+    def finished(self, value: bool) -> None:
+        self._set_finish(value, self._exit_code)
+
+    @property
+    def exit_code(self) -> int:
+        return self._exit_code
+
+    @exit_code.setter
+    def exit_code(self, value: int) -> None:
+        self._set_finish(self._finished, value)
+
+    @property
+    def finished_ok(self) -> bool:
+        return self._finished and self._exit_code == 0
+
+    def _set_finish(self, finished: bool, exit_code: int) -> None:
+        before = self.finished_ok
+        self._finished, self._exit_code = finished, exit_code
+        after = self.finished_ok
+        if before != after and self._owner is not None and self._owner._expected(self.node_rank):
+            self._owner.finished_ok_count += 1 if after else -1
+        if not finished and self._gone_since is not None and self._owner is not None:
+            self._owner._push_gone(self._gone_since, self.node_rank)  # gone again counts for the loss clock
+
+    @property
+    def gone_since(self) -> float | None:
+        return self._gone_since
+
+    @gone_since.setter
+    def gone_since(self, value: float | None) -> None:
+        self._gone_since = value
+        if value is not None and self._owner is not None:
+            self._owner._push_gone(value, self.node_rank)
 
 
 @dataclass
@@ -266,7 +374,13 @@ class JobMachine:
         self.recover_succeeded_at: float | None = None
         self.unsettled_recovers = 0
         self.recover_banned = False
-        self.agents: dict[int, AgentInfo] = {}
+        self.agents: dict[int, AgentInfo] = {}  # add with _add_agent, empty with _clear_agents (indexes below)
+        # indexes derived from `agents`, kept in step by AgentInfo's setters (never persisted)
+        self.online_count = 0
+        self.subscribed_count = 0  # of expected nodes (0 <= node rank < node_count)
+        self.finished_ok_count = 0  # of expected nodes, finished with exit code 0
+        self._by_identity: dict[tuple[str, int], set[int]] = {}
+        self._gone_heap: list[tuple[float, int]] = []  # (gone since, node rank); stale entries dropped lazily
         self.info = ""
         self.signal_seq = 0
         self.last_signal: Signal | None = None
@@ -276,7 +390,8 @@ class JobMachine:
 
     def handle(self, event: Event, now: float) -> Outcome:
         out = Outcome()
-        if isinstance(event, NEEDS_REGISTERED) and event.node_rank not in self.agents:
+        needs_registered = type(event) in _NEEDS_REGISTERED_TYPES
+        if needs_registered and event.node_rank not in self.agents:
             out.code = Code.NOT_REGISTERED
             out.info = f"node {event.node_rank} of job {self.job_id} is not registered (call Register first)"
             return out
@@ -287,7 +402,7 @@ class JobMachine:
             out.code = Code.OUT_OF_ORDER
             out.info = self._out_of_order_info(event)
             return out
-        if isinstance(event, NEEDS_REGISTERED):
+        if needs_registered:
             agent = self.agents[event.node_rank]
             agent.last_seen = now
             agent.online = True
@@ -305,10 +420,14 @@ class JobMachine:
         return out
 
     def _find_rule(self, event: Event) -> Rule | None:
-        for rule in RULES:
-            if isinstance(event, rule.event) and self.state in rule.sources:
-                return rule
-        return None
+        key = (type(event), self.state)
+        try:
+            return _RULE_CACHE[key]
+        except KeyError:
+            pass
+        found = next((r for r in RULES if isinstance(event, r.event) and self.state in r.sources), None)
+        _RULE_CACHE[key] = found
+        return found
 
     def _out_of_order_info(self, event: Event) -> str:
         accepting = [s.value for s in JobState
@@ -320,6 +439,87 @@ class JobMachine:
     @property
     def round_number(self) -> int:
         return self.round.number if self.round else self.round_counter
+
+    # ------------------------------------------------------------------ agent indexes
+
+    def _expected(self, node_rank: int) -> bool:
+        return 0 <= node_rank < self.node_count
+
+    def _add_agent(self, a: AgentInfo) -> None:
+        """Make `a` one of the job's agents and count its flags."""
+        assert a._owner is None and a.node_rank not in self.agents, "an AgentInfo belongs to one job once"
+        self.agents[a.node_rank] = a
+        a._owner = self
+        self._index_identity(a, add=True)
+        self.online_count += a.online
+        if self._expected(a.node_rank):
+            self.subscribed_count += a.subscribed
+            self.finished_ok_count += a.finished_ok
+        if a.gone_since is not None:
+            self._push_gone(a.gone_since, a.node_rank)
+
+    def _clear_agents(self) -> None:
+        for a in self.agents.values():
+            a._owner = None
+        self.agents.clear()
+        self.online_count = self.subscribed_count = self.finished_ok_count = 0
+        self._by_identity.clear()
+        self._gone_heap.clear()
+
+    def _index_identity(self, a: AgentInfo, add: bool) -> None:
+        key = (a.host, a.pid)
+        if add:
+            self._by_identity.setdefault(key, set()).add(a.node_rank)
+            return
+        nodes = self._by_identity.get(key)
+        if nodes is not None:
+            nodes.discard(a.node_rank)
+            if not nodes:
+                del self._by_identity[key]
+
+    def agents_at(self, host: str, pid: int) -> list[AgentInfo]:
+        """The agents registered from process `pid` on `host` (usually zero or one)."""
+        return [self.agents[n] for n in sorted(self._by_identity.get((host, pid), ()))]
+
+    def _push_gone(self, since: float, node_rank: int) -> None:
+        heap = self._gone_heap
+        if len(heap) > 2 * len(self.agents) + 64:  # mostly stale entries: rebuild from the agents
+            heap[:] = [(a.gone_since, n) for n, a in self.agents.items() if a.gone_since is not None]
+            heapq.heapify(heap)
+        heapq.heappush(heap, (since, node_rank))
+
+    def _first_gone(self) -> float | None:
+        """The earliest `gone_since` of an unfinished agent (None if none is gone); amortised O(log n)."""
+        heap = self._gone_heap
+        while heap:
+            since, n = heap[0]
+            a = self.agents.get(n)
+            if a is not None and a.gone_since == since and not a.finished:
+                return since
+            heapq.heappop(heap)
+        return None
+
+    def index_problems(self) -> list[str]:
+        """Where the derived indexes disagree with a full recount of the agents (empty = consistent)."""
+        expected = [a for n, a in self.agents.items() if self._expected(n)]
+        counts = {
+            "online_count": (self.online_count, sum(a.online for a in self.agents.values())),
+            "subscribed_count": (self.subscribed_count, sum(a.subscribed for a in expected)),
+            "finished_ok_count": (self.finished_ok_count, sum(a.finished_ok for a in expected)),
+        }
+        problems = [f"{k} is {have}, recount {want}" for k, (have, want) in counts.items() if have != want]
+        identity: dict[tuple[str, int], set[int]] = {}
+        for n, a in self.agents.items():
+            identity.setdefault((a.host, a.pid), set()).add(n)
+            if a._owner is not self:
+                problems.append(f"agent {n} is not owned by this job")
+        if identity != self._by_identity:
+            problems.append(f"(host, pid) index {self._by_identity} != recount {identity}")
+        gone = self.gone_agents()
+        first = min(gone.values()) if gone else None
+        if self._first_gone() != first:
+            problems.append(f"first gone agent {self._first_gone()} != recount {first}")
+        return problems
 
     # ------------------------------------------------------------------ queries
 
@@ -335,8 +535,8 @@ class JobMachine:
         """When the first gone agent counts as lost; None while no agent is gone or loss does not apply."""
         if self.state not in ACTIVE:
             return None
-        gone = self.gone_agents()
-        return min(gone.values()) + self.config.agent_loss_timeout if gone else None
+        first = self._first_gone()
+        return None if first is None else first + self.config.agent_loss_timeout
 
     @property
     def wake_at(self) -> float | None:
@@ -447,10 +647,11 @@ class JobMachine:
         m.info = snap.get("info", "")
         m.signal_seq = snap.get("signal_seq", 0)
         for a in agents:
+            a = a.copy()  # the caller's objects stay theirs (and their job's counts right)
             a.online = a.subscribed = False
             # every stream closed with the old controller: each agent gets a whole loss timeout to come back
             a.gone_since = None if a.finished or m.state in TERMINAL else now
-            m.agents[a.node_rank] = a
+            m._add_agent(a)
         rs = snap.get("round")
         if rs is not None:
             m.round = Round(
@@ -474,6 +675,11 @@ class JobMachine:
 
     def _apply_init(self, ev: JobInit) -> None:
         self.node_count = ev.node_count if ev.node_count > 0 else 1
+        if self.agents:  # which nodes are expected changed: recount (never on the hot path, a reset empties agents)
+            agents = list(self.agents.values())
+            self._clear_agents()
+            for a in agents:
+                self._add_agent(a)
         self.ranks_per_node = ev.ranks_per_node
         self.max_restarts = ev.max_restarts if ev.max_restarts is not None else self.config.default_max_restarts
         self.policy = tuple(ev.strategies)
@@ -606,9 +812,9 @@ class JobMachine:
 
 
 def on_init(m: JobMachine, ev: JobInit, now: float, out: Outcome) -> JobState:
-    callers = [a for a in m.agents.values() if ev.pid != 0 and a.pid == ev.pid and a.host == ev.host]
+    callers = m.agents_at(ev.host, ev.pid) if ev.pid != 0 else []
     known = bool(callers)
-    online = any(a.online for a in m.agents.values())
+    online = m.online_count > 0
     # an agent of a failed job that never finished is reconnecting (e.g. after being declared lost), not
     # starting a new run: it joins, so that its subscription learns the job failed (killMaster)
     returning = m.state == S.FAILED and any(not a.finished for a in callers)
@@ -617,7 +823,7 @@ def on_init(m: JobMachine, ev: JobInit, now: float, out: Outcome) -> JobState:
         if m.round is not None and m.state not in TERMINAL:
             m._close_round("abandoned", now, out)
         out.agents_changed.update(m.agents)
-        m.agents.clear()
+        m._clear_agents()
         m.round = None
         m.queued.clear()
         m.restarts = 0
@@ -644,7 +850,8 @@ def on_register(m: JobMachine, ev: AgentRegistered, now: float, out: Outcome) ->
         return m.state
     a = m.agents.get(ev.node_rank)
     if a is None:
-        a = m.agents[ev.node_rank] = AgentInfo(node_rank=ev.node_rank, registered_at=now)
+        a = AgentInfo(node_rank=ev.node_rank, registered_at=now)
+        m._add_agent(a)
     a.role, a.host, a.pid, a.ranks_per_node = ev.role, ev.host, ev.pid, ev.ranks_per_node
     a.online, a.last_seen = True, now
     if not a.subscribed and not a.finished and a.gone_since is None and m.state in LIVE:
@@ -677,8 +884,7 @@ def on_connected_failed(m: JobMachine, ev: AgentConnected, now: float, out: Outc
 
 def on_connected_resuming(m: JobMachine, ev: AgentConnected, now: float, out: Outcome) -> JobState:
     on_connected(m, ev, now, out)
-    back = {n for n, a in m.agents.items() if a.subscribed}
-    if m.expected_nodes() <= back:
+    if m.subscribed_count >= m.node_count:  # every expected node is back
         return resume_round(m, "every agent resubscribed", now, out)
     return S.RESUMING
 
@@ -883,8 +1089,7 @@ def on_finished(m: JobMachine, ev: AgentFinished, now: float, out: Outcome) -> J
     if ev.exit_code != 0:
         return m._fail(f"node {ev.node_rank} finished with exit code {ev.exit_code}: {ev.message}".rstrip(": "),
                        now, out)
-    done = {n for n, ag in m.agents.items() if ag.finished and ag.exit_code == 0}
-    if m.expected_nodes() <= done:
+    if m.finished_ok_count >= m.node_count:  # every expected node finished with exit code 0
         if m.round is not None:
             m._close_round("finished", now, out)
             m.round = None
@@ -990,6 +1195,9 @@ RULES: tuple[Rule, ...] = (
     Rule(frozenset({S.RESUMING}), Tick, frozenset({S.RESUMING, S.STOPPING}), on_tick_resuming),
 )
 
+
+_NEEDS_REGISTERED_TYPES = frozenset(NEEDS_REGISTERED)  # the events are final classes: a set lookup is enough
+_RULE_CACHE: dict[tuple[type, JobState], Rule | None] = {}  # first matching rule per (event type, state)
 
 TOLERANT = (on_repeated_stop_complete, on_repeated_strategies, on_late_status)
 """Rules that only accept duplicates; not named as "the state that accepts this" in a 401."""
