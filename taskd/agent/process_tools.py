@@ -21,9 +21,20 @@ def process_group(pid: int) -> int | None:
         return None
 
 
+def _group_exists(pgid: int) -> bool:
+    """killpg(0) fails only when no process at all, not even a zombie, is left in the group."""
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
 def live_group_members(pgids: Iterable[int]) -> dict[int, list[int]]:
     """Non-zombie processes of each group, found by scanning /proc (a group outlives its leader)."""
-    wanted = set(pgids)
+    wanted = {g for g in pgids if g > 1 and _group_exists(g)}  # the common case needs no scan
     found: dict[int, list[int]] = {}
     if not wanted:
         return found

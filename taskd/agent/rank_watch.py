@@ -21,6 +21,27 @@ _WAKEUP = object()
 class Exit:
     local_rank: int
     pid: int
+    returncode: int | None = None  # as Popen gives it (-N for signal N); None when it could not be read
+
+
+def _peek_returncode(pidfd: int) -> int | None:
+    """The exit status of an exited child without reaping it (WNOWAIT): the launcher still reaps it.
+
+    This saves asking the launcher (MONITOR) on the hot path from exit to fault report. It only
+    works for our own children (taskd run's ranks, and msrun's, whose process the plugin shares)
+    that nobody reaped yet; otherwise the caller falls back to MONITOR.
+    """
+    try:
+        info = os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except (ChildProcessError, OSError, AttributeError):
+        return None
+    if info is None:
+        return None
+    if info.si_code == os.CLD_EXITED:
+        return info.si_status
+    if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
+        return -info.si_status
+    return None
 
 
 class RankWatch:
@@ -74,8 +95,9 @@ class RankWatch:
                     pass
                 continue
             exit_ = key.data
+            returncode = _peek_returncode(key.fd)
             self.unwatch(exit_.local_rank, exit_.pid)
-            exits.append(exit_)
+            exits.append(Exit(exit_.local_rank, exit_.pid, returncode))
         return exits
 
     def close(self) -> None:

@@ -93,6 +93,8 @@ class Supervisor:
         self._heartbeat_dir: str | None = None
         self._seen_signals: set[tuple[str, str]] = set()
         self._starts: dict[int, int] = {}
+        self._procs: dict[int, psutil.Process] = {}
+        self._sweeps = 0
 
     # ----------------------------------------------------------------- lifecycle
     def run(self) -> JobResult:
@@ -265,7 +267,7 @@ class Supervisor:
         next_sweep = time.monotonic() + self.config.monitor_interval
         while not self._done:
             for exit_ in self._watch.wait(max(0.0, next_sweep - time.monotonic())):
-                self._on_exit(exit_.local_rank, exit_.pid)
+                self._on_exit(exit_.local_rank, exit_.pid, exit_.returncode)
             self._run_commands()
             if self._terminate_signal is not None and not self._done:
                 name = signal.Signals(self._terminate_signal).name
@@ -328,11 +330,14 @@ class Supervisor:
             returncode = 0 if status == 0 else None
         return status, returncode
 
-    def _on_exit(self, local_rank: int, pid: int) -> None:
+    def _on_exit(self, local_rank: int, pid: int, returncode: int | None = None) -> None:
         rank = self.ranks.get(local_rank)
         if rank is None or rank.pid != pid or rank.state not in (RUNNING, STOPPING):
             return
-        status, returncode = self._exit_status(rank)
+        if returncode is not None:  # read from the pidfd: no need to ask the launcher first
+            status = 0 if returncode == 0 else MONITOR_GONE
+        else:
+            status, returncode = self._exit_status(rank)
         rank.returncode = returncode
         if rank.state == STOPPING:
             rank.state = STOPPED
@@ -413,17 +418,27 @@ class Supervisor:
             if not gone and entry.get("pid") not in (None, rank.pid):
                 gone = True
             if not gone:
-                try:
-                    proc = psutil.Process(rank.pid)
-                    gone = proc.status() == psutil.STATUS_ZOMBIE or (
-                        rank.create_time is not None and abs(proc.create_time() - rank.create_time) > 0.01)
-                except psutil.NoSuchProcess:
-                    gone = True
+                gone = self._process_gone(rank)
             if gone:
                 self._watch.unwatch(rank.local_rank, rank.pid)
                 self._on_exit(rank.local_rank, rank.pid)
             elif not self._done:
                 self._check_hang(rank)
+
+    def _process_gone(self, rank: Rank) -> bool:
+        """psutil's view: a zombie is dead; a pid whose create time changed was reused (checked every 10th sweep)."""
+        self._sweeps += 1
+        proc = self._procs.get(rank.local_rank)
+        try:
+            if proc is None or proc.pid != rank.pid:
+                proc = self._procs[rank.local_rank] = psutil.Process(rank.pid)
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return True
+            if self._sweeps % 10 == 0 and rank.create_time is not None:
+                return abs(psutil.Process(rank.pid).create_time() - rank.create_time) > 0.01
+            return False
+        except psutil.NoSuchProcess:
+            return True
 
     # ----------------------------------------------------------------- hangs and saves
     def _heartbeat(self, rank: Rank) -> Any:
