@@ -6,6 +6,9 @@ noticed; the controller's `fault_reported` event (its event history, `ListJobs`)
 ReportProcessFault was handled. A standalone controller (`python -m taskd.controller`, settle window
 0) is used so that every kill is recovered with `recover` and the next kill can follow.
 
+The floor is measured in the same run: the same dummy rank SIGKILLed with only a bare pidfd selector
+watching it (no agent), i.e. how long the kernel takes to tear a Python process down.
+
 torchrun (`python -m torch.distributed.run --standalone`, default monitor interval): the moment its agent
 acts on the failure is its "[default] Worker group FAILED ..." log record (LOGLEVEL=INFO, timestamped
 by bench/run_torchrun.py); the moment the surviving rank receives SIGTERM is recorded too.
@@ -151,6 +154,30 @@ def run_torchrun(kills: int, nproc: int, work: Path) -> dict[str, Any]:
             "acts_ms": stats([min(d["t_agent"], d["t_term"]) - d["t_kill"] for d in done], 1e3)}
 
 
+def run_floor(kills: int) -> dict[str, Any]:
+    """The kernel's part, measured in the same run: SIGKILL of the same dummy rank to its pidfd being
+    readable, with nothing but a bare selector watching. A Python process takes about a millisecond
+    to be torn down, so no agent can notice its death sooner than this."""
+    import selectors
+
+    lat = []
+    for _ in range(kills):
+        proc = subprocess.Popen([sys.executable, "-u", str(RANK_DUMMY)], stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, env={**os.environ, "BENCH_RANK_LOG": ""})
+        proc.stdout.readline()  # it is up and idle, like a rank about to be killed
+        fd = os.pidfd_open(proc.pid)
+        with selectors.DefaultSelector() as sel:
+            sel.register(fd, selectors.EVENT_READ)
+            t_kill = time.time()
+            os.kill(proc.pid, signal.SIGKILL)
+            sel.select(10)
+            lat.append(time.time() - t_kill)
+        os.close(fd)
+        proc.wait()
+        proc.stdout.close()
+    return {"pidfd_ms": stats(lat, 1e3)}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="tiny run (a few kills) to check the script works")
@@ -167,12 +194,14 @@ def main() -> int:
         work = Path(tmp)
         t = run_taskd(args.kills, args.nproc, work)
         result["taskd"] = {k: v for k, v in t.items() if k != "kills"}
+        result["floor"] = run_floor(args.kills)
         if has_torch():
             result["torchrun"] = {k: v for k, v in run_torchrun(torch_kills, args.nproc, work).items() if k != "kills"}
         else:
             print(torch_missing_message())
             result["torchrun"] = None
-    rows = [["taskd agent notices (fault: log record)", *_row(result["taskd"]["agent_ms"])],
+    rows = [["floor: pidfd readable, bare watcher (kernel teardown)", *_row(result["floor"]["pidfd_ms"])],
+            ["taskd agent notices (fault: log record)", *_row(result["taskd"]["agent_ms"])],
             ["taskd controller receives ReportProcessFault", *_row(result["taskd"]["controller_ms"])]]
     tr = result["torchrun"]
     if tr:
