@@ -42,6 +42,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a rank whose last taskd.worker.heartbeat() is older is hung (default: off)")
     parser.add_argument("--dump-timeout", type=float, default=30.0, metavar="S",
                         help="how long the dump strategy waits for ranks to save (default 30)")
+    parser.add_argument("--warm-spares", type=int, default=0, metavar="N",
+                        help="Python interpreters kept ready to become a restarted rank (.py scripts; default 0)")
     parser.add_argument("--master-addr", default="127.0.0.1", help="MASTER_ADDR for the ranks")
     parser.add_argument("--master-port", type=int, default=0, help="MASTER_PORT for the ranks (0 = a free port)")
     parser.add_argument("--quiet", action="store_true", help="do not echo rank output on the console")
@@ -67,6 +69,8 @@ def run_main(args: argparse.Namespace) -> int:
         raise SystemExit(f"taskd run: --node-rank must be in [0, {args.nnodes - 1}]")
     if args.max_restarts < 0:
         raise SystemExit("taskd run: --max-restarts must be >= 0")
+    if args.warm_spares < 0:
+        raise SystemExit("taskd run: --warm-spares must be >= 0")
     try:
         strategies = parse_strategies(args.strategies) if args.strategies else None
     except ValueError as exc:
@@ -86,7 +90,7 @@ def run_main(args: argparse.Namespace) -> int:
         entrypoint=_entrypoint(script, args.script_args),
         nproc_per_node=args.nproc_per_node, nnodes=args.nnodes, node_rank=args.node_rank,
         master_addr=args.master_addr, master_port=args.master_port, job_id=job_id,
-        log_dir=args.log_dir, console=not args.quiet,
+        log_dir=args.log_dir, console=not args.quiet, warm_spares=args.warm_spares,
     )
     launcher = LocalLauncher(spec)
     try:

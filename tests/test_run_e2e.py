@@ -79,10 +79,11 @@ def kill_rank_mid_run(proc: subprocess.Popen[bytes], tmp: Path, victim: int, wor
     return pids
 
 
-def test_recover_restarts_only_the_killed_rank(tmp_path: Path, baseline: list[np.ndarray]) -> None:
+@pytest.mark.parametrize("spares", [0, 1])
+def test_recover_restarts_only_the_killed_rank(tmp_path: Path, baseline: list[np.ndarray], spares: int) -> None:
     console = tmp_path / "console.log"
-    proc = taskd_run(["--nproc-per-node", "4", "--log-dir", str(tmp_path / "logs"), *example_args(tmp_path)],
-                     console)
+    proc = taskd_run(["--nproc-per-node", "4", "--log-dir", str(tmp_path / "logs"), "--warm-spares", str(spares),
+                      *example_args(tmp_path)], console)
     kill_rank_mid_run(proc, tmp_path, victim=2, world=4)
     assert proc.wait(timeout=120) == 0, console.read_text()
     text = console.read_text()

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from taskd.launcher.env import rank_env
 from taskd.launcher.output import OutputPump, RankLog, RankOutput
 from taskd.launcher.process import has_exited, kill_group, spawn, wait_exit
+from taskd.launcher.spares import SparePool, python_script
 from taskd.launcher.spec import (
     STATUS_FAILED,
     STATUS_NOT_STARTED,
@@ -83,6 +84,8 @@ class LocalLauncher:
         self._incarnations: dict[int, list[Incarnation]] = {r: [] for r in range(spec.nproc_per_node)}
         self._logs: dict[int, RankLog] = {}
         self._pump = OutputPump()
+        spares = spec.warm_spares if python_script(spec.entrypoint) else 0
+        self._spares = SparePool(spares, rank_env(self.spec, 0, 0, None), spec.cwd)
 
     # -- msrun callbacks ---------------------------------------------------------------------
     def callbacks(self) -> dict[str, Callable[..., object]]:
@@ -128,6 +131,7 @@ class LocalLauncher:
             for inc in live:
                 self._wait_reaped(inc, timeout=10.0)
             ok = [self._start(r) for r in range(self.spec.nproc_per_node)]
+            self._spares.fill()
         return 0 if all(ok) else 1
 
     def start_worker_list(self, ranks: list[int]) -> int:
@@ -155,6 +159,7 @@ class LocalLauncher:
                     log.warning("START_WORKER_LIST: rank %d (pid %d) is still running", current.global_rank,
                                 current.pid)
                 ok = self._start(rank) and ok
+            self._spares.fill()
         return 0 if ok else 1
 
     def monitor(self, ranks: list[int]) -> dict[int, dict[str, object]]:
@@ -250,6 +255,7 @@ class LocalLauncher:
                     kill_group(inc.pid)  # type: ignore[arg-type]
             for inc in live:
                 self._wait_reaped(inc, timeout=10.0)
+        self._spares.close()
         self._pump.close()
         for rank_log in self._logs.values():
             rank_log.close()
@@ -290,7 +296,9 @@ class LocalLauncher:
         rank_log = self._rank_log(rank)
         output = RankOutput(rank_log, f"[rank{global_rank}]: ", spec.console)
         try:
-            popen = spawn(spec.entrypoint, env, cwd=spec.cwd)
+            popen = self._spares.activate(spec.entrypoint, env, spec.cwd) if restart else None
+            if popen is None:
+                popen = spawn(spec.entrypoint, env, cwd=spec.cwd)
         except (OSError, subprocess.SubprocessError) as exc:
             inc = Incarnation(rank, global_rank, restart, None, output, returncode=SPAWN_FAILED_CODE,
                               ended_at=time.time(), error=f"{type(exc).__name__}: {exc}")

@@ -78,7 +78,8 @@ _SH = shutil.which("sh")
 _PARENT_CHECK = '[ "$PPID" = "$0" ] || exit 1; exec "$@"'
 
 
-def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None) -> subprocess.Popen[bytes]:
+def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None,
+          stdin: int = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
     """Start one rank as a session leader whose stdout+stderr is a pipe; raises OSError if it cannot start."""
     if _SETPRIV is not None:
         command = [_SETPRIV, "--pdeathsig", "KILL", "--"]
@@ -93,7 +94,7 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None) -
         command,
         env=dict(env),
         cwd=cwd,
-        stdin=subprocess.DEVNULL,
+        stdin=stdin,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,

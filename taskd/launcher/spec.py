@@ -54,6 +54,7 @@ class WorkerSpec:
     extra_env: Mapping[str, str] = field(default_factory=dict)
     console: bool = False
     cwd: str | None = None
+    warm_spares: int = 0  # idle interpreters kept ready to become a restarted rank (.py entrypoints only)
 
     def __post_init__(self) -> None:
         if isinstance(self.entrypoint, (str, bytes)) or not self.entrypoint:

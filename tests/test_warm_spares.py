@@ -1,0 +1,107 @@
+"""Warm spares: an interpreter started ahead of time becomes the restarted rank, indistinguishable to the script."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import textwrap
+from pathlib import Path
+
+import psutil
+import pytest
+from support import wait_for
+
+from taskd.launcher import STATUS_FAILED, STATUS_OK, LocalLauncher, WorkerSpec, command_for
+
+SCRIPT = textwrap.dedent('''
+    import json, os, sys, time
+    out = sys.argv[1]
+    mode = sys.argv[2]
+    rank = os.environ["RANK"]
+    record = {"argv": sys.argv, "name": __name__, "file": __file__, "path0": sys.path[0],
+              "restart": os.environ["TASKD_RESTART_COUNT"], "pid": os.getpid(), "stdin": sys.stdin.read(),
+              "cwd": os.getcwd()}
+    with open(os.path.join(out, f"rank{rank}-{record['restart']}.json"), "w") as fh:
+        json.dump(record, fh)
+    print(f"rank {rank} restart {record['restart']} up", flush=True)
+    if mode == "raise" and record["restart"] != "0":
+        raise RuntimeError("boom from a spare")
+    if mode == "exit3" and record["restart"] != "0":
+        sys.exit(3)
+    time.sleep(60)
+''')
+
+
+@pytest.fixture
+def launcher(tmp_path: Path):
+    made = []
+
+    def make(mode: str) -> LocalLauncher:
+        script = tmp_path / "spare_probe.py"
+        script.write_text(SCRIPT)
+        (tmp_path / "out").mkdir(exist_ok=True)
+        spec = WorkerSpec(command_for(str(script), [str(tmp_path / "out"), mode]), nproc_per_node=2,
+                          log_dir=str(tmp_path / "logs"), warm_spares=1, cwd=str(tmp_path))
+        made.append(LocalLauncher(spec))
+        return made[-1]
+
+    yield make
+    for launcher in made:
+        launcher.close(1.0)
+
+
+def _record(tmp_path: Path, rank: int, restart: int) -> dict:
+    path = tmp_path / "out" / f"rank{rank}-{restart}.json"
+    wait_for(path.exists, what=f"{path.name}")
+    return json.loads(path.read_text())
+
+
+def test_restarted_rank_runs_in_the_spare_like_a_fresh_interpreter(launcher, tmp_path: Path) -> None:
+    la = launcher("sleep")
+    assert la.start_all_worker() == 0
+    spares = la._spares.pids()
+    assert len(spares) == 1, "a spare is kept ready once the ranks run"
+    first = _record(tmp_path, 1, 0)
+    os.kill(la.pid(1), signal.SIGKILL)
+    wait_for(lambda: la.monitor([1])[1]["status"] == STATUS_FAILED, what="rank 1 seen dead")
+    assert la.start_worker_list([1]) == 0
+    assert la.pid(1) == spares[0], "the restarted rank is the spare"
+    again = _record(tmp_path, 1, 1)
+    assert again["pid"] == spares[0]
+    for key in ("argv", "name", "file", "path0", "cwd"):
+        assert again[key] == first[key], key
+    assert again["name"] == "__main__" and again["stdin"] == ""
+    assert len(la._spares.pids()) == 1 and la._spares.pids()[0] != spares[0], "the pool is refilled"
+    log = (tmp_path / "logs" / "rank_1.log").read_text()
+    assert "rank 1 restart 1 up" in log
+
+
+@pytest.mark.parametrize("mode,code", [("raise", 1), ("exit3", 3)])
+def test_spare_exit_codes_match_a_fresh_interpreter(launcher, tmp_path: Path, mode: str, code: int) -> None:
+    la = launcher(mode)
+    la.start_all_worker()
+    _record(tmp_path, 0, 0)
+    os.kill(la.pid(0), signal.SIGKILL)
+    wait_for(lambda: la.monitor([0])[0]["status"] == STATUS_FAILED, what="rank 0 seen dead")
+    la.start_worker_list([0])
+    wait_for(lambda: la.monitor([0])[0]["status"] is not None, what="the spare-run rank to end")
+    assert la.returncode(0) == code
+    if mode == "raise":
+        wait_for(lambda: "RuntimeError: boom from a spare" in "\n".join(la.tail_log(0)), what="the traceback")
+    assert la.monitor([0])[0]["status"] != STATUS_OK
+
+
+def test_close_leaves_no_spare(launcher, tmp_path: Path) -> None:
+    la = launcher("sleep")
+    la.start_all_worker()
+    spare = la._spares.pids()[0]
+    la.close(1.0)
+    assert not psutil.pid_exists(spare) or psutil.Process(spare).status() == psutil.STATUS_ZOMBIE
+
+
+def test_no_spares_for_other_executables(tmp_path: Path) -> None:
+    spec = WorkerSpec(["sh", "-c", "sleep 30"], nproc_per_node=1, warm_spares=2)
+    with LocalLauncher(spec) as la:
+        la.start_all_worker()
+        assert la._spares.pids() == [], "only `python -u script.py` entrypoints get spares"
