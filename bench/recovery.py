@@ -58,18 +58,25 @@ def starts_after(rk: JsonlTail, t: float, ranks: list[int]) -> dict[int, dict[st
     return found if len(found) == len(ranks) else None
 
 
+# (row label, strategy, warm spares): `recover` with a warm spare skips the replacement's interpreter start
+# (spares -1 = one per rank)
+CONFIGS = (("recover", "recover", 0), ("recover + warm spare", "recover", 1),
+           ("job-rescheduling", "job-rescheduling", 0), ("job-rescheduling + warm spares", "job-rescheduling", -1))
+
+
 def latest_pids(rk: JsonlTail, nproc: int) -> dict[int, int] | None:
     rk.poll()
     latest = {r["rank"]: r["pid"] for r in rk.records if r["event"] == "start"}
     return latest if len(latest) == nproc else None
 
 
-def run_taskd(address: str, nproc: int, strategy: str, reps: int, work: Path) -> dict[str, Any]:
-    job = f"bench-recover-{strategy}-{nproc}-{os.getpid()}"
-    tag = f"taskd-{strategy}-{nproc}"
+def run_taskd(address: str, nproc: int, strategy: str, reps: int, work: Path, spares: int = 0) -> dict[str, Any]:
+    job = f"bench-recover-{strategy}-{nproc}-{spares}-{os.getpid()}"
+    tag = f"taskd-{strategy}-{nproc}-{spares}"
     events, ranks = work / f"{tag}-events.jsonl", work / f"{tag}-ranks.jsonl"
     cmd = [sys.executable, str(TASKD_DRIVER), "--server", address, "--job-id", job, "--nproc-per-node", str(nproc),
-           "--max-restarts", "1000000", "--strategies", f"{strategy},exit", "--quiet", str(RANK_DUMMY)]
+           "--max-restarts", "1000000", "--strategies", f"{strategy},exit", "--warm-spares", str(spares), "--quiet",
+           str(RANK_DUMMY)]
     agent = subprocess.Popen(cmd, env=bench_env(BENCH_EVENTS=str(events), BENCH_RANK_LOG=str(ranks)),
                              stdout=(work / f"{tag}-console.log").open("wb"), stderr=subprocess.STDOUT, cwd=ROOT)
     ev, rk = JsonlTail(events), JsonlTail(ranks)
@@ -174,8 +181,9 @@ def main() -> int:
                                       extra=["--settle-window", "0", "--max-restarts", "1000000"])
         try:
             for n in sizes:
-                for strategy in ("recover", "job-rescheduling"):
-                    result["taskd"][f"{strategy}/{n}"] = run_taskd(f"127.0.0.1:{port}", n, strategy, args.reps, work)
+                for label, strategy, spares in CONFIGS:
+                    result["taskd"][f"{label}/{n}"] = run_taskd(f"127.0.0.1:{port}", n, strategy, args.reps, work,
+                                                                 n if spares < 0 else spares)
         finally:
             stop_process(controller)
         for n in sizes:
@@ -184,14 +192,14 @@ def main() -> int:
     for n in sizes:
         tr = result["torchrun"].get(str(n))
         tr_p50 = tr["kill_to_all_first_lines_ms"]["p50"] if tr else None
-        for strategy in ("recover", "job-rescheduling"):
-            r = result["taskd"][f"{strategy}/{n}"]
+        for label, _, _ in CONFIGS:
+            r = result["taskd"][f"{label}/{n}"]
             run, first = r["kill_to_running_ms"], r["kill_to_first_line_ms"]
-            ratios[f"{strategy}/{n}"] = ratio(tr_p50, first["p50"])
-            rows.append([f"taskd {strategy}", n, run["n"], run["p50"], run["p99"], first["p50"], first["p99"],
-                         ratios[f"{strategy}/{n}"]])
+            ratios[f"{label}/{n}"] = ratio(tr_p50, first["p50"])
+            rows.append([f"taskd {label}", n, run["n"], run["p50"], run["p99"], first["p50"], first["p99"],
+                         ratios[f"{label}/{n}"]])
             ph = r["phases_ms"]
-            phase_rows.append([f"{strategy}", n, *(ph[k]["p50"] for k in ("detect", "stop", "decide", "restart"))])
+            phase_rows.append([label, n, *(ph[k]["p50"] for k in ("detect", "stop", "decide", "restart"))])
         if tr:
             s = tr["kill_to_all_first_lines_ms"]
             rows.append(["torchrun (whole group)", n, s["n"], None, None, s["p50"], s["p99"], 1.0])
