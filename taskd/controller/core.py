@@ -3,6 +3,11 @@
 It glues the pure `JobMachine`s to the `Store`, the `SignalHub` and one deadline timer for
 all jobs. Everything runs on the server's event loop thread, so handling one event (state
 change + SQLite commit + queueing signals) is atomic with respect to other requests.
+
+An event whose only effect is soft history (an agent's stream opened or closed, nothing a
+restart restores and nothing anybody is answered 0 for) is not committed on its own: it is
+batched and written with the job's next commit, or within `soft_flush_delay`, in one transaction
+for all jobs. 10,000 agents subscribing cost a few transactions, not 10,000.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import math
 import time
 from collections.abc import Callable
 
-from taskd.controller.hub import SignalHub, Subscriber, to_message
+from taskd.controller.hub import SignalHub, Subscriber, to_wire
 from taskd.controller.state_machine import Event, JobInit, JobMachine, MachineConfig, Outcome, Record
 from taskd.controller.store import Store
 from taskd.proto import recover_pb2, taskd_pb2
@@ -23,10 +28,22 @@ from taskd.vocabulary import Code
 
 log = logging.getLogger(__name__)
 
+SOFT_KINDS = frozenset({"agent_subscribed", "agent_unsubscribed"})
+"""History records of soft state: batched instead of committed one transaction each."""
+
+
+class _SoftBatch:
+    __slots__ = ("job", "records", "agents")
+
+    def __init__(self, job: JobMachine) -> None:
+        self.job = job
+        self.records: list[tuple[Record, float]] = []
+        self.agents: set[int] = set()
+
 
 class ControllerCore:
     def __init__(self, config: MachineConfig, store: Store, hub: SignalHub, max_jobs: int = 10000,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, soft_flush_delay: float = 0.2) -> None:
         self.config = config
         self.store = store
         self.hub = hub
@@ -37,6 +54,10 @@ class ControllerCore:
         self._pushed: dict[str, float | None] = {}
         self._next_wake = math.inf
         self._wake = asyncio.Event()
+        self.soft_flush_delay = soft_flush_delay
+        self._soft: dict[str, _SoftBatch] = {}
+        self._soft_timer: asyncio.TimerHandle | None = None
+        self.closing = False  # set by the server's stop(): closing streams are not recorded one by one
 
     # ------------------------------------------------------------------ events
 
@@ -77,7 +98,13 @@ class ControllerCore:
 
     def _finish(self, m: JobMachine, out: Outcome, now: float, reply_to: Subscriber | None = None) -> None:
         if out.records or out.agents_changed:
-            self.store.commit(m, out.records, out.agents_changed, now)  # before anyone hears of it
+            if not out.signals and all(rec.kind in SOFT_KINDS for rec in out.records):
+                self._defer_soft(m, out, now)
+            else:
+                soft = self._soft.pop(m.job_id, None)
+                changed = out.agents_changed | soft.agents if soft else out.agents_changed
+                # before anyone hears of it
+                self.store.commit(m, out.records, changed, now, earlier=soft.records if soft else ())
         for rec in out.records:
             if rec.kind not in ("stop_complete", "strategies_reported", "recover_status", "agent_subscribed",
                                 "agent_unsubscribed"):
@@ -88,8 +115,41 @@ class ControllerCore:
                 log.info("job %s: %s %s to %d agent(s)", m.job_id, sig.signal_type, sig.strategy, reached)
         if reply_to is not None:
             for sig in out.direct:
-                reply_to.offer(to_message(m.job_id, sig))
+                reply_to.offer(to_wire(m.job_id, sig))
         self._schedule(m)
+
+    # ------------------------------------------------------------------ soft history, batched
+
+    def _defer_soft(self, m: JobMachine, out: Outcome, now: float) -> None:
+        batch = self._soft.get(m.job_id)
+        if batch is None or batch.job is not m:
+            batch = self._soft[m.job_id] = _SoftBatch(m)
+        batch.records.extend((rec, now) for rec in out.records)
+        batch.agents.update(out.agents_changed)
+        if self._soft_timer is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no loop (a synchronous caller): write now
+                self.flush_soft()
+                return
+            self._soft_timer = loop.call_later(self.soft_flush_delay, self._flush_soft_timer)
+
+    def _flush_soft_timer(self) -> None:
+        self._soft_timer = None
+        try:
+            self.flush_soft()
+        except Exception:  # e.g. the store closed during shutdown; the history is soft
+            log.exception("could not write the batched stream history")
+
+    def flush_soft(self) -> None:
+        """Write every batched soft record now, in one transaction."""
+        if self._soft_timer is not None:
+            self._soft_timer.cancel()
+            self._soft_timer = None
+        if not self._soft:
+            return
+        batches, self._soft = list(self._soft.values()), {}
+        self.store.commit_soft((b.job, b.records, b.agents) for b in batches)
 
     # ------------------------------------------------------------------ the one timer
 
@@ -136,6 +196,7 @@ class ControllerCore:
     # ------------------------------------------------------------------ read-only view
 
     def job_list(self, job_id: str = "") -> taskd_pb2.JobList:
+        self.flush_soft()  # the history shown includes the latest streams opened and closed
         if job_id and job_id not in self.jobs:
             return taskd_pb2.JobList(status=recover_pb2.Status(code=Code.JOB_NOT_EXIST,
                                                                info=f"job {job_id} does not exist"))

@@ -1,8 +1,9 @@
-"""Fan-out of signals to the agents' streams: one bounded asyncio queue per subscriber.
+"""Fan-out of signals to the agents' streams: one small bounded buffer per subscriber.
 
-No thread and no timer per stream: broadcasting is a `put_nowait` per subscriber and the
-keep-alive comes from one shared ticker (`run_keepalive`). A subscriber that stops reading
-until its queue overflows is closed; its agent reconnects and is re-sent what it still owes.
+No thread and no timer per stream: a broadcast serialises the signal once and appends the same
+bytes to every subscriber's buffer (the stream's response serializer passes bytes through); the
+keep-alive comes from one shared ticker (`run_keepalive`). A subscriber that stops reading until
+its buffer overflows is closed; its agent reconnects and is re-sent what it still owes.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import asyncio
 import json
 import logging
 import uuid as uuidlib
+from collections import deque
 
 from taskd.controller.state_machine import Signal
 from taskd.proto import recover_pb2
@@ -28,35 +30,81 @@ def to_message(job_id: str, sig: Signal) -> recover_pb2.ProcessManageSignal:
     )
 
 
+def to_wire(job_id: str, sig: Signal) -> bytes:
+    """The signal as the stream sends it (serialised once, shared by every subscriber)."""
+    return to_message(job_id, sig).SerializeToString()
+
+
+def keepalive_wire(job_id: str) -> bytes:
+    return recover_pb2.ProcessManageSignal(uuid=uuidlib.uuid4().hex, jobId=job_id,
+                                           signalType=SignalType.KEEP_ALIVE).SerializeToString()
+
+
 class Subscriber:
-    """One open SubscribeProcessManageSignal stream of one agent."""
+    """One open SubscribeProcessManageSignal stream of one agent: serialised signals waiting to be sent.
+
+    Lighter than an asyncio.Queue (10,000 of them live at once): the buffer is allocated on the first
+    signal, and at most one future exists, while the stream's handler waits."""
+
+    __slots__ = ("job_id", "node_rank", "maxsize", "closed_reason", "_buf", "_waiter")
 
     def __init__(self, job_id: str, node_rank: int, maxsize: int) -> None:
         self.job_id = job_id
         self.node_rank = node_rank
-        self.queue: asyncio.Queue[recover_pb2.ProcessManageSignal | None] = asyncio.Queue(maxsize)
+        self.maxsize = maxsize
         self.closed_reason = ""
+        self._buf: deque[bytes | None] | None = None
+        self._waiter: asyncio.Future[None] | None = None
 
-    def offer(self, msg: recover_pb2.ProcessManageSignal, droppable: bool = False) -> bool:
+    def offer(self, data: bytes, droppable: bool = False) -> bool:
+        """Queue serialised signal bytes; a full buffer drops a droppable one, else closes the stream."""
         if self.closed_reason:
             return False
-        try:
-            self.queue.put_nowait(msg)
-            return True
-        except asyncio.QueueFull:
+        buf = self._buf
+        if buf is None:
+            buf = self._buf = deque()
+        elif len(buf) >= self.maxsize:
             if not droppable:
                 log.warning("job %s node %d: signal queue full, closing its stream", self.job_id, self.node_rank)
                 self.close("signal queue overflow")
             return False
+        buf.append(data)
+        self._wake()
+        return True
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None:
+            self._waiter = None
+            if not w.done():
+                w.set_result(None)
+
+    def pending(self) -> int:
+        return len(self._buf) if self._buf else 0
+
+    def get_nowait(self) -> bytes | None:
+        """The next item (None = the stream is closed); IndexError when there is none."""
+        if not self._buf:
+            raise IndexError("no signal waiting")
+        return self._buf.popleft()
+
+    async def get(self) -> bytes | None:
+        """Wait for the next serialised signal; None means the stream was closed."""
+        while not self._buf:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._buf.popleft()
 
     def close(self, reason: str) -> None:
         """End the stream: the handler sees None and returns."""
         if self.closed_reason:
             return
         self.closed_reason = reason
-        while not self.queue.empty():
-            self.queue.get_nowait()
-        self.queue.put_nowait(None)
+        self._buf = deque((None,))
+        self._wake()
 
 
 class SignalHub:
@@ -65,13 +113,17 @@ class SignalHub:
     def __init__(self, queue_size: int = 1024) -> None:
         self.queue_size = queue_size
         self._subs: dict[str, dict[int, Subscriber]] = {}
+        self.serialised = 0  # signals serialised by broadcasts and keep-alives (once each, not per stream)
 
     def subscribe(self, job_id: str, node_rank: int) -> Subscriber:
         sub = Subscriber(job_id, node_rank, self.queue_size)
-        old = self._subs.setdefault(job_id, {}).get(node_rank)
+        subs = self._subs.get(job_id)
+        if subs is None:
+            subs = self._subs[job_id] = {}
+        old = subs.get(node_rank)
         if old is not None:
             old.close("replaced by a newer stream of the same agent")
-        self._subs[job_id][node_rank] = sub
+        subs[node_rank] = sub
         return sub
 
     def unsubscribe(self, sub: Subscriber) -> bool:
@@ -94,9 +146,10 @@ class SignalHub:
         """Queue `signals` for every agent of the job; returns the number of subscribers reached."""
         subs = list(self._subs.get(job_id, {}).values())
         for sig in signals:
-            msg = to_message(job_id, sig)
+            data = to_wire(job_id, sig)
+            self.serialised += 1
             for sub in subs:
-                sub.offer(msg)
+                sub.offer(data)
         return len(subs)
 
     def count(self, job_id: str | None = None) -> int:
@@ -111,10 +164,10 @@ class SignalHub:
 
     def keepalive_once(self) -> None:
         for job_id, subs in list(self._subs.items()):
-            msg = recover_pb2.ProcessManageSignal(uuid=uuidlib.uuid4().hex, jobId=job_id,
-                                                  signalType=SignalType.KEEP_ALIVE)
+            data = keepalive_wire(job_id)
+            self.serialised += 1
             for sub in list(subs.values()):
-                sub.offer(msg, droppable=True)
+                sub.offer(data, droppable=True)
 
     async def run_keepalive(self, interval: float) -> None:
         """The one ticker that feeds every stream's keep-alive."""

@@ -140,6 +140,7 @@ class ControllerServer:
         if self._server is None or self.core is None:
             return
         server, self._server = self._server, None
+        self.core.closing = True
         self.core.hub.close_all("controller shutting down")
         for t in self._tasks:
             t.cancel()
@@ -147,6 +148,10 @@ class ControllerServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         await server.stop(self.config.grace if grace is None else grace)
+        try:
+            self.core.flush_soft()
+        except Exception:  # soft history only; the state itself was committed event by event
+            log.exception("could not write the last stream history")
         self.core.store.close()
         log.info("taskd controller on %s stopped", self.address)
         assert self._stopped is not None

@@ -7,13 +7,13 @@ event, hand it to the core, answer with the outcome's code and info.
 from __future__ import annotations
 
 import logging
-import uuid as uuidlib
 from collections.abc import AsyncIterator
 
 import grpc
 
 from taskd.controller import validation as v
 from taskd.controller.core import ControllerCore
+from taskd.controller.hub import keepalive_wire
 from taskd.controller.state_machine import (
     AgentConnected,
     AgentDisconnected,
@@ -27,7 +27,7 @@ from taskd.controller.state_machine import (
     StrategiesReported,
 )
 from taskd.proto import recover_pb2, recover_pb2_grpc, taskd_pb2, taskd_pb2_grpc
-from taskd.vocabulary import Code, SignalType
+from taskd.vocabulary import Code
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,8 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
 
     async def SubscribeProcessManageSignal(
         self, request: recover_pb2.ClientInfo, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[recover_pb2.ProcessManageSignal]:
+    ) -> AsyncIterator[bytes]:
+        """Yields serialised ProcessManageSignals (the method is registered with a pass-through serializer)."""
         if why := v.check_client(request):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{Code.INVALID_PARAMS}: {why}")
         job_id, node = request.jobId, request.nodeRank
@@ -90,18 +91,18 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
                                 f"{Code.NOT_REGISTERED}: node {node} of job {job_id} is not registered")
         sub = self.core.hub.subscribe(job_id, node)
         # an immediate keep-alive tells the agent its stream is live (it waits for that before starting ranks)
-        sub.offer(recover_pb2.ProcessManageSignal(uuid=uuidlib.uuid4().hex, jobId=job_id,
-                                                  signalType=SignalType.KEEP_ALIVE), droppable=True)
+        sub.offer(keepalive_wire(job_id), droppable=True)
         try:
             self.core.dispatch(job_id, AgentConnected(node_rank=node), reply_to=sub)
             while True:
-                msg = await sub.queue.get()
+                msg = await sub.get()
                 if msg is None:
                     log.debug("stream of job %s node %d closed: %s", job_id, node, sub.closed_reason)
                     return
                 yield msg
         finally:
-            if self.core.hub.unsubscribe(sub):
+            # at shutdown every stream closes at once: a restart marks every agent offline anyway
+            if self.core.hub.unsubscribe(sub) and not self.core.closing:
                 try:
                     self.core.dispatch(job_id, AgentDisconnected(node_rank=node))
                 except Exception:  # e.g. the store already closed during shutdown
@@ -160,7 +161,31 @@ class JobStatusService(taskd_pb2_grpc.JobStatusServicer):
         return self.core.job_list(request.jobId)
 
 
+def _passthrough(data: bytes) -> bytes:
+    return data
+
+
+def recover_handler(svc: RecoverService) -> grpc.GenericRpcHandler:
+    """The `Recover` service as the generated code registers it (paths /Recover/<Method>, same request
+    types), except that the signal stream sends bytes already serialised once per broadcast."""
+    P = recover_pb2
+    unary = {
+        "Init": P.ClientInfo, "Register": P.ClientInfo, "HealthCheck": P.ClientInfo,
+        "ReportStopComplete": P.StopCompleteRequest, "ReportRecoverStrategy": P.RecoverStrategyRequest,
+        "ReportRecoverStatus": P.RecoverStatusRequest, "ReportProcessFault": P.ProcessFaultRequest,
+    }
+    handlers = {
+        name: grpc.unary_unary_rpc_method_handler(getattr(svc, name), request_deserializer=req.FromString,
+                                                  response_serializer=P.Status.SerializeToString)
+        for name, req in unary.items()
+    }
+    handlers["SubscribeProcessManageSignal"] = grpc.unary_stream_rpc_method_handler(
+        svc.SubscribeProcessManageSignal, request_deserializer=P.ClientInfo.FromString,
+        response_serializer=_passthrough)
+    return grpc.method_handlers_generic_handler("Recover", handlers)
+
+
 def add_services(server: grpc.aio.Server, core: ControllerCore) -> None:
-    recover_pb2_grpc.add_RecoverServicer_to_server(RecoverService(core), server)
+    server.add_generic_rpc_handlers((recover_handler(RecoverService(core)),))
     taskd_pb2_grpc.add_AgentReportServicer_to_server(AgentReportService(core), server)
     taskd_pb2_grpc.add_JobStatusServicer_to_server(JobStatusService(core), server)

@@ -1,8 +1,10 @@
 """SQLite persistence of the controller: jobs, agents, faults, rounds, strategies and events.
 
-One transaction per handled event, committed before the gRPC answer goes out, so whatever
-was answered 0 survives a SIGKILL of the controller (WAL + synchronous=NORMAL: the commit
-is in the OS page cache when `commit()` returns; only a power loss could drop it).
+One transaction per handled event that changes what a restart needs, committed before the gRPC
+answer goes out, so whatever was answered 0 survives a SIGKILL of the controller (WAL +
+synchronous=NORMAL: the commit is in the OS page cache when `commit()` returns; only a power
+loss could drop it). Soft history (an agent's stream opened or closed: nothing a restart needs)
+is batched by the core and written with the job's next commit or by `commit_soft`.
 The job row holds a JSON snapshot of the state machine; the other tables are the history
 that `taskd status` shows.
 """
@@ -112,8 +114,10 @@ class Store:
 
     # ------------------------------------------------------------------ writes
 
-    def commit(self, job: JobMachine, records: Iterable[Record], agents_changed: Iterable[int], now: float) -> None:
-        """Persist the job's snapshot, its new history records and changed agents in one transaction."""
+    def commit(self, job: JobMachine, records: Iterable[Record], agents_changed: Iterable[int], now: float,
+               earlier: Iterable[tuple[Record, float]] = ()) -> None:
+        """Persist the job's snapshot, its new history records and changed agents in one transaction
+        (`earlier`: the job's batched soft records with their times, written first to keep the order)."""
         c = self.conn
         c.execute("BEGIN")
         try:
@@ -123,10 +127,28 @@ class Store:
                 "updated_at=excluded.updated_at",
                 (job.job_id, job.state.value, json.dumps(job.snapshot()), job.created_at, job.updated_at),
             )
+            for rec, t in earlier:
+                self._write_record(job.job_id, rec, t)
             for rec in records:
                 self._write_record(job.job_id, rec, now)
             for node in agents_changed:
                 self._write_agent(job.job_id, node, job.agents.get(node))
+            c.execute("COMMIT")
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
+
+    def commit_soft(self, batch: Iterable[tuple[JobMachine, Iterable[tuple[Record, float]], Iterable[int]]]) -> None:
+        """Write batched soft records and agent rows of several jobs in one transaction (no snapshot:
+        nothing in them changes what a restart restores)."""
+        c = self.conn
+        c.execute("BEGIN")
+        try:
+            for job, records, agents_changed in batch:
+                for rec, t in records:
+                    self._write_record(job.job_id, rec, t)
+                for node in agents_changed:
+                    self._write_agent(job.job_id, node, job.agents.get(node))
             c.execute("COMMIT")
         except BaseException:
             c.execute("ROLLBACK")

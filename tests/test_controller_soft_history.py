@@ -1,0 +1,87 @@
+"""Soft history (streams opened and closed) is batched, not one SQLite transaction per agent;
+everything answered 0 is still committed before its answer; shutdown does not record each closing stream."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from support import wait_for
+
+from taskd.controller.core import ControllerCore
+from taskd.controller.hub import SignalHub
+from taskd.controller.server import ControllerConfig, EmbeddedController
+from taskd.controller.state_machine import (
+    AgentConnected,
+    AgentDisconnected,
+    AgentRegistered,
+    FaultReported,
+    JobInit,
+    MachineConfig,
+)
+from taskd.controller.store import Store
+from taskd.controller.testing import ScriptedAgent
+
+N = 50
+
+
+def kinds(store: Store, job: str) -> list[str]:
+    return [e["kind"] for e in store.events(job, limit=10_000)]
+
+
+def test_subscriptions_are_batched_and_written_before_the_next_commit(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        store = Store(tmp_path / "state.sqlite3")
+        commits: list[str] = []
+        store.conn.set_trace_callback(lambda sql: commits.append(sql) if sql == "COMMIT" else None)
+        core = ControllerCore(MachineConfig(), store, SignalHub(), soft_flush_delay=0.05)
+        assert core.init_job("j", JobInit(node_count=N)).code == 0
+        for n in range(N):
+            assert core.dispatch("j", AgentRegistered(node_rank=n, host=f"h{n}", pid=n + 1)).code == 0
+        assert len(commits) == N + 1  # every answered event is committed before its answer
+        for n in range(N):
+            core.dispatch("j", AgentConnected(node_rank=n))
+        assert len(commits) == N + 1 and "agent_subscribed" not in kinds(store, "j")
+        assert await asyncio.wait_for(_until(lambda: len(commits) == N + 2), 10)  # one batch for all of them
+        assert kinds(store, "j").count("agent_subscribed") == N
+
+        core.dispatch("j", AgentDisconnected(node_rank=3))  # soft: waits for the batch...
+        assert core.dispatch("j", FaultReported(node_rank=0, faults={0: "1"})).code == 0  # ...or the next commit
+        assert len(commits) == N + 3
+        tail = kinds(store, "j")[-6:]
+        assert tail.index("agent_unsubscribed") < tail.index("fault_reported")  # history keeps its order
+        await asyncio.sleep(0.2)
+        assert len(commits) == N + 3  # nothing left to flush
+        store.close()
+
+    asyncio.run(scenario())
+
+
+async def _until(cond, timeout: float = 10.0) -> bool:  # noqa: ANN001
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not cond():
+        if loop.time() > end:
+            return False
+        await asyncio.sleep(0.01)
+    return True
+
+
+def test_shutdown_writes_the_batched_history_but_not_every_closing_stream(tmp_path: Path) -> None:
+    path = tmp_path / "state.sqlite3"
+    ctl = EmbeddedController(ControllerConfig(listen="127.0.0.1:0", state_path=str(path)))
+    address = ctl.start()
+    agents = [ScriptedAgent(address, "j", node_rank=n, node_count=5) for n in range(5)]
+    try:
+        for a in agents:
+            a.join()
+            a.next_signal(keepalive=True)  # the stream is live
+        wait_for(lambda: all(r.subscribed for r in agents[0].list_jobs("j").jobs[0].agents), 20, "5 subscriptions")
+    finally:
+        ctl.stop()
+        for a in agents:
+            a.close()
+    store = Store(path)
+    history = kinds(store, "j")
+    store.close()
+    assert history.count("agent_subscribed") == 5 and "agent_unsubscribed" not in history
