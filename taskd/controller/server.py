@@ -46,10 +46,15 @@ class ControllerConfig:
     agent_loss_timeout: float = 30.0
     max_jobs: int = 10000
     subscriber_queue_size: int = 1024
-    # gRPC core rejects bursts above these with CANCELLED (defaults 1000/3000); a controller
-    # restart makes every agent reconnect at once, so keep them well above the agent count.
+    # Calls gRPC core has received but the event loop has not picked up yet: above the soft limit some
+    # are refused, above the hard limit all (defaults 1000/3000), and one left waiting longer than
+    # `max_unrequested_seconds` (default 30) is cancelled. The agent sees CANCELLED for all three (grpcio
+    # 1.71, checked with a blocked loop). A controller restart makes every agent reconnect at once
+    # (one call in flight per agent), so keep the limits above the agent count and let a queued call
+    # wait rather than be cancelled and retried after a backoff.
     max_pending_requests: int = 20000
     max_pending_requests_hard_limit: int = 60000
+    max_unrequested_seconds: int = 300
     grace: float = 5.0
     extra_options: list[tuple[str, Any]] = field(default_factory=list)
 
@@ -65,6 +70,7 @@ class ControllerConfig:
         return [
             ("grpc.server.max_pending_requests", self.max_pending_requests),
             ("grpc.server.max_pending_requests_hard_limit", self.max_pending_requests_hard_limit),
+            ("grpc.server_max_unrequested_time_in_server", self.max_unrequested_seconds),
             ("grpc.max_receive_message_length", MAX_MESSAGE),
             ("grpc.max_send_message_length", MAX_MESSAGE),
             # clients ping every few seconds even without calls: allow it instead of GOAWAY(too_many_pings)
