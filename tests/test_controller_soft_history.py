@@ -85,3 +85,30 @@ def test_shutdown_writes_the_batched_history_but_not_every_closing_stream(tmp_pa
     history = kinds(store, "j")
     store.close()
     assert history.count("agent_subscribed") == 5 and "agent_unsubscribed" not in history
+
+
+def test_timer_keeps_one_entry_per_job_and_still_fires_when_due(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        now = [100.0]
+        store = Store(tmp_path / "state.sqlite3")
+        cfg = MachineConfig(agent_loss_timeout=30)
+        core = ControllerCore(cfg, store, SignalHub(), clock=lambda: now[0])
+        core.init_job("j", JobInit(node_count=2))
+        for n in (0, 1):
+            core.dispatch("j", AgentRegistered(node_rank=n, host="h", pid=n + 1))
+        for _ in range(300):  # each event moves the job's loss deadline later
+            now[0] += 0.01
+            core.dispatch("j", AgentConnected(node_rank=0))
+            core.dispatch("j", AgentDisconnected(node_rank=0))
+        assert len(core._heap) <= 2  # not one entry per event
+        core.dispatch("j", AgentConnected(node_rank=1))
+        now[0] = 131.0  # past the first deadline pushed (130), before node 0's (103 + 30)
+        core.fire_due()
+        assert core.jobs["j"].state.value == "RUNNING" and len(core._heap) == 1  # rescheduled, not fired
+        now[0] = 134.0
+        core.fire_due()
+        assert core.jobs["j"].state.value == "FAILED" and "node 0 lost" in core.jobs["j"].info
+        core.flush_soft()
+        store.close()
+
+    asyncio.run(scenario())

@@ -51,7 +51,7 @@ class ControllerCore:
         self.clock = clock
         self.jobs: dict[str, JobMachine] = {}
         self._heap: list[tuple[float, str]] = []
-        self._pushed: dict[str, float | None] = {}
+        self._pushed: dict[str, float] = {}  # the earliest heap entry of each job that has one
         self._next_wake = math.inf
         self._wake = asyncio.Event()
         self.soft_flush_delay = soft_flush_delay
@@ -154,29 +154,40 @@ class ControllerCore:
     # ------------------------------------------------------------------ the one timer
 
     def _schedule(self, m: JobMachine) -> None:
+        """Make sure the timer fires no later than the job's `wake_at`. A job has an entry only when
+        it needs an earlier one: an entry that fires early finds nothing due and reschedules."""
         wake_at = m.wake_at
-        if self._pushed.get(m.job_id) == wake_at:
+        if wake_at is None:
+            return
+        pushed = self._pushed.get(m.job_id)
+        if pushed is not None and pushed <= wake_at:
             return
         self._pushed[m.job_id] = wake_at
-        if wake_at is not None:
-            heapq.heappush(self._heap, (wake_at, m.job_id))
-            if wake_at < self._next_wake:
-                self._wake.set()
+        heapq.heappush(self._heap, (wake_at, m.job_id))
+        if wake_at < self._next_wake:
+            self._wake.set()
 
     def fire_due(self) -> None:
         """Deliver the timer events (a round deadline, an agent's loss) of every job that is due."""
         now = self.clock()
         due: list[str] = []
+        early: list[str] = []
         while self._heap and self._heap[0][0] <= now:
-            _, job_id = heapq.heappop(self._heap)
+            t, job_id = heapq.heappop(self._heap)
+            if self._pushed.get(job_id) == t:
+                del self._pushed[job_id]
             m = self.jobs.get(job_id)
-            if m is None or m.wake_at is None or m.wake_at > now or job_id in due:
-                continue  # superseded
-            self._pushed[job_id] = None
+            if m is None or job_id in due:
+                continue
+            if m.wake_at is None or m.wake_at > now:
+                early.append(job_id)  # its time moved on since this entry was pushed
+                continue
             due.append(job_id)
         for job_id in due:
             for event in self.jobs[job_id].due_events(now):
                 self.dispatch(job_id, event)
+        for job_id in early:
+            self._schedule(self.jobs[job_id])
 
     async def run_timer(self) -> None:
         """Deliver the timer events of every job that is due; sleeps until the earliest one."""

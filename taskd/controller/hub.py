@@ -86,7 +86,10 @@ class Subscriber:
         """The next item (None = the stream is closed); IndexError when there is none."""
         if not self._buf:
             raise IndexError("no signal waiting")
-        return self._buf.popleft()
+        item = self._buf.popleft()
+        if not self._buf:
+            self._buf = None
+        return item
 
     async def get(self) -> bytes | None:
         """Wait for the next serialised signal; None means the stream was closed."""
@@ -96,7 +99,11 @@ class Subscriber:
                 await self._waiter
             finally:
                 self._waiter = None
-        return self._buf.popleft()
+        buf = self._buf
+        item = buf.popleft()
+        if not buf:
+            self._buf = None  # an idle stream holds no buffer (a deque is ~600 bytes)
+        return item
 
     def close(self, reason: str) -> None:
         """End the stream: the handler sees None and returns."""

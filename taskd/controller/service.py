@@ -89,6 +89,7 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
         if node not in job.agents:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 f"{Code.NOT_REGISTERED}: node {node} of job {job_id} is not registered")
+        job_id = job.job_id  # one string shared by every stream of the job, not a copy per request
         sub = self.core.hub.subscribe(job_id, node)
         # an immediate keep-alive tells the agent its stream is live (it waits for that before starting ranks)
         sub.offer(keepalive_wire(job_id), droppable=True)

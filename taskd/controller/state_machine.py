@@ -379,7 +379,7 @@ class JobMachine:
         self.online_count = 0
         self.subscribed_count = 0  # of expected nodes (0 <= node rank < node_count)
         self.finished_ok_count = 0  # of expected nodes, finished with exit code 0
-        self._by_identity: dict[tuple[str, int], set[int]] = {}
+        self._by_identity: dict[tuple[str, int], int | set[int]] = {}  # a node rank, or a set when shared
         self._gone_heap: list[tuple[float, int]] = []  # (gone since, node rank); stale entries dropped lazily
         self.info = ""
         self.signal_seq = 0
@@ -467,19 +467,29 @@ class JobMachine:
         self._gone_heap.clear()
 
     def _index_identity(self, a: AgentInfo, add: bool) -> None:
-        key = (a.host, a.pid)
-        if add:
-            self._by_identity.setdefault(key, set()).add(a.node_rank)
-            return
+        key, n = (a.host, a.pid), a.node_rank
         nodes = self._by_identity.get(key)
-        if nodes is not None:
-            nodes.discard(a.node_rank)
-            if not nodes:
-                del self._by_identity[key]
+        if add:
+            if nodes is None or nodes == n:
+                self._by_identity[key] = n  # the usual case: one agent per process, no set allocated
+            elif isinstance(nodes, set):
+                nodes.add(n)
+            else:
+                self._by_identity[key] = {nodes, n}
+        elif nodes == n:
+            del self._by_identity[key]
+        elif isinstance(nodes, set):
+            nodes.discard(n)
+            if len(nodes) == 1:
+                self._by_identity[key] = nodes.pop()
+
+    def _identity_nodes(self, host: str, pid: int) -> set[int]:
+        nodes = self._by_identity.get((host, pid))
+        return set() if nodes is None else set(nodes) if isinstance(nodes, set) else {nodes}
 
     def agents_at(self, host: str, pid: int) -> list[AgentInfo]:
         """The agents registered from process `pid` on `host` (usually zero or one)."""
-        return [self.agents[n] for n in sorted(self._by_identity.get((host, pid), ()))]
+        return [self.agents[n] for n in sorted(self._identity_nodes(host, pid))]
 
     def _push_gone(self, since: float, node_rank: int) -> None:
         heap = self._gone_heap
@@ -513,8 +523,9 @@ class JobMachine:
             identity.setdefault((a.host, a.pid), set()).add(n)
             if a._owner is not self:
                 problems.append(f"agent {n} is not owned by this job")
-        if identity != self._by_identity:
-            problems.append(f"(host, pid) index {self._by_identity} != recount {identity}")
+        indexed = {key: self._identity_nodes(*key) for key in self._by_identity}
+        if identity != indexed:
+            problems.append(f"(host, pid) index {indexed} != recount {identity}")
         gone = self.gone_agents()
         first = min(gone.values()) if gone else None
         if self._first_gone() != first:
