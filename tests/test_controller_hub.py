@@ -87,3 +87,52 @@ def test_recover_handler_serves_every_method_of_the_generated_service() -> None:
         h = handler.service(Details(f"/Recover/{name}"))
         assert h is not None, name
         assert h.response_streaming == desc.server_streaming
+
+
+def stop_train(uuid: str, *ranks: int) -> Signal:
+    return Signal(uuid=uuid, signal_type="stopTrain", actions=("stop_train",), faults=tuple((r, "1") for r in ranks))
+
+
+def test_stop_trains_posted_in_one_loop_turn_go_out_once() -> None:
+    async def scenario() -> None:
+        hub = SignalHub()
+        subs = [hub.subscribe("j", n) for n in range(3)]
+        before = hub.serialised
+        hub.post("j", [stop_train("s1", 1)])
+        hub.post("j", [stop_train("s2", 1, 2)])  # merged in the same turn: replaces s1
+        gf = Signal(uuid="g1", signal_type="globalFault", actions=("on_global_rank",))
+        hub.post("j", [gf, stop_train("s3", 1, 2, 3)])  # not across another signal
+        assert all(s.pending() == 0 for s in subs)  # nothing before the end of the turn
+        await asyncio.sleep(0)
+        assert hub.serialised == before + 3
+        got = [parse(subs[0].get_nowait()).uuid for _ in range(subs[0].pending())]
+        assert got == ["s2", "g1", "s3"]
+
+    asyncio.run(scenario())
+
+
+def test_an_unsent_stop_train_is_replaced_by_a_newer_one_in_the_stream() -> None:
+    async def scenario() -> None:
+        hub = SignalHub()
+        slow = hub.subscribe("j", 0)
+        hub.broadcast("j", [stop_train("s1", 1)])
+        hub.broadcast("j", [stop_train("s2", 1, 2)])  # s1 not sent yet: replaced
+        assert slow.pending() == 1 and parse(slow.get_nowait()).uuid == "s2"
+        hub.broadcast("j", [stop_train("s3", 1, 2, 3)])  # s2 went out: s3 follows it
+        hub.keepalive_once()
+        hub.broadcast("j", [stop_train("s4", 1, 2, 3, 4)])  # a keep-alive in between: appended
+        assert [parse(slow.get_nowait()).uuid for _ in range(3)][::2] == ["s3", "s4"]
+
+    asyncio.run(scenario())
+
+
+def test_a_new_stream_does_not_get_a_broadcast_held_before_it_subscribed() -> None:
+    async def scenario() -> None:
+        hub = SignalHub()
+        old = hub.subscribe("j", 0)
+        hub.post("j", [stop_train("s1", 1)])
+        new = hub.subscribe("j", 1)  # flushes first: the controller re-sends what node 1 owes directly
+        await asyncio.sleep(0)
+        assert parse(old.get_nowait()).uuid == "s1" and new.pending() == 0
+
+    asyncio.run(scenario())

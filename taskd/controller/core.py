@@ -110,10 +110,9 @@ class ControllerCore:
                                 "agent_unsubscribed"):
                 log.info("job %s round %d: %s %s", m.job_id, rec.round, rec.kind, json.dumps(rec.detail))
         if out.signals:
-            reached = self.hub.broadcast(m.job_id, out.signals)
-            for sig in out.signals:
-                log.info("job %s: %s %s to %d agent(s)", m.job_id, sig.signal_type, sig.strategy, reached)
-        if reply_to is not None:
+            self.hub.post(m.job_id, out.signals)  # at the end of this loop turn, merged stopTrains coalesced
+        if reply_to is not None and out.direct:
+            self.hub.flush(m.job_id)  # keep the order: what the job broadcast before goes first
             for sig in out.direct:
                 reply_to.offer(to_wire(m.job_id, sig))
         self._schedule(m)

@@ -4,6 +4,11 @@ No thread and no timer per stream: a broadcast serialises the signal once and ap
 bytes to every subscriber's buffer (the stream's response serializer passes bytes through); the
 keep-alive comes from one shared ticker (`run_keepalive`). A subscriber that stops reading until
 its buffer overflows is closed; its agent reconnects and is re-sent what it still owes.
+
+k faults reported together must not cost k stopTrains to each of N agents: `post()` holds a job's
+signals until the end of the event-loop turn, where a stopTrain replaces the job's stopTrain still
+held, and a stopTrain queued to a stream replaces one that stream has not sent yet. A newer
+stopTrain carries every fault of the round, and acknowledging an older one is not counted anyway.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ class Subscriber:
     Lighter than an asyncio.Queue (10,000 of them live at once): the buffer is allocated on the first
     signal, and at most one future exists, while the stream's handler waits."""
 
-    __slots__ = ("job_id", "node_rank", "maxsize", "closed_reason", "_buf", "_waiter")
+    __slots__ = ("job_id", "node_rank", "maxsize", "closed_reason", "_buf", "_waiter", "_last_supersedable")
 
     def __init__(self, job_id: str, node_rank: int, maxsize: int) -> None:
         self.job_id = job_id
@@ -55,20 +60,26 @@ class Subscriber:
         self.closed_reason = ""
         self._buf: deque[bytes | None] | None = None
         self._waiter: asyncio.Future[None] | None = None
+        self._last_supersedable = False  # the newest item not sent yet is a stopTrain
 
-    def offer(self, data: bytes, droppable: bool = False) -> bool:
-        """Queue serialised signal bytes; a full buffer drops a droppable one, else closes the stream."""
+    def offer(self, data: bytes, droppable: bool = False, supersedes: bool = False) -> bool:
+        """Queue serialised signal bytes; a full buffer drops a droppable one, else closes the stream.
+        `supersedes` (a stopTrain): replace the newest unsent item if that is a stopTrain too."""
         if self.closed_reason:
             return False
         buf = self._buf
         if buf is None:
             buf = self._buf = deque()
+        elif supersedes and self._last_supersedable:
+            buf[-1] = data
+            return True
         elif len(buf) >= self.maxsize:
             if not droppable:
                 log.warning("job %s node %d: signal queue full, closing its stream", self.job_id, self.node_rank)
                 self.close("signal queue overflow")
             return False
         buf.append(data)
+        self._last_supersedable = supersedes
         self._wake()
         return True
 
@@ -89,6 +100,7 @@ class Subscriber:
         item = self._buf.popleft()
         if not self._buf:
             self._buf = None
+            self._last_supersedable = False
         return item
 
     async def get(self) -> bytes | None:
@@ -103,6 +115,7 @@ class Subscriber:
         item = buf.popleft()
         if not buf:
             self._buf = None  # an idle stream holds no buffer (a deque is ~600 bytes)
+            self._last_supersedable = False
         return item
 
     def close(self, reason: str) -> None:
@@ -111,6 +124,7 @@ class Subscriber:
             return
         self.closed_reason = reason
         self._buf = deque((None,))
+        self._last_supersedable = False
         self._wake()
 
 
@@ -121,8 +135,45 @@ class SignalHub:
         self.queue_size = queue_size
         self._subs: dict[str, dict[int, Subscriber]] = {}
         self.serialised = 0  # signals serialised by broadcasts and keep-alives (once each, not per stream)
+        self._posted: dict[str, list[Signal]] = {}  # held until the end of the event-loop turn
+        self._post_handle: asyncio.Handle | None = None
+
+    def post(self, job_id: str, signals: list[Signal]) -> None:
+        """Broadcast `signals` at the end of this event-loop turn, a stopTrain replacing a held one."""
+        held = self._posted.setdefault(job_id, [])
+        for sig in signals:
+            if sig.signal_type == SignalType.STOP_TRAIN and held and held[-1].signal_type == SignalType.STOP_TRAIN:
+                log.debug("job %s: stopTrain %s supersedes %s before it went out", job_id, sig.uuid, held[-1].uuid)
+                held[-1] = sig
+            else:
+                held.append(sig)
+        if self._post_handle is None:
+            try:
+                self._post_handle = asyncio.get_running_loop().call_soon(self.flush)
+            except RuntimeError:  # no loop running: nothing to batch with
+                self.flush()
+
+    def flush(self, job_id: str | None = None) -> None:
+        """Broadcast what `post` holds (for one job, or all); before a direct signal or a new stream."""
+        if job_id is not None:
+            held = self._posted.pop(job_id, None)
+            if held:
+                self._send(job_id, held)
+            return
+        if self._post_handle is not None:
+            self._post_handle.cancel()
+            self._post_handle = None
+        posted, self._posted = self._posted, {}
+        for job, held in posted.items():
+            self._send(job, held)
+
+    def _send(self, job_id: str, signals: list[Signal]) -> None:
+        reached = self.broadcast(job_id, signals)
+        for sig in signals:
+            log.info("job %s: %s %s to %d agent(s)", job_id, sig.signal_type, sig.strategy, reached)
 
     def subscribe(self, job_id: str, node_rank: int) -> Subscriber:
+        self.flush(job_id)  # the new stream is sent what it owes directly, not a held broadcast too
         sub = Subscriber(job_id, node_rank, self.queue_size)
         subs = self._subs.get(job_id)
         if subs is None:
@@ -155,8 +206,9 @@ class SignalHub:
         for sig in signals:
             data = to_wire(job_id, sig)
             self.serialised += 1
+            supersedes = sig.signal_type == SignalType.STOP_TRAIN
             for sub in subs:
-                sub.offer(data)
+                sub.offer(data, supersedes=supersedes)
         return len(subs)
 
     def count(self, job_id: str | None = None) -> int:
@@ -165,6 +217,7 @@ class SignalHub:
         return sum(len(s) for s in self._subs.values())
 
     def close_all(self, reason: str) -> None:
+        self.flush()
         for subs in list(self._subs.values()):
             for sub in list(subs.values()):
                 sub.close(reason)
