@@ -526,6 +526,21 @@ def test_long_handler_is_not_mistaken_for_a_dead_stream(server, make_manager, su
     assert server.recorder.subscriptions == 1
 
 
+def test_handler_may_report_synchronously(server, make_manager, subscribe):
+    """Handlers run on the subscription's event loop; the blocking report calls work from there too."""
+    manager = make_manager()
+    manager.register()
+    codes: list[int] = []
+    manager.register_action_handler("stop_train", lambda sig: codes.append(manager.report_stop_complete(0, "", {1: 1})))
+    subscribe(manager)
+    server.recorder.push(uuid="s", signalType="stopTrain", actions=["stop_train"], faultRanks=[
+        recover_pb2.FaultRank(rankId="1", faultType="1")])
+    wait_until(lambda: codes, what="report from inside the handler")
+    assert codes == [0]
+    assert server.recorder.requests("ReportStopComplete")[0].faultRanks[0].rankId == "1"
+    assert manager.connected
+
+
 def test_first_subscribe_inits_and_registers_when_not_registered(server, make_manager, subscribe):
     manager = make_manager()
     subscribe(manager)
@@ -668,6 +683,10 @@ def test_secure_channel_with_a_ca_certificate(tmp_path, make_manager):
         manager = make_manager(f"127.0.0.1:{port}", None, True, str(cert))
         assert manager.register().code == 0
         assert recorder.names() == ["Register"]
+        sub = Subscriber(manager)  # the signal stream's own (asyncio) channel uses TLS too
+        wait_until(lambda: manager.connected, what="subscribed over TLS")
+        sub.stop()
+        assert recorder.names() == ["Register", "Subscribe"]
         plain = make_manager(f"127.0.0.1:{port}", call_timeout=1.0)
         with pytest.raises(ServerUnreachable):
             plain.register()  # an insecure client cannot talk to a TLS server

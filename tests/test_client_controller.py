@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
 import queue
+import subprocess
+import sys
 import threading
 import time
 
@@ -11,6 +14,7 @@ import grpc
 import pytest
 from support import wait_until
 
+import taskd
 from taskd.controller.server import ControllerConfig, EmbeddedController
 from taskd.proto import recover_pb2, taskd_pb2, taskd_pb2_grpc
 from taskd.toolkit.recover_module.recover_manager import DLRecoverManager, RecoverSignal, ServerUnreachable
@@ -188,3 +192,75 @@ def test_unreachable_after_controller_stops(agents):
     ctl.stop()
     with pytest.raises(ServerUnreachable, match=address):
         agent.mgr.report_process_fault({0: 1})
+
+
+# -- cost of an idle subscription ------------------------------------------------------------------
+
+IDLE_CHILD = r"""
+import sys, threading, time
+from taskd.proto import recover_pb2
+from taskd.toolkit.recover_module.recover_manager import DLRecoverManager
+
+info = recover_pb2.ClientInfo(jobId="job-idle", role="agent", nodeRank=0, nodeCount=1, ranksPerNode=8)
+mgr = DLRecoverManager(info, sys.argv[1])
+assert mgr.init_clusterd() and mgr.register().code == 0
+thread = threading.Thread(target=mgr.start_subscribe, name="subscriber", daemon=True)
+thread.start()
+deadline = time.monotonic() + 30
+while not mgr.connected and time.monotonic() < deadline:
+    time.sleep(0.05)
+print(thread.native_id if mgr.connected else "not-connected", flush=True)
+sys.stdin.readline()
+print("|".join(t.name for t in threading.enumerate()), flush=True)
+mgr.stop()
+thread.join(10)
+print("stopped" if not thread.is_alive() else "still-running", flush=True)
+"""
+
+
+def thread_usage(pid: int, tid: int) -> tuple[float, int]:
+    """(CPU seconds, voluntary context switches = times it went to sleep) of one thread."""
+    cpu_ns = int(open(f"/proc/{pid}/task/{tid}/schedstat").read().split()[0])
+    status = open(f"/proc/{pid}/task/{tid}/status").read()
+    sleeps = int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+    return cpu_ns / 1e9, sleeps
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="needs Linux /proc per-thread statistics")
+def test_idle_subscription_does_not_poll():
+    """An idle subscribed manager sleeps between keep-alives instead of polling.
+
+    The former synchronous stream woke its thread every 100 ms (about 50 sleeps and 6 ms CPU per
+    5 s) and ran a channel spin thread and a liveness thread; the asyncio stream sleeps until a
+    message or the liveness deadline (a few sleeps per 5 s).
+    """
+    ctl = EmbeddedController(ControllerConfig(listen="127.0.0.1:0", state_path=":memory:"))  # keep-alive every 5 s
+    address = ctl.start()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(taskd.__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    child = subprocess.Popen(
+        [sys.executable, "-c", IDLE_CHILD, address], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        first = child.stdout.readline().strip()
+        assert first.isdigit(), f"child did not subscribe: {first!r}"
+        tid = int(first)
+        time.sleep(0.5)  # past the first keep-alive's dispatch
+        cpu0, sleeps0 = thread_usage(child.pid, tid)
+        time.sleep(5.0)
+        cpu1, sleeps1 = thread_usage(child.pid, tid)
+        child.stdin.write("\n")
+        child.stdin.flush()
+        names = child.stdout.readline().strip().split("|")
+        assert child.stdout.readline().strip() == "stopped"
+        assert child.wait(WAIT) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(WAIT)
+        ctl.stop()
+    cpu, sleeps = cpu1 - cpu0, sleeps1 - sleeps0
+    logging.getLogger(__name__).info("idle subscriber over 5 s: %.2f ms CPU, %d sleeps", cpu * 1e3, sleeps)
+    assert sleeps < 25, f"the subscriber thread woke {sleeps} times in 5 s of idling (polling?)"
+    assert cpu < 0.030, f"the subscriber thread used {cpu * 1e3:.1f} ms CPU in 5 s of idling"
+    assert not [n for n in names if "channel_spin" in n or "liveness" in n], names

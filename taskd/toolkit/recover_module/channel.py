@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import grpc
+import grpc.aio
 
 from taskd.toolkit.recover_module.errors import ConfigurationError
 from taskd.vocabulary import DEFAULT_PORT
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+ChannelOptions = list[tuple[str, int | str]] | tuple[tuple[str, int | str], ...]
 
 # Keepalive pings detect a dead controller or a dropped NAT entry within seconds even while
 # the signal stream is idle; the reconnect backoff is capped so that an agent finds a
@@ -51,15 +54,35 @@ def normalize_address(server_addr: str, default_port: int = DEFAULT_PORT) -> str
     return f"{host}:{int(port_text)}"
 
 
+def _options(extra_options: ChannelOptions) -> list[tuple[str, int | str]]:
+    options: dict[str, int | str] = dict(DEFAULT_CHANNEL_OPTIONS)
+    options.update(dict(extra_options))
+    return list(options.items())
+
+
 def make_channel(
     target: str,
-    extra_options: list[tuple[str, int | str]] | tuple[tuple[str, int | str], ...] = (),
+    extra_options: ChannelOptions = (),
     credentials: grpc.ChannelCredentials | None = None,
 ) -> grpc.Channel:
     """A channel with the default options; `extra_options` override entries of the same name."""
-    options = dict(DEFAULT_CHANNEL_OPTIONS)
-    options.update(dict(extra_options))
-    items = list(options.items())
+    items = _options(extra_options)
     if credentials is not None:
         return grpc.secure_channel(target, credentials, options=items)
     return grpc.insecure_channel(target, options=items)
+
+
+def make_aio_channel(
+    target: str,
+    extra_options: ChannelOptions = (),
+    credentials: grpc.ChannelCredentials | None = None,
+) -> grpc.aio.Channel:
+    """The asyncio twin of `make_channel` (same options and credentials); call it on the loop that uses it.
+
+    The signal stream lives on an aio channel because grpc.aio waits for the next message without
+    polling, where the synchronous stream iterator wakes every 100 ms and its channel spins a thread.
+    """
+    items = _options(extra_options)
+    if credentials is not None:
+        return grpc.aio.secure_channel(target, credentials, options=items)
+    return grpc.aio.insecure_channel(target, options=items)

@@ -9,6 +9,8 @@ backoff and re-initialises and re-registers the job before it subscribes again.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -18,10 +20,16 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import grpc
+import grpc.aio
 
 from taskd.proto import recover_pb2, recover_pb2_grpc, taskd_pb2, taskd_pb2_grpc
 from taskd.toolkit.recover_module.backoff import Backoff
-from taskd.toolkit.recover_module.channel import DEFAULT_CHANNEL_OPTIONS, make_channel, normalize_address
+from taskd.toolkit.recover_module.channel import (
+    DEFAULT_CHANNEL_OPTIONS,
+    make_aio_channel,
+    make_channel,
+    normalize_address,
+)
 from taskd.toolkit.recover_module.errors import ConfigurationError, RecoverClientError, ServerUnreachable
 from taskd.toolkit.recover_module.signals import (
     InvalidFaultRanks,
@@ -67,6 +75,12 @@ _INT32 = (-(2**31), 2**31 - 1)
 
 class _BadArgument(ValueError):
     """A report argument that cannot be sent; answered locally with 409."""
+
+
+def _task_is_cancelling() -> bool:
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)  # Python >= 3.11
+    return bool(cancelling()) if cancelling is not None else False
 
 
 def _int32(value: object, what: str) -> int:
@@ -151,11 +165,12 @@ class DLRecoverManager:
         self._handlers: dict[str, SignalHandler] = {}
         self._stopped = threading.Event()
         self._subscribing = False
-        self._call: Any = None  # the open SubscribeProcessManageSignal call
+        self._call: Any = None  # the open SubscribeProcessManageSignal call (grpc.aio, loop thread only)
+        self._loop: asyncio.AbstractEventLoop | None = None  # start_subscribe's loop while it runs
+        self._wake: asyncio.Event | None = None  # set by stop() through the loop
         self._registered_with: recover_pb2.ClientInfo | None = None
         self._last_activity = 0.0  # monotonic; what the liveness watchdog compares against
         self._last_signal_mono: float | None = None  # last message on the current stream
-        self._dispatching = False
         self.last_signal_time: float | None = None  # wall clock of the last signal received
         self.frame = "pytorch"
 
@@ -365,15 +380,14 @@ class DLRecoverManager:
                 self._handlers[name] = fn
 
     def _run_handler(self, name: str, fn: SignalHandler, signal: RecoverSignal) -> None:
-        with self._lock:
-            self._dispatching = True
+        # Handlers run on the loop thread, so the liveness task cannot fire while one runs; the
+        # activity stamp afterwards gives the stream a full timeout again (a long handler is no silence).
         try:
             fn(signal)
         except Exception:
             logger.exception("handler for %r failed on signal %s; the stream goes on", name, signal.uuid)
         finally:
             with self._lock:
-                self._dispatching = False
                 self._last_activity = time.monotonic()
 
     def _dispatch(self, message: recover_pb2.ProcessManageSignal) -> None:
@@ -431,9 +445,11 @@ class DLRecoverManager:
         if status.code != Code.OK:
             raise RecoverClientError(f"Register on {self.server_addr} answered {status.code}: {status.info}")
 
-    def _listen(self, backoff: Backoff) -> None:
-        recover_stub, _ = self._stubs()
-        call = recover_stub.SubscribeProcessManageSignal(self.info, wait_for_ready=self.wait_for_ready)
+    async def _listen(self, channel: grpc.aio.Channel, backoff: Backoff) -> None:
+        """Dispatch the messages of one subscription until it ends, breaks or is cancelled."""
+        call = recover_pb2_grpc.RecoverStub(channel).SubscribeProcessManageSignal(
+            self.info, wait_for_ready=self.wait_for_ready
+        )
         with self._lock:
             if self._stopped.is_set():
                 call.cancel()
@@ -442,7 +458,17 @@ class DLRecoverManager:
             self._last_activity = time.monotonic()
             self._last_signal_mono = None
         try:
-            for message in call:
+            while True:
+                try:
+                    message = await call.read()
+                except asyncio.CancelledError:
+                    # grpc.aio reports a locally cancelled call (stop(), the liveness task) this way;
+                    # only a cancellation of this task itself must propagate.
+                    if _task_is_cancelling():
+                        raise
+                    return
+                if message is grpc.aio.EOF:
+                    return
                 if self._last_signal_mono is None:
                     logger.info("subscribed to signals of job %s at %s", self.info.jobId, self.server_addr)
                     backoff.reset()
@@ -455,45 +481,49 @@ class DLRecoverManager:
                     self._call = None
             call.cancel()
 
-    def _watch_liveness(self, done: threading.Event) -> None:
-        """Cancel a stream that went silent; keep-alives keep it open, a running handler excuses it."""
-        interval = min(1.0, self.liveness_timeout / 4)
-        while not done.wait(interval):
-            with self._lock:
-                call, last, busy = self._call, self._last_activity, self._dispatching
-                expired = call is not None and not busy and time.monotonic() - last > self.liveness_timeout
-                if expired:
-                    self._last_activity = time.monotonic()
-            if expired:
-                logger.warning(
-                    "no signal from %s for %.1fs; reopening the signal stream", self.server_addr, self.liveness_timeout
-                )
-                call.cancel()
+    async def _watch_liveness(self) -> None:
+        """Cancel a stream that went silent; keep-alives keep it open.
 
-    def start_subscribe(self, frame: str = "pytorch") -> None:
-        """Receive and dispatch signals until stop(); blocks, so run it in its own thread."""
-        with self._lock:
-            if self._subscribing:
-                raise RuntimeError("start_subscribe is already running for this manager")
-            if self._stopped.is_set():
-                logger.info("start_subscribe called after stop(); not subscribing")
-                return
-            self._subscribing = True
-        self.frame = frame
-        done = threading.Event()
-        watchdog = None
-        if self.liveness_timeout > 0:
-            watchdog = threading.Thread(target=self._watch_liveness, args=(done,), name="taskd-liveness", daemon=True)
-            watchdog.start()
+        Sleeps until the stream's deadline rather than ticking, so an idle healthy stream costs one
+        wake-up per keep-alive period at most.
+        """
+        idle_tick = min(1.0, self.liveness_timeout / 4)
+        while True:
+            with self._lock:
+                call, last = self._call, self._last_activity
+            now = time.monotonic()
+            if call is None:
+                await asyncio.sleep(idle_tick)
+                continue
+            due = last + self.liveness_timeout
+            if now < due:
+                await asyncio.sleep(due - now)
+                continue
+            with self._lock:
+                self._last_activity = now
+            logger.warning(
+                "no signal from %s for %.1fs; reopening the signal stream", self.server_addr, self.liveness_timeout
+            )
+            call.cancel()
+
+    async def _pause(self, delay: float) -> None:
+        """Sleep `delay` seconds, or less if stop() wakes the loop."""
+        assert self._wake is not None
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), delay)
+
+    async def _subscribe_forever(self) -> None:
         backoff = self._new_backoff()
         need_sync = self._registered_with is None
+        channel = make_aio_channel(self.server_addr, self._channel_options, self._credentials)
+        watchdog = asyncio.create_task(self._watch_liveness()) if self.liveness_timeout > 0 else None
         try:
             while not self._stopped.is_set():
                 try:
                     if need_sync:
-                        self._resync()
+                        self._resync()  # blocking, on this thread: nothing else is due meanwhile
                     need_sync = True
-                    self._listen(backoff)
+                    await self._listen(channel, backoff)
                     if not self._stopped.is_set():
                         logger.warning("signal stream from %s ended; reconnecting", self.server_addr)
                 except grpc.RpcError as exc:
@@ -503,30 +533,64 @@ class DLRecoverManager:
                 except RecoverClientError as exc:
                     if not self._stopped.is_set():
                         logger.warning("cannot resubscribe yet: %s", exc)
-                except ValueError as exc:  # channel closed under us by stop()
-                    if not self._stopped.is_set():
-                        logger.warning("signal stream from %s failed: %s", self.server_addr, exc)
                 if self._stopped.is_set():
                     break
-                self._stopped.wait(backoff.next_delay())
+                await self._pause(backoff.next_delay())
         finally:
-            done.set()
             if watchdog is not None:
-                watchdog.join(timeout=5)
+                watchdog.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watchdog
+            await channel.close()
+
+    def _wake_subscriber(self) -> None:
+        """Runs on the loop thread (scheduled by stop()): end the pause or the open call."""
+        if self._wake is not None:
+            self._wake.set()
+        with self._lock:
+            call = self._call
+        if call is not None:
+            call.cancel()
+
+    def start_subscribe(self, frame: str = "pytorch") -> None:
+        """Receive and dispatch signals until stop(); blocks, so run it in its own thread.
+
+        The stream runs on an asyncio loop owned by this thread (grpc.aio), so an idle subscription
+        sleeps until a message, a keepalive or the liveness deadline instead of polling.
+        """
+        with self._lock:
+            if self._subscribing:
+                raise RuntimeError("start_subscribe is already running for this manager")
+            if self._stopped.is_set():
+                logger.info("start_subscribe called after stop(); not subscribing")
+                return
+            self._subscribing = True
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            self._wake = asyncio.Event()
+        self.frame = frame
+        try:
+            loop.run_until_complete(self._subscribe_forever())
+        finally:
             with self._lock:
+                self._loop = None
                 self._subscribing = False
                 self._call = None
+            try:
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            finally:
+                loop.close()
             logger.info("signal subscription of job %s stopped", self.info.jobId)
 
     def stop(self) -> None:
         """End start_subscribe promptly and close the channel; safe from any thread, idempotent."""
         self._stopped.set()
         with self._lock:
-            call, channel = self._call, self._channel
-            self._call = None
+            loop, channel = self._loop, self._channel
             self._channel = self._recover_stub = self._report_stub = None
-        if call is not None:
-            call.cancel()
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed in the meantime
+                loop.call_soon_threadsafe(self._wake_subscriber)
         if channel is not None:
             channel.close()
 
