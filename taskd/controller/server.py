@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import threading
@@ -147,13 +148,17 @@ class ControllerServer:
             return
         server, self._server = self._server, None
         self.core.closing = True
+        # gRPC first stops taking calls, then the streams end: agents that reconnect at once must not
+        # open new streams here (each would hang until the grace period ended: 7 s at 10,000 agents)
+        stopping = asyncio.ensure_future(server.stop(self.config.grace if grace is None else grace))
+        await asyncio.sleep(0.05)
         self.core.hub.close_all("controller shutting down")
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
-        await server.stop(self.config.grace if grace is None else grace)
+        await stopping
         try:
             self.core.flush_soft()
         except Exception:  # soft history only; the state itself was committed event by event
@@ -164,10 +169,25 @@ class ControllerServer:
         self._stopped.set()
 
 
+GC_THRESHOLDS = (50_000, 20, 10)
+"""The standalone controller's cyclic-GC thresholds (Python's are 700, 10, 10). With 10,000 streams the
+heap holds ~10^6 long-lived objects; at the default rate a full collection (0.3 s at 10,000 agents)
+ran 15 times in a minute of subscribing and fanning out, stalling every stream while it ran."""
+
+
+def tune_gc() -> None:
+    """For a process that is only a controller: objects from startup (modules, descriptors) are frozen
+    out of collections, and collections run after 50,000 net allocations instead of 700."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 async def serve(config: ControllerConfig, ready: Any = None) -> None:
     """Serve until SIGTERM/SIGINT (main thread) and shut down gracefully; `ready(server)` after start."""
     server = ControllerServer(config)
     await server.start()
+    tune_gc()
     if ready is not None:
         ready(server)
     loop = asyncio.get_running_loop()

@@ -82,6 +82,8 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
         """Yields serialised ProcessManageSignals (the method is registered with a pass-through serializer)."""
         if why := v.check_client(request):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{Code.INVALID_PARAMS}: {why}")
+        if self.core.closing:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "controller shutting down")
         job_id, node = request.jobId, request.nodeRank
         job = self.core.jobs.get(job_id)
         if job is None:
