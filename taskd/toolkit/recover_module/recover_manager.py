@@ -533,6 +533,9 @@ class DLRecoverManager:
                 except RecoverClientError as exc:
                     if not self._stopped.is_set():
                         logger.warning("cannot resubscribe yet: %s", exc)
+                except Exception:  # a bug must not silently end the agent's only link to the controller
+                    if not self._stopped.is_set():
+                        logger.exception("signal stream from %s failed unexpectedly; resubscribing", self.server_addr)
                 if self._stopped.is_set():
                     break
                 await self._pause(backoff.next_delay())
