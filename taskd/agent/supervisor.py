@@ -176,7 +176,11 @@ class Supervisor:
             nodeCount=cfg.node_count or 1, ranksPerNode=cfg.ranks_per_node or 0,
             maxRestarts=cfg.max_restarts, host=socket.gethostname(), pid=os.getpid(),
             strategies=cfg.offered_strategies)
-        mgr = rm.DLRecoverManager(info, address, init_timeout=max(1.0, cfg.controller_timeout))
+        # An embedded controller lives and dies with this process: 3 s keepalive pings (for a remote
+        # controller's death) only cost an idle agent CPU there.
+        options = (("grpc.keepalive_time_ms", 60_000),) if self._embedded is not None else ()
+        mgr = rm.DLRecoverManager(info, address, init_timeout=max(1.0, cfg.controller_timeout),
+                                  channel_options=options)
         try:
             enabled = mgr.init_clusterd()
             if enabled:
@@ -410,6 +414,7 @@ class Supervisor:
     def _sweep(self) -> None:
         """What pidfds cannot tell: launcher statuses, zombies, pid reuse, restarts by someone else."""
         entries = self.cb["MONITOR"]([-1]) or {}
+        self._sweeps += 1
         for rank in list(self.ranks.values()):
             if rank.state != RUNNING or rank.pid is None:
                 continue
@@ -426,15 +431,20 @@ class Supervisor:
                 self._check_hang(rank)
 
     def _process_gone(self, rank: Rank) -> bool:
-        """psutil's view: a zombie is dead; a pid whose create time changed was reused (checked every 10th sweep)."""
-        self._sweeps += 1
+        """psutil's view, every 5th sweep: a zombie is dead; a pid whose create time changed was reused.
+
+        A belt to the pidfd's braces (it already turns readable when a rank becomes a zombie), so it
+        runs on a slower beat: an idle agent's CPU goes mostly to this otherwise.
+        """
+        if self._sweeps % 5:
+            return False
         proc = self._procs.get(rank.local_rank)
         try:
             if proc is None or proc.pid != rank.pid:
                 proc = self._procs[rank.local_rank] = psutil.Process(rank.pid)
             if proc.status() == psutil.STATUS_ZOMBIE:
                 return True
-            if self._sweeps % 10 == 0 and rank.create_time is not None:
+            if rank.create_time is not None:
                 return abs(psutil.Process(rank.pid).create_time() - rank.create_time) > 0.01
             return False
         except psutil.NoSuchProcess:
