@@ -106,7 +106,9 @@ def main() -> int:
     print(f"Supervision overhead: agent process CPU while {args.ranks} idle ranks sleep ({args.window:.0f} s window)")
     print(table(["agent", "CPU s/min", "CPU s", "wall s", "threads", "RSS MiB"], rows, 3))
     if tr:
-        print(f"\ntaskd / torchrun CPU: {result['taskd_over_torchrun']:.2f}")
+        r = result["taskd_over_torchrun"]
+        # a short window can measure 0 CPU seconds for torchrun (psutil's 10 ms resolution): no ratio then
+        print(f"\ntaskd / torchrun CPU: {r:.2f}" if r is not None else "\ntaskd / torchrun CPU: n/a (window too short)")
     print("\nworker SDK cost per call (python -m taskd.worker.bench)")
     print(table(["call", "us/call"], [[k, v] for k, v in result["worker_sdk_us_per_call"].items()], 3))
     write_result("overhead", result)
