@@ -18,7 +18,11 @@ class ServerUnreachable(RecoverClientError, ConnectionError):
         self.address = address
         self.detail = detail
         message = f"recovery controller at {address} is unreachable"
-        super().__init__(f"{message}: {detail}" if detail else message)
+        if detail:
+            message = f"{message}: {detail}"
+        super().__init__(
+            f"{message} (is `taskd server` running there? check MINDX_SERVER_IP, the port and any firewall)"
+        )
 
 
 class ConfigurationError(RecoverClientError, ValueError):
