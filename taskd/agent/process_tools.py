@@ -10,6 +10,8 @@ from collections.abc import Iterable
 
 import psutil
 
+from taskd.launcher.process import kill_group
+
 log = logging.getLogger(__name__)
 
 
@@ -50,14 +52,8 @@ def live_group_members(pgids: Iterable[int]) -> dict[int, list[int]]:
 
 def signal_groups(pgids: Iterable[int], sig: int) -> None:
     for pgid in pgids:
-        if pgid <= 1 or pgid == os.getpgrp():
-            continue  # never signal our own group or init's
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            pass
-        except PermissionError as exc:
-            log.warning("cannot signal process group %d: %s", pgid, exc)
+        if pgid > 1 and pgid != os.getpgrp():  # never signal our own group or init's
+            kill_group(pgid, sig)
 
 
 def wait_groups_gone(pgids: Iterable[int], timeout: float, poll: float = 0.01) -> dict[int, list[int]]:
@@ -77,13 +73,13 @@ def stop_groups(pgids: Iterable[int], grace: float, first_signal: int = signal.S
     if not alive:
         return {}
     signal_groups(alive, first_signal)
-    alive = wait_groups_gone(alive, grace)
-    if alive:
+    alive = wait_groups_gone(alive, grace if first_signal != signal.SIGKILL else 5.0)
+    if alive and first_signal != signal.SIGKILL:
         log.warning("process groups %s outlived %.1fs of grace: SIGKILL", sorted(alive), grace)
         signal_groups(alive, signal.SIGKILL)
         alive = wait_groups_gone(alive, 5.0)
-        if alive:
-            log.error("process groups %s survive SIGKILL", sorted(alive))
+    if alive:
+        log.error("process groups %s survive SIGKILL", sorted(alive))
     return alive
 
 
@@ -117,27 +113,6 @@ def reap_processes(procs: list[psutil.Process], grace: float) -> None:
         except psutil.Error:
             pass
     psutil.wait_procs(alive, timeout=5.0)
-
-
-def describe_exit(returncode: int | None) -> str:
-    if returncode is None:
-        return "ended (exit status unknown)"
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-        return f"killed by {name}"
-    return f"exited with code {returncode}"
-
-
-def shell_exit_code(returncode: int | None) -> int:
-    """What a shell would report: 128 + signal for a signal, 1 when unknown."""
-    if returncode is None:
-        return 1
-    if returncode < 0:
-        return 128 + (-returncode)
-    return returncode
 
 
 def restart_msrun_scheduler(grace: float) -> int | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from taskd.agent.process_tools import describe_exit
+from taskd.launcher.process import describe_returncode
 
 
 @dataclass
@@ -19,7 +19,12 @@ class FaultRecord:
 
     def describe(self) -> str:
         pid = f"pid {self.pid}" if self.pid else "no pid"
-        what = "stopped making progress (hang)" if self.reason == "hang" else describe_exit(self.returncode)
+        if self.reason == "hang":
+            what = "stopped making progress (hang)"
+        elif self.returncode is None:
+            what = "ended (exit status unknown)"
+        else:
+            what = describe_returncode(self.returncode)
         return f"rank {self.global_rank} ({pid}) {what}"
 
 

@@ -22,25 +22,24 @@ import psutil
 
 from taskd.agent.config import AgentConfig
 from taskd.agent.process_tools import (
-    describe_exit,
     live_group_members,
     msrun_schedulers,
     process_group,
     reap_processes,
     restart_msrun_scheduler,
-    shell_exit_code,
     stop_groups,
     wait_groups_gone,
 )
 from taskd.agent.rank_watch import RankWatch
 from taskd.agent.summary import FaultRecord, JobResult, RecoveryRecord
+from taskd.launcher.process import exit_code_of
 from taskd.vocabulary import Action, Code, FaultType, SignalType, Strategy
 
 log = logging.getLogger("taskd.agent")
 
 RUNNING, SUCCEEDED, FAILED, STOPPING, STOPPED, NOT_STARTED = (
     "running", "succeeded", "failed", "stopping", "stopped", "not-started")
-MONITOR_RUNNING, MONITOR_GONE, MONITOR_NEVER_STARTED = None, 300, 200
+MONITOR_RUNNING, MONITOR_GONE = None, 300
 
 
 class LauncherDetails(Protocol):
@@ -408,7 +407,7 @@ class Supervisor:
 
     def _failure_code(self) -> int:
         first = self.result.first_failure
-        return shell_exit_code(first.returncode) if first is not None else 1
+        return exit_code_of(first.returncode) if first is not None else 1
 
     # ----------------------------------------------------------------- sweep
     def _sweep(self) -> None:
@@ -725,4 +724,4 @@ def _reason(sig: Any) -> str:
     return str(params.get("reason", "")) if isinstance(params, dict) else ""
 
 
-__all__ = ["Supervisor", "LauncherDetails", "describe_exit"]
+__all__ = ["LauncherDetails", "Supervisor"]

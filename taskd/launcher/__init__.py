@@ -6,8 +6,8 @@
     plugin.register_callbacks(...)  # for name, func in launcher.callbacks().items()
 """
 
-from taskd.launcher.local import Incarnation, LocalLauncher, describe_returncode, exit_code_of
-from taskd.launcher.process import set_child_subreaper
+from taskd.launcher.local import Incarnation, LocalLauncher
+from taskd.launcher.process import describe_returncode, exit_code_of, set_child_subreaper
 from taskd.launcher.spec import (
     STATUS_FAILED,
     STATUS_NOT_STARTED,

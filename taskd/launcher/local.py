@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from taskd.launcher.env import rank_env
 from taskd.launcher.output import OutputPump, RankLog, RankOutput
-from taskd.launcher.process import has_exited, kill_group, spawn, wait_exit
+from taskd.launcher.process import describe_returncode, has_exited, kill_group, spawn, wait_exit
 from taskd.launcher.spares import SparePool, python_script
 from taskd.launcher.spec import (
     STATUS_FAILED,
@@ -350,7 +350,7 @@ class LocalLauncher:
         kill_group(pid)  # processes the rank left in its group
         inc.returncode = inc.popen.wait()
         inc.ended_at = time.time()
-        log.info("rank %d (pid %d) ended: %s", inc.global_rank, pid, describe_returncode(inc.returncode))
+        log.info("rank %d (pid %d) %s", inc.global_rank, pid, describe_returncode(inc.returncode))
         return True
 
     def _wait_reaped(self, inc: Incarnation, timeout: float) -> None:
@@ -358,23 +358,6 @@ class LocalLauncher:
         if inc.running:
             wait_exit(inc.pid, timeout)  # type: ignore[arg-type]
             self._reap(inc)
-
-
-def describe_returncode(code: int | None) -> str:
-    """'exit code 3', 'signal SIGKILL' or 'running', for event lines."""
-    if code is None:
-        return "running"
-    if code < 0:
-        try:
-            return f"signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal {-code}"
-    return f"exit code {code}"
-
-
-def exit_code_of(code: int) -> int:
-    """A Popen returncode as a shell would report it (128 + N for signal N)."""
-    return 128 - code if code < 0 else code
 
 
 def _status(inc: Incarnation) -> int | None:

@@ -151,3 +151,22 @@ def wait_exit(pid: int, timeout: float) -> bool:
             return True
         time.sleep(0.001)
     return has_exited(pid)
+
+
+def describe_returncode(code: int | None) -> str:
+    """A Popen returncode for event lines: 'exited with code 3', 'killed by SIGKILL', 'running' (None)."""
+    if code is None:
+        return "running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def exit_code_of(code: int | None) -> int:
+    """A Popen returncode as a shell would report it: 128 + N for signal N; 1 when unknown (None)."""
+    if code is None:
+        return 1
+    return 128 - code if code < 0 else code
