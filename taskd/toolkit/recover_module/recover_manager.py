@@ -1,9 +1,10 @@
 """`DLRecoverManager`: an agent's link to the recovery controller.
 
-Drop-in for TaskD's class of the same name. The agent calls it from several threads (the
-subscription thread, its rank monitor, its recovery worker), so it uses the synchronous gRPC
-API, puts a deadline on every unary call and turns "nobody answers" into `ServerUnreachable`
-instead of a hang. The subscription survives controller restarts: it reconnects with jittered
+Drop-in for TaskD's class of the same name. The agent calls it from several threads (its rank
+monitor, its recovery worker), so the unary calls use the synchronous gRPC API, each with a
+deadline, and "nobody answers" becomes `ServerUnreachable` instead of a hang. The signal stream
+runs on grpc.aio in the thread that calls `start_subscribe` (see there why).
+The subscription survives controller restarts: it reconnects with jittered
 backoff and re-initialises and re-registers the job before it subscribes again.
 """
 
@@ -373,11 +374,13 @@ class DLRecoverManager:
             raise ValueError(f"handler name must be a non-empty string, got {name!r}")
         if fn is not None and not callable(fn):
             raise TypeError(f"handler for {name!r} is not callable: {fn!r}")
-        with self._lock:
+        with self._lock:  # copy on write: _dispatch reads the current dict without copying it
+            handlers = dict(self._handlers)
             if fn is None:
-                self._handlers.pop(name, None)
+                handlers.pop(name, None)
             else:
-                self._handlers[name] = fn
+                handlers[name] = fn
+            self._handlers = handlers
 
     def _run_handler(self, name: str, fn: SignalHandler, signal: RecoverSignal) -> None:
         # Handlers run on the loop thread, so the liveness task cannot fire while one runs; the
@@ -397,7 +400,7 @@ class DLRecoverManager:
             self._last_activity = now
             self._last_signal_mono = now
             self.last_signal_time = time.time()
-            handlers = dict(self._handlers)
+        handlers = self._handlers  # replaced, never mutated, by register_action_handler
         if message.jobId and message.jobId != self.info.jobId:
             logger.warning(
                 "dropping %s signal %s for job %r: this agent serves job %r",
@@ -407,8 +410,10 @@ class DLRecoverManager:
                 self.info.jobId,
             )
             return
+        keep_alive = message.signalType == SignalType.KEEP_ALIVE
+        if keep_alive and SignalType.KEEP_ALIVE not in handlers and not message.actions:
+            return  # the common case every few seconds: only the stamps above matter
         signal = parse_signal(message)
-        keep_alive = signal.signal_type == SignalType.KEEP_ALIVE
         if not keep_alive:
             logger.info(
                 "signal %s %s actions=%s fault_ranks=%s strategy=%r",
