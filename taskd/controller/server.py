@@ -13,7 +13,7 @@ import gc
 import logging
 import signal
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import grpc
@@ -30,21 +30,14 @@ log = logging.getLogger(__name__)
 MAX_MESSAGE = 64 * 1024 * 1024
 
 
-@dataclass
-class ControllerConfig:
-    """Everything `taskd server` can be told; the CLI only parses flags into this."""
+@dataclass(frozen=True)
+class ControllerConfig(MachineConfig):
+    """Everything `taskd server` can be told; the CLI only parses flags into this. The recovery
+    timeouts and policy defaults are `MachineConfig`'s fields, inherited rather than repeated."""
 
     listen: str = f"127.0.0.1:{DEFAULT_PORT}"
     state_path: str | None = None  # None = default_state_path(); ":memory:" keeps nothing
     keepalive_interval: float = 5.0
-    stop_timeout: float = 60.0
-    strategy_timeout: float = 60.0
-    recover_timeout: float = 300.0
-    resume_timeout: float = 120.0
-    settle_window: float = 30.0
-    default_max_restarts: int = 3
-    # an agent whose stream closed and that neither resubscribed nor finished within this fails its job
-    agent_loss_timeout: float = 30.0
     max_jobs: int = 10000
     subscriber_queue_size: int = 1024
     # Calls gRPC core has received but the event loop has not picked up yet: above the soft limit some
@@ -60,12 +53,8 @@ class ControllerConfig:
     extra_options: list[tuple[str, Any]] = field(default_factory=list)
 
     def machine_config(self) -> MachineConfig:
-        return MachineConfig(
-            stop_timeout=self.stop_timeout, strategy_timeout=self.strategy_timeout,
-            recover_timeout=self.recover_timeout, resume_timeout=self.resume_timeout,
-            settle_window=self.settle_window, default_max_restarts=self.default_max_restarts,
-            agent_loss_timeout=self.agent_loss_timeout,
-        )
+        """Only the state machine's part (what each `JobMachine` holds)."""
+        return MachineConfig(**{f.name: getattr(self, f.name) for f in fields(MachineConfig)})
 
     def grpc_options(self) -> list[tuple[str, Any]]:
         return [

@@ -57,6 +57,7 @@ class MachineConfig:
     resume_timeout: float = 120.0
     settle_window: float = 30.0
     default_max_restarts: int = 3
+    # an agent whose stream closed and that neither resubscribed nor finished within this fails its job
     agent_loss_timeout: float = 30.0
 
 
