@@ -54,35 +54,20 @@ def normalize_address(server_addr: str, default_port: int = DEFAULT_PORT) -> str
     return f"{host}:{int(port_text)}"
 
 
-def _options(extra_options: ChannelOptions) -> list[tuple[str, int | str]]:
-    options: dict[str, int | str] = dict(DEFAULT_CHANNEL_OPTIONS)
-    options.update(dict(extra_options))
-    return list(options.items())
-
-
 def make_channel(
     target: str,
     extra_options: ChannelOptions = (),
     credentials: grpc.ChannelCredentials | None = None,
-) -> grpc.Channel:
-    """A channel with the default options; `extra_options` override entries of the same name."""
-    items = _options(extra_options)
-    if credentials is not None:
-        return grpc.secure_channel(target, credentials, options=items)
-    return grpc.insecure_channel(target, options=items)
+    *,
+    aio: bool = False,
+) -> grpc.Channel | grpc.aio.Channel:
+    """A channel with the default options; `extra_options` override entries of the same name.
 
-
-def make_aio_channel(
-    target: str,
-    extra_options: ChannelOptions = (),
-    credentials: grpc.ChannelCredentials | None = None,
-) -> grpc.aio.Channel:
-    """The asyncio twin of `make_channel` (same options and credentials); call it on the loop that uses it.
-
-    The signal stream lives on an aio channel because grpc.aio waits for the next message without
-    polling, where the synchronous stream iterator wakes every 100 ms and its channel spins a thread.
+    `aio=True` gives the grpc.aio twin (same options and credentials); create it on the loop that uses it.
     """
-    items = _options(extra_options)
+    options: dict[str, int | str] = dict(DEFAULT_CHANNEL_OPTIONS)
+    options.update(dict(extra_options))
+    module = grpc.aio if aio else grpc
     if credentials is not None:
-        return grpc.aio.secure_channel(target, credentials, options=items)
-    return grpc.aio.insecure_channel(target, options=items)
+        return module.secure_channel(target, credentials, options=list(options.items()))
+    return module.insecure_channel(target, options=list(options.items()))

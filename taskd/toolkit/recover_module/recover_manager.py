@@ -27,7 +27,6 @@ from taskd.proto import recover_pb2, recover_pb2_grpc, taskd_pb2, taskd_pb2_grpc
 from taskd.toolkit.recover_module.backoff import Backoff
 from taskd.toolkit.recover_module.channel import (
     DEFAULT_CHANNEL_OPTIONS,
-    make_aio_channel,
     make_channel,
     normalize_address,
 )
@@ -520,7 +519,7 @@ class DLRecoverManager:
     async def _subscribe_forever(self) -> None:
         backoff = self._new_backoff()
         need_sync = self._registered_with is None
-        channel = make_aio_channel(self.server_addr, self._channel_options, self._credentials)
+        channel = make_channel(self.server_addr, self._channel_options, self._credentials, aio=True)
         watchdog = asyncio.create_task(self._watch_liveness()) if self.liveness_timeout > 0 else None
         try:
             while not self._stopped.is_set():
@@ -564,7 +563,8 @@ class DLRecoverManager:
         """Receive and dispatch signals until stop(); blocks, so run it in its own thread.
 
         The stream runs on an asyncio loop owned by this thread (grpc.aio), so an idle subscription
-        sleeps until a message, a keepalive or the liveness deadline instead of polling.
+        sleeps until a message, a keepalive or the liveness deadline instead of polling (the synchronous
+        stream iterator wakes every 100 ms and its channel spins a thread).
         """
         with self._lock:
             if self._subscribing:
