@@ -65,6 +65,13 @@ def test_device_id_alone_is_not_a_local_rank(no_launcher, monkeypatch):
     assert worker.local_rank() == 0
 
 
+def test_non_integer_rank_is_skipped_with_a_warning(no_launcher, monkeypatch, caplog):
+    monkeypatch.setenv("RANK", "two")
+    monkeypatch.setenv("RANK_ID", "2")
+    assert worker.rank() == 2
+    assert "RANK='two'" in caplog.text
+
+
 def run_rank(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=clean_env(**env), text=True,
                           capture_output=True, timeout=TIMEOUT)

@@ -6,7 +6,10 @@ script runs unchanged on a laptop.
 
 from __future__ import annotations
 
+import logging
 import os
+
+log = logging.getLogger(__name__)
 
 
 def _int_env(*names: str, default: int) -> int:
@@ -17,7 +20,8 @@ def _int_env(*names: str, default: int) -> int:
         try:
             return int(value)
         except ValueError:
-            continue
+            # not silent: a rank that quietly became rank 0 would share rank 0's checkpoints
+            log.warning("ignoring %s=%r: not an integer; check the launcher's environment", name, value)
     return default
 
 
