@@ -47,3 +47,23 @@ def test_exception_in_a_callback_stops_every_rank(tmp_path: Path) -> None:
         assert plugin.result is None or not plugin.result.succeeded
     finally:
         launcher.close(1.0)
+
+
+@pytest.mark.timeout(60)
+def test_rank_that_never_starts_is_a_fault_not_a_wait(tmp_path: Path) -> None:
+    """A launcher that leaves a rank unstarted (MONITOR status 200) must not make the agent wait forever."""
+    script = tmp_path / "sleeper.py"
+    script.write_text("import time\ntime.sleep(120)\n")
+    launcher = LocalLauncher(WorkerSpec(entrypoint=[sys.executable, str(script)], nproc_per_node=2))
+    plugin = MSRunPlugin(details=launcher, launcher="taskd", monitor_interval=0.1, stop_grace=1.0, max_restarts=0)
+    callbacks = launcher.callbacks()
+    for name, func in callbacks.items():
+        plugin.register_callbacks(name, func)
+    plugin.register_callbacks("START_ALL_WORKER", lambda: launcher.start_worker_list([0]) or 1)  # rank 1 never starts
+    try:
+        result = plugin.run()
+        assert not result.succeeded
+        assert result.first_failure is not None and result.first_failure.global_rank == 1
+        assert launcher.monitor([0])[0]["status"] is not None, "the started rank was stopped too"
+    finally:
+        launcher.close(1.0)

@@ -22,7 +22,6 @@ import psutil
 
 from taskd.agent.config import AgentConfig
 from taskd.agent.process_tools import (
-    live_group_members,
     msrun_schedulers,
     process_group,
     reap_processes,
@@ -88,7 +87,6 @@ class Supervisor:
         self._round_started: float | None = None
         self._old_handlers: dict[int, Any] = {}
         self._heartbeats: dict[int, Any] = {}
-        self._hang_detail = ""
         self._heartbeat_dir: str | None = None
         self._seen_signals: set[tuple[str, str]] = set()
         self._starts: dict[int, int] = {}
@@ -206,7 +204,7 @@ class Supervisor:
         self._subscriber = threading.Thread(target=mgr.start_subscribe, name="taskd-subscriber", daemon=True)
         self._subscriber.start()
         deadline = time.monotonic() + 5.0
-        while not getattr(mgr, "connected", True) and time.monotonic() < deadline:
+        while not mgr.connected and time.monotonic() < deadline:
             time.sleep(0.01)
         log.info("job %s: node %d of %d, %d rank(s), controller %s%s", cfg.job_id, cfg.node_rank,
                  cfg.node_count, cfg.ranks_per_node, address, " (embedded)" if self._embedded else "")
@@ -352,7 +350,7 @@ class Supervisor:
         rank.state = FAILED
         self._fault(rank, "exit", FaultType.PROCESS)
 
-    def _fault(self, rank: Rank, reason: str, fault_type: str) -> None:
+    def _fault(self, rank: Rank, reason: str, fault_type: str, why: str = "") -> None:
         record = FaultRecord(time.time(), rank.global_rank, rank.local_rank, rank.pid, rank.returncode, reason)
         self.result.faults.append(record)
         if self.result.first_failure is None:
@@ -364,9 +362,7 @@ class Supervisor:
         if self._degraded:
             self._local_recovery()
             return
-        detail = record.describe()
-        if reason == "hang" and self._hang_detail:
-            detail = f"{detail}: {self._hang_detail}"
+        detail = f"{record.describe()}: {why}" if why else record.describe()
         self._report_fault({rank.global_rank: int(fault_type)}, detail)
 
     def _report_fault(self, faults: dict[int, int], detail: str) -> None:
@@ -450,8 +446,8 @@ class Supervisor:
             return True
 
     # ----------------------------------------------------------------- hangs and saves
-    def _heartbeat(self, rank: Rank) -> Any:
-        """The rank's heartbeat file, when the launcher gives one and the rank attached to it."""
+    def _heartbeat(self, rank: Rank) -> tuple[Any, Any]:
+        """(the rank's heartbeat file, its current state), or (None, None) when it has none it attached to."""
         from taskd.worker.heartbeat_file import HeartbeatFile, HeartbeatFileError
 
         if self.details is not None and hasattr(self.details, "heartbeat_path"):
@@ -459,25 +455,25 @@ class Supervisor:
         elif self._heartbeat_dir is not None:
             path = os.path.join(self._heartbeat_dir, f"rank_{rank.global_rank}.hb")
             if not os.path.exists(path):
-                return None
+                return None, None
         else:
-            return None
+            return None, None
         if not path:
-            return None
+            return None, None
         cached = self._heartbeats.get(rank.local_rank)
         if cached is None or cached.path != str(path):
             cached = HeartbeatFile(path)
             self._heartbeats[rank.local_rank] = cached
         try:
-            return cached if cached.read().pid == rank.pid else None
+            state = cached.read()
         except (HeartbeatFileError, OSError, ValueError):
-            return None
+            return None, None
+        return (cached, state) if state.pid == rank.pid else (None, None)
 
     def _check_hang(self, rank: Rank) -> None:
-        hb = self._heartbeat(rank)
-        if hb is None:
+        _, state = self._heartbeat(rank)
+        if state is None:
             return
-        state = hb.read()
         deadline = state.deadline(self.config.heartbeat_timeout)
         if deadline is None or time.time() <= deadline:
             return
@@ -489,8 +485,7 @@ class Supervisor:
         self._record_stacks(rank, state.stack_signal)
         self._stop_ranks([rank], graceful=False)
         rank.state, rank.returncode = FAILED, None
-        self._hang_detail = f"last heartbeat {quiet:.1f}s ago{step}{where}"
-        self._fault(rank, "hang", FaultType.PROCESS)
+        self._fault(rank, "hang", FaultType.PROCESS, f"last heartbeat {quiet:.1f}s ago{step}{where}")
 
     def _record_stacks(self, rank: Rank, stack_signal: int) -> None:
         """Put the hung rank's Python stacks in its log: py-spy when installed, else faulthandler."""
@@ -528,8 +523,10 @@ class Supervisor:
             rank = self.ranks[local_rank]
             entry = entries.get(local_rank, {})
             pid = entry.get("pid")
-            if pid is None:
+            if pid is None:  # never started: a fault like any other, or the job would wait for it forever
                 rank.state, rank.pid = FAILED, None
+                rank.returncode = self.details.returncode(local_rank) if self.details is not None else None
+                self._fault(rank, "exit", FaultType.PROCESS)
                 continue
             rank.pid, rank.state, rank.returncode = pid, RUNNING, None
             pgid = process_group(pid)
@@ -571,14 +568,39 @@ class Supervisor:
                     log.warning("cannot keep %s: %s", path, exc)
 
     def _start_all(self, first: bool = False) -> int:
-        self._keep_worker_logs(sorted(self.ranks))
-        self._reset_heartbeats(sorted(self.ranks))
-        code = self.cb["START_ALL_WORKER"]()
-        self._adopt(sorted(self.ranks))
+        code = self._start(None)
         pids = ", ".join(f"{r.global_rank}:{r.pid}" for r in self.ranks.values())
         log.info("%s %d rank(s) (rank:pid %s)%s", "started" if first else "restarted", len(self.ranks), pids,
                  "" if code == 0 else f"; START_ALL_WORKER returned {code}")
         return code
+
+    def _start(self, local: list[int] | None) -> int:
+        """START_ALL_WORKER (local is None) or START_WORKER_LIST(local), then watch the new processes."""
+        ranks = sorted(self.ranks) if local is None else local
+        if not ranks:
+            return 0
+        self._keep_worker_logs(ranks)
+        self._reset_heartbeats(ranks)
+        code = self.cb["START_ALL_WORKER"]() if local is None else self.cb["START_WORKER_LIST"](local)
+        self._adopt(ranks)
+        return code
+
+    def _restart(self, strategy: str, faults: dict[int, int], started: float) -> None:
+        """Carry out recover (the faulty local ranks) or job-rescheduling (every rank) and report it."""
+        if strategy == Strategy.RECOVER:
+            local = self._local_ranks(faults)
+            self._stop_ranks([self.ranks[lr] for lr in local], graceful=False)
+            code = self._start(local)
+            msg = "" if code == 0 else f"START_WORKER_LIST({local}) returned {code}"
+        else:
+            self._stop_ranks(list(self.ranks.values()), graceful=False)
+            if self.config.launcher == "msrun" and self.details is None:
+                restart_msrun_scheduler(self.config.stop_grace)
+            code = self._start_all()
+            msg = "" if code == 0 else f"START_ALL_WORKER returned {code}"
+        self._mgr.report_recover_status(Code.OK if code == 0 else 1, msg, faults, strategy)
+        if code == 0:
+            self._recovered(strategy, sorted(faults), started)
 
     def _stop_ranks(self, ranks: list[Rank], graceful: bool) -> None:
         """Stop ranks and every process of their groups; confirm with psutil before returning."""
@@ -586,16 +608,14 @@ class Supervisor:
         for rank in live:
             rank.state = STOPPING
         pgids = [r.pgid or r.pid for r in ranks if r.pid is not None]
-        if graceful and live:
+        if graceful:  # SIGTERM, grace, SIGKILL, confirmed gone
             stop_groups(pgids, self.config.stop_grace)
-        # KILL_WORKER (SIGKILL of each group) for whatever the grace left, and so msrun knows
-        alive_groups = live_group_members(pgids) if graceful else None
-        still = [r for r in live if alive_groups is None or (r.pgid or r.pid) in alive_groups]
-        if still:
-            self.cb["KILL_WORKER"]([r.pid for r in still])
-        survivors = wait_groups_gone(pgids, max(self.config.stop_grace, 1.0))
-        if survivors:
-            stop_groups(survivors, 0.0, first_signal=signal.SIGKILL)
+        else:  # the launcher's KILL_WORKER, then make sure nothing of the groups is left
+            if live:
+                self.cb["KILL_WORKER"]([r.pid for r in live])
+            survivors = wait_groups_gone(pgids, max(self.config.stop_grace, 1.0))
+            if survivors:
+                stop_groups(survivors, 0.0, first_signal=signal.SIGKILL)
         for rank in live:
             self._watch.unwatch(rank.local_rank, rank.pid)
             if rank.state == STOPPING:
@@ -632,26 +652,8 @@ class Supervisor:
         faults = sig.fault_ranks or dict(self._round_faults)
         started = self._round_started or time.monotonic()
         log.info("strategy: %s for rank(s) %s", strategy, sorted(faults))
-        if strategy == Strategy.RECOVER:
-            local = self._local_ranks(faults)
-            self._stop_ranks([self.ranks[lr] for lr in local], graceful=False)
-            self._keep_worker_logs(local)
-            self._reset_heartbeats(local)
-            code = self.cb["START_WORKER_LIST"](local) if local else 0
-            self._adopt(local)
-            msg = "" if code == 0 else f"START_WORKER_LIST({local}) returned {code}"
-            self._mgr.report_recover_status(Code.OK if code == 0 else 1, msg, faults, strategy)
-            if code == 0:
-                self._recovered(strategy, sorted(faults), started)
-        elif strategy == Strategy.JOB_RESCHEDULING:
-            self._stop_ranks(list(self.ranks.values()), graceful=False)
-            if self.config.launcher == "msrun" and self.details is None:
-                restart_msrun_scheduler(self.config.stop_grace)
-            code = self._start_all()
-            msg = "" if code == 0 else f"START_ALL_WORKER returned {code}"
-            self._mgr.report_recover_status(Code.OK if code == 0 else 1, msg, faults, strategy)
-            if code == 0:
-                self._recovered(strategy, sorted(faults), started)
+        if strategy in (Strategy.RECOVER, Strategy.JOB_RESCHEDULING):
+            self._restart(strategy, faults, started)
         elif strategy == Strategy.DUMP:
             self._on_dump(sig)
         elif strategy == Strategy.EXIT:
@@ -677,7 +679,7 @@ class Supervisor:
         for rank in self.ranks.values():
             if rank.state != RUNNING:
                 continue
-            hb = self._heartbeat(rank)
+            hb, _ = self._heartbeat(rank)
             if hb is None:
                 unsaved.append(rank.global_rank)
                 continue
