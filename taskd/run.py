@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import sys
 import uuid
 
@@ -51,16 +52,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS")
 
 
-def _entrypoint(script: str, args: list[str]) -> list[str]:
-    if script.endswith(".py"):
-        return [sys.executable, "-u", script, *args]
-    return [script, *args]
-
-
 def run_main(args: argparse.Namespace) -> int:
     """Run one job; returns the process exit code."""
     from taskd.framework.agent.ms_mgr.msrun_plugin import MSRunPlugin
-    from taskd.launcher import LocalLauncher, WorkerSpec
+    from taskd.launcher import LocalLauncher, WorkerSpec, command_for
 
     for name in ("nproc_per_node", "nnodes"):
         if getattr(args, name) < 1:
@@ -76,18 +71,16 @@ def run_main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise SystemExit(f"taskd run: --strategies: {exc}") from None
     script = args.script
-    if not script.endswith(".py") and os.sep not in script and not os.path.exists(script):
-        import shutil
-
-        if shutil.which(script) is None:
-            raise SystemExit(f"taskd run: {script}: no such file or command")
-    elif not os.path.exists(script) and script.endswith(".py"):
-        raise SystemExit(f"taskd run: {script}: no such file")
+    if script.endswith(".py") or os.sep in script:
+        if not os.path.exists(script):
+            raise SystemExit(f"taskd run: {script}: no such file")
+    elif shutil.which(script) is None:
+        raise SystemExit(f"taskd run: {script}: no such file or command on PATH")
 
     job_id = args.job_id or os.environ.get("MINDX_TASK_ID") or f"taskd-{uuid.uuid4().hex[:8]}"
     server = args.server or os.environ.get("MINDX_SERVER_IP") or None
     spec = WorkerSpec(
-        entrypoint=_entrypoint(script, args.script_args),
+        entrypoint=command_for(script, args.script_args),
         nproc_per_node=args.nproc_per_node, nnodes=args.nnodes, node_rank=args.node_rank,
         master_addr=args.master_addr, master_port=args.master_port, job_id=job_id,
         log_dir=args.log_dir, console=not args.quiet, warm_spares=args.warm_spares,
