@@ -362,6 +362,12 @@ def test_report_returns_the_final_code_after_one_retry(server, make_manager):
     assert server.recorder.names() == ["ReportRecoverStatus", "Register", "ReportRecoverStatus"]
 
 
+def test_report_refused_as_invalid_is_not_resent(server, make_manager):
+    server.recorder.codes["ReportRecoverStrategy"].append(Code.INVALID_PARAMS)
+    assert make_manager().report_recover_strategy({1: 1}, ["recover"]) == Code.INVALID_PARAMS
+    assert server.recorder.names() == ["ReportRecoverStrategy"]
+
+
 @pytest.mark.parametrize("bad", [{"x": 1}, {-1: 1}, {1: "net"}, [1, 2], {True: 1}])
 def test_report_with_bad_fault_ranks_answers_409_without_a_call(server, make_manager, bad, caplog):
     with caplog.at_level(logging.ERROR, logger=LOGGER):

@@ -288,6 +288,9 @@ class DLRecoverManager:
         status = self._unary(method, request, agent_service=agent_service)
         if status.code == Code.OK:
             return 0
+        if status.code == Code.INVALID_PARAMS:  # the same request would be refused again
+            logger.error("%s refused as invalid: %s", method, status.info)
+            return int(status.code)
         logger.warning("%s answered %d (%s); re-registering and retrying once", method, status.code, status.info)
         self._reregister(status.code)
         status = self._unary(method, request, agent_service=agent_service)
