@@ -43,3 +43,28 @@ def leftovers(marker: str) -> list[int]:
         except psutil.Error:
             continue
     return out
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def ranks_of(agent_pid: int) -> dict[int, int]:
+    """{global rank: pid} of the live Python rank processes under an agent (found by their RANK variable)."""
+    found = {}
+    try:
+        children = psutil.Process(agent_pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return found
+    for child in children:
+        try:
+            env = child.environ()
+            if "RANK" in env and child.status() != psutil.STATUS_ZOMBIE and "python" in child.name():
+                found[int(env["RANK"])] = child.pid
+        except psutil.Error:
+            continue
+    return found

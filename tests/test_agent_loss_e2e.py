@@ -14,19 +14,11 @@ import sys
 import time
 from pathlib import Path
 
-from test_run_e2e import ROOT, free_port, leftovers, ranks_of, taskd_run, wait_for
+from support import free_port, leftovers, port_open, ranks_of, wait_for
+from test_run_e2e import ROOT, taskd_run
 
 LOSS_TIMEOUT = 3
 
-
-def _port_open(port: int) -> bool:
-    import socket
-
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
 
 
 def test_sigkilled_node_fails_the_job_and_the_other_node_exits(tmp_path: Path) -> None:
@@ -40,7 +32,7 @@ def test_sigkilled_node_fails_the_job_and_the_other_node_exits(tmp_path: Path) -
                               stdout=(tmp_path / "server.log").open("wb"), stderr=subprocess.STDOUT, cwd=ROOT)
     nodes: list[subprocess.Popen[bytes]] = []
     try:
-        wait_for(lambda: _port_open(port), 30, "taskd server to listen")
+        wait_for(lambda: port_open(port), 30, "taskd server to listen")
         nodes = [
             taskd_run(["--nnodes", "2", "--node-rank", str(r), "--nproc-per-node", "2", "--job-id", "lost-node",
                        "--server", address, "--stop-grace", "2", str(script)], tmp_path / f"node{r}.log")

@@ -9,7 +9,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from test_run_e2e import leftovers, taskd_run
+from support import leftovers
+from test_run_e2e import taskd_run
 
 WORKER = textwrap.dedent('''
     import json, os, sys, time

@@ -5,16 +5,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
-import psutil
 import pytest
-from support import free_port, leftovers, wait_for
+from support import free_port, leftovers, port_open, ranks_of, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "train_resumable.py"
@@ -28,21 +26,6 @@ def taskd_run(args: list[str], log: Path, env: dict[str, str] | None = None) -> 
                             stdout=log.open("wb"), stderr=subprocess.STDOUT, env=full_env, cwd=ROOT)
 
 
-def ranks_of(agent_pid: int) -> dict[int, int]:
-    """{global rank: pid} of the live rank processes started by an agent (found by their RANK variable)."""
-    found = {}
-    try:
-        children = psutil.Process(agent_pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return found
-    for child in children:
-        try:
-            env = child.environ()
-            if "RANK" in env and child.status() != psutil.STATUS_ZOMBIE and "python" in child.name():
-                found[int(env["RANK"])] = child.pid
-        except psutil.Error:
-            continue
-    return found
 
 
 def example_args(tmp: Path, steps: int = 80, sleep: float = 0.04) -> list[str]:
@@ -181,7 +164,7 @@ def test_two_nodes_share_one_controller(tmp_path: Path, baseline: list[np.ndarra
                                "--state", ":memory:"], stdout=(tmp_path / "server.log").open("wb"),
                               stderr=subprocess.STDOUT, cwd=ROOT)
     try:
-        wait_for(lambda: _port_open(port), 30, "taskd server to listen")
+        wait_for(lambda: port_open(port), 30, "taskd server to listen")
         nodes = [
             taskd_run(["--nnodes", "2", "--node-rank", str(r), "--nproc-per-node", "2", "--job-id", "two-nodes",
                        "--server", f"127.0.0.1:{port}", *example_args(tmp_path)], tmp_path / f"node{r}.log")
@@ -205,13 +188,6 @@ def test_two_nodes_share_one_controller(tmp_path: Path, baseline: list[np.ndarra
         server.terminate()
         server.wait(timeout=30)
 
-
-def _port_open(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
 
 
 def test_unreachable_controller_degrades_to_local_restarts(tmp_path: Path, baseline: list[np.ndarray]) -> None:
