@@ -11,11 +11,13 @@ that `taskd status` shows.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import logging
 import os
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -114,45 +116,43 @@ class Store:
 
     # ------------------------------------------------------------------ writes
 
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        c = self.conn
+        c.execute("BEGIN")
+        try:
+            yield c
+            c.execute("COMMIT")
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
+
     def commit(self, job: JobMachine, records: Iterable[Record], agents_changed: Iterable[int], now: float,
                earlier: Iterable[tuple[Record, float]] = ()) -> None:
         """Persist the job's snapshot, its new history records and changed agents in one transaction
         (`earlier`: the job's batched soft records with their times, written first to keep the order)."""
-        c = self.conn
-        c.execute("BEGIN")
-        try:
+        with self._transaction() as c:
             c.execute(
                 "INSERT INTO jobs (job_id, state, snapshot, created_at, updated_at) VALUES (?, ?, ?, ?, ?) "
                 "ON CONFLICT(job_id) DO UPDATE SET state=excluded.state, snapshot=excluded.snapshot, "
                 "updated_at=excluded.updated_at",
                 (job.job_id, job.state.value, json.dumps(job.snapshot()), job.created_at, job.updated_at),
             )
-            for rec, t in earlier:
-                self._write_record(job.job_id, rec, t)
-            for rec in records:
-                self._write_record(job.job_id, rec, now)
-            for node in agents_changed:
-                self._write_agent(job.job_id, node, job.agents.get(node))
-            c.execute("COMMIT")
-        except BaseException:
-            c.execute("ROLLBACK")
-            raise
+            self._write_history(job, itertools.chain(earlier, ((rec, now) for rec in records)), agents_changed)
 
     def commit_soft(self, batch: Iterable[tuple[JobMachine, Iterable[tuple[Record, float]], Iterable[int]]]) -> None:
         """Write batched soft records and agent rows of several jobs in one transaction (no snapshot:
         nothing in them changes what a restart restores)."""
-        c = self.conn
-        c.execute("BEGIN")
-        try:
+        with self._transaction():
             for job, records, agents_changed in batch:
-                for rec, t in records:
-                    self._write_record(job.job_id, rec, t)
-                for node in agents_changed:
-                    self._write_agent(job.job_id, node, job.agents.get(node))
-            c.execute("COMMIT")
-        except BaseException:
-            c.execute("ROLLBACK")
-            raise
+                self._write_history(job, records, agents_changed)
+
+    def _write_history(self, job: JobMachine, records: Iterable[tuple[Record, float]],
+                       agents_changed: Iterable[int]) -> None:
+        for rec, t in records:
+            self._write_record(job.job_id, rec, t)
+        for node in agents_changed:
+            self._write_agent(job.job_id, node, job.agents.get(node))
 
     def _write_record(self, job_id: str, rec: Record, now: float) -> None:
         c, d = self.conn, rec.detail
