@@ -96,6 +96,9 @@ def status_main(args: argparse.Namespace) -> int:
 
     try:
         jobs = fetch_jobs(args.server, args.job, timeout=args.timeout)
+    except ValueError as exc:  # a malformed --server / $MINDX_SERVER_IP
+        sys.stderr.write(f"taskd status: {exc} (pass --server HOST:PORT or set MINDX_SERVER_IP)\n")
+        return 2
     except grpc.RpcError as exc:
         sys.stderr.write(f"taskd status: cannot reach the controller at {normalize_address(args.server)}: "
                          f"{exc.code().name}: {exc.details()}\n")

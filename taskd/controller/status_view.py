@@ -9,23 +9,14 @@ import grpc
 from google.protobuf import json_format
 
 from taskd.proto import taskd_pb2, taskd_pb2_grpc
-from taskd.vocabulary import DEFAULT_PORT
+from taskd.toolkit.recover_module.channel import normalize_address
 
-
-def normalize_address(address: str) -> str:
-    """`host` or `host:port` (MINDX_SERVER_IP style) -> `host:port`."""
-    address = address.strip()
-    if address.startswith("["):  # [v6]:port or [v6]
-        return address if "]:" in address else f"{address}:{DEFAULT_PORT}"
-    if address.count(":") == 1:
-        return address
-    if ":" in address:  # bare IPv6
-        return f"[{address}]:{DEFAULT_PORT}"
-    return f"{address}:{DEFAULT_PORT}"
+__all__ = ["fetch_jobs", "normalize_address", "render_json", "render_text"]
 
 
 def fetch_jobs(address: str, job_id: str | None = None, timeout: float = 5.0) -> taskd_pb2.JobList:
-    """ListJobs on the controller at `address`; raises grpc.RpcError when it cannot be reached in `timeout`."""
+    """ListJobs on the controller at `address` (`host[:port]`, as MINDX_SERVER_IP); raises ValueError for
+    an address that is not one, grpc.RpcError when the controller cannot be reached in `timeout`."""
     with grpc.insecure_channel(normalize_address(address)) as channel:
         stub = taskd_pb2_grpc.JobStatusStub(channel)
         return stub.ListJobs(taskd_pb2.JobQuery(jobId=job_id or ""), timeout=timeout, wait_for_ready=False)
