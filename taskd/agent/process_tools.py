@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 import psutil
 
-from taskd.launcher.process import kill_group
+from taskd.launcher.process import SETPRIV, kill_group
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +134,8 @@ def restart_msrun_scheduler(grace: float) -> int | None:
         log.warning("cannot read msrun's scheduler (pid %d): %s; keeping it", old.pid, exc)
         return None
     reap_processes(procs, grace)
+    if SETPRIV is not None:  # unlike msrun's own, this scheduler is ours: it must not outlive us
+        cmd = [SETPRIV, "--pdeathsig", "KILL", "--", *cmd]
     with open(log_path if log_path.startswith("/") else os.devnull, "ab") as out:
         new = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
     log.info("restarted msrun's scheduler (pid %d -> %d)", old.pid, new.pid)

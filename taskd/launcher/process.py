@@ -71,7 +71,7 @@ def set_child_subreaper() -> bool:
     return _prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 
 
-_SETPRIV = shutil.which("setpriv")
+SETPRIV = shutil.which("setpriv")
 _SH = shutil.which("sh")
 # Run by sh after setpriv's prctl: if the agent died before the death signal was armed, the
 # rank was already re-parented; give up instead of running as an orphan. $0 is the agent's pid.
@@ -81,8 +81,8 @@ _PARENT_CHECK = '[ "$PPID" = "$0" ] || exit 1; exec "$@"'
 def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None,
           stdin: int = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
     """Start one rank as a session leader whose stdout+stderr is a pipe; raises OSError if it cannot start."""
-    if _SETPRIV is not None:
-        command = [_SETPRIV, "--pdeathsig", "KILL", "--"]
+    if SETPRIV is not None:
+        command = [SETPRIV, "--pdeathsig", "KILL", "--"]
         if _SH is not None:
             command += [_SH, "-c", _PARENT_CHECK, str(os.getpid())]
         command += list(argv)
