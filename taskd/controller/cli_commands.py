@@ -101,7 +101,8 @@ def status_main(args: argparse.Namespace) -> int:
         return 2
     except grpc.RpcError as exc:
         sys.stderr.write(f"taskd status: cannot reach the controller at {normalize_address(args.server)}: "
-                         f"{exc.code().name}: {exc.details()}\n")
+                         f"{exc.code().name}: {exc.details()}; is `taskd server` running there? (pass --server "
+                         f"HOST:PORT or set MINDX_SERVER_IP)\n")
         return 1
     sys.stdout.write(render_json(jobs) if args.json else render_text(jobs))
     return 0 if jobs.status.code == 0 else 1

@@ -28,6 +28,7 @@ from taskd.vocabulary import DEFAULT_PORT
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE = 64 * 1024 * 1024
+LISTEN_HINT = "is the port taken or the address not this host's? pass --listen HOST:PORT (port 0 = any free port)"
 
 
 @dataclass(frozen=True)
@@ -111,10 +112,10 @@ class ControllerServer:
             port = server.add_insecure_port(listen)
         except RuntimeError as exc:
             store.close()
-            raise OSError(f"cannot listen on {listen}: {exc}") from exc
+            raise OSError(f"cannot listen on {listen}: {exc}; {LISTEN_HINT}") from exc
         if port == 0:
             store.close()
-            raise OSError(f"cannot listen on {listen}")
+            raise OSError(f"cannot listen on {listen}; {LISTEN_HINT}")
         self._port = port
         await server.start()
         self._server = server

@@ -98,17 +98,18 @@ class Store:
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
         target = str(default_state_path() if path is None else path)
-        if target != MEMORY:
-            Path(target).parent.mkdir(parents=True, exist_ok=True)
         self.path = target
         try:
+            if target != MEMORY:
+                Path(target).parent.mkdir(parents=True, exist_ok=True)
             self.conn = sqlite3.connect(target, check_same_thread=False, isolation_level=None)
             self.conn.execute("PRAGMA journal_mode=WAL")
             self.conn.execute("PRAGMA synchronous=NORMAL")
             self.conn.execute("PRAGMA busy_timeout=5000")
             self.conn.executescript(SCHEMA)
-        except sqlite3.Error as exc:
-            raise OSError(f"cannot use {target} as the controller's state: {exc}") from exc
+        except (OSError, sqlite3.Error) as exc:
+            raise OSError(f"cannot use {target} as the controller's state: {exc}; pass --state PATH for another "
+                          f"file, or --state :memory: to keep nothing") from exc
         log.info("controller state in %s", target)
 
     def close(self) -> None:
