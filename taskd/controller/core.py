@@ -216,7 +216,7 @@ class ControllerCore:
     def _job_record(self, m: JobMachine) -> taskd_pb2.JobRecord:
         agents = [
             taskd_pb2.AgentRecord(nodeRank=a.node_rank, role=a.role, host=a.host, pid=a.pid,
-                                  ranksPerNode=a.ranks_per_node, subscribed=self.hub_has(m.job_id, a.node_rank),
+                                  ranksPerNode=a.ranks_per_node, subscribed=self.hub.has(m.job_id, a.node_rank),
                                   registeredAt=a.registered_at, lastSeen=a.last_seen, finished=a.finished,
                                   exitCode=a.exit_code)
             for a in sorted(m.agents.values(), key=lambda a: a.node_rank)
@@ -237,6 +237,3 @@ class ControllerCore:
             restarts=m.restarts, maxRestarts=m.max_restarts, createdAt=m.created_at, updatedAt=m.updated_at,
             agents=agents, rounds=rounds, events=events, info=m.info,
         )
-
-    def hub_has(self, job_id: str, node_rank: int) -> bool:
-        return self.hub.has(job_id, node_rank)

@@ -99,7 +99,7 @@ class Subscriber:
             raise IndexError("no signal waiting")
         item = self._buf.popleft()
         if not self._buf:
-            self._buf = None
+            self._buf = None  # an idle stream holds no buffer (a deque is ~600 bytes)
             self._last_supersedable = False
         return item
 
@@ -111,12 +111,7 @@ class Subscriber:
                 await self._waiter
             finally:
                 self._waiter = None
-        buf = self._buf
-        item = buf.popleft()
-        if not buf:
-            self._buf = None  # an idle stream holds no buffer (a deque is ~600 bytes)
-            self._last_supersedable = False
-        return item
+        return self.get_nowait()
 
     def close(self, reason: str) -> None:
         """End the stream: the handler sees None and returns."""

@@ -131,8 +131,6 @@ class ControllerServer:
         assert self._stopped is not None, "start() first"
         await self._stopped.wait()
 
-    serve_forever = wait
-
     async def stop(self, grace: float | None = None) -> None:
         if self._server is None or self.core is None:
             return
