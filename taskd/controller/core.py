@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 SOFT_KINDS = frozenset({"agent_subscribed", "agent_unsubscribed"})
 """History records of soft state: batched instead of committed one transaction each."""
 
+UNLOGGED_KINDS = SOFT_KINDS | {"stop_complete", "strategies_reported", "recover_status"}
+"""One per agent per phase: in the history, not in the log (10,000 agents would flood it)."""
+
 
 class _SoftBatch:
     __slots__ = ("job", "records", "agents")
@@ -106,8 +109,7 @@ class ControllerCore:
                 # before anyone hears of it
                 self.store.commit(m, out.records, changed, now, earlier=soft.records if soft else ())
         for rec in out.records:
-            if rec.kind not in ("stop_complete", "strategies_reported", "recover_status", "agent_subscribed",
-                                "agent_unsubscribed"):
+            if rec.kind not in UNLOGGED_KINDS:
                 log.info("job %s round %d: %s %s", m.job_id, rec.round, rec.kind, json.dumps(rec.detail))
         if out.signals:
             self.hub.post(m.job_id, out.signals)  # at the end of this loop turn, merged stopTrains coalesced
