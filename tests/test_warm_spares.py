@@ -22,8 +22,10 @@ SCRIPT = textwrap.dedent('''
     record = {"argv": sys.argv, "name": __name__, "file": __file__, "path0": sys.path[0],
               "restart": os.environ["TASKD_RESTART_COUNT"], "pid": os.getpid(), "stdin": sys.stdin.read(),
               "cwd": os.getcwd()}
-    with open(os.path.join(out, f"rank{rank}-{record['restart']}.json"), "w") as fh:
+    final = os.path.join(out, f"rank{rank}-{record['restart']}.json")
+    with open(final + ".tmp", "w") as fh:
         json.dump(record, fh)
+    os.replace(final + ".tmp", final)  # the test polls for the name: it must never see a half-written file
     print(f"rank {rank} restart {record['restart']} up", flush=True)
     if mode == "raise" and record["restart"] != "0":
         raise RuntimeError("boom from a spare")
