@@ -134,6 +134,18 @@ def test_stop_train_goes_to_every_agent_with_all_fault_ranks() -> None:
     assert g.signal_type == SignalType.GLOBAL_FAULT and g.actions == ("on_global_rank",) and g.faults == sig.faults
 
 
+def test_signals_name_the_nodes_of_the_fault_ranks_as_node_rank_ids() -> None:
+    from taskd.controller.hub import to_message
+
+    m = new_job(nodes=3, ranks_per_node=4)
+    (sig,) = m.handle(FaultReported(node_rank=1, faults={5: "1", 9: "1", 6: "1"}), 1).signals
+    assert sig.nodes == (1, 2), "ranks 5, 6 live on node 1, rank 9 on node 2"
+    assert list(to_message("j1", sig).nodeRankIds) == ["1", "2"]
+    unknown = new_job(nodes=2)  # ranks per node never told: no guess
+    (sig,) = unknown.handle(FaultReported(node_rank=1, faults={3: "1"}), 1).signals
+    assert sig.nodes == () and list(to_message("j1", sig).nodeRankIds) == []
+
+
 def test_change_strategy_signal_fields() -> None:
     m = new_job(nodes=1)
     m.handle(FaultReported(faults={0: "1"}), 1)

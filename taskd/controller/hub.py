@@ -30,7 +30,7 @@ def to_message(job_id: str, sig: Signal) -> recover_pb2.ProcessManageSignal:
     return recover_pb2.ProcessManageSignal(
         uuid=sig.uuid, jobId=job_id, signalType=sig.signal_type, actions=list(sig.actions),
         faultRanks=[recover_pb2.FaultRank(rankId=str(r), faultType=t) for r, t in sig.faults],
-        changeStrategy=sig.strategy, timeout=sig.timeout,
+        changeStrategy=sig.strategy, timeout=sig.timeout, nodeRankIds=[str(n) for n in sig.nodes],
         extraParams=json.dumps({"reason": sig.reason}) if sig.reason else "",
     )
 

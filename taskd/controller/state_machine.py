@@ -171,6 +171,7 @@ class Signal:
     strategy: str = ""
     timeout: int = 0
     reason: str = ""  # why the job is ending (exit, killMaster): travels as extraParams {"reason": ...}
+    nodes: tuple[int, ...] = ()  # the nodes the faulty ranks live on (nodeRankIds on the wire)
 
 
 @dataclass(frozen=True)
@@ -699,10 +700,13 @@ class JobMachine:
     def _signal(self, signal_type: str, actions: tuple[str, ...], faults: Mapping[int, str] = (),
                 strategy: str = "", timeout: int = 0, reason: str = "") -> Signal:
         self.signal_seq += 1
+        faults = tuple(sorted(dict(faults).items()))
+        per_node = self.ranks_per_node
         sig = Signal(
             uuid=f"{self.job_id}-{self.round_number}-{self.signal_seq}",
             signal_type=signal_type, actions=actions,
-            faults=tuple(sorted(dict(faults).items())), strategy=strategy, timeout=timeout, reason=reason,
+            faults=faults, strategy=strategy, timeout=timeout, reason=reason,
+            nodes=tuple(sorted({rank // per_node for rank, _ in faults})) if per_node > 0 else (),
         )
         self.last_signal = sig
         return sig
