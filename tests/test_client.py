@@ -8,6 +8,7 @@ against the real controller.
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import queue
 import socket
@@ -42,6 +43,7 @@ class Recorder(recover_pb2_grpc.RecoverServicer, taskd_pb2_grpc.AgentReportServi
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.calls: list[tuple[str, object]] = []
+        self.stamps: list[tuple[str, float]] = []  # (method, time.monotonic() on arrival)
         self.codes: dict[str, collections.deque[int]] = collections.defaultdict(collections.deque)
         self.streams: list[queue.Queue] = []
         self.subscriptions = 0
@@ -55,8 +57,13 @@ class Recorder(recover_pb2_grpc.RecoverServicer, taskd_pb2_grpc.AgentReportServi
         with self.lock:
             return [req for n, req in self.calls if n == name]
 
+    def arrivals(self, name: str) -> list[float]:
+        with self.lock:
+            return [when for n, when in self.stamps if n == name]
+
     def _answer(self, name: str, request: object) -> recover_pb2.Status:
         with self.lock:
+            self.stamps.append((name, time.monotonic()))
             self.calls.append((name, request))
             code = self.codes[name].popleft() if self.codes[name] else 0
         return recover_pb2.Status(code=code, info=f"{name} scripted {code}")
@@ -376,12 +383,87 @@ def test_report_with_bad_fault_ranks_answers_409_without_a_call(server, make_man
     assert "invalid arguments" in caplog.text
 
 
-def test_report_with_bad_code_or_strategies_answers_409(server, make_manager):
+def test_report_with_bad_code_answers_409(server, make_manager):
     manager = make_manager()
     assert manager.report_stop_complete("zero", "", {}) == Code.INVALID_PARAMS
-    assert manager.report_recover_strategy({}, ["recover", 3]) == Code.INVALID_PARAMS
     assert manager.report_finished(2**40) == Code.INVALID_PARAMS
     assert server.recorder.names() == []
+
+
+@pytest.mark.parametrize(
+    ("strategies", "bad"),
+    [(["recover", "recovr"], "'recovr'"), ("recover,bogus", "'bogus'"), (["recover", 3], "3")],
+)
+def test_unknown_strategy_raises_naming_it_and_the_known_ones(server, make_manager, strategies, bad):
+    manager = make_manager()
+    with pytest.raises(ValueError, match=bad) as info:
+        manager.report_recover_strategy({1: 1}, strategies)
+    assert "retry, recover, job-rescheduling, dump, exit" in str(info.value)
+    with pytest.raises(ValueError, match=bad):
+        rm.set_manager(manager)
+        try:
+            rm.report_recover_strategy({1: 1}, strategies)
+        finally:
+            rm.set_manager(None)
+    assert server.recorder.names() == []  # nothing went on the wire
+
+
+def test_strategies_are_parsed_deduplicated_in_order(server, make_manager):
+    manager = make_manager()
+    assert manager.report_recover_strategy({1: 1}, " recover, exit,recover ") == 0
+    assert manager.report_recover_strategy({1: 1}, ["job-rescheduling", "exit", "exit"]) == 0
+    sent = [list(r.strategies) for r in server.recorder.requests("ReportRecoverStrategy")]
+    assert sent == [["recover", "exit"], ["job-rescheduling", "exit"]]
+
+
+# -- backoff of re-sends ---------------------------------------------------------------------------
+
+# The lower bound of every pause: Backoff's jitter (0.3 by default) shortens a delay by up to 30 %.
+BACKOFF_INITIAL = 0.2
+MIN_PAUSE = BACKOFF_INITIAL * (1 - Backoff().jitter) - 0.01  # 10 ms of slack for clock reads
+
+
+@pytest.mark.parametrize("busy", sorted(rm.BUSY_CODES))
+def test_busy_answers_are_resent_after_spaced_pauses(server, make_manager, busy):
+    server.recorder.codes["ReportProcessFault"].extend([busy] * 3)
+    manager = make_manager(backoff_initial=BACKOFF_INITIAL, backoff_max=1.0, report_timeout=WAIT)
+    assert manager.report_process_fault({0: 1}) == 0
+    assert server.recorder.names() == ["ReportProcessFault"] * 4  # busy: no re-register, just wait
+    arrivals = server.recorder.arrivals("ReportProcessFault")
+    gaps = [later - earlier for earlier, later in itertools.pairwise(arrivals)]
+    assert all(gap >= MIN_PAUSE for gap in gaps), gaps
+    # capped exponential: the third pause is at least the doubled-twice base, jitter included
+    assert gaps[2] >= 4 * BACKOFF_INITIAL * (1 - Backoff().jitter) - 0.01, gaps
+
+
+def test_not_registered_answers_reregister_after_a_pause_each_time(server, make_manager):
+    manager = make_manager(backoff_initial=BACKOFF_INITIAL, backoff_max=1.0, report_timeout=WAIT)
+    server.recorder.codes["ReportStopComplete"].extend([Code.NOT_REGISTERED, Code.NOT_REGISTERED])
+    assert manager.report_stop_complete(0, "", {1: 1}) == 0
+    assert server.recorder.names() == ["ReportStopComplete", "Register"] * 2 + ["ReportStopComplete"]
+    reports = server.recorder.arrivals("ReportStopComplete")
+    registers = server.recorder.arrivals("Register")
+    assert registers[0] - reports[0] >= MIN_PAUSE  # the pause comes before the re-register too
+    assert registers[1] - reports[1] >= MIN_PAUSE
+
+
+def test_always_busy_returns_the_busy_code_within_the_deadline(server, make_manager, caplog):
+    server.recorder.codes["ReportRecoverStatus"].extend([Code.TOO_MANY_REQUESTS] * 1000)
+    manager = make_manager(backoff_initial=0.05, backoff_max=0.2, report_timeout=1.5)
+    started = time.monotonic()
+    with caplog.at_level(logging.ERROR, logger=LOGGER):
+        assert manager.report_recover_status(0, "ok", {}, "recover") == Code.TOO_MANY_REQUESTS
+    elapsed = time.monotonic() - started
+    # lower bound only: it did keep trying for a good part of its deadline rather than giving up at once
+    assert elapsed >= 1.5 - 0.2 - 0.05, elapsed
+    sent = server.recorder.names()
+    assert len(sent) >= 3 and set(sent) == {"ReportRecoverStatus"}
+    assert "giving up within its 1.5s deadline" in caplog.text
+
+
+def test_report_timeout_is_validated(make_manager):
+    with pytest.raises(ConfigurationError, match="report_timeout"):
+        make_manager(report_timeout=0)
 
 
 # -- unreachable server ----------------------------------------------------------------------------
@@ -552,6 +634,22 @@ def test_first_subscribe_inits_and_registers_when_not_registered(server, make_ma
     subscribe(manager)
     wait_until(lambda: "Subscribe" in server.recorder.names(), what="subscription")
     assert server.recorder.names()[:3] == ["Init", "Register", "Subscribe"]
+
+
+def test_frame_is_logged_and_changes_nothing_on_the_wire(server, make_manager, caplog):
+    manager = make_manager()
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        thread = threading.Thread(target=manager.start_subscribe, kwargs={"frame": "mindspore"}, daemon=True)
+        thread.start()
+        wait_until(lambda: manager.connected, what="subscription connected")
+        manager.stop()
+        thread.join(WAIT)
+    assert not thread.is_alive()
+    assert manager.frame == "mindspore"
+    assert "(frame mindspore)" in caplog.text
+    # ClientInfo has no frame field: what the controller sees is the manager's info, unchanged
+    subscribed = server.recorder.requests("Subscribe")[0]
+    assert subscribed == manager.info
 
 
 def test_reconnects_after_server_restart_on_the_same_port(server, make_manager, subscribe):

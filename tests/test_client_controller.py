@@ -152,8 +152,16 @@ def test_report_from_unregistered_agent_registers_and_retries(controller, agents
 
 def test_invalid_report_gets_the_controllers_409(controller, agents):
     agent = agents(controller.address).join()
-    assert agent.mgr.report_recover_strategy({0: 1}, ["teleport"]) == Code.INVALID_PARAMS
+    # fault type 7 is a number, so the client sends it; the controller knows only 0, 1 and 2
+    assert agent.mgr.report_process_fault({0: 7}) == Code.INVALID_PARAMS
     assert agent.mgr.health_check().code == Code.OK  # the controller keeps serving
+
+
+def test_unknown_strategy_is_refused_before_the_wire(controller, agents):
+    agent = agents(controller.address).join()
+    with pytest.raises(ValueError, match="'teleport'.*known: retry, recover, job-rescheduling, dump, exit"):
+        agent.mgr.report_recover_strategy({0: 1}, ["recover", "teleport"])
+    assert agent.mgr.health_check().code == Code.OK
 
 
 def test_client_resubscribes_after_controller_restart(tmp_path, agents):

@@ -38,7 +38,7 @@ from taskd.toolkit.recover_module.signals import (
     fault_ranks_to_proto,
     parse_signal,
 )
-from taskd.vocabulary import Code, SignalType
+from taskd.vocabulary import Code, SignalType, Strategy, parse_strategies
 
 __all__ = [
     "DEFAULT_CHANNEL_OPTIONS",
@@ -70,6 +70,12 @@ DEFAULT_ROLE = "master agent"  # what TaskD's agent registers as
 SignalHandler = Callable[[RecoverSignal], Any]
 
 _UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+# Answers after which the same report is worth sending again, after a pause:
+# the controller does not (or no longer) know this agent: re-register (and re-Init) first,
+REREGISTER_CODES = frozenset({Code.NOT_REGISTERED, Code.JOB_NOT_EXIST, Code.NOT_INITIALISED})
+# the controller is overloaded: just wait and re-send, registering again would only add load.
+BUSY_CODES = frozenset({Code.RATE_LIMITED, Code.TOO_MANY_REQUESTS, Code.SIGNAL_QUEUE_BUSY})
+_MIN_CALL_TIMEOUT = 0.05
 _INT32 = (-(2**31), 2**31 - 1)
 
 
@@ -93,17 +99,18 @@ def _int32(value: object, what: str) -> int:
     return number
 
 
-def _strings(values: Iterable[object] | str | None, what: str) -> list[str]:
+def _strategies(values: Iterable[object] | str | None) -> list[str]:
+    """The offered strategies, validated: a typo must fail here, not be silently ignored by the controller."""
     if values is None:
         return []
-    if isinstance(values, str):
-        return [v.strip() for v in values.split(",") if v.strip()]
-    out = []
-    for value in values:
-        if not isinstance(value, str):
-            raise _BadArgument(f"{what} must hold strings, got {value!r}")
-        out.append(value)
-    return out
+    if not isinstance(values, str):
+        values = list(values)
+        for value in values:
+            if not isinstance(value, str):
+                raise ValueError(
+                    f"strategy_list must hold strategy names, got {value!r}; known: {', '.join(Strategy.ORDER)}"
+                )
+    return parse_strategies(values)  # type: ignore[arg-type]
 
 
 class DLRecoverManager:
@@ -127,6 +134,7 @@ class DLRecoverManager:
         backoff_initial: float = 0.5,
         backoff_max: float = 10.0,
         liveness_timeout: float = 15.0,
+        report_timeout: float = 30.0,
         wait_for_ready: bool = True,
         channel_options: Iterable[tuple[str, int | str]] = (),
     ) -> None:
@@ -134,10 +142,10 @@ class DLRecoverManager:
             raise TypeError(f"info must be a recover_pb2.ClientInfo, got {type(info).__name__}")
         if not info.jobId:
             raise ConfigurationError("ClientInfo.jobId is empty; every call needs the job id")
-        if call_timeout <= 0 or init_timeout <= 0 or init_attempts < 1:
+        if call_timeout <= 0 or init_timeout <= 0 or report_timeout <= 0 or init_attempts < 1:
             raise ConfigurationError(
-                f"call_timeout and init_timeout must be > 0 and init_attempts >= 1 "
-                f"(got {call_timeout}, {init_timeout}, {init_attempts})"
+                f"call_timeout, init_timeout and report_timeout must be > 0 and init_attempts >= 1 "
+                f"(got {call_timeout}, {init_timeout}, {report_timeout}, {init_attempts})"
             )
         self.info = recover_pb2.ClientInfo()
         self.info.CopyFrom(info)
@@ -153,6 +161,7 @@ class DLRecoverManager:
         self.backoff_initial = float(backoff_initial)
         self.backoff_max = float(backoff_max)
         self.liveness_timeout = float(liveness_timeout or 0)
+        self.report_timeout = float(report_timeout)
         self.wait_for_ready = bool(wait_for_ready)
         self._channel_options = tuple(channel_options)
         self._credentials = self._load_credentials(cert_path) if secure_conn else None
@@ -172,7 +181,7 @@ class DLRecoverManager:
         self._last_activity = 0.0  # monotonic; what the liveness watchdog compares against
         self._last_signal_mono: float | None = None  # last message on the current stream
         self.last_signal_time: float | None = None  # wall clock of the last signal received
-        self.frame = "pytorch"
+        self.frame = "pytorch"  # set by start_subscribe; informational only (see there)
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -272,31 +281,69 @@ class DLRecoverManager:
 
     # -- reports ----------------------------------------------------------------------------
 
-    def _reregister(self, code: int) -> None:
+    def _reregister(self, code: int, timeout: float) -> None:
         if code in (Code.JOB_NOT_EXIST, Code.NOT_INITIALISED):
-            status = self._unary("Init", self.info)
+            status = self._unary("Init", self.info, timeout=timeout)
             logger.info("re-init of job %s answered %d %s", self.info.jobId, status.code, status.info)
-        self.register(self._registered_with or self.info)
+        request = self._registered_with or self.info
+        status = self._unary("Register", request, timeout=timeout)
+        if status.code == Code.OK:
+            self._registered_with = request
+        else:
+            logger.warning("re-register of job %s answered %d: %s", request.jobId, status.code, status.info)
 
     def _report(self, method: str, build: Callable[[], Any], *, agent_service: bool = False) -> int:
-        """Send; on a non-zero code re-register once and send again; return the final code."""
+        """Send; re-send after a jittered backoff while the answer says "busy" or "not registered"
+        (re-registering first for the latter), all within `report_timeout`; return the final code.
+
+        Any other non-zero answer (except 409) gets one re-register and one re-send, as before.
+        The pause comes before every re-send: when a restarted controller answers every agent of
+        every job at once, immediate re-sends would hit it in the same burst again.
+        """
         try:
             request = build()
         except (_BadArgument, InvalidFaultRanks) as exc:
             logger.error("%s not sent, invalid arguments: %s", method, exc)
             return int(Code.INVALID_PARAMS)
-        status = self._unary(method, request, agent_service=agent_service)
-        if status.code == Code.OK:
-            return 0
-        if status.code == Code.INVALID_PARAMS:  # the same request would be refused again
-            logger.error("%s refused as invalid: %s", method, status.info)
-            return int(status.code)
-        logger.warning("%s answered %d (%s); re-registering and retrying once", method, status.code, status.info)
-        self._reregister(status.code)
-        status = self._unary(method, request, agent_service=agent_service)
+        deadline = time.monotonic() + self.report_timeout
+
+        def send() -> recover_pb2.Status:
+            timeout = max(_MIN_CALL_TIMEOUT, min(self.call_timeout, deadline - time.monotonic()))
+            return self._unary(method, request, timeout=timeout, agent_service=agent_service)
+
+        backoff = self._new_backoff()
+        status = send()
+        attempts = 1
+        other_retried = False
+        while status.code != Code.OK:
+            code = int(status.code)
+            if code == Code.INVALID_PARAMS:  # the same request would be refused again
+                logger.error("%s refused as invalid: %s", method, status.info)
+                return code
+            retryable = code in BUSY_CODES or code in REREGISTER_CODES
+            if not retryable and other_retried:
+                break
+            delay = backoff.next_delay()
+            if time.monotonic() + delay + _MIN_CALL_TIMEOUT >= deadline:
+                logger.error(
+                    "%s still answered %d (%s) after %d attempt(s); giving up within its %.1fs deadline",
+                    method, code, status.info, attempts, self.report_timeout,
+                )
+                return code
+            logger.warning("%s answered %d (%s); re-sending in %.2fs", method, code, status.info, delay)
+            time.sleep(delay)
+            if code not in BUSY_CODES:
+                other_retried = other_retried or not retryable
+                remaining = max(_MIN_CALL_TIMEOUT, min(self.call_timeout, deadline - time.monotonic()))
+                self._reregister(code, remaining)
+            status = send()
+            attempts += 1
         if status.code != Code.OK:
             logger.error("%s answered %d after re-register: %s", method, status.code, status.info)
-        return int(status.code)
+            return int(status.code)
+        if attempts > 1:
+            logger.info("%s accepted after %d attempts", method, attempts)
+        return 0
 
     def report_stop_complete(self, code: int, msg: str, fault_ranks: dict) -> int:
         """Tell the controller the faulty local ranks are stopped (code 0) or could not be."""
@@ -311,13 +358,19 @@ class DLRecoverManager:
         )
 
     def report_recover_strategy(self, fault_ranks: dict, strategy_list: list) -> int:
-        """Offer the strategies this agent can carry out for the fault ranks of the round."""
+        """Offer the strategies this agent can carry out for the fault ranks of the round.
+
+        `strategy_list` is a list of names or a comma-separated string. An unknown or non-string
+        entry raises ValueError (naming it and the known strategies) before anything is sent: an
+        agent offering a misspelt strategy is misconfigured, and a 409 would hide that in a log.
+        """
+        strategies = _strategies(strategy_list)
         return self._report(
             "ReportRecoverStrategy",
             lambda: recover_pb2.RecoverStrategyRequest(
                 jobId=self.info.jobId,
                 faultRanks=fault_ranks_to_proto(fault_ranks),
-                strategies=_strings(strategy_list, "strategy_list"),
+                strategies=strategies,
                 nodeRank=self.info.nodeRank,
             ),
         )
@@ -568,6 +621,10 @@ class DLRecoverManager:
         The stream runs on an asyncio loop owned by this thread (grpc.aio), so an idle subscription
         sleeps until a message, a keepalive or the liveness deadline instead of polling (the synchronous
         stream iterator wakes every 100 ms and its channel spins a thread).
+
+        `frame` (TaskD's signature: the training framework) changes nothing: the `Recover` service has
+        no field for it and the controller's decisions do not depend on it. It is kept in `self.frame`
+        and named in the subscription's log lines, so a mixed-framework cluster can be told apart there.
         """
         with self._lock:
             if self._subscribing:
@@ -579,7 +636,8 @@ class DLRecoverManager:
             loop = asyncio.new_event_loop()
             self._loop = loop
             self._wake = asyncio.Event()
-        self.frame = frame
+        self.frame = str(frame)
+        logger.info("subscribing to signals of job %s at %s (frame %s)", self.info.jobId, self.server_addr, self.frame)
         try:
             loop.run_until_complete(self._subscribe_forever())
         finally:
@@ -591,7 +649,7 @@ class DLRecoverManager:
                 loop.run_until_complete(loop.shutdown_asyncgens())
             finally:
                 loop.close()
-            logger.info("signal subscription of job %s stopped", self.info.jobId)
+            logger.info("signal subscription of job %s (frame %s) stopped", self.info.jobId, self.frame)
 
     def stop(self) -> None:
         """End start_subscribe promptly and close the channel; safe from any thread, idempotent."""
