@@ -4,7 +4,9 @@ A small fixed binary layout in a memory-mapped file, so that a heartbeat costs a
 few microseconds (a struct write into shared memory, no syscall) and the agent
 can read it at any time without talking to the rank. The rank's fields are
 guarded by a sequence counter (odd while a write is in progress) so the agent
-never sees a torn update. The save-request counter is the only field the agent
+never sees a torn update. A rank killed in the middle of a write leaves the
+counter odd for good: the reader then says so (``HeartbeatState.torn``) instead
+of returning the half-written bytes. The save-request counter is the only field the agent
 writes; the rank answers through the acknowledgement fields.
 
 Layout (little-endian, ``SIZE`` bytes):
@@ -73,6 +75,12 @@ class HeartbeatState(NamedTuple):
 
     ``time`` is 0.0 until the rank's first heartbeat: no heartbeat yet means the
     agent should not apply a hang check. ``section`` is "" outside any section.
+
+    ``torn`` is True when no consistent copy could be read: the rank died (or is
+    frozen) in the middle of a write. The rank's fields are then those of the last
+    consistent snapshot this reader saw, or the "no heartbeat yet" values if it saw
+    none, never the half-written bytes, so a torn file never looks like a fresh
+    heartbeat. ``save_request`` (the agent's own field) is always current.
     """
 
     time: float
@@ -86,6 +94,7 @@ class HeartbeatState(NamedTuple):
     pid: int
     stack_signal: int
     beats: int
+    torn: bool = False
 
     @property
     def started(self) -> bool:
@@ -106,6 +115,33 @@ class HeartbeatState(NamedTuple):
         return max(self.time, self.section_start or 0.0) + heartbeat_timeout
 
 
+SPIN_RETRIES = 10  # read() attempts that only yield before it starts sleeping
+_RETRY_SLEEP = 0.0001
+
+_NO_HEARTBEAT = HeartbeatState(
+    time=0.0, step=None, section="", section_timeout=None, section_start=None,
+    save_request=0, save_ack=0, save_ok=False, pid=0, stack_signal=0, beats=0,
+)
+
+
+def _state(fields: tuple) -> HeartbeatState:
+    (_, _, _, pid, stack_signal, beat_time, step, sec_timeout, sec_start, request, ack, ok, name_len, name,
+     beats) = fields
+    return HeartbeatState(
+        time=beat_time,
+        step=None if step < 0 else step,
+        section=name[: min(name_len, SECTION_MAX)].decode("utf-8", "replace"),
+        section_timeout=sec_timeout or None,
+        section_start=sec_start or None,
+        save_request=request,
+        save_ack=ack,
+        save_ok=bool(ok),
+        pid=pid,
+        stack_signal=stack_signal,
+        beats=beats,
+    )
+
+
 class HeartbeatFile:
     """Access to one heartbeat file: the agent creates and reads it, the rank writes it."""
 
@@ -113,6 +149,7 @@ class HeartbeatFile:
         self.path = os.fspath(path)
         self._fd: int | None = None
         self._map: mmap.mmap | None = None
+        self._last_good: HeartbeatState | None = None  # what a torn read falls back to
 
     # -- lifecycle ---------------------------------------------------------------------------
     def create(self) -> HeartbeatFile:
@@ -132,6 +169,7 @@ class HeartbeatFile:
         finally:
             os.close(fd)
         self.close()
+        self._last_good = None  # a new incarnation: the previous one's state is no fallback
         return self
 
     def open(self) -> HeartbeatFile:
@@ -179,32 +217,24 @@ class HeartbeatFile:
 
     # -- agent side --------------------------------------------------------------------------
     def read(self, retries: int = 100) -> HeartbeatState:
-        """A consistent snapshot; retries while the rank is in the middle of a write."""
+        """A consistent snapshot, retrying while the rank is in the middle of a write.
+
+        The first ``SPIN_RETRIES`` attempts only yield; the rest sleep ~0.1 ms each, so a
+        writer that was preempted mid-write gets several milliseconds to finish. After
+        ``retries`` attempts the snapshot is reported torn (see ``HeartbeatState.torn``).
+        """
         mapping = self.buffer
-        fields = None
-        for _ in range(retries):
+        for attempt in range(max(1, retries)):
             fields = _ALL.unpack_from(mapping, 0)
             seq = fields[2]
             if seq % 2 == 0 and _SEQ.unpack_from(mapping, OFF_SEQ)[0] == seq:
-                break
-            time.sleep(0)  # let the writer finish
-        assert fields is not None
-        (_, _, _, pid, stack_signal, beat_time, step, sec_timeout, sec_start, request, ack, ok, name_len, name,
-         beats) = fields
-        section = name[: min(name_len, SECTION_MAX)].decode("utf-8", "replace")
-        return HeartbeatState(
-            time=beat_time,
-            step=None if step < 0 else step,
-            section=section,
-            section_timeout=sec_timeout or None,
-            section_start=sec_start or None,
-            save_request=request,
-            save_ack=ack,
-            save_ok=bool(ok),
-            pid=pid,
-            stack_signal=stack_signal,
-            beats=beats,
-        )
+                state = _state(fields)
+                self._last_good = state
+                return state
+            time.sleep(0 if attempt < SPIN_RETRIES else _RETRY_SLEEP)
+        request = _REQUEST.unpack_from(mapping, OFF_REQUEST)[0]
+        fallback = self._last_good or _NO_HEARTBEAT
+        return fallback._replace(save_request=request, torn=True)
 
     def request_save(self) -> int:
         """Ask the rank to save at its next step boundary; returns the request number to wait for.

@@ -1,0 +1,138 @@
+"""HeartbeatFile.read() when a rank died in the middle of a write (odd sequence counter).
+
+One test forges the torn state byte by byte; the other gets it the real way, by SIGKILLing a
+rank that beats in a tight loop, and checks whatever state the kill left.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from taskd.worker import heartbeat_file as hbf
+from taskd.worker.heartbeat_file import HeartbeatFile
+
+WAIT = 20.0  # generous: the suite must pass on a loaded 2-core machine
+
+
+def seq_of(path) -> int:
+    with open(path, "rb") as fh:
+        return hbf._SEQ.unpack_from(fh.read(hbf.SIZE), hbf.OFF_SEQ)[0]
+
+
+def write_beat(hb: HeartbeatFile, seq: int, when: float, step: int, pid: int, beats: int) -> None:
+    """What the rank's writer does, optionally stopped half-way (odd `seq`, fields already new)."""
+    buf = hb.buffer
+    hbf._SEQ.pack_into(buf, hbf.OFF_SEQ, seq | 1)
+    hbf._IDENT.pack_into(buf, hbf.OFF_IDENT, pid, 0)
+    hbf._BEAT.pack_into(buf, hbf.OFF_BEAT, when, step)
+    hbf._COUNT.pack_into(buf, hbf.OFF_COUNT, beats)
+    if seq % 2 == 0:
+        hbf._SEQ.pack_into(buf, hbf.OFF_SEQ, seq)
+
+
+def test_odd_sequence_is_reported_torn_with_the_last_consistent_fields(tmp_path):
+    path = tmp_path / "rank_0.hb"
+    reader = HeartbeatFile(path).create().open()
+    writer = HeartbeatFile(path).open()
+    old = time.time() - 100.0
+    write_beat(writer, seq=2, when=old, step=5, pid=4242, beats=1)
+    good = reader.read()
+    assert not good.torn and (good.step, good.pid, good.time) == (5, 4242, old)
+
+    # the rank dies half-way through its next beat: counter odd, time and step already new
+    write_beat(writer, seq=3, when=time.time(), step=6, pid=4242, beats=2)
+    number = reader.request_save()
+    torn = reader.read()
+    assert torn.torn
+    # the half-written beat is not taken for a fresh one: the last consistent fields stand
+    assert (torn.time, torn.step, torn.beats, torn.pid) == (old, 5, 1, 4242)
+    assert torn.deadline(30.0) == old + 30.0 < time.time()  # so the agent's hang check still fires
+    assert torn.save_request == number  # the agent's own field is current
+    assert reader.read().torn  # stays torn: nothing will finish that write
+
+    # a reader that never saw a consistent copy knows nothing: no heartbeat, no pid, no hang check
+    fresh = HeartbeatFile(path).read()
+    assert fresh.torn and fresh.time == 0.0 and fresh.step is None and fresh.pid == 0
+    assert not fresh.started and fresh.deadline(30.0) is None
+
+    # the next incarnation's create() resets the counter; reads are consistent again
+    HeartbeatFile(path).create()
+    again = reader.read()
+    assert not again.torn and again.time == 0.0 and seq_of(path) == 0
+    writer.close()
+    reader.close()
+
+
+def test_retries_are_bounded_even_with_retries_zero(tmp_path):
+    path = tmp_path / "rank_0.hb"
+    hb = HeartbeatFile(path).create().open()
+    hbf._SEQ.pack_into(hb.buffer, hbf.OFF_SEQ, 1)
+    assert hb.read(retries=0).torn
+    assert hb.read(retries=1).torn
+    hb.close()
+
+
+BEATER = """
+import sys
+from taskd import worker
+worker.heartbeat(0)
+sys.stdout.write("ready\\n")
+sys.stdout.flush()
+step = 0
+while True:
+    step += 1
+    worker.heartbeat(step)
+"""
+
+
+def start_beater(path) -> subprocess.Popen:
+    env = dict(os.environ, TASKD_HEARTBEAT_FILE=str(path), TASKD_STACK_SIGNAL="0")
+    env.pop("TASKD_HEARTBEAT_DIR", None)
+    proc = subprocess.Popen([sys.executable, "-c", BEATER], env=env, stdout=subprocess.PIPE)
+    ready, _, _ = select.select([proc.stdout], [], [], WAIT)
+    if not ready or proc.stdout.readline() != b"ready\n":
+        proc.kill()
+        proc.wait(WAIT)
+        pytest.fail("the beating rank did not start")
+    return proc
+
+
+def test_rank_sigkilled_in_a_tight_write_loop(tmp_path):
+    """Whatever instant the kill lands at, read() answers and never passes off torn bytes.
+
+    Kills until one lands mid-write (about a third of them do), so the torn path is always exercised.
+    """
+    path = tmp_path / "rank_0.hb"
+    torn_seen = consistent_seen = 0
+    for attempt in range(60):
+        if torn_seen and attempt >= 4:
+            break
+        HeartbeatFile(path).create()
+        reader = HeartbeatFile(path).open()
+        proc = start_beater(path)
+        try:
+            before = reader.read()
+            assert before.pid == proc.pid and not before.torn
+            time.sleep(0.01 * (attempt % 4))  # land the kill at different points of the loop
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(WAIT)
+        state = reader.read()
+        if seq_of(path) % 2:
+            torn_seen += 1
+            assert state.torn
+            # the last consistent snapshot this reader saw, not the half-written beat
+            assert state._replace(torn=False) == before
+        else:
+            consistent_seen += 1
+            assert not state.torn
+            assert state.pid == proc.pid and state.step is not None and state.beats >= before.beats
+        reader.close()
+    assert torn_seen, f"no kill out of {consistent_seen} landed mid-write"
