@@ -17,7 +17,8 @@ log = logging.getLogger(__name__)
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     d = _defaults()
     parser.add_argument("--listen", default=d.listen, metavar="HOST:PORT",
-                        help=f"address to serve on (default {d.listen}; port 0 = any free port)")
+                        help=f"address to serve on: HOST:PORT, [IPV6]:PORT, a bare IPv6 address or HOST (default "
+                             f"{d.listen}; port 0 = any free port)")
     parser.add_argument("--state", default=None, metavar="PATH",
                         help="SQLite state file (default: $XDG_DATA_HOME/taskd/controller.sqlite3); ':memory:' keeps "
                              "nothing")
@@ -35,6 +36,12 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                              "finished) within this fails its job; the other agents are told to exit")
     parser.add_argument("--max-restarts", type=int, default=d.default_max_restarts, metavar="N",
                         help="restart budget of a job that does not send its own")
+    parser.add_argument("--max-jobs", type=int, default=d.max_jobs, metavar="N",
+                        help=f"jobs kept at once (default {d.max_jobs}); a full table evicts the finished job idle "
+                             "the longest, and refuses a new job only when all N are still running")
+    parser.add_argument("--finished-job-retention", type=float, default=d.finished_job_retention, metavar="SECONDS",
+                        help=f"forget a finished job (and its history) once no agent has streamed or called for it "
+                             f"this long (default {d.finished_job_retention:g})")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 
@@ -48,6 +55,16 @@ def _positive(name: str, value: float) -> str:
     return "" if value > 0 else f"--{name} must be > 0, got {value}"
 
 
+def _listen_error(listen: str) -> str:
+    from taskd.controller.server import parse_listen
+
+    try:
+        parse_listen(listen)
+    except ValueError as exc:
+        return f"--listen: {exc}"
+    return ""
+
+
 def server_main(args: argparse.Namespace) -> int:
     from taskd.controller.server import ControllerConfig, run_server
 
@@ -55,6 +72,8 @@ def server_main(args: argparse.Namespace) -> int:
         logging.basicConfig(level=getattr(logging, args.log_level),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     errors = [e for e in (
+        _listen_error(args.listen), _positive("max-jobs", args.max_jobs),
+        "" if args.finished_job_retention >= 0 else "--finished-job-retention must be >= 0",
         _positive("keepalive-interval", args.keepalive_interval), _positive("stop-timeout", args.stop_timeout),
         _positive("strategy-timeout", args.strategy_timeout), _positive("recover-timeout", args.recover_timeout),
         _positive("agent-loss-timeout", args.agent_loss_timeout),
@@ -69,6 +88,7 @@ def server_main(args: argparse.Namespace) -> int:
         stop_timeout=args.stop_timeout, strategy_timeout=args.strategy_timeout,
         recover_timeout=args.recover_timeout, settle_window=args.settle_window,
         default_max_restarts=args.max_restarts, agent_loss_timeout=args.agent_loss_timeout,
+        max_jobs=args.max_jobs, finished_job_retention=args.finished_job_retention,
     )
 
     def ready(server) -> None:  # noqa: ANN001

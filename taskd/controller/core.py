@@ -8,6 +8,11 @@ An event whose only effect is soft history (an agent's stream opened or closed, 
 restart restores and nothing anybody is answered 0 for) is not committed on its own: it is
 batched and written with the job's next commit, or within `soft_flush_delay`, in one transaction
 for all jobs. 10,000 agents subscribing cost a few transactions, not 10,000.
+
+A finished job (SUCCEEDED or FAILED) is evicted, from memory and from the store, once no agent has
+streamed or called for it for `finished_job_retention` seconds; when the table is full the finished
+job idle the longest goes first. A long-running server serving many short jobs never fills up, and
+only a table full of live jobs refuses a new one.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import time
 from collections.abc import Callable
 
 from taskd.controller.hub import SignalHub, Subscriber, to_wire
-from taskd.controller.state_machine import Event, JobInit, JobMachine, MachineConfig, Outcome, Record
+from taskd.controller.state_machine import TERMINAL, Event, JobInit, JobMachine, MachineConfig, Outcome, Record
 from taskd.controller.store import Store
 from taskd.proto import recover_pb2, taskd_pb2
 from taskd.vocabulary import Code
@@ -46,13 +51,17 @@ class _SoftBatch:
 
 class ControllerCore:
     def __init__(self, config: MachineConfig, store: Store, hub: SignalHub, max_jobs: int = 10000,
-                 clock: Callable[[], float] = time.time, soft_flush_delay: float = 0.2) -> None:
+                 clock: Callable[[], float] = time.time, soft_flush_delay: float = 0.2,
+                 finished_job_retention: float = 3600.0) -> None:
         self.config = config
         self.store = store
         self.hub = hub
         self.max_jobs = max_jobs
         self.clock = clock
+        self.finished_job_retention = finished_job_retention
         self.jobs: dict[str, JobMachine] = {}
+        # finished jobs -> time of their last activity, least recently active first (eviction order)
+        self._finished: dict[str, float] = {}
         self._heap: list[tuple[float, str]] = []
         self._pushed: dict[str, float] = {}  # the earliest heap entry of each job that has one
         self._next_wake = math.inf
@@ -71,15 +80,19 @@ class ControllerCore:
             m, out = JobMachine.restore(snap, agents, self.config, now)
             self.jobs[m.job_id] = m
             self._finish(m, out, now)
+            # a restart does not reset a finished job's retention: it was last active before it
+            self._touch(m, max([m.updated_at, *(a.last_seen for a in m.agents.values())]))
             log.info("loaded job %s (%s)", m.job_id, m.state.value)
+        if self._finished:  # restored in creation order; eviction goes by last activity
+            self._finished = dict(sorted(self._finished.items(), key=lambda item: item[1]))
         return len(self.jobs)
 
     def init_job(self, job_id: str, ev: JobInit) -> Outcome:
         m = self.jobs.get(job_id)
         if m is not None:
             return self.dispatch(job_id, ev)
-        if len(self.jobs) >= self.max_jobs:
-            return Outcome(code=Code.TOO_MANY_JOBS, info=f"too many jobs ({len(self.jobs)}); limit {self.max_jobs}")
+        if len(self.jobs) >= self.max_jobs and not self._evict_one_for(job_id):
+            return Outcome(code=Code.TOO_MANY_JOBS, info=self._full_info())
         now = self.clock()
         m = JobMachine(job_id, self.config, now, ev)
         self.jobs[job_id] = m
@@ -88,6 +101,7 @@ class ControllerCore:
                                                       "max_restarts": m.max_restarts, "policy": list(m.policy),
                                                       "host": ev.host, "pid": ev.pid}))
         self._finish(m, out, now)
+        self._touch(m, now)
         return out
 
     def dispatch(self, job_id: str, event: Event, reply_to: Subscriber | None = None) -> Outcome:
@@ -97,6 +111,7 @@ class ControllerCore:
         now = self.clock()
         out = m.handle(event, now)
         self._finish(m, out, now, reply_to)
+        self._touch(m, now)
         return out
 
     def _finish(self, m: JobMachine, out: Outcome, now: float, reply_to: Subscriber | None = None) -> None:
@@ -151,6 +166,68 @@ class ControllerCore:
             return
         batches, self._soft = list(self._soft.values()), {}
         self.store.commit_soft((b.job, b.records, b.agents) for b in batches)
+
+    # ------------------------------------------------------------------ eviction of finished jobs
+
+    def _touch(self, m: JobMachine, when: float) -> None:
+        """Note activity on the job: a finished one moves to the back of the eviction order."""
+        self._finished.pop(m.job_id, None)
+        if m.state in TERMINAL:
+            self._finished[m.job_id] = when
+
+    def _idle(self, job_id: str) -> bool:
+        return self.hub.count(job_id) == 0
+
+    def evict_expired(self) -> list[str]:
+        """Evict every finished job idle (no stream, no call) for `finished_job_retention` seconds."""
+        limit = self.clock() - self.finished_job_retention
+        expired = []
+        for job_id, last in self._finished.items():
+            if last > limit:
+                break  # the rest were active later
+            if self._idle(job_id):
+                expired.append(job_id)
+        if expired:
+            self._evict(expired, f"finished and idle for {self.finished_job_retention:g}s")
+        return expired
+
+    def _evict_one_for(self, new_job: str) -> bool:
+        """The table is full: make room for `new_job` by evicting the finished job idle the longest."""
+        oldest = next((job_id for job_id in self._finished if self._idle(job_id)), None)
+        if oldest is None:
+            return False
+        self._evict([oldest], f"the job table is full ({self.max_jobs}) and job {new_job} needs a place")
+        return True
+
+    def _evict(self, job_ids: list[str], why: str) -> None:
+        # from the store first: a job still in memory but gone from disk would only be missing after a restart
+        self.store.delete_jobs(job_ids)
+        for job_id in job_ids:
+            m = self.jobs.pop(job_id)
+            del self._finished[job_id]
+            self._soft.pop(job_id, None)
+            self._pushed.pop(job_id, None)
+            log.info("job %s (%s) evicted: %s", job_id, m.state.value, why)
+
+    def _full_info(self) -> str:
+        live = len(self.jobs) - len(self._finished)
+        waiting = len(self._finished)
+        info = f"too many jobs: {live} of the limit of {self.max_jobs} are still running"
+        if waiting:
+            info += f" and {waiting} finished one(s) still have agents connected"
+        return (info + "; wait for a job to end (a finished job is evicted once its agents disconnect) or "
+                "restart `taskd server` with a higher --max-jobs")
+
+    async def run_eviction(self, interval: float | None = None) -> None:
+        """Evict expired finished jobs every `interval` s (default: a quarter of the retention, 0.1-60 s)."""
+        if interval is None:
+            interval = min(max(self.finished_job_retention / 4, 0.1), 60.0)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.evict_expired()
+            except Exception:  # e.g. a locked database: the jobs stay, the next sweep tries again
+                log.exception("could not evict finished jobs")
 
     # ------------------------------------------------------------------ the one timer
 
@@ -210,8 +287,9 @@ class ControllerCore:
     def job_list(self, job_id: str = "") -> taskd_pb2.JobList:
         self.flush_soft()  # the history shown includes the latest streams opened and closed
         if job_id and job_id not in self.jobs:
-            return taskd_pb2.JobList(status=recover_pb2.Status(code=Code.JOB_NOT_EXIST,
-                                                               info=f"job {job_id} does not exist"))
+            info = (f"job {job_id} does not exist: unknown here (never created, or finished and evicted after "
+                    f"{self.finished_job_retention:g}s without activity, see --finished-job-retention)")
+            return taskd_pb2.JobList(status=recover_pb2.Status(code=Code.JOB_NOT_EXIST, info=info))
         jobs = [self.jobs[job_id]] if job_id else sorted(self.jobs.values(), key=lambda j: j.created_at)
         return taskd_pb2.JobList(status=recover_pb2.Status(code=Code.OK), jobs=[self._job_record(m) for m in jobs])
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import ipaddress
 import logging
+import re
 import signal
 import threading
 from dataclasses import dataclass, field, fields
@@ -29,6 +31,45 @@ log = logging.getLogger(__name__)
 
 MAX_MESSAGE = 64 * 1024 * 1024
 LISTEN_HINT = "is the port taken or the address not this host's? pass --listen HOST:PORT (port 0 = any free port)"
+LISTEN_FORMS = "expected HOST:PORT, [IPV6]:PORT, a bare IPv6 address or a bare HOST (port 0 = any free port)"
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})
+_HOSTNAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?")
+
+
+def parse_listen(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
+    """`host:port`, `[v6]:port`, `[v6]`, a bare `v6` or a bare `host` -> (host without brackets, port);
+    ValueError saying what is wrong otherwise. A bare IPv6 literal has colons but no port."""
+    raw = text.strip()
+    if raw.startswith("["):
+        host, sep, rest = raw[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            raise ValueError(f"bad listen address {text!r}: unclosed [ or text after ]; {LISTEN_FORMS}")
+        port_text = rest[1:] if rest else str(default_port)
+        bracketed = True
+    elif raw.count(":") > 1:
+        host, port_text, bracketed = raw, str(default_port), True
+    else:
+        host, _, port_text = raw.partition(":") if ":" in raw else (raw, "", str(default_port))
+        bracketed = False
+    if not host:
+        raise ValueError(f"bad listen address {text!r}: no host (0.0.0.0:PORT serves every interface); "
+                         f"{LISTEN_FORMS}")
+    if bracketed:
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            what = "is not an IPv6 address" if raw.startswith("[") else "has several ':' but is not an IPv6 address"
+            raise ValueError(f"bad listen address {text!r}: {host!r} {what}; {LISTEN_FORMS}") from None
+    elif not _HOSTNAME.fullmatch(host):
+        raise ValueError(f"bad listen address {text!r}: {host!r} is not a host name or IP address; {LISTEN_FORMS}")
+    if not port_text.isdigit() or int(port_text) > 65535:
+        raise ValueError(f"bad listen address {text!r}: port {port_text!r} is not 0-65535; {LISTEN_FORMS}")
+    return host, int(port_text)
+
+
+def join_host_port(host: str, port: int) -> str:
+    """The gRPC / MINDX_SERVER_IP form: an IPv6 literal in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 @dataclass(frozen=True)
@@ -40,6 +81,9 @@ class ControllerConfig(MachineConfig):
     state_path: str | None = None  # None = default_state_path(); ":memory:" keeps nothing
     keepalive_interval: float = 5.0
     max_jobs: int = 10000
+    # a finished (SUCCEEDED/FAILED) job with no agent streaming or calling for this long is forgotten,
+    # in memory and in the state file; a full table evicts the longest idle finished job early
+    finished_job_retention: float = 3600.0
     subscriber_queue_size: int = 1024
     # Calls gRPC core has received but the event loop has not picked up yet: above the soft limit some
     # are refused, above the hard limit all (defaults 1000/3000), and one left waiting longer than
@@ -93,35 +137,55 @@ class ControllerServer:
 
     @property
     def address(self) -> str:
-        host = self.config.listen.rsplit(":", 1)[0] if ":" in self.config.listen else self.config.listen
-        if host in ("", "0.0.0.0", "[::]", "::"):
+        """Where a client on this host reaches the server (a wildcard listen address -> loopback)."""
+        host, _ = parse_listen(self.config.listen)
+        if host in WILDCARD_HOSTS:
             host = "127.0.0.1"
-        return f"{host}:{self._port}"
+        return join_host_port(host, self._port)
 
     async def start(self) -> None:
+        """Bind, then open the state: a taken port leaves no state file (nor lock) behind.
+        ValueError for a malformed listen address, OSError for a bind or state file that fails."""
         cfg = self.config
+        host, port = parse_listen(cfg.listen)
+        listen = join_host_port(host, port)
         self._stopped = asyncio.Event()
-        store = Store(cfg.state_path)
-        hub = SignalHub(cfg.subscriber_queue_size)
-        self.core = ControllerCore(cfg.machine_config(), store, hub, max_jobs=cfg.max_jobs)
-        self.core.load()
         server = grpc.aio.server(options=cfg.grpc_options())
-        add_services(server, self.core)
-        listen = cfg.listen if ":" in cfg.listen else f"{cfg.listen}:{DEFAULT_PORT}"
         try:
-            port = server.add_insecure_port(listen)
+            bound = server.add_insecure_port(listen)
         except RuntimeError as exc:
-            store.close()
+            await _release(server)
             raise OSError(f"cannot listen on {listen}: {exc}; {LISTEN_HINT}") from exc
-        if port == 0:
-            store.close()
+        if bound == 0:  # older grpcio answered 0 instead of raising
+            await _release(server)
             raise OSError(f"cannot listen on {listen}; {LISTEN_HINT}")
-        self._port = port
-        await server.start()
+        try:
+            store = Store(cfg.state_path)
+        except BaseException:
+            await _release(server)  # the port is free again for a retry with another --state
+            raise
+        try:
+            hub = SignalHub(cfg.subscriber_queue_size)
+            self.core = ControllerCore(cfg.machine_config(), store, hub, max_jobs=cfg.max_jobs,
+                                       finished_job_retention=cfg.finished_job_retention)
+            self.core.load()
+            add_services(server, self.core)
+        except BaseException:
+            await _release(server)
+            store.close()
+            raise
+        try:
+            await server.start()
+        except BaseException:
+            await server.stop(None)
+            store.close()
+            raise
+        self._port = bound
         self._server = server
         self._tasks = [
             asyncio.create_task(self.core.run_timer(), name="taskd-deadlines"),
             asyncio.create_task(hub.run_keepalive(cfg.keepalive_interval), name="taskd-keepalive"),
+            asyncio.create_task(self.core.run_eviction(), name="taskd-eviction"),
         ]
         log.info("taskd controller listening on %s (state %s, %d job(s) loaded)", self.address,
                  store.path, len(self.core.jobs))
@@ -155,6 +219,15 @@ class ControllerServer:
         log.info("taskd controller on %s stopped", self.address)
         assert self._stopped is not None
         self._stopped.set()
+
+
+async def _release(server: grpc.aio.Server) -> None:
+    """Let go of the ports of a server that never served. grpc keeps a bound port until the server has
+    been started and stopped (stop alone, or dropping it, holds the port for the life of the process);
+    a server with no handlers started for a moment answers UNIMPLEMENTED, and nobody knows its port yet."""
+    with contextlib.suppress(Exception):
+        await server.start()
+    await server.stop(None)
 
 
 GC_THRESHOLDS = (50_000, 20, 10)

@@ -77,6 +77,9 @@ CREATE INDEX IF NOT EXISTS faults_by_job ON faults (job_id, round);
 CREATE INDEX IF NOT EXISTS strategies_by_job ON strategies (job_id, round);
 """
 
+JOB_TABLES = ("jobs", "agents", "rounds", "faults", "strategies", "events")
+"""Every table keyed by job id."""
+
 
 def default_state_path() -> Path:
     """`$XDG_DATA_HOME/taskd/controller.sqlite3`, else `~/.local/share/taskd/controller.sqlite3`."""
@@ -99,15 +102,19 @@ class Store:
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
         target = str(default_state_path() if path is None else path)
         self.path = target
+        conn: sqlite3.Connection | None = None
         try:
             if target != MEMORY:
                 Path(target).parent.mkdir(parents=True, exist_ok=True)
-            self.conn = sqlite3.connect(target, check_same_thread=False, isolation_level=None)
-            self.conn.execute("PRAGMA journal_mode=WAL")
-            self.conn.execute("PRAGMA synchronous=NORMAL")
-            self.conn.execute("PRAGMA busy_timeout=5000")
-            self.conn.executescript(SCHEMA)
+            conn = sqlite3.connect(target, check_same_thread=False, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA busy_timeout=5000")
+            conn.executescript(SCHEMA)
+            self.conn = conn
         except (OSError, sqlite3.Error) as exc:
+            if conn is not None:
+                conn.close()  # no handle (nor lock) left on a file we could not use
             raise OSError(f"cannot use {target} as the controller's state: {exc}; pass --state PATH for another "
                           f"file, or --state :memory: to keep nothing") from exc
         log.info("controller state in %s", target)
@@ -207,6 +214,13 @@ class Store:
             (job_id, a.node_rank, a.role, a.host, a.pid, a.ranks_per_node, a.registered_at, a.last_seen,
              int(a.finished), a.exit_code),
         )
+
+    def delete_jobs(self, job_ids: Iterable[str]) -> None:
+        """Forget jobs and all their history in one transaction (evicted: a restart must not bring them back)."""
+        rows = [(job_id,) for job_id in job_ids]
+        with self._transaction() as c:
+            for table in JOB_TABLES:
+                c.executemany(f"DELETE FROM {table} WHERE job_id=?", rows)
 
     # ------------------------------------------------------------------ reads
 
