@@ -1,4 +1,7 @@
-"""The environment a rank receives: msrun's and torchrun's variables, so scripts for either run unchanged."""
+"""The environment a rank receives: msrun's and torchrun's variables, so scripts for either run unchanged.
+
+The names come from ``taskd.worker.env.Var``, the module that reads them inside the rank.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ import os
 from collections.abc import Mapping
 
 from taskd.launcher.spec import WorkerSpec
+from taskd.worker.env import Var
 
 
 def rank_env(
@@ -29,31 +33,31 @@ def rank_env(
     env.update(
         {
             # MindSpore msrun
-            "RANK_ID": str(global_rank),
-            "RANK_SIZE": world,
-            "DEVICE_ID": str(local_rank),
-            "MS_WORKER_NUM": world,
-            "MS_NODE_ID": str(global_rank),
-            "MS_ROLE": "MS_WORKER",
-            "MS_SCHED_HOST": spec.master_addr,
-            "MS_SCHED_PORT": port,
+            Var.RANK_ID: str(global_rank),
+            Var.RANK_SIZE: world,
+            Var.DEVICE_ID: str(local_rank),
+            Var.MS_WORKER_NUM: world,
+            Var.MS_NODE_ID: str(global_rank),
+            Var.MS_ROLE: "MS_WORKER",
+            Var.MS_SCHED_HOST: spec.master_addr,
+            Var.MS_SCHED_PORT: port,
             # torchrun
-            "RANK": str(global_rank),
-            "LOCAL_RANK": str(local_rank),
-            "WORLD_SIZE": world,
-            "LOCAL_WORLD_SIZE": str(spec.nproc_per_node),
-            "GROUP_RANK": str(spec.node_rank),
-            "MASTER_ADDR": spec.master_addr,
-            "MASTER_PORT": port,
-            "TORCHELASTIC_RESTART_COUNT": str(restart_count),
+            Var.RANK: str(global_rank),
+            Var.LOCAL_RANK: str(local_rank),
+            Var.WORLD_SIZE: world,
+            Var.LOCAL_WORLD_SIZE: str(spec.nproc_per_node),
+            Var.GROUP_RANK: str(spec.node_rank),
+            Var.MASTER_ADDR: spec.master_addr,
+            Var.MASTER_PORT: port,
+            Var.TORCHELASTIC_RESTART_COUNT: str(restart_count),
             # taskd
-            "TASKD_RESTART_COUNT": str(restart_count),
-            "TASKD_JOB_ID": spec.job_id,
+            Var.TASKD_RESTART_COUNT: str(restart_count),
+            Var.TASKD_JOB_ID: spec.job_id,
             "PYTHONUNBUFFERED": "1",
         }
     )
     if heartbeat_file:
-        env["TASKD_HEARTBEAT_FILE"] = heartbeat_file
+        env[Var.TASKD_HEARTBEAT_FILE] = heartbeat_file
     else:
-        env.pop("TASKD_HEARTBEAT_FILE", None)
+        env.pop(Var.TASKD_HEARTBEAT_FILE, None)
     return env

@@ -12,6 +12,39 @@ import os
 log = logging.getLogger(__name__)
 
 
+class Var:
+    """Names of the variables a launcher gives each rank, in one place.
+
+    ``taskd.launcher.env`` writes them and the functions below read them; both use these
+    constants, so renaming one cannot leave the writer and the reader disagreeing.
+    """
+
+    # MindSpore msrun
+    RANK_ID = "RANK_ID"
+    RANK_SIZE = "RANK_SIZE"
+    DEVICE_ID = "DEVICE_ID"
+    MS_WORKER_NUM = "MS_WORKER_NUM"
+    MS_NODE_ID = "MS_NODE_ID"
+    MS_ROLE = "MS_ROLE"
+    MS_SCHED_HOST = "MS_SCHED_HOST"
+    MS_SCHED_PORT = "MS_SCHED_PORT"
+    # torchrun
+    RANK = "RANK"
+    LOCAL_RANK = "LOCAL_RANK"
+    WORLD_SIZE = "WORLD_SIZE"
+    LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+    GROUP_RANK = "GROUP_RANK"
+    MASTER_ADDR = "MASTER_ADDR"
+    MASTER_PORT = "MASTER_PORT"
+    TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+    # taskd
+    TASKD_RESTART_COUNT = "TASKD_RESTART_COUNT"
+    TASKD_JOB_ID = "TASKD_JOB_ID"
+    TASKD_HEARTBEAT_FILE = "TASKD_HEARTBEAT_FILE"
+    TASKD_HEARTBEAT_DIR = "TASKD_HEARTBEAT_DIR"  # set by an agent for ranks another launcher starts
+    MINDX_TASK_ID = "MINDX_TASK_ID"  # TaskD's job id, when the job runs under MindCluster
+
+
 def _int_env(*names: str, default: int) -> int:
     for name in names:
         value = os.environ.get(name)
@@ -27,28 +60,28 @@ def _int_env(*names: str, default: int) -> int:
 
 def rank() -> int:
     """Global rank: ``RANK`` (torchrun, taskd) or ``RANK_ID`` (msrun); 0 otherwise."""
-    return _int_env("RANK", "RANK_ID", default=0)
+    return _int_env(Var.RANK, Var.RANK_ID, default=0)
 
 
 def local_rank() -> int:
     """Rank on this node: ``LOCAL_RANK``, or msrun's ``DEVICE_ID`` when running under msrun; 0 otherwise."""
-    if "LOCAL_RANK" in os.environ:
-        return _int_env("LOCAL_RANK", default=0)
-    if "MS_WORKER_NUM" in os.environ or "RANK_ID" in os.environ:
-        return _int_env("DEVICE_ID", default=0)
+    if Var.LOCAL_RANK in os.environ:
+        return _int_env(Var.LOCAL_RANK, default=0)
+    if Var.MS_WORKER_NUM in os.environ or Var.RANK_ID in os.environ:
+        return _int_env(Var.DEVICE_ID, default=0)
     return 0
 
 
 def world_size() -> int:
     """Number of ranks in the job: ``WORLD_SIZE``, ``RANK_SIZE`` or ``MS_WORKER_NUM``; 1 otherwise."""
-    return max(1, _int_env("WORLD_SIZE", "RANK_SIZE", "MS_WORKER_NUM", default=1))
+    return max(1, _int_env(Var.WORLD_SIZE, Var.RANK_SIZE, Var.MS_WORKER_NUM, default=1))
 
 
 def restart_count() -> int:
     """How many times this rank was started before (``TASKD_RESTART_COUNT`` or torchrun's); 0 otherwise."""
-    return _int_env("TASKD_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", default=0)
+    return _int_env(Var.TASKD_RESTART_COUNT, Var.TORCHELASTIC_RESTART_COUNT, default=0)
 
 
 def job_id() -> str | None:
     """The job's id under taskd (``TASKD_JOB_ID`` or ``MINDX_TASK_ID``), else None."""
-    return os.environ.get("TASKD_JOB_ID") or os.environ.get("MINDX_TASK_ID") or None
+    return os.environ.get(Var.TASKD_JOB_ID) or os.environ.get(Var.MINDX_TASK_ID) or None
