@@ -33,6 +33,7 @@ from taskd.agent.rank_watch import RankWatch
 from taskd.agent.summary import FaultRecord, JobResult, RecoveryRecord
 from taskd.launcher.process import exit_code_of
 from taskd.vocabulary import Action, Code, FaultType, SignalType, Strategy
+from taskd.worker.env import Var
 
 log = logging.getLogger("taskd.agent")
 
@@ -147,13 +148,13 @@ class Supervisor:
 
     def _export_heartbeat_dir(self) -> None:
         """Under msrun no callback takes per-rank variables: ranks inherit one directory and name their file."""
-        if self.details is not None or os.environ.get("TASKD_HEARTBEAT_DIR"):
-            self._heartbeat_dir = os.environ.get("TASKD_HEARTBEAT_DIR") if self.details is None else None
+        if self.details is not None or os.environ.get(Var.TASKD_HEARTBEAT_DIR):
+            self._heartbeat_dir = os.environ.get(Var.TASKD_HEARTBEAT_DIR) if self.details is None else None
             return
         import tempfile
 
         self._heartbeat_dir = tempfile.mkdtemp(prefix="taskd-heartbeat-")
-        os.environ["TASKD_HEARTBEAT_DIR"] = self._heartbeat_dir
+        os.environ[Var.TASKD_HEARTBEAT_DIR] = self._heartbeat_dir
 
     def _connect(self) -> None:
         from taskd.proto import recover_pb2
@@ -254,11 +255,11 @@ class Supervisor:
         self._watch.close()
         for hb in self._heartbeats.values():
             hb.close()
-        if self._heartbeat_dir is not None and os.environ.get("TASKD_HEARTBEAT_DIR") == self._heartbeat_dir:
+        if self._heartbeat_dir is not None and os.environ.get(Var.TASKD_HEARTBEAT_DIR) == self._heartbeat_dir:
             import shutil
 
             shutil.rmtree(self._heartbeat_dir, ignore_errors=True)
-            os.environ.pop("TASKD_HEARTBEAT_DIR", None)
+            os.environ.pop(Var.TASKD_HEARTBEAT_DIR, None)
         for signum, handler in self._old_handlers.items():
             signal.signal(signum, handler)
         self.result.ended = time.time()

@@ -25,17 +25,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from taskd.worker import progress
+    from taskd.worker.env import Var
     from taskd.worker.heartbeat_file import HeartbeatFile
 
-    os.environ.pop("TASKD_HEARTBEAT_FILE", None)
-    os.environ.pop("TASKD_HEARTBEAT_DIR", None)
+    os.environ.pop(Var.TASKD_HEARTBEAT_FILE, None)
+    os.environ.pop(Var.TASKD_HEARTBEAT_DIR, None)
     progress._beacon = None
     noop = _per_call(progress.heartbeat, args.calls)
 
     with tempfile.TemporaryDirectory(prefix="taskd-bench-") as tmp:
         path = os.path.join(tmp, "rank_0.hb")
         agent = HeartbeatFile(path).create().open()
-        os.environ["TASKD_HEARTBEAT_FILE"] = path
+        os.environ[Var.TASKD_HEARTBEAT_FILE] = path
         progress._beacon = None
         progress.heartbeat(0)  # attach
         beat = _per_call(progress.heartbeat, args.calls)
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         sec = _per_call(enter_exit, max(1, args.calls // 10))
         read = _per_call(lambda _: agent.read(), max(1, args.calls // 10))
         agent.close()
-        os.environ.pop("TASKD_HEARTBEAT_FILE", None)
+        os.environ.pop(Var.TASKD_HEARTBEAT_FILE, None)
 
     print(f"heartbeat() without taskd: {noop:.3f} us/call")
     print(f"heartbeat(step) under taskd: {beat:.3f} us/call")

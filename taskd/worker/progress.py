@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from taskd.worker import heartbeat_file as hbf
-from taskd.worker.env import rank
+from taskd.worker.env import Var, rank
 
 log = logging.getLogger(__name__)
 
@@ -136,10 +136,10 @@ _save_callback: Callable[[], object] | None = None
 
 
 def _heartbeat_path() -> str | None:
-    path = os.environ.get("TASKD_HEARTBEAT_FILE")
+    path = os.environ.get(Var.TASKD_HEARTBEAT_FILE)
     if path:
         return path
-    directory = os.environ.get("TASKD_HEARTBEAT_DIR")
+    directory = os.environ.get(Var.TASKD_HEARTBEAT_DIR)
     if directory:  # ranks started by another launcher (msrun) with a taskd agent
         return os.path.join(directory, f"rank_{rank()}.hb")
     return None
@@ -154,7 +154,7 @@ def _attach() -> _Beacon | None:
             if path:
                 try:
                     file = hbf.HeartbeatFile(path)
-                    if not os.path.exists(path) and not os.environ.get("TASKD_HEARTBEAT_FILE"):
+                    if not os.path.exists(path) and not os.environ.get(Var.TASKD_HEARTBEAT_FILE):
                         file.create()
                     _beacon = _Beacon(file.open())
                 except (OSError, hbf.HeartbeatFileError) as exc:
