@@ -475,6 +475,8 @@ class Supervisor:
         _, state = self._heartbeat(rank)
         if state is None:
             return
+        if state.torn:  # a write left half done: the reader kept the last consistent heartbeat, judged below
+            log.debug("rank %d: heartbeat file caught mid-write; using its last consistent state", rank.global_rank)
         deadline = state.deadline(self.config.heartbeat_timeout)
         if deadline is None or time.time() <= deadline:
             return
