@@ -29,6 +29,9 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                         help="wait for every agent's supported strategies")
     parser.add_argument("--recover-timeout", type=float, default=d.recover_timeout, metavar="SECONDS",
                         help="wait for every agent's recover status")
+    parser.add_argument("--resume-timeout", type=float, default=d.resume_timeout, metavar="SECONDS",
+                        help="after a controller restart, wait this long for the agents of a job caught mid-round "
+                             "to resubscribe before its round goes on without the missing ones")
     parser.add_argument("--settle-window", type=float, default=d.settle_window, metavar="SECONDS",
                         help="a fault this soon after a successful recover counts as that recover failing")
     parser.add_argument("--agent-loss-timeout", type=float, default=d.agent_loss_timeout, metavar="SECONDS",
@@ -76,7 +79,7 @@ def server_main(args: argparse.Namespace) -> int:
         "" if args.finished_job_retention >= 0 else "--finished-job-retention must be >= 0",
         _positive("keepalive-interval", args.keepalive_interval), _positive("stop-timeout", args.stop_timeout),
         _positive("strategy-timeout", args.strategy_timeout), _positive("recover-timeout", args.recover_timeout),
-        _positive("agent-loss-timeout", args.agent_loss_timeout),
+        _positive("resume-timeout", args.resume_timeout), _positive("agent-loss-timeout", args.agent_loss_timeout),
         "" if args.settle_window >= 0 else "--settle-window must be >= 0",
         "" if args.max_restarts >= 0 else "--max-restarts must be >= 0",
     ) if e]
@@ -86,7 +89,7 @@ def server_main(args: argparse.Namespace) -> int:
     config = ControllerConfig(
         listen=args.listen, state_path=args.state, keepalive_interval=args.keepalive_interval,
         stop_timeout=args.stop_timeout, strategy_timeout=args.strategy_timeout,
-        recover_timeout=args.recover_timeout, settle_window=args.settle_window,
+        recover_timeout=args.recover_timeout, resume_timeout=args.resume_timeout, settle_window=args.settle_window,
         default_max_restarts=args.max_restarts, agent_loss_timeout=args.agent_loss_timeout,
         max_jobs=args.max_jobs, finished_job_retention=args.finished_job_retention,
     )
