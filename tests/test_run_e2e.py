@@ -189,6 +189,47 @@ def test_two_nodes_share_one_controller(tmp_path: Path, baseline: list[np.ndarra
         server.wait(timeout=30)
 
 
+LATE_FAULT = """
+import os, sys, time
+rank, go = int(os.environ["RANK"]), sys.argv[1]
+if rank < 2:
+    sys.exit(0)  # node 0's ranks are done at once
+deadline = time.time() + 120
+while rank == 3 and not os.path.exists(go) and time.time() < deadline:
+    time.sleep(0.05)
+if rank == 3:
+    sys.exit(1)  # fails once node 0 has left
+time.sleep(120)
+"""
+
+
+def test_a_fault_after_another_node_finished_fails_the_job_at_once(tmp_path: Path) -> None:
+    port = free_port()
+    script, go = tmp_path / "late_fault.py", tmp_path / "go"
+    script.write_text(LATE_FAULT)
+    server = subprocess.Popen([sys.executable, "-m", "taskd", "server", "--listen", f"127.0.0.1:{port}",
+                               "--state", ":memory:"], stdout=(tmp_path / "server.log").open("wb"),
+                              stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        wait_for(lambda: port_open(port), 30, "taskd server to listen")
+        nodes = [
+            taskd_run(["--nnodes", "2", "--node-rank", str(r), "--nproc-per-node", "2", "--job-id", "late-fault",
+                       "--server", f"127.0.0.1:{port}", str(script), str(go)], tmp_path / f"node{r}.log")
+            for r in range(2)
+        ]
+        assert nodes[0].wait(timeout=60) == 0, (tmp_path / "node0.log").read_text()
+        go.touch()
+        # the server's stop timeout is 60 s: waiting for node 0 would outlast this wait
+        assert nodes[1].wait(timeout=45) != 0, (tmp_path / "node1.log").read_text()
+        text = (tmp_path / "node1.log").read_text()
+        assert "rank(s) 3 failed after node(s) 0 had finished" in text, text
+        assert "recovered" not in text
+        assert leftovers(str(script)) == []
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
 
 def test_unreachable_controller_degrades_to_local_restarts(tmp_path: Path, baseline: list[np.ndarray]) -> None:
     console = tmp_path / "console.log"

@@ -400,6 +400,18 @@ def test_succeeded_when_every_agent_finished_zero() -> None:
     ])
 
 
+def test_a_fault_after_another_node_finished_fails_at_once_instead_of_waiting_for_it() -> None:
+    m = new_job(nodes=3, ranks_per_node=2)
+    play(m, [Step(1, AgentFinished(node_rank=0), S.RUNNING)])
+    out = m.handle(FaultReported(node_rank=2, faults={5: "1"}), 2)
+    assert m.state == S.FAILED and m.deadline is None, "no stop timeout spent waiting for node 0"
+    (sig,) = out.signals
+    assert (sig.signal_type, sig.strategy) == (SignalType.CHANGE_STRATEGY, Strategy.EXIT)
+    assert "rank(s) 5 failed after node(s) 0 had finished" in m.info and sig.reason == m.info
+    assert [r.kind for r in out.records][:1] == ["fault_reported"]
+    assert m.handle(FaultReported(node_rank=1, faults={2: "1"}), 3).code == Code.OUT_OF_ORDER
+
+
 def test_non_zero_finish_fails_the_job_and_stops_the_others() -> None:
     m = new_job()
     play(m, [Step(1, AgentFinished(node_rank=1, exit_code=3, message="rank 2 exited 3"), S.FAILED,

@@ -965,6 +965,12 @@ def on_fault_running(m: JobMachine, ev: FaultReported, now: float, out: Outcome)
     faults.update(ev.faults)
     m.queued.clear()
     _fault_record(m, out, ev, ev.faults, "opened", round_number=m.round_counter + 1)
+    if m.finished_ok_count:
+        # Nodes whose ranks all ended 0 have left: a restarted rank would wait for them in its first
+        # collective forever. Failing now beats a stop timeout followed by a recovery that hangs.
+        ranks = ", ".join(map(str, sorted(faults)))
+        done = ", ".join(str(n) for n, a in sorted(m.agents.items()) if a.finished and a.exit_code == 0)
+        return m._fail(f"rank(s) {ranks} failed after node(s) {done} had finished: no recovery without them", now, out)
     return m._open_round(faults, now, out)
 
 
@@ -1188,7 +1194,7 @@ RULES: tuple[Rule, ...] = (
     # an agent gone past the loss timeout (its stream closed, no finish, no resubscription) fails the job
     Rule(ACTIVE, AgentLossDue, frozenset({S.FAILED}) | _SAME, on_agent_lost),
     # a fault opens a round, joins an undecided one, or waits for the next
-    Rule(frozenset({S.RUNNING}), FaultReported, frozenset({S.STOPPING}), on_fault_running),
+    Rule(frozenset({S.RUNNING}), FaultReported, frozenset({S.STOPPING, S.FAILED}), on_fault_running),
     Rule(frozenset({S.STOPPING, S.COLLECTING, S.RESUMING}), FaultReported,
          frozenset({S.STOPPING, S.COLLECTING, S.RESUMING}), on_fault_merge),
     Rule(frozenset({S.RECOVERING}), FaultReported, frozenset({S.RECOVERING}), on_fault_queue),
