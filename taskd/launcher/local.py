@@ -4,6 +4,13 @@ Vocabulary: a *rank* is a local rank slot (0..nproc_per_node-1); each start of a
 rank is an *incarnation* (a process group led by the rank's process). The agent
 only sees pids and local ranks, through the callbacks' msrun contract.
 
+Orphans: the launcher makes its process a child subreaper, so a rank's descendant
+that escaped the rank's process group (setsid/setpgid) is re-parented to us when
+its parent dies, instead of to init. Such an *orphan* is killed (with its own
+descendants) when a rank ends and by close(), unless it still belongs to a running
+rank; orphans that exit by themselves are reaped by the I/O thread's tick. Only
+exact pids are ever reaped, never waitpid(-1): see docs/launcher.md for the rule.
+
 Threading: call the spawning callbacks (START_ALL_WORKER, START_WORKER_LIST)
 from a thread that lives as long as the agent (PR_SET_PDEATHSIG fires when the
 spawning *thread* exits). All methods are thread-safe.
@@ -25,7 +32,19 @@ from dataclasses import dataclass, field
 
 from taskd.launcher.env import rank_env
 from taskd.launcher.output import OutputPump, RankLog, RankOutput
-from taskd.launcher.process import describe_returncode, has_exited, kill_group, spawn, wait_exit
+from taskd.launcher.process import (
+    Orphan,
+    acquire_subreaper,
+    describe_returncode,
+    find_orphans,
+    has_exited,
+    kill_group,
+    reap_orphan,
+    release_subreaper,
+    signal_tree,
+    spawn,
+    wait_exit,
+)
 from taskd.launcher.spares import SparePool, python_script
 from taskd.launcher.spec import (
     STATUS_FAILED,
@@ -40,6 +59,9 @@ log = logging.getLogger(__name__)
 
 SPAWN_FAILED_CODE = 127  # returncode reported for a rank whose process could not be started
 _KEEP_TAILS = 8  # incarnations whose output tail is kept per rank
+ORPHAN_TICK = 1.0  # seconds between the I/O thread's looks for orphans that exited by themselves
+_CREATE_TIME_SLACK = 2.0  # psutil's create_time is only as exact as the boot time (whole seconds)
+HEARTBEAT_VAR = "TASKD_HEARTBEAT_FILE"  # inherited by a rank's descendants: says which rank they came from
 
 
 @dataclass
@@ -69,8 +91,15 @@ class Incarnation:
 class LocalLauncher:
     """Starts, watches and stops the ranks of one node; see :meth:`callbacks` for the msrun contract."""
 
-    def __init__(self, spec: WorkerSpec, on_exit: Callable[[int, int, int], None] | None = None) -> None:
-        """``on_exit(local_rank, pid, returncode)`` is called from the I/O thread when a rank's process ends."""
+    def __init__(self, spec: WorkerSpec, on_exit: Callable[[int, int, int], None] | None = None, *,
+                 subreaper: bool = True) -> None:
+        """``on_exit(local_rank, pid, returncode)`` is called from the I/O thread when a rank's process ends.
+
+        ``subreaper=False`` is for embedders that start children of their own, in
+        sessions of their own, in this process: the launcher then never becomes a
+        subreaper and never touches a process it did not start (escaped orphans go
+        to init and live on, as before).
+        """
         self._own_run_dir = spec.run_dir is None
         run_dir = spec.run_dir or tempfile.mkdtemp(prefix=f"taskd-{_safe(spec.job_id)}-")
         os.makedirs(run_dir, exist_ok=True)
@@ -83,7 +112,11 @@ class LocalLauncher:
         self._closed = False
         self._incarnations: dict[int, list[Incarnation]] = {r: [] for r in range(spec.nproc_per_node)}
         self._logs: dict[int, RankLog] = {}
-        self._pump = OutputPump()
+        self._subreaper = subreaper and acquire_subreaper()
+        self._own_sid = os.getsid(0)
+        self._since = time.time() - _CREATE_TIME_SLACK  # nothing older can descend from our ranks
+        tick = self._reap_exited_orphans if self._subreaper else None
+        self._pump = OutputPump(tick=tick, tick_interval=ORPHAN_TICK)
         spares = spec.warm_spares if python_script(spec.entrypoint) else 0
         self._spares = SparePool(spares, rank_env(self.spec, 0, 0, None), spec.cwd)
 
@@ -238,7 +271,10 @@ class LocalLauncher:
 
     # -- shutdown ----------------------------------------------------------------------------
     def close(self, grace: float = 5.0) -> None:
-        """SIGTERM every rank's group, wait up to ``grace``, SIGKILL what is left, reap; idempotent."""
+        """SIGTERM every rank's group and every orphan, wait up to ``grace``, SIGKILL what is left, reap; idempotent.
+
+        With the subreaper on, nothing the ranks started is left afterwards, not even a zombie.
+        """
         with self._lock:
             if self._closed:
                 return
@@ -246,9 +282,13 @@ class LocalLauncher:
             live = [inc for incs in self._incarnations.values() for inc in incs if inc.running]
             for inc in live:
                 kill_group(inc.pid, signal.SIGTERM)  # type: ignore[arg-type]
+            orphans = self._sweep_orphans(signal.SIGTERM, everyone=True) if self._subreaper else []
             deadline = time.monotonic() + max(0.0, grace)
             for inc in live:
                 self._wait_reaped(inc, timeout=max(0.0, deadline - time.monotonic()))
+            for orphan in orphans:
+                if not orphan.zombie:
+                    wait_exit(orphan.pid, max(0.0, deadline - time.monotonic()))
             for inc in live:
                 if inc.running:
                     log.info("rank %d (pid %d) did not stop within %.1fs: SIGKILL", inc.global_rank, inc.pid, grace)
@@ -256,6 +296,11 @@ class LocalLauncher:
             for inc in live:
                 self._wait_reaped(inc, timeout=10.0)
         self._spares.close()
+        if self._subreaper:
+            with self._lock:
+                self._kill_all_orphans(timeout=10.0)
+            release_subreaper()
+            self._subreaper = False
         self._pump.close()
         for rank_log in self._logs.values():
             rank_log.close()
@@ -351,7 +396,70 @@ class LocalLauncher:
         inc.returncode = inc.popen.wait()
         inc.ended_at = time.time()
         log.info("rank %d (pid %d) %s", inc.global_rank, pid, describe_returncode(inc.returncode))
+        if self._subreaper and not self._closed:  # close() deals with orphans itself, with a grace
+            self._sweep_orphans(signal.SIGKILL)
         return True
+
+    # -- orphans (subreaper) ----------------------------------------------------------------
+    def _held_pids(self) -> set[int]:
+        """Children we started and still hold un-reaped (ranks, spares): never an orphan, never reaped here."""
+        held = {inc.popen.pid for incs in self._incarnations.values() for inc in incs
+                if inc.popen is not None and inc.popen.returncode is None}
+        held.update(self._spares.pids())
+        return held
+
+    def _sweep_orphans(self, sig: int | None, everyone: bool = False) -> list[Orphan]:
+        """Reap orphans that exited; send ``sig`` (None: none) to the live ones and their descendants.
+
+        Unless ``everyone``, an orphan that still belongs to a running rank is spared:
+        it is in that rank's session (it left the group with setpgid) or it inherited
+        that rank's heartbeat file variable. An orphan with no such mark cannot be told
+        apart after re-parenting and is killed when any rank ends. Caller holds the lock.
+        """
+        orphans = find_orphans(self._held_pids(), self._own_sid, self._since)
+        running = [inc for incs in self._incarnations.values() for inc in incs if inc.running]
+        sids = {inc.pid for inc in running}
+        heartbeats = {self.heartbeat_path(inc.local_rank) for inc in running}
+        for orphan in orphans:
+            if orphan.zombie:
+                reap_orphan(orphan)
+                continue
+            if sig is None:
+                continue
+            if not everyone and (orphan.sid in sids or orphan.env(HEARTBEAT_VAR) in heartbeats):
+                continue
+            log.info("killing pid %d (%s), left behind by a rank outside its process group",
+                     orphan.pid, signal.Signals(sig).name)
+            signal_tree(orphan, sig)
+            self._pump.add_exit_watch(orphan.pid, lambda o=orphan: self._reap_orphan_locked(o))
+        return orphans
+
+    def _reap_orphan_locked(self, orphan: Orphan) -> None:
+        with self._lock:  # serialised with every other reap, so the pid check in reap_orphan holds
+            reap_orphan(orphan)
+
+    def _reap_exited_orphans(self) -> None:
+        """I/O thread tick: reap orphans that died by themselves, so no zombie accumulates."""
+        with self._lock:
+            if self._subreaper and not self._closed:
+                self._sweep_orphans(None)
+
+    def _kill_all_orphans(self, timeout: float) -> None:
+        """SIGKILL and reap every orphan, again until none is left (an orphan's children become orphans)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            orphans = self._sweep_orphans(signal.SIGKILL, everyone=True)
+            if not orphans:
+                return
+            if time.monotonic() >= deadline:
+                log.warning("pids %s left behind by ranks did not die within %.0fs",
+                            [o.pid for o in orphans], timeout)
+                return
+            for orphan in orphans:
+                if not orphan.zombie:
+                    wait_exit(orphan.pid, min(1.0, max(0.0, deadline - time.monotonic())))
+                    reap_orphan(orphan)
+            time.sleep(0.005)  # an orphan's children are re-parented to us a moment after it dies
 
     def _wait_reaped(self, inc: Incarnation, timeout: float) -> None:
         """Wait (up to ``timeout``) for a signalled incarnation to end, then reap it."""

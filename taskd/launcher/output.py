@@ -1,5 +1,7 @@
 """One I/O thread for every rank of a node: copies rank output to logs and console, watches exits.
 
+It also runs the launcher's periodic tick (reaping orphans that exited by themselves).
+
 A thread per rank would cost a thread per rank and make shutdown ordering hard;
 one selector over every pipe (and every rank's pidfd) costs one thread in all.
 """
@@ -103,7 +105,11 @@ class OutputPump:
     the selector is only ever touched by its own thread.
     """
 
-    def __init__(self, name: str = "taskd-launcher-io") -> None:
+    def __init__(self, name: str = "taskd-launcher-io", tick: Callable[[], None] | None = None,
+                 tick_interval: float = 1.0) -> None:
+        """``tick`` runs in the I/O thread about every ``tick_interval`` seconds (the launcher reaps orphans)."""
+        self._tick = tick
+        self._tick_interval = max(0.01, tick_interval)
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
@@ -159,10 +165,13 @@ class OutputPump:
 
     def _loop(self) -> None:
         drain_deadline = None
+        next_tick = _now() + self._tick_interval
         while True:
             timeout = None
             if drain_deadline is not None:
                 timeout = max(0.0, drain_deadline - _now())
+            elif self._tick is not None:
+                timeout = max(0.0, next_tick - _now())
             for key, _ in self._sel.select(timeout):
                 if key.data is None:
                     self._take_pending()
@@ -175,6 +184,12 @@ class OutputPump:
                         key.data[1]()
                     except Exception:
                         log.exception("exit callback failed")
+            if self._tick is not None and not self._stopping and _now() >= next_tick:
+                next_tick = _now() + self._tick_interval
+                try:
+                    self._tick()
+                except Exception:
+                    log.exception("launcher tick failed")
             if self._stopping:
                 if drain_deadline is None:
                     drain_deadline = _now() + 1.0
