@@ -177,6 +177,8 @@ def test_two_nodes_share_one_controller(tmp_path: Path, baseline: list[np.ndarra
         for r, node in enumerate(nodes):
             assert node.wait(timeout=120) == 0, (tmp_path / f"node{r}.log").read_text()
         assert "recovered rank(s) [3]" in (tmp_path / "node1.log").read_text()
+        restarts = {r: summary(tmp_path, r)["restart_count"] for r in range(4)}
+        assert restarts == {0: 0, 1: 0, 2: 0, 3: 1}, "recover leaves node 0's ranks (and rank 2) untouched"
         for rank, (got, want) in enumerate(zip(params(tmp_path, 4), baseline, strict=True)):
             assert np.array_equal(got, want), f"rank {rank} differs"
         status = subprocess.run([sys.executable, "-m", "taskd", "status", "--server", f"127.0.0.1:{port}",
