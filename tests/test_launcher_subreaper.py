@@ -21,14 +21,20 @@ from support import wait_for
 from taskd.launcher import STATUS_FAILED, LocalLauncher, WorkerSpec, command_for
 from taskd.launcher import process as launcher_process
 
-# Escapee: leaves the rank's session, writes its pid, then sleeps, or exits once GO exists.
-# With TERM=ignore it ignores SIGTERM; with KID=1 it starts a child of its own first.
+# Escapee: leaves the rank's session, writes its pid, then sleeps, or exits once ESC_GO exists.
+# ESC_TERM=ignore: it ignores SIGTERM; =record: it notes a SIGTERM in <path>.term and exits.
+# ESC_KID=1: it starts a child of its own first.
 ESCAPEE = textwrap.dedent(
     """
     import os, signal, subprocess, sys, time
     os.setsid()
     if os.environ.get("ESC_TERM") == "ignore":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if os.environ.get("ESC_TERM") == "record":
+        def on_term(*_):
+            open(sys.argv[1] + ".term", "w").close()
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, on_term)
     if os.environ.get("ESC_KID") == "1":
         kid = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
         with open(sys.argv[1] + ".kid.tmp", "w") as f:
@@ -168,6 +174,17 @@ def test_close_leaves_no_descendant(make_launcher, tmp_path: Path) -> None:
     assert psutil.Process().children(recursive=True) == []
 
 
+def test_close_gives_escapees_of_live_ranks_the_sigterm_grace(make_launcher, tmp_path: Path) -> None:
+    launcher = make_launcher(nproc=2, modes={0: "escape", 1: "double"}, extra={"ESC_TERM": "record"})
+    launcher.start_all_worker()
+    procs = [psutil.Process(read_pid(tmp_path / f"escapee{r}")) for r in (0, 1)]
+    launcher.close(grace=10.0)
+    assert (tmp_path / "escapee0.term").exists()  # still its rank's child when close() began
+    assert (tmp_path / "escapee1.term").exists()  # already an orphan of ours
+    assert all(reaped(p) for p in procs)
+    assert psutil.Process().children(recursive=True) == []
+
+
 def test_escapee_that_exits_by_itself_is_reaped(make_launcher, tmp_path: Path) -> None:
     launcher = make_launcher(nproc=1, modes={0: "double"}, extra={"ESC_GO": str(tmp_path / "go")})
     launcher.start_all_worker()
@@ -298,3 +315,84 @@ def test_without_prctl_the_launcher_carries_on(monkeypatch, tmp_path: Path, capl
             wait_for(lambda: launcher.returncode(0) is not None, what="rank to exit")
             assert launcher.returncode(0) == 5
     assert caplog.text.count("cannot become a child subreaper") == 1
+
+
+# `taskd run` end to end: a rank that leaves an escapee behind, then fails (restart 0) or
+# sleeps until taskd run is stopped (ESCAPE_FAIL unset).
+RUN_RANK = textwrap.dedent(
+    """
+    import os, subprocess, sys, time
+    out = os.environ["TEST_OUT"]
+    rank, restart = os.environ["RANK"], os.environ["TASKD_RESTART_COUNT"]
+    path = os.path.join(out, f"escapee{rank}_{restart}")
+    subprocess.Popen([sys.executable, os.path.join(out, "escapee.py"), path])
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if os.environ.get("ESCAPE_FAIL") and restart == "0":
+        sys.exit(1)
+    if os.environ.get("ESCAPE_FAIL"):
+        sys.exit(0)
+    time.sleep(300)
+    """
+)
+
+
+def taskd_run(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
+    (tmp_path / "rank.py").write_text(RUN_RANK)
+    (tmp_path / "escapee.py").write_text(ESCAPEE)
+    full_env = {k: v for k, v in os.environ.items() if k not in ("MINDX_SERVER_IP", "MINDX_TASK_ID")}
+    full_env.update(TEST_OUT=str(tmp_path), **env)
+    root = Path(__file__).resolve().parent.parent
+    return subprocess.Popen([sys.executable, "-m", "taskd.run", "--monitor-interval", "0.2", "--quiet", *args,
+                             str(tmp_path / "rank.py")], stdout=(tmp_path / "console.log").open("wb"),
+                            stderr=subprocess.STDOUT, env=full_env, cwd=root)
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def kill_leftovers(pids: list[int]) -> None:
+    """A failing test must not leave its escapees running (they are init's children then)."""
+    for pid in pids:
+        if alive(pid):
+            try:
+                psutil.Process(pid).kill()
+            except psutil.Error:
+                pass
+
+
+def test_taskd_run_recovery_and_exit_leave_no_escapee(tmp_path: Path) -> None:
+    proc = taskd_run(tmp_path, {"ESCAPE_FAIL": "1"}, "--nproc-per-node", "2", "--max-restarts", "2")
+    try:
+        assert proc.wait(timeout=120) == 0, (tmp_path / "console.log").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(20)
+    pids = [int(p.read_text()) for p in tmp_path.glob("escapee*_*") if not p.name.endswith(".tmp")]
+    try:
+        assert len(pids) >= 3  # both ranks' first escapees and at least one restart's
+        wait_for(lambda: not any(alive(p) for p in pids), what="every escapee to be gone")
+    finally:
+        kill_leftovers(pids)
+
+
+def test_taskd_run_stopped_by_sigterm_leaves_no_escapee(tmp_path: Path) -> None:
+    proc = taskd_run(tmp_path, {}, "--nproc-per-node", "2", "--stop-grace", "1")
+    pids: list[int] = []
+    try:
+        pids = [read_pid(tmp_path / f"escapee{r}_0") for r in (0, 1)]
+        assert all(alive(p) for p in pids)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        wait_for(lambda: not any(alive(p) for p in pids), what="every escapee to be gone")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(20)
+        kill_leftovers(pids)

@@ -30,12 +30,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import psutil
+
 from taskd.launcher.env import rank_env
 from taskd.launcher.output import OutputPump, RankLog, RankOutput
 from taskd.launcher.process import (
     Orphan,
     acquire_subreaper,
     describe_returncode,
+    escaped_descendants,
     find_orphans,
     has_exited,
     kill_group,
@@ -53,6 +56,7 @@ from taskd.launcher.spec import (
     WorkerSpec,
     free_port,
 )
+from taskd.worker.env import Var
 from taskd.worker.heartbeat_file import HeartbeatFile
 
 log = logging.getLogger(__name__)
@@ -61,7 +65,6 @@ SPAWN_FAILED_CODE = 127  # returncode reported for a rank whose process could no
 _KEEP_TAILS = 8  # incarnations whose output tail is kept per rank
 ORPHAN_TICK = 1.0  # seconds between the I/O thread's looks for orphans that exited by themselves
 _CREATE_TIME_SLACK = 2.0  # psutil's create_time is only as exact as the boot time (whole seconds)
-HEARTBEAT_VAR = "TASKD_HEARTBEAT_FILE"  # inherited by a rank's descendants: says which rank they came from
 
 
 @dataclass
@@ -280,15 +283,22 @@ class LocalLauncher:
                 return
             self._closed = True
             live = [inc for incs in self._incarnations.values() for inc in incs if inc.running]
+            # Escapees of live ranks get the SIGTERM and grace too; they become orphans as their ranks die.
+            escaped = [p for inc in live if inc.pid is not None for p in escaped_descendants(inc.pid)] \
+                if self._subreaper else []
             for inc in live:
                 kill_group(inc.pid, signal.SIGTERM)  # type: ignore[arg-type]
-            orphans = self._sweep_orphans(signal.SIGTERM, everyone=True) if self._subreaper else []
+            for proc in escaped:
+                _send(proc, signal.SIGTERM)
+            if self._subreaper:
+                self._sweep_orphans(signal.SIGTERM, everyone=True)
             deadline = time.monotonic() + max(0.0, grace)
             for inc in live:
                 self._wait_reaped(inc, timeout=max(0.0, deadline - time.monotonic()))
-            for orphan in orphans:
-                if not orphan.zombie:
-                    wait_exit(orphan.pid, max(0.0, deadline - time.monotonic()))
+            if self._subreaper:  # orphans now include the escapees of the ranks that just died
+                for orphan in self._sweep_orphans(None):
+                    if not orphan.zombie:
+                        wait_exit(orphan.pid, max(0.0, deadline - time.monotonic()))
             for inc in live:
                 if inc.running:
                     log.info("rank %d (pid %d) did not stop within %.1fs: SIGKILL", inc.global_rank, inc.pid, grace)
@@ -426,7 +436,7 @@ class LocalLauncher:
                 continue
             if sig is None:
                 continue
-            if not everyone and (orphan.sid in sids or orphan.env(HEARTBEAT_VAR) in heartbeats):
+            if not everyone and (orphan.sid in sids or orphan.env(Var.TASKD_HEARTBEAT_FILE) in heartbeats):
                 continue
             log.info("killing pid %d (%s), left behind by a rank outside its process group",
                      orphan.pid, signal.Signals(sig).name)
@@ -466,6 +476,13 @@ class LocalLauncher:
         if inc.running:
             wait_exit(inc.pid, timeout)  # type: ignore[arg-type]
             self._reap(inc)
+
+
+def _send(proc: psutil.Process, sig: int) -> None:
+    try:
+        proc.send_signal(sig)  # psutil refuses if the pid now names another process
+    except psutil.Error:
+        pass
 
 
 def _status(inc: Incarnation) -> int | None:

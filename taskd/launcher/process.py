@@ -315,6 +315,22 @@ def find_orphans(exclude: set[int], own_sid: int, since: float) -> list[Orphan]:
     return found
 
 
+def escaped_descendants(pid: int) -> list[psutil.Process]:
+    """Descendants of the group leader ``pid`` that left its process group (a group kill misses them)."""
+    try:
+        family = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    escaped = []
+    for proc in family:
+        try:
+            if os.getpgid(proc.pid) != pid:
+                escaped.append(proc)
+        except OSError:
+            continue
+    return escaped
+
+
 def signal_tree(orphan: Orphan, sig: int) -> None:
     """Send ``sig`` to the orphan and every descendant it has (they would become orphans next)."""
     try:
