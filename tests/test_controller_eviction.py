@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import logging
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -53,15 +51,6 @@ def finish(agents: list[ScriptedAgent], probe: ScriptedAgent, close: bool = True
         for a in agents:
             a.close()
         wait_for(lambda: streams_closed(probe, agents[0].job_id), what=f"streams of {agents[0].job_id} to close")
-
-
-@pytest.fixture
-def taskd_logging() -> Iterator[None]:
-    """`taskd.cli.main` configures the "taskd" logger for a console; undo it for the tests that follow."""
-    logger = logging.getLogger("taskd")
-    saved = (logger.handlers[:], logger.level, logger.propagate)
-    yield
-    logger.handlers[:], logger.level, logger.propagate = saved
 
 
 @pytest.mark.usefixtures("taskd_logging")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Iterator
 
 import pytest
@@ -70,15 +69,6 @@ def test_render_json_and_filter(server: str) -> None:
     assert rnd["faultRanks"] == [{"rankId": "3", "faultType": "1"}]
     fault = next(e for e in job["events"] if e["kind"] == "fault_reported")
     assert fault["detail"]["faults"] == "3:1" and fault["time"] > 0
-
-
-@pytest.fixture
-def taskd_logging() -> Iterator[None]:
-    """`taskd.cli.main` configures the "taskd" logger for a console; undo it for the tests that follow."""
-    logger = logging.getLogger("taskd")
-    saved = (logger.handlers[:], logger.level, logger.propagate)
-    yield
-    logger.handlers[:], logger.level, logger.propagate = saved
 
 
 @pytest.mark.usefixtures("taskd_logging")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -158,13 +160,23 @@ def test_bad_arguments_are_clear_errors(tmp_path: Path) -> None:
         assert out.returncode != 0 and needle in out.stderr, (args, out.stderr)
 
 
-def test_two_nodes_share_one_controller(tmp_path: Path, baseline: list[np.ndarray]) -> None:
+@contextlib.contextmanager
+def taskd_server(tmp: Path) -> Iterator[int]:
+    """A real `taskd server` on a free port (its log in tmp/server.log); yields the port."""
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "taskd", "server", "--listen", f"127.0.0.1:{port}",
-                               "--state", ":memory:"], stdout=(tmp_path / "server.log").open("wb"),
+                               "--state", ":memory:"], stdout=(tmp / "server.log").open("wb"),
                               stderr=subprocess.STDOUT, cwd=ROOT)
     try:
         wait_for(lambda: port_open(port), 30, "taskd server to listen")
+        yield port
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_two_nodes_share_one_controller(tmp_path: Path, baseline: list[np.ndarray]) -> None:
+    with taskd_server(tmp_path) as port:
         nodes = [
             taskd_run(["--nnodes", "2", "--node-rank", str(r), "--nproc-per-node", "2", "--job-id", "two-nodes",
                        "--server", f"127.0.0.1:{port}", *example_args(tmp_path)], tmp_path / f"node{r}.log")
@@ -186,9 +198,6 @@ def test_two_nodes_share_one_controller(tmp_path: Path, baseline: list[np.ndarra
         assert status.returncode == 0, status.stderr
         job = json.loads(status.stdout)["jobs"][0]
         assert job["state"] == "SUCCEEDED" and len(job["agents"]) == 2
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 LATE_FAULT = """
@@ -206,14 +215,9 @@ time.sleep(120)
 
 
 def test_a_fault_after_another_node_finished_fails_the_job_at_once(tmp_path: Path) -> None:
-    port = free_port()
     script, go = tmp_path / "late_fault.py", tmp_path / "go"
     script.write_text(LATE_FAULT)
-    server = subprocess.Popen([sys.executable, "-m", "taskd", "server", "--listen", f"127.0.0.1:{port}",
-                               "--state", ":memory:"], stdout=(tmp_path / "server.log").open("wb"),
-                              stderr=subprocess.STDOUT, cwd=ROOT)
-    try:
-        wait_for(lambda: port_open(port), 30, "taskd server to listen")
+    with taskd_server(tmp_path) as port:
         nodes = [
             taskd_run(["--nnodes", "2", "--node-rank", str(r), "--nproc-per-node", "2", "--job-id", "late-fault",
                        "--server", f"127.0.0.1:{port}", str(script), str(go)], tmp_path / f"node{r}.log")
@@ -227,9 +231,6 @@ def test_a_fault_after_another_node_finished_fails_the_job_at_once(tmp_path: Pat
         assert "rank(s) 3 failed after node(s) 0 had finished" in text, text
         assert "recovered" not in text
         assert leftovers(str(script)) == []
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 
