@@ -115,13 +115,13 @@ class LocalLauncher:
         self._closed = False
         self._incarnations: dict[int, list[Incarnation]] = {r: [] for r in range(spec.nproc_per_node)}
         self._logs: dict[int, RankLog] = {}
-        self._subreaper = subreaper and acquire_subreaper()
+        self._subreaper = False
         self._own_sid = os.getsid(0)
         self._since = time.time() - _CREATE_TIME_SLACK  # nothing older can descend from our ranks
-        tick = self._reap_exited_orphans if self._subreaper else None
-        self._pump = OutputPump(tick=tick, tick_interval=ORPHAN_TICK)
+        self._pump = OutputPump(tick=self._reap_exited_orphans if subreaper else None, tick_interval=ORPHAN_TICK)
         spares = spec.warm_spares if python_script(spec.entrypoint) else 0
         self._spares = SparePool(spares, rank_env(self.spec, 0, 0, None), spec.cwd)
+        self._subreaper = subreaper and acquire_subreaper()  # last: close() releases it
 
     # -- msrun callbacks ---------------------------------------------------------------------
     def callbacks(self) -> dict[str, Callable[..., object]]:

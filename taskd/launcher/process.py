@@ -12,6 +12,9 @@ spawns died with SIGSEGV). `preexec_fn` is only the fallback when setpriv is mis
 Between fork and setpriv's prctl the agent may die unnoticed; a one-line `sh` check of
 the parent pid, after the prctl and before exec'ing the rank, closes that window
 (the same check `preexec_fn` does with getppid()).
+
+The second half is process hygiene for a child subreaper: finding, signalling and reaping
+*orphans* (rank descendants re-parented to us), always by exact pid and start time.
 """
 
 from __future__ import annotations
