@@ -202,10 +202,14 @@ def test_two_nodes_share_one_controller(tmp_path: Path, baseline: list[np.ndarra
 
 LATE_FAULT = """
 import os, sys, time
-rank, go = int(os.environ["RANK"]), sys.argv[1]
-if rank < 2:
-    sys.exit(0)  # node 0's ranks are done at once
+rank, go, up = int(os.environ["RANK"]), sys.argv[1], sys.argv[1] + ".up"
 deadline = time.time() + 120
+if rank == 2:
+    open(up, "w").close()  # node 1 is in the job (its agent subscribed before starting ranks)
+while rank < 2 and not os.path.exists(up) and time.time() < deadline:
+    time.sleep(0.05)
+if rank < 2:
+    sys.exit(0)  # node 0's ranks are done, node 1's still run
 while rank == 3 and not os.path.exists(go) and time.time() < deadline:
     time.sleep(0.05)
 if rank == 3:
