@@ -130,6 +130,7 @@ def make_launcher(tmp_path: Path):
         env = {"TEST_OUT": str(tmp_path), **(extra or {})}
         env.update({f"TEST_MODE_{r}": m for r, m in (modes or {}).items()})
         spec = WorkerSpec(command_for(str(tmp_path / "rank.py")), nproc_per_node=nproc, extra_env=env)
+        kw.setdefault("orphan_tick", 0.5)  # the default (5 s) would only make these tests wait
         launcher = LocalLauncher(spec, **kw)
         made.append(launcher)
         return launcher

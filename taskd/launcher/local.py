@@ -63,7 +63,7 @@ log = logging.getLogger(__name__)
 
 SPAWN_FAILED_CODE = 127  # returncode reported for a rank whose process could not be started
 _KEEP_TAILS = 8  # incarnations whose output tail is kept per rank
-ORPHAN_TICK = 1.0  # seconds between the I/O thread's looks for orphans that exited by themselves
+ORPHAN_TICK = 5.0  # seconds between looks for orphans that exited by themselves (a look costs an idle agent ~0.3 ms)
 _CREATE_TIME_SLACK = 2.0  # psutil's create_time is only as exact as the boot time (whole seconds)
 
 
@@ -95,8 +95,10 @@ class LocalLauncher:
     """Starts, watches and stops the ranks of one node; see :meth:`callbacks` for the msrun contract."""
 
     def __init__(self, spec: WorkerSpec, on_exit: Callable[[int, int, int], None] | None = None, *,
-                 subreaper: bool = True) -> None:
+                 subreaper: bool = True, orphan_tick: float = ORPHAN_TICK) -> None:
         """``on_exit(local_rank, pid, returncode)`` is called from the I/O thread when a rank's process ends.
+
+        ``orphan_tick``: seconds between looks for orphans that exited by themselves (to reap them).
 
         ``subreaper=False`` is for embedders that start children of their own, in
         sessions of their own, in this process: the launcher then never becomes a
@@ -118,7 +120,7 @@ class LocalLauncher:
         self._subreaper = False
         self._own_sid = os.getsid(0)
         self._since = time.time() - _CREATE_TIME_SLACK  # nothing older can descend from our ranks
-        self._pump = OutputPump(tick=self._reap_exited_orphans if subreaper else None, tick_interval=ORPHAN_TICK)
+        self._pump = OutputPump(tick=self._reap_exited_orphans if subreaper else None, tick_interval=orphan_tick)
         spares = spec.warm_spares if python_script(spec.entrypoint) else 0
         self._spares = SparePool(spares, rank_env(self.spec, 0, 0, None), spec.cwd)
         self._subreaper = subreaper and acquire_subreaper()  # last: close() releases it
