@@ -37,6 +37,7 @@ pytestmark = pytest.mark.mindspore
 
 REPO = Path(__file__).resolve().parent.parent
 DUMMY = REPO / "tests" / "mindspore_scripts" / "dummy_train.py"
+DUMMY_HANG = REPO / "tests" / "mindspore_scripts" / "dummy_hang.py"
 TRAIN_DP = REPO / "examples" / "mindspore" / "train_dp.py"
 FALLBACK_MARK = "process controlled by msrun"  # msrun's warning when it could not hand control over
 
@@ -140,15 +141,25 @@ class MsrunJob:
         return None
 
     def kill(self) -> None:
-        """Teardown: end msrun and whatever of the job is still alive."""
+        """Teardown, also after a failed assertion: end msrun first (so it spawns nothing more), then
+        every process of the job (ranks are in sessions of their own), until none is left."""
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        for proc in processes_with(self.marker):
             try:
-                proc.kill()
-            except psutil.NoSuchProcess:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # msrun and its scheduler
+            except ProcessLookupError:
                 pass
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+        deadline = time.monotonic() + 30
+        while (left := processes_with(self.marker)) and time.monotonic() < deadline:
+            for proc in left:
+                try:
+                    proc.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            psutil.wait_procs(left, timeout=2)
 
     def assert_plugin_in_control(self) -> None:
         out = self.output()
@@ -318,3 +329,44 @@ def test_rank_that_always_crashes_fails_the_job_once_restarts_are_spent(jobs, ms
     assert len(started(state, 1)) == 2, f"rank 1: 2 spawns but {len(started(state, 1))} runs\n{job.logs()}"
     assert not files(state, "done-"), "a rank finished although it should have been stopped"
     job.assert_nothing_left()
+
+
+@pytest.mark.timeout(240)
+def test_hung_rank_is_detected_named_dumped_and_job_rescheduled(jobs, msrun_env, tmp_path):
+    """Issue 6 under msrun: rank 1 stops calling taskd.worker.heartbeat(); after TASKD_HEARTBEAT_TIMEOUT
+    the plugin names the hang, gets the rank's Python stack into its log (faulthandler on the stack
+    signal: msrun ranks have no log path the plugin could give py-spy) and restarts the whole job."""
+    msrun_env["TASKD_HEARTBEAT_TIMEOUT"] = "2"
+    msrun_env["TASKD_MONITOR_INTERVAL"] = "0.2"
+    tmp = tmp_path / "hang-tmp"  # where the plugin makes its heartbeat directory (and must remove it)
+    tmp.mkdir()
+    msrun_env["TMPDIR"] = str(tmp)
+    job = jobs("hang", DUMMY_HANG, ["--state-dir", "{dir}/state", "--steps", "20", "--hang-at-step", "5"],
+               msrun_env)
+    state = job.dir / "state"
+
+    rc = job.wait(150)
+    job.assert_plugin_in_control()
+    assert rc == 0, f"msrun exited {rc} after a recoverable hang\n{job.logs()}"
+    agent_log = job.log_dir / "taskd_agent.log"
+    for where, text in (("msrun's console", job.output()),
+                        (agent_log.name, agent_log.read_text(errors="replace") if agent_log.exists() else "")):
+        assert "hang: rank 1 (pid " in text, f"no 'hang: rank 1' in {where}\n{job.logs()}"
+        assert "hang: rank 0" not in text, f"rank 0 kept beating but was called hung in {where}\n{job.logs()}"
+    assert "job-rescheduling" in job.output(), f"no job-rescheduling in msrun's output\n{job.logs()}"
+    job.assert_one_job_rescheduling()
+
+    hung_pid = int((state / "hung").read_text())
+    assert hung_pid in {pid_of(p) for p in started(state, 1)}, "the marker was not written by rank 1"
+    hung_logs = [p for p in job.log_dir.glob("worker_1.log*")
+                 if f"pid {hung_pid} started" in p.read_text(errors="replace")]
+    assert len(hung_logs) == 1, f"the hung incarnation's log was not kept\n{job.logs()}"
+    dump = hung_logs[0].read_text(errors="replace")
+    assert "most recent call first" in dump and "in hang_forever" in dump, (
+        f"no Python stack of the hung rank in {hung_logs[0].name}:\n{dump[-3000:]}")
+
+    for rank in (0, 1):  # the restarted incarnation ran through
+        assert files(state, f"done-rank{rank}-"), f"rank {rank} never finished after the restart\n{job.logs()}"
+    assert hung_pid not in {pid_of(p) for p in files(state, "done-rank1-")}
+    job.assert_nothing_left()
+    assert not list(tmp.glob("taskd-heartbeat-*")), "the plugin left its heartbeat directory behind"
