@@ -202,7 +202,9 @@ class Supervisor:
         }
         for name, kind in handlers.items():
             mgr.register_action_handler(name, self._queue_handler(kind))
-        self._subscriber = threading.Thread(target=mgr.start_subscribe, name="taskd-subscriber", daemon=True)
+        frame = "mindspore" if self.config.launcher == "msrun" else "pytorch"  # TaskD's default otherwise
+        self._subscriber = threading.Thread(target=mgr.start_subscribe, args=(frame,), name="taskd-subscriber",
+                                            daemon=True)
         self._subscriber.start()
         deadline = time.monotonic() + 5.0
         while not mgr.connected and time.monotonic() < deadline:
@@ -511,12 +513,19 @@ class Supervisor:
             except (OSError, subprocess.TimeoutExpired) as exc:
                 log.debug("py-spy dump failed: %s", exc)
         if stack_signal:
+            log_path = log_path or self._msrun_worker_log(rank)
+            before = _file_size(log_path)
             try:
                 os.kill(rank.pid, stack_signal)
-                time.sleep(0.3)  # faulthandler writes from a C handler; give the output pump a moment
-                log.info("stacks of rank %d requested with signal %d (see its log)", rank.global_rank, stack_signal)
             except ProcessLookupError:
-                pass
+                return
+            _wait_for_dump(log_path, before)
+            log.info("stacks of rank %d requested with signal %d (see its log)", rank.global_rank, stack_signal)
+
+    def _msrun_worker_log(self, rank: Rank) -> str | None:
+        if self.details is not None or not self.config.log_dir:
+            return None
+        return os.path.join(self.config.log_dir, f"worker_{rank.global_rank}.log")
 
     # ----------------------------------------------------------------- starting and stopping
     def _adopt(self, local_ranks: list[int]) -> None:
@@ -556,12 +565,12 @@ class Supervisor:
 
     def _keep_worker_logs(self, local_ranks: list[int]) -> None:
         """msrun reopens a restarted rank's log with "w": keep the previous incarnation's as .<n>."""
-        if self.details is not None or not self.config.log_dir:
-            return
         for local_rank in local_ranks:
+            path = self._msrun_worker_log(self.ranks[local_rank])
+            if path is None:
+                return
             starts = self._starts.get(local_rank, 0)
             self._starts[local_rank] = starts + 1
-            path = os.path.join(self.config.log_dir, f"worker_{self.ranks[local_rank].global_rank}.log")
             if starts and os.path.exists(path):
                 kept = f"{path}.{starts - 1}"
                 try:
@@ -730,3 +739,33 @@ def _reason(sig: Any) -> str:
 
 
 __all__ = ["LauncherDetails", "Supervisor"]
+
+
+def _file_size(path: str | None) -> int | None:
+    try:
+        return os.path.getsize(path) if path else None
+    except OSError:
+        return None
+
+
+def _wait_for_dump(path: str | None, before: int | None, limit: float = 3.0, quiet: float = 0.2) -> None:
+    """Give faulthandler's dump time to reach the rank's log before the rank is killed.
+
+    The dump is written from a C signal handler and copied by whoever drains the rank's
+    output, so a fixed pause can lose it on a loaded machine: wait until the log grew and then
+    stayed still for `quiet` seconds (at most `limit`); without a log to watch, a short pause.
+    """
+    if before is None:
+        time.sleep(0.3)
+        return
+    deadline = time.monotonic() + limit
+    size, still_since = before, None
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        now_size = _file_size(path)
+        if now_size is None:
+            return
+        if now_size != size:
+            size, still_since = now_size, time.monotonic()
+        elif size > before and still_since is not None and time.monotonic() - still_since >= quiet:
+            return
