@@ -1,6 +1,6 @@
 """Supervision overhead: CPU seconds per minute of the agent process while 8 idle ranks sleep.
 
-Measures the agent process alone (psutil cpu_times user+system, children excluded) over a window
+Measures the agent process alone (its threads' schedstat run time, children excluded) over a window
 after a warm-up: `taskd run` (embedded controller in the same process, default --monitor-interval 1)
 and torchrun (`--standalone`, default --monitor-interval 0.1). Also prints the worker SDK's per-call
 costs (`python -m taskd.worker.bench`): heartbeat() is meant to be called every training step.
@@ -37,6 +37,22 @@ from common import (
 
 
 def cpu_seconds(proc: psutil.Process) -> float:
+    """CPU time of the process's live threads from /proc/<pid>/task/*/schedstat (nanoseconds).
+
+    psutil's cpu_times counts clock ticks (10 ms): an idle agent uses a handful per minute, so the
+    figure would move by 10 % from one tick. Falls back to cpu_times where schedstat is missing.
+    """
+    total = 0
+    try:
+        for tid in Path(f"/proc/{proc.pid}/task").iterdir():
+            try:
+                total += int((tid / "schedstat").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue  # the thread ended meanwhile
+    except OSError:
+        total = 0
+    if total:
+        return total / 1e9
     t = proc.cpu_times()
     return t.user + t.system
 
