@@ -22,6 +22,14 @@ import time
 
 import numpy as np
 
+try:  # taskd's worker SDK, when installed: about a microsecond a call, and a no-op outside taskd
+    from taskd.worker import heartbeat
+except ImportError:  # the example also runs under a plain msrun
+
+    def heartbeat(step: int | None = None) -> None:
+        pass
+
+
 CKPT_RE = re.compile(r"^step(\d+)\.ckpt$")
 KEEP_CHECKPOINTS = 3  # ranks are at most one save apart, so the common step is always kept
 IN_DIM, HIDDEN, OUT_DIM = 16, 32, 4
@@ -151,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         loss, grads = forward(ms.Tensor(xs), ms.Tensor(ys))
         optimizer(grad_reducer(grads))
         done = step + 1
+        heartbeat(done)  # lets taskd tell a hung rank from a slow one (TASKD_HEARTBEAT_TIMEOUT)
         print(f"rank {rank} step {done} loss {float(loss.asnumpy()):.6f}", flush=True)
         if done % args.ckpt_every == 0 or done == args.steps:
             save_atomically(ms, state, rank_dir, done)
