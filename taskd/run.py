@@ -52,33 +52,65 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS")
 
 
+def _server(args: argparse.Namespace) -> str | None:
+    return args.server or os.environ.get("MINDX_SERVER_IP") or None
+
+
+def check_arguments(args: argparse.Namespace) -> list[str]:
+    """Everything wrong with the flags, found before any process starts (one line each)."""
+    from taskd.toolkit.recover_module.channel import normalize_address
+    from taskd.toolkit.recover_module.errors import ConfigurationError
+
+    problems = [f"--{name.replace('_', '-')} must be >= 1" for name in ("nproc_per_node", "nnodes")
+                if getattr(args, name) < 1]
+    if args.nnodes >= 1 and not 0 <= args.node_rank < args.nnodes:
+        problems.append(f"--node-rank must be in [0, {args.nnodes - 1}]")
+    problems += [f"--{name.replace('_', '-')} must be >= 0" for name in ("max_restarts", "warm_spares", "stop_grace")
+                 if getattr(args, name) < 0]
+    problems += [f"--{name.replace('_', '-')} must be > 0" for name in ("monitor_interval", "dump_timeout",
+                                                                         "heartbeat_timeout")
+                 if getattr(args, name) is not None and not getattr(args, name) > 0]
+    if not 0 <= args.master_port <= 65535:
+        problems.append("--master-port must be in [0, 65535]")
+    try:
+        if args.strategies:
+            parse_strategies(args.strategies)
+    except ValueError as exc:
+        problems.append(f"--strategies: {exc}")
+    server = _server(args)
+    if server:
+        try:
+            normalize_address(server)
+        except ConfigurationError as exc:
+            source = "--server" if args.server else "MINDX_SERVER_IP"
+            problems.append(f"{source}: {exc}")
+    if args.log_dir:
+        try:
+            os.makedirs(args.log_dir, exist_ok=True)
+        except OSError as exc:
+            problems.append(f"--log-dir: cannot create {args.log_dir}: {exc.strerror or exc}")
+    script = args.script
+    if script.endswith(".py") or os.sep in script:
+        if not os.path.exists(script):
+            problems.append(f"{script}: no such file")
+    elif shutil.which(script) is None:
+        problems.append(f"{script}: no such file or command on PATH")
+    return problems
+
+
 def run_main(args: argparse.Namespace) -> int:
     """Run one job; returns the process exit code."""
     from taskd.framework.agent.ms_mgr.msrun_plugin import MSRunPlugin
     from taskd.launcher import LocalLauncher, WorkerSpec, command_for
 
-    for name in ("nproc_per_node", "nnodes"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"taskd run: --{name.replace('_', '-')} must be >= 1")
-    if not 0 <= args.node_rank < args.nnodes:
-        raise SystemExit(f"taskd run: --node-rank must be in [0, {args.nnodes - 1}]")
-    if args.max_restarts < 0:
-        raise SystemExit("taskd run: --max-restarts must be >= 0")
-    if args.warm_spares < 0:
-        raise SystemExit("taskd run: --warm-spares must be >= 0")
-    try:
-        strategies = parse_strategies(args.strategies) if args.strategies else None
-    except ValueError as exc:
-        raise SystemExit(f"taskd run: --strategies: {exc}") from None
+    problems = check_arguments(args)
+    if problems:
+        sys.stderr.write("".join(f"taskd run: {p}\n" for p in problems))
+        return 2  # a usage error, like argparse's own
+    strategies = parse_strategies(args.strategies) if args.strategies else None
     script = args.script
-    if script.endswith(".py") or os.sep in script:
-        if not os.path.exists(script):
-            raise SystemExit(f"taskd run: {script}: no such file")
-    elif shutil.which(script) is None:
-        raise SystemExit(f"taskd run: {script}: no such file or command on PATH")
-
     job_id = args.job_id or os.environ.get("MINDX_TASK_ID") or f"taskd-{uuid.uuid4().hex[:8]}"
-    server = args.server or os.environ.get("MINDX_SERVER_IP") or None
+    server = _server(args)
     spec = WorkerSpec(
         entrypoint=command_for(script, args.script_args),
         nproc_per_node=args.nproc_per_node, nnodes=args.nnodes, node_rank=args.node_rank,

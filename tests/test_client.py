@@ -252,7 +252,8 @@ def test_normalize_address(given, expected):
     assert normalize_address(given) == expected
 
 
-@pytest.mark.parametrize("bad", ["", "host:", "host:abc", "host:70000", "[::1", ":80"])
+@pytest.mark.parametrize("bad", ["", "host:", "host:abc", "host:70000", "host:0", "[::1", ":80", "bad:host:1",
+                                 "a b:1", "[10.0.0.1]:80"])
 def test_normalize_address_rejects_bad_input(bad):
     with pytest.raises(ConfigurationError, match="address"):
         normalize_address(bad)

@@ -150,14 +150,23 @@ def test_non_python_executable(tmp_path: Path) -> None:
 
 
 def test_bad_arguments_are_clear_errors(tmp_path: Path) -> None:
-    for args, needle in [
-        (["--strategies", "recover,teleport", "x.py"], "teleport"),
-        (["--nproc-per-node", "0", "x.py"], "nproc-per-node"),
-        ([str(tmp_path / "missing.py")], "no such file"),
+    script = tmp_path / "ok.py"
+    script.write_text("import time; time.sleep(30)\n")  # would run (and fail the test by its wait) if let through
+    for args, env, needle in [
+        (["--strategies", "recover,teleport", str(script)], {}, "teleport"),
+        (["--nproc-per-node", "0", str(script)], {}, "--nproc-per-node must be >= 1"),
+        ([str(tmp_path / "missing.py")], {}, "no such file"),
+        (["--server", "bad:host:1", str(script)], {}, "--server: bad controller address 'bad:host:1'"),
+        ([str(script)], {"MINDX_SERVER_IP": "a b"}, "MINDX_SERVER_IP: bad controller address"),
+        (["--heartbeat-timeout", "0", str(script)], {}, "--heartbeat-timeout must be > 0"),
+        (["--monitor-interval", "-1", str(script)], {}, "--monitor-interval must be > 0"),
+        (["--log-dir", str(script / "logs"), str(script)], {}, "--log-dir: cannot create"),
+        (["--master-port", "70000", str(script)], {}, "--master-port must be in [0, 65535]"),
     ]:
         out = subprocess.run([sys.executable, "-m", "taskd.run", *args], capture_output=True, text=True,
-                             timeout=60, cwd=ROOT)
-        assert out.returncode != 0 and needle in out.stderr, (args, out.stderr)
+                             timeout=20, cwd=ROOT, env={**os.environ, **env})
+        assert out.returncode == 2 and needle in out.stderr, (args, out.stderr)
+        assert "Traceback" not in out.stderr, out.stderr
 
 
 @contextlib.contextmanager

@@ -10,9 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import ipaddress
 import logging
-import re
 import signal
 import threading
 from dataclasses import dataclass, field, fields
@@ -20,6 +18,7 @@ from typing import Any
 
 import grpc
 
+from taskd.address import join_host_port, parse_host_port
 from taskd.controller.core import ControllerCore
 from taskd.controller.hub import SignalHub
 from taskd.controller.service import add_services
@@ -33,43 +32,12 @@ MAX_MESSAGE = 64 * 1024 * 1024
 LISTEN_HINT = "is the port taken or the address not this host's? pass --listen HOST:PORT (port 0 = any free port)"
 LISTEN_FORMS = "expected HOST:PORT, [IPV6]:PORT, a bare IPv6 address or a bare HOST (port 0 = any free port)"
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})
-_HOSTNAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?")
 
 
 def parse_listen(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
     """`host:port`, `[v6]:port`, `[v6]`, a bare `v6` or a bare `host` -> (host without brackets, port);
-    ValueError saying what is wrong otherwise. A bare IPv6 literal has colons but no port."""
-    raw = text.strip()
-    if raw.startswith("["):
-        host, sep, rest = raw[1:].partition("]")
-        if not sep or (rest and not rest.startswith(":")):
-            raise ValueError(f"bad listen address {text!r}: unclosed [ or text after ]; {LISTEN_FORMS}")
-        port_text = rest[1:] if rest else str(default_port)
-        bracketed = True
-    elif raw.count(":") > 1:
-        host, port_text, bracketed = raw, str(default_port), True
-    else:
-        host, _, port_text = raw.partition(":") if ":" in raw else (raw, "", str(default_port))
-        bracketed = False
-    if not host:
-        raise ValueError(f"bad listen address {text!r}: no host (0.0.0.0:PORT serves every interface); "
-                         f"{LISTEN_FORMS}")
-    if bracketed:
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            what = "is not an IPv6 address" if raw.startswith("[") else "has several ':' but is not an IPv6 address"
-            raise ValueError(f"bad listen address {text!r}: {host!r} {what}; {LISTEN_FORMS}") from None
-    elif not _HOSTNAME.fullmatch(host):
-        raise ValueError(f"bad listen address {text!r}: {host!r} is not a host name or IP address; {LISTEN_FORMS}")
-    if not port_text.isdigit() or int(port_text) > 65535:
-        raise ValueError(f"bad listen address {text!r}: port {port_text!r} is not 0-65535; {LISTEN_FORMS}")
-    return host, int(port_text)
-
-
-def join_host_port(host: str, port: int) -> str:
-    """The gRPC / MINDX_SERVER_IP form: an IPv6 literal in brackets."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    ValueError saying what is wrong otherwise (0.0.0.0:PORT serves every interface)."""
+    return parse_host_port(text, default_port, what="listen address", forms=LISTEN_FORMS, port_zero=True)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import grpc
 import grpc.aio
 
+from taskd.address import join_host_port, parse_host_port
 from taskd.toolkit.recover_module.errors import ConfigurationError
 from taskd.vocabulary import DEFAULT_PORT
 
@@ -28,30 +29,27 @@ DEFAULT_CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
 )
 
 
+ADDRESS_FORMS = "expected HOST, HOST:PORT, [IPV6]:PORT or a bare IPv6 address"
+
+
 def normalize_address(server_addr: str, default_port: int = DEFAULT_PORT) -> str:
-    """`host`, `host:port`, `[v6]` or `[v6]:port` -> a gRPC target with an explicit port."""
+    """`host`, `host:port`, `[v6]`, `[v6]:port` or a bare `v6` -> a gRPC target with an explicit port.
+
+    A scheme some users paste (http://, dns:///) is dropped. The same parser as `taskd server
+    --listen`: what one accepts, the other does.
+    """
     addr = (server_addr or "").strip()
     for scheme in ("http://", "https://", "dns:///", "ipv4:", "ipv6:"):
         if addr.startswith(scheme):
             addr = addr[len(scheme) :]
     addr = addr.rstrip("/")
     if not addr:
-        raise ConfigurationError("empty controller address; expected host or host:port")
-    if addr.startswith("["):
-        host, sep, rest = addr[1:].partition("]")
-        if not sep or not host or (rest and not rest.startswith(":")):
-            raise ConfigurationError(f"bad controller address {server_addr!r}; expected [ipv6]:port")
-        port_text = rest[1:] if rest else str(default_port)
-        host = f"[{host}]"
-    elif addr.count(":") == 1:
-        host, port_text = addr.split(":")
-    elif addr.count(":") > 1:  # a bare IPv6 address
-        host, port_text = f"[{addr}]", str(default_port)
-    else:
-        host, port_text = addr, str(default_port)
-    if not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise ConfigurationError(f"bad controller address {server_addr!r}; expected host or host:port")
-    return f"{host}:{int(port_text)}"
+        raise ConfigurationError(f"empty controller address; {ADDRESS_FORMS}")
+    try:
+        host, port = parse_host_port(addr, default_port, what="controller address", forms=ADDRESS_FORMS)
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
+    return join_host_port(host, port)
 
 
 def make_channel(

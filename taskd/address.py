@@ -1,0 +1,52 @@
+"""`host[:port]` as users type it, parsed once for the controller (`--listen`) and its clients.
+
+One parser, so that `taskd server --listen X` and `taskd run --server X` / `MINDX_SERVER_IP=X`
+accept the same forms and refuse the same mistakes (a bare IPv6 literal has colons but no port).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+_HOSTNAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?")
+
+
+def parse_host_port(text: str, default_port: int, *, what: str, forms: str, port_zero: bool = False
+                    ) -> tuple[str, int]:
+    """`host:port`, `[v6]:port`, `[v6]`, a bare `v6` or a bare `host` -> (host without brackets, port).
+
+    ValueError says what is wrong, as "bad <what> '<text>': <problem>; <forms>". Port 0 ("any free
+    port") only makes sense for a listener, hence `port_zero`.
+    """
+    raw = text.strip()
+    if raw.startswith("["):
+        host, sep, rest = raw[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            raise ValueError(f"bad {what} {text!r}: unclosed [ or text after ]; {forms}")
+        port_text = rest[1:] if rest else str(default_port)
+        bracketed = True
+    elif raw.count(":") > 1:
+        host, port_text, bracketed = raw, str(default_port), True
+    else:
+        host, _, port_text = raw.partition(":") if ":" in raw else (raw, "", str(default_port))
+        bracketed = False
+    if not host:
+        raise ValueError(f"bad {what} {text!r}: no host; {forms}")
+    if bracketed:
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            problem = "is not an IPv6 address" if raw.startswith("[") else "has several ':' but is not an IPv6 address"
+            raise ValueError(f"bad {what} {text!r}: {host!r} {problem}; {forms}") from None
+    elif not _HOSTNAME.fullmatch(host):
+        raise ValueError(f"bad {what} {text!r}: {host!r} is not a host name or IP address; {forms}")
+    lowest = 0 if port_zero else 1
+    if not port_text.isdigit() or not lowest <= int(port_text) <= 65535:
+        raise ValueError(f"bad {what} {text!r}: port {port_text!r} is not {lowest}-65535; {forms}")
+    return host, int(port_text)
+
+
+def join_host_port(host: str, port: int) -> str:
+    """The gRPC / MINDX_SERVER_IP form: an IPv6 literal in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
