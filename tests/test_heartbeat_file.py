@@ -118,7 +118,13 @@ def test_rank_sigkilled_in_a_tight_write_loop(tmp_path):
         reader = HeartbeatFile(path).open()
         proc = start_beater(path)
         try:
+            # a reader racing a writer that never pauses may itself find every try mid-write (torn, and
+            # with no earlier snapshot): retry until it holds one consistent beat of this rank
+            deadline = time.monotonic() + WAIT
             before = reader.read()
+            while (before.torn or before.pid != proc.pid) and time.monotonic() < deadline:
+                time.sleep(0.001)
+                before = reader.read()
             assert before.pid == proc.pid and not before.torn
             time.sleep(0.01 * (attempt % 4))  # land the kill at different points of the loop
         finally:
