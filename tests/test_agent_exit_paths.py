@@ -67,3 +67,21 @@ def test_rank_that_never_starts_is_a_fault_not_a_wait(tmp_path: Path) -> None:
         assert launcher.monitor([0])[0]["status"] is not None, "the started rank was stopped too"
     finally:
         launcher.close(1.0)
+
+
+def test_bad_controller_address_ends_the_agent_with_2_and_a_clear_line(tmp_path: Path, caplog) -> None:
+    """Under msrun a malformed MINDX_SERVER_IP must not surface as a traceback inside msrun, nor start ranks."""
+    script = tmp_path / "sleeper.py"
+    script.write_text("import time\ntime.sleep(120)\n")
+    launcher = LocalLauncher(WorkerSpec(entrypoint=[sys.executable, str(script)], nproc_per_node=1))
+    plugin = MSRunPlugin(details=launcher, launcher="taskd", server="bad:host:1", monitor_interval=0.1)
+    for name, func in launcher.callbacks().items():
+        plugin.register_callbacks(name, func)
+    try:
+        with caplog.at_level("ERROR", logger="taskd"), pytest.raises(SystemExit) as exit_:
+            plugin.start()
+        assert exit_.value.code == 2
+        assert "taskd cannot start the job: bad controller address 'bad:host:1'" in caplog.text
+        assert launcher.pid(0) is None, "no rank may start on a configuration error"
+    finally:
+        launcher.close(1.0)

@@ -32,6 +32,7 @@ from taskd.agent.process_tools import (
 from taskd.agent.rank_watch import RankWatch
 from taskd.agent.summary import FaultRecord, JobResult, RecoveryRecord
 from taskd.launcher.process import exit_code_of
+from taskd.toolkit.recover_module.errors import ConfigurationError
 from taskd.vocabulary import Action, Code, FaultType, SignalType, Strategy
 from taskd.worker.env import Var
 
@@ -103,6 +104,9 @@ class Supervisor:
             self._connect()
             self._start_all(first=True)
             self._loop()
+        except ConfigurationError as exc:  # e.g. a malformed MINDX_SERVER_IP: say so, no traceback into msrun
+            log.error("taskd cannot start the job: %s", exc)
+            self._finish(False, 2, f"configuration error: {exc}")
         except BaseException as exc:
             if not self._done:
                 log.error("agent failed: %s: %s; stopping every rank", type(exc).__name__, exc)
