@@ -27,6 +27,21 @@ def wait_for(pred: Callable[[], object], timeout: float = WAIT, what: str = "con
 wait_until = wait_for
 
 
+def written(path, timeout: float = WAIT) -> str:  # noqa: ANN001 (a Path)
+    """The text another process writes into `path`, once there is some.
+
+    Waiting for the name alone races the writer: open(..., "w") creates the file empty a moment
+    before the write lands, so a reader can see "" (CI failed on exactly that, twice).
+    """
+    def text() -> str:
+        try:
+            return path.read_text().strip()
+        except FileNotFoundError:
+            return ""
+
+    return str(wait_for(text, timeout, f"{path} to be written"))
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))

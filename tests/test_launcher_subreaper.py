@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from support import wait_for
+from support import wait_for, written
 
 from taskd.launcher import STATUS_FAILED, LocalLauncher, WorkerSpec, command_for
 from taskd.launcher import process as launcher_process
@@ -91,8 +91,7 @@ RANK = textwrap.dedent(
 
 
 def read_pid(path: Path) -> int:
-    wait_for(path.exists, what=f"{path.name} to be written")
-    return int(path.read_text())
+    return int(written(path))
 
 
 def reaped(proc: psutil.Process) -> bool:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from support import wait_for
+from support import wait_for, written
 
 from taskd.launcher import STATUS_FAILED, STATUS_OK, LocalLauncher, WorkerSpec, command_for
 
@@ -54,9 +54,7 @@ def launcher(tmp_path: Path):
 
 
 def _record(tmp_path: Path, rank: int, restart: int) -> dict:
-    path = tmp_path / "out" / f"rank{rank}-{restart}.json"
-    wait_for(path.exists, what=f"{path.name}")
-    return json.loads(path.read_text())
+    return json.loads(written(tmp_path / "out" / f"rank{rank}-{restart}.json"))
 
 
 def test_restarted_rank_runs_in_the_spare_like_a_fresh_interpreter(launcher, tmp_path: Path) -> None:
