@@ -73,8 +73,8 @@ def test_restarted_rank_runs_in_the_spare_like_a_fresh_interpreter(launcher, tmp
         assert again[key] == first[key], key
     assert again["name"] == "__main__" and again["stdin"] == ""
     assert len(la._spares.pids()) == 1 and la._spares.pids()[0] != spares[0], "the pool is refilled"
-    log = (tmp_path / "logs" / "rank_1.log").read_text()
-    assert "rank 1 restart 1 up" in log
+    log = tmp_path / "logs" / "rank_1.log"  # the line reaches the log through the launcher's I/O thread
+    wait_for(lambda: "rank 1 restart 1 up" in log.read_text(), what="the spare-run rank's output in its log")
 
 
 @pytest.mark.parametrize("mode,code", [("raise", 1), ("exit3", 3)])
