@@ -271,7 +271,7 @@ class LocalLauncher:
         if inc is None:
             return []
         if inc.popen is not None and not inc.running:
-            inc.output.done.wait(1.0)  # let the I/O thread copy what the process wrote last
+            inc.output.done.wait(3.0)  # let the I/O thread copy what the process wrote last (slow when loaded)
         return list(inc.output.tail)[-n:] if n > 0 else []
 
     # -- shutdown ----------------------------------------------------------------------------
