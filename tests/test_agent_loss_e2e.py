@@ -72,3 +72,50 @@ def test_sigkilled_node_fails_the_job_and_the_other_node_exits(tmp_path: Path) -
                 node.wait(timeout=10)
         server.terminate()
         server.wait(timeout=30)
+
+
+CRASH_ONCE = """
+import os, sys, time
+marker = sys.argv[1]
+if os.environ["LOCAL_RANK"] == "1" and not os.path.exists(marker):
+    open(marker, "w").close()
+    time.sleep(1)
+    sys.exit(1)  # a fault, once
+time.sleep(2)
+"""
+
+
+def test_a_controller_lost_in_the_middle_of_a_recovery_does_not_strand_the_agent(tmp_path: Path) -> None:
+    """The round waits for node 0 (which never answers) when the controller dies: nothing would ever send
+    node 1 its next signal. After TASKD_CONTROLLER_TIMEOUT it recovers locally and the job ends."""
+    from taskd.controller.testing import ScriptedAgent
+
+    script = tmp_path / "crash_once.py"
+    script.write_text(CRASH_ONCE)
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-m", "taskd", "server", "--listen", address, "--state", ":memory:"],
+                              stdout=(tmp_path / "server.log").open("wb"), stderr=subprocess.STDOUT, cwd=ROOT)
+    node1 = None
+    try:
+        wait_for(lambda: port_open(port), 30, "taskd server to listen")
+        node0 = ScriptedAgent(address, "lost-controller", 0, 2).join()  # never answers stopTrain
+        node1 = taskd_run(["--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2", "--job-id",
+                           "lost-controller", "--server", address, str(script), str(tmp_path / "crashed")],
+                          tmp_path / "node1.log", env={"TASKD_CONTROLLER_TIMEOUT": "2"})
+        node0.expect("stopTrain", timeout=60)  # rank 3 crashed: the round is open, waiting for node 0
+        server.kill()
+        server.wait(timeout=30)
+        node0.close()
+        assert node1.wait(timeout=90) == 0, (tmp_path / "node1.log").read_text()
+        log1 = (tmp_path / "node1.log").read_text()
+        assert "controller lost for" in log1 and "in the middle of a recovery: degraded mode" in log1, log1
+        assert "recovered rank(s) [3] with job-rescheduling" in log1 and "job succeeded" in log1, log1
+        assert leftovers(str(script)) == []
+    finally:
+        if node1 is not None and node1.poll() is None:
+            node1.kill()
+            node1.wait(timeout=10)
+        if server.poll() is None:
+            server.kill()
+            server.wait(timeout=30)

@@ -86,6 +86,7 @@ class Supervisor:
         self._degraded = False
         self._restarts_used = 0
         self._round_faults: dict[int, int] = {}
+        self._controller_lost_at: float | None = None  # monotonic; while a round waits on a lost controller
         self._round_started: float | None = None
         self._old_handlers: dict[int, Any] = {}
         self._heartbeats: dict[int, Any] = {}
@@ -250,7 +251,8 @@ class Supervisor:
                 reap_processes(schedulers, self.config.stop_grace)
         if self._mgr is not None:
             try:
-                self._mgr.report_finished(0 if self.result.succeeded else self.result.exit_code, self.result.reason)
+                self._mgr.report_finished(0 if self.result.succeeded else self.result.exit_code, self.result.reason,
+                                          timeout=None if self._mgr.connected else 3.0)
             except Exception as exc:  # the job is over either way
                 log.debug("could not report the end of the job: %s", exc)
             self._mgr.stop()
@@ -277,6 +279,7 @@ class Supervisor:
             for exit_ in self._watch.wait(max(0.0, next_sweep - time.monotonic())):
                 self._on_exit(exit_.local_rank, exit_.pid, exit_.returncode)
             self._run_commands()
+            self._watch_controller()
             if self._terminate_signal is not None and not self._done:
                 name = signal.Signals(self._terminate_signal).name
                 log.warning("received %s: stopping every rank", name)
@@ -287,6 +290,22 @@ class Supervisor:
                 next_sweep = time.monotonic() + self.config.monitor_interval
             if not self._done and self.ranks and all(r.state == SUCCEEDED for r in self.ranks.values()):
                 self._finish(True, 0, "")
+
+    def _watch_controller(self) -> None:
+        """A round in progress waits on the controller's next signal: if the controller is gone for
+        `controller_timeout`, nothing else would ever end that wait, so recover locally (degraded)."""
+        if self._done or self._degraded or self._mgr is None or not self._round_faults or self._mgr.connected:
+            self._controller_lost_at = None
+            return
+        now = time.monotonic()
+        if self._controller_lost_at is None:
+            self._controller_lost_at = now
+        elif now - self._controller_lost_at >= self.config.controller_timeout:
+            log.warning("controller lost for %.0fs in the middle of a recovery: degraded mode, restarts handled "
+                        "locally", now - self._controller_lost_at)
+            self._controller_lost_at = None
+            self._degraded = True
+            self._local_recovery()
 
     def _run_commands(self) -> None:
         while not self._done:

@@ -292,9 +292,11 @@ class DLRecoverManager:
         else:
             logger.warning("re-register of job %s answered %d: %s", request.jobId, status.code, status.info)
 
-    def _report(self, method: str, build: Callable[[], Any], *, agent_service: bool = False) -> int:
+    def _report(self, method: str, build: Callable[[], Any], *, agent_service: bool = False,
+                timeout: float | None = None) -> int:
         """Send; re-send after a jittered backoff while the answer says "busy" or "not registered"
-        (re-registering first for the latter), all within `report_timeout`; return the final code.
+        (re-registering first for the latter), all within `timeout` (default `report_timeout`);
+        return the final code.
 
         Any other non-zero answer (except 409) gets one re-register and one re-send, as before.
         The pause comes before every re-send: when a restarted controller answers every agent of
@@ -305,7 +307,8 @@ class DLRecoverManager:
         except (_BadArgument, InvalidFaultRanks) as exc:
             logger.error("%s not sent, invalid arguments: %s", method, exc)
             return int(Code.INVALID_PARAMS)
-        deadline = time.monotonic() + self.report_timeout
+        budget = self.report_timeout if timeout is None else timeout
+        deadline = time.monotonic() + budget
 
         def send() -> recover_pb2.Status:
             timeout = max(_MIN_CALL_TIMEOUT, min(self.call_timeout, deadline - time.monotonic()))
@@ -327,7 +330,7 @@ class DLRecoverManager:
             if time.monotonic() + delay + _MIN_CALL_TIMEOUT >= deadline:
                 logger.error(
                     "%s still answered %d (%s) after %d attempt(s); giving up within its %.1fs deadline",
-                    method, code, status.info, attempts, self.report_timeout,
+                    method, code, status.info, attempts, budget,
                 )
                 return code
             logger.warning("%s answered %d (%s); re-sending in %.2fs", method, code, status.info, delay)
@@ -408,8 +411,12 @@ class DLRecoverManager:
             ),
         )
 
-    def report_finished(self, exit_code: int, message: str = "") -> int:
-        """Tell the controller every local rank has ended (taskd's own AgentReport service)."""
+    def report_finished(self, exit_code: int, message: str = "", timeout: float | None = None) -> int:
+        """Tell the controller every local rank has ended (taskd's own AgentReport service).
+
+        `timeout` bounds the whole call (default `report_timeout`): an agent leaving a controller
+        it already lost should not wait long for it.
+        """
         return self._report(
             "ReportFinished",
             lambda: taskd_pb2.FinishRequest(
@@ -419,6 +426,7 @@ class DLRecoverManager:
                 message=str(message or ""),
             ),
             agent_service=True,
+            timeout=timeout,
         )
 
     # -- signals ----------------------------------------------------------------------------
