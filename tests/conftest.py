@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import subprocess
 from collections.abc import Iterator
 
 import pytest
+from support import STARTED
 
 
 @pytest.fixture
@@ -15,3 +17,17 @@ def taskd_logging() -> Iterator[None]:
     saved = (logger.handlers[:], logger.level, logger.propagate)
     yield
     logger.handlers[:], logger.level, logger.propagate = saved
+
+
+@pytest.fixture(autouse=True)
+def no_process_outlives_its_test() -> Iterator[None]:
+    """A test that fails before its own cleanup must not leave a `taskd run` behind (one did, for an hour)."""
+    yield
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass

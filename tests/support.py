@@ -10,6 +10,10 @@ import psutil
 
 WAIT = 20.0  # generous: the suite must pass on a loaded 2-core machine
 
+# Processes a test started that must not outlive it even when it fails half-way (conftest.py kills
+# whatever is still running here after each test).
+STARTED: list = []
+
 
 def wait_for(pred: Callable[[], object], timeout: float = WAIT, what: str = "condition",
              interval: float = 0.02) -> object:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import free_port, leftovers, port_open, ranks_of, wait_for
+from support import STARTED, free_port, leftovers, port_open, ranks_of, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "train_resumable.py"
@@ -24,8 +24,10 @@ def taskd_run(args: list[str], log: Path, env: dict[str, str] | None = None) -> 
     full_env = {**os.environ, **(env or {})}
     full_env.pop("MINDX_SERVER_IP", None)
     full_env.pop("MINDX_TASK_ID", None)
-    return subprocess.Popen([sys.executable, "-m", "taskd.run", "--monitor-interval", "0.2", *args],
+    proc = subprocess.Popen([sys.executable, "-m", "taskd.run", "--monitor-interval", "0.2", *args],
                             stdout=log.open("wb"), stderr=subprocess.STDOUT, env=full_env, cwd=ROOT)
+    STARTED.append(proc)
+    return proc
 
 
 
@@ -176,6 +178,7 @@ def taskd_server(tmp: Path) -> Iterator[int]:
     server = subprocess.Popen([sys.executable, "-m", "taskd", "server", "--listen", f"127.0.0.1:{port}",
                                "--state", ":memory:"], stdout=(tmp / "server.log").open("wb"),
                               stderr=subprocess.STDOUT, cwd=ROOT)
+    STARTED.append(server)
     try:
         wait_for(lambda: port_open(port), 30, "taskd server to listen")
         yield port
