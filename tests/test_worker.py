@@ -72,6 +72,14 @@ def test_non_integer_rank_is_skipped_with_a_warning(no_launcher, monkeypatch, ca
     assert "RANK='two'" in caplog.text
 
 
+def stop_rank(rank: subprocess.Popen, hb: HeartbeatFile) -> None:
+    """A test's cleanup, also when it failed half-way: no rank left running, the agent's mapping released."""
+    if rank.poll() is None:
+        rank.kill()
+        rank.wait(TIMEOUT)
+    hb.close()
+
+
 def run_rank(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=clean_env(**env), text=True,
                           capture_output=True, timeout=TIMEOUT)
@@ -158,10 +166,7 @@ def test_section_recorded_and_cleared(tmp_path):
         rank.stdin.flush()
         assert rank.wait(TIMEOUT) == 0
     finally:
-        if rank.poll() is None:
-            rank.kill()
-            rank.wait(TIMEOUT)
-        hb.close()
+        stop_rank(rank, hb)
 
 
 SAVER = """
@@ -201,10 +206,7 @@ def test_save_request_round_trip(tmp_path):
         (tmp_path / "stop").write_text("")
         assert rank.wait(TIMEOUT) == 0
     finally:
-        if rank.poll() is None:
-            rank.kill()
-            rank.wait(TIMEOUT)
-        hb.close()
+        stop_rank(rank, hb)
 
 
 def test_save_request_without_callback_is_acknowledged_as_failed(tmp_path):
@@ -234,10 +236,7 @@ def test_stack_dump_signal_writes_python_stacks(tmp_path):
         _, err = rank.communicate(timeout=TIMEOUT)
         assert "stuck_here" in err
     finally:
-        if rank.poll() is None:
-            rank.kill()
-            rank.wait(TIMEOUT)
-        hb.close()
+        stop_rank(rank, hb)
 
 
 def test_heartbeat_dir_for_ranks_of_another_launcher(tmp_path):
