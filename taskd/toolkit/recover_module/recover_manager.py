@@ -173,9 +173,8 @@ class DLRecoverManager:
         self._report_stub: taskd_pb2_grpc.AgentReportStub | None = None
         self._handlers: dict[str, SignalHandler] = {}
         self._stopped = threading.Event()
-        self._subscribing = False
         self._call: Any = None  # the open SubscribeProcessManageSignal call (grpc.aio, loop thread only)
-        self._loop: asyncio.AbstractEventLoop | None = None  # start_subscribe's loop while it runs
+        self._loop: asyncio.AbstractEventLoop | None = None  # start_subscribe's loop; set exactly while it runs
         self._wake: asyncio.Event | None = None  # set by stop() through the loop
         self._registered_with: recover_pb2.ClientInfo | None = None
         self._last_activity = 0.0  # monotonic; what the liveness watchdog compares against
@@ -227,10 +226,12 @@ class DLRecoverManager:
 
     # -- job set-up ---------------------------------------------------------------------------
 
-    def register(self, request: recover_pb2.ClientInfo | None = None) -> recover_pb2.Status:
+    def register(
+        self, request: recover_pb2.ClientInfo | None = None, *, timeout: float | None = None
+    ) -> recover_pb2.Status:
         """Register this agent (default: `self.info`); the request is reused on every re-register."""
         request = request if request is not None else self.info
-        status = self._unary("Register", request)
+        status = self._unary("Register", request, timeout=timeout)
         if status.code == Code.OK:
             self._registered_with = request
             logger.info("registered job %s node %d with %s", request.jobId, request.nodeRank, self.server_addr)
@@ -285,12 +286,7 @@ class DLRecoverManager:
         if code in (Code.JOB_NOT_EXIST, Code.NOT_INITIALISED):
             status = self._unary("Init", self.info, timeout=timeout)
             logger.info("re-init of job %s answered %d %s", self.info.jobId, status.code, status.info)
-        request = self._registered_with or self.info
-        status = self._unary("Register", request, timeout=timeout)
-        if status.code == Code.OK:
-            self._registered_with = request
-        else:
-            logger.warning("re-register of job %s answered %d: %s", request.jobId, status.code, status.info)
+        self.register(self._registered_with or self.info, timeout=timeout)
 
     def _report(self, method: str, build: Callable[[], Any], *, agent_service: bool = False,
                 timeout: float | None = None) -> int:
@@ -635,12 +631,11 @@ class DLRecoverManager:
         and named in the subscription's log lines, so a mixed-framework cluster can be told apart there.
         """
         with self._lock:
-            if self._subscribing:
+            if self._loop is not None:
                 raise RuntimeError("start_subscribe is already running for this manager")
             if self._stopped.is_set():
                 logger.info("start_subscribe called after stop(); not subscribing")
                 return
-            self._subscribing = True
             loop = asyncio.new_event_loop()
             self._loop = loop
             self._wake = asyncio.Event()
@@ -651,8 +646,6 @@ class DLRecoverManager:
         finally:
             with self._lock:
                 self._loop = None
-                self._subscribing = False
-                self._call = None
             try:
                 loop.run_until_complete(loop.shutdown_asyncgens())
             finally:
