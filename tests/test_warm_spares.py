@@ -105,3 +105,18 @@ def test_no_spares_for_other_executables(tmp_path: Path) -> None:
     with LocalLauncher(spec) as la:
         la.start_all_worker()
         assert la._spares.pids() == [], "only `python -u script.py` entrypoints get spares"
+
+
+def test_spare_that_died_idle_is_reaped_and_replaced(launcher, tmp_path: Path) -> None:
+    la = launcher("sleep")
+    assert la.start_all_worker() == 0
+    dead = la._spares.pids()[0]
+    os.kill(dead, signal.SIGKILL)
+    os.kill(la.pid(1), signal.SIGKILL)
+    wait_for(lambda: la.monitor([1])[1]["status"] == STATUS_FAILED, what="rank 1 seen dead")
+    wait_for(lambda: psutil.Process(dead).status() == psutil.STATUS_ZOMBIE, what="the spare to die")
+    assert la.start_worker_list([1]) == 0
+    assert la.pid(1) != dead, "a dead spare never becomes a rank"
+    assert _record(tmp_path, 1, 1)["pid"] == la.pid(1)
+    assert not psutil.pid_exists(dead), "the dead spare is reaped, not left a zombie"
+    assert la._spares.pids() and dead not in la._spares.pids(), "the pool is refilled"

@@ -74,17 +74,17 @@ class SparePool:
         while self._idle:
             popen = self._idle.pop(0)
             if has_exited(popen.pid):
-                popen.wait()
+                _dispose(popen)
                 continue
             message = json.dumps({"argv": list(argv[2:]), "env": dict(env), "cwd": cwd}).encode() + b"\n"
             try:
                 assert popen.stdin is not None
                 popen.stdin.write(message)
                 popen.stdin.close()
-            except (BrokenPipeError, OSError) as exc:
+            except OSError as exc:
                 log.debug("warm spare %d unusable: %s", popen.pid, exc)
                 kill_group(popen.pid)
-                popen.wait()
+                _dispose(popen)
                 continue
             return popen
         return None
@@ -93,18 +93,25 @@ class SparePool:
         for popen in self._idle:
             kill_group(popen.pid)
         for popen in self._idle:
-            try:
-                popen.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                log.warning("warm spare %d did not die", popen.pid)
-            if popen.stdout is not None:
-                popen.stdout.close()
-            if popen.stdin is not None and not popen.stdin.closed:
-                popen.stdin.close()
+            _dispose(popen)
         self._idle.clear()
 
     def pids(self) -> list[int]:
         return [p.pid for p in self._idle]
+
+
+def _dispose(popen: subprocess.Popen[bytes]) -> None:
+    """Reap a spare that died or was SIGKILLed (waiting at most 5 s: never hang a restart) and close its pipes."""
+    try:
+        popen.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        log.warning("warm spare %d did not die within 5 s of SIGKILL", popen.pid)
+    for stream in (popen.stdin, popen.stdout):
+        if stream is not None:
+            try:
+                stream.close()
+            except OSError:  # stdin's flush into a dead spare
+                pass
 
 
 __all__ = ["SPARE_CODE", "SparePool", "python_script"]
