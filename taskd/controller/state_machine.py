@@ -969,7 +969,7 @@ def on_fault_running(m: JobMachine, ev: FaultReported, now: float, out: Outcome)
         # Nodes whose ranks all ended 0 have left: a restarted rank would wait for them in its first
         # collective forever. Failing now beats a stop timeout followed by a recovery that hangs.
         ranks = ", ".join(map(str, sorted(faults)))
-        done = ", ".join(str(n) for n, a in sorted(m.agents.items()) if a.finished and a.exit_code == 0)
+        done = ", ".join(str(n) for n, a in sorted(m.agents.items()) if a.finished_ok)
         return m._fail(f"rank(s) {ranks} failed after node(s) {done} had finished: no recovery without them", now, out)
     return m._open_round(faults, now, out)
 
