@@ -429,6 +429,8 @@ class LocalLauncher:
         apart after re-parenting and is killed when any rank ends. Caller holds the lock.
         """
         orphans = find_orphans(self._held_pids(), self._own_sid, self._since)
+        if not orphans:  # the usual case on a rank's exit path: one small read, nothing more
+            return orphans
         running = [inc for incs in self._incarnations.values() for inc in incs if inc.running]
         sids = {inc.pid for inc in running}
         heartbeats = {self.heartbeat_path(inc.local_rank) for inc in running}
