@@ -20,6 +20,8 @@ from typing import Any
 
 import psutil
 
+from taskd.launcher.spec import free_port  # noqa: F401 (re-exported for the scripts)
+
 BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
 RESULTS = BENCH_DIR / "results"
@@ -122,6 +124,7 @@ def header(name: str, args: Any) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- processes
 
 def wait_for(cond: Callable[[], Any], timeout: float, what: str, interval: float = 0.005) -> Any:
+    """Poll until cond() is truthy and return its value; TimeoutError naming `what` after `timeout` s."""
     deadline = time.monotonic() + timeout
     while True:
         value = cond()
@@ -130,12 +133,6 @@ def wait_for(cond: Callable[[], Any], timeout: float, what: str, interval: float
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def bench_env(**extra: str) -> dict[str, str]:
@@ -233,6 +230,23 @@ def ranks_alive(records: list[dict[str, Any]], ranks: Iterable[int], after: floa
     for rec in records:
         if rec.get("event") == "start" and rec["rank"] in wanted and rec["t"] >= after and rec["rank"] not in found:
             found[rec["rank"]] = rec
+    return found
+
+
+def rank_pids(agent_pid: int) -> dict[int, int]:
+    """{global rank: pid} of the live Python rank processes under an agent (found by their RANK variable)."""
+    found: dict[int, int] = {}
+    try:
+        children = psutil.Process(agent_pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return found
+    for child in children:
+        try:
+            env = child.environ()
+            if "RANK" in env and child.status() != psutil.STATUS_ZOMBIE and "python" in child.name():
+                found[int(env["RANK"])] = child.pid
+        except psutil.Error:
+            continue
     return found
 
 

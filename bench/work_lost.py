@@ -23,28 +23,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-from common import ROOT, bench_env, header, stats, table, wait_for, write_result
+from common import ROOT, bench_env, header, rank_pids, stats, table, wait_for, write_result
 
 EXAMPLE = ROOT / "examples" / "train_resumable.py"
 NPROC = 4
 VICTIM = 1
-
-
-def rank_pids(agent_pid: int) -> dict[int, int]:
-    found: dict[int, int] = {}
-    try:
-        children = psutil.Process(agent_pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return found
-    for child in children:
-        try:
-            env = child.environ()
-            if "RANK" in env and child.status() != psutil.STATUS_ZOMBIE and "python" in child.name():
-                found[int(env["RANK"])] = child.pid
-        except psutil.Error:
-            continue
-    return found
 
 
 def one_run(k: int, strategy: str, steps: int, step_sleep: float, work: Path, seed: int) -> dict[str, Any]:

@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
+import importlib.util
 import socket
-import time
 from collections.abc import Callable
+from pathlib import Path
 
 import psutil
+
+from taskd.launcher.spec import free_port  # noqa: F401 (re-exported for the tests)
+
+
+def _load_bench_common():  # noqa: ANN202 (a module)
+    """bench/common.py, by path: bench/ is a directory of scripts, not a package the tests can import."""
+    path = Path(__file__).resolve().parent.parent / "bench" / "common.py"
+    spec = importlib.util.spec_from_file_location("bench_common", path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_bench = _load_bench_common()
+ranks_of = _bench.rank_pids  # {global rank: pid} of the live rank processes under an agent
 
 WAIT = 20.0  # generous: the suite must pass on a loaded 2-core machine
 
@@ -17,15 +34,14 @@ STARTED: list = []
 
 def wait_for(pred: Callable[[], object], timeout: float = WAIT, what: str = "condition",
              interval: float = 0.02) -> object:
-    """Poll until pred() is truthy and return its value; fail naming `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
+    """Poll until pred() is truthy and return its value; fail naming `what` after `timeout` seconds.
+
+    The benchmarks' loop with the tests' defaults; its TimeoutError becomes a test failure (AssertionError).
+    """
+    try:
+        return _bench.wait_for(pred, timeout, what, interval)
+    except TimeoutError as exc:
+        raise AssertionError(str(exc)) from None
 
 
 wait_until = wait_for
@@ -46,12 +62,6 @@ def written(path, timeout: float = WAIT) -> str:  # noqa: ANN001 (a Path)
     return str(wait_for(text, timeout, f"{path} to be written"))
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
 def leftovers(marker: str) -> list[int]:
     """Live (non-zombie) processes whose command line mentions `marker`."""
     out = []
@@ -70,20 +80,3 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
         return True
     except OSError:
         return False
-
-
-def ranks_of(agent_pid: int) -> dict[int, int]:
-    """{global rank: pid} of the live Python rank processes under an agent (found by their RANK variable)."""
-    found = {}
-    try:
-        children = psutil.Process(agent_pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return found
-    for child in children:
-        try:
-            env = child.environ()
-            if "RANK" in env and child.status() != psutil.STATUS_ZOMBIE and "python" in child.name():
-                found[int(env["RANK"])] = child.pid
-        except psutil.Error:
-            continue
-    return found

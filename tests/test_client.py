@@ -11,14 +11,13 @@ import collections
 import itertools
 import logging
 import queue
-import socket
 import threading
 import time
 from concurrent import futures
 
 import grpc
 import pytest
-from support import wait_until
+from support import free_port, wait_until
 
 from taskd.proto import recover_pb2, recover_pb2_grpc, taskd_pb2_grpc
 from taskd.toolkit.recover_module import recover_manager as rm
@@ -226,12 +225,6 @@ def subscribe():
     yield start
     for sub in subs:
         sub.stop()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # -- pure helpers ----------------------------------------------------------------------------------
