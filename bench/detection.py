@@ -173,7 +173,7 @@ def run_floor(kills: int) -> dict[str, Any]:
             sel.select(10)
             lat.append(time.time() - t_kill)
         os.close(fd)
-        proc.wait()
+        proc.wait(10)  # SIGKILLed above: reaped at once
         proc.stdout.close()
     return {"pidfd_ms": stats(lat, 1e3)}
 
