@@ -61,7 +61,7 @@ class Rank:
     global_rank: int
     pid: int | None = None
     pgid: int | None = None
-    create_time: float | None = None
+    proc: psutil.Process | None = None  # pinned by (pid, start time): tells a reused pid from ours
     state: str = NOT_STARTED
     returncode: int | None = None
 
@@ -93,7 +93,6 @@ class Supervisor:
         self._heartbeat_dir: str | None = None
         self._seen_signals: set[tuple[str, str]] = set()
         self._starts: dict[int, int] = {}
-        self._procs: dict[int, psutil.Process] = {}
         self._sweeps = 0
 
     # ----------------------------------------------------------------- lifecycle
@@ -334,16 +333,21 @@ class Supervisor:
         self._stop_ranks([r for r in self.ranks.values() if r.state in (RUNNING, STOPPING)], graceful=True)
 
     # ----------------------------------------------------------------- rank exits
-    def _exit_status(self, rank: Rank) -> tuple[int | None, int | None]:
-        """(MONITOR status, raw returncode) of an exited rank; MONITOR can lag the pidfd a little."""
+    def _exit_status(self, rank: Rank, entry: dict[str, Any] | None = None) -> tuple[int | None, int | None]:
+        """(MONITOR status, raw returncode) of an exited rank; MONITOR can lag the pidfd a little.
+
+        `entry` is a MONITOR answer the caller already holds: asked again only if it still says running.
+        """
         deadline = time.monotonic() + 1.0
         while True:
-            entry = (self.cb["MONITOR"]([rank.local_rank]) or {}).get(rank.local_rank, {})
+            if entry is None:
+                entry = (self.cb["MONITOR"]([rank.local_rank]) or {}).get(rank.local_rank, {})
             status = entry.get("status", MONITOR_GONE)
             if entry.get("pid") not in (None, rank.pid):
                 status = MONITOR_GONE  # a newer incarnation: ours is gone
             if status is not MONITOR_RUNNING or time.monotonic() > deadline:
                 break
+            entry = None
             time.sleep(0.001)
         if status is MONITOR_RUNNING:
             status = MONITOR_GONE
@@ -357,14 +361,15 @@ class Supervisor:
             returncode = 0 if status == 0 else None
         return status, returncode
 
-    def _on_exit(self, local_rank: int, pid: int, returncode: int | None = None) -> None:
+    def _on_exit(self, local_rank: int, pid: int, returncode: int | None = None,
+                 entry: dict[str, Any] | None = None) -> None:
         rank = self.ranks.get(local_rank)
         if rank is None or rank.pid != pid or rank.state not in (RUNNING, STOPPING):
             return
         if returncode is not None:  # read from the pidfd: no need to ask the launcher first
             status = 0 if returncode == 0 else MONITOR_GONE
         else:
-            status, returncode = self._exit_status(rank)
+            status, returncode = self._exit_status(rank, entry)
         rank.returncode = returncode
         if rank.state == STOPPING:
             rank.state = STOPPED
@@ -447,7 +452,7 @@ class Supervisor:
                 gone = self._process_gone(rank)
             if gone:
                 self._watch.unwatch(rank.local_rank, rank.pid)
-                self._on_exit(rank.local_rank, rank.pid)
+                self._on_exit(rank.local_rank, rank.pid, entry=entry)
             elif not self._done:
                 self._check_hang(rank)
 
@@ -459,15 +464,9 @@ class Supervisor:
         """
         if self._sweeps % 5:
             return False
-        proc = self._procs.get(rank.local_rank)
-        try:
-            if proc is None or proc.pid != rank.pid:
-                proc = self._procs[rank.local_rank] = psutil.Process(rank.pid)
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                return True
-            if rank.create_time is not None:
-                return abs(psutil.Process(rank.pid).create_time() - rank.create_time) > 0.01
-            return False
+        proc = rank.proc
+        try:  # is_running() is False for a pid that is gone or now names another process
+            return proc is None or not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:
             return True
 
@@ -567,11 +566,11 @@ class Supervisor:
             pgid = process_group(pid)
             rank.pgid = pid if pgid in (None, os.getpgrp()) else pgid  # a child that died before its setsid
             try:
-                rank.create_time = psutil.Process(pid).create_time()
+                rank.proc = psutil.Process(pid)
             except psutil.NoSuchProcess:
-                rank.create_time = None
+                rank.proc = None
             if not self._watch.watch(local_rank, pid) or entry.get("status") is not MONITOR_RUNNING:
-                self._on_exit(local_rank, pid)
+                self._on_exit(local_rank, pid, entry=entry)
 
     def _reset_heartbeats(self, local_ranks: list[int]) -> None:
         """A fresh incarnation must not inherit its predecessor's last heartbeat (our launcher does this itself)."""
@@ -651,10 +650,9 @@ class Supervisor:
             survivors = wait_groups_gone(pgids, max(self.config.stop_grace, 1.0))
             if survivors:
                 stop_groups(survivors, 0.0, first_signal=signal.SIGKILL)
-        for rank in live:
+        for rank in live:  # a stopped rank's exit status is never read: no MONITOR round per rank
             self._watch.unwatch(rank.local_rank, rank.pid)
             if rank.state == STOPPING:
-                _, rank.returncode = self._exit_status(rank)
                 rank.state = STOPPED
 
     def _ensure_all_gone(self) -> None:
