@@ -37,6 +37,7 @@ def test_start_without_callbacks_names_the_missing_ones() -> None:
         plugin.start()
     assert "KILL_WORKER" in str(err.value) and "START_ALL_WORKER" in str(err.value)
     assert "MONITOR" not in str(err.value)
+    assert "before start()" in str(err.value)  # says what to do
 
 
 def test_config_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -55,6 +56,9 @@ def test_config_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     ("TASKD_STRATEGIES", "recover,teleport", "teleport"),
     ("TASKD_MAX_RESTARTS", "many", "TASKD_MAX_RESTARTS"),
     ("TASKD_MONITOR_INTERVAL", "-1", "monitor_interval"),
+    ("TASKD_MONITOR_INTERVAL", "-1", "TASKD_MONITOR_INTERVAL"),  # a bad value names the variable to fix
+    ("TASKD_MAX_RESTARTS", "-1", r"TASKD_MAX_RESTARTS\) must be >= 0"),
+    ("TASKD_NNODES", "0", r"TASKD_NNODES\) must be >= 1"),
 ])
 def test_bad_configuration_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, var: str, value: str,
                                             needle: str) -> None:

@@ -37,6 +37,24 @@ def _env_float(name: str, default: float | None) -> float | None:
         raise ValueError(f"{name}={raw!r} is not a number") from None
 
 
+# Where from_env reads each setting: a bad value's error names the variable to fix.
+ENV_NAMES = {
+    "node_rank": "TASKD_NODE_RANK", "node_count": "TASKD_NNODES", "ranks_per_node": "TASKD_NPROC_PER_NODE",
+    "max_restarts": "TASKD_MAX_RESTARTS", "monitor_interval": "TASKD_MONITOR_INTERVAL",
+    "heartbeat_timeout": "TASKD_HEARTBEAT_TIMEOUT",
+}
+
+
+def _invalid(name: str, value: float, rule: str) -> ValueError:
+    """`max_restarts (TASKD_MAX_RESTARTS) must be >= 0, not -1`: names the variable when it set the value."""
+    env = ENV_NAMES.get(name, "")
+    try:
+        from_env = float(os.environ.get(env, "").strip()) == value
+    except ValueError:
+        from_env = False
+    return ValueError(f"{name}{f' ({env})' if from_env else ''} must be {rule}, not {value}")
+
+
 @dataclass
 class AgentConfig:
     """Everything the agent needs to know; `None` means "derive it at start()"."""
@@ -89,15 +107,15 @@ class AgentConfig:
         if self.launcher not in DEFAULT_STRATEGIES:
             raise ValueError(f"launcher must be one of {sorted(DEFAULT_STRATEGIES)}, not {self.launcher!r}")
         if self.max_restarts < 0:
-            raise ValueError(f"max_restarts must be >= 0, not {self.max_restarts}")
+            raise _invalid("max_restarts", self.max_restarts, ">= 0")
         if self.monitor_interval <= 0:
-            raise ValueError(f"monitor_interval must be > 0, not {self.monitor_interval}")
+            raise _invalid("monitor_interval", self.monitor_interval, "> 0")
         if self.heartbeat_timeout is not None and self.heartbeat_timeout <= 0:
-            raise ValueError(f"heartbeat_timeout must be > 0, not {self.heartbeat_timeout}")
+            raise _invalid("heartbeat_timeout", self.heartbeat_timeout, "> 0")
         for name in ("node_rank", "node_count", "ranks_per_node"):
             value = getattr(self, name)
             if value is not None and value < (0 if name == "node_rank" else 1):
-                raise ValueError(f"{name} must be {'>= 0' if name == 'node_rank' else '>= 1'}, not {value}")
+                raise _invalid(name, value, ">= 0" if name == "node_rank" else ">= 1")
 
     @property
     def offered_strategies(self) -> list[str]:

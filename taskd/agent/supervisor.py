@@ -121,7 +121,8 @@ class Supervisor:
         entries = self.cb["MONITOR"]([-1]) or {}
         count = self.config.ranks_per_node or len(entries)
         if count <= 0:
-            raise RuntimeError("MONITOR([-1]) returned no ranks and ranks_per_node is not set")
+            raise RuntimeError("MONITOR([-1]) returned no ranks and ranks_per_node is not set: "
+                               "set TASKD_NPROC_PER_NODE to the number of ranks this node runs")
         self.config.ranks_per_node = count
         node_ids = [e.get("node_id") for e in entries.values() if isinstance(e.get("node_id"), int)]
         if self.config.node_rank is None:

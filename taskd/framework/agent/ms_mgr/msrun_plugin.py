@@ -40,7 +40,8 @@ class MSRunPlugin:
         """Supervise the job to its end and return what happened (never calls sys.exit)."""
         missing = [name for name in CALLBACKS if name not in self._callbacks]
         if missing:
-            raise RuntimeError(f"register_callbacks() was never called for {', '.join(missing)}")
+            raise RuntimeError(f"register_callbacks() was never called for {', '.join(missing)}: "
+                               "register every launcher callback before start()")
         _ensure_console_logging()
         if self.config.launcher == "msrun" and not self.config.log_dir:
             self.config.log_dir = _msrun_log_dir(sys.argv)
