@@ -478,10 +478,8 @@ class Supervisor:
 
         if self.details is not None and hasattr(self.details, "heartbeat_path"):
             path = self.details.heartbeat_path(rank.local_rank)
-        elif self._heartbeat_dir is not None:
+        elif self._heartbeat_dir is not None:  # a missing file fails read() below: no stat every sweep
             path = os.path.join(self._heartbeat_dir, f"rank_{rank.global_rank}.hb")
-            if not os.path.exists(path):
-                return None, None
         else:
             return None, None
         if not path:
