@@ -57,6 +57,7 @@ def test_config_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     ("TASKD_MAX_RESTARTS", "many", "TASKD_MAX_RESTARTS"),
     ("TASKD_MONITOR_INTERVAL", "-1", "monitor_interval"),
     ("TASKD_MONITOR_INTERVAL", "-1", "TASKD_MONITOR_INTERVAL"),  # a bad value names the variable to fix
+    ("TASKD_MONITOR_INTERVAL", "0", "TASKD_MONITOR_INTERVAL"),  # refused, not silently turned into 1 s
     ("TASKD_MAX_RESTARTS", "-1", r"TASKD_MAX_RESTARTS\) must be >= 0"),
     ("TASKD_NNODES", "0", r"TASKD_NNODES\) must be >= 1"),
 ])

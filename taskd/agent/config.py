@@ -86,7 +86,7 @@ class AgentConfig:
             ranks_per_node=_env_int("TASKD_NPROC_PER_NODE", None),
             strategies=parse_strategies(env.get("TASKD_STRATEGIES", "")),
             max_restarts=_env_int("TASKD_MAX_RESTARTS", 3) or 0,
-            monitor_interval=_env_float("TASKD_MONITOR_INTERVAL", 1.0) or 1.0,
+            monitor_interval=_env_float("TASKD_MONITOR_INTERVAL", 1.0),  # 0 is refused below, not made 1
             stop_grace=_env_float("TASKD_STOP_GRACE", 5.0) or 0.0,
             controller_timeout=_env_float("TASKD_CONTROLLER_TIMEOUT", 30.0) or 0.0,
             heartbeat_timeout=_env_float("TASKD_HEARTBEAT_TIMEOUT", None),
