@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from taskd.controller.state_machine import (
 )
 from taskd.controller.store import Store, default_state_path
 from taskd.controller.testing import ScriptedAgent
+from taskd.launcher.spec import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 ALL = ["retry", "recover", "job-rescheduling", "dump", "exit"]
@@ -33,12 +33,6 @@ ALL = ["retry", "recover", "job-rescheduling", "dump", "exit"]
 
 def ok(status) -> None:  # noqa: ANN001
     assert status.code == 0, f"{status.code}: {status.info}"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def config(path: Path, port: int = 0) -> ControllerConfig:

@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from taskd.controller.testing import ScriptedAgent
+from taskd.launcher.spec import free_port
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve(state: Path, port: int, *flags: str) -> subprocess.Popen:

@@ -24,6 +24,8 @@ import numpy as np
 import psutil
 import pytest
 
+from taskd.launcher.spec import free_port
+
 if importlib.util.find_spec("mindspore") is None:
     pytest.skip("MindSpore is not installed (pip install -e '.[mindspore]'): msrun tests need it",
                 allow_module_level=True)
@@ -40,12 +42,6 @@ DUMMY = REPO / "tests" / "mindspore_scripts" / "dummy_train.py"
 DUMMY_HANG = REPO / "tests" / "mindspore_scripts" / "dummy_hang.py"
 TRAIN_DP = REPO / "examples" / "mindspore" / "train_dp.py"
 FALLBACK_MARK = "process controlled by msrun"  # msrun's warning when it could not hand control over
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def port_is_free(port: int) -> bool:
