@@ -6,6 +6,7 @@ They mirror ClusterD's vocabulary so that a TaskD agent and a taskd controller
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import IntEnum
 
 
@@ -17,6 +18,22 @@ class FaultType:
     NETWORK = "2"
 
     ALL = (RECOVERABLE, PROCESS, NETWORK)
+
+
+FaultRanks = dict[int, str]
+"""Global rank -> `FaultType` value: the one shape fault ranks take in the agent, the client and the
+controller, as on the wire (`FaultRank.rankId`, `FaultRank.faultType`)."""
+
+
+def fault_ranks(ranks: Mapping[int, int | str]) -> FaultRanks:
+    """Normalise TaskD-style `{rank: 0|1|2}` (ints) or wire strings to `FaultRanks`; ValueError on others."""
+    out: FaultRanks = {}
+    for rank, kind in ranks.items():
+        text = str(kind)
+        if isinstance(rank, bool) or not isinstance(rank, int) or text not in FaultType.ALL:
+            raise ValueError(f"fault ({rank!r}: {kind!r}): expected an int rank and a fault type in {FaultType.ALL}")
+        out[rank] = text
+    return out
 
 
 class SignalType:
