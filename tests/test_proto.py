@@ -69,3 +69,16 @@ def test_generated_code_is_current() -> None:
     from taskd.proto import generate
 
     assert generate.stale_files() == [], "run: python -m taskd.proto.generate"
+
+
+def test_semantic_check_catches_a_changed_proto(tmp_path) -> None:
+    """The check that runs with an unpinned grpcio-tools (e.g. beside MindSpore) still sees drift."""
+    pytest.importorskip("grpc_tools", reason="grpcio-tools is in the [test] extra")
+    from taskd.proto import generate
+
+    assert generate.semantically_stale_files() == []
+    for name in generate.PROTO_FILES:
+        (tmp_path / name).write_text((generate.PROTO_DIR / name).read_text())
+    recover = tmp_path / "recover.proto"
+    recover.write_text(recover.read_text().replace("message Status {", "message Status {\n  string extra = 150;", 1))
+    assert generate.semantically_stale_files(tmp_path) == ["recover_pb2.py"]
