@@ -8,11 +8,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-# MONITOR statuses, as msrun reports them.
-STATUS_RUNNING = None
-STATUS_OK = 0
-STATUS_FAILED = 300  # any non-zero exit or a signal
-STATUS_NOT_STARTED = 200
+from taskd.callbacks import STATUS_FAILED, STATUS_NOT_STARTED, STATUS_OK, STATUS_RUNNING  # noqa: F401 (re-exported)
 
 
 def command_for(script: str, args: Sequence[str] = ()) -> list[str]:

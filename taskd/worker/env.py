@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 
 log = logging.getLogger(__name__)
 
@@ -45,16 +46,44 @@ class Var:
     MINDX_TASK_ID = "MINDX_TASK_ID"  # TaskD's job id, when the job runs under MindCluster
 
 
+def env_int(name: str, default: int | None = None, environ: Mapping[str, str] | None = None) -> int | None:
+    """The integer in variable `name` (blank or unset: `default`); ValueError naming the variable otherwise.
+
+    The one parser of integer variables in taskd: a rank reading its launcher's variables and the
+    agent reading its TASKD_* settings both use it, so both report a bad value the same way.
+    """
+    raw = (os.environ if environ is None else environ).get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None
+
+
+def env_float(name: str, default: float | None = None, environ: Mapping[str, str] | None = None) -> float | None:
+    """Like `env_int`, for a number of seconds and the like."""
+    raw = (os.environ if environ is None else environ).get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number") from None
+
+
 def _int_env(*names: str, default: int) -> int:
+    """The first of `names` that holds an integer; a bad value is warned about and skipped."""
     for name in names:
-        value = os.environ.get(name)
-        if value is None or value.strip() == "":
-            continue
         try:
-            return int(value)
+            value = env_int(name)
         except ValueError:
             # not silent: a rank that quietly became rank 0 would share rank 0's checkpoints
-            log.warning("ignoring %s=%r: not an integer; check the launcher's environment", name, value)
+            log.warning("ignoring %s=%r: not an integer; check the launcher's environment", name,
+                        os.environ.get(name))
+            continue
+        if value is not None:
+            return value
     return default
 
 
