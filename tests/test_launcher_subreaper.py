@@ -19,7 +19,7 @@ import pytest
 from support import wait_for, written
 
 from taskd.launcher import STATUS_FAILED, LocalLauncher, WorkerSpec, command_for
-from taskd.launcher import process as launcher_process
+from taskd.process import subreaper as launcher_process
 
 # Escapee: leaves the rank's session, writes its pid, then sleeps, or exits once ESC_GO exists.
 # ESC_TERM=ignore: it ignores SIGTERM; =record: it notes a SIGTERM in <path>.term and exits.
@@ -309,7 +309,7 @@ def test_without_prctl_the_launcher_carries_on(monkeypatch, tmp_path: Path, capl
     monkeypatch.setattr(launcher_process, "_prctl", None)  # as on a platform without prctl
     monkeypatch.setattr(launcher_process, "_subreaper_unavailable_logged", False)
     spec = WorkerSpec([sys.executable, "-c", "import sys; sys.exit(5)"], nproc_per_node=1)
-    with caplog.at_level(logging.DEBUG, logger="taskd.launcher"):
+    with caplog.at_level(logging.DEBUG, logger="taskd.process"):
         with LocalLauncher(spec) as launcher, LocalLauncher(spec):
             launcher.start_all_worker()
             wait_for(lambda: launcher.returncode(0) is not None, what="rank to exit")

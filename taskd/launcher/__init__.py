@@ -7,7 +7,6 @@
 """
 
 from taskd.launcher.local import Incarnation, LocalLauncher
-from taskd.launcher.process import describe_returncode, exit_code_of, set_child_subreaper
 from taskd.launcher.spec import (
     STATUS_FAILED,
     STATUS_NOT_STARTED,
@@ -17,6 +16,7 @@ from taskd.launcher.spec import (
     command_for,
     free_port,
 )
+from taskd.process import describe_returncode, exit_code_of, set_child_subreaper
 
 __all__ = [
     "STATUS_FAILED",

@@ -28,67 +28,25 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-
-import psutil
 
 from taskd.launcher.env import rank_env
+from taskd.launcher.incarnation import SPAWN_FAILED_CODE, Incarnation
+from taskd.launcher.orphans import OrphanKeeper
 from taskd.launcher.output import OutputPump, RankLog, RankOutput
-from taskd.launcher.process import (
-    Orphan,
-    acquire_subreaper,
-    describe_returncode,
-    escaped_descendants,
-    find_orphans,
-    has_exited,
-    kill_group,
-    reap_orphan,
-    release_subreaper,
-    signal_tree,
-    spawn,
-    wait_exit,
-)
 from taskd.launcher.spares import SparePool, python_script
-from taskd.launcher.spec import (
-    STATUS_FAILED,
-    STATUS_NOT_STARTED,
-    STATUS_OK,
-    WorkerSpec,
-    free_port,
-)
+from taskd.launcher.spec import STATUS_NOT_STARTED, WorkerSpec, free_port
+from taskd.process.exitcodes import describe_returncode
+from taskd.process.spawn import has_exited, kill_group, spawn, wait_exit
+from taskd.process.subreaper import escaped_descendants, send_signal
 from taskd.worker.env import Var
 from taskd.worker.heartbeat_file import HeartbeatFile
 
 log = logging.getLogger(__name__)
 
-SPAWN_FAILED_CODE = 127  # returncode reported for a rank whose process could not be started
 _KEEP_TAILS = 8  # incarnations whose output tail is kept per rank
 ORPHAN_TICK = 5.0  # seconds between looks for orphans that exited by themselves (a look costs an idle agent ~0.3 ms)
-_CREATE_TIME_SLACK = 2.0  # psutil's create_time is only as exact as the boot time (whole seconds)
 
-
-@dataclass
-class Incarnation:
-    """One start of one rank."""
-
-    local_rank: int
-    global_rank: int
-    restart: int  # how many times the rank was started before this one
-    popen: subprocess.Popen[bytes] | None
-    output: RankOutput
-    started_at: float = field(default_factory=time.time)
-    returncode: int | None = None
-    ended_at: float | None = None
-    error: str | None = None  # why it could not be started
-    killed: bool = False  # SIGKILL sent to its group by KILL_WORKER
-
-    @property
-    def pid(self) -> int | None:
-        return self.popen.pid if self.popen is not None else None
-
-    @property
-    def running(self) -> bool:
-        return self.popen is not None and self.returncode is None
+__all__ = ["SPAWN_FAILED_CODE", "Incarnation", "LocalLauncher", "ORPHAN_TICK"]
 
 
 class LocalLauncher:
@@ -117,13 +75,13 @@ class LocalLauncher:
         self._closed = False
         self._incarnations: dict[int, list[Incarnation]] = {r: [] for r in range(spec.nproc_per_node)}
         self._logs: dict[int, RankLog] = {}
-        self._subreaper = False
-        self._own_sid = os.getsid(0)
-        self._since = time.time() - _CREATE_TIME_SLACK  # nothing older can descend from our ranks
         self._pump = OutputPump(tick=self._reap_exited_orphans if subreaper else None, tick_interval=orphan_tick)
         spares = spec.warm_spares if python_script(spec.entrypoint) else 0
         self._spares = SparePool(spares, rank_env(self.spec, 0, 0, None), spec.cwd)
-        self._subreaper = subreaper and acquire_subreaper()  # last: close() releases it
+        self._orphans = OrphanKeeper(self._lock, self._held_pids, self._running_marks, self._pump.add_exit_watch,
+                                     Var.TASKD_HEARTBEAT_FILE)
+        if subreaper:
+            self._orphans.acquire()  # last: close() releases it
 
     # -- msrun callbacks ---------------------------------------------------------------------
     def callbacks(self) -> dict[str, Callable[..., object]]:
@@ -223,7 +181,7 @@ class LocalLauncher:
                     self._reap(inc)
                 result[rank] = {
                     "pid": inc.pid,
-                    "status": _status(inc),
+                    "status": inc.status,
                     "global_rank": global_rank,
                     "local_rank": rank,
                     "node_id": self.spec.node_rank,
@@ -286,21 +244,20 @@ class LocalLauncher:
             self._closed = True
             live = [inc for incs in self._incarnations.values() for inc in incs if inc.running]
             # Escapees of live ranks get the SIGTERM and grace too; they become orphans as their ranks die.
+            orphans = self._orphans
             escaped = [p for inc in live if inc.pid is not None for p in escaped_descendants(inc.pid)] \
-                if self._subreaper else []
+                if orphans.active else []
             for inc in live:
                 kill_group(inc.pid, signal.SIGTERM)  # type: ignore[arg-type]
             for proc in escaped:
-                _send(proc, signal.SIGTERM)
-            if self._subreaper:
-                self._sweep_orphans(signal.SIGTERM, everyone=True)
+                send_signal(proc, signal.SIGTERM)
+            if orphans.active:
+                orphans.sweep(signal.SIGTERM, everyone=True)
             deadline = time.monotonic() + max(0.0, grace)
             for inc in live:
                 self._wait_reaped(inc, timeout=max(0.0, deadline - time.monotonic()))
-            if self._subreaper:  # orphans now include the escapees of the ranks that just died
-                for orphan in self._sweep_orphans(None):
-                    if not orphan.zombie:
-                        wait_exit(orphan.pid, max(0.0, deadline - time.monotonic()))
+            if orphans.active:  # orphans now include the escapees of the ranks that just died
+                orphans.wait_gone(orphans.sweep(None), deadline)
             for inc in live:
                 if inc.running:
                     log.info("rank %d (pid %d) did not stop within %.1fs: SIGKILL", inc.global_rank, inc.pid, grace)
@@ -308,11 +265,10 @@ class LocalLauncher:
             for inc in live:
                 self._wait_reaped(inc, timeout=10.0)
         self._spares.close()
-        if self._subreaper:
+        if self._orphans.active:
             with self._lock:
-                self._kill_all_orphans(timeout=10.0)
-            release_subreaper()
-            self._subreaper = False
+                self._orphans.kill_all(timeout=10.0)
+            self._orphans.release()
         self._pump.close()
         for rank_log in self._logs.values():
             rank_log.close()
@@ -360,14 +316,14 @@ class LocalLauncher:
             inc = Incarnation(rank, global_rank, restart, None, output, returncode=SPAWN_FAILED_CODE,
                               ended_at=time.time(), error=f"{type(exc).__name__}: {exc}")
             self._append(inc)
-            rank_log.write(_header(inc).encode())
+            rank_log.write(inc.header().encode())
             output.note(f"taskd: cannot start rank {global_rank}: {inc.error}")
             output.finish()
             log.error("cannot start rank %d: %s", global_rank, inc.error)
             return False
         inc = Incarnation(rank, global_rank, restart, popen, output)
         self._append(inc)
-        rank_log.write(_header(inc).encode())
+        rank_log.write(inc.header().encode())
         assert popen.stdout is not None
         self._pump.add_stream(popen.stdout, output)
         self._pump.add_exit_watch(popen.pid, lambda: self._on_process_exit(inc))
@@ -408,98 +364,35 @@ class LocalLauncher:
         inc.returncode = inc.popen.wait()
         inc.ended_at = time.time()
         log.info("rank %d (pid %d) %s", inc.global_rank, pid, describe_returncode(inc.returncode))
-        if self._subreaper and not self._closed:  # close() deals with orphans itself, with a grace
-            self._sweep_orphans(signal.SIGKILL)
+        if self._orphans.active and not self._closed:  # close() deals with orphans itself, with a grace
+            self._orphans.sweep(signal.SIGKILL)
         return True
 
-    # -- orphans (subreaper) ----------------------------------------------------------------
+    # -- what the orphan keeper needs (subreaper) -----------------------------------------------
     def _held_pids(self) -> set[int]:
-        """Children we started and still hold un-reaped (ranks, spares): never an orphan, never reaped here."""
+        """Children we started and still hold un-reaped (ranks, spares): never an orphan, never reaped there."""
         held = {inc.popen.pid for incs in self._incarnations.values() for inc in incs
                 if inc.popen is not None and inc.popen.returncode is None}
         held.update(self._spares.pids())
         return held
 
-    def _sweep_orphans(self, sig: int | None, everyone: bool = False) -> list[Orphan]:
-        """Reap orphans that exited; send ``sig`` (None: none) to the live ones and their descendants.
-
-        Unless ``everyone``, an orphan that still belongs to a running rank is spared:
-        it is in that rank's session (it left the group with setpgid) or it inherited
-        that rank's heartbeat file variable. An orphan with no such mark cannot be told
-        apart after re-parenting and is killed when any rank ends. Caller holds the lock.
-        """
-        orphans = find_orphans(self._held_pids(), self._own_sid, self._since)
-        if not orphans:  # the usual case on a rank's exit path: one small read, nothing more
-            return orphans
+    def _running_marks(self) -> tuple[set[int], set[str]]:
+        """Sessions and heartbeat files of the running ranks: an orphan with either still belongs to one."""
         running = [inc for incs in self._incarnations.values() for inc in incs if inc.running]
-        sids = {inc.pid for inc in running}
-        heartbeats = {self.heartbeat_path(inc.local_rank) for inc in running}
-        for orphan in orphans:
-            if orphan.zombie:
-                reap_orphan(orphan)
-                continue
-            if sig is None:
-                continue
-            if not everyone and (orphan.sid in sids or orphan.env(Var.TASKD_HEARTBEAT_FILE) in heartbeats):
-                continue
-            log.info("killing pid %d (%s), left behind by a rank outside its process group",
-                     orphan.pid, signal.Signals(sig).name)
-            signal_tree(orphan, sig)
-            self._pump.add_exit_watch(orphan.pid, lambda o=orphan: self._reap_orphan_locked(o))
-        return orphans
-
-    def _reap_orphan_locked(self, orphan: Orphan) -> None:
-        with self._lock:  # serialised with every other reap, so the pid check in reap_orphan holds
-            reap_orphan(orphan)
+        return {inc.pid for inc in running if inc.pid is not None}, \
+            {self.heartbeat_path(inc.local_rank) for inc in running}
 
     def _reap_exited_orphans(self) -> None:
         """I/O thread tick: reap orphans that died by themselves, so no zombie accumulates."""
         with self._lock:
-            if self._subreaper and not self._closed:
-                self._sweep_orphans(None)
-
-    def _kill_all_orphans(self, timeout: float) -> None:
-        """SIGKILL and reap every orphan, again until none is left (an orphan's children become orphans)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            orphans = self._sweep_orphans(signal.SIGKILL, everyone=True)
-            if not orphans:
-                return
-            if time.monotonic() >= deadline:
-                log.warning("pids %s left behind by ranks did not die within %.0fs",
-                            [o.pid for o in orphans], timeout)
-                return
-            for orphan in orphans:
-                if not orphan.zombie:
-                    wait_exit(orphan.pid, min(1.0, max(0.0, deadline - time.monotonic())))
-                    reap_orphan(orphan)
-            time.sleep(0.005)  # an orphan's children are re-parented to us a moment after it dies
+            if self._orphans.active and not self._closed:
+                self._orphans.sweep(None)
 
     def _wait_reaped(self, inc: Incarnation, timeout: float) -> None:
         """Wait (up to ``timeout``) for a signalled incarnation to end, then reap it."""
         if inc.running:
             wait_exit(inc.pid, timeout)  # type: ignore[arg-type]
             self._reap(inc)
-
-
-def _send(proc: psutil.Process, sig: int) -> None:
-    try:
-        proc.send_signal(sig)  # psutil refuses if the pid now names another process
-    except psutil.Error:
-        pass
-
-
-def _status(inc: Incarnation) -> int | None:
-    if inc.running:
-        return None
-    return STATUS_OK if inc.returncode == 0 else STATUS_FAILED
-
-
-def _header(inc: Incarnation) -> str:
-    when = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(inc.started_at))
-    pid = inc.pid if inc.pid is not None else "-"
-    who = f"rank {inc.global_rank} (local {inc.local_rank})"
-    return f"==== taskd: {who} start #{inc.restart} pid {pid} at {when} ====\n"
 
 
 def _require_list(name: str, value: object) -> None:

@@ -8,15 +8,17 @@ one selector over every pipe (and every rank's pidfd) costs one thread in all.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
-import selectors
 import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from typing import IO
+
+from taskd.process.pidfd import READ, ExitSelector, open_pidfd
 
 log = logging.getLogger(__name__)
 
@@ -99,9 +101,9 @@ class RankOutput:
 
 
 class OutputPump:
-    """The I/O thread: pipes to :class:`RankOutput`, pidfds to exit callbacks.
+    """The I/O thread: pipes to :class:`RankOutput`, pidfds to exit callbacks, over one :class:`ExitSelector`.
 
-    Registration from other threads goes through a queue and a wake-up pipe, so
+    Registration from other threads goes through a queue and the selector's wake-up pipe, so
     the selector is only ever touched by its own thread.
     """
 
@@ -110,9 +112,10 @@ class OutputPump:
         """``tick`` runs in the I/O thread about every ``tick_interval`` seconds (the launcher reaps orphans)."""
         self._tick = tick
         self._tick_interval = max(0.01, tick_interval)
-        self._sel = selectors.DefaultSelector()
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        self._sel = ExitSelector()
+        self._streams: dict[int, tuple[IO[bytes], RankOutput]] = {}  # reader key (fd) -> (pipe, sink)
+        self._exits: dict[object, Callable[[], None]] = {}
+        self._keys = itertools.count()  # exit watches get unique keys: a pidfd's number is reused once closed
         self._pending: list[tuple[str, object, object]] = []
         self._lock = threading.Lock()
         self._stopping = False
@@ -125,8 +128,10 @@ class OutputPump:
     def add_exit_watch(self, pid: int, callback: Callable[[], None]) -> bool:
         """Call ``callback`` (in the I/O thread) as soon as ``pid`` exits; False if pidfds are unavailable."""
         try:
-            pidfd = os.pidfd_open(pid)
-        except (AttributeError, OSError):
+            pidfd = open_pidfd(pid)  # now, while the pid is surely ours: the I/O thread may look later
+        except ProcessLookupError:
+            return False
+        if pidfd is None:
             return False
         self._submit("exit", pidfd, callback)
         return True
@@ -135,22 +140,16 @@ class OutputPump:
         with self._lock:
             if not self._stopping:
                 self._pending.append((kind, obj, data))
-                self._wake()
+                self._sel.wake()
                 return
         _discard(kind, obj, data)
-
-    def _wake(self) -> None:
-        try:
-            os.write(self._wake_w, b"x")
-        except BlockingIOError:  # already awake
-            pass
 
     def close(self, timeout: float = 2.0) -> None:
         """Drain what the (dead) ranks left in their pipes for up to ``timeout``, then stop; idempotent."""
         with self._lock:
             if not self._stopping:
                 self._stopping = True
-                self._wake()
+                self._sel.wake()
         self._thread.join(timeout)
         if self._thread.is_alive():
             log.warning("launcher I/O thread did not stop within %.1fs", timeout)
@@ -172,18 +171,18 @@ class OutputPump:
                 timeout = max(0.0, drain_deadline - _now())
             elif self._tick is not None:
                 timeout = max(0.0, next_tick - _now())
-            for key, _ in self._sel.select(timeout):
-                if key.data is None:
-                    self._take_pending()
-                elif key.data[0] == "stream":
-                    self._read(key)
-                else:
-                    self._sel.unregister(key.fd)
-                    os.close(key.fd)
-                    try:
-                        key.data[1]()
-                    except Exception:
-                        log.exception("exit callback failed")
+            ready = self._sel.select(timeout)
+            self._take_pending()
+            for event in ready:
+                if event.kind == READ:
+                    self._read(event.key)  # type: ignore[arg-type]
+                    continue
+                callback = self._exits.pop(event.key, None)
+                try:
+                    if callback is not None:
+                        callback()
+                except Exception:
+                    log.exception("exit callback failed")
             if self._tick is not None and not self._stopping and _now() >= next_tick:
                 next_tick = _now() + self._tick_interval
                 try:
@@ -193,28 +192,26 @@ class OutputPump:
             if self._stopping:
                 if drain_deadline is None:
                     drain_deadline = _now() + 1.0
-                streams = [k for k in self._sel.get_map().values() if k.data is not None and k.data[0] == "stream"]
-                if not streams or _now() >= drain_deadline:
+                if not self._streams or _now() >= drain_deadline:
                     return
 
     def _take_pending(self) -> None:
-        try:
-            while os.read(self._wake_r, 4096):
-                pass
-        except BlockingIOError:
-            pass
         with self._lock:
             pending, self._pending = self._pending, []
         for kind, obj, data in pending:
             if kind == "stream":
-                self._sel.register(obj, selectors.EVENT_READ, ("stream", obj, data))  # type: ignore[arg-type]
+                fd = obj.fileno()  # type: ignore[attr-defined]
+                self._streams[fd] = (obj, data)  # type: ignore[assignment]
+                self._sel.add_reader(fd, fd)
             else:
-                self._sel.register(obj, selectors.EVENT_READ, ("exit", data))  # type: ignore[arg-type]
+                key = ("exit", next(self._keys))
+                self._exits[key] = data  # type: ignore[assignment]
+                self._sel.add_pidfd(key, obj)  # type: ignore[arg-type]
 
-    def _read(self, key: selectors.SelectorKey) -> None:
-        _, stream, sink = key.data
+    def _read(self, fd: int) -> None:
+        stream, sink = self._streams[fd]
         try:
-            data = os.read(key.fd, 65536)
+            data = os.read(fd, 65536)
         except BlockingIOError:
             return
         except OSError:
@@ -222,26 +219,22 @@ class OutputPump:
         if data:
             sink.feed(data)
             return
-        self._sel.unregister(key.fd)
+        self._sel.remove_reader(fd)
+        del self._streams[fd]
         stream.close()
         sink.finish()
 
     def _teardown(self) -> None:
-        for key in list(self._sel.get_map().values()):
-            if key.data is None:
-                continue
-            self._sel.unregister(key.fd)
-            if key.data[0] == "stream":
-                key.data[1].close()
-                key.data[2].finish()
-            else:
-                os.close(key.fd)
+        for fd, (stream, sink) in list(self._streams.items()):
+            self._sel.remove_reader(fd)
+            stream.close()
+            sink.finish()
+        self._streams.clear()
+        self._exits.clear()
         with self._lock:
             self._stopping = True
             pending, self._pending = self._pending, []
-            self._sel.close()
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+            self._sel.close()  # closes the watched pidfds too
         for kind, obj, data in pending:
             _discard(kind, obj, data)
 

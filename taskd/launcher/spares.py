@@ -16,7 +16,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 
-from taskd.launcher.process import has_exited, kill_group, spawn
+from taskd.process.spawn import has_exited, kill_group, spawn
 
 log = logging.getLogger(__name__)
 
