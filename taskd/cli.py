@@ -9,13 +9,23 @@ import sys
 log = logging.getLogger("taskd")
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """A command's own parser: a flag it does not know is its error, shown with its usage (not `taskd`'s)."""
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def,override]
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
+
 def build_parser() -> argparse.ArgumentParser:
     from taskd.controller.cli_commands import add_server_arguments, add_status_arguments
     from taskd.run import add_run_arguments
 
     parser = argparse.ArgumentParser(prog="taskd", description="Fault-tolerant supervision for distributed training")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_CommandParser)
     add_run_arguments(sub.add_parser("run", help="launch and supervise a training job (torchrun-like)"))
     add_server_arguments(sub.add_parser("server", help="run the recovery controller"))
     add_status_arguments(sub.add_parser("status", help="show jobs, faults and recoveries of a controller"))
@@ -36,8 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     setup_console_logging(args.verbose)
     if args.command == "run":
         from taskd.run import run_main
+        from taskd.run_config import build_or_exit
 
-        return run_main(args)
+        return run_main(build_or_exit(args).namespace())
     if args.command == "status":
         from taskd.controller.cli_commands import status_main
 

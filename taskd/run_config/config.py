@@ -1,0 +1,184 @@
+"""RunConfig: everything `taskd run` was asked to do, checked once, where it is built.
+
+`RunConfig.from_args` maps flags (and, for absent flags, the environment) to fields and parses
+torchrun's value forms (`--nnodes 1:4`, `--nproc-per-node auto`, `-r 0:1,1:2`). The constructor
+checks every field and raises RunConfigError with one line per problem, each naming the flag or
+variable the value came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.machinery
+import os
+import shutil
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from taskd.run_config.flags import flag_name
+from taskd.run_config.parse import LAUNCH_MODES, RunConfigError
+
+
+def _find_module(name: str) -> bool:
+    """Whether `python -m name` (run from this directory) finds the top-level package, without importing it."""
+    top = name.split(".")[0]
+    return importlib.machinery.PathFinder.find_spec(top, [os.getcwd(), *sys.path]) is not None or \
+        top in sys.builtin_module_names
+
+
+def _log_dir_problem(path: str) -> str | None:
+    """Whether `path` is, or can become, a writable directory (checked without creating it)."""
+    probe = os.path.abspath(path)
+    if os.path.exists(probe) and not os.path.isdir(probe):
+        return f"{path} exists and is not a directory"
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    return None if os.access(probe, os.W_OK | os.X_OK) else f"cannot create {path}: {probe} is not writable"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """One `taskd run`: what to start on this node, where the job meets, and how it recovers.
+
+    `sources` maps a field to the flag or variable its value came from; errors name it. A field
+    absent from `sources` was a default (and errors name its flag).
+    """
+
+    entrypoint: tuple[str, ...]  # a rank's full argv
+    script: str
+    script_args: tuple[str, ...] = ()
+    launch_mode: str = "script"  # script | module (-m) | no-python | run-path
+    nproc_per_node: int = 1
+    nnodes: int = 1
+    min_nnodes: int = 1  # torchrun's MIN of MIN:MAX; informative only, the job waits for nnodes
+    node_rank: int = 0
+    job_id: str = "default"
+    server: str | None = None  # None = an embedded controller
+    standalone: bool = False
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0  # 0 = a free port (one-node jobs)
+    max_restarts: int = 3
+    strategies: tuple[str, ...] = ()  # empty = the agent's default
+    monitor_interval: float = 1.0
+    stop_grace: float = 5.0
+    heartbeat_timeout: float | None = None
+    dump_timeout: float = 30.0
+    warm_spares: int = 0
+    quiet: bool = False
+    log_dir: str | None = None
+    redirects: Mapping[int, int] = field(default_factory=dict)  # local rank -> 0 none, 1 out, 2 err, 3 both
+    tee: Mapping[int, int] = field(default_factory=dict)
+    local_ranks_filter: frozenset[int] | None = None  # None = every local rank on the console
+    role: str = "default"
+    rdzv_conf: Mapping[str, str] = field(default_factory=dict)
+    notices: tuple[str, ...] = ()  # one line each, for flags that mean less under taskd than under torchrun
+    from_environment: tuple[str, ...] = ()  # "nnodes=2 (SLURM_NNODES)"
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        problems = self._problems()
+        if problems:
+            raise RunConfigError(problems)
+
+    def _src(self, name: str) -> str:
+        return self.sources.get(name) or flag_name(name)
+
+    def _problems(self) -> list[str]:
+        out: list[str] = []
+
+        def check(name: str, ok: bool, rule: str) -> None:
+            if not ok:
+                out.append(f"{self._src(name)}: must be {rule}, not {getattr(self, name)!r}")
+
+        for name in ("nproc_per_node", "nnodes"):
+            check(name, getattr(self, name) >= 1, ">= 1")
+        if self.nnodes >= 1:
+            check("node_rank", 0 <= self.node_rank < self.nnodes, f"in [0, {self.nnodes - 1}] (nnodes {self.nnodes}"
+                  f"{' from ' + self.sources['nnodes'] if 'nnodes' in self.sources else ''})")
+        for name in ("max_restarts", "warm_spares", "stop_grace"):
+            check(name, getattr(self, name) >= 0, ">= 0")
+        for name in ("monitor_interval", "dump_timeout"):
+            check(name, getattr(self, name) > 0, "> 0")
+        if self.heartbeat_timeout is not None:
+            check("heartbeat_timeout", self.heartbeat_timeout > 0, "> 0")
+        check("master_port", 0 <= self.master_port <= 65535, "in [0, 65535]")
+        if self.launch_mode not in LAUNCH_MODES:
+            out.append(f"launch_mode must be one of {', '.join(LAUNCH_MODES)}, not {self.launch_mode!r}")
+        if not self.entrypoint or not self.job_id:
+            out.append("entrypoint and job_id must not be empty")
+        if self.standalone and self.server:
+            out.append(f"{self._src('server')}: --standalone runs the job's own embedded controller; drop one")
+        if self.standalone and self.nnodes != 1:
+            out.append(f"{self._src('nnodes')}: --standalone is a one-node job, not {self.nnodes} nodes")
+        for name in ("redirects", "tee"):
+            bad = {lr: v for lr, v in getattr(self, name).items() if not 0 <= lr < self.nproc_per_node
+                   or v not in (0, 1, 2, 3)}
+            if bad:
+                out.append(f"{self._src(name)}: local rank -> 0..3 for ranks 0..{self.nproc_per_node - 1}, not {bad}")
+        out += self._strategy_problems() + self._address_problems() + self._script_problems()
+        if self.log_dir and (why := _log_dir_problem(self.log_dir)):
+            out.append(f"{self._src('log_dir')}: {why}")
+        return out
+
+    def _strategy_problems(self) -> list[str]:
+        from taskd.vocabulary import parse_strategies
+
+        try:
+            parse_strategies(list(self.strategies))
+        except ValueError as exc:
+            return [f"{self._src('strategies')}: {exc}"]
+        return []
+
+    def _address_problems(self) -> list[str]:
+        from taskd.client.errors import ConfigurationError
+        from taskd.client.rpc import normalize_address
+
+        if not self.server:
+            return []
+        try:
+            normalize_address(self.server)
+        except ConfigurationError as exc:
+            return [f"{self._src('server')}: {exc}"]
+        return []
+
+    def _script_problems(self) -> list[str]:
+        script, src = self.script, self._src("script")
+        if self.launch_mode == "module":
+            if not all(part.isidentifier() for part in script.split(".")):
+                return [f"-m {script}: not a module name (pkg.module)"]
+            if not _find_module(script):
+                return [f"-m {script}: no module {script.split('.')[0]!r} in the current directory or on sys.path"]
+        elif self.launch_mode == "no-python" or (self.launch_mode == "script" and not script.endswith(".py")
+                                                 and os.sep not in script):
+            if os.sep in script:
+                if not os.path.isfile(script) or not os.access(script, os.X_OK):
+                    return [f"{src} {script}: no such executable file"]
+            elif shutil.which(script) is None:
+                return [f"{src} {script}: no such file or command on PATH"]
+        elif not os.path.exists(script):
+            return [f"{src} {script}: no such file"]
+        return []
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> RunConfig:
+        """Flags (parsed by add_run_arguments) over the environment over defaults; RunConfigError lists all problems."""
+        from taskd.run_config.build import build
+
+        return build(cls, args, os.environ if environ is None else environ)
+
+    def namespace(self) -> argparse.Namespace:
+        """The resolved values under the Namespace names `run_main(args)` reads (until it takes a RunConfig)."""
+        script, script_args = (self.script, list(self.script_args)) if self.launch_mode == "script" else \
+            (self.entrypoint[0], list(self.entrypoint[1:]))
+        return argparse.Namespace(
+            script=script, script_args=script_args, entrypoint=list(self.entrypoint),
+            nproc_per_node=self.nproc_per_node, nnodes=self.nnodes, node_rank=self.node_rank, job_id=self.job_id,
+            server=self.server, max_restarts=self.max_restarts,
+            strategies=",".join(self.strategies) or None, log_dir=self.log_dir,
+            monitor_interval=self.monitor_interval, stop_grace=self.stop_grace,
+            heartbeat_timeout=self.heartbeat_timeout, dump_timeout=self.dump_timeout, warm_spares=self.warm_spares,
+            master_addr=self.master_addr, master_port=self.master_port, quiet=self.quiet, config=self)
+
+    def environment_line(self) -> str | None:
+        return "from the environment: " + ", ".join(self.from_environment) if self.from_environment else None

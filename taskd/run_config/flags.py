@@ -1,0 +1,130 @@
+"""`taskd run`'s flags: torchrun's, in both spellings and with torchrun's meanings, plus taskd's own.
+
+The parser only maps flags to names: every flag is read as text (default None = "not given") and
+RunConfig.from_args parses and checks them all at once, so one run reports every problem and can
+tell a flag the user typed from a default or a value taken from the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+# One line each for flags that have no effect under taskd; printed when such a flag is given.
+NOTICES = {
+    "rdzv_backend": "taskd has no rendezvous: nodes join through the controller (--server), so the backend "
+                    "is not used",
+    "rdzv_conf": "taskd has no rendezvous, so its settings are not used (timeouts: --heartbeat-timeout, "
+                 "--stop-grace)",
+    "start_method": "taskd always starts each rank as a new process (as torchrun's spawn)",
+    "event_log_handler": "taskd prints one line per event on stderr and keeps the history in its controller "
+                         "(taskd status); torch's event handlers are not called",
+    "logs_specs": "taskd writes <log-dir>/rank_<N>.log itself; a LogsSpecs class is not loaded",
+    "numa_binding": "taskd does not bind ranks to NUMA nodes; use numactl in the command, or --no-python",
+    "signals_to_handle": "taskd stops the ranks on SIGTERM, SIGINT and SIGHUP (SIGTERM, then SIGKILL after "
+                         "--stop-grace); other signals are not forwarded",
+    "duplicate_stdout_filters": "not supported: filter the rank logs (--log-dir) instead",
+    "duplicate_stderr_filters": "not supported: filter the rank logs (--log-dir) instead",
+    "virtual_local_rank": "not supported: LOCAL_RANK stays the rank's index on its node and "
+                          "CUDA_VISIBLE_DEVICES is left as it is",
+    "local_addr": "not used: an agent reaches the controller and reports this host's name",
+    "run_path": "taskd runs the script in a new interpreter (python -u SCRIPT), as without the flag",
+}
+
+
+def _flag(group: argparse._ArgumentGroup, *names: str, **kwargs: object) -> None:
+    """A flag that defaults to None, so that "not given" is visible to RunConfig."""
+    group.add_argument(*names, default=None, **kwargs)  # type: ignore[arg-type]
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """Every torchrun flag plus taskd's own; `parser.set_defaults(_run_usage=...)` lets errors print this usage."""
+    size = parser.add_argument_group("job size (torchrun)")
+    _flag(size, "--nnodes", metavar="N|MIN:MAX",
+          help="nodes in the job (default 1). taskd jobs are fixed-size: MIN:MAX uses MAX, and the job starts "
+               "when MAX nodes have joined")
+    _flag(size, "--nproc-per-node", "--nproc_per_node", metavar="N|auto|cpu|gpu",
+          help="ranks on this node (default 1): a number; cpu = the CPUs this process may use; gpu = the GPUs "
+               "(CUDA_VISIBLE_DEVICES, else /dev/nvidiaN); auto = gpu if there are any, else cpu")
+    _flag(size, "--node-rank", "--node_rank", metavar="R", help="this node's rank, 0..nnodes-1 (default 0)")
+
+    where = parser.add_argument_group("where the job meets (torchrun)")
+    _flag(where, "--standalone", action="store_true",
+          help="a one-node job with its own embedded controller on localhost (taskd's default when no "
+               "--server is given); any --rdzv-* value is ignored, as torchrun does")
+    _flag(where, "--rdzv-endpoint", "--rdzv_endpoint", metavar="HOST[:PORT]",
+          help="under taskd: where node 0's ranks meet, i.e. MASTER_ADDR and MASTER_PORT (port default 29500) "
+               "unless --master-addr/--master-port are given. The controller is --server")
+    _flag(where, "--rdzv-id", "--rdzv_id", metavar="ID", help="the job id (same as --job-id)")
+    _flag(where, "--rdzv-backend", "--rdzv_backend", metavar="NAME",
+          help="accepted; taskd has no rendezvous (nodes join through the controller)")
+    _flag(where, "--rdzv-conf", "--rdzv_conf", metavar="K=V,...", help="accepted and checked; not used")
+    _flag(where, "--master-addr", "--master_addr", metavar="HOST",
+          help="MASTER_ADDR for the ranks (default 127.0.0.1, or node 0's host under Slurm/Kubernetes)")
+    _flag(where, "--master-port", "--master_port", metavar="PORT",
+          help="MASTER_PORT for the ranks (default: a free port on a one-node job, 29500 otherwise)")
+    _flag(where, "--local-addr", "--local_addr", metavar="HOST", help="accepted; not used")
+    _flag(where, "--server", metavar="HOST:PORT",
+          help="taskd: the controller (a `taskd server`) shared by the job's nodes (default $MINDX_SERVER_IP, "
+               "else an embedded controller, which only a one-node job can use)")
+    _flag(where, "--job-id", "--job_id", metavar="ID",
+          help="taskd: job id shared by every node (default: $MINDX_TASK_ID, $SLURM_JOB_ID or a generated one)")
+
+    what = parser.add_argument_group("what to run (torchrun)")
+    _flag(what, "-m", "--module", action="store_true", help="run SCRIPT as a module: python -m SCRIPT ARGS")
+    _flag(what, "--no-python", "--no_python", action="store_true",
+          help="run SCRIPT as a command, without python in front")
+    _flag(what, "--run-path", "--run_path", action="store_true",
+          help="accepted; taskd runs the script with python -u in a new process, as without the flag")
+    _flag(what, "--role", metavar="NAME", help="the ranks' role, ROLE_NAME (default 'default')")
+
+    logs = parser.add_argument_group("logs (torchrun)")
+    _flag(logs, "--log-dir", "--log_dir", metavar="DIR",
+          help="per-rank logs <DIR>/rank_<N>.log, appended across restarts")
+    _flag(logs, "-r", "--redirects", metavar="0-3|LR:0-3,...",
+          help="send stdout (1), stderr (2) or both (3) only to the log file, for all local ranks or per local "
+               "rank (e.g. 0:3,1:0); a temporary --log-dir is made when none is given")
+    _flag(logs, "-t", "--tee", metavar="0-3|LR:0-3,...", help="as --redirects, but also echo on the console")
+    _flag(logs, "--local-ranks-filter", "--local_ranks_filter", metavar="LR,...",
+          help="show only these local ranks' output on the console (logs keep everything)")
+    _flag(logs, "--quiet", action="store_true", help="taskd: do not echo rank output on the console")
+
+    recovery = parser.add_argument_group("recovery")
+    _flag(recovery, "--max-restarts", "--max_restarts", metavar="K",
+          help="restarts the job may use before it fails (default 3; torchrun's default is 0)")
+    _flag(recovery, "--monitor-interval", "--monitor_interval", metavar="S",
+          help="slow sweep for what pidfds cannot tell, e.g. hangs (default 1.0); a rank's exit is seen at once")
+    _flag(recovery, "--stop-grace", "--stop_grace", metavar="S",
+          help="taskd: SIGTERM to SIGKILL when stopping ranks (default 5)")
+    _flag(recovery, "--shutdown-timeout", "--shutdown_timeout", metavar="S", help="torchrun's name for --stop-grace")
+    _flag(recovery, "--strategies", metavar="LIST",
+          help="taskd: recovery strategies offered, in order (default recover,job-rescheduling,exit)")
+    _flag(recovery, "--heartbeat-timeout", "--heartbeat_timeout", metavar="S",
+          help="taskd: a rank whose last taskd.worker.heartbeat() is older is hung (default: off)")
+    _flag(recovery, "--dump-timeout", "--dump_timeout", metavar="S",
+          help="taskd: how long the dump strategy waits for ranks to save (default 30)")
+    _flag(recovery, "--warm-spares", "--warm_spares", metavar="N",
+          help="taskd: Python interpreters kept ready to become a restarted rank (.py scripts; default 0)")
+
+    accepted = parser.add_argument_group("accepted for torchrun's command lines (a notice says what taskd does)")
+    _flag(accepted, "--start-method", "--start_method", metavar="spawn|fork|forkserver")
+    _flag(accepted, "--event-log-handler", "--event_log_handler", metavar="NAME")
+    _flag(accepted, "--logs-specs", "--logs_specs", metavar="NAME")
+    _flag(accepted, "--numa-binding", "--numa_binding", metavar="MODE")
+    _flag(accepted, "--signals-to-handle", "--signals_to_handle", metavar="SIGS")
+    _flag(accepted, "--duplicate-stdout-filters", "--duplicate_stdout_filters", metavar="F,...")
+    _flag(accepted, "--duplicate-stderr-filters", "--duplicate_stderr_filters", metavar="F,...")
+    _flag(accepted, "--virtual-local-rank", "--virtual_local_rank", action="store_true")
+
+    parser.add_argument("script", metavar="SCRIPT", help="a Python script, a module (-m) or a command (--no-python)")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS")
+    parser.set_defaults(_run_usage=parser.format_usage)
+
+
+# The flag a dest came from, for error messages (the dash spelling, as --help shows it).
+FLAG_NAMES = {
+    "module": "-m/--module", "redirects": "-r/--redirects", "tee": "-t/--tee", "script": "SCRIPT",
+}
+
+
+def flag_name(dest: str) -> str:
+    return FLAG_NAMES.get(dest, "--" + dest.replace("_", "-"))
