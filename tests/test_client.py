@@ -20,19 +20,17 @@ import pytest
 from support import free_port, wait_until
 
 from taskd.proto import recover_pb2, recover_pb2_grpc, taskd_pb2_grpc
-from taskd.toolkit.recover_module import recover_manager as rm
-from taskd.toolkit.recover_module.backoff import Backoff
-from taskd.toolkit.recover_module.channel import normalize_address
-from taskd.toolkit.recover_module.recover_manager import (
-    ConfigurationError,
-    DLRecoverManager,
-    RecoverSignal,
-    ServerUnreachable,
-)
+from taskd.client import current as rm
+from taskd.client import retry
+from taskd.client.errors import ConfigurationError, ServerUnreachable
+from taskd.client.manager import DLRecoverManager, RecoverClient
+from taskd.client.retry import Backoff
+from taskd.client.rpc import normalize_address
+from taskd.client.signals import RecoverSignal
 from taskd.vocabulary import DEFAULT_PORT, Code
 
 JOB = "job-1"
-LOGGER = "taskd.toolkit.recover_module.recover_manager"
+LOGGER = "taskd.client"
 WAIT = 20.0  # generous: the suite must pass on a loaded 2-core machine
 
 
@@ -169,15 +167,15 @@ def server():
 
 @pytest.fixture
 def make_manager(server):
-    made: list[DLRecoverManager] = []
+    made: list[RecoverClient] = []
 
-    def make(address: str | None = None, node_rank: int | None = 2, *args, **kwargs) -> DLRecoverManager:
+    def make(address: str | None = None, node_rank: int | None = 2, *args, **kwargs) -> RecoverClient:
         kwargs.setdefault("call_timeout", 5.0)
         kwargs.setdefault("init_timeout", 10.0)
         kwargs.setdefault("backoff_initial", 0.05)
         kwargs.setdefault("backoff_max", 0.3)
         info = recover_pb2.ClientInfo(jobId=JOB, role="master agent", nodeRank=node_rank or 0, nodeCount=3)
-        manager = DLRecoverManager(info, address or server.address, *args, **kwargs)
+        manager = RecoverClient(info, address or server.address, *args, **kwargs)
         made.append(manager)
         return manager
 
@@ -189,7 +187,7 @@ def make_manager(server):
 class Subscriber:
     """Runs start_subscribe in a thread, like the agent does."""
 
-    def __init__(self, manager: DLRecoverManager) -> None:
+    def __init__(self, manager: RecoverClient) -> None:
         self.manager = manager
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -214,7 +212,7 @@ class Subscriber:
 def subscribe():
     subs: list[Subscriber] = []
 
-    def start(manager: DLRecoverManager, connected: bool = True) -> Subscriber:
+    def start(manager: RecoverClient, connected: bool = True) -> Subscriber:
         """Subscribe; by default wait for the stream's greeting so that pushed signals reach it."""
         sub = Subscriber(manager)
         subs.append(sub)
@@ -264,9 +262,11 @@ def test_backoff_grows_is_capped_and_jittered():
 
 def test_compat_path_reexports_the_same_objects():
     from taskd.python.toolkit.recover_module import recover_manager as compat
+    from taskd.toolkit.recover_module import recover_manager as old
 
-    for name in rm.__all__:
-        assert getattr(compat, name) is getattr(rm, name), name
+    for name in old.__all__:
+        assert getattr(compat, name) is getattr(old, name), name
+    assert compat.DLRecoverManager is DLRecoverManager and compat.report_process_fault is rm.report_process_fault
 
 
 def test_constructor_rejects_bad_arguments():
@@ -417,7 +417,7 @@ BACKOFF_INITIAL = 0.2
 MIN_PAUSE = BACKOFF_INITIAL * (1 - Backoff().jitter) - 0.01  # 10 ms of slack for clock reads
 
 
-@pytest.mark.parametrize("busy", sorted(rm.BUSY_CODES))
+@pytest.mark.parametrize("busy", sorted(retry.BUSY_CODES))
 def test_busy_answers_are_resent_after_spaced_pauses(server, make_manager, busy):
     server.recorder.codes["ReportProcessFault"].extend([busy] * 3)
     manager = make_manager(backoff_initial=BACKOFF_INITIAL, backoff_max=1.0, report_timeout=WAIT)
@@ -452,7 +452,7 @@ def test_always_busy_returns_the_busy_code_within_the_deadline(server, make_mana
     assert elapsed >= 1.5 - 0.2 - 0.05, elapsed
     sent = server.recorder.names()
     assert len(sent) >= 3 and set(sent) == {"ReportRecoverStatus"}
-    assert "giving up within its 1.5s deadline" in caplog.text
+    assert "no time left within its 1.5s deadline" in caplog.text
 
 
 def test_report_timeout_is_validated(make_manager):
@@ -708,11 +708,10 @@ def test_register_action_handler_validates(make_manager):
 @pytest.fixture
 def no_current_manager():
     rm.set_manager(None)
+    DLRecoverManager.reset_instance()
     yield
-    current = rm._current
     rm.set_manager(None)
-    if current is not None:
-        current.stop()
+    DLRecoverManager.reset_instance()
 
 
 def test_module_functions_build_the_manager_from_env(server, monkeypatch, no_current_manager):

@@ -1,4 +1,4 @@
-"""DLRecoverManager driving the real controller (taskd.controller) on a loopback port."""
+"""The client (RecoverClient, DLRecoverManager) driving the real controller (taskd.controller) on a loopback port."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from support import wait_until
 import taskd
 from taskd.controller.server import ControllerConfig, EmbeddedController
 from taskd.proto import recover_pb2, taskd_pb2, taskd_pb2_grpc
-from taskd.toolkit.recover_module.recover_manager import DLRecoverManager, RecoverSignal, ServerUnreachable
+from taskd.client import RecoverClient, RecoverSignal, ServerUnreachable
 from taskd.vocabulary import Code
 
 WAIT = 20.0
-LOGGER = "taskd.toolkit.recover_module.recover_manager"
+LOGGER = "taskd.client"
 HANDLED = ("stop_train", "on_global_rank", "change_strategy", "save_and_exit", "killMaster")
 
 
@@ -48,7 +48,7 @@ class Agent:
         info = recover_pb2.ClientInfo(
             jobId=job_id, role="agent", nodeRank=node_rank, nodeCount=node_count, ranksPerNode=2
         )
-        self.mgr = DLRecoverManager(info, address, **kwargs)
+        self.mgr = RecoverClient(info, address, **kwargs)  # several agents in one process
         self.signals: queue.Queue[tuple[str, RecoverSignal]] = queue.Queue()
         for name in HANDLED:
             self.mgr.register_action_handler(name, lambda sig, name=name: self.signals.put((name, sig)))
@@ -207,7 +207,7 @@ def test_unreachable_after_controller_stops(agents):
 IDLE_CHILD = r"""
 import sys, threading, time
 from taskd.proto import recover_pb2
-from taskd.toolkit.recover_module.recover_manager import DLRecoverManager
+from taskd.python.toolkit.recover_module.recover_manager import DLRecoverManager
 
 info = recover_pb2.ClientInfo(jobId="job-idle", role="agent", nodeRank=0, nodeCount=1, ranksPerNode=8)
 mgr = DLRecoverManager(info, sys.argv[1])

@@ -107,7 +107,7 @@ def test_real_client_reconnects_after_the_controller_restarts(tmp_path: Path) ->
     import threading
 
     from taskd.proto import recover_pb2
-    from taskd.toolkit.recover_module.recover_manager import DLRecoverManager
+    from taskd.client import RecoverClient as DLRecoverManager  # two clients in one process: not the singleton
 
     state, port = tmp_path / "ctl.sqlite3", free_port()
     ctl = EmbeddedController(config(state, port))

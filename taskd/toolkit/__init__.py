@@ -1,1 +1,1 @@
-"""Client-side toolkit: the agent's link to the recovery controller (TaskD's `toolkit` layout)."""
+"""TaskD's `toolkit` layout, kept as re-exports; the client lives in taskd.client."""

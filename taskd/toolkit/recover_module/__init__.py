@@ -1,1 +1,1 @@
-"""The `DLRecoverManager` client of the ClusterD-compatible `Recover` service."""
+"""TaskD's package path for the recover client (re-export modules); the code lives in taskd.client."""

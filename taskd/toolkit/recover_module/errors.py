@@ -1,29 +1,5 @@
-"""Exceptions raised by the recover client.
+"""Old path of the client's exceptions; the code lives in taskd.client.errors."""
 
-Callers mostly need to tell "the controller is not there" (retry later, or give up the job)
-from everything else, hence the small hierarchy.
-"""
+from taskd.client.errors import AuthenticationError, ConfigurationError, RecoverClientError, ServerUnreachable
 
-from __future__ import annotations
-
-
-class RecoverClientError(Exception):
-    """A call to the controller failed for a reason other than a status code."""
-
-
-class ServerUnreachable(RecoverClientError, ConnectionError):
-    """The controller did not answer: refused, unresolvable, or silent past the deadline."""
-
-    def __init__(self, address: str, detail: str = "") -> None:
-        self.address = address
-        self.detail = detail
-        message = f"recovery controller at {address} is unreachable"
-        if detail:
-            message = f"{message}: {detail}"
-        super().__init__(
-            f"{message} (is `taskd server` running there? check MINDX_SERVER_IP, the port and any firewall)"
-        )
-
-
-class ConfigurationError(RecoverClientError, ValueError):
-    """The client cannot be built from what it was given (missing env variables, bad address)."""
+__all__ = ["AuthenticationError", "ConfigurationError", "RecoverClientError", "ServerUnreachable"]

@@ -1,0 +1,96 @@
+"""TaskD's module-level API: the report functions and the process's current manager.
+
+TaskD's functions find `DLRecoverManager`'s one instance; so do these. An agent that holds a plain
+`RecoverClient` hands it over with `set_manager`, which takes precedence. With neither, the first
+call builds the instance from the environment, as TaskD's `get_recover_manager_instance` does.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from taskd.client.arguments import env_int
+from taskd.client.errors import ConfigurationError
+from taskd.client.manager import DEFAULT_ROLE, DLRecoverManager, RecoverClient
+from taskd.proto import recover_pb2
+
+_lock = threading.Lock()
+_override: RecoverClient | None = None
+
+
+def manager_from_env(environ: Mapping[str, str] | None = None, **kwargs: Any) -> DLRecoverManager:
+    """Build (or re-configure) the process's DLRecoverManager from MINDX_TASK_ID and MINDX_SERVER_IP.
+
+    Optional: TASKD_NODE_RANK, TASKD_NODE_COUNT, TASKD_RANKS_PER_NODE fill taskd's ClientInfo fields;
+    TASKD_TOKEN_FILE and TASKD_TLS_* give the credentials (see ClientCredentials.from_env).
+    """
+    env = os.environ if environ is None else environ
+    job_id = env.get("MINDX_TASK_ID", "").strip()
+    server = env.get("MINDX_SERVER_IP", "").strip()
+    missing = [name for name, value in (("MINDX_TASK_ID", job_id), ("MINDX_SERVER_IP", server)) if not value]
+    if missing:
+        raise ConfigurationError(
+            f"no recover manager was set and {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
+            "not set: call set_manager(), or export MINDX_TASK_ID (job id) and MINDX_SERVER_IP (host or host:port)"
+        )
+    info = recover_pb2.ClientInfo(
+        jobId=job_id,
+        role=DEFAULT_ROLE,
+        nodeRank=env_int(env, "TASKD_NODE_RANK", 0),
+        nodeCount=env_int(env, "TASKD_NODE_COUNT", 0),
+        ranksPerNode=env_int(env, "TASKD_RANKS_PER_NODE", 0),
+    )
+    if environ is not None and "credentials" not in kwargs:
+        from taskd.client.credentials import ClientCredentials
+
+        kwargs["credentials"] = ClientCredentials.from_env(environ)
+    return DLRecoverManager(info, server, **kwargs)
+
+
+def set_manager(manager: RecoverClient | None) -> None:
+    """Make `manager` the one the module functions use, ahead of DLRecoverManager's instance (None forgets it)."""
+    global _override
+    if manager is not None and not isinstance(manager, RecoverClient):
+        raise TypeError(f"expected a DLRecoverManager or RecoverClient, got {type(manager).__name__}")
+    with _lock:
+        _override = manager
+
+
+def get_manager() -> RecoverClient:
+    """The manager set with set_manager, else DLRecoverManager's instance, else one built from the environment."""
+    with _lock:
+        if _override is not None:
+            return _override
+        return DLRecoverManager.instance() or manager_from_env()
+
+
+get_recover_manager_instance = get_manager  # TaskD's name
+init_grpc_recover_manager = manager_from_env  # TaskD's name
+
+
+def report_stop_complete(code: int, msg: str, fault_ranks: dict) -> int:
+    """TaskD's function: see DLRecoverManager.report_stop_complete."""
+    return get_manager().report_stop_complete(code, msg, fault_ranks)
+
+
+def report_recover_strategy(fault_ranks: dict, strategy_list: list) -> int:
+    """TaskD's function: see DLRecoverManager.report_recover_strategy."""
+    return get_manager().report_recover_strategy(fault_ranks, strategy_list)
+
+
+def report_recover_status(code: int, msg: str, fault_ranks: dict, strategy: str) -> int:
+    """TaskD's function: see DLRecoverManager.report_recover_status."""
+    return get_manager().report_recover_status(code, msg, fault_ranks, strategy)
+
+
+def report_process_fault(fault_ranks: dict) -> int:
+    """TaskD's function: see DLRecoverManager.report_process_fault."""
+    return get_manager().report_process_fault(fault_ranks)
+
+
+def report_finished(exit_code: int, message: str = "") -> int:
+    """See DLRecoverManager.report_finished."""
+    return get_manager().report_finished(exit_code, message)

@@ -1,0 +1,41 @@
+"""Exceptions raised by the recover client.
+
+Callers mostly need to tell "the controller is not there" (retry later, or run degraded) from
+"the controller refused us" and from everything else, hence the small hierarchy.
+"""
+
+from __future__ import annotations
+
+
+class RecoverClientError(Exception):
+    """A call to the controller failed for a reason other than a status code."""
+
+
+class ServerUnreachable(RecoverClientError, ConnectionError):
+    """The controller did not answer: refused, unresolvable, or silent past the deadline."""
+
+    def __init__(self, address: str, detail: str = "") -> None:
+        self.address = address
+        self.detail = detail
+        message = f"recovery controller at {address} is unreachable"
+        if detail:
+            message = f"{message}: {detail}"
+        super().__init__(
+            f"{message} (is `taskd server` running there? check MINDX_SERVER_IP, the port and any firewall)"
+        )
+
+
+class AuthenticationError(RecoverClientError):
+    """The controller answered UNAUTHENTICATED: a missing or wrong token. Retrying cannot help."""
+
+    def __init__(self, address: str, detail: str = "") -> None:
+        self.address = address
+        self.detail = detail
+        super().__init__(
+            f"recovery controller at {address} refused this client's credentials: {detail} "
+            "(set TASKD_TOKEN_FILE to a file holding the token `taskd server --token-file` was given)"
+        )
+
+
+class ConfigurationError(RecoverClientError, ValueError):
+    """The client cannot be built from what it was given (missing env variables, bad address, bad file)."""
