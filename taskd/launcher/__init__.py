@@ -13,6 +13,7 @@ from taskd.launcher.spec import (
     STATUS_OK,
     STATUS_RUNNING,
     WorkerSpec,
+    WorkerSpecError,
     command_for,
     free_port,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "Incarnation",
     "LocalLauncher",
     "WorkerSpec",
+    "WorkerSpecError",
     "command_for",
     "describe_returncode",
     "exit_code_of",

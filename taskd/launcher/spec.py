@@ -27,15 +27,41 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+# The `taskd run` flag each field usually comes from, named in every problem found with it.
+FLAGS = {
+    "entrypoint": "SCRIPT [ARGS]", "nproc_per_node": "--nproc-per-node", "nnodes": "--nnodes",
+    "node_rank": "--node-rank", "master_addr": "--master-addr", "master_port": "--master-port",
+    "job_id": "--job-id", "log_dir": "--log-dir", "console": "--quiet", "warm_spares": "--warm-spares",
+    "role": "--role", "max_restarts": "--max-restarts", "redirects": "--redirects", "tee": "--tee",
+}
+STD_NONE, STD_OUT, STD_ERR, STD_ALL = 0, 1, 2, 3  # torchrun's Std: which of stdout/stderr a setting covers
+
+Streams = int | Mapping[int, int]  # one value for every local rank, or {local_rank: value} (others 0)
+
+
+class WorkerSpecError(ValueError):
+    """A WorkerSpec that cannot launch; ``problems`` has one line per bad field, naming it and its flag."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("invalid WorkerSpec: " + "; ".join(self.problems))
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 @dataclass
 class WorkerSpec:
-    """The ranks of one node.
+    """The ranks of one node, checked when built (:class:`WorkerSpecError` names every bad field).
 
     ``entrypoint`` is the full argv of a rank (see :func:`command_for`). With
     ``master_port=0`` the launcher picks a free port. ``log_dir=None`` keeps no
     log files (output still reaches the console with ``console=True`` and
     :meth:`LocalLauncher.tail_log`). ``run_dir=None`` makes a private temporary
-    directory for the heartbeat files, removed by ``close()``.
+    directory for the heartbeat and error files, removed by ``close()``.
+    ``redirects``/``tee`` are torchrun's: 0 none, 1 stdout, 2 stderr, 3 both, for every
+    local rank or as ``{local_rank: value}``; see docs/launcher.md ("Output").
     """
 
     entrypoint: list[str]
@@ -51,19 +77,70 @@ class WorkerSpec:
     console: bool = False
     cwd: str | None = None
     warm_spares: int = 0  # idle interpreters kept ready to become a restarted rank (.py entrypoints only)
+    role: str = "default"  # torchrun's ROLE_NAME
+    max_restarts: int = 0  # the job's restart budget, given to ranks as TORCHELASTIC_MAX_RESTARTS
+    redirects: Streams = 0  # streams that go to the log file only, not the console
+    tee: Streams = 0  # streams that go to the log file and the console
 
     def __post_init__(self) -> None:
-        if isinstance(self.entrypoint, (str, bytes)) or not self.entrypoint:
-            raise ValueError("entrypoint must be a non-empty argv list, e.g. command_for('train.py', args)")
-        self.entrypoint = [os.fspath(a) for a in self.entrypoint]
+        problems: list[str] = []
+
+        def bad(name: str, what: str) -> None:
+            flag = FLAGS.get(name)
+            problems.append(f"{name}{f' ({flag})' if flag else ''} {what}, got {getattr(self, name)!r}")
+
+        if isinstance(self.entrypoint, (str, bytes)) or not isinstance(self.entrypoint, Sequence) \
+                or not self.entrypoint:
+            bad("entrypoint", "must be a non-empty argv list, e.g. command_for('train.py', args)")
+        else:
+            self.entrypoint = [os.fspath(a) for a in self.entrypoint]
         for name in ("nproc_per_node", "nnodes"):
+            if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
+                bad(name, "must be a positive integer")
+        if _is_int(self.nnodes) and (not _is_int(self.node_rank) or not 0 <= self.node_rank < max(1, self.nnodes)):
+            bad("node_rank", f"must be in [0, {self.nnodes}) for nnodes={self.nnodes}")
+        if not _is_int(self.master_port) or not 0 <= self.master_port <= 65535:
+            bad("master_port", "must be in [0, 65535] (0: pick a free port)")
+        if not isinstance(self.master_addr, str) or not self.master_addr.strip():
+            bad("master_addr", "must be a host name or address")
+        for name in ("job_id", "role"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if not isinstance(self.node_rank, int) or not 0 <= self.node_rank < self.nnodes:
-            raise ValueError(f"node_rank must be in [0, {self.nnodes}), got {self.node_rank!r}")
-        if not isinstance(self.master_port, int) or not 0 <= self.master_port <= 65535:
-            raise ValueError(f"master_port must be in [0, 65535], got {self.master_port!r}")
+            if not isinstance(value, str) or not value or not value.isprintable():
+                bad(name, "must be a non-empty printable string")
+        for name in ("log_dir", "run_dir", "cwd"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, (str, os.PathLike)):
+                bad(name, "must be a path or None")
+            elif value is not None:
+                setattr(self, name, os.fspath(value))
+        if not isinstance(self.extra_env, Mapping):
+            bad("extra_env", "must be a mapping of variable names to values")
+        for name in ("warm_spares", "max_restarts"):
+            if not _is_int(getattr(self, name)) or getattr(self, name) < 0:
+                bad(name, "must be an integer >= 0")
+        for name in ("redirects", "tee"):
+            why = self._streams_problem(getattr(self, name))
+            if why:
+                bad(name, why)
+            else:
+                value = getattr(self, name)
+                setattr(self, name, value if _is_int(value) else {int(k): int(v) for k, v in value.items()})
+        if problems:
+            raise WorkerSpecError(problems)
+
+    def _streams_problem(self, value: object) -> str:
+        """'' if ``value`` is a valid redirects/tee setting, else why not."""
+        if _is_int(value):
+            return "" if STD_NONE <= value <= STD_ALL else "must be 0 (none), 1 (stdout), 2 (stderr) or 3 (both)"
+        if not isinstance(value, Mapping):
+            return "must be 0-3 or a {local_rank: 0-3} mapping"
+        nproc = self.nproc_per_node if _is_int(self.nproc_per_node) else 0
+        for rank, bits in value.items():
+            if not _is_int(rank) or not 0 <= rank < nproc:
+                return f"maps {rank!r}, which is not a local rank (0..{nproc - 1})"
+            if not _is_int(bits) or not STD_NONE <= bits <= STD_ALL:
+                return f"maps local rank {rank} to {bits!r}: must be 0 (none), 1 (stdout), 2 (stderr) or 3 (both)"
+        return ""
 
     @property
     def world_size(self) -> int:
@@ -71,3 +148,22 @@ class WorkerSpec:
 
     def global_rank(self, local_rank: int) -> int:
         return self.node_rank * self.nproc_per_node + local_rank
+
+    def streams_of(self, local_rank: int) -> tuple[int, int]:
+        """(redirects, tee) of one local rank, as torchrun's bit sets (ranks a mapping leaves out get 0)."""
+        return _bits(self.redirects, local_rank), _bits(self.tee, local_rank)
+
+    def console_streams(self, local_rank: int) -> tuple[bool, bool]:
+        """Whether the rank's (stdout, stderr) reach the console: redirected streams do not, unless tee'd."""
+        if not self.console:
+            return False, False
+        redirects, tee = self.streams_of(local_rank)
+        return (not redirects & STD_OUT or bool(tee & STD_OUT)), (not redirects & STD_ERR or bool(tee & STD_ERR))
+
+    def redirects_any(self) -> bool:
+        """Whether some rank's output goes to a file only or also (then it needs a log directory)."""
+        return any(any(self.streams_of(r)) for r in range(self.nproc_per_node))
+
+
+def _bits(value: Streams, local_rank: int) -> int:
+    return value if isinstance(value, int) else int(value.get(local_rank, STD_NONE))
