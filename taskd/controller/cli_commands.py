@@ -9,6 +9,7 @@ import sys
 
 import grpc
 
+from taskd.controller.config import TOKEN_ENV
 from taskd.vocabulary import DEFAULT_PORT
 
 log = logging.getLogger(__name__)
@@ -45,54 +46,75 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--finished-job-retention", type=float, default=d.finished_job_retention, metavar="SECONDS",
                         help=f"forget a finished job (and its history) once no agent has streamed or called for it "
                              f"this long (default {d.finished_job_retention:g})")
+    parser.add_argument("--token-file", default=os.environ.get(TOKEN_ENV) or None, metavar="PATH",
+                        help=f"every call must carry the token in this file (default ${TOKEN_ENV}); clients read it "
+                             f"from {TOKEN_ENV} or their --token-file. Needed to serve a non-loopback address")
+    parser.add_argument("--tls-cert", default=None, metavar="PEM", help="serve TLS with this certificate (chain)")
+    parser.add_argument("--tls-key", default=None, metavar="PEM", help="the private key of --tls-cert")
+    parser.add_argument("--tls-client-ca", default=None, metavar="PEM",
+                        help="require client certificates signed by this CA (mTLS)")
+    parser.add_argument("--insecure", action="store_true",
+                        help="serve a non-loopback address without a token: anyone who can reach it can read, fail "
+                             "or stop every job. For ClusterD-wire clients that send no token, on a trusted network")
+    parser.add_argument("--max-node-count", type=int, default=d.max_node_count, metavar="N",
+                        help=f"refuse jobs with more nodes (default {d.max_node_count})")
+    parser.add_argument("--max-connections", type=int, default=None, metavar="N",
+                        help="connections accepted at once (default: the open-file limit, raised to its hard limit, "
+                             "minus a reserve)")
+    parser.add_argument("--max-connections-per-peer", type=int, default=d.max_connections_per_peer, metavar="N",
+                        help=f"connections with a call in flight per client IP (default {d.max_connections_per_peer}; "
+                             "0 = no limit; loopback clients are exempt unless --limit-loopback)")
+    parser.add_argument("--max-streams-per-peer", type=int, default=d.max_streams_per_peer, metavar="N",
+                        help=f"open signal streams per client IP (default {d.max_streams_per_peer}; 0 = no limit)")
+    parser.add_argument("--max-calls-per-second", type=float, default=d.calls_per_second_per_peer, metavar="RATE",
+                        help=f"calls per second per client IP (default {d.calls_per_second_per_peer:g}; 0 = no limit)")
+    parser.add_argument("--call-burst", type=int, default=d.call_burst_per_peer, metavar="N",
+                        help=f"calls a client IP may make at once above the rate (default {d.call_burst_per_peer})")
+    parser.add_argument("--limit-loopback", action="store_true",
+                        help="apply the per-client limits to clients on this host too")
+    parser.add_argument("--idle-timeout", type=float, default=d.idle_timeout, metavar="SECONDS",
+                        help=f"close a connection without a call for this long (default {d.idle_timeout:g})")
+    parser.add_argument("--handshake-timeout", type=float, default=d.handshake_timeout, metavar="SECONDS",
+                        help=f"close a connection still without its handshake (default {d.handshake_timeout:g})")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 
 def _defaults():  # noqa: ANN202 - avoid importing grpc.aio machinery at parser build time
-    from taskd.controller.server import ControllerConfig
+    from taskd.controller.config import ControllerConfig
 
     return ControllerConfig()
 
 
-def _positive(name: str, value: float) -> str:
-    return "" if value > 0 else f"--{name} must be > 0, got {value}"
+def server_config(args: argparse.Namespace):  # noqa: ANN201 - ControllerConfig, imported late
+    """Flags -> ControllerConfig; ConfigError (a ValueError) names each bad field and its flag."""
+    from taskd.controller.config import ControllerConfig
 
-
-def _listen_error(listen: str) -> str:
-    from taskd.controller.server import parse_listen
-
-    try:
-        parse_listen(listen)
-    except ValueError as exc:
-        return f"--listen: {exc}"
-    return ""
-
-
-def server_main(args: argparse.Namespace) -> int:
-    from taskd.controller.server import ControllerConfig, run_server
-
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=getattr(logging, args.log_level),
-                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    errors = [e for e in (
-        _listen_error(args.listen), _positive("max-jobs", args.max_jobs),
-        "" if args.finished_job_retention >= 0 else "--finished-job-retention must be >= 0",
-        _positive("keepalive-interval", args.keepalive_interval), _positive("stop-timeout", args.stop_timeout),
-        _positive("strategy-timeout", args.strategy_timeout), _positive("recover-timeout", args.recover_timeout),
-        _positive("resume-timeout", args.resume_timeout), _positive("agent-loss-timeout", args.agent_loss_timeout),
-        "" if args.settle_window >= 0 else "--settle-window must be >= 0",
-        "" if args.max_restarts >= 0 else "--max-restarts must be >= 0",
-    ) if e]
-    if errors:
-        sys.stderr.write("taskd server: " + "; ".join(errors) + "\n")
-        return 2
-    config = ControllerConfig(
+    return ControllerConfig(
         listen=args.listen, state_path=args.state, keepalive_interval=args.keepalive_interval,
         stop_timeout=args.stop_timeout, strategy_timeout=args.strategy_timeout,
         recover_timeout=args.recover_timeout, resume_timeout=args.resume_timeout, settle_window=args.settle_window,
         default_max_restarts=args.max_restarts, agent_loss_timeout=args.agent_loss_timeout,
         max_jobs=args.max_jobs, finished_job_retention=args.finished_job_retention,
+        token_file=args.token_file, tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca,
+        insecure=args.insecure, max_node_count=args.max_node_count, max_connections=args.max_connections,
+        max_connections_per_peer=args.max_connections_per_peer, max_streams_per_peer=args.max_streams_per_peer,
+        calls_per_second_per_peer=args.max_calls_per_second, call_burst_per_peer=args.call_burst,
+        limit_loopback=args.limit_loopback, idle_timeout=args.idle_timeout, handshake_timeout=args.handshake_timeout,
     )
+
+
+def server_main(args: argparse.Namespace) -> int:
+    from taskd.controller.config import ConfigError
+    from taskd.controller.server import run_server
+
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=getattr(logging, args.log_level),
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = server_config(args)
+    except ConfigError as exc:
+        sys.stderr.write("taskd server: " + "\n  ".join(["invalid configuration:", *exc.problems]) + "\n")
+        return 2
 
     def ready(server) -> None:  # noqa: ANN001
         sys.stdout.write(f"taskd controller listening on {server.address}\n")
@@ -100,7 +122,7 @@ def server_main(args: argparse.Namespace) -> int:
 
     try:
         return run_server(config, ready=ready)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # a bind, TLS or state file that fails; a token file changed since
         sys.stderr.write(f"taskd server: {exc}\n")
         return 1
 
@@ -112,20 +134,41 @@ def add_status_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job", default=None, metavar="ID", help="only this job")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS")
+    env = os.environ
+    parser.add_argument("--token-file", default=env.get(TOKEN_ENV) or None, metavar="PATH",
+                        help=f"send the token in this file (default ${TOKEN_ENV})")
+    parser.add_argument("--tls-ca", default=env.get("TASKD_TLS_CA") or None, metavar="PEM",
+                        help="connect with TLS, trusting this CA (default $TASKD_TLS_CA)")
+    parser.add_argument("--tls-cert", default=env.get("TASKD_TLS_CERT") or None, metavar="PEM",
+                        help="client certificate for mTLS (default $TASKD_TLS_CERT)")
+    parser.add_argument("--tls-key", default=env.get("TASKD_TLS_KEY") or None, metavar="PEM",
+                        help="its private key (default $TASKD_TLS_KEY)")
+
+
+UNREACHABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 
 def status_main(args: argparse.Namespace) -> int:
-    from taskd.controller.status_view import fetch_jobs, normalize_address, render_json, render_text
+    from taskd.controller.status_view import fetch_jobs, normalize_address, read_credentials, render_json, render_text
 
     try:
-        jobs = fetch_jobs(args.server, args.job, timeout=args.timeout)
-    except ValueError as exc:  # a malformed --server / $MINDX_SERVER_IP
+        token, credentials = read_credentials(args.token_file, args.tls_ca, args.tls_cert, args.tls_key)
+        jobs = fetch_jobs(args.server, args.job, timeout=args.timeout, token=token, credentials=credentials)
+    except ValueError as exc:  # a malformed --server / $MINDX_SERVER_IP, an unreadable credential file
         sys.stderr.write(f"taskd status: {exc} (pass --server HOST:PORT or set MINDX_SERVER_IP)\n")
         return 2
     except grpc.RpcError as exc:
-        sys.stderr.write(f"taskd status: cannot reach the controller at {normalize_address(args.server)}: "
-                         f"{exc.code().name}: {exc.details()}; is `taskd server` running there? (pass --server "
-                         f"HOST:PORT or set MINDX_SERVER_IP)\n")
+        where = normalize_address(args.server)
+        if exc.code() in UNREACHABLE:
+            sys.stderr.write(f"taskd status: cannot reach the controller at {where}: {exc.code().name}: "
+                             f"{exc.details()}; is `taskd server` running there? (pass --server HOST:PORT or set "
+                             "MINDX_SERVER_IP; a TLS server needs --tls-ca)\n")
+        else:
+            hint = {grpc.StatusCode.UNAUTHENTICATED: f" (pass --token-file or set {TOKEN_ENV})",
+                    grpc.StatusCode.RESOURCE_EXHAUSTED: " (the controller limits calls per client; retry shortly)",
+                    }.get(exc.code(), "")
+            sys.stderr.write(f"taskd status: the controller at {where} answered but refused the query: "
+                             f"{exc.code().name}: {exc.details()}{hint}\n")
         return 1
     sys.stdout.write(render_json(jobs) if args.json else render_text(jobs))
     return 0 if jobs.status.code == 0 else 1

@@ -13,79 +13,33 @@ import gc
 import logging
 import signal
 import threading
-from dataclasses import dataclass, field, fields
 from typing import Any
 
 import grpc
 
-from taskd.address import join_host_port, parse_host_port
+from taskd.address import join_host_port
+from taskd.controller.auth import server_credentials
+from taskd.controller.config import (
+    MAX_MESSAGE,
+    WILDCARD_HOSTS,
+    ConfigError,
+    ControllerConfig,
+    is_loopback,
+    parse_listen,
+)
 from taskd.controller.core import ControllerCore
+from taskd.controller.guard import Guard
 from taskd.controller.hub import SignalHub
+from taskd.controller.limits import PeerLimitConfig, PeerLimits, connection_budget, raise_nofile
 from taskd.controller.service import add_services
-from taskd.controller.state_machine import MachineConfig
 from taskd.controller.store import MEMORY, Store
-from taskd.vocabulary import DEFAULT_PORT
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE = 64 * 1024 * 1024
+__all__ = ["MAX_MESSAGE", "ConfigError", "ControllerConfig", "ControllerServer", "EmbeddedController", "parse_listen",
+           "run_server", "serve"]
+
 LISTEN_HINT = "is the port taken or the address not this host's? pass --listen HOST:PORT (port 0 = any free port)"
-LISTEN_FORMS = "expected HOST:PORT, [IPV6]:PORT, a bare IPv6 address or a bare HOST (port 0 = any free port)"
-WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})
-
-
-def parse_listen(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
-    """`host:port`, `[v6]:port`, `[v6]`, a bare `v6` or a bare `host` -> (host without brackets, port);
-    ValueError saying what is wrong otherwise (0.0.0.0:PORT serves every interface)."""
-    return parse_host_port(text, default_port, what="listen address", forms=LISTEN_FORMS, port_zero=True)
-
-
-@dataclass(frozen=True)
-class ControllerConfig(MachineConfig):
-    """Everything `taskd server` can be told; the CLI only parses flags into this. The recovery
-    timeouts and policy defaults are `MachineConfig`'s fields, inherited rather than repeated."""
-
-    listen: str = f"127.0.0.1:{DEFAULT_PORT}"
-    state_path: str | None = None  # None = default_state_path(); ":memory:" keeps nothing
-    keepalive_interval: float = 5.0
-    max_jobs: int = 10000
-    # a finished (SUCCEEDED/FAILED) job with no agent streaming or calling for this long is forgotten,
-    # in memory and in the state file; a full table evicts the longest idle finished job early
-    finished_job_retention: float = 3600.0
-    subscriber_queue_size: int = 1024
-    # Calls gRPC core has received but the event loop has not picked up yet: above the soft limit some
-    # are refused, above the hard limit all (defaults 1000/3000), and one left waiting longer than
-    # `max_unrequested_seconds` (default 30) is cancelled. The agent sees CANCELLED for all three (grpcio
-    # 1.71, checked with a blocked loop). A controller restart makes every agent reconnect at once
-    # (one call in flight per agent), so keep the limits above the agent count and let a queued call
-    # wait rather than be cancelled and retried after a backoff.
-    max_pending_requests: int = 20000
-    max_pending_requests_hard_limit: int = 60000
-    max_unrequested_seconds: int = 300
-    grace: float = 5.0
-    extra_options: list[tuple[str, Any]] = field(default_factory=list)
-
-    def machine_config(self) -> MachineConfig:
-        """Only the state machine's part (what each `JobMachine` holds)."""
-        return MachineConfig(**{f.name: getattr(self, f.name) for f in fields(MachineConfig)})
-
-    def grpc_options(self) -> list[tuple[str, Any]]:
-        return [
-            ("grpc.server.max_pending_requests", self.max_pending_requests),
-            ("grpc.server.max_pending_requests_hard_limit", self.max_pending_requests_hard_limit),
-            ("grpc.server_max_unrequested_time_in_server", self.max_unrequested_seconds),
-            ("grpc.max_receive_message_length", MAX_MESSAGE),
-            ("grpc.max_send_message_length", MAX_MESSAGE),
-            # clients ping every few seconds even without calls: allow it instead of GOAWAY(too_many_pings)
-            ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.http2.min_ping_interval_without_data_ms", 1000),
-            ("grpc.http2.max_ping_strikes", 0),
-            # and find dead agents' connections ourselves
-            ("grpc.keepalive_time_ms", 20000),
-            ("grpc.keepalive_timeout_ms", 10000),
-            ("grpc.so_reuseport", 0),
-            *self.extra_options,
-        ]
 
 
 class ControllerServer:
@@ -111,16 +65,25 @@ class ControllerServer:
             host = "127.0.0.1"
         return join_host_port(host, self._port)
 
-    async def start(self) -> None:
+    async def start(self, max_connections: int | None = None) -> None:
         """Bind, then open the state: a taken port leaves no state file (nor lock) behind.
-        ValueError for a malformed listen address, OSError for a bind or state file that fails."""
+        OSError for a bind, TLS file or state file that fails. `max_connections` (default: the config's,
+        else what RLIMIT_NOFILE allows) caps the connections gRPC accepts."""
         cfg = self.config
         host, port = parse_listen(cfg.listen)
         listen = join_host_port(host, port)
         self._stopped = asyncio.Event()
-        server = grpc.aio.server(options=cfg.grpc_options())
+        token = cfg.load_token()
+        credentials = server_credentials(cfg)
+        limits = PeerLimits(PeerLimitConfig(
+            max_connections=cfg.max_connections_per_peer, max_streams=cfg.max_streams_per_peer,
+            calls_per_second=cfg.calls_per_second_per_peer, burst=cfg.call_burst_per_peer,
+            limit_loopback=cfg.limit_loopback))
+        budget = cfg.max_connections or max_connections or connection_budget()
+        server = grpc.aio.server(options=cfg.grpc_options(budget), interceptors=[Guard(token, limits)])
         try:
-            bound = server.add_insecure_port(listen)
+            bound = (server.add_secure_port(listen, credentials) if credentials is not None
+                     else server.add_insecure_port(listen))
         except RuntimeError as exc:
             await _release(server)
             raise OSError(f"cannot listen on {listen}: {exc}; {LISTEN_HINT}") from exc
@@ -137,7 +100,7 @@ class ControllerServer:
             self.core = ControllerCore(cfg.machine_config(), store, hub, max_jobs=cfg.max_jobs,
                                        finished_job_retention=cfg.finished_job_retention)
             self.core.load()
-            add_services(server, self.core)
+            add_services(server, self.core, cfg.max_node_count)
         except BaseException:
             await _release(server)
             store.close()
@@ -155,8 +118,12 @@ class ControllerServer:
             asyncio.create_task(hub.run_keepalive(cfg.keepalive_interval), name="taskd-keepalive"),
             asyncio.create_task(self.core.run_eviction(), name="taskd-eviction"),
         ]
-        log.info("taskd controller listening on %s (state %s, %d job(s) loaded)", self.address,
-                 store.path, len(self.core.jobs))
+        log.info("taskd controller listening on %s (state %s, %d job(s) loaded; %s, %s; up to %d connections)",
+                 self.address, store.path, len(self.core.jobs), "TLS" if credentials is not None else "plaintext",
+                 "token required" if token is not None else "no token", budget)
+        if token is None and not is_loopback(host):
+            log.warning("serving %s without a token (--insecure): anyone who can reach it can read, fail or stop "
+                        "every job", self.address)
 
     async def wait(self) -> None:
         """Until stop() has finished."""
@@ -215,7 +182,8 @@ def tune_gc() -> None:
 async def serve(config: ControllerConfig, ready: Any = None) -> None:
     """Serve until SIGTERM/SIGINT (main thread) and shut down gracefully; `ready(server)` after start."""
     server = ControllerServer(config)
-    await server.start()
+    # the standalone controller's only job is serving: every descriptor the hard limit allows is its own
+    await server.start(max_connections=connection_budget(raise_nofile()))
     tune_gc()
     if ready is not None:
         ready(server)
@@ -239,7 +207,12 @@ def run_server(config: ControllerConfig, ready: Any = None) -> int:
 
 
 class EmbeddedController:
-    """A controller running on its own event loop in a daemon thread of this process."""
+    """A controller running on its own event loop in a daemon thread of this process.
+
+    Its caller makes the token for the run (`ControllerConfig(token=secrets.token_urlsafe(32))`) and hands
+    it to its own agent in-process: it is never printed, never in argv, never in a rank's environment.
+    A bad config is refused at construction (`ConfigError`), exactly as `taskd server` refuses it.
+    """
 
     def __init__(self, config: ControllerConfig | None = None) -> None:
         self.config = config or ControllerConfig(listen="127.0.0.1:0", state_path=MEMORY)

@@ -45,11 +45,46 @@ def _answer(out: Outcome, method: str, job_id: str) -> Status:
 
 
 class RecoverService(recover_pb2_grpc.RecoverServicer):
-    def __init__(self, core: ControllerCore) -> None:
+    def __init__(self, core: ControllerCore, max_node_count: int = 65536) -> None:
         self.core = core
+        self.max_node_count = max_node_count
+
+    def _check_client(self, request: recover_pb2.ClientInfo) -> str:
+        return v.check_client(request, self.max_node_count)
+
+    def _world(self, job_id: str) -> int | None:
+        job = self.core.jobs.get(job_id)
+        return None if job is None else v.world_size(job.node_count, job.ranks_per_node)
+
+    def _ranks(self, job_id: str, name: str, ranks: list[int], node_rank: int | None = None) -> Status | None:
+        """A refusal for ranks the job does not have (checked before the core sees the request), else None."""
+        job = self.core.jobs.get(job_id)
+        if job is None:
+            return None  # the core answers 402 for an unknown job
+        node = None
+        if node_rank is not None and (agent := job.agents.get(node_rank)) is not None:
+            node = (node_rank, agent.ranks_per_node or job.ranks_per_node)
+        code, why = v.rank_refusal(ranks, name, v.world_size(job.node_count, job.ranks_per_node), node)
+        if code:
+            log.info("job %s: refused ranks from node %d: %s", job_id, node_rank if node_rank is not None else -1, why)
+            return Status(code=code, info=why)
+        return None
+
+    def _impostor(self, request: recover_pb2.ClientInfo) -> str:
+        """Why a Register/Subscribe for a node whose agent is live (its signal stream open) is refused when it
+        comes from another (host, pid): it would take the live agent's signals away."""
+        job = self.core.jobs.get(request.jobId)
+        agent = job.agents.get(request.nodeRank) if job is not None else None
+        if agent is None or not self.core.hub.has(job.job_id, request.nodeRank):
+            return ""
+        if (agent.host, agent.pid) == (request.host, request.pid):
+            return ""
+        return (f"node {request.nodeRank} of job {request.jobId} already has a live agent (host {agent.host!r}, "
+                f"pid {agent.pid}); a second agent from host {request.host[:64]!r}, pid {request.pid} is refused. "
+                "Is the node rank (TASKD_NODE_RANK / --node-rank) given to two agents?")
 
     async def Init(self, request: recover_pb2.ClientInfo, context: grpc.aio.ServicerContext) -> Status:
-        if why := v.check_client(request):
+        if why := self._check_client(request):
             return _invalid(why)
         ev = JobInit(
             node_count=request.nodeCount, ranks_per_node=request.ranksPerNode,
@@ -59,14 +94,14 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
         return _answer(self.core.init_job(request.jobId, ev), "Init", request.jobId)
 
     async def Register(self, request: recover_pb2.ClientInfo, context: grpc.aio.ServicerContext) -> Status:
-        if why := v.check_client(request):
+        if why := self._check_client(request) or self._impostor(request):
             return _invalid(why)
         ev = AgentRegistered(node_rank=request.nodeRank, role=request.role, host=request.host, pid=request.pid,
                              ranks_per_node=request.ranksPerNode)
         return _answer(self.core.dispatch(request.jobId, ev), "Register", request.jobId)
 
     async def HealthCheck(self, request: recover_pb2.ClientInfo, context: grpc.aio.ServicerContext) -> Status:
-        if why := v.check_client(request):
+        if why := self._check_client(request):
             return _invalid(why)
         job = self.core.jobs.get(request.jobId)
         if job is None:
@@ -80,7 +115,7 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
         self, request: recover_pb2.ClientInfo, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
         """Yields serialised ProcessManageSignals (the method is registered with a pass-through serializer)."""
-        if why := v.check_client(request):
+        if why := self._check_client(request):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{Code.INVALID_PARAMS}: {why}")
         if self.core.closing:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "controller shutting down")
@@ -91,6 +126,8 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
         if node not in job.agents:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 f"{Code.NOT_REGISTERED}: node {node} of job {job_id} is not registered")
+        if why := self._impostor(request):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{Code.INVALID_PARAMS}: {why}")
         job_id = job.job_id  # one string shared by every stream of the job, not a copy per request
         sub = self.core.hub.subscribe(job_id, node)
         # an immediate keep-alive tells the agent its stream is live (it waits for that before starting ranks)
@@ -115,22 +152,29 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
                                  context: grpc.aio.ServicerContext) -> Status:
         if why := v.check_stop_complete(request):
             return _invalid(why)
+        faults = v.faults_dict(request.faultRanks)
+        if refused := self._ranks(request.jobId, "faultRanks", list(faults)):
+            return refused
         ev = StopComplete(node_rank=request.nodeRank, code=request.status.code, info=request.status.info,
-                          faults=v.faults_dict(request.faultRanks))
+                          faults=faults)
         return _answer(self.core.dispatch(request.jobId, ev), "ReportStopComplete", request.jobId)
 
     async def ReportRecoverStrategy(self, request: recover_pb2.RecoverStrategyRequest,
                                     context: grpc.aio.ServicerContext) -> Status:
         if why := v.check_recover_strategy(request):
             return _invalid(why)
-        ev = StrategiesReported(node_rank=request.nodeRank, strategies=tuple(request.strategies),
-                                faults=v.faults_dict(request.faultRanks))
+        faults = v.faults_dict(request.faultRanks)
+        if refused := self._ranks(request.jobId, "faultRanks", list(faults)):
+            return refused
+        ev = StrategiesReported(node_rank=request.nodeRank, strategies=tuple(request.strategies), faults=faults)
         return _answer(self.core.dispatch(request.jobId, ev), "ReportRecoverStrategy", request.jobId)
 
     async def ReportRecoverStatus(self, request: recover_pb2.RecoverStatusRequest,
                                   context: grpc.aio.ServicerContext) -> Status:
         if why := v.check_recover_status(request):
             return _invalid(why)
+        if refused := self._ranks(request.jobId, "isolateRankIds", [int(r) for r in request.isolateRankIds]):
+            return refused
         ev = RecoverStatusReported(node_rank=request.nodeRank, code=request.status.code, info=request.status.info,
                                    strategy=request.strategy, isolate_ranks=tuple(request.isolateRankIds))
         return _answer(self.core.dispatch(request.jobId, ev), "ReportRecoverStatus", request.jobId)
@@ -139,7 +183,11 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
                                  context: grpc.aio.ServicerContext) -> Status:
         if why := v.check_process_fault(request):
             return _invalid(why)
-        ev = FaultReported(node_rank=request.nodeRank, faults=v.faults_dict(request.faultRanks), detail=request.detail)
+        faults = v.faults_dict(request.faultRanks)
+        # a node reports its own ranks: a fault elsewhere is refused before it opens a round or spends a restart
+        if refused := self._ranks(request.jobId, "faultRanks", list(faults), node_rank=request.nodeRank):
+            return refused
+        ev = FaultReported(node_rank=request.nodeRank, faults=faults, detail=request.detail)
         return _answer(self.core.dispatch(request.jobId, ev), "ReportProcessFault", request.jobId)
 
 
@@ -154,6 +202,10 @@ class AgentReportService(taskd_pb2_grpc.AgentReportServicer):
         return _answer(self.core.dispatch(request.jobId, ev), "ReportFinished", request.jobId)
 
 
+PAGE_BYTES = 2 * 1024 * 1024
+"""A page ends before it would pass this many bytes (a client's default receive limit is 4 MB)."""
+
+
 class JobStatusService(taskd_pb2_grpc.JobStatusServicer):
     def __init__(self, core: ControllerCore) -> None:
         self.core = core
@@ -161,7 +213,38 @@ class JobStatusService(taskd_pb2_grpc.JobStatusServicer):
     async def ListJobs(self, request: taskd_pb2.JobQuery, context: grpc.aio.ServicerContext) -> taskd_pb2.JobList:
         if request.jobId and (why := v.check_job_id(request.jobId)):
             return taskd_pb2.JobList(status=_invalid(why))
-        return self.core.job_list(request.jobId)
+        if request.pageSize < 0:
+            return taskd_pb2.JobList(status=_invalid(f"pageSize must be >= 0, got {request.pageSize}"))
+        if request.jobId or (request.pageSize == 0 and not request.pageToken):
+            return self.core.job_list(request.jobId)  # one job, or every job at once (callers without paging)
+        return self._page(request.pageSize or 1000, request.pageToken)
+
+    def _page(self, size: int, token: str) -> taskd_pb2.JobList:
+        """Jobs in creation order after `token` (the last job of the previous page: "<createdAt>:<jobId>")."""
+        after: tuple[float, str] | None = None
+        if token:
+            stamp, sep, job_id = token.partition(":")
+            try:
+                after = (float(stamp), job_id)
+            except ValueError:
+                after = None
+            if not sep or after is None:
+                return taskd_pb2.JobList(status=_invalid(f"pageToken {token[:64]!r} is not one this server gave"))
+        keys = sorted((m.created_at, m.job_id) for m in self.core.jobs.values())
+        out = taskd_pb2.JobList(status=Status(code=Code.OK))
+        used = 0
+        for key in keys:
+            if after is not None and key <= after:
+                continue
+            record = self.core.job_list(key[1]).jobs[0]
+            cost = record.ByteSize() + 8
+            if out.jobs and (len(out.jobs) >= size or used + cost > PAGE_BYTES):
+                last = out.jobs[-1]
+                out.nextPageToken = f"{last.createdAt!r}:{last.jobId}"
+                break
+            out.jobs.append(record)
+            used += cost
+        return out
 
 
 def _passthrough(data: bytes) -> bytes:
@@ -188,7 +271,7 @@ def recover_handler(svc: RecoverService) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler("Recover", handlers)
 
 
-def add_services(server: grpc.aio.Server, core: ControllerCore) -> None:
-    server.add_generic_rpc_handlers((recover_handler(RecoverService(core)),))
+def add_services(server: grpc.aio.Server, core: ControllerCore, max_node_count: int = 65536) -> None:
+    server.add_generic_rpc_handlers((recover_handler(RecoverService(core, max_node_count)),))
     taskd_pb2_grpc.add_AgentReportServicer_to_server(AgentReportService(core), server)
     taskd_pb2_grpc.add_JobStatusServicer_to_server(JobStatusService(core), server)

@@ -14,12 +14,59 @@ from taskd.toolkit.recover_module.channel import normalize_address
 __all__ = ["fetch_jobs", "normalize_address", "render_json", "render_text"]
 
 
-def fetch_jobs(address: str, job_id: str | None = None, timeout: float = 5.0) -> taskd_pb2.JobList:
-    """ListJobs on the controller at `address` (`host[:port]`, as MINDX_SERVER_IP); raises ValueError for
-    an address that is not one, grpc.RpcError when the controller cannot be reached in `timeout`."""
-    with grpc.insecure_channel(normalize_address(address)) as channel:
+PAGE_SIZE = 200
+MAX_PAGE_BYTES = 64 * 1024 * 1024  # one job's page may pass the 4 MB default (the server's send limit)
+MAX_PAGES = 100_000
+
+
+def fetch_jobs(address: str, job_id: str | None = None, timeout: float = 5.0, token: str | None = None,
+               credentials: grpc.ChannelCredentials | None = None) -> taskd_pb2.JobList:
+    """ListJobs on the controller at `address` (`host[:port]`, as MINDX_SERVER_IP), page by page, so that no
+    job list is too big for one message; `timeout` is per page. Raises ValueError for an address that is not
+    one, grpc.RpcError when the controller cannot be reached or refuses the call."""
+    target = normalize_address(address)
+    options = [("grpc.max_receive_message_length", MAX_PAGE_BYTES)]
+    metadata = (("authorization", f"Bearer {token}"),) if token else None
+    channel = (grpc.secure_channel(target, credentials, options=options) if credentials is not None
+               else grpc.insecure_channel(target, options=options))
+    with channel:
         stub = taskd_pb2_grpc.JobStatusStub(channel)
-        return stub.ListJobs(taskd_pb2.JobQuery(jobId=job_id or ""), timeout=timeout, wait_for_ready=False)
+        if job_id:
+            return stub.ListJobs(taskd_pb2.JobQuery(jobId=job_id), timeout=timeout, metadata=metadata)
+        out = taskd_pb2.JobList()
+        token_ = ""
+        for _ in range(MAX_PAGES):
+            page = stub.ListJobs(taskd_pb2.JobQuery(pageSize=PAGE_SIZE, pageToken=token_), timeout=timeout,
+                                 metadata=metadata)
+            out.status.CopyFrom(page.status)
+            out.jobs.extend(page.jobs)
+            token_ = page.nextPageToken
+            if page.status.code != 0 or not token_:
+                break
+        return out
+
+
+def read_credentials(token_file: str | None, ca: str | None, cert: str | None, key: str | None
+                     ) -> tuple[str | None, grpc.ChannelCredentials | None]:
+    """(token, TLS channel credentials) from files; ValueError naming the file that cannot be used."""
+    def read(path: str, what: str) -> bytes:
+        try:
+            with open(path, "rb") as fh:
+                return fh.read()
+        except OSError as exc:
+            raise ValueError(f"cannot read {what} {path!r}: {exc.strerror or exc}") from None
+
+    token = read(token_file, "the token file").decode("ascii", "replace").strip() if token_file else None
+    if token_file and not token:
+        raise ValueError(f"the token file {token_file!r} is empty")
+    if (cert is None) != (key is None):
+        raise ValueError("a client certificate needs its key and the key its certificate (--tls-cert, --tls-key)")
+    if ca is None and cert is None:
+        return token, None
+    return token, grpc.ssl_channel_credentials(
+        root_certificates=read(ca, "the CA certificate") if ca else None,
+        private_key=read(key, "the client key") if key else None,
+        certificate_chain=read(cert, "the client certificate") if cert else None)
 
 
 def _ts(t: float) -> str:

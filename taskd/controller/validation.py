@@ -1,14 +1,24 @@
-"""Request checks: each returns "" or an info naming the offending field (answered 409)."""
+"""Request checks: each returns "" or an info naming the offending field (answered 409).
+
+Everything here runs before the request reaches the core, so a refused request changes nothing.
+The job-aware checks (`rank_refusal`) read the job and answer 402 for ranks it does not have.
+"""
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Iterable, Sequence
 
+from taskd.controller.config import RANK_LIMIT
 from taskd.proto import recover_pb2
 from taskd.vocabulary import FaultType, Strategy
 
 MAX_LIST = 100_000
 MAX_STRING = 4096
+MAX_JOB_ID_BYTES = 256
+MAX_RANKS_PER_NODE = 65536
+_UNPRINTABLE = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+"""Control, format (bidi overrides, zero-width), surrogate, private-use, unassigned, line/paragraph separators."""
 
 
 def _str(name: str, value: str) -> str:
@@ -25,9 +35,16 @@ def _strings(pairs: Iterable[tuple[str, str]]) -> str:
 
 
 def check_job_id(job_id: str) -> str:
+    """Non-empty, at most 256 bytes of UTF-8, printable: it is shown in logs, consoles and `taskd status`."""
     if not job_id:
         return "jobId is empty"
-    return _str("jobId", job_id)
+    size = len(job_id.encode("utf-8", "surrogatepass"))
+    if size > MAX_JOB_ID_BYTES:
+        return f"jobId is {size} bytes long (max {MAX_JOB_ID_BYTES})"
+    for i, c in enumerate(job_id):
+        if unicodedata.category(c) in _UNPRINTABLE:
+            return f"jobId has an unprintable character U+{ord(c):04X} at position {i}"
+    return ""
 
 
 def _non_negative(pairs: Iterable[tuple[str, int]]) -> str:
@@ -40,6 +57,8 @@ def _non_negative(pairs: Iterable[tuple[str, int]]) -> str:
 def _rank_id(name: str, text: str) -> str:
     if not text.isascii() or not text.isdigit():
         return f"{name} {text[:64]!r} is not a non-negative integer"
+    if len(text) > 10 or int(text) > RANK_LIMIT:  # length first: int() of 5,000 digits raises
+        return f"{name} {text[:64]!r} does not fit a 32-bit rank id (max {RANK_LIMIT})"
     return ""
 
 
@@ -71,15 +90,28 @@ def check_strategies(names: Sequence[str], field: str = "strategies") -> str:
     return ""
 
 
-def check_client(info: recover_pb2.ClientInfo) -> str:
+def check_client(info: recover_pb2.ClientInfo, max_node_count: int = 65536) -> str:
     return (
         check_job_id(info.jobId)
         or _strings([("role", info.role), ("host", info.host)])
         or _non_negative([("nodeRank", info.nodeRank), ("nodeCount", info.nodeCount),
                           ("ranksPerNode", info.ranksPerNode), ("pid", info.pid)]
                          + ([("maxRestarts", info.maxRestarts)] if info.HasField("maxRestarts") else []))
+        or _sizes(info, max_node_count)
         or check_strategies(info.strategies)
     )
+
+
+def _sizes(info: recover_pb2.ClientInfo, max_node_count: int) -> str:
+    if info.nodeCount > max_node_count:
+        return f"nodeCount {info.nodeCount} is above this controller's limit of {max_node_count} (--max-node-count)"
+    if info.nodeRank >= max_node_count:
+        return f"nodeRank {info.nodeRank} is above this controller's limit of {max_node_count} nodes (--max-node-count)"
+    if info.ranksPerNode > MAX_RANKS_PER_NODE:
+        return f"ranksPerNode {info.ranksPerNode} is above {MAX_RANKS_PER_NODE}"
+    if max(info.nodeCount, 1) * info.ranksPerNode > RANK_LIMIT:
+        return f"nodeCount * ranksPerNode = {info.nodeCount * info.ranksPerNode} ranks does not fit 32-bit rank ids"
+    return ""
 
 
 def check_status(status: recover_pb2.Status) -> str:
@@ -116,6 +148,27 @@ def check_process_fault(req: recover_pb2.ProcessFaultRequest) -> str:
 
 def check_finish(job_id: str, node_rank: int, message: str) -> str:
     return check_job_id(job_id) or _non_negative([("nodeRank", node_rank)]) or _str("message", message)
+
+
+def world_size(node_count: int, ranks_per_node: int) -> int | None:
+    """Ranks in the job, when its Init said how many per node (ClusterD-wire clients do not)."""
+    return max(node_count, 1) * ranks_per_node if ranks_per_node > 0 else None
+
+
+def rank_refusal(ranks: Sequence[int], name: str, world: int | None, node: tuple[int, int] | None = None
+                 ) -> tuple[int, str]:
+    """(0, "") or (code, why) for ranks a job does not have: more entries than its world size (409), a rank
+    outside the job (402) or, for `node` = (node rank, its ranks per node), outside that node's ranks (402)."""
+    if world is not None and len(ranks) > world:
+        return 409, f"{name} has {len(ranks)} entries, more than the job's {world} ranks"
+    for i, r in enumerate(ranks):
+        if world is not None and r >= world:
+            return 402, f"{name}[{i}] = rank {r} is not in the job: it has ranks 0-{world - 1}"
+        if node is not None and node[1] > 0 and not node[0] * node[1] <= r < (node[0] + 1) * node[1]:
+            first = node[0] * node[1]
+            return 402, (f"{name}[{i}] = rank {r} is not one of node {node[0]}'s ranks ({first}-{first + node[1] - 1}):"
+                         " a node reports only its own ranks' faults")
+    return 0, ""
 
 
 def faults_dict(faults: Iterable[recover_pb2.FaultRank]) -> dict[int, str]:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from . import recover_pb2 as recover__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0btaskd.proto\x12\x08taskd.v1\x1a\rrecover.proto\"S\n\rFinishRequest\x12\r\n\x05jobId\x18\x01 \x01(\t\x12\x10\n\x08nodeRank\x18\x02 \x01(\x05\x12\x10\n\x08\x65xitCode\x18\x03 \x01(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t\"\x19\n\x08JobQuery\x12\r\n\x05jobId\x18\x01 \x01(\t\"\xbe\x01\n\x0b\x41gentRecord\x12\x10\n\x08nodeRank\x18\x01 \x01(\x05\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\x05\x12\x14\n\x0cranksPerNode\x18\x05 \x01(\x05\x12\x12\n\nsubscribed\x18\x06 \x01(\x08\x12\x14\n\x0cregisteredAt\x18\x07 \x01(\x01\x12\x10\n\x08lastSeen\x18\x08 \x01(\x01\x12\x10\n\x08\x66inished\x18\t \x01(\x08\x12\x10\n\x08\x65xitCode\x18\n \x01(\x05\"\xb5\x01\n\x0bRoundRecord\x12\r\n\x05round\x18\x01 \x01(\x05\x12\x11\n\tstartedAt\x18\x02 \x01(\x01\x12\x0f\n\x07\x65ndedAt\x18\x03 \x01(\x01\x12\x1e\n\nfaultRanks\x18\x04 \x03(\x0b\x32\n.FaultRank\x12\x17\n\x0fstrategiesTried\x18\x05 \x03(\t\x12\x10\n\x08strategy\x18\x06 \x01(\t\x12\x0f\n\x07outcome\x18\x07 \x01(\t\x12\x17\n\x0f\x64urationSeconds\x18\x08 \x01(\x01\"H\n\x0b\x45ventRecord\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\r\n\x05round\x18\x03 \x01(\x05\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"\xa2\x02\n\tJobRecord\x12\r\n\x05jobId\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x11\n\tnodeCount\x18\x03 \x01(\x05\x12\x14\n\x0cranksPerNode\x18\x04 \x01(\x05\x12\x10\n\x08restarts\x18\x05 \x01(\x05\x12\x13\n\x0bmaxRestarts\x18\x06 \x01(\x05\x12\x11\n\tcreatedAt\x18\x07 \x01(\x01\x12\x11\n\tupdatedAt\x18\x08 \x01(\x01\x12%\n\x06\x61gents\x18\t \x03(\x0b\x32\x15.taskd.v1.AgentRecord\x12%\n\x06rounds\x18\n \x03(\x0b\x32\x15.taskd.v1.RoundRecord\x12%\n\x06\x65vents\x18\x0b \x03(\x0b\x32\x15.taskd.v1.EventRecord\x12\x0c\n\x04info\x18\x0c \x01(\t\"E\n\x07JobList\x12\x17\n\x06status\x18\x01 \x01(\x0b\x32\x07.Status\x12!\n\x04jobs\x18\x02 \x03(\x0b\x32\x13.taskd.v1.JobRecord2A\n\x0b\x41gentReport\x12\x32\n\x0eReportFinished\x12\x17.taskd.v1.FinishRequest\x1a\x07.Status2>\n\tJobStatus\x12\x31\n\x08ListJobs\x12\x12.taskd.v1.JobQuery\x1a\x11.taskd.v1.JobListb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0btaskd.proto\x12\x08taskd.v1\x1a\rrecover.proto\"S\n\rFinishRequest\x12\r\n\x05jobId\x18\x01 \x01(\t\x12\x10\n\x08nodeRank\x18\x02 \x01(\x05\x12\x10\n\x08\x65xitCode\x18\x03 \x01(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t\">\n\x08JobQuery\x12\r\n\x05jobId\x18\x01 \x01(\t\x12\x10\n\x08pageSize\x18\x02 \x01(\x05\x12\x11\n\tpageToken\x18\x03 \x01(\t\"\xbe\x01\n\x0b\x41gentRecord\x12\x10\n\x08nodeRank\x18\x01 \x01(\x05\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\x05\x12\x14\n\x0cranksPerNode\x18\x05 \x01(\x05\x12\x12\n\nsubscribed\x18\x06 \x01(\x08\x12\x14\n\x0cregisteredAt\x18\x07 \x01(\x01\x12\x10\n\x08lastSeen\x18\x08 \x01(\x01\x12\x10\n\x08\x66inished\x18\t \x01(\x08\x12\x10\n\x08\x65xitCode\x18\n \x01(\x05\"\xb5\x01\n\x0bRoundRecord\x12\r\n\x05round\x18\x01 \x01(\x05\x12\x11\n\tstartedAt\x18\x02 \x01(\x01\x12\x0f\n\x07\x65ndedAt\x18\x03 \x01(\x01\x12\x1e\n\nfaultRanks\x18\x04 \x03(\x0b\x32\n.FaultRank\x12\x17\n\x0fstrategiesTried\x18\x05 \x03(\t\x12\x10\n\x08strategy\x18\x06 \x01(\t\x12\x0f\n\x07outcome\x18\x07 \x01(\t\x12\x17\n\x0f\x64urationSeconds\x18\x08 \x01(\x01\"H\n\x0b\x45ventRecord\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\r\n\x05round\x18\x03 \x01(\x05\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"\xa2\x02\n\tJobRecord\x12\r\n\x05jobId\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x11\n\tnodeCount\x18\x03 \x01(\x05\x12\x14\n\x0cranksPerNode\x18\x04 \x01(\x05\x12\x10\n\x08restarts\x18\x05 \x01(\x05\x12\x13\n\x0bmaxRestarts\x18\x06 \x01(\x05\x12\x11\n\tcreatedAt\x18\x07 \x01(\x01\x12\x11\n\tupdatedAt\x18\x08 \x01(\x01\x12%\n\x06\x61gents\x18\t \x03(\x0b\x32\x15.taskd.v1.AgentRecord\x12%\n\x06rounds\x18\n \x03(\x0b\x32\x15.taskd.v1.RoundRecord\x12%\n\x06\x65vents\x18\x0b \x03(\x0b\x32\x15.taskd.v1.EventRecord\x12\x0c\n\x04info\x18\x0c \x01(\t\"\\\n\x07JobList\x12\x17\n\x06status\x18\x01 \x01(\x0b\x32\x07.Status\x12!\n\x04jobs\x18\x02 \x03(\x0b\x32\x13.taskd.v1.JobRecord\x12\x15\n\rnextPageToken\x18\x03 \x01(\t2A\n\x0b\x41gentReport\x12\x32\n\x0eReportFinished\x12\x17.taskd.v1.FinishRequest\x1a\x07.Status2>\n\tJobStatus\x12\x31\n\x08ListJobs\x12\x12.taskd.v1.JobQuery\x1a\x11.taskd.v1.JobListb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,19 +35,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FINISHREQUEST']._serialized_start=40
   _globals['_FINISHREQUEST']._serialized_end=123
   _globals['_JOBQUERY']._serialized_start=125
-  _globals['_JOBQUERY']._serialized_end=150
-  _globals['_AGENTRECORD']._serialized_start=153
-  _globals['_AGENTRECORD']._serialized_end=343
-  _globals['_ROUNDRECORD']._serialized_start=346
-  _globals['_ROUNDRECORD']._serialized_end=527
-  _globals['_EVENTRECORD']._serialized_start=529
-  _globals['_EVENTRECORD']._serialized_end=601
-  _globals['_JOBRECORD']._serialized_start=604
-  _globals['_JOBRECORD']._serialized_end=894
-  _globals['_JOBLIST']._serialized_start=896
-  _globals['_JOBLIST']._serialized_end=965
-  _globals['_AGENTREPORT']._serialized_start=967
-  _globals['_AGENTREPORT']._serialized_end=1032
-  _globals['_JOBSTATUS']._serialized_start=1034
-  _globals['_JOBSTATUS']._serialized_end=1096
+  _globals['_JOBQUERY']._serialized_end=187
+  _globals['_AGENTRECORD']._serialized_start=190
+  _globals['_AGENTRECORD']._serialized_end=380
+  _globals['_ROUNDRECORD']._serialized_start=383
+  _globals['_ROUNDRECORD']._serialized_end=564
+  _globals['_EVENTRECORD']._serialized_start=566
+  _globals['_EVENTRECORD']._serialized_end=638
+  _globals['_JOBRECORD']._serialized_start=641
+  _globals['_JOBRECORD']._serialized_end=931
+  _globals['_JOBLIST']._serialized_start=933
+  _globals['_JOBLIST']._serialized_end=1025
+  _globals['_AGENTREPORT']._serialized_start=1027
+  _globals['_AGENTREPORT']._serialized_end=1092
+  _globals['_JOBSTATUS']._serialized_start=1094
+  _globals['_JOBSTATUS']._serialized_end=1156
 # @@protoc_insertion_point(module_scope)

@@ -19,10 +19,14 @@ class FinishRequest(_message.Message):
     def __init__(self, jobId: _Optional[str] = ..., nodeRank: _Optional[int] = ..., exitCode: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class JobQuery(_message.Message):
-    __slots__ = ("jobId",)
+    __slots__ = ("jobId", "pageSize", "pageToken")
     JOBID_FIELD_NUMBER: _ClassVar[int]
+    PAGESIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGETOKEN_FIELD_NUMBER: _ClassVar[int]
     jobId: str
-    def __init__(self, jobId: _Optional[str] = ...) -> None: ...
+    pageSize: int
+    pageToken: str
+    def __init__(self, jobId: _Optional[str] = ..., pageSize: _Optional[int] = ..., pageToken: _Optional[str] = ...) -> None: ...
 
 class AgentRecord(_message.Message):
     __slots__ = ("nodeRank", "role", "host", "pid", "ranksPerNode", "subscribed", "registeredAt", "lastSeen", "finished", "exitCode")
@@ -109,9 +113,11 @@ class JobRecord(_message.Message):
     def __init__(self, jobId: _Optional[str] = ..., state: _Optional[str] = ..., nodeCount: _Optional[int] = ..., ranksPerNode: _Optional[int] = ..., restarts: _Optional[int] = ..., maxRestarts: _Optional[int] = ..., createdAt: _Optional[float] = ..., updatedAt: _Optional[float] = ..., agents: _Optional[_Iterable[_Union[AgentRecord, _Mapping]]] = ..., rounds: _Optional[_Iterable[_Union[RoundRecord, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[EventRecord, _Mapping]]] = ..., info: _Optional[str] = ...) -> None: ...
 
 class JobList(_message.Message):
-    __slots__ = ("status", "jobs")
+    __slots__ = ("status", "jobs", "nextPageToken")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
+    NEXTPAGETOKEN_FIELD_NUMBER: _ClassVar[int]
     status: _recover_pb2.Status
     jobs: _containers.RepeatedCompositeFieldContainer[JobRecord]
-    def __init__(self, status: _Optional[_Union[_recover_pb2.Status, _Mapping]] = ..., jobs: _Optional[_Iterable[_Union[JobRecord, _Mapping]]] = ...) -> None: ...
+    nextPageToken: str
+    def __init__(self, status: _Optional[_Union[_recover_pb2.Status, _Mapping]] = ..., jobs: _Optional[_Iterable[_Union[JobRecord, _Mapping]]] = ..., nextPageToken: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,145 @@
+"""The server interceptor every call of every service passes: limits, token, decodable request.
+
+In that order, before the servicer sees anything: a flood is refused before the token is even
+compared, and an unauthenticated caller learns nothing about what it sent. A request that does
+not decode gets INVALID_ARGUMENT (gRPC would answer UNKNOWN after logging a traceback) and one
+rate-limited log line.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from taskd.controller.auth import token_refusal
+from taskd.controller.limits import PeerLimits, peer_ip
+from taskd.vocabulary import Code
+
+log = logging.getLogger(__name__)
+
+
+class RateLimitedLog:
+    """At most one line per `kind` every `interval` seconds; the lines held back are counted in the next."""
+
+    def __init__(self, logger: logging.Logger, interval: float = 10.0, clock: Callable[[], float] = time.monotonic
+                 ) -> None:
+        self.logger = logger
+        self.interval = interval
+        self.clock = clock
+        self._last: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def __call__(self, kind: str, msg: str, *args: object) -> bool:
+        now = self.clock()
+        if now - self._last.get(kind, -self.interval) < self.interval:
+            self._held[kind] = self._held.get(kind, 0) + 1
+            return False
+        self._last[kind] = now
+        held = self._held.pop(kind, 0)
+        suffix = f" ({held} more like it in the last {self.interval:g}s not shown)" if held else ""
+        self.logger.warning(msg + suffix, *args)
+        return True
+
+
+class Undecodable:
+    """What a request deserializer returns for bytes that are not the request type."""
+
+    __slots__ = ("error", "size")
+
+    def __init__(self, error: str, size: int) -> None:
+        self.error = error
+        self.size = size
+
+
+def _safe(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserializer is None:
+        return None
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except Exception as exc:  # DecodeError, bad UTF-8 in a string field, ...
+            return Undecodable(f"{type(exc).__name__}: {str(exc)[:200]}", len(data))
+
+    return deserialize
+
+
+class Guard(aio.ServerInterceptor):
+    """Wraps each method's handler once (cached by method name); the checks run per call."""
+
+    def __init__(self, token: str | None, limits: PeerLimits | None) -> None:
+        self._token = token.encode() if token is not None else None
+        self._limits = limits
+        self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
+        self.note = RateLimitedLog(log)
+
+    async def intercept_service(
+        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        method = handler_call_details.method
+        wrapped = self._wrapped.get(method)
+        if wrapped is not None:
+            return wrapped
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.request_streaming:  # unknown method: UNIMPLEMENTED; no client streams here
+            return handler
+        wrapped = self._wrap(method, handler)
+        self._wrapped[method] = wrapped
+        return wrapped
+
+    def _wrap(self, method: str, handler: Any) -> Any:
+        gate = self._gate
+        if handler.response_streaming:
+            inner_stream = handler.unary_stream
+
+            async def unary_stream(request: Any, context: aio.ServicerContext) -> AsyncIterator[Any]:
+                release = await gate(method, request, context, True)
+                try:
+                    async for item in inner_stream(request, context):
+                        yield item
+                finally:
+                    if release is not None:
+                        release()
+
+            return handler._replace(unary_stream=unary_stream, request_deserializer=_safe(handler.request_deserializer))
+        inner = handler.unary_unary
+
+        async def unary_unary(request: Any, context: aio.ServicerContext) -> Any:
+            release = await gate(method, request, context, False)
+            try:
+                return await inner(request, context)
+            finally:
+                if release is not None:
+                    release()
+
+        return handler._replace(unary_unary=unary_unary, request_deserializer=_safe(handler.request_deserializer))
+
+    async def _gate(self, method: str, request: Any, context: aio.ServicerContext, stream: bool
+                    ) -> Callable[[], None] | None:
+        release = None
+        if self._limits is not None:
+            peer = context.peer()
+            why, release = self._limits.admit(peer, stream)
+            if why:
+                self.note("limit", "refused %s from %s: %s", method, peer, why)
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{Code.RATE_LIMITED}: {why}")
+        try:
+            if self._token is not None and (why := token_refusal(context.invocation_metadata(), self._token)):
+                self.note("auth", "refused %s from %s: %s", method, peer_ip(context.peer()), why.split(":")[0])
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
+            if isinstance(request, Undecodable):
+                self.note("decode", "refused %s from %s: %d bytes that do not decode (%s)", method,
+                          peer_ip(context.peer()), request.size, request.error)
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    f"{Code.INVALID_PARAMS}: the request to {method} does not decode: {request.error}")
+        except BaseException:
+            if release is not None:
+                release()
+            raise
+        return release
