@@ -37,12 +37,26 @@ class Var:
     GROUP_RANK = "GROUP_RANK"
     MASTER_ADDR = "MASTER_ADDR"
     MASTER_PORT = "MASTER_PORT"
-    TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+    TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"  # job-wide: the same on every rank started together
+    TORCHELASTIC_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
+    TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
+    TORCHELASTIC_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"  # where torch's @record writes a rank's exception
+    GROUP_WORLD_SIZE = "GROUP_WORLD_SIZE"
+    ROLE_NAME = "ROLE_NAME"
+    ROLE_RANK = "ROLE_RANK"
+    ROLE_WORLD_SIZE = "ROLE_WORLD_SIZE"
+    OMP_NUM_THREADS = "OMP_NUM_THREADS"
+    TORCH_NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+    TORCHELASTIC_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"  # "True": the store outlives rank 0
     # taskd
     TASKD_RESTART_COUNT = "TASKD_RESTART_COUNT"
     TASKD_JOB_ID = "TASKD_JOB_ID"
     TASKD_HEARTBEAT_FILE = "TASKD_HEARTBEAT_FILE"
     TASKD_HEARTBEAT_DIR = "TASKD_HEARTBEAT_DIR"  # set by an agent for ranks another launcher starts
+    TASKD_CONTROL_FILE = "TASKD_CONTROL_FILE"  # live recovery: the agent's per-node control file
+    TASKD_GENERATION = "TASKD_GENERATION"  # live recovery: the group generation a rank starts into
+    TASKD_REJOIN_TIMEOUT = "TASKD_REJOIN_TIMEOUT"  # live recovery: seconds a rank waits for a generation
+    TASKD_PREIMPORT = "TASKD_PREIMPORT"  # warm spares: modules to import before becoming a rank
     MINDX_TASK_ID = "MINDX_TASK_ID"  # TaskD's job id, when the job runs under MindCluster
 
 

@@ -29,7 +29,19 @@ offset  type  field
 76      u32   length of the section name in bytes
 80      64s   section name, UTF-8
 144     u64   number of heartbeats written
+152     u32   live flags (rank side): 1 = can rejoin a rebuilt group in place, 2 = can retry a step in place
+156     u32   live phase: 0 training, 1 paused (waiting for a generation), 2 rejoining, 3 gave up
+160     i64   generation of the group the rank last joined
+168     i64   step the rank resumed from when it joined that generation
+176     f64   wall time it joined that generation (0 = never joined one)
+184     f64   wall time it entered the collective it is in now (0 = not inside one)
+192     u64   in-place errors reported (a counter: the agent sees each one once)
+200     u32   kind of the last one: 1 retryable exception, 2 collective timeout, 3 collective error (peer lost)
+204     i64   step it happened in
+212     f64   wall time it happened
 ======  ====  ===============================================================
+
+Bytes 152-219 are the live-recovery fields (``taskd.worker.live``); all zero means "not declared".
 """
 
 from __future__ import annotations
@@ -55,6 +67,7 @@ _ACK = struct.Struct("<QI")  # offset 64: ack, ok
 _NAME = struct.Struct("<I64s")  # offset 76: length, name
 _COUNT = struct.Struct("<Q")  # offset 144
 _ALL = struct.Struct("<4sIQiIdqddQQII64sQ")  # the whole record, for one-shot reads
+_LIVE = struct.Struct("<IIqqddQIqd")  # offset 152: the live-recovery fields, see taskd.worker.live
 
 OFF_SEQ = 8
 OFF_IDENT = 16
@@ -64,6 +77,12 @@ OFF_REQUEST = 56
 OFF_ACK = 64
 OFF_NAME = 76
 OFF_COUNT = 144
+OFF_LIVE = 152
+OFF_LIVE_FLAGS = 152
+OFF_LIVE_PHASE = 156
+OFF_LIVE_JOIN = 160  # generation, step, time
+OFF_LIVE_COLLECTIVE = 184
+OFF_LIVE_ERROR = 192  # count, kind, step, time
 
 
 class HeartbeatFileError(Exception):

@@ -11,10 +11,11 @@ import faulthandler
 import logging
 import os
 import signal
+import struct
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 from taskd.worker import heartbeat_file as hbf
@@ -76,6 +77,14 @@ class _Beacon:
             hbf._NAME.pack_into(self.buf, hbf.OFF_NAME, len(encoded), encoded)
             if touch:
                 hbf._BEAT.pack_into(self.buf, hbf.OFF_BEAT, time.time(), self.step)
+            self._end()
+
+    def write_fields(self, fields: Iterable[tuple[struct.Struct, int, tuple]]) -> None:
+        """Write rank-side fields (struct, offset, values) as one update under the sequence counter."""
+        with self.lock:
+            self._begin()
+            for layout, offset, values in fields:
+                layout.pack_into(self.buf, offset, *values)
             self._end()
 
     def _serve_save_request(self) -> None:
@@ -169,6 +178,18 @@ def _forget_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def write_fields(fields: Iterable[tuple[struct.Struct, int, tuple]]) -> bool:
+    """Write rank-side fields of this rank's heartbeat file atomically (for ``taskd.worker.live``).
+
+    False, and nothing written, when the rank has no heartbeat file (not under taskd).
+    """
+    beacon = _beacon if isinstance(_beacon, _Beacon) else (None if _beacon is _DISABLED else _attach())
+    if beacon is None:
+        return False
+    beacon.write_fields(fields)
+    return True
 
 
 def heartbeat(step: int | None = None) -> None:

@@ -1,0 +1,393 @@
+"""Live recovery, the framework-neutral half: what a rank and its agent tell each other.
+
+A collective job survives a lost rank only if every rank takes part: the survivors abandon the
+step in flight, wait for the agent to name a new group *generation*, rebuild their communicator
+in place with a replacement rank and hand it their state. Nothing here knows a framework; the
+torch binding (``taskd.worker.torch``) and a future MindSpore one sit on top of it.
+
+Agent -> ranks: one control file per node (``TASKD_CONTROL_FILE``), JSON, replaced atomically
+(write + rename), so a rank checks it at each step boundary with one ``os.stat``.
+
+Ranks -> agent: fields 152-219 of each rank's heartbeat file (layout in
+``taskd.worker.heartbeat_file``), written under its sequence counter; the agent reads them
+with :func:`read_rank_status`.
+
+The full protocol is written up in docs/worker.md, "Live recovery protocol".
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib
+import json
+import logging
+import os
+import struct
+import time
+from typing import Any, NamedTuple
+
+from taskd.worker import heartbeat_file as hbf
+from taskd.worker import progress
+from taskd.worker.env import Var
+
+log = logging.getLogger(__name__)
+
+FLAG_REJOIN = 1  # the rank can rejoin a rebuilt group in place (survivor) or be started into one (replacement)
+FLAG_RETRY = 2  # the rank can roll back the step in flight and redo it without a restart
+DEFAULT_REJOIN_TIMEOUT = 120.0
+STORE_PREFIX = "taskd/gen{generation}"  # key prefix of one generation's group in the rendezvous store
+ACTIONS = ("rejoin", "retry", "abort")
+
+
+class Phase(enum.IntEnum):
+    """Where a live rank stands, as the agent sees it."""
+
+    TRAINING = 0
+    PAUSED = 1  # left its group; waiting for the control file to name a newer generation
+    REJOINING = 2  # forming the group of the generation it was given, then syncing state
+    GAVE_UP = 3  # no generation came in time, or abort: the rank exits with the original error
+
+
+class ErrorKind(enum.IntEnum):
+    """Why a live rank left its group without dying."""
+
+    NONE = 0
+    RETRYABLE = 1  # the script raised RetryableError (fault type "0": retry in place)
+    COLLECTIVE_TIMEOUT = 2  # a collective timed out (a peer hangs)
+    PEER_LOST = 3  # a collective failed: a peer died or left its group
+
+
+class RetryableError(Exception):
+    """Raise it in a step to have every rank roll the step back and redo it in place (``retry``).
+
+    Only under taskd with live recovery; elsewhere it propagates like any exception.
+    """
+
+
+class LiveProtocolError(ValueError):
+    """A control file or value that does not follow the protocol."""
+
+
+# -- ranks -> agent: the heartbeat file's live fields ---------------------------------------------
+class RankStatus(NamedTuple):
+    """One consistent snapshot of a rank's heartbeat file, live fields included."""
+
+    heartbeat: hbf.HeartbeatState
+    can_rejoin: bool
+    can_retry: bool
+    phase: Phase
+    generation: int | None  # None until the rank has joined a generation
+    resume_step: int | None  # the step it continued from after joining it
+    joined_time: float | None
+    collective_since: float | None  # set while the rank is inside a collective (waiting on peers)
+    errors: int  # in-place errors so far; compare with the previous read to see a new one
+    error_kind: ErrorKind
+    error_step: int | None
+    error_time: float | None
+    torn: bool = False
+
+    def rejoined(self, generation: int) -> bool:
+        """Whether the rank has joined ``generation`` (or a later one) and is past the state sync."""
+        return self.generation is not None and self.generation >= generation and self.phase == Phase.TRAINING
+
+    def resumed(self, generation: int) -> bool:
+        """Whether it has also completed a step in that generation (its heartbeat step passed resume_step)."""
+        step = self.heartbeat.step
+        return self.rejoined(generation) and step is not None and self.resume_step is not None \
+            and step >= self.resume_step
+
+
+_NO_LIVE = (0, 0, 0, 0, 0.0, 0.0, 0, 0, 0, 0.0)
+
+
+def _status(state: hbf.HeartbeatState, live: tuple, torn: bool) -> RankStatus:
+    flags, phase, gen, rstep, jtime, coll, errors, kind, estep, etime = live
+    joined = jtime > 0.0
+    try:
+        phase_v, kind_v = Phase(phase), ErrorKind(kind)
+    except ValueError:  # a newer writer: report what we understand
+        phase_v, kind_v = Phase.TRAINING, ErrorKind.NONE
+    return RankStatus(
+        heartbeat=state, can_rejoin=bool(flags & FLAG_REJOIN), can_retry=bool(flags & FLAG_RETRY),
+        phase=phase_v, generation=gen if joined else None, resume_step=rstep if joined else None,
+        joined_time=jtime if joined else None, collective_since=coll or None, errors=errors,
+        error_kind=kind_v, error_step=estep if errors else None, error_time=etime or None, torn=torn,
+    )
+
+
+def read_rank_status(file: hbf.HeartbeatFile | str | os.PathLike[str], retries: int = 100) -> RankStatus:
+    """Read a rank's heartbeat and live fields in one consistent snapshot (agent side, ~3 µs).
+
+    Pass the agent's ``HeartbeatFile`` to reuse its mapping; a path opens (and closes) one.
+    A torn file (rank killed mid-write) gives the "not declared" live fields and ``torn=True``.
+    """
+    own = not isinstance(file, hbf.HeartbeatFile)
+    hb = hbf.HeartbeatFile(file) if own else file
+    try:
+        mapping = hb.buffer
+        end = hbf.OFF_LIVE + hbf._LIVE.size
+        for attempt in range(max(1, retries)):
+            seq = hbf._SEQ.unpack_from(mapping, hbf.OFF_SEQ)[0]
+            if seq % 2 == 0:
+                data = mapping[:end]
+                if hbf._SEQ.unpack_from(mapping, hbf.OFF_SEQ)[0] == seq:
+                    state = hbf._state(hbf._ALL.unpack_from(data, 0))
+                    return _status(state, hbf._LIVE.unpack_from(data, hbf.OFF_LIVE), torn=False)
+            time.sleep(0 if attempt < hbf.SPIN_RETRIES else hbf._RETRY_SLEEP)
+        return _status(hb.read(retries=1), _NO_LIVE, torn=True)
+    finally:
+        if own:
+            hb.close()
+
+
+# -- agent -> ranks: the control file -------------------------------------------------------------
+class Control(NamedTuple):
+    """What the agent asks of every live rank on its node.
+
+    ``generation``: the group to form next (the controller's round; never reused while one
+    rendezvous store lives). ``action``: ``rejoin`` (a rank was replaced), ``retry`` (same
+    ranks, redo the step) or ``abort`` (give up: ranks exit with their error, for
+    job-rescheduling). ``timeout``: how long a rank may take to form the group before it gives up.
+    """
+
+    generation: int
+    action: str = "rejoin"
+    timeout: float = DEFAULT_REJOIN_TIMEOUT
+    time: float = 0.0
+    extra: dict[str, Any] = {}
+
+    @property
+    def store_prefix(self) -> str:
+        return STORE_PREFIX.format(generation=self.generation)
+
+
+def _check_control(generation: object, action: object, timeout: object) -> None:
+    if not isinstance(generation, int) or isinstance(generation, bool) or generation < 0:
+        raise LiveProtocolError(f"control generation must be an integer >= 0, got {generation!r}")
+    if action not in ACTIONS:
+        raise LiveProtocolError(f"control action must be one of {', '.join(ACTIONS)}, got {action!r}")
+    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
+        raise LiveProtocolError(f"control timeout must be a positive number of seconds, got {timeout!r}")
+
+
+def write_control(path: str | os.PathLike[str], generation: int, action: str = "rejoin",
+                  timeout: float = DEFAULT_REJOIN_TIMEOUT, **extra: Any) -> Control:
+    """Atomically replace the control file (agent side): a rank never reads half a file."""
+    _check_control(generation, action, timeout)
+    control = Control(generation, action, float(timeout), time.time(), dict(extra))
+    body = {"generation": generation, "action": action, "timeout": float(timeout), "time": control.time, **extra}
+    path = os.fspath(path)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(body, fh)
+    os.replace(tmp, path)
+    return control
+
+
+def read_control(path: str | os.PathLike[str]) -> Control | None:
+    """The control file's request, or None when there is no file yet; LiveProtocolError if malformed."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            body = json.load(fh)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise LiveProtocolError(f"cannot read control file {os.fspath(path)}: {exc}") from exc
+    if not isinstance(body, dict):
+        raise LiveProtocolError(f"control file {os.fspath(path)} is not a JSON object")
+    body = dict(body)
+    generation, action = body.pop("generation", None), body.pop("action", "rejoin")
+    timeout, when = body.pop("timeout", DEFAULT_REJOIN_TIMEOUT), body.pop("time", 0.0)
+    _check_control(generation, action, timeout)
+    return Control(generation, action, float(timeout), float(when or 0.0), body)
+
+
+class ControlWatch:
+    """Rank side: notices a new control file with one ``os.stat`` per check (~1 µs)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self._seen: tuple[int, int, int] | None = None
+        self._last: Control | None = None
+
+    def latest(self) -> Control | None:
+        """The current request; re-read only when the file changed (rename gives a new inode)."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if key != self._seen:
+            try:
+                control = read_control(self.path)
+            except LiveProtocolError as exc:
+                log.warning("%s", exc)
+                return self._last
+            self._seen, self._last = key, control
+        return self._last
+
+    def newer(self, generation: int) -> Control | None:
+        """A request for a generation above ``generation``, else None."""
+        control = self.latest()
+        return control if control is not None and control.generation > generation else None
+
+    def wait(self, generation: int, timeout: float, interval: float = 0.005) -> Control | None:
+        """Wait up to ``timeout`` seconds for a generation above ``generation``; None on timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            control = self.newer(generation)
+            if control is not None or time.monotonic() >= deadline:
+                return control
+            time.sleep(interval)
+
+
+# -- the rank side --------------------------------------------------------------------------------
+def live_enabled() -> bool:
+    """Whether this rank runs under a taskd agent that does live recovery (it set TASKD_CONTROL_FILE)."""
+    return bool(os.environ.get(Var.TASKD_CONTROL_FILE))
+
+
+def start_generation() -> int:
+    """The generation this process was started into: 0 at job start, g for a replacement (TASKD_GENERATION)."""
+    value = os.environ.get(Var.TASKD_GENERATION, "").strip()
+    if not value:
+        return 0
+    try:
+        generation = int(value)
+    except ValueError:
+        raise LiveProtocolError(f"{Var.TASKD_GENERATION}={value!r} is not an integer") from None
+    if generation < 0:
+        raise LiveProtocolError(f"{Var.TASKD_GENERATION}={value!r} must be >= 0")
+    return generation
+
+
+def rejoin_timeout() -> float:
+    """How long a paused rank waits for the agent to name a generation (TASKD_REJOIN_TIMEOUT, s)."""
+    value = os.environ.get(Var.TASKD_REJOIN_TIMEOUT, "").strip()
+    if not value:
+        return DEFAULT_REJOIN_TIMEOUT
+    try:
+        timeout = float(value)
+    except ValueError:
+        raise LiveProtocolError(f"{Var.TASKD_REJOIN_TIMEOUT}={value!r} is not a number of seconds") from None
+    if timeout <= 0:
+        raise LiveProtocolError(f"{Var.TASKD_REJOIN_TIMEOUT}={value!r} must be positive")
+    return timeout
+
+
+class LiveRank:
+    """This rank's side of the protocol: its declarations and reports, and the agent's requests.
+
+    Reports are no-ops without a heartbeat file; requests need ``TASKD_CONTROL_FILE``.
+    """
+
+    def __init__(self, control_path: str | None = None) -> None:
+        self.control_path = control_path or os.environ.get(Var.TASKD_CONTROL_FILE) or None
+        self.watch = ControlWatch(self.control_path) if self.control_path else None
+        self.generation = start_generation()
+        self.errors = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.watch is not None
+
+    def declare(self, rejoin: bool = True, retry: bool = True) -> bool:
+        """Tell the agent what this rank can do in place; False when there is no heartbeat file."""
+        flags = (FLAG_REJOIN if rejoin else 0) | (FLAG_RETRY if retry else 0)
+        return progress.write_fields([(_U32, hbf.OFF_LIVE_FLAGS, (flags,))])
+
+    def set_phase(self, phase: Phase) -> None:
+        progress.write_fields([(_U32, hbf.OFF_LIVE_PHASE, (int(phase),))])
+
+    def joined(self, generation: int, step: int) -> None:
+        """Report "joined ``generation``, continuing from ``step``" (state synced, training again)."""
+        self.generation = generation
+        progress.write_fields([
+            (_JOIN, hbf.OFF_LIVE_JOIN, (generation, step, time.time())),
+            (_U32, hbf.OFF_LIVE_PHASE, (int(Phase.TRAINING),)),
+        ])
+
+    def collective(self, inside: bool) -> None:
+        """Mark entering (True) or leaving (False) a collective: waiting on peers is not hanging."""
+        progress.write_fields([(_F64, hbf.OFF_LIVE_COLLECTIVE, (time.time() if inside else 0.0,))])
+
+    def report_error(self, kind: ErrorKind, step: int) -> None:
+        """Report an in-place error (the rank is alive and pauses) so the agent can choose retry/recover."""
+        self.errors += 1
+        progress.write_fields([
+            (_ERROR, hbf.OFF_LIVE_ERROR, (self.errors, int(kind), step, time.time())),
+            (_F64, hbf.OFF_LIVE_COLLECTIVE, (0.0,)),
+            (_U32, hbf.OFF_LIVE_PHASE, (int(Phase.PAUSED),)),
+        ])
+
+    def requested(self) -> Control | None:
+        """A request for a newer generation, checked at a step boundary (one stat); None if none."""
+        return self.watch.newer(self.generation) if self.watch is not None else None
+
+    def wait_requested(self, timeout: float | None = None) -> Control | None:
+        """Wait for the agent to name a newer generation; None after ``timeout`` (TASKD_REJOIN_TIMEOUT)."""
+        if self.watch is None:
+            return None
+        return self.watch.wait(self.generation, rejoin_timeout() if timeout is None else timeout)
+
+
+_U32 = struct.Struct("<I")
+_F64 = struct.Struct("<d")
+_JOIN = struct.Struct("<qqd")
+_ERROR = struct.Struct("<QIqd")
+
+_TIMEOUT_MARKERS = ("timed out", "timeout")
+_PEER_MARKERS = ("connection closed", "connection reset", "broken pipe", "connection refused", "gloo",
+                 "socket", "peer", "nccl", "hccl", "process group", "processgroup", "aborted")
+
+
+def classify_error(exc: BaseException) -> ErrorKind | None:
+    """Which in-place error ``exc`` is, or None when it is a bug of the script's own (it must propagate).
+
+    Framework-neutral on purpose: torch's gloo errors are plain RuntimeErrors, so besides the
+    exception types (``RetryableError``, ``torch.distributed.DistError`` by name) the message decides.
+    """
+    if isinstance(exc, RetryableError):
+        return ErrorKind.RETRYABLE
+    if not isinstance(exc, RuntimeError | OSError | TimeoutError | ConnectionError):
+        return None
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    text = str(exc).lower()
+    if isinstance(exc, TimeoutError) or any(m in text for m in _TIMEOUT_MARKERS):
+        return ErrorKind.COLLECTIVE_TIMEOUT
+    if names & {"DistError", "DistBackendError", "DistNetworkError", "DistStoreError"} \
+            or isinstance(exc, ConnectionError) or any(m in text for m in _PEER_MARKERS):
+        return ErrorKind.PEER_LOST
+    return None
+
+
+def declare_rejoinable(retry: bool = False) -> bool:
+    """For scripts whose ranks never talk to each other: a restarted rank needs nothing from the others.
+
+    Declares the rank able to be replaced in place, so the agent offers ``recover``. False
+    when not under taskd (no heartbeat file).
+    """
+    return LiveRank().declare(rejoin=True, retry=retry)
+
+
+def preimport(modules: str | list[str] | tuple[str, ...] | None = None) -> list[str]:
+    """Import ``modules`` now (default: the comma-separated TASKD_PREIMPORT), e.g. in a warm spare.
+
+    A spare that has imported torch before it becomes a rank saves the replacement ~1.4 s.
+    Returns the modules imported; one that fails to import is logged and skipped (the rank will
+    import it again and report the real error itself).
+    """
+    if modules is None:
+        modules = os.environ.get(Var.TASKD_PREIMPORT, "")
+    if isinstance(modules, str):
+        modules = [m.strip() for m in modules.split(",")]
+    done = []
+    for name in modules:
+        if not name:
+            continue
+        try:
+            importlib.import_module(name)
+            done.append(name)
+        except Exception as exc:  # noqa: BLE001 - any import failure is the rank's to report later
+            log.warning("preimport of %s failed: %s", name, exc)
+    return done
