@@ -7,7 +7,7 @@ import asyncio
 
 from taskd.controller.hub import SignalHub
 from taskd.controller.service import RecoverService, recover_handler
-from taskd.controller.state_machine import Signal
+from taskd.controller.events import Signal
 from taskd.proto import recover_pb2
 
 SIG = Signal(uuid="u1", signal_type="stopTrain", actions=("stop_train",), faults=((1, "1"),))
@@ -31,7 +31,9 @@ def test_broadcast_replace_and_overflow() -> None:
 
         newer = hub.subscribe("j", 1)  # the agent's new stream replaces the old one
         assert b.closed_reason and b.get_nowait() is None
-        assert not hub.unsubscribe(b) and hub.is_current(newer)
+        assert not hub.unsubscribe(b)  # the old stream's end does not drop the agent's new one
+        assert hub.has("j", 1) and hub.count("j") == 2
+        assert hub.broadcast("j", [SIG]) == 2 and parse(newer.get_nowait()).uuid == SIG.uuid
 
         for _ in range(5):  # keep-alives fill the buffer but never overflow it
             hub.keepalive_once()

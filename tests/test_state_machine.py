@@ -443,7 +443,7 @@ def test_init_joins_or_resets(finished: bool, online: bool, pid: int, expect: st
         m.handle(AgentFinished(exit_code=1), 2)
     if not online:
         m.handle(AgentDisconnected(), 2)
-        m.agents[0].online = False
+        m.agents.set_online(m.agents[0], False)
     out = m.handle(JobInit(node_count=1, host="h", pid=pid), 3)
     assert out.code == 0 and expect in out.info
     if expect == "reset":
@@ -704,34 +704,39 @@ def test_table_is_readable() -> None:
 # ------------------------------------------------------------------ the per-agent indexes (O(1) events)
 
 
+def counts(m: JobMachine) -> tuple[int, int, int]:
+    """The job's derived agent counts: online, subscribed (expected nodes), finished with 0."""
+    return m.agents.online_count, m.agents.subscribed_count, m.agents.finished_ok_count
+
+
 def test_agent_counters_follow_register_subscribe_finish_and_reset() -> None:
     m = new_job(nodes=3)
-    assert (m.online_count, m.subscribed_count, m.finished_ok_count) == (3, 3, 0) and m.index_problems() == []
+    assert counts(m) == (3, 3, 0) and m.agents.problems() == []
     m.handle(AgentDisconnected(node_rank=2), 1)
-    assert (m.online_count, m.subscribed_count) == (2, 2) and m.wake_at == 1 + CFG.agent_loss_timeout
+    assert counts(m)[:2] == (2, 2) and m.wake_at == 1 + CFG.agent_loss_timeout
     m.handle(AgentConnected(node_rank=2), 2)  # back in time: no loss clock any more
-    assert (m.online_count, m.subscribed_count) == (3, 3) and m.wake_at is None
+    assert counts(m)[:2] == (3, 3) and m.wake_at is None
     m.handle(AgentFinished(node_rank=0), 3)
     m.handle(AgentRegistered(node_rank=1, host="other", pid=7), 3)  # a new process for node 1
-    assert m.finished_ok_count == 1 and [a.node_rank for a in m.agents_at("other", 7)] == [1]
-    assert m.agents_at("h", 101) == [] and [a.node_rank for a in m.agents_at("h", 100)] == [0]
-    assert m.index_problems() == []
+    assert m.agents.finished_ok_count == 1 and [a.node_rank for a in m.agents.at("other", 7)] == [1]
+    assert m.agents.at("h", 101) == [] and [a.node_rank for a in m.agents.at("h", 100)] == [0]
+    assert m.agents.problems() == []
     # the job ended badly; a new run (unknown process, nobody online) resets it: indexes empty too
     m.handle(AgentFinished(node_rank=1, exit_code=3), 4)
     for n in (1, 2):
         m.handle(AgentDisconnected(node_rank=n), 4)
-    assert m.state == S.FAILED and m.online_count == 1  # node 0 finished but its stream never closed
-    m.agents[0].online = False  # as if its stream had closed long ago
+    assert m.state == S.FAILED and m.agents.online_count == 1  # node 0 finished but its stream never closed
+    m.agents.set_online(m.agents[0], False)  # as if its stream had closed long ago
     assert "reset" in m.handle(JobInit(node_count=2, host="h", pid=999), 5).info
-    assert (m.online_count, m.subscribed_count, m.finished_ok_count) == (0, 0, 0)
-    assert m.agents == {} and m.agents_at("h", 100) == [] and m.wake_at is None and m.index_problems() == []
+    assert counts(m) == (0, 0, 0)
+    assert m.agents == {} and m.agents.at("h", 100) == [] and m.wake_at is None and m.agents.problems() == []
 
 
 def test_init_joins_by_host_and_pid_without_scanning() -> None:
     m = new_job(nodes=2)
     for n in (0, 1):
         m.handle(AgentDisconnected(node_rank=n), 1)
-    assert m.online_count == 0
+    assert m.agents.online_count == 0
     assert "joined" in m.handle(JobInit(node_count=2, host="h", pid=101), 2).info  # node 1's process
     assert "reset" in m.handle(JobInit(node_count=2, host="elsewhere", pid=101), 3).info
 
@@ -741,13 +746,13 @@ def test_indexes_are_rebuilt_on_restore_and_the_source_job_keeps_its_own() -> No
     m.handle(FaultReported(faults={1: "1"}), 1)
     m.handle(AgentFinished(node_rank=2), 1)
     r, _ = JobMachine.restore(m.snapshot(), list(m.agents.values()), CFG, 50)
-    assert r.index_problems() == [] and (r.online_count, r.subscribed_count, r.finished_ok_count) == (0, 0, 1)
-    assert [a.node_rank for a in r.agents_at("h", 101)] == [1]
+    assert r.agents.problems() == [] and counts(r) == (0, 0, 1)
+    assert [a.node_rank for a in r.agents.at("h", 101)] == [1]
     assert all(r.agents[n] is not m.agents[n] for n in m.agents)  # restore copies the agents it is given
-    assert m.index_problems() == [] and m.subscribed_count == 3
+    assert m.agents.problems() == [] and m.agents.subscribed_count == 3
     for n in range(3):
         r.handle(AgentConnected(node_rank=n), 51 + n)
-        assert r.index_problems() == []
+        assert r.agents.problems() == []
     assert r.state == S.STOPPING  # resumed when the third came back (counted, not scanned)
 
 
@@ -761,7 +766,7 @@ def test_loss_clock_follows_the_earliest_unfinished_gone_agent() -> None:
     for _ in range(200):  # a flapping agent must not grow the loss heap without bound
         m.handle(AgentConnected(node_rank=2), 4)
         m.handle(AgentDisconnected(node_rank=2), 4)
-    assert len(m._gone_heap) <= 2 * len(m.agents) + 65 and m.index_problems() == []
+    assert len(m.agents._gone_heap) <= 2 * len(m.agents) + 65 and m.agents.problems() == []
     m.handle(AgentConnected(node_rank=1), 5)
     assert m.wake_at == 4 + CFG.agent_loss_timeout
 
@@ -775,7 +780,7 @@ def test_thousands_of_agents_subscribe_in_linear_time() -> None:
         assert m.handle(JobInit(node_count=n, node_rank=k, host=f"h{k}", pid=k + 1), 0.0).code == 0
         assert m.handle(AgentRegistered(node_rank=k, host=f"h{k}", pid=k + 1), 0.0).code == 0
         m.handle(AgentConnected(node_rank=k), 0.0)
-    assert m.subscribed_count == n and m.online_count == n and m.wake_at is None and m.index_problems() == []
+    assert counts(m)[:2] == (n, n) and m.wake_at is None and m.agents.problems() == []
     m.handle(FaultReported(faults={0: "1"}), 1)
     r, _ = JobMachine.restore(m.snapshot(), list(m.agents.values()), CFG, 2)
     resumed = [r.handle(AgentConnected(node_rank=k), 3).signals for k in range(n)]

@@ -25,8 +25,10 @@ import math
 import time
 from collections.abc import Callable
 
+from taskd.controller.events import Event, JobInit, Outcome, Record
 from taskd.controller.hub import SignalHub, Subscriber, to_wire
-from taskd.controller.state_machine import TERMINAL, Event, JobInit, JobMachine, MachineConfig, Outcome, Record
+from taskd.controller.model import TERMINAL, MachineConfig
+from taskd.controller.state_machine import JobMachine
 from taskd.controller.store import Store
 from taskd.proto import recover_pb2, taskd_pb2
 from taskd.vocabulary import Code

@@ -19,7 +19,7 @@ import logging
 import uuid as uuidlib
 from collections import deque
 
-from taskd.controller.state_machine import Signal
+from taskd.controller.events import Signal
 from taskd.proto import recover_pb2
 from taskd.vocabulary import SignalType
 
@@ -191,9 +191,6 @@ class SignalHub:
 
     def has(self, job_id: str, node_rank: int) -> bool:
         return node_rank in self._subs.get(job_id, {})
-
-    def is_current(self, sub: Subscriber) -> bool:
-        return self._subs.get(sub.job_id, {}).get(sub.node_rank) is sub
 
     def broadcast(self, job_id: str, signals: list[Signal]) -> int:
         """Queue `signals` for every agent of the job; returns the number of subscribers reached."""

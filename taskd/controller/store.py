@@ -5,8 +5,8 @@ answer goes out, so whatever was answered 0 survives a SIGKILL of the controller
 synchronous=NORMAL: the commit is in the OS page cache when `commit()` returns; only a power
 loss could drop it). Soft history (an agent's stream opened or closed: nothing a restart needs)
 is batched by the core and written with the job's next commit or by `commit_soft`.
-The job row holds a JSON snapshot of the state machine; the other tables are the history
-that `taskd status` shows.
+The job row holds a JSON snapshot of the state machine (`taskd.controller.snapshot`); the other
+tables are the history that `taskd status` shows.
 """
 
 from __future__ import annotations
@@ -21,7 +21,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from taskd.controller.state_machine import AgentInfo, JobMachine, Record
+from taskd.controller.agents import AgentInfo
+from taskd.controller.events import Record
+from taskd.controller.job import Job
+from taskd.controller.snapshot import snapshot
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +138,7 @@ class Store:
             c.execute("ROLLBACK")
             raise
 
-    def commit(self, job: JobMachine, records: Iterable[Record], agents_changed: Iterable[int], now: float,
+    def commit(self, job: Job, records: Iterable[Record], agents_changed: Iterable[int], now: float,
                earlier: Iterable[tuple[Record, float]] = ()) -> None:
         """Persist the job's snapshot, its new history records and changed agents in one transaction
         (`earlier`: the job's batched soft records with their times, written first to keep the order)."""
@@ -144,18 +147,18 @@ class Store:
                 "INSERT INTO jobs (job_id, state, snapshot, created_at, updated_at) VALUES (?, ?, ?, ?, ?) "
                 "ON CONFLICT(job_id) DO UPDATE SET state=excluded.state, snapshot=excluded.snapshot, "
                 "updated_at=excluded.updated_at",
-                (job.job_id, job.state.value, json.dumps(job.snapshot()), job.created_at, job.updated_at),
+                (job.job_id, job.state.value, json.dumps(snapshot(job)), job.created_at, job.updated_at),
             )
             self._write_history(job, itertools.chain(earlier, ((rec, now) for rec in records)), agents_changed)
 
-    def commit_soft(self, batch: Iterable[tuple[JobMachine, Iterable[tuple[Record, float]], Iterable[int]]]) -> None:
+    def commit_soft(self, batch: Iterable[tuple[Job, Iterable[tuple[Record, float]], Iterable[int]]]) -> None:
         """Write batched soft records and agent rows of several jobs in one transaction (no snapshot:
         nothing in them changes what a restart restores)."""
         with self._transaction():
             for job, records, agents_changed in batch:
                 self._write_history(job, records, agents_changed)
 
-    def _write_history(self, job: JobMachine, records: Iterable[tuple[Record, float]],
+    def _write_history(self, job: Job, records: Iterable[tuple[Record, float]],
                        agents_changed: Iterable[int]) -> None:
         for rec, t in records:
             self._write_record(job.job_id, rec, t)

@@ -1,0 +1,149 @@
+"""What goes into the state machine (events) and what comes out of it (an `Outcome`).
+
+Events are final classes: the table looks rules up by an event's exact type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from taskd.vocabulary import Code, FaultRanks
+
+# ---------------------------------------------------------------------------- events in
+
+
+@dataclass(frozen=True)
+class JobInit:
+    node_count: int = 0
+    ranks_per_node: int = 0
+    max_restarts: int | None = None
+    strategies: tuple[str, ...] = ()
+    node_rank: int = 0
+    host: str = ""
+    pid: int = 0
+
+
+@dataclass(frozen=True)
+class AgentRegistered:
+    node_rank: int = 0
+    role: str = ""
+    host: str = ""
+    pid: int = 0
+    ranks_per_node: int = 0
+
+
+@dataclass(frozen=True)
+class AgentConnected:
+    """The agent opened its signal stream."""
+
+    node_rank: int = 0
+
+
+@dataclass(frozen=True)
+class AgentDisconnected:
+    node_rank: int = 0
+
+
+@dataclass(frozen=True)
+class FaultReported:
+    node_rank: int = 0
+    faults: FaultRanks = field(default_factory=dict)
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class StopComplete:
+    node_rank: int = 0
+    code: int = 0
+    info: str = ""
+    faults: FaultRanks = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StrategiesReported:
+    node_rank: int = 0
+    strategies: tuple[str, ...] = ()
+    faults: FaultRanks = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RecoverStatusReported:
+    node_rank: int = 0
+    code: int = 0
+    info: str = ""
+    strategy: str = ""
+    isolate_ranks: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class AgentFinished:
+    node_rank: int = 0
+    exit_code: int = 0
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passed; the machine acts if its deadline is due."""
+
+
+@dataclass(frozen=True)
+class AgentLossDue:
+    """Time passed; agents gone longer than `agent_loss_timeout` (if any still are) are lost."""
+
+
+Event = (
+    JobInit | AgentRegistered | AgentConnected | AgentDisconnected | FaultReported | StopComplete
+    | StrategiesReported | RecoverStatusReported | AgentFinished | Tick | AgentLossDue
+)
+
+EVENT_TYPES: tuple[type, ...] = (
+    JobInit, AgentRegistered, AgentConnected, AgentDisconnected, FaultReported, StopComplete, StrategiesReported,
+    RecoverStatusReported, AgentFinished, Tick, AgentLossDue,
+)
+
+FIRE_AND_FORGET = (Tick, AgentLossDue, AgentDisconnected)
+"""Events nobody waits an answer for: when no rule takes them they are dropped, not answered 401."""
+
+NEEDS_REGISTERED = frozenset({
+    AgentConnected, FaultReported, StopComplete, StrategiesReported, RecoverStatusReported, AgentFinished,
+})
+"""Reports that must come from an agent the job knows (Register), else 400."""
+
+# ---------------------------------------------------------------------------- effects out
+
+
+@dataclass(frozen=True)
+class Signal:
+    """A ProcessManageSignal for every agent of the job (or one agent when re-sent)."""
+
+    uuid: str
+    signal_type: str
+    actions: tuple[str, ...]
+    faults: tuple[tuple[int, str], ...] = ()
+    strategy: str = ""
+    timeout: int = 0
+    reason: str = ""  # why the job is ending (exit, killMaster): travels as extraParams {"reason": ...}
+    nodes: tuple[int, ...] = ()  # the nodes the faulty ranks live on (nodeRankIds on the wire)
+
+
+@dataclass(frozen=True)
+class Record:
+    """One entry of the job's event history."""
+
+    kind: str
+    round: int
+    detail: dict[str, Any]
+
+
+@dataclass
+class Outcome:
+    """The answer to one event: status for the caller, signals to send, history to persist."""
+
+    code: int = Code.OK
+    info: str = ""
+    signals: list[Signal] = field(default_factory=list)  # to every agent of the job
+    direct: list[Signal] = field(default_factory=list)  # only to the agent that caused the event
+    records: list[Record] = field(default_factory=list)
+    agents_changed: set[int] = field(default_factory=set)

@@ -1,0 +1,386 @@
+"""The handlers the transition table (`taskd.controller.table`) names: one per (states, event) rule.
+
+A handler gets the job, the event, the time and the `Outcome` to fill, and returns the job's next
+state (checked against its rule's targets), or `DECLINED` when a duplicate-only rule is given
+something that is not a duplicate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from taskd.controller.agents import AgentInfo
+from taskd.controller.events import (
+    AgentConnected,
+    AgentDisconnected,
+    AgentFinished,
+    AgentLossDue,
+    AgentRegistered,
+    FaultReported,
+    JobInit,
+    Outcome,
+    Record,
+    RecoverStatusReported,
+    StopComplete,
+    StrategiesReported,
+    Tick,
+)
+from taskd.controller.job import Job
+from taskd.controller.model import DECLINED, LIVE, TERMINAL, Declined, JobState, fmt_faults
+from taskd.controller.strategy import IN_PLACE
+from taskd.vocabulary import Code, SignalType, Strategy
+
+S = JobState
+Result = JobState | Declined
+
+# ---------------------------------------------------------------------------- job and agent lifecycle
+
+
+def on_init(m: Job, ev: JobInit, now: float, out: Outcome) -> Result:
+    """Init resets a finished job, or one nobody is connected to and the caller is unknown; else joins."""
+    callers = m.agents.at(ev.host, ev.pid) if ev.pid != 0 else []
+    known = bool(callers)
+    online = m.agents.online_count > 0
+    # an agent of a failed job that never finished is reconnecting (e.g. after being declared lost), not
+    # starting a new run: it joins, so that its subscription learns the job failed (killMaster)
+    returning = m.state == S.FAILED and any(not a.finished for a in callers)
+    if (m.state in TERMINAL and not returning) or (not online and not known):
+        reason = f"job was {m.state.value}" if m.state in TERMINAL else "no agent of the job is connected"
+        if m.round is not None and m.state not in TERMINAL:
+            m.close_round("abandoned", now, out)
+        out.agents_changed.update(m.agents)
+        m.reset(ev)
+        m.record(out, "job_reset", reason=reason, node_count=m.node_count, max_restarts=m.max_restarts,
+                 policy=list(m.policy))
+        out.info = f"job {m.job_id} reset ({reason})"
+        return S.RUNNING
+    m.record(out, "job_joined", node_rank=ev.node_rank, host=ev.host, pid=ev.pid)
+    out.info = f"joined job {m.job_id} ({m.state.value})"
+    return m.state
+
+
+def on_register(m: Job, ev: AgentRegistered, now: float, out: Outcome) -> Result:
+    if ev.node_rank >= m.node_count:
+        out.code = Code.INVALID_PARAMS
+        out.info = f"nodeRank {ev.node_rank} out of range: job {m.job_id} has nodeCount {m.node_count}"
+        return m.state
+    table = m.agents
+    a = table.get(ev.node_rank)
+    if a is None:
+        a = AgentInfo(node_rank=ev.node_rank, registered_at=now)
+        table.add(a)
+    a.role, a.ranks_per_node, a.last_seen = ev.role, ev.ranks_per_node, now
+    table.set_identity(a, ev.host, ev.pid)
+    table.set_online(a, True)
+    if not a.subscribed and not a.finished and a.gone_since is None and m.state in LIVE:
+        table.set_gone(a, now)  # no signal stream yet: one that never comes is as lost as one that closed
+    out.agents_changed.add(ev.node_rank)
+    m.record(out, "agent_registered", node_rank=ev.node_rank, role=ev.role, host=ev.host, pid=ev.pid)
+    return m.state
+
+
+def on_connected(m: Job, ev: AgentConnected, now: float, out: Outcome) -> Result:
+    a = m.agents[ev.node_rank]
+    m.agents.set_subscribed(a, True)
+    m.agents.set_gone(a, None)
+    out.agents_changed.add(ev.node_rank)
+    m.record(out, "agent_subscribed", node_rank=ev.node_rank)
+    owed = m.owed_signal(ev.node_rank)
+    if owed is not None:
+        out.direct.append(owed)
+    return m.state
+
+
+def on_connected_failed(m: Job, ev: AgentConnected, now: float, out: Outcome) -> Result:
+    """An agent back on a failed job (e.g. declared lost meanwhile) must stop its ranks and exit non-zero."""
+    on_connected(m, ev, now, out)
+    if not m.agents[ev.node_rank].finished:
+        out.direct.append(m.signal(SignalType.KILL_MASTER, (), reason=m.info))
+        m.record(out, "kill_master", node_rank=ev.node_rank, reason=m.info)
+    return S.FAILED
+
+
+def on_connected_resuming(m: Job, ev: AgentConnected, now: float, out: Outcome) -> Result:
+    on_connected(m, ev, now, out)
+    if m.agents.subscribed_count >= m.node_count:  # every expected node is back
+        return resume_round(m, "every agent resubscribed", now, out)
+    return S.RESUMING
+
+
+def resume_round(m: Job, why: str, now: float, out: Outcome) -> JobState:
+    """Restart the round a controller restart interrupted: stopTrain again, with what queued meanwhile."""
+    r = m.round
+    assert r is not None
+    r.faults.update(m.queued)
+    m.queued.clear()
+    r.strategy = ""
+    r.statuses.clear()
+    r.participants = m.expected_nodes()
+    m.record(out, "round_resumed", reason=why, faults=fmt_faults(r.faults))
+    return m.broadcast_stop(now, out)
+
+
+def on_disconnected(m: Job, ev: AgentDisconnected, now: float, out: Outcome) -> Result:
+    a = m.agents.get(ev.node_rank)
+    if a is not None and a.subscribed:
+        m.agents.set_subscribed(a, False)
+        m.agents.set_online(a, False)
+        out.agents_changed.add(ev.node_rank)
+        m.record(out, "agent_unsubscribed", node_rank=ev.node_rank)
+    return m.state
+
+
+def on_disconnected_live(m: Job, ev: AgentDisconnected, now: float, out: Outcome) -> Result:
+    """Start the agent's loss clock: unless it resubscribes or finishes in time, the job fails."""
+    a = m.agents.get(ev.node_rank)
+    if a is not None and a.subscribed and not a.finished:
+        m.agents.set_gone(a, now)
+    return on_disconnected(m, ev, now, out)
+
+
+def on_agent_lost(m: Job, ev: AgentLossDue, now: float, out: Outcome) -> Result:
+    """Agents gone past the loss timeout took their ranks with them: nothing can restart those ranks,
+    and the other ranks would wait for them forever, so the job ends (the others are told to exit)."""
+    lost = {n: now - t for n, t in m.gone_agents().items() if now - t >= m.config.agent_loss_timeout}
+    if not lost:
+        return m.state  # came back, or finished, since the timer was set
+    for n, seconds in sorted(lost.items()):
+        a = m.agents[n]
+        m.record(out, "agent_lost", node_rank=n, seconds=round(seconds, 3), timeout=m.config.agent_loss_timeout,
+                 host=a.host, pid=a.pid)
+    nodes = sorted(lost)
+    if len(nodes) == 1:
+        info = f"agent of node {nodes[0]} lost for {lost[nodes[0]]:.0f}s: nothing can restart its ranks"
+    else:
+        info = (f"agents of nodes {', '.join(map(str, nodes))} lost for {max(lost.values()):.0f}s: "
+                f"nothing can restart their ranks")
+    others = any(not a.finished for n, a in m.agents.items() if n not in lost)
+    return m.fail(info, now, out, notify=others)
+
+
+def on_finished(m: Job, ev: AgentFinished, now: float, out: Outcome) -> Result:
+    m.agents.finish(m.agents[ev.node_rank], ev.exit_code)
+    out.agents_changed.add(ev.node_rank)
+    m.record(out, "agent_finished", node_rank=ev.node_rank, exit_code=ev.exit_code, message=ev.message)
+    if m.state in TERMINAL:
+        return m.state
+    if ev.exit_code != 0:
+        return m.fail(f"node {ev.node_rank} finished with exit code {ev.exit_code}: {ev.message}".rstrip(": "),
+                      now, out)
+    if m.agents.finished_ok_count >= m.node_count:  # every expected node finished with exit code 0
+        if m.round is not None:
+            m.close_round("finished", now, out)
+            m.round = None
+        m.deadline = None
+        m.queued.clear()
+        m.info = "every agent finished with exit code 0"
+        m.record(out, "job_succeeded", info=m.info)
+        return S.SUCCEEDED
+    return m.state
+
+
+# ---------------------------------------------------------------------------- faults
+
+
+def _fault_record(m: Job, out: Outcome, ev: FaultReported, faults: Mapping[int, str], action: str,
+                  round_number: int | None = None) -> None:
+    detail = {"node_rank": ev.node_rank, "faults": fmt_faults(faults), "detail": ev.detail, "action": action}
+    out.records.append(Record("fault_reported", m.round_number if round_number is None else round_number, detail))
+
+
+def on_fault_running(m: Job, ev: FaultReported, now: float, out: Outcome) -> Result:
+    faults = dict(m.queued)
+    faults.update(ev.faults)
+    m.queued.clear()
+    _fault_record(m, out, ev, ev.faults, "opened", round_number=m.round_counter + 1)
+    if m.agents.finished_ok_count:
+        # Nodes whose ranks all ended 0 have left: a restarted rank would wait for them in its first
+        # collective forever. Failing now beats a stop timeout followed by a recovery that hangs.
+        ranks = ", ".join(map(str, sorted(faults)))
+        done = ", ".join(str(n) for n, a in sorted(m.agents.items()) if a.finished_ok)
+        return m.fail(f"rank(s) {ranks} failed after node(s) {done} had finished: no recovery without them", now, out)
+    return m.open_round(faults, now, out)
+
+
+def on_fault_merge(m: Job, ev: FaultReported, now: float, out: Outcome) -> Result:
+    r = m.round
+    assert r is not None
+    new = {k: v for k, v in ev.faults.items() if r.faults.get(k) != v}
+    if not new:
+        out.info = f"already in round {r.number}"
+        return m.state
+    r.faults.update(new)
+    _fault_record(m, out, ev, new, "merged")
+    m.record(out, "round_faults", faults=fmt_faults(r.faults))
+    if m.state == S.RESUMING:
+        return S.RESUMING
+    return m.broadcast_stop(now, out)
+
+
+def on_fault_queue(m: Job, ev: FaultReported, now: float, out: Outcome) -> Result:
+    new = {k: v for k, v in ev.faults.items() if m.queued.get(k) != v}
+    if not new:
+        out.info = "already queued"
+        return m.state
+    m.queued.update(new)
+    _fault_record(m, out, ev, new, "queued")
+    out.info = f"queued for the round after round {m.round_number}"
+    return m.state
+
+
+def on_fault_terminal(m: Job, ev: FaultReported, now: float, out: Outcome) -> Result:
+    out.code = Code.OUT_OF_ORDER
+    out.info = f"job {m.job_id} is {m.state.value}, not RUNNING: no recovery for a finished job"
+    return m.state
+
+
+# ---------------------------------------------------------------------------- the round's answers
+
+
+def on_stop_complete(m: Job, ev: StopComplete, now: float, out: Outcome) -> Result:
+    r = m.round
+    assert r is not None
+    reported = frozenset(ev.faults)
+    if reported and reported != r.broadcast_sets[-1] and reported in r.broadcast_sets[:-1]:
+        m.record(out, "stop_complete_stale", node_rank=ev.node_rank, faults=fmt_faults(ev.faults))
+        out.info = "acknowledges an earlier stopTrain; waiting for the one with the merged fault set"
+        return S.STOPPING
+    m.record(out, "stop_complete", node_rank=ev.node_rank, code=ev.code, info=ev.info)
+    if ev.code != Code.OK:
+        why = f"node {ev.node_rank} could not stop its ranks ({ev.code}: {ev.info})"
+        for s in IN_PLACE:
+            r.excluded.setdefault(s, why)
+    r.acks.add(ev.node_rank)
+    if r.participants <= r.acks:
+        return m.to_collecting(now, out)
+    return S.STOPPING
+
+
+def on_repeated_stop_complete(m: Job, ev: StopComplete, now: float, out: Outcome) -> Result:
+    """A duplicate of an answer already counted (a client retry) is fine; anything else is out of order."""
+    if m.round is not None and ev.node_rank in m.round.acks and ev.code == Code.OK:
+        out.info = f"already counted; job {m.job_id} is {m.state.value}"
+        return m.state
+    return DECLINED
+
+
+def on_strategies(m: Job, ev: StrategiesReported, now: float, out: Outcome) -> Result:
+    r = m.round
+    assert r is not None
+    r.reports[ev.node_rank] = tuple(ev.strategies)
+    m.record(out, "strategies_reported", node_rank=ev.node_rank, strategies=list(ev.strategies))
+    if r.participants <= r.reports.keys():  # no set built per report: 10,000 reports made that O(N^2)
+        return m.decide(now, out)
+    return S.COLLECTING
+
+
+def on_repeated_strategies(m: Job, ev: StrategiesReported, now: float, out: Outcome) -> Result:
+    """The same list again from an agent already counted is fine; anything else is out of order."""
+    if m.round is not None and m.round.reports.get(ev.node_rank) == tuple(ev.strategies):
+        out.info = f"already counted; job {m.job_id} is {m.state.value}"
+        return m.state
+    return DECLINED
+
+
+def on_recover_status(m: Job, ev: RecoverStatusReported, now: float, out: Outcome) -> Result:
+    r = m.round
+    assert r is not None
+    if ev.strategy and ev.strategy != r.strategy:
+        out.code = Code.OUT_OF_ORDER
+        out.info = f"job {m.job_id} is carrying out {r.strategy}, not {ev.strategy}"
+        return m.state
+    m.record(out, "recover_status", node_rank=ev.node_rank, code=ev.code, info=ev.info, strategy=r.strategy,
+             isolate=list(ev.isolate_ranks))
+    if ev.code != Code.OK:
+        return m.strategy_failed(f"node {ev.node_rank} reported {ev.code}: {ev.info}", now, out)
+    r.statuses.add(ev.node_rank)
+    if not r.participants <= r.statuses:
+        return S.RECOVERING
+    if r.strategy == Strategy.DUMP:
+        m.close_round("dumped", now, out)
+        m.info = f"dumped after round {r.number} (faults {fmt_faults(r.faults)})"
+        m.record(out, "job_failed", info=m.info)
+        m.deadline = None
+        m.queued.clear()
+        return S.FAILED
+    m.close_round("recovered", now, out)
+    m.record(out, "recovered", strategy=r.strategy, duration=round(now - r.started_at, 6))
+    if r.strategy == Strategy.RECOVER:
+        m.recover_succeeded_at = now
+    m.info = f"recovered round {r.number} with {r.strategy} in {now - r.started_at:.2f}s"
+    m.round = None
+    m.deadline = None
+    if m.queued:
+        faults, m.queued = m.queued, {}
+        return m.open_round(faults, now, out)
+    return S.RUNNING
+
+
+def on_late_status(m: Job, ev: RecoverStatusReported, now: float, out: Outcome) -> Result:
+    """An agent confirming the exit/dump that ended the job."""
+    r = m.round
+    if r is None or (ev.strategy and ev.strategy != r.strategy):
+        out.code = Code.OUT_OF_ORDER
+        current = r.strategy if r else "nothing"
+        out.info = f"job {m.job_id} is {m.state.value} after {current}, not carrying out {ev.strategy or 'a strategy'}"
+        return m.state
+    m.record(out, "recover_status", node_rank=ev.node_rank, code=ev.code, info=ev.info, strategy=r.strategy,
+             isolate=list(ev.isolate_ranks))
+    return m.state
+
+
+# ---------------------------------------------------------------------------- deadlines
+
+
+def _due(m: Job, now: float) -> bool:
+    return m.deadline is not None and now >= m.deadline
+
+
+def _missing(m: Job, answered: Iterable[int]) -> list[int]:
+    assert m.round is not None
+    return sorted(m.round.participants - set(answered))
+
+
+def _drop_silent(m: Job, answered: Iterable[int], kind: str, why: str, out: Outcome) -> None:
+    """A stop or strategy timeout: the round goes on without the agents that did not answer, and
+    excludes the in-place strategies, since it no longer knows the state of those nodes."""
+    r = m.round
+    assert r is not None
+    missing = _missing(m, answered)
+    m.record(out, kind, missing=missing)
+    r.participants -= set(missing)
+    for s in IN_PLACE:
+        r.excluded.setdefault(s, why.format(missing=missing))
+
+
+def on_tick_stopping(m: Job, ev: Tick, now: float, out: Outcome) -> Result:
+    if not _due(m, now):
+        return m.state
+    assert m.round is not None
+    _drop_silent(m, m.round.acks, "stop_timeout", "stop timeout: node(s) {missing} did not confirm", out)
+    return m.to_collecting(now, out)
+
+
+def on_tick_collecting(m: Job, ev: Tick, now: float, out: Outcome) -> Result:
+    if not _due(m, now):
+        return m.state
+    assert m.round is not None
+    _drop_silent(m, m.round.reports, "collect_timeout", "strategy timeout: node(s) {missing} did not report", out)
+    return m.decide(now, out)
+
+
+def on_tick_recovering(m: Job, ev: Tick, now: float, out: Outcome) -> Result:
+    if not _due(m, now):
+        return m.state
+    r = m.round
+    assert r is not None
+    missing = _missing(m, r.statuses)
+    m.record(out, "recover_timeout", strategy=r.strategy, missing=missing)
+    return m.strategy_failed(f"timed out waiting for node(s) {missing}", now, out)
+
+
+def on_tick_resuming(m: Job, ev: Tick, now: float, out: Outcome) -> Result:
+    if not _due(m, now):
+        return m.state
+    back = sorted(n for n, a in m.agents.items() if a.subscribed)
+    return resume_round(m, f"resume timeout; agents back: {back}", now, out)

@@ -1,0 +1,242 @@
+"""One job's recovery state, and the steps a round is made of (open, stop, collect, decide, fail).
+
+`Job` holds data and the steps the handlers of `taskd.controller.handlers` compose; which handler
+runs for which event is the table's business (`taskd.controller.table`), and `JobMachine`
+(`taskd.controller.state_machine`) is the entry point that applies it. No I/O, no clock: `now` is passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from taskd.controller.agents import AgentTable
+from taskd.controller.events import AgentLossDue, Event, JobInit, Outcome, Record, Signal, Tick
+from taskd.controller.model import ACTIVE, JobState, MachineConfig, Round, fmt_faults
+from taskd.controller.strategy import RESTARTING, choose_strategy
+from taskd.vocabulary import Action, FaultRanks, SignalType, Strategy
+
+S = JobState
+
+
+class Job:
+    """Recovery state of one job: counters, the open round, the agents, the next deadline."""
+
+    def __init__(self, job_id: str, config: MachineConfig, now: float, init: JobInit | None = None) -> None:
+        self.job_id = job_id
+        self.config = config
+        self.state = S.RUNNING
+        self.created_at = now
+        self.updated_at = now
+        self.ranks_per_node = 0
+        self.max_restarts = config.default_max_restarts
+        self.policy: tuple[str, ...] = ()
+        self.restarts = 0
+        self.round_counter = 0
+        self.round: Round | None = None
+        self.queued: FaultRanks = {}
+        self.deadline: float | None = None
+        self.recover_succeeded_at: float | None = None
+        self.unsettled_recovers = 0
+        self.recover_banned = False
+        self.agents = AgentTable()  # changed only through its methods, which keep its counts in step
+        self.info = ""
+        self.signal_seq = 0
+        self.last_signal: Signal | None = None
+        self.apply_init(init or JobInit())
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def node_count(self) -> int:
+        return self.agents.node_count
+
+    @property
+    def round_number(self) -> int:
+        return self.round.number if self.round else self.round_counter
+
+    def expected_nodes(self) -> set[int]:
+        return set(range(self.node_count))
+
+    def gone_agents(self) -> dict[int, float]:
+        """{node rank: since when} of unfinished agents without a signal stream."""
+        return self.agents.gone()
+
+    @property
+    def loss_deadline(self) -> float | None:
+        """When the first gone agent counts as lost; None while no agent is gone or loss does not apply."""
+        if self.state not in ACTIVE:
+            return None
+        first = self.agents.first_gone()
+        return None if first is None else first + self.config.agent_loss_timeout
+
+    @property
+    def wake_at(self) -> float | None:
+        """When the caller must next deliver `due_events` (the round's deadline or an agent's loss)."""
+        times = [t for t in (self.deadline, self.loss_deadline) if t is not None]
+        return min(times) if times else None
+
+    def due_events(self, now: float) -> list[Event]:
+        """The timer events due at `now`; an agent's loss first, so a failed job skips its round timeout."""
+        due: list[Event] = []
+        if self.loss_deadline is not None and self.loss_deadline <= now:
+            due.append(AgentLossDue())
+        if self.deadline is not None and self.deadline <= now:
+            due.append(Tick())
+        return due
+
+    def owed_signal(self, node_rank: int) -> Signal | None:
+        """The current phase's signal if this agent still owes an answer to it (re-sent on reconnect)."""
+        r = self.round
+        if r is None or self.last_signal is None or node_rank not in r.participants:
+            return None
+        owes = (
+            (self.state == S.STOPPING and node_rank not in r.acks)
+            or (self.state == S.COLLECTING and node_rank not in r.reports)
+            or (self.state == S.RECOVERING and node_rank not in r.statuses)
+        )
+        return self.last_signal if owes else None
+
+    # ------------------------------------------------------------------ settings and effects
+
+    def apply_init(self, ev: JobInit) -> None:
+        """Take the job's shape, budget and policy from an Init."""
+        self.agents.set_node_count(ev.node_count if ev.node_count > 0 else 1)
+        self.ranks_per_node = ev.ranks_per_node
+        self.max_restarts = ev.max_restarts if ev.max_restarts is not None else self.config.default_max_restarts
+        self.policy = tuple(ev.strategies)
+
+    def reset(self, ev: JobInit) -> None:
+        """Forget the run (agents, round, budget spent) and start over with `ev`; the history stays."""
+        self.agents.clear()
+        self.round = None
+        self.queued.clear()
+        self.restarts = 0
+        self.recover_succeeded_at = None
+        self.unsettled_recovers = 0
+        self.recover_banned = False
+        self.deadline = None
+        self.last_signal = None
+        self.apply_init(ev)
+        self.info = ""
+
+    def signal(self, signal_type: str, actions: tuple[str, ...], faults: Mapping[int, str] | None = None,
+               strategy: str = "", timeout: int = 0, reason: str = "") -> Signal:
+        """A new signal of this job (the newest is kept, to re-send to an agent that still owes an answer)."""
+        self.signal_seq += 1
+        items = tuple(sorted((faults or {}).items()))
+        per_node = self.ranks_per_node
+        sig = Signal(
+            uuid=f"{self.job_id}-{self.round_number}-{self.signal_seq}",
+            signal_type=signal_type, actions=actions,
+            faults=items, strategy=strategy, timeout=timeout, reason=reason,
+            nodes=tuple(sorted({rank // per_node for rank, _ in items})) if per_node > 0 else (),
+        )
+        self.last_signal = sig
+        return sig
+
+    def record(self, out: Outcome, kind: str, **detail: Any) -> None:
+        out.records.append(Record(kind, self.round_number, detail))
+
+    # ------------------------------------------------------------------ the steps of a round
+
+    def open_round(self, faults: Mapping[int, str], now: float, out: Outcome) -> JobState:
+        self.round_counter += 1
+        r = Round(number=self.round_counter, started_at=now, faults=dict(faults), participants=self.expected_nodes())
+        self.round = r
+        self.info = f"round {r.number}: faults {fmt_faults(r.faults)}"
+        self.record(out, "round_started", faults=fmt_faults(r.faults))
+        if self.recover_succeeded_at is not None:
+            since = now - self.recover_succeeded_at
+            if since <= self.config.settle_window:
+                self.unsettled_recovers += 1
+                why = f"recover {since:.1f}s ago did not settle"
+                r.excluded.update({Strategy.RETRY: why, Strategy.RECOVER: why})
+                if self.unsettled_recovers >= 2:
+                    self.recover_banned = True
+                self.record(out, "recover_unsettled", seconds_since=round(since, 3),
+                            count=self.unsettled_recovers, recover_banned=self.recover_banned)
+            self.recover_succeeded_at = None
+        return self.broadcast_stop(now, out)
+
+    def broadcast_stop(self, now: float, out: Outcome) -> JobState:
+        r = self.round
+        assert r is not None
+        r.acks.clear()
+        r.reports.clear()
+        r.broadcast_sets.append(frozenset(r.faults))
+        out.signals.append(self.signal(SignalType.STOP_TRAIN, (Action.STOP_TRAIN,), r.faults))
+        self.deadline = now + self.config.stop_timeout
+        return S.STOPPING
+
+    def to_collecting(self, now: float, out: Outcome) -> JobState:
+        r = self.round
+        assert r is not None
+        r.reports.clear()
+        if not r.participants:
+            return self.decide(now, out)
+        out.signals.append(self.signal(SignalType.GLOBAL_FAULT, (Action.ON_GLOBAL_RANK,), r.faults))
+        self.deadline = now + self.config.strategy_timeout
+        return S.COLLECTING
+
+    def decide(self, now: float, out: Outcome) -> JobState:
+        """Choose the round's strategy (`choose_strategy`) and tell every agent; exit ends the job."""
+        r = self.round
+        assert r is not None
+        chosen, skipped = choose_strategy(self, r)
+        r.strategy = chosen
+        r.strategy_started_at = now
+        r.statuses.clear()
+        r.tried.append(chosen)
+        if chosen in RESTARTING:
+            self.restarts += 1
+        self.record(out, "strategy_chosen", strategy=chosen, skipped=skipped,
+                    restarts=self.restarts, max_restarts=self.max_restarts)
+        timeout = 0 if chosen == Strategy.EXIT else int(round(self.config.recover_timeout))
+        info = ""
+        if chosen == Strategy.EXIT:
+            reason = "; ".join(f"{k}: {v}" for k, v in skipped.items())
+            info = f"exit after round {r.number} (faults {fmt_faults(r.faults)}): {reason}"
+        out.signals.append(self.signal(SignalType.CHANGE_STRATEGY, (Action.CHANGE_STRATEGY,), r.faults,
+                                       strategy=chosen, timeout=timeout, reason=info))
+        if chosen == Strategy.EXIT:
+            return self.fail(info, now, out, outcome="failed", notify=False)
+        self.deadline = now + self.config.recover_timeout
+        return S.RECOVERING
+
+    def close_round(self, outcome: str, now: float, out: Outcome) -> None:
+        r = self.round
+        if r is None:
+            return
+        self.record(out, "round_ended", outcome=outcome, strategy=r.strategy, tried=list(r.tried),
+                    duration=round(now - r.started_at, 6), started_at=r.started_at)
+
+    def fail(self, info: str, now: float, out: Outcome, outcome: str = "failed", notify: bool = True) -> JobState:
+        """End the job FAILED; `notify` tells every agent to stop all ranks (changeStrategy exit)."""
+        if self.round is None and notify:
+            self.round_counter += 1
+            self.round = Round(number=self.round_counter, started_at=now, faults={}, participants=self.expected_nodes())
+            self.record(out, "round_started", faults="", reason=info)
+        r = self.round
+        if r is not None and notify:
+            r.strategy = Strategy.EXIT
+            r.tried.append(Strategy.EXIT)
+            self.record(out, "strategy_chosen", strategy=Strategy.EXIT, skipped={}, reason=info)
+            out.signals.append(self.signal(SignalType.CHANGE_STRATEGY, (Action.CHANGE_STRATEGY,), r.faults,
+                                           strategy=Strategy.EXIT, reason=info))
+        self.close_round(outcome, now, out)
+        self.queued.clear()
+        self.deadline = None
+        self.info = info
+        self.record(out, "job_failed", info=info)
+        return S.FAILED
+
+    def strategy_failed(self, why: str, now: float, out: Outcome) -> JobState:
+        """The current strategy failed: the next one is chosen at once; a failed dump or exit ends the job."""
+        r = self.round
+        assert r is not None
+        r.failed.append(r.strategy)
+        self.record(out, "strategy_failed", strategy=r.strategy, reason=why)
+        if r.strategy in Strategy.TERMINAL:
+            return self.fail(f"{r.strategy} failed: {why}", now, out)
+        return self.decide(now, out)

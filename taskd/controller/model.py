@@ -1,0 +1,80 @@
+"""The words the state machine is written in: a job's states, the machine's timeouts, and a round.
+
+Everything here is data; the behaviour is in `taskd.controller.table` (which handler runs for which
+event in which state) and the modules it names. See docs/controller.md for the protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+from taskd.vocabulary import FaultRanks
+
+
+class JobState(str, Enum):
+    RUNNING = "RUNNING"  # training; no round open
+    STOPPING = "STOPPING"  # stopTrain sent, waiting stop-complete from every agent
+    COLLECTING = "COLLECTING"  # globalFault sent, waiting strategies from every agent
+    RECOVERING = "RECOVERING"  # changeStrategy sent, waiting recover status from every agent
+    RESUMING = "RESUMING"  # controller restarted mid-round, waiting for agents to resubscribe
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+
+
+S = JobState
+TERMINAL = frozenset({S.SUCCEEDED, S.FAILED})
+LIVE = frozenset(JobState) - TERMINAL
+ANY = frozenset(JobState)
+ROUND_STATES = frozenset({S.STOPPING, S.COLLECTING, S.RECOVERING, S.RESUMING})
+ACTIVE = LIVE - {S.RESUMING}
+"""States in which a lost agent fails the job (RESUMING has its own resume timeout)."""
+
+
+class Declined(Enum):
+    """What a handler returns when its rule does not take the event after all (a duplicate-only rule given
+    something new): the event is answered exactly as if no rule accepted it (401), and nothing changed."""
+
+    DECLINED = "declined"
+
+
+DECLINED = Declined.DECLINED
+
+
+@dataclass(frozen=True)
+class MachineConfig:
+    """Timeouts (seconds) and policy defaults; every wait of a round is bounded by one of them."""
+
+    stop_timeout: float = 60.0
+    strategy_timeout: float = 60.0
+    recover_timeout: float = 300.0
+    resume_timeout: float = 120.0
+    settle_window: float = 30.0
+    default_max_restarts: int = 3
+    # an agent whose stream closed and that neither resubscribed nor finished within this fails its job
+    agent_loss_timeout: float = 30.0
+
+
+@dataclass
+class Round:
+    """One recovery round: the faults it handles and who answered what in its current phase."""
+
+    number: int
+    started_at: float
+    faults: FaultRanks
+    participants: set[int]  # agents the round waits for; a stop/collect timeout drops the silent ones
+    broadcast_sets: list[frozenset[int]] = field(default_factory=list)  # fault sets sent, to spot stale acks
+    acks: set[int] = field(default_factory=set)
+    reports: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    statuses: set[int] = field(default_factory=set)
+    excluded: dict[str, str] = field(default_factory=dict)  # strategy -> why it cannot be chosen this round
+    failed: list[str] = field(default_factory=list)
+    tried: list[str] = field(default_factory=list)
+    strategy: str = ""
+    strategy_started_at: float = 0.0
+
+
+def fmt_faults(faults: Mapping[int, str]) -> str:
+    """`rank:type,rank:type` sorted by rank: the form history records and the store's tables use."""
+    return ",".join(f"{r}:{t}" for r, t in sorted(faults.items()))

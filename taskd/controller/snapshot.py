@@ -1,0 +1,95 @@
+"""A job as JSON for the store, and back after a controller restart.
+
+The format is the one taskd has always written (the store keeps it in `jobs.snapshot`); keys added
+later are read with a default, so state files written by older versions still load. Per-agent
+progress of a round is not kept: a job caught mid-round waits in RESUMING for its agents, then
+restarts the round (docs/controller.md, "Persistence").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from taskd.controller.agents import AgentInfo
+from taskd.controller.events import Outcome, Record
+from taskd.controller.job import Job
+from taskd.controller.model import ROUND_STATES, TERMINAL, JobState, Round, fmt_faults
+
+
+def snapshot(m: Job) -> dict[str, Any]:
+    """JSON-able state to persist; the agents are persisted apart (the store's `agents` table)."""
+    r = m.round
+    return {
+        "job_id": m.job_id,
+        "state": m.state.value,
+        "created_at": m.created_at,
+        "updated_at": m.updated_at,
+        "node_count": m.node_count,
+        "ranks_per_node": m.ranks_per_node,
+        "max_restarts": m.max_restarts,
+        "policy": list(m.policy),
+        "restarts": m.restarts,
+        "round_counter": m.round_counter,
+        "queued": {str(k): v for k, v in m.queued.items()},
+        "deadline": m.deadline,
+        "recover_succeeded_at": m.recover_succeeded_at,
+        "unsettled_recovers": m.unsettled_recovers,
+        "recover_banned": m.recover_banned,
+        "info": m.info,
+        "signal_seq": m.signal_seq,
+        "round": None if r is None else {
+            "number": r.number,
+            "started_at": r.started_at,
+            "faults": {str(k): v for k, v in r.faults.items()},
+            "excluded": r.excluded,
+            "failed": r.failed,
+            "tried": r.tried,
+            "strategy": r.strategy,
+        },
+    }
+
+
+def restore_into(m: Job, snap: Mapping[str, Any], agents: Iterable[AgentInfo], now: float) -> Outcome:
+    """Load `snap` and `agents` into the fresh job `m` (made with the snapshot's id and creation time).
+
+    Every stream closed with the old controller: agents come back offline, each with a whole loss timeout
+    to resubscribe; a job caught mid-round waits in RESUMING (the returned outcome records that)."""
+    m.state = JobState(snap["state"])
+    m.updated_at = snap.get("updated_at", now)
+    m.agents.set_node_count(snap["node_count"])
+    m.ranks_per_node = snap.get("ranks_per_node", 0)
+    m.max_restarts = snap["max_restarts"]
+    m.policy = tuple(snap.get("policy", ()))
+    m.restarts = snap.get("restarts", 0)
+    m.round_counter = snap.get("round_counter", 0)
+    m.queued = {int(k): v for k, v in snap.get("queued", {}).items()}
+    m.recover_succeeded_at = snap.get("recover_succeeded_at")
+    m.unsettled_recovers = snap.get("unsettled_recovers", 0)
+    m.recover_banned = snap.get("recover_banned", False)
+    m.info = snap.get("info", "")
+    m.signal_seq = snap.get("signal_seq", 0)
+    for given in agents:
+        a = given.copy()  # the caller's objects stay theirs (and their job's counts right)
+        m.agents.add(a)
+        m.agents.set_online(a, False)
+        m.agents.set_subscribed(a, False)
+        m.agents.set_gone(a, None if a.finished or m.state in TERMINAL else now)
+    rs = snap.get("round")
+    if rs is not None:
+        m.round = Round(
+            number=rs["number"], started_at=rs["started_at"],
+            faults={int(k): v for k, v in rs["faults"].items()},
+            participants=m.expected_nodes(), excluded=dict(rs.get("excluded", {})),
+            failed=list(rs.get("failed", [])), tried=list(rs.get("tried", [])), strategy=rs.get("strategy", ""),
+        )
+    out = Outcome()
+    if m.state in ROUND_STATES and m.round is not None:
+        out.records.append(Record("state", m.round.number, {"from": m.state.value, "to": JobState.RESUMING.value}))
+        m.state = JobState.RESUMING
+        m.deadline = now + m.config.resume_timeout
+        out.records.append(Record("round_resuming", m.round.number, {"faults": fmt_faults(m.round.faults)}))
+    else:
+        m.state = JobState.RUNNING if m.state in ROUND_STATES else m.state
+        m.deadline = None
+    return out
