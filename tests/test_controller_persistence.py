@@ -106,8 +106,8 @@ def test_real_client_reconnects_after_the_controller_restarts(tmp_path: Path) ->
     import queue
     import threading
 
-    from taskd.proto import recover_pb2
     from taskd.client import RecoverClient as DLRecoverManager  # two clients in one process: not the singleton
+    from taskd.proto import recover_pb2
 
     state, port = tmp_path / "ctl.sqlite3", free_port()
     ctl = EmbeddedController(config(state, port))
@@ -256,3 +256,28 @@ def test_unusable_state_file_is_a_clear_error(tmp_path: Path) -> None:
     junk.write_text("not a database")
     with pytest.raises(OSError, match="junk.sqlite3"):
         Store(junk)
+
+
+def test_state_file_is_readable_by_its_owner_only(tmp_path: Path) -> None:
+    """It names every job's hosts, pids and faults: 0600, whatever the umask, -wal and -shm too."""
+    path = tmp_path / "new.sqlite3"
+    old_umask = os.umask(0)  # the mode must not depend on a strict umask
+    try:
+        store = Store(path)
+        m = JobMachine("j", MachineConfig(), 1.0, JobInit(node_count=1))
+        out = m.handle(AgentRegistered(host="h", pid=7), 2.0)
+        store.commit(m, out.records, out.agents_changed, 2.0)
+        files = [p for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")) if p.exists()]
+        assert len(files) == 3, files  # WAL mode: the companions exist while the store is open
+        assert {p.name: oct(p.stat().st_mode & 0o777) for p in files} == {p.name: "0o600" for p in files}
+        store.close()
+    finally:
+        os.umask(old_umask)
+
+
+def test_state_file_left_readable_by_an_older_version_is_tightened(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite3"
+    Store(path).close()
+    path.chmod(0o644)
+    Store(path).close()
+    assert path.stat().st_mode & 0o777 == 0o600

@@ -6,7 +6,8 @@ synchronous=NORMAL: the commit is in the OS page cache when `commit()` returns; 
 loss could drop it). Soft history (an agent's stream opened or closed: nothing a restart needs)
 is batched by the core and written with the job's next commit or by `commit_soft`.
 The job row holds a JSON snapshot of the state machine (`taskd.controller.snapshot`); the other
-tables are the history that `taskd status` shows.
+tables are the history that `taskd status` shows. The file (and SQLite's -wal and -shm files, which
+take its mode) is readable by its owner only: it names every job's hosts, pids and faults.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import logging
 import os
 import sqlite3
+import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,9 @@ from taskd.controller.snapshot import snapshot
 log = logging.getLogger(__name__)
 
 MEMORY = ":memory:"
+
+STATE_FILE_MODE = 0o600
+"""The state file and its -wal/-shm companions: owner only (SQLite gives the companions the file's mode)."""
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -99,6 +104,21 @@ def parse_fault_text(text: str) -> list[tuple[int, str]]:
     return out
 
 
+def _owner_only(path: str) -> None:
+    """Create `path` 0600 if it does not exist (before SQLite does, at 0644), and tighten it and its
+    companions if an older taskd left them readable by others."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, STATE_FILE_MODE)
+    os.close(fd)
+    for name in (path, path + "-wal", path + "-shm"):
+        try:
+            mode = stat.S_IMODE(os.stat(name).st_mode)
+        except FileNotFoundError:
+            continue
+        if mode & ~STATE_FILE_MODE:
+            os.chmod(name, mode & STATE_FILE_MODE)
+            log.info("%s was mode %o; now %o (owner only)", name, mode, mode & STATE_FILE_MODE)
+
+
 class Store:
     """The controller's SQLite database; used from one thread (the server's event loop)."""
 
@@ -109,6 +129,7 @@ class Store:
         try:
             if target != MEMORY:
                 Path(target).parent.mkdir(parents=True, exist_ok=True)
+                _owner_only(target)
             conn = sqlite3.connect(target, check_same_thread=False, isolation_level=None)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
