@@ -19,7 +19,6 @@ import grpc
 import pytest
 from support import free_port, wait_until
 
-from taskd.proto import recover_pb2, recover_pb2_grpc, taskd_pb2_grpc
 from taskd.client import current as rm
 from taskd.client import retry
 from taskd.client.errors import ConfigurationError, ServerUnreachable
@@ -27,6 +26,7 @@ from taskd.client.manager import DLRecoverManager, RecoverClient
 from taskd.client.retry import Backoff
 from taskd.client.rpc import normalize_address
 from taskd.client.signals import RecoverSignal
+from taskd.proto import recover_pb2, recover_pb2_grpc, taskd_pb2_grpc
 from taskd.vocabulary import DEFAULT_PORT, Code
 
 JOB = "job-1"
@@ -702,6 +702,36 @@ def test_register_action_handler_validates(make_manager):
         manager.register_action_handler("stop_train", "not callable")  # type: ignore[arg-type]
 
 
+def test_unknown_handler_name_is_refused_naming_the_known_ones(make_manager):
+    manager = make_manager()
+    with pytest.raises(ValueError, match="'nonsense'") as info:
+        manager.register_action_handler("nonsense", print)
+    for known in ("stop_train", "change_strategy", "killMaster", "keep-alive"):
+        assert known in str(info.value)
+
+
+def test_unknown_frame_is_refused_before_subscribing(server, make_manager):
+    manager = make_manager()
+    with pytest.raises(ValueError, match="'bogus'.*pytorch, mindspore"):
+        manager.start_subscribe(frame="bogus")
+    assert server.recorder.names() == []  # nothing was called
+
+
+def test_automatic_reregister_keeps_host_and_pid(server, make_manager):
+    """TaskD users register with a ClientInfo of their own, without host and pid (issue 13)."""
+    import os
+    import socket
+
+    manager = make_manager()
+    assert manager.register(recover_pb2.ClientInfo(jobId=JOB, role="master agent", nodeRank=2)).code == 0
+    server.recorder.codes["ReportRecoverStatus"].append(Code.OUT_OF_ORDER)
+    assert manager.report_recover_status(0, "ok", {}, "recover") == 0
+    registers = server.recorder.requests("Register")
+    assert len(registers) == 2
+    for request in registers:
+        assert (request.host, request.pid) == (socket.gethostname(), os.getpid())
+
+
 # -- module functions ------------------------------------------------------------------------------
 
 
@@ -791,3 +821,34 @@ def test_secure_channel_with_a_ca_certificate(tmp_path, make_manager):
         server.stop(grace=0).wait(WAIT)
     with pytest.raises(ConfigurationError, match="cert_path"):
         DLRecoverManager(recover_pb2.ClientInfo(jobId=JOB), "127.0.0.1", True, str(tmp_path / "missing.pem"))
+
+
+def test_the_stream_loop_stays_responsive_while_the_resync_blocks(make_manager):
+    """The resync (blocking Init/Register calls) runs in the loop's worker thread, not in a coroutine."""
+    import asyncio
+
+    release, entered = threading.Event(), threading.Event()
+
+    class SlowInit(Recorder):
+        def Init(self, request, context):
+            entered.set()
+            release.wait(WAIT)
+            return super().Init(request, context)
+
+    slow = TinyServer(SlowInit()).start()
+    try:
+        manager = make_manager(address=slow.address, call_timeout=WAIT, init_timeout=WAIT)
+        sub = Subscriber(manager)  # never registered: the first thing it does is Init, which now hangs
+        assert entered.wait(WAIT), "the subscription never called Init"
+        loop = manager._subscription._loop
+        assert loop is not None
+        ping = asyncio.run_coroutine_threadsafe(asyncio.sleep(0, result="pong"), loop)
+        assert ping.result(timeout=WAIT) == "pong"  # the loop ran it while Init was still unanswered
+        assert "Init" not in slow.recorder.names()
+        release.set()
+        wait_until(lambda: manager.connected, what="subscribed after the slow Init")
+        assert slow.recorder.names()[:3] == ["Init", "Register", "Subscribe"]
+        sub.stop()
+    finally:
+        release.set()
+        slow.stop()

@@ -15,9 +15,9 @@ import pytest
 from support import wait_until
 
 import taskd
+from taskd.client import RecoverClient, RecoverSignal, ServerUnreachable
 from taskd.controller.server import ControllerConfig, EmbeddedController
 from taskd.proto import recover_pb2, taskd_pb2, taskd_pb2_grpc
-from taskd.client import RecoverClient, RecoverSignal, ServerUnreachable
 from taskd.vocabulary import Code
 
 WAIT = 20.0
