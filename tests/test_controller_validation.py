@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import sqlite3
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
 
+from taskd.controller.config import ConfigError
 from taskd.controller.server import ControllerConfig, EmbeddedController
-from taskd.controller.testing import CALL_TIMEOUT, ScriptedAgent, fault_ranks
+from taskd.controller.testing import CALL_TIMEOUT, ScriptedAgent, StreamEnded, fault_ranks
 from taskd.proto import recover_pb2, recover_pb2_grpc, taskd_pb2, taskd_pb2_grpc
 from taskd.vocabulary import Code
 
 R = recover_pb2
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -110,3 +118,158 @@ def test_bad_subscription_ends_with_the_code(stubs, env, info, grpc_code, code: 
         next(iter(call))
     assert err.value.code() == grpc_code and err.value.details().startswith(code)
     assert env[1].health().code == 0
+
+
+# ---------------------------------------------------------------------------- ControllerConfig checks itself
+
+BAD_CONFIGS = {
+    # fields: words the problem must contain (the flag, and the field)
+    "stop_timeout": ({"stop_timeout": 0}, "--stop-timeout must be > 0, got 0 (ControllerConfig.stop_timeout)"),
+    "listen": ({"listen": "[::1"}, "--listen: bad listen address '[::1'"),
+    "max_jobs": ({"max_jobs": 0}, "--max-jobs must be an integer > 0"),
+    "settle_window": ({"settle_window": -1}, "--settle-window must be >= 0"),
+    "max_restarts": ({"default_max_restarts": -1}, "--max-restarts must be an integer >= 0"),
+    "max_node_count": ({"max_node_count": 0}, "--max-node-count must be an integer 1-"),
+    "tls_key alone": ({"tls_key": "/nonexistent.pem"}, "--tls-cert: --tls-cert and --tls-key go together"),
+    "token_file": ({"token_file": "/nonexistent/token"}, "--token-file or TASKD_TOKEN_FILE: cannot read the token"),
+    "grace (programmatic)": ({"grace": -1}, "ControllerConfig.grace must be > 0"),
+}
+
+
+@pytest.mark.parametrize("fields,words", BAD_CONFIGS.values(), ids=BAD_CONFIGS.keys())
+def test_a_bad_config_is_refused_at_construction_naming_field_and_flag(fields: dict, words: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        ControllerConfig(**{"listen": "127.0.0.1:0", "state_path": ":memory:", **fields})
+    assert words in str(err.value)
+
+
+def test_every_problem_is_named_at_once() -> None:
+    with pytest.raises(ConfigError) as err:
+        ControllerConfig(stop_timeout=-1, recover_timeout=0, max_jobs=0)
+    assert len(err.value.problems) == 3 and "--recover-timeout" in str(err.value)
+
+
+def test_embedded_controller_is_refused_exactly_as_taskd_server(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        EmbeddedController(ControllerConfig(listen="127.0.0.1:0", state_path=":memory:", stop_timeout=0,
+                                            agent_loss_timeout=-1))
+    proc = subprocess.run([sys.executable, "-m", "taskd", "server", "--listen", "127.0.0.1:0", "--state",
+                           str(tmp_path / "s.sqlite3"), "--stop-timeout", "0", "--agent-loss-timeout", "-1"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    for problem in err.value.problems:  # the same lines, word for word (the CLI's floats print as 0.0)
+        assert problem.replace("got 0 ", "got 0.0 ").replace("got -1 ", "got -1.0 ") in proc.stderr, proc.stderr
+    assert not (tmp_path / "s.sqlite3").exists()
+
+
+def test_the_token_never_shows_in_the_config_repr() -> None:
+    secret = "s3cr3t-" + "x" * 20
+    cfg = ControllerConfig(listen="127.0.0.1:0", state_path=":memory:", token=secret)
+    assert secret not in repr(cfg) and secret not in str(cfg)
+    with pytest.raises(ConfigError) as err:
+        ControllerConfig(token="short one")
+    assert "short one" not in str(err.value) and "fewer than 16" in str(err.value)
+
+
+# ---------------------------------------------------------------------------- bounds, checked before any change
+
+BOUNDS = {
+    "NUL in jobId": ("Init", R.ClientInfo(jobId="a\x00b"), 409, "unprintable character U+0000"),
+    "right-to-left override in jobId": ("Init", R.ClientInfo(jobId="job\u202eexe"), 409, "U+202E"),
+    "zero-width space in jobId": ("Init", R.ClientInfo(jobId="job\u200b"), 409, "U+200B"),
+    "257-byte jobId": ("Init", R.ClientInfo(jobId="é" * 129), 409, "258 bytes long (max 256)"),
+    "rank 2^63": ("ReportProcessFault", R.ProcessFaultRequest(
+        jobId="vjob", faultRanks=[R.FaultRank(rankId=str(2**63), faultType="1")]), 409, "32-bit"),
+    "rank of 5000 digits": ("ReportProcessFault", R.ProcessFaultRequest(
+        jobId="vjob", faultRanks=[R.FaultRank(rankId="9" * 5000, faultType="1")]), 409, "32-bit"),
+    "nodeCount 2^31-1": ("Init", R.ClientInfo(jobId="huge", nodeCount=2**31 - 1), 409, "--max-node-count"),
+    "world beyond int32": ("Init", R.ClientInfo(jobId="huge", nodeCount=65536, ranksPerNode=65536), 409,
+                           "does not fit 32-bit"),
+    "rank 999 of a 2-rank job": ("ReportProcessFault", R.ProcessFaultRequest(jobId="vjob", faultRanks=FR({999: 1})),
+                                 402, "rank 999 is not in the job: it has ranks 0-1"),
+    "node 0 reports node 1's rank": ("ReportProcessFault", R.ProcessFaultRequest(
+        jobId="vjob", nodeRank=0, faultRanks=FR({1: 1})), 402, "not one of node 0's ranks (0-0)"),
+    "fault list longer than the job": ("ReportProcessFault", R.ProcessFaultRequest(
+        jobId="vjob", faultRanks=FR({0: 1}) * 3), 409, "3 entries, more than the job's 2 ranks"),
+    "isolated rank outside the job": ("ReportRecoverStatus", R.RecoverStatusRequest(
+        jobId="vjob", strategy="recover", isolateRankIds=["7"]), 402, "rank 7 is not in the job"),
+    "stop-complete rank outside the job": ("ReportStopComplete", R.StopCompleteRequest(
+        jobId="vjob", faultRanks=FR({5: 1})), 402, "rank 5 is not in the job"),
+}
+
+
+def state_dump(path: Path) -> list[str]:
+    """Every row of the state file, read through a connection of its own (what a restart would load)."""
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        return list(conn.iterdump())
+
+
+@pytest.fixture(scope="module")
+def disk_env(tmp_path_factory) -> Iterator[tuple[str, Path, ScriptedAgent]]:
+    path = tmp_path_factory.mktemp("state") / "ctl.sqlite3"
+    with EmbeddedController(ControllerConfig(listen="127.0.0.1:0", state_path=str(path), keepalive_interval=0.5)
+                            ) as ctl:
+        agent = ScriptedAgent(ctl.address, "vjob", node_rank=0, node_count=2, ranks_per_node=1).join()
+        yield ctl.address, path, agent
+        agent.close()
+
+
+@pytest.mark.parametrize("method,request_,code,words", BOUNDS.values(), ids=BOUNDS.keys())
+def test_out_of_bounds_input_is_refused_and_changes_neither_memory_nor_disk(disk_env, method, request_, code,
+                                                                             words) -> None:
+    address, path, agent = disk_env
+    before_mem, before_disk = agent.list_jobs(), state_dump(path)
+    with grpc.insecure_channel(address) as ch:
+        status = getattr(recover_pb2_grpc.RecoverStub(ch), method)(request_, timeout=CALL_TIMEOUT)
+    assert status.code == code and words in status.info, status
+    assert agent.list_jobs() == before_mem and state_dump(path) == before_disk
+    job = before_mem.jobs[0]
+    assert job.state == "RUNNING" and job.restarts == 0 and not job.rounds  # no round opened, nothing spent
+
+
+def test_undecodable_bytes_get_invalid_argument_and_one_log_line(env, caplog) -> None:
+    caplog.set_level(logging.WARNING, logger="taskd.controller.guard")
+    with grpc.insecure_channel(env[0]) as ch:
+        for method in ("/Recover/ReportProcessFault", "/Recover/Init", "/taskd.v1.JobStatus/ListJobs"):
+            call = ch.unary_unary(method)  # raw bytes: no serializer
+            with pytest.raises(grpc.RpcError) as err:
+                call(b"\xff\xff\xff\xff\x0f", timeout=CALL_TIMEOUT)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value
+            assert err.value.details().startswith("409: the request to " + method)
+        stream = ch.unary_stream("/Recover/SubscribeProcessManageSignal")(b"\x0a\x05\xff\xfe\xfd\xfc\xfb")
+        with pytest.raises(grpc.RpcError) as err:
+            next(iter(stream))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    lines = [r for r in caplog.records if "do not decode" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].exc_info is None  # rate-limited, and no traceback
+    assert env[1].health().code == 0
+
+
+def test_a_request_over_4_mb_is_refused(env) -> None:
+    with grpc.insecure_channel(env[0], options=[("grpc.max_send_message_length", 64 << 20)]) as ch:
+        req = R.ProcessFaultRequest(jobId="vjob", detail="x" * (5 << 20))
+        with pytest.raises(grpc.RpcError) as err:
+            recover_pb2_grpc.RecoverStub(ch).ReportProcessFault(req, timeout=CALL_TIMEOUT)
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert env[1].list_jobs("vjob").jobs[0].state == "RUNNING"
+
+
+def test_a_live_agent_is_not_replaced_by_another_host_or_pid(disk_env) -> None:
+    address, path, agent = disk_env
+    impostor = ScriptedAgent(address, "vjob", node_rank=0, node_count=2, ranks_per_node=1, host="elsewhere",
+                             pid=4242)
+    try:
+        before = state_dump(path)
+        status = impostor.register()
+        assert status.code == Code.INVALID_PARAMS and "already has a live agent" in status.info, status
+        impostor.subscribe()
+        with pytest.raises(StreamEnded) as err:
+            impostor.next_signal(timeout=CALL_TIMEOUT)
+        assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and err.value.details.startswith("409: ")
+        assert state_dump(path) == before
+        rec = agent.list_jobs("vjob").jobs[0].agents[0]
+        assert (rec.host, rec.pid, rec.subscribed) == ("localhost", 10_000, True)
+        agent.next_signal(timeout=2.0, keepalive=True)  # the real agent's stream is still the live one
+        assert agent.register().code == 0  # the agent itself may re-register
+    finally:
+        impostor.close()

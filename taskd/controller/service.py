@@ -153,7 +153,7 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
         if why := v.check_stop_complete(request):
             return _invalid(why)
         faults = v.faults_dict(request.faultRanks)
-        if refused := self._ranks(request.jobId, "faultRanks", list(faults)):
+        if refused := self._ranks(request.jobId, "faultRanks", v.rank_list(request.faultRanks)):
             return refused
         ev = StopComplete(node_rank=request.nodeRank, code=request.status.code, info=request.status.info,
                           faults=faults)
@@ -164,7 +164,7 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
         if why := v.check_recover_strategy(request):
             return _invalid(why)
         faults = v.faults_dict(request.faultRanks)
-        if refused := self._ranks(request.jobId, "faultRanks", list(faults)):
+        if refused := self._ranks(request.jobId, "faultRanks", v.rank_list(request.faultRanks)):
             return refused
         ev = StrategiesReported(node_rank=request.nodeRank, strategies=tuple(request.strategies), faults=faults)
         return _answer(self.core.dispatch(request.jobId, ev), "ReportRecoverStrategy", request.jobId)
@@ -185,7 +185,8 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
             return _invalid(why)
         faults = v.faults_dict(request.faultRanks)
         # a node reports its own ranks: a fault elsewhere is refused before it opens a round or spends a restart
-        if refused := self._ranks(request.jobId, "faultRanks", list(faults), node_rank=request.nodeRank):
+        ranks = v.rank_list(request.faultRanks)
+        if refused := self._ranks(request.jobId, "faultRanks", ranks, node_rank=request.nodeRank):
             return refused
         ev = FaultReported(node_rank=request.nodeRank, faults=faults, detail=request.detail)
         return _answer(self.core.dispatch(request.jobId, ev), "ReportProcessFault", request.jobId)

@@ -171,6 +171,11 @@ def rank_refusal(ranks: Sequence[int], name: str, world: int | None, node: tuple
     return 0, ""
 
 
+def rank_list(faults: Iterable[recover_pb2.FaultRank]) -> list[int]:
+    """Validated FaultRank messages' ranks, repeats kept (a list longer than the job is refused as such)."""
+    return [int(f.rankId) for f in faults]
+
+
 def faults_dict(faults: Iterable[recover_pb2.FaultRank]) -> dict[int, str]:
     """Validated FaultRank messages as {rank: type}."""
     return {int(f.rankId): f.faultType for f in faults}
