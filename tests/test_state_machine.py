@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from taskd.controller import handlers, table
 from taskd.controller.state_machine import (
     RULES,
+    UNCHANGED,
     AgentConnected,
     AgentDisconnected,
     AgentFinished,
@@ -20,9 +23,11 @@ from taskd.controller.state_machine import (
     JobState,
     MachineConfig,
     RecoverStatusReported,
+    Rule,
     StopComplete,
     StrategiesReported,
     Tick,
+    TransitionError,
     describe_table,
 )
 from taskd.vocabulary import Code, SignalType, Strategy
@@ -699,6 +704,79 @@ def test_table_is_readable() -> None:
     text = describe_table()
     assert len(text.splitlines()) == len(RULES)
     assert "STOPPING" in text and "on_stop_complete" in text
+
+
+def _line(text: str, handler: str) -> str:
+    (line,) = [row for row in text.splitlines() if f"{handler}" in row.split()]
+    return line
+
+
+def test_table_prints_the_real_targets_of_handlers_that_end_the_job() -> None:
+    text = describe_table()
+    assert "SUCCEEDED, FAILED, unchanged" in _line(text, "on_finished")
+    assert "FAILED, unchanged" in _line(text, "on_agent_lost")
+    assert "RUNNING, unchanged" in _line(text, "on_init")
+    assert "same" not in text
+    for rule in RULES:  # "any state" is no target: every rule names where it can lead
+        assert rule.targets and rule.targets != frozenset(JobState) | {UNCHANGED}, rule.handler.__name__
+
+
+def test_at_most_one_rule_per_event_and_state_so_order_is_irrelevant() -> None:
+    assert sum(len(r.sources) for r in RULES) == len(table.INDEX)  # no (event, state) pair claimed twice
+    assert table.index_rules(reversed(RULES)) == table.INDEX
+    overlapping = Rule(frozenset({S.RUNNING}), FaultReported, frozenset({S.RUNNING}), handlers.on_fault_queue)
+    with pytest.raises(ValueError, match="FaultReported in RUNNING is claimed by both on_fault_running and "
+                                         "on_fault_queue"):
+        table.index_rules((*RULES, overlapping))
+
+
+def _bad_stop(m: Any, ev: Any, now: float, out: Any) -> JobState:
+    return S.SUCCEEDED  # a round's fault cannot end the job well
+
+
+def _to_stopping(m: Any, ev: Any, now: float, out: Any) -> JobState:
+    return S.STOPPING
+
+
+def test_target_check_raises_for_a_handler_that_lands_outside_its_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    m = new_job()
+    rule = Rule(frozenset({S.RUNNING}), FaultReported, frozenset({S.STOPPING, S.FAILED}), _bad_stop)
+    monkeypatch.setitem(table.INDEX, (FaultReported, S.RUNNING), rule)
+    with pytest.raises(TransitionError, match="_bad_stop moved RUNNING to SUCCEEDED, table allows STOPPING, FAILED"):
+        m.handle(FaultReported(faults={1: "1"}), 1)
+    assert m.state == S.RUNNING  # the bad target never became the job's state
+
+
+def test_unchanged_allows_only_the_state_the_job_was_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    m = new_job()
+    stays = Rule(frozenset({S.RUNNING}), AgentRegistered, frozenset({UNCHANGED}), handlers.on_register)
+    monkeypatch.setitem(table.INDEX, (AgentRegistered, S.RUNNING), stays)
+    assert m.handle(AgentRegistered(node_rank=1, host="h", pid=101), 1).code == 0 and m.state == S.RUNNING
+    moves = Rule(frozenset({S.RUNNING}), AgentRegistered, frozenset({UNCHANGED}), _to_stopping)
+    monkeypatch.setitem(table.INDEX, (AgentRegistered, S.RUNNING), moves)
+    with pytest.raises(TransitionError, match="_to_stopping moved RUNNING to STOPPING, table allows unchanged"):
+        m.handle(AgentRegistered(node_rank=1, host="h", pid=101), 2)
+    assert moves.allows(S.STOPPING, S.STOPPING) and not moves.allows(S.RUNNING, S.STOPPING)
+
+
+def test_late_answer_rules_decline_the_rest_as_if_no_rule_took_it() -> None:
+    m = new_job()
+    play(m, round_steps({1: "1"}, ALL, "recover")[:3])  # both confirmed the stop: COLLECTING
+    assert m.handle(StopComplete(node_rank=0), 2).code == 0  # a retry of a counted answer
+    out = m.handle(StopComplete(node_rank=0, code=1, info="late failure"), 2)
+    assert out.code == Code.OUT_OF_ORDER and out.records == [] and m.state == S.COLLECTING
+    assert out.info == "job j1 is COLLECTING, not STOPPING (StopComplete refused)"  # the late-answer rule unnamed
+
+
+def test_docs_table_is_generated_from_the_current_rules(tmp_path: Path) -> None:
+    doc = Path(__file__).resolve().parents[1] / "docs" / "controller.md"
+    text = doc.read_text(encoding="utf-8")
+    assert table.update_doc(text) == text, "run: python -m taskd.controller.table --write docs/controller.md"
+    stale = tmp_path / "controller.md"
+    stale.write_text(text.replace("on_agent_lost", "on_something_else"), encoding="utf-8")
+    assert table.main(["--check", str(stale)]) == 1
+    assert table.main(["--write", str(stale)]) == 0 and stale.read_text(encoding="utf-8") == text
+    assert table.main(["--check", str(stale)]) == 0
 
 
 # ------------------------------------------------------------------ the per-agent indexes (O(1) events)

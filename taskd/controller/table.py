@@ -91,7 +91,7 @@ RULES: tuple[Rule, ...] = (
          "re-sends the signal the agent still owes; stops its loss clock"),
     Rule(LIVE, AgentDisconnected, _targets(UNCHANGED), h.on_disconnected_live,
          "starts its loss clock unless it finished"),
-    Rule(TERMINAL, AgentDisconnected, _targets(UNCHANGED), h.on_disconnected),
+    Rule(TERMINAL, AgentDisconnected, _targets(UNCHANGED), h.on_disconnected, "recorded; the job is over"),
     Rule(ANY, AgentFinished, _targets(S.SUCCEEDED, S.FAILED, UNCHANGED), h.on_finished,
          "SUCCEEDED when every node finished 0, FAILED on a non-zero exit"),
     # an agent gone past the loss timeout (its stream closed, no finish, no resubscription) fails the job
