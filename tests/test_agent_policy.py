@@ -1,0 +1,74 @@
+"""The agent's local policy, driven without processes: degraded restart budget, dump timing, and the
+controller-loss and fault-report timers (the clock is passed in)."""
+
+from __future__ import annotations
+
+import pytest
+
+from taskd.agent.policy import LocalPolicy, LossTimer, ReportRetry
+
+
+def policy(max_restarts: int = 2, controller_timeout: float = 30.0, dump_timeout: float = 30.0) -> LocalPolicy:
+    return LocalPolicy(max_restarts=max_restarts, controller_timeout=controller_timeout, dump_timeout=dump_timeout)
+
+
+def test_degraded_restart_budget_counts_then_refuses() -> None:
+    p = policy(max_restarts=2)
+    assert [p.spend_restart(), p.spend_restart(), p.spend_restart()] == [1, 2, None]
+    assert p.restarts_used == 2
+    assert p.spend_restart() is None, "a spent budget stays spent"
+
+
+def test_no_budget_means_no_local_restart() -> None:
+    assert policy(max_restarts=0).spend_restart() is None
+
+
+@pytest.mark.parametrize("signal_timeout,expected", [
+    (None, 30.0),  # no deadline from the controller: ours
+    (0, 30.0),
+    (10, 8.0),  # 80% of the controller's, leaving it time to hear the result
+    (100, 30.0),  # never longer than ours
+    (0.5, 1.0),  # never below 1 s
+])
+def test_dump_budget(signal_timeout: float | None, expected: float) -> None:
+    assert policy(dump_timeout=30.0).dump_budget(signal_timeout) == pytest.approx(expected)
+
+
+def test_report_retry_backs_off_until_the_deadline() -> None:
+    retry = policy(controller_timeout=1.0).report_retry(now=100.0)
+    assert retry.due(100.0), "the first attempt goes at once"
+    gaps = []
+    now = 100.0
+    while retry.failed(now):
+        assert not retry.due(now), "a retry is scheduled, not sent in a loop"
+        gaps.append(round(retry.next_at - now, 3))
+        now = retry.next_at
+        assert retry.due(now)
+    assert gaps[:4] == [0.1, 0.2, 0.4, 0.8]
+    assert now >= 101.0, "gave up only at the controller timeout"
+
+
+def test_report_retry_delay_is_capped() -> None:
+    retry = ReportRetry(deadline=1000.0)
+    now = 0.0
+    for _ in range(10):
+        assert retry.failed(now)
+        now = retry.next_at
+    assert retry.delay == 2.0
+
+
+def test_loss_timer_fires_after_the_timeout_while_a_round_waits() -> None:
+    timer = LossTimer(timeout=30.0)
+    assert timer.expired(0.0, waiting_on_lost_controller=True) is None  # starts counting
+    assert timer.expired(29.9, waiting_on_lost_controller=True) is None
+    assert timer.expired(31.0, waiting_on_lost_controller=True) == pytest.approx(31.0)
+    assert timer.expired(31.5, waiting_on_lost_controller=True) is None, "fires once, then counts again"
+
+
+def test_loss_timer_resets_when_the_controller_returns_or_the_round_ends() -> None:
+    timer = LossTimer(timeout=30.0)
+    timer.expired(0.0, True)
+    assert timer.expired(20.0, False) is None  # reconnected (or no round): forget the loss
+    assert timer.expired(40.0, True) is None  # counting again from 40
+    assert timer.expired(69.0, True) is None
+    assert timer.expired(70.0, True) == pytest.approx(30.0)
