@@ -7,7 +7,7 @@ something that is not a duplicate.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 from taskd.controller.agents import AgentInfo
 from taskd.controller.events import (
@@ -28,7 +28,7 @@ from taskd.controller.events import (
 from taskd.controller.job import Job
 from taskd.controller.model import DECLINED, LIVE, TERMINAL, Declined, JobState, fmt_faults
 from taskd.controller.strategy import IN_PLACE
-from taskd.vocabulary import Code, SignalType, Strategy
+from taskd.vocabulary import Code, FaultRanks, SignalType, Strategy
 
 S = JobState
 Result = JobState | Declined
@@ -182,7 +182,7 @@ def on_finished(m: Job, ev: AgentFinished, now: float, out: Outcome) -> Result:
 # ---------------------------------------------------------------------------- faults
 
 
-def _fault_record(m: Job, out: Outcome, ev: FaultReported, faults: Mapping[int, str], action: str,
+def _fault_record(m: Job, out: Outcome, ev: FaultReported, faults: FaultRanks, action: str,
                   round_number: int | None = None) -> None:
     detail = {"node_rank": ev.node_rank, "faults": fmt_faults(faults), "detail": ev.detail, "action": action}
     out.records.append(Record("fault_reported", m.round_number if round_number is None else round_number, detail))

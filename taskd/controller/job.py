@@ -7,7 +7,6 @@ runs for which event is the table's business (`taskd.controller.table`), and `Jo
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from taskd.controller.agents import AgentTable
@@ -120,7 +119,7 @@ class Job:
         self.apply_init(ev)
         self.info = ""
 
-    def signal(self, signal_type: str, actions: tuple[str, ...], faults: Mapping[int, str] | None = None,
+    def signal(self, signal_type: str, actions: tuple[str, ...], faults: FaultRanks | None = None,
                strategy: str = "", timeout: int = 0, reason: str = "") -> Signal:
         """A new signal of this job (the newest is kept, to re-send to an agent that still owes an answer)."""
         self.signal_seq += 1
@@ -140,7 +139,7 @@ class Job:
 
     # ------------------------------------------------------------------ the steps of a round
 
-    def open_round(self, faults: Mapping[int, str], now: float, out: Outcome) -> JobState:
+    def open_round(self, faults: FaultRanks, now: float, out: Outcome) -> JobState:
         self.round_counter += 1
         r = Round(number=self.round_counter, started_at=now, faults=dict(faults), participants=self.expected_nodes())
         self.round = r

@@ -6,7 +6,6 @@ event in which state) and the modules it names. See docs/controller.md for the p
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -75,6 +74,6 @@ class Round:
     strategy_started_at: float = 0.0
 
 
-def fmt_faults(faults: Mapping[int, str]) -> str:
+def fmt_faults(faults: FaultRanks) -> str:
     """`rank:type,rank:type` sorted by rank: the form history records and the store's tables use."""
     return ",".join(f"{r}:{t}" for r, t in sorted(faults.items()))
