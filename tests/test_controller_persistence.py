@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ import pytest
 
 from taskd.controller.server import ControllerConfig, ControllerServer, EmbeddedController
 from taskd.controller.state_machine import (
+    AgentConnected,
     AgentRegistered,
     FaultReported,
     JobInit,
@@ -281,3 +283,41 @@ def test_state_file_left_readable_by_an_older_version_is_tightened(tmp_path: Pat
     path.chmod(0o644)
     Store(path).close()
     assert path.stat().st_mode & 0o777 == 0o600
+
+
+# A job caught mid-round (recover failed, job-rescheduling under way, a fault queued), as the state machine
+# wrote it before it was split into modules: state files of that version must keep loading.
+OLD_SNAPSHOT = (
+    '{"created_at": 1.0, "deadline": 305.0, "info": "round 1: faults 5:1", "job_id": "old", "max_restarts": 5, '
+    '"node_count": 2, "policy": ["recover", "job-rescheduling", "exit"], "queued": {"1": "1"}, "ranks_per_node": 4, '
+    '"recover_banned": false, "recover_succeeded_at": null, "restarts": 2, "round": {"excluded": {}, '
+    '"failed": ["recover"], "faults": {"5": "1"}, "number": 1, "started_at": 2.0, "strategy": "job-rescheduling", '
+    '"tried": ["recover", "job-rescheduling"]}, "round_counter": 1, "signal_seq": 4, "state": "RECOVERING", '
+    '"unsettled_recovers": 0, "updated_at": 6.0}'
+)
+
+
+def test_state_file_of_the_unsplit_state_machine_still_loads(tmp_path: Path) -> None:
+    store = Store(tmp_path / "old.sqlite3")
+    store.conn.execute("INSERT INTO jobs VALUES ('old', 'RECOVERING', ?, 1.0, 6.0)", (OLD_SNAPSHOT,))
+    for n in (0, 1):
+        store.conn.execute("INSERT INTO agents (job_id, node_rank, role, host, pid, ranks_per_node, registered_at, "
+                           "last_seen) VALUES ('old', ?, 'agent', 'h', ?, 4, 1.0, 6.0)", (n, 100 + n))
+    ((snap, agents),) = store.load_jobs()
+    m, out = JobMachine.restore(snap, agents, MachineConfig(), 10.0)
+    assert [r.kind for r in out.records] == ["state", "round_resuming"]
+    assert m.state.value == "RESUMING" and m.restarts == 2 and m.max_restarts == 5 and m.ranks_per_node == 4
+    assert m.agents.problems() == [] and sorted(m.agents) == [0, 1] and m.agents.subscribed_count == 0
+    assert json.loads(OLD_SNAPSHOT).keys() == m.snapshot().keys()  # the format written is the format read
+    for n in (0, 1):
+        resumed = m.handle(AgentConnected(node_rank=n), 11.0)
+    (stop,) = resumed.signals  # the round restarts with the queued fault merged in
+    assert stop.signal_type == "stopTrain" and stop.faults == ((1, "1"), (5, "1")) and stop.nodes == (0, 1)
+    for n in (0, 1):
+        m.handle(StopComplete(node_rank=n), 12.0)
+    for n in (0, 1):
+        decided = m.handle(StrategiesReported(node_rank=n, strategies=("recover", "job-rescheduling", "exit")), 13.0)
+    (change,) = decided.signals
+    assert change.strategy == "job-rescheduling"  # recover failed in this round before the restart: still excluded
+    assert m.restarts == 3
+    store.close()

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from taskd.controller import handlers, table
+from taskd.controller.model import Round
 from taskd.controller.state_machine import (
     RULES,
     UNCHANGED,
@@ -28,6 +29,7 @@ from taskd.controller.state_machine import (
     StrategiesReported,
     Tick,
     TransitionError,
+    choose_strategy,
     describe_table,
 )
 from taskd.vocabulary import Code, SignalType, Strategy
@@ -455,6 +457,41 @@ def test_init_joins_or_resets(finished: bool, online: bool, pid: int, expect: st
         assert m.state == S.RUNNING and m.agents == {} and m.round is None and m.restarts == 0
     else:
         assert 0 in m.agents
+
+
+# ------------------------------------------------------------------ the decision alone (pure)
+
+
+@dataclass
+class Policy:
+    policy: tuple[str, ...] = ()
+    restarts: int = 0
+    max_restarts: int = 3
+    recover_banned: bool = False
+
+
+CHOICES = {
+    "type-0 faults: retry": ({1: "0"}, Policy(), ALL, "retry", {}),
+    "a process fault skips retry": ({1: "1"}, Policy(), ALL, "recover", {"retry": "fault types ['1'] are not"}),
+    "budget spent: dump": ({1: "1"}, Policy(restarts=3), ALL, "dump", {"job-rescheduling": "restart budget spent"}),
+    "recover banned": ({1: "1"}, Policy(recover_banned=True), ALL, "job-rescheduling", {"recover": "failed to settle"}),
+    "the job's policy": ({1: "0"}, Policy(policy=("dump", "exit")), ALL, "dump", {"retry": "not allowed by the job"}),
+    "what an agent lacks": ({1: "2"}, Policy(), ("dump", "exit"), "dump", {"job-rescheduling": "not supported by"}),
+}
+
+
+@pytest.mark.parametrize("faults,job,offered,chosen,why", CHOICES.values(), ids=CHOICES.keys())
+def test_choose_strategy(faults: dict[int, str], job: Policy, offered: tuple[str, ...], chosen: str,
+                         why: dict[str, str]) -> None:
+    r = Round(number=1, started_at=0, faults=faults, participants={0, 1}, reports={0: ALL, 1: offered})
+    got, skipped = choose_strategy(job, r)
+    assert got == chosen and list(skipped) == list(Strategy.ORDER[:Strategy.ORDER.index(chosen)])
+    assert all(text in skipped[s] for s, text in why.items()), skipped
+
+
+def test_choose_strategy_exits_when_nobody_answered() -> None:
+    r = Round(number=1, started_at=0, faults={1: "0"}, participants=set())
+    assert choose_strategy(Policy(), r) == ("exit", {"*": "no agent of the job answered"})
 
 
 # ------------------------------------------------------------------ restart of the controller
