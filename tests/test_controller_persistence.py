@@ -63,8 +63,8 @@ def test_restart_keeps_jobs_and_resumes_the_open_round(tmp_path: Path) -> None:
     first = EmbeddedController(config(state))
     addr = first.start()
     done = [ScriptedAgent(addr, "done", n, 2).join() for n in range(2)]
-    recover_round(done, {1: 1})
-    mid = [ScriptedAgent(addr, "mid", n, 2).join() for n in range(2)]
+    recover_round(done, {0: 1})  # node 0 reports its own rank
+    mid = [ScriptedAgent(addr, "mid", n, 2, ranks_per_node=2).join() for n in range(2)]  # rank 3 is node 1's
     ok(mid[1].fault({3: 1}, detail="rank 3 exited -9"))
     for a in mid:
         a.expect("stopTrain")
@@ -76,7 +76,7 @@ def test_restart_keeps_jobs_and_resumes_the_open_round(tmp_path: Path) -> None:
     second = EmbeddedController(config(state))
     addr = second.start()
     try:
-        again = [ScriptedAgent(addr, "mid", n, 2) for n in range(2)]  # same host and pid as before
+        again = [ScriptedAgent(addr, "mid", n, 2, ranks_per_node=2) for n in range(2)]  # same host and pid as before
         status = again[0].init()
         assert status.code == 0 and "joined" in status.info  # a known agent rejoins; nothing is wiped
         jobs = {j.jobId: j for j in again[0].list_jobs().jobs}

@@ -79,14 +79,14 @@ def job_record(agent: ScriptedAgent):  # noqa: ANN201
 
 
 @pytest.mark.parametrize("faults,supported,chosen", [
-    ({1: 0}, ALL, "retry"),
-    ({1: 1}, ALL, "recover"),
-    ({1: 2}, ALL, "job-rescheduling"),
+    ({3: 0}, ALL, "retry"),
+    ({3: 1}, ALL, "recover"),
+    ({3: 2}, ALL, "job-rescheduling"),
 ], ids=["retry", "recover", "job-rescheduling"])
 def test_round_recovers(server: str, agents_factory, faults: dict[int, int], supported: list[str],
                         chosen: str) -> None:
     agents = agents_factory(server)
-    ok(agents[1].fault(faults, detail="rank 1 pid 123 killed by SIGKILL"))
+    ok(agents[1].fault(faults, detail="rank 3 pid 123 killed by SIGKILL"))  # node 1 has ranks 2-3
     stop_and_collect(agents, supported, faults)
     for a in agents:
         sig = a.expect("changeStrategy", chosen)
@@ -205,7 +205,7 @@ def test_fault_after_decision_opens_the_next_round(server: str, agents_factory) 
 def test_repeated_reports_are_idempotent(server: str, agents_factory) -> None:
     agents = agents_factory(server)
     for _ in range(3):
-        ok(agents[1].fault({1: 1}))
+        ok(agents[1].fault({3: 1}))
     for a in agents:
         a.expect("stopTrain")
     agents[0].no_signal()  # one stopTrain only
