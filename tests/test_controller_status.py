@@ -101,3 +101,44 @@ def test_render_empty_and_error() -> None:
     assert render_text(taskd_pb2.JobList()) == "no jobs\n"
     err = taskd_pb2.JobList(status=recover_pb2.Status(code=402, info="job x does not exist"))
     assert render_text(err).startswith("error 402")
+
+
+@pytest.mark.usefixtures("taskd_logging")
+def test_taskd_status_pages_past_4_mb(capsys: pytest.CaptureFixture[str]) -> None:
+    """400 jobs of ~12 KB each: one ListJobs answer would pass a client's 4 MB limit; taskd status pages."""
+    import grpc
+
+    from taskd.proto import recover_pb2, recover_pb2_grpc, taskd_pb2, taskd_pb2_grpc
+
+    with EmbeddedController(ControllerConfig(listen="127.0.0.1:0", state_path=":memory:")) as ctl:
+        with grpc.insecure_channel(ctl.address) as ch:
+            stub = recover_pb2_grpc.RecoverStub(ch)
+            for i in range(400):
+                info = recover_pb2.ClientInfo(jobId=f"big-{i:03d}", host="h" * 4000, pid=1, nodeCount=1)
+                assert stub.Init(info, timeout=10).code == 0 and stub.Register(info, timeout=10).code == 0
+            with pytest.raises(grpc.RpcError) as err:  # the whole list at once, as a caller without paging asks
+                taskd_pb2_grpc.JobStatusStub(ch).ListJobs(taskd_pb2.JobQuery(), timeout=30)
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            page = taskd_pb2_grpc.JobStatusStub(ch).ListJobs(taskd_pb2.JobQuery(pageSize=1000), timeout=30)
+            assert 0 < len(page.jobs) < 400 and page.nextPageToken and page.ByteSize() < 4 << 20
+        jobs = fetch_jobs(ctl.address, timeout=30)
+        assert [j.jobId for j in jobs.jobs] == [f"big-{i:03d}" for i in range(400)]
+        assert taskd_main(["status", "--server", ctl.address, "--json", "--timeout", "30"]) == 0
+        assert len(json.loads(capsys.readouterr().out)["jobs"]) == 400
+
+
+def test_a_page_token_the_server_did_not_give_is_refused(server: str) -> None:
+    from taskd.controller.testing import CALL_TIMEOUT
+    from taskd.proto import taskd_pb2
+
+    agent = ScriptedAgent(server, "pager", 0, 1)
+    try:
+        first = agent.status_stub.ListJobs(taskd_pb2.JobQuery(pageSize=1), timeout=CALL_TIMEOUT)
+        assert [j.jobId for j in first.jobs] == ["train"] and first.nextPageToken
+        second = agent.status_stub.ListJobs(taskd_pb2.JobQuery(pageSize=1, pageToken=first.nextPageToken),
+                                            timeout=CALL_TIMEOUT)
+        assert [j.jobId for j in second.jobs] == ["other"] and not second.nextPageToken
+        bad = agent.status_stub.ListJobs(taskd_pb2.JobQuery(pageSize=1, pageToken="nonsense"), timeout=CALL_TIMEOUT)
+        assert bad.status.code == 409 and "pageToken" in bad.status.info
+    finally:
+        agent.close()
