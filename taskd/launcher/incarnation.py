@@ -48,3 +48,41 @@ class Incarnation:
         pid = self.pid if self.pid is not None else "-"
         who = f"rank {self.global_rank} (local {self.local_rank})"
         return f"==== taskd: {who} start #{self.restart} pid {pid} at {when} ====\n"
+
+
+KEEP_TAILS = 8  # incarnations whose output tail is kept per rank
+
+
+class RankTable:
+    """Every incarnation of every local rank, the current one last; the launcher's lock guards it."""
+
+    def __init__(self, nproc_per_node: int) -> None:
+        self.nproc_per_node = nproc_per_node
+        self._incarnations: dict[int, list[Incarnation]] = {r: [] for r in range(nproc_per_node)}
+
+    def valid(self, rank: object) -> bool:
+        return isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank < self.nproc_per_node
+
+    def current(self, rank: int) -> Incarnation | None:
+        incs = self._incarnations.get(rank)
+        return incs[-1] if incs else None
+
+    def starts(self, rank: int) -> int:
+        """How many incarnations ``rank`` had so far."""
+        return len(self._incarnations.get(rank, []))
+
+    def append(self, inc: Incarnation) -> None:
+        """Add the rank's new incarnation; old ones beyond KEEP_TAILS drop their output tail."""
+        incs = self._incarnations[inc.local_rank]
+        incs.append(inc)
+        for old in incs[:-KEEP_TAILS]:
+            if not old.running:
+                old.output.tail.clear()
+
+    def running(self) -> list[Incarnation]:
+        return [inc for incs in self._incarnations.values() for inc in incs if inc.running]
+
+    def unreaped_pids(self) -> set[int]:
+        """Pids of incarnations whose Popen has not reaped them (never an orphan)."""
+        return {inc.popen.pid for incs in self._incarnations.values() for inc in incs
+                if inc.popen is not None and inc.popen.returncode is None}

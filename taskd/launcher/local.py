@@ -29,10 +29,11 @@ import threading
 import time
 from collections.abc import Callable
 
-from taskd.launcher.env import rank_env
-from taskd.launcher.incarnation import SPAWN_FAILED_CODE, Incarnation
+from taskd.launcher.env import OMP_DEFAULT, OMP_WARNING, omp_default, rank_env
+from taskd.launcher.error_file import RankError, read_error_file
+from taskd.launcher.incarnation import SPAWN_FAILED_CODE, Incarnation, RankTable
 from taskd.launcher.orphans import OrphanKeeper
-from taskd.launcher.output import OutputPump, RankLog, RankOutput
+from taskd.launcher.output import ERR, OUT, OutputPump, RankLog, RankOutput
 from taskd.launcher.spares import SparePool, python_script
 from taskd.launcher.spec import STATUS_NOT_STARTED, WorkerSpec, free_port
 from taskd.process.exitcodes import describe_returncode
@@ -43,7 +44,6 @@ from taskd.worker.heartbeat_file import HeartbeatFile
 
 log = logging.getLogger(__name__)
 
-_KEEP_TAILS = 8  # incarnations whose output tail is kept per rank
 ORPHAN_TICK = 5.0  # seconds between looks for orphans that exited by themselves (a look costs an idle agent ~0.3 ms)
 
 __all__ = ["SPAWN_FAILED_CODE", "Incarnation", "LocalLauncher", "ORPHAN_TICK"]
@@ -64,22 +64,38 @@ class LocalLauncher:
         to init and live on, as before).
         """
         self._own_run_dir = spec.run_dir is None
-        run_dir = spec.run_dir or tempfile.mkdtemp(prefix=f"taskd-{_safe(spec.job_id)}-")
-        os.makedirs(run_dir, exist_ok=True)
-        if spec.log_dir:
-            os.makedirs(spec.log_dir, exist_ok=True)
+        log_dir = spec.log_dir
+        if log_dir is None and spec.redirects_any():  # as torchrun: redirected output goes to a kept temp dir
+            log_dir = tempfile.mkdtemp(prefix=f"taskd-{_safe(spec.job_id)}-logs-")
+            log.warning("--redirects/--tee without --log-dir: rank logs go to %s", log_dir)
+        elif log_dir:
+            os.makedirs(log_dir, exist_ok=True)
         port = spec.master_port or free_port(spec.master_addr)
-        self.spec = dataclasses.replace(spec, run_dir=run_dir, master_port=port)
+        logs: dict[int, RankLog] = {}
+        try:  # first: a refused log file (a planted symlink) stops the launch before anything starts
+            for r in range(spec.nproc_per_node):
+                logs[r] = RankLog(_log_path(log_dir, spec, r))
+        except OSError:
+            for rank_log in logs.values():
+                rank_log.close()
+            raise
+        run_dir = spec.run_dir or tempfile.mkdtemp(prefix=f"taskd-{_safe(spec.job_id)}-")
+        os.makedirs(run_dir, mode=0o700, exist_ok=True)
+        self.spec = dataclasses.replace(spec, run_dir=run_dir, master_port=port, log_dir=log_dir)
+        if omp_default(self.spec):
+            log.warning(OMP_WARNING, OMP_DEFAULT)
         self._on_exit = on_exit
         self._lock = threading.RLock()
         self._closed = False
-        self._incarnations: dict[int, list[Incarnation]] = {r: [] for r in range(spec.nproc_per_node)}
-        self._logs: dict[int, RankLog] = {}
+        self._table = RankTable(spec.nproc_per_node)
+        self._logs = logs
+        self._job_restarts: int | None = None  # set by the agent: see set_restart_count
+        self._restart_rounds = 0  # START calls that restarted something: the count when nobody sets one
         self._pump = OutputPump(tick=self._reap_exited_orphans if subreaper else None, tick_interval=orphan_tick)
         spares = spec.warm_spares if python_script(spec.entrypoint) else 0
         self._spares = SparePool(spares, rank_env(self.spec, 0, 0, None), spec.cwd)
-        self._orphans = OrphanKeeper(self._lock, self._held_pids, self._running_marks, self._pump.add_exit_watch,
-                                     Var.TASKD_HEARTBEAT_FILE)
+        self._orphans = OrphanKeeper(self._lock, lambda: self._table.unreaped_pids() | set(self._spares.pids()),
+                                     self._running_marks, self._pump.add_exit_watch, Var.TASKD_HEARTBEAT_FILE)
         if subreaper:
             self._orphans.acquire()  # last: close() releases it
 
@@ -101,7 +117,7 @@ class LocalLauncher:
         """
         _require_list("KILL_WORKER", pids)
         with self._lock:
-            live = {inc.pid: inc for incs in self._incarnations.values() for inc in incs if inc.running}
+            live = {inc.pid: inc for inc in self._table.running()}
             if list(pids) == [-1]:
                 targets = list(live.values())
             else:
@@ -121,11 +137,13 @@ class LocalLauncher:
         """Kill every live worker, then start every local rank; 0 if all are running right after, else 1."""
         self._check_open()
         with self._lock:
-            live = [inc for incs in self._incarnations.values() for inc in incs if inc.running]
+            live = self._table.running()
             for inc in live:
                 kill_group(inc.pid)  # type: ignore[arg-type]
             for inc in live:
                 self._wait_reaped(inc, timeout=10.0)
+            if any(self._table.starts(r) for r in range(self.spec.nproc_per_node)):
+                self._restart_rounds += 1
             ok = [self._start(r) for r in range(self.spec.nproc_per_node)]
             self._spares.fill()
         return 0 if all(ok) else 1
@@ -143,12 +161,14 @@ class LocalLauncher:
         self._check_open()
         ok = True
         with self._lock:
+            if any(self._table.valid(r) and self._table.starts(r) for r in ranks):
+                self._restart_rounds += 1
             for rank in ranks:
-                if not self._valid(rank):
+                if not self._table.valid(rank):
                     log.error("START_WORKER_LIST: %r is not a local rank (0..%d)", rank, self.spec.nproc_per_node - 1)
                     ok = False
                     continue
-                current = self._current(rank)
+                current = self._table.current(rank)
                 if current is not None and current.killed:
                     self._wait_reaped(current, timeout=5.0)  # SIGKILLed a moment ago: it dies within ms
                 if current is not None and current.running and not self._reap(current):
@@ -170,10 +190,10 @@ class LocalLauncher:
             wanted = range(self.spec.nproc_per_node) if list(ranks) == [-1] else ranks
             result: dict[int, dict[str, object]] = {}
             for rank in wanted:
-                if not self._valid(rank):
+                if not self._table.valid(rank):
                     continue
                 global_rank = self.spec.global_rank(rank)
-                inc = self._current(rank)
+                inc = self._table.current(rank)
                 if inc is None:
                     result[rank] = {"pid": None, "status": STATUS_NOT_STARTED, "global_rank": global_rank}
                     continue
@@ -192,7 +212,7 @@ class LocalLauncher:
     def returncode(self, local_rank: int) -> int | None:
         """Exit code of the rank's current incarnation as Popen gives it (-N for signal N); None if running."""
         with self._lock:
-            inc = self._current(local_rank)
+            inc = self._table.current(local_rank)
             if inc is None:
                 return None
             if inc.running:
@@ -201,23 +221,47 @@ class LocalLauncher:
 
     def pid(self, local_rank: int) -> int | None:
         with self._lock:
-            inc = self._current(local_rank)
+            inc = self._table.current(local_rank)
             return inc.pid if inc is not None else None
 
     def restart_count(self, local_rank: int) -> int:
         """How many times the rank's current incarnation was preceded by another (0 before any restart)."""
         with self._lock:
-            return max(0, len(self._incarnations.get(local_rank, [])) - 1)
+            return max(0, self._table.starts(local_rank) - 1)
 
     def incarnation(self, local_rank: int) -> Incarnation | None:
         """The current incarnation (pid, start time, exit code, spawn error) or None if never started."""
         with self._lock:
-            return self._current(local_rank)
+            return self._table.current(local_rank)
+
+    def set_restart_count(self, count: int) -> None:
+        """The job-wide restart count that ranks started from now on get as TORCHELASTIC_RESTART_COUNT.
+
+        The agent calls this before START_ALL_WORKER/START_WORKER_LIST, since it knows the
+        job's count (every node's restarts, from the controller); without it, the launcher
+        counts its own START calls that restarted something, which is job-wide on one node.
+        """
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise ValueError(f"set_restart_count takes an integer >= 0, got {count!r}")
+        with self._lock:
+            self._job_restarts = count
 
     def log_path(self, local_rank: int) -> str | None:
-        if not self.spec.log_dir or not self._valid(local_rank):
+        return _log_path(self.spec.log_dir, self.spec, local_rank) if self._table.valid(local_rank) else None
+
+    def error_file_path(self, local_rank: int) -> str:
+        """The rank's TORCHELASTIC_ERROR_FILE, in the private run directory (see taskd.launcher.error_file)."""
+        return os.path.join(self.spec.run_dir or "", f"rank_{self.spec.global_rank(local_rank)}.error.json")
+
+    def error_report(self, local_rank: int) -> RankError | None:
+        """What the rank's current incarnation recorded with torch's ``@record`` before dying, else None.
+
+        The agent shows it first, as the root cause. The file is removed before each start, so
+        what is found belongs to the current incarnation.
+        """
+        if not self._table.valid(local_rank):
             return None
-        return os.path.join(self.spec.log_dir, f"rank_{self.spec.global_rank(local_rank)}.log")
+        return read_error_file(self.error_file_path(local_rank))
 
     def heartbeat_path(self, local_rank: int) -> str:
         return os.path.join(self.spec.run_dir or "", f"rank_{self.spec.global_rank(local_rank)}.hb")
@@ -225,7 +269,7 @@ class LocalLauncher:
     def tail_log(self, local_rank: int, n: int = 20) -> list[str]:
         """The last ``n`` output lines of the rank's current incarnation (e.g. its traceback)."""
         with self._lock:
-            inc = self._current(local_rank)
+            inc = self._table.current(local_rank)
         if inc is None:
             return []
         if inc.popen is not None and not inc.running:
@@ -242,7 +286,7 @@ class LocalLauncher:
             if self._closed:
                 return
             self._closed = True
-            live = [inc for incs in self._incarnations.values() for inc in incs if inc.running]
+            live = self._table.running()
             # Escapees of live ranks get the SIGTERM and grace too; they become orphans as their ranks die.
             orphans = self._orphans
             escaped = [p for inc in live if inc.pid is not None for p in escaped_descendants(inc.pid)] \
@@ -286,56 +330,44 @@ class LocalLauncher:
         if self._closed:
             raise RuntimeError("the launcher is closed")
 
-    def _valid(self, rank: object) -> bool:
-        return isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank < self.spec.nproc_per_node
-
-    def _current(self, rank: int) -> Incarnation | None:
-        incs = self._incarnations.get(rank)
-        return incs[-1] if incs else None
-
-    def _rank_log(self, rank: int) -> RankLog:
-        if rank not in self._logs:
-            self._logs[rank] = RankLog(self.log_path(rank))
-        return self._logs[rank]
-
     def _start(self, rank: int) -> bool:
         """Spawn one incarnation of ``rank``; True if it is running right after."""
         spec = self.spec
         global_rank = spec.global_rank(rank)
-        restart = len(self._incarnations[rank])
+        restart = self._table.starts(rank)
         hb_path = self.heartbeat_path(rank)
         HeartbeatFile(hb_path).create()
-        env = rank_env(spec, rank, restart, hb_path)
-        rank_log = self._rank_log(rank)
-        output = RankOutput(rank_log, f"[rank{global_rank}]: ", spec.console)
+        error_file = self.error_file_path(rank)
+        _remove(error_file)  # what is found there after the rank dies is then this incarnation's
+        job_restarts = self._restart_rounds if self._job_restarts is None else self._job_restarts
+        env = rank_env(spec, rank, restart, hb_path, job_restart_count=job_restarts, error_file=error_file)
+        rank_log = self._logs[rank]
+        out, err = spec.console_streams(rank)
+        output = RankOutput(rank_log, f"[rank{global_rank}]: ", out, err, split=out != err)
         try:
-            popen = self._spares.activate(spec.entrypoint, env, spec.cwd) if restart else None
+            popen = self._spares.activate(spec.entrypoint, env, spec.cwd) if restart and not output.split else None
             if popen is None:
-                popen = spawn(spec.entrypoint, env, cwd=spec.cwd)
+                popen = spawn(spec.entrypoint, env, cwd=spec.cwd, split_stderr=output.split)
         except (OSError, subprocess.SubprocessError) as exc:
             inc = Incarnation(rank, global_rank, restart, None, output, returncode=SPAWN_FAILED_CODE,
                               ended_at=time.time(), error=f"{type(exc).__name__}: {exc}")
-            self._append(inc)
+            self._table.append(inc)
             rank_log.write(inc.header().encode())
             output.note(f"taskd: cannot start rank {global_rank}: {inc.error}")
-            output.finish()
+            output.finish(OUT)
+            output.finish(ERR)
             log.error("cannot start rank %d: %s", global_rank, inc.error)
             return False
         inc = Incarnation(rank, global_rank, restart, popen, output)
-        self._append(inc)
+        self._table.append(inc)
         rank_log.write(inc.header().encode())
         assert popen.stdout is not None
-        self._pump.add_stream(popen.stdout, output)
+        self._pump.add_stream(popen.stdout, output.sink(OUT))
+        if popen.stderr is not None:
+            self._pump.add_stream(popen.stderr, output.sink(ERR))
         self._pump.add_exit_watch(popen.pid, lambda: self._on_process_exit(inc))
         log.debug("started rank %d (local %d) pid %d, restart %d", global_rank, rank, popen.pid, restart)
         return not has_exited(popen.pid)
-
-    def _append(self, inc: Incarnation) -> None:
-        incs = self._incarnations[inc.local_rank]
-        incs.append(inc)
-        for old in incs[:-_KEEP_TAILS]:
-            if not old.running:
-                old.output.tail.clear()
 
     def _on_process_exit(self, inc: Incarnation) -> None:
         """I/O thread: the rank's process ended; reap it at once so no zombie stays behind."""
@@ -369,16 +401,9 @@ class LocalLauncher:
         return True
 
     # -- what the orphan keeper needs (subreaper) -----------------------------------------------
-    def _held_pids(self) -> set[int]:
-        """Children we started and still hold un-reaped (ranks, spares): never an orphan, never reaped there."""
-        held = {inc.popen.pid for incs in self._incarnations.values() for inc in incs
-                if inc.popen is not None and inc.popen.returncode is None}
-        held.update(self._spares.pids())
-        return held
-
     def _running_marks(self) -> tuple[set[int], set[str]]:
         """Sessions and heartbeat files of the running ranks: an orphan with either still belongs to one."""
-        running = [inc for incs in self._incarnations.values() for inc in incs if inc.running]
+        running = self._table.running()
         return {inc.pid for inc in running if inc.pid is not None}, \
             {self.heartbeat_path(inc.local_rank) for inc in running}
 
@@ -398,6 +423,19 @@ class LocalLauncher:
 def _require_list(name: str, value: object) -> None:
     if not isinstance(value, (list, tuple)):
         raise TypeError(f"{name} takes a list of ints, got {type(value).__name__}")
+
+
+def _log_path(log_dir: str | None, spec: WorkerSpec, local_rank: int) -> str | None:
+    return os.path.join(log_dir, f"rank_{spec.global_rank(local_rank)}.log") if log_dir else None
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("cannot remove the old error file %s: %s", path, exc)
 
 
 def _safe(text: str) -> str:
