@@ -1,0 +1,184 @@
+"""DDP over gloo that survives losing a rank without stopping the others (taskd live recovery).
+
+An MLP (about 9 M parameters by default) learns a fixed random teacher. The batch of step s is a
+pure function of (seed, rank, s), so every run computes exactly the same updates: the final
+parameters of a run with faults are bit-identical to those of a run without.
+
+    torchrun --standalone --nproc-per-node 2 examples/torch/train_ddp.py --steps 100 --ckpt-every 20 \\
+        --ckpt-dir /tmp/ddp/ckpt --out /tmp/ddp/out
+    taskd run --nproc-per-node 4 examples/torch/train_ddp.py --steps 300 --ckpt-every 20 \\
+        --ckpt-dir /tmp/ddp/ckpt --out /tmp/ddp/out --crash-at-step 50
+
+Under torchrun it is an ordinary DDP script that resumes from its newest common checkpoint after
+a restart. Under taskd with live recovery a lost rank is replaced in place: the survivors keep
+their processes and memory, the replacement receives the state over the rebuilt group.
+
+Rank 0 writes OUT/final.pt (the model's state_dict) and OUT/summary.json (steps computed per rank
+including recomputed ones, restarts and generations seen, recoveries with their timings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+try:
+    from taskd import worker
+except ImportError:  # run from a source checkout without installing taskd
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    from taskd import worker
+from taskd.worker.live import RetryableError
+from taskd.worker.torch import LiveGroup
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, required=True, help="total number of optimizer steps")
+    p.add_argument("--ckpt-every", type=int, required=True, help="per-rank checkpoint every K steps (0: never)")
+    p.add_argument("--ckpt-dir", required=True, help="checkpoint directory (one subdirectory per rank)")
+    p.add_argument("--out", required=True, help="directory for final.pt, summary.json and per-rank records")
+    p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step (to watch it run)")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--hidden", type=int, default=2048, help="width of the hidden layers (2048: ~9 M parameters)")
+    p.add_argument("--layers", type=int, default=3, help="number of hidden layers")
+    p.add_argument("--inputs", type=int, default=256)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--pg-timeout", type=float, default=60.0, help="collective timeout in seconds")
+    # fault injection, each once per job (a marker file in --out remembers it), on --fault-rank
+    p.add_argument("--fault-rank", type=int, default=1, help="the rank that injects the faults below")
+    p.add_argument("--crash-at-step", type=int, default=None, help="SIGKILL itself in the middle of this step")
+    p.add_argument("--hang-at-step", type=int, default=None, help="hang (sleep) in the middle of this step")
+    p.add_argument("--retryable-error-at-step", type=int, default=None,
+                   help="raise taskd.worker.RetryableError in the middle of this step")
+    args = p.parse_args(argv)
+    if args.steps < 0 or args.ckpt_every < 0:
+        p.error("--steps and --ckpt-every must be >= 0")
+    return args
+
+
+def make_model(args: argparse.Namespace) -> nn.Module:
+    torch.manual_seed(args.seed)  # every rank builds the same initial weights
+    layers: list[nn.Module] = []
+    width = args.inputs
+    for _ in range(args.layers):
+        layers += [nn.Linear(width, args.hidden), nn.Tanh()]
+        width = args.hidden
+    layers.append(nn.Linear(width, 10))
+    return nn.Sequential(*layers)
+
+
+def batch(args: argparse.Namespace, rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The data of one step: a function of (seed, rank, step) only."""
+    g = torch.Generator().manual_seed(args.seed * 1_000_003 + rank * 10_007 + step)
+    x = torch.randn(args.batch, args.inputs, generator=g)
+    teacher = torch.Generator().manual_seed(args.seed)
+    w = torch.randn(args.inputs, 10, generator=teacher) / args.inputs**0.5
+    return x, x @ w
+
+
+def once(args: argparse.Namespace, kind: str, at: int | None, rank: int, step: int) -> bool:
+    """Whether fault ``kind`` fires now; the marker file makes it fire once per job."""
+    if at is None or rank != args.fault_rank or step != at:
+        return False
+    marker = os.path.join(args.out, f"fault_{kind}.done")
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        return False
+    print(f"rank {rank}: injecting {kind} at step {step}", flush=True)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    live = LiveGroup(backend="gloo", timeout=args.pg_timeout)
+    rank = live.rank
+    model = make_model(args)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    ddp = live.ddp(model)
+    live.track(model=model, optimizer=optimizer, seed=args.seed)
+
+    ckpt = worker.CheckpointManager(os.path.join(args.ckpt_dir, f"rank{rank}"), keep=3, serializer="torch")
+
+    def load(step: int) -> None:
+        if step > 0:
+            state = ckpt.load(step)
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+
+    def save(step: int) -> None:
+        with worker.section("checkpoint", timeout=120):
+            ckpt.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, step)
+
+    worker.on_save_request(lambda: save(live.step_no))
+    # one byte per completed step, appended by every incarnation of this rank: counts recomputed steps
+    counter = os.open(os.path.join(args.out, f"rank{rank}.computed"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    started = time.time()
+    first = None
+    for step in live.steps(ckpt.latest_step() or 0, args.steps, load=load):
+        first = step if first is None else first
+        with live.step():
+            x, y = batch(args, rank, step)
+            optimizer.zero_grad(set_to_none=True)
+            loss = nn.functional.mse_loss(ddp(x), y)
+            if once(args, "crash", args.crash_at_step, rank, step):
+                os.kill(os.getpid(), signal.SIGKILL)
+            if once(args, "hang", args.hang_at_step, rank, step):
+                time.sleep(3600)
+            if once(args, "retryable", args.retryable_error_at_step, rank, step):
+                raise RetryableError(f"injected at step {step}")
+            loss.backward()
+            optimizer.step()
+            os.write(counter, b".")
+        if args.ckpt_every and live.step_no % args.ckpt_every == 0 and live.step_no > step:
+            save(live.step_no)
+            print(f"rank {rank}: step {live.step_no}/{args.steps} loss {loss.item():.6f}", flush=True)
+        if args.step_sleep:
+            time.sleep(args.step_sleep)
+    os.close(counter)
+
+    record = {"rank": rank, "pid": os.getpid(), "first_step": first, "restart_count": worker.restart_count(),
+              "generation": live.protocol.generation, "recoveries": live.events, "seconds": time.time() - started}
+    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as fh:
+        json.dump(record, fh)
+    dist.barrier()
+    if rank == 0:
+        write_summary(args, model, live.world_size)
+    live.close()
+    print(f"rank {rank}: done at step {args.steps}", flush=True)
+    return 0
+
+
+def write_summary(args: argparse.Namespace, model: nn.Module, world: int) -> None:
+    torch.save(model.state_dict(), os.path.join(args.out, "final.pt.tmp"))
+    os.replace(os.path.join(args.out, "final.pt.tmp"), os.path.join(args.out, "final.pt"))
+    ranks = {}
+    for r in range(world):
+        with open(os.path.join(args.out, f"rank{r}.json")) as fh:
+            ranks[r] = json.load(fh)
+        ranks[r]["computed"] = os.path.getsize(os.path.join(args.out, f"rank{r}.computed"))
+    summary = {
+        "steps": args.steps,
+        "computed": {r: info["computed"] for r, info in ranks.items()},
+        "recomputed": {r: info["computed"] - args.steps for r, info in ranks.items()},
+        "restart_count": max(info["restart_count"] for info in ranks.values()),
+        "generation": max(info["generation"] for info in ranks.values()),
+        "ranks": ranks,
+    }
+    with open(os.path.join(args.out, "summary.json.tmp"), "w") as fh:
+        json.dump(summary, fh, indent=1)
+    os.replace(os.path.join(args.out, "summary.json.tmp"), os.path.join(args.out, "summary.json"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
