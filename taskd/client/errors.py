@@ -31,10 +31,9 @@ class AuthenticationError(RecoverClientError):
     def __init__(self, address: str, detail: str = "") -> None:
         self.address = address
         self.detail = detail
-        super().__init__(
-            f"recovery controller at {address} refused this client's credentials: {detail} "
-            "(set TASKD_TOKEN_FILE to a file holding the token `taskd server --token-file` was given)"
-        )
+        hint = "" if "TASKD_TOKEN_FILE" in detail else (
+            " (set TASKD_TOKEN_FILE to a file holding the token `taskd server --token-file` was given)")
+        super().__init__(f"recovery controller at {address} refused this client's credentials: {detail}{hint}")
 
 
 class ConfigurationError(RecoverClientError, ValueError):
