@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from taskd.callbacks import STATUS_FAILED, STATUS_OK
 from taskd.launcher.output import RankOutput
+from taskd.launcher.spec import STATUS_FAILED, STATUS_OK
 
 SPAWN_FAILED_CODE = 127  # returncode reported for a rank whose process could not be started
 
@@ -86,3 +87,8 @@ class RankTable:
         """Pids of incarnations whose Popen has not reaped them (never an orphan)."""
         return {inc.popen.pid for incs in self._incarnations.values() for inc in incs
                 if inc.popen is not None and inc.popen.returncode is None}
+
+    def running_marks(self, heartbeat_path: Callable[[int], str]) -> tuple[set[int], set[str]]:
+        """Sessions and heartbeat files of the running ranks: an orphan with either still belongs to one."""
+        running = self.running()
+        return {inc.pid for inc in running if inc.pid is not None}, {heartbeat_path(inc.local_rank) for inc in running}

@@ -95,7 +95,8 @@ class LocalLauncher:
         spares = spec.warm_spares if python_script(spec.entrypoint) else 0
         self._spares = SparePool(spares, rank_env(self.spec, 0, 0, None), spec.cwd)
         self._orphans = OrphanKeeper(self._lock, lambda: self._table.unreaped_pids() | set(self._spares.pids()),
-                                     self._running_marks, self._pump.add_exit_watch, Var.TASKD_HEARTBEAT_FILE)
+                                     lambda: self._table.running_marks(self.heartbeat_path),
+                                     self._pump.add_exit_watch, Var.TASKD_HEARTBEAT_FILE)
         if subreaper:
             self._orphans.acquire()  # last: close() releases it
 
@@ -401,12 +402,6 @@ class LocalLauncher:
         return True
 
     # -- what the orphan keeper needs (subreaper) -----------------------------------------------
-    def _running_marks(self) -> tuple[set[int], set[str]]:
-        """Sessions and heartbeat files of the running ranks: an orphan with either still belongs to one."""
-        running = self._table.running()
-        return {inc.pid for inc in running if inc.pid is not None}, \
-            {self.heartbeat_path(inc.local_rank) for inc in running}
-
     def _reap_exited_orphans(self) -> None:
         """I/O thread tick: reap orphans that died by themselves, so no zombie accumulates."""
         with self._lock:
