@@ -203,3 +203,54 @@ def test_bad_flags_print_taskd_runs_usage(tmp_path: Path) -> None:
             assert done.returncode == 2, done.stdout
             assert done.stdout.startswith("usage: taskd run"), done.stdout
         assert "--nnodes" in bad.stdout and "--nproc-per-node" in bad.stdout and "missing.py" in bad.stdout
+
+
+# --- the cluster examples ------------------------------------------------------------------------
+
+EXAMPLES = ROOT / "examples"
+
+
+def test_slurm_example_is_valid_bash() -> None:
+    for script in (EXAMPLES / "slurm").glob("*.sbatch"):
+        check = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, timeout=30)
+        assert check.returncode == 0, check.stderr
+        assert "taskd run --server" in script.read_text() and "taskd server" in script.read_text()
+
+
+def _manifests() -> dict[str, list[dict]]:
+    yaml = pytest.importorskip("yaml")
+    return {p.name: list(yaml.safe_load_all(p.read_text())) for p in sorted((EXAMPLES / "k8s").glob("*.yaml"))}
+
+
+def test_k8s_manifests_parse_and_fit_together() -> None:
+    docs = {(d["kind"], d["metadata"]["name"]): d for ds in _manifests().values() for d in ds}
+    assert {("Secret", "taskd-token"), ("Deployment", "taskd-controller"), ("Service", "taskd-controller"),
+            ("Service", "train"), ("Job", "train")} <= set(docs)
+    job, headless = docs["Job", "train"], docs["Service", "train"]
+    assert job["spec"]["completionMode"] == "Indexed" and headless["spec"]["clusterIP"] == "None"
+    pod = job["spec"]["template"]
+    assert pod["spec"]["subdomain"] == "train" and headless["spec"]["selector"].items() <= pod["metadata"][
+        "labels"].items()
+    for name in (("Job", "train"), ("Deployment", "taskd-controller")):
+        volumes = docs[name]["spec"]["template"]["spec"]["volumes"]
+        assert {"secretName": "taskd-token"} in [v.get("secret") for v in volumes]
+
+
+def test_k8s_training_command_derives_node_rank_from_the_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(EXAMPLES / "slurm")  # where train_ddp.py is
+    job = next(d for ds in _manifests().values() for d in ds if d["kind"] == "Job")
+    argv = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert argv[:2] == ["taskd", "run"]
+    cfg = RunConfig.from_args(taskd_parser().parse_args(argv[2:]), {"JOB_COMPLETION_INDEX": "1"})
+    assert (cfg.nnodes, cfg.node_rank, cfg.master_addr, cfg.master_port) == (2, 1, "train-0.train", 29500)
+    assert cfg.server == "taskd-controller:8899"
+
+
+def test_pytorchjob_command_derives_everything_from_the_operator(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(EXAMPLES / "slurm")
+    pj = next(d for ds in _manifests().values() for d in ds if d["kind"] == "PyTorchJob")
+    argv = pj["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"]
+    pod = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "MASTER_ADDR": "train-pj-master-0", "MASTER_PORT": "23456",
+           "RANK": "1", "WORLD_SIZE": "2", "PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_NPROC_PER_NODE": "2"}
+    cfg = RunConfig.from_args(taskd_parser().parse_args(argv[2:]), pod)
+    assert (cfg.nnodes, cfg.node_rank, cfg.nproc_per_node, cfg.master_addr) == (2, 1, 2, "train-pj-master-0")
