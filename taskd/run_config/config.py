@@ -178,7 +178,9 @@ class RunConfig:
             strategies=",".join(self.strategies) or None, log_dir=self.log_dir,
             monitor_interval=self.monitor_interval, stop_grace=self.stop_grace,
             heartbeat_timeout=self.heartbeat_timeout, dump_timeout=self.dump_timeout, warm_spares=self.warm_spares,
-            master_addr=self.master_addr, master_port=self.master_port, quiet=self.quiet, config=self)
+            master_addr=self.master_addr, master_port=self.master_port, quiet=self.quiet, role=self.role,
+            redirects=dict(self.redirects), tee=dict(self.tee), local_ranks_filter=self.local_ranks_filter,
+            standalone=self.standalone, config=self)
 
     def environment_line(self) -> str | None:
         return "from the environment: " + ", ".join(self.from_environment) if self.from_environment else None
