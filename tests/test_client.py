@@ -852,3 +852,39 @@ def test_the_stream_loop_stays_responsive_while_the_resync_blocks(make_manager):
     finally:
         release.set()
         slow.stop()
+
+
+EXIT_CHILD = r"""
+import sys, threading
+from taskd.client import RecoverClient
+from taskd.proto import recover_pb2
+
+mgr = RecoverClient(recover_pb2.ClientInfo(jobId=sys.argv[2], role="agent"), sys.argv[1], call_timeout=5.0)
+entered = threading.Event()
+mgr.register_action_handler("stop_train", lambda sig: (entered.set(), threading.Event().wait()))
+assert mgr.register().code == 0
+threading.Thread(target=mgr.start_subscribe, daemon=True).start()
+print("ready", flush=True)
+assert entered.wait(20), "the handler never ran"
+print("exiting with a handler in flight", flush=True)
+"""
+
+
+def test_a_handler_in_flight_does_not_hold_up_the_process_exit(server):
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    child = subprocess.Popen([sys.executable, "-c", EXIT_CHILD, server.address, JOB], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        wait_until(lambda: server.recorder.subscriptions == 1, what="the child's subscription")
+        server.recorder.push(uuid="stuck", signalType="stopTrain", actions=["stop_train"])
+        assert child.wait(WAIT) == 0, child.stderr.read()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(WAIT)

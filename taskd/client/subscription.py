@@ -4,7 +4,9 @@ It runs on grpc.aio, on a private asyncio loop owned by the thread that calls `r
 subscription sleeps until a message, a keep-alive or the liveness deadline instead of polling (the
 synchronous stream iterator woke every 100 ms and its channel spun a thread). Nothing blocking runs
 on that loop: the resync (blocking Init/Register calls with deadlines) and the handlers (which may
-block, e.g. stop ranks or report) run in the loop's worker thread, one at a time, in signal order.
+block, e.g. stop ranks or report) run in a worker thread, one at a time, in signal order, while the
+loop keeps serving keepalives and stop(). The worker is a daemon thread, as the subscriber thread
+usually is: a handler in flight must not hold up the interpreter's exit.
 """
 
 from __future__ import annotations
@@ -27,6 +29,27 @@ from taskd.client.rpc import RpcClient, translate
 from taskd.proto import recover_pb2, recover_pb2_grpc
 
 logger = logging.getLogger(__name__)
+
+
+async def in_thread(fn: Callable[[], Any]) -> Any:
+    """Run blocking `fn` in a fresh daemon thread and await its result on the running loop."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if not future.done():
+            future.set_result(value) if ok else future.set_exception(value)
+
+    def work() -> None:
+        try:
+            outcome = (True, fn())
+        except BaseException as exc:  # handed to the awaiting coroutine
+            outcome = (False, exc)
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            loop.call_soon_threadsafe(settle, *outcome)
+
+    threading.Thread(target=work, name="taskd-client-worker", daemon=True).start()
+    return await future
 
 
 def _task_is_cancelling() -> bool:
@@ -89,7 +112,6 @@ class Subscription:
                 self._loop = None
             try:
                 loop.run_until_complete(loop.shutdown_asyncgens())
-                loop.run_until_complete(loop.shutdown_default_executor())  # a resync or handler in flight
             finally:
                 loop.close()
 
@@ -125,7 +147,7 @@ class Subscription:
         with self._lock:
             self._in_handler = True
         try:
-            await asyncio.to_thread(work)
+            await in_thread(work)
         finally:
             with self._lock:
                 self._in_handler = False
@@ -207,7 +229,7 @@ class Subscription:
             while not self._stopped.is_set():
                 try:
                     if need_sync:
-                        await asyncio.to_thread(self._resync)
+                        await in_thread(self._resync)
                     need_sync = True
                     await self._listen(channel, backoff)
                     if not self._stopped.is_set():
