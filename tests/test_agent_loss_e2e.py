@@ -99,7 +99,7 @@ def test_a_controller_lost_in_the_middle_of_a_recovery_does_not_strand_the_agent
     node1 = None
     try:
         wait_for(lambda: port_open(port), 30, "taskd server to listen")
-        node0 = ScriptedAgent(address, "lost-controller", 0, 2).join()  # never answers stopTrain
+        node0 = ScriptedAgent(address, "lost-controller", 0, 2, 2).join()  # never answers stopTrain
         node1 = taskd_run(["--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2", "--job-id",
                            "lost-controller", "--server", address, str(script), str(tmp_path / "crashed")],
                           tmp_path / "node1.log", env={"TASKD_CONTROLLER_TIMEOUT": "2"})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from taskd.launcher.process import describe_returncode
+from taskd.process.exitcodes import describe_returncode
 
 
 @dataclass

@@ -1,0 +1,108 @@
+"""`MSRunPlugin`: what MindSpore's msrun hands a job to.
+
+msrun builds it with no arguments, registers its four callbacks and calls `start()` before any
+rank runs; `start()` blocks for the whole job and its `sys.exit(n)` becomes msrun's exit code.
+The plugin only collects the callbacks and the configuration and runs the agent (`Supervisor`).
+Without MINDX_SERVER_IP it needs an embedded controller: `controller_factory` builds one from the
+configuration. The TaskD import path (`taskd.python.framework.agent.ms_mgr.msrun_plugin`) binds
+taskd's own; this module does not import the controller.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from taskd.agent.config import AgentConfig
+from taskd.agent.console import setup_console_logging
+from taskd.agent.controller_link import LocalController
+from taskd.agent.rank_control import LauncherDetails
+from taskd.agent.summary import JobResult
+from taskd.agent.supervisor import Supervisor
+from taskd.callbacks import CALLBACKS
+
+log = logging.getLogger("taskd.agent")
+
+ControllerFactory = Callable[[AgentConfig], LocalController]
+
+
+class MSRunPlugin:
+    """Drop-in for TaskD's MSRunPlugin: collects the launcher's callbacks, then supervises the job."""
+
+    def __init__(self, details: LauncherDetails | None = None,
+                 controller_factory: ControllerFactory | None = None, **settings: Any) -> None:
+        self.config = AgentConfig.from_env(**settings)
+        self.details = details
+        self.controller_factory = controller_factory
+        self._callbacks: dict[str, Callable[..., Any]] = {}
+        self.result: JobResult | None = None
+
+    def register_callbacks(self, operator: str, func: Callable[..., Any]) -> None:
+        if operator not in CALLBACKS:
+            raise ValueError(f"unknown callback {operator!r}; expected one of {', '.join(CALLBACKS)}")
+        if not callable(func):
+            raise TypeError(f"callback {operator} must be callable, not {type(func).__name__}")
+        self._callbacks[operator] = func
+
+    def run(self) -> JobResult:
+        """Supervise the job to its end and return what happened (never calls sys.exit)."""
+        missing = [name for name in CALLBACKS if name not in self._callbacks]
+        if missing:
+            raise RuntimeError(f"register_callbacks() was never called for {', '.join(missing)}: "
+                               "register every launcher callback before start()")
+        setup_console_logging(only_if_unconfigured=True)
+        if self.config.launcher == "msrun" and not self.config.log_dir:
+            self.config = dataclasses.replace(self.config, log_dir=_msrun_log_dir(sys.argv))
+        file_handler = _log_file_handler(self.config.log_dir) if self.config.launcher == "msrun" else None
+        controller = None
+        if self.config.server is None and self.controller_factory is not None:
+            controller = self.controller_factory(self.config)
+        try:
+            supervisor = Supervisor(self.config, dict(self._callbacks), self.details, controller)
+            self.result = supervisor.run()
+        finally:
+            if file_handler is not None:
+                logging.getLogger("taskd").removeHandler(file_handler)
+                file_handler.close()
+        return self.result
+
+    def start(self) -> None:
+        """msrun's entry point: returns when every rank exited 0, else exits with the job's code."""
+        result = self.run()
+        if not result.succeeded:
+            sys.exit(result.exit_code)
+
+
+def _msrun_log_dir(argv: list[str]) -> str | None:
+    """The plugin runs inside msrun: its --log_dir is in our own argv."""
+    for i, arg in enumerate(argv):
+        if arg == "--log_dir" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--log_dir="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _log_file_handler(log_dir: str | None) -> logging.Handler | None:
+    """taskd's events next to msrun's scheduler.log and worker_<rank>.log."""
+    if not log_dir:
+        return None
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+        handler = logging.FileHandler(os.path.join(log_dir, "taskd_agent.log"), encoding="utf-8")
+    except OSError as exc:
+        log.warning("cannot write taskd's log in %s: %s", log_dir, exc)
+        return None
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("taskd")
+    root.addHandler(handler)
+    if root.getEffectiveLevel() > logging.INFO:
+        root.setLevel(logging.INFO)
+    return handler
+
+
+__all__ = ["CALLBACKS", "ControllerFactory", "MSRunPlugin"]

@@ -1,0 +1,211 @@
+"""Starting, watching and stopping ranks through the launcher's four callbacks (msrun's, or taskd's own).
+
+Mechanics only: what a rank's exit or a failed start *means* is the supervisor's to decide. Every
+call runs on the agent's thread (the launcher's callbacks are not thread-safe).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import psutil
+
+from taskd.agent.config import AgentConfig
+from taskd.agent.hang_watch import HangWatch
+from taskd.agent.msrun_logs import MsrunLogs
+from taskd.agent.ranks import Rank, RankState, RankTable, own_group
+from taskd.callbacks import KILL_WORKER, MONITOR, START_ALL_WORKER, START_WORKER_LIST, STATUS_FAILED, STATUS_RUNNING
+from taskd.process.groups import process_group, reap_processes, stop_groups, wait_groups_gone
+from taskd.process.msrun import msrun_schedulers, restart_msrun_scheduler
+from taskd.process.pidfd import RankWatch
+
+log = logging.getLogger("taskd.agent")
+
+Entry = dict[str, Any]  # one rank's MONITOR answer: pid, status, global_rank, ...
+
+
+class LauncherDetails(Protocol):
+    """Optional extras a launcher can offer beyond msrun's four callbacks (taskd's own does)."""
+
+    def returncode(self, local_rank: int) -> int | None: ...
+
+    def tail_log(self, local_rank: int, n: int = 20) -> list[str]: ...
+
+    def heartbeat_path(self, local_rank: int) -> str | None: ...
+
+    def log_path(self, local_rank: int) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class Adopted:
+    """A rank just (re)started whose process is already gone, or never started: the caller judges it."""
+
+    rank: Rank
+    entry: Entry
+    started: bool
+
+
+class RankControl:
+    """The node's ranks as processes: start them, stop them (whole process groups), read their exits."""
+
+    def __init__(self, config: AgentConfig, callbacks: dict[str, Callable[..., Any]],
+                 details: LauncherDetails | None, table: RankTable, watch: RankWatch, hang: HangWatch,
+                 logs: MsrunLogs) -> None:
+        self.config = config
+        self.cb = callbacks
+        self.details = details
+        self.table = table
+        self.watch = watch
+        self.hang = hang
+        self.logs = logs
+        self.sweeps = 0
+
+    def monitor(self, local_ranks: list[int]) -> dict[int, Entry]:
+        return self.cb[MONITOR](local_ranks) or {}
+
+    def start(self, local: list[int] | None) -> tuple[int, list[Adopted]]:
+        """START_ALL_WORKER (local is None) or START_WORKER_LIST(local), then watch the new processes."""
+        local_ranks = self.table.local_ranks() if local is None else local
+        if not local_ranks:
+            return 0, []
+        self.logs.before_start({lr: self.table[lr].global_rank for lr in local_ranks})
+        self.hang.reset(self.table[lr] for lr in local_ranks)
+        code = self.cb[START_ALL_WORKER]() if local is None else self.cb[START_WORKER_LIST](local)
+        return code, self._adopt(local_ranks)
+
+    def _adopt(self, local_ranks: list[int]) -> list[Adopted]:
+        """Read new pids from MONITOR and watch them; return the ranks that are not running."""
+        entries = self.monitor([-1])
+        gone = []
+        for local_rank in local_ranks:
+            rank = self.table[local_rank]
+            entry = entries.get(local_rank, {})
+            pid = entry.get("pid")
+            if pid is None:  # never started: a fault like any other, or the job would wait for it forever
+                rank.state, rank.pid = RankState.FAILED, None
+                rank.returncode = self.details.returncode(local_rank) if self.details is not None else None
+                gone.append(Adopted(rank, entry, started=False))
+                continue
+            rank.pid, rank.state, rank.returncode = pid, RankState.RUNNING, None
+            rank.pgid = own_group(process_group(pid), pid)
+            try:
+                rank.proc = psutil.Process(pid)
+            except psutil.NoSuchProcess:
+                rank.proc = None
+            if not self.watch.watch(local_rank, pid) or entry.get("status") is not STATUS_RUNNING:
+                gone.append(Adopted(rank, entry, started=True))
+        return gone
+
+    def stop(self, ranks: list[Rank], graceful: bool) -> None:
+        """Stop ranks and every process of their groups; confirm with psutil before returning."""
+        live = [r for r in ranks if r.pid is not None and r.state.alive]
+        for rank in live:
+            rank.state = RankState.STOPPING
+        pgids = [r.pgid or r.pid for r in ranks if r.pid is not None]
+        if graceful:  # SIGTERM, grace, SIGKILL, confirmed gone
+            stop_groups(pgids, self.config.stop_grace)
+        else:  # the launcher's KILL_WORKER, then make sure nothing of the groups is left
+            if live:
+                self.cb[KILL_WORKER]([r.pid for r in live])
+            survivors = wait_groups_gone(pgids, max(self.config.stop_grace, 1.0))
+            if survivors:
+                stop_groups(survivors, 0.0, first_signal=signal.SIGKILL)
+        for rank in live:  # a stopped rank's exit status is never read: no MONITOR round per rank
+            self.watch.unwatch(rank.local_rank, rank.pid)
+            if rank.state is RankState.STOPPING:
+                rank.state = RankState.STOPPED
+
+    def ensure_all_gone(self) -> None:
+        try:
+            self.cb[KILL_WORKER]([-1])
+        except Exception as exc:
+            log.warning("KILL_WORKER([-1]) failed: %s", exc)
+        pgids = [r.pgid or r.pid for r in self.table.all() if r.pid is not None]
+        if pgids:
+            stop_groups(pgids, 0.0, first_signal=signal.SIGKILL)
+
+    def exit_status(self, rank: Rank, entry: Entry | None = None) -> tuple[int | None, int | None]:
+        """(MONITOR status, raw returncode) of an exited rank; MONITOR can lag the pidfd a little.
+
+        `entry` is a MONITOR answer the caller already holds: asked again only if it still says running.
+        """
+        deadline = time.monotonic() + 1.0
+        while True:
+            if entry is None:
+                entry = self.monitor([rank.local_rank]).get(rank.local_rank, {})
+            status = entry.get("status", STATUS_FAILED)
+            if entry.get("pid") not in (None, rank.pid):
+                status = STATUS_FAILED  # a newer incarnation: ours is gone
+            if status is not STATUS_RUNNING or time.monotonic() > deadline:
+                break
+            entry = None
+            time.sleep(0.001)  # a lagging launcher catches up within a few ms; bounded by the deadline above
+        if status is STATUS_RUNNING:
+            status = STATUS_FAILED
+        returncode = None
+        if self.details is not None:
+            try:
+                returncode = self.details.returncode(rank.local_rank)
+            except Exception:
+                returncode = None
+        if returncode is None:
+            returncode = 0 if status == 0 else None
+        return status, returncode
+
+    def sweep(self) -> list[tuple[Rank, int, Entry | None]]:
+        """What pidfds cannot tell: launcher statuses, zombies, pid reuse.
+
+        Returns (rank, its pid, its MONITOR entry) for each running rank, the entry None when its
+        process looks alive (the caller checks it for a hang), all read before the caller acts.
+        """
+        entries = self.monitor([-1])
+        self.sweeps += 1
+        found: list[tuple[Rank, int, Entry | None]] = []
+        for rank in self.table.all():
+            if rank.state is not RankState.RUNNING or rank.pid is None:
+                continue
+            entry = entries.get(rank.local_rank, {})
+            gone = entry.get("status", STATUS_RUNNING) is not STATUS_RUNNING
+            if not gone and entry.get("pid") not in (None, rank.pid):
+                gone = True
+            if not gone:
+                gone = self._process_gone(rank)
+            if gone:
+                self.watch.unwatch(rank.local_rank, rank.pid)
+            found.append((rank, rank.pid, entry if gone else None))
+        return found
+
+    def _process_gone(self, rank: Rank) -> bool:
+        """psutil's view, every 5th sweep: a zombie is dead; a pid whose create time changed was reused.
+
+        A belt to the pidfd's braces (it already turns readable when a rank becomes a zombie), so it
+        runs on a slower beat: an idle agent's CPU goes mostly to this otherwise.
+        """
+        if self.sweeps % 5:
+            return False
+        proc = rank.proc
+        try:  # is_running() is False for a pid that is gone or now names another process
+            return proc is None or not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    # -- msrun's scheduler, which no callback covers ---------------------------------------------
+    def restart_msrun_scheduler(self) -> None:
+        if self.config.launcher == "msrun" and self.details is None:
+            restart_msrun_scheduler(self.config.stop_grace)
+
+    def reap_msrun_scheduler(self) -> None:
+        if self.config.launcher != "msrun":
+            return
+        schedulers = msrun_schedulers()
+        if schedulers:
+            log.info("reaping msrun's scheduler (pid %s)", ", ".join(str(p.pid) for p in schedulers))
+            reap_processes(schedulers, self.config.stop_grace)
+
+
+__all__ = ["Adopted", "LauncherDetails", "RankControl"]
