@@ -118,12 +118,14 @@ class ControllerServer:
             asyncio.create_task(hub.run_keepalive(cfg.keepalive_interval), name="taskd-keepalive"),
             asyncio.create_task(self.core.run_eviction(), name="taskd-eviction"),
         ]
-        log.info("taskd controller listening on %s (state %s, %d job(s) loaded; %s, %s; up to %d connections)",
-                 self.address, store.path, len(self.core.jobs), "TLS" if credentials is not None else "plaintext",
+        log.info("taskd controller listening on %s%s (state %s, %d job(s) loaded; %s, %s; up to %d connections)",
+                 join_host_port(host, bound), f" (every interface; clients on this host use {self.address})"
+                 if host in WILDCARD_HOSTS else "", store.path, len(self.core.jobs),
+                 "TLS" if credentials is not None else "plaintext",
                  "token required" if token is not None else "no token", budget)
         if token is None and not is_loopback(host):
             log.warning("serving %s without a token (--insecure): anyone who can reach it can read, fail or stop "
-                        "every job", self.address)
+                        "every job", join_host_port(host, bound))
 
     async def wait(self) -> None:
         """Until stop() has finished."""
