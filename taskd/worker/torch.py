@@ -108,7 +108,7 @@ class _DDPHandle:
         return getattr(self.current, name)
 
 
-def _marked_allreduce(group: LiveGroup, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+def _marked_allreduce(group, bucket):  # noqa: ANN001, ANN202 - DDP rejects string annotations here
     """DDP's allreduce, marking the rank "inside a collective" while a bucket is in flight (waiting, not hung)."""
     tensor = bucket.buffer()
     tensor.div_(dist.get_world_size())
