@@ -92,7 +92,7 @@ def test_config_is_frozen_and_checked_when_built_directly() -> None:
     cfg = parse([SCRIPT])
     with pytest.raises(AttributeError):
         cfg.nnodes = 2  # type: ignore[misc]
-    with pytest.raises(RunConfigError, match=r"--node-rank: must be in \[0, 1\]"):
+    with pytest.raises(RunConfigError, match=r"--node-rank must be in \[0, 1\]"):
         RunConfig(entrypoint=("true",), script="true", nnodes=2, node_rank=2)
 
 
@@ -235,7 +235,7 @@ def test_explicit_flags_win_over_slurm() -> None:
 def test_slurm_errors_name_the_variable() -> None:
     found = problems([*SERVER, SCRIPT], {**SLURM, "SLURM_NODEID": "5", "SLURM_JOB_NODELIST": "gpu[07-"})
     assert any(p.startswith("SLURM_JOB_NODELIST:") for p in found), found
-    assert any(p.startswith("SLURM_NODEID:") and "SLURM_STEP_NUM_NODES" in p for p in found), found
+    assert any(p.startswith("SLURM_NODEID must be in [0, 2]") and "SLURM_STEP_NUM_NODES" in p for p in found), found
 
 
 def test_slurm_with_a_task_per_gpu_is_refused() -> None:

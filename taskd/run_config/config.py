@@ -34,6 +34,8 @@ def _log_dir_problem(path: str) -> str | None:
         return f"{path} exists and is not a directory"
     while not os.path.exists(probe):
         probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        return f"cannot create {path}: {probe} is not a directory"
     return None if os.access(probe, os.W_OK | os.X_OK) else f"cannot create {path}: {probe} is not writable"
 
 
@@ -89,7 +91,7 @@ class RunConfig:
 
         def check(name: str, ok: bool, rule: str) -> None:
             if not ok:
-                out.append(f"{self._src(name)}: must be {rule}, not {getattr(self, name)!r}")
+                out.append(f"{self._src(name)} must be {rule}, not {getattr(self, name)!r}")
 
         for name in ("nproc_per_node", "nnodes"):
             check(name, getattr(self, name) >= 1, ">= 1")
