@@ -1,8 +1,8 @@
 """`taskd run` / `python -m taskd.run`: torchrun's shape, taskd's recovery.
 
-Parses flags into a WorkerSpec (the launcher) and agent settings (the plugin), runs the job
-through MSRunPlugin with the launcher's callbacks, prints the summary and exits with the
-job's code (0, or the first failing rank's code; 128 + signal for a signal).
+Parses flags into a WorkerSpec (the launcher) and an AgentConfig (the agent), runs the job
+with the agent on the launcher's callbacks, prints the summary and exits with the job's
+code (0, or the first failing rank's code; 128 + signal for a signal).
 """
 
 from __future__ import annotations
@@ -12,8 +12,13 @@ import logging
 import os
 import sys
 import uuid
+from typing import TYPE_CHECKING
 
+from taskd.agent.console import EVENT_LOGGERS, setup_console_logging  # noqa: F401 (taskd run's console)
 from taskd.vocabulary import parse_strategies
+
+if TYPE_CHECKING:
+    from taskd.controller.server import EmbeddedController
 
 log = logging.getLogger("taskd.run")
 
@@ -45,9 +50,24 @@ def check_arguments(args: argparse.Namespace) -> list[str]:
     return []
 
 
+# Where each agent setting comes from on taskd run's command line: a bad value's error names the flag.
+AGENT_FLAGS = {
+    "job_id": "--job-id", "server": "--server", "node_rank": "--node-rank", "node_count": "--nnodes",
+    "ranks_per_node": "--nproc-per-node", "strategies": "--strategies", "max_restarts": "--max-restarts",
+    "monitor_interval": "--monitor-interval", "stop_grace": "--stop-grace", "heartbeat_timeout": "--heartbeat-timeout",
+    "log_dir": "--log-dir", "dump_timeout": "--dump-timeout",
+}
+
+
 def run_main(args: argparse.Namespace) -> int:
-    """Run one job; returns the process exit code."""
-    from taskd.framework.agent.ms_mgr.msrun_plugin import MSRunPlugin
+    """Run one job; returns the process exit code.
+
+    `taskd run`'s composition root: it builds the launcher, the agent and (with no controller
+    address) the embedded controller, and hands the launcher and the controller to the agent.
+    """
+    import taskd.client  # noqa: F401 (first: its import switches gRPC fork support off while grpc is not loaded)
+    from taskd.agent.config import AgentConfig
+    from taskd.agent.supervisor import Supervisor
     from taskd.launcher import LocalLauncher, WorkerSpec, command_for
 
     problems = check_arguments(args)
@@ -66,32 +86,26 @@ def run_main(args: argparse.Namespace) -> int:
     )
     launcher = LocalLauncher(spec)
     try:
-        plugin = MSRunPlugin(
-            details=launcher, launcher="taskd", job_id=job_id, server=server, node_rank=args.node_rank,
+        config = AgentConfig.from_env(
+            dict(AGENT_FLAGS, server="--server" if args.server else "MINDX_SERVER_IP"),
+            launcher="taskd", job_id=job_id, server=server, node_rank=args.node_rank,
             node_count=args.nnodes, ranks_per_node=args.nproc_per_node, strategies=strategies,
             max_restarts=args.max_restarts, monitor_interval=args.monitor_interval, stop_grace=args.stop_grace,
             heartbeat_timeout=args.heartbeat_timeout, log_dir=args.log_dir, dump_timeout=args.dump_timeout,
         )
-        for name, func in launcher.callbacks().items():
-            plugin.register_callbacks(name, func)
-        result = plugin.run()
+        controller = _embedded_controller(config.max_restarts) if config.server is None else None
+        result = Supervisor(config, launcher.callbacks(), details=launcher, controller=controller).run()
     finally:
         launcher.close(args.stop_grace)
     return result.exit_code
 
 
-# Loggers whose INFO lines are the user's "one line per event"; the rest speak up at WARNING.
-EVENT_LOGGERS = ("taskd.agent", "taskd.run")
+def _embedded_controller(max_restarts: int) -> EmbeddedController:
+    """The controller `taskd run` runs when it is given none: a free loopback port, state in memory."""
+    from taskd.controller.server import ControllerConfig, EmbeddedController
 
-
-def setup_console_logging(verbose: bool = False) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("[taskd %(asctime)s] %(message)s", "%H:%M:%S"))
-    root = logging.getLogger("taskd")
-    root.handlers[:] = [handler]
-    root.setLevel(logging.DEBUG if verbose else logging.WARNING)
-    for name in EVENT_LOGGERS:
-        logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.INFO)
+    return EmbeddedController(ControllerConfig(listen="127.0.0.1:0", state_path=":memory:",
+                                               default_max_restarts=max_restarts))
 
 
 def main(argv: list[str] | None = None) -> int:
