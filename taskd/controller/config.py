@@ -166,7 +166,7 @@ class ControllerConfig(MachineConfig):
             bad("listen", str(exc))
             host = ""
         for name in ("keepalive_interval", "stop_timeout", "strategy_timeout", "recover_timeout", "resume_timeout",
-                     "agent_loss_timeout", "grace", "idle_timeout", "handshake_timeout"):
+                     "agent_loss_timeout", "grace", "idle_timeout", "handshake_timeout", "unregistered_job_timeout"):
             if not _number(getattr(self, name)) or getattr(self, name) <= 0:
                 bad(name, f" must be > 0, got {getattr(self, name)!r}")
         for name in ("settle_window", "finished_job_retention", "calls_per_second_per_peer"):
