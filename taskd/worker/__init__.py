@@ -18,6 +18,7 @@ Standard library only; every call is harmless outside taskd.
 from taskd.worker.checkpoint import CheckpointManager, CorruptCheckpoint
 from taskd.worker.env import job_id, local_rank, rank, restart_count, world_size
 from taskd.worker.heartbeat_file import HeartbeatFile, HeartbeatFileError, HeartbeatState
+from taskd.worker.live import RetryableError, declare_rejoinable, preimport
 from taskd.worker.progress import heartbeat, on_save_request, section
 from taskd.worker.serializers import Serializer, register_serializer
 
@@ -27,11 +28,14 @@ __all__ = [
     "HeartbeatFile",
     "HeartbeatFileError",
     "HeartbeatState",
+    "RetryableError",
     "Serializer",
     "heartbeat",
+    "declare_rejoinable",
     "job_id",
     "local_rank",
     "on_save_request",
+    "preimport",
     "rank",
     "register_serializer",
     "restart_count",
