@@ -86,14 +86,6 @@ def test_rank_watch_is_the_agents_view_of_the_same_loop():
         watch.close()
 
 
-def test_old_import_paths_still_work():
-    from taskd.agent import process_tools, rank_watch
-    from taskd.launcher import process
-
-    assert rank_watch.RankWatch is RankWatch
-    assert process.spawn is process_tools.stop_groups.__globals__["kill_group"].__globals__["spawn"]
-
-
 def test_taskd_process_imports_nothing_above_it():
     root = Path(__file__).resolve().parent.parent / "taskd" / "process"
     for path in root.glob("*.py"):
