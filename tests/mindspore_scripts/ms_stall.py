@@ -1,0 +1,87 @@
+"""Real MindSpore ranks in lockstep (one AllReduce per step) where one rank stalls once, for hang tests.
+
+Each step every rank all-reduces a small tensor, then calls ``taskd.worker.heartbeat(step)``. In the
+first incarnation (no ``<state-dir>/stalled`` marker at start) rank ``--stall-rank`` returns from the
+AllReduce of step ``--stall-at-step`` and then sleeps in ``stall_forever()`` without that step's
+heartbeat; its peers beat once more and then wait inside the next AllReduce, so every rank stops
+beating, the stalled one first (by about one step). A later incarnation sees the marker and every rank
+runs ``--steps`` steps, records ``<state-dir>/done-rank<R>-<pid>`` and exits 0. As msrun's scheduler
+(``MS_ROLE=MS_SCHED``) ``init()`` serves the cluster and the script returns after it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from taskd import worker
+
+SAFETY_CAP = 300.0  # seconds: a stalled rank nobody stops still ends on its own
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--state-dir", required=True)
+    p.add_argument("--steps", type=int, default=30, help="steps of an incarnation that runs through")
+    p.add_argument("--tick", type=float, default=0.01, help="seconds to sleep per step")
+    p.add_argument("--stall-rank", type=int, default=1)
+    p.add_argument("--stall-at-step", type=int, default=20)
+    return p.parse_args(argv)
+
+
+def touch(path: str, text: str = "") -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def stall_forever(rank: int, step: int) -> None:
+    """What a stack dump of the stalled rank shows."""
+    print(f"rank {rank} stalls after the AllReduce of step {step}", flush=True)
+    deadline = time.monotonic() + SAFETY_CAP
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.makedirs(args.state_dir, exist_ok=True)
+    from mindspore.communication import init
+
+    if os.environ.get("MS_ROLE") == "MS_SCHED":
+        init()
+        return 0
+    import mindspore as ms
+    import numpy as np
+    from mindspore import ops
+    from mindspore.communication import get_rank
+
+    ms.set_device("CPU")
+    init()
+    rank, pid = get_rank(), os.getpid()
+    marker = os.path.join(args.state_dir, "stalled")
+    first = not os.path.exists(marker)
+    touch(os.path.join(args.state_dir, f"start-rank{rank}-{pid}"), str(time.time()))
+    print(f"rank {rank} pid {pid} started ({'first' if first else 'later'} incarnation)", flush=True)
+    all_reduce = ops.AllReduce()
+    value = ms.Tensor(np.ones(4, dtype=np.float32))
+    step, started = 0, time.monotonic()
+    while (first and time.monotonic() - started < SAFETY_CAP) or (not first and step < args.steps):
+        step += 1
+        all_reduce(value).asnumpy()
+        if first and rank == args.stall_rank and step == args.stall_at_step:
+            touch(marker, str(pid))
+            stall_forever(rank, step)
+            return 1
+        worker.heartbeat(step)
+        time.sleep(args.tick)
+    if first:
+        return 1  # nobody stalled, or nobody stopped the job: the test fails on the missing restart
+    touch(os.path.join(args.state_dir, f"done-rank{rank}-{pid}"), str(step))
+    print(f"rank {rank} done after {step} steps", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
