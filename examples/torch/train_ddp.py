@@ -53,6 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--pg-timeout", type=float, default=60.0, help="collective timeout in seconds")
+    p.add_argument("--progress-dir", default=None,
+                   help="append 'STEP TIME PID' to DIR/rank<R>.progress at every completed step (for benchmarks)")
     # fault injection, each once per job (a marker file in --out remembers it), on --fault-rank
     p.add_argument("--fault-rank", type=int, default=1, help="the rank that injects the faults below")
     p.add_argument("--crash-at-step", type=int, default=None, help="SIGKILL itself in the middle of this step")
@@ -123,6 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     worker.on_save_request(lambda: save(live.step_no))
     # one byte per completed step, appended by every incarnation of this rank: counts recomputed steps
     counter = os.open(os.path.join(args.out, f"rank{rank}.computed"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    progress = None
+    if args.progress_dir:
+        os.makedirs(args.progress_dir, exist_ok=True)
+        progress = os.open(os.path.join(args.progress_dir, f"rank{rank}.progress"),
+                           os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     started = time.time()
     first = None
     for step in live.steps(ckpt.latest_step() or 0, args.steps, load=load):
@@ -140,12 +147,16 @@ def main(argv: list[str] | None = None) -> int:
             loss.backward()
             optimizer.step()
             os.write(counter, b".")
+            if progress is not None:
+                os.write(progress, f"{step} {time.time():.6f} {os.getpid()}\n".encode())
         if args.ckpt_every and live.step_no % args.ckpt_every == 0 and live.step_no > step:
             save(live.step_no)
             print(f"rank {rank}: step {live.step_no}/{args.steps} loss {loss.item():.6f}", flush=True)
         if args.step_sleep:
             time.sleep(args.step_sleep)
     os.close(counter)
+    if progress is not None:
+        os.close(progress)
 
     record = {"rank": rank, "pid": os.getpid(), "first_step": first, "restart_count": worker.restart_count(),
               "generation": live.protocol.generation, "recoveries": live.events, "seconds": time.time() - started}
