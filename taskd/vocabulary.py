@@ -104,6 +104,7 @@ class Code(IntEnum):
     RATE_LIMITED = 410
     TOO_MANY_REQUESTS = 429
     TOO_MANY_JOBS = 500
+    STORAGE_ERROR = 503  # taskd: the controller could not store the change, so nothing changed; send it again later
     SIGNAL_QUEUE_BUSY = 504
     REPORT_TIMEOUT = 507
 

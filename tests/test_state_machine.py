@@ -533,6 +533,59 @@ def test_restore_keeps_settled_state_and_budget() -> None:
     assert r.recover_succeeded_at == m.recover_succeeded_at
 
 
+def _resume_after_a_crash(m: JobMachine, t: float) -> tuple[JobMachine, Any]:
+    """The controller dies in RECOVERING (SIGKILL: only the snapshot is left), comes back, the agents
+    resubscribe and answer the round's signals again; returns the job and the resumed decision's outcome."""
+    r, _ = JobMachine.restore(m.snapshot(), [a.copy() for a in m.agents.values()], CFG, t)
+    for n in r.agents:
+        r.handle(AgentConnected(node_rank=n), t)
+    for n in r.agents:
+        r.handle(StopComplete(node_rank=n), t)
+    decided = None
+    for n in r.agents:
+        decided = r.handle(StrategiesReported(node_rank=n, strategies=ALL), t)
+    return r, decided
+
+
+def test_a_restart_interrupted_by_a_controller_crash_is_charged_once() -> None:
+    """L4: the round's strategy spent a restart when chosen; the resumed round chooses it again for free."""
+    m = new_job(max_restarts=3)
+    m.handle(FaultReported(faults={1: "2"}), 1)  # a network fault: job-rescheduling
+    for n in (0, 1):
+        m.handle(StopComplete(node_rank=n), 1)
+    for n in (0, 1):
+        m.handle(StrategiesReported(node_rank=n, strategies=ALL), 1)
+    assert m.state == S.RECOVERING and m.round.strategy == "job-rescheduling" and m.restarts == 1
+    r, decided = _resume_after_a_crash(m, 50)
+    assert sig_names(decided) == ["changeStrategy:job-rescheduling"] and r.restarts == 1
+    for n in (0, 1):
+        r.handle(RecoverStatusReported(node_rank=n, strategy="job-rescheduling"), 51)
+    assert r.state == S.RUNNING and r.restarts == 1
+    r.handle(FaultReported(faults={1: "2"}), 52)  # the next round pays again
+    for n in (0, 1):
+        r.handle(StopComplete(node_rank=n), 52)
+    for n in (0, 1):
+        r.handle(StrategiesReported(node_rank=n, strategies=ALL), 52)
+    assert r.round.strategy == "job-rescheduling" and r.restarts == 2
+
+
+def test_a_crash_when_the_budget_was_just_spent_does_not_end_the_job() -> None:
+    """With the last restart spent on the interrupted strategy, charging it again would have found the budget
+    empty and chosen dump: the job would have ended for the controller's crash, not for a fault."""
+    m = new_job(max_restarts=2)
+    m.handle(FaultReported(faults={1: "1"}), 1)
+    for n in (0, 1):
+        m.handle(StopComplete(node_rank=n), 1)
+    for n in (0, 1):
+        m.handle(StrategiesReported(node_rank=n, strategies=ALL), 1)
+    assert m.round.strategy == "recover" and m.restarts == 1
+    m.handle(RecoverStatusReported(node_rank=0, strategy="recover", code=1, info="no"), 2)
+    assert m.round.strategy == "job-rescheduling" and m.restarts == 2 == m.max_restarts
+    r, decided = _resume_after_a_crash(m, 50)
+    assert sig_names(decided) == ["changeStrategy:job-rescheduling"]  # recover stays failed, no dump
+    assert r.restarts == 2 and r.round.tried == ["recover", "job-rescheduling", "job-rescheduling"]
+
+
 def test_reconnecting_agent_gets_the_signal_it_still_owes() -> None:
     m = new_job()
     m.handle(FaultReported(faults={1: "1"}), 1)
@@ -832,7 +885,9 @@ def test_agent_counters_follow_register_subscribe_finish_and_reset() -> None:
     m.handle(AgentConnected(node_rank=2), 2)  # back in time: no loss clock any more
     assert counts(m)[:2] == (3, 3) and m.wake_at is None
     m.handle(AgentFinished(node_rank=0), 3)
-    m.handle(AgentRegistered(node_rank=1, host="other", pid=7), 3)  # a new process for node 1
+    m.handle(AgentDisconnected(node_rank=1), 3)  # node 1's agent is gone (a live one keeps its node) ...
+    m.handle(AgentRegistered(node_rank=1, host="other", pid=7), 3)  # ... and a new process takes node 1 over
+    m.handle(AgentConnected(node_rank=1), 3)
     assert m.agents.finished_ok_count == 1 and [a.node_rank for a in m.agents.at("other", 7)] == [1]
     assert m.agents.at("h", 101) == [] and [a.node_rank for a in m.agents.at("h", 100)] == [0]
     assert m.agents.problems() == []

@@ -146,6 +146,29 @@ class AgentTable(Mapping[int, AgentInfo]):
         if a.gone_since is not None:
             self._push_gone(a.gone_since, a.node_rank)
 
+    def put_back(self, node_rank: int, saved: AgentInfo | None) -> None:
+        """Make node `node_rank`'s record what `saved` holds (None: no agent), counts and indexes included:
+        how an event whose change could not be stored is undone. The record object itself is kept."""
+        current = self._agents.get(node_rank)
+        if current is not None:
+            self._remove(current)
+        if saved is None:
+            return
+        target = current if current is not None else AgentInfo(node_rank)
+        for name in AgentInfo.__slots__:
+            if name != "_table":
+                setattr(target, name, getattr(saved, name))
+        self.add(target)
+
+    def _remove(self, a: AgentInfo) -> None:
+        self._index_identity(a, add=False)
+        self.online_count -= a.online
+        if self.expected(a.node_rank):
+            self.subscribed_count -= a.subscribed
+            self.finished_ok_count -= a.finished_ok
+        del self._agents[a.node_rank]
+        a._table = None  # its entries in the loss heap are stale now and dropped lazily
+
     def clear(self) -> None:
         for a in self._agents.values():
             a._table = None

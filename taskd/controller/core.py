@@ -22,14 +22,16 @@ import heapq
 import json
 import logging
 import math
+import sqlite3
 import time
 from collections.abc import Callable
 
+from taskd.controller.checkpoint import Checkpoint
 from taskd.controller.events import Event, JobInit, Outcome, Record
 from taskd.controller.hub import SignalHub, Subscriber, to_wire
 from taskd.controller.model import TERMINAL, MachineConfig
 from taskd.controller.state_machine import JobMachine
-from taskd.controller.store import Store
+from taskd.controller.store import Store, StoreError
 from taskd.proto import recover_pb2, taskd_pb2
 from taskd.vocabulary import Code
 
@@ -40,6 +42,9 @@ SOFT_KINDS = frozenset({"agent_subscribed", "agent_unsubscribed"})
 
 UNLOGGED_KINDS = SOFT_KINDS | {"stop_complete", "strategies_reported", "recover_status"}
 """One per agent per phase: in the history, not in the log (10,000 agents would flood it)."""
+
+STORE_RETRY = 1.0
+"""After a timer event of a job could not be stored, its timer waits this long before trying again."""
 
 
 class _SoftBatch:
@@ -64,6 +69,9 @@ class ControllerCore:
         self.jobs: dict[str, JobMachine] = {}
         # finished jobs -> time of their last activity, least recently active first (eviction order)
         self._finished: dict[str, float] = {}
+        # jobs without any agent (an Init no Register followed) -> since when; dropped after unregistered_job_timeout
+        self._agentless: dict[str, float] = {}
+        self._retry_at: dict[str, float] = {}  # jobs whose last timer event could not be stored -> retry time
         self._heap: list[tuple[float, str]] = []
         self._pushed: dict[str, float] = {}  # the earliest heap entry of each job that has one
         self._next_wake = math.inf
@@ -81,7 +89,8 @@ class ControllerCore:
         for snap, agents in self.store.load_jobs():
             m, out = JobMachine.restore(snap, agents, self.config, now)
             self.jobs[m.job_id] = m
-            self._finish(m, out, now)
+            self._store(m, out, now)
+            self._publish(m, out)
             # a restart does not reset a finished job's retention: it was last active before it
             self._touch(m, max([m.updated_at, *(a.last_seen for a in m.agents.values())]))
             log.info("loaded job %s (%s)", m.job_id, m.state.value)
@@ -93,38 +102,68 @@ class ControllerCore:
         m = self.jobs.get(job_id)
         if m is not None:
             return self.dispatch(job_id, ev)
-        if len(self.jobs) >= self.max_jobs and not self._evict_one_for(job_id):
-            return Outcome(code=Code.TOO_MANY_JOBS, info=self._full_info())
+        try:
+            if len(self.jobs) >= self.max_jobs and not self._evict_one_for(job_id):
+                return Outcome(code=Code.TOO_MANY_JOBS, info=self._full_info())
+        except StoreError as exc:
+            return self._store_failed(job_id, ev, exc)
         now = self.clock()
         m = JobMachine(job_id, self.config, now, ev)
-        self.jobs[job_id] = m
         out = Outcome(info=f"job {job_id} created")
         out.records.append(Record("job_created", 0, {"node_count": m.node_count, "ranks_per_node": m.ranks_per_node,
                                                       "max_restarts": m.max_restarts, "policy": list(m.policy),
                                                       "host": ev.host, "pid": ev.pid}))
-        self._finish(m, out, now)
+        try:
+            self._store(m, out, now)
+        except StoreError as exc:
+            return self._store_failed(job_id, ev, exc)  # never held: nothing to undo
+        self.jobs[job_id] = m
+        self._publish(m, out)
         self._touch(m, now)
         return out
 
     def dispatch(self, job_id: str, event: Event, reply_to: Subscriber | None = None) -> Outcome:
+        """Handle `event`, store what it changed, then tell the agents. A change that cannot be stored is
+        undone in memory too (answered `STORAGE_ERROR` with the cause); nobody hears of it."""
         m = self.jobs.get(job_id)
         if m is None:
             return Outcome(code=Code.JOB_NOT_EXIST, info=f"job {job_id} does not exist (call Init first)")
         now = self.clock()
-        out = m.handle(event, now)
-        self._finish(m, out, now, reply_to)
+        saved = Checkpoint(m, getattr(event, "node_rank", None))
+        try:
+            out = m.handle(event, now)
+            self._store(m, out, now)
+        except StoreError as exc:
+            self._undo(m, saved)
+            self._retry_at[job_id] = now + STORE_RETRY  # the timer waits too, instead of spinning on the disk
+            self._schedule(m)
+            return self._store_failed(job_id, event, exc)
+        except Exception:
+            self._undo(m, saved)  # a bug in a handler must not leave half an event behind
+            raise
+        self._retry_at.pop(job_id, None)
+        self._publish(m, out, reply_to)
         self._touch(m, now)
         return out
 
-    def _finish(self, m: JobMachine, out: Outcome, now: float, reply_to: Subscriber | None = None) -> None:
-        if out.records or out.agents_changed:
-            if not out.signals and all(rec.kind in SOFT_KINDS for rec in out.records):
-                self._defer_soft(m, out, now)
-            else:
-                soft = self._soft.pop(m.job_id, None)
-                changed = out.agents_changed | soft.agents if soft else out.agents_changed
-                # before anyone hears of it
-                self.store.commit(m, out.records, changed, now, earlier=soft.records if soft else ())
+    def _store(self, m: JobMachine, out: Outcome, now: float) -> None:
+        """Commit what `out` changed (soft history is batched instead); raises StoreError."""
+        if not (out.records or out.agents_changed):
+            return
+        if not out.signals and all(rec.kind in SOFT_KINDS for rec in out.records):
+            self._defer_soft(m, out, now)
+            return
+        soft = self._soft.pop(m.job_id, None)
+        changed = out.agents_changed | soft.agents if soft else out.agents_changed
+        try:
+            self.store.commit(m, out.records, changed, now, earlier=soft.records if soft else ())
+        except StoreError:
+            if soft is not None:
+                self._soft[m.job_id] = soft  # still to be written
+            raise
+
+    def _publish(self, m: JobMachine, out: Outcome, reply_to: Subscriber | None = None) -> None:
+        """What a stored change tells: the log, the broadcast signals, the caller's own signals."""
         for rec in out.records:
             if rec.kind not in UNLOGGED_KINDS:
                 log.info("job %s round %d: %s %s", m.job_id, rec.round, rec.kind, json.dumps(rec.detail))
@@ -135,6 +174,40 @@ class ControllerCore:
             for sig in out.direct:
                 reply_to.offer(to_wire(m.job_id, sig))
         self._schedule(m)
+
+    def _undo(self, m: JobMachine, saved: Checkpoint) -> None:
+        if saved.restore():
+            return
+        # only a handler changing a per-agent container in place, away from the event's node, gets here
+        log.error("job %s: memory could not be rolled back exactly; reloading it from the state file", m.job_id)
+        self._reload(m.job_id)
+
+    def _reload(self, job_id: str) -> None:
+        """Replace the job in memory with what the store holds; the agents whose stream is open stay subscribed."""
+        now = self.clock()
+        for snap, agents in self.store.load_jobs(job_id):
+            m, out = JobMachine.restore(snap, agents, self.config, now)
+            for n, a in m.agents.items():
+                if self.hub.has(job_id, n):
+                    m.agents.set_online(a, True)
+                    m.agents.set_subscribed(a, True)
+                    m.agents.set_gone(a, None)
+            self.jobs[job_id] = m
+            self._soft.pop(job_id, None)
+            try:
+                self._store(m, out, now)
+            except StoreError as exc:
+                log.error("job %s reloaded, its resumption not stored: %s", job_id, exc)
+            self._schedule(m)
+            return
+        self.jobs.pop(job_id, None)
+        self._finished.pop(job_id, None)
+        self._agentless.pop(job_id, None)
+
+    def _store_failed(self, job_id: str, event: Event, exc: StoreError) -> Outcome:
+        log.error("job %s: %s not stored, so not applied: %s", job_id, type(event).__name__, exc)
+        return Outcome(code=Code.STORAGE_ERROR,
+                       info=f"{exc}; nothing changed (job {job_id} is as before), send it again later")
 
     # ------------------------------------------------------------------ soft history, batched
 
@@ -160,29 +233,40 @@ class ControllerCore:
             log.exception("could not write the batched stream history")
 
     def flush_soft(self) -> None:
-        """Write every batched soft record now, in one transaction."""
+        """Write every batched soft record now, in one transaction (lost, with one line, if that fails:
+        streams opening and closing are nothing a restart needs)."""
         if self._soft_timer is not None:
             self._soft_timer.cancel()
             self._soft_timer = None
         if not self._soft:
             return
         batches, self._soft = list(self._soft.values()), {}
-        self.store.commit_soft((b.job, b.records, b.agents) for b in batches)
+        try:
+            self.store.commit_soft((b.job, b.records, b.agents) for b in batches)
+        except StoreError as exc:
+            log.error("stream history of %d job(s) not written: %s", len(batches), exc)
 
-    # ------------------------------------------------------------------ eviction of finished jobs
+    # ------------------------------------------------------------------ eviction of finished and agentless jobs
 
     def _touch(self, m: JobMachine, when: float) -> None:
-        """Note activity on the job: a finished one moves to the back of the eviction order."""
+        """Note activity on the job: a finished one moves to the back of the eviction order; one without any
+        agent keeps the time it lost (or never had) its last agent, so calling Init again does not keep it."""
         self._finished.pop(m.job_id, None)
         if m.state in TERMINAL:
             self._finished[m.job_id] = when
+        if len(m.agents):
+            self._agentless.pop(m.job_id, None)
+        else:
+            self._agentless.setdefault(m.job_id, when)
 
     def _idle(self, job_id: str) -> bool:
         return self.hub.count(job_id) == 0
 
     def evict_expired(self) -> list[str]:
-        """Evict every finished job idle (no stream, no call) for `finished_job_retention` seconds."""
-        limit = self.clock() - self.finished_job_retention
+        """Evict every finished job idle (no stream, no call) for `finished_job_retention` seconds, and every
+        job that has had no agent for `unregistered_job_timeout` seconds (an Init no Register followed)."""
+        now = self.clock()
+        limit = now - self.finished_job_retention
         expired = []
         for job_id, last in self._finished.items():
             if last > limit:
@@ -191,22 +275,32 @@ class ControllerCore:
                 expired.append(job_id)
         if expired:
             self._evict(expired, f"finished and idle for {self.finished_job_retention:g}s")
-        return expired
+        timeout = self.config.unregistered_job_timeout
+        unregistered = [job_id for job_id, since in self._agentless.items()
+                        if since <= now - timeout and self._idle(job_id)]
+        if unregistered:
+            self._evict(unregistered, f"no agent registered within {timeout:g}s of its Init")
+        return expired + unregistered
 
     def _evict_one_for(self, new_job: str) -> bool:
-        """The table is full: make room for `new_job` by evicting the finished job idle the longest."""
-        oldest = next((job_id for job_id in self._finished if self._idle(job_id)), None)
-        if oldest is None:
-            return False
-        self._evict([oldest], f"the job table is full ({self.max_jobs}) and job {new_job} needs a place")
-        return True
+        """The table is full: make room for `new_job` by evicting the job without agents held the longest
+        (it holds nothing anybody would miss), else the finished job idle the longest."""
+        for candidates, why in ((self._agentless, "has no agent"), (self._finished, "finished")):
+            oldest = next((job_id for job_id in candidates if self._idle(job_id)), None)
+            if oldest is not None:
+                self._evict([oldest], f"{why}, the job table is full ({self.max_jobs}) and job {new_job} "
+                                      "needs a place")
+                return True
+        return False
 
     def _evict(self, job_ids: list[str], why: str) -> None:
         # from the store first: a job still in memory but gone from disk would only be missing after a restart
         self.store.delete_jobs(job_ids)
         for job_id in job_ids:
             m = self.jobs.pop(job_id)
-            del self._finished[job_id]
+            self._finished.pop(job_id, None)
+            self._agentless.pop(job_id, None)
+            self._retry_at.pop(job_id, None)
             self._soft.pop(job_id, None)
             self._pushed.pop(job_id, None)
             log.info("job %s (%s) evicted: %s", job_id, m.state.value, why)
@@ -221,15 +315,19 @@ class ControllerCore:
                 "restart `taskd server` with a higher --max-jobs")
 
     async def run_eviction(self, interval: float | None = None) -> None:
-        """Evict expired finished jobs every `interval` s (default: a quarter of the retention, 0.1-60 s)."""
+        """Evict expired jobs every `interval` s (default: a quarter of the shorter of the finished-job
+        retention and the unregistered-job timeout, 0.1-60 s)."""
         if interval is None:
-            interval = min(max(self.finished_job_retention / 4, 0.1), 60.0)
+            shortest = min(self.finished_job_retention, self.config.unregistered_job_timeout)
+            interval = min(max(shortest / 4, 0.1), 60.0)
         while True:
             await asyncio.sleep(interval)
             try:
                 self.evict_expired()
-            except Exception:  # e.g. a locked database: the jobs stay, the next sweep tries again
-                log.exception("could not evict finished jobs")
+            except StoreError as exc:  # e.g. a full disk: the jobs stay, the next sweep tries again
+                log.error("could not evict jobs: %s", exc)
+            except Exception:
+                log.exception("could not evict jobs")
 
     # ------------------------------------------------------------------ the one timer
 
@@ -239,6 +337,9 @@ class ControllerCore:
         wake_at = m.wake_at
         if wake_at is None:
             return
+        retry = self._retry_at.get(m.job_id)
+        if retry is not None and retry > wake_at:
+            wake_at = retry  # its last timer event could not be stored: not before the retry time
         pushed = self._pushed.get(m.job_id)
         if pushed is not None and pushed <= wake_at:
             return
@@ -259,7 +360,7 @@ class ControllerCore:
             m = self.jobs.get(job_id)
             if m is None or job_id in due:
                 continue
-            if m.wake_at is None or m.wake_at > now:
+            if m.wake_at is None or m.wake_at > now or self._retry_at.get(job_id, now) > now:
                 early.append(job_id)  # its time moved on since this entry was pushed
                 continue
             due.append(job_id)
@@ -286,14 +387,27 @@ class ControllerCore:
 
     # ------------------------------------------------------------------ read-only view
 
+    def holder_refusal(self, job_id: str, node_rank: int, host: str, pid: int) -> str:
+        """Why a Register or a subscription from (`host`, `pid`) may not take the node ("" if it may): its
+        agent is live and another process (`Job.holder`). A subscription is checked before it replaces a stream."""
+        m = self.jobs.get(job_id)
+        return m.holder_refusal(node_rank, host, pid, self.clock()) if m is not None else ""
+
     def job_list(self, job_id: str = "") -> taskd_pb2.JobList:
         self.flush_soft()  # the history shown includes the latest streams opened and closed
         if job_id and job_id not in self.jobs:
-            info = (f"job {job_id} does not exist: unknown here (never created, or finished and evicted after "
-                    f"{self.finished_job_retention:g}s without activity, see --finished-job-retention)")
+            info = (f"job {job_id} does not exist: unknown here (never created, finished and evicted after "
+                    f"{self.finished_job_retention:g}s without activity (--finished-job-retention), or no agent "
+                    f"registered within {self.config.unregistered_job_timeout:g}s of its Init)")
             return taskd_pb2.JobList(status=recover_pb2.Status(code=Code.JOB_NOT_EXIST, info=info))
         jobs = [self.jobs[job_id]] if job_id else sorted(self.jobs.values(), key=lambda j: j.created_at)
-        return taskd_pb2.JobList(status=recover_pb2.Status(code=Code.OK), jobs=[self._job_record(m) for m in jobs])
+        try:
+            records = [self._job_record(m) for m in jobs]
+        except sqlite3.Error as exc:  # the history is read from the state file
+            log.error("could not read the job history from %s: %s", self.store.path, exc)
+            info = f"cannot read the controller's state file {self.store.path}: {exc}"
+            return taskd_pb2.JobList(status=recover_pb2.Status(code=Code.STORAGE_ERROR, info=info))
+        return taskd_pb2.JobList(status=recover_pb2.Status(code=Code.OK), jobs=records)
 
     def _job_record(self, m: JobMachine) -> taskd_pb2.JobRecord:
         agents = [

@@ -64,6 +64,10 @@ def on_register(m: Job, ev: AgentRegistered, now: float, out: Outcome) -> Result
         out.code = Code.INVALID_PARAMS
         out.info = f"nodeRank {ev.node_rank} out of range: job {m.job_id} has nodeCount {m.node_count}"
         return m.state
+    if why := m.holder_refusal(ev.node_rank, ev.host, ev.pid, now):
+        out.code = Code.INVALID_PARAMS  # the live agent keeps its node, its signals and its loss clock
+        out.info = why
+        return m.state
     table = m.agents
     a = table.get(ev.node_rank)
     if a is None:
@@ -114,7 +118,7 @@ def resume_round(m: Job, why: str, now: float, out: Outcome) -> JobState:
     r.faults.update(m.queued)
     m.queued.clear()
     r.strategy = ""
-    r.statuses.clear()
+    r.statuses = set()
     r.participants = m.expected_nodes()
     m.record(out, "round_resumed", reason=why, faults=fmt_faults(r.faults))
     return m.broadcast_stop(now, out)
@@ -348,7 +352,7 @@ def _drop_silent(m: Job, answered: Iterable[int], kind: str, why: str, out: Outc
     assert r is not None
     missing = _missing(m, answered)
     m.record(out, kind, missing=missing)
-    r.participants -= set(missing)
+    r.participants = r.participants - set(missing)  # replaced, never changed in place (checkpoint.py)
     for s in IN_PLACE:
         r.excluded.setdefault(s, why.format(missing=missing))
 

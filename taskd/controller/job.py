@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from taskd.controller.agents import AgentTable
+from taskd.controller.agents import AgentInfo, AgentTable
 from taskd.controller.events import AgentLossDue, Event, JobInit, Outcome, Record, Signal, Tick
 from taskd.controller.model import ACTIVE, JobState, MachineConfig, Round, fmt_faults
-from taskd.controller.strategy import RESTARTING, choose_strategy
+from taskd.controller.strategy import RESTARTING, charged, choose_strategy
 from taskd.vocabulary import Action, FaultRanks, SignalType, Strategy
 
 S = JobState
@@ -84,6 +84,32 @@ class Job:
             due.append(Tick())
         return due
 
+    def holder(self, node_rank: int, host: str, pid: int, now: float) -> AgentInfo | None:
+        """The live agent that holds node `node_rank` against a caller from (`host`, `pid`), if any.
+
+        Live: its signal stream is open, or it registered and is not yet lost (its loss clock has not run out;
+        an agent whose stream closed is taken over by whoever registers next, as a restarted agent must be).
+        The same (host, pid) is the same agent reconnecting. Clients that send no host and pid (TaskD's, whose
+        ClientInfo has no fields 100+) are all ("", 0): indistinguishable, so treated as one agent."""
+        a = self.agents.get(node_rank)
+        if a is None or (a.host, a.pid) == (host, pid):
+            return None
+        if a.subscribed:
+            return a
+        lost = a.gone_since is not None and now - a.gone_since >= self.config.agent_loss_timeout
+        return a if a.online and not lost else None
+
+    def holder_refusal(self, node_rank: int, host: str, pid: int, now: float) -> str:
+        """Why a Register/Subscribe from (`host`, `pid`) may not take node `node_rank` ("" if it may)."""
+        a = self.holder(node_rank, host, pid, now)
+        if a is None:
+            return ""
+        how = "its signal stream is open" if a.subscribed else "registered, its signal stream not open yet"
+        return (f"node {node_rank} of job {self.job_id} is held by a live agent (host {a.host!r}, pid {a.pid}: {how}); "
+                f"a second agent from host {host[:64]!r}, pid {pid} is refused. Is the node rank "
+                "(TASKD_NODE_RANK / --node-rank) given to two agents? The node can be taken over once its agent's "
+                "stream has closed, or it is lost")
+
     def owed_signal(self, node_rank: int) -> Signal | None:
         """The current phase's signal if this agent still owes an answer to it (re-sent on reconnect)."""
         r = self.round
@@ -107,7 +133,7 @@ class Job:
 
     def reset(self, ev: JobInit) -> None:
         """Forget the run (agents, round, budget spent) and start over with `ev`; the history stays."""
-        self.agents.clear()
+        self.agents = AgentTable()  # a new table, not cleared: an event that cannot be stored puts the old one back
         self.round = None
         self.queued.clear()
         self.restarts = 0
@@ -161,8 +187,8 @@ class Job:
     def broadcast_stop(self, now: float, out: Outcome) -> JobState:
         r = self.round
         assert r is not None
-        r.acks.clear()
-        r.reports.clear()
+        r.acks = set()  # the per-agent sets are replaced, never cleared (see taskd.controller.checkpoint)
+        r.reports = {}
         r.broadcast_sets.append(frozenset(r.faults))
         out.signals.append(self.signal(SignalType.STOP_TRAIN, (Action.STOP_TRAIN,), r.faults))
         self.deadline = now + self.config.stop_timeout
@@ -171,7 +197,7 @@ class Job:
     def to_collecting(self, now: float, out: Outcome) -> JobState:
         r = self.round
         assert r is not None
-        r.reports.clear()
+        r.reports = {}
         if not r.participants:
             return self.decide(now, out)
         out.signals.append(self.signal(SignalType.GLOBAL_FAULT, (Action.ON_GLOBAL_RANK,), r.faults))
@@ -183,12 +209,12 @@ class Job:
         r = self.round
         assert r is not None
         chosen, skipped = choose_strategy(self, r)
+        if chosen in RESTARTING and not charged(chosen, r):  # once per round, even across a controller restart
+            self.restarts += 1
         r.strategy = chosen
         r.strategy_started_at = now
-        r.statuses.clear()
+        r.statuses = set()
         r.tried.append(chosen)
-        if chosen in RESTARTING:
-            self.restarts += 1
         self.record(out, "strategy_chosen", strategy=chosen, skipped=skipped,
                     restarts=self.restarts, max_restarts=self.max_restarts)
         timeout = 0 if chosen == Strategy.EXIT else int(round(self.config.recover_timeout))

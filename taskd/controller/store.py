@@ -119,6 +119,16 @@ def _owner_only(path: str) -> None:
             log.info("%s was mode %o; now %o (owner only)", name, mode, mode & STATE_FILE_MODE)
 
 
+class StoreError(Exception):
+    """A change could not be written to the state file (rolled back there; the caller rolls back memory)."""
+
+    def __init__(self, path: str, cause: BaseException) -> None:
+        reason = str(cause) or type(cause).__name__
+        super().__init__(f"cannot write the controller's state file {path}: {reason}")
+        self.path = path
+        self.cause = cause
+
+
 class Store:
     """The controller's SQLite database; used from one thread (the server's event loop)."""
 
@@ -150,14 +160,24 @@ class Store:
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """One transaction; any failure inside it is rolled back and raised as `StoreError` naming the cause."""
         c = self.conn
-        c.execute("BEGIN")
         try:
-            yield c
-            c.execute("COMMIT")
-        except BaseException:
-            c.execute("ROLLBACK")
-            raise
+            c.execute("BEGIN")
+            try:
+                yield c
+                c.execute("COMMIT")
+            except BaseException:
+                # SQLite has already rolled back after some errors (a full disk, an I/O error): a second
+                # ROLLBACK would raise "no transaction is active" and hide the cause
+                if c.in_transaction:
+                    try:
+                        c.execute("ROLLBACK")
+                    except sqlite3.Error as exc:
+                        log.error("could not roll back the state file %s: %s", self.path, exc)
+                raise
+        except Exception as exc:  # sqlite3.Error, OSError, or a value SQLite or JSON cannot hold
+            raise StoreError(self.path, exc) from exc
 
     def commit(self, job: Job, records: Iterable[Record], agents_changed: Iterable[int], now: float,
                earlier: Iterable[tuple[Record, float]] = ()) -> None:
@@ -248,19 +268,20 @@ class Store:
 
     # ------------------------------------------------------------------ reads
 
-    def load_jobs(self) -> list[tuple[dict[str, Any], list[AgentInfo]]]:
-        """Every persisted job: its snapshot and its agents."""
+    def load_jobs(self, job_id: str | None = None) -> list[tuple[dict[str, Any], list[AgentInfo]]]:
+        """Every persisted job (or only `job_id`): its snapshot and its agents."""
         agents: dict[str, list[AgentInfo]] = {}
+        where, args = ("WHERE job_id=? ", (job_id,)) if job_id is not None else ("", ())
         for row in self.conn.execute(
             "SELECT job_id, node_rank, role, host, pid, ranks_per_node, registered_at, last_seen, finished, exit_code "
-            "FROM agents ORDER BY job_id, node_rank"
+            f"FROM agents {where}ORDER BY job_id, node_rank", args
         ):
             agents.setdefault(row[0], []).append(AgentInfo(
                 node_rank=row[1], role=row[2] or "", host=row[3] or "", pid=row[4] or 0, ranks_per_node=row[5] or 0,
                 registered_at=row[6] or 0.0, last_seen=row[7] or 0.0, finished=bool(row[8]), exit_code=row[9],
             ))
-        return [(json.loads(snap), agents.get(job_id, []))
-                for job_id, snap in self.conn.execute("SELECT job_id, snapshot FROM jobs ORDER BY created_at")]
+        jobs = self.conn.execute(f"SELECT job_id, snapshot FROM jobs {where}ORDER BY created_at", args)
+        return [(json.loads(snap), agents.get(job, [])) for job, snap in jobs]
 
     def rounds(self, job_id: str) -> list[dict[str, Any]]:
         cols = ("round", "started_at", "ended_at", "faults", "tried", "strategy", "outcome", "duration")

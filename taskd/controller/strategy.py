@@ -27,6 +27,13 @@ class JobPolicy(Protocol):
     recover_banned: bool
 
 
+def charged(strategy: str, r: Round | None) -> bool:
+    """The round already paid a restart for `strategy`. A strategy that failed is never chosen again in its
+    round, so one tried and not failed was interrupted: a controller restart (RECOVERING -> RESUMING) re-runs
+    the round from stopTrain, and choosing the same strategy again must not spend a second restart."""
+    return r is not None and strategy in RESTARTING and strategy in r.tried and strategy not in r.failed
+
+
 def why_not(strategy: str, job: JobPolicy, r: Round | None) -> str:
     """Why `strategy` cannot be chosen now ("" = it can). `exit` always can."""
     if strategy == Strategy.EXIT:
@@ -45,7 +52,7 @@ def why_not(strategy: str, job: JobPolicy, r: Round | None) -> str:
         return "network fault needs more than restarting the faulty ranks"
     if strategy == Strategy.RECOVER and job.recover_banned:
         return "recover failed to settle twice in this job"
-    if strategy in RESTARTING and job.restarts >= job.max_restarts:
+    if strategy in RESTARTING and job.restarts >= job.max_restarts and not charged(strategy, r):
         return f"restart budget spent ({job.restarts}/{job.max_restarts})"
     if r is not None:
         lacking = sorted(n for n in r.participants if strategy not in r.reports.get(n, ()))
