@@ -11,6 +11,7 @@ import sys
 from jsonl_log import attach
 
 from taskd.run import add_run_arguments, run_main, setup_console_logging
+from taskd.run_config import build_or_exit
 
 
 def main() -> int:
@@ -19,7 +20,7 @@ def main() -> int:
     args = parser.parse_args()
     setup_console_logging()
     attach("taskd")
-    return run_main(args)
+    return run_main(build_or_exit(args))
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         from taskd.run import run_main
         from taskd.run_config import build_or_exit
 
-        return run_main(build_or_exit(args).namespace())
+        return run_main(build_or_exit(args))
     if args.command == "status":
         from taskd.controller.cli_commands import status_main
 

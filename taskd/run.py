@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
-import uuid
 from typing import TYPE_CHECKING
 
 from taskd.agent.console import EVENT_LOGGERS, setup_console_logging  # noqa: F401 (taskd run's console)
-from taskd.vocabulary import parse_strategies
 
 if TYPE_CHECKING:
     from taskd.controller.server import EmbeddedController
+    from taskd.run_config import RunConfig
 
 log = logging.getLogger("taskd.run")
 
@@ -30,26 +28,6 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     add(parser)
 
 
-def _server(args: argparse.Namespace) -> str | None:
-    config = getattr(args, "config", None)
-    if config is not None:  # resolved by RunConfig (--standalone ignores MINDX_SERVER_IP)
-        return config.server
-    return args.server or os.environ.get("MINDX_SERVER_IP") or None
-
-
-def check_arguments(args: argparse.Namespace) -> list[str]:
-    """Everything wrong with the flags, found before any process starts (one line each)."""
-    from taskd.run_config import RunConfig, RunConfigError
-
-    if getattr(args, "config", None) is not None:
-        return []  # RunConfig.namespace(): checked when the RunConfig was built
-    try:
-        RunConfig.from_args(args)
-    except RunConfigError as exc:
-        return exc.problems
-    return []
-
-
 # Where each agent setting comes from on taskd run's command line: a bad value's error names the flag.
 AGENT_FLAGS = {
     "job_id": "--job-id", "server": "--server", "node_rank": "--node-rank", "node_count": "--nnodes",
@@ -57,46 +35,55 @@ AGENT_FLAGS = {
     "monitor_interval": "--monitor-interval", "stop_grace": "--stop-grace", "heartbeat_timeout": "--heartbeat-timeout",
     "log_dir": "--log-dir", "dump_timeout": "--dump-timeout",
 }
+_RUN_FIELDS = {"node_count": "nnodes", "ranks_per_node": "nproc_per_node"}  # agent setting -> RunConfig field
 
 
-def run_main(args: argparse.Namespace) -> int:
+def _config_errors(problems: list[str]) -> int:
+    sys.stderr.write("".join(f"taskd run: error: {p}\n" for p in problems))
+    return 2  # a usage error, like argparse's own
+
+
+def run_main(config: RunConfig) -> int:
     """Run one job; returns the process exit code.
 
     `taskd run`'s composition root: it builds the launcher, the agent and (with no controller
     address) the embedded controller, and hands the launcher and the controller to the agent.
+    What only shows when these are built (a planted log file, an unusable TASKD_* variable) is
+    a configuration error too: one line each, exit 2, nothing started.
     """
     import taskd.client  # noqa: F401 (first: its import switches gRPC fork support off while grpc is not loaded)
     from taskd.agent.config import AgentConfig
     from taskd.agent.supervisor import Supervisor
-    from taskd.launcher import LocalLauncher, WorkerSpec, command_for
+    from taskd.launcher import LocalLauncher, WorkerSpec, WorkerSpecError
+    from taskd.launcher.output import RankLogError
 
-    problems = check_arguments(args)
-    if problems:
-        sys.stderr.write("".join(f"taskd run: {p}\n" for p in problems))
-        return 2  # a usage error, like argparse's own
-    strategies = parse_strategies(args.strategies) if args.strategies else None
-    script = args.script
-    job_id = args.job_id or os.environ.get("MINDX_TASK_ID") or f"taskd-{uuid.uuid4().hex[:8]}"
-    server = _server(args)
-    spec = WorkerSpec(
-        entrypoint=command_for(script, args.script_args),
-        nproc_per_node=args.nproc_per_node, nnodes=args.nnodes, node_rank=args.node_rank,
-        master_addr=args.master_addr, master_port=args.master_port, job_id=job_id,
-        log_dir=args.log_dir, console=not args.quiet, warm_spares=args.warm_spares,
-    )
-    launcher = LocalLauncher(spec)
+    origins = {name: config.sources.get(_RUN_FIELDS.get(name, name), flag) for name, flag in AGENT_FLAGS.items()}
     try:
-        config = AgentConfig.from_env(
-            dict(AGENT_FLAGS, server="--server" if args.server else "MINDX_SERVER_IP"),
-            launcher="taskd", job_id=job_id, server=server, node_rank=args.node_rank,
-            node_count=args.nnodes, ranks_per_node=args.nproc_per_node, strategies=strategies,
-            max_restarts=args.max_restarts, monitor_interval=args.monitor_interval, stop_grace=args.stop_grace,
-            heartbeat_timeout=args.heartbeat_timeout, log_dir=args.log_dir, dump_timeout=args.dump_timeout,
+        spec = WorkerSpec(
+            entrypoint=list(config.entrypoint), nproc_per_node=config.nproc_per_node, nnodes=config.nnodes,
+            node_rank=config.node_rank, master_addr=config.master_addr, master_port=config.master_port,
+            job_id=config.job_id, log_dir=config.log_dir, console=not config.quiet, warm_spares=config.warm_spares,
+            role=config.role, max_restarts=config.max_restarts, redirects=dict(config.redirects),
+            tee=dict(config.tee), local_ranks_filter=config.local_ranks_filter,
         )
-        controller = _embedded_controller(config.max_restarts) if config.server is None else None
-        result = Supervisor(config, launcher.callbacks(), details=launcher, controller=controller).run()
+        agent_config = AgentConfig.from_env(
+            origins, launcher="taskd", job_id=config.job_id, server=config.server, node_rank=config.node_rank,
+            node_count=config.nnodes, ranks_per_node=config.nproc_per_node, strategies=list(config.strategies) or None,
+            max_restarts=config.max_restarts, monitor_interval=config.monitor_interval, stop_grace=config.stop_grace,
+            heartbeat_timeout=config.heartbeat_timeout, log_dir=config.log_dir, dump_timeout=config.dump_timeout,
+        )
+        launcher = LocalLauncher(spec)
+    except WorkerSpecError as exc:
+        return _config_errors(exc.problems)
+    except RankLogError as exc:
+        return _config_errors([exc.strerror or str(exc)])
+    except (ValueError, OSError) as exc:
+        return _config_errors([str(exc)])
+    try:
+        controller = _embedded_controller(agent_config.max_restarts) if agent_config.server is None else None
+        result = Supervisor(agent_config, launcher.callbacks(), details=launcher, controller=controller).run()
     finally:
-        launcher.close(args.stop_grace)
+        launcher.close(config.stop_grace)
     return result.exit_code
 
 
@@ -116,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     add_run_arguments(parser)
     args = parser.parse_args(argv)
     setup_console_logging()
-    return run_main(build_or_exit(args).namespace())
+    return run_main(build_or_exit(args))
 
 
 if __name__ == "__main__":

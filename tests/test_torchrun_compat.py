@@ -256,7 +256,6 @@ def test_pytorchjob_command_derives_everything_from_the_operator(monkeypatch: py
     assert (cfg.nnodes, cfg.node_rank, cfg.nproc_per_node, cfg.master_addr) == (2, 1, 2, "train-pj-master-0")
 
 
-@pytest.mark.xfail(reason="run_main does not hand RunConfig's redirects/tee/role to WorkerSpec yet", strict=False)
 def test_redirects_keep_rank_output_off_the_console(tmp_path: Path) -> None:
     script = tmp_path / "probe.py"
     script.write_text(PROBE)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from taskd.callbacks import STATUS_FAILED, STATUS_NOT_STARTED, STATUS_OK, STATUS_RUNNING  # noqa: F401 (re-exported)
@@ -33,6 +33,7 @@ FLAGS = {
     "node_rank": "--node-rank", "master_addr": "--master-addr", "master_port": "--master-port",
     "job_id": "--job-id", "log_dir": "--log-dir", "console": "--quiet", "warm_spares": "--warm-spares",
     "role": "--role", "max_restarts": "--max-restarts", "redirects": "--redirects", "tee": "--tee",
+    "local_ranks_filter": "--local-ranks-filter",
 }
 STD_NONE, STD_OUT, STD_ERR, STD_ALL = 0, 1, 2, 3  # torchrun's Std: which of stdout/stderr a setting covers
 
@@ -62,6 +63,8 @@ class WorkerSpec:
     directory for the heartbeat and error files, removed by ``close()``.
     ``redirects``/``tee`` are torchrun's: 0 none, 1 stdout, 2 stderr, 3 both, for every
     local rank or as ``{local_rank: value}``; see docs/launcher.md ("Output").
+    ``local_ranks_filter`` (torchrun's ``--local-ranks-filter``): only these local ranks' output
+    reaches the console (``None``: every rank's); their log files keep everything either way.
     """
 
     entrypoint: list[str]
@@ -81,6 +84,7 @@ class WorkerSpec:
     max_restarts: int = 0  # the job's restart budget, given to ranks as TORCHELASTIC_MAX_RESTARTS
     redirects: Streams = 0  # streams that go to the log file only, not the console
     tee: Streams = 0  # streams that go to the log file and the console
+    local_ranks_filter: Collection[int] | None = None  # local ranks shown on the console; None = all
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -125,6 +129,13 @@ class WorkerSpec:
             else:
                 value = getattr(self, name)
                 setattr(self, name, value if _is_int(value) else {int(k): int(v) for k, v in value.items()})
+        if self.local_ranks_filter is not None:
+            ranks = self.local_ranks_filter
+            if isinstance(ranks, (str, bytes, Mapping)) or not isinstance(ranks, Collection) or not ranks \
+                    or not all(_is_int(r) and r >= 0 for r in ranks):
+                bad("local_ranks_filter", "must be None or a non-empty set of local ranks (integers >= 0)")
+            else:  # ranks >= nproc_per_node show nothing, as under torchrun (one line for nodes of any size)
+                self.local_ranks_filter = frozenset(ranks)
         if problems:
             raise WorkerSpecError(problems)
 
@@ -154,8 +165,11 @@ class WorkerSpec:
         return _bits(self.redirects, local_rank), _bits(self.tee, local_rank)
 
     def console_streams(self, local_rank: int) -> tuple[bool, bool]:
-        """Whether the rank's (stdout, stderr) reach the console: redirected streams do not, unless tee'd."""
-        if not self.console:
+        """Whether the rank's (stdout, stderr) reach the console.
+
+        Never for a rank outside ``local_ranks_filter``; a redirected stream only when tee'd.
+        """
+        if not self.console or (self.local_ranks_filter is not None and local_rank not in self.local_ranks_filter):
             return False, False
         redirects, tee = self.streams_of(local_rank)
         return (not redirects & STD_OUT or bool(tee & STD_OUT)), (not redirects & STD_ERR or bool(tee & STD_ERR))

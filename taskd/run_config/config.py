@@ -169,20 +169,5 @@ class RunConfig:
 
         return build(cls, args, os.environ if environ is None else environ)
 
-    def namespace(self) -> argparse.Namespace:
-        """The resolved values under the Namespace names `run_main(args)` reads (until it takes a RunConfig)."""
-        script, script_args = (self.script, list(self.script_args)) if self.launch_mode == "script" else \
-            (self.entrypoint[0], list(self.entrypoint[1:]))
-        return argparse.Namespace(
-            script=script, script_args=script_args, entrypoint=list(self.entrypoint),
-            nproc_per_node=self.nproc_per_node, nnodes=self.nnodes, node_rank=self.node_rank, job_id=self.job_id,
-            server=self.server, max_restarts=self.max_restarts,
-            strategies=",".join(self.strategies) or None, log_dir=self.log_dir,
-            monitor_interval=self.monitor_interval, stop_grace=self.stop_grace,
-            heartbeat_timeout=self.heartbeat_timeout, dump_timeout=self.dump_timeout, warm_spares=self.warm_spares,
-            master_addr=self.master_addr, master_port=self.master_port, quiet=self.quiet, role=self.role,
-            redirects=dict(self.redirects), tee=dict(self.tee), local_ranks_filter=self.local_ranks_filter,
-            standalone=self.standalone, config=self)
-
     def environment_line(self) -> str | None:
         return "from the environment: " + ", ".join(self.from_environment) if self.from_environment else None
