@@ -321,3 +321,67 @@ def test_state_file_of_the_unsplit_state_machine_still_loads(tmp_path: Path) -> 
     assert change.strategy == "job-rescheduling"  # recover failed in this round before the restart: still excluded
     assert m.restarts == 2  # job-rescheduling was charged before the restart, and is not charged again (L4)
     store.close()
+
+
+def test_sigkill_during_recovering_charges_the_restart_once(tmp_path: Path) -> None:
+    """L4: the controller dies after choosing job-rescheduling (one restart spent); the restarted controller
+    resumes the round from the state file, the same strategy is chosen again, and the budget shows one restart."""
+    state = tmp_path / "ctl.sqlite3"
+    proc, addr = start_subprocess(state)
+    try:
+        agents = [ScriptedAgent(addr, "l4", n, 2) for n in range(2)]
+        for a in agents:
+            a.join(max_restarts=1)  # the interrupted restart is the last one the job may spend
+        ok(agents[0].fault({0: 2}))  # a network fault: job-rescheduling
+        for a in agents:
+            a.expect("stopTrain")
+        for a in agents:
+            ok(a.stop_complete())
+        for a in agents:
+            a.expect("globalFault")
+        for a in agents:
+            ok(a.strategies(ALL))
+        for a in agents:
+            a.expect("changeStrategy", "job-rescheduling")
+        assert agents[0].list_jobs("l4").jobs[0].restarts == 1
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        for a in agents:
+            a.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+    proc, addr = start_subprocess(state)
+    try:
+        agents = [ScriptedAgent(addr, "l4", n, 2) for n in range(2)]  # the same processes, reconnecting
+        for a in agents:
+            ok(a.init())
+            ok(a.register())
+            a.subscribe()
+        job = agents[0].list_jobs("l4").jobs[0]
+        assert job.restarts == 1 and job.maxRestarts == 1
+        for a in agents:
+            a.expect("stopTrain")  # the round restarts once every agent is back
+        for a in agents:
+            ok(a.stop_complete())
+        for a in agents:
+            a.expect("globalFault")
+        for a in agents:
+            ok(a.strategies(ALL))
+        for a in agents:
+            a.expect("changeStrategy", "job-rescheduling")  # paid for already: not dump for a spent budget
+        for a in agents:
+            ok(a.status("job-rescheduling"))
+        job = agents[0].list_jobs("l4").jobs[0]
+        assert (job.state, job.restarts) == ("RUNNING", 1)
+        assert job.rounds[0].strategiesTried == ["job-rescheduling", "job-rescheduling"]
+        assert job.rounds[0].outcome == "recovered"
+        for a in agents:
+            a.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
