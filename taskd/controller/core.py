@@ -10,9 +10,13 @@ batched and written with the job's next commit, or within `soft_flush_delay`, in
 for all jobs. 10,000 agents subscribing cost a few transactions, not 10,000.
 
 A finished job (SUCCEEDED or FAILED) is evicted, from memory and from the store, once no agent has
-streamed or called for it for `finished_job_retention` seconds; when the table is full the finished
-job idle the longest goes first. A long-running server serving many short jobs never fills up, and
+streamed or called for it for `finished_job_retention` seconds, and a job no agent registered for
+once `unregistered_job_timeout` has passed; when the table is full an agentless job goes first, then
+the finished job idle the longest. A long-running server serving many short jobs never fills up, and
 only a table full of live jobs refuses a new one.
+
+A change the store cannot take (`StoreError`: a full disk, an I/O error) is undone in memory too
+(`Checkpoint`) and answered `STORAGE_ERROR` with its cause; nobody is signalled for it.
 """
 
 from __future__ import annotations

@@ -82,7 +82,8 @@ def _targets(*targets: Target) -> frozenset[Target]:
 RULES: tuple[Rule, ...] = (
     # job and agent lifecycle
     Rule(ANY, JobInit, _targets(S.RUNNING, UNCHANGED), h.on_init, "reset → RUNNING; join → unchanged"),
-    Rule(ANY, AgentRegistered, _targets(UNCHANGED), h.on_register, "starts its loss clock until it subscribes"),
+    Rule(ANY, AgentRegistered, _targets(UNCHANGED), h.on_register,
+         "starts its loss clock until it subscribes; 409 if another process's agent holds the node"),
     Rule(_states(S.RESUMING), AgentConnected, _targets(S.RESUMING, S.STOPPING), h.on_connected_resuming,
          "STOPPING (the round restarts) once every agent is back"),
     Rule(_states(S.FAILED), AgentConnected, _targets(S.FAILED), h.on_connected_failed,
