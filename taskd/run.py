@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -65,6 +66,9 @@ def run_main(config: RunConfig) -> int:
             job_id=config.job_id, log_dir=config.log_dir, console=not config.quiet, warm_spares=config.warm_spares,
             role=config.role, max_restarts=config.max_restarts, redirects=dict(config.redirects),
             tee=dict(config.tee), local_ranks_filter=config.local_ranks_filter,
+            # live recovery: node 0 hosts the rendezvous store, as torchrun's agent does (docs/pytorch.md)
+            rdzv_store=os.environ.get("TASKD_RDZV_STORE", "").strip() or "auto",
+            preimport=os.environ.get("TASKD_PREIMPORT", "").strip(),
         )
         agent_config = AgentConfig.from_env(
             origins, launcher="taskd", job_id=config.job_id, server=config.server, node_rank=config.node_rank,

@@ -222,8 +222,8 @@ def test_one_job_wide_restart_count(launch, tmp_path: Path):
     assert env(0, 1)["TORCHELASTIC_RESTART_COUNT"] == env(1, 2)["TORCHELASTIC_RESTART_COUNT"] == "2"
     launcher.set_restart_count(7)  # the agent knows the job-wide count (other nodes' restarts too)
     launcher.start_worker_list([0])
-    seen = env(0, 2)
-    assert (seen["TORCHELASTIC_RESTART_COUNT"], seen["TASKD_RESTART_COUNT"]) == ("7", "2")
+    seen = env(0, 7)  # from then on TASKD_RESTART_COUNT is the job-wide count too, the same on every rank
+    assert (seen["TORCHELASTIC_RESTART_COUNT"], seen["TASKD_RESTART_COUNT"]) == ("7", "7")
     assert seen["TORCHELASTIC_ERROR_FILE"] == launcher.error_file_path(0)
     with pytest.raises(ValueError, match="set_restart_count"):
         launcher.set_restart_count(-1)

@@ -39,6 +39,7 @@ from taskd.launcher.spec import STATUS_NOT_STARTED, WorkerSpec, free_port
 from taskd.process.exitcodes import describe_returncode
 from taskd.process.spawn import has_exited, kill_group, spawn, wait_exit
 from taskd.process.subreaper import escaped_descendants, send_signal
+from taskd.rendezvous import AgentStore, StoreHostError
 from taskd.worker.env import Var
 from taskd.worker.heartbeat_file import HeartbeatFile
 
@@ -92,9 +93,18 @@ class LocalLauncher:
         self._job_restarts: int | None = None  # set by the agent: see set_restart_count
         self._restart_rounds = 0  # START calls that restarted something: the count when nobody sets one
         self._pump = OutputPump(tick=self._reap_exited_orphans if subreaper else None, tick_interval=orphan_tick)
+        # live recovery: node 0 hosts the store that outlives every rank; ranks get the control file
+        self._live = AgentStore.decide(spec.rdzv_store, python_script(spec.entrypoint) is not None, spec.node_rank,
+                                       self.spec.master_addr, port, run_dir)
+        self._generation = 0  # the group generation ranks started from now on join (set_generation)
         spares = spec.warm_spares if python_script(spec.entrypoint) else 0
-        self._spares = SparePool(spares, rank_env(self.spec, 0, 0, None), spec.cwd)
-        self._orphans = OrphanKeeper(self._lock, lambda: self._table.unreaped_pids() | set(self._spares.pids()),
+        spare_env = rank_env(self.spec, 0, 0, None)
+        preimport = spec.preimport or ("torch" if self._live.enabled else "")
+        if preimport:
+            spare_env[Var.TASKD_PREIMPORT] = preimport
+        self._spares = SparePool(spares, spare_env, spec.cwd)
+        self._orphans = OrphanKeeper(self._lock, lambda: self._table.unreaped_pids() | set(self._spares.pids())
+                                     | self._live.pids(),
                                      lambda: self._table.running_marks(self.heartbeat_path),
                                      self._pump.add_exit_watch, Var.TASKD_HEARTBEAT_FILE)
         if subreaper:
@@ -145,6 +155,11 @@ class LocalLauncher:
                 self._wait_reaped(inc, timeout=10.0)
             if any(self._table.starts(r) for r in range(self.spec.nproc_per_node)):
                 self._restart_rounds += 1
+            try:  # a whole-job (re)start gets a fresh store: plain env:// scripts add no per-attempt prefix
+                self._live.start()
+            except StoreHostError as exc:
+                log.error("%s", exc)
+                return 1
             ok = [self._start(r) for r in range(self.spec.nproc_per_node)]
             self._spares.fill()
         return 0 if all(ok) else 1
@@ -236,7 +251,8 @@ class LocalLauncher:
             return self._table.current(local_rank)
 
     def set_restart_count(self, count: int) -> None:
-        """The job-wide restart count that ranks started from now on get as TORCHELASTIC_RESTART_COUNT.
+        """The job-wide restart count that ranks started from now on get as TORCHELASTIC_RESTART_COUNT
+        and TASKD_RESTART_COUNT (the same on every rank; without it TASKD_RESTART_COUNT is the rank's own).
 
         The agent calls this before START_ALL_WORKER/START_WORKER_LIST, since it knows the
         job's count (every node's restarts, from the controller); without it, the launcher
@@ -246,6 +262,22 @@ class LocalLauncher:
             raise ValueError(f"set_restart_count takes an integer >= 0, got {count!r}")
         with self._lock:
             self._job_restarts = count
+
+    @property
+    def live_recovery(self) -> bool:
+        """Whether ranks run with live recovery (an agent-side store, a control file): see taskd.rendezvous."""
+        return self._live.enabled
+
+    def control_path(self) -> str | None:
+        """The node's live-recovery control file (TASKD_CONTROL_FILE), None when live recovery is off."""
+        return self._live.control_path
+
+    def set_generation(self, generation: int) -> None:
+        """The group generation ranks started from now on join (TASKD_GENERATION): the agent's round."""
+        if not isinstance(generation, int) or isinstance(generation, bool) or generation < 0:
+            raise ValueError(f"set_generation takes an integer >= 0, got {generation!r}")
+        with self._lock:
+            self._generation = generation
 
     def log_path(self, local_rank: int) -> str | None:
         return _log_path(self.spec.log_dir, self.spec, local_rank) if self._table.valid(local_rank) else None
@@ -310,6 +342,7 @@ class LocalLauncher:
             for inc in live:
                 self._wait_reaped(inc, timeout=10.0)
         self._spares.close()
+        self._live.close()
         if self._orphans.active:
             with self._lock:
                 self._orphans.kill_all(timeout=10.0)
@@ -341,7 +374,10 @@ class LocalLauncher:
         error_file = self.error_file_path(rank)
         _remove(error_file)  # what is found there after the rank dies is then this incarnation's
         job_restarts = self._restart_rounds if self._job_restarts is None else self._job_restarts
-        env = rank_env(spec, rank, restart, hb_path, job_restart_count=job_restarts, error_file=error_file)
+        # once the agent gives the job-wide count, TASKD_RESTART_COUNT is that count too (the same on every rank)
+        own = restart if self._job_restarts is None else self._job_restarts
+        env = rank_env(spec, rank, own, hb_path, job_restart_count=job_restarts, error_file=error_file)
+        env.update(self._live.env(self._generation))
         rank_log = self._logs[rank]
         out, err = spec.console_streams(rank)
         output = RankOutput(rank_log, f"[rank{global_rank}]: ", out, err, split=out != err)

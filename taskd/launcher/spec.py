@@ -33,7 +33,7 @@ FLAGS = {
     "node_rank": "--node-rank", "master_addr": "--master-addr", "master_port": "--master-port",
     "job_id": "--job-id", "log_dir": "--log-dir", "console": "--quiet", "warm_spares": "--warm-spares",
     "role": "--role", "max_restarts": "--max-restarts", "redirects": "--redirects", "tee": "--tee",
-    "local_ranks_filter": "--local-ranks-filter",
+    "local_ranks_filter": "--local-ranks-filter", "rdzv_store": "TASKD_RDZV_STORE", "preimport": "TASKD_PREIMPORT",
 }
 STD_NONE, STD_OUT, STD_ERR, STD_ALL = 0, 1, 2, 3  # torchrun's Std: which of stdout/stderr a setting covers
 
@@ -84,7 +84,15 @@ class WorkerSpec:
     max_restarts: int = 0  # the job's restart budget, given to ranks as TORCHELASTIC_MAX_RESTARTS
     redirects: Streams = 0  # streams that go to the log file only, not the console
     tee: Streams = 0  # streams that go to the log file and the console
+    # live recovery: "agent" hosts the rendezvous store on node 0 and turns live recovery on; "auto" does so
+    # when the entrypoint is a .py script and torch is importable (taskd run's default); "rank": rank 0 hosts it
+    rdzv_store: str = "rank"
+    preimport: str = ""  # modules warm spares import before becoming a rank (default: torch for live jobs)
     local_ranks_filter: Collection[int] | None = None  # local ranks shown on the console; None = all
+    # live recovery: "agent" hosts the rendezvous store on node 0 and turns live recovery on; "auto" does so
+    # when the entrypoint is a .py script and torch is importable (taskd run's default); "rank": rank 0 hosts it
+    rdzv_store: str = "rank"
+    preimport: str = ""  # modules warm spares import before becoming a rank (default: torch for live jobs)
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -119,6 +127,14 @@ class WorkerSpec:
                 setattr(self, name, os.fspath(value))
         if not isinstance(self.extra_env, Mapping):
             bad("extra_env", "must be a mapping of variable names to values")
+        if self.rdzv_store not in ("auto", "agent", "rank"):
+            bad("rdzv_store", "must be auto, agent or rank")
+        if not isinstance(self.preimport, str):
+            bad("preimport", "must be comma-separated module names")
+        if self.rdzv_store not in ("auto", "agent", "rank"):
+            bad("rdzv_store", "must be auto, agent or rank")
+        if not isinstance(self.preimport, str):
+            bad("preimport", "must be comma-separated module names")
         for name in ("warm_spares", "max_restarts"):
             if not _is_int(getattr(self, name)) or getattr(self, name) < 0:
                 bad(name, "must be an integer >= 0")

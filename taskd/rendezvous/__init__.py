@@ -3,9 +3,11 @@
 Under torchrun and plain ``init_process_group``, rank 0 hosts the ``MASTER_ADDR:MASTER_PORT``
 TCPStore, so losing rank 0 loses the store and no group can be rebuilt. :class:`StoreHost` runs it
 in a small child process of its owner (node 0's ``taskd run``) instead; ranks then connect as
-clients (``TORCHELASTIC_USE_AGENT_STORE=True``, see :func:`store_env`).
+clients (``TORCHELASTIC_USE_AGENT_STORE=True``, see :func:`store_env`). :class:`AgentStore` decides
+whether a node's ranks get one and restarts it for each whole-job start.
 """
 
+from taskd.rendezvous.host import MODES, AgentStore, torch_importable
 from taskd.rendezvous.store import StoreHost, StoreHostError, store_env
 
-__all__ = ["StoreHost", "StoreHostError", "store_env"]
+__all__ = ["MODES", "AgentStore", "StoreHost", "StoreHostError", "store_env", "torch_importable"]
