@@ -92,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
             ckpt.save(state, state["step"])
 
     worker.on_save_request(save_now)
+    # the ranks never talk to each other: a restarted rank needs nothing from the others, so the agent
+    # may restart just the dead one (recover) instead of the whole job
+    worker.declare_rejoinable()
     print(f"rank {rank}: starting at step {resumed_from}/{args.steps} (restart {worker.restart_count()})",
           flush=True)
 

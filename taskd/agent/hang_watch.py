@@ -1,6 +1,13 @@
 """Hangs: each rank's heartbeat file (`taskd.worker.heartbeat()`), judged on the slow sweep, and the
 hung rank's Python stacks put in its log before it is killed (py-spy when installed, else faulthandler).
 
+In a collective job every rank stops beating when one hangs: the others wait for it inside a
+collective. Only the *culprit* is flagged (`HangWatch.culprits`): a stale rank that is not inside a
+collective (`collective_since` unset, see taskd.worker.live) or that is stopped (SIGSTOP). Ranks
+that mark no collectives (msrun's, plain scripts) name one culprit: the stale rank with the oldest
+heartbeat. Stacks are taken from every stale rank at once, with a bound, and a stack that could not
+be taken (a stopped process never runs its signal handler) is said so on the console.
+
 Under taskd's launcher every rank is told its own heartbeat file; under msrun no callback takes
 per-rank variables, so the agent exports one directory (TASKD_HEARTBEAT_DIR) that ranks inherit and
 name their file in.
@@ -13,14 +20,20 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import psutil
+
 from taskd.agent.ranks import Rank
 from taskd.worker.env import Var
 from taskd.worker.heartbeat_file import HeartbeatFile, HeartbeatFileError, HeartbeatState
+from taskd.worker.live import read_rank_status
+
+STACKS_BOUND = 5.0  # seconds for taking every stale rank's stacks, in parallel
 
 log = logging.getLogger("taskd.agent")
 
@@ -33,6 +46,7 @@ class Hang:
     step: int | None
     section: str
     stack_signal: int  # what the rank installed faulthandler on (0: none)
+    waiting: bool = False  # inside a collective, waiting on a peer: not the culprit
 
     def describe(self) -> str:
         step = f" at step {self.step}" if self.step is not None else ""
@@ -90,36 +104,92 @@ class HangWatch:
 
     def check(self, rank: Rank, now: float) -> Hang | None:
         """The rank's hang, if its heartbeat (or the section it is in) is past its deadline at wall time `now`."""
-        _, state = self.heartbeat(rank)
-        if state is None:
+        hb, state = self.heartbeat(rank)
+        if state is None or hb is None:
             return None
         if state.torn:  # a write left half done: the reader kept the last consistent heartbeat, judged below
             log.debug("rank %d: heartbeat file caught mid-write; using its last consistent state", rank.global_rank)
         deadline = state.deadline(self.timeout)
         if deadline is None or now <= deadline:
             return None
-        hang = Hang(now - max(state.time, state.section_start or 0.0), state.step, state.section, state.stack_signal)
-        step = f" at step {hang.step}" if hang.step is not None else ""
-        where = f" in section {hang.section!r}" if hang.section else ""
-        log.warning("hang: rank %d (pid %d) made no progress for %.1fs%s%s", rank.global_rank, rank.pid,
-                    hang.quiet, step, where)
-        return hang
+        try:
+            live = read_rank_status(hb)
+            waiting = live.collective_since is not None and live.can_rejoin
+        except (HeartbeatFileError, OSError, ValueError):
+            waiting = False
+        return Hang(now - max(state.time, state.section_start or 0.0), state.step, state.section, state.stack_signal,
+                    waiting)
 
-    def record_stacks(self, rank: Rank, stack_signal: int) -> None:
-        """Put the hung rank's Python stacks in its log: py-spy when installed, else faulthandler."""
+    def culprits(self, ranks: Iterable[Rank], now: float) -> tuple[list[tuple[Rank, Hang]], list[tuple[Rank, Hang]]]:
+        """(culprits, waiting) among `ranks`: culprits are named on the console first, then killed by the caller.
+
+        A stale rank inside a collective waits on a peer and is no culprit, unless it is stopped
+        (SIGSTOP). Ranks that mark no collectives (no live declaration) give one culprit: the oldest heartbeat.
+        """
+        stale = [(rank, hang) for rank in ranks if (hang := self.check(rank, now)) is not None]
+        if not stale:
+            return [], []
+        marked = any(hang.waiting for _, hang in stale) or any(self._declared(rank) for rank, _ in stale)
+        if marked:
+            culprits = [(r, h) for r, h in stale if not h.waiting or _stopped(r)]
+        else:
+            culprits = [max(stale, key=lambda item: item[1].quiet)]
+        waiting = [(r, h) for r, h in stale if all(r is not c for c, _ in culprits)]
+        for rank, hang in culprits:
+            step = f" at step {hang.step}" if hang.step is not None else ""
+            where = f" in section {hang.section!r}" if hang.section else ""
+            stopped = " (process stopped)" if _stopped(rank) else ""
+            log.warning("hang: rank %d (pid %d) is the culprit: no progress for %.1fs%s%s%s", rank.global_rank,
+                        rank.pid, hang.quiet, step, where, stopped)
+        if waiting:
+            log.info("hang: rank(s) %s wait on it%s", sorted(r.global_rank for r, _ in waiting),
+                     " inside a collective" if marked else "")
+        return culprits, waiting
+
+    def _declared(self, rank: Rank) -> bool:
+        hb, _ = self.heartbeat(rank)
+        try:
+            return hb is not None and read_rank_status(hb).can_rejoin
+        except (HeartbeatFileError, OSError, ValueError):
+            return False
+
+    def record_all(self, hangs: Iterable[tuple[Rank, Hang]], bound: float = STACKS_BOUND) -> None:
+        """Every stale rank's stacks at once, within `bound` seconds; says which could not be taken."""
+        results: dict[int, bool] = {}
+        threads = []
+        for rank, hang in hangs:
+            def take(rank: Rank = rank, sig: int = hang.stack_signal) -> None:
+                results[rank.global_rank] = self.record_stacks(rank, sig, min(3.0, bound))
+            thread = threading.Thread(target=take, name=f"taskd-stacks-{rank.global_rank}", daemon=True)
+            thread.start()
+            threads.append((rank, thread))
+        deadline = time.monotonic() + bound
+        for rank, thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if not results.get(rank.global_rank, False):
+                why = "its process is stopped (SIGSTOP)" if _stopped(rank) else \
+                    "it installed no stack signal (taskd.worker.heartbeat) and py-spy is not available or failed" \
+                    if not hang_signal(rank, hangs) else f"it did not answer within {bound:.0f}s"
+                log.warning("hang: could not take the stacks of rank %d (pid %s): %s", rank.global_rank, rank.pid, why)
+
+    def record_stacks(self, rank: Rank, stack_signal: int, limit: float = 3.0) -> bool:
+        """Put the hung rank's Python stacks in its log: py-spy when installed, else faulthandler; True if taken."""
         log_path = self.details.log_path(rank.local_rank) if hasattr(self.details, "log_path") else None
         pyspy = shutil.which("py-spy") if os.environ.get("TASKD_PYSPY", "1") != "0" else None
         if pyspy and log_path and _pyspy_dump(pyspy, rank, log_path):
-            return
+            return True
         if stack_signal:
             log_path = log_path or self._worker_log(rank)
             before = _file_size(log_path)
             try:
                 os.kill(rank.pid, stack_signal)
             except ProcessLookupError:
-                return
-            _wait_for_dump(log_path, before)
+                return False
+            if not _wait_for_dump(log_path, before, limit=limit):
+                return False
             log.info("stacks of rank %d requested with signal %d (see its log)", rank.global_rank, stack_signal)
+            return True
+        return False
 
     def close(self) -> None:
         for hb in self._files.values():
@@ -144,6 +214,18 @@ def _pyspy_dump(pyspy: str, rank: Rank, log_path: str) -> bool:
     return False
 
 
+def hang_signal(rank: Rank, hangs: Iterable[tuple[Rank, Hang]]) -> int:
+    return next((h.stack_signal for r, h in hangs if r is rank), 0)
+
+
+def _stopped(rank: Rank) -> bool:
+    """Whether the rank's process is stopped (SIGSTOP, a debugger): it hangs whatever its heartbeat says."""
+    try:
+        return rank.proc is not None and rank.proc.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
+        return False
+
+
 def _file_size(path: str | None) -> int | None:
     try:
         return os.path.getsize(path) if path else None
@@ -151,7 +233,7 @@ def _file_size(path: str | None) -> int | None:
         return None
 
 
-def _wait_for_dump(path: str | None, before: int | None, limit: float = 3.0, quiet: float = 0.2) -> None:
+def _wait_for_dump(path: str | None, before: int | None, limit: float = 3.0, quiet: float = 0.2) -> bool:
     """Give faulthandler's dump time to reach the rank's log before the rank is killed.
 
     The dump is written from a C signal handler and copied by whoever drains the rank's
@@ -160,15 +242,16 @@ def _wait_for_dump(path: str | None, before: int | None, limit: float = 3.0, qui
     """
     if before is None:
         time.sleep(0.3)
-        return
+        return True
     deadline = time.monotonic() + limit
     size, still_since = before, None
     while time.monotonic() < deadline:
         time.sleep(0.05)
         now_size = _file_size(path)
         if now_size is None:
-            return
+            return False
         if now_size != size:
             size, still_since = now_size, time.monotonic()
         elif size > before and still_since is not None and time.monotonic() - still_since >= quiet:
-            return
+            return True
+    return size > before

@@ -2,7 +2,11 @@
 no controller, the local whole-node restart that degraded mode allows.
 
 A recovery round opens with the first fault and closes when its ranks run again; `Round` holds its
-fault ranks and start time. What to do is the controller's decision (or `LocalPolicy`'s when there
+fault ranks and start time. With live recovery (`agent/live.py`) recover and retry keep the healthy
+ranks: the round is reported recovered only once every local rank has rejoined the new generation,
+and "training resumed" once every rank has completed a step in it.
+
+What to do is the controller's decision (or `LocalPolicy`'s when there
 is none); this module only does it, through the supervisor's start/stop/finish (`AgentHooks`).
 """
 
@@ -15,10 +19,12 @@ from dataclasses import dataclass, field
 
 from taskd.agent.controller_link import ControllerLink, Order
 from taskd.agent.hang_watch import HangWatch
+from taskd.agent.live import LiveRanks
 from taskd.agent.policy import LocalPolicy
 from taskd.agent.rank_control import RankControl
 from taskd.agent.ranks import RankState, RankTable
 from taskd.agent.summary import JobResult, RecoveryRecord
+from taskd.client.current import report_recover_strategy
 from taskd.vocabulary import Code, FaultRanks, Strategy
 
 log = logging.getLogger("taskd.agent")
@@ -30,6 +36,7 @@ class Round:
 
     faults: FaultRanks = field(default_factory=dict)
     started: float | None = None
+    charged: bool = False  # a restart of this round was counted (a failed recover + job-rescheduling: one)
 
     def add(self, faults: FaultRanks, now: float, keep_known: bool = False) -> None:
         for rank, fault_type in faults.items():
@@ -47,6 +54,7 @@ class Round:
     def close(self) -> None:
         self.faults.clear()
         self.started = None
+        self.charged = False
 
 
 @dataclass(frozen=True)
@@ -63,8 +71,11 @@ class Recovery:
     """One handler per controller command, plus the degraded local restart."""
 
     def __init__(self, table: RankTable, control: RankControl, link: ControllerLink, policy: LocalPolicy,
-                 hang: HangWatch, result: JobResult, hooks: AgentHooks) -> None:
+                 hang: HangWatch, result: JobResult, hooks: AgentHooks, live: LiveRanks | None = None) -> None:
         self.table = table
+        self.live = live if live is not None else LiveRanks(table, None, lambda: None)
+        self.restarts = 0  # job-wide restarts (once per round that restarts anything), the same on every node
+        self._resumed_record: RecoveryRecord | None = None
         self.control = control
         self.link = link
         self.policy = policy
@@ -75,19 +86,29 @@ class Recovery:
 
     def on_stop(self, order: Order) -> None:
         self.round.add(order.fault_ranks, time.monotonic(), keep_known=True)
-        self.control.stop([self.table[lr] for lr in self.table.local_of(order.fault_ranks)], graceful=False)
+        self.live.abandon()
+        # a live rank with a type-"0" fault is paused in place, waiting to retry: it must not be killed
+        stop = [lr for lr in self.table.local_of(order.fault_ranks)
+                if not self.live.live_fault(lr, order.fault_ranks.get(self.table[lr].global_rank, ""))]
+        self.control.stop([self.table[lr] for lr in stop], graceful=False)
         self.link.report_stop_complete(order.fault_ranks)
 
     def on_strategies(self, order: Order) -> None:
-        self.link.report_strategies(order.fault_ranks)
+        configured = self.link.config.offered_strategies
+        offered = self.live.offer(configured, dict(self.round.faults) | order.fault_ranks)
+        if offered == configured or not self.link.active:
+            self.link.report_strategies(order.fault_ranks)
+        else:
+            report_recover_strategy(order.fault_ranks, offered)  # the link's client (set_manager)
 
     def on_change(self, order: Order) -> None:
         strategy = order.strategy
         faults = order.fault_ranks or dict(self.round.faults)
         started = self.round.started or time.monotonic()
         log.info("strategy: %s for rank(s) %s", strategy, sorted(faults))
-        if strategy in (Strategy.RECOVER, Strategy.JOB_RESCHEDULING):
-            self._restart(strategy, faults, started)
+        if strategy in (Strategy.RECOVER, Strategy.JOB_RESCHEDULING) or \
+                (strategy == Strategy.RETRY and self.live.enabled):
+            self._restart(strategy, faults, started, order)
         elif strategy == Strategy.DUMP:
             self.on_dump(order)
         elif strategy == Strategy.EXIT:
@@ -133,21 +154,84 @@ class Recovery:
         self.hooks.finish(False, self.hooks.failure_code(),
                           f"controller sent {order.signal_type}{': ' + why if why else ''}")
 
-    def _restart(self, strategy: str, faults: FaultRanks, started: float) -> None:
-        """Carry out recover (the faulty local ranks) or job-rescheduling (every rank) and report it."""
+    def _restart(self, strategy: str, faults: FaultRanks, started: float, order: Order | None = None) -> None:
+        """Carry out recover (the faulty local ranks), retry (no restart) or job-rescheduling (every rank)
+        and report it; with live recovery a recover or retry is reported once the group has re-formed."""
+        live = self.live.enabled and order is not None
+        if strategy != Strategy.RETRY:
+            self._charge()
+        if live:
+            assert order is not None
+            self.live.next_generation(order.uuid, order.extra_params)
+            self.live.begin(strategy, faults, started, order.timeout, time.monotonic())
+        if strategy == Strategy.RETRY:
+            return  # the paused ranks redo the step when they read the control file; confirmed in poll()
         if strategy == Strategy.RECOVER:
-            local = self.table.local_of(faults)
+            local = [lr for lr in self.table.local_of(faults) if not self.live.live_fault(lr, faults.get(
+                self.table[lr].global_rank, ""))]
             self.control.stop([self.table[lr] for lr in local], graceful=False)
             code = self.hooks.start(local)
             msg = "" if code == 0 else f"START_WORKER_LIST({local}) returned {code}"
+            if live and code == 0:
+                return  # reported when every local rank has rejoined (poll)
         else:
             self.control.stop(self.table.all(), graceful=False)
             self.control.restart_msrun_scheduler()
             code = self.hooks.start_all()
             msg = "" if code == 0 else f"START_ALL_WORKER returned {code}"
+        if code != 0:
+            self.live.abandon()
         self.link.report_status(Code.OK if code == 0 else 1, msg, faults, strategy)
         if code == 0:
             self._recovered(strategy, sorted(faults), started)
+
+    def _charge(self) -> None:
+        """Count a restart once per round (a recover that fails and escalates is one restart, not two) and
+        give ranks started from now on the job-wide count (TASKD_RESTART_COUNT, TORCHELASTIC_RESTART_COUNT)."""
+        if not self.round.charged:
+            self.round.charged = True
+            self.restarts += 1
+        details = self.control.details
+        if details is not None and hasattr(details, "set_restart_count"):
+            details.set_restart_count(self.restarts)
+
+    def absorbs(self, local_rank: int) -> bool:
+        """A rank that ends while its group re-forms fails that recover (reported by poll), not a round of its own."""
+        rebuild = self.live.rebuild
+        return rebuild is not None and rebuild.report and rebuild.confirmed is None
+
+    def poll(self, now: float) -> list[tuple[int, str]]:
+        """Live recovery, every few ms: new retryable errors (returned: local rank, why) and the rebuild's progress."""
+        if not self.live.enabled:
+            return []
+        errors = [(rank.local_rank, f"RetryableError at step {status.error_step}")
+                  for rank, status in self.live.new_errors()]
+        rebuild = self.live.rebuild
+        state = self.live.check(now)
+        if state is None or rebuild is None:
+            return errors
+        what, detail = state
+        faults, strategy = rebuild.faults, rebuild.strategy
+        if what == "failed":
+            self.live.abandon()
+            log.warning("live recovery failed: %s", detail)
+            if rebuild.report:
+                self.link.report_status(Code.RETRY_FAILED_UNRECOVERABLE if strategy == Strategy.RETRY else 1,
+                                        detail, faults, strategy)
+        elif what == "rejoined":
+            log.info("rank(s) rejoined generation %d (%s) %.3fs after the fault", rebuild.generation, strategy,
+                     now - rebuild.started)
+            if rebuild.report:
+                self.link.report_status(Code.OK, "", faults, strategy)
+                self._recovered(strategy, sorted(faults), rebuild.started)
+        elif what == "resumed":
+            seconds = now - rebuild.started
+            log.info("training resumed %.3fs after the fault (generation %d, %s; %s)", seconds, rebuild.generation,
+                     strategy, detail)
+            if self._resumed_record is not None:
+                self._resumed_record.seconds = seconds  # "spent recovering" is fault -> resumed
+                self._resumed_record = None
+        return errors
 
     def local_restart(self) -> None:
         """No controller: restart the whole node's ranks while the budget lasts (a single node keeps training)."""
@@ -156,15 +240,21 @@ class Recovery:
             self.hooks.finish(False, self.hooks.failure_code(), f"restart budget of {self.policy.max_restarts} spent")
             return
         log.warning("degraded: local job-rescheduling (restart %d of %d)", number, self.policy.max_restarts)
-        started = time.monotonic()
+        started = self.round.started or time.monotonic()
         ranks = sorted(self.round.faults)
+        self._charge()
+        if self.live.enabled:
+            self.live.generation += 1
+            self.live.begin(Strategy.JOB_RESCHEDULING, dict(self.round.faults), started, 0.0, time.monotonic())
         self.control.stop(self.table.all(), graceful=False)
         if self.hooks.start_all() == 0:
             self._recovered(Strategy.JOB_RESCHEDULING, ranks, started, degraded=True)
 
     def _recovered(self, strategy: str, ranks: list[int], started: float, degraded: bool = False) -> None:
         seconds = time.monotonic() - started
-        self.result.recoveries.append(RecoveryRecord(strategy, ranks, time.time(), seconds, degraded))
+        record = RecoveryRecord(strategy, ranks, time.time(), seconds, degraded)
+        self.result.recoveries.append(record)
+        self._resumed_record = record if self.live.rebuild is not None else None
         pids = self.table.pids(ranks)
         log.info("recovered rank(s) %s with %s in %.3fs%s", ranks, strategy, seconds,
                  f" (now rank:pid {pids})" if pids else "")

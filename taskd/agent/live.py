@@ -1,0 +1,221 @@
+"""The agent's side of live recovery (docs/worker.md, "Live recovery protocol"): read what ranks
+declare and report in their heartbeat files, write the node's control file, and confirm that a
+recovery really happened before telling the controller so.
+
+The launcher says whether a job has live recovery (it hosts the store and gives ranks a control
+file: ``details.control_path()``); the agent only reads that, through the duck-typed launcher
+details, so it needs neither torch nor the launcher package. Everything here runs on the agent's
+thread; the supervisor calls :meth:`LiveRanks.poll` every ``POLL`` seconds while live recovery is on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from taskd.agent.ranks import Rank, RankState, RankTable
+from taskd.vocabulary import FaultRanks, FaultType, Strategy
+from taskd.worker.heartbeat_file import HeartbeatFile, HeartbeatFileError
+from taskd.worker.live import ErrorKind, RankStatus, read_rank_status, write_control
+
+log = logging.getLogger("taskd.agent")
+
+POLL = 0.05  # seconds between reads of the heartbeat files while live recovery is on (~3 us a rank)
+REJOIN_TIMEOUT = 120.0  # the longest a group may take to re-form, if the controller's deadline is longer
+RANK_TIMEOUT = 60.0  # how long ranks may spend forming one generation (the control file's "timeout")
+
+
+@dataclass
+class Rebuild:
+    """A recovery carried out on this node and not yet confirmed by the ranks (rejoined, then resumed)."""
+
+    generation: int
+    strategy: str
+    faults: FaultRanks
+    started: float  # monotonic time of the fault (the round's start)
+    deadline: float  # monotonic: not rejoined by then = the recovery failed
+    steps_before: dict[int, int | None] = field(default_factory=dict)  # local rank -> steps completed at the fault
+    confirmed: float | None = None  # monotonic time every local rank had rejoined
+    report: bool = True  # the controller waits for this node's status (recover, retry)
+
+
+class LiveRanks:
+    """Declarations, in-place errors and group generations of one node's ranks."""
+
+    def __init__(self, table: RankTable, details: Any, job_id: Callable[[], str | None]) -> None:
+        self.table = table
+        self.details = details
+        self._job_id = job_id
+        path = None
+        if details is not None and getattr(details, "live_recovery", False) and hasattr(details, "control_path"):
+            path = details.control_path()
+        self.control_path: str | None = path
+        self.generation = 0  # the newest generation this node has named
+        self.rebuild: Rebuild | None = None
+        self._files: dict[int, HeartbeatFile] = {}
+        self._declared: dict[int, tuple[bool, bool]] = {}  # local rank -> (can_rejoin, can_retry), last declared
+        self._errors: dict[tuple[int, int], int] = {}  # (local rank, pid) -> in-place errors already seen
+        self._steps: dict[int, int | None] = {}  # local rank -> last completed step seen (before a fault)
+
+    @property
+    def enabled(self) -> bool:
+        return self.control_path is not None
+
+    # -- reading the ranks ---------------------------------------------------------------------
+    def status(self, rank: Rank) -> RankStatus | None:
+        """The rank's heartbeat and live fields, None without a readable file of its current incarnation."""
+        path = self.details.heartbeat_path(rank.local_rank) if hasattr(self.details, "heartbeat_path") else None
+        if not path:
+            return None
+        hb = self._files.get(rank.local_rank)
+        if hb is None or hb.path != str(path):
+            hb = HeartbeatFile(path)
+            self._files[rank.local_rank] = hb
+        try:
+            status = read_rank_status(hb)
+        except (HeartbeatFileError, OSError, ValueError):
+            return None
+        if status.heartbeat.pid != rank.pid:
+            return None
+        if status.can_rejoin or status.can_retry:  # kept when the rank dies or a replacement has not declared yet
+            self._declared[rank.local_rank] = (status.can_rejoin, status.can_retry)
+        return status
+
+    def refresh(self) -> dict[int, RankStatus]:
+        statuses = {}
+        for rank in self.table.all():
+            status = self.status(rank) if rank.pid is not None else None
+            if status is not None:
+                statuses[rank.local_rank] = status
+                if self.rebuild is None and status.heartbeat.step is not None:
+                    self._steps[rank.local_rank] = status.heartbeat.step
+        return statuses
+
+    def can(self, what: str) -> bool:
+        """Whether every local rank has declared it can ``rejoin`` (recover in place) or ``retry``."""
+        self.refresh()
+        index = 0 if what == "rejoin" else 1
+        return bool(self.table.all()) and all(self._declared.get(r.local_rank, (False, False))[index]
+                                              for r in self.table.all())
+
+    def offer(self, configured: list[str], faults: FaultRanks) -> list[str]:
+        """What this node offers for the round: recover only if every rank declared it can rejoin
+        (a script that has not gets job-rescheduling first), retry only for type-"0" faults of ranks that can."""
+        if not self.enabled:
+            return [s for s in configured if s != Strategy.RETRY]
+        offered = list(configured)
+        if Strategy.RECOVER in offered and not self.can("rejoin"):
+            offered.remove(Strategy.RECOVER)
+            log.info("live recovery: not every rank declared it can rejoin in place: recover not offered")
+        if Strategy.RETRY in offered and not (faults and set(faults.values()) == {FaultType.RECOVERABLE}
+                                              and self.can("retry")):
+            offered.remove(Strategy.RETRY)
+        return offered
+
+    def new_errors(self) -> list[tuple[Rank, RankStatus]]:
+        """Running ranks that reported a new RetryableError (fault type "0"); other in-place errors are
+        consequences of a fault the agent sees itself (a dead peer) and are not faults of their own."""
+        found = []
+        for rank in self.table.in_state(RankState.RUNNING):
+            status = self.status(rank)
+            if status is None or rank.pid is None:
+                continue
+            key = (rank.local_rank, rank.pid)
+            if status.errors > self._errors.get(key, 0):
+                self._errors[key] = status.errors
+                if status.error_kind == ErrorKind.RETRYABLE:
+                    found.append((rank, status))
+        return found
+
+    def live_fault(self, local_rank: int, fault_type: str) -> bool:
+        """A type-"0" fault of a running rank: stopTrain must leave it alive (it is paused, not broken)."""
+        rank = self.table.get(local_rank)
+        return self.enabled and fault_type == FaultType.RECOVERABLE and rank is not None \
+            and rank.state is RankState.RUNNING
+
+    # -- the generation and the control file -------------------------------------------------------
+    def next_generation(self, uuid: str, extra_params: str) -> int:
+        """The controller's generation for this order: the same on every node, never reused while the store lives.
+
+        taskd's controller numbers its signals per job (``<job>-<round>-<seq>``, persisted): the
+        changeStrategy's sequence number is the generation; a ``generation`` in extraParams wins.
+        A controller that gives neither (ClusterD) gets this node's own count (one node only).
+        """
+        generation = None
+        try:
+            params = json.loads(extra_params or "{}")
+            if isinstance(params, dict) and isinstance(params.get("generation"), int):
+                generation = params["generation"]
+        except ValueError:
+            pass
+        job_id = self._job_id() or ""
+        if generation is None and job_id and uuid.startswith(job_id + "-"):
+            parts = uuid[len(job_id) + 1:].split("-")
+            if len(parts) == 2 and all(p.isdigit() for p in parts):
+                generation = int(parts[1])
+        if generation is None or generation <= self.generation:
+            generation = self.generation + 1
+        self.generation = generation
+        return generation
+
+    def begin(self, strategy: str, faults: FaultRanks, started: float, timeout: float, now: float) -> int:
+        """Name the generation of a recover/retry/job-rescheduling on this node; the caller then restarts ranks."""
+        generation = self.generation
+        if strategy in (Strategy.RECOVER, Strategy.RETRY):
+            action = "retry" if strategy == Strategy.RETRY else "rejoin"
+            write_control(self.control_path, generation, action, timeout=RANK_TIMEOUT)  # type: ignore[arg-type]
+        if hasattr(self.details, "set_generation"):
+            self.details.set_generation(generation)
+        wait = min(REJOIN_TIMEOUT, timeout * 0.9) if timeout > 0 else REJOIN_TIMEOUT
+        self.rebuild = Rebuild(generation, strategy, dict(faults), started, now + wait, dict(self._steps),
+                               report=strategy != Strategy.JOB_RESCHEDULING)
+        log.info("live recovery: generation %d (%s)", generation, strategy)
+        return generation
+
+    def abandon(self) -> None:
+        """A newer order replaces the rebuild in progress (it will never be confirmed)."""
+        self.rebuild = None
+
+    # -- confirming the rebuild -----------------------------------------------------------------------
+    def check(self, now: float) -> tuple[str, str] | None:
+        """Where the rebuild stands: ("rejoined", ""), ("failed", why), ("resumed", summary), or None (waiting)."""
+        rb = self.rebuild
+        if rb is None:
+            return None
+        ranks = self.table.all()
+        gone = [r.global_rank for r in ranks if not r.state.alive]
+        if gone and rb.confirmed is None:
+            return "failed", f"rank(s) {gone} ended before the group of generation {rb.generation} re-formed"
+        statuses = {r.local_rank: self.status(r) for r in ranks}
+        if rb.confirmed is None:
+            if all(s is not None and s.rejoined(rb.generation) for s in statuses.values()):
+                rb.confirmed = now
+                return "rejoined", ""
+            if now >= rb.deadline:
+                waiting = sorted(r.global_rank for r in ranks
+                                 if statuses[r.local_rank] is None
+                                 or not statuses[r.local_rank].rejoined(rb.generation))  # type: ignore[union-attr]
+                return "failed", (f"rank(s) {waiting} did not rejoin generation {rb.generation} within "
+                                  f"{rb.deadline - rb.started:.0f}s")
+            return None
+        if gone or not all(s is not None and s.resumed(rb.generation) for s in statuses.values()):
+            return None
+        recomputed = {}
+        for r in ranks:
+            before = rb.steps_before.get(r.local_rank)
+            resume = statuses[r.local_rank].resume_step  # type: ignore[union-attr]
+            recomputed[r.global_rank] = max(0, before + 1 - resume) if before is not None and resume is not None \
+                else 0
+        self.rebuild = None
+        return "resumed", f"steps recomputed per rank {recomputed}"
+
+    def close(self) -> None:
+        for hb in self._files.values():
+            hb.close()
+        self._files.clear()
+
+
+__all__ = ["POLL", "LiveRanks", "Rebuild"]
