@@ -2,8 +2,9 @@
 
 `AgentInfo` is one agent's record. Its counted fields (identity, online, subscribed, finished, gone)
 are read-only: they change only through the explicit methods of the job's `AgentTable`
-(`set_online`, `set_subscribed`, `finish`, `set_gone`, `set_identity`), which keep the counts, the
-(host, pid) index and the loss heap in step. So no event walks the job's agents, however many it has.
+(`set_online`, `set_subscribed`, `finish`, `set_gone`, `set_identity`, and `put_back` to undo an
+event), which keep the counts, the (host, pid) index and the loss heap in step. So no event walks the
+job's agents, however many it has.
 """
 
 from __future__ import annotations
@@ -150,8 +151,14 @@ class AgentTable(Mapping[int, AgentInfo]):
         """Make node `node_rank`'s record what `saved` holds (None: no agent), counts and indexes included:
         how an event whose change could not be stored is undone. The record object itself is kept."""
         current = self._agents.get(node_rank)
-        if current is not None:
-            self._remove(current)
+        if current is not None:  # uncounted, unindexed; its entries in the loss heap go stale, dropped lazily
+            self._index_identity(current, add=False)
+            self.online_count -= current.online
+            if self.expected(node_rank):
+                self.subscribed_count -= current.subscribed
+                self.finished_ok_count -= current.finished_ok
+            del self._agents[node_rank]
+            current._table = None
         if saved is None:
             return
         target = current if current is not None else AgentInfo(node_rank)
@@ -159,15 +166,6 @@ class AgentTable(Mapping[int, AgentInfo]):
             if name != "_table":
                 setattr(target, name, getattr(saved, name))
         self.add(target)
-
-    def _remove(self, a: AgentInfo) -> None:
-        self._index_identity(a, add=False)
-        self.online_count -= a.online
-        if self.expected(a.node_rank):
-            self.subscribed_count -= a.subscribed
-            self.finished_ok_count -= a.finished_ok
-        del self._agents[a.node_rank]
-        a._table = None  # its entries in the loss heap are stale now and dropped lazily
 
     def clear(self) -> None:
         for a in self._agents.values():
