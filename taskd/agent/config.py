@@ -18,7 +18,7 @@ from taskd.worker.env import env_float, env_int
 # Strategies an agent offers by default: restarting one rank mid-training breaks MindSpore's
 # collectives, so under msrun only whole-job restarts are offered.
 DEFAULT_STRATEGIES = {
-    "taskd": [Strategy.RECOVER, Strategy.JOB_RESCHEDULING, Strategy.EXIT],
+    "taskd": [Strategy.RETRY, Strategy.RECOVER, Strategy.JOB_RESCHEDULING, Strategy.EXIT],  # retry: live ranks only
     "msrun": [Strategy.JOB_RESCHEDULING, Strategy.EXIT],
 }
 

@@ -21,6 +21,7 @@ from typing import Any
 from taskd.agent.config import AgentConfig, new_job_id
 from taskd.agent.controller_link import Command, ControllerLink, LocalController, Order
 from taskd.agent.hang_watch import HangWatch
+from taskd.agent.live import POLL, LiveRanks
 from taskd.agent.msrun_logs import MsrunLogs
 from taskd.agent.policy import LocalPolicy, ReportRetry
 from taskd.agent.rank_control import LauncherDetails, RankControl
@@ -57,8 +58,9 @@ class Supervisor:
         self.table = RankTable()  # laid out from MONITOR when the job starts
         self.control = RankControl(config, callbacks, details, self.table, self.watch, self.hang, self.logs)
         self.link = ControllerLink(config, self.watch.wake, controller)
+        self.live = LiveRanks(self.table, details, lambda: self.config.job_id)  # live recovery (agent/live.py)
         self.recovery = Recovery(self.table, self.control, self.link, self.policy, self.hang, self.result,
-                                 AgentHooks(self._start, self._start_all, self._finish, self._failure_code))
+                                 AgentHooks(self._start, self._start_all, self._finish, self._failure_code), self.live)
         self._handlers: dict[Command, Callable[[Order], None]] = {
             Command.STOP: self.recovery.on_stop, Command.STRATEGIES: self.recovery.on_strategies,
             Command.CHANGE: self.recovery.on_change, Command.DUMP: self.recovery.on_dump,
@@ -103,9 +105,12 @@ class Supervisor:
         next_sweep = time.monotonic() + self.config.monitor_interval
         while not self._done:
             wake_at = next_sweep if self._report is None else min(next_sweep, self._report[2].next_at or 0.0)
+            if self.live.enabled:  # ranks' in-place errors and a rebuild's progress are read from their files
+                wake_at = min(wake_at, time.monotonic() + POLL)
             for exit_ in self.watch.wait(max(0.0, wake_at - time.monotonic())):
                 self._on_exit(exit_.local_rank, exit_.pid, exit_.returncode)
             self._run_orders()
+            self._poll_live()
             self._watch_controller()
             if self._terminate_signal is not None and not self._done:
                 name = signal.Signals(self._terminate_signal).name
@@ -164,6 +169,7 @@ class Supervisor:
         self.link.close(0 if self.result.succeeded else self.result.exit_code, self.result.reason)
         self.watch.close()
         self.hang.close()
+        self.live.close()
         for signum, handler in self._old_handlers.items():
             signal.signal(signum, handler)
         self.result.ended = time.time()
@@ -224,6 +230,8 @@ class Supervisor:
         log.warning("fault: %s", record.describe())
         faults = {rank.global_rank: fault_type}
         self.recovery.round.add(faults, time.monotonic())
+        if self.recovery.absorbs(rank.local_rank):  # its group was re-forming: that recover fails (poll reports it)
+            return
         if self.policy.degraded:
             self.recovery.local_restart()
             return
@@ -259,20 +267,34 @@ class Supervisor:
     # ----------------------------------------------------------------- the slow sweep
     def _sweep(self) -> None:
         """What pidfds cannot tell: launcher statuses, zombies, pid reuse, hangs."""
+        suspects = []
         for rank, pid, entry in self.control.sweep():
             if entry is not None:
                 self._on_exit(rank.local_rank, pid, entry=entry)
             elif not self._done and rank.pid == pid and rank.state is RankState.RUNNING:
-                self._check_hang(rank)
+                suspects.append(rank)
+        if suspects:
+            self._check_hangs(suspects)
 
-    def _check_hang(self, rank: Rank) -> None:
-        hang = self.hang.check(rank, time.time())
-        if hang is None:
+    def _check_hangs(self, ranks: list[Rank]) -> None:
+        """Name the culprit first (not the ranks waiting on it in a collective), take stacks, replace it."""
+        culprits, waiting = self.hang.culprits(ranks, time.time())
+        if not culprits:
             return
-        self.hang.record_stacks(rank, hang.stack_signal)
-        self.control.stop([rank], graceful=False)
-        rank.state, rank.returncode = RankState.FAILED, None
-        self._fault(rank, "hang", FaultType.PROCESS, hang.describe())
+        self.hang.record_all(culprits + waiting)
+        for rank, hang in culprits:
+            self.control.stop([rank], graceful=False)
+            rank.state, rank.returncode = RankState.FAILED, None
+            self._fault(rank, "hang", FaultType.PROCESS, hang.describe())
+
+    def _poll_live(self) -> None:
+        """Live recovery: a rank's RetryableError is a type-"0" fault of a live rank; a rebuild's progress."""
+        if self._done or not self.live.enabled:
+            return
+        for local_rank, why in self.recovery.poll(time.monotonic()):
+            rank = self.table[local_rank]
+            log.warning("rank %d (pid %s) raised a retryable error: %s", rank.global_rank, rank.pid, why)
+            self._fault(rank, "retryable", FaultType.RECOVERABLE, why)
 
 
 __all__ = ["LauncherDetails", "Supervisor"]
