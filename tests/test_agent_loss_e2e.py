@@ -87,7 +87,9 @@ time.sleep(2)
 
 def test_a_controller_lost_in_the_middle_of_a_recovery_does_not_strand_the_agent(tmp_path: Path) -> None:
     """The round waits for node 0 (which never answers) when the controller dies: nothing would ever send
-    node 1 its next signal. After TASKD_CONTROLLER_TIMEOUT it recovers locally and the job ends."""
+    node 1 its next signal. After TASKD_CONTROLLER_TIMEOUT node 1 stops its ranks and exits non-zero with
+    the reason: degraded mode is off for multi-node jobs (issue 11 M3), since a node restarting its ranks
+    alone would split the job, its peers keeping their old incarnation."""
     from taskd.controller.testing import ScriptedAgent
 
     script = tmp_path / "crash_once.py"
@@ -107,10 +109,12 @@ def test_a_controller_lost_in_the_middle_of_a_recovery_does_not_strand_the_agent
         server.kill()
         server.wait(timeout=30)
         node0.close()
-        assert node1.wait(timeout=90) == 0, (tmp_path / "node1.log").read_text()
+        assert node1.wait(timeout=90) == 1, (tmp_path / "node1.log").read_text()  # rank 3's exit code
         log1 = (tmp_path / "node1.log").read_text()
-        assert "controller lost for" in log1 and "in the middle of a recovery: degraded mode" in log1, log1
-        assert "recovered rank(s) [3] with job-rescheduling" in log1 and "job succeeded" in log1, log1
+        assert "controller lost for" in log1 and "in the middle of a recovery" in log1, log1
+        assert "cannot recover without its controller; stopping every rank" in log1, log1
+        assert "no recovery without the controller for a multi-node job" in log1, log1  # the summary's reason
+        assert "degraded mode" not in log1 and "recovered rank" not in log1, log1
         assert leftovers(str(script)) == []
     finally:
         if node1 is not None and node1.poll() is None:
@@ -119,3 +123,25 @@ def test_a_controller_lost_in_the_middle_of_a_recovery_does_not_strand_the_agent
         if server.poll() is None:
             server.kill()
             server.wait(timeout=30)
+
+
+def test_a_multi_node_job_without_a_controller_stops_before_starting_ranks(tmp_path: Path) -> None:
+    """Degraded mode is off for multi-node jobs from the start too: no controller within
+    TASKD_CONTROLLER_TIMEOUT, no rank started, exit 1 with the reason."""
+    marker = f"no-controller-{os.getpid()}-{time.monotonic_ns()}"
+    script = tmp_path / f"{marker}.py"
+    started = tmp_path / "started"
+    script.write_text(f"open({str(started)!r}, 'a').close()\nimport time\ntime.sleep(60)\n")
+    node = taskd_run(["--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1", "--job-id", "no-controller",
+                      "--server", f"127.0.0.1:{free_port()}", str(script)], tmp_path / "node1.log",
+                     env={"TASKD_CONTROLLER_TIMEOUT": "1"})
+    try:
+        assert node.wait(timeout=60) == 1, (tmp_path / "node1.log").read_text()
+    finally:
+        if node.poll() is None:
+            node.kill()
+            node.wait(timeout=10)
+    log1 = (tmp_path / "node1.log").read_text()
+    assert "a job of 2 nodes does not run without one" in log1, log1
+    assert not started.exists(), "a rank started although the job had no controller"
+    assert leftovers(str(script)) == []

@@ -366,3 +366,20 @@ def test_hung_rank_is_detected_named_dumped_and_job_rescheduled(jobs, msrun_env,
     assert hung_pid not in {pid_of(p) for p in files(state, "done-rank1-")}
     job.assert_nothing_left()
     assert not list(tmp.glob("taskd-heartbeat-*")), "the plugin left its heartbeat directory behind"
+
+
+@pytest.mark.timeout(120)
+def test_invalid_setting_takes_control_and_fails_with_exit_2_naming_it(jobs, msrun_env):
+    """Issue 13 item 5: TASKD_MONITOR_INTERVAL=0 must not make msrun supervise the job unprotected: the
+    plugin takes control, starts no rank, names the setting in one line, exits 2 and reaps the scheduler."""
+    msrun_env["TASKD_MONITOR_INTERVAL"] = "0"
+    job = jobs("bad-setting", DUMMY, ["--state-dir", "{dir}/state", "--duration", "5",
+                                      "--scheduler-holds-port", "60"], msrun_env)
+    rc = job.wait(90)
+    job.assert_plugin_in_control()
+    assert rc == 2, f"msrun exited {rc}, expected 2 for an invalid setting\n{job.logs()}"
+    named = [ln for ln in job.output().splitlines() if "TASKD_MONITOR_INTERVAL" in ln]
+    assert len(named) == 1 and "must be > 0" in named[0], f"expected one line naming the setting\n{job.logs()}"
+    state = job.dir / "state"
+    assert not started(state, 0) and not started(state, 1), f"a rank started\n{job.logs()}"
+    job.assert_nothing_left()

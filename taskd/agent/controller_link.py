@@ -23,9 +23,11 @@ from typing import Any, Protocol
 from taskd.agent.config import AgentConfig
 from taskd.agent.policy import LossTimer
 from taskd.agent.ranks import RankLayout
-from taskd.client import ConfigurationError, RecoverClient, ServerUnreachable
+from taskd.client import ConfigurationError, RecoverClient
 from taskd.client.current import set_manager
-from taskd.proto import recover_pb2
+from taskd.client.errors import AuthenticationError, RecoverClientError
+from taskd.client.rpc import make_channel
+from taskd.proto import recover_pb2, taskd_pb2, taskd_pb2_grpc
 from taskd.vocabulary import Action, Code, FaultRanks, SignalType, fault_ranks
 
 log = logging.getLogger("taskd.agent")
@@ -102,6 +104,8 @@ class ControllerLink:
         self._subscriber: threading.Thread | None = None
         self._orders: queue.Queue[Order] = queue.Queue()
         self._seen: set[tuple[Command, str]] = set()
+        self._finished_reported = False
+        self._status_channel: Any = None
         self.loss = LossTimer(config.controller_timeout)
 
     @property
@@ -160,7 +164,11 @@ class ControllerLink:
             if status.code != Code.OK:
                 log.warning("controller %s refused registration: %d %s", address, status.code, status.info)
             return status.code == Code.OK
-        except ServerUnreachable as exc:
+        except AuthenticationError as exc:  # retrying cannot help: the user must fix the token
+            raise ConfigurationError(str(exc)) from None
+        except ConfigurationError:
+            raise
+        except RecoverClientError as exc:  # unreachable, or a controller-side error (e.g. its store failed)
             log.warning("%s: running degraded (local restarts only)", exc)
             return False
 
@@ -196,30 +204,68 @@ class ControllerLink:
             if code == Code.OK:
                 return True
             log.warning("controller answered %d to the fault report", code)
-        except ServerUnreachable as exc:
-            log.warning("%s", exc)
+        except RecoverClientError as exc:  # unreachable or failing inside: retried, then degraded; never fatal
+            log.warning("fault report not taken: %s", exc)
         return False
 
+    def _send(self, what: str, call: Callable[[], int]) -> None:
+        """A report the controller answers within a round: its failure is logged; the round's own timers
+        (the controller's deadlines, the agent's loss timer) decide what happens next, never a crash."""
+        if self._mgr is None:
+            return
+        try:
+            code = call()
+            if code != Code.OK:
+                log.warning("controller answered %d to %s", code, what)
+        except RecoverClientError as exc:
+            log.warning("%s not taken: %s", what, exc)
+
     def report_stop_complete(self, faults: FaultRanks) -> None:
-        if self._mgr is not None:
-            self._mgr.report_stop_complete(Code.OK, "", faults)
+        self._send("stop complete", lambda: self._mgr.report_stop_complete(Code.OK, "", faults))
 
     def report_strategies(self, faults: FaultRanks) -> None:
-        if self._mgr is not None:
-            self._mgr.report_recover_strategy(faults, self.config.offered_strategies)
+        self._send("strategies", lambda: self._mgr.report_recover_strategy(faults, self.config.offered_strategies))
 
     def report_status(self, code: int, msg: str, faults: FaultRanks, strategy: str) -> None:
-        if self._mgr is not None:
-            self._mgr.report_recover_status(code, msg, faults, strategy)
+        self._send("recover status", lambda: self._mgr.report_recover_status(code, msg, faults, strategy))
+
+    def report_finished(self, exit_code: int, reason: str) -> None:
+        """Tell the controller every local rank ended (once; the job is over here either way)."""
+        if self._mgr is None or self._finished_reported:
+            return
+        self._finished_reported = True
+        try:
+            self._mgr.report_finished(exit_code, reason, timeout=None if self._mgr.connected else 3.0)
+        except Exception as exc:
+            log.debug("could not report the end of the job: %s", exc)
+
+    def job_state(self, timeout: float = 2.0) -> tuple[str, str] | None:
+        """(state, info) of this job on the controller (taskd.v1 JobStatus); ("", info) when the controller
+        no longer knows the job; None when it did not answer."""
+        mgr = self._mgr
+        if mgr is None:
+            return None
+        if self._status_channel is None:
+            self._status_channel = make_channel(mgr.server_addr, (), mgr.credentials)
+        stub = taskd_pb2_grpc.JobStatusStub(self._status_channel)
+        try:
+            answer = stub.ListJobs(taskd_pb2.JobQuery(jobId=mgr.info.jobId), timeout=timeout,
+                                   metadata=mgr.credentials.metadata())
+        except Exception as exc:  # grpc.RpcError: unreachable, refused; the caller asks again or gives up
+            log.debug("job status of %s: %s", mgr.info.jobId, exc)
+            return None
+        if answer.status.code != Code.OK or not answer.jobs:
+            return "", answer.status.info
+        return answer.jobs[0].state, answer.jobs[0].info
 
     def close(self, exit_code: int, reason: str) -> None:
-        """Tell the controller the job ended here, stop listening, and stop the embedded controller."""
+        """Tell the controller the job ended here (unless done), stop listening, stop the embedded controller."""
         if self._mgr is not None:
-            try:
-                self._mgr.report_finished(exit_code, reason, timeout=None if self._mgr.connected else 3.0)
-            except Exception as exc:  # the job is over either way
-                log.debug("could not report the end of the job: %s", exc)
+            self.report_finished(exit_code, reason)
             self._mgr.stop()
+        if self._status_channel is not None:
+            self._status_channel.close()
+            self._status_channel = None
         if self._subscriber is not None:
             self._subscriber.join(timeout=5.0)
         if self._local is not None and self._local_started:

@@ -24,6 +24,8 @@ from taskd.agent.rank_control import LauncherDetails
 from taskd.agent.summary import JobResult
 from taskd.agent.supervisor import Supervisor
 from taskd.callbacks import CALLBACKS
+from taskd.process.groups import reap_processes
+from taskd.process.msrun import msrun_schedulers
 
 log = logging.getLogger("taskd.agent")
 
@@ -35,7 +37,14 @@ class MSRunPlugin:
 
     def __init__(self, details: LauncherDetails | None = None,
                  controller_factory: ControllerFactory | None = None, **settings: Any) -> None:
-        self.config = AgentConfig.from_env(**settings)
+        # A bad TASKD_* value must not raise here: msrun would log a warning and run the job itself,
+        # unprotected. The plugin takes control and start() fails with exit 2 naming the setting.
+        self.config: AgentConfig | None = None
+        self.config_error: str | None = None
+        try:
+            self.config = AgentConfig.from_env(**settings)
+        except ValueError as exc:
+            self.config_error = str(exc)
         self.details = details
         self.controller_factory = controller_factory
         self._callbacks: dict[str, Callable[..., Any]] = {}
@@ -55,6 +64,8 @@ class MSRunPlugin:
             raise RuntimeError(f"register_callbacks() was never called for {', '.join(missing)}: "
                                "register every launcher callback before start()")
         setup_console_logging(only_if_unconfigured=True)
+        if self.config is None:
+            return self._refuse(self.config_error or "invalid configuration")
         if self.config.launcher == "msrun" and not self.config.log_dir:
             self.config = dataclasses.replace(self.config, log_dir=_msrun_log_dir(sys.argv))
         file_handler = _log_file_handler(self.config.log_dir) if self.config.launcher == "msrun" else None
@@ -68,6 +79,15 @@ class MSRunPlugin:
             if file_handler is not None:
                 logging.getLogger("taskd").removeHandler(file_handler)
                 file_handler.close()
+        return self.result
+
+    def _refuse(self, why: str) -> JobResult:
+        """No rank was started; msrun's scheduler (started before start()) must not outlive us."""
+        log.error("taskd: invalid setting: %s; no rank started", why)
+        if self.details is None:
+            reap_processes(msrun_schedulers(), 1.0)
+        self.result = JobResult(succeeded=False, exit_code=2, reason=f"invalid setting: {why}")
+        self.result.ended = self.result.started
         return self.result
 
     def start(self) -> None:

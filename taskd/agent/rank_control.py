@@ -199,6 +199,12 @@ class RankControl:
         if self.config.launcher == "msrun" and self.details is None:
             restart_msrun_scheduler(self.config.stop_grace)
 
+    def runs_msrun_scheduler(self) -> bool:
+        """This node's msrun started MindSpore's scheduler (it is our child) and it is still running."""
+        if self.config.launcher != "msrun" or self.details is not None:
+            return False
+        return bool(_alive(msrun_schedulers()))
+
     def reap_msrun_scheduler(self) -> None:
         if self.config.launcher != "msrun":
             return
@@ -206,6 +212,17 @@ class RankControl:
         if schedulers:
             log.info("reaping msrun's scheduler (pid %s)", ", ".join(str(p.pid) for p in schedulers))
             reap_processes(schedulers, self.config.stop_grace)
+
+
+def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
+    alive = []
+    for proc in procs:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc)
+        except psutil.Error:
+            continue
+    return alive
 
 
 __all__ = ["Adopted", "LauncherDetails", "RankControl"]

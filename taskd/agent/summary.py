@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from taskd.process.exitcodes import describe_returncode
+
+log = logging.getLogger("taskd.agent")
 
 
 @dataclass
@@ -53,13 +57,41 @@ class JobResult:
     recoveries: list[RecoveryRecord] = field(default_factory=list)
     first_failure: FaultRecord | None = None
     first_failure_log: list[str] = field(default_factory=list)
+    # what the first failing rank recorded with torch's @record (the launcher's RankError), if anything
+    first_failure_error: Any = None
+    first_failure_captured: bool = False
+
+    def capture_first_failure(self, details: Any) -> None:
+        """Read the first failure's log tail and @record error file from the failing incarnation itself.
+
+        Called before any restart (which starts a new incarnation, and removes the error file) and
+        at the end of the job; only the first call reads. `details` is the launcher's extras (None
+        under msrun), found by duck typing: `tail_log(local_rank, n)`, `error_report(local_rank)`.
+        """
+        first = self.first_failure
+        if first is None or self.first_failure_captured or details is None:
+            return
+        self.first_failure_captured = True
+        for name, args, attr in (("tail_log", (first.local_rank, 20), "first_failure_log"),
+                                 ("error_report", (first.local_rank,), "first_failure_error")):
+            reader = getattr(details, name, None)
+            if not callable(reader):
+                continue
+            try:
+                value = reader(*args)
+            except Exception as exc:
+                log.debug("%s of rank %d: %s", name, first.global_rank, exc)
+                continue
+            if value:
+                setattr(self, attr, list(value) if attr == "first_failure_log" else value)
 
     @property
     def time_lost(self) -> float:
         return sum(r.seconds for r in self.recoveries)
 
     def format_summary(self) -> str:
-        lines = [
+        lines = self._root_cause() if not self.succeeded else []
+        lines += [
             f"job {'succeeded' if self.succeeded else 'FAILED'}"
             + (f" ({self.reason})" if self.reason else "")
             + f": {self.ranks} ranks, {len(self.faults)} fault(s), {len(self.recoveries)} recovery(ies), "
@@ -74,3 +106,16 @@ class JobResult:
                 lines.append(f"last lines of rank {self.first_failure.global_rank}'s log:")
                 lines.extend(f"  | {line.rstrip()}" for line in self.first_failure_log)
         return "\n".join(lines)
+
+    def _root_cause(self) -> list[str]:
+        """torchrun's "root cause (first observed failure)": the rank's own @record report, shown first."""
+        error, first = self.first_failure_error, self.first_failure
+        if error is None or first is None:
+            return []
+        stamp = getattr(error, "timestamp", None)
+        when = f" at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(stamp))}" if stamp else ""
+        lines = [f"root cause (first observed failure): rank {first.global_rank}{when}: "
+                 f"{getattr(error, 'exception', '') or 'no exception recorded'}"]
+        traceback = str(getattr(error, "traceback", "") or "").rstrip("\n")
+        lines.extend(f"  | {line}" for line in traceback.splitlines())
+        return lines

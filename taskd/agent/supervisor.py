@@ -21,6 +21,7 @@ from typing import Any
 from taskd.agent.config import AgentConfig, new_job_id
 from taskd.agent.controller_link import Command, ControllerLink, LocalController, Order
 from taskd.agent.hang_watch import HangWatch
+from taskd.agent.job_end import await_job_end
 from taskd.agent.live import POLL, LiveRanks
 from taskd.agent.msrun_logs import MsrunLogs
 from taskd.agent.policy import LocalPolicy, ReportRetry
@@ -76,8 +77,9 @@ class Supervisor:
         self._install_signal_handlers()
         try:
             self._prepare()
-            self._start_all(first=True)
-            self._invoke_run()
+            if not self._done:  # a multi-node job that found no controller stops before any rank starts
+                self._start_all(first=True)
+                self._invoke_run()
         except ConfigurationError as exc:  # e.g. a malformed MINDX_SERVER_IP: say so, no traceback into msrun
             log.error("taskd cannot start the job: %s", exc)
             self._finish(False, 2, f"configuration error: {exc}")
@@ -98,7 +100,12 @@ class Supervisor:
         self.result.ranks = len(self.table)
         self.hang.export_dir()
         if not self.link.connect(self.config.job_id or new_job_id(self.config.launcher), layout):
-            self.policy.degraded = True
+            if layout.node_count > 1:
+                log.error("no controller: a job of %d nodes does not run without one (its nodes could not "
+                          "recover together); stopping", layout.node_count)
+                self._finish(False, 1, "no controller answered, and a multi-node job does not run without one")
+            else:
+                self.policy.degraded = True
 
     def _invoke_run(self) -> None:
         """Until the job ends: rank exits, the controller's orders, our own deadlines, the slow sweep."""
@@ -141,9 +148,7 @@ class Supervisor:
         waiting = not self._done and not self.policy.degraded and self.recovery.round.open
         lost_for = self.link.lost_during_round(time.monotonic(), waiting)
         if lost_for is not None:
-            log.warning("controller lost for %.0fs in the middle of a recovery: degraded mode, restarts handled "
-                        "locally", lost_for)
-            self._degrade()
+            self._degrade(f"controller lost for {lost_for:.0f}s in the middle of a recovery")
 
     def _finish(self, succeeded: bool, exit_code: int, reason: str) -> None:
         if self._done:
@@ -152,12 +157,8 @@ class Supervisor:
         self.result.succeeded = succeeded
         self.result.exit_code = 0 if succeeded else (exit_code or 1)
         self.result.reason = reason
-        first = self.result.first_failure
-        if not succeeded and first is not None and self.details is not None:
-            try:
-                self.result.first_failure_log = self.details.tail_log(first.local_rank, 20)
-            except Exception as exc:
-                log.debug("no log tail for rank %d: %s", first.global_rank, exc)
+        if not succeeded:
+            self.result.capture_first_failure(self.details)
         self.control.stop(self.table.alive(), graceful=True)
 
     def _shutdown(self) -> None:
@@ -165,6 +166,9 @@ class Supervisor:
         if alive:
             self.control.stop(alive, graceful=True)
         self.control.ensure_all_gone()
+        self.logs.finish()
+        self.link.report_finished(0 if self.result.succeeded else self.result.exit_code, self.result.reason)
+        self._await_job_end()
         self.control.reap_msrun_scheduler()
         self.link.close(0 if self.result.succeeded else self.result.exit_code, self.result.reason)
         self.watch.close()
@@ -173,6 +177,23 @@ class Supervisor:
         for signum, handler in self._old_handlers.items():
             signal.signal(signum, handler)
         self.result.ended = time.time()
+
+    def _await_job_end(self) -> None:
+        """Multi-node msrun: our ranks succeeded; keep the scheduler (node 0) until the job ends (job_end.py)."""
+        if not (self.result.succeeded and self.link.active and self.config.launcher == "msrun"
+                and self.config.scheduler_grace > 0 and self.table.layout is not None
+                and self.table.layout.node_count > 1):
+            return
+        hosts = self.control.runs_msrun_scheduler()
+        log.info("waiting up to %.0fs for the other node(s) to finish%s", self.config.scheduler_grace,
+                 " (msrun's scheduler kept for them)" if hosts else "")
+        end = await_job_end(self.link, self.config.scheduler_grace,
+                            self.control.runs_msrun_scheduler if hosts else None,
+                            lambda: self._terminate_signal is not None)
+        log.info("job %s after %.1fs (%s)", end.state or "state unknown", end.waited, end.why)
+        if end.failed:
+            self.result.succeeded, self.result.exit_code = False, 1
+            self.result.reason = f"the job failed on another node: {end.info}" if end.info else "the job failed"
 
     def _install_signal_handlers(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -193,6 +214,7 @@ class Supervisor:
 
     def _start(self, local: list[int] | None) -> int:
         """Start ranks; one that never started, or already ended, is judged like any exit."""
+        self.result.capture_first_failure(self.details)  # before a new incarnation replaces the failed one
         code, gone = self.control.start(local)
         for adopted in gone:
             if adopted.started:
@@ -252,11 +274,19 @@ class Supervisor:
         if retry.failed(time.monotonic()) and self._terminate_signal is None:
             return
         self._report = None
-        log.warning("controller unreachable for %.0fs: degraded mode, restarts handled locally",
-                    self.config.controller_timeout)
-        self._degrade()
+        self._degrade(f"controller unreachable for {self.config.controller_timeout:.0f}s")
 
-    def _degrade(self) -> None:
+    def _degrade(self, why: str) -> None:
+        """No controller: a single node restarts its ranks alone (degraded mode). A multi-node job stops
+        instead: a node restarting alone would split the job, its peers keeping their old incarnation."""
+        layout = self.table.layout
+        if layout is not None and layout.node_count > 1:
+            log.error("%s: a job of %d nodes cannot recover without its controller; stopping every rank", why,
+                      layout.node_count)
+            self._finish(False, self._failure_code(),
+                         f"{why}; no recovery without the controller for a multi-node job")
+            return
+        log.warning("%s: degraded mode, restarts handled locally", why)
         self.policy.degraded = True
         self.recovery.local_restart()
 
