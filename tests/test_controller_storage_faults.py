@@ -41,7 +41,7 @@ from taskd.controller.state_machine import (
     Tick,
 )
 from taskd.controller.store import Store, StoreError
-from taskd.controller.testing import ScriptedAgent
+from taskd.controller.testing import ScriptedAgent, StreamEnded
 from taskd.vocabulary import Code
 
 ALL = ["retry", "recover", "job-rescheduling", "dump", "exit"]
@@ -225,6 +225,32 @@ def test_disk_io_error_refuses_with_its_cause_and_the_controller_recovers(
         assert on_loop(ctl, lambda: memory(core_of(ctl))) == disk(state)
         a.close()
         b.close()
+
+
+def test_a_subscription_whose_change_cannot_be_stored_is_ended_and_can_come_again(tmp_path: Path) -> None:
+    """After a controller restart the last agent back resumes the round (stopTrain, a stored change). If that
+    cannot be stored the stream is ended rather than left open while the job says it is not."""
+    state = tmp_path / "ctl.sqlite3"
+    with EmbeddedController(config(state)) as ctl:
+        agent = ScriptedAgent(ctl.address, "a").join()
+        ok(agent.fault({0: 1}))
+        agent.expect("stopTrain")
+        agent.close()
+    with EmbeddedController(config(state)) as ctl:
+        agent = ScriptedAgent(ctl.address, "a")  # the same process, reconnecting
+        ok(agent.init())
+        ok(agent.register())
+        with broken_wal(ctl, state):
+            agent.subscribe()
+            with pytest.raises(StreamEnded):
+                agent.next_signal(10)  # ended, without the stopTrain of a resumption that was not stored
+            job = agent.list_jobs("a").jobs[0]
+            assert job.state == "RESUMING" and not job.agents[0].subscribed
+            assert on_loop(ctl, lambda: memory(core_of(ctl))) == disk(state)
+        agent.subscribe()
+        agent.expect("stopTrain")  # the round resumes now
+        assert agent.list_jobs("a").jobs[0].state == "STOPPING"
+        agent.close()
 
 
 # ---------------------------------------------------------------------------- the core, with a clock

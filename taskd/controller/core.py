@@ -141,6 +141,8 @@ class ControllerCore:
             self._undo(m, saved)
             self._retry_at[job_id] = now + STORE_RETRY  # the timer waits too, instead of spinning on the disk
             self._schedule(m)
+            if reply_to is not None:  # a stream its agent believes counted, while the job says it is not open:
+                reply_to.close(f"not stored: {exc}")  # end it, and the agent subscribes again
             return self._store_failed(job_id, event, exc)
         except Exception:
             self._undo(m, saved)  # a bug in a handler must not leave half an event behind
