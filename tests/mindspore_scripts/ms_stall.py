@@ -2,11 +2,13 @@
 
 Each step every rank all-reduces a small tensor, then calls ``taskd.worker.heartbeat(step)``. In the
 first incarnation (no ``<state-dir>/stalled`` marker at start) rank ``--stall-rank`` returns from the
-AllReduce of step ``--stall-at-step`` and then sleeps in ``stall_forever()`` without that step's
-heartbeat; its peers beat once more and then wait inside the next AllReduce, so every rank stops
-beating, the stalled one first (by about one step). A later incarnation sees the marker and every rank
-runs ``--steps`` steps, records ``<state-dir>/done-rank<R>-<pid>`` and exits 0. As msrun's scheduler
-(``MS_ROLE=MS_SCHED``) ``init()`` serves the cluster and the script returns after it.
+AllReduce of step ``--stall-at-step``, beats, and then sleeps in ``stall_forever()``; its peers beat
+that step ``--skew`` seconds later and then wait inside the next AllReduce. Every rank stops beating
+at the same step, the stalled one ``--skew`` seconds first (a CPU AllReduce takes ~0.3 s, so a whole
+step would be a wide gap; a small one lets one agent sweep find both ranks past the timeout). A later
+incarnation sees the marker and every rank runs ``--steps`` steps, records ``<state-dir>/done-rank<R>-<pid>``
+and exits 0. As msrun's scheduler (``MS_ROLE=MS_SCHED``) ``init()`` serves the cluster and the script
+returns after it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tick", type=float, default=0.01, help="seconds to sleep per step")
     p.add_argument("--stall-rank", type=int, default=1)
     p.add_argument("--stall-at-step", type=int, default=20)
+    p.add_argument("--skew", type=float, default=0.1, help="how much later the peers beat the stall step")
     return p.parse_args(argv)
 
 
@@ -70,11 +73,14 @@ def main(argv: list[str] | None = None) -> int:
     while (first and time.monotonic() - started < SAFETY_CAP) or (not first and step < args.steps):
         step += 1
         all_reduce(value).asnumpy()
-        if first and rank == args.stall_rank and step == args.stall_at_step:
+        stall_step = first and step == args.stall_at_step
+        if stall_step and rank != args.stall_rank:
+            time.sleep(args.skew)
+        worker.heartbeat(step)
+        if stall_step and rank == args.stall_rank:
             touch(marker, str(pid))
             stall_forever(rank, step)
             return 1
-        worker.heartbeat(step)
         time.sleep(args.tick)
     if first:
         return 1  # nobody stalled, or nobody stopped the job: the test fails on the missing restart
