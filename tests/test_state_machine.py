@@ -572,18 +572,16 @@ def test_a_restart_interrupted_by_a_controller_crash_is_charged_once() -> None:
 def test_a_crash_when_the_budget_was_just_spent_does_not_end_the_job() -> None:
     """With the last restart spent on the interrupted strategy, charging it again would have found the budget
     empty and chosen dump: the job would have ended for the controller's crash, not for a fault."""
-    m = new_job(max_restarts=2)
-    m.handle(FaultReported(faults={1: "1"}), 1)
+    m = new_job(max_restarts=1)
+    m.handle(FaultReported(faults={1: "2"}), 1)
     for n in (0, 1):
         m.handle(StopComplete(node_rank=n), 1)
     for n in (0, 1):
         m.handle(StrategiesReported(node_rank=n, strategies=ALL), 1)
-    assert m.round.strategy == "recover" and m.restarts == 1
-    m.handle(RecoverStatusReported(node_rank=0, strategy="recover", code=1, info="no"), 2)
-    assert m.round.strategy == "job-rescheduling" and m.restarts == 2 == m.max_restarts
+    assert m.round.strategy == "job-rescheduling" and m.restarts == 1 == m.max_restarts
     r, decided = _resume_after_a_crash(m, 50)
-    assert sig_names(decided) == ["changeStrategy:job-rescheduling"]  # recover stays failed, no dump
-    assert r.restarts == 2 and r.round.tried == ["recover", "job-rescheduling", "job-rescheduling"]
+    assert sig_names(decided) == ["changeStrategy:job-rescheduling"]  # not dump
+    assert r.restarts == 1 and r.round.tried == ["job-rescheduling", "job-rescheduling"]
 
 
 def test_reconnecting_agent_gets_the_signal_it_still_owes() -> None:
