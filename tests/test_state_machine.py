@@ -175,7 +175,7 @@ def test_failed_strategy_escalates_to_the_next() -> None:
         Step(4, RecoverStatusReported(node_rank=0, strategy="job-rescheduling"), S.RECOVERING),
         Step(4, RecoverStatusReported(node_rank=1, strategy="job-rescheduling"), S.RUNNING),
     ])
-    assert m.restarts == 2
+    assert m.restarts == 1  # the failed recover and the job-rescheduling it escalated to: one restart in all
 
 
 def test_recover_timeout_escalates_then_exit_after_everything_failed() -> None:
@@ -341,10 +341,27 @@ def test_queued_fault_after_recover_counts_as_unsettled() -> None:
     m.handle(FaultReported(faults={0: "1"}), 1)
     m.handle(StopComplete(), 1)
     m.handle(StrategiesReported(strategies=ALL), 1)
-    m.handle(FaultReported(faults={1: "1"}), 2)  # queued during recover
+    m.handle(FaultReported(faults={0: "1"}), 2)  # the recovered rank again, queued during recover
     m.handle(RecoverStatusReported(strategy="recover"), 3)
     assert m.state == S.STOPPING and m.unsettled_recovers == 1
     assert "recover" in m.round.excluded
+    assert m.round.tried == ["recover"]  # that recover pays for this round's restart: one in all
+    m.handle(StopComplete(), 4)
+    m.handle(StrategiesReported(strategies=ALL), 4)
+    assert m.round.strategy == "job-rescheduling" and m.restarts == 1
+
+
+def test_another_ranks_fault_after_recover_is_a_new_fault() -> None:
+    m = new_job(nodes=1)
+    m.handle(FaultReported(faults={0: "1"}), 1)
+    m.handle(StopComplete(), 1)
+    m.handle(StrategiesReported(strategies=ALL), 1)
+    m.handle(FaultReported(faults={1: "1"}), 2)  # another rank, queued during recover
+    m.handle(RecoverStatusReported(strategy="recover"), 3)
+    assert m.state == S.STOPPING and m.unsettled_recovers == 0 and "recover" not in m.round.excluded
+    m.handle(StopComplete(), 4)
+    m.handle(StrategiesReported(strategies=ALL), 4)
+    assert m.round.strategy == "recover" and m.restarts == 2
 
 
 def test_policy_limits_strategies() -> None:

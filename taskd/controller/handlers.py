@@ -311,6 +311,7 @@ def on_recover_status(m: Job, ev: RecoverStatusReported, now: float, out: Outcom
     m.record(out, "recovered", strategy=r.strategy, duration=round(now - r.started_at, 6))
     if r.strategy == Strategy.RECOVER:
         m.recover_succeeded_at = now
+        m.recover_ranks = frozenset(r.faults)
     m.info = f"recovered round {r.number} with {r.strategy} in {now - r.started_at:.2f}s"
     m.round = None
     m.deadline = None

@@ -36,6 +36,9 @@ class Job:
         self.queued: FaultRanks = {}
         self.deadline: float | None = None
         self.recover_succeeded_at: float | None = None
+        # the ranks that recover restarted (None: unknown, e.g. after a controller restart): a fault of
+        # another rank within the settle window is a new fault, not that recover failing to settle
+        self.recover_ranks: frozenset[int] | None = None
         self.unsettled_recovers = 0
         self.recover_banned = False
         self.agents = AgentTable()  # changed only through its methods, which keep its counts in step
@@ -138,6 +141,7 @@ class Job:
         self.queued.clear()
         self.restarts = 0
         self.recover_succeeded_at = None
+        self.recover_ranks = None
         self.unsettled_recovers = 0
         self.recover_banned = False
         self.deadline = None
@@ -173,15 +177,18 @@ class Job:
         self.record(out, "round_started", faults=fmt_faults(r.faults))
         if self.recover_succeeded_at is not None:
             since = now - self.recover_succeeded_at
-            if since <= self.config.settle_window:
+            again = self.recover_ranks is None or bool(self.recover_ranks & r.faults.keys())
+            if since <= self.config.settle_window and again:
                 self.unsettled_recovers += 1
                 why = f"recover {since:.1f}s ago did not settle"
                 r.excluded.update({Strategy.RETRY: why, Strategy.RECOVER: why})
+                r.tried.append(Strategy.RECOVER)  # that recover's restart pays for this round's: one in all
                 if self.unsettled_recovers >= 2:
                     self.recover_banned = True
                 self.record(out, "recover_unsettled", seconds_since=round(since, 3),
                             count=self.unsettled_recovers, recover_banned=self.recover_banned)
             self.recover_succeeded_at = None
+            self.recover_ranks = None
         return self.broadcast_stop(now, out)
 
     def broadcast_stop(self, now: float, out: Outcome) -> JobState:

@@ -28,10 +28,12 @@ class JobPolicy(Protocol):
 
 
 def charged(strategy: str, r: Round | None) -> bool:
-    """The round already paid a restart for `strategy`. A strategy that failed is never chosen again in its
-    round, so one tried and not failed was interrupted: a controller restart (RECOVERING -> RESUMING) re-runs
-    the round from stopTrain, and choosing the same strategy again must not spend a second restart."""
-    return r is not None and strategy in RESTARTING and strategy in r.tried and strategy not in r.failed
+    """The round already paid a restart, so `strategy` costs none: a round charges one restart in all.
+
+    A recover that fails and escalates to job-rescheduling is one restart, not two; a round re-run from
+    stopTrain after a controller restart (RECOVERING -> RESUMING) must not pay again either; and a round
+    opened because a recover did not settle counts that recover (`Job.open_round` puts it in `tried`)."""
+    return r is not None and strategy in RESTARTING and any(s in RESTARTING for s in r.tried)
 
 
 def why_not(strategy: str, job: JobPolicy, r: Round | None) -> str:
