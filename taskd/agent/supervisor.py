@@ -274,7 +274,8 @@ class Supervisor:
         if retry.failed(time.monotonic()) and self._terminate_signal is None:
             return
         self._report = None
-        self._degrade(f"controller unreachable for {self.config.controller_timeout:.0f}s")
+        self._degrade(f"the controller did not take the fault report for {self.config.controller_timeout:.0f}s "
+                      "(unreachable or failing)")
 
     def _degrade(self, why: str) -> None:
         """No controller: a single node restarts its ranks alone (degraded mode). A multi-node job stops
