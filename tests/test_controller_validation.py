@@ -261,7 +261,7 @@ def test_a_live_agent_is_not_replaced_by_another_host_or_pid(disk_env) -> None:
     try:
         before = state_dump(path)
         status = impostor.register()
-        assert status.code == Code.INVALID_PARAMS and "already has a live agent" in status.info, status
+        assert status.code == Code.INVALID_PARAMS and "held by a live agent" in status.info, status
         impostor.subscribe()
         with pytest.raises(StreamEnded) as err:
             impostor.next_signal(timeout=CALL_TIMEOUT)

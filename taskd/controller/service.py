@@ -70,19 +70,6 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
             return Status(code=code, info=why)
         return None
 
-    def _impostor(self, request: recover_pb2.ClientInfo) -> str:
-        """Why a Register/Subscribe for a node whose agent is live (its signal stream open) is refused when it
-        comes from another (host, pid): it would take the live agent's signals away."""
-        job = self.core.jobs.get(request.jobId)
-        agent = job.agents.get(request.nodeRank) if job is not None else None
-        if agent is None or not self.core.hub.has(job.job_id, request.nodeRank):
-            return ""
-        if (agent.host, agent.pid) == (request.host, request.pid):
-            return ""
-        return (f"node {request.nodeRank} of job {request.jobId} already has a live agent (host {agent.host!r}, "
-                f"pid {agent.pid}); a second agent from host {request.host[:64]!r}, pid {request.pid} is refused. "
-                "Is the node rank (TASKD_NODE_RANK / --node-rank) given to two agents?")
-
     async def Init(self, request: recover_pb2.ClientInfo, context: grpc.aio.ServicerContext) -> Status:
         if why := self._check_client(request):
             return _invalid(why)
@@ -94,7 +81,7 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
         return _answer(self.core.init_job(request.jobId, ev), "Init", request.jobId)
 
     async def Register(self, request: recover_pb2.ClientInfo, context: grpc.aio.ServicerContext) -> Status:
-        if why := self._check_client(request) or self._impostor(request):
+        if why := self._check_client(request):
             return _invalid(why)
         ev = AgentRegistered(node_rank=request.nodeRank, role=request.role, host=request.host, pid=request.pid,
                              ranks_per_node=request.ranksPerNode)
@@ -126,7 +113,7 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
         if node not in job.agents:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 f"{Code.NOT_REGISTERED}: node {node} of job {job_id} is not registered")
-        if why := self._impostor(request):
+        if why := self.core.holder_refusal(job_id, node, request.host, request.pid):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{Code.INVALID_PARAMS}: {why}")
         job_id = job.job_id  # one string shared by every stream of the job, not a copy per request
         sub = self.core.hub.subscribe(job_id, node)
