@@ -20,7 +20,8 @@ REREGISTER_CODES = frozenset({Code.NOT_REGISTERED, Code.JOB_NOT_EXIST, Code.NOT_
 # Re-Init before re-registering: the controller lost the job itself.
 REINIT_CODES = frozenset({Code.JOB_NOT_EXIST, Code.NOT_INITIALISED})
 # The controller is overloaded: just wait and re-send; registering again would only add load.
-BUSY_CODES = frozenset({Code.RATE_LIMITED, Code.TOO_MANY_REQUESTS, Code.SIGNAL_QUEUE_BUSY})
+# 503: the controller could not store the change (disk full, I/O error) and changed nothing: wait and resend.
+BUSY_CODES = frozenset({Code.RATE_LIMITED, Code.TOO_MANY_REQUESTS, Code.SIGNAL_QUEUE_BUSY, Code.STORAGE_ERROR})
 MIN_CALL_TIMEOUT = 0.05  # the shortest deadline worth giving a call
 
 

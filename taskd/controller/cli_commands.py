@@ -46,6 +46,9 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--finished-job-retention", type=float, default=d.finished_job_retention, metavar="SECONDS",
                         help=f"forget a finished job (and its history) once no agent has streamed or called for it "
                              f"this long (default {d.finished_job_retention:g})")
+    parser.add_argument("--unregistered-job-timeout", type=float, default=d.unregistered_job_timeout,
+                        metavar="SECONDS", help="drop a job that no agent has registered for this long after its Init "
+                                                f"(default {d.unregistered_job_timeout:g})")
     parser.add_argument("--token-file", default=os.environ.get(TOKEN_ENV) or None, metavar="PATH",
                         help=f"every call must carry the token in this file (default ${TOKEN_ENV}); clients read it "
                              f"from {TOKEN_ENV} or their --token-file. Needed to serve a non-loopback address")
@@ -95,6 +98,7 @@ def server_config(args: argparse.Namespace):  # noqa: ANN201 - ControllerConfig,
         recover_timeout=args.recover_timeout, resume_timeout=args.resume_timeout, settle_window=args.settle_window,
         default_max_restarts=args.max_restarts, agent_loss_timeout=args.agent_loss_timeout,
         max_jobs=args.max_jobs, finished_job_retention=args.finished_job_retention,
+        unregistered_job_timeout=args.unregistered_job_timeout,
         token_file=args.token_file, tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca,
         insecure=args.insecure, max_node_count=args.max_node_count, max_connections=args.max_connections,
         max_connections_per_peer=args.max_connections_per_peer, max_streams_per_peer=args.max_streams_per_peer,
