@@ -50,3 +50,22 @@ def parse_host_port(text: str, default_port: int, *, what: str, forms: str, port
 def join_host_port(host: str, port: int) -> str:
     """The gRPC / MINDX_SERVER_IP form: an IPv6 literal in brackets."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+CONTROLLER_FORMS = "expected HOST, HOST:PORT, [IPV6]:PORT or a bare IPv6 address"
+DEFAULT_CONTROLLER_PORT = 8899  # taskd.vocabulary.DEFAULT_PORT; ClusterD's
+
+
+def controller_target(text: str, default_port: int = DEFAULT_CONTROLLER_PORT) -> str:
+    """A controller address as users type it (`--server`, MINDX_SERVER_IP, `taskd status --server`) -> a gRPC
+    target with an explicit port; ValueError saying what is wrong. A scheme users paste (http://, dns:///) is
+    dropped."""
+    addr = (text or "").strip()
+    for scheme in ("http://", "https://", "dns:///", "ipv4:", "ipv6:"):
+        if addr.startswith(scheme):
+            addr = addr[len(scheme):]
+    addr = addr.rstrip("/")
+    if not addr:
+        raise ValueError(f"empty controller address; {CONTROLLER_FORMS}")
+    host, port = parse_host_port(addr, default_port, what="controller address", forms=CONTROLLER_FORMS)
+    return join_host_port(host, port)

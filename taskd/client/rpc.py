@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from taskd.address import join_host_port, parse_host_port
+from taskd.address import CONTROLLER_FORMS, controller_target
 from taskd.client.credentials import NO_CREDENTIALS, ClientCredentials
 from taskd.client.errors import AuthenticationError, ConfigurationError, RecoverClientError, ServerUnreachable
 from taskd.proto import recover_pb2_grpc, taskd_pb2_grpc
@@ -42,28 +42,17 @@ DEFAULT_CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.max_reconnect_backoff_ms", 3000),
 )
 
-ADDRESS_FORMS = "expected HOST, HOST:PORT, [IPV6]:PORT or a bare IPv6 address"
+ADDRESS_FORMS = CONTROLLER_FORMS
 UNREACHABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 def normalize_address(server_addr: str, default_port: int = DEFAULT_PORT) -> str:
-    """`host`, `host:port`, `[v6]`, `[v6]:port` or a bare `v6` -> a gRPC target with an explicit port.
-
-    A scheme some users paste (http://, dns:///) is dropped. The same parser as `taskd server
-    --listen`: what one accepts, the other does.
-    """
-    addr = (server_addr or "").strip()
-    for scheme in ("http://", "https://", "dns:///", "ipv4:", "ipv6:"):
-        if addr.startswith(scheme):
-            addr = addr[len(scheme) :]
-    addr = addr.rstrip("/")
-    if not addr:
-        raise ConfigurationError(f"empty controller address; {ADDRESS_FORMS}")
+    """`host`, `host:port`, `[v6]`, `[v6]:port` or a bare `v6` -> a gRPC target with an explicit port (the same
+    parser as `taskd server --listen`); ConfigurationError saying what is wrong."""
     try:
-        host, port = parse_host_port(addr, default_port, what="controller address", forms=ADDRESS_FORMS)
+        return controller_target(server_addr, default_port)
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from None
-    return join_host_port(host, port)
 
 
 def is_loopback(target: str) -> bool:

@@ -8,21 +8,16 @@ import time
 import grpc
 from google.protobuf import json_format
 
-from taskd.address import join_host_port, parse_host_port
+from taskd.address import controller_target
 from taskd.proto import taskd_pb2, taskd_pb2_grpc
 from taskd.vocabulary import DEFAULT_PORT
 
 __all__ = ["fetch_jobs", "normalize_address", "render_json", "render_text"]
 
 
-ADDRESS_FORMS = "expected HOST, HOST:PORT, [IPV6]:PORT or a bare IPv6 address"
-
-
 def normalize_address(address: str) -> str:
-    """`host`, `host:port`, `[v6]`, `[v6]:port` or a bare `v6` (as MINDX_SERVER_IP) -> a gRPC target;
-    ValueError saying what is wrong. The parser `taskd server --listen` and the clients use."""
-    host, port = parse_host_port(address.strip(), DEFAULT_PORT, what="controller address", forms=ADDRESS_FORMS)
-    return join_host_port(host, port)
+    """The controller address `taskd status --server` takes; ValueError saying what is wrong."""
+    return controller_target(address, DEFAULT_PORT)
 
 
 PAGE_SIZE = 200
