@@ -172,7 +172,9 @@ def test_classes_are_small() -> None:
     for module, path in MODULES.items():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ClassDef):
-                methods = [n for n in node.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+                # Dunders are protocol (Mapping, context manager), not responsibilities.
+                methods = [n for n in node.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+                           and not (n.name.startswith("__") and n.name.endswith("__"))]
                 if len(methods) > MAX_METHODS:
                     big.append(f"{module}.{node.name}: {len(methods)} methods")
     assert big == [], f"classes over {MAX_METHODS} methods: {big}"
