@@ -3,11 +3,38 @@
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from support import STARTED
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """$TMPDIR of this process and of every process a test starts: one directory, removed when the session ends.
+
+    Processes the tests SIGKILL cannot clean up after themselves: an msrun killed in a test's teardown
+    leaves the `taskd-heartbeat-*` directory its taskd agent made in $TMPDIR. They now land here.
+    """
+    tmp_path_factory.getbasetemp()  # pytest's own temp dirs stay where they were (kept for inspection)
+    path = Path(tempfile.mkdtemp(prefix="taskd-tests-"))
+    saved_env, saved_tempdir = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"] = str(path)
+    tempfile.tempdir = None  # gettempdir() reads $TMPDIR again
+    try:
+        yield path
+    finally:
+        if saved_env is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved_env
+        tempfile.tempdir = saved_tempdir
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

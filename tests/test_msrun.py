@@ -84,12 +84,13 @@ def wait_for(what: str, predicate: Callable[[], object], timeout: float, job: Ms
 class MsrunJob:
     """One `msrun` run with 2 local ranks; `marker` is a path unique to the test in every rank's argv."""
 
-    def __init__(self, tmp_path: Path, name: str, script: Path, script_args: list[str], env: dict[str, str]):
+    def __init__(self, tmp_path: Path, name: str, script: Path, script_args: list[str], env: dict[str, str],
+                 port: int | None = None):
         self.dir = tmp_path / name
         self.dir.mkdir(parents=True, exist_ok=True)
         self.marker = str(self.dir)
         self.log_dir = self.dir / "logs"
-        self.port = free_port()
+        self.port = port or free_port()
         self.console = self.dir / "msrun.out"
         cmd = [MSRUN, "--worker_num", "2", "--local_worker_num", "2", "--master_addr", "127.0.0.1",
                "--master_port", str(self.port), "--log_dir", str(self.log_dir), "--join", "False",
@@ -197,9 +198,10 @@ def jobs(tmp_path: Path) -> Iterator[Callable[..., MsrunJob]]:
     """Start msrun jobs in tmp_path/<name>; `{dir}` in a script argument becomes that directory."""
     started: list[MsrunJob] = []
 
-    def start(name: str, script: Path, script_args: list[str], env: dict[str, str]) -> MsrunJob:
+    def start(name: str, script: Path, script_args: list[str], env: dict[str, str],
+              port: int | None = None) -> MsrunJob:
         args = [a.replace("{dir}", str(tmp_path / name)) for a in script_args]
-        job = MsrunJob(tmp_path, name, script, args, env)
+        job = MsrunJob(tmp_path, name, script, args, env, port)
         started.append(job)
         return job
 
@@ -383,3 +385,33 @@ def test_invalid_setting_takes_control_and_fails_with_exit_2_naming_it(jobs, msr
     state = job.dir / "state"
     assert not started(state, 0) and not started(state, 1), f"a rank started\n{job.logs()}"
     job.assert_nothing_left()
+
+
+def time_wait_on(port: int) -> int:
+    """TCP connections of the port in TIME_WAIT (psutil reads /proc/net/tcp; no root needed)."""
+    return sum(1 for c in psutil.net_connections("tcp") if c.status == psutil.CONN_TIME_WAIT
+               and port in (c.laddr.port if c.laddr else None, c.raddr.port if c.raddr else None))
+
+
+@pytest.mark.timeout(420)
+def test_rerun_on_the_same_master_port_right_after_a_job_rescheduling(jobs, msrun_env):
+    """After a job-rescheduling the old scheduler's connections sit in TIME_WAIT on --master_port (about
+    60 s); a new msrun on that port at once still works: MindSpore's scheduler binds with SO_REUSEADDR."""
+    train = ["--steps", "12", "--ckpt-every", "4", "--ckpt-dir", "{dir}/ckpt", "--out", "{dir}/out",
+             "--crash-once-at-step", "6"]
+    first = jobs("first", TRAIN_DP, train, msrun_env)
+    rc = first.wait(240)
+    first.assert_plugin_in_control()
+    assert rc == 0, f"the first run failed ({rc})\n{first.logs()}"
+    assert "job-rescheduling" in first.output(), f"no job-rescheduling in the first run\n{first.logs()}"
+    lingering = time_wait_on(first.port)
+
+    assert lingering, f"no connection of --master_port {first.port} in TIME_WAIT: this rerun proves nothing"
+    msrun_env["MINDX_TASK_ID"] = f"msrun-test-{uuid.uuid4().hex[:8]}"
+    second = jobs("second", TRAIN_DP, train[:-2], msrun_env, port=first.port)  # no crash this time
+    rc = second.wait(240)
+    second.assert_plugin_in_control()
+    assert rc == 0, (f"a rerun on --master_port {first.port} ({lingering} connection(s) in TIME_WAIT when it "
+                     f"started) failed ({rc})\n{second.logs()}")
+    assert np.array_equal(np.load(first.dir / "out" / "rank_0.npy"), np.load(second.dir / "out" / "rank_0.npy"))
+    second.assert_nothing_left()
