@@ -40,3 +40,26 @@ def test_quick_run_prints_table_and_writes_json(name: str, tmp_path: Path) -> No
     assert keys <= set(data), f"missing keys {keys - set(data)}"
     assert data["quick"] is True
     assert data["benchmark"] == name
+
+
+LIVE_COLUMNS = ("| configuration", "kill → resumed p50 s", "kill → resumed p99 s", "recomputed survivors mean / max",
+                "recomputed killed rank mean / max", "bit-identical", "strategies used", "torchrun / this (p50)")
+
+
+@pytest.mark.timeout(660)
+def test_live_recovery_quick_prints_every_configuration(tmp_path: Path) -> None:
+    """bench/live_recovery.py --quick: 2 ranks of a small DDP model, one kill under each of the four launchers."""
+    pytest.importorskip("torch")
+    env = {**os.environ, "BENCH_RESULTS_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, str(BENCH / "live_recovery.py"), "--quick"], capture_output=True,
+                          text=True, cwd=ROOT, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+    header = next((line for line in proc.stdout.splitlines() if line.startswith("| configuration")), "")
+    for column in LIVE_COLUMNS:
+        assert column in header, f"column {column!r} missing from {header!r}"
+    for label in ("taskd recover + warm spare", "taskd recover ", "taskd job-rescheduling", "torchrun --max-restarts"):
+        assert f"| {label}" in proc.stdout, proc.stdout
+    data = json.loads((tmp_path / "live_recovery.json").read_text())
+    assert {"runs", "summary", "references", "sizes", "ratios_torchrun_over_live_p50"} <= set(data)
+    assert data["quick"] is True and data["benchmark"] == "live_recovery"
+    assert len(data["runs"]) == 4 and all(r["kill"] is not None for r in data["runs"])
