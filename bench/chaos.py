@@ -583,6 +583,8 @@ def report(soak: Soak, seconds: float, judged: dict[str, Any], shutdown_code: in
     print(f"controller crashes: {len(soak.ctl.crashes)}")
     print(f"controller restarts: {soak.ctl.restarts} (after SIGKILL), unanswered status queries: {soak.stalls}, "
           f"graceful shutdown exit code: {shutdown_code}")
+    tracebacks = soak.ctl.log.read_text(errors="replace").count("Traceback") if soak.ctl.log.exists() else 0
+    print(f"controller tracebacks in its log: {tracebacks}")
     print(f"lost jobs: {len(soak.lost)}")
     print(f"controller/agent state disagreements: {len(judged['disagreements'])}")
     for j in soak.jobs:
@@ -598,7 +600,8 @@ def report(soak: Soak, seconds: float, judged: dict[str, Any], shutdown_code: in
             "hostile_verdicts": dict(hostile_verdicts), "hostile_odd": soak.hostile_odd,
             "outcomes": dict(outcomes), "correct": outcomes["correct"], "failed_as_designed": designed,
             "failed_wrongly": wrong, "orphans": orphans, "controller_crashes": soak.ctl.crashes,
-            "controller_restarts": soak.ctl.restarts, "stalls": soak.stalls, "shutdown_code": shutdown_code,
+            "controller_restarts": soak.ctl.restarts,
+            "controller_tracebacks": tracebacks, "stalls": soak.stalls, "shutdown_code": shutdown_code,
             "lost_jobs": soak.lost, "disagreements": judged["disagreements"],
             "jobs": [{"job": j.job_id, "nodes": j.nodes, "outcome": j.outcome, "codes": j.codes,
                       "faults": dict(j.faults), "agent_killed": j.agent_killed, "detail": j.detail[:2000]}
