@@ -31,7 +31,7 @@ import psutil
 from taskd.agent.ranks import Rank
 from taskd.worker.env import Var
 from taskd.worker.heartbeat_file import HeartbeatFile, HeartbeatFileError, HeartbeatState
-from taskd.worker.live import read_rank_status
+from taskd.worker.live import Phase, read_rank_status
 
 STACKS_BOUND = 5.0  # seconds for taking every stale rank's stacks, in parallel
 
@@ -46,7 +46,7 @@ class Hang:
     step: int | None
     section: str
     stack_signal: int  # what the rank installed faulthandler on (0: none)
-    waiting: bool = False  # inside a collective, waiting on a peer: not the culprit
+    waiting: bool = False  # inside a collective (or paused for a rebuild), waiting on others: not the culprit
 
     def describe(self) -> str:
         step = f" at step {self.step}" if self.step is not None else ""
@@ -114,7 +114,9 @@ class HangWatch:
             return None
         try:
             live = read_rank_status(hb)
-            waiting = live.collective_since is not None and live.can_rejoin
+            # inside a collective, or paused/rejoining while its group is rebuilt: waiting, not hanging
+            waiting = live.can_rejoin and (live.collective_since is not None
+                                           or live.phase in (Phase.PAUSED, Phase.REJOINING))
         except (HeartbeatFileError, OSError, ValueError):
             waiting = False
         return Hang(now - max(state.time, state.section_start or 0.0), state.step, state.section, state.stack_signal,

@@ -1,0 +1,157 @@
+"""Live recovery under `taskd run` end to end: real torch DDP ranks (gloo), the embedded controller.
+
+Every faulty run of examples/torch/train_ddp.py is compared with a fault-free run: final.pt must
+be bit-identical. The agent (not the test) hosts the store, writes the control file, starts the
+replacement into the new generation and confirms the rebuild.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from support import STARTED  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "torch" / "train_ddp.py"
+WORLD = 3
+SMALL = ["--hidden", "64", "--layers", "2", "--steps", "30", "--ckpt-every", "10", "--step-sleep", "0.05",
+         "--pg-timeout", "30"]
+TIMEOUT = 150.0
+
+
+def taskd_run(tmp: Path, extra: list[str] = (), flags: list[str] = (), env: dict[str, str] | None = None,
+              script: Path = EXAMPLE, args: list[str] | None = None) -> tuple[int, str]:
+    tmp.mkdir(parents=True, exist_ok=True)
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("MINDX_", "TASKD_"))}
+    full_env.update({"OMP_NUM_THREADS": "1", **(env or {})})
+    argv = [sys.executable, "-m", "taskd.run", "--monitor-interval", "0.2", "--nproc-per-node", str(WORLD),
+            *flags, str(script)]
+    argv += args if args is not None else [*SMALL, "--ckpt-dir", str(tmp / "ckpt"), "--out", str(tmp / "out"),
+                                           *extra]
+    console = tmp / "console.log"
+    with console.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT)
+        STARTED.append(proc)
+        try:
+            code = proc.wait(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+            pytest.fail(f"taskd run did not finish in {TIMEOUT:.0f}s:\n{console.read_text()[-6000:]}")
+    return code, console.read_text()
+
+
+def summary(tmp: Path) -> dict:
+    return json.loads((tmp / "out" / "summary.json").read_text())
+
+
+def resumed_after(console: str) -> list[float]:
+    """The agent's "training resumed N s after the fault" times (printed for the report)."""
+    return [float(m) for m in re.findall(r"training resumed ([0-9.]+)s after the fault", console)]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("reference")
+    code, console = taskd_run(tmp)
+    assert code == 0, console[-6000:]
+    assert summary(tmp)["recomputed"] == {str(r): 0 for r in range(WORLD)}
+    return torch.load(tmp / "out" / "final.pt")
+
+
+def assert_identical(final: dict, reference: dict) -> None:
+    assert final.keys() == reference.keys()
+    for key in final:
+        assert torch.equal(final[key], reference[key]), f"{key} differs by {(final[key] - reference[key]).abs().max()}"
+
+
+def start_pids(console: str) -> dict[int, int]:
+    """rank -> pid from "started 3 rank(s) (rank:pid 0:11, 1:12, 2:13)"."""
+    found = re.search(r"started \d+ rank\(s\) \(rank:pid ([0-9:, ]+)\)", console)
+    assert found, console[-3000:]
+    return {int(r): int(p) for r, p in (item.split(":") for item in found.group(1).split(", "))}
+
+
+@pytest.mark.parametrize("victim", [2, 0])
+def test_sigkill_of_a_rank_is_recovered_in_place(tmp_path, reference, victim):
+    code, console = taskd_run(tmp_path, ["--crash-at-step", "12", "--fault-rank", str(victim)])
+    assert code == 0, console[-6000:]
+    info = summary(tmp_path)
+    pids = start_pids(console)
+    survivors = [r for r in range(WORLD) if r != victim]
+    assert {r: info["ranks"][str(r)]["pid"] for r in survivors} == {r: pids[r] for r in survivors}
+    assert info["ranks"][str(victim)]["pid"] != pids[victim]
+    assert_identical(torch.load(tmp_path / "out" / "final.pt"), reference)
+    assert all(info["recomputed"][str(r)] == 0 for r in survivors) and info["recomputed"][str(victim)] <= 1
+    assert f"strategy: recover for rank(s) [{victim}]" in console and "job-rescheduling" not in console
+    assert info["restart_count"] == 1  # one restart charged; the replacement saw the job-wide count
+    assert "1 recovery(ies)" in console and len(resumed_after(console)) == 1
+    spent = float(re.search(r"([0-9.]+)s spent recovering", console).group(1))
+    assert spent == pytest.approx(resumed_after(console)[0], abs=0.01)  # fault -> resumed, not the restart
+    print(f"kill of rank {victim} -> training resumed in {resumed_after(console)[0]:.2f}s")
+
+
+def test_retryable_error_is_retried_with_no_process_restarted(tmp_path, reference):
+    code, console = taskd_run(tmp_path, ["--retryable-error-at-step", "10", "--fault-rank", "1"])
+    assert code == 0, console[-6000:]
+    info = summary(tmp_path)
+    assert {int(r): v["pid"] for r, v in info["ranks"].items()} == start_pids(console)
+    assert "strategy: retry for rank(s) [1]" in console and "raised a retryable error" in console
+    assert "restarted" not in console and "killed" not in console
+    assert info["restart_count"] == 0 and info["recomputed"] == {str(r): 0 for r in range(WORLD)}
+    assert_identical(torch.load(tmp_path / "out" / "final.pt"), reference)
+    print(f"retryable error -> training resumed in {resumed_after(console)[0]:.2f}s")
+
+
+def test_hang_culprit_is_named_first_and_replaced(tmp_path, reference):
+    code, console = taskd_run(tmp_path, ["--hang-at-step", "12", "--fault-rank", "1"],
+                              flags=["--heartbeat-timeout", "8"])
+    assert code == 0, console[-6000:]
+    culprit = re.search(r"hang: rank (\d+) \(pid \d+\) is the culprit", console)
+    assert culprit and culprit.group(1) == "1", console[-6000:]
+    first_hang_line = next(line for line in console.splitlines() if "hang:" in line)
+    assert "rank 1" in first_hang_line and "culprit" in first_hang_line
+    assert not re.search(r"hang: rank [02] \(pid \d+\) is the culprit", console)
+    assert "strategy: recover for rank(s) [1]" in console
+    info = summary(tmp_path)
+    pids = start_pids(console)
+    assert info["ranks"]["0"]["pid"] == pids[0] and info["ranks"]["2"]["pid"] == pids[2]
+    assert_identical(torch.load(tmp_path / "out" / "final.pt"), reference)
+    print(f"hang of rank 1 -> training resumed in {resumed_after(console)[0]:.2f}s after the kill")
+
+
+UNDECLARED = """
+import os, sys, time
+from taskd import worker
+out = sys.argv[1]
+rank = worker.rank()
+marker = os.path.join(out, "crashed")
+for step in range(20):
+    worker.heartbeat(step)
+    if rank == 1 and step == 5 and not os.path.exists(marker):
+        open(marker, "w").close()
+        os._exit(3)
+    time.sleep(0.05)
+"""
+
+
+def test_a_script_that_did_not_declare_itself_gets_job_rescheduling_first(tmp_path):
+    script = tmp_path / "undeclared.py"
+    script.write_text(UNDECLARED)
+    (tmp_path / "out").mkdir()
+    code, console = taskd_run(tmp_path, script=script, args=[str(tmp_path / "out")])
+    assert code == 0, console[-6000:]
+    assert "strategy: job-rescheduling for rank(s) [1]" in console, console[-6000:]
+    assert "strategy: recover" not in console  # no failed recover and a second charge first
+    assert "recover not offered" in console
