@@ -24,6 +24,7 @@ Phases (seconds after the kill) come from the agents' JSON log records (bench/ru
 bench/run_torchrun.py), the ranks' own recovery records (summary.json) and the progress files.
 
     python bench/live_recovery.py [--quick] [--ranks 4,8] [--reps 5] [--seed 1] [--steps 40] [--ckpt-every 10]
+                                  [--pg-timeout 60] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -160,7 +161,7 @@ def _killpg(pgid: int) -> None:
 def example_args(args: argparse.Namespace, run_dir: Path) -> list[str]:
     out = ["--steps", str(args.steps), "--ckpt-every", str(args.ckpt_every), "--ckpt-dir", str(run_dir / "ckpt"),
            "--out", str(run_dir / "out"), "--progress-dir", str(run_dir / "progress"), "--seed", str(args.seed),
-           "--pg-timeout", "60"]
+           "--pg-timeout", str(args.pg_timeout)]
     if args.hidden:
         out += ["--hidden", str(args.hidden)]
     if args.layers:
@@ -295,6 +296,7 @@ def _read_outcome(run_dir: Path, family: str, t_kill: float | None, kill: Kill |
                   for e in info.get("recoveries", []) if e.get("time", 0) >= t_kill - 1]
         if events:
             phases["survivors_noticed"] = min(e["time"] for e in events) - t_kill
+            phases["survivors_noticed_last"] = max(e["time"] for e in events) - t_kill
             phases["survivors_left"] = max(e["time"] + e.get("left_s", 0) for e in events) - t_kill
             if all("control_s" in e for e in events):
                 phases["generation_named"] = max(e["time"] + e["control_s"] for e in events) - t_kill
@@ -363,6 +365,8 @@ def main() -> int:
     p.add_argument("--hidden", type=int, default=0, help="the example's --hidden (0: its default, ~9 M parameters)")
     p.add_argument("--layers", type=int, default=0, help="the example's --layers (0: its default)")
     p.add_argument("--step-sleep", type=float, default=0.0, help="the example's --step-sleep")
+    p.add_argument("--pg-timeout", type=float, default=60.0,
+                   help="the example's collective timeout (s): how long a rank blocked on a dead group can wait")
     p.add_argument("--configs", default="", help="only these configurations (comma-separated label prefixes)")
     p.add_argument("--run-timeout", type=float, default=300.0, help="seconds one job may take in all")
     p.add_argument("--resume-timeout", type=float, default=120.0, help="seconds from the kill to resumed")
@@ -437,7 +441,8 @@ def print_tables(result: dict[str, Any], configs: list[tuple[str, str, tuple[str
                          ratio(tr_p50, k["p50"])])
             ph = s["phases_p50_s"]
             phase_rows.append([label, n, *(ph.get(x) for x in (
-                "agent_fault", "survivors_noticed", "survivors_left", "agent_recovered", "replacement_created",
+                "agent_fault", "survivors_noticed", "survivors_noticed_last", "survivors_left", "agent_recovered",
+                "replacement_created",
                 "generation_named", "survivors_rejoined", "replacement_first_step"))])
     result["ratios_torchrun_over_live_p50"] = ratios
     print("\nLive recovery of examples/torch/train_ddp.py: SIGKILL of one rank to every rank past its next step")
@@ -445,7 +450,8 @@ def print_tables(result: dict[str, Any], configs: list[tuple[str, str, tuple[str
                  "recomputed survivors mean / max", "recomputed killed rank mean / max", "bit-identical",
                  "strategies used", "torchrun / this (p50)"], rows, 2))
     print("\nPhases, seconds after the kill (p50; from the agent's log, the ranks' recovery records, progress files)")
-    print(table(["configuration", "ranks", "agent fault", "survivors noticed", "survivors left", "agent recovered",
+    print(table(["configuration", "ranks", "agent fault", "first survivor noticed", "last survivor noticed",
+                 "survivors left", "agent recovered",
                  "replacement created", "generation named", "survivors rejoined", "replacement first step"],
                 phase_rows, 3))
 
