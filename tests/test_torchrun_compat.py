@@ -264,3 +264,53 @@ def test_redirects_keep_rank_output_off_the_console(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout
     assert "done" not in done.stdout.replace("finished", "")
     assert "rank 0 done" in (tmp_path / "D" / "rank_0.log").read_text()
+
+
+def test_local_ranks_filter_keeps_other_ranks_off_the_console(tmp_path: Path) -> None:
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    done = run(["--nproc-per-node", "2", "--local-ranks-filter", "1", "--log-dir", str(tmp_path / "D"), str(script),
+                str(tmp_path)], tmp_path)
+    assert done.returncode == 0, done.stdout
+    assert "[rank1]: rank 1 done" in done.stdout
+    assert "rank 0 done" not in done.stdout, "rank 0 is filtered out of the console"
+    assert "rank 0 done" in (tmp_path / "D" / "rank_0.log").read_text(), "its log keeps everything"
+
+
+def config_errors(done: subprocess.CompletedProcess[str]) -> list[str]:
+    assert done.returncode == 2, done.stdout
+    assert "Traceback" not in done.stdout, done.stdout
+    return [line for line in done.stdout.splitlines() if line.startswith("taskd run: error:")]
+
+
+def test_planted_rank_log_link_is_a_config_error_and_nothing_starts(tmp_path: Path) -> None:
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    logs = tmp_path / "D"
+    logs.mkdir()
+    (logs / "rank_1.log").symlink_to(tmp_path / "elsewhere")
+    errors = config_errors(run(["--nproc-per-node", "2", "--log-dir", str(logs), str(script), str(tmp_path)],
+                               tmp_path))
+    assert len(errors) == 1 and "rank_1.log" in errors[0] and "symbolic link" in errors[0], errors
+    assert not list(tmp_path.glob("rank*.json")), "no rank started"
+
+
+def test_bad_agent_variable_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    errors = config_errors(run(["--nproc-per-node", "2", str(script), str(tmp_path)], tmp_path,
+                               env={"TASKD_CONTROLLER_TIMEOUT": "soon"}))
+    assert len(errors) == 1 and "TASKD_CONTROLLER_TIMEOUT" in errors[0], errors
+    assert not list(tmp_path.glob("rank*.json")), "no rank started"
+
+
+def test_worker_spec_local_ranks_filter() -> None:
+    from taskd.launcher import WorkerSpec, WorkerSpecError
+
+    spec = WorkerSpec(["true"], nproc_per_node=3, console=True, local_ranks_filter=[0, 2])
+    assert spec.local_ranks_filter == frozenset({0, 2})
+    assert [spec.console_streams(r) for r in range(3)] == [(True, True), (False, False), (True, True)]
+    assert WorkerSpec(["true"], nproc_per_node=2, console=True).console_streams(1) == (True, True)
+    for bad in ([], [-1], "0", [True]):
+        with pytest.raises(WorkerSpecError, match="--local-ranks-filter"):
+            WorkerSpec(["true"], nproc_per_node=2, local_ranks_filter=bad)
