@@ -22,6 +22,7 @@ WORKER = textwrap.dedent('''
     ckpt = worker.CheckpointManager(os.path.join(out, f"ckpt{rank}"), keep=2)
     state = {"step": 0}
     worker.on_save_request(lambda: ckpt.save(dict(state), state["step"]))
+    worker.declare_rejoinable()  # independent ranks: the agent may restart just the hung one (recover)
     marker = os.path.join(out, f"hung-once-{rank}")
     for step in range(40):
         state["step"] = step

@@ -118,11 +118,11 @@ def test_hang_culprit_is_named_first_and_replaced(tmp_path, reference):
     code, console = taskd_run(tmp_path, ["--hang-at-step", "12", "--fault-rank", "1"],
                               flags=["--heartbeat-timeout", "8"])
     assert code == 0, console[-6000:]
-    culprit = re.search(r"hang: rank (\d+) \(pid \d+\) is the culprit", console)
+    culprit = re.search(r"hang: rank (\d+) \(pid \d+\) made no progress [^\n]*: the culprit", console)
     assert culprit and culprit.group(1) == "1", console[-6000:]
     first_hang_line = next(line for line in console.splitlines() if "hang:" in line)
     assert "rank 1" in first_hang_line and "culprit" in first_hang_line
-    assert not re.search(r"hang: rank [02] \(pid \d+\) is the culprit", console)
+    assert not re.search(r"hang: rank [02] \(pid \d+\) made no progress", console)
     assert "strategy: recover for rank(s) [1]" in console
     info = summary(tmp_path)
     pids = start_pids(console)

@@ -141,7 +141,7 @@ class HangWatch:
             step = f" at step {hang.step}" if hang.step is not None else ""
             where = f" in section {hang.section!r}" if hang.section else ""
             stopped = " (process stopped)" if _stopped(rank) else ""
-            log.warning("hang: rank %d (pid %d) is the culprit: no progress for %.1fs%s%s%s", rank.global_rank,
+            log.warning("hang: rank %d (pid %d) made no progress for %.1fs%s%s%s: the culprit", rank.global_rank,
                         rank.pid, hang.quiet, step, where, stopped)
         if waiting:
             log.info("hang: rank(s) %s wait on it%s", sorted(r.global_rank for r, _ in waiting),

@@ -59,6 +59,7 @@ class LiveRanks:
         self._declared: dict[int, tuple[bool, bool]] = {}  # local rank -> (can_rejoin, can_retry), last declared
         self._errors: dict[tuple[int, int], int] = {}  # (local rank, pid) -> in-place errors already seen
         self._steps: dict[int, int | None] = {}  # local rank -> last completed step seen (before a fault)
+        self._group: set[int] = set()  # local ranks seen in a group generation (the rest are independent)
 
     @property
     def enabled(self) -> bool:
@@ -82,6 +83,8 @@ class LiveRanks:
             return None
         if status.can_rejoin or status.can_retry:  # kept when the rank dies or a replacement has not declared yet
             self._declared[rank.local_rank] = (status.can_rejoin, status.can_retry)
+        if status.generation is not None:
+            self._group.add(rank.local_rank)
         return status
 
     def refresh(self) -> dict[int, RankStatus]:
@@ -185,28 +188,40 @@ class LiveRanks:
         rb = self.rebuild
         if rb is None:
             return None
-        ranks = self.table.all()
+        ranks = [r for r in self.table.all() if r.state is not RankState.SUCCEEDED]  # finished ranks are fine
         gone = [r.global_rank for r in ranks if not r.state.alive]
         if gone and rb.confirmed is None:
             return "failed", f"rank(s) {gone} ended before the group of generation {rb.generation} re-formed"
         statuses = {r.local_rank: self.status(r) for r in ranks}
+
+        def rejoined(r: Rank) -> bool:  # a rank of no group (independent ranks) only has to be running
+            s = statuses[r.local_rank]
+            return r.local_rank not in self._group and r.state is RankState.RUNNING \
+                or (s is not None and s.rejoined(rb.generation))
+
+        def resumed(r: Rank) -> bool:
+            s = statuses[r.local_rank]
+            if r.local_rank not in self._group:
+                return r.global_rank not in rb.faults or (s is not None and s.heartbeat.step is not None)
+            return s is not None and s.resumed(rb.generation)
+
         if rb.confirmed is None:
-            if all(s is not None and s.rejoined(rb.generation) for s in statuses.values()):
+            if all(rejoined(r) for r in ranks):
                 rb.confirmed = now
                 return "rejoined", ""
             if now >= rb.deadline:
-                waiting = sorted(r.global_rank for r in ranks
-                                 if statuses[r.local_rank] is None
-                                 or not statuses[r.local_rank].rejoined(rb.generation))  # type: ignore[union-attr]
+                waiting = sorted(r.global_rank for r in ranks if not rejoined(r))
                 return "failed", (f"rank(s) {waiting} did not rejoin generation {rb.generation} within "
                                   f"{rb.deadline - rb.started:.0f}s")
             return None
-        if gone or not all(s is not None and s.resumed(rb.generation) for s in statuses.values()):
+        if gone or not all(resumed(r) for r in ranks):
             return None
         recomputed = {}
         for r in ranks:
+            if r.local_rank not in self._group:
+                continue
             before = rb.steps_before.get(r.local_rank)
-            resume = statuses[r.local_rank].resume_step  # type: ignore[union-attr]
+            resume = statuses[r.local_rank].resume_step if statuses.get(r.local_rank) else None  # type: ignore[union-attr]
             recomputed[r.global_rank] = max(0, before + 1 - resume) if before is not None and resume is not None \
                 else 0
         self.rebuild = None
