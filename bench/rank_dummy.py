@@ -37,6 +37,11 @@ def on_term(signum: int, _frame: object) -> None:
 
 def main() -> int:
     signal.signal(signal.SIGTERM, on_term)
+    # independent ranks: under taskd the agent offers `recover` only to ranks that declared this (before the
+    # start record, which the benchmarks wait for before they kill; T0 above is unaffected)
+    from taskd.worker import declare_rejoinable
+
+    declare_rejoinable()
     record("start", T0)
     print(f"rank {os.environ.get('RANK', '0')} pid {os.getpid()} up", flush=True)
     seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 3600.0
