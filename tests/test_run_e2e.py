@@ -194,7 +194,9 @@ def test_two_nodes_share_one_controller(tmp_path: Path, baseline: list[np.ndarra
                        "--server", f"127.0.0.1:{port}", *example_args(tmp_path)], tmp_path / f"node{r}.log")
             for r in range(2)
         ]
-        wait_for(lambda: has_checkpoint(tmp_path, 3), 60, "rank 3's first checkpoint")
+        # every rank running (and so declared rejoinable: recover is offered only then); node 0 starts later,
+        # after the rendezvous store it hosts
+        wait_for(lambda: has_checkpoint(tmp_path, 3) and has_checkpoint(tmp_path, 0), 60, "ranks 0 and 3's checkpoints")
         pids = wait_for(lambda: (r := ranks_of(nodes[1].pid)) and len(r) == 2 and r, 30, "node 1's ranks")
         assert set(pids) == {2, 3}, "global ranks of node 1 are 2 and 3"
         os.kill(pids[3], signal.SIGKILL)
