@@ -42,9 +42,6 @@ OTHER_NODE = REPO / "tests" / "mindspore_scripts" / "msrun_other_node.py"
 MS_STALL = REPO / "tests" / "mindspore_scripts" / "ms_stall.py"
 TRAIN_LINGER = REPO / "tests" / "mindspore_scripts" / "train_dp_linger.py"  # train_dp.py; rank 1 exits 5 s later
 EXIT_SKEW = 15.0  # seconds: "both msruns exit within seconds of each other"
-XFAIL_HANG_ORDER = (
-    "issue 13: the sweep judges ranks in index order and faults the first stale one, so rank 0 (waiting in "
-    "AllReduce for the stalled rank 1) is named first although rank 1's heartbeat is older")
 
 
 def job_processes(job_id: str) -> list[psutil.Process]:
@@ -300,13 +297,13 @@ def test_two_msrun_nodes_finish_together_and_agree(two_node_jobs, victim: int | 
     assert left == [], f"the agents left {left} in their $TMPDIR (heartbeat directories are removed at the end)"
 
 
-@pytest.mark.xfail(strict=True, reason=XFAIL_HANG_ORDER)
 @pytest.mark.timeout(300)
 def test_stalled_rank_is_named_first_not_its_peer_waiting_in_allreduce(tmp_path: Path) -> None:
     """One msrun, 2 ranks, embedded controller. After the AllReduce of step 20 rank 1 beats and stalls; rank 0
     beats 0.1 s later, then waits in the next AllReduce. Both go quiet at step 20, rank 1's heartbeat the
-    older, and with a 5 s sweep one sweep finds both past the timeout (about 98 times in 100, so the xfail
-    can pass by luck 1 time in 50): the console must name rank 1 first."""
+    older, and with a 5 s sweep one sweep nearly always finds both past the timeout (a sweep that judged
+    ranks in index order named rank 0 first): the console must name rank 1 first, fault only rank 1, and
+    its kept log must hold its stack."""
     env = make_env()
     env.update({"TASKD_HEARTBEAT_TIMEOUT": "4", "TASKD_MONITOR_INTERVAL": "5", "TMPDIR": str(tmp_path)})
     job = MsrunJob(tmp_path, "stall", MS_STALL, ["--state-dir", str(tmp_path / "stall" / "state")], env)
@@ -321,6 +318,13 @@ def test_stalled_rank_is_named_first_not_its_peer_waiting_in_allreduce(tmp_path:
         assert named, f"no rank was named hung\n{job.logs()}"
         assert pattern.search(named[0]).group(1) == "1", f"named first: {named[0]!r}, all: {named}\n{job.logs()}"
         assert job.wait(120) == 0, f"msrun failed after the hang\n{job.logs()}"
+        faults = [ln for ln in job.output().splitlines() if "fault: rank" in ln]
+        assert faults and all("fault: rank 1 " in ln for ln in faults), f"faults: {faults}\n{job.logs()}"
+        stalled = int((job.dir / "state" / "stalled").read_text())
+        kept = [p for p in job.log_dir.glob("worker_1.log*")
+                if f"pid {stalled} started" in p.read_text(errors="replace")]
+        assert len(kept) == 1, f"the stalled incarnation's log was not kept\n{job.logs()}"
+        assert "in stall_forever" in kept[0].read_text(errors="replace"), f"no stack of the stalled rank in {kept[0]}"
         job.assert_nothing_left()
     finally:
         job.kill()

@@ -6,9 +6,9 @@ AllReduce of step ``--stall-at-step``, beats, and then sleeps in ``stall_forever
 that step ``--skew`` seconds later and then wait inside the next AllReduce. Every rank stops beating
 at the same step, the stalled one ``--skew`` seconds first (a CPU AllReduce takes ~0.3 s, so a whole
 step would be a wide gap; a small one lets one agent sweep find both ranks past the timeout). A later
-incarnation sees the marker and every rank runs ``--steps`` steps, records ``<state-dir>/done-rank<R>-<pid>``
-and exits 0. As msrun's scheduler (``MS_ROLE=MS_SCHED``) ``init()`` serves the cluster and the script
-returns after it.
+incarnation sees the marker and every rank runs ``--steps`` steps without heartbeats, records
+``<state-dir>/done-rank<R>-<pid>`` and exits 0. As msrun's scheduler (``MS_ROLE=MS_SCHED``) ``init()``
+serves the cluster and the script returns after it.
 """
 
 from __future__ import annotations
@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         stall_step = first and step == args.stall_at_step
         if stall_step and rank != args.stall_rank:
             time.sleep(args.skew)
-        worker.heartbeat(step)
+        if first:  # a later incarnation is not watched: MindSpore's finalize at exit outlasts a short timeout
+            worker.heartbeat(step)
         if stall_step and rank == args.stall_rank:
             touch(marker, str(pid))
             stall_forever(rank, step)
