@@ -30,6 +30,7 @@ import os
 import random
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -146,8 +147,8 @@ class Controller:
     def shutdown(self) -> int | None:
         if self.proc is None:
             return None
-        if self.mode == "stopped":
-            self.signal(signal.SIGCONT)
+        if self.proc.poll() is None:
+            self.signal(signal.SIGCONT)  # a frozen controller cannot act on SIGTERM
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -636,7 +637,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("give --duration or --jobs, not both")
     if args.quick:
         args.duration = args.duration if args.duration is not None or args.jobs is not None else 35.0
-        args.steps, args.job_timeout = 150, 60.0
+        args.steps, args.job_timeout = 150, 90.0
         args.interval = (0.8, 2.0)
     else:
         args.interval = (1.0, 4.0)
@@ -654,23 +655,23 @@ def main(argv: list[str] | None = None) -> int:
                    "duration": args.duration, "jobs_asked": args.jobs, "ranks_per_node": RANKS_PER_NODE})
     work = Path(tempfile.mkdtemp(prefix="taskd-chaos-"))
     soak = Soak(args, work)
-    shutdown_code = None
+    # SIGTERM (a test's timeout, a CI job cancelled) unwinds through the finally clauses below
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     try:
         seconds = soak.run()
         judged = soak.judge()
-    finally:
-        if soak.ctl.mode != "down":
-            soak.ctl.signal(signal.SIGCONT)
+    except BaseException:
+        print(f"chaos soak aborted; work directory kept: {work}", file=sys.stderr)
+        raise
+    finally:  # also when the soak itself fails: nothing it started may outlive it
         shutdown_code = soak.ctl.shutdown()
         if soak.hostile_client is not None:
             soak.hostile_client.close()
-    leftovers = _wait_gone(soak.tag)
+        leftovers = _wait_gone(soak.tag)
     result.update(report(soak, seconds, judged, shutdown_code, leftovers))
     result["work_dir"] = str(work) if args.keep else None
     write_result("chaos", result)
     if not args.keep:
-        import shutil
-
         shutil.rmtree(work, ignore_errors=True)
     else:
         print(f"work directory kept: {work}")
