@@ -188,6 +188,16 @@ class Soak:
         self.rng.shuffle(self.plan)  # every kind once first (so a short run sees each), then weighted draws
         self.reference: dict[int, np.ndarray] = {}
         self.hostile_client: Hostile | None = None
+        self.left_dirs: list[dict[str, Any]] = []
+
+    def sweep_run_dirs(self) -> None:
+        """The launcher's private run directories (taskd-<job>-*, heartbeat files) still in the temp directory
+        once the jobs ended: a SIGKILLed `taskd run` cannot remove its own. Recorded, then removed."""
+        for job in self.jobs:
+            for path in Path(tempfile.gettempdir()).glob(f"taskd-{job.job_id}-*"):
+                self.left_dirs.append({"job": job.job_id, "dir": str(path), "agent_killed": job.agent_killed,
+                                       "outcome": job.outcome})
+                shutil.rmtree(path, ignore_errors=True)
 
     # ------------------------------------------------------------------ setup
 
@@ -587,6 +597,8 @@ def report(soak: Soak, seconds: float, judged: dict[str, Any], shutdown_code: in
     tracebacks = soak.ctl.log.read_text(errors="replace").count("Traceback") if soak.ctl.log.exists() else 0
     print(f"controller tracebacks in its log: {tracebacks}")
     print(f"lost jobs: {len(soak.lost)}")
+    print(f"run directories left in {tempfile.gettempdir()}: {len(soak.left_dirs)} "
+          f"(jobs {sorted({d['job'] for d in soak.left_dirs})})")
     print(f"controller/agent state disagreements: {len(judged['disagreements'])}")
     for j in soak.jobs:
         if j.outcome in ("failed wrongly", "wrong result", "stuck"):
@@ -603,7 +615,7 @@ def report(soak: Soak, seconds: float, judged: dict[str, Any], shutdown_code: in
             "failed_wrongly": wrong, "orphans": orphans, "controller_crashes": soak.ctl.crashes,
             "controller_restarts": soak.ctl.restarts,
             "controller_tracebacks": tracebacks, "stalls": soak.stalls, "shutdown_code": shutdown_code,
-            "lost_jobs": soak.lost, "disagreements": judged["disagreements"],
+            "lost_jobs": soak.lost, "left_dirs": soak.left_dirs, "disagreements": judged["disagreements"],
             "jobs": [{"job": j.job_id, "nodes": j.nodes, "outcome": j.outcome, "codes": j.codes,
                       "faults": dict(j.faults), "agent_killed": j.agent_killed, "detail": j.detail[:2000]}
                      for j in soak.jobs]}
@@ -668,6 +680,7 @@ def main(argv: list[str] | None = None) -> int:
         if soak.hostile_client is not None:
             soak.hostile_client.close()
         leftovers = _wait_gone(soak.tag)
+        soak.sweep_run_dirs()
     result.update(report(soak, seconds, judged, shutdown_code, leftovers))
     result["work_dir"] = str(work) if args.keep else None
     write_result("chaos", result)
