@@ -38,6 +38,10 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--agent-loss-timeout", type=float, default=d.agent_loss_timeout, metavar="SECONDS",
                         help="an agent whose signal stream closed and that does not come back (nor report that it "
                              "finished) within this fails its job; the other agents are told to exit")
+    parser.add_argument("--join-timeout", type=float, default=d.join_timeout, metavar="SECONDS",
+                        help="a job whose nodes have not all registered this long after its first agent did fails "
+                             "(naming the missing nodes) and the agents that joined are told to exit; torchrun's "
+                             f"rendezvous join_timeout (default {d.join_timeout:g})")
     parser.add_argument("--max-restarts", type=int, default=d.default_max_restarts, metavar="N",
                         help="restart budget of a job that does not send its own")
     parser.add_argument("--max-jobs", type=int, default=d.max_jobs, metavar="N",
@@ -97,6 +101,7 @@ def server_config(args: argparse.Namespace):  # noqa: ANN201 - ControllerConfig,
         stop_timeout=args.stop_timeout, strategy_timeout=args.strategy_timeout,
         recover_timeout=args.recover_timeout, resume_timeout=args.resume_timeout, settle_window=args.settle_window,
         default_max_restarts=args.max_restarts, agent_loss_timeout=args.agent_loss_timeout,
+        join_timeout=args.join_timeout,
         max_jobs=args.max_jobs, finished_job_retention=args.finished_job_retention,
         unregistered_job_timeout=args.unregistered_job_timeout,
         token_file=args.token_file, tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca,

@@ -86,7 +86,8 @@ FLAGS = {
     "listen": "--listen", "state_path": "--state", "keepalive_interval": "--keepalive-interval",
     "stop_timeout": "--stop-timeout", "strategy_timeout": "--strategy-timeout",
     "recover_timeout": "--recover-timeout", "resume_timeout": "--resume-timeout", "settle_window": "--settle-window",
-    "default_max_restarts": "--max-restarts", "agent_loss_timeout": "--agent-loss-timeout", "max_jobs": "--max-jobs",
+    "default_max_restarts": "--max-restarts", "agent_loss_timeout": "--agent-loss-timeout",
+    "join_timeout": "--join-timeout", "max_jobs": "--max-jobs",
     "finished_job_retention": "--finished-job-retention",
     "unregistered_job_timeout": "--unregistered-job-timeout", "token_file": f"--token-file or {TOKEN_ENV}",
     "tls_cert": "--tls-cert", "tls_key": "--tls-key", "tls_client_ca": "--tls-client-ca", "insecure": "--insecure",
@@ -167,7 +168,8 @@ class ControllerConfig(MachineConfig):
             bad("listen", str(exc))
             host = ""
         for name in ("keepalive_interval", "stop_timeout", "strategy_timeout", "recover_timeout", "resume_timeout",
-                     "agent_loss_timeout", "grace", "idle_timeout", "handshake_timeout", "unregistered_job_timeout"):
+                     "agent_loss_timeout", "join_timeout", "grace", "idle_timeout", "handshake_timeout",
+                     "unregistered_job_timeout"):
             if not _number(getattr(self, name)) or getattr(self, name) <= 0:
                 bad(name, f" must be > 0, got {getattr(self, name)!r}")
         for name in ("settle_window", "finished_job_retention", "calls_per_second_per_peer"):

@@ -93,17 +93,22 @@ class AgentLossDue:
     """Time passed; agents gone longer than `agent_loss_timeout` (if any still are) are lost."""
 
 
+@dataclass(frozen=True)
+class JoinDue:
+    """Time passed; nodes still unregistered `join_timeout` after the first agent registered never joined."""
+
+
 Event = (
     JobInit | AgentRegistered | AgentConnected | AgentDisconnected | FaultReported | StopComplete
-    | StrategiesReported | RecoverStatusReported | AgentFinished | Tick | AgentLossDue
+    | StrategiesReported | RecoverStatusReported | AgentFinished | Tick | AgentLossDue | JoinDue
 )
 
 EVENT_TYPES: tuple[type, ...] = (
     JobInit, AgentRegistered, AgentConnected, AgentDisconnected, FaultReported, StopComplete, StrategiesReported,
-    RecoverStatusReported, AgentFinished, Tick, AgentLossDue,
+    RecoverStatusReported, AgentFinished, Tick, AgentLossDue, JoinDue,
 )
 
-FIRE_AND_FORGET = (Tick, AgentLossDue, AgentDisconnected)
+FIRE_AND_FORGET = (Tick, AgentLossDue, JoinDue, AgentDisconnected)
 """Events nobody waits an answer for: when no rule takes them they are dropped, not answered 401."""
 
 NEEDS_REGISTERED = frozenset({

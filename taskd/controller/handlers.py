@@ -18,6 +18,7 @@ from taskd.controller.events import (
     AgentRegistered,
     FaultReported,
     JobInit,
+    JoinDue,
     Outcome,
     Record,
     RecoverStatusReported,
@@ -73,6 +74,8 @@ def on_register(m: Job, ev: AgentRegistered, now: float, out: Outcome) -> Result
     if a is None:
         a = AgentInfo(node_rank=ev.node_rank, registered_at=now)
         table.add(a)
+        if m.first_registered_at is None:
+            m.first_registered_at = now  # the join timeout counts from here
     a.role, a.ranks_per_node, a.last_seen = ev.role, ev.ranks_per_node, now
     table.set_identity(a, ev.host, ev.pid)
     table.set_online(a, True)
@@ -159,6 +162,23 @@ def on_agent_lost(m: Job, ev: AgentLossDue, now: float, out: Outcome) -> Result:
         info = (f"agents of nodes {', '.join(map(str, nodes))} lost for {max(lost.values()):.0f}s: "
                 f"nothing can restart their ranks")
     others = any(not a.finished for n, a in m.agents.items() if n not in lost)
+    return m.fail(info, now, out, notify=others)
+
+
+def on_join_timeout(m: Job, ev: JoinDue, now: float, out: Outcome) -> Result:
+    """Nodes that never registered within the join timeout of the first agent: the job cannot run without
+    them (torchrun's rendezvous gives up after its join_timeout too), so it fails and the agents that joined
+    are told to exit, as when an agent is lost."""
+    deadline = m.join_deadline
+    if deadline is None or now < deadline:
+        return m.state  # every node registered meanwhile, or the job was reset
+    missing = m.missing_nodes()
+    timeout = m.config.join_timeout
+    m.record(out, "join_timeout", missing=missing, joined=len(m.agents), node_count=m.node_count, timeout=timeout)
+    shown = f"[{', '.join(map(str, missing[:20]))}{', ...' if len(missing) > 20 else ''}]"
+    more = f" ({len(missing)} of {m.node_count})" if len(missing) > 20 else ""
+    info = f"node(s) {shown}{more} never joined within {timeout:g} s"
+    others = any(not a.finished for a in m.agents.values())
     return m.fail(info, now, out, notify=others)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from taskd.controller.agents import AgentInfo, AgentTable
-from taskd.controller.events import AgentLossDue, Event, JobInit, Outcome, Record, Signal, Tick
+from taskd.controller.events import AgentLossDue, Event, JobInit, JoinDue, Outcome, Record, Signal, Tick
 from taskd.controller.model import ACTIVE, JobState, MachineConfig, Round, fmt_faults
 from taskd.controller.strategy import RESTARTING, charged, choose_strategy
 from taskd.vocabulary import Action, FaultRanks, SignalType, Strategy
@@ -42,6 +42,9 @@ class Job:
         self.unsettled_recovers = 0
         self.recover_banned = False
         self.agents = AgentTable()  # changed only through its methods, which keep its counts in step
+        # when the first agent of this run registered: the join timeout counts from it (None: none yet, or
+        # not known since a controller restart, then derived from the stored agents)
+        self.first_registered_at: float | None = None
         self.info = ""
         self.signal_seq = 0
         self.last_signal: Signal | None = None
@@ -72,10 +75,26 @@ class Job:
         first = self.agents.first_gone()
         return None if first is None else first + self.config.agent_loss_timeout
 
+    def missing_nodes(self) -> list[int]:
+        """The expected nodes no agent has registered for (O(nodes): for the join timeout's verdict only)."""
+        return [n for n in range(self.node_count) if n not in self.agents]
+
+    @property
+    def join_deadline(self) -> float | None:
+        """When the nodes still missing count as never joining: `join_timeout` after the first agent registered.
+        None once every node registered, before any did, or while the job is not ACTIVE. O(1)."""
+        agents = self.agents
+        if self.state not in ACTIVE or not len(agents) or len(agents) >= self.node_count:
+            return None
+        if self.first_registered_at is None:  # restored after a controller restart: from the stored agents
+            stamps = [a.registered_at for a in agents.values() if a.registered_at > 0]
+            self.first_registered_at = min(stamps) if stamps else self.created_at
+        return self.first_registered_at + self.config.join_timeout
+
     @property
     def wake_at(self) -> float | None:
-        """When the caller must next deliver `due_events` (the round's deadline or an agent's loss)."""
-        times = [t for t in (self.deadline, self.loss_deadline) if t is not None]
+        """When the caller must next deliver `due_events` (the round's deadline, an agent's loss, the join timeout)."""
+        times = [t for t in (self.deadline, self.loss_deadline, self.join_deadline) if t is not None]
         return min(times) if times else None
 
     def due_events(self, now: float) -> list[Event]:
@@ -83,6 +102,9 @@ class Job:
         due: list[Event] = []
         if self.loss_deadline is not None and self.loss_deadline <= now:
             due.append(AgentLossDue())
+        join = self.join_deadline
+        if join is not None and join <= now:
+            due.append(JoinDue())
         if self.deadline is not None and self.deadline <= now:
             due.append(Tick())
         return due
@@ -137,6 +159,7 @@ class Job:
     def reset(self, ev: JobInit) -> None:
         """Forget the run (agents, round, budget spent) and start over with `ev`; the history stays."""
         self.agents = AgentTable()  # a new table, not cleared: an event that cannot be stored puts the old one back
+        self.first_registered_at = None
         self.round = None
         self.queued.clear()
         self.restarts = 0

@@ -53,6 +53,9 @@ class MachineConfig:
     default_max_restarts: int = 3
     # an agent whose stream closed and that neither resubscribed nor finished within this fails its job
     agent_loss_timeout: float = 30.0
+    # nodes still unregistered this long after the job's first agent registered fail the job (torchrun's
+    # rendezvous join_timeout): without it, the nodes that came would wait for the missing ones forever
+    join_timeout: float = 600.0
     # a job with no agent this long after its Init (no Register followed, or all forgotten by a reset) is
     # dropped, from memory and the state file (the controller's core applies it, not the machine)
     unregistered_job_timeout: float = 300.0

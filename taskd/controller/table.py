@@ -30,6 +30,7 @@ from taskd.controller.events import (
     AgentRegistered,
     FaultReported,
     JobInit,
+    JoinDue,
     Outcome,
     RecoverStatusReported,
     StopComplete,
@@ -83,7 +84,8 @@ RULES: tuple[Rule, ...] = (
     # job and agent lifecycle
     Rule(ANY, JobInit, _targets(S.RUNNING, UNCHANGED), h.on_init, "reset → RUNNING; join → unchanged"),
     Rule(ANY, AgentRegistered, _targets(UNCHANGED), h.on_register,
-         "starts its loss clock until it subscribes; 409 if another process's agent holds the node"),
+         "starts its loss clock until it subscribes (the job's first starts the join clock); 409 if another "
+         "process's agent holds the node"),
     Rule(_states(S.RESUMING), AgentConnected, _targets(S.RESUMING, S.STOPPING), h.on_connected_resuming,
          "STOPPING (the round restarts) once every agent is back"),
     Rule(_states(S.FAILED), AgentConnected, _targets(S.FAILED), h.on_connected_failed,
@@ -98,6 +100,9 @@ RULES: tuple[Rule, ...] = (
     # an agent gone past the loss timeout (its stream closed, no finish, no resubscription) fails the job
     Rule(ACTIVE, AgentLossDue, _targets(S.FAILED, UNCHANGED), h.on_agent_lost,
          "FAILED (`changeStrategy exit`); unchanged if every agent came back"),
+    # nodes that never registered within the join timeout of the first agent fail the job
+    Rule(ACTIVE, JoinDue, _targets(S.FAILED, UNCHANGED), h.on_join_timeout,
+         "FAILED (`changeStrategy exit` to the agents that joined); unchanged once every node registered"),
     # a fault opens a round, joins an undecided one, or waits for the next
     Rule(_states(S.RUNNING), FaultReported, _targets(S.STOPPING, S.FAILED), h.on_fault_running,
          "opens a round; FAILED when a node already finished"),
