@@ -34,7 +34,7 @@ AGENT_FLAGS = {
     "job_id": "--job-id", "server": "--server", "node_rank": "--node-rank", "node_count": "--nnodes",
     "ranks_per_node": "--nproc-per-node", "strategies": "--strategies", "max_restarts": "--max-restarts",
     "monitor_interval": "--monitor-interval", "stop_grace": "--stop-grace", "heartbeat_timeout": "--heartbeat-timeout",
-    "log_dir": "--log-dir", "dump_timeout": "--dump-timeout",
+    "log_dir": "--log-dir", "dump_timeout": "--dump-timeout", "join_timeout": "--rdzv-conf join_timeout",
 }
 _RUN_FIELDS = {"node_count": "nnodes", "ranks_per_node": "nproc_per_node"}  # agent setting -> RunConfig field
 
@@ -75,6 +75,7 @@ def run_main(config: RunConfig) -> int:
             node_count=config.nnodes, ranks_per_node=config.nproc_per_node, strategies=list(config.strategies) or None,
             max_restarts=config.max_restarts, monitor_interval=config.monitor_interval, stop_grace=config.stop_grace,
             heartbeat_timeout=config.heartbeat_timeout, log_dir=config.log_dir, dump_timeout=config.dump_timeout,
+            join_timeout=config.join_timeout,
         )
         launcher = LocalLauncher(spec)
     except WorkerSpecError as exc:

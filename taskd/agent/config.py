@@ -29,17 +29,18 @@ ENV_NAMES = {
     "strategies": "TASKD_STRATEGIES", "max_restarts": "TASKD_MAX_RESTARTS",
     "monitor_interval": "TASKD_MONITOR_INTERVAL", "stop_grace": "TASKD_STOP_GRACE",
     "controller_timeout": "TASKD_CONTROLLER_TIMEOUT", "heartbeat_timeout": "TASKD_HEARTBEAT_TIMEOUT",
-    "log_dir": "TASKD_LOG_DIR", "scheduler_grace": "TASKD_SCHEDULER_GRACE",
+    "log_dir": "TASKD_LOG_DIR", "scheduler_grace": "TASKD_SCHEDULER_GRACE", "join_timeout": "TASKD_JOIN_TIMEOUT",
 }
 _INT_VARS = ("node_rank", "node_count", "ranks_per_node", "max_restarts")
-_FLOAT_VARS = ("monitor_interval", "stop_grace", "controller_timeout", "heartbeat_timeout", "scheduler_grace")
+_FLOAT_VARS = ("monitor_interval", "stop_grace", "controller_timeout", "heartbeat_timeout", "scheduler_grace",
+               "join_timeout")
 _TEXT_VARS = ("job_id", "server", "log_dir")
 
 # (field, lowest allowed, whether the lowest is allowed, may be None)
 _BOUNDS = (
     ("max_restarts", 0, True, False), ("monitor_interval", 0, False, False), ("stop_grace", 0, True, False),
     ("controller_timeout", 0, True, False), ("heartbeat_timeout", 0, False, True), ("dump_timeout", 0, False, False),
-    ("scheduler_grace", 0, True, False),
+    ("scheduler_grace", 0, True, False), ("join_timeout", 0, False, False),
     ("node_rank", 0, True, True), ("node_count", 1, True, True), ("ranks_per_node", 1, True, True),
 )
 
@@ -65,6 +66,9 @@ class AgentConfig:
     # multi-node msrun: how long an agent whose ranks all finished waits for the controller to say the
     # whole job ended (node 0 keeps msrun's scheduler meanwhile, which the other nodes' ranks still use)
     scheduler_grace: float = 60.0
+    # multi-node: how long an agent waits, before starting any rank, for every node of the job to register
+    # with the controller (torchrun's rendezvous join_timeout, 600 s); then it exits 1 naming the missing nodes
+    join_timeout: float = 600.0
     # field -> the variable or flag that set it, named by a validation error (not part of the settings)
     origins: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 

@@ -33,6 +33,10 @@ from taskd.vocabulary import Action, Code, FaultRanks, SignalType, fault_ranks
 log = logging.getLogger("taskd.agent")
 
 
+class JobStatusUnsupported(RuntimeError):
+    """The controller serves only ClusterD's Recover service (no taskd.v1.JobStatus to ask who joined)."""
+
+
 class LocalController(Protocol):
     """A controller the caller runs for this agent alone (taskd's EmbeddedController): started, then stopped."""
 
@@ -239,9 +243,13 @@ class ControllerLink:
         except Exception as exc:
             log.debug("could not report the end of the job: %s", exc)
 
-    def job_state(self, timeout: float = 2.0) -> tuple[str, str] | None:
-        """(state, info) of this job on the controller (taskd.v1 JobStatus); ("", info) when the controller
-        no longer knows the job; None when it did not answer."""
+    @property
+    def job_id(self) -> str:
+        return self._mgr.info.jobId if self._mgr is not None else ""
+
+    def _job_record(self, timeout: float) -> taskd_pb2.JobRecord | str | None:
+        """This job's record (taskd.v1 JobStatus); the controller's info when it no longer knows the job;
+        None when it did not answer. Raises `JobStatusUnsupported` when it does not offer JobStatus."""
         mgr = self._mgr
         if mgr is None:
             return None
@@ -252,11 +260,35 @@ class ControllerLink:
             answer = stub.ListJobs(taskd_pb2.JobQuery(jobId=mgr.info.jobId), timeout=timeout,
                                    metadata=mgr.credentials.metadata())
         except Exception as exc:  # grpc.RpcError: unreachable, refused; the caller asks again or gives up
+            code = exc.code() if callable(getattr(exc, "code", None)) else None
+            if getattr(code, "name", "") == "UNIMPLEMENTED":  # e.g. ClusterD: only the Recover service
+                why = f"the controller at {mgr.server_addr} does not offer taskd.v1.JobStatus"
+                raise JobStatusUnsupported(why) from None
             log.debug("job status of %s: %s", mgr.info.jobId, exc)
             return None
         if answer.status.code != Code.OK or not answer.jobs:
-            return "", answer.status.info
-        return answer.jobs[0].state, answer.jobs[0].info
+            return answer.status.info
+        return answer.jobs[0]
+
+    def job_state(self, timeout: float = 2.0) -> tuple[str, str] | None:
+        """(state, info) of this job on the controller (taskd.v1 JobStatus); ("", info) when the controller
+        no longer knows the job; None when it did not answer (or offers no JobStatus)."""
+        try:
+            record = self._job_record(timeout)
+        except JobStatusUnsupported as exc:
+            log.debug("%s", exc)
+            return None
+        if record is None or isinstance(record, str):
+            return None if record is None else ("", record)
+        return record.state, record.info
+
+    def job_nodes(self, timeout: float = 2.0) -> tuple[str, str, frozenset[int]] | None:
+        """(state, info, node ranks registered) of this job on the controller; state "" when it no longer
+        knows the job; None when it did not answer. Raises `JobStatusUnsupported` (see `_job_record`)."""
+        record = self._job_record(timeout)
+        if record is None or isinstance(record, str):
+            return None if record is None else ("", record, frozenset())
+        return record.state, record.info, frozenset(a.nodeRank for a in record.agents)
 
     def close(self, exit_code: int, reason: str) -> None:
         """Tell the controller the job ended here (unless done), stop listening, stop the embedded controller."""

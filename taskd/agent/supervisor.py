@@ -22,6 +22,7 @@ from taskd.agent.config import AgentConfig, new_job_id
 from taskd.agent.controller_link import Command, ControllerLink, LocalController, Order
 from taskd.agent.hang_watch import HangWatch
 from taskd.agent.job_end import await_job_end
+from taskd.agent.join_wait import await_nodes
 from taskd.agent.live import POLL, LiveRanks
 from taskd.agent.msrun_logs import MsrunLogs
 from taskd.agent.policy import LocalPolicy, ReportRetry
@@ -106,6 +107,24 @@ class Supervisor:
                 self._finish(False, 1, "no controller answered, and a multi-node job does not run without one")
             else:
                 self.policy.degraded = True
+        else:
+            self._await_nodes()
+
+    def _await_nodes(self) -> None:
+        """A multi-node job's ranks start once all its nodes joined, as after torchrun's rendezvous (join_wait.py);
+        a one-node job asks nothing."""
+        layout = self.table.layout
+        if layout is None or layout.node_count == 1:
+            return
+        join = await_nodes(self.link, self.link.job_id, layout.node_count, self.config.join_timeout,
+                           lambda: self._terminate_signal is not None)
+        if join.why == "signal" and self._terminate_signal is not None:
+            name = signal.Signals(self._terminate_signal).name
+            log.warning("received %s while the job's nodes were joining: no rank started", name)
+            self._finish(False, 128 + self._terminate_signal, f"agent received {name}")
+        elif not join.may_start:
+            log.error("%s: no rank started%s", join.problem(), join.hint)
+            self._finish(False, 1, join.problem())
 
     def _invoke_run(self) -> None:
         """Until the job ends: rank exits, the controller's orders, our own deadlines, the slow sweep."""

@@ -168,6 +168,7 @@ def build(cls: type[C], args: argparse.Namespace, environ: Mapping[str, str]) ->
     if log_dir is None and any((*redirects.values(), *tee.values())):
         log_dir = tempfile.mkdtemp(prefix="taskd-logs-")
         values.notices.append(f"--redirects/--tee without --log-dir: rank logs go to {log_dir}")
+    rdzv_conf = values.parse("rdzv_conf", lambda t: parse_rdzv_conf(str(t)), {})
     fields: dict[str, Any] = dict(
         entrypoint=tuple(entrypoint), script=script, script_args=tuple(script_args), launch_mode=launch_mode,
         nproc_per_node=nproc, nnodes=nnodes, min_nnodes=min_nnodes, standalone=standalone,
@@ -187,7 +188,7 @@ def build(cls: type[C], args: argparse.Namespace, environ: Mapping[str, str]) ->
         log_dir=log_dir, redirects=redirects, tee=tee,
         local_ranks_filter=values.parse("local_ranks_filter", lambda t: parse_rank_set(str(t)), None),
         role=values.parse("role", str, "default"),
-        rdzv_conf=values.parse("rdzv_conf", lambda t: parse_rdzv_conf(str(t)), {}),
+        rdzv_conf=rdzv_conf, join_timeout=_join_timeout(values, rdzv_conf),
     )
     if "job_id" in values.raw:
         values.sources.setdefault("job_id", values.raw["job_id"][1])
@@ -200,6 +201,20 @@ def build(cls: type[C], args: argparse.Namespace, environ: Mapping[str, str]) ->
     if problems:
         raise RunConfigError(problems)
     return config
+
+
+def _join_timeout(values: _Values, rdzv_conf: Mapping[str, str]) -> float | None:
+    """torchrun's `--rdzv-conf join_timeout=N`: how long a node waits for the others (None: not given)."""
+    if "join_timeout" not in rdzv_conf:
+        return None
+    source = f"{values.sources.get('rdzv_conf', '--rdzv-conf')} join_timeout"
+    try:
+        seconds = _float(rdzv_conf["join_timeout"])
+    except ValueError as exc:
+        values.problems.append(f"{source}: {exc}")
+        return None
+    values.sources["join_timeout"] = source
+    return seconds
 
 
 def _strategies(text: Any) -> tuple[str, ...]:

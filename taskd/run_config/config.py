@@ -74,6 +74,7 @@ class RunConfig:
     local_ranks_filter: frozenset[int] | None = None  # None = every local rank on the console
     role: str = "default"
     rdzv_conf: Mapping[str, str] = field(default_factory=dict)
+    join_timeout: float | None = None  # --rdzv-conf join_timeout: the agent's wait for every node (None: its default)
     notices: tuple[str, ...] = ()  # one line each, for flags that mean less under taskd than under torchrun
     from_environment: tuple[str, ...] = ()  # "nnodes=2 (SLURM_NNODES)"
     sources: Mapping[str, str] = field(default_factory=dict)
@@ -104,6 +105,8 @@ class RunConfig:
             check(name, getattr(self, name) > 0, "> 0")
         if self.heartbeat_timeout is not None:
             check("heartbeat_timeout", self.heartbeat_timeout > 0, "> 0")
+        if self.join_timeout is not None:
+            check("join_timeout", self.join_timeout > 0, "> 0")
         check("master_port", 0 <= self.master_port <= 65535, "in [0, 65535]")
         if self.launch_mode not in LAUNCH_MODES:
             out.append(f"launch_mode must be one of {', '.join(LAUNCH_MODES)}, not {self.launch_mode!r}")

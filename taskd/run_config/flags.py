@@ -13,8 +13,8 @@ import argparse
 NOTICES = {
     "rdzv_backend": "taskd has no rendezvous: nodes join through the controller (--server), so the backend "
                     "is not used",
-    "rdzv_conf": "taskd has no rendezvous, so its settings are not used (timeouts: --heartbeat-timeout, "
-                 "--stop-grace)",
+    "rdzv_conf": "taskd has no rendezvous: of its settings only join_timeout is used (how long a node waits "
+                 "for the job's other nodes); the others are not (timeouts: --heartbeat-timeout, --stop-grace)",
     "start_method": "taskd always starts each rank as a new process (as torchrun's spawn)",
     "event_log_handler": "taskd prints one line per event on stderr and keeps the history in its controller "
                          "(taskd status); torch's event handlers are not called",
@@ -57,7 +57,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     _flag(where, "--rdzv-id", "--rdzv_id", metavar="ID", help="the job id (same as --job-id)")
     _flag(where, "--rdzv-backend", "--rdzv_backend", metavar="NAME",
           help="accepted; taskd has no rendezvous (nodes join through the controller)")
-    _flag(where, "--rdzv-conf", "--rdzv_conf", metavar="K=V,...", help="accepted and checked; not used")
+    _flag(where, "--rdzv-conf", "--rdzv_conf", metavar="K=V,...",
+          help="join_timeout=SECONDS: how long a node of a multi-node job waits for the others to join before it "
+               "gives up, starting no rank (default $TASKD_JOIN_TIMEOUT, else 600, as torchrun); other keys are "
+               "accepted and not used")
     _flag(where, "--master-addr", "--master_addr", metavar="HOST",
           help="MASTER_ADDR for the ranks (default 127.0.0.1, or node 0's host under Slurm/Kubernetes)")
     _flag(where, "--master-port", "--master_port", metavar="PORT",

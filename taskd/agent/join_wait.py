@@ -1,0 +1,135 @@
+"""The start of a multi-node job: an agent starts its ranks only once every node of the job has joined.
+
+torchrun's rendezvous makes a fixed-size job wait for all its nodes, at most `join_timeout` (600 s by
+default), before any worker starts. taskd has no rendezvous: nodes meet at the controller. So an agent
+of a multi-node job, once registered, asks the controller (taskd.v1 JobStatus lists the registered
+agents) until every node of the job is there, at most `TASKD_JOIN_TIMEOUT` seconds (`taskd run
+--rdzv-conf join_timeout=N`); then it starts its ranks, or, at the timeout, exits 1 naming the missing
+nodes with no rank started. A single-node job does not ask at all. The controller fails a job whose
+nodes never all join on its own clock too (`taskd server --join-timeout`), which this wait sees as
+the job FAILED. A controller that serves only ClusterD's Recover service cannot be asked: the agent
+starts at once, as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from taskd.agent.controller_link import JobStatusUnsupported
+
+log = logging.getLogger("taskd.agent")
+
+FIRST_POLL = 0.05  # seconds before the second question; doubled up to the cap
+POLL_CAP = 0.5  # seconds between two questions for a small job (see poll_cap)
+SHOWN = 20  # missing nodes named in a line; the rest are counted
+
+
+class JobNodesSource(Protocol):
+    def job_nodes(self, timeout: float = 2.0) -> tuple[str, str, frozenset[int]] | None: ...
+
+
+def poll_cap(node_count: int) -> float:
+    """The longest pause between two questions: each answer lists every registered agent, so a job of
+    thousands of nodes asks less often (up to 5 s) to keep the controller's load bounded."""
+    return min(5.0, max(POLL_CAP, node_count / 200))
+
+
+def format_nodes(nodes: list[int]) -> str:
+    """`[0, 3]`; a long list is cut: `[0, 1, ..., 19, ...] (250 nodes)`."""
+    head = ", ".join(map(str, nodes[:SHOWN]))
+    return f"[{head}, ...] ({len(nodes)} nodes)" if len(nodes) > SHOWN else f"[{head}]"
+
+
+@dataclass(frozen=True)
+class Join:
+    """How the wait ended: `why` is "joined", "timeout", "failed" (the controller ended the job), "unknown job",
+    "signal" or "unsupported" (the controller cannot say who joined)."""
+
+    why: str
+    job_id: str
+    node_count: int
+    joined: frozenset[int]
+    waited: float
+    timeout: float
+    info: str = ""
+
+    @property
+    def missing(self) -> list[int]:
+        return [n for n in range(self.node_count) if n not in self.joined]
+
+    @property
+    def may_start(self) -> bool:
+        return self.why in ("joined", "unsupported")
+
+    @property
+    def hint(self) -> str:
+        """What to check, for the console line (not the controller's record)."""
+        if self.why != "timeout":
+            return ""
+        return (" (is every node started, with the same job id and controller? The wait is TASKD_JOIN_TIMEOUT or "
+                "taskd run --rdzv-conf join_timeout=SECONDS)")
+
+    def problem(self) -> str:
+        """Why no rank starts (for a wait that did not end with every node there, other than a signal)."""
+        if self.why == "timeout":
+            return (f"node(s) {format_nodes(self.missing)} of job {self.job_id} did not join within "
+                    f"{self.timeout:g}s ({len(self.joined)}/{self.node_count} joined)")
+        if self.why == "unknown job":
+            return f"the controller no longer knows job {self.job_id} ({self.info}) while its nodes were joining"
+        detail = f": {self.info}" if self.info else ""
+        return f"job {self.job_id} ended before all its nodes joined{detail}"
+
+
+def await_nodes(source: JobNodesSource, job_id: str, node_count: int, timeout: float,
+                interrupted: Callable[[], bool], sleep: Callable[[float], None] = time.sleep,
+                clock: Callable[[], float] = time.monotonic) -> Join:
+    """Ask the controller until every node 0..node_count-1 registered; bounded by `timeout` seconds."""
+    started = clock()
+    deadline = started + timeout
+    interval, cap = FIRST_POLL, poll_cap(node_count)
+    joined: frozenset[int] = frozenset()
+    info = ""
+    logged = False
+    while True:
+        try:
+            answer = source.job_nodes(timeout=max(0.1, min(2.0, deadline - clock())))
+        except JobStatusUnsupported as exc:
+            log.warning("%s: starting without waiting for the other nodes", exc)
+            why = "unsupported"
+            break
+        if answer is not None:
+            state, info, joined = answer
+            if state == "":
+                why = "unknown job"
+                break
+            if state in ("SUCCEEDED", "FAILED"):
+                why = "failed"
+                break
+            if all(n in joined for n in range(node_count)):
+                why = "joined"
+                break
+            if not logged:
+                missing = [n for n in range(node_count) if n not in joined]
+                log.info("waiting for nodes %s of job %s to join (%d/%d joined)", format_nodes(missing), job_id,
+                         len(joined), node_count)
+                logged = True
+        if interrupted():
+            why = "signal"
+            break
+        left = deadline - clock()
+        if left <= 0:
+            why = "timeout"
+            break
+        sleep(min(interval, left))
+        interval = min(cap, interval * 2)
+    join = Join(why, job_id, node_count, joined, clock() - started, timeout, info)
+    if logged and why == "joined":
+        log.info("all %d nodes of job %s joined after %.1fs", node_count, job_id, join.waited)
+    return join
+
+
+__all__ = ["Join", "JobNodesSource", "await_nodes", "format_nodes", "poll_cap"]
