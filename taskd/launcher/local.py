@@ -34,6 +34,7 @@ from taskd.launcher.error_file import RankError, read_error_file
 from taskd.launcher.incarnation import SPAWN_FAILED_CODE, Incarnation, RankTable
 from taskd.launcher.orphans import OrphanKeeper
 from taskd.launcher.output import ERR, OUT, OutputPump, RankLog, RankOutput
+from taskd.launcher.run_dir import make_run_dir
 from taskd.launcher.spares import SparePool, python_script
 from taskd.launcher.spec import STATUS_NOT_STARTED, WorkerSpec, free_port
 from taskd.process.exitcodes import describe_returncode
@@ -80,7 +81,7 @@ class LocalLauncher:
             for rank_log in logs.values():
                 rank_log.close()
             raise
-        run_dir = spec.run_dir or tempfile.mkdtemp(prefix=f"taskd-{_safe(spec.job_id)}-")
+        run_dir = spec.run_dir or make_run_dir(_safe(spec.job_id))  # removes those SIGKILLed agents left
         os.makedirs(run_dir, mode=0o700, exist_ok=True)
         self.spec = dataclasses.replace(spec, run_dir=run_dir, master_port=port, log_dir=log_dir)
         if omp_default(self.spec):
