@@ -117,6 +117,8 @@ class HangWatch:
             # inside a collective, or paused/rejoining while its group is rebuilt: waiting, not hanging
             waiting = live.can_rejoin and (live.collective_since is not None
                                            or live.phase in (Phase.PAUSED, Phase.REJOINING))
+            if self.timeout and live.joined_time and now <= live.joined_time + self.timeout:
+                return None  # just rejoined a rebuilt group: its progress counts from there
         except (HeartbeatFileError, OSError, ValueError):
             waiting = False
         return Hang(now - max(state.time, state.section_start or 0.0), state.step, state.section, state.stack_signal,

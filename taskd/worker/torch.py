@@ -286,8 +286,13 @@ class LiveGroup:
         store = dist.PrefixStore(prefix, self._store)  # type: ignore[arg-type]
         store.set_timeout(timedelta(seconds=timeout))
         t0 = time.time()
+        # forming the group may take the control file's timeout (peers may still be blocked in the old group's
+        # collective until its timeout); the group's collectives then get the script's timeout back
+        forming = max(self.timeout, timedelta(seconds=timeout))
         dist.init_process_group(self.backend, store=store, rank=self.rank, world_size=self.world_size,
-                                timeout=self.timeout)
+                                timeout=forming)
+        if forming != self.timeout and hasattr(dist.distributed_c10d, "_set_pg_timeout"):
+            dist.distributed_c10d._set_pg_timeout(self.timeout)
         log.debug("rank %d: joined %s in %.3fs", self.rank, prefix, time.time() - t0)
 
     def _sync_and_wrap(self, load: Callable[[int], object] | None = None) -> None:
