@@ -180,7 +180,7 @@ def launch(family: str, flags: tuple[str, ...], n: int, args: argparse.Namespace
     else:
         env = {k: v for k, v in env.items() if not k.startswith("TASKD_")}
         cmd = [sys.executable, str(TORCHRUN_DRIVER), "--standalone", "--nproc-per-node", str(n),
-               "--max-restarts", "3", *flags, str(EXAMPLE)]
+               "--max-restarts", str(args.torchrun_max_restarts), *flags, str(EXAMPLE)]
     return Launch([*cmd, *example_args(args, run_dir)], env, run_dir / "console.log")
 
 
@@ -367,6 +367,9 @@ def main() -> int:
     p.add_argument("--step-sleep", type=float, default=0.0, help="the example's --step-sleep")
     p.add_argument("--pg-timeout", type=float, default=60.0,
                    help="the example's collective timeout (s): how long a rank blocked on a dead group can wait")
+    p.add_argument("--torchrun-max-restarts", type=int, default=3,
+                   help="torchrun's --max-restarts (torch 2.13's whole-group restart of a gloo job can fail and "
+                        "need several)")
     p.add_argument("--configs", default="", help="only these configurations (comma-separated label prefixes)")
     p.add_argument("--run-timeout", type=float, default=300.0, help="seconds one job may take in all")
     p.add_argument("--resume-timeout", type=float, default=120.0, help="seconds from the kill to resumed")
