@@ -269,6 +269,8 @@ def _read_outcome(run_dir: Path, family: str, t_kill: float | None, kill: Kill |
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
     console = (run_dir / "console.log").read_text(errors="replace")
     out["strategies_used"] = re.findall(r"recovered rank\(s\) \S+ with ([\w-]+)", console)
+    out["restarts"] = (console.count("Worker group FAILED") if family == "torchrun"
+                       else len(re.findall(r"recovered rank\(s\) .* with (?:recover|job-rescheduling)", console)))
     if summary:
         rec = {int(r): v for r, v in summary["recomputed"].items()}
         out["recomputed"] = rec
@@ -345,6 +347,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "bit_identical": sum(1 for x in identical if x), "compared": sum(1 for x in identical if x is not None),
         "survivors_kept_pid": sum(1 for r in ok if r.get("survivors_kept_pid")),
         "strategies_used": sorted({s for r in runs for s in r.get("strategies_used", [])}),
+        "restarts_mean": _mean([r.get("restarts") for r in runs]),
         "phases_p50_s": {k: stats(v)["p50"] for k, v in phases.items()},
     }
 
@@ -441,7 +444,7 @@ def print_tables(result: dict[str, Any], configs: list[tuple[str, str, tuple[str
                          f"{_s(s['recomputed_survivors_mean'])} / {s['recomputed_survivors_max']}",
                          f"{_s(s['recomputed_victim_mean'])} / {s['recomputed_victim_max']}",
                          f"{s['bit_identical']}/{s['compared']}", ",".join(s["strategies_used"]) or "-",
-                         ratio(tr_p50, k["p50"])])
+                         s["restarts_mean"], ratio(tr_p50, k["p50"])])
             ph = s["phases_p50_s"]
             phase_rows.append([label, n, *(ph.get(x) for x in (
                 "agent_fault", "survivors_noticed", "survivors_noticed_last", "survivors_left", "agent_recovered",
@@ -451,7 +454,7 @@ def print_tables(result: dict[str, Any], configs: list[tuple[str, str, tuple[str
     print("\nLive recovery of examples/torch/train_ddp.py: SIGKILL of one rank to every rank past its next step")
     print(table(["configuration", "ranks", "resumed", "kill → resumed p50 s", "kill → resumed p99 s",
                  "recomputed survivors mean / max", "recomputed killed rank mean / max", "bit-identical",
-                 "strategies used", "torchrun / this (p50)"], rows, 2))
+                 "strategies used", "restarts per kill", "torchrun / this (p50)"], rows, 2))
     print("\nPhases, seconds after the kill (p50; from the agent's log, the ranks' recovery records, progress files)")
     print(table(["configuration", "ranks", "agent fault", "first survivor noticed", "last survivor noticed",
                  "survivors left", "agent recovered",
