@@ -49,7 +49,7 @@ def test_fetch_and_render_text(server: str) -> None:
     assert [j.jobId for j in jobs.jobs] == ["train", "other"]
     text = render_text(jobs)
     assert "job train: RUNNING" in text and "job other: RUNNING" in text
-    assert "restarts 2/3" in text
+    assert "restarts 1/3" in text  # a recover that failed and escalated to job-rescheduling: one restart in all
     assert "rank 3 (type 1)" in text and "recover -> job-rescheduling" in text and "recovered" in text
     assert "rank 3 pid 4242 killed by signal 9" in text  # the fault's detail, in the event list
     round_line = next(line for line in text.splitlines() if "rank 3 (type 1)" in line)
