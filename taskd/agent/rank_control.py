@@ -20,8 +20,8 @@ from taskd.agent.hang_watch import HangWatch
 from taskd.agent.msrun_logs import MsrunLogs
 from taskd.agent.ranks import Rank, RankState, RankTable, own_group
 from taskd.callbacks import KILL_WORKER, MONITOR, START_ALL_WORKER, START_WORKER_LIST, STATUS_FAILED, STATUS_RUNNING
-from taskd.process.groups import process_group, reap_processes, stop_groups, wait_groups_gone
-from taskd.process.msrun import msrun_schedulers, restart_msrun_scheduler
+from taskd.process.groups import process_group, stop_groups, wait_groups_gone
+from taskd.process.msrun import MsrunScheduler
 from taskd.process.pidfd import RankWatch
 
 log = logging.getLogger("taskd.agent")
@@ -64,6 +64,9 @@ class RankControl:
         self.hang = hang
         self.logs = logs
         self.sweeps = 0
+        # msrun's scheduler, read now (it runs before any rank): a fresh one can be started from this record
+        # even after it exited, on the node whose msrun started it
+        self.scheduler = MsrunScheduler.find() if config.launcher == "msrun" and details is None else None
 
     def monitor(self, local_ranks: list[int]) -> dict[int, Entry]:
         return self.cb[MONITOR](local_ranks) or {}
@@ -196,33 +199,17 @@ class RankControl:
 
     # -- msrun's scheduler, which no callback covers ---------------------------------------------
     def restart_msrun_scheduler(self) -> None:
-        if self.config.launcher == "msrun" and self.details is None:
-            restart_msrun_scheduler(self.config.stop_grace)
+        if self.scheduler is not None:
+            self.scheduler.restart(self.config.stop_grace)
 
     def runs_msrun_scheduler(self) -> bool:
-        """This node's msrun started MindSpore's scheduler (it is our child) and it is still running."""
-        if self.config.launcher != "msrun" or self.details is not None:
-            return False
-        return bool(_alive(msrun_schedulers()))
+        """This node's msrun started MindSpore's scheduler (it is our child) and one is still running."""
+        return self.scheduler is not None and bool(self.scheduler.alive())
 
     def reap_msrun_scheduler(self) -> None:
         if self.config.launcher != "msrun":
             return
-        schedulers = msrun_schedulers()
-        if schedulers:
-            log.info("reaping msrun's scheduler (pid %s)", ", ".join(str(p.pid) for p in schedulers))
-            reap_processes(schedulers, self.config.stop_grace)
-
-
-def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
-    alive = []
-    for proc in procs:
-        try:
-            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
-                alive.append(proc)
-        except psutil.Error:
-            continue
-    return alive
+        (self.scheduler or MsrunScheduler(None)).reap(self.config.stop_grace)
 
 
 __all__ = ["Adopted", "LauncherDetails", "RankControl"]

@@ -1,10 +1,11 @@
-"""msrun's scheduler process, which no launcher callback covers: find it, replace it."""
+"""msrun's scheduler process, which no launcher callback covers: find it, record it, replace it."""
 
 from __future__ import annotations
 
 import logging
 import os
 import subprocess
+from dataclasses import dataclass, field
 
 import psutil
 
@@ -15,7 +16,10 @@ log = logging.getLogger(__name__)
 
 
 def msrun_schedulers(parent_pid: int | None = None) -> list[psutil.Process]:
-    """msrun's scheduler: a child of the msrun process with MS_ROLE=MS_SCHED in its environment."""
+    """msrun's scheduler: a child of the msrun process with MS_ROLE=MS_SCHED in its environment.
+
+    A scheduler that exited (a zombie msrun never waits for) has no readable environment: not listed.
+    """
     found = []
     try:
         children = psutil.Process(parent_pid or os.getpid()).children(recursive=False)
@@ -30,26 +34,127 @@ def msrun_schedulers(parent_pid: int | None = None) -> list[psutil.Process]:
     return found
 
 
-def restart_msrun_scheduler(grace: float) -> int | None:
-    """Replace msrun's scheduler with a fresh one (same argv, environment, cwd; its log appended).
+@dataclass(frozen=True)
+class SchedulerRecord:
+    """What it takes to start msrun's scheduler again: its command line, environment, working directory, log."""
 
-    Ranks restarted under the old scheduler find it still counting their dead predecessors as
-    alive; their first collective then uses stale addresses and fails about 30 s later.
-    """
-    procs = msrun_schedulers()
-    if not procs:
-        return None  # not the node that runs the scheduler
-    old = procs[0]
+    cmd: list[str]
+    env: dict[str, str] = field(repr=False)
+    cwd: str
+    log_path: str | None  # its stdout (msrun's `<log_dir>/scheduler.log`); None if not a file
+
+
+def record_msrun_scheduler(parent_pid: int | None = None) -> SchedulerRecord | None:
+    """Read msrun's running scheduler; None on a node whose msrun started none (not node 0), or if unreadable."""
+    for proc in msrun_schedulers(parent_pid):
+        record = _read(proc)
+        if record is not None:
+            return record
+    return None
+
+
+def _read(proc: psutil.Process) -> SchedulerRecord | None:
     try:
-        cmd, env, cwd = old.cmdline(), old.environ(), old.cwd()
-        log_path = os.readlink(f"/proc/{old.pid}/fd/1")
-    except (psutil.Error, OSError) as exc:
-        log.warning("cannot read msrun's scheduler (pid %d): %s; keeping it", old.pid, exc)
+        cmd, env, cwd = proc.cmdline(), proc.environ(), proc.cwd()
+    except psutil.Error as exc:
+        log.warning("cannot read msrun's scheduler (pid %d): %s", proc.pid, exc)
         return None
-    reap_processes(procs, grace)
-    if SETPRIV is not None:  # unlike msrun's own, this scheduler is ours: it must not outlive us
-        cmd = [SETPRIV, "--pdeathsig", "KILL", "--", *cmd]
-    with open(log_path if log_path.startswith("/") else os.devnull, "ab") as out:
-        new = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
-    log.info("restarted msrun's scheduler (pid %d -> %d)", old.pid, new.pid)
-    return new.pid
+    try:
+        out = os.readlink(f"/proc/{proc.pid}/fd/1")
+    except OSError:
+        out = ""
+    return SchedulerRecord(cmd, env, cwd, out if out.startswith("/") and os.path.isfile(out) else None)
+
+
+class MsrunScheduler:
+    """The scheduler of this node's msrun, as the agent found it at the start, and the fresh ones it starts.
+
+    A job-rescheduling restarts the scheduler with every rank: ranks restarted under the old one find it
+    still counting their dead predecessors as alive, and their first collective then uses stale addresses
+    and fails about 30 s later. The scheduler may also be gone already (it exited by itself, or was
+    killed); the ranks would then retry "Failed to connect to the meta server node" without end. So the
+    record taken at the start is what a fresh scheduler is started from, whether or not one still runs.
+    """
+
+    def __init__(self, record: SchedulerRecord | None) -> None:
+        self.record = record
+        self._ours: list[subprocess.Popen[bytes]] = []  # the ones we started (msrun reaps none of them)
+
+    @classmethod
+    def find(cls, parent_pid: int | None = None) -> MsrunScheduler:
+        record = record_msrun_scheduler(parent_pid)
+        if record is not None:
+            log.debug("msrun's scheduler recorded: %s (cwd %s, log %s)", " ".join(record.cmd), record.cwd,
+                      record.log_path)
+        return cls(record)
+
+    @property
+    def hosted(self) -> bool:
+        """Whether this node's msrun started a scheduler (node 0)."""
+        return self.record is not None
+
+    def alive(self) -> list[psutil.Process]:
+        """The schedulers running now (msrun's own, or one we started)."""
+        self._collect()
+        return [p for p in msrun_schedulers() if _running(p)]
+
+    def restart(self, grace: float) -> int | None:
+        """Reap the scheduler if it still runs, then start a fresh one from the record; its pid, or None
+        on a node that runs none."""
+        if self.record is None:
+            return None
+        running = msrun_schedulers()
+        old = ", ".join(str(p.pid) for p in running) if running else None
+        if running:
+            reap_processes(running, grace)
+        self._collect()
+        pid = self._start()
+        if old is None:
+            log.warning("msrun's scheduler had exited; started a fresh one (pid %d) from its recorded command "
+                        "line", pid)
+        else:
+            log.info("restarted msrun's scheduler (pid %s -> %d)", old, pid)
+        return pid
+
+    def reap(self, grace: float) -> None:
+        """End every scheduler of this node (msrun's, ours) and collect their exit statuses."""
+        running = [p for p in msrun_schedulers() if _running(p)]
+        if running:
+            log.info("reaping msrun's scheduler (pid %s)", ", ".join(str(p.pid) for p in running))
+            reap_processes(running, grace)
+        self._collect()
+
+    def _start(self) -> int:
+        record = self.record
+        assert record is not None
+        cmd = list(record.cmd)
+        if SETPRIV is not None:  # unlike msrun's own, this scheduler is ours: it must not outlive us
+            cmd = [SETPRIV, "--pdeathsig", "KILL", "--", *cmd]
+        with open(record.log_path or os.devnull, "ab") as out:  # appended: the earlier scheduler's lines stay
+            proc = subprocess.Popen(cmd, env=record.env, cwd=record.cwd, stdout=out, stderr=subprocess.STDOUT)
+        self._ours.append(proc)
+        return proc.pid
+
+    def _collect(self) -> None:
+        """Wait for the schedulers we started that have exited (no zombies left in msrun)."""
+        self._ours = [p for p in self._ours if p.poll() is None]
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def restart_msrun_scheduler(grace: float) -> int | None:
+    """Replace this msrun's running scheduler with a fresh one (same argv, environment, cwd; its log appended).
+
+    Reads the scheduler that runs now: a node whose scheduler already exited gets None here. The agent
+    records it at the start instead (`MsrunScheduler`), so that it can start one even then.
+    """
+    return MsrunScheduler.find().restart(grace)
+
+
+__all__ = ["MsrunScheduler", "SchedulerRecord", "msrun_schedulers", "record_msrun_scheduler",
+           "restart_msrun_scheduler"]
