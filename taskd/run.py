@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 from taskd.agent.console import EVENT_LOGGERS, setup_console_logging  # noqa: F401 (taskd run's console)
 
 if TYPE_CHECKING:
-    from taskd.controller.server import EmbeddedController
     from taskd.run_config import RunConfig
 
 log = logging.getLogger("taskd.run")
@@ -55,6 +54,7 @@ def run_main(config: RunConfig) -> int:
     import taskd.client  # noqa: F401 (first: its import switches gRPC fork support off while grpc is not loaded)
     from taskd.agent.config import AgentConfig
     from taskd.agent.supervisor import Supervisor
+    from taskd.controller.server import EmbeddedController
     from taskd.launcher import LocalLauncher, WorkerSpec, WorkerSpecError
     from taskd.launcher.output import RankLogError
 
@@ -85,19 +85,11 @@ def run_main(config: RunConfig) -> int:
     except (ValueError, OSError) as exc:
         return _config_errors([str(exc)])
     try:
-        controller = _embedded_controller(agent_config.max_restarts) if agent_config.server is None else None
+        controller = EmbeddedController.for_agent(agent_config.max_restarts) if agent_config.server is None else None
         result = Supervisor(agent_config, launcher.callbacks(), details=launcher, controller=controller).run()
     finally:
         launcher.close(config.stop_grace)
     return result.exit_code
-
-
-def _embedded_controller(max_restarts: int) -> EmbeddedController:
-    """The controller `taskd run` runs when it is given none: a free loopback port, state in memory."""
-    from taskd.controller.server import ControllerConfig, EmbeddedController
-
-    return EmbeddedController(ControllerConfig(listen="127.0.0.1:0", state_path=":memory:",
-                                               default_max_restarts=max_restarts))
 
 
 def main(argv: list[str] | None = None) -> int:

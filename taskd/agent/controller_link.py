@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from taskd.agent.config import AgentConfig
 from taskd.agent.policy import LossTimer
 from taskd.agent.ranks import RankLayout
-from taskd.client import ConfigurationError, RecoverClient
+from taskd.client import ClientCredentials, ConfigurationError, RecoverClient
 from taskd.client.current import set_manager
 from taskd.client.errors import AuthenticationError, RecoverClientError
 from taskd.client.rpc import make_channel
@@ -43,6 +43,9 @@ class LocalController(Protocol):
     def start(self) -> str: ...  # returns the address to connect to
 
     def stop(self) -> None: ...
+
+    @property
+    def token(self) -> str | None: ...  # handed to this agent in-process only
 
 
 class Command(str, Enum):
@@ -139,8 +142,10 @@ class ControllerLink:
         # An embedded controller lives and dies with this process: 3 s keepalive pings (for a remote
         # controller's death) only cost an idle agent CPU there.
         options = (("grpc.keepalive_time_ms", 60_000),) if self._local_started else ()
+        # The embedded controller's token reaches its agent here, in-process: never argv, env or console.
+        credentials = ClientCredentials(token=self._local.token) if self._local_started else None
         mgr = RecoverClient(info, address, init_timeout=max(1.0, cfg.controller_timeout),
-                                  channel_options=options)
+                            channel_options=options, credentials=credentials)
         if not self._register(mgr, info, address):
             mgr.stop()
             return False

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import secrets
 import signal
 import threading
 from typing import Any
@@ -226,9 +227,21 @@ class EmbeddedController:
         self._error: BaseException | None = None
         self._address = ""
 
+    @classmethod
+    def for_agent(cls, max_restarts: int) -> EmbeddedController:
+        """The controller `taskd run` and the msrun plugin run when given none: a free loopback port, state in
+        memory, and a random token that only the agent in this process learns (`token`)."""
+        return cls(ControllerConfig(listen="127.0.0.1:0", state_path=MEMORY, default_max_restarts=max_restarts,
+                                    token=secrets.token_urlsafe(32)))
+
     @property
     def address(self) -> str:
         return self._address
+
+    @property
+    def token(self) -> str | None:
+        """What this process's agent sends; other local users who see the port cannot call without it."""
+        return self.config.token
 
     def start(self, timeout: float = 30.0) -> str:
         """Start serving; returns "127.0.0.1:<port>". Raises what the server raised on startup."""

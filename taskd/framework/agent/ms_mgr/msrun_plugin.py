@@ -16,11 +16,10 @@ from taskd.agent.rank_control import LauncherDetails
 
 
 def embedded_controller(config: AgentConfig) -> Any:
-    """A controller on a free loopback port, in memory, living as long as the agent."""
-    from taskd.controller.server import ControllerConfig, EmbeddedController
+    """A controller on a free loopback port, in memory, with a per-run token, living as long as the agent."""
+    from taskd.controller.server import EmbeddedController
 
-    return EmbeddedController(ControllerConfig(listen="127.0.0.1:0", state_path=":memory:",
-                                               default_max_restarts=config.max_restarts))
+    return EmbeddedController.for_agent(config.max_restarts)
 
 
 class MSRunPlugin(AgentPlugin):
