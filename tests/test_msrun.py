@@ -137,6 +137,16 @@ class MsrunJob:
                 return proc
         return None
 
+    def scheduler_process(self) -> psutil.Process | None:
+        """msrun's scheduler (or the one the plugin started in its place), found by marker and MS_ROLE."""
+        for proc in processes_with(self.marker):
+            try:
+                if proc.environ().get("MS_ROLE") == "MS_SCHED":
+                    return proc
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return None
+
     def kill(self) -> None:
         """Teardown, also after a failed assertion: end msrun first (so it spawns nothing more), then
         every process of the job (ranks are in sessions of their own), until none is left."""
@@ -415,3 +425,36 @@ def test_rerun_on_the_same_master_port_right_after_a_job_rescheduling(jobs, msru
                      f"started) failed ({rc})\n{second.logs()}")
     assert np.array_equal(np.load(first.dir / "out" / "rank_0.npy"), np.load(second.dir / "out" / "rank_0.npy"))
     second.assert_nothing_left()
+
+
+@pytest.mark.timeout(300)
+def test_job_rescheduling_after_the_scheduler_died_starts_a_fresh_one(jobs, msrun_env):
+    """msrun's scheduler is SIGKILLed mid-training, then rank 1. The plugin recorded the scheduler when it
+    took control, so the job-rescheduling starts a fresh one from that record (without one the new ranks
+    would retry "Failed to connect to the meta server node" for ever): msrun exits 0, in bounded time."""
+    train = ["--steps", "30", "--ckpt-every", "10", "--ckpt-dir", "{dir}/ckpt", "--out", "{dir}/out",
+             "--step-sleep", "0.1"]
+    job = jobs("no-scheduler", TRAIN_DP, train, msrun_env)
+    first_ckpt = job.dir / "ckpt" / "rank_1" / "step10.ckpt"
+    victim = wait_for("rank 1 past its first checkpoint", lambda: first_ckpt.exists() and job.rank_process(1),
+                      150, job)
+    scheduler = job.scheduler_process()
+    assert scheduler is not None, f"no scheduler process found\n{job.logs()}"
+    scheduler.kill()
+    wait_for("the scheduler to be gone", lambda: job.scheduler_process() is None, 10, job)
+    victim.kill()
+    killed = time.monotonic()
+
+    rc = job.wait(120)
+    took = time.monotonic() - killed
+    job.assert_plugin_in_control()
+    assert rc == 0, f"msrun exited {rc} after its scheduler and rank 1 were killed\n{job.logs()}"
+    assert "job-rescheduling" in job.output(), f"no job-rescheduling in msrun's output\n{job.logs()}"
+    assert "msrun's scheduler had exited; started a fresh one" in job.output(), job.logs()
+    weights = [np.load(job.dir / "out" / f"rank_{rank}.npy") for rank in (0, 1)]
+    assert np.array_equal(weights[0], weights[1]), "the two ranks' final weights differ"
+    for rank in (0, 1):
+        log = (job.log_dir / f"worker_{rank}.log").read_text(errors="replace")
+        assert "resumed from step" in log, f"rank {rank} did not resume from a checkpoint\n{job.logs()}"
+    job.assert_nothing_left()
+    print(f"msrun exited {took:.1f}s after the kills")
