@@ -29,6 +29,7 @@ from typing import Any
 import psutil
 
 from taskd.agent.ranks import Rank
+from taskd.process.run_dir import make_run_dir, sweep_stale_run_dirs
 from taskd.worker.env import Var
 from taskd.worker.heartbeat_file import HeartbeatFile, HeartbeatFileError, HeartbeatState
 from taskd.worker.live import Phase, read_rank_status
@@ -64,13 +65,29 @@ class HangWatch:
         self._files: dict[int, HeartbeatFile] = {}
         self._dir: str | None = None
 
-    def export_dir(self) -> None:
-        """Under msrun, give the ranks (through our environment) a directory to write their heartbeat files in."""
+    def export_dir(self, parent: str | None = None, needed: bool = True) -> None:
+        """Under msrun, give the ranks (through our environment) a directory to write their heartbeat files in.
+
+        Made only when something reads the files (`needed`: hang detection, save requests), in `parent`
+        (msrun's --log_dir) when given, else the temp directory. It records its owner (msrun's pid), so a
+        later agent removes it should msrun be SIGKILLed; this one first removes those of dead owners.
+        """
         if self.details is not None or os.environ.get(Var.TASKD_HEARTBEAT_DIR):
             self._dir = os.environ.get(Var.TASKD_HEARTBEAT_DIR) if self.details is None else None
             return
-        self._dir = tempfile.mkdtemp(prefix="taskd-heartbeat-")
-        os.environ[Var.TASKD_HEARTBEAT_DIR] = self._dir
+        if not needed:
+            sweep_stale_run_dirs(parent or None)
+            return
+        for where in dict.fromkeys((parent or None, None)):  # msrun's --log_dir, else (or if it fails) $TMPDIR
+            try:
+                if where:
+                    os.makedirs(where, exist_ok=True)
+                self._dir = make_run_dir("heartbeat", where)
+                break
+            except OSError as exc:
+                log.warning("cannot make a heartbeat directory in %s: %s", where or tempfile.gettempdir(), exc)
+        if self._dir is not None:
+            os.environ[Var.TASKD_HEARTBEAT_DIR] = self._dir
 
     def reset(self, ranks: Iterable[Rank]) -> None:
         """A fresh incarnation must not inherit its predecessor's last heartbeat (our launcher does this itself)."""

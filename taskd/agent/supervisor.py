@@ -34,7 +34,7 @@ from taskd.callbacks import MONITOR, STATUS_FAILED
 from taskd.client import ConfigurationError
 from taskd.process.exitcodes import exit_code_of
 from taskd.process.pidfd import RankWatch
-from taskd.vocabulary import FaultRanks, FaultType
+from taskd.vocabulary import FaultRanks, FaultType, Strategy
 
 log = logging.getLogger("taskd.agent")
 
@@ -99,7 +99,8 @@ class Supervisor:
         layout = discover_layout(self.config, self.cb[MONITOR]([-1]) or {})
         self.table.lay_out(layout)
         self.result.ranks = len(self.table)
-        self.hang.export_dir()
+        needs_heartbeats = self.config.heartbeat_timeout is not None or Strategy.DUMP in self.config.offered_strategies
+        self.hang.export_dir(self.logs.log_dir, needs_heartbeats)
         if not self.link.connect(self.config.job_id or new_job_id(self.config.launcher), layout):
             if layout.node_count > 1:
                 log.error("no controller: a job of %d nodes does not run without one (its nodes could not "
