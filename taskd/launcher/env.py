@@ -16,7 +16,7 @@ from taskd.worker.env import Var
 
 # torchrun's own words (torch/distributed/run.py), logged once by the launcher when it sets the default.
 OMP_WARNING = (
-    "\n*****************************************\n"
+    "*****************************************\n"
     "Setting OMP_NUM_THREADS environment variable for each process to be "
     "%s in default, to avoid your system being overloaded, "
     "please further tune the variable for optimal performance in "
