@@ -50,3 +50,12 @@ def test_replace_checks_again() -> None:
     cfg = AgentConfig.from_env(launcher="taskd")
     with pytest.raises(ValueError, match="dump_timeout"):
         dataclasses.replace(cfg, dump_timeout=-1)
+
+
+def test_a_flag_overrides_a_bad_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`taskd run --nnodes 2` with a stale TASKD_NNODES=two in the shell: the flag decides, nothing to refuse."""
+    monkeypatch.setenv("TASKD_NNODES", "two")
+    config = AgentConfig.from_env({"node_count": "--nnodes"}, node_count=2)
+    assert config.node_count == 2
+    with pytest.raises(ValueError, match="TASKD_NNODES"):
+        AgentConfig.from_env()

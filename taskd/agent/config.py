@@ -87,6 +87,8 @@ class AgentConfig:
         values: dict[str, object] = {}
         where: dict[str, str] = {}
         for name, var in ENV_NAMES.items():
+            if overrides.get(name) is not None:
+                continue  # a flag wins: a bad variable it overrides is not the user's problem
             try:
                 if name in _INT_VARS:
                     value: object = env_int(var)
