@@ -377,7 +377,8 @@ def test_hung_rank_is_detected_named_dumped_and_job_rescheduled(jobs, msrun_env,
         assert files(state, f"done-rank{rank}-"), f"rank {rank} never finished after the restart\n{job.logs()}"
     assert hung_pid not in {pid_of(p) for p in files(state, "done-rank1-")}
     job.assert_nothing_left()
-    assert not list(tmp.glob("taskd-heartbeat-*")), "the plugin left its heartbeat directory behind"
+    assert not list(tmp.glob("taskd-heartbeat-*")), "the plugin made its heartbeat directory in $TMPDIR"
+    assert not list(job.log_dir.glob("taskd-heartbeat-*")), "the plugin left its heartbeat directory behind"
 
 
 @pytest.mark.timeout(120)
@@ -458,3 +459,34 @@ def test_job_rescheduling_after_the_scheduler_died_starts_a_fresh_one(jobs, msru
         assert "resumed from step" in log, f"rank {rank} did not resume from a checkpoint\n{job.logs()}"
     job.assert_nothing_left()
     print(f"msrun exited {took:.1f}s after the kills")
+
+
+@pytest.mark.timeout(240)
+def test_heartbeat_dir_of_a_sigkilled_msrun_is_removed_by_the_next_one(jobs, msrun_env, tmp_path):
+    """With TASKD_HEARTBEAT_TIMEOUT the plugin makes its heartbeat directory in msrun's --log_dir (not $TMPDIR).
+    msrun SIGKILLed cannot remove it; the next msrun with that --log_dir removes it at start (its owner is
+    dead), and, needing no heartbeats itself, makes none."""
+    tmp = tmp_path / "hb-tmp"
+    tmp.mkdir()
+    msrun_env["TMPDIR"] = str(tmp)
+    hang_env = {**msrun_env, "TASKD_HEARTBEAT_TIMEOUT": "30"}
+    first = jobs("shared", DUMMY, ["--state-dir", "{dir}/state", "--duration", "60"], hang_env)
+    made = wait_for("the heartbeat directory in --log_dir", lambda: list(first.log_dir.glob("taskd-heartbeat-*")),
+                    60, first)
+    wait_for("both ranks to start", lambda: started(first.dir / "state", 0) and started(first.dir / "state", 1),
+             90, first)
+    assert not list(tmp.glob("taskd-*")), f"a taskd directory in $TMPDIR: {list(tmp.iterdir())}"
+    os.kill(first.proc.pid, signal.SIGKILL)  # msrun alone: its plugin cannot clean up
+    first.proc.wait(timeout=30)
+    first.kill()  # the rest of the job (scheduler, ranks)
+    assert all(p.is_dir() for p in made), "the heartbeat directory vanished although its msrun was SIGKILLed"
+
+    msrun_env["MINDX_TASK_ID"] = f"msrun-test-{uuid.uuid4().hex[:8]}"
+    second = jobs("shared", DUMMY, ["--state-dir", "{dir}/state2", "--duration", "1"], msrun_env)
+    rc = second.wait(120)
+    second.assert_plugin_in_control()
+    assert rc == 0, f"the second msrun failed ({rc})\n{second.logs()}"
+    assert not any(p.exists() for p in made), f"the SIGKILLed msrun's {made[0].name} was not removed"
+    assert not list(second.log_dir.glob("taskd-heartbeat-*")), "a heartbeat directory made although nothing reads it"
+    assert not list(tmp.glob("taskd-*")), f"a taskd directory in $TMPDIR: {list(tmp.iterdir())}"
+    second.assert_nothing_left()
