@@ -31,7 +31,7 @@ import psutil
 from taskd.agent.ranks import Rank
 from taskd.process.run_dir import make_run_dir, sweep_stale_run_dirs
 from taskd.worker.env import Var
-from taskd.worker.heartbeat_file import HeartbeatFile, HeartbeatFileError, HeartbeatState
+from taskd.worker.heartbeat_file import FINISHING_DONE, HeartbeatFile, HeartbeatFileError, HeartbeatState
 from taskd.worker.live import Phase, read_rank_status
 
 STACKS_BOUND = 5.0  # seconds for taking every stale rank's stacks, in parallel
@@ -126,6 +126,8 @@ class HangWatch:
             return None
         if state.torn:  # a write left half done: the reader kept the last consistent heartbeat, judged below
             log.debug("rank %d: heartbeat file caught mid-write; using its last consistent state", rank.global_rank)
+        if state.finishing:  # exiting (framework finalisation sends no heartbeats): bounded by overdue_exits()
+            return None
         deadline = state.deadline(self.timeout)
         if deadline is None or now <= deadline:
             return None
@@ -140,6 +142,21 @@ class HangWatch:
             waiting = False
         return Hang(now - max(state.time, state.section_start or 0.0), state.step, state.section, state.stack_signal,
                     waiting)
+
+    def overdue_exits(self, ranks: Iterable[Rank], now: float, grace: float) -> list[tuple[Rank, bool, float]]:
+        """Ranks marked finishing (taskd.worker.finished(), or their interpreter's exit) more than the heartbeat
+        timeout plus `grace` seconds ago and still running: (rank, whether the script said it was done, seconds).
+        None without hang detection: then nothing bounds a rank's exit, as before."""
+        if not self.timeout:
+            return []
+        overdue = []
+        for rank in ranks:
+            _, state = self.heartbeat(rank)
+            if state is not None and state.finishing and state.finishing_since is not None:
+                since = now - state.finishing_since
+                if since > self.timeout + grace:
+                    overdue.append((rank, state.finishing == FINISHING_DONE, since))
+        return overdue
 
     def culprits(self, ranks: Iterable[Rank], now: float) -> tuple[list[tuple[Rank, Hang]], list[tuple[Rank, Hang]]]:
         """(culprits, waiting) among `ranks`: culprits are named on the console first, then killed by the caller.

@@ -329,7 +329,11 @@ class Supervisor:
 
     def _check_hangs(self, ranks: list[Rank]) -> None:
         """Name the culprit first (not the ranks waiting on it in a collective), take stacks, replace it."""
-        culprits, waiting = self.hang.culprits(ranks, time.time())
+        now = time.time()
+        for rank, done, since in self.hang.overdue_exits(ranks, now, self.config.stop_grace):
+            self._overdue_exit(rank, done, since)
+        ranks = [r for r in ranks if r.state is RankState.RUNNING]
+        culprits, waiting = self.hang.culprits(ranks, now)
         if not culprits:
             return
         self.hang.record_all(culprits + waiting)
@@ -337,6 +341,20 @@ class Supervisor:
             self.control.stop([rank], graceful=False)
             rank.state, rank.returncode = RankState.FAILED, None
             self._fault(rank, "hang", FaultType.PROCESS, hang.describe())
+
+    def _overdue_exit(self, rank: Rank, done: bool, since: float) -> None:
+        """A finishing rank is no hang, but its exit is bounded (heartbeat timeout + stop grace): kill it. Its
+        work counts as finished if the script said so (taskd.worker.finished()), else it is a fault."""
+        self.control.stop([rank], graceful=False)
+        what = "said its work was done" if done else "began to exit"
+        log.warning("rank %d (pid %d) %s %.1fs ago and is still running (bound: heartbeat timeout %.0fs + stop "
+                    "grace %.0fs): killed it%s", rank.global_rank, rank.pid, what, since, self.hang.timeout or 0,
+                    self.config.stop_grace, "; its work counts as finished" if done else "")
+        if done:
+            rank.state = RankState.SUCCEEDED
+            return
+        rank.state, rank.returncode = RankState.FAILED, None
+        self._fault(rank, "exit", FaultType.PROCESS, f"still exiting {since:.1f}s after it began to")
 
     def _poll_live(self) -> None:
         """Live recovery: a rank's RetryableError is a type-"0" fault of a live rank; a rebuild's progress."""

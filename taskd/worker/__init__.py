@@ -11,6 +11,7 @@
         if step % 100 == 0:
             with worker.section("checkpoint", timeout=600):
                 ckpt.save(state, step)
+    worker.finished()    # optional: the rest (results, framework shutdown) is not a hang
 
 Standard library only; every call is harmless outside taskd.
 """
@@ -19,7 +20,7 @@ from taskd.worker.checkpoint import CheckpointManager, CorruptCheckpoint
 from taskd.worker.env import job_id, local_rank, rank, restart_count, world_size
 from taskd.worker.heartbeat_file import HeartbeatFile, HeartbeatFileError, HeartbeatState
 from taskd.worker.live import RetryableError, declare_rejoinable, preimport
-from taskd.worker.progress import heartbeat, on_save_request, section
+from taskd.worker.progress import finished, heartbeat, on_save_request, section
 from taskd.worker.serializers import Serializer, register_serializer
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "Serializer",
     "heartbeat",
     "declare_rejoinable",
+    "finished",
     "job_id",
     "local_rank",
     "on_save_request",

@@ -39,9 +39,15 @@ offset  type  field
 200     u32   kind of the last one: 1 retryable exception, 2 collective timeout, 3 collective error (peer lost)
 204     i64   step it happened in
 212     f64   wall time it happened
+220     u32   finishing (rank side): 0 no, 1 its interpreter is exiting (atexit), 2 the script said its
+              work is done (``taskd.worker.finished()``)
+224     f64   wall time it was marked finishing (0 = not finishing)
+232     24x   free
 ======  ====  ===============================================================
 
 Bytes 152-219 are the live-recovery fields (``taskd.worker.live``); all zero means "not declared".
+A finishing rank is not hung: framework finalisation at exit (MindSpore's takes seconds) sends no
+heartbeats. The agent still bounds how long it waits for such a rank to exit.
 """
 
 from __future__ import annotations
@@ -68,6 +74,8 @@ _NAME = struct.Struct("<I64s")  # offset 76: length, name
 _COUNT = struct.Struct("<Q")  # offset 144
 _ALL = struct.Struct("<4sIQiIdqddQQII64sQ")  # the whole record, for one-shot reads
 _LIVE = struct.Struct("<IIqqddQIqd")  # offset 152: the live-recovery fields, see taskd.worker.live
+_U32 = struct.Struct("<I")
+_FINISH = struct.Struct("<Id")  # offset 220: finishing state, since (packed: 220 + 4 = 224)
 
 OFF_SEQ = 8
 OFF_IDENT = 16
@@ -83,6 +91,11 @@ OFF_LIVE_PHASE = 156
 OFF_LIVE_JOIN = 160  # generation, step, time
 OFF_LIVE_COLLECTIVE = 184
 OFF_LIVE_ERROR = 192  # count, kind, step, time
+OFF_FINISH = 220
+
+FINISHING_NO = 0
+FINISHING_EXIT = 1  # the rank's interpreter is exiting (its atexit handlers run)
+FINISHING_DONE = 2  # the script said its work is done
 
 
 class HeartbeatFileError(Exception):
@@ -114,6 +127,8 @@ class HeartbeatState(NamedTuple):
     stack_signal: int
     beats: int
     torn: bool = False
+    finishing: int = FINISHING_NO  # FINISHING_EXIT or FINISHING_DONE: exiting, not hung (see the module's doc)
+    finishing_since: float | None = None  # wall time it was marked finishing
 
     @property
     def started(self) -> bool:
@@ -143,9 +158,10 @@ _NO_HEARTBEAT = HeartbeatState(
 )
 
 
-def _state(fields: tuple) -> HeartbeatState:
+def _state(fields: tuple, finish: tuple = (FINISHING_NO, 0.0)) -> HeartbeatState:
     (_, _, _, pid, stack_signal, beat_time, step, sec_timeout, sec_start, request, ack, ok, name_len, name,
      beats) = fields
+    finishing, finishing_since = finish
     return HeartbeatState(
         time=beat_time,
         step=None if step < 0 else step,
@@ -158,6 +174,8 @@ def _state(fields: tuple) -> HeartbeatState:
         pid=pid,
         stack_signal=stack_signal,
         beats=beats,
+        finishing=finishing,
+        finishing_since=finishing_since or None,
     )
 
 
@@ -245,9 +263,10 @@ class HeartbeatFile:
         mapping = self.buffer
         for attempt in range(max(1, retries)):
             fields = _ALL.unpack_from(mapping, 0)
+            finish = _FINISH.unpack_from(mapping, OFF_FINISH)
             seq = fields[2]
             if seq % 2 == 0 and _SEQ.unpack_from(mapping, OFF_SEQ)[0] == seq:
-                state = _state(fields)
+                state = _state(fields, finish)
                 self._last_good = state
                 return state
             time.sleep(0 if attempt < SPIN_RETRIES else _RETRY_SLEEP)

@@ -7,6 +7,7 @@ under plain python, torchrun or msrun.
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import logging
 import os
@@ -38,6 +39,7 @@ class _Beacon:
         self.beats = 0
         self.handled = hbf._ACK.unpack_from(self.buf, hbf.OFF_ACK)[0]
         self.sections: list[tuple[str, float, float]] = []  # (name, timeout, start)
+        self.finishing = hbf.FINISHING_NO
         self.stack_signal = _install_stack_dump()
         with self.lock:
             self._begin()
@@ -78,6 +80,20 @@ class _Beacon:
             if touch:
                 hbf._BEAT.pack_into(self.buf, hbf.OFF_BEAT, time.time(), self.step)
             self._end()
+
+    def mark_finishing(self, kind: int) -> None:
+        """Say the rank is on its way out (see ``finished()``); the first mark's time stands, "done" wins."""
+        if kind <= self.finishing:
+            return
+        since = time.time() if self.finishing == hbf.FINISHING_NO else None
+        with self.lock:
+            self._begin()
+            if since is None:  # exiting already: keep its time, upgrade the kind
+                hbf._U32.pack_into(self.buf, hbf.OFF_FINISH, kind)
+            else:
+                hbf._FINISH.pack_into(self.buf, hbf.OFF_FINISH, kind, since)
+            self._end()
+        self.finishing = kind
 
     def write_fields(self, fields: Iterable[tuple[struct.Struct, int, tuple]]) -> None:
         """Write rank-side fields (struct, offset, values) as one update under the sequence counter."""
@@ -166,9 +182,23 @@ def _attach() -> _Beacon | None:
                     if not os.path.exists(path) and not os.environ.get(Var.TASKD_HEARTBEAT_FILE):
                         file.create()
                     _beacon = _Beacon(file.open())
+                    # registered now, after the script's imports: runs before their handlers (last in, first
+                    # out) and before C-level finalisation
+                    atexit.register(_at_exit)
                 except (OSError, hbf.HeartbeatFileError) as exc:
                     log.warning("heartbeats disabled: %s", exc)
         return _beacon if isinstance(_beacon, _Beacon) else None
+
+
+def _at_exit() -> None:
+    """The interpreter is exiting: what follows (framework finalisation, e.g. MindSpore's) sends no heartbeats
+    and must not be taken for a hang."""
+    if isinstance(_beacon, _Beacon):
+        try:
+            _beacon.mark_finishing(hbf.FINISHING_EXIT)
+        except (ValueError, OSError):  # the mapping is already closed
+            pass
+
 
 
 def _forget_in_child() -> None:
@@ -241,3 +271,17 @@ def on_save_request(callback: Callable[[], object] | None) -> None:
     """
     global _save_callback
     _save_callback = callback
+
+
+def finished() -> None:
+    """Tell taskd this rank's work is done: what follows (writing results, the framework's finalisation,
+    interpreter exit) sends no heartbeats and is not a hang.
+
+    Call it once, after the last step. The interpreter's exit marks the rank the same way by itself
+    (atexit). The agent still waits only so long for the process to end (the heartbeat timeout plus
+    ``TASKD_STOP_GRACE``); a rank that called ``finished()`` and is killed then still counts as having
+    succeeded, one that did not counts as failed. Does nothing outside taskd.
+    """
+    beacon = _beacon if isinstance(_beacon, _Beacon) else (None if _beacon is _DISABLED else _attach())
+    if beacon is not None:
+        beacon.mark_finishing(hbf.FINISHING_DONE)
