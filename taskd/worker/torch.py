@@ -100,6 +100,7 @@ class _DDPHandle:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.current is None:
             self.build()
+        self._group._forwards += 1  # a drain must know whether this step's forward-time collectives ran
         return self.current(*args, **kwargs)  # type: ignore[misc]
 
     def __getattr__(self, name: str) -> Any:
@@ -112,6 +113,7 @@ def _marked_allreduce(group, bucket):  # noqa: ANN001, ANN202 - DDP rejects stri
     """DDP's allreduce, marking the rank "inside a collective" while a bucket is in flight (waiting, not hung)."""
     tensor = bucket.buffer()
     tensor.div_(dist.get_world_size())
+    group._launched += 1  # buckets launched in this step: a drain makes only the rest
     group._collective(+1)
     fut = dist.all_reduce(tensor, async_op=True).get_future()
 
@@ -120,6 +122,10 @@ def _marked_allreduce(group, bucket):  # noqa: ANN001, ANN202 - DDP rejects stri
         return f.value()[0]
 
     return fut.then(done)
+
+
+class _StepVoided(RuntimeError):
+    """A rank abandoned this step (RetryableError): every rank drops it together, before the optimizer step."""
 
 
 class LiveGroup:
@@ -141,6 +147,9 @@ class LiveGroup:
         self._seed: int | None = None
         self._extra: dict[str, Any] = {}
         self._committed = False
+        self._in_step = False
+        self._forwards = 0  # DDP forwards in this step
+        self._launched = 0  # gradient buckets launched in this step (DDP launches them in bucket order)
         self._in_flight = 0
         self._flight_lock = threading.Lock()
         self._store: dist.TCPStore | None = None
@@ -171,7 +180,14 @@ class LiveGroup:
         self._model, self._optimizer, self._seed = model, optimizer, seed
         self._extra = dict(extra)
         if optimizer is not None:
+            if self.live:
+                optimizer.register_step_pre_hook(self._before_optimizer_step)
             optimizer.register_step_post_hook(self._on_optimizer_step)
+
+    def _before_optimizer_step(self, *_: Any) -> None:
+        """The step's vote: every rank says whether its step is intact before any rank commits it."""
+        if self._in_step and not self._vote(ok=True):
+            raise _StepVoided(f"step {self.step_no} was abandoned by a rank (RetryableError): redone in place")
 
     def _on_optimizer_step(self, *_: Any) -> None:
         self._committed = True  # the step's update is applied: a failure after this commits it
@@ -201,18 +217,30 @@ class LiveGroup:
         """One attempt at the current step; a recoverable failure inside it rolls it back (see module doc)."""
         step = self.step_no
         self._committed = False
+        self._forwards = self._launched = 0
+        self._in_step = True
         if self._seed is not None:
             torch.manual_seed(_step_seed(self._seed, self.rank, step))
         try:
             yield step
+        except _StepVoided:
+            self._in_step = False
+            self._redo(step, None)
+            return
         except Exception as exc:
+            self._in_step = False
             kind = classify_error(exc) if self.live else None
             if kind is None:
                 raise
+            if kind == ErrorKind.RETRYABLE and not self._committed and self._drain(exc):
+                self._redo(step, exc)
+                return
             if self._committed:
                 self.step_no = step + 1
             self._recover((kind, exc), None)
             return
+        finally:
+            self._in_step = False
         self._collective_reset()
         self.step_no = step + 1
         self.has_state = True
@@ -224,6 +252,88 @@ class LiveGroup:
             handle.current = None
         if dist.is_initialized():
             dist.destroy_process_group()
+
+    # -- retry in place: the step is voided on every rank, the group is kept ----------------------
+    def _vote(self, ok: bool) -> bool:
+        """One-element allreduce of "not ok" before the optimizer step; True when every rank's step is intact."""
+        flag = torch.tensor([0 if ok else 1], dtype=torch.int32)
+        self._collective(+1)
+        try:
+            dist.all_reduce(flag)
+        finally:
+            self._collective(-1)
+        return int(flag[0]) == 0
+
+    def _drain(self, error: BaseException) -> bool:
+        """Make, with zeros, the collectives the peers wait on in this step, then vote "not ok"; False when
+        that cannot be done exactly (the slower rebuild then follows).
+
+        The peers' collectives until the vote are DDP's: forward-time bucket rebuild and buffer
+        broadcast, then one allreduce per gradient bucket in bucket order (as DDP's own Join does for a
+        joined rank, ``_match_all_reduce_for_bwd_pass``).
+        """
+        if not self._voting or len(self._handles) != 1 or self._handles[0].current is None:
+            return False
+        ddp = self._handles[0].current
+        reducer = ddp.reducer
+        if ddp.find_unused_parameters or getattr(ddp, "static_graph", False) \
+                or not hasattr(reducer, "_get_zeros_like_grad_buckets") or not hasattr(reducer, "_reset_state"):
+            return False
+        t0 = time.time()
+        try:
+            if not self._forwards:  # the peers' forward rebuilds buckets (after the first backward), syncs buffers
+                if torch.is_grad_enabled() and reducer._rebuild_buckets():
+                    ddp._has_rebuilt_buckets = True
+                if ddp._check_sync_bufs_pre_fwd():
+                    ddp._sync_buffers()
+            buckets = reducer._get_zeros_like_grad_buckets()
+            for bucket in buckets[self._launched:]:
+                reducer._run_comm_hook(bucket).wait()
+            self._vote(ok=False)
+        except Exception as exc:  # a peer is gone too: the rebuild path takes over with this error
+            log.warning("rank %d: draining step %d failed: %s", self.rank, self.step_no, str(exc).splitlines()[0])
+            return False
+        log.info("rank %d: step %d abandoned (RetryableError: %s); %d collective(s) drained in %.3fs", self.rank,
+                 self.step_no, str(error).splitlines()[0][:200], len(buckets) - self._launched + 1, time.time() - t0)
+        return True
+
+    @property
+    def _voting(self) -> bool:
+        return self.live and self._optimizer is not None
+
+    def _redo(self, step: int, error: BaseException | None) -> None:
+        """Every rank drops the voided step (no optimizer update happened), waits for the agent's word, redoes it.
+
+        ``retry``: same group, same processes. ``rejoin`` (the controller chose recover): the group is
+        rebuilt first. ``abort`` or no word in time: LiveRecoveryFailed.
+        """
+        t0 = time.time()
+        for handle in self._handles:  # the raising rank's reducer is mid-iteration; every rank resets alike
+            if handle.current is not None:
+                handle.current.reducer._reset_state()
+        if self._model is not None:
+            self._model.zero_grad(set_to_none=True)
+        self.step_no = step
+        self._collective_reset()
+        if error is not None:
+            self.protocol.report_error(ErrorKind.RETRYABLE, step)
+        else:
+            self.protocol.set_phase(Phase.PAUSED)
+        control = self.protocol.wait_requested()
+        if control is not None and control.action == "rejoin":
+            self._recover(None, control)
+            return
+        if control is None or control.action != "retry":
+            self.protocol.set_phase(Phase.GAVE_UP)
+            reason = "no new generation was named in time" if control is None else "the agent asked to abort"
+            raise LiveRecoveryFailed(f"rank {self.rank}: retry of step {step} failed: {reason}") from error
+        event = {"from_generation": self.protocol.generation, "step": step, "time": t0,
+                 "error": ErrorKind.RETRYABLE.name if error is not None else "VOIDED", "generation": control.generation,
+                 "action": "retry", "in_place": True, "resume_step": step, "total_s": time.time() - t0}
+        self.protocol.joined(control.generation, step)
+        self.events.append(event)
+        log.info("rank %d: retrying step %d in place (generation %d) after %.3fs", self.rank, step,
+                 control.generation, event["total_s"])
 
     # -- recovery ----------------------------------------------------------------------------------
     def _recover(self, error: tuple[ErrorKind, BaseException] | None, control: Control | None) -> None:
