@@ -40,6 +40,7 @@ pytestmark = pytest.mark.mindspore
 REPO = Path(__file__).resolve().parent.parent
 DUMMY = REPO / "tests" / "mindspore_scripts" / "dummy_train.py"
 DUMMY_HANG = REPO / "tests" / "mindspore_scripts" / "dummy_hang.py"
+SLOW_EXIT = REPO / "tests" / "mindspore_scripts" / "slow_exit.py"
 TRAIN_DP = REPO / "examples" / "mindspore" / "train_dp.py"
 FALLBACK_MARK = "process controlled by msrun"  # msrun's warning when it could not hand control over
 
@@ -490,3 +491,54 @@ def test_heartbeat_dir_of_a_sigkilled_msrun_is_removed_by_the_next_one(jobs, msr
     assert not list(second.log_dir.glob("taskd-heartbeat-*")), "a heartbeat directory made although nothing reads it"
     assert not list(tmp.glob("taskd-*")), f"a taskd directory in $TMPDIR: {list(tmp.iterdir())}"
     second.assert_nothing_left()
+
+
+@pytest.mark.timeout(180)
+def test_rank_finishing_slowly_after_its_work_is_not_called_hung(jobs, msrun_env):
+    """Each rank's atexit handler sleeps 4 s without heartbeats (as MindSpore's finalisation does), longer than
+    TASKD_HEARTBEAT_TIMEOUT=2: the rank marked itself finishing at exit, so no hang, no fault, msrun exits 0
+    after every rank ran its exit handler to the end."""
+    msrun_env.update({"TASKD_HEARTBEAT_TIMEOUT": "2", "TASKD_MONITOR_INTERVAL": "0.2"})
+    job = jobs("slow-exit", SLOW_EXIT, ["--state-dir", "{dir}/state", "--exit-sleep", "4"], msrun_env)
+    rc = job.wait(120)
+    job.assert_plugin_in_control()
+    out = job.output()
+    assert rc == 0, f"msrun exited {rc}\n{job.logs()}"
+    assert "hang:" not in out and "fault:" not in out, f"a finishing rank was taken for hung\n{job.logs()}"
+    state = job.dir / "state"
+    for rank in (0, 1):
+        assert job.spawns(rank) == 1, f"rank {rank} was restarted\n{job.logs()}"
+        assert files(state, f"exited-rank{rank}-"), f"rank {rank}'s exit handler did not run to its end"
+    job.assert_nothing_left()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("finished", [True, False], ids=["said-finished", "exit-only"])
+def test_rank_stuck_finishing_is_killed_at_the_bound_and_said_so(jobs, msrun_env, finished: bool):
+    """The exit handler sleeps 120 s: the agent waits heartbeat timeout (2 s) + stop grace (1 s) after the rank
+    marked itself finishing, kills it and says so. A rank that called taskd.worker.finished() counts as done
+    (msrun exits 0, no restart); one that only began to exit is a fault (no restart budget: msrun fails)."""
+    msrun_env.update({"TASKD_HEARTBEAT_TIMEOUT": "2", "TASKD_MONITOR_INTERVAL": "0.2", "TASKD_STOP_GRACE": "1",
+                      "TASKD_MAX_RESTARTS": "0"})
+    args = ["--state-dir", "{dir}/state", "--exit-sleep", "120", *(["--finished"] if finished else [])]
+    job = jobs("stuck-exit", SLOW_EXIT, args, msrun_env)
+    rc = job.wait(90)
+    job.assert_plugin_in_control()
+    out = job.output()
+    what = "said its work was done" if finished else "began to exit"
+    killed = [ln for ln in out.splitlines() if what in ln and "killed it" in ln]
+    # said-finished: both ranks are killed at the bound; exit-only: the first one's fault ends the job
+    assert len(killed) == 2 if finished else killed, f"no rank named as killed while finishing\n{job.logs()}"
+    assert "hang:" not in out, f"a finishing rank was called hung\n{job.logs()}"
+    if finished:
+        assert rc == 0, f"msrun exited {rc} although both ranks had finished their work\n{job.logs()}"
+        assert all("its work counts as finished" in ln for ln in killed), killed
+        assert "fault:" not in out, job.logs()
+    else:
+        assert rc != 0, f"msrun exited 0 although no rank exited\n{job.logs()}"
+        assert "fault: rank" in out, job.logs()
+    state = job.dir / "state"
+    for rank in (0, 1):
+        assert job.spawns(rank) == 1, f"rank {rank} was restarted\n{job.logs()}"
+        assert files(state, f"done-rank{rank}-") and not files(state, f"exited-rank{rank}-")
+    job.assert_nothing_left()
