@@ -10,8 +10,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -155,3 +159,95 @@ def test_a_script_that_did_not_declare_itself_gets_job_rescheduling_first(tmp_pa
     assert "strategy: job-rescheduling for rank(s) [1]" in console, console[-6000:]
     assert "strategy: recover" not in console  # no failed recover and a second charge first
     assert "recover not offered" in console
+
+
+def test_two_faults_in_a_row_are_each_recovered_in_place(tmp_path, reference):
+    """Rank 2 is killed at step 8; once that recovery has resumed, rank 1 is killed at step 18."""
+    code, console = taskd_run(tmp_path, ["--crash", "2:8", "--crash", "1:18"])
+    assert code == 0, console[-6000:]
+    info = summary(tmp_path)
+    pids = start_pids(console)
+    assert info["ranks"]["0"]["pid"] == pids[0]  # the survivor of both faults kept its process
+    assert info["ranks"]["1"]["pid"] != pids[1] and info["ranks"]["2"]["pid"] != pids[2]
+    assert console.index("strategy: recover for rank(s) [2]") < console.index("training resumed") \
+        < console.index("strategy: recover for rank(s) [1]"), console[-6000:]
+    assert "job-rescheduling" not in console
+    assert len(resumed_after(console)) == 2 and "2 recovery(ies)" in console
+    assert info["restart_count"] == 2  # one per fault; the second replacement saw the job-wide count
+    assert info["recomputed"]["0"] == 0 and max(info["recomputed"].values()) <= 1
+    assert_identical(torch.load(tmp_path / "out" / "final.pt"), reference)
+    print(f"two faults -> training resumed in {resumed_after(console)}s")
+
+
+def test_a_fault_during_the_rebuild_fails_recover_and_escalates_once(tmp_path, reference):
+    """Rank 2 is killed; while generation g forms (its replacement is still importing torch), survivor rank 1
+    is killed too. docs/pytorch.md: the recover fails, the round escalates to job-rescheduling, and the round
+    is charged one restart in all; the job restarts from its newest common checkpoint."""
+    console_path = tmp_path / "console.log"
+    killed: list[int] = []
+
+    def kill_survivor_when_the_rebuild_starts() -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:
+            text = console_path.read_text() if console_path.exists() else ""
+            if "strategy: recover for rank(s) [2]" in text:
+                os.kill(start_pids(text)[1], signal.SIGKILL)
+                killed.append(start_pids(text)[1])
+                return
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=kill_survivor_when_the_rebuild_starts, daemon=True)
+    watcher.start()
+    code, console = taskd_run(tmp_path, ["--crash", "2:8"])
+    watcher.join(5)
+    assert killed, console[-6000:]
+    assert code == 0, console[-6000:]
+    assert re.search(r"live recovery failed: rank\(s\) \[1\] ended before the group of generation \d+ re-formed",
+                     console), console[-6000:]
+    assert "strategy: job-rescheduling" in console
+    info = summary(tmp_path)
+    assert info["restart_count"] == 1  # the failed recover and its escalation: one restart
+    assert_identical(torch.load(tmp_path / "out" / "final.pt"), reference)
+
+
+def test_sigstopped_rank_is_named_its_stack_not_taken_and_replaced(tmp_path, reference):
+    console_path = tmp_path / "console.log"
+    stopped: list[int] = []
+
+    def stop_rank_1() -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:
+            text = console_path.read_text() if console_path.exists() else ""
+            if "rank 1: step 10/" in text:
+                pid = start_pids(text)[1]
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+                return
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=stop_rank_1, daemon=True)
+    watcher.start()
+    code, console = taskd_run(tmp_path, flags=["--heartbeat-timeout", "6"])
+    watcher.join(5)
+    assert stopped and code == 0, console[-6000:]
+    first_hang_line = next(line for line in console.splitlines() if "hang:" in line)
+    assert re.search(rf"hang: rank 1 \(pid {stopped[0]}\) made no progress .*\(process stopped\): the culprit",
+                     first_hang_line), console[-6000:]
+    assert f"hang: could not take the stacks of rank 1 (pid {stopped[0]}): its process is stopped (SIGSTOP)" \
+        in console
+    assert not re.search(r"hang: rank [02] \(pid \d+\) made no progress", console)
+    assert "strategy: recover for rank(s) [1]" in console and "job-rescheduling" not in console
+    info = summary(tmp_path)
+    pids = start_pids(console)
+    assert info["ranks"]["0"]["pid"] == pids[0] and info["ranks"]["2"]["pid"] == pids[2]
+    assert info["ranks"]["1"]["pid"] != pids[1]
+    assert_identical(torch.load(tmp_path / "out" / "final.pt"), reference)
+
+
+def test_a_port_in_use_fails_fast_naming_it(tmp_path):
+    with socket.create_server(("", 0)) as taken:
+        port = taken.getsockname()[1]
+        code, console = taskd_run(tmp_path, flags=["--master-port", str(port)])
+    assert code == 2, console
+    assert f"taskd run: error: rendezvous store: port {port} is already in use" in console
+    assert "--master-port" in console and "started" not in console and "Traceback" not in console

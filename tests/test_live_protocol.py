@@ -229,7 +229,38 @@ def test_store_start_failure_names_the_cause():
     from taskd.rendezvous import StoreHost, StoreHostError
 
     with StoreHost.start("127.0.0.1", 0, timeout=60) as host:
-        with pytest.raises(StoreHostError, match=f"127.0.0.1:{host.port}"):
+        with pytest.raises(StoreHostError, match=f"port {host.port} is already in use.*--master-port"):
             StoreHost.start("127.0.0.1", host.port, timeout=60)
     with pytest.raises(StoreHostError, match="0..65535"):
         StoreHost.start("127.0.0.1", 70000)
+
+
+@pytest.mark.torch
+@needs_torch
+def test_store_that_cannot_start_says_why(tmp_path):
+    from taskd.rendezvous import StoreHost, StoreHostError
+
+    no_site = tmp_path / "python-no-site"  # the ranks' interpreter without site-packages: no torch
+    no_site.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")
+    no_site.chmod(0o755)
+    with pytest.raises(StoreHostError, match=r"(?s)exited \(1\): Traceback.*No module named 'torch'"):
+        StoreHost.start("127.0.0.1", 0, timeout=60, python=str(no_site))
+
+
+@pytest.mark.parametrize(("source", "uses"), [
+    ("from taskd.worker.torch import LiveGroup\n", True),
+    ("import taskd.worker.torch as t\n", True),
+    ("from taskd.worker import torch as tw\n", True),
+    ("def main():\n    from taskd.worker.torch import LiveGroup\n", True),
+    ("import torch\nimport torch.distributed as dist\n", False),
+    ("import mindspore\nfrom taskd import worker\n", False),
+    ("from .worker.torch import LiveGroup\n", False),
+    ("this is not python(\n", False),
+])
+def test_auto_store_only_for_scripts_that_import_the_live_binding(tmp_path, source, uses):
+    from taskd.rendezvous import uses_live_binding
+
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    assert uses_live_binding(script) is uses
+    assert uses_live_binding(tmp_path / "missing.py") is False

@@ -58,12 +58,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # fault injection, each once per job (a marker file in --out remembers it), on --fault-rank
     p.add_argument("--fault-rank", type=int, default=1, help="the rank that injects the faults below")
     p.add_argument("--crash-at-step", type=int, default=None, help="SIGKILL itself in the middle of this step")
+    p.add_argument("--crash", action="append", default=[], metavar="RANK:STEP",
+                   help="rank RANK SIGKILLs itself in the middle of step STEP (repeatable; once each)")
     p.add_argument("--hang-at-step", type=int, default=None, help="hang (sleep) in the middle of this step")
     p.add_argument("--retryable-error-at-step", type=int, default=None,
                    help="raise taskd.worker.RetryableError in the middle of this step")
     args = p.parse_args(argv)
     if args.steps < 0 or args.ckpt_every < 0:
         p.error("--steps and --ckpt-every must be >= 0")
+    try:
+        args.crashes = {tuple(int(v) for v in spec.split(":")) for spec in args.crash}
+    except ValueError:
+        p.error(f"--crash takes RANK:STEP, got {args.crash}")
+    if any(len(c) != 2 for c in args.crashes):
+        p.error(f"--crash takes RANK:STEP, got {args.crash}")
     return args
 
 
@@ -87,9 +95,9 @@ def batch(args: argparse.Namespace, rank: int, step: int) -> tuple[torch.Tensor,
     return x, x @ w
 
 
-def once(args: argparse.Namespace, kind: str, at: int | None, rank: int, step: int) -> bool:
+def once(args: argparse.Namespace, kind: str, at: int | None, rank: int, step: int, anyrank: bool = False) -> bool:
     """Whether fault ``kind`` fires now; the marker file makes it fire once per job."""
-    if at is None or rank != args.fault_rank or step != at:
+    if at is None or (rank != args.fault_rank and not anyrank) or step != at:
         return False
     marker = os.path.join(args.out, f"fault_{kind}.done")
     try:
@@ -138,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
             x, y = batch(args, rank, step)
             optimizer.zero_grad(set_to_none=True)
             loss = nn.functional.mse_loss(ddp(x), y)
-            if once(args, "crash", args.crash_at_step, rank, step):
+            if once(args, "crash", args.crash_at_step, rank, step) or \
+                    ((rank, step) in args.crashes and once(args, f"crash{rank}", step, rank, step, anyrank=True)):
                 os.kill(os.getpid(), signal.SIGKILL)
             if once(args, "hang", args.hang_at_step, rank, step):
                 time.sleep(3600)

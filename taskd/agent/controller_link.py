@@ -232,8 +232,10 @@ class ControllerLink:
     def report_stop_complete(self, faults: FaultRanks) -> None:
         self._send("stop complete", lambda: self._mgr.report_stop_complete(Code.OK, "", faults))
 
-    def report_strategies(self, faults: FaultRanks) -> None:
-        self._send("strategies", lambda: self._mgr.report_recover_strategy(faults, self.config.offered_strategies))
+    def report_strategies(self, faults: FaultRanks, strategies: list[str] | None = None) -> None:
+        """What this node offers for the round (default: the configured strategies)."""
+        offered = list(self.config.offered_strategies if strategies is None else strategies)
+        self._send("strategies", lambda: self._mgr.report_recover_strategy(faults, offered))
 
     def report_status(self, code: int, msg: str, faults: FaultRanks, strategy: str) -> None:
         self._send("recover status", lambda: self._mgr.report_recover_status(code, msg, faults, strategy))

@@ -53,6 +53,9 @@ class LiveRanks:
         if details is not None and getattr(details, "live_recovery", False) and hasattr(details, "control_path"):
             path = details.control_path()
         self.control_path: str | None = path
+        # the launcher expects its ranks to declare what they can do in place (taskd run, a .py entrypoint),
+        # whether or not it hosts a store for them: recover is then offered only to ranks that declared it
+        self.declarations = bool(details is not None and getattr(details, "rank_declarations", path is not None))
         self.generation = 0  # the newest generation this node has named
         self.rebuild: Rebuild | None = None
         self._files: dict[int, HeartbeatFile] = {}
@@ -107,10 +110,8 @@ class LiveRanks:
     def offer(self, configured: list[str], faults: FaultRanks) -> list[str]:
         """What this node offers for the round: recover only if every rank declared it can rejoin
         (a script that has not gets job-rescheduling first), retry only for type-"0" faults of ranks that can."""
-        if not self.enabled:
-            return [s for s in configured if s != Strategy.RETRY]
-        offered = list(configured)
-        if Strategy.RECOVER in offered and not self.can("rejoin"):
+        offered = [s for s in configured if s != Strategy.RETRY or self.enabled]
+        if Strategy.RECOVER in offered and self.declarations and not self.can("rejoin"):
             offered.remove(Strategy.RECOVER)
             log.info("live recovery: not every rank declared it can rejoin in place: recover not offered")
         if Strategy.RETRY in offered and not (faults and set(faults.values()) == {FaultType.RECOVERABLE}
@@ -140,25 +141,21 @@ class LiveRanks:
             and rank.state is RankState.RUNNING
 
     # -- the generation and the control file -------------------------------------------------------
-    def next_generation(self, uuid: str, extra_params: str) -> int:
+    def next_generation(self, extra_params: str) -> int:
         """The controller's generation for this order: the same on every node, never reused while the store lives.
 
-        taskd's controller numbers its signals per job (``<job>-<round>-<seq>``, persisted): the
-        changeStrategy's sequence number is the generation; a ``generation`` in extraParams wins.
-        A controller that gives neither (ClusterD) gets this node's own count (one node only).
+        taskd's controller puts it in the changeStrategy signal's extraParams (``{"generation": g}``,
+        its per-job signal number, persisted). A controller that gives none (ClusterD) gets this
+        node's own count, which is right on one node only.
         """
         generation = None
         try:
             params = json.loads(extra_params or "{}")
-            if isinstance(params, dict) and isinstance(params.get("generation"), int):
-                generation = params["generation"]
         except ValueError:
-            pass
-        job_id = self._job_id() or ""
-        if generation is None and job_id and uuid.startswith(job_id + "-"):
-            parts = uuid[len(job_id) + 1:].split("-")
-            if len(parts) == 2 and all(p.isdigit() for p in parts):
-                generation = int(parts[1])
+            params = None
+        if isinstance(params, dict) and isinstance(params.get("generation"), int) \
+                and not isinstance(params["generation"], bool):
+            generation = params["generation"]
         if generation is None or generation <= self.generation:
             generation = self.generation + 1
         self.generation = generation

@@ -24,7 +24,6 @@ from taskd.agent.policy import LocalPolicy
 from taskd.agent.rank_control import RankControl
 from taskd.agent.ranks import RankState, RankTable
 from taskd.agent.summary import JobResult, RecoveryRecord
-from taskd.client.current import report_recover_strategy
 from taskd.vocabulary import Code, FaultRanks, Strategy
 
 log = logging.getLogger("taskd.agent")
@@ -95,11 +94,8 @@ class Recovery:
 
     def on_strategies(self, order: Order) -> None:
         configured = self.link.config.offered_strategies
-        offered = self.live.offer(configured, dict(self.round.faults) | order.fault_ranks)
-        if offered == configured or not self.link.active:
-            self.link.report_strategies(order.fault_ranks)
-        else:
-            report_recover_strategy(order.fault_ranks, offered)  # the link's client (set_manager)
+        self.link.report_strategies(order.fault_ranks,
+                                    self.live.offer(configured, dict(self.round.faults) | order.fault_ranks))
 
     def on_change(self, order: Order) -> None:
         strategy = order.strategy
@@ -162,7 +158,7 @@ class Recovery:
             self._charge()
         if live:
             assert order is not None
-            self.live.next_generation(order.uuid, order.extra_params)
+            self.live.next_generation(order.extra_params)
             self.live.begin(strategy, faults, started, order.timeout, time.monotonic())
         if strategy == Strategy.RETRY:
             return  # the paused ranks redo the step when they read the control file; confirmed in poll()

@@ -26,12 +26,24 @@ from taskd.vocabulary import SignalType
 log = logging.getLogger(__name__)
 
 
+def extra_params(sig: Signal) -> str:
+    """extraParams: why a job ends ({"reason"}); for a changeStrategy, the live-recovery generation the agents
+    name (docs/worker.md): the signal's per-job number, the last part of its uuid (`<job>-<round>-<seq>`,
+    persisted), so every node gets the same one and it never repeats while the job lives."""
+    params: dict[str, object] = {"reason": sig.reason} if sig.reason else {}
+    if sig.signal_type == SignalType.CHANGE_STRATEGY:
+        seq = sig.uuid.rsplit("-", 1)[-1]
+        if seq.isdigit():
+            params["generation"] = int(seq)
+    return json.dumps(params) if params else ""
+
+
 def to_message(job_id: str, sig: Signal) -> recover_pb2.ProcessManageSignal:
     return recover_pb2.ProcessManageSignal(
         uuid=sig.uuid, jobId=job_id, signalType=sig.signal_type, actions=list(sig.actions),
         faultRanks=[recover_pb2.FaultRank(rankId=str(r), faultType=t) for r, t in sig.faults],
         changeStrategy=sig.strategy, timeout=sig.timeout, nodeRankIds=[str(n) for n in sig.nodes],
-        extraParams=json.dumps({"reason": sig.reason}) if sig.reason else "",
+        extraParams=extra_params(sig),
     )
 
 

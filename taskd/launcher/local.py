@@ -83,6 +83,16 @@ class LocalLauncher:
             raise
         run_dir = spec.run_dir or make_run_dir(_safe(spec.job_id))  # removes those SIGKILLed agents left
         os.makedirs(run_dir, mode=0o700, exist_ok=True)
+        try:  # live recovery: node 0 binds the store's port now, so a port in use stops the launch here
+            live = AgentStore.decide(spec.rdzv_store, python_script(spec.entrypoint), spec.node_rank,
+                                     spec.master_addr, port, run_dir)
+        except (StoreHostError, ValueError):
+            for rank_log in logs.values():
+                rank_log.close()
+            if spec.run_dir is None:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise
+        port = live.port
         self.spec = dataclasses.replace(spec, run_dir=run_dir, master_port=port, log_dir=log_dir)
         if omp_default(self.spec):
             log.warning(OMP_WARNING, OMP_DEFAULT)
@@ -94,9 +104,7 @@ class LocalLauncher:
         self._job_restarts: int | None = None  # set by the agent: see set_restart_count
         self._restart_rounds = 0  # START calls that restarted something: the count when nobody sets one
         self._pump = OutputPump(tick=self._reap_exited_orphans if subreaper else None, tick_interval=orphan_tick)
-        # live recovery: node 0 hosts the store that outlives every rank; ranks get the control file
-        self._live = AgentStore.decide(spec.rdzv_store, python_script(spec.entrypoint) is not None, spec.node_rank,
-                                       self.spec.master_addr, port, run_dir)
+        self._live = live  # node 0 hosts the store that outlives every rank; ranks get the control file
         self._generation = 0  # the group generation ranks started from now on join (set_generation)
         spares = spec.warm_spares if python_script(spec.entrypoint) else 0
         spare_env = rank_env(self.spec, 0, 0, None)
@@ -156,12 +164,17 @@ class LocalLauncher:
                 self._wait_reaped(inc, timeout=10.0)
             if any(self._table.starts(r) for r in range(self.spec.nproc_per_node)):
                 self._restart_rounds += 1
-            try:  # a whole-job (re)start gets a fresh store: plain env:// scripts add no per-attempt prefix
+            try:  # the store child starts with the ranks, not before them: they need it only at init_process_group
                 self._live.start()
             except StoreHostError as exc:
                 log.error("%s", exc)
                 return 1
             ok = [self._start(r) for r in range(self.spec.nproc_per_node)]
+            try:
+                self._live.confirm()
+            except StoreHostError as exc:
+                log.error("%s", exc)
+                return 1
             self._spares.fill()
         return 0 if all(ok) else 1
 
@@ -268,6 +281,12 @@ class LocalLauncher:
     def live_recovery(self) -> bool:
         """Whether ranks run with live recovery (an agent-side store, a control file): see taskd.rendezvous."""
         return self._live.enabled
+
+    @property
+    def rank_declarations(self) -> bool:
+        """Whether ranks can declare what they can do in place (a .py script, which may use taskd.worker):
+        the agent then offers recover only to ranks that declared it (docs/worker.md)."""
+        return python_script(self.spec.entrypoint) is not None
 
     def control_path(self) -> str | None:
         """The node's live-recovery control file (TASKD_CONTROL_FILE), None when live recovery is off."""

@@ -1,20 +1,28 @@
 """Whether a node's ranks get an agent-hosted store, and hosting it on node 0 (live recovery).
 
-torchrun's agent hosts the ``MASTER_ADDR:MASTER_PORT`` store, so that is what ``taskd run`` does
-too whenever the ranks can be torch ranks: a ``.py`` entrypoint and torch importable in the
-ranks' interpreter (mode ``auto``). ``TASKD_RDZV_STORE=agent`` forces it, ``rank`` turns it off
-(rank 0 hosts the store, as under plain ``init_process_group``; no live recovery then).
+Live recovery needs a store that outlives rank 0, so node 0's ``taskd run`` hosts the
+``MASTER_ADDR:MASTER_PORT`` store, as torchrun's agent does, when the entry script uses taskd's
+live binding: a ``.py`` entrypoint that imports ``taskd.worker.torch`` (a static look at its
+imports) and torch importable in the ranks' interpreter (mode ``auto``). Any other script (a plain
+env:// DDP script, a MindSpore script) keeps MASTER_PORT to itself: rank 0 hosts the store, as under
+plain ``init_process_group``. ``TASKD_RDZV_STORE=agent`` forces the agent store, ``rank`` turns it off.
+
+The store lives as long as the job: it is never restarted for a whole-job restart, which a
+multi-node job's other nodes could race. Every group forms under a key prefix of its own,
+``taskd/gen<g>``, with ``g`` the controller's round number, known to every node (TASKD_GENERATION).
 """
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import logging
 import os
+import socket
 import subprocess
 import sys
 
-from taskd.rendezvous.store import StoreHost, store_env
+from taskd.rendezvous.store import StoreHost, listen, store_env
 from taskd.worker.env import Var
 
 log = logging.getLogger(__name__)
@@ -36,6 +44,33 @@ def torch_importable(python: str | None = None) -> bool:
     return probe.returncode == 0
 
 
+LIVE_BINDING = "taskd.worker.torch"
+MAX_SCRIPT = 4 << 20  # bytes of a script read for its imports
+
+
+def uses_live_binding(script: str | os.PathLike[str]) -> bool:
+    """Whether ``script`` imports taskd's torch binding (``taskd.worker.torch``), read with ``ast``, not run.
+
+    Only the entry script is read: a script that imports the binding through a module of its own
+    needs ``TASKD_RDZV_STORE=agent``. An unreadable or unparsable script counts as not using it.
+    """
+    try:
+        with open(script, "rb") as fh:
+            tree = ast.parse(fh.read(MAX_SCRIPT))
+    except (OSError, SyntaxError, ValueError):
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(a.name == LIVE_BINDING or a.name.startswith(LIVE_BINDING + ".")
+                                                for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == LIVE_BINDING or node.module.startswith(LIVE_BINDING + "."):
+                return True
+            if node.module == "taskd.worker" and any(a.name == "torch" for a in node.names):
+                return True
+    return False
+
+
 def check_mode(mode: str) -> str:
     if mode not in MODES:
         raise ValueError(f"rendezvous store mode (TASKD_RDZV_STORE) must be one of {', '.join(MODES)}, not {mode!r}")
@@ -45,9 +80,11 @@ def check_mode(mode: str) -> str:
 class AgentStore:
     """The live-recovery setup of one node: the store (hosted on node 0 only), the control file, the ranks' env.
 
-    ``start()`` is called for every whole-node start (job start and job-rescheduling): it
-    restarts the store so a whole-job restart finds no keys of the last one, and removes the
-    control file. Call it from the thread that owns the ranks (PR_SET_PDEATHSIG, see StoreHost).
+    Node 0 binds the store's port when this is built, so a port in use fails before any rank
+    starts (StoreHostError). ``start()`` is called for every whole-node start (job start and
+    job-rescheduling): it starts the store child if it is not running (at once, without waiting;
+    ``confirm()`` waits for it once the ranks are started) and removes the control file. Call both
+    from the thread that owns the ranks (PR_SET_PDEATHSIG, see StoreHost).
     """
 
     def __init__(self, enabled: bool, node_rank: int, addr: str, port: int, run_dir: str,
@@ -55,21 +92,24 @@ class AgentStore:
         self.enabled = enabled
         self.hosts = enabled and node_rank == 0
         self.addr = addr
-        self.port = port
         self.python = python
         self.control_path = os.path.join(run_dir, CONTROL_FILE) if enabled else None
         self.host: StoreHost | None = None
         self.starts = 0
+        self._sock: socket.socket | None = listen(port) if self.hosts else None
+        self.port = self._sock.getsockname()[1] if self._sock is not None else port
 
     @classmethod
-    def decide(cls, mode: str, python_entry: bool, node_rank: int, addr: str, port: int, run_dir: str,
+    def decide(cls, mode: str, script: str | None, node_rank: int, addr: str, port: int, run_dir: str,
                python: str | None = None) -> AgentStore:
+        """``script``: the entry ``.py`` file (None for ``-m``/``--no-python`` entrypoints)."""
         mode = check_mode(mode)
-        enabled = mode == "agent" or (mode == "auto" and python_entry and torch_importable(python))
+        enabled = mode == "agent" or (mode == "auto" and script is not None and uses_live_binding(script)
+                                      and torch_importable(python))
         return cls(enabled, node_rank, addr, port, run_dir, python)
 
     def start(self) -> None:
-        """(Re)start the store on node 0 and clear the control file; a no-op when live recovery is off."""
+        """Start the store on node 0 unless it runs, and clear the control file; a no-op when live recovery is off."""
         if not self.enabled:
             return
         assert self.control_path is not None
@@ -77,14 +117,20 @@ class AgentStore:
             os.unlink(self.control_path)
         except FileNotFoundError:
             pass
-        if not self.hosts:
+        if self._sock is None or (self.host is not None and self.host.alive()):
             return
         if self.host is not None:
-            self.host.close()
-            self.host = None
-        self.host = StoreHost.start(self.addr, self.port, timeout=60.0, python=self.python)
+            log.warning("rendezvous store (pid %d) had exited: starting it again on port %d", self.host.pid,
+                        self.port)
+            self.host.close(timeout=0)
+        self.host = StoreHost.spawn(self._sock, "0.0.0.0", python=self.python)
         self.starts += 1
-        log.debug("rendezvous store (pid %d) on %s:%d, start %d", self.host.pid, self.addr, self.port, self.starts)
+        log.debug("rendezvous store (pid %d) on port %d, start %d", self.host.pid, self.port, self.starts)
+
+    def confirm(self, timeout: float = 60.0) -> None:
+        """Wait until the store started by ``start()`` serves (StoreHostError with its output if it does not)."""
+        if self.host is not None:
+            self.host.wait_ready(timeout)
 
     def env(self, generation: int) -> dict[str, str]:
         """What a rank started into ``generation`` gets on top of the launcher's variables (empty when off)."""
@@ -101,3 +147,6 @@ class AgentStore:
         if self.host is not None:
             self.host.close()
             self.host = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
