@@ -22,7 +22,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from support import STARTED  # noqa: E402
+from support import STARTED, free_port, wait_for  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -35,11 +35,11 @@ TIMEOUT = 150.0
 
 
 def taskd_run(tmp: Path, extra: list[str] = (), flags: list[str] = (), env: dict[str, str] | None = None,
-              script: Path = EXAMPLE, args: list[str] | None = None) -> tuple[int, str]:
+              script: Path = EXAMPLE, args: list[str] | None = None, nproc: int = WORLD) -> tuple[int, str]:
     tmp.mkdir(parents=True, exist_ok=True)
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("MINDX_", "TASKD_"))}
     full_env.update({"OMP_NUM_THREADS": "1", **(env or {})})
-    argv = [sys.executable, "-m", "taskd.run", "--monitor-interval", "0.2", "--nproc-per-node", str(WORLD),
+    argv = [sys.executable, "-m", "taskd.run", "--monitor-interval", "0.2", "--nproc-per-node", str(nproc),
             *flags, str(script)]
     argv += args if args is not None else [*SMALL, "--ckpt-dir", str(tmp / "ckpt"), "--out", str(tmp / "out"),
                                            *extra]
@@ -251,3 +251,63 @@ def test_a_port_in_use_fails_fast_naming_it(tmp_path):
     assert code == 2, console
     assert f"taskd run: error: rendezvous store: port {port} is already in use" in console
     assert "--master-port" in console and "started" not in console and "Traceback" not in console
+
+
+def test_two_nodes_against_one_server_replace_a_rank_of_node_1_in_place(tmp_path):
+    """Two `taskd run` nodes (2 ranks each) against one `taskd server` on loopback; rank 3 (node 1) is killed:
+    node 1 replaces it, the survivors on both nodes keep their pids, final.pt equals a one-node 4-rank run's."""
+    code, console = taskd_run(tmp_path / "reference", nproc=4)
+    assert code == 0, console[-6000:]
+    reference4 = torch.load(tmp_path / "reference" / "out" / "final.pt")
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MINDX_", "TASKD_"))}
+    env["OMP_NUM_THREADS"] = "1"
+    port, master = free_port(), free_port()
+    server_log = (tmp_path / "server.log").open("wb")
+    server = subprocess.Popen([sys.executable, "-m", "taskd", "server", "--listen", f"127.0.0.1:{port}", "--state",
+                               ":memory:"], stdout=server_log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    STARTED.append(server)
+    nodes, logs = [], []
+    try:
+        def listening() -> bool:
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.2).close()
+                return True
+            except OSError:
+                return False
+
+        wait_for(listening, 30, "taskd server to listen")
+        args = [*SMALL, "--ckpt-dir", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out"), "--crash", "3:8"]
+        for node in range(2):
+            logs.append(tmp_path / f"node{node}.log")
+            with logs[-1].open("wb") as out:
+                nodes.append(subprocess.Popen(
+                    [sys.executable, "-m", "taskd.run", "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node",
+                     "2", "--server", f"127.0.0.1:{port}", "--job-id", "live2n", "--master-addr", "127.0.0.1",
+                     "--master-port", str(master), "--monitor-interval", "0.2", str(EXAMPLE), *args],
+                    stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT))
+            STARTED.append(nodes[-1])
+        codes = []
+        for proc in nodes:
+            try:
+                codes.append(proc.wait(timeout=TIMEOUT))
+            except subprocess.TimeoutExpired:
+                pytest.fail("a node did not finish:\n" + "\n".join(p.read_text()[-4000:] for p in logs))
+    finally:
+        for proc in [*nodes, server]:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        server_log.close()
+    consoles = [p.read_text() for p in logs]
+    assert codes == [0, 0], "\n".join(c[-5000:] for c in consoles)
+    pids = {**start_pids(consoles[0]), **start_pids(consoles[1])}  # global rank -> pid
+    info = summary(tmp_path)
+    survivors = [0, 1, 2]
+    assert {r: info["ranks"][str(r)]["pid"] for r in survivors} == {r: pids[r] for r in survivors}
+    assert info["ranks"]["3"]["pid"] != pids[3]
+    for console in consoles:
+        assert "strategy: recover for rank(s) [3]" in console and "job-rescheduling" not in console, console[-5000:]
+    assert info["restart_count"] == 1 and info["recomputed"]["0"] == 0
+    assert_identical(torch.load(tmp_path / "out" / "final.pt"), reference4)
+    print(f"two nodes: rank 3 -> training resumed in {resumed_after(consoles[1])}s (node 1)")

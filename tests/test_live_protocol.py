@@ -264,3 +264,27 @@ def test_auto_store_only_for_scripts_that_import_the_live_binding(tmp_path, sour
     script.write_text(source)
     assert uses_live_binding(script) is uses
     assert uses_live_binding(tmp_path / "missing.py") is False
+
+
+def test_change_strategy_carries_the_generation_every_node_names():
+    """taskd's controller puts the round's generation in changeStrategy's extraParams; the agent takes it from
+    there (same on every node), never lower than one it named, and counts for itself without one (ClusterD)."""
+    import json
+
+    from taskd.agent.live import LiveRanks
+    from taskd.agent.ranks import RankTable
+    from taskd.controller.events import Signal
+    from taskd.controller.hub import to_message
+    from taskd.vocabulary import Action, SignalType
+
+    change = Signal(uuid="job-with-dashes-2-7", signal_type=SignalType.CHANGE_STRATEGY,
+                    actions=(Action.CHANGE_STRATEGY,), strategy="recover")
+    assert json.loads(to_message("job-with-dashes", change).extraParams) == {"generation": 7}
+    stop = Signal(uuid="job-2-5", signal_type=SignalType.STOP_TRAIN, actions=(Action.STOP_TRAIN,), reason="why")
+    assert json.loads(to_message("job", stop).extraParams) == {"reason": "why"}
+
+    live = LiveRanks(RankTable(), None, lambda: "job")
+    assert live.next_generation(to_message("job-with-dashes", change).extraParams) == 7
+    assert live.next_generation('{"generation": 3}') == 8  # generations only grow while the store lives
+    assert live.next_generation("") == 9 and live.next_generation('{"reason": "x"}') == 10
+    assert live.next_generation("not json") == 11 and live.next_generation('{"generation": true}') == 12

@@ -179,7 +179,7 @@ class HangWatch:
             stopped = " (process stopped)" if _stopped(rank) else ""
             log.warning("hang: rank %d (pid %d) made no progress for %.1fs%s%s%s: the culprit", rank.global_rank,
                         rank.pid, hang.quiet, step, where, stopped)
-        if waiting:
+        if waiting and culprits:  # without a culprit (it was just killed) they wait on its replacement: no news
             log.info("hang: rank(s) %s wait on it%s", sorted(r.global_rank for r, _ in waiting),
                      " inside a collective" if marked else "")
         return culprits, waiting
@@ -216,7 +216,7 @@ class HangWatch:
         pyspy = shutil.which("py-spy") if os.environ.get("TASKD_PYSPY", "1") != "0" else None
         if pyspy and log_path and _pyspy_dump(pyspy, rank, log_path):
             return True
-        if stack_signal:
+        if stack_signal and not _stopped(rank):  # a stopped process runs no handler: the signal would wait for SIGCONT
             log_path = log_path or self._worker_log(rank)
             before = _file_size(log_path)
             try:
