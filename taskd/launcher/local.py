@@ -105,6 +105,9 @@ class LocalLauncher:
         self._restart_rounds = 0  # START calls that restarted something: the count when nobody sets one
         self._pump = OutputPump(tick=self._reap_exited_orphans if subreaper else None, tick_interval=orphan_tick)
         self._live = live  # node 0 hosts the store that outlives every rank; ranks get the control file
+        # ranks of a .py script can declare what they can do in place (taskd.worker): the agent then offers
+        # recover only to ranks that declared it (docs/worker.md)
+        self.rank_declarations = python_script(spec.entrypoint) is not None
         self._generation = 0  # the group generation ranks started from now on join (set_generation)
         spares = spec.warm_spares if python_script(spec.entrypoint) else 0
         spare_env = rank_env(self.spec, 0, 0, None)
@@ -281,12 +284,6 @@ class LocalLauncher:
     def live_recovery(self) -> bool:
         """Whether ranks run with live recovery (an agent-side store, a control file): see taskd.rendezvous."""
         return self._live.enabled
-
-    @property
-    def rank_declarations(self) -> bool:
-        """Whether ranks can declare what they can do in place (a .py script, which may use taskd.worker):
-        the agent then offers recover only to ranks that declared it (docs/worker.md)."""
-        return python_script(self.spec.entrypoint) is not None
 
     def control_path(self) -> str | None:
         """The node's live-recovery control file (TASKD_CONTROL_FILE), None when live recovery is off."""
