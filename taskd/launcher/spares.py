@@ -17,7 +17,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 
-from taskd.process.spawn import has_exited, kill_group, spawn
+from taskd.process.spawn import has_exited, kill_group, reap, spawn
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class SparePool:
         while self._idle:
             popen = self._idle.pop(0)
             if has_exited(popen.pid):
-                _dispose(popen)
+                reap(popen, "warm spare")
                 continue
             message = json.dumps({"argv": list(argv[2:]), "env": dict(env), "cwd": cwd}).encode() + b"\n"
             try:
@@ -89,7 +89,7 @@ class SparePool:
             except OSError as exc:
                 log.debug("warm spare %d unusable: %s", popen.pid, exc)
                 kill_group(popen.pid)
-                _dispose(popen)
+                reap(popen, "warm spare")
                 continue
             return popen
         return None
@@ -98,25 +98,11 @@ class SparePool:
         for popen in self._idle:
             kill_group(popen.pid)
         for popen in self._idle:
-            _dispose(popen)
+            reap(popen, "warm spare")
         self._idle.clear()
 
     def pids(self) -> list[int]:
         return [p.pid for p in self._idle]
-
-
-def _dispose(popen: subprocess.Popen[bytes]) -> None:
-    """Reap a spare that died or was SIGKILLed (waiting at most 5 s: never hang a restart) and close its pipes."""
-    try:
-        popen.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        log.warning("warm spare %d did not die within 5 s of SIGKILL", popen.pid)
-    for stream in (popen.stdin, popen.stdout):
-        if stream is not None:
-            try:
-                stream.close()
-            except OSError:  # stdin's flush into a dead spare
-                pass
 
 
 __all__ = ["SPARE_CODE", "SparePool", "python_script"]

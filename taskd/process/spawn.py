@@ -123,3 +123,18 @@ def wait_exit(pid: int, timeout: float) -> bool:
             return True
         time.sleep(0.001)
     return has_exited(pid)
+
+
+def reap(popen: subprocess.Popen[bytes], what: str, timeout: float = 5.0) -> None:
+    """Reap a child that died or was SIGKILLed, waiting at most ``timeout`` (never hang a restart or a shutdown),
+    and close its pipes (closing stdin may flush into a dead process: OSError is expected)."""
+    try:
+        popen.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        log.warning("%s %d did not die within %g s of SIGKILL", what, popen.pid, timeout)
+    for stream in (popen.stdin, popen.stdout):
+        if stream is not None:
+            try:
+                stream.close()
+            except OSError:
+                pass

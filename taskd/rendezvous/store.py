@@ -23,7 +23,7 @@ import time
 from collections.abc import Mapping
 
 from taskd.process.pidfd import wait_readable
-from taskd.process.spawn import kill_group, spawn
+from taskd.process.spawn import kill_group, reap, spawn
 from taskd.worker.env import Var
 
 log = logging.getLogger(__name__)
@@ -186,16 +186,7 @@ class StoreHost:
     @staticmethod
     def _discard(popen: subprocess.Popen[bytes]) -> None:
         kill_group(popen.pid)
-        try:
-            popen.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            log.warning("rendezvous store %d did not die within 5 s of SIGKILL", popen.pid)
-        for stream in (popen.stdin, popen.stdout):
-            if stream is not None:
-                try:
-                    stream.close()
-                except OSError:
-                    pass
+        reap(popen, "rendezvous store")
 
     def env(self, addr: str | None = None) -> dict[str, str]:
         """The ranks' variables for this store; ``addr`` is how ranks reach it (default: its host)."""
