@@ -36,7 +36,7 @@ from taskd.launcher.orphans import OrphanKeeper
 from taskd.launcher.output import ERR, OUT, OutputPump, RankLog, RankOutput
 from taskd.launcher.run_dir import make_run_dir
 from taskd.launcher.spares import SparePool, python_script
-from taskd.launcher.spec import STATUS_NOT_STARTED, WorkerSpec, free_port
+from taskd.launcher.spec import LIVE_PREIMPORT, STATUS_NOT_STARTED, WorkerSpec, free_port
 from taskd.process.exitcodes import describe_returncode
 from taskd.process.spawn import has_exited, kill_group, spawn, wait_exit
 from taskd.process.subreaper import escaped_descendants, send_signal
@@ -111,7 +111,7 @@ class LocalLauncher:
         self._generation = 0  # the group generation ranks started from now on join (set_generation)
         spares = spec.warm_spares if python_script(spec.entrypoint) else 0
         spare_env = rank_env(self.spec, 0, 0, None)
-        preimport = spec.preimport or ("torch" if self._live.enabled else "")
+        preimport = spec.preimport or (LIVE_PREIMPORT if self._live.enabled else "")
         if preimport:
             spare_env[Var.TASKD_PREIMPORT] = preimport
         self._spares = SparePool(spares, spare_env, spec.cwd)

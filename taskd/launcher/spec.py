@@ -28,6 +28,10 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 # The `taskd run` flag each field usually comes from, named in every problem found with it.
+# What a live job's warm spare imports before it becomes a rank: torch, and torch._dynamo, which the first
+# torch.optim optimizer imports (seconds on 2 cores: bench/live_recovery.py's profile in BENCHMARKS.md).
+LIVE_PREIMPORT = "torch,torch._dynamo"
+
 FLAGS = {
     "entrypoint": "SCRIPT [ARGS]", "nproc_per_node": "--nproc-per-node", "nnodes": "--nnodes",
     "node_rank": "--node-rank", "master_addr": "--master-addr", "master_port": "--master-port",
@@ -84,15 +88,12 @@ class WorkerSpec:
     max_restarts: int = 0  # the job's restart budget, given to ranks as TORCHELASTIC_MAX_RESTARTS
     redirects: Streams = 0  # streams that go to the log file only, not the console
     tee: Streams = 0  # streams that go to the log file and the console
-    # live recovery: "agent" hosts the rendezvous store on node 0 and turns live recovery on; "auto" does so
-    # when the entrypoint is a .py script and torch is importable (taskd run's default); "rank": rank 0 hosts it
-    rdzv_store: str = "rank"
-    preimport: str = ""  # modules warm spares import before becoming a rank (default: torch for live jobs)
     local_ranks_filter: Collection[int] | None = None  # local ranks shown on the console; None = all
     # live recovery: "agent" hosts the rendezvous store on node 0 and turns live recovery on; "auto" does so
-    # when the entrypoint is a .py script and torch is importable (taskd run's default); "rank": rank 0 hosts it
+    # when the entrypoint is a .py script that imports taskd.worker.torch (taskd run's default); "rank": rank 0
+    # hosts it, as under torchrun
     rdzv_store: str = "rank"
-    preimport: str = ""  # modules warm spares import before becoming a rank (default: torch for live jobs)
+    preimport: str = ""  # modules warm spares import before becoming a rank (default for live jobs: LIVE_PREIMPORT)
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -127,10 +128,6 @@ class WorkerSpec:
                 setattr(self, name, os.fspath(value))
         if not isinstance(self.extra_env, Mapping):
             bad("extra_env", "must be a mapping of variable names to values")
-        if self.rdzv_store not in ("auto", "agent", "rank"):
-            bad("rdzv_store", "must be auto, agent or rank")
-        if not isinstance(self.preimport, str):
-            bad("preimport", "must be comma-separated module names")
         if self.rdzv_store not in ("auto", "agent", "rank"):
             bad("rdzv_store", "must be auto, agent or rank")
         if not isinstance(self.preimport, str):
