@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from support import STARTED, ranks_of, wait_for
 
-from taskd.launcher.run_dir import OWNER_FILE, make_run_dir, owner_record, sweep_stale_run_dirs
+from taskd.process.run_dir import OWNER_FILE, make_run_dir, owner_record, sweep_stale_run_dirs
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -6,17 +6,9 @@
     plugin.register_callbacks(...)  # for name, func in launcher.callbacks().items()
 """
 
+from taskd.callbacks import STATUS_FAILED, STATUS_NOT_STARTED, STATUS_OK, STATUS_RUNNING
 from taskd.launcher.local import Incarnation, LocalLauncher
-from taskd.launcher.spec import (
-    STATUS_FAILED,
-    STATUS_NOT_STARTED,
-    STATUS_OK,
-    STATUS_RUNNING,
-    WorkerSpec,
-    WorkerSpecError,
-    command_for,
-    free_port,
-)
+from taskd.launcher.spec import WorkerSpec, WorkerSpecError, command_for, free_port
 from taskd.process import describe_returncode, exit_code_of, set_child_subreaper
 
 __all__ = [

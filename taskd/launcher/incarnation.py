@@ -7,8 +7,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from taskd.callbacks import STATUS_FAILED, STATUS_OK
 from taskd.launcher.output import RankOutput
-from taskd.launcher.spec import STATUS_FAILED, STATUS_OK
 
 SPAWN_FAILED_CODE = 127  # returncode reported for a rank whose process could not be started
 

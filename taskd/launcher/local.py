@@ -29,15 +29,16 @@ import threading
 import time
 from collections.abc import Callable
 
+from taskd.callbacks import STATUS_NOT_STARTED
 from taskd.launcher.env import OMP_DEFAULT, OMP_WARNING, omp_default, rank_env
 from taskd.launcher.error_file import RankError, read_error_file
 from taskd.launcher.incarnation import SPAWN_FAILED_CODE, Incarnation, RankTable
 from taskd.launcher.orphans import OrphanKeeper
 from taskd.launcher.output import ERR, OUT, OutputPump, RankLog, RankOutput
-from taskd.launcher.run_dir import make_run_dir
 from taskd.launcher.spares import SparePool, python_script
-from taskd.launcher.spec import LIVE_PREIMPORT, STATUS_NOT_STARTED, WorkerSpec, free_port
+from taskd.launcher.spec import LIVE_PREIMPORT, WorkerSpec, free_port
 from taskd.process.exitcodes import describe_returncode
+from taskd.process.run_dir import make_run_dir
 from taskd.process.spawn import has_exited, kill_group, spawn, wait_exit
 from taskd.process.subreaper import escaped_descendants, send_signal
 from taskd.rendezvous import AgentStore, StoreHostError

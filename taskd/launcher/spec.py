@@ -8,8 +8,6 @@ import sys
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from taskd.callbacks import STATUS_FAILED, STATUS_NOT_STARTED, STATUS_OK, STATUS_RUNNING  # noqa: F401 (re-exported)
-
 
 def command_for(script: str, args: Sequence[str] = ()) -> list[str]:
     """The argv that runs ``script``: a ``.py`` file through this interpreter (unbuffered), else the executable."""
