@@ -42,9 +42,6 @@ class LocalPolicy:
         """The timer of a fault report the controller did not take: retried until `controller_timeout`."""
         return ReportRetry(deadline=now + self.controller_timeout)
 
-    def loss_timer(self) -> LossTimer:
-        return LossTimer(self.controller_timeout)
-
 
 @dataclass
 class ReportRetry:

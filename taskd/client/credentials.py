@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import grpc
 
@@ -110,10 +110,6 @@ class ClientCredentials:
         names = (TOKEN_FILE_VAR, TLS_CA_VAR, TLS_CERT_VAR, TLS_KEY_VAR)
         paths = [env.get(name, "").strip() or None for name in names]
         return cls.from_files(*paths, names=names)
-
-    def with_token(self, token: str | None) -> ClientCredentials:
-        """The same TLS settings with another token (the agent's in-process token for its embedded controller)."""
-        return replace(self, token=token)
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
         """The call metadata carrying the token; empty without one."""

@@ -222,10 +222,6 @@ class ControllerConfig(MachineConfig):
 
     # ------------------------------------------------------------------ derived
 
-    @property
-    def authenticated(self) -> bool:
-        return self.token is not None or self.token_file is not None
-
     def load_token(self) -> str | None:
         """The token every call must carry (None: calls are not authenticated)."""
         if self.token is not None:

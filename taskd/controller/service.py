@@ -52,10 +52,6 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
     def _check_client(self, request: recover_pb2.ClientInfo) -> str:
         return v.check_client(request, self.max_node_count)
 
-    def _world(self, job_id: str) -> int | None:
-        job = self.core.jobs.get(job_id)
-        return None if job is None else v.world_size(job.node_count, job.ranks_per_node)
-
     def _ranks(self, job_id: str, name: str, ranks: list[int], node_rank: int | None = None) -> Status | None:
         """A refusal for ranks the job does not have (checked before the core sees the request), else None."""
         job = self.core.jobs.get(job_id)

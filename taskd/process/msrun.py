@@ -88,11 +88,6 @@ class MsrunScheduler:
                       record.log_path)
         return cls(record)
 
-    @property
-    def hosted(self) -> bool:
-        """Whether this node's msrun started a scheduler (node 0)."""
-        return self.record is not None
-
     def alive(self) -> list[psutil.Process]:
         """The schedulers running now (msrun's own, or one we started)."""
         self._collect()

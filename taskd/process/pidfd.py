@@ -126,9 +126,6 @@ class ExitSelector:
         if fd is not None:
             self._selector.unregister(fd)
 
-    def readers(self) -> list[Hashable]:
-        return list(self._readers)
-
     def wake(self) -> None:
         """Interrupt :meth:`select` from another thread or a signal handler."""
         try:
