@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from taskd.process.groups import reap_processes
-from taskd.process.spawn import SETPRIV
+from taskd.process.spawn import dying_with_us
 
 log = logging.getLogger(__name__)
 
@@ -122,11 +122,10 @@ class MsrunScheduler:
     def _start(self) -> int:
         record = self.record
         assert record is not None
-        cmd = list(record.cmd)
-        if SETPRIV is not None:  # unlike msrun's own, this scheduler is ours: it must not outlive us
-            cmd = [SETPRIV, "--pdeathsig", "KILL", "--", *cmd]
+        cmd, preexec = dying_with_us(record.cmd)  # unlike msrun's own, this scheduler is ours: it must not outlive us
         with open(record.log_path or os.devnull, "ab") as out:  # appended: the earlier scheduler's lines stay
-            proc = subprocess.Popen(cmd, env=record.env, cwd=record.cwd, stdout=out, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(cmd, env=record.env, cwd=record.cwd, stdout=out, stderr=subprocess.STDOUT,
+                                    preexec_fn=preexec)  # noqa: PLW1509 - only without setpriv, as spawn()
         self._ours.append(proc)
         return proc.pid
 

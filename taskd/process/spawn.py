@@ -48,6 +48,16 @@ def _die_with(parent_pid: int) -> Callable[[], None]:
     return preexec
 
 
+def dying_with_us(argv: Sequence[str]) -> tuple[list[str], Callable[[], None] | None]:
+    """The command line and preexec_fn that make a child die with the calling thread (see the module's doc)."""
+    if SETPRIV is None:
+        return list(argv), _die_with(os.getpid())
+    command = [SETPRIV, "--pdeathsig", "KILL", "--"]
+    if _SH is not None:
+        command += [_SH, "-c", _PARENT_CHECK, str(os.getpid())]
+    return command + list(argv), None
+
+
 def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None,
           stdin: int = subprocess.DEVNULL, split_stderr: bool = False) -> subprocess.Popen[bytes]:
     """Start one rank as a session leader whose output is a pipe; raises OSError if it cannot start.
@@ -55,15 +65,7 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None,
     stdout and stderr share one pipe (their order kept), unless ``split_stderr``: then stderr
     has a pipe of its own (``popen.stderr``), for callers that route the two streams apart.
     """
-    if SETPRIV is not None:
-        command = [SETPRIV, "--pdeathsig", "KILL", "--"]
-        if _SH is not None:
-            command += [_SH, "-c", _PARENT_CHECK, str(os.getpid())]
-        command += list(argv)
-        preexec = None
-    else:
-        command = list(argv)
-        preexec = _die_with(os.getpid())
+    command, preexec = dying_with_us(argv)
     return subprocess.Popen(
         command,
         env=dict(env),
