@@ -448,7 +448,7 @@ class LocalLauncher:
         if not has_exited(pid):
             return False
         kill_group(pid)  # processes the rank left in its group
-        inc.returncode = inc.popen.wait()
+        inc.returncode = inc.popen.wait()  # a zombie by now (has_exited above): returns at once
         inc.ended_at = time.time()
         log.info("rank %d (pid %d) %s", inc.global_rank, pid, describe_returncode(inc.returncode))
         if self._orphans.active and not self._closed:  # close() deals with orphans itself, with a grace
