@@ -25,7 +25,6 @@ Installed with ``pip install taskd[torch]``.
 
 from __future__ import annotations
 
-import gc
 import inspect
 import io
 import logging
@@ -44,6 +43,7 @@ from torch.nn.parallel import DistributedDataParallel
 from taskd.worker import progress
 from taskd.worker.env import Var, rank, world_size
 from taskd.worker.live import STORE_PREFIX, Control, ErrorKind, LiveRank, Phase, RetryableError, classify_error
+from taskd.worker.torch_group import GroupSockets, collect, drop_frames
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +153,7 @@ class LiveGroup:
         self._in_flight = 0
         self._flight_lock = threading.Lock()
         self._store: dist.TCPStore | None = None
+        self._sockets = GroupSockets(os.environ.get(Var.MASTER_ADDR), os.environ.get(Var.MASTER_PORT))
         if not self.live:
             if not dist.is_initialized():
                 dist.init_process_group(backend, timeout=self.timeout)
@@ -252,6 +253,7 @@ class LiveGroup:
             handle.current = None
         if dist.is_initialized():
             dist.destroy_process_group()
+        self._sockets.release()
 
     # -- retry in place: the step is voided on every rank, the group is kept ----------------------
     def _vote(self, ok: bool) -> bool:
@@ -346,8 +348,9 @@ class LiveGroup:
             self.protocol.report_error(error[0], self.step_no)
         else:
             self.protocol.set_phase(Phase.PAUSED)
-        self._leave()
+        self._leave(error[1] if error else None)
         event["left_s"] = time.time() - t0
+        collect()  # DDP's reducer and buckets form cycles; free them before the next wrapper is built
         while True:
             if control is None:
                 control = self.protocol.wait_requested()
@@ -368,26 +371,34 @@ class LiveGroup:
                 log.warning("rank %d: forming generation %d failed: %s", self.rank, control.generation,
                             str(exc).splitlines()[0][:200])
                 self.protocol.report_error(kind, self.step_no)
-                self._leave()
+                self._leave(exc)
+                collect()
                 error, control = (kind, exc), None
         event.update(resume_step=self.step_no, total_s=time.time() - t0)
         self.events.append(event)
         log.info("rank %d: rejoined generation %d at step %d in %.3fs", self.rank, self.protocol.generation,
                  self.step_no, event["total_s"])
 
-    def _leave(self) -> None:
-        """Drop DDP and the group: closing our connections also releases peers blocked on us."""
+    def _leave(self, error: BaseException | None = None) -> None:
+        """End our connections of the group (peers blocked on us fail at once), then drop DDP and the group.
+
+        Freeing the group alone does not end them in time: see taskd.worker.torch_group.
+        """
+        t0 = time.time()
+        ended = self._sockets.shut_down()  # first: it also unblocks our own gloo threads waiting on live peers
         for handle in self._handles:
             handle.current = None
         if self._model is not None:
             self._model.zero_grad(set_to_none=True)
         self._in_flight = 0
-        gc.collect()  # DDP's reducer holds the group; its connections close only when it is freed
+        drop_frames(error)
         if dist.is_initialized():
             try:
                 dist.destroy_process_group()
             except Exception as exc:  # noqa: BLE001 - a broken group may fail to tear down; it is gone anyway
                 log.debug("destroy_process_group: %s", exc)
+        log.info("rank %d: left generation %d (%d connection(s) ended) in %.3fs", self.rank,
+                 self.protocol.generation, ended, time.time() - t0)
 
     def _join(self, generation: int, timeout: float) -> None:
         self.protocol.generation = generation
@@ -399,8 +410,10 @@ class LiveGroup:
         # forming the group may take the control file's timeout (peers may still be blocked in the old group's
         # collective until its timeout); the group's collectives then get the script's timeout back
         forming = max(self.timeout, timedelta(seconds=timeout))
-        dist.init_process_group(self.backend, store=store, rank=self.rank, world_size=self.world_size,
-                                timeout=forming)
+        self._sockets.release()  # a failed earlier attempt's, already ended
+        with self._sockets.forming():
+            dist.init_process_group(self.backend, store=store, rank=self.rank, world_size=self.world_size,
+                                    timeout=forming)
         if forming != self.timeout and hasattr(dist.distributed_c10d, "_set_pg_timeout"):
             dist.distributed_c10d._set_pg_timeout(self.timeout)
         log.debug("rank %d: joined %s in %.3fs", self.rank, prefix, time.time() - t0)

@@ -1,0 +1,142 @@
+"""Leaving a broken gloo group so that every peer notices at once (live recovery, torch binding).
+
+A gloo group is a full mesh of TCP connections. When a rank dies, only the ranks that were
+exchanging data with it get "Connection closed by peer"; a rank further along the ring waits on a
+live connection to a survivor until the collective timeout (30 s and more). The survivor's
+connections close only when its ProcessGroupGloo is destroyed, and that does not happen when the
+group leaves: the C++ side (gloo work items still queued or blocked on a live peer, the
+reducer's futures) and Python frames of the failed step keep it, and a forked DataLoader worker
+holds copies of the descriptors. So a rank that leaves shuts its group's connections down
+explicitly (``shutdown(SHUT_RDWR)`` acts on the connection whatever holds its descriptor): the
+peer's read returns EOF, its collective fails, it leaves and shuts down its own connections,
+and the EOF runs along the ring in milliseconds.
+
+Which sockets: the connected TCP sockets that appeared in this process while
+``init_process_group`` formed the group (gloo connects its full mesh there), minus any whose
+peer is the rendezvous store (``MASTER_ADDR:MASTER_PORT``; the store connection is made before
+and must outlive every generation). Each is ``dup``-ed at once, so the shutdown can never reach
+a descriptor number that was closed and reused meanwhile. With ``TORCH_GLOO_LAZY_INIT=1`` gloo
+connects later and nothing is tracked: leaving then relies on the group being freed.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import socket
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+log = logging.getLogger(__name__)
+
+
+def _socket_inodes() -> dict[int, int]:
+    """{fd: socket inode} of this process's open sockets (Linux /proc; empty elsewhere)."""
+    found: dict[int, int] = {}
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return found
+    for name in names:
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:  # closed meanwhile (or the listing's own descriptor)
+            continue
+        if target.startswith("socket:["):
+            found[int(name)] = int(target[8:-1])
+    return found
+
+
+def _store_peers(host: str | None, port: str | None) -> set[tuple[str, int]]:
+    """The addresses the rendezvous store may be reached at: its connection is never shut down."""
+    if not host or not port:
+        return set()
+    try:
+        infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except (OSError, ValueError):
+        return set()
+    return {(info[4][0], int(info[4][1])) for info in infos}
+
+
+class GroupSockets:
+    """The TCP connections of the current group generation, held as duplicates until it is left."""
+
+    def __init__(self, store_host: str | None = None, store_port: str | None = None) -> None:
+        self._store = _store_peers(store_host, store_port)
+        self._held: list[socket.socket] = []
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    @contextmanager
+    def forming(self) -> Iterator[None]:
+        """Wrap ``init_process_group``: every connected socket it opened is tracked."""
+        before = set(_socket_inodes().values())
+        try:
+            yield
+        finally:
+            for fd, inode in _socket_inodes().items():
+                if inode not in before:
+                    self._track(fd, inode)
+
+    def _track(self, fd: int, inode: int) -> None:
+        try:
+            dup = os.dup(fd)
+        except OSError:
+            return
+        try:
+            if os.fstat(dup).st_ino != inode:  # the number was closed and reused in between: not ours
+                raise OSError("reused")
+            sock = socket.socket(fileno=dup)  # owns dup from here on
+        except OSError:
+            os.close(dup)
+            return
+        try:
+            if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
+                raise OSError("not TCP")
+            peer = sock.getpeername()  # a listening socket has none
+            if (peer[0], int(peer[1])) in self._store:
+                raise OSError("the rendezvous store")
+        except OSError:
+            sock.close()
+            return
+        self._held.append(sock)
+
+    def shut_down(self) -> int:
+        """End every tracked connection now (peers read EOF) and forget it; the number ended."""
+        ended = 0
+        for sock in self._held:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+                ended += 1
+            except OSError:  # already closed by the peer and reaped
+                pass
+            sock.close()
+        self._held.clear()
+        return ended
+
+    def release(self) -> None:
+        """Forget the tracked connections without ending them (the group was destroyed in order)."""
+        for sock in self._held:
+            sock.close()
+        self._held.clear()
+
+
+def drop_frames(error: BaseException | None) -> None:
+    """Clear the locals of the finished frames in ``error``'s traceback (and the exceptions it chains).
+
+    Those frames (the failed backward, the collective's wrapper) hold tensors, futures and the
+    group itself; the traceback's text stays intact for a later report.
+    """
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        traceback.clear_frames(error.__traceback__)
+        error = error.__cause__ or error.__context__
+
+
+def collect() -> None:
+    """Free what the dropped wrapper and frames held (DDP's reducer and buckets form reference cycles)."""
+    gc.collect()
