@@ -153,12 +153,13 @@ class LiveGroup:
         self._in_flight = 0
         self._flight_lock = threading.Lock()
         self._store: dist.TCPStore | None = None
-        self._sockets = GroupSockets(os.environ.get(Var.MASTER_ADDR), os.environ.get(Var.MASTER_PORT))
+        self._sockets = GroupSockets()  # the current generation's connections (live only)
         if not self.live:
             if not dist.is_initialized():
                 dist.init_process_group(backend, timeout=self.timeout)
             return
         self.protocol.declare(rejoin=True, retry=True)
+        self._sockets = GroupSockets(os.environ[Var.MASTER_ADDR], os.environ[Var.MASTER_PORT])
         self._store = dist.TCPStore(os.environ[Var.MASTER_ADDR], int(os.environ[Var.MASTER_PORT]),
                                     is_master=False, timeout=timedelta(seconds=init_timeout))
         self._join(self.protocol.generation, init_timeout)
