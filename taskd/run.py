@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from taskd.agent.console import EVENT_LOGGERS, setup_console_logging  # noqa: F401 (taskd run's console)
 
 if TYPE_CHECKING:
+    from taskd.client.credentials import ClientCredentials
     from taskd.run_config import RunConfig
 
 log = logging.getLogger("taskd.run")
@@ -77,6 +78,7 @@ def run_main(config: RunConfig) -> int:
             heartbeat_timeout=config.heartbeat_timeout, log_dir=config.log_dir, dump_timeout=config.dump_timeout,
             join_timeout=config.join_timeout,
         )
+        credentials = _credentials(config) if config.server else None
         launcher = LocalLauncher(spec)
     except WorkerSpecError as exc:
         return _config_errors(exc.problems)
@@ -86,10 +88,23 @@ def run_main(config: RunConfig) -> int:
         return _config_errors([str(exc)])
     try:
         controller = EmbeddedController.for_agent(agent_config.max_restarts) if agent_config.server is None else None
-        result = Supervisor(agent_config, launcher.callbacks(), details=launcher, controller=controller).run()
+        result = Supervisor(agent_config, launcher.callbacks(), details=launcher, controller=controller,
+                            credentials=credentials).run()
     finally:
         launcher.close(config.stop_grace)
     return result.exit_code
+
+
+def _credentials(config: RunConfig) -> ClientCredentials:
+    """--token-file/--tls-*, else TASKD_TOKEN_FILE/TASKD_TLS_*: read now, so that a missing or unreadable file
+    stops the run (exit 2, naming the flag or variable) before any rank starts."""
+    from taskd.client.credentials import TLS_CA_VAR, TLS_CERT_VAR, TLS_KEY_VAR, TOKEN_FILE_VAR, ClientCredentials
+
+    given = ((config.token_file, "--token-file", TOKEN_FILE_VAR), (config.tls_ca, "--tls-ca", TLS_CA_VAR),
+             (config.tls_cert, "--tls-cert", TLS_CERT_VAR), (config.tls_key, "--tls-key", TLS_KEY_VAR))
+    paths = [flag_value or os.environ.get(var, "").strip() or None for flag_value, _, var in given]
+    names = tuple(flag if flag_value else var for flag_value, flag, var in given)
+    return ClientCredentials.from_files(*paths, names=names)  # type: ignore[arg-type]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -102,10 +102,12 @@ class Order:
 class ControllerLink:
     """One agent's connection to its job's controller; `connect()` False means degraded (no controller)."""
 
-    def __init__(self, config: AgentConfig, wake: Callable[[], None], local: LocalController | None = None) -> None:
+    def __init__(self, config: AgentConfig, wake: Callable[[], None], local: LocalController | None = None,
+                 credentials: ClientCredentials | None = None) -> None:
         self.config = config
         self._wake = wake
         self._local = local
+        self._credentials = credentials  # for config.server; None: TASKD_TOKEN_FILE / TASKD_TLS_* (the client reads)
         self._local_started = False
         self._mgr: RecoverClient | None = None
         self._subscriber: threading.Thread | None = None
@@ -143,7 +145,7 @@ class ControllerLink:
         # controller's death) only cost an idle agent CPU there.
         options = (("grpc.keepalive_time_ms", 60_000),) if self._local_started else ()
         # The embedded controller's token reaches its agent here, in-process: never argv, env or console.
-        credentials = ClientCredentials(token=self._local.token) if self._local_started else None
+        credentials = ClientCredentials(token=self._local.token) if self._local_started else self._credentials
         mgr = RecoverClient(info, address, init_timeout=max(1.0, cfg.controller_timeout),
                             channel_options=options, credentials=credentials)
         if not self._register(mgr, info, address):

@@ -31,7 +31,7 @@ from taskd.agent.ranks import Rank, RankState, RankTable, discover_layout
 from taskd.agent.recovery import AgentHooks, Recovery
 from taskd.agent.summary import FaultRecord, JobResult
 from taskd.callbacks import MONITOR, STATUS_FAILED
-from taskd.client import ConfigurationError
+from taskd.client import ClientCredentials, ConfigurationError
 from taskd.process.exitcodes import exit_code_of
 from taskd.process.pidfd import RankWatch
 from taskd.vocabulary import FaultRanks, FaultType, Strategy
@@ -47,7 +47,8 @@ class Supervisor:
     """
 
     def __init__(self, config: AgentConfig, callbacks: dict[str, Callable[..., Any]],
-                 details: LauncherDetails | None = None, controller: LocalController | None = None) -> None:
+                 details: LauncherDetails | None = None, controller: LocalController | None = None,
+                 credentials: ClientCredentials | None = None) -> None:
         self.config = config
         self.cb = callbacks
         self.details = details
@@ -59,7 +60,7 @@ class Supervisor:
         self.hang = HangWatch(details, config.heartbeat_timeout, lambda rank: self.logs.worker_log(rank.global_rank))
         self.table = RankTable()  # laid out from MONITOR when the job starts
         self.control = RankControl(config, callbacks, details, self.table, self.watch, self.hang, self.logs)
-        self.link = ControllerLink(config, self.watch.wake, controller)
+        self.link = ControllerLink(config, self.watch.wake, controller, credentials)
         self.live = LiveRanks(self.table, details, lambda: self.config.job_id)  # live recovery (agent/live.py)
         self.recovery = Recovery(self.table, self.control, self.link, self.policy, self.hang, self.result,
                                  AgentHooks(self._start, self._start_all, self._finish, self._failure_code), self.live)

@@ -175,6 +175,7 @@ def build(cls: type[C], args: argparse.Namespace, environ: Mapping[str, str]) ->
         node_rank=values.parse("node_rank", _int, 0),
         job_id=values.parse("job_id", str, "") or f"taskd-{uuid.uuid4().hex[:8]}",
         server=server,
+        **{name: values.parse(name, str, None) for name in ("token_file", "tls_ca", "tls_cert", "tls_key")},
         master_addr=values.parse("master_addr", str, "127.0.0.1"),
         master_port=values.parse("master_port", _int, 0 if nnodes == 1 else DEFAULT_MASTER_PORT),
         max_restarts=values.parse("max_restarts", _int, 3),

@@ -57,6 +57,11 @@ class RunConfig:
     node_rank: int = 0
     job_id: str = "default"
     server: str | None = None  # None = an embedded controller
+    # how this agent authenticates to --server (paths; None: the TASKD_TOKEN_FILE / TASKD_TLS_* variable)
+    token_file: str | None = None
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
     standalone: bool = False
     master_addr: str = "127.0.0.1"
     master_port: int = 0  # 0 = a free port (one-node jobs)

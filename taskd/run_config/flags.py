@@ -69,6 +69,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     _flag(where, "--server", metavar="HOST:PORT",
           help="taskd: the controller (a `taskd server`) shared by the job's nodes (default $MINDX_SERVER_IP, "
                "else an embedded controller, which only a one-node job can use)")
+    _flag(where, "--token-file", "--token_file", metavar="PATH",
+          help="taskd: the controller's token, sent with every call (default $TASKD_TOKEN_FILE; see RELIABILITY.md)")
+    _flag(where, "--tls-ca", "--tls_ca", metavar="PEM",
+          help="taskd: trust this CA for a TLS controller (default $TASKD_TLS_CA)")
+    _flag(where, "--tls-cert", "--tls_cert", metavar="PEM",
+          help="taskd: client certificate for a controller that requires one (default $TASKD_TLS_CERT)")
+    _flag(where, "--tls-key", "--tls_key", metavar="PEM", help="taskd: its key (default $TASKD_TLS_KEY)")
     _flag(where, "--job-id", "--job_id", metavar="ID",
           help="taskd: job id shared by every node (default: $MINDX_TASK_ID, $SLURM_JOB_ID or a generated one)")
 

@@ -1,0 +1,67 @@
+"""`taskd run --server` against a controller that requires a token: --token-file (or TASKD_TOKEN_FILE)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support import STARTED, free_port, port_open, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+TOKEN = "a-token-for-tests-0123456789abcdef"
+
+
+@pytest.fixture()
+def guarded_server(tmp_path: Path):  # noqa: ANN201 (a generator fixture)
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    token_file.chmod(0o600)
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "taskd", "server", "--listen", f"127.0.0.1:{port}",
+                               "--state", ":memory:", "--token-file", str(token_file)],
+                              stdout=(tmp_path / "server.log").open("wb"), stderr=subprocess.STDOUT, cwd=ROOT)
+    STARTED.append(server)
+    try:
+        wait_for(lambda: port_open(port), 30, "taskd server to listen")
+        yield port, token_file
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def run(tmp_path: Path, port: int, *flags: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    script = tmp_path / "rank.py"
+    script.write_text("import os; print('rank', os.environ['RANK'], 'ok')\n")
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("TASKD_TOKEN", "MINDX_"))}
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "taskd.run", "--server", f"127.0.0.1:{port}", *flags,
+                           "--nproc-per-node", "2", str(script)], capture_output=True, text=True, timeout=120,
+                          env=full_env, cwd=ROOT)
+
+
+def test_token_file_flag_and_variable_reach_a_guarded_controller(tmp_path: Path, guarded_server) -> None:
+    port, token_file = guarded_server
+    by_flag = run(tmp_path, port, "--token-file", str(token_file))
+    assert by_flag.returncode == 0, by_flag.stderr
+    assert "job succeeded" in by_flag.stderr
+    by_variable = run(tmp_path, port, env={"TASKD_TOKEN_FILE": str(token_file)})
+    assert by_variable.returncode == 0, by_variable.stderr
+
+
+def test_without_the_token_the_run_stops_before_any_rank_and_says_what_to_set(tmp_path: Path,
+                                                                              guarded_server) -> None:
+    port, _ = guarded_server
+    out = run(tmp_path, port)
+    assert out.returncode == 2, out.stderr
+    assert "TASKD_TOKEN_FILE" in out.stderr and "rank 0 ok" not in out.stdout + out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_a_missing_token_file_is_a_usage_error_naming_the_flag(tmp_path: Path, guarded_server) -> None:
+    port, _ = guarded_server
+    out = run(tmp_path, port, "--token-file", str(tmp_path / "nope"))
+    assert out.returncode == 2, out.stderr
+    assert "--token-file" in out.stderr and "nope" in out.stderr and "Traceback" not in out.stderr
