@@ -25,7 +25,7 @@ ALLOWED: dict[str, set[str]] = {
     "taskd.process": {"taskd.worker"},
     "taskd.rendezvous": {"taskd.process", "taskd.worker"},
     "taskd.launcher": {"taskd.process", "taskd.worker", "taskd.rendezvous"} | BASE,
-    "taskd.client": BASE,
+    "taskd.client": {"taskd.worker"} | BASE,  # worker: standard library only, the lowest layer
     "taskd.controller": BASE,
     "taskd.agent": {"taskd.client", "taskd.process", "taskd.worker"} | BASE,
 }

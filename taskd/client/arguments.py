@@ -18,6 +18,7 @@ from taskd.client.errors import ConfigurationError
 from taskd.client.retry import check_backoff
 from taskd.proto import recover_pb2
 from taskd.vocabulary import Action, FaultRanks, SignalType, Strategy, fault_ranks, parse_strategies
+from taskd.worker.env import env_int as worker_env_int
 
 _INT32 = (-(2**31), 2**31 - 1)
 FRAMES = ("pytorch", "mindspore")  # TaskD's start_subscribe(frame=...) values
@@ -170,10 +171,9 @@ def strategies(values: Iterable[object] | str | None) -> list[str]:
 
 
 def env_int(env: Mapping[str, str], name: str, default: int) -> int:
-    text = env.get(name, "").strip()
-    if not text:
-        return default
+    """taskd.worker.env's parser (the one for every integer variable), with the client's error type."""
     try:
-        return int(text)
-    except ValueError:
-        raise ConfigurationError(f"{name}={text!r} is not an integer") from None
+        value = worker_env_int(name, default, env)
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
+    return default if value is None else value

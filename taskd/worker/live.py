@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 from taskd.worker import heartbeat_file as hbf
 from taskd.worker import progress
-from taskd.worker.env import Var
+from taskd.worker.env import Var, env_int
 
 log = logging.getLogger(__name__)
 
@@ -242,22 +242,14 @@ class ControlWatch:
 
 
 # -- the rank side --------------------------------------------------------------------------------
-def live_enabled() -> bool:
-    """Whether this rank runs under a taskd agent that does live recovery (it set TASKD_CONTROL_FILE)."""
-    return bool(os.environ.get(Var.TASKD_CONTROL_FILE))
-
-
 def start_generation() -> int:
     """The generation this process was started into: 0 at job start, g for a replacement (TASKD_GENERATION)."""
-    value = os.environ.get(Var.TASKD_GENERATION, "").strip()
-    if not value:
-        return 0
     try:
-        generation = int(value)
-    except ValueError:
-        raise LiveProtocolError(f"{Var.TASKD_GENERATION}={value!r} is not an integer") from None
+        generation = env_int(Var.TASKD_GENERATION, 0) or 0
+    except ValueError as exc:
+        raise LiveProtocolError(str(exc)) from None
     if generation < 0:
-        raise LiveProtocolError(f"{Var.TASKD_GENERATION}={value!r} must be >= 0")
+        raise LiveProtocolError(f"{Var.TASKD_GENERATION}={generation} must be >= 0")
     return generation
 
 
