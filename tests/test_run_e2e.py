@@ -262,3 +262,45 @@ def test_unreachable_controller_degrades_to_local_restarts(tmp_path: Path, basel
     assert "degraded" in text
     for rank, (got, want) in enumerate(zip(params(tmp_path, 4), baseline, strict=True)):
         assert np.array_equal(got, want), f"rank {rank} differs"
+
+
+PROGRAM = """import os, sys, time
+from taskd import worker
+out, declare = sys.argv[1], sys.argv[2] == "declare"
+if declare:
+    worker.declare_rejoinable()
+marker = os.path.join(out, "crashed")
+for step in range(20):
+    worker.heartbeat(step)
+    if worker.rank() == 1 and step == 5 and not os.path.exists(marker):
+        open(marker, "w").close()
+        os._exit(3)
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize("entry", ["module", "no-python"])
+@pytest.mark.parametrize("declare", ["declare", "silent"])
+def test_recover_needs_a_declaration_whatever_the_entrypoint(tmp_path: Path, entry: str, declare: str) -> None:
+    """`-m module` and `--no-python` ranks are judged like a .py script's: recover only if every rank declared it
+    (an undeclared DDP job's replacement would otherwise wait forever for peers that never re-form)."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "prog.py").write_text(PROGRAM)
+    program = tmp_path / "prog"
+    program.write_text(f"#!{sys.executable}\n{PROGRAM}")
+    program.chmod(0o755)
+    (tmp_path / "out").mkdir()
+    argv = ["-m", "pkg.prog"] if entry == "module" else ["--no-python", str(program)]
+    console = tmp_path / "console.log"
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    proc = taskd_run(["--nproc-per-node", "2", *argv, str(tmp_path / "out"), declare], console, env)
+    assert proc.wait(timeout=120) == 0, console.read_text()
+    text = console.read_text()
+    if declare == "declare":
+        assert "strategy: recover for rank(s) [1]" in text, text
+        assert "recover not offered" not in text
+    else:
+        assert "strategy: job-rescheduling for rank(s) [1]" in text, text
+        assert "recover not offered" in text and "strategy: recover" not in text

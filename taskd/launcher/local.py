@@ -106,9 +106,10 @@ class LocalLauncher:
         self._restart_rounds = 0  # START calls that restarted something: the count when nobody sets one
         self._pump = OutputPump(tick=self._reap_exited_orphans if subreaper else None, tick_interval=orphan_tick)
         self._live = live  # node 0 hosts the store that outlives every rank; ranks get the control file
-        # ranks of a .py script can declare what they can do in place (taskd.worker): the agent then offers
-        # recover only to ranks that declared it (docs/worker.md)
-        self.rank_declarations = python_script(spec.entrypoint) is not None
+        # any entrypoint (a .py script, -m module, --no-python program) may declare what its ranks can do in
+        # place (taskd.worker): the agent offers recover only to ranks that declared it (docs/worker.md), so an
+        # undeclared DDP script gets job-rescheduling, never a replacement waiting forever for its old peers
+        self.rank_declarations = True
         self._generation = 0  # the group generation ranks started from now on join (set_generation)
         spares = spec.warm_spares if python_script(spec.entrypoint) else 0
         spare_env = rank_env(self.spec, 0, 0, None)
