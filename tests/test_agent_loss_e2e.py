@@ -114,7 +114,7 @@ def test_a_controller_lost_in_the_middle_of_a_recovery_does_not_strand_the_agent
         assert "controller lost for" in log1 and "in the middle of a recovery" in log1, log1
         assert "cannot recover without its controller; stopping every rank" in log1, log1
         assert "no recovery without the controller for a multi-node job" in log1, log1  # the summary's reason
-        assert "degraded mode" not in log1 and "recovered rank" not in log1, log1
+        assert "degraded mode" not in log1 and "replaced rank" not in log1, log1
         assert leftovers(str(script)) == []
     finally:
         if node1 is not None and node1.poll() is None:

@@ -63,7 +63,7 @@ def test_hung_rank_is_detected_recorded_and_recovered(tmp_path: Path, stacks: st
     found = re.search(r"hang: rank 1 \(pid \d+\) made no progress for ([\d.]+)s at step 15", text)
     assert found, text
     assert float(found.group(1)) <= 2 + 1 + 0.5, "detected within the timeout plus the 0.2s sweep (and slack)"
-    assert "recovered rank(s) [1]" in text
+    assert "replaced rank(s) [1]" in text
     log1 = (tmp_path / "logs" / "rank_1.log").read_text()
     first_life = log1.split("==== taskd: rank 1")[1]
     if stacks == "py-spy":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -59,6 +60,27 @@ def baseline(tmp_path_factory: pytest.TempPathFactory) -> list[np.ndarray]:
     return params(tmp, 4)
 
 
+def assert_resumed_after_restart(text: str, victim: int, resumed_from: int | None = None) -> float:
+    """The restart line does not claim recovery; "training resumed" names a step of the new incarnation,
+    and the summary's "spent recovering" is that fault -> resumed time, not the restart's."""
+    restart = re.search(rf"replaced rank\(s\) \[{victim}\] with ([\w-]+)[^\n]* in ([0-9.]+)s", text)
+    resumed = re.search(rf"training resumed ([0-9.]+)s after the fault \(([\w-]+); [^\n]*rank {victim} at step "
+                        r"(\d+)(?:, step (\d+) before the fault)?", text)
+    assert restart and resumed, text
+    assert "recovered" not in text, text
+    assert text.index(restart.group(0)) < text.index(resumed.group(0))
+    restart_s, resumed_s = float(restart.group(2)), float(resumed.group(1))
+    assert resumed_s > restart_s, text
+    spent = re.search(r"1 recovery\(ies\), ([0-9.]+)s spent recovering", text)
+    assert spent and float(spent.group(1)) == pytest.approx(resumed_s, abs=0.006), text  # printed as .2f vs .3f
+    assert re.search(rf"  {restart.group(1)} of rank\(s\) \[{victim}\](?: \(degraded: no controller\))?: training resumed {resumed.group(1)}s "
+                     "after the fault", text), text
+    if resumed_from is not None:  # the heartbeat read is one of the replacement's own steps, past its checkpoint
+        step, before = int(resumed.group(3)), resumed.group(4)
+        assert step > resumed_from and before is not None and int(before) >= resumed_from, text
+    return resumed_s
+
+
 def kill_rank_mid_run(proc: subprocess.Popen[bytes], tmp: Path, victim: int, world: int) -> dict[int, int]:
     wait_for(lambda: has_checkpoint(tmp, victim), 60, f"rank {victim}'s first checkpoint")
     pids = wait_for(lambda: (r := ranks_of(proc.pid)) and len(r) == world and r, 30, "every rank running")
@@ -75,7 +97,7 @@ def test_recover_restarts_only_the_killed_rank(tmp_path: Path, baseline: list[np
     assert proc.wait(timeout=120) == 0, console.read_text()
     text = console.read_text()
     assert "fault: rank 2" in text and "killed by SIGKILL" in text
-    assert "recovered rank(s) [2] with recover" in text
+    assert_resumed_after_restart(text, victim=2, resumed_from=summary(tmp_path, 2)["resumed_from"])
     for rank, (got, want) in enumerate(zip(params(tmp_path, 4), baseline, strict=True)):
         assert np.array_equal(got, want), f"rank {rank} parameters differ from the fault-free run"
     restarts = {r: summary(tmp_path, r)["restart_count"] for r in range(4)}
@@ -90,7 +112,9 @@ def test_job_rescheduling_restarts_every_rank(tmp_path: Path, baseline: list[np.
                      console)
     kill_rank_mid_run(proc, tmp_path, victim=2, world=4)
     assert proc.wait(timeout=120) == 0, console.read_text()
-    assert "with job-rescheduling" in console.read_text()
+    text = console.read_text()
+    assert "replaced rank(s) [2] with job-rescheduling (every rank restarted)" in text
+    assert_resumed_after_restart(text, victim=2, resumed_from=summary(tmp_path, 2)["resumed_from"])
     for rank, (got, want) in enumerate(zip(params(tmp_path, 4), baseline, strict=True)):
         assert np.array_equal(got, want), f"rank {rank} parameters differ from the fault-free run"
     assert {summary(tmp_path, r)["restart_count"] for r in range(4)} == {1}
@@ -202,7 +226,9 @@ def test_two_nodes_share_one_controller(tmp_path: Path, baseline: list[np.ndarra
         os.kill(pids[3], signal.SIGKILL)
         for r, node in enumerate(nodes):
             assert node.wait(timeout=120) == 0, (tmp_path / f"node{r}.log").read_text()
-        assert "recovered rank(s) [3]" in (tmp_path / "node1.log").read_text()
+        assert_resumed_after_restart((tmp_path / "node1.log").read_text(), victim=3,
+                                     resumed_from=summary(tmp_path, 3)["resumed_from"])
+        assert "not watched here: no rank of this node was restarted" in (tmp_path / "node0.log").read_text()
         restarts = {r: summary(tmp_path, r)["restart_count"] for r in range(4)}
         assert restarts == {0: 0, 1: 0, 2: 0, 3: 1}, "recover leaves node 0's ranks (and rank 2) untouched"
         for rank, (got, want) in enumerate(zip(params(tmp_path, 4), baseline, strict=True)):
@@ -247,7 +273,7 @@ def test_a_fault_after_another_node_finished_fails_the_job_at_once(tmp_path: Pat
         assert nodes[1].wait(timeout=45) != 0, (tmp_path / "node1.log").read_text()
         text = (tmp_path / "node1.log").read_text()
         assert "rank(s) 3 failed after node(s) 0 had finished" in text, text
-        assert "recovered" not in text
+        assert "replaced rank" not in text and "training resumed" not in text
         assert leftovers(str(script)) == []
 
 
@@ -260,6 +286,7 @@ def test_unreachable_controller_degrades_to_local_restarts(tmp_path: Path, basel
     assert proc.wait(timeout=120) == 0, console.read_text()
     text = console.read_text()
     assert "degraded" in text
+    assert_resumed_after_restart(text, victim=1, resumed_from=summary(tmp_path, 1)["resumed_from"])
     for rank, (got, want) in enumerate(zip(params(tmp_path, 4), baseline, strict=True)):
         assert np.array_equal(got, want), f"rank {rank} differs"
 
@@ -304,3 +331,37 @@ def test_recover_needs_a_declaration_whatever_the_entrypoint(tmp_path: Path, ent
     else:
         assert "strategy: job-rescheduling for rank(s) [1]" in text, text
         assert "recover not offered" in text and "strategy: recover" not in text
+
+
+SILENT = """import os, sys, time
+from taskd import worker
+out, declare = sys.argv[1], sys.argv[2] == "declare"
+if declare:
+    worker.declare_rejoinable()
+marker = os.path.join(out, "crashed")
+if worker.rank() == 1 and not os.path.exists(marker):
+    time.sleep(0.3)
+    open(marker, "w").close()
+    os._exit(3)
+time.sleep(1.0)
+"""
+
+
+@pytest.mark.parametrize("declare", ["declare", "silent"])
+def test_ranks_sending_no_heartbeats_never_claim_training_resumed(tmp_path: Path, declare: str) -> None:
+    """Ranks that report no steps cannot say they resumed: the summary says so and counts only fault -> restart."""
+    script = tmp_path / "silent.py"
+    script.write_text(SILENT)
+    (tmp_path / "out").mkdir()
+    console = tmp_path / "console.log"
+    proc = taskd_run(["--nproc-per-node", "2", str(script), str(tmp_path / "out"), declare], console)
+    assert proc.wait(timeout=120) == 0, console.read_text()
+    text = console.read_text()
+    strategy = "recover" if declare == "declare" else "job-rescheduling"
+    restart = re.search(rf"replaced rank\(s\) \[1\] with {strategy}[^\n]* in ([0-9.]+)s", text)
+    assert restart, text
+    assert "training resumed" not in text and "spent recovering" not in text and "recovered" not in text, text
+    why = "training's resumption not reported: the ranks send no heartbeat steps"
+    found = re.search(rf"1 recovery\(ies\) \({why}\), ([0-9.]+)s from fault to ", text)
+    assert found and float(found.group(1)) == pytest.approx(float(restart.group(1)), abs=0.006), text
+    assert f"{strategy} of rank(s) [1]: " in text and f"after the fault; {why}" in text, text

@@ -3,8 +3,9 @@ no controller, the local whole-node restart that degraded mode allows.
 
 A recovery round opens with the first fault and closes when its ranks run again; `Round` holds its
 fault ranks and start time. With live recovery (`agent/live.py`) recover and retry keep the healthy
-ranks: the round is reported recovered only once every local rank has rejoined the new generation,
-and "training resumed" once every rank has completed a step in it.
+ranks: the round is reported to the controller only once every local rank has rejoined the new
+generation, and "training resumed" once every rank has completed a step in it. Other restarts are
+followed to training's resumption through the ranks' heartbeat files (`agent/resumption.py`).
 
 What to do is the controller's decision (or `LocalPolicy`'s when there
 is none); this module only does it, through the supervisor's start/stop/finish (`AgentHooks`).
@@ -23,7 +24,8 @@ from taskd.agent.live import LiveRanks
 from taskd.agent.policy import LocalPolicy
 from taskd.agent.rank_control import RankControl
 from taskd.agent.ranks import RankState, RankTable
-from taskd.agent.summary import JobResult, RecoveryRecord
+from taskd.agent.resumption import Resumption
+from taskd.agent.summary import SUPERSEDED, JobResult, RecoveryRecord
 from taskd.vocabulary import Code, FaultRanks, Strategy
 
 log = logging.getLogger("taskd.agent")
@@ -74,7 +76,8 @@ class Recovery:
         self.table = table
         self.live = live if live is not None else LiveRanks(table, None, lambda: None)
         self.restarts = 0  # job-wide restarts (once per round that restarts anything), the same on every node
-        self._resumed_record: RecoveryRecord | None = None
+        self._resumed_record: RecoveryRecord | None = None  # a live rebuild's, until its ranks resumed
+        self.resumption = Resumption(table, lambda rank: hang.heartbeat(rank)[1])  # the other restarts'
         self.control = control
         self.link = link
         self.policy = policy
@@ -85,7 +88,7 @@ class Recovery:
 
     def on_stop(self, order: Order) -> None:
         self.round.add(order.fault_ranks, time.monotonic(), keep_known=True)
-        self.live.abandon()
+        self._abandon(restart=False)
         # a live rank with a type-"0" fault is paused in place, waiting to retry: it must not be killed
         stop = [lr for lr in self.table.local_of(order.fault_ranks)
                 if not self.live.live_fault(lr, order.fault_ranks.get(self.table[lr].global_rank, ""))]
@@ -156,6 +159,7 @@ class Recovery:
         live = self.live.enabled and order is not None
         if strategy != Strategy.RETRY:
             self._charge()
+        self._abandon()
         if live:
             assert order is not None
             self.live.next_generation(order.extra_params)
@@ -165,12 +169,15 @@ class Recovery:
         if strategy == Strategy.RECOVER:
             local = [lr for lr in self.table.local_of(faults) if not self.live.live_fault(lr, faults.get(
                 self.table[lr].global_rank, ""))]
+            steps = self.resumption.steps(local)
             self.control.stop([self.table[lr] for lr in local], graceful=False)
             code = self.hooks.start(local)
             msg = "" if code == 0 else f"START_WORKER_LIST({local}) returned {code}"
             if live and code == 0:
                 return  # reported when every local rank has rejoined (poll)
         else:
+            local = [r.local_rank for r in self.table.all()]
+            steps = self.resumption.steps(local)
             self.control.stop(self.table.all(), graceful=False)
             self.control.restart_msrun_scheduler()
             code = self.hooks.start_all()
@@ -179,7 +186,7 @@ class Recovery:
             self.live.abandon()
         self.link.report_status(Code.OK if code == 0 else 1, msg, faults, strategy)
         if code == 0:
-            self._recovered(strategy, sorted(faults), started)
+            self._restarted(strategy, sorted(faults), started, local, steps)
 
     def _charge(self) -> None:
         """Count a restart once per round (a recover that fails and escalates is one restart, not two) and
@@ -196,8 +203,25 @@ class Recovery:
         rebuild = self.live.rebuild
         return rebuild is not None and rebuild.report and rebuild.confirmed is None
 
+    def _abandon(self, restart: bool = True) -> None:
+        """A new fault's order: a rebuild still waiting for its ranks to resume never will; a restart's
+        resumption may still be seen until the next restart replaces its ranks."""
+        if self._resumed_record is not None and self.live.rebuild is not None:
+            self._resumed_record.resumption = SUPERSEDED
+        self._resumed_record = None
+        self.live.abandon()
+        if restart:
+            self.resumption.supersede()
+
+    @property
+    def polling(self) -> bool:
+        """Whether the ranks' files must be read every ``POLL``: live recovery, or a resumption to see."""
+        return self.live.enabled or self.resumption.pending
+
     def poll(self, now: float) -> list[tuple[int, str]]:
-        """Live recovery, every few ms: new retryable errors (returned: local rank, why) and the rebuild's progress."""
+        """Every few ms: a restart's resumption; with live recovery, new retryable errors (returned: local rank,
+        why) and the rebuild's progress."""
+        self.resumption.check(now)
         if not self.live.enabled:
             return []
         errors = [(rank.local_rank, f"RetryableError at step {status.error_step}")
@@ -215,17 +239,18 @@ class Recovery:
                 self.link.report_status(Code.RETRY_FAILED_UNRECOVERABLE if strategy == Strategy.RETRY else 1,
                                         detail, faults, strategy)
         elif what == "rejoined":
-            log.info("rank(s) rejoined generation %d (%s) %.3fs after the fault", rebuild.generation, strategy,
-                     now - rebuild.started)
             if rebuild.report:
                 self.link.report_status(Code.OK, "", faults, strategy)
-                self._recovered(strategy, sorted(faults), rebuild.started)
+                self._restarted(strategy, sorted(faults), rebuild.started, generation=rebuild.generation)
+            else:
+                log.info("the group re-formed (generation %d, %s) %.3fs after the fault", rebuild.generation,
+                         strategy, now - rebuild.started)
         elif what == "resumed":
             seconds = now - rebuild.started
             log.info("training resumed %.3fs after the fault (generation %d, %s; %s)", seconds, rebuild.generation,
                      strategy, detail)
             if self._resumed_record is not None:
-                self._resumed_record.seconds = seconds  # "spent recovering" is fault -> resumed
+                self._resumed_record.resumed_at(seconds)  # "spent recovering" is fault -> resumed
                 self._resumed_record = None
         return errors
 
@@ -239,19 +264,40 @@ class Recovery:
         started = self.round.started or time.monotonic()
         ranks = sorted(self.round.faults)
         self._charge()
+        self._abandon()
         if self.live.enabled:
             self.live.generation += 1
             self.live.begin(Strategy.JOB_RESCHEDULING, dict(self.round.faults), started, 0.0, time.monotonic())
+        local = [r.local_rank for r in self.table.all()]
+        steps = self.resumption.steps(local)
         self.control.stop(self.table.all(), graceful=False)
         if self.hooks.start_all() == 0:
-            self._recovered(Strategy.JOB_RESCHEDULING, ranks, started, degraded=True)
+            self._restarted(Strategy.JOB_RESCHEDULING, ranks, started, local, steps, degraded=True)
 
-    def _recovered(self, strategy: str, ranks: list[int], started: float, degraded: bool = False) -> None:
+    def _restarted(self, strategy: str, ranks: list[int], started: float, local: list[int] | None = None,
+                   steps: dict[int, int | None] | None = None, degraded: bool = False,
+                   generation: int | None = None) -> None:
+        """The round's restart is done (ranks replaced, or a live group re-formed): not yet training again.
+
+        Its one console record starts "replaced rank(s) R with STRATEGY" (retry in place: "retried rank(s)");
+        the round's "spent recovering" waits for "training resumed" (live.py's check, or `Resumption`)."""
         seconds = time.monotonic() - started
-        record = RecoveryRecord(strategy, ranks, time.time(), seconds, degraded)
+        if generation is not None:  # a live rebuild, reported once every local rank rejoined
+            verb = "retried" if strategy == Strategy.RETRY else "replaced"
+            milestone = "group re-formed"
+            what = f"; the group re-formed (generation {generation})"
+        else:
+            verb, milestone = "replaced", "rank(s) replaced"
+            what = ""
+            if strategy == Strategy.JOB_RESCHEDULING:
+                milestone, what = "every rank restarted", " (every rank restarted)"
+        record = RecoveryRecord(strategy, ranks, time.time(), seconds, degraded, milestone)
         self.result.recoveries.append(record)
-        self._resumed_record = record if self.live.rebuild is not None else None
-        pids = self.table.pids(ranks)
-        log.info("recovered rank(s) %s with %s in %.3fs%s", ranks, strategy, seconds,
-                 f" (now rank:pid {pids})" if pids else "")
+        if self.live.rebuild is not None:
+            self._resumed_record = record
+        else:
+            self.resumption.track(record, local or [], steps or {}, started)
+        pids = self.table.pids(ranks) if strategy != Strategy.RETRY else ""
+        log.info("%s rank(s) %s with %s%s%s in %.3fs%s", verb, ranks, strategy, what,
+                 " (degraded: no controller)" if degraded else "", seconds, f" (now rank:pid {pids})" if pids else "")
         self.round.close()

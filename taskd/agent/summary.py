@@ -34,13 +34,47 @@ class FaultRecord:
         return f"rank {self.global_rank} ({pid}) {what}"
 
 
+# Where a recovery's resumption of training stands (RecoveryRecord.resumption). Only RESUMED makes its
+# seconds "spent recovering": the others stop at the restart, which is not training again.
+PENDING = "pending"  # being watched for in the ranks' heartbeat files
+RESUMED = "resumed"  # every restarted rank reported a step of its new incarnation
+NO_HEARTBEATS = "not reported: the ranks send no heartbeat steps"
+SUPERSEDED = "not seen before the next fault"
+ELSEWHERE = "not watched here: no rank of this node was restarted"
+_NOT_SEEN = "not seen before the job ended"  # still PENDING when the summary is written
+
+
 @dataclass
 class RecoveryRecord:
     strategy: str
     ranks: list[int]
-    started: float
-    seconds: float
+    started: float  # wall time of the restart (or, live, of the group's re-forming)
+    seconds: float  # fault -> resumed once RESUMED, else fault -> `milestone`
     degraded: bool = False
+    milestone: str = "rank(s) replaced"  # what had happened `restart_seconds` after the fault
+    restart_seconds: float = 0.0
+    resumption: str = PENDING
+
+    def __post_init__(self) -> None:
+        self.restart_seconds = self.restart_seconds or self.seconds
+
+    @property
+    def resumed(self) -> bool:
+        return self.resumption == RESUMED
+
+    @property
+    def why_unresumed(self) -> str:
+        return _NOT_SEEN if self.resumption == PENDING else self.resumption
+
+    def resumed_at(self, seconds: float) -> None:
+        self.seconds, self.resumption = seconds, RESUMED
+
+    def describe(self) -> str:
+        head = f"{self.strategy} of rank(s) {self.ranks}{' (degraded: no controller)' if self.degraded else ''}"
+        if self.resumed:
+            return f"{head}: training resumed {self.seconds:.3f}s after the fault"
+        return (f"{head}: {self.milestone} {self.restart_seconds:.3f}s after the fault; "
+                f"training's resumption {self.why_unresumed}")
 
 
 @dataclass
@@ -87,19 +121,34 @@ class JobResult:
 
     @property
     def time_lost(self) -> float:
-        return sum(r.seconds for r in self.recoveries)
+        """Seconds from fault to training resumed, over the recoveries whose resumption was seen."""
+        return sum(r.seconds for r in self.recoveries if r.resumed)
+
+    def _recovery_accounts(self) -> str:
+        """"N recovery(ies), Xs spent recovering": only time up to a resumption that was seen counts as
+        recovering; the rest is said for what it is (fault to restart, and why resumption is unknown)."""
+        resumed = [r for r in self.recoveries if r.resumed]
+        others = [r for r in self.recoveries if not r.resumed]
+        text = f"{len(self.recoveries)} recovery(ies)"
+        if not others:
+            return f"{text}, {self.time_lost:.2f}s spent recovering"
+        why = "; ".join(dict.fromkeys(r.why_unresumed for r in others))
+        upto = "/".join(dict.fromkeys(r.milestone for r in others))
+        restart = f"{sum(r.restart_seconds for r in others):.2f}s from fault to {upto}"
+        if not resumed:
+            return f"{text} (training's resumption {why}), {restart}"
+        return (f"{text}, {self.time_lost:.2f}s spent recovering in {len(resumed)}, "
+                f"{restart} in {len(others)} (training's resumption {why})")
 
     def format_summary(self) -> str:
         lines = self._root_cause() if not self.succeeded else []
         lines += [
             f"job {'succeeded' if self.succeeded else 'FAILED'}"
             + (f" ({self.reason})" if self.reason else "")
-            + f": {self.ranks} ranks, {len(self.faults)} fault(s), {len(self.recoveries)} recovery(ies), "
-            f"{self.time_lost:.2f}s spent recovering, {max(0.0, self.ended - self.started):.1f}s in all"
+            + f": {self.ranks} ranks, {len(self.faults)} fault(s), {self._recovery_accounts()}, "
+            f"{max(0.0, self.ended - self.started):.1f}s in all"
         ]
-        for rec in self.recoveries:
-            flag = " (degraded: no controller)" if rec.degraded else ""
-            lines.append(f"  {rec.strategy} of rank(s) {rec.ranks} in {rec.seconds:.3f}s{flag}")
+        lines.extend(f"  {rec.describe()}" for rec in self.recoveries)
         if not self.succeeded and self.first_failure is not None:
             lines.append(f"first failure: {self.first_failure.describe()}; exit code {self.exit_code}")
             if self.first_failure_log:

@@ -133,7 +133,7 @@ class Supervisor:
         next_sweep = time.monotonic() + self.config.monitor_interval
         while not self._done:
             wake_at = next_sweep if self._report is None else min(next_sweep, self._report[2].next_at or 0.0)
-            if self.live.enabled:  # ranks' in-place errors and a rebuild's progress are read from their files
+            if self.recovery.polling:  # in-place errors, a rebuild's progress, a resumption: read from rank files
                 wake_at = min(wake_at, time.monotonic() + POLL)
             for exit_ in self.watch.wait(max(0.0, wake_at - time.monotonic())):
                 self._on_exit(exit_.local_rank, exit_.pid, exit_.returncode)
@@ -358,8 +358,9 @@ class Supervisor:
         self._fault(rank, "exit", FaultType.PROCESS, f"still exiting {since:.1f}s after it began to")
 
     def _poll_live(self) -> None:
-        """Live recovery: a rank's RetryableError is a type-"0" fault of a live rank; a rebuild's progress."""
-        if self._done or not self.live.enabled:
+        """A restart's resumption; live recovery: a rank's RetryableError is a type-"0" fault of a live rank,
+        a rebuild's progress."""
+        if self._done or not self.recovery.polling:
             return
         for local_rank, why in self.recovery.poll(time.monotonic()):
             rank = self.table[local_rank]

@@ -1,0 +1,109 @@
+"""When training resumed after a restart that is not a live rebuild (recover of independent ranks,
+job-rescheduling, the degraded local restart): read from the ranks' heartbeat files.
+
+A restart only starts processes; a replacement then loads a checkpoint and recomputes before it is
+training again. Training has resumed once every rank restarted in the round has written a heartbeat
+from its new incarnation (a file counts only if its pid is the rank's current one); survivors never
+stopped. The agent polls the files (`Supervisor` wakes every ``POLL`` while one is pending), so the
+time it prints is when it saw the heartbeat, within ~one poll of it, and the step it names may be
+later than the first one the rank completed. Ranks that never wrote a heartbeat cannot say they
+resumed: the record then says so instead of pretending the restart was the end of the recovery.
+Live rebuilds confirm their own resumption (agent/live.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from taskd.agent.ranks import Rank, RankTable
+from taskd.agent.summary import ELSEWHERE, NO_HEARTBEATS, PENDING, SUPERSEDED, RecoveryRecord
+from taskd.worker.heartbeat_file import HeartbeatState
+
+log = logging.getLogger("taskd.agent")
+
+
+@dataclass
+class _Pending:
+    record: RecoveryRecord
+    started: float  # monotonic time of the fault
+    pids: dict[int, int | None]  # local rank -> pid of the incarnation started by the restart
+    steps_before: dict[int, int | None]  # local rank -> last step its previous incarnation reported
+
+
+class Resumption:
+    """Watch one restart at a time until every restarted rank reports a step (or the next restart)."""
+
+    def __init__(self, table: RankTable, heartbeat: Callable[[Rank], HeartbeatState | None]) -> None:
+        self.table = table
+        self._heartbeat = heartbeat  # the rank's heartbeat state, None unless its current pid wrote it
+        self._beats = False  # some rank of this node has written a heartbeat: resumption can be seen
+        self._pending: _Pending | None = None
+
+    @property
+    def pending(self) -> bool:
+        return self._pending is not None
+
+    def steps(self, local: list[int]) -> dict[int, int | None]:
+        """Before a restart: each rank's last reported step (its old incarnation's file is still there)."""
+        found: dict[int, int | None] = {}
+        for rank in self.table.all():
+            state = self._heartbeat(rank) if rank.pid is not None else None
+            if state is not None and state.started:
+                self._beats = True
+            if rank.local_rank in local:
+                found[rank.local_rank] = state.step if state is not None else None
+        return found
+
+    def track(self, record: RecoveryRecord, local: list[int], steps_before: dict[int, int | None],
+              started: float) -> None:
+        """After a restart of the local ranks ``local``: watch for their first heartbeats."""
+        self.supersede()
+        if not local:
+            record.resumption = ELSEWHERE
+            return
+        if not self._beats:
+            record.resumption = NO_HEARTBEATS
+            return
+        pids = {lr: self.table[lr].pid for lr in local}
+        self._pending = _Pending(record, started, pids, steps_before)
+
+    def supersede(self) -> None:
+        """A newer restart replaces the one being watched: its resumption will not be seen."""
+        if self._pending is not None and self._pending.record.resumption == PENDING:
+            self._pending.record.resumption = SUPERSEDED
+        self._pending = None
+
+    def check(self, now: float) -> None:
+        """Every ``POLL`` while pending: log "training resumed" once every restarted rank reported a step."""
+        p = self._pending
+        if p is None:
+            return
+        seen: dict[int, HeartbeatState] = {}
+        for lr, pid in p.pids.items():
+            rank = self.table[lr]
+            state = self._heartbeat(rank) if rank.pid == pid and pid is not None else None
+            if state is None or state.time <= 0.0:
+                return
+            seen[lr] = state
+        self._pending = None
+        seconds = now - p.started
+        p.record.resumed_at(seconds)
+        log.info("training resumed %.3fs after the fault (%s; %s)", seconds, p.record.strategy,
+                 "; ".join(self._describe(lr, seen[lr], p.steps_before.get(lr)) for lr in sorted(seen)))
+
+    def _describe(self, local_rank: int, state: HeartbeatState, before: int | None) -> str:
+        """What was read, and only that: the step seen (maybe later than its first), the step before the fault."""
+        name = f"rank {self.table[local_rank].global_rank}"
+        if state.step is None:
+            return f"{name} sent a heartbeat (no step number)"
+        text = f"{name} at step {state.step}"
+        if before is None:
+            return text
+        if state.step > before:
+            return f"{text}, step {before} before the fault"
+        return f"{text}, step {before} before the fault: it redoes at least {before - state.step + 1} step(s)"
+
+
+__all__ = ["Resumption"]
