@@ -87,7 +87,7 @@ def run_taskd(kills: int, nproc: int, work: Path) -> dict[str, Any]:
             os.kill(pid, signal.SIGKILL)
             rec = ev.find(lambda r, p=pid: r["msg"].startswith("fault: ") and f"(pid {p})" in r["msg"], 30,
                           f"the agent's fault record of pid {pid}")
-            ev.find(lambda r, t=t_kill: r["msg"].startswith("recovered rank") and r["t"] >= t, 60,
+            ev.find(lambda r, t=t_kill: r["msg"].startswith("replaced rank") and r["t"] >= t, 60,
                     f"recovery after kill {i}")
             wait_for(lambda v=victim, t=t_kill: rk.poll() is not None and ranks_alive(rk.records, [v], t), 60,
                      "the replacement rank's start")

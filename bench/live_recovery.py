@@ -268,9 +268,9 @@ def _read_outcome(run_dir: Path, family: str, t_kill: float | None, kill: Kill |
     summary_path = run_dir / "out" / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
     console = (run_dir / "console.log").read_text(errors="replace")
-    out["strategies_used"] = re.findall(r"recovered rank\(s\) \S+ with ([\w-]+)", console)
+    out["strategies_used"] = re.findall(r"replaced rank\(s\) \S+ with ([\w-]+)", console)
     out["restarts"] = (console.count("Worker group FAILED") if family == "torchrun"
-                       else len(re.findall(r"recovered rank\(s\) .* with (?:recover|job-rescheduling)", console)))
+                       else len(re.findall(r"replaced rank\(s\) .* with (?:recover|job-rescheduling)", console)))
     if summary:
         rec = {int(r): v for r, v in summary["recomputed"].items()}
         out["recomputed"] = rec
@@ -290,7 +290,9 @@ def _read_outcome(run_dir: Path, family: str, t_kill: float | None, kill: Kill |
 
     if family == "taskd":
         phases["agent_fault"] = first_record(r"^fault: rank")
-        phases["agent_recovered"] = first_record(r"^recovered rank")
+        # the agent's restart record: live recover, once the group re-formed; job-rescheduling, ranks restarted
+        # (the key keeps its name so that stored results compare; the console no longer says "recovered")
+        phases["agent_recovered"] = first_record(r"^replaced rank")
     else:
         phases["agent_fault"] = first_record(r"Worker group FAILED")
     if summary:
@@ -457,7 +459,7 @@ def print_tables(result: dict[str, Any], configs: list[tuple[str, str, tuple[str
                  "strategies used", "restarts per kill", "torchrun / this (p50)"], rows, 2))
     print("\nPhases, seconds after the kill (p50; from the agent's log, the ranks' recovery records, progress files)")
     print(table(["configuration", "ranks", "agent fault", "first survivor noticed", "last survivor noticed",
-                 "survivors left", "agent recovered",
+                 "survivors left", "agent: replaced / group re-formed",
                  "replacement created", "generation named", "survivors rejoined", "replacement first step"],
                 phase_rows, 3))
 

@@ -1,7 +1,7 @@
 """Time to recover: SIGKILL of one rank to the replacement running, for taskd and torchrun.
 
 taskd (`taskd run --server`, a standalone controller with settle window 0, one job per configuration):
-- "replacement running" is the agent's "recovered rank(s) ..." log record, written right after
+- "replacement running" is the agent's "replaced rank(s) ..." log record, written right after
   START_WORKER_LIST / START_ALL_WORKER returned with the new process(es) spawned;
 - "first line" is the replacement's own first statement (bench/rank_dummy.py records `time.time()`
   before it prints); for job-rescheduling, the last of every rank's first line;
@@ -91,7 +91,7 @@ def run_taskd(address: str, nproc: int, strategy: str, reps: int, work: Path, sp
             pid = latest_pids(rk, nproc)[victim]
             t_kill = time.time()
             os.kill(pid, signal.SIGKILL)
-            rec = ev.find(lambda r, t=t_kill: r["msg"].startswith("recovered rank") and r["t"] >= t, 60,
+            rec = ev.find(lambda r, t=t_kill: r["msg"].startswith("replaced rank") and r["t"] >= t, 60,
                           f"recovery after kill {i}")
             replaced = [victim] if strategy == "recover" else everyone
             starts = wait_for(lambda t=t_kill, rs=replaced: starts_after(rk, t, rs), 60, "the replacements' start")
