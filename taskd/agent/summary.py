@@ -72,8 +72,8 @@ class RecoveryRecord:
     def describe(self) -> str:
         head = f"{self.strategy} of rank(s) {self.ranks}{' (degraded: no controller)' if self.degraded else ''}"
         if self.resumed:
-            return f"{head}: training resumed {self.seconds:.3f}s after the fault"
-        return (f"{head}: {self.milestone} {self.restart_seconds:.3f}s after the fault; "
+            return f"{head}: {self.seconds:.3f}s from the fault to training resumed"
+        return (f"{head}: {self.restart_seconds:.3f}s from the fault to {self.milestone}; "
                 f"training's resumption {self.why_unresumed}")
 
 
