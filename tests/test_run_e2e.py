@@ -366,3 +366,52 @@ def test_ranks_sending_no_heartbeats_never_claim_training_resumed(tmp_path: Path
     found = re.search(rf"1 recovery\(ies\) \({why}\), ([0-9.]+)s from fault to ", text)
     assert found and float(found.group(1)) == pytest.approx(float(restart.group(1)), abs=0.006), text
     assert re.search(rf"  {strategy} of rank\(s\) \[1\]: [0-9.]+s from the fault to [^;\n]*; {why}", text), text
+
+
+UNSEEN = """import os, sys, time
+from taskd import worker
+out, mode = sys.argv[1], sys.argv[2]
+worker.declare_rejoinable()
+crashes = len([f for f in os.listdir(out) if f.startswith("crash")])
+if worker.rank() == 1 and crashes == 1:  # the replacement of the first crash
+    time.sleep(0.3)
+    if mode == "twice":
+        open(os.path.join(out, "crash2"), "w").close()
+        os._exit(3)  # a second fault before it reported any step
+    sys.exit(0)  # "ends": it finishes without a heartbeat
+for step in range(30):
+    worker.heartbeat(step)
+    if worker.rank() == 1 and step == 5 and crashes == 0:
+        open(os.path.join(out, "crash1"), "w").close()
+        os._exit(3)
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize("mode", ["ends", "twice"])
+def test_a_resumption_not_seen_is_not_reported_as_resumed(tmp_path: Path, mode: str) -> None:
+    """A replacement that reports no step before the job ends, or before the next fault, is not "resumed":
+    that restart's time is not counted as spent recovering."""
+    script = tmp_path / "unseen.py"
+    script.write_text(UNSEEN)
+    (tmp_path / "out").mkdir()
+    console = tmp_path / "console.log"
+    proc = taskd_run(["--nproc-per-node", "2", str(script), str(tmp_path / "out"), mode], console)
+    assert proc.wait(timeout=120) == 0, console.read_text()
+    text = console.read_text()
+    restarts = [float(s) for s in re.findall(r"replaced rank\(s\) \[1\] with [^\n]* in ([0-9.]+)s", text)]
+    if mode == "ends":
+        assert len(restarts) == 1 and "training resumed" not in text and "spent recovering" not in text, text
+        found = re.search(r"1 recovery\(ies\) \(training's resumption not seen before the job ended\), ([0-9.]+)s "
+                          r"from fault to rank\(s\) replaced", text)
+        assert found and float(found.group(1)) == pytest.approx(restarts[0], abs=0.006), text
+    else:
+        # the second fault's round (recover, or job-rescheduling if the controller escalates) resumes
+        resumed = re.findall(r"training resumed ([0-9.]+)s after the fault \([\w-]+; [^\n]*rank 1 at step", text)
+        assert len(restarts) == 2 and len(resumed) == 1, text
+        found = re.search(r"2 recovery\(ies\), ([0-9.]+)s spent recovering in 1, ([0-9.]+)s from fault to rank\(s\) "
+                          r"replaced in 1 \(training's resumption not seen before the next fault\)", text)
+        assert "recover of rank(s) [1]: " in text and "; training's resumption not seen before the next fault" in text
+        assert found, text
+        assert float(found.group(1)) == pytest.approx(float(resumed[0]), abs=0.006), text
+        assert float(found.group(2)) == pytest.approx(restarts[0], abs=0.006), text

@@ -91,19 +91,23 @@ class Resumption:
         seconds = now - p.started
         p.record.resumed_at(seconds)
         log.info("training resumed %.3fs after the fault (%s; %s)", seconds, p.record.strategy,
-                 "; ".join(self._describe(lr, seen[lr], p.steps_before.get(lr)) for lr in sorted(seen)))
+                 "; ".join(self._describe(lr, seen[lr], p.steps_before.get(lr), p.record.ranks)
+                           for lr in sorted(seen)))
 
-    def _describe(self, local_rank: int, state: HeartbeatState, before: int | None) -> str:
-        """What was read, and only that: the step seen (maybe later than its first), the step before the fault."""
-        name = f"rank {self.table[local_rank].global_rank}"
+    def _describe(self, local_rank: int, state: HeartbeatState, before: int | None, faulty: list[int]) -> str:
+        """What was read, and only that: the step seen (maybe later than its first) and the last step of the
+        previous incarnation (a fault rank's before its fault; another rank's when the restart stopped it)."""
+        global_rank = self.table[local_rank].global_rank
+        name = f"rank {global_rank}"
         if state.step is None:
             return f"{name} sent a heartbeat (no step number)"
         text = f"{name} at step {state.step}"
         if before is None:
             return text
+        text += f", step {before} {'before the fault' if global_rank in faulty else 'when stopped'}"
         if state.step > before:
-            return f"{text}, step {before} before the fault"
-        return f"{text}, step {before} before the fault: it redoes at least {before - state.step + 1} step(s)"
+            return text
+        return f"{text}: it redoes at least {before - state.step + 1} step(s)"
 
 
 __all__ = ["Resumption"]
