@@ -759,6 +759,21 @@ def test_module_functions_build_the_manager_from_env(server, monkeypatch, no_cur
     assert server.recorder.requests("ReportFinished")[0].exitCode == 1
 
 
+def test_manager_from_env_reads_the_agents_layout_names_and_the_older_aliases():
+    """The agent exports TASKD_NNODES / TASKD_NPROC_PER_NODE; a client in its ranks reads the same names."""
+    base = {"MINDX_TASK_ID": JOB, "MINDX_SERVER_IP": "127.0.0.1:1"}
+    for env, want in (({"TASKD_NNODES": "4", "TASKD_NPROC_PER_NODE": "8", "TASKD_NODE_COUNT": "99",
+                        "TASKD_RANKS_PER_NODE": "99"}, (4, 8)),
+                      ({"TASKD_NODE_COUNT": "2", "TASKD_RANKS_PER_NODE": "3"}, (2, 3))):
+        manager = rm.manager_from_env({**base, **env})
+        try:
+            assert (manager.client_info.nodeCount, manager.client_info.ranksPerNode) == want
+        finally:
+            manager.stop()
+    with pytest.raises(ConfigurationError, match="TASKD_NNODES"):
+        rm.manager_from_env({**base, "TASKD_NNODES": "two"})
+
+
 def test_module_functions_use_the_manager_that_was_set(server, make_manager, monkeypatch, no_current_manager):
     monkeypatch.delenv("MINDX_TASK_ID", raising=False)
     monkeypatch.delenv("MINDX_SERVER_IP", raising=False)

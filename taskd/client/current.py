@@ -24,7 +24,8 @@ _override: RecoverClient | None = None
 def manager_from_env(environ: Mapping[str, str] | None = None, **kwargs: Any) -> DLRecoverManager:
     """Build (or re-configure) the process's DLRecoverManager from MINDX_TASK_ID and MINDX_SERVER_IP.
 
-    Optional: TASKD_NODE_RANK, TASKD_NODE_COUNT, TASKD_RANKS_PER_NODE fill taskd's ClientInfo fields;
+    Optional: TASKD_NODE_RANK, TASKD_NNODES, TASKD_NPROC_PER_NODE (the names the agent reads; the older
+    TASKD_NODE_COUNT and TASKD_RANKS_PER_NODE are still read when those are unset) fill ClientInfo's fields;
     TASKD_TOKEN_FILE and TASKD_TLS_* give the credentials (see ClientCredentials.from_env).
     """
     env = os.environ if environ is None else environ
@@ -40,8 +41,8 @@ def manager_from_env(environ: Mapping[str, str] | None = None, **kwargs: Any) ->
         jobId=job_id,
         role=DEFAULT_ROLE,
         nodeRank=env_int(env, "TASKD_NODE_RANK", 0),
-        nodeCount=env_int(env, "TASKD_NODE_COUNT", 0),
-        ranksPerNode=env_int(env, "TASKD_RANKS_PER_NODE", 0),
+        nodeCount=env_int(env, "TASKD_NNODES", env_int(env, "TASKD_NODE_COUNT", 0)),
+        ranksPerNode=env_int(env, "TASKD_NPROC_PER_NODE", env_int(env, "TASKD_RANKS_PER_NODE", 0)),
     )
     if environ is not None and "credentials" not in kwargs:
         from taskd.client.credentials import ClientCredentials
