@@ -760,7 +760,8 @@ def test_module_functions_build_the_manager_from_env(server, monkeypatch, no_cur
 
 
 def test_manager_from_env_reads_the_agents_layout_names_and_the_older_aliases():
-    """The agent exports TASKD_NNODES / TASKD_NPROC_PER_NODE; a client in its ranks reads the same names."""
+    """The agent is configured with TASKD_NNODES / TASKD_NPROC_PER_NODE; a client in its ranks (which inherit that
+    environment) reads the same names."""
     base = {"MINDX_TASK_ID": JOB, "MINDX_SERVER_IP": "127.0.0.1:1"}
     for env, want in (({"TASKD_NNODES": "4", "TASKD_NPROC_PER_NODE": "8", "TASKD_NODE_COUNT": "99",
                         "TASKD_RANKS_PER_NODE": "99"}, (4, 8)),
