@@ -293,6 +293,8 @@ def _read_outcome(run_dir: Path, family: str, t_kill: float | None, kill: Kill |
         # the agent's restart record: live recover, once the group re-formed; job-rescheduling, ranks restarted
         # (the key keeps its name so that stored results compare; the console no longer says "recovered")
         phases["agent_recovered"] = first_record(r"^replaced rank")
+        # the controller's round ends here: changeStrategy carried the generation and the agent wrote it
+        phases["agent_named_generation"] = first_record(r"^live recovery: generation")
     else:
         phases["agent_fault"] = first_record(r"Worker group FAILED")
     if summary:
@@ -302,8 +304,8 @@ def _read_outcome(run_dir: Path, family: str, t_kill: float | None, kill: Kill |
             phases["survivors_noticed"] = min(e["time"] for e in events) - t_kill
             phases["survivors_noticed_last"] = max(e["time"] for e in events) - t_kill
             phases["survivors_left"] = max(e["time"] + e.get("left_s", 0) for e in events) - t_kill
-            if all("control_s" in e for e in events):
-                phases["generation_named"] = max(e["time"] + e["control_s"] for e in events) - t_kill
+            if all("control_s" in e for e in events):  # read after the survivor freed its old wrapper (gc)
+                phases["survivors_read_generation"] = max(e["time"] + e["control_s"] for e in events) - t_kill
             if all("total_s" in e for e in events):
                 phases["survivors_rejoined"] = max(e["time"] + e["total_s"] for e in events) - t_kill
     out["phases_s"] = phases
@@ -449,9 +451,9 @@ def print_tables(result: dict[str, Any], configs: list[tuple[str, str, tuple[str
                          s["restarts_mean"], ratio(tr_p50, k["p50"])])
             ph = s["phases_p50_s"]
             phase_rows.append([label, n, *(ph.get(x) for x in (
-                "agent_fault", "survivors_noticed", "survivors_noticed_last", "survivors_left", "agent_recovered",
-                "replacement_created",
-                "generation_named", "survivors_rejoined", "replacement_first_step"))])
+                "agent_fault", "survivors_noticed", "survivors_noticed_last", "survivors_left",
+                "agent_named_generation", "survivors_read_generation", "agent_recovered", "replacement_created",
+                "survivors_rejoined", "replacement_first_step"))])
     result["ratios_torchrun_over_live_p50"] = ratios
     print("\nLive recovery of examples/torch/train_ddp.py: SIGKILL of one rank to every rank past its next step")
     print(table(["configuration", "ranks", "resumed", "kill → resumed p50 s", "kill → resumed p99 s",
@@ -459,8 +461,9 @@ def print_tables(result: dict[str, Any], configs: list[tuple[str, str, tuple[str
                  "strategies used", "restarts per kill", "torchrun / this (p50)"], rows, 2))
     print("\nPhases, seconds after the kill (p50; from the agent's log, the ranks' recovery records, progress files)")
     print(table(["configuration", "ranks", "agent fault", "first survivor noticed", "last survivor noticed",
-                 "survivors left", "agent: replaced / group re-formed",
-                 "replacement created", "generation named", "survivors rejoined", "replacement first step"],
+                 "survivors left", "agent named the generation", "last survivor read it",
+                 "agent: replaced / group re-formed", "replacement created", "survivors rejoined",
+                 "replacement first step"],
                 phase_rows, 3))
 
 

@@ -334,6 +334,17 @@ def test_recover_needs_a_declaration_whatever_the_entrypoint(tmp_path: Path, ent
         assert "recover not offered" in text and "strategy: recover" not in text
 
 
+def run_two_ranks(tmp_path: Path, source: str, *args: str) -> str:
+    """A 2-rank `taskd run` of `source` (its first argument the output directory); its console, once it exited 0."""
+    script = tmp_path / "ranks.py"
+    script.write_text(source)
+    (tmp_path / "out").mkdir()
+    console = tmp_path / "console.log"
+    proc = taskd_run(["--nproc-per-node", "2", str(script), str(tmp_path / "out"), *args], console)
+    assert proc.wait(timeout=120) == 0, console.read_text()
+    return console.read_text()
+
+
 SILENT = """import os, sys, time
 from taskd import worker
 out, declare = sys.argv[1], sys.argv[2] == "declare"
@@ -351,13 +362,7 @@ time.sleep(1.0)
 @pytest.mark.parametrize("declare", ["declare", "silent"])
 def test_ranks_sending_no_heartbeats_never_claim_training_resumed(tmp_path: Path, declare: str) -> None:
     """Ranks that report no steps cannot say they resumed: the summary says so and counts only fault -> restart."""
-    script = tmp_path / "silent.py"
-    script.write_text(SILENT)
-    (tmp_path / "out").mkdir()
-    console = tmp_path / "console.log"
-    proc = taskd_run(["--nproc-per-node", "2", str(script), str(tmp_path / "out"), declare], console)
-    assert proc.wait(timeout=120) == 0, console.read_text()
-    text = console.read_text()
+    text = run_two_ranks(tmp_path, SILENT, declare)
     strategy = "recover" if declare == "declare" else "job-rescheduling"
     restart = re.search(rf"replaced rank\(s\) \[1\] with {strategy}[^\n]* in ([0-9.]+)s", text)
     assert restart, text
@@ -392,13 +397,7 @@ for step in range(30):
 def test_a_resumption_not_seen_is_not_reported_as_resumed(tmp_path: Path, mode: str) -> None:
     """A replacement that reports no step before the job ends, or before the next fault, is not "resumed":
     that restart's time is not counted as spent recovering."""
-    script = tmp_path / "unseen.py"
-    script.write_text(UNSEEN)
-    (tmp_path / "out").mkdir()
-    console = tmp_path / "console.log"
-    proc = taskd_run(["--nproc-per-node", "2", str(script), str(tmp_path / "out"), mode], console)
-    assert proc.wait(timeout=120) == 0, console.read_text()
-    text = console.read_text()
+    text = run_two_ranks(tmp_path, UNSEEN, mode)
     restarts = [float(s) for s in re.findall(r"replaced rank\(s\) \[1\] with [^\n]* in ([0-9.]+)s", text)]
     if mode == "ends":
         assert len(restarts) == 1 and "training resumed" not in text and "spent recovering" not in text, text
