@@ -158,6 +158,7 @@ def test_sigkill_of_a_rank_is_recovered_in_place_bit_identically(agent, referenc
     for r in survivors:
         recoveries = summary["ranks"][str(r)]["recoveries"]
         assert [e["generation"] for e in recoveries] == [1]
+        assert recoveries[0]["wrappers_freed"] is True  # the old DDP wrapper did not outlive the rebuild
         # a survivor learns of the loss from a failed collective, or first from the control file at a step boundary
         assert recoveries[0]["error"] in (ErrorKind.PEER_LOST.name, None)
     assert summary["ranks"][str(victim)]["recoveries"] == []  # the replacement joined, it did not recover

@@ -31,6 +31,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -43,7 +44,7 @@ from torch.nn.parallel import DistributedDataParallel
 from taskd.worker import progress
 from taskd.worker.env import Var, rank, world_size
 from taskd.worker.live import STORE_PREFIX, Control, ErrorKind, LiveRank, Phase, RetryableError, classify_error
-from taskd.worker.torch_group import GroupSockets, collect, drop_frames
+from taskd.worker.torch_group import GroupSockets, collect, drop_frames, freeze_older_objects
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,8 @@ class _DDPHandle:
         kwargs = dict(self.kwargs)
         if self._group.live and _HAS_INIT_SYNC:
             kwargs.setdefault("init_sync", False)  # the state was just synced exactly
+        if self._group.live:
+            freeze_older_objects()  # a rebuild's collection then scans only this wrapper and what is newer
         self.current = DistributedDataParallel(self.module, **kwargs)
         if self._group.live:
             self.current.register_comm_hook(self._group, _marked_allreduce)
@@ -154,6 +157,7 @@ class LiveGroup:
         self._flight_lock = threading.Lock()
         self._store: dist.TCPStore | None = None
         self._sockets = GroupSockets()  # the current generation's connections (live only)
+        self._dropped: list[weakref.ref[DistributedDataParallel]] = []  # wrappers a recovery let go of
         if not self.live:
             if not dist.is_initialized():
                 dist.init_process_group(backend, timeout=self.timeout)
@@ -352,6 +356,7 @@ class LiveGroup:
         self._leave(error[1] if error else None)
         event["left_s"] = time.time() - t0
         collect()  # DDP's reducer and buckets form cycles; free them before the next wrapper is built
+        event["wrappers_freed"] = not any(ref() is not None for ref in self._dropped)  # none leaks per recovery
         while True:
             if control is None:
                 control = self.protocol.wait_requested()
@@ -387,6 +392,7 @@ class LiveGroup:
         """
         t0 = time.time()
         ended = self._sockets.shut_down()  # first: it also unblocks our own gloo threads waiting on live peers
+        self._dropped = [weakref.ref(h.current) for h in self._handles if h.current is not None]
         for handle in self._handles:
             handle.current = None
         if self._model is not None:
