@@ -49,14 +49,11 @@ class RecoveryRecord:
     strategy: str
     ranks: list[int]
     started: float  # wall time of the restart (or, live, of the group's re-forming)
-    seconds: float  # fault -> resumed once RESUMED, else fault -> `milestone`
+    restart_seconds: float  # fault -> `milestone`
     degraded: bool = False
     milestone: str = "rank(s) replaced"  # what had happened `restart_seconds` after the fault
-    restart_seconds: float = 0.0
     resumption: str = PENDING
-
-    def __post_init__(self) -> None:
-        self.restart_seconds = self.restart_seconds or self.seconds
+    resumed_seconds: float | None = None  # fault -> training resumed, once RESUMED
 
     @property
     def resumed(self) -> bool:
@@ -67,12 +64,12 @@ class RecoveryRecord:
         return _NOT_SEEN if self.resumption == PENDING else self.resumption
 
     def resumed_at(self, seconds: float) -> None:
-        self.seconds, self.resumption = seconds, RESUMED
+        self.resumed_seconds, self.resumption = seconds, RESUMED
 
     def describe(self) -> str:
         head = f"{self.strategy} of rank(s) {self.ranks}{' (degraded: no controller)' if self.degraded else ''}"
         if self.resumed:
-            return f"{head}: {self.seconds:.3f}s from the fault to training resumed"
+            return f"{head}: {self.resumed_seconds:.3f}s from the fault to training resumed"
         return (f"{head}: {self.restart_seconds:.3f}s from the fault to {self.milestone}; "
                 f"training's resumption {self.why_unresumed}")
 
@@ -122,7 +119,7 @@ class JobResult:
     @property
     def time_lost(self) -> float:
         """Seconds from fault to training resumed, over the recoveries whose resumption was seen."""
-        return sum(r.seconds for r in self.recoveries if r.resumed)
+        return sum(r.resumed_seconds or 0.0 for r in self.recoveries if r.resumed)
 
     def _recovery_accounts(self) -> str:
         """"N recovery(ies), Xs spent recovering": only time up to a resumption that was seen counts as
