@@ -91,9 +91,9 @@ class _DDPHandle:
 
     def build(self) -> DistributedDataParallel:
         kwargs = dict(self.kwargs)
-        if self._group.live and _HAS_INIT_SYNC:
-            kwargs.setdefault("init_sync", False)  # the state was just synced exactly
         if self._group.live:
+            if _HAS_INIT_SYNC:
+                kwargs.setdefault("init_sync", False)  # the state was just synced exactly
             freeze_older_objects()  # a rebuild's collection then scans only this wrapper and what is newer
         self.current = DistributedDataParallel(self.module, **kwargs)
         if self._group.live:
