@@ -121,14 +121,18 @@ def test_swallows():
 
 
 def test_a_unit_tier_run_fails_each_test_that_breaks_the_rule(pytester: pytest.Pytester) -> None:
-    """The conftest's hooks in a pytest run of their own (in this process): only the clean test passes."""
-    pytester.makeconftest("from tier_guard import pytest_runtest_call, pytest_runtest_setup, pytest_runtest_teardown")
-    pytester.makepyfile(test_sample=_UNIT_TESTS)
-    result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
-    result.assert_outcomes(passed=1, failed=3)
-    result.stdout.fnmatch_lines(["*starting a process (subprocess.Popen)*tests/unit/ rule*",
-                                 "*opening a network socket (socket.create_connection)*",
-                                 "*caught by the test, still a failure*"])
+    """The conftest's hooks in a pytest run of their own (in this process): only the clean test passes, and
+    a module that runs a program when imported does not even collect."""
+    pytester.makeconftest("from tier_guard import pytest_make_collect_report, pytest_runtest_call, "
+                          "pytest_runtest_setup, pytest_runtest_teardown")
+    pytester.makepyfile(test_sample=_UNIT_TESTS,
+                        test_probe="import subprocess\nPROBE = subprocess.run(['true'])\n\ndef test_x():\n    pass\n")
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--continue-on-collection-errors")
+    result.assert_outcomes(passed=1, failed=3, errors=1)
+    result.stdout.fnmatch_lines_random(["*starting a process (subprocess.Popen)*tests/unit/ rule*",
+                                        "*opening a network socket (socket.create_connection)*",
+                                        "*caught by the test, still a failure*",
+                                        "ERROR test_probe.py*"])
 
 
 def _imports(path: Path) -> set[str]:

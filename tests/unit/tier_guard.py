@@ -1,14 +1,15 @@
 """The unit tier's rule as a guard: a test under tests/unit/ starts no process and opens no network socket.
 
 That rule is what keeps `python -m pytest tests/unit` a fast loop that runs anywhere, in parallel with
-anything. While a unit test's setup, body or teardown runs, every way this process could start
-another (subprocess, os.fork and friends, os.posix_spawn, os.system, multiprocessing) and every way
-it could reach a network (socket connect/bind/sendto on an IP socket, gRPC servers and channels)
-fails the test with a message that names the rule. AF_UNIX sockets (socketpair, which asyncio's event
-loop uses for its self-pipe) stay allowed: they never leave the process's own machine and start nothing.
+anything. While a unit test module is imported, and while a unit test's setup, body or teardown runs,
+every way this process could start another (subprocess, os.fork and friends, os.posix_spawn,
+os.system, multiprocessing) and every way it could reach a network (socket connect/bind/sendto on an
+IP socket, gRPC servers and channels) fails the test with a message that names the rule. AF_UNIX
+sockets (socketpair, which asyncio's event loop uses for its self-pipe) stay allowed: they never
+leave the machine and start nothing.
 
 A test that catches the failure does not escape it: every violation is also recorded and fails the
-test after its body. Patching is a dozen attribute swaps per phase (microseconds), no process, no import.
+test after the phase. The guard is a dozen attribute swaps per phase (microseconds).
 
 tests/unit/conftest.py installs the hooks below for the tests under tests/unit/ (pytest calls a
 conftest's runtest hooks only for the tests beneath it). The module is also a plugin, for every test
@@ -127,4 +128,13 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     with _phase(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[pytest.CollectReport]:
+    """Importing a test module (a module-level probe that runs a program, say) obeys the rule too."""
+    if not isinstance(collector, pytest.Module):
+        return (yield)
+    with unit_tier_guard():
         return (yield)
