@@ -74,7 +74,7 @@ class Recovery:
     def __init__(self, table: RankTable, control: RankControl, link: ControllerLink, policy: LocalPolicy,
                  hang: HangWatch, result: JobResult, hooks: AgentHooks, live: LiveRanks | None = None) -> None:
         self.table = table
-        self.live = live if live is not None else LiveRanks(table, None, lambda: None)
+        self.live = live if live is not None else LiveRanks(table, None)
         self.restarts = 0  # job-wide restarts (once per round that restarts anything), the same on every node
         self._resumed_record: RecoveryRecord | None = None  # a live rebuild's, until its ranks resumed
         self.resumption = Resumption(table, lambda rank: hang.heartbeat(rank)[1])  # the other restarts'
@@ -158,11 +158,11 @@ class Recovery:
         and report it; with live recovery a recover or retry is reported once the group has re-formed."""
         live = self.live.enabled and order is not None
         if strategy != Strategy.RETRY:
-            self._charge()
+            self._charge(order)
         self._abandon()
         if live:
             assert order is not None
-            self.live.next_generation(order.extra_params)
+            self.live.next_generation(order.generation)
             self.live.begin(strategy, faults, started, order.timeout, time.monotonic())
         if strategy == Strategy.RETRY:
             return  # the paused ranks redo the step when they read the control file; confirmed in poll()
@@ -188,17 +188,23 @@ class Recovery:
         if code == 0:
             self._restarted(strategy, sorted(faults), started, local, steps)
 
-    def _charge(self) -> None:
-        """Count a restart once per round (a recover that fails and escalates is one restart, not two) and
-        give ranks started from now on the job-wide count (TASKD_RESTART_COUNT, TORCHELASTIC_RESTART_COUNT)."""
-        if not self.round.charged:
+    def _charge(self, order: Order | None = None) -> None:
+        """The job's restarts used, this round's included: the controller's count when its order carries one
+        (`Order.restarts`: it charges one restart per round, controller/strategy.py), else one more per round
+        counted here (ClusterD; the degraded local restart). Ranks started from now on get it (TASKD_RESTART_COUNT,
+        TORCHELASTIC_RESTART_COUNT), and degraded mode's budget counts on from it."""
+        if order is not None and order.restarts is not None:
+            self.restarts = order.restarts
+            self.round.charged = True
+        elif not self.round.charged:
             self.round.charged = True
             self.restarts += 1
+        self.policy.restarts_used = max(self.policy.restarts_used, self.restarts)
         details = self.control.details
         if details is not None and hasattr(details, "set_restart_count"):
             details.set_restart_count(self.restarts)
 
-    def absorbs(self, local_rank: int) -> bool:
+    def absorbs(self) -> bool:
         """A rank that ends while its group re-forms fails that recover (reported by poll), not a round of its own."""
         rebuild = self.live.rebuild
         return rebuild is not None and rebuild.report and rebuild.confirmed is None
@@ -266,7 +272,7 @@ class Recovery:
         self._charge()
         self._abandon()
         if self.live.enabled:
-            self.live.generation += 1
+            self.live.next_generation()
             self.live.begin(Strategy.JOB_RESCHEDULING, dict(self.round.faults), started, 0.0, time.monotonic())
         local = [r.local_rank for r in self.table.all()]
         steps = self.resumption.steps(local)

@@ -25,7 +25,7 @@ from taskd.agent.job_end import await_job_end
 from taskd.agent.join_wait import await_nodes
 from taskd.agent.live import POLL, LiveRanks
 from taskd.agent.msrun_logs import MsrunLogs
-from taskd.agent.policy import LocalPolicy, ReportRetry
+from taskd.agent.policy import LocalPolicy
 from taskd.agent.rank_control import LauncherDetails, RankControl
 from taskd.agent.ranks import Rank, RankState, RankTable, discover_layout
 from taskd.agent.recovery import AgentHooks, Recovery
@@ -34,7 +34,7 @@ from taskd.callbacks import MONITOR, STATUS_FAILED
 from taskd.client import ClientCredentials, ConfigurationError
 from taskd.process.exitcodes import exit_code_of
 from taskd.process.pidfd import RankWatch
-from taskd.vocabulary import FaultRanks, FaultType, Strategy
+from taskd.vocabulary import FaultType, Strategy
 
 log = logging.getLogger("taskd.agent")
 
@@ -61,7 +61,7 @@ class Supervisor:
         self.table = RankTable()  # laid out from MONITOR when the job starts
         self.control = RankControl(config, callbacks, details, self.table, self.watch, self.hang, self.logs)
         self.link = ControllerLink(config, self.watch.wake, controller, credentials)
-        self.live = LiveRanks(self.table, details, lambda: self.config.job_id)  # live recovery (agent/live.py)
+        self.live = LiveRanks(self.table, details)  # live recovery (agent/live.py)
         self.recovery = Recovery(self.table, self.control, self.link, self.policy, self.hang, self.result,
                                  AgentHooks(self._start, self._start_all, self._finish, self._failure_code), self.live)
         self._handlers: dict[Command, Callable[[Order], None]] = {
@@ -69,7 +69,6 @@ class Supervisor:
             Command.CHANGE: self.recovery.on_change, Command.DUMP: self.recovery.on_dump,
             Command.KILL: self.recovery.on_kill,
         }
-        self._report: tuple[FaultRanks, str, ReportRetry] | None = None  # a fault report still to deliver
         self._terminate_signal: int | None = None
         self._done = False
         self._old_handlers: dict[int, Any] = {}
@@ -132,7 +131,8 @@ class Supervisor:
         """Until the job ends: rank exits, the controller's orders, our own deadlines, the slow sweep."""
         next_sweep = time.monotonic() + self.config.monitor_interval
         while not self._done:
-            wake_at = next_sweep if self._report is None else min(next_sweep, self._report[2].next_at or 0.0)
+            report_at = self.link.wake_at()  # a report's re-send or deadline (an answer wakes the loop itself)
+            wake_at = next_sweep if report_at is None else min(next_sweep, report_at)
             if self.recovery.polling:  # in-place errors, a rebuild's progress, a resumption: read from rank files
                 wake_at = min(wake_at, time.monotonic() + POLL)
             for exit_ in self.watch.wait(max(0.0, wake_at - time.monotonic())):
@@ -145,8 +145,7 @@ class Supervisor:
                 log.warning("received %s: stopping every rank", name)
                 self._finish(False, 128 + self._terminate_signal, f"agent received {name}")
                 break
-            if self._report is not None and self._report[2].due(time.monotonic()):
-                self._send_report()
+            self._poll_reports()
             if time.monotonic() >= next_sweep:
                 self._sweep()
                 next_sweep = time.monotonic() + self.config.monitor_interval
@@ -273,30 +272,22 @@ class Supervisor:
         log.warning("fault: %s", record.describe())
         faults = {rank.global_rank: fault_type}
         self.recovery.round.add(faults, time.monotonic())
-        if self.recovery.absorbs(rank.local_rank):  # its group was re-forming: that recover fails (poll reports it)
+        if self.recovery.absorbs():  # its group was re-forming: that recover fails (poll reports it)
             return
         if self.policy.degraded:
             self.recovery.local_restart()
             return
         detail = f"{record.describe()}: {why}" if why else record.describe()
-        if self._report is None:
-            self._report = (faults, detail, self.policy.report_retry(time.monotonic()))
-            self._send_report()
-        else:  # a report still waits for the controller: this fault goes with it
-            pending, details, retry = self._report
-            self._report = ({**pending, **faults}, f"{details}; {detail}", retry)
+        self.link.report_fault(faults, detail, time.monotonic())  # or joins the report still pending
 
-    def _send_report(self) -> None:
-        """One attempt at the pending fault report; a refused one is retried on its timer, not here."""
-        faults, detail, retry = self._report
-        if self.link.report_fault(faults, detail):
-            self._report = None
-            return
-        if retry.failed(time.monotonic()) and self._terminate_signal is None:
-            return
-        self._report = None
-        self._degrade(f"the controller did not take the fault report for {self.config.controller_timeout:.0f}s "
-                      "(unreachable or failing)")
+    def _poll_reports(self) -> None:
+        """Answers to the reports in flight, re-sends that are due; a fault report the controller did not take
+        within the controller timeout means degraded mode (agent/reports.py)."""
+        self.link.poll_reports(time.monotonic())
+        for settled in self.link.settled_faults():
+            if not settled.taken and not self._done and not self.policy.degraded:
+                self._degrade(f"the controller did not take the fault report for "
+                              f"{self.config.controller_timeout:.0f}s (unreachable or failing)")
 
     def _degrade(self, why: str) -> None:
         """No controller: a single node restarts its ranks alone (degraded mode). A multi-node job stops
