@@ -57,6 +57,13 @@ class Command(str, Enum):
     CHANGE = "change"  # carry out the chosen strategy
     DUMP = "dump"  # healthy ranks save, then the job ends
     KILL = "kill"  # the job ends now
+    FENCE = "fence"  # this agent was declared lost and replaced: stop every rank, exit 1 (issue 17)
+    ASSIGN = "assign"  # a standby takes over a lost node's rank (issue 17)
+
+
+# Node-loss commands, carried by taskd's own signal types ("taskd.fenced", "taskd.assignNode"); wired to the
+# client's dispatcher with those names once it dispatches them (the agent's node-loss mechanics).
+NODE_LOSS_COMMANDS = frozenset({Command.FENCE, Command.ASSIGN})
 
 
 # The wire's actions and signal types -> commands (the client dispatches on these names).
@@ -85,6 +92,7 @@ class Order:
     extra_params: str
     generation: int | None = None
     restarts: int | None = None
+    node_rank: int | None = None  # an assignNode's (extraParams {"node_rank": R}, issue 17)
 
     @classmethod
     def of(cls, command: Command, sig: Any) -> Order:
@@ -96,7 +104,8 @@ class Order:
             faults = {int(r): str(t) for r, t in raw.items()}
         params = _params(sig.extra_params)
         return cls(command, sig.uuid, sig.signal_type, tuple(sig.actions), faults, sig.strategy,
-                   float(sig.timeout or 0), sig.extra_params, _count(params, "generation"), _count(params, "restarts"))
+                   float(sig.timeout or 0), sig.extra_params, _count(params, "generation"), _count(params, "restarts"),
+                   _count(params, "node_rank"))
 
     def reason(self) -> str:
         """taskd's controller says why it ends a job in extraParams {"reason": ...}; ClusterD sends other JSON."""

@@ -92,7 +92,7 @@ def test_an_unreachable_controller_settles_the_fault_report_at_the_controller_ti
     now, settled = 100.0, []
     while not settled:  # every attempt fails at its own deadline (wait_for_ready on a port nobody listens on)
         settled = outbox.poll(now)
-        for i, call in enumerate(client.calls):
+        for i in range(len(client.calls)):
             started.setdefault(i, now)
         call = client.last
         if not call.done() and now >= started[len(client.calls) - 1] + call.timeout:
