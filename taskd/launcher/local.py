@@ -264,11 +264,6 @@ class LocalLauncher:
         with self._lock:
             return max(0, self._table.starts(local_rank) - 1)
 
-    def incarnation(self, local_rank: int) -> Incarnation | None:
-        """The current incarnation (pid, start time, exit code, spawn error) or None if never started."""
-        with self._lock:
-            return self._table.current(local_rank)
-
     def set_restart_count(self, count: int) -> None:
         """The job-wide restart count that ranks started from now on get as TORCHELASTIC_RESTART_COUNT
         and TASKD_RESTART_COUNT (the same on every rank; without it TASKD_RESTART_COUNT is the rank's own).
@@ -406,7 +401,7 @@ class LocalLauncher:
                 popen = spawn(spec.entrypoint, env, cwd=spec.cwd, split_stderr=output.split)
         except (OSError, subprocess.SubprocessError) as exc:
             inc = Incarnation(rank, global_rank, restart, None, output, returncode=SPAWN_FAILED_CODE,
-                              ended_at=time.time(), error=f"{type(exc).__name__}: {exc}")
+                              error=f"{type(exc).__name__}: {exc}")
             self._table.append(inc)
             rank_log.write(inc.header().encode())
             output.note(f"taskd: cannot start rank {global_rank}: {inc.error}")
@@ -450,7 +445,6 @@ class LocalLauncher:
             return False
         kill_group(pid)  # processes the rank left in its group
         inc.returncode = inc.popen.wait()  # a zombie by now (has_exited above): returns at once
-        inc.ended_at = time.time()
         log.info("rank %d (pid %d) %s", inc.global_rank, pid, describe_returncode(inc.returncode))
         if self._orphans.active and not self._closed:  # close() deals with orphans itself, with a grace
             self._orphans.sweep(signal.SIGKILL)
