@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from taskd.agent.controller_link import ControllerLink, Order
 from taskd.agent.hang_watch import HangWatch
+from taskd.agent.launcher_api import MSRUN
 from taskd.agent.live import LiveRanks
 from taskd.agent.policy import LocalPolicy
 from taskd.agent.rank_control import RankControl
@@ -74,7 +75,7 @@ class Recovery:
     def __init__(self, table: RankTable, control: RankControl, link: ControllerLink, policy: LocalPolicy,
                  hang: HangWatch, result: JobResult, hooks: AgentHooks, live: LiveRanks | None = None) -> None:
         self.table = table
-        self.live = live if live is not None else LiveRanks(table, None, lambda: None)
+        self.live = live if live is not None else LiveRanks(table, MSRUN, lambda: None)
         self.restarts = 0  # job-wide restarts (once per round that restarts anything), the same on every node
         self._resumed_record: RecoveryRecord | None = None  # a live rebuild's, until its ranks resumed
         self.resumption = Resumption(table, lambda rank: hang.heartbeat(rank)[1])  # the other restarts'
@@ -194,9 +195,7 @@ class Recovery:
         if not self.round.charged:
             self.round.charged = True
             self.restarts += 1
-        details = self.control.details
-        if details is not None and hasattr(details, "set_restart_count"):
-            details.set_restart_count(self.restarts)
+        self.control.details.set_restart_count(self.restarts)
 
     def absorbs(self, local_rank: int) -> bool:
         """A rank that ends while its group re-forms fails that recover (reported by poll), not a round of its own."""
