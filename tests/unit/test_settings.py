@@ -123,6 +123,32 @@ def test_every_spelling_of_a_settings_flag_is_registered_as_its_field(s: Setting
         assert actions[flag].dest == s.run and actions[flag].default is None, flag
 
 
+# `taskd run`'s flags that are not settings of the table: torchrun's accepted-with-a-notice flags, the ones that
+# choose what to run, torchrun's aliases of a setting (resolved in run_config/build.py), values with a computed
+# default (master_port) or torchrun's forms (redirects, tee, local_ranks_filter), and the credentials (read in
+# run.py with their TASKD_TOKEN_FILE / TASKD_TLS_* variables, as taskd.client does).
+NOT_SETTINGS = {"standalone", "rdzv_endpoint", "rdzv_id", "rdzv_backend", "rdzv_conf", "master_port", "local_addr",
+                "token_file", "tls_ca", "tls_cert", "tls_key", "module", "no_python", "run_path", "redirects", "tee",
+                "local_ranks_filter", "shutdown_timeout", "start_method", "event_log_handler", "logs_specs",
+                "numa_binding", "signals_to_handle", "duplicate_stdout_filters", "duplicate_stderr_filters",
+                "virtual_local_rank"}
+
+
+def test_every_taskd_run_flag_is_a_setting_of_the_table_or_said_why_not() -> None:
+    dests = {a.dest for a in _run_parser()._actions if a.option_strings} - {"help"}
+    assert dests - NOT_SETTINGS == {s.run for s in RUN_SETTINGS if s.flags}, "a new flag: add its Setting row"
+    assert NOT_SETTINGS <= dests
+
+
+def test_the_launchers_flag_names_are_the_tables() -> None:
+    """WorkerSpec names the `taskd run` flag of a bad field (launcher/spec.py's FLAGS): the same spelling."""
+    from taskd.launcher.spec import FLAGS as SPEC_FLAGS
+
+    shared = {s.run: s for s in RUN_SETTINGS if s.run in SPEC_FLAGS}
+    assert {"max_restarts", "nnodes", "nproc_per_node", "warm_spares", "master_addr"} <= set(shared)
+    assert {name: SPEC_FLAGS[name] for name in shared} == {name: s.flag for name, s in shared.items()}
+
+
 def test_taskd_run_without_flags_gets_the_tables_defaults() -> None:
     config = _run([])
     for s in RUN_SETTINGS:
