@@ -296,3 +296,11 @@ def test_a_ranks_client_reads_the_agents_variables() -> None:
             "job-7", "127.0.0.1:1", 2, 4, 8)
     finally:
         manager.stop()
+
+
+def test_a_bound_refuses_nan_as_every_config_does() -> None:
+    """NaN compares false with everything: AgentConfig let TASKD_STOP_GRACE=nan through before the table."""
+    with pytest.raises(ValueError, match=r"stop_grace must be >= 0, not nan"):
+        AgentConfig(stop_grace=float("nan"))
+    with pytest.raises(RunConfigError, match=r"--stop-grace must be >= 0, not nan"):
+        _run(["--stop-grace", "nan"])
