@@ -31,7 +31,7 @@ ALLOWED: dict[str, set[str]] = {
     "taskd.agent": {"taskd.client", "taskd.process", "taskd.worker"} | BASE,
 }
 COMPOSITION_ROOTS = ("taskd.run", "taskd.run_config", "taskd.cli", "taskd.__main__", "taskd.console",
-                     "taskd.framework", "taskd.python", "taskd.toolkit")
+                     "taskd.framework", "taskd.python", "taskd.toolkit", "taskd.api")
 GENERATED = ("_pb2.py", "_pb2_grpc.py", "_pb2.pyi", "_pb2_grpc.pyi")
 MAX_LINES = 500
 MAX_METHODS = 25

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
+from taskd.address import LOCAL_PROXY_ADDRESS, LOCAL_PROXY_ENV, local_proxy_enabled
 from taskd.settings import AGENT_SETTINGS, default, setting
 from taskd.vocabulary import Strategy, parse_strategies
 from taskd.worker.env import env_float, env_int
@@ -85,6 +86,8 @@ class AgentConfig:
                 raise ValueError(f"{name}: {exc}") from None
             if value is not None:
                 values[name], where[name] = value, var
+        if "server" in values and local_proxy_enabled(os.environ):  # TaskD's rule: the node's proxy instead
+            values["server"], where["server"] = LOCAL_PROXY_ADDRESS, f"{LOCAL_PROXY_ENV}=on"
         for key, value in overrides.items():
             if value is not None:
                 values[key] = value
