@@ -253,6 +253,9 @@ def _literal_defaults(text: str, where: str, names: dict[str, Setting]) -> list[
                 and node.args[0].value in names and isinstance(node.args[2], ast.Constant) \
                 and node.args[2].value is not None:
             found.append(ast.unparse(node))  # values.parse("max_restarts", _int, 3)
+        if isinstance(node, ast.Call):  # AgentConfig(max_restarts=3), for_agent(stop_grace=5.0)
+            found += [f"{ast.unparse(node.func)}({k.arg}={k.value.value!r})" for k in node.keywords
+                      if k.arg in names and isinstance(k.value, ast.Constant) and k.value.value is not None]
     return found
 
 
@@ -270,9 +273,10 @@ def test_no_default_is_written_outside_the_table() -> None:
 
 def test_the_scan_finds_a_copied_default() -> None:
     text = ("class C:\n    max_restarts: int = 3\n    node_rank: int = 0\n    stop_grace: float = default('x')\n"
-            "def f(stop_grace=5.0, heartbeat_timeout=None):\n    return parse('monitor_interval', float, 1.0)\n")
-    assert _literal_defaults(text, "taskd/x.py", _scanned_names()) == [
-        "C.max_restarts = 3", "f(stop_grace=5.0)", "parse('monitor_interval', float, 1.0)"]
+            "def f(stop_grace=5.0, heartbeat_timeout=None):\n    return parse('monitor_interval', float, 1.0)\n"
+            "g(dump_timeout=30.0, node_rank=0, log_dir=None)\n")
+    assert sorted(_literal_defaults(text, "taskd/x.py", _scanned_names())) == [
+        "C.max_restarts = 3", "f(stop_grace=5.0)", "g(dump_timeout=30.0)", "parse('monitor_interval', float, 1.0)"]
     assert _literal_defaults("class WorkerSpec:\n    max_restarts: int = 0\n", "taskd/launcher/spec.py",
                              _scanned_names()) == []
 
