@@ -123,6 +123,32 @@ def test_every_spelling_of_a_settings_flag_is_registered_as_its_field(s: Setting
         assert actions[flag].dest == s.run and actions[flag].default is None, flag
 
 
+# `taskd run`'s flags that are not settings of the table: torchrun's accepted-with-a-notice flags, the ones that
+# choose what to run, torchrun's aliases of a setting (resolved in run_config/build.py), values with a computed
+# default (master_port) or torchrun's forms (redirects, tee, local_ranks_filter), and the credentials (read in
+# run.py with their TASKD_TOKEN_FILE / TASKD_TLS_* variables, as taskd.client does).
+NOT_SETTINGS = {"standalone", "rdzv_endpoint", "rdzv_id", "rdzv_backend", "rdzv_conf", "master_port", "local_addr",
+                "token_file", "tls_ca", "tls_cert", "tls_key", "module", "no_python", "run_path", "redirects", "tee",
+                "local_ranks_filter", "shutdown_timeout", "start_method", "event_log_handler", "logs_specs",
+                "numa_binding", "signals_to_handle", "duplicate_stdout_filters", "duplicate_stderr_filters",
+                "virtual_local_rank"}
+
+
+def test_every_taskd_run_flag_is_a_setting_of_the_table_or_said_why_not() -> None:
+    dests = {a.dest for a in _run_parser()._actions if a.option_strings} - {"help"}
+    assert dests - NOT_SETTINGS == {s.run for s in RUN_SETTINGS if s.flags}, "a new flag: add its Setting row"
+    assert NOT_SETTINGS <= dests
+
+
+def test_the_launchers_flag_names_are_the_tables() -> None:
+    """WorkerSpec names the `taskd run` flag of a bad field (launcher/spec.py's FLAGS): the same spelling."""
+    from taskd.launcher.spec import FLAGS as SPEC_FLAGS
+
+    shared = {s.run: s for s in RUN_SETTINGS if s.run in SPEC_FLAGS}
+    assert {"max_restarts", "nnodes", "nproc_per_node", "warm_spares", "master_addr"} <= set(shared)
+    assert {name: SPEC_FLAGS[name] for name in shared} == {name: s.flag for name, s in shared.items()}
+
+
 def test_taskd_run_without_flags_gets_the_tables_defaults() -> None:
     config = _run([])
     for s in RUN_SETTINGS:
@@ -227,6 +253,9 @@ def _literal_defaults(text: str, where: str, names: dict[str, Setting]) -> list[
                 and node.args[0].value in names and isinstance(node.args[2], ast.Constant) \
                 and node.args[2].value is not None:
             found.append(ast.unparse(node))  # values.parse("max_restarts", _int, 3)
+        if isinstance(node, ast.Call):  # AgentConfig(max_restarts=3), for_agent(stop_grace=5.0)
+            found += [f"{ast.unparse(node.func)}({k.arg}={k.value.value!r})" for k in node.keywords
+                      if k.arg in names and isinstance(k.value, ast.Constant) and k.value.value is not None]
     return found
 
 
@@ -244,9 +273,10 @@ def test_no_default_is_written_outside_the_table() -> None:
 
 def test_the_scan_finds_a_copied_default() -> None:
     text = ("class C:\n    max_restarts: int = 3\n    node_rank: int = 0\n    stop_grace: float = default('x')\n"
-            "def f(stop_grace=5.0, heartbeat_timeout=None):\n    return parse('monitor_interval', float, 1.0)\n")
-    assert _literal_defaults(text, "taskd/x.py", _scanned_names()) == [
-        "C.max_restarts = 3", "f(stop_grace=5.0)", "parse('monitor_interval', float, 1.0)"]
+            "def f(stop_grace=5.0, heartbeat_timeout=None):\n    return parse('monitor_interval', float, 1.0)\n"
+            "g(dump_timeout=30.0, node_rank=0, log_dir=None)\n")
+    assert sorted(_literal_defaults(text, "taskd/x.py", _scanned_names())) == [
+        "C.max_restarts = 3", "f(stop_grace=5.0)", "g(dump_timeout=30.0)", "parse('monitor_interval', float, 1.0)"]
     assert _literal_defaults("class WorkerSpec:\n    max_restarts: int = 0\n", "taskd/launcher/spec.py",
                              _scanned_names()) == []
 
@@ -270,3 +300,11 @@ def test_a_ranks_client_reads_the_agents_variables() -> None:
             "job-7", "127.0.0.1:1", 2, 4, 8)
     finally:
         manager.stop()
+
+
+def test_a_bound_refuses_nan_as_every_config_does() -> None:
+    """NaN compares false with everything: AgentConfig let TASKD_STOP_GRACE=nan through before the table."""
+    with pytest.raises(ValueError, match=r"stop_grace must be >= 0, not nan"):
+        AgentConfig(stop_grace=float("nan"))
+    with pytest.raises(RunConfigError, match=r"--stop-grace must be >= 0, not nan"):
+        _run(["--stop-grace", "nan"])
