@@ -199,3 +199,15 @@ def test_degraded_mode_starts_at_30s_with_the_default_controller_timeout(box: tu
             client.last.error = ServerUnreachable("127.0.0.1:1", "UNAVAILABLE")  # refused at once, every time
         now = round(now + 0.01, 2)
     assert degraded_at == pytest.approx(100.0 + TIMEOUT) and m.degraded
+
+
+def test_a_report_that_cannot_be_built_settles_at_once(box: tuple[Outbox, Client]) -> None:
+    outbox, client = box
+
+    def bad(_client: object, _report: object) -> None:
+        raise ValueError("unknown strategy 'teleport'")
+
+    outbox.add(Report("strategies", "ReportRecoverStrategy", bad, LocalPolicy(3, TIMEOUT, 30.0).report_retry(0.0)))
+    assert outbox.poll(0.0) == [] and client.calls == []
+    [settled] = outbox.poll(0.0)
+    assert not settled.taken and len(outbox) == 0
