@@ -292,6 +292,54 @@ def test_restarted_rank_keeps_its_old_log_and_taskd_logs_to_log_dir(killed_dummy
     assert own, f"no taskd log file (mentioning the job id) in msrun's --log_dir: {names}"
 
 
+AGENT_API_FALLBACK = "Import task agent"  # msrun's warning when `taskd.api.taskd_agent_api` did not import
+AGENT_API_TAKEN = "start by taskd agent"  # msrun's line when it runs the job through start_taskd_agent()
+PLUGIN_TAKEN = "start by mindx"  # ... and when it runs it through MSRunPlugin.start()
+
+
+@pytest.mark.timeout(180)
+def test_msrun_takes_the_taskd_agent_api_path(killed_dummy):
+    """Issue 18 item 1: MindSpore 2.10 tries `taskd.api.taskd_agent_api` first; it must import, so no
+    fallback line, and the job (rank 1 SIGKILLed, recovered above) ran through start_taskd_agent()."""
+    out = killed_dummy.job.output()
+    assert AGENT_API_FALLBACK not in out, f"msrun fell back from taskd.api\n{killed_dummy.job.logs()}"
+    assert AGENT_API_TAKEN in out and PLUGIN_TAKEN not in out, killed_dummy.job.logs()
+
+
+BLOCK_AGENT_API = """\
+import importlib.abc, sys
+class _NoAgentApi(importlib.abc.MetaPathFinder):  # an older taskd: no taskd.api package
+    def find_spec(self, name, path=None, target=None):
+        if name == "taskd.api" or name.startswith("taskd.api."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+sys.meta_path.insert(0, _NoAgentApi())
+"""
+
+
+@pytest.mark.timeout(180)
+def test_without_taskd_api_msrun_plugin_still_recovers(jobs, msrun_env, tmp_path):
+    """Older MindSpore imports only MSRunPlugin; with `taskd.api` hidden (a sitecustomize), msrun 2.10
+    takes that path too: rank 1 SIGKILLed mid-run, one job-rescheduling, msrun exits 0."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(BLOCK_AGENT_API)
+    msrun_env["PYTHONPATH"] = os.pathsep.join((str(site), msrun_env["PYTHONPATH"]))
+    job = jobs("plugin-path", DUMMY, ["--state-dir", "{dir}/state", "--duration", "5"], msrun_env)
+    state = job.dir / "state"
+    wait_for("both ranks to start", lambda: started(state, 0) and started(state, 1), 90, job)
+    time.sleep(0.5)
+    os.kill(pid_of(started(state, 1)[0]), signal.SIGKILL)
+    rc = job.wait(120)
+    job.assert_plugin_in_control()
+    out = job.output()
+    assert "Import task agent: No module named 'taskd.api'" in out, job.logs()
+    assert PLUGIN_TAKEN in out and AGENT_API_TAKEN not in out, job.logs()
+    assert rc == 0, f"msrun exited {rc}\n{job.logs()}"
+    job.assert_one_job_rescheduling()
+    job.assert_nothing_left()
+
+
 @pytest.mark.timeout(420)
 def test_real_training_rank_sigkilled_is_rescheduled_and_matches_fault_free_run(jobs, msrun_env):
     train = ["--steps", "40", "--ckpt-every", "10", "--ckpt-dir", "{dir}/ckpt", "--out", "{dir}/out"]

@@ -3,17 +3,18 @@ declare and report in their heartbeat files, write the node's control file, and 
 recovery really happened before telling the controller so.
 
 The launcher says whether a job has live recovery (it hosts the store and gives ranks a control
-file: ``details.control_path()``); the agent only reads that, through the duck-typed launcher
-details, so it needs neither torch nor the launcher package. Everything here runs on the agent's
-thread; the supervisor calls :meth:`LiveRanks.poll` every ``POLL`` seconds while live recovery is on.
+file: ``details.control_path()``); the agent only reads that, through the declared launcher
+interface (agent/launcher_api.py), so it needs neither torch nor the launcher package. Everything
+here runs on the agent's thread; the supervisor calls :meth:`LiveRanks.poll` every ``POLL`` seconds
+while live recovery is on.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
 
+from taskd.agent.launcher_api import Launcher
 from taskd.agent.ranks import Rank, RankState, RankTable
 from taskd.vocabulary import FaultRanks, FaultType, Strategy
 from taskd.worker.heartbeat_file import HeartbeatFile, HeartbeatFileError
@@ -43,16 +44,13 @@ class Rebuild:
 class LiveRanks:
     """Declarations, in-place errors and group generations of one node's ranks."""
 
-    def __init__(self, table: RankTable, details: Any) -> None:
+    def __init__(self, table: RankTable, details: Launcher) -> None:
         self.table = table
         self.details = details
-        path = None
-        if details is not None and getattr(details, "live_recovery", False) and hasattr(details, "control_path"):
-            path = details.control_path()
-        self.control_path: str | None = path
+        self.control_path: str | None = details.control_path() if details.live_recovery else None
         # the launcher expects its ranks to declare what they can do in place (taskd run, a .py entrypoint),
         # whether or not it hosts a store for them: recover is then offered only to ranks that declared it
-        self.declarations = bool(details is not None and getattr(details, "rank_declarations", path is not None))
+        self.declarations = bool(details.rank_declarations)
         self.generation = 0  # the newest generation this node has named
         self.rebuild: Rebuild | None = None
         self._files: dict[int, HeartbeatFile] = {}
@@ -68,7 +66,7 @@ class LiveRanks:
     # -- reading the ranks ---------------------------------------------------------------------
     def status(self, rank: Rank) -> RankStatus | None:
         """The rank's heartbeat and live fields, None without a readable file of its current incarnation."""
-        path = self.details.heartbeat_path(rank.local_rank) if hasattr(self.details, "heartbeat_path") else None
+        path = self.details.heartbeat_path(rank.local_rank)
         if not path:
             return None
         hb = self._files.get(rank.local_rank)
@@ -154,8 +152,7 @@ class LiveRanks:
         if strategy in (Strategy.RECOVER, Strategy.RETRY):
             action = "retry" if strategy == Strategy.RETRY else "rejoin"
             write_control(self.control_path, generation, action, timeout=RANK_TIMEOUT)  # type: ignore[arg-type]
-        if hasattr(self.details, "set_generation"):
-            self.details.set_generation(generation)
+        self.details.set_generation(generation)
         wait = min(REJOIN_TIMEOUT, timeout * 0.9) if timeout > 0 else REJOIN_TIMEOUT
         self.rebuild = Rebuild(generation, strategy, dict(faults), started, now + wait, dict(self._steps),
                                report=strategy != Strategy.JOB_RESCHEDULING)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from taskd.agent import round_events as ev
 from taskd.agent.controller_link import ControllerLink
 from taskd.agent.hang_watch import HangWatch
+from taskd.agent.launcher_api import MSRUN
 from taskd.agent.live import LiveRanks
 from taskd.agent.policy import LocalPolicy
 from taskd.agent.rank_control import Adopted, RankControl
@@ -69,7 +70,7 @@ class Recovery:
     def __init__(self, table: RankTable, control: RankControl, link: ControllerLink, policy: LocalPolicy,
                  hang: HangWatch, result: JobResult, hooks: AgentHooks, live: LiveRanks | None = None) -> None:
         self.table = table
-        self.live = live if live is not None else LiveRanks(table, None)
+        self.live = live if live is not None else LiveRanks(table, MSRUN)
         self._resumed_record: RecoveryRecord | None = None  # a live rebuild's, until its ranks resumed
         self.resumption = Resumption(table, lambda rank: hang.heartbeat(rank)[1])  # the other restarts'
         self.control = control
@@ -97,9 +98,7 @@ class Recovery:
         elif isinstance(action, ev.StartRanks):
             return self._start(action.local)
         elif isinstance(action, ev.SetRestartCount):
-            details = self.control.details
-            if details is not None and hasattr(details, "set_restart_count"):
-                details.set_restart_count(action.restarts)
+            self.control.details.set_restart_count(action.restarts)
         elif isinstance(action, ev.Supersede):
             self._supersede(action.restart)
         elif isinstance(action, ev.BeginRebuild):

@@ -11,6 +11,7 @@ from enum import Enum
 from typing import Protocol
 
 from taskd.agent.policy import LocalPolicy
+from taskd.settings import default
 from taskd.vocabulary import FaultRanks
 
 
@@ -52,7 +53,7 @@ class NodeFacts:
 
     node_count: int = 1  # a multi-node job never recovers without its controller
     live: bool = False  # the launcher gives ranks live recovery (a control file)
-    controller_timeout: float = 30.0  # named in the line that says why degraded mode started
+    controller_timeout: float = default("controller_timeout")  # named in the line that says why degraded mode started
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from taskd.agent.controller_link import ControllerLink, LocalController
 from taskd.agent.hang_watch import HangWatch
 from taskd.agent.job_end import await_job_end
 from taskd.agent.join_wait import await_nodes
+from taskd.agent.launcher_api import launcher_of
 from taskd.agent.live import POLL, LiveRanks
 from taskd.agent.msrun_logs import MsrunLogs
 from taskd.agent.policy import LocalPolicy
@@ -58,12 +59,12 @@ class Supervisor:
                  credentials: ClientCredentials | None = None) -> None:
         self.config = config
         self.cb = callbacks
-        self.details = details
+        self.details = details = launcher_of(details)  # msrun's: a null object (agent/launcher_api.py)
         self.controller = controller
         self.result = JobResult()
         self.policy = LocalPolicy(config.max_restarts, config.controller_timeout, config.dump_timeout)
         self.watch = RankWatch()
-        self.logs = MsrunLogs(config.log_dir, enabled=details is None)
+        self.logs = MsrunLogs(config.log_dir, enabled=not details.rank_files)
         self.hang = HangWatch(details, config.heartbeat_timeout, lambda rank: self.logs.worker_log(rank.global_rank))
         self.table = RankTable()  # laid out from MONITOR when the job starts
         self.control = RankControl(config, callbacks, details, self.table, self.watch, self.hang, self.logs)

@@ -12,7 +12,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -253,9 +253,15 @@ class RecoverClient:
         return self._report("ReportRecoverStatus", lambda: self.recover_status_request(
             code, msg, fault_ranks, strategy, isolate_ranks))
 
-    def report_process_fault(self, fault_ranks: dict, detail: str = "") -> int:
-        """Report ranks that died or hung: TaskD's `{global_rank: 0|1|2}` (or `FaultRanks`)."""
-        return self._report("ReportProcessFault", lambda: self.process_fault_request(fault_ranks, detail))
+    def report_process_fault(self, fault_ranks: dict, fault_codes: Mapping | None = None, *,
+                             detail: str = "") -> int:
+        """Report ranks that died or hung: TaskD's `{global_rank: 0|1|2}` (or `FaultRanks`).
+
+        `fault_codes` is TaskD's second argument (MindIO passes `{rank: code}`); `Recover` has no
+        field for it and TaskD drops it, so here it is written into `detail` rather than lost.
+        """
+        return self._report("ReportProcessFault", lambda: self.process_fault_request(
+            fault_ranks, arguments.fault_detail(detail, fault_codes)))
 
     def report_finished(self, exit_code: int, message: str = "", timeout: float | None = None) -> int:
         """Tell the controller every local rank has ended (taskd's own AgentReport service).
@@ -342,16 +348,20 @@ class DLRecoverManager(RecoverClient):
     kept); with other arguments, or after stop(), it is re-initialised in place (handlers cleared,
     like a new object), unless its subscription is still running, which raises RuntimeError. Several
     clients in one process (tests, simulators) use `RecoverClient`; `reset_instance()` forgets the one.
+
+    `instance` is TaskD's class attribute: the object, or None. TaskD's own tests reset it with
+    `DLRecoverManager.instance = None`; the next construction (or module function) then builds a
+    new object, and the old one is left to whoever holds it.
     """
 
-    _instance: DLRecoverManager | None = None
+    instance: DLRecoverManager | None = None
     _instance_lock = threading.RLock()
 
     def __new__(cls, *args: Any, **kwargs: Any) -> DLRecoverManager:
         with DLRecoverManager._instance_lock:
-            if DLRecoverManager._instance is None:
-                DLRecoverManager._instance = super().__new__(cls)
-            return DLRecoverManager._instance
+            if DLRecoverManager.instance is None:
+                DLRecoverManager.instance = super().__new__(cls)
+            return DLRecoverManager.instance
 
     def __init__(self, info: recover_pb2.ClientInfo, server_addr: str, secure_conn: bool = False,
                  cert_path: str = "", *, credentials: ClientCredentials | None = None, **options: Any) -> None:
@@ -372,20 +382,15 @@ class DLRecoverManager(RecoverClient):
                 self._configure(info, server_addr, secure_conn, cert_path, credentials, options)
             except Exception:
                 if previous is None:  # never configured: do not leave a half-built instance behind
-                    DLRecoverManager._instance = None
+                    DLRecoverManager.instance = None
                 raise
             self._key = key
-
-    @classmethod
-    def instance(cls) -> DLRecoverManager | None:
-        """The process's instance, if one was constructed (TaskD's `get_instance(DLRecoverManager)`)."""
-        return DLRecoverManager._instance
 
     @classmethod
     def reset_instance(cls) -> None:
         """Stop and forget the process's instance: the next construction makes a new object (tests)."""
         with DLRecoverManager._instance_lock:
-            current, DLRecoverManager._instance = DLRecoverManager._instance, None
+            current, DLRecoverManager.instance = DLRecoverManager.instance, None
         if current is not None and hasattr(current, "_stopped"):
             current.stop()
 
