@@ -166,9 +166,9 @@ class Outbox:
             decision = report.retry.answered(None, now, str(exc))
             log.warning("%s not sent: %s; again in %.1fs", report.what, decision.why, decision.delay)
             return
-        except ValueError as exc:  # BadArgument: nothing the controller could take; the deadline ends it
+        except ValueError as exc:  # BadArgument: no controller could take it, now or later: it settles at once
             report.call = None
-            report.retry.answered(None, now, str(exc))
+            report.retry.deadline = now
             log.error("%s not sent, invalid arguments: %s", report.what, exc)
             return
         report.retry.sent()

@@ -36,9 +36,10 @@ class RoundMachine(NodeRound):
         return out
 
     @property
-    def in_round(self) -> bool:
-        """A round is open on this node and waits on the controller (its loss during it means degraded mode)."""
-        return self.state in (NodeState.REPORTING, NodeState.STOPPING, NodeState.REBUILDING)
+    def waits_on_controller(self) -> bool:
+        """A round waits on the controller's next signal, which a lost controller never sends (the loss timer
+        runs). A pending fault report has its own deadline instead."""
+        return self.state in (NodeState.STOPPING, NodeState.REBUILDING)
 
 
 __all__ = ["RoundMachine"]

@@ -35,7 +35,6 @@ S = NodeState
 TERMINAL = frozenset({S.FENCED, S.ENDED})
 ANY = frozenset(NodeState) - TERMINAL
 WITH_RANKS = ANY - {S.STANDBY, S.REJOINING}  # states in which this node's ranks have been started
-IN_ROUND = frozenset({S.REPORTING, S.STOPPING, S.RESTARTING, S.REBUILDING})  # a round is open on this node
 
 
 class NodeView(Protocol):
@@ -100,5 +99,5 @@ class NodeRound:
         self.charged = False
 
 
-__all__ = ["ANY", "IN_ROUND", "TERMINAL", "WITH_RANKS", "NodeFacts", "NodeRound", "NodeState", "NodeView",
+__all__ = ["ANY", "TERMINAL", "WITH_RANKS", "NodeFacts", "NodeRound", "NodeState", "NodeView",
            "RestartPlan"]

@@ -38,7 +38,7 @@ from taskd.agent.round_events import (
     StopOrder,
     StrategiesOrder,
 )
-from taskd.agent.round_state import ANY, IN_ROUND, WITH_RANKS, NodeRound, NodeState
+from taskd.agent.round_state import ANY, WITH_RANKS, NodeRound, NodeState
 
 S = NodeState
 
@@ -94,8 +94,9 @@ RULES: tuple[Rule, ...] = (
     Rule(ANY - {S.STANDBY}, ReportSettled, _targets(S.STOPPING, S.RESTARTING, S.ENDED, UNCHANGED),
          h.on_report_settled, "taken: STOPPING (REPORTING only); not taken within the controller timeout: degraded "
          "(RESTARTING), or ENDED for a multi-node job"),
-    Rule(IN_ROUND - {S.RESTARTING}, ControllerLost, _targets(S.RESTARTING, S.ENDED), h.on_controller_lost,
-         "the round waits on a controller gone for the controller timeout: degraded, or ENDED for a multi-node job"),
+    Rule(_states(S.STOPPING, S.REBUILDING), ControllerLost, _targets(S.RESTARTING, S.ENDED), h.on_controller_lost,
+         "the round waits on a controller gone for the controller timeout: degraded, or ENDED for a multi-node job "
+         "(REPORTING has its report's own deadline)"),
     Rule(ORDERED, StopOrder, _targets(S.STOPPING), h.on_stop,
          "this node's fault ranks stopped (a live rank paused in place is kept), stop complete reported"),
     Rule(_states(S.DEGRADED, S.REJOINING), StopOrder, _targets(UNCHANGED), h.on_stop,

@@ -208,7 +208,7 @@ class Supervisor:
     def _watch_controller(self) -> None:
         """A round in progress waits on the controller's next signal: if the controller is gone for
         `controller_timeout`, nothing else would ever end that wait, so recover locally (degraded)."""
-        waiting = not self._done and not self.policy.degraded and self.machine.in_round
+        waiting = not self._done and not self.policy.degraded and self.machine.waits_on_controller
         lost_for = self.link.lost_during_round(time.monotonic(), waiting)
         if lost_for is not None:
             self._feed(ControllerLost(lost_for))

@@ -174,3 +174,40 @@ def test_without_a_client_nothing_is_sent_and_the_deadline_still_ends_it() -> No
     assert outbox.poll(0.0) == []
     [settled] = outbox.poll(TIMEOUT)
     assert not settled.taken
+
+
+def test_degraded_mode_starts_at_30s_with_the_default_controller_timeout(box: tuple[Outbox, Client]) -> None:
+    """The outbox and the round machine together, on one passed-in clock: a fault at t=100 whose report the
+    controller never answers puts a single-node agent in degraded mode at t=130, not before, not later."""
+    from taskd.agent import round_events as ev
+    from taskd.agent.round_machine import RoundMachine
+    from taskd.agent.round_state import NodeFacts, NodeState
+
+    outbox, client = box
+    m = RoundMachine(NodeFacts(node_count=1, controller_timeout=TIMEOUT), view=SimpleNamespace(),
+                     budget=LocalPolicy(3, TIMEOUT, 30.0))
+    [report] = [a for a in m.handle(ev.RankFault(1, 1, "1", "rank 1 exited"), 100.0) if isinstance(a, ev.SendReport)]
+    outbox.add(fault_report(100.0, report.faults))
+    degraded_at = None
+    now = 100.0
+    while degraded_at is None and now < 200.0:
+        for settled in outbox.poll(now):
+            m.handle(ev.ReportSettled(settled.taken), now)
+            if m.state is NodeState.RESTARTING:
+                degraded_at = now
+        if client.calls and not client.last.done():
+            client.last.error = ServerUnreachable("127.0.0.1:1", "UNAVAILABLE")  # refused at once, every time
+        now = round(now + 0.01, 2)
+    assert degraded_at == pytest.approx(100.0 + TIMEOUT) and m.degraded
+
+
+def test_a_report_that_cannot_be_built_settles_at_once(box: tuple[Outbox, Client]) -> None:
+    outbox, client = box
+
+    def bad(_client: object, _report: object) -> None:
+        raise ValueError("unknown strategy 'teleport'")
+
+    outbox.add(Report("strategies", "ReportRecoverStrategy", bad, LocalPolicy(3, TIMEOUT, 30.0).report_retry(0.0)))
+    assert outbox.poll(0.0) == [] and client.calls == []
+    [settled] = outbox.poll(0.0)
+    assert not settled.taken and len(outbox) == 0

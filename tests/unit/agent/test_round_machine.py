@@ -177,7 +177,7 @@ def test_a_multi_node_job_ends_instead_of_degrading() -> None:
     assert finish.reason.endswith("no recovery without the controller for a multi-node job")
 
 
-@pytest.mark.parametrize("state", [S.REPORTING, S.STOPPING, S.REBUILDING])
+@pytest.mark.parametrize("state", [S.STOPPING, S.REBUILDING])
 def test_on_controller_lost_in_a_round_degrades(state: NodeState) -> None:
     covers("on_controller_lost")
     m = machine(state)
