@@ -284,6 +284,7 @@ def test_change_strategy_carries_the_generation_every_node_names():
     assert json.loads(to_message("job", stop).extraParams) == {"reason": "why"}
 
     from taskd.agent.controller_link import Command, Order
+    from taskd.agent.launcher_api import MSRUN
     from taskd.client.signals import parse_signal
 
     def generation(extra_params: str) -> int | None:  # as the agent reads it: a typed field of its Order
@@ -291,7 +292,7 @@ def test_change_strategy_carries_the_generation_every_node_names():
         message.extraParams = extra_params
         return Order.of(Command.CHANGE, parse_signal(message)).generation
 
-    live = LiveRanks(RankTable(), None)
+    live = LiveRanks(RankTable(), MSRUN)
     assert live.next_generation(generation(to_message("job-with-dashes", change).extraParams)) == 7
     assert live.next_generation(generation('{"generation": 3}')) == 8  # generations only grow while the store lives
     assert live.next_generation(generation("")) == 9 and live.next_generation(generation('{"reason": "x"}')) == 10
