@@ -146,7 +146,8 @@ class ControllerLink:
         self._finished_reported = False
         self._status_channel: Any = None
         self.loss = LossTimer(config.controller_timeout)
-        self.outbox = Outbox(lambda: self._mgr, wake)
+        self._closed = False  # after close(), a late RPC completion must not wake a loop (its fd) that is gone
+        self.outbox = Outbox(lambda: self._mgr, self._wake_unless_closed)
         self._settled_faults: list[Settled] = []
 
     @property
@@ -352,8 +353,13 @@ class ControllerLink:
             return None if record is None else ("", record, frozenset())
         return record.state, record.info, frozenset(a.nodeRank for a in record.agents)
 
+    def _wake_unless_closed(self) -> None:
+        if not self._closed:
+            self._wake()
+
     def close(self, exit_code: int, reason: str) -> None:
         """Tell the controller the job ended here (unless done), stop listening, stop the embedded controller."""
+        self._closed = True  # the loop is over: its last reports are flushed by polling, not by wake-ups
         if self._mgr is not None:
             self.report_finished(exit_code, reason)
             self._mgr.stop()
