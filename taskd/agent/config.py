@@ -31,10 +31,11 @@ ENV_NAMES = {
     "monitor_interval": "TASKD_MONITOR_INTERVAL", "stop_grace": "TASKD_STOP_GRACE",
     "controller_timeout": "TASKD_CONTROLLER_TIMEOUT", "heartbeat_timeout": "TASKD_HEARTBEAT_TIMEOUT",
     "log_dir": "TASKD_LOG_DIR", "scheduler_grace": "TASKD_SCHEDULER_GRACE", "join_timeout": "TASKD_JOIN_TIMEOUT",
+    "dump_timeout": "TASKD_DUMP_TIMEOUT",  # msrun's only way to set it (`taskd run --dump-timeout`)
 }
 _INT_VARS = ("node_rank", "node_count", "ranks_per_node", "max_restarts")
 _FLOAT_VARS = ("monitor_interval", "stop_grace", "controller_timeout", "heartbeat_timeout", "scheduler_grace",
-               "join_timeout")
+               "join_timeout", "dump_timeout")
 _TEXT_VARS = ("job_id", "server", "log_dir")
 
 # (field, lowest allowed, whether the lowest is allowed, may be None)
