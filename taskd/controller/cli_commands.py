@@ -83,6 +83,9 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"close a connection without a call for this long (default {d.idle_timeout:g})")
     parser.add_argument("--handshake-timeout", type=float, default=d.handshake_timeout, metavar="SECONDS",
                         help=f"close a connection still without its handshake (default {d.handshake_timeout:g})")
+    parser.add_argument("--auth-timeout", type=float, default=d.auth_timeout, metavar="SECONDS",
+                        help=f"close a connection that carried no call with the token this long after it opened "
+                             f"(default {d.auth_timeout:g}; 0 = never)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 
@@ -109,6 +112,7 @@ def server_config(args: argparse.Namespace):  # noqa: ANN201 - ControllerConfig,
         max_connections_per_peer=args.max_connections_per_peer, max_streams_per_peer=args.max_streams_per_peer,
         calls_per_second_per_peer=args.max_calls_per_second, call_burst_per_peer=args.call_burst,
         limit_loopback=args.limit_loopback, idle_timeout=args.idle_timeout, handshake_timeout=args.handshake_timeout,
+        auth_timeout=args.auth_timeout,
     )
 
 

@@ -21,6 +21,12 @@ log = logging.getLogger(__name__)
 
 MAX_MESSAGE = 4 * 1024 * 1024
 """Largest request the controller accepts, as ClusterD (gRPC's own default)."""
+MAX_STREAMS_PER_CONNECTION = 32
+"""HTTP/2 streams open at once on one connection: an agent uses two (its signal stream and a call), a
+`taskd status` one. It bounds what one connection makes the server buffer before its calls are read."""
+STREAM_WINDOW = 16 * 1024
+"""Bytes a stream may send before the server reads them (gRPC's lookahead; BDP probing, which grows it
+towards megabytes, is off): requests are a few hundred bytes, and a 4 MB one just takes more round trips."""
 MAX_SEND_MESSAGE = 64 * 1024 * 1024
 """Largest answer: one job's status page may be bigger than a request ever is."""
 LISTEN_FORMS = "expected HOST:PORT, [IPV6]:PORT, a bare IPv6 address or a bare HOST (port 0 = any free port)"
@@ -95,6 +101,7 @@ FLAGS = {
     "max_streams_per_peer": "--max-streams-per-peer", "calls_per_second_per_peer": "--max-calls-per-second",
     "call_burst_per_peer": "--call-burst", "limit_loopback": "--limit-loopback", "idle_timeout": "--idle-timeout",
     "handshake_timeout": "--handshake-timeout", "max_connections": "--max-connections",
+    "auth_timeout": "--auth-timeout",
 }
 
 
@@ -148,6 +155,9 @@ class ControllerConfig(MachineConfig):
     limit_loopback: bool = False
     idle_timeout: float = 600.0  # an HTTP/2 connection without a call for this long is closed
     handshake_timeout: float = 10.0  # a TCP connection that has not finished its HTTP/2 (or TLS) handshake
+    # a connection that carried no call with the token this long after it opened is closed (0 = never);
+    # connections without one also go first when a peer is past max_connections_per_peer
+    auth_timeout: float = 5.0
     max_connections: int | None = None  # None: RLIMIT_NOFILE minus a reserve for the state file and logs
 
     def __post_init__(self) -> None:
@@ -172,7 +182,7 @@ class ControllerConfig(MachineConfig):
                      "unregistered_job_timeout"):
             if not _number(getattr(self, name)) or getattr(self, name) <= 0:
                 bad(name, f" must be > 0, got {getattr(self, name)!r}")
-        for name in ("settle_window", "finished_job_retention", "calls_per_second_per_peer"):
+        for name in ("settle_window", "finished_job_retention", "calls_per_second_per_peer", "auth_timeout"):
             if not _number(getattr(self, name)) or getattr(self, name) < 0:
                 bad(name, f" must be >= 0, got {getattr(self, name)!r}")
         for name in ("max_jobs", "subscriber_queue_size", "max_pending_requests", "max_pending_requests_hard_limit",
@@ -238,6 +248,10 @@ class ControllerConfig(MachineConfig):
             ("grpc.server.max_pending_requests_hard_limit", self.max_pending_requests_hard_limit),
             ("grpc.server_max_unrequested_time_in_server", self.max_unrequested_seconds),
             ("grpc.max_receive_message_length", MAX_MESSAGE),
+            # what a connection can make the server buffer before a call is read (RELIABILITY.md, N3)
+            ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
+            ("grpc.http2.bdp_probe", 0),
+            ("grpc.http2.lookahead_bytes", STREAM_WINDOW),
             ("grpc.max_send_message_length", MAX_SEND_MESSAGE),
             # clients ping every few seconds even without calls: allow it instead of GOAWAY(too_many_pings)
             ("grpc.keepalive_permit_without_calls", 1),
@@ -253,6 +267,7 @@ class ControllerConfig(MachineConfig):
             ("grpc.server_handshake_timeout_ms", int(self.handshake_timeout * 1000)),
             ("grpc.max_connection_idle_ms", int(self.idle_timeout * 1000)),
         ]
+
         if max_connections is not None:
             opts.append(("grpc.max_allowed_incoming_connections", max_connections))
         return [*opts, *self.extra_options]
