@@ -5,8 +5,8 @@ the per-IP limits, applied to loopback with --limit-loopback, see them as other 
 
 - slowloris (N3): C connections x S streams to /Recover/Init, each declaring a 4 MB message, sending
   what the windows allow and then one byte per stream every --trickle seconds, with no token;
-- idle (N2): I HTTP/2 connections that send the preface and SETTINGS and never call, against
-  --max-connections B, reconnecting whenever the server closes one.
+- idle (N2): I HTTP/2 connections from one address (--idle-sources) that send the preface and SETTINGS and
+  never call, against --max-connections B (with --reconnect, each comes back at once when closed).
 
 Throughout each, a legitimate client (gRPC, the token, 127.0.0.1) makes one Init per second on a new
 connection; the bench prints the server's RSS (baseline, peak, after the attackers left), how many of
@@ -128,38 +128,45 @@ def slowloris(conns_n: int, streams: int, trickle: float):  # noqa: ANN201
     return attack
 
 
-def idle(count: int):  # noqa: ANN201
+def idle(count: int, sources: int, reconnect: bool):  # noqa: ANN201
     def attack(port: int, conns: list[RawConnection], seconds: float, tick: Any) -> dict[str, Any]:
-        conns += [c for i in range(count) if (c := open_conn(port, i % 8)) is not None]
+        conns += [c for i in range(count) if (c := open_conn(port, i % sources)) is not None]
         end, reopened, closed_seen, refused_at_accept = time.monotonic() + seconds, 0, 0, 0
         while time.monotonic() < end:
             tick()
             pump_all(conns, 1.0)
             for i, c in enumerate(conns):
-                if c.closed:
+                if c.closed and c.sock.fileno() >= 0:
                     closed_seen += 1
-                    n = open_conn(port, i % 8)
+                    c.close()
+                    if not reconnect:
+                        continue
+                    n = open_conn(port, i % sources)
                     if n is None:
                         refused_at_accept += 1
                     else:
                         conns[i] = n
                         reopened += 1
-        return {"idle_connections": count, "closed_by_server": closed_seen, "reconnects": reopened}
+        return {"idle_connections": count, "sources": sources, "reconnecting": reconnect,
+                "closed_by_server": closed_seen, "reconnects": reopened}
     return attack
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="30 x 70 streams, 60 idle connections, 8 s each")
+    p.add_argument("--quick", action="store_true", help="30 x 70 streams, 120 idle connections, 8 s each")
     p.add_argument("--connections", type=int, default=300)
     p.add_argument("--streams", type=int, default=70)
     p.add_argument("--trickle", type=float, default=5.0)
     p.add_argument("--idle", type=int, default=400)
     p.add_argument("--budget", type=int, default=300, help="--max-connections of the idle phase")
+    p.add_argument("--idle-sources", type=int, default=1, help="addresses the idle connections come from")
+    p.add_argument("--reconnect", action="store_true",
+                   help="idle attackers reconnect at once when closed (not bounded: see RELIABILITY.md)")
     p.add_argument("--seconds", type=float, default=30.0)
     args = p.parse_args()
     if args.quick:
-        args.connections, args.idle, args.budget, args.seconds, args.trickle = 30, 60, 40, 8.0, 2.0
+        args.connections, args.idle, args.budget, args.seconds, args.trickle = 30, 120, 100, 8.0, 2.0
     out = header("hostile", args)
     with tempfile.TemporaryDirectory(prefix="taskd-hostile-") as tmp:
         work = Path(tmp)
@@ -167,7 +174,8 @@ def main() -> None:
         (work / "token").chmod(0o600)
         out["phases"] = [
             phase("slowloris", work, [], slowloris(args.connections, args.streams, args.trickle), args.seconds),
-            phase("idle", work, ["--max-connections", str(args.budget)], idle(args.idle), args.seconds),
+            phase("idle", work, ["--max-connections", str(args.budget)],
+                  idle(args.idle, args.idle_sources, args.reconnect), args.seconds),
         ]
     rows = [[r["phase"], f"{r['rss_base_mb']:.0f}", f"{r['rss_peak_mb']:.0f}", f"{r['rss_end_of_attack_mb']:.0f}",
              f"{r['rss_5s_after_mb']:.0f}", f"{r['legit_ok']}/{r['legit_calls']}", r["legit_slowest_s"],

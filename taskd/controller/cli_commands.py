@@ -65,6 +65,9 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                              "or stop every job. For ClusterD-wire clients that send no token, on a trusted network")
     parser.add_argument("--max-node-count", type=int, default=d.max_node_count, metavar="N",
                         help=f"refuse jobs with more nodes (default {d.max_node_count})")
+    parser.add_argument("--max-ranks", type=int, default=d.max_ranks, metavar="N",
+                        help=f"refuse jobs with more ranks, and bound the rank ids and list sizes of a job whose Init "
+                             f"gives no ranksPerNode (ClusterD-wire clients) by it (default {d.max_ranks})")
     parser.add_argument("--max-connections", type=int, default=None, metavar="N",
                         help="connections accepted at once (default: the open-file limit, raised to its hard limit, "
                              "minus a reserve)")
@@ -108,7 +111,8 @@ def server_config(args: argparse.Namespace):  # noqa: ANN201 - ControllerConfig,
         max_jobs=args.max_jobs, finished_job_retention=args.finished_job_retention,
         unregistered_job_timeout=args.unregistered_job_timeout,
         token_file=args.token_file, tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca,
-        insecure=args.insecure, max_node_count=args.max_node_count, max_connections=args.max_connections,
+        insecure=args.insecure, max_node_count=args.max_node_count, max_ranks=args.max_ranks,
+        max_connections=args.max_connections,
         max_connections_per_peer=args.max_connections_per_peer, max_streams_per_peer=args.max_streams_per_peer,
         calls_per_second_per_peer=args.max_calls_per_second, call_burst_per_peer=args.call_burst,
         limit_loopback=args.limit_loopback, idle_timeout=args.idle_timeout, handshake_timeout=args.handshake_timeout,

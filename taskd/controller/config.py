@@ -97,7 +97,8 @@ FLAGS = {
     "finished_job_retention": "--finished-job-retention",
     "unregistered_job_timeout": "--unregistered-job-timeout", "token_file": f"--token-file or {TOKEN_ENV}",
     "tls_cert": "--tls-cert", "tls_key": "--tls-key", "tls_client_ca": "--tls-client-ca", "insecure": "--insecure",
-    "max_node_count": "--max-node-count", "max_connections_per_peer": "--max-connections-per-peer",
+    "max_node_count": "--max-node-count", "max_ranks": "--max-ranks",
+    "max_connections_per_peer": "--max-connections-per-peer",
     "max_streams_per_peer": "--max-streams-per-peer", "calls_per_second_per_peer": "--max-calls-per-second",
     "call_burst_per_peer": "--call-burst", "limit_loopback": "--limit-loopback", "idle_timeout": "--idle-timeout",
     "handshake_timeout": "--handshake-timeout", "max_connections": "--max-connections",
@@ -147,6 +148,9 @@ class ControllerConfig(MachineConfig):
     insecure: bool = False  # serve a non-loopback address without a token (ClusterD-wire clients send none)
     # --- bounds on what callers may ask for
     max_node_count: int = 65536
+    # ranks of one job; what bounds the rank ids and list sizes of a job whose Init gives no ranksPerNode
+    # (ClusterD-wire clients): above the largest jobs run today, small enough that one report stays < 1 MB
+    max_ranks: int = 100_000
     # --- per peer IP (loopback peers are exempt unless limit_loopback: see RELIABILITY.md); 0 = no limit
     max_connections_per_peer: int = 64  # connections with a call in flight
     max_streams_per_peer: int = 256  # open signal streams
@@ -195,6 +199,8 @@ class ControllerConfig(MachineConfig):
                 bad(name, f" must be an integer >= 0, got {getattr(self, name)!r}")
         if not _int(self.max_node_count) or not 1 <= self.max_node_count <= RANK_LIMIT:
             bad("max_node_count", f" must be an integer 1-{RANK_LIMIT}, got {self.max_node_count!r}")
+        if not _int(self.max_ranks) or not 1 <= self.max_ranks <= RANK_LIMIT:
+            bad("max_ranks", f" must be an integer 1-{RANK_LIMIT}, got {self.max_ranks!r}")
         if self.max_connections is not None and (not _int(self.max_connections) or self.max_connections < 1):
             bad("max_connections", f" must be an integer > 0 (or unset), got {self.max_connections!r}")
         if self.calls_per_second_per_peer and _int(self.call_burst_per_peer) and self.call_burst_per_peer < 1:

@@ -110,7 +110,7 @@ class ControllerServer:
             self.core = ControllerCore(cfg.machine_config(), store, hub, max_jobs=cfg.max_jobs,
                                        finished_job_retention=cfg.finished_job_retention)
             self.core.load()
-            add_services(server, self.core, cfg.max_node_count)
+            add_services(server, self.core, cfg.max_node_count, cfg.max_ranks)
         except BaseException:
             await _release(server)
             store.close()
