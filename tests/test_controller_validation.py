@@ -273,3 +273,59 @@ def test_a_live_agent_is_not_replaced_by_another_host_or_pid(disk_env) -> None:
         assert agent.register().code == 0  # the agent itself may re-register
     finally:
         impostor.close()
+
+
+# ------------------------------------------------- ClusterD-wire jobs (no ranksPerNode): --max-ranks bounds them
+
+CLUSTERD_BOUNDS = {
+    "rank at --max-ranks": ("ReportProcessFault", R.ProcessFaultRequest(jobId="cjob", faultRanks=FR({1000: 1})),
+                            402, "rank 1000 is not below this controller's --max-ranks 1000"),
+    "10-digit rank": ("ReportProcessFault", R.ProcessFaultRequest(
+        jobId="cjob", faultRanks=[R.FaultRank(rankId="2147483647", faultType="1")]), 402, "--max-ranks 1000"),
+    "fault list past --max-ranks": ("ReportProcessFault", R.ProcessFaultRequest(
+        jobId="cjob", faultRanks=FR({0: 1}) * 1001), 409, "1001 entries, more than this controller's --max-ranks"),
+    "stop-complete list past --max-ranks": ("ReportStopComplete", R.StopCompleteRequest(
+        jobId="cjob", faultRanks=FR({0: 1}) * 1001), 409, "--max-ranks 1000"),
+    "isolated rank past --max-ranks": ("ReportRecoverStatus", R.RecoverStatusRequest(
+        jobId="cjob", strategy="recover", isolateRankIds=["5000"]), 402, "--max-ranks 1000"),
+    "maxRestarts 2^31-1": ("Init", R.ClientInfo(jobId="cjob", maxRestarts=2**31 - 1), 409,
+                           "maxRestarts 2147483647 is above 10000"),
+    "17 strategies": ("Init", R.ClientInfo(jobId="cjob", strategies=["exit"] * 17), 409, "17 entries (max 16"),
+    "100,000 duplicate strategies": ("ReportRecoverStrategy", R.RecoverStrategyRequest(
+        jobId="cjob", strategies=["recover"] * 100_000), 409, "100000 entries (max 16"),
+    "world past --max-ranks": ("Init", R.ClientInfo(jobId="big", nodeCount=11, ranksPerNode=100), 409,
+                               "1100 ranks is above this controller's limit of 1000 (--max-ranks)"),
+}
+
+
+@pytest.fixture(scope="module")
+def clusterd_env(tmp_path_factory) -> Iterator[tuple[str, Path, ScriptedAgent]]:
+    path = tmp_path_factory.mktemp("state") / "ctl.sqlite3"
+    cfg = ControllerConfig(listen="127.0.0.1:0", state_path=str(path), keepalive_interval=0.5, max_ranks=1000)
+    with EmbeddedController(cfg) as ctl:
+        agent = ScriptedAgent(ctl.address, "cjob", node_rank=0, node_count=1, ranks_per_node=0).join()
+        yield ctl.address, path, agent
+        agent.close()
+
+
+@pytest.mark.parametrize("method,request_,code,words", CLUSTERD_BOUNDS.values(), ids=CLUSTERD_BOUNDS.keys())
+def test_a_job_without_ranks_per_node_is_bounded_by_max_ranks_and_a_refusal_changes_nothing(
+        clusterd_env, method, request_, code, words) -> None:
+    address, path, agent = clusterd_env
+    before_mem, before_disk = agent.list_jobs(), state_dump(path)
+    with grpc.insecure_channel(address) as ch:
+        status = getattr(recover_pb2_grpc.RecoverStub(ch), method)(request_, timeout=CALL_TIMEOUT)
+    assert status.code == code and words in status.info, status
+    assert agent.list_jobs() == before_mem and state_dump(path) == before_disk
+
+
+def test_a_job_without_ranks_per_node_still_recovers_within_the_bound(clusterd_env) -> None:
+    _, _, agent = clusterd_env
+    assert agent.fault({999: 1}).code == 0  # the last rank --max-ranks allows
+    agent.expect("stopTrain")
+
+
+def test_max_ranks_is_checked_where_the_config_is_built() -> None:
+    with pytest.raises(ConfigError) as err:
+        ControllerConfig(max_ranks=0)
+    assert "--max-ranks must be an integer 1-2147483647, got 0 (ControllerConfig.max_ranks)" in str(err.value)

@@ -65,6 +65,9 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                              "or stop every job. For ClusterD-wire clients that send no token, on a trusted network")
     parser.add_argument("--max-node-count", type=int, default=d.max_node_count, metavar="N",
                         help=f"refuse jobs with more nodes (default {d.max_node_count})")
+    parser.add_argument("--max-ranks", type=int, default=d.max_ranks, metavar="N",
+                        help=f"refuse jobs with more ranks, and bound the rank ids and list sizes of a job whose Init "
+                             f"gives no ranksPerNode (ClusterD-wire clients) by it (default {d.max_ranks})")
     parser.add_argument("--max-connections", type=int, default=None, metavar="N",
                         help="connections accepted at once (default: the open-file limit, raised to its hard limit, "
                              "minus a reserve)")
@@ -83,6 +86,9 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"close a connection without a call for this long (default {d.idle_timeout:g})")
     parser.add_argument("--handshake-timeout", type=float, default=d.handshake_timeout, metavar="SECONDS",
                         help=f"close a connection still without its handshake (default {d.handshake_timeout:g})")
+    parser.add_argument("--auth-timeout", type=float, default=d.auth_timeout, metavar="SECONDS",
+                        help=f"close a connection that carried no call with the token this long after it opened "
+                             f"(default {d.auth_timeout:g}; 0 = never)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 

@@ -21,6 +21,12 @@ log = logging.getLogger(__name__)
 
 MAX_MESSAGE = 4 * 1024 * 1024
 """Largest request the controller accepts, as ClusterD (gRPC's own default)."""
+MAX_STREAMS_PER_CONNECTION = 32
+"""HTTP/2 streams open at once on one connection: an agent uses two (its signal stream and a call), a
+`taskd status` one. It bounds what one connection makes the server buffer before its calls are read."""
+STREAM_WINDOW = 16 * 1024
+"""Bytes a stream may send before the server reads them (gRPC's lookahead; BDP probing, which grows it
+towards megabytes, is off): requests are a few hundred bytes, and a 4 MB one just takes more round trips."""
 MAX_SEND_MESSAGE = 64 * 1024 * 1024
 """Largest answer: one job's status page may be bigger than a request ever is."""
 LISTEN_FORMS = "expected HOST:PORT, [IPV6]:PORT, a bare IPv6 address or a bare HOST (port 0 = any free port)"
@@ -91,10 +97,12 @@ FLAGS = {
     "finished_job_retention": "--finished-job-retention",
     "unregistered_job_timeout": "--unregistered-job-timeout", "token_file": f"--token-file or {TOKEN_ENV}",
     "tls_cert": "--tls-cert", "tls_key": "--tls-key", "tls_client_ca": "--tls-client-ca", "insecure": "--insecure",
-    "max_node_count": "--max-node-count", "max_connections_per_peer": "--max-connections-per-peer",
+    "max_node_count": "--max-node-count", "max_ranks": "--max-ranks",
+    "max_connections_per_peer": "--max-connections-per-peer",
     "max_streams_per_peer": "--max-streams-per-peer", "calls_per_second_per_peer": "--max-calls-per-second",
     "call_burst_per_peer": "--call-burst", "limit_loopback": "--limit-loopback", "idle_timeout": "--idle-timeout",
     "handshake_timeout": "--handshake-timeout", "max_connections": "--max-connections",
+    "auth_timeout": "--auth-timeout",
 }
 
 
@@ -140,6 +148,9 @@ class ControllerConfig(MachineConfig):
     insecure: bool = False  # serve a non-loopback address without a token (ClusterD-wire clients send none)
     # --- bounds on what callers may ask for
     max_node_count: int = 65536
+    # ranks of one job; what bounds the rank ids and list sizes of a job whose Init gives no ranksPerNode
+    # (ClusterD-wire clients): above the largest jobs run today, small enough that one report stays < 1 MB
+    max_ranks: int = 100_000
     # --- per peer IP (loopback peers are exempt unless limit_loopback: see RELIABILITY.md); 0 = no limit
     max_connections_per_peer: int = 64  # connections with a call in flight
     max_streams_per_peer: int = 256  # open signal streams
@@ -148,6 +159,9 @@ class ControllerConfig(MachineConfig):
     limit_loopback: bool = False
     idle_timeout: float = 600.0  # an HTTP/2 connection without a call for this long is closed
     handshake_timeout: float = 10.0  # a TCP connection that has not finished its HTTP/2 (or TLS) handshake
+    # a connection that carried no call with the token this long after it opened is closed (0 = never);
+    # connections without one also go first when a peer is past max_connections_per_peer
+    auth_timeout: float = 5.0
     max_connections: int | None = None  # None: RLIMIT_NOFILE minus a reserve for the state file and logs
 
     def __post_init__(self) -> None:
@@ -172,7 +186,7 @@ class ControllerConfig(MachineConfig):
                      "unregistered_job_timeout"):
             if not _number(getattr(self, name)) or getattr(self, name) <= 0:
                 bad(name, f" must be > 0, got {getattr(self, name)!r}")
-        for name in ("settle_window", "finished_job_retention", "calls_per_second_per_peer"):
+        for name in ("settle_window", "finished_job_retention", "calls_per_second_per_peer", "auth_timeout"):
             if not _number(getattr(self, name)) or getattr(self, name) < 0:
                 bad(name, f" must be >= 0, got {getattr(self, name)!r}")
         for name in ("max_jobs", "subscriber_queue_size", "max_pending_requests", "max_pending_requests_hard_limit",
@@ -185,6 +199,8 @@ class ControllerConfig(MachineConfig):
                 bad(name, f" must be an integer >= 0, got {getattr(self, name)!r}")
         if not _int(self.max_node_count) or not 1 <= self.max_node_count <= RANK_LIMIT:
             bad("max_node_count", f" must be an integer 1-{RANK_LIMIT}, got {self.max_node_count!r}")
+        if not _int(self.max_ranks) or not 1 <= self.max_ranks <= RANK_LIMIT:
+            bad("max_ranks", f" must be an integer 1-{RANK_LIMIT}, got {self.max_ranks!r}")
         if self.max_connections is not None and (not _int(self.max_connections) or self.max_connections < 1):
             bad("max_connections", f" must be an integer > 0 (or unset), got {self.max_connections!r}")
         if self.calls_per_second_per_peer and _int(self.call_burst_per_peer) and self.call_burst_per_peer < 1:
@@ -238,6 +254,10 @@ class ControllerConfig(MachineConfig):
             ("grpc.server.max_pending_requests_hard_limit", self.max_pending_requests_hard_limit),
             ("grpc.server_max_unrequested_time_in_server", self.max_unrequested_seconds),
             ("grpc.max_receive_message_length", MAX_MESSAGE),
+            # what a connection can make the server buffer before a call is read (RELIABILITY.md, N3)
+            ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
+            ("grpc.http2.bdp_probe", 0),
+            ("grpc.http2.lookahead_bytes", STREAM_WINDOW),
             ("grpc.max_send_message_length", MAX_SEND_MESSAGE),
             # clients ping every few seconds even without calls: allow it instead of GOAWAY(too_many_pings)
             ("grpc.keepalive_permit_without_calls", 1),
@@ -253,6 +273,7 @@ class ControllerConfig(MachineConfig):
             ("grpc.server_handshake_timeout_ms", int(self.handshake_timeout * 1000)),
             ("grpc.max_connection_idle_ms", int(self.idle_timeout * 1000)),
         ]
+
         if max_connections is not None:
             opts.append(("grpc.max_allowed_incoming_connections", max_connections))
         return [*opts, *self.extra_options]

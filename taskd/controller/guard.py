@@ -1,9 +1,11 @@
-"""The server interceptor every call of every service passes: limits, token, decodable request.
+"""The server interceptor every call of every service passes: token, limits, decodable request.
 
-In that order, before the servicer sees anything: a flood is refused before the token is even
-compared, and an unauthenticated caller learns nothing about what it sent. A request that does
-not decode gets INVALID_ARGUMENT (gRPC would answer UNKNOWN after logging a traceback) and one
-rate-limited log line.
+The token is checked on the call's metadata, before its body is read: an unauthenticated call is
+answered by a handler that never reads its request (gRPC reads a unary request whole before the
+servicer runs, so a caller without the token could otherwise make the server buffer 4 MB per call,
+RELIABILITY.md "N3"). It still counts against its peer's call rate. An authenticated call then
+passes the per-peer limits; a request that does not decode gets INVALID_ARGUMENT (gRPC would answer
+UNKNOWN after logging a traceback) and one rate-limited log line.
 """
 
 from __future__ import annotations
@@ -72,10 +74,13 @@ def _safe(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any]
 class Guard(aio.ServerInterceptor):
     """Wraps each method's handler once (cached by method name); the checks run per call."""
 
-    def __init__(self, token: str | None, limits: PeerLimits | None) -> None:
+    def __init__(self, token: str | None, limits: PeerLimits | None,
+                 on_authenticated: Callable[[str], None] | None = None) -> None:
         self._token = token.encode() if token is not None else None
         self._limits = limits
         self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
+        self._refusals: dict[tuple[str, bool], grpc.RpcMethodHandler] = {}
+        self._on_authenticated = on_authenticated
         self.note = RateLimitedLog(log)
 
     async def intercept_service(
@@ -83,6 +88,8 @@ class Guard(aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         method = handler_call_details.method
+        if self._token is not None and (why := token_refusal(handler_call_details.invocation_metadata, self._token)):
+            return self._refusal(method, why, method.endswith("/SubscribeProcessManageSignal"))
         wrapped = self._wrapped.get(method)
         if wrapped is not None:
             return wrapped
@@ -92,6 +99,39 @@ class Guard(aio.ServerInterceptor):
         wrapped = self._wrap(method, handler)
         self._wrapped[method] = wrapped
         return wrapped
+
+    def _refusal(self, method: str, why: str, streaming: bool) -> grpc.RpcMethodHandler:
+        """A request-streaming handler: gRPC hands it the call without reading the request, so the
+        refusal costs the headers only, and whatever body arrives is dropped with the stream."""
+        key = (why, streaming)
+        handler = self._refusals.get(key)
+        if handler is not None:
+            return handler
+        limits, note = self._limits, self.note
+
+        async def refuse(requests: Any, context: aio.ServicerContext) -> Any:
+            peer = context.peer()
+            if limits is not None:
+                over, release = limits.admit(peer, False)  # an unauthenticated flood spends the peer's calls too
+                if release is not None:
+                    release()
+                if over:
+                    note("limit", "refused %s from %s: %s", method, peer, over)
+                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{Code.RATE_LIMITED}: {over}")
+            note("auth", "refused %s from %s: %s", method, peer_ip(peer), why.split(":")[0])
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
+
+        if streaming:
+            async def refuse_stream(requests: Any, context: aio.ServicerContext) -> AsyncIterator[Any]:
+                await refuse(requests, context)
+                yield b""  # never reached: abort raised
+
+            handler = grpc.stream_stream_rpc_method_handler(refuse_stream)
+        else:
+            handler = grpc.stream_unary_rpc_method_handler(refuse)
+        if len(self._refusals) < 64:  # a handful of distinct reasons; never one per caller
+            self._refusals[key] = handler
+        return handler
 
     def _wrap(self, method: str, handler: Any) -> Any:
         gate = self._gate
@@ -129,10 +169,9 @@ class Guard(aio.ServerInterceptor):
             if why:
                 self.note("limit", "refused %s from %s: %s", method, peer, why)
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{Code.RATE_LIMITED}: {why}")
+        if self._on_authenticated is not None:
+            self._on_authenticated(context.peer())
         try:
-            if self._token is not None and (why := token_refusal(context.invocation_metadata(), self._token)):
-                self.note("auth", "refused %s from %s: %s", method, peer_ip(context.peer()), why.split(":")[0])
-                await context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
             if isinstance(request, Undecodable):
                 self.note("decode", "refused %s from %s: %d bytes that do not decode (%s)", method,
                           peer_ip(context.peer()), request.size, request.error)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import logging
 import secrets
@@ -28,8 +29,9 @@ from taskd.controller.config import (
     is_loopback,
     parse_listen,
 )
+from taskd.controller.connections import ConnectionWatch, WatchConfig
 from taskd.controller.core import ControllerCore
-from taskd.controller.guard import Guard
+from taskd.controller.guard import Guard, RateLimitedLog
 from taskd.controller.hub import SignalHub
 from taskd.controller.limits import PeerLimitConfig, PeerLimits, connection_budget, raise_nofile
 from taskd.controller.service import add_services
@@ -53,6 +55,7 @@ class ControllerServer:
         self._tasks: list[asyncio.Task[None]] = []
         self._port = 0
         self._stopped: asyncio.Event | None = None
+        self.watch: ConnectionWatch | None = None
 
     @property
     def port(self) -> int:
@@ -81,7 +84,13 @@ class ControllerServer:
             calls_per_second=cfg.calls_per_second_per_peer, burst=cfg.call_burst_per_peer,
             limit_loopback=cfg.limit_loopback))
         budget = cfg.max_connections or max_connections or connection_budget()
-        server = grpc.aio.server(options=cfg.grpc_options(budget), interceptors=[Guard(token, limits)])
+        watch = ConnectionWatch(WatchConfig(port=0, auth_timeout=cfg.auth_timeout,
+                                            max_per_peer=cfg.max_connections_per_peer,
+                                            soft_budget=max(1, budget * 9 // 10), budget=budget,
+                                            limit_loopback=cfg.limit_loopback),
+                                note=RateLimitedLog(logging.getLogger("taskd.controller.connections")))
+        server = grpc.aio.server(options=cfg.grpc_options(budget),
+                                 interceptors=[Guard(token, limits, on_authenticated=watch.authenticated)])
         try:
             bound = (server.add_secure_port(listen, credentials) if credentials is not None
                      else server.add_insecure_port(listen))
@@ -101,7 +110,7 @@ class ControllerServer:
             self.core = ControllerCore(cfg.machine_config(), store, hub, max_jobs=cfg.max_jobs,
                                        finished_job_retention=cfg.finished_job_retention)
             self.core.load()
-            add_services(server, self.core, cfg.max_node_count)
+            add_services(server, self.core, cfg.max_node_count, cfg.max_ranks)
         except BaseException:
             await _release(server)
             store.close()
@@ -114,7 +123,10 @@ class ControllerServer:
             raise
         self._port = bound
         self._server = server
+        watch.config = dataclasses.replace(watch.config, port=bound)
+        self.watch = watch
         self._tasks = [
+            asyncio.create_task(watch.run(), name="taskd-connections"),
             asyncio.create_task(self.core.run_timer(), name="taskd-deadlines"),
             asyncio.create_task(hub.run_keepalive(cfg.keepalive_interval), name="taskd-keepalive"),
             asyncio.create_task(self.core.run_eviction(), name="taskd-eviction"),

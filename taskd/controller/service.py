@@ -45,12 +45,13 @@ def _answer(out: Outcome, method: str, job_id: str) -> Status:
 
 
 class RecoverService(recover_pb2_grpc.RecoverServicer):
-    def __init__(self, core: ControllerCore, max_node_count: int = 65536) -> None:
+    def __init__(self, core: ControllerCore, max_node_count: int = 65536, max_ranks: int = v.RANK_LIMIT) -> None:
         self.core = core
         self.max_node_count = max_node_count
+        self.max_ranks = max_ranks
 
     def _check_client(self, request: recover_pb2.ClientInfo) -> str:
-        return v.check_client(request, self.max_node_count)
+        return v.check_client(request, self.max_node_count, self.max_ranks)
 
     def _ranks(self, job_id: str, name: str, ranks: list[int], node_rank: int | None = None) -> Status | None:
         """A refusal for ranks the job does not have (checked before the core sees the request), else None."""
@@ -60,7 +61,8 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
         node = None
         if node_rank is not None and (agent := job.agents.get(node_rank)) is not None:
             node = (node_rank, agent.ranks_per_node or job.ranks_per_node)
-        code, why = v.rank_refusal(ranks, name, v.world_size(job.node_count, job.ranks_per_node), node)
+        code, why = v.rank_refusal(ranks, name, v.world_size(job.node_count, job.ranks_per_node), node,
+                                   max_ranks=self.max_ranks)
         if code:
             log.info("job %s: refused ranks from node %d: %s", job_id, node_rank if node_rank is not None else -1, why)
             return Status(code=code, info=why)
@@ -72,7 +74,7 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
         ev = JobInit(
             node_count=request.nodeCount, ranks_per_node=request.ranksPerNode,
             max_restarts=request.maxRestarts if request.HasField("maxRestarts") else None,
-            strategies=tuple(request.strategies), node_rank=request.nodeRank, host=request.host, pid=request.pid,
+            strategies=v.unique(request.strategies), node_rank=request.nodeRank, host=request.host, pid=request.pid,
         )
         return _answer(self.core.init_job(request.jobId, ev), "Init", request.jobId)
 
@@ -149,7 +151,7 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
         faults = v.faults_dict(request.faultRanks)
         if refused := self._ranks(request.jobId, "faultRanks", v.rank_list(request.faultRanks)):
             return refused
-        ev = StrategiesReported(node_rank=request.nodeRank, strategies=tuple(request.strategies), faults=faults,
+        ev = StrategiesReported(node_rank=request.nodeRank, strategies=v.unique(request.strategies), faults=faults,
                                 host=request.host, pid=request.pid)
         return _answer(self.core.dispatch(request.jobId, ev), "ReportRecoverStrategy", request.jobId)
 
@@ -261,7 +263,8 @@ def recover_handler(svc: RecoverService) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler("Recover", handlers)
 
 
-def add_services(server: grpc.aio.Server, core: ControllerCore, max_node_count: int = 65536) -> None:
-    server.add_generic_rpc_handlers((recover_handler(RecoverService(core, max_node_count)),))
+def add_services(server: grpc.aio.Server, core: ControllerCore, max_node_count: int = 65536,
+                 max_ranks: int = v.RANK_LIMIT) -> None:
+    server.add_generic_rpc_handlers((recover_handler(RecoverService(core, max_node_count, max_ranks)),))
     taskd_pb2_grpc.add_AgentReportServicer_to_server(AgentReportService(core), server)
     taskd_pb2_grpc.add_JobStatusServicer_to_server(JobStatusService(core), server)

@@ -17,6 +17,11 @@ MAX_LIST = 100_000
 MAX_STRING = 4096
 MAX_JOB_ID_BYTES = 256
 MAX_RANKS_PER_NODE = 65536
+MAX_RESTART_BUDGET = 10_000
+"""The largest `maxRestarts` a job may ask for: a restart costs seconds at least, so 10,000 outlasts any
+real run, while 2^31-1 is an unbounded budget dressed as a number."""
+MAX_STRATEGY_NAMES = 16
+"""Entries in a strategy list: there are five strategies; a few repeats are tolerated (and dropped)."""
 _UNPRINTABLE = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 """Control, format (bidi overrides, zero-width), surrogate, private-use, unassigned, line/paragraph separators."""
 
@@ -82,27 +87,35 @@ def check_faults(faults: Sequence[recover_pb2.FaultRank], name: str = "faultRank
 
 
 def check_strategies(names: Sequence[str], field: str = "strategies") -> str:
-    if why := _list(field, names):
-        return why
+    if len(names) > MAX_STRATEGY_NAMES:
+        return (f"{field} has {len(names)} entries (max {MAX_STRATEGY_NAMES}; there are {len(Strategy.ORDER)} "
+                f"strategies: {', '.join(Strategy.ORDER)})")
     for i, s in enumerate(names):
         if s not in Strategy.ORDER:
             return f"{field}[{i}] {s[:64]!r} is not a known strategy ({', '.join(Strategy.ORDER)})"
     return ""
 
 
-def check_client(info: recover_pb2.ClientInfo, max_node_count: int = 65536) -> str:
+def unique(names: Iterable[str]) -> tuple[str, ...]:
+    """A validated strategy list without its repeats, first occurrence kept (the order is the preference)."""
+    return tuple(dict.fromkeys(names))
+
+
+def check_client(info: recover_pb2.ClientInfo, max_node_count: int = 65536, max_ranks: int = RANK_LIMIT) -> str:
     return (
         check_job_id(info.jobId)
         or _strings([("role", info.role), ("host", info.host)])
         or _non_negative([("nodeRank", info.nodeRank), ("nodeCount", info.nodeCount),
                           ("ranksPerNode", info.ranksPerNode), ("pid", info.pid)]
                          + ([("maxRestarts", info.maxRestarts)] if info.HasField("maxRestarts") else []))
-        or _sizes(info, max_node_count)
+        or _sizes(info, max_node_count, max_ranks)
         or check_strategies(info.strategies)
     )
 
 
-def _sizes(info: recover_pb2.ClientInfo, max_node_count: int) -> str:
+def _sizes(info: recover_pb2.ClientInfo, max_node_count: int, max_ranks: int = RANK_LIMIT) -> str:
+    if info.HasField("maxRestarts") and info.maxRestarts > MAX_RESTART_BUDGET:
+        return f"maxRestarts {info.maxRestarts} is above {MAX_RESTART_BUDGET}"
     if info.nodeCount > max_node_count:
         return f"nodeCount {info.nodeCount} is above this controller's limit of {max_node_count} (--max-node-count)"
     if info.nodeRank >= max_node_count:
@@ -111,6 +124,9 @@ def _sizes(info: recover_pb2.ClientInfo, max_node_count: int) -> str:
         return f"ranksPerNode {info.ranksPerNode} is above {MAX_RANKS_PER_NODE}"
     if max(info.nodeCount, 1) * info.ranksPerNode > RANK_LIMIT:
         return f"nodeCount * ranksPerNode = {info.nodeCount * info.ranksPerNode} ranks does not fit 32-bit rank ids"
+    if max(info.nodeCount, 1) * info.ranksPerNode > max_ranks:
+        return (f"nodeCount * ranksPerNode = {max(info.nodeCount, 1) * info.ranksPerNode} ranks is above this "
+                f"controller's limit of {max_ranks} (--max-ranks)")
     return ""
 
 
@@ -155,10 +171,19 @@ def world_size(node_count: int, ranks_per_node: int) -> int | None:
     return max(node_count, 1) * ranks_per_node if ranks_per_node > 0 else None
 
 
-def rank_refusal(ranks: Sequence[int], name: str, world: int | None, node: tuple[int, int] | None = None
-                 ) -> tuple[int, str]:
+def rank_refusal(ranks: Sequence[int], name: str, world: int | None, node: tuple[int, int] | None = None,
+                 max_ranks: int | None = None) -> tuple[int, str]:
     """(0, "") or (code, why) for ranks a job does not have: more entries than its world size (409), a rank
-    outside the job (402) or, for `node` = (node rank, its ranks per node), outside that node's ranks (402)."""
+    outside the job (402) or, for `node` = (node rank, its ranks per node), outside that node's ranks (402).
+    A job whose size is unknown (no ranksPerNode) is held to `max_ranks` (--max-ranks) instead."""
+    if world is None and max_ranks is not None:
+        if len(ranks) > max_ranks:
+            return 409, (f"{name} has {len(ranks)} entries, more than this controller's --max-ranks {max_ranks} "
+                         "(the job's Init gave no ranksPerNode, so that is its bound)")
+        for i, r in enumerate(ranks):
+            if r >= max_ranks:
+                return 402, (f"{name}[{i}] = rank {r} is not below this controller's --max-ranks {max_ranks} "
+                             "(the job's Init gave no ranksPerNode, so that is its bound)")
     if world is not None and len(ranks) > world:
         return 409, f"{name} has {len(ranks)} entries, more than the job's {world} ranks"
     for i, r in enumerate(ranks):

@@ -83,8 +83,9 @@ def test_docs_pytorch_names_the_tables_defaults() -> None:
 
 
 def test_every_taskd_variable_the_docs_name_exists() -> None:
-    """A variable renamed or removed in taskd/ must not live on in the docs."""
-    source = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "taskd").rglob("*.py"))
+    """A variable renamed or removed in taskd/ (or in the CI scripts the docs describe) must not live on in the docs."""
+    files = [*(ROOT / "taskd").rglob("*.py"), *(ROOT / ".ci").glob("*.sh")]
+    source = "\n".join(p.read_text(encoding="utf-8") for p in files)
     known = set(re.findall(r"\b(?:TASKD|MINDX)_[A-Z0-9_]*[A-Z0-9]\b", source))
     for doc in DOCS:
         named = set(re.findall(r"\b(?:TASKD|MINDX)_[A-Z0-9_]*[A-Z0-9]\b", doc.read_text(encoding="utf-8")))

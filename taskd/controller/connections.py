@@ -1,0 +1,238 @@
+"""Connections that never authenticate: counted per client IP, idle ones included, and closed.
+
+gRPC Python shows a server nothing of a connection until it carries a call, and has no per-IP
+connection limit: a peer could open `--max-connections` HTTP/2 connections that never call and lock
+every new client out until the idle timeout (RELIABILITY.md, "N2"). So the kernel's socket table is
+read instead (`/proc/net/tcp` and `tcp6`, the established connections to the listening port), every
+`interval` seconds. The guard tells which connections carried an authenticated call; one that did
+not is closed (`shutdown(2)` on a duplicate of gRPC's descriptor, found in `/proc/self/fd`) when
+
+- it is older than `auth_timeout` (a legitimate client calls within milliseconds of connecting);
+- its IP holds more than `max_per_peer` connections (idle ones count), the oldest unauthenticated first;
+- all connections together pass `soft_budget`, oldest unauthenticated first, so new clients find room.
+
+A connection that authenticated once is never closed here (the idle timeout and keepalive handle
+those). Each closing is logged, rate-limited, with the limit that was hit. Linux only (as the
+launcher is): elsewhere the watch does nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+ESTABLISHED = "01"
+
+
+@dataclass(frozen=True)
+class WatchConfig:
+    port: int
+    auth_timeout: float = 5.0  # 0 = never close for that
+    max_per_peer: int = 64  # 0 = no per-IP bound
+    soft_budget: int = 0  # 0 = no global bound
+    budget: int = 0  # gRPC's own cap (grpc.max_allowed_incoming_connections): at it, new connections are refused
+    limit_loopback: bool = False  # loopback peers count against max_per_peer (auth_timeout applies to all)
+    interval: float = 1.0
+
+
+@dataclass
+class _Conn:
+    inode: int
+    ip: str
+    port: int
+    seen: float  # first seen by a scan
+    authenticated: bool = False
+
+
+def _hex_ip(text: str) -> str:
+    raw = bytes.fromhex(text)
+    # the kernel prints each 32-bit word in host (little-endian) order
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    addr = ipaddress.ip_address(words)
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return str(addr)
+
+
+def normal_ip(ip: str) -> str:
+    """`::ffff:1.2.3.4` -> `1.2.3.4`; other addresses unchanged (what `context.peer()` and the table agree on)."""
+    try:
+        addr = ipaddress.ip_address(ip.split("%", 1)[0])
+    except ValueError:
+        return ip
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return str(addr.ipv4_mapped)
+    return str(addr)
+
+
+def established(port: int, tables: tuple[str, ...] = ("/proc/net/tcp", "/proc/net/tcp6")) -> dict[int, tuple[str, int]]:
+    """{socket inode: (client ip, client port)} of the established connections whose local port is `port`."""
+    suffix = f":{port:04X}"
+    out: dict[int, tuple[str, int]] = {}
+    for table in tables:
+        try:
+            with open(table) as fh:
+                next(fh, None)
+                for line in fh:
+                    parts = line.split()
+                    if len(parts) < 10 or not parts[1].endswith(suffix) or parts[3] != ESTABLISHED:
+                        continue
+                    rip, _, rport = parts[2].partition(":")
+                    out[int(parts[9])] = (_hex_ip(rip), int(rport, 16))
+        except OSError:
+            continue
+    return out
+
+
+def close_sockets(inodes: set[int]) -> int:
+    """shutdown(2) this process's sockets with these inodes; gRPC then sees the end and frees its side."""
+    done = 0
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return 0
+    for name in names:
+        if not inodes:
+            break
+        try:
+            link = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if not link.startswith("socket:["):
+            continue
+        inode = int(link[8:-1])
+        if inode not in inodes:
+            continue
+        try:
+            dup = os.dup(int(name))
+        except OSError:
+            continue
+        try:
+            if os.fstat(dup).st_ino != inode:  # the descriptor was closed and reused meanwhile
+                continue
+            sock = socket.socket(fileno=dup)
+            dup = -1
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+                done += 1
+                inodes.discard(inode)
+            except OSError:
+                pass
+            finally:
+                sock.close()
+        finally:
+            if dup >= 0:
+                os.close(dup)
+    return done
+
+
+def _loopback(ip: str) -> bool:
+    try:
+        return ipaddress.ip_address(ip).is_loopback
+    except ValueError:
+        return False
+
+
+class ConnectionWatch:
+    """`authenticated(peer)` from the guard; `scan()` every interval (run() on the server's loop)."""
+
+    def __init__(self, config: WatchConfig, note: Callable[..., object] | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 table: Callable[[int], dict[int, tuple[str, int]]] = established,
+                 closer: Callable[[set[int]], int] = close_sockets) -> None:
+        self.config = config
+        self.clock = clock
+        self._table = table
+        self._closer = closer
+        self._note = note or (lambda kind, msg, *args: log.warning(msg, *args))
+        self._conns: dict[int, _Conn] = {}
+        self._proven: set[tuple[str, int]] = set()  # (ip, port) of calls that passed the token since the last scan
+        self.closed_total = 0
+
+    def authenticated(self, peer: str) -> None:
+        """A call from `peer` (`ipv4:1.2.3.4:5678`) passed the token check: its connection is a client's."""
+        kind, _, rest = peer.partition(":")
+        if kind not in ("ipv4", "ipv6"):
+            return
+        host, _, port = rest.rpartition(":")
+        try:
+            self._proven.add((normal_ip(host.strip("[]")), int(port)))
+        except ValueError:
+            pass
+
+    def open_connections(self, ip: str) -> int:
+        """Connections of `ip` at the last scan, authenticated or not."""
+        ip = normal_ip(ip)
+        return sum(1 for c in self._conns.values() if c.ip == ip)
+
+    def scan(self) -> int:
+        """Read the table, mark the proven connections, close what must go; returns how many were closed."""
+        cfg, now = self.config, self.clock()
+        current = self._table(cfg.port)
+        conns: dict[int, _Conn] = {}
+        for inode, (ip, port) in current.items():
+            c = self._conns.get(inode) or _Conn(inode, ip, port, now)
+            if (ip, port) in self._proven:
+                c.authenticated = True
+            conns[inode] = c
+        self._conns = conns
+        self._proven.clear()
+        doomed: dict[int, str] = {}
+        suspects = sorted((c for c in conns.values() if not c.authenticated), key=lambda c: c.seen)
+        if cfg.auth_timeout:
+            for c in suspects:
+                if now - c.seen >= cfg.auth_timeout:
+                    doomed[c.inode] = (f"no authenticated call within {cfg.auth_timeout:g}s of connecting "
+                                       "(--auth-timeout)")
+        if cfg.max_per_peer:
+            per_ip: dict[str, int] = {}
+            for c in conns.values():
+                if c.inode not in doomed:
+                    per_ip[c.ip] = per_ip.get(c.ip, 0) + 1
+            for c in suspects:
+                n = per_ip.get(c.ip, 0)
+                if c.inode in doomed or n <= cfg.max_per_peer or (_loopback(c.ip) and not cfg.limit_loopback):
+                    continue
+                doomed[c.inode] = (f"{c.ip} has {n} open connections (limit {cfg.max_per_peer}, "
+                                   "--max-connections-per-peer; connections without an authenticated call go first)")
+                per_ip[c.ip] = n - 1
+        if cfg.soft_budget:
+            left = len(conns) - len(doomed)
+            for c in suspects:
+                if left <= cfg.soft_budget:
+                    break
+                if c.inode not in doomed:
+                    doomed[c.inode] = (f"{left} connections are open, above {cfg.soft_budget} (90% of "
+                                       "--max-connections): those without an authenticated call are closed first")
+                    left -= 1
+        if cfg.budget and len(conns) >= cfg.budget:
+            self._note("conn:budget", "%d connections open, at the budget of %d (--max-connections): gRPC closes new "
+                       "ones as they arrive", len(conns), cfg.budget)
+        if not doomed:
+            return 0
+        closed = self._closer(set(doomed))
+        self.closed_total += closed
+        by_reason: dict[tuple[str, str], int] = {}
+        for inode, why in doomed.items():
+            c = conns.pop(inode)
+            by_reason[(c.ip, why)] = by_reason.get((c.ip, why), 0) + 1
+        for (ip, why), n in by_reason.items():
+            self._note(f"conn:{why[:20]}", "closed %d connection(s) from %s that sent no authenticated call: %s",
+                       n, ip, why)
+        return closed
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.interval)
+            try:
+                self.scan()
+            except Exception:  # a scan that fails must not end the server; the next one tries again
+                log.exception("connection scan failed")
