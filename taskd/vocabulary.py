@@ -46,6 +46,10 @@ class SignalType:
     KEEP_ALIVE = "keep-alive"
     KILL_MASTER = "killMaster"
     FAULT_NODES_EXIT = "faultNodesExit"
+    # taskd's own (a ClusterD agent never gets them): a lost agent that came back is told it is fenced, and a
+    # standby agent is given the node rank of a lost node
+    FENCED = "taskd.fenced"
+    ASSIGN_NODE = "taskd.assignNode"
 
 
 class Action:
@@ -102,6 +106,7 @@ class Code(IntEnum):
     NOT_INITIALISED = 408
     INVALID_PARAMS = 409
     RATE_LIMITED = 410
+    FENCED = 411  # taskd: the caller is an agent the controller declared lost; its node is another's now
     TOO_MANY_REQUESTS = 429
     TOO_MANY_JOBS = 500
     STORAGE_ERROR = 503  # taskd: the controller could not store the change, so nothing changed; send it again later

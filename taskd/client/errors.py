@@ -38,3 +38,13 @@ class AuthenticationError(RecoverClientError):
 
 class ConfigurationError(RecoverClientError, ValueError):
     """The client cannot be built from what it was given (missing env variables, bad address, bad file)."""
+
+
+class FencedError(RecoverClientError):
+    """The controller answered 411 (FENCED): it declared this agent lost and its node is now another agent's
+    (or awaits one). Nothing this process does for that node counts any more: stop every rank and exit."""
+
+    def __init__(self, method: str, info: str) -> None:
+        self.method = method
+        self.info = info
+        super().__init__(f"{method} refused: this agent was fenced by the controller: {info}")

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rrecover.proto\"$\n\x06Status\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0c\n\x04info\x18\x02 \x01(\t\"\xbd\x01\n\nClientInfo\x12\r\n\x05jobId\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x10\n\x08nodeRank\x18\x64 \x01(\x05\x12\x11\n\tnodeCount\x18\x65 \x01(\x05\x12\x14\n\x0cranksPerNode\x18\x66 \x01(\x05\x12\x18\n\x0bmaxRestarts\x18g \x01(\x05H\x00\x88\x01\x01\x12\x0c\n\x04host\x18h \x01(\t\x12\x0b\n\x03pid\x18i \x01(\x05\x12\x12\n\nstrategies\x18j \x03(\tB\x0e\n\x0c_maxRestarts\".\n\tFaultRank\x12\x0e\n\x06rankId\x18\x01 \x01(\t\x12\x11\n\tfaultType\x18\x02 \x01(\t\"\xca\x01\n\x13ProcessManageSignal\x12\x0c\n\x04uuid\x18\x01 \x01(\t\x12\r\n\x05jobId\x18\x02 \x01(\t\x12\x12\n\nsignalType\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x63tions\x18\x04 \x03(\t\x12\x1e\n\nfaultRanks\x18\x05 \x03(\x0b\x32\n.FaultRank\x12\x16\n\x0e\x63hangeStrategy\x18\x06 \x01(\t\x12\x0f\n\x07timeout\x18\x07 \x01(\x03\x12\x13\n\x0bnodeRankIds\x18\x08 \x03(\t\x12\x13\n\x0b\x65xtraParams\x18\t \x01(\t\"o\n\x13StopCompleteRequest\x12\r\n\x05jobId\x18\x01 \x01(\t\x12\x17\n\x06status\x18\x02 \x01(\x0b\x32\x07.Status\x12\x1e\n\nfaultRanks\x18\x03 \x03(\x0b\x32\n.FaultRank\x12\x10\n\x08nodeRank\x18\x64 \x01(\x05\"m\n\x16RecoverStrategyRequest\x12\r\n\x05jobId\x18\x01 \x01(\t\x12\x1e\n\nfaultRanks\x18\x02 \x03(\x0b\x32\n.FaultRank\x12\x12\n\nstrategies\x18\x03 \x03(\t\x12\x10\n\x08nodeRank\x18\x64 \x01(\x05\"z\n\x14RecoverStatusRequest\x12\r\n\x05jobId\x18\x01 \x01(\t\x12\x17\n\x06status\x18\x02 \x01(\x0b\x32\x07.Status\x12\x10\n\x08strategy\x18\x03 \x01(\t\x12\x16\n\x0eisolateRankIds\x18\x04 \x03(\t\x12\x10\n\x08nodeRank\x18\x64 \x01(\x05\"f\n\x13ProcessFaultRequest\x12\r\n\x05jobId\x18\x01 \x01(\t\x12\x1e\n\nfaultRanks\x18\x02 \x03(\x0b\x32\n.FaultRank\x12\x10\n\x08nodeRank\x18\x64 \x01(\x05\x12\x0e\n\x06\x64\x65tail\x18\x65 \x01(\t2\x8f\x03\n\x07Recover\x12\x1c\n\x04Init\x12\x0b.ClientInfo\x1a\x07.Status\x12 \n\x08Register\x12\x0b.ClientInfo\x1a\x07.Status\x12\x43\n\x1cSubscribeProcessManageSignal\x12\x0b.ClientInfo\x1a\x14.ProcessManageSignal0\x01\x12\x33\n\x12ReportStopComplete\x12\x14.StopCompleteRequest\x1a\x07.Status\x12\x39\n\x15ReportRecoverStrategy\x12\x17.RecoverStrategyRequest\x1a\x07.Status\x12\x35\n\x13ReportRecoverStatus\x12\x15.RecoverStatusRequest\x1a\x07.Status\x12\x33\n\x12ReportProcessFault\x12\x14.ProcessFaultRequest\x1a\x07.Status\x12#\n\x0bHealthCheck\x12\x0b.ClientInfo\x1a\x07.Statusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rrecover.proto\"$\n\x06Status\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0c\n\x04info\x18\x02 \x01(\t\"\xce\x01\n\nClientInfo\x12\r\n\x05jobId\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x10\n\x08nodeRank\x18\x64 \x01(\x05\x12\x11\n\tnodeCount\x18\x65 \x01(\x05\x12\x14\n\x0cranksPerNode\x18\x66 \x01(\x05\x12\x18\n\x0bmaxRestarts\x18g \x01(\x05H\x00\x88\x01\x01\x12\x0c\n\x04host\x18h \x01(\t\x12\x0b\n\x03pid\x18i \x01(\x05\x12\x12\n\nstrategies\x18j \x03(\t\x12\x0f\n\x07standby\x18k \x01(\x08\x42\x0e\n\x0c_maxRestarts\".\n\tFaultRank\x12\x0e\n\x06rankId\x18\x01 \x01(\t\x12\x11\n\tfaultType\x18\x02 \x01(\t\"\xca\x01\n\x13ProcessManageSignal\x12\x0c\n\x04uuid\x18\x01 \x01(\t\x12\r\n\x05jobId\x18\x02 \x01(\t\x12\x12\n\nsignalType\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x63tions\x18\x04 \x03(\t\x12\x1e\n\nfaultRanks\x18\x05 \x03(\x0b\x32\n.FaultRank\x12\x16\n\x0e\x63hangeStrategy\x18\x06 \x01(\t\x12\x0f\n\x07timeout\x18\x07 \x01(\x03\x12\x13\n\x0bnodeRankIds\x18\x08 \x03(\t\x12\x13\n\x0b\x65xtraParams\x18\t \x01(\t\"\x8a\x01\n\x13StopCompleteRequest\x12\r\n\x05jobId\x18\x01 \x01(\t\x12\x17\n\x06status\x18\x02 \x01(\x0b\x32\x07.Status\x12\x1e\n\nfaultRanks\x18\x03 \x03(\x0b\x32\n.FaultRank\x12\x10\n\x08nodeRank\x18\x64 \x01(\x05\x12\x0c\n\x04host\x18\x65 \x01(\t\x12\x0b\n\x03pid\x18\x66 \x01(\x05\"\x88\x01\n\x16RecoverStrategyRequest\x12\r\n\x05jobId\x18\x01 \x01(\t\x12\x1e\n\nfaultRanks\x18\x02 \x03(\x0b\x32\n.FaultRank\x12\x12\n\nstrategies\x18\x03 \x03(\t\x12\x10\n\x08nodeRank\x18\x64 \x01(\x05\x12\x0c\n\x04host\x18\x65 \x01(\t\x12\x0b\n\x03pid\x18\x66 \x01(\x05\"\x95\x01\n\x14RecoverStatusRequest\x12\r\n\x05jobId\x18\x01 \x01(\t\x12\x17\n\x06status\x18\x02 \x01(\x0b\x32\x07.Status\x12\x10\n\x08strategy\x18\x03 \x01(\t\x12\x16\n\x0eisolateRankIds\x18\x04 \x03(\t\x12\x10\n\x08nodeRank\x18\x64 \x01(\x05\x12\x0c\n\x04host\x18\x65 \x01(\t\x12\x0b\n\x03pid\x18\x66 \x01(\x05\"\x81\x01\n\x13ProcessFaultRequest\x12\r\n\x05jobId\x18\x01 \x01(\t\x12\x1e\n\nfaultRanks\x18\x02 \x03(\x0b\x32\n.FaultRank\x12\x10\n\x08nodeRank\x18\x64 \x01(\x05\x12\x0e\n\x06\x64\x65tail\x18\x65 \x01(\t\x12\x0c\n\x04host\x18\x66 \x01(\t\x12\x0b\n\x03pid\x18g \x01(\x05\x32\x8f\x03\n\x07Recover\x12\x1c\n\x04Init\x12\x0b.ClientInfo\x1a\x07.Status\x12 \n\x08Register\x12\x0b.ClientInfo\x1a\x07.Status\x12\x43\n\x1cSubscribeProcessManageSignal\x12\x0b.ClientInfo\x1a\x14.ProcessManageSignal0\x01\x12\x33\n\x12ReportStopComplete\x12\x14.StopCompleteRequest\x1a\x07.Status\x12\x39\n\x15ReportRecoverStrategy\x12\x17.RecoverStrategyRequest\x1a\x07.Status\x12\x35\n\x13ReportRecoverStatus\x12\x15.RecoverStatusRequest\x1a\x07.Status\x12\x33\n\x12ReportProcessFault\x12\x14.ProcessFaultRequest\x1a\x07.Status\x12#\n\x0bHealthCheck\x12\x0b.ClientInfo\x1a\x07.Statusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,19 +34,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STATUS']._serialized_start=17
   _globals['_STATUS']._serialized_end=53
   _globals['_CLIENTINFO']._serialized_start=56
-  _globals['_CLIENTINFO']._serialized_end=245
-  _globals['_FAULTRANK']._serialized_start=247
-  _globals['_FAULTRANK']._serialized_end=293
-  _globals['_PROCESSMANAGESIGNAL']._serialized_start=296
-  _globals['_PROCESSMANAGESIGNAL']._serialized_end=498
-  _globals['_STOPCOMPLETEREQUEST']._serialized_start=500
-  _globals['_STOPCOMPLETEREQUEST']._serialized_end=611
-  _globals['_RECOVERSTRATEGYREQUEST']._serialized_start=613
-  _globals['_RECOVERSTRATEGYREQUEST']._serialized_end=722
-  _globals['_RECOVERSTATUSREQUEST']._serialized_start=724
-  _globals['_RECOVERSTATUSREQUEST']._serialized_end=846
-  _globals['_PROCESSFAULTREQUEST']._serialized_start=848
-  _globals['_PROCESSFAULTREQUEST']._serialized_end=950
-  _globals['_RECOVER']._serialized_start=953
-  _globals['_RECOVER']._serialized_end=1352
+  _globals['_CLIENTINFO']._serialized_end=262
+  _globals['_FAULTRANK']._serialized_start=264
+  _globals['_FAULTRANK']._serialized_end=310
+  _globals['_PROCESSMANAGESIGNAL']._serialized_start=313
+  _globals['_PROCESSMANAGESIGNAL']._serialized_end=515
+  _globals['_STOPCOMPLETEREQUEST']._serialized_start=518
+  _globals['_STOPCOMPLETEREQUEST']._serialized_end=656
+  _globals['_RECOVERSTRATEGYREQUEST']._serialized_start=659
+  _globals['_RECOVERSTRATEGYREQUEST']._serialized_end=795
+  _globals['_RECOVERSTATUSREQUEST']._serialized_start=798
+  _globals['_RECOVERSTATUSREQUEST']._serialized_end=947
+  _globals['_PROCESSFAULTREQUEST']._serialized_start=950
+  _globals['_PROCESSFAULTREQUEST']._serialized_end=1079
+  _globals['_RECOVER']._serialized_start=1082
+  _globals['_RECOVER']._serialized_end=1481
 # @@protoc_insertion_point(module_scope)

@@ -14,7 +14,7 @@ class Status(_message.Message):
     def __init__(self, code: _Optional[int] = ..., info: _Optional[str] = ...) -> None: ...
 
 class ClientInfo(_message.Message):
-    __slots__ = ("jobId", "role", "nodeRank", "nodeCount", "ranksPerNode", "maxRestarts", "host", "pid", "strategies")
+    __slots__ = ("jobId", "role", "nodeRank", "nodeCount", "ranksPerNode", "maxRestarts", "host", "pid", "strategies", "standby")
     JOBID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     NODERANK_FIELD_NUMBER: _ClassVar[int]
@@ -24,6 +24,7 @@ class ClientInfo(_message.Message):
     HOST_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     STRATEGIES_FIELD_NUMBER: _ClassVar[int]
+    STANDBY_FIELD_NUMBER: _ClassVar[int]
     jobId: str
     role: str
     nodeRank: int
@@ -33,7 +34,8 @@ class ClientInfo(_message.Message):
     host: str
     pid: int
     strategies: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, jobId: _Optional[str] = ..., role: _Optional[str] = ..., nodeRank: _Optional[int] = ..., nodeCount: _Optional[int] = ..., ranksPerNode: _Optional[int] = ..., maxRestarts: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., strategies: _Optional[_Iterable[str]] = ...) -> None: ...
+    standby: bool
+    def __init__(self, jobId: _Optional[str] = ..., role: _Optional[str] = ..., nodeRank: _Optional[int] = ..., nodeCount: _Optional[int] = ..., ranksPerNode: _Optional[int] = ..., maxRestarts: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., strategies: _Optional[_Iterable[str]] = ..., standby: bool = ...) -> None: ...
 
 class FaultRank(_message.Message):
     __slots__ = ("rankId", "faultType")
@@ -66,51 +68,67 @@ class ProcessManageSignal(_message.Message):
     def __init__(self, uuid: _Optional[str] = ..., jobId: _Optional[str] = ..., signalType: _Optional[str] = ..., actions: _Optional[_Iterable[str]] = ..., faultRanks: _Optional[_Iterable[_Union[FaultRank, _Mapping]]] = ..., changeStrategy: _Optional[str] = ..., timeout: _Optional[int] = ..., nodeRankIds: _Optional[_Iterable[str]] = ..., extraParams: _Optional[str] = ...) -> None: ...
 
 class StopCompleteRequest(_message.Message):
-    __slots__ = ("jobId", "status", "faultRanks", "nodeRank")
+    __slots__ = ("jobId", "status", "faultRanks", "nodeRank", "host", "pid")
     JOBID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     FAULTRANKS_FIELD_NUMBER: _ClassVar[int]
     NODERANK_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
     jobId: str
     status: Status
     faultRanks: _containers.RepeatedCompositeFieldContainer[FaultRank]
     nodeRank: int
-    def __init__(self, jobId: _Optional[str] = ..., status: _Optional[_Union[Status, _Mapping]] = ..., faultRanks: _Optional[_Iterable[_Union[FaultRank, _Mapping]]] = ..., nodeRank: _Optional[int] = ...) -> None: ...
+    host: str
+    pid: int
+    def __init__(self, jobId: _Optional[str] = ..., status: _Optional[_Union[Status, _Mapping]] = ..., faultRanks: _Optional[_Iterable[_Union[FaultRank, _Mapping]]] = ..., nodeRank: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class RecoverStrategyRequest(_message.Message):
-    __slots__ = ("jobId", "faultRanks", "strategies", "nodeRank")
+    __slots__ = ("jobId", "faultRanks", "strategies", "nodeRank", "host", "pid")
     JOBID_FIELD_NUMBER: _ClassVar[int]
     FAULTRANKS_FIELD_NUMBER: _ClassVar[int]
     STRATEGIES_FIELD_NUMBER: _ClassVar[int]
     NODERANK_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
     jobId: str
     faultRanks: _containers.RepeatedCompositeFieldContainer[FaultRank]
     strategies: _containers.RepeatedScalarFieldContainer[str]
     nodeRank: int
-    def __init__(self, jobId: _Optional[str] = ..., faultRanks: _Optional[_Iterable[_Union[FaultRank, _Mapping]]] = ..., strategies: _Optional[_Iterable[str]] = ..., nodeRank: _Optional[int] = ...) -> None: ...
+    host: str
+    pid: int
+    def __init__(self, jobId: _Optional[str] = ..., faultRanks: _Optional[_Iterable[_Union[FaultRank, _Mapping]]] = ..., strategies: _Optional[_Iterable[str]] = ..., nodeRank: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class RecoverStatusRequest(_message.Message):
-    __slots__ = ("jobId", "status", "strategy", "isolateRankIds", "nodeRank")
+    __slots__ = ("jobId", "status", "strategy", "isolateRankIds", "nodeRank", "host", "pid")
     JOBID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
     ISOLATERANKIDS_FIELD_NUMBER: _ClassVar[int]
     NODERANK_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
     jobId: str
     status: Status
     strategy: str
     isolateRankIds: _containers.RepeatedScalarFieldContainer[str]
     nodeRank: int
-    def __init__(self, jobId: _Optional[str] = ..., status: _Optional[_Union[Status, _Mapping]] = ..., strategy: _Optional[str] = ..., isolateRankIds: _Optional[_Iterable[str]] = ..., nodeRank: _Optional[int] = ...) -> None: ...
+    host: str
+    pid: int
+    def __init__(self, jobId: _Optional[str] = ..., status: _Optional[_Union[Status, _Mapping]] = ..., strategy: _Optional[str] = ..., isolateRankIds: _Optional[_Iterable[str]] = ..., nodeRank: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class ProcessFaultRequest(_message.Message):
-    __slots__ = ("jobId", "faultRanks", "nodeRank", "detail")
+    __slots__ = ("jobId", "faultRanks", "nodeRank", "detail", "host", "pid")
     JOBID_FIELD_NUMBER: _ClassVar[int]
     FAULTRANKS_FIELD_NUMBER: _ClassVar[int]
     NODERANK_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
     jobId: str
     faultRanks: _containers.RepeatedCompositeFieldContainer[FaultRank]
     nodeRank: int
     detail: str
-    def __init__(self, jobId: _Optional[str] = ..., faultRanks: _Optional[_Iterable[_Union[FaultRank, _Mapping]]] = ..., nodeRank: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
+    host: str
+    pid: int
+    def __init__(self, jobId: _Optional[str] = ..., faultRanks: _Optional[_Iterable[_Union[FaultRank, _Mapping]]] = ..., nodeRank: _Optional[int] = ..., detail: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...

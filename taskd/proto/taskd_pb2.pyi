@@ -7,16 +7,20 @@ from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Map
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class FinishRequest(_message.Message):
-    __slots__ = ("jobId", "nodeRank", "exitCode", "message")
+    __slots__ = ("jobId", "nodeRank", "exitCode", "message", "host", "pid")
     JOBID_FIELD_NUMBER: _ClassVar[int]
     NODERANK_FIELD_NUMBER: _ClassVar[int]
     EXITCODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
     jobId: str
     nodeRank: int
     exitCode: int
     message: str
-    def __init__(self, jobId: _Optional[str] = ..., nodeRank: _Optional[int] = ..., exitCode: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+    host: str
+    pid: int
+    def __init__(self, jobId: _Optional[str] = ..., nodeRank: _Optional[int] = ..., exitCode: _Optional[int] = ..., message: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class JobQuery(_message.Message):
     __slots__ = ("jobId", "pageSize", "pageToken")
@@ -29,7 +33,7 @@ class JobQuery(_message.Message):
     def __init__(self, jobId: _Optional[str] = ..., pageSize: _Optional[int] = ..., pageToken: _Optional[str] = ...) -> None: ...
 
 class AgentRecord(_message.Message):
-    __slots__ = ("nodeRank", "role", "host", "pid", "ranksPerNode", "subscribed", "registeredAt", "lastSeen", "finished", "exitCode")
+    __slots__ = ("nodeRank", "role", "host", "pid", "ranksPerNode", "subscribed", "registeredAt", "lastSeen", "finished", "exitCode", "standby")
     NODERANK_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -40,6 +44,7 @@ class AgentRecord(_message.Message):
     LASTSEEN_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     EXITCODE_FIELD_NUMBER: _ClassVar[int]
+    STANDBY_FIELD_NUMBER: _ClassVar[int]
     nodeRank: int
     role: str
     host: str
@@ -50,10 +55,11 @@ class AgentRecord(_message.Message):
     lastSeen: float
     finished: bool
     exitCode: int
-    def __init__(self, nodeRank: _Optional[int] = ..., role: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., ranksPerNode: _Optional[int] = ..., subscribed: bool = ..., registeredAt: _Optional[float] = ..., lastSeen: _Optional[float] = ..., finished: bool = ..., exitCode: _Optional[int] = ...) -> None: ...
+    standby: bool
+    def __init__(self, nodeRank: _Optional[int] = ..., role: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., ranksPerNode: _Optional[int] = ..., subscribed: bool = ..., registeredAt: _Optional[float] = ..., lastSeen: _Optional[float] = ..., finished: bool = ..., exitCode: _Optional[int] = ..., standby: bool = ...) -> None: ...
 
 class RoundRecord(_message.Message):
-    __slots__ = ("round", "startedAt", "endedAt", "faultRanks", "strategiesTried", "strategy", "outcome", "durationSeconds")
+    __slots__ = ("round", "startedAt", "endedAt", "faultRanks", "strategiesTried", "strategy", "outcome", "durationSeconds", "nodeLosses")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     STARTEDAT_FIELD_NUMBER: _ClassVar[int]
     ENDEDAT_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +68,7 @@ class RoundRecord(_message.Message):
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     DURATIONSECONDS_FIELD_NUMBER: _ClassVar[int]
+    NODELOSSES_FIELD_NUMBER: _ClassVar[int]
     round: int
     startedAt: float
     endedAt: float
@@ -70,7 +77,30 @@ class RoundRecord(_message.Message):
     strategy: str
     outcome: str
     durationSeconds: float
-    def __init__(self, round: _Optional[int] = ..., startedAt: _Optional[float] = ..., endedAt: _Optional[float] = ..., faultRanks: _Optional[_Iterable[_Union[_recover_pb2.FaultRank, _Mapping]]] = ..., strategiesTried: _Optional[_Iterable[str]] = ..., strategy: _Optional[str] = ..., outcome: _Optional[str] = ..., durationSeconds: _Optional[float] = ...) -> None: ...
+    nodeLosses: _containers.RepeatedCompositeFieldContainer[NodeLossRecord]
+    def __init__(self, round: _Optional[int] = ..., startedAt: _Optional[float] = ..., endedAt: _Optional[float] = ..., faultRanks: _Optional[_Iterable[_Union[_recover_pb2.FaultRank, _Mapping]]] = ..., strategiesTried: _Optional[_Iterable[str]] = ..., strategy: _Optional[str] = ..., outcome: _Optional[str] = ..., durationSeconds: _Optional[float] = ..., nodeLosses: _Optional[_Iterable[_Union[NodeLossRecord, _Mapping]]] = ...) -> None: ...
+
+class NodeLossRecord(_message.Message):
+    __slots__ = ("nodeRank", "oldHost", "oldPid", "lostAt", "newHost", "newPid", "replacedAt", "secondsToRoundEnd", "standby")
+    NODERANK_FIELD_NUMBER: _ClassVar[int]
+    OLDHOST_FIELD_NUMBER: _ClassVar[int]
+    OLDPID_FIELD_NUMBER: _ClassVar[int]
+    LOSTAT_FIELD_NUMBER: _ClassVar[int]
+    NEWHOST_FIELD_NUMBER: _ClassVar[int]
+    NEWPID_FIELD_NUMBER: _ClassVar[int]
+    REPLACEDAT_FIELD_NUMBER: _ClassVar[int]
+    SECONDSTOROUNDEND_FIELD_NUMBER: _ClassVar[int]
+    STANDBY_FIELD_NUMBER: _ClassVar[int]
+    nodeRank: int
+    oldHost: str
+    oldPid: int
+    lostAt: float
+    newHost: str
+    newPid: int
+    replacedAt: float
+    secondsToRoundEnd: float
+    standby: bool
+    def __init__(self, nodeRank: _Optional[int] = ..., oldHost: _Optional[str] = ..., oldPid: _Optional[int] = ..., lostAt: _Optional[float] = ..., newHost: _Optional[str] = ..., newPid: _Optional[int] = ..., replacedAt: _Optional[float] = ..., secondsToRoundEnd: _Optional[float] = ..., standby: bool = ...) -> None: ...
 
 class EventRecord(_message.Message):
     __slots__ = ("time", "kind", "round", "detail")
@@ -85,7 +115,7 @@ class EventRecord(_message.Message):
     def __init__(self, time: _Optional[float] = ..., kind: _Optional[str] = ..., round: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class JobRecord(_message.Message):
-    __slots__ = ("jobId", "state", "nodeCount", "ranksPerNode", "restarts", "maxRestarts", "createdAt", "updatedAt", "agents", "rounds", "events", "info")
+    __slots__ = ("jobId", "state", "nodeCount", "ranksPerNode", "restarts", "maxRestarts", "createdAt", "updatedAt", "agents", "rounds", "events", "info", "rejoining")
     JOBID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     NODECOUNT_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +128,7 @@ class JobRecord(_message.Message):
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     INFO_FIELD_NUMBER: _ClassVar[int]
+    REJOINING_FIELD_NUMBER: _ClassVar[int]
     jobId: str
     state: str
     nodeCount: int
@@ -110,7 +141,8 @@ class JobRecord(_message.Message):
     rounds: _containers.RepeatedCompositeFieldContainer[RoundRecord]
     events: _containers.RepeatedCompositeFieldContainer[EventRecord]
     info: str
-    def __init__(self, jobId: _Optional[str] = ..., state: _Optional[str] = ..., nodeCount: _Optional[int] = ..., ranksPerNode: _Optional[int] = ..., restarts: _Optional[int] = ..., maxRestarts: _Optional[int] = ..., createdAt: _Optional[float] = ..., updatedAt: _Optional[float] = ..., agents: _Optional[_Iterable[_Union[AgentRecord, _Mapping]]] = ..., rounds: _Optional[_Iterable[_Union[RoundRecord, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[EventRecord, _Mapping]]] = ..., info: _Optional[str] = ...) -> None: ...
+    rejoining: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, jobId: _Optional[str] = ..., state: _Optional[str] = ..., nodeCount: _Optional[int] = ..., ranksPerNode: _Optional[int] = ..., restarts: _Optional[int] = ..., maxRestarts: _Optional[int] = ..., createdAt: _Optional[float] = ..., updatedAt: _Optional[float] = ..., agents: _Optional[_Iterable[_Union[AgentRecord, _Mapping]]] = ..., rounds: _Optional[_Iterable[_Union[RoundRecord, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[EventRecord, _Mapping]]] = ..., info: _Optional[str] = ..., rejoining: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class JobList(_message.Message):
     __slots__ = ("status", "jobs", "nextPageToken")
