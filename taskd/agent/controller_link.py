@@ -21,11 +21,12 @@ from enum import Enum
 from typing import Any, Protocol
 
 from taskd.agent.config import AgentConfig
+from taskd.agent.finish_report import FinishReport
 from taskd.agent.policy import LossTimer
 from taskd.agent.ranks import RankLayout
 from taskd.client import ClientCredentials, ConfigurationError, RecoverClient
 from taskd.client.current import set_manager
-from taskd.client.errors import AuthenticationError, RecoverClientError
+from taskd.client.errors import AuthenticationError, FencedError, RecoverClientError
 from taskd.client.rpc import make_channel
 from taskd.proto import recover_pb2, taskd_pb2, taskd_pb2_grpc
 from taskd.vocabulary import Action, Code, FaultRanks, SignalType, fault_ranks
@@ -56,6 +57,8 @@ class Command(str, Enum):
     CHANGE = "change"  # carry out the chosen strategy
     DUMP = "dump"  # healthy ranks save, then the job ends
     KILL = "kill"  # the job ends now
+    FENCE = "fence"  # this agent was declared lost and replaced: stop every rank, exit 1 (issue 17)
+    ASSIGN = "assign"  # a standby takes over a lost node's rank (issue 17)
 
 
 # The wire's actions and signal types -> commands (the client dispatches on these names).
@@ -63,7 +66,10 @@ WIRE_COMMANDS = {
     Action.STOP_TRAIN: Command.STOP, Action.ON_GLOBAL_RANK: Command.STRATEGIES,
     Action.CHANGE_STRATEGY: Command.CHANGE, Action.SAVE_AND_EXIT: Command.DUMP,
     Action.FAULT_NODES_EXIT: Command.KILL, SignalType.KILL_MASTER: Command.KILL,
+    SignalType.FENCED: Command.FENCE, SignalType.ASSIGN_NODE: Command.ASSIGN,
 }
+PROBE_AFTER = 1.0  # seconds without the signal stream before asking whether this agent was fenced
+PROBE_EVERY = 2.0  # seconds between two such questions
 
 
 @dataclass(frozen=True)
@@ -113,9 +119,14 @@ class ControllerLink:
         self._subscriber: threading.Thread | None = None
         self._orders: queue.Queue[Order] = queue.Queue()
         self._seen: set[tuple[Command, str]] = set()
-        self._finished_reported = False
+        self._finish: FinishReport | None = None  # this node's finish report, once the job ended here
+        self._finish_thread: threading.Thread | None = None
         self._status_channel: Any = None
         self.loss = LossTimer(config.controller_timeout)
+        self.fenced: str | None = None  # why the controller fenced this agent, once it said so
+        self._disconnected_since: float | None = None
+        self._next_probe = 0.0
+        self._probe: threading.Thread | None = None
 
     @property
     def active(self) -> bool:
@@ -126,8 +137,10 @@ class ControllerLink:
     def connected(self) -> bool:
         return self._mgr is not None and self._mgr.connected
 
-    def connect(self, job_id: str, layout: RankLayout) -> bool:
-        """Init, register and subscribe; False when no controller takes this agent (run degraded)."""
+    def connect(self, job_id: str, layout: RankLayout, standby: bool = False) -> bool:
+        """Init, register and subscribe; False when no controller takes this agent (run degraded).
+
+        A `standby` agent joins as a spare: the controller ignores its node rank until it assigns it one."""
         cfg = self.config
         address = cfg.server
         if address is None:
@@ -140,7 +153,7 @@ class ControllerLink:
         info = recover_pb2.ClientInfo(
             jobId=job_id, role="agent", nodeRank=layout.node_rank, nodeCount=layout.node_count,
             ranksPerNode=layout.ranks_per_node, maxRestarts=cfg.max_restarts, host=socket.gethostname(),
-            pid=os.getpid(), strategies=cfg.offered_strategies)
+            pid=os.getpid(), strategies=cfg.offered_strategies, standby=standby)
         # An embedded controller lives and dies with this process: 3 s keepalive pings (for a remote
         # controller's death) only cost an idle agent CPU there.
         options = (("grpc.keepalive_time_ms", 60_000),) if self._local_started else ()
@@ -162,9 +175,79 @@ class ControllerLink:
         deadline = time.monotonic() + 5.0
         while not mgr.connected and time.monotonic() < deadline:  # set-up only: ranks are not started yet
             time.sleep(0.01)
-        log.info("job %s: node %d of %d, %d rank(s), controller %s%s", job_id, layout.node_rank,
-                 layout.node_count, layout.ranks_per_node, address, " (embedded)" if self._local_started else "")
+        node = "a standby" if standby else f"node {layout.node_rank}"
+        log.info("job %s: %s of %d, %d rank(s), controller %s%s", job_id, node, layout.node_count,
+                 layout.ranks_per_node, address, " (embedded)" if self._local_started else "")
         return True
+
+    def register_as(self, layout: RankLayout) -> bool:
+        """A standby the controller assigned a node: Register again as that node (same host and pid), and keep
+        that identity for every later report and resubscription."""
+        mgr = self._mgr
+        if mgr is None:
+            return False
+        info = recover_pb2.ClientInfo()
+        info.CopyFrom(mgr.info)
+        info.nodeRank, info.standby, info.ranksPerNode = layout.node_rank, False, layout.ranks_per_node
+        mgr.info = mgr.client_info = info
+        try:
+            status = mgr.register(info)
+        except FencedError as exc:
+            self._fence(str(exc))
+            return False
+        except RecoverClientError as exc:
+            log.error("could not register as node %d: %s", layout.node_rank, exc)
+            return False
+        if status.code == Code.FENCED:
+            self._fence(status.info)
+        elif status.code != Code.OK:
+            log.error("the controller refused this standby as node %d: %d %s", layout.node_rank, status.code,
+                      status.info)
+        return status.code == Code.OK
+
+    # -- fencing: this agent was declared lost and its node is another agent's now -------------------
+    def _fence(self, why: str) -> None:
+        """Queue the fence order once, whichever way the controller said it (411, a taskd.fenced signal)."""
+        if self.fenced is not None:
+            return
+        self.fenced = why or "the controller refused this agent (411: fenced)"
+        self._orders.put(Order(Command.FENCE, "", SignalType.FENCED, (), {}, "", 0.0,
+                               json.dumps({"reason": self.fenced})))
+        self._wake()
+
+    def _answered(self, what: str, code: int) -> None:
+        if code == Code.FENCED:
+            self._fence(f"{what} refused (411): this agent was fenced")
+        elif code != Code.OK:
+            log.warning("controller answered %d to %s", code, what)
+
+    def probe_fenced(self, now: float) -> None:
+        """Without the signal stream for a moment (a SIGSTOPped agent just continued, a healed partition), ask
+        in the background whether this agent was fenced: a Register from a fenced identity is refused with 411,
+        and its ranks must stop before they do anything more for the node."""
+        mgr = self._mgr
+        if mgr is None or self.fenced is not None or mgr.connected:
+            self._disconnected_since = None
+            return
+        if self._disconnected_since is None:
+            self._disconnected_since = now
+        if now - self._disconnected_since < PROBE_AFTER or now < self._next_probe or \
+                (self._probe is not None and self._probe.is_alive()):
+            return
+        self._next_probe = now + PROBE_EVERY
+        self._probe = threading.Thread(target=self._ask_fenced, args=(mgr,), name="taskd-fence-probe", daemon=True)
+        self._probe.start()
+
+    def _ask_fenced(self, mgr: RecoverClient) -> None:
+        try:
+            status = mgr.register(timeout=2.0)
+        except FencedError as exc:
+            self._fence(str(exc))
+        except Exception as exc:  # unreachable: nothing is known, the next probe asks again
+            log.debug("fence probe: %s", exc)
+        else:
+            if status.code == Code.FENCED:
+                self._fence(status.info)
 
     @staticmethod
     def _register(mgr: RecoverClient, info: recover_pb2.ClientInfo, address: str) -> bool:
@@ -214,7 +297,9 @@ class ControllerLink:
             code = self._mgr.report_process_fault(faults, detail=detail)
             if code == Code.OK:
                 return True
-            log.warning("controller answered %d to the fault report", code)
+            self._answered("the fault report", code)
+        except FencedError as exc:
+            self._fence(str(exc))
         except RecoverClientError as exc:  # unreachable or failing inside: retried, then degraded; never fatal
             log.warning("fault report not taken: %s", exc)
         return False
@@ -225,9 +310,9 @@ class ControllerLink:
         if self._mgr is None:
             return
         try:
-            code = call()
-            if code != Code.OK:
-                log.warning("controller answered %d to %s", code, what)
+            self._answered(what, call())
+        except FencedError as exc:
+            self._fence(str(exc))
         except RecoverClientError as exc:
             log.warning("%s not taken: %s", what, exc)
 
@@ -243,14 +328,46 @@ class ControllerLink:
         self._send("recover status", lambda: self._mgr.report_recover_status(code, msg, faults, strategy))
 
     def report_finished(self, exit_code: int, reason: str) -> None:
-        """Tell the controller every local rank ended (once; the job is over here either way)."""
-        if self._mgr is None or self._finished_reported:
+        """Tell the controller every local rank ended: sent from a thread of its own until acknowledged, within
+        the controller timeout (finish_report.py); `close()` waits for it."""
+        if self._mgr is None or self._finish is not None or self.fenced is not None:
             return
-        self._finished_reported = True
-        try:
-            self._mgr.report_finished(exit_code, reason, timeout=None if self._mgr.connected else 3.0)
-        except Exception as exc:
-            log.debug("could not report the end of the job: %s", exc)
+        self._finish = FinishReport(exit_code, reason, time.monotonic(), max(1.0, self.config.controller_timeout))
+        self._finish_thread = threading.Thread(target=self._deliver_finish, args=(self._mgr, self._finish),
+                                               name="taskd-finish", daemon=True)
+        self._finish_thread.start()
+
+    @staticmethod
+    def _deliver_finish(mgr: RecoverClient, report: FinishReport) -> None:
+        while True:
+            detail = ""
+            try:
+                code: int | None = mgr.report_finished(report.exit_code, report.reason,
+                                                       timeout=report.attempt_timeout(time.monotonic()))
+            except FencedError as exc:
+                code, detail = Code.FENCED, str(exc)
+            except Exception as exc:  # unreachable, or a failure inside the controller: sent again
+                code, detail = None, str(exc)
+            step = report.answer(code, time.monotonic(), detail)
+            if step.done:
+                break
+            log.info("the controller has not acknowledged this node's finish yet (%s): sending it again in %.1fs",
+                     step.why, step.pause)
+            time.sleep(step.pause)  # the finish thread's own pause: the agent's loop has ended
+        seconds = time.monotonic() - report.started
+        if report.delivered and report.attempts > 1:
+            log.info("the controller acknowledged this node's finish after %d attempts (%.1fs)", report.attempts,
+                     seconds)
+        elif not report.delivered:
+            log.warning("the controller did not take this node's finish report: %s; it may count this node as lost",
+                        step.why)
+
+    def _await_finish(self) -> None:
+        """The finish report is still pending in the agent's last moments: wait for it, up to its deadline."""
+        thread, report = self._finish_thread, self._finish
+        if thread is None or report is None:
+            return
+        thread.join(max(0.0, report.deadline - time.monotonic()) + 1.0)
 
     @property
     def job_id(self) -> str:
@@ -291,6 +408,15 @@ class ControllerLink:
             return None if record is None else ("", record)
         return record.state, record.info
 
+    def rejoining(self, timeout: float = 2.0) -> frozenset[int] | None:
+        """The node ranks an open node-loss round of this job waits for a replacement of (JobRecord.rejoining);
+        None when the controller did not answer or cannot say."""
+        try:
+            record = self._job_record(timeout)
+        except JobStatusUnsupported:
+            return None
+        return None if record is None or isinstance(record, str) else frozenset(record.rejoining)
+
     def job_nodes(self, timeout: float = 2.0) -> tuple[str, str, frozenset[int]] | None:
         """(state, info, node ranks registered) of this job on the controller; state "" when it no longer
         knows the job; None when it did not answer. Raises `JobStatusUnsupported` (see `_job_record`)."""
@@ -303,6 +429,7 @@ class ControllerLink:
         """Tell the controller the job ended here (unless done), stop listening, stop the embedded controller."""
         if self._mgr is not None:
             self.report_finished(exit_code, reason)
+            self._await_finish()
             self._mgr.stop()
         if self._status_channel is not None:
             self._status_channel.close()
