@@ -63,7 +63,8 @@ def run_main(config: RunConfig) -> int:
     try:
         spec = WorkerSpec(
             entrypoint=list(config.entrypoint), nproc_per_node=config.nproc_per_node, nnodes=config.nnodes,
-            node_rank=config.node_rank, master_addr=config.master_addr, master_port=config.master_port,
+            node_rank=None if config.standby else config.node_rank, master_addr=config.master_addr,
+            master_port=config.master_port,
             job_id=config.job_id, log_dir=config.log_dir, console=not config.quiet, warm_spares=config.warm_spares,
             role=config.role, max_restarts=config.max_restarts, redirects=dict(config.redirects),
             tee=dict(config.tee), local_ranks_filter=config.local_ranks_filter,
@@ -72,7 +73,8 @@ def run_main(config: RunConfig) -> int:
             preimport=os.environ.get("TASKD_PREIMPORT", "").strip(),
         )
         agent_config = AgentConfig.from_env(
-            origins, launcher="taskd", job_id=config.job_id, server=config.server, node_rank=config.node_rank,
+            origins, launcher="taskd", job_id=config.job_id, server=config.server,
+            node_rank=None if config.standby else config.node_rank, standby=config.standby,
             node_count=config.nnodes, ranks_per_node=config.nproc_per_node, strategies=list(config.strategies) or None,
             max_restarts=config.max_restarts, monitor_interval=config.monitor_interval, stop_grace=config.stop_grace,
             heartbeat_timeout=config.heartbeat_timeout, log_dir=config.log_dir, dump_timeout=config.dump_timeout,

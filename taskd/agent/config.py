@@ -30,17 +30,18 @@ ENV_NAMES = {
     "monitor_interval": "TASKD_MONITOR_INTERVAL", "stop_grace": "TASKD_STOP_GRACE",
     "controller_timeout": "TASKD_CONTROLLER_TIMEOUT", "heartbeat_timeout": "TASKD_HEARTBEAT_TIMEOUT",
     "log_dir": "TASKD_LOG_DIR", "scheduler_grace": "TASKD_SCHEDULER_GRACE", "join_timeout": "TASKD_JOIN_TIMEOUT",
+    "node_rejoin_timeout": "TASKD_NODE_REJOIN_TIMEOUT",
 }
 _INT_VARS = ("node_rank", "node_count", "ranks_per_node", "max_restarts")
 _FLOAT_VARS = ("monitor_interval", "stop_grace", "controller_timeout", "heartbeat_timeout", "scheduler_grace",
-               "join_timeout")
+               "join_timeout", "node_rejoin_timeout")
 _TEXT_VARS = ("job_id", "server", "log_dir")
 
 # (field, lowest allowed, whether the lowest is allowed, may be None)
 _BOUNDS = (
     ("max_restarts", 0, True, False), ("monitor_interval", 0, False, False), ("stop_grace", 0, True, False),
     ("controller_timeout", 0, True, False), ("heartbeat_timeout", 0, False, True), ("dump_timeout", 0, False, False),
-    ("scheduler_grace", 0, True, False), ("join_timeout", 0, False, False),
+    ("scheduler_grace", 0, True, False), ("join_timeout", 0, False, False), ("node_rejoin_timeout", 0, False, False),
     ("node_rank", 0, True, True), ("node_count", 1, True, True), ("ranks_per_node", 1, True, True),
 )
 
@@ -69,6 +70,10 @@ class AgentConfig:
     # multi-node: how long an agent waits, before starting any rank, for every node of the job to register
     # with the controller (torchrun's rendezvous join_timeout, 600 s); then it exits 1 naming the missing nodes
     join_timeout: float = 600.0
+    # node loss: a replacement waits this long for the round's strategy (the controller's --node-rejoin-timeout
+    # bounds the round on its side); a standby joins with no node and waits for one to be assigned to it
+    node_rejoin_timeout: float = 300.0
+    standby: bool = False
     # field -> the variable or flag that set it, named by a validation error (not part of the settings)
     origins: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 

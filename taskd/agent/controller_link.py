@@ -21,7 +21,7 @@ from enum import Enum
 from typing import Any, Protocol
 
 from taskd.agent.config import AgentConfig
-from taskd.agent.finish_report import FinishReport
+from taskd.agent.finish_report import FinishReport, deliver
 from taskd.agent.policy import LossTimer
 from taskd.agent.ranks import RankLayout
 from taskd.client import ClientCredentials, ConfigurationError, RecoverClient
@@ -124,6 +124,7 @@ class ControllerLink:
         self._status_channel: Any = None
         self.loss = LossTimer(config.controller_timeout)
         self.fenced: str | None = None  # why the controller fenced this agent, once it said so
+        self._standby = False  # joined as a standby and not assigned a node (yet): it has no finish to report
         self._disconnected_since: float | None = None
         self._next_probe = 0.0
         self._probe: threading.Thread | None = None
@@ -165,6 +166,7 @@ class ControllerLink:
             mgr.stop()
             return False
         self._mgr = mgr
+        self._standby = standby
         set_manager(mgr)  # TaskD's module functions, called in this process, use it
         for name, command in WIRE_COMMANDS.items():
             mgr.register_action_handler(name, self._queue(command))
@@ -198,9 +200,11 @@ class ControllerLink:
         except RecoverClientError as exc:
             log.error("could not register as node %d: %s", layout.node_rank, exc)
             return False
-        if status.code == Code.FENCED:
+        if status.code == Code.OK:
+            self._standby = False
+        elif status.code == Code.FENCED:
             self._fence(status.info)
-        elif status.code != Code.OK:
+        else:
             log.error("the controller refused this standby as node %d: %d %s", layout.node_rank, status.code,
                       status.info)
         return status.code == Code.OK
@@ -330,44 +334,14 @@ class ControllerLink:
     def report_finished(self, exit_code: int, reason: str) -> None:
         """Tell the controller every local rank ended: sent from a thread of its own until acknowledged, within
         the controller timeout (finish_report.py); `close()` waits for it."""
-        if self._mgr is None or self._finish is not None or self.fenced is not None:
+        if self._mgr is None or self._finish is not None or self.fenced is not None or self._standby:
             return
         self._finish = FinishReport(exit_code, reason, time.monotonic(), max(1.0, self.config.controller_timeout))
-        self._finish_thread = threading.Thread(target=self._deliver_finish, args=(self._mgr, self._finish),
-                                               name="taskd-finish", daemon=True)
+        mgr = self._mgr
+        self._finish_thread = threading.Thread(
+            target=deliver, args=(self._finish, lambda r, t: mgr.report_finished(r.exit_code, r.reason, timeout=t)),
+            name="taskd-finish", daemon=True)
         self._finish_thread.start()
-
-    @staticmethod
-    def _deliver_finish(mgr: RecoverClient, report: FinishReport) -> None:
-        while True:
-            detail = ""
-            try:
-                code: int | None = mgr.report_finished(report.exit_code, report.reason,
-                                                       timeout=report.attempt_timeout(time.monotonic()))
-            except FencedError as exc:
-                code, detail = Code.FENCED, str(exc)
-            except Exception as exc:  # unreachable, or a failure inside the controller: sent again
-                code, detail = None, str(exc)
-            step = report.answer(code, time.monotonic(), detail)
-            if step.done:
-                break
-            log.info("the controller has not acknowledged this node's finish yet (%s): sending it again in %.1fs",
-                     step.why, step.pause)
-            time.sleep(step.pause)  # the finish thread's own pause: the agent's loop has ended
-        seconds = time.monotonic() - report.started
-        if report.delivered and report.attempts > 1:
-            log.info("the controller acknowledged this node's finish after %d attempts (%.1fs)", report.attempts,
-                     seconds)
-        elif not report.delivered:
-            log.warning("the controller did not take this node's finish report: %s; it may count this node as lost",
-                        step.why)
-
-    def _await_finish(self) -> None:
-        """The finish report is still pending in the agent's last moments: wait for it, up to its deadline."""
-        thread, report = self._finish_thread, self._finish
-        if thread is None or report is None:
-            return
-        thread.join(max(0.0, report.deadline - time.monotonic()) + 1.0)
 
     @property
     def job_id(self) -> str:
@@ -429,7 +403,8 @@ class ControllerLink:
         """Tell the controller the job ended here (unless done), stop listening, stop the embedded controller."""
         if self._mgr is not None:
             self.report_finished(exit_code, reason)
-            self._await_finish()
+            if self._finish_thread is not None and self._finish is not None:  # still pending: wait, to its deadline
+                self._finish_thread.join(max(0.0, self._finish.deadline - time.monotonic()) + 1.0)
             self._mgr.stop()
         if self._status_channel is not None:
             self._status_channel.close()

@@ -8,15 +8,21 @@ it, given up on only when sending again cannot help (invalid, or this agent was 
 is spent. It is sent from its own thread, so that the agent's last seconds (the multi-node job-end
 wait, msrun's scheduler) run meanwhile; the agent waits for it before it exits (`ControllerLink.close`).
 
-`FinishReport` is the policy, a function of its inputs (the clock is passed in); the thread that
-sends lives in controller_link.py.
+`FinishReport` is the policy, a function of its inputs (the clock is passed in); `deliver` runs it
+(in the thread controller_link.py starts).
 """
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from taskd.client.errors import FencedError
 from taskd.vocabulary import Code
+
+log = logging.getLogger("taskd.agent")
 
 FIRST_PAUSE = 0.2  # seconds before the first re-send; doubled up to MAX_PAUSE
 MAX_PAUSE = 2.0  # a restarted controller answers within seconds: do not sleep through its return
@@ -69,4 +75,29 @@ class FinishReport:
         return Step(False, pause=pause, why=self.last)
 
 
-__all__ = ["ATTEMPT_TIMEOUT", "FinishReport", "Step"]
+def deliver(report: FinishReport, send: Callable[[FinishReport, float], int],
+            clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+    """Send `report` (send(report, timeout) -> the controller's code) until `report.answer` says it is done."""
+    while True:
+        detail = ""
+        try:
+            code: int | None = send(report, report.attempt_timeout(clock()))
+        except FencedError as exc:
+            code, detail = Code.FENCED, str(exc)
+        except Exception as exc:  # unreachable, or a failure inside the controller: sent again
+            code, detail = None, str(exc)
+        step = report.answer(code, clock(), detail)
+        if step.done:
+            break
+        log.info("the controller has not acknowledged this node's finish yet (%s): sending it again in %.1fs",
+                 step.why, step.pause)
+        sleep(step.pause)  # this thread's own pause: the agent's loop has ended
+    if report.delivered and report.attempts > 1:
+        log.info("the controller acknowledged this node's finish after %d attempts (%.1fs)", report.attempts,
+                 clock() - report.started)
+    elif not report.delivered:
+        log.warning("the controller did not take this node's finish report: %s; it may count this node as lost",
+                    step.why)
+
+
+__all__ = ["ATTEMPT_TIMEOUT", "FinishReport", "Step", "deliver"]

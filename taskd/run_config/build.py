@@ -172,7 +172,7 @@ def build(cls: type[C], args: argparse.Namespace, environ: Mapping[str, str]) ->
     fields: dict[str, Any] = dict(
         entrypoint=tuple(entrypoint), script=script, script_args=tuple(script_args), launch_mode=launch_mode,
         nproc_per_node=nproc, nnodes=nnodes, min_nnodes=min_nnodes, standalone=standalone,
-        node_rank=values.parse("node_rank", _int, 0),
+        node_rank=values.parse("node_rank", _int, 0), standby=values.parse("standby", _switch, False),
         job_id=values.parse("job_id", str, "") or f"taskd-{uuid.uuid4().hex[:8]}",
         server=server,
         **{name: values.parse(name, str, None) for name in ("token_file", "tls_ca", "tls_cert", "tls_key")},

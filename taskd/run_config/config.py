@@ -55,6 +55,7 @@ class RunConfig:
     nnodes: int = 1
     min_nnodes: int = 1  # torchrun's MIN of MIN:MAX; informative only, the job waits for nnodes
     node_rank: int = 0
+    standby: bool = False  # a spare node: no node rank until the controller assigns a lost node's (node_rank ignored)
     job_id: str = "default"
     server: str | None = None  # None = an embedded controller
     # how this agent authenticates to --server (paths; None: the TASKD_TOKEN_FILE / TASKD_TLS_* variable)
@@ -101,7 +102,7 @@ class RunConfig:
 
         for name in ("nproc_per_node", "nnodes"):
             check(name, getattr(self, name) >= 1, ">= 1")
-        if self.nnodes >= 1:
+        if self.nnodes >= 1 and not self.standby:
             check("node_rank", 0 <= self.node_rank < self.nnodes, f"in [0, {self.nnodes - 1}] (nnodes {self.nnodes}"
                   f"{' from ' + self.sources['nnodes'] if 'nnodes' in self.sources else ''})")
         for name in ("max_restarts", "warm_spares", "stop_grace"):
@@ -119,6 +120,9 @@ class RunConfig:
             out.append("entrypoint and job_id must not be empty")
         if self.standalone and self.server:
             out.append(f"{self._src('server')}: --standalone runs the job's own embedded controller; drop one")
+        if self.standby and not self.server:
+            out.append("--standby joins a running job as a spare node: it needs the job's controller (--server "
+                       "HOST:PORT or MINDX_SERVER_IP)")
         if self.standalone and self.nnodes != 1:
             out.append(f"{self._src('nnodes')}: --standalone is a one-node job, not {self.nnodes} nodes")
         for name in ("redirects", "tee"):

@@ -46,6 +46,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
           help="ranks on this node (default 1): a number; cpu = the CPUs this process may use; gpu = the GPUs "
                "(CUDA_VISIBLE_DEVICES, else /dev/nvidiaN); auto = gpu if there are any, else cpu")
     _flag(size, "--node-rank", "--node_rank", metavar="R", help="this node's rank, 0..nnodes-1 (default 0)")
+    _flag(size, "--standby", action="store_true",
+          help="taskd: join the job as a spare node (needs --server): start no rank, take over the node rank of the "
+               "first node the controller declares lost, and exit 0 if none is (see docs/pytorch.md, node loss)")
 
     where = parser.add_argument_group("where the job meets (torchrun)")
     _flag(where, "--standalone", action="store_true",

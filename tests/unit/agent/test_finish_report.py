@@ -1,4 +1,4 @@
-"""ReportFinished's delivery policy: re-sent until acknowledged, within one budget; never re-sent when it cannot help."""
+"""ReportFinished's delivery: re-sent until acknowledged, within one budget; never re-sent when it cannot help."""
 
 from __future__ import annotations
 
@@ -37,3 +37,25 @@ def test_a_refusal_that_would_repeat_ends_it_at_once() -> None:
         report = FinishReport(0, "", started=0.0, budget=30.0)
         step = report.answer(code, 0.1, f"answer {int(code)}")
         assert step.done and not report.delivered and "cannot help" in step.why
+
+
+def test_deliver_sends_until_acknowledged_and_stops_at_a_fence() -> None:
+    from taskd.agent.finish_report import deliver
+    from taskd.client.errors import FencedError, ServerUnreachable
+
+    now, answers, timeouts = [0.0], [ServerUnreachable("x"), Code.STORAGE_ERROR, Code.OK], []
+
+    def send(report: FinishReport, timeout: float) -> int:
+        timeouts.append(timeout)
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    report = FinishReport(0, "", started=0.0, budget=30.0)
+    deliver(report, send, lambda: now[0], lambda s: now.__setitem__(0, now[0] + s))
+    assert report.delivered and report.attempts == 3 and timeouts[0] == ATTEMPT_TIMEOUT
+    fenced = FinishReport(0, "", started=0.0, budget=30.0)
+    deliver(fenced, lambda r, t: (_ for _ in ()).throw(FencedError("ReportFinished", "node 0 is held by h:1")),
+            lambda: 0.0, lambda s: None)
+    assert not fenced.delivered and fenced.attempts == 1 and "h:1" in fenced.last
