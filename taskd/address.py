@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Mapping
 
 _HOSTNAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?")
 
@@ -69,3 +70,14 @@ def controller_target(text: str, default_port: int = DEFAULT_CONTROLLER_PORT) ->
         raise ValueError(f"empty controller address; {CONTROLLER_FORMS}")
     host, port = parse_host_port(addr, default_port, what="controller address", forms=CONTROLLER_FORMS)
     return join_host_port(host, port)
+
+
+# TaskD's LOCAL_PROXY_ENABLE (its Go GetClusterdAddr and its Python init_grpc_recover_manager): "on" means every
+# connection to the controller goes to the node's local proxy at 127.0.0.1:8899, whatever MINDX_SERVER_IP says.
+LOCAL_PROXY_ENV = "LOCAL_PROXY_ENABLE"
+LOCAL_PROXY_ADDRESS = f"127.0.0.1:{DEFAULT_CONTROLLER_PORT}"
+
+
+def local_proxy_enabled(env: Mapping[str, str]) -> bool:
+    """TaskD compares the value with "on" exactly; so does this."""
+    return env.get(LOCAL_PROXY_ENV) == "on"

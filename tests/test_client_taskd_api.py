@@ -17,6 +17,7 @@ from test_client import JOB, WAIT, TinyServer
 
 from taskd.proto import recover_pb2 as pb
 from taskd.python.toolkit.recover_module import recover_manager as rm
+from taskd.vocabulary import Code
 
 
 @pytest.fixture
@@ -29,7 +30,7 @@ def server():
 @pytest.fixture(autouse=True)
 def fresh_instance(monkeypatch):
     for var in ("MINDX_TASK_ID", "MINDX_SERVER_IP", "TASKD_TOKEN_FILE", "TASKD_TLS_CA", "TASKD_TLS_CERT",
-                "TASKD_TLS_KEY"):
+                "TASKD_TLS_KEY", "LOCAL_PROXY_ENABLE"):
         monkeypatch.delenv(var, raising=False)
     rm.set_manager(None)
     rm.DLRecoverManager.reset_instance()
@@ -107,14 +108,14 @@ def test_other_arguments_while_subscribed_are_refused_clearly(server) -> None:
 def test_a_refused_first_construction_leaves_no_instance(server) -> None:
     with pytest.raises(rm.ConfigurationError, match="jobId"):
         rm.DLRecoverManager(pb.ClientInfo(), server.address)
-    assert rm.DLRecoverManager.instance() is None
+    assert rm.DLRecoverManager.instance is None
 
 
 def test_without_an_instance_the_functions_build_it_from_the_environment(server, monkeypatch) -> None:
     monkeypatch.setenv("MINDX_TASK_ID", JOB)
     monkeypatch.setenv("MINDX_SERVER_IP", server.address)
     assert rm.report_process_fault({2: 0}) == 0
-    built = rm.DLRecoverManager.instance()
+    built = rm.DLRecoverManager.instance
     assert built is not None and rm.get_recover_manager_instance() is built
     assert built.client_info.role == "master agent"
 
@@ -135,6 +136,114 @@ def test_reset_instance_gives_a_new_object(server) -> None:
     first = rm.DLRecoverManager(info(), server.address)
     rm.DLRecoverManager.reset_instance()
     assert rm.DLRecoverManager(info(), server.address) is not first
+
+
+# -- issue 18 item 2: TaskD's public API exactly (each from TaskD's source or its own unit tests) ------------
+
+
+def test_taskd_package_exports_dlrecovermanager_and_its_pb_path() -> None:
+    """TaskD's tests write `from taskd.python.toolkit.recover_module import recover_manager, DLRecoverManager`
+    and `from taskd.python.toolkit.recover_module.pb import recover_pb2 as pb` (and recover_pb2_grpc)."""
+    from taskd.python.toolkit.recover_module import DLRecoverManager, recover_manager
+    from taskd.python.toolkit.recover_module.pb import recover_pb2, recover_pb2_grpc
+
+    assert DLRecoverManager is recover_manager.DLRecoverManager
+    assert recover_pb2.ClientInfo is pb.ClientInfo and recover_pb2.ProcessFaultRequest is pb.ProcessFaultRequest
+    assert recover_pb2.DESCRIPTOR is pb.DESCRIPTOR
+    for name in ("RecoverStub", "RecoverServicer", "add_RecoverServicer_to_server"):
+        assert hasattr(recover_pb2_grpc, name), name
+
+
+def test_a_taskd_style_servicer_from_the_pb_path_answers_the_module_functions(monkeypatch) -> None:
+    """TaskD's test_recover_module.py: a servicer written against `pb.recover_pb2_grpc` on a real server."""
+    from concurrent import futures
+
+    import grpc
+
+    from taskd.python.toolkit.recover_module.pb import recover_pb2 as tpb
+    from taskd.python.toolkit.recover_module.pb import recover_pb2_grpc
+
+    class Servicer(recover_pb2_grpc.RecoverServicer):
+        def __init__(self) -> None:
+            self.faults: list[tpb.ProcessFaultRequest] = []
+
+        def ReportProcessFault(self, request, context):
+            self.faults.append(request)
+            return tpb.Status(code=0, info="ok")
+
+    servicer = Servicer()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    recover_pb2_grpc.add_RecoverServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        monkeypatch.setenv("MINDX_TASK_ID", JOB)
+        monkeypatch.setenv("MINDX_SERVER_IP", f"127.0.0.1:{port}")
+        assert rm.report_process_fault({1: 0, 2: 0}) == 0
+        assert [(f.rankId, f.faultType) for f in servicer.faults[0].faultRanks] == [("1", "0"), ("2", "0")]
+    finally:
+        server.stop(0)
+
+
+def test_report_process_fault_takes_taskd_fault_codes_argument(server) -> None:
+    """TaskD: `report_process_fault(fault_ranks: dict, fault_codes: dict = None)` (MindIO passes both)."""
+    rm.DLRecoverManager(info(), server.address)
+    assert rm.report_process_fault({1: 1}) == 0
+    assert rm.report_process_fault({2: 1}, None) == 0
+    assert rm.report_process_fault({3: 1}, {3: "0x80CB0001"}) == 0
+    assert rm.report_process_fault({4: 1}, fault_codes={}) == 0
+    requests = server.recorder.requests("ReportProcessFault")
+    assert [r.faultRanks[0].rankId for r in requests] == ["1", "2", "3", "4"]
+    assert requests[2].detail == "fault codes rank 3: 0x80CB0001"  # kept, where TaskD drops them
+    assert requests[0].detail == requests[1].detail == requests[3].detail == ""
+    assert rm.report_process_fault({5: 1}, ["0x1"]) == Code.INVALID_PARAMS
+    assert len(server.recorder.requests("ReportProcessFault")) == 4  # a bad fault_codes sends nothing
+
+
+def test_instance_is_taskd_class_attribute_and_its_reset_idiom_works(server, monkeypatch) -> None:
+    """TaskD's tests construct, then `DLRecoverManager.instance = None`; the module functions must then
+    build a new instance from the environment (TaskD's get_instance -> init_grpc_recover_manager)."""
+    first = rm.DLRecoverManager(info(), server.address)
+    assert rm.DLRecoverManager.instance is first  # an attribute, not a method
+    rm.DLRecoverManager.instance = None
+    assert first.report_process_fault({0: 1}) == 0  # the object itself still works
+    monkeypatch.setenv("MINDX_TASK_ID", JOB)
+    monkeypatch.setenv("MINDX_SERVER_IP", server.address)
+    assert rm.report_process_fault({1: 1}) == 0  # no "NoneType is not callable"
+    assert rm.report_stop_complete(0, "stopped", {1: 1}) == 0
+    rebuilt = rm.DLRecoverManager.instance
+    assert rebuilt is not None and rebuilt is not first and rm.get_recover_manager_instance() is rebuilt
+    assert rm.DLRecoverManager(info(), server.address) is rebuilt
+    first.stop()
+
+
+def test_local_proxy_enable_on_talks_to_the_local_proxy(monkeypatch) -> None:
+    """TaskD's test_init_clusterd_use_proxy: MINDX_SERVER_IP=localhost, LOCAL_PROXY_ENABLE=on ->
+    server_addr '127.0.0.1:8899' (TaskD's GetClusterdAddr too: any MINDX_SERVER_IP)."""
+    monkeypatch.setenv("MINDX_TASK_ID", JOB)
+    monkeypatch.setenv("MINDX_SERVER_IP", "localhost")
+    monkeypatch.setenv("LOCAL_PROXY_ENABLE", "on")
+    assert rm.init_grpc_recover_manager().server_addr == "127.0.0.1:8899"
+    monkeypatch.setenv("MINDX_SERVER_IP", "10.1.2.3:9000")
+    assert rm.init_grpc_recover_manager().server_addr == "127.0.0.1:8899"
+    for value in ("off", "ON", "1"):  # TaskD compares with "on" exactly
+        monkeypatch.setenv("LOCAL_PROXY_ENABLE", value)
+        assert rm.init_grpc_recover_manager().server_addr == "10.1.2.3:9000", value
+    monkeypatch.setenv("LOCAL_PROXY_ENABLE", "on")
+    monkeypatch.delenv("MINDX_SERVER_IP")
+    with pytest.raises(rm.ConfigurationError, match="MINDX_SERVER_IP"):  # TaskD: ValueError, both required
+        rm.init_grpc_recover_manager()
+
+
+def test_local_proxy_enable_on_is_the_agent_controller_too(monkeypatch) -> None:
+    from taskd.agent.config import AgentConfig
+
+    monkeypatch.setenv("MINDX_SERVER_IP", "10.1.2.3:9000")
+    monkeypatch.setenv("LOCAL_PROXY_ENABLE", "on")
+    assert AgentConfig.from_env().server == "127.0.0.1:8899"
+    assert AgentConfig.from_env(server="10.9.9.9:1").server == "10.9.9.9:1"  # a flag (taskd run --server) wins
+    monkeypatch.delenv("MINDX_SERVER_IP")
+    assert AgentConfig.from_env().server is None  # no MINDX_SERVER_IP: the embedded controller, as before
 
 
 def test_importing_the_client_turns_grpc_fork_support_off_before_grpc_loads() -> None:

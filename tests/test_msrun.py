@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import signal
 import socket
@@ -292,6 +293,54 @@ def test_restarted_rank_keeps_its_old_log_and_taskd_logs_to_log_dir(killed_dummy
     assert own, f"no taskd log file (mentioning the job id) in msrun's --log_dir: {names}"
 
 
+AGENT_API_FALLBACK = "Import task agent"  # msrun's warning when `taskd.api.taskd_agent_api` did not import
+AGENT_API_TAKEN = "start by taskd agent"  # msrun's line when it runs the job through start_taskd_agent()
+PLUGIN_TAKEN = "start by mindx"  # ... and when it runs it through MSRunPlugin.start()
+
+
+@pytest.mark.timeout(180)
+def test_msrun_takes_the_taskd_agent_api_path(killed_dummy):
+    """Issue 18 item 1: MindSpore 2.10 tries `taskd.api.taskd_agent_api` first; it must import, so no
+    fallback line, and the job (rank 1 SIGKILLed, recovered above) ran through start_taskd_agent()."""
+    out = killed_dummy.job.output()
+    assert AGENT_API_FALLBACK not in out, f"msrun fell back from taskd.api\n{killed_dummy.job.logs()}"
+    assert AGENT_API_TAKEN in out and PLUGIN_TAKEN not in out, killed_dummy.job.logs()
+
+
+BLOCK_AGENT_API = """\
+import importlib.abc, sys
+class _NoAgentApi(importlib.abc.MetaPathFinder):  # an older taskd: no taskd.api package
+    def find_spec(self, name, path=None, target=None):
+        if name == "taskd.api" or name.startswith("taskd.api."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+sys.meta_path.insert(0, _NoAgentApi())
+"""
+
+
+@pytest.mark.timeout(180)
+def test_without_taskd_api_msrun_plugin_still_recovers(jobs, msrun_env, tmp_path):
+    """Older MindSpore imports only MSRunPlugin; with `taskd.api` hidden (a sitecustomize), msrun 2.10
+    takes that path too: rank 1 SIGKILLed mid-run, one job-rescheduling, msrun exits 0."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(BLOCK_AGENT_API)
+    msrun_env["PYTHONPATH"] = os.pathsep.join((str(site), msrun_env["PYTHONPATH"]))
+    job = jobs("plugin-path", DUMMY, ["--state-dir", "{dir}/state", "--duration", "5"], msrun_env)
+    state = job.dir / "state"
+    wait_for("both ranks to start", lambda: started(state, 0) and started(state, 1), 90, job)
+    time.sleep(0.5)
+    os.kill(pid_of(started(state, 1)[0]), signal.SIGKILL)
+    rc = job.wait(120)
+    job.assert_plugin_in_control()
+    out = job.output()
+    assert "Import task agent: No module named 'taskd.api'" in out, job.logs()
+    assert PLUGIN_TAKEN in out and AGENT_API_TAKEN not in out, job.logs()
+    assert rc == 0, f"msrun exited {rc}\n{job.logs()}"
+    job.assert_one_job_rescheduling()
+    job.assert_nothing_left()
+
+
 @pytest.mark.timeout(420)
 def test_real_training_rank_sigkilled_is_rescheduled_and_matches_fault_free_run(jobs, msrun_env):
     train = ["--steps", "40", "--ckpt-every", "10", "--ckpt-dir", "{dir}/ckpt", "--out", "{dir}/out"]
@@ -380,6 +429,39 @@ def test_hung_rank_is_detected_named_dumped_and_job_rescheduled(jobs, msrun_env,
     job.assert_nothing_left()
     assert not list(tmp.glob("taskd-heartbeat-*")), "the plugin made its heartbeat directory in $TMPDIR"
     assert not list(job.log_dir.glob("taskd-heartbeat-*")), "the plugin left its heartbeat directory behind"
+
+
+MS_STALL = REPO / "tests" / "mindspore_scripts" / "ms_stall.py"
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("how", ["sigstop", "sleep"])
+def test_hung_rank_of_two_in_lockstep_is_the_one_that_stopped(jobs, msrun_env, how):
+    """Issue 18 item 3: 2 real MindSpore ranks on one node, one AllReduce per step; rank 1 beats step 20
+    0.05 s AFTER rank 0 (so rank 0's heartbeat is the older one, the old rule's pick), then is SIGSTOPped
+    or sleeps, and rank 0 waits in the next AllReduce. taskd must name rank 1 (by its process state, or by
+    the stacks: rank 0's stop in MindSpore's asnumpy, rank 1's in the script), fault only rank 1, and the
+    job-rescheduling must finish the job."""
+    msrun_env["TASKD_HEARTBEAT_TIMEOUT"] = "4"
+    msrun_env["TASKD_MONITOR_INTERVAL"] = "0.5"
+    job = jobs(f"stall-{how}", MS_STALL, ["--state-dir", "{dir}/state", "--steps", "5", "--stall-at-step", "20",
+                                          "--skew", "-0.05", "--stall-how", how], msrun_env)
+    rc = job.wait(200)
+    job.assert_plugin_in_control()
+    out = job.output()
+    culprit = re.findall(r"hang: rank (\d+) \(pid \d+\) made no progress [^\n]*: the culprit; ([^\n]*)", out)
+    assert [r for r, _ in culprit] == ["1"], f"expected rank 1 alone named the culprit\n{job.logs()}"
+    expected_reason = "process is stopped" if how == "sigstop" else "stacks stop in the script's own code"
+    assert expected_reason in culprit[0][1], job.logs()
+    assert "cannot tell which rank" not in out, job.logs()
+    faults = re.findall(r"fault: rank (\d+) \(pid \d+\) stopped making progress", out)
+    assert faults == ["1"], f"faults reported {faults}, expected only rank 1\n{job.logs()}"
+    assert rc == 0, f"msrun exited {rc}\n{job.logs()}"
+    job.assert_one_job_rescheduling()
+    state = job.dir / "state"
+    for rank in (0, 1):
+        assert files(state, f"done-rank{rank}-"), f"rank {rank} never finished after the restart\n{job.logs()}"
+    job.assert_nothing_left()
 
 
 @pytest.mark.timeout(120)

@@ -21,9 +21,11 @@ from enum import Enum
 from typing import Any, Protocol
 
 from taskd.agent.config import AgentConfig
+from taskd.agent.fencing import Fencing
 from taskd.agent.finish_report import FinishReport, deliver
-from taskd.agent.policy import LossTimer
+from taskd.agent.policy import LossTimer, ReportRetry
 from taskd.agent.ranks import RankLayout
+from taskd.agent.reports import FAULT, Outbox, Report, Settled
 from taskd.client import ClientCredentials, ConfigurationError, RecoverClient
 from taskd.client.current import set_manager
 from taskd.client.errors import AuthenticationError, FencedError, RecoverClientError
@@ -61,6 +63,10 @@ class Command(str, Enum):
     ASSIGN = "assign"  # a standby takes over a lost node's rank (issue 17)
 
 
+# Node-loss commands, carried by taskd's own signal types ("taskd.fenced", "taskd.assignNode"; agent/node_loss.py).
+NODE_LOSS_COMMANDS = frozenset({Command.FENCE, Command.ASSIGN})
+
+
 # The wire's actions and signal types -> commands (the client dispatches on these names).
 WIRE_COMMANDS = {
     Action.STOP_TRAIN: Command.STOP, Action.ON_GLOBAL_RANK: Command.STRATEGIES,
@@ -68,13 +74,15 @@ WIRE_COMMANDS = {
     Action.FAULT_NODES_EXIT: Command.KILL, SignalType.KILL_MASTER: Command.KILL,
     SignalType.FENCED: Command.FENCE, SignalType.ASSIGN_NODE: Command.ASSIGN,
 }
-PROBE_AFTER = 1.0  # seconds without the signal stream before asking whether this agent was fenced
-PROBE_EVERY = 2.0  # seconds between two such questions
 
 
 @dataclass(frozen=True)
 class Order:
-    """One command from the controller, as the agent's handlers read it."""
+    """One command from the controller, as the agent's handlers read it.
+
+    `generation` and `restarts` are taskd's controller's (a changeStrategy's extraParams JSON: the live
+    generation every node names, the job's restarts used with this round's charge), parsed once here and
+    None when absent or not a non-negative int (ClusterD sends neither)."""
 
     command: Command
     uuid: str
@@ -84,6 +92,9 @@ class Order:
     strategy: str
     timeout: float
     extra_params: str
+    generation: int | None = None
+    restarts: int | None = None
+    node_rank: int | None = None  # an assignNode's (extraParams {"node_rank": R}, issue 17)
 
     @classmethod
     def of(cls, command: Command, sig: Any) -> Order:
@@ -93,16 +104,31 @@ class Order:
         except ValueError as exc:  # a fault type taskd does not know: keep it as the controller sent it
             log.debug("signal %s: %s", sig.uuid, exc)
             faults = {int(r): str(t) for r, t in raw.items()}
+        params = _params(sig.extra_params)
         return cls(command, sig.uuid, sig.signal_type, tuple(sig.actions), faults, sig.strategy,
-                   float(sig.timeout or 0), sig.extra_params)
+                   float(sig.timeout or 0), sig.extra_params, _count(params, "generation"), _count(params, "restarts"),
+                   _count(params, "node_rank"))
 
     def reason(self) -> str:
         """taskd's controller says why it ends a job in extraParams {"reason": ...}; ClusterD sends other JSON."""
-        try:
-            params = json.loads(self.extra_params or "{}")
-        except (TypeError, ValueError):
-            return ""
-        return str(params.get("reason", "")) if isinstance(params, dict) else ""
+        return str(_params(self.extra_params).get("reason", ""))
+
+
+def _params(extra_params: Any) -> dict[str, Any]:
+    """A signal's extraParams as a JSON object; {} for anything else (ClusterD's, malformed, hostile)."""
+    try:
+        params = json.loads(extra_params or "{}")
+    except (TypeError, ValueError, RecursionError):
+        return {}
+    return params if isinstance(params, dict) else {}
+
+
+def _count(params: dict[str, Any], name: str) -> int | None:
+    """A non-negative int field of extraParams, or None (missing, a bool, a float, a string, negative)."""
+    value = params.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
 
 
 class ControllerLink:
@@ -123,11 +149,15 @@ class ControllerLink:
         self._finish_thread: threading.Thread | None = None
         self._status_channel: Any = None
         self.loss = LossTimer(config.controller_timeout)
-        self.fenced: str | None = None  # why the controller fenced this agent, once it said so
+
+        def fence_order(reason: str) -> None:  # one FENCE order, queued like the controller's (fencing.py)
+            self._orders.put(Order(Command.FENCE, "", SignalType.FENCED, (), {}, "", 0.0, reason))
+            self._wake()
+
+        self.fencing = Fencing(fence_order)
         self._standby = False  # joined as a standby and not assigned a node (yet): it has no finish to report
-        self._disconnected_since: float | None = None
-        self._next_probe = 0.0
-        self._probe: threading.Thread | None = None
+        self.outbox = Outbox(lambda: self._mgr, wake)
+        self._settled_faults: list[Settled] = []
 
     @property
     def active(self) -> bool:
@@ -138,10 +168,10 @@ class ControllerLink:
     def connected(self) -> bool:
         return self._mgr is not None and self._mgr.connected
 
-    def connect(self, job_id: str, layout: RankLayout, standby: bool = False) -> bool:
+    def connect(self, job_id: str, layout: RankLayout, as_standby: bool = False) -> bool:
         """Init, register and subscribe; False when no controller takes this agent (run degraded).
 
-        A `standby` agent joins as a spare: the controller ignores its node rank until it assigns it one."""
+        An `as_standby` agent joins as a spare: the controller ignores its node rank until it assigns it one."""
         cfg = self.config
         address = cfg.server
         if address is None:
@@ -154,7 +184,7 @@ class ControllerLink:
         info = recover_pb2.ClientInfo(
             jobId=job_id, role="agent", nodeRank=layout.node_rank, nodeCount=layout.node_count,
             ranksPerNode=layout.ranks_per_node, maxRestarts=cfg.max_restarts, host=socket.gethostname(),
-            pid=os.getpid(), strategies=cfg.offered_strategies, standby=standby)
+            pid=os.getpid(), strategies=cfg.offered_strategies, standby=as_standby)
         # An embedded controller lives and dies with this process: 3 s keepalive pings (for a remote
         # controller's death) only cost an idle agent CPU there.
         options = (("grpc.keepalive_time_ms", 60_000),) if self._local_started else ()
@@ -166,7 +196,7 @@ class ControllerLink:
             mgr.stop()
             return False
         self._mgr = mgr
-        self._standby = standby
+        self._standby = as_standby
         set_manager(mgr)  # TaskD's module functions, called in this process, use it
         for name, command in WIRE_COMMANDS.items():
             mgr.register_action_handler(name, self._queue(command))
@@ -177,7 +207,7 @@ class ControllerLink:
         deadline = time.monotonic() + 5.0
         while not mgr.connected and time.monotonic() < deadline:  # set-up only: ranks are not started yet
             time.sleep(0.01)
-        node = "a standby" if standby else f"node {layout.node_rank}"
+        node = "a standby" if as_standby else f"node {layout.node_rank}"
         log.info("job %s: %s of %d, %d rank(s), controller %s%s", job_id, node, layout.node_count,
                  layout.ranks_per_node, address, " (embedded)" if self._local_started else "")
         return True
@@ -195,7 +225,7 @@ class ControllerLink:
         try:
             status = mgr.register(info)
         except FencedError as exc:
-            self._fence(str(exc))
+            self.fencing.fence(str(exc))
             return False
         except RecoverClientError as exc:
             log.error("could not register as node %d: %s", layout.node_rank, exc)
@@ -203,55 +233,15 @@ class ControllerLink:
         if status.code == Code.OK:
             self._standby = False
         elif status.code == Code.FENCED:
-            self._fence(status.info)
+            self.fencing.fence(status.info)
         else:
             log.error("the controller refused this standby as node %d: %d %s", layout.node_rank, status.code,
                       status.info)
         return status.code == Code.OK
 
-    # -- fencing: this agent was declared lost and its node is another agent's now -------------------
-    def _fence(self, why: str) -> None:
-        """Queue the fence order once, whichever way the controller said it (411, a taskd.fenced signal)."""
-        if self.fenced is not None:
-            return
-        self.fenced = why or "the controller refused this agent (411: fenced)"
-        self._orders.put(Order(Command.FENCE, "", SignalType.FENCED, (), {}, "", 0.0,
-                               json.dumps({"reason": self.fenced})))
-        self._wake()
-
-    def _answered(self, what: str, code: int) -> None:
-        if code == Code.FENCED:
-            self._fence(f"{what} refused (411): this agent was fenced")
-        elif code != Code.OK:
-            log.warning("controller answered %d to %s", code, what)
-
     def probe_fenced(self, now: float) -> None:
-        """Without the signal stream for a moment (a SIGSTOPped agent just continued, a healed partition), ask
-        in the background whether this agent was fenced: a Register from a fenced identity is refused with 411,
-        and its ranks must stop before they do anything more for the node."""
-        mgr = self._mgr
-        if mgr is None or self.fenced is not None or mgr.connected:
-            self._disconnected_since = None
-            return
-        if self._disconnected_since is None:
-            self._disconnected_since = now
-        if now - self._disconnected_since < PROBE_AFTER or now < self._next_probe or \
-                (self._probe is not None and self._probe.is_alive()):
-            return
-        self._next_probe = now + PROBE_EVERY
-        self._probe = threading.Thread(target=self._ask_fenced, args=(mgr,), name="taskd-fence-probe", daemon=True)
-        self._probe.start()
-
-    def _ask_fenced(self, mgr: RecoverClient) -> None:
-        try:
-            status = mgr.register(timeout=2.0)
-        except FencedError as exc:
-            self._fence(str(exc))
-        except Exception as exc:  # unreachable: nothing is known, the next probe asks again
-            log.debug("fence probe: %s", exc)
-        else:
-            if status.code == Code.FENCED:
-                self._fence(status.info)
+        """Cut off from the controller: ask, in the background, whether this agent was fenced (fencing.py)."""
+        self.fencing.probe(self._mgr, self.connected, now)
 
     @staticmethod
     def _register(mgr: RecoverClient, info: recover_pb2.ClientInfo, address: str) -> bool:
@@ -292,50 +282,71 @@ class ControllerLink:
         """Seconds the controller has been gone while a round waits on it, once that reaches the timeout."""
         return self.loss.expired(now, self.active and round_open and not self.connected)
 
-    # -- reports (each a no-op without a controller) ---------------------------------------------
-    def report_fault(self, faults: FaultRanks, detail: str) -> bool:
-        """One attempt: True when the controller took the report (the caller retries on its own timer)."""
-        if self._mgr is None:
-            return False
-        try:
-            code = self._mgr.report_process_fault(faults, detail=detail)
-            if code == Code.OK:
-                return True
-            self._answered("the fault report", code)
-        except FencedError as exc:
-            self._fence(str(exc))
-        except RecoverClientError as exc:  # unreachable or failing inside: retried, then degraded; never fatal
-            log.warning("fault report not taken: %s", exc)
-        return False
+    # -- reports (each a no-op without a controller): pending items the loop polls (agent/reports.py) ----------
+    def _add(self, what: str, method: str, build: Callable[[RecoverClient, Report], Any], now: float,
+             faults: FaultRanks | None = None, detail: str = "") -> None:
+        if self._mgr is not None:
+            self.outbox.add(Report(what, method, build, ReportRetry(now + self.config.controller_timeout),
+                                   dict(faults or {}), detail))
 
-    def _send(self, what: str, call: Callable[[], int]) -> None:
-        """A report the controller answers within a round: its failure is logged; the round's own timers
-        (the controller's deadlines, the agent's loss timer) decide what happens next, never a crash."""
-        if self._mgr is None:
+    def report_fault(self, faults: FaultRanks, detail: str, now: float) -> None:
+        """Report a fault, or add it to the fault report still pending; `poll_reports` says how it went."""
+        if self._mgr is None or self.outbox.join_fault(faults, detail):
             return
-        try:
-            self._answered(what, call())
-        except FencedError as exc:
-            self._fence(str(exc))
-        except RecoverClientError as exc:
-            log.warning("%s not taken: %s", what, exc)
+        self._add(FAULT, "ReportProcessFault", lambda c, r: c.process_fault_request(r.faults, r.detail), now,
+                  faults, detail)
+        self.poll_reports(now)  # the first attempt goes at once
+
+    @property
+    def fault_pending(self) -> bool:
+        """A fault report the controller has not taken yet."""
+        return self.outbox.fault() is not None
+
+    def poll_reports(self, now: float) -> list[Settled]:
+        """Answers read, re-sends started, reports past their deadline settled. A fault report's settling is the
+        caller's to act on (not taken: degraded mode); the others' failures are logged, and the round's own timers
+        (the controller's deadlines, the agent's loss timer) decide what happens next."""
+        settled = self.outbox.poll(now)
+        if self.outbox.fenced is not None:  # a report answered 411: this agent was declared lost and replaced
+            self.fencing.fence(self.outbox.fenced)
+        for s in settled:
+            if not s.taken and s.report.what != FAULT:
+                log.warning("%s not taken by the controller: %s", s.report.what, s.why)
+        self._settled_faults.extend(s for s in settled if s.report.what == FAULT)
+        return settled
+
+    def settled_faults(self) -> list[Settled]:
+        """Fault reports settled since last asked (taken, or not within the controller timeout)."""
+        out, self._settled_faults = self._settled_faults, []
+        return out
+
+    def wake_at(self) -> float | None:
+        return self.outbox.wake_at()
 
     def report_stop_complete(self, faults: FaultRanks) -> None:
-        self._send("stop complete", lambda: self._mgr.report_stop_complete(Code.OK, "", faults))
+        self._add("stop complete", "ReportStopComplete", lambda c, _r: c.stop_complete_request(Code.OK, "", faults),
+                  time.monotonic())
+        self.poll_reports(time.monotonic())
 
     def report_strategies(self, faults: FaultRanks, strategies: list[str] | None = None) -> None:
         """What this node offers for the round (default: the configured strategies)."""
         offered = list(self.config.offered_strategies if strategies is None else strategies)
-        self._send("strategies", lambda: self._mgr.report_recover_strategy(faults, offered))
+        self._add("strategies", "ReportRecoverStrategy", lambda c, _r: c.recover_strategy_request(faults, offered),
+                  time.monotonic())
+        self.poll_reports(time.monotonic())
 
     def report_status(self, code: int, msg: str, faults: FaultRanks, strategy: str) -> None:
-        self._send("recover status", lambda: self._mgr.report_recover_status(code, msg, faults, strategy))
+        self._add("recover status", "ReportRecoverStatus",
+                  lambda c, _r: c.recover_status_request(code, msg, faults, strategy), time.monotonic())
+        self.poll_reports(time.monotonic())
 
     def report_finished(self, exit_code: int, reason: str) -> None:
         """Tell the controller every local rank ended: sent from a thread of its own until acknowledged, within
         the controller timeout (finish_report.py); `close()` waits for it."""
-        if self._mgr is None or self._finish is not None or self.fenced is not None or self._standby:
+        if self._mgr is None or self._finish is not None or self.fencing.fenced is not None or self._standby:
             return
+        self.poll_reports(time.monotonic())
+        self.outbox.flush()  # the round's reports before the finish
         self._finish = FinishReport(exit_code, reason, time.monotonic(), max(1.0, self.config.controller_timeout))
         mgr = self._mgr
         self._finish_thread = threading.Thread(

@@ -2,11 +2,13 @@
 hung rank's Python stacks put in its log before it is killed (py-spy when installed, else faulthandler).
 
 In a collective job every rank stops beating when one hangs: the others wait for it inside a
-collective. Only the *culprit* is flagged (`HangWatch.culprits`): a stale rank that is not inside a
-collective (`collective_since` unset, see taskd.worker.live) or that is stopped (SIGSTOP). Ranks
-that mark no collectives (msrun's, plain scripts) name one culprit: the stale rank with the oldest
-heartbeat. Stacks are taken from every stale rank at once, with a bound, and a stack that could not
-be taken (a stopped process never runs its signal handler) is said so on the console.
+collective. Only the *culprit* is flagged (`HangWatch.culprits`, deciding with `taskd.agent.culprit`):
+a stopped process (SIGSTOP), a stale rank not inside a collective by its markers (taskd.worker.live),
+one whose last heartbeat is at an earlier step than the others', or, when all stopped at the same step,
+the one whose stacks stop in the script's own code while the others' stop inside the framework;
+otherwise the console says it cannot tell which rank. Stacks are taken from every stale rank at once,
+with a bound, and a stack that could not be taken (a stopped process never runs its signal handler) is
+said so on the console.
 
 Under taskd's launcher every rank is told its own heartbeat file; under msrun no callback takes
 per-rank variables, so the agent exports one directory (TASKD_HEARTBEAT_DIR) that ranks inherit and
@@ -23,10 +25,11 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import psutil
 
+from taskd.agent.culprit import Suspect, decide, waits_in_framework
 from taskd.agent.launcher_api import Launcher
 from taskd.agent.ranks import Rank
 from taskd.process.run_dir import make_run_dir, sweep_stale_run_dirs
@@ -64,6 +67,8 @@ class HangWatch:
         self._worker_log = worker_log
         self._files: dict[int, HeartbeatFile] = {}
         self._dir: str | None = None
+        self._dumps: dict[int, str] = {}  # pid -> its stacks as taken for a hang (each incarnation once)
+        self._warned_silent = False
 
     def export_dir(self, parent: str | None = None, needed: bool = True) -> None:
         """Under msrun, give the ranks (through our environment) a directory to write their heartbeat files in.
@@ -161,28 +166,74 @@ class HangWatch:
     def culprits(self, ranks: Iterable[Rank], now: float) -> tuple[list[tuple[Rank, Hang]], list[tuple[Rank, Hang]]]:
         """(culprits, waiting) among `ranks`: culprits are named on the console first, then killed by the caller.
 
-        A stale rank inside a collective waits on a peer and is no culprit, unless it is stopped
-        (SIGSTOP). Ranks that mark no collectives (no live declaration) give one culprit: the oldest heartbeat.
+        The decision is `taskd.agent.culprit.decide` (stopped process, collective markers, the step of the
+        last heartbeat, then the stacks, which are taken here when they would decide). When nothing
+        decides, every stale rank is returned as a culprit and the console says it cannot tell which.
+        Nothing is returned while a peer at the same step still beats: the next sweep judges.
         """
-        stale = [(rank, hang) for rank in ranks if (hang := self.check(rank, now)) is not None]
-        if not stale:
+        ranks = list(ranks)
+        self._warn_if_nobody_beats(ranks, now)
+        if all(self.check(rank, now) is None for rank in ranks):
             return [], []
-        marked = any(hang.waiting for _, hang in stale) or any(self._declared(rank) for rank, _ in stale)
-        if marked:
-            culprits = [(r, h) for r, h in stale if not h.waiting or _stopped(r)]
-        else:
-            culprits = [max(stale, key=lambda item: item[1].quiet)]
-        waiting = [(r, h) for r, h in stale if all(r is not c for c, _ in culprits)]
+        seen = [(rank, suspect, hang) for rank in ranks if (found := self._suspect(rank, now)) is not None
+                for suspect, hang in (found,)]
+        timeout = self.timeout or 0.0
+        verdict = decide([s for _, s, _ in seen], timeout)
+        if verdict.need_stacks:
+            self.record_all([(rank, hang) for rank, s, hang in seen if s.stale])
+            seen = [(rank, replace(s, in_framework=waits_in_framework(self._dumps.get(rank.pid, "")))
+                     if s.stale else s, hang) for rank, s, hang in seen]
+            verdict = decide([s for _, s, _ in seen], timeout, stacks_taken=True)
+        if verdict.defer:
+            log.debug("hang: %s", verdict.reason)
+            return [], []
+        by_rank = {rank.global_rank: (rank, hang) for rank, _, hang in seen}
+        culprits = [by_rank[r] for r in verdict.culprits if r in by_rank]
+        waiting = [by_rank[r] for r in verdict.waiting if r in by_rank]
+        if not verdict.decided:
+            each = "; ".join(f"rank {r.global_rank} (pid {r.pid}) {h.describe()}" for r, h in culprits)
+            log.warning("hang: %s (%s): treating every one of them as hung", verdict.reason, each)
+            return culprits, []
         for rank, hang in culprits:
             step = f" at step {hang.step}" if hang.step is not None else ""
             where = f" in section {hang.section!r}" if hang.section else ""
             stopped = " (process stopped)" if _stopped(rank) else ""
-            log.warning("hang: rank %d (pid %d) made no progress for %.1fs%s%s%s: the culprit", rank.global_rank,
-                        rank.pid, hang.quiet, step, where, stopped)
+            log.warning("hang: rank %d (pid %d) made no progress for %.1fs%s%s%s: the culprit; %s", rank.global_rank,
+                        rank.pid, hang.quiet, step, where, stopped, verdict.reason)
         if waiting and culprits:  # without a culprit (it was just killed) they wait on its replacement: no news
+            marked = any(hang.waiting for _, hang in waiting)
             log.info("hang: rank(s) %s wait on it%s", sorted(r.global_rank for r, _ in waiting),
                      " inside a collective" if marked else "")
         return culprits, waiting
+
+    def _warn_if_nobody_beats(self, ranks: list[Rank], now: float) -> None:
+        """Hang detection is on but, twice the timeout after the ranks started, none has ever beaten: say so
+        once (a script that never calls heartbeat(), or a Model.train without TaskdCallback, is never hung)."""
+        if not self.timeout or self._warned_silent or not ranks:
+            return
+        try:
+            started = max(r.proc.create_time() for r in ranks if r.proc is not None)
+        except (psutil.Error, ValueError):
+            return
+        if now - started < 2 * self.timeout or any(self.heartbeat(r)[1] is not None for r in ranks):
+            return
+        self._warned_silent = True
+        log.warning("hang detection is on (heartbeat timeout %.0fs) but no rank has sent a heartbeat in the %.0fs "
+                    "since they started, so none can be found hung: call taskd.worker.heartbeat(step) once per "
+                    "step, or pass taskd.worker.mindspore.TaskdCallback to Model.train", self.timeout, now - started)
+
+    def _suspect(self, rank: Rank, now: float) -> tuple[Suspect, Hang] | None:
+        """What the decision needs of one running rank with a heartbeat file: stale or not, step, quiet."""
+        hb, state = self.heartbeat(rank)
+        if hb is None or state is None or state.finishing:
+            return None
+        hang = self.check(rank, now)
+        stale = hang is not None
+        if hang is None:  # not past its deadline (yet): described all the same, it may be the stopped culprit
+            hang = Hang(now - max(state.time, state.section_start or 0.0), state.step, state.section,
+                        state.stack_signal)
+        return Suspect(rank=rank.global_rank, stale=stale, step=state.step, quiet=hang.quiet,
+                       stopped=_stopped(rank), marked=self._declared(rank), waiting=hang.waiting), hang
 
     def _declared(self, rank: Rank) -> bool:
         hb, _ = self.heartbeat(rank)
@@ -196,6 +247,8 @@ class HangWatch:
         results: dict[int, bool] = {}
         threads = []
         for rank, hang in hangs:
+            if rank.pid in self._dumps:  # taken a moment ago, to decide the culprit
+                continue
             def take(rank: Rank = rank, sig: int = hang.stack_signal) -> None:
                 results[rank.global_rank] = self.record_stacks(rank, sig, min(3.0, bound))
             thread = threading.Thread(target=take, name=f"taskd-stacks-{rank.global_rank}", daemon=True)
@@ -204,6 +257,7 @@ class HangWatch:
         deadline = time.monotonic() + bound
         for rank, thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
+            self._dumps.setdefault(rank.pid, "")  # once per incarnation, taken or not
             if not results.get(rank.global_rank, False):
                 why = "its process is stopped (SIGSTOP)" if _stopped(rank) else \
                     "it installed no stack signal (taskd.worker.heartbeat) and py-spy is not available or failed" \
@@ -214,7 +268,8 @@ class HangWatch:
         """Put the hung rank's Python stacks in its log: py-spy when installed, else faulthandler; True if taken."""
         log_path = self.details.log_path(rank.local_rank)
         pyspy = shutil.which("py-spy") if os.environ.get("TASKD_PYSPY", "1") != "0" else None
-        if pyspy and log_path and _pyspy_dump(pyspy, rank, log_path):
+        if pyspy and log_path and (dump := _pyspy_dump(pyspy, rank, log_path)):
+            self._dumps[rank.pid] = dump
             return True
         if stack_signal and not _stopped(rank):  # a stopped process runs no handler: the signal would wait for SIGCONT
             log_path = log_path or self._worker_log(rank)
@@ -225,6 +280,7 @@ class HangWatch:
                 return False
             if not _wait_for_dump(log_path, before, limit=limit):
                 return False
+            self._dumps[rank.pid] = _read_from(log_path, before)
             log.info("stacks of rank %d requested with signal %d (see its log)", rank.global_rank, stack_signal)
             return True
         return False
@@ -237,7 +293,8 @@ class HangWatch:
             os.environ.pop(Var.TASKD_HEARTBEAT_DIR, None)
 
 
-def _pyspy_dump(pyspy: str, rank: Rank, log_path: str) -> bool:
+def _pyspy_dump(pyspy: str, rank: Rank, log_path: str) -> str:
+    """py-spy's dump of the rank, appended to its log; the dump, or "" when none was taken."""
     try:
         out = subprocess.run([pyspy, "dump", "--pid", str(rank.pid)], capture_output=True, text=True, timeout=10)
         if out.returncode == 0 and out.stdout.strip():
@@ -245,11 +302,23 @@ def _pyspy_dump(pyspy: str, rank: Rank, log_path: str) -> bool:
                 fh.write(f"--- taskd: stacks of hung rank {rank.global_rank} (py-spy) ---\n")
                 fh.write(out.stdout)
             log.info("stacks of rank %d written to %s", rank.global_rank, log_path)
-            return True
+            return out.stdout
         log.debug("py-spy dump failed: %s", out.stderr.strip())
     except (OSError, subprocess.TimeoutExpired) as exc:
         log.debug("py-spy dump failed: %s", exc)
-    return False
+    return ""
+
+
+def _read_from(path: str | None, offset: int | None, limit: int = 1 << 20) -> str:
+    """What the rank's log gained since `offset`: the faulthandler dump (and whatever else it printed meanwhile)."""
+    if not path or offset is None:
+        return ""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            return fh.read(limit).decode("utf-8", errors="replace")
+    except OSError:
+        return ""
 
 
 def hang_signal(rank: Rank, hangs: Iterable[tuple[Rank, Hang]]) -> int:

@@ -11,9 +11,7 @@ while live recovery is on.
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from taskd.agent.launcher_api import Launcher
@@ -46,10 +44,9 @@ class Rebuild:
 class LiveRanks:
     """Declarations, in-place errors and group generations of one node's ranks."""
 
-    def __init__(self, table: RankTable, details: Launcher, job_id: Callable[[], str | None]) -> None:
+    def __init__(self, table: RankTable, details: Launcher) -> None:
         self.table = table
         self.details = details
-        self._job_id = job_id
         self.control_path: str | None = details.control_path() if details.live_recovery else None
         # the launcher expects its ranks to declare what they can do in place (taskd run, a .py entrypoint),
         # whether or not it hosts a store for them: recover is then offered only to ranks that declared it
@@ -139,21 +136,11 @@ class LiveRanks:
             and rank.state is RankState.RUNNING
 
     # -- the generation and the control file -------------------------------------------------------
-    def next_generation(self, extra_params: str) -> int:
-        """The controller's generation for this order: the same on every node, never reused while the store lives.
-
-        taskd's controller puts it in the changeStrategy signal's extraParams (``{"generation": g}``,
-        its per-job signal number, persisted). A controller that gives none (ClusterD) gets this
-        node's own count, which is right on one node only.
-        """
-        generation = None
-        try:
-            params = json.loads(extra_params or "{}")
-        except ValueError:
-            params = None
-        if isinstance(params, dict) and isinstance(params.get("generation"), int) \
-                and not isinstance(params["generation"], bool):
-            generation = params["generation"]
+    def next_generation(self, generation: int | None = None) -> int:
+        """Name the generation of this node's next recovery: the controller's (`Order.generation`, the same on
+        every node) if it gave one above the newest named here, else the next of this node's own count (right
+        on one node only: ClusterD gives none, nor does the degraded local restart). Never reused while the
+        store lives. The one place a generation is named."""
         if generation is None or generation <= self.generation:
             generation = self.generation + 1
         self.generation = generation

@@ -11,15 +11,15 @@ Three ways an agent meets a node loss, each apart from the recovery round it the
   lost node's rank (`taskd.assignNode`) or the job ends (exit 0: it was not needed), then takes that
   node rank (the launcher's `set_node_rank`) and proceeds as a replacement;
 - a **fenced** agent: one the controller declared lost that came back (SIGSTOP/SIGCONT, a healed
-  partition). Whatever said so (a 411 answer, a `taskd.fenced` signal), it stops every rank first, so
-  none acts for the node again, and exits 1 with the controller's words naming what replaced it.
+  partition). Whatever said so (a 411 answer, a `taskd.fenced` signal, the answer to its own question
+  when cut off), it stops every rank first, so none acts for the node again, and exits 1 with the
+  controller's words naming what replaced it (the round machine's FenceOrder rule).
 
 The decisions are pure functions below; `NodeLoss` carries them out with the agent's parts.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -29,7 +29,6 @@ from typing import Protocol
 from taskd.agent.config import AgentConfig
 from taskd.agent.controller_link import Command, ControllerLink, Order
 from taskd.agent.launcher_api import Launcher, NodeRankFixed
-from taskd.agent.rank_control import RankControl
 from taskd.agent.ranks import RankLayout, RankState, RankTable
 from taskd.vocabulary import FaultType, Strategy
 
@@ -40,13 +39,8 @@ ENDED = ("SUCCEEDED", "FAILED")
 
 
 def assigned_node(order: Order) -> int | None:
-    """The node rank a taskd.assignNode names (extraParams {"node_rank": R}); None if it names none."""
-    try:
-        params = json.loads(order.extra_params or "{}")
-    except (TypeError, ValueError, RecursionError):
-        return None
-    value = params.get("node_rank") if isinstance(params, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    """The node rank a taskd.assignNode names (extraParams {"node_rank": R}, parsed in Order.of); None if none."""
+    return order.node_rank
 
 
 @dataclass(frozen=True)
@@ -118,13 +112,15 @@ def await_assignment(link: JobSource, wait: Callable[[float], object], interrupt
 
 
 class NodeLoss:
-    """Carries out the node-loss decisions with the agent's parts (the supervisor sequences the calls)."""
+    """Carries out the node-loss decisions with the agent's parts (the supervisor sequences the calls).
 
-    def __init__(self, config: AgentConfig, link: ControllerLink, control: RankControl, table: RankTable,
-                 launcher: Launcher, finish: Callable[[bool, int, str], None]) -> None:
+    The fence order itself is the round machine's (round_table.py: any state, FenceOrder -> FENCED: every rank
+    SIGKILLed first, then exit 1); what turns a 411 or a `taskd.fenced` into that order is controller_link.py's."""
+
+    def __init__(self, config: AgentConfig, link: ControllerLink, table: RankTable, launcher: Launcher,
+                 finish: Callable[[bool, int, str], None]) -> None:
         self.config = config
         self.link = link
-        self.control = control
         self.table = table
         self.launcher = launcher
         self.finish = finish
@@ -140,7 +136,7 @@ class NodeLoss:
                    interrupted: Callable[[], bool]) -> bool:
         """Join as a standby and wait for a node. True once it is node R (the launcher and the configuration say
         so; the caller lays the ranks out and registers as R); False when the job ended here (finish called)."""
-        if not self.link.connect(job_id, layout, standby=True):
+        if not self.link.connect(job_id, layout, as_standby=True):
             self.finish(False, 1, "a standby needs the job's controller, and none answered")
             return False
         log.info("standby for job %s: waiting for a lost node to take over (or the job's end)", job_id)
@@ -194,20 +190,6 @@ class NodeLoss:
             self.finish(False, 1, f"no strategy for the replacement within {self.config.node_rejoin_timeout:.0f}s")
             return
         self.link.probe_fenced(now)
-
-    # -- orders ------------------------------------------------------------------------------------------
-    def on_fence(self, order: Order) -> None:
-        """Stop every rank before anything else (none may act for the node again), then end with the reason."""
-        alive = self.table.alive()
-        self.control.stop(alive, graceful=False)
-        why = order.reason() or "the controller fenced this agent"
-        log.error("fenced: %s; this agent no longer holds its node: stopped %d rank(s), exiting", why, len(alive))
-        self.finish(False, 1, f"fenced by the controller: {why}")
-
-    def on_assign(self, order: Order) -> None:
-        """An assignment to an agent that already holds a node: not for it."""
-        log.warning("taskd.assignNode %s (node %s) ignored: this agent already is node %s", order.uuid,
-                    assigned_node(order), self.config.node_rank)
 
 
 __all__ = ["NodeLoss", "StandbyEnd", "assigned_node", "await_assignment", "replacement_overdue", "standby_step"]

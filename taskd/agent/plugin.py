@@ -52,10 +52,15 @@ class MSRunPlugin:
         self.result: JobResult | None = None
 
     def register_callbacks(self, operator: str, func: Callable[..., Any]) -> None:
+        """Record a launcher callback; checked at start(), as TaskD does.
+
+        An exception here would make msrun supervise the job itself, unprotected; so, as in TaskD,
+        registration takes anything, a name taskd does not use is logged and ignored (a newer
+        MindSpore may offer more), and start() refuses a missing, None or non-callable callback.
+        """
         if operator not in CALLBACKS:
-            raise ValueError(f"unknown callback {operator!r}; expected one of {', '.join(CALLBACKS)}")
-        if not callable(func):
-            raise TypeError(f"callback {operator} must be callable, not {type(func).__name__}")
+            log.warning("callback %r is not one taskd uses (%s): ignored", operator, ", ".join(CALLBACKS))
+            return
         self._callbacks[operator] = func
 
     def run(self) -> JobResult:
@@ -64,6 +69,10 @@ class MSRunPlugin:
         if missing:
             raise RuntimeError(f"register_callbacks() was never called for {', '.join(missing)}: "
                                "register every launcher callback before start()")
+        unusable = [f"{name} ({type(func).__name__})" for name, func in self._callbacks.items() if not callable(func)]
+        if unusable:
+            raise RuntimeError(f"callbacks registered but not callable: {', '.join(unusable)}: "
+                               "register a function for every launcher callback before start()")
         setup_console_logging(only_if_unconfigured=True)
         if self.config is None:
             return self._refuse(self.config_error or "invalid configuration")

@@ -149,6 +149,19 @@ def report_fault_ranks(value: object) -> FaultRanks:
         raise BadArgument(str(exc)) from None
 
 
+def fault_detail(detail: object, fault_codes: object) -> str:
+    """`detail`, with TaskD's `fault_codes` ({rank: code}, from MindIO) appended so the controller keeps them."""
+    text = str(detail or "")
+    if fault_codes is None:
+        return text
+    if not isinstance(fault_codes, Mapping):
+        raise BadArgument(f"fault_codes must be a dict {{rank: code}} or None, got {type(fault_codes).__name__}")
+    if not fault_codes:
+        return text
+    codes = "fault codes " + ", ".join(f"rank {_rank(rank)}: {code}" for rank, code in fault_codes.items())
+    return f"{text}; {codes}" if text else codes
+
+
 def int32_or_none(value: object) -> int | None:
     try:
         return int32(value, "value")

@@ -7,16 +7,19 @@ call builds the instance from the environment, as TaskD's `get_recover_manager_i
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Mapping
 from typing import Any
 
+from taskd.address import LOCAL_PROXY_ADDRESS, local_proxy_enabled
 from taskd.client.arguments import env_int
 from taskd.client.errors import ConfigurationError
 from taskd.client.manager import DEFAULT_ROLE, DLRecoverManager, RecoverClient
 from taskd.proto import recover_pb2
 
+logger = logging.getLogger(__name__)
 _lock = threading.Lock()
 _override: RecoverClient | None = None
 
@@ -26,11 +29,17 @@ def manager_from_env(environ: Mapping[str, str] | None = None, **kwargs: Any) ->
 
     Optional: TASKD_NODE_RANK, TASKD_NNODES, TASKD_NPROC_PER_NODE (the names the agent reads; the older
     TASKD_NODE_COUNT and TASKD_RANKS_PER_NODE are still read when those are unset) fill ClientInfo's fields;
-    TASKD_TOKEN_FILE and TASKD_TLS_* give the credentials (see ClientCredentials.from_env).
+    TASKD_TOKEN_FILE and TASKD_TLS_* give the credentials (see ClientCredentials.from_env). As in TaskD,
+    LOCAL_PROXY_ENABLE=on sends everything to the node's proxy at 127.0.0.1:8899 instead of MINDX_SERVER_IP
+    (which must still be set).
     """
     env = os.environ if environ is None else environ
     job_id = env.get("MINDX_TASK_ID", "").strip()
     server = env.get("MINDX_SERVER_IP", "").strip()
+    if server and local_proxy_enabled(env):
+        logger.info("LOCAL_PROXY_ENABLE=on: the recover client talks to the local proxy %s, not MINDX_SERVER_IP %s",
+                    LOCAL_PROXY_ADDRESS, server)
+        server = LOCAL_PROXY_ADDRESS
     missing = [name for name, value in (("MINDX_TASK_ID", job_id), ("MINDX_SERVER_IP", server)) if not value]
     if missing:
         raise ConfigurationError(
@@ -65,7 +74,7 @@ def get_manager() -> RecoverClient:
     with _lock:
         if _override is not None:
             return _override
-        return DLRecoverManager.instance() or manager_from_env()
+        return DLRecoverManager.instance or manager_from_env()
 
 
 get_recover_manager_instance = get_manager  # TaskD's name
@@ -87,9 +96,9 @@ def report_recover_status(code: int, msg: str, fault_ranks: dict, strategy: str)
     return get_manager().report_recover_status(code, msg, fault_ranks, strategy)
 
 
-def report_process_fault(fault_ranks: dict) -> int:
-    """TaskD's function: see DLRecoverManager.report_process_fault."""
-    return get_manager().report_process_fault(fault_ranks)
+def report_process_fault(fault_ranks: dict, fault_codes: dict | None = None) -> int:
+    """TaskD's function (and signature): see DLRecoverManager.report_process_fault."""
+    return get_manager().report_process_fault(fault_ranks, fault_codes)
 
 
 def report_finished(exit_code: int, message: str = "") -> int:

@@ -12,7 +12,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -22,7 +22,7 @@ from taskd.client.credentials import ClientCredentials
 from taskd.client.dispatch import Dispatcher, SignalHandler
 from taskd.client.errors import ConfigurationError, RecoverClientError, ServerUnreachable
 from taskd.client.retry import MIN_CALL_TIMEOUT, Backoff, ReportRetryPolicy
-from taskd.client.rpc import RpcClient, normalize_address
+from taskd.client.rpc import PendingCall, RpcClient, normalize_address
 from taskd.client.signals import fault_ranks_to_proto
 from taskd.client.subscription import Subscription
 from taskd.proto import recover_pb2, taskd_pb2
@@ -201,11 +201,38 @@ class RecoverClient:
     def _identity(self) -> dict[str, Any]:
         return {"jobId": self.info.jobId, "nodeRank": self.info.nodeRank}
 
+    # Each report's request, built (and its arguments checked: BadArgument) apart from sending it, so that the
+    # blocking reports below and `start_report`'s single attempts send the same message.
+
+    def stop_complete_request(self, code: int, msg: str, fault_ranks: dict) -> recover_pb2.StopCompleteRequest:
+        return recover_pb2.StopCompleteRequest(
+            status=recover_pb2.Status(code=arguments.int32(code, "code"), info=str(msg or "")),
+            faultRanks=fault_ranks_to_proto(fault_ranks), **self._identity())
+
+    def recover_strategy_request(self, fault_ranks: dict, strategy_list: list) -> recover_pb2.RecoverStrategyRequest:
+        return recover_pb2.RecoverStrategyRequest(faultRanks=fault_ranks_to_proto(fault_ranks),
+                                                  strategies=arguments.strategies(strategy_list), **self._identity())
+
+    def recover_status_request(self, code: int, msg: str, fault_ranks: dict, strategy: str,
+                               isolate_ranks: Iterable[int] | None = None) -> recover_pb2.RecoverStatusRequest:
+        fault_ranks_to_proto(fault_ranks)
+        return recover_pb2.RecoverStatusRequest(
+            status=recover_pb2.Status(code=arguments.int32(code, "code"), info=str(msg or "")),
+            strategy=str(strategy or ""),
+            isolateRankIds=[str(arguments.int32(r, "isolate rank")) for r in (isolate_ranks or ())],
+            **self._identity())
+
+    def process_fault_request(self, fault_ranks: dict, detail: str = "") -> recover_pb2.ProcessFaultRequest:
+        return recover_pb2.ProcessFaultRequest(faultRanks=fault_ranks_to_proto(fault_ranks),
+                                               detail=str(detail or ""), **self._identity())
+
+    def finish_request(self, exit_code: int, message: str = "") -> taskd_pb2.FinishRequest:
+        return taskd_pb2.FinishRequest(exitCode=arguments.int32(exit_code, "exit_code"), message=str(message or ""),
+                                       **self._identity())
+
     def report_stop_complete(self, code: int, msg: str, fault_ranks: dict) -> int:
         """Tell the controller the faulty local ranks are stopped (code 0) or could not be."""
-        return self._report("ReportStopComplete", lambda: recover_pb2.StopCompleteRequest(
-            status=recover_pb2.Status(code=arguments.int32(code, "code"), info=str(msg or "")),
-            faultRanks=fault_ranks_to_proto(fault_ranks), **self._identity()))
+        return self._report("ReportStopComplete", lambda: self.stop_complete_request(code, msg, fault_ranks))
 
     def report_recover_strategy(self, fault_ranks: dict, strategy_list: list) -> int:
         """Offer the strategies this agent can carry out for the fault ranks of the round.
@@ -214,8 +241,7 @@ class RecoverClient:
         anything is sent: an agent offering a misspelt strategy is misconfigured.
         """
         strategies = arguments.strategies(strategy_list)
-        return self._report("ReportRecoverStrategy", lambda: recover_pb2.RecoverStrategyRequest(
-            faultRanks=fault_ranks_to_proto(fault_ranks), strategies=strategies, **self._identity()))
+        return self._report("ReportRecoverStrategy", lambda: self.recover_strategy_request(fault_ranks, strategies))
 
     def report_recover_status(self, code: int, msg: str, fault_ranks: dict, strategy: str,
                               isolate_ranks: Iterable[int] | None = None) -> int:
@@ -224,21 +250,18 @@ class RecoverClient:
         RecoverStatusRequest has no fault-rank field (nor has ClusterD's): `fault_ranks` is kept for
         TaskD's signature and only checked; `isolate_ranks` fills `isolateRankIds`.
         """
+        return self._report("ReportRecoverStatus", lambda: self.recover_status_request(
+            code, msg, fault_ranks, strategy, isolate_ranks))
 
-        def build() -> recover_pb2.RecoverStatusRequest:
-            fault_ranks_to_proto(fault_ranks)
-            return recover_pb2.RecoverStatusRequest(
-                status=recover_pb2.Status(code=arguments.int32(code, "code"), info=str(msg or "")),
-                strategy=str(strategy or ""),
-                isolateRankIds=[str(arguments.int32(r, "isolate rank")) for r in (isolate_ranks or ())],
-                **self._identity())
+    def report_process_fault(self, fault_ranks: dict, fault_codes: Mapping | None = None, *,
+                             detail: str = "") -> int:
+        """Report ranks that died or hung: TaskD's `{global_rank: 0|1|2}` (or `FaultRanks`).
 
-        return self._report("ReportRecoverStatus", build)
-
-    def report_process_fault(self, fault_ranks: dict, detail: str = "") -> int:
-        """Report ranks that died or hung: TaskD's `{global_rank: 0|1|2}` (or `FaultRanks`)."""
-        return self._report("ReportProcessFault", lambda: recover_pb2.ProcessFaultRequest(
-            faultRanks=fault_ranks_to_proto(fault_ranks), detail=str(detail or ""), **self._identity()))
+        `fault_codes` is TaskD's second argument (MindIO passes `{rank: code}`); `Recover` has no
+        field for it and TaskD drops it, so here it is written into `detail` rather than lost.
+        """
+        return self._report("ReportProcessFault", lambda: self.process_fault_request(
+            fault_ranks, arguments.fault_detail(detail, fault_codes)))
 
     def report_finished(self, exit_code: int, message: str = "", timeout: float | None = None) -> int:
         """Tell the controller every local rank has ended (taskd's own AgentReport service).
@@ -246,9 +269,26 @@ class RecoverClient:
         `timeout` bounds the whole call (default `report_timeout`): an agent leaving a controller
         it already lost should not wait long for it.
         """
-        return self._report("ReportFinished", lambda: taskd_pb2.FinishRequest(
-            exitCode=arguments.int32(exit_code, "exit_code"), message=str(message or ""), **self._identity()),
-            service="agent", timeout=timeout)
+        return self._report("ReportFinished", lambda: self.finish_request(exit_code, message), service="agent",
+                            timeout=timeout)
+
+    # -- single attempts, for a caller that retries on its own clock (taskd's agent) -----------
+
+    def start_report(self, method: str, request: Any, *, timeout: float,
+                     on_done: Callable[[], None] | None = None) -> PendingCall:
+        """One attempt at a report (a request from the `*_request` builders), started and not waited for, never
+        re-sent: the caller polls the call and decides what comes next. The blocking `report_*` methods above
+        are for TaskD's users; taskd's agent, whose loop must not sleep, uses this."""
+        service = "agent" if method == "ReportFinished" else "recover"
+        return self._rpc.start(method, request, timeout=timeout, service=service, on_done=on_done)
+
+    def resync(self, *, reinit: bool, timeout: float) -> int:
+        """One re-Init (when `reinit`) and one re-Register, each within `timeout`: for a caller re-sending a report
+        the controller answered "unknown agent" or "unknown job" to. Returns the Register's code."""
+        if reinit:
+            status = self._rpc.call("Init", self.info, timeout=timeout)
+            logger.info("re-init of job %s answered %d %s", self.info.jobId, status.code, status.info)
+        return int(self.register(self._registered_with or self.info, timeout=timeout).code)
 
     # -- signals ----------------------------------------------------------------------------
 
@@ -308,16 +348,20 @@ class DLRecoverManager(RecoverClient):
     kept); with other arguments, or after stop(), it is re-initialised in place (handlers cleared,
     like a new object), unless its subscription is still running, which raises RuntimeError. Several
     clients in one process (tests, simulators) use `RecoverClient`; `reset_instance()` forgets the one.
+
+    `instance` is TaskD's class attribute: the object, or None. TaskD's own tests reset it with
+    `DLRecoverManager.instance = None`; the next construction (or module function) then builds a
+    new object, and the old one is left to whoever holds it.
     """
 
-    _instance: DLRecoverManager | None = None
+    instance: DLRecoverManager | None = None
     _instance_lock = threading.RLock()
 
     def __new__(cls, *args: Any, **kwargs: Any) -> DLRecoverManager:
         with DLRecoverManager._instance_lock:
-            if DLRecoverManager._instance is None:
-                DLRecoverManager._instance = super().__new__(cls)
-            return DLRecoverManager._instance
+            if DLRecoverManager.instance is None:
+                DLRecoverManager.instance = super().__new__(cls)
+            return DLRecoverManager.instance
 
     def __init__(self, info: recover_pb2.ClientInfo, server_addr: str, secure_conn: bool = False,
                  cert_path: str = "", *, credentials: ClientCredentials | None = None, **options: Any) -> None:
@@ -338,20 +382,15 @@ class DLRecoverManager(RecoverClient):
                 self._configure(info, server_addr, secure_conn, cert_path, credentials, options)
             except Exception:
                 if previous is None:  # never configured: do not leave a half-built instance behind
-                    DLRecoverManager._instance = None
+                    DLRecoverManager.instance = None
                 raise
             self._key = key
-
-    @classmethod
-    def instance(cls) -> DLRecoverManager | None:
-        """The process's instance, if one was constructed (TaskD's `get_instance(DLRecoverManager)`)."""
-        return DLRecoverManager._instance
 
     @classmethod
     def reset_instance(cls) -> None:
         """Stop and forget the process's instance: the next construction makes a new object (tests)."""
         with DLRecoverManager._instance_lock:
-            current, DLRecoverManager._instance = DLRecoverManager._instance, None
+            current, DLRecoverManager.instance = DLRecoverManager.instance, None
         if current is not None and hasattr(current, "_stopped"):
             current.stop()
 

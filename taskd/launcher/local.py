@@ -427,7 +427,7 @@ class LocalLauncher:
                 popen = spawn(spec.entrypoint, env, cwd=spec.cwd, split_stderr=output.split)
         except (OSError, subprocess.SubprocessError) as exc:
             inc = Incarnation(rank, global_rank, restart, None, output, returncode=SPAWN_FAILED_CODE,
-                              ended_at=time.time(), error=f"{type(exc).__name__}: {exc}")
+                              error=f"{type(exc).__name__}: {exc}")
             self._table.append(inc)
             rank_log.write(inc.header().encode())
             output.note(f"taskd: cannot start rank {global_rank}: {inc.error}")
@@ -471,7 +471,6 @@ class LocalLauncher:
             return False
         kill_group(pid)  # processes the rank left in its group
         inc.returncode = inc.popen.wait()  # a zombie by now (has_exited above): returns at once
-        inc.ended_at = time.time()
         log.info("rank %d (pid %d) %s", inc.global_rank, pid, describe_returncode(inc.returncode))
         if self._orphans.active and not self._closed:  # close() deals with orphans itself, with a grace
             self._orphans.sweep(signal.SIGKILL)

@@ -2,10 +2,12 @@
 
 Each step every rank all-reduces a small tensor, then calls ``taskd.worker.heartbeat(step)``. In the
 first incarnation (no ``<state-dir>/stalled`` marker at start) rank ``--stall-rank`` returns from the
-AllReduce of step ``--stall-at-step``, beats, and then sleeps in ``stall_forever()``; its peers beat
-that step ``--skew`` seconds later and then wait inside the next AllReduce. Every rank stops beating
-at the same step, the stalled one ``--skew`` seconds first (a CPU AllReduce takes ~0.3 s, so a whole
-step would be a wide gap; a small one lets one agent sweep find both ranks past the timeout). A later
+AllReduce of step ``--stall-at-step``, beats, and then sleeps in ``stall_forever()`` (or, with
+``--stall-how sigstop``, stops its own process as a debugger would); its peers beat that step
+``--skew`` seconds later and then wait inside the next AllReduce. Every rank stops beating at the
+same step, the stalled one ``--skew`` seconds first, or last with a negative skew (then the waiting
+rank's heartbeat is the older one). A CPU AllReduce takes ~0.3 s, so a whole step would be a wide
+gap; a small one lets one agent sweep find both ranks past the timeout. A later
 incarnation sees the marker and every rank runs ``--steps`` steps without heartbeats, records
 ``<state-dir>/done-rank<R>-<pid>`` and exits 0. As msrun's scheduler (``MS_ROLE=MS_SCHED``) ``init()``
 serves the cluster and the script returns after it.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 
@@ -30,7 +33,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tick", type=float, default=0.01, help="seconds to sleep per step")
     p.add_argument("--stall-rank", type=int, default=1)
     p.add_argument("--stall-at-step", type=int, default=20)
-    p.add_argument("--skew", type=float, default=0.1, help="how much later the peers beat the stall step")
+    p.add_argument("--skew", type=float, default=0.1,
+                   help="how much later the peers beat the stall step (negative: the stalling rank beats later)")
+    p.add_argument("--stall-how", choices=("sleep", "sigstop"), default="sleep",
+                   help="sleep in stall_forever(), or stop the process with SIGSTOP (as a debugger would)")
     return p.parse_args(argv)
 
 
@@ -74,12 +80,15 @@ def main(argv: list[str] | None = None) -> int:
         step += 1
         all_reduce(value).asnumpy()
         stall_step = first and step == args.stall_at_step
-        if stall_step and rank != args.stall_rank:
-            time.sleep(args.skew)
+        if stall_step and (rank != args.stall_rank) == (args.skew > 0):
+            time.sleep(abs(args.skew))
         if first:  # a later incarnation is not watched: MindSpore's finalize at exit outlasts a short timeout
             worker.heartbeat(step)
         if stall_step and rank == args.stall_rank:
             touch(marker, str(pid))
+            if args.stall_how == "sigstop":
+                print(f"rank {rank} stops itself (SIGSTOP) after the AllReduce of step {step}", flush=True)
+                os.kill(pid, signal.SIGSTOP)
             stall_forever(rank, step)
             return 1
         time.sleep(args.tick)

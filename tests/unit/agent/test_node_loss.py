@@ -9,15 +9,22 @@ from taskd.agent.node_loss import assigned_node, await_assignment, replacement_o
 from taskd.vocabulary import SignalType, Strategy
 
 
+class Sig:
+    def __init__(self, signal_type: str, strategy: str, extra: str) -> None:
+        self.uuid, self.signal_type, self.actions, self.fault_ranks = "u1", signal_type, (), {}
+        self.strategy, self.timeout, self.extra_params = strategy, 0, extra
+
+
 def order(command: Command, extra: object = None, strategy: str = "", signal_type: str = "") -> Order:
-    return Order(command, "u1", signal_type, (), {}, strategy, 0.0, json.dumps(extra) if extra is not None else "")
+    """As the link builds it from a signal (Order.of parses extraParams once)."""
+    return Order.of(command, Sig(signal_type, strategy, json.dumps(extra) if extra is not None else ""))
 
 
 def test_an_assignment_names_its_node_rank_in_extra_params() -> None:
     assert assigned_node(order(Command.ASSIGN, {"node_rank": 2})) == 2
     for bad in ({}, {"node_rank": -1}, {"node_rank": True}, {"node_rank": "1"}, [1]):
         assert assigned_node(order(Command.ASSIGN, bad)) is None
-    assert assigned_node(Order(Command.ASSIGN, "u", "", (), {}, "", 0.0, "{not json")) is None
+    assert assigned_node(Order.of(Command.ASSIGN, Sig("", "", "{not json"))) is None
 
 
 def test_a_standby_waits_until_assigned_or_the_job_ends() -> None:
