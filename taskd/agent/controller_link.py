@@ -241,7 +241,8 @@ class ControllerLink:
 
     def probe_fenced(self, now: float) -> None:
         """Cut off from the controller: ask, in the background, whether this agent was fenced (fencing.py)."""
-        self.fencing.probe(self._mgr, self.connected, now)
+        last = self._mgr.last_signal_time if self._mgr is not None else None
+        self.fencing.probe(self._mgr, self.connected, now, time.time() - last if last else 0.0)
 
     @staticmethod
     def _register(mgr: RecoverClient, info: recover_pb2.ClientInfo, address: str) -> bool:
@@ -403,12 +404,12 @@ class ControllerLink:
         return None if record is None or isinstance(record, str) else frozenset(record.rejoining)
 
     def job_nodes(self, timeout: float = 2.0) -> tuple[str, str, frozenset[int]] | None:
-        """(state, info, node ranks registered) of this job on the controller; state "" when it no longer
-        knows the job; None when it did not answer. Raises `JobStatusUnsupported` (see `_job_record`)."""
+        """(state, info, node ranks registered: standbys hold none) of this job on the controller; state "" when it
+        no longer knows the job; None when it did not answer. Raises `JobStatusUnsupported` (see `_job_record`)."""
         record = self._job_record(timeout)
         if record is None or isinstance(record, str):
             return None if record is None else ("", record, frozenset())
-        return record.state, record.info, frozenset(a.nodeRank for a in record.agents)
+        return record.state, record.info, frozenset(a.nodeRank for a in record.agents if not a.standby)
 
     def close(self, exit_code: int, reason: str) -> None:
         """Tell the controller the job ended here (unless done), stop listening, stop the embedded controller."""

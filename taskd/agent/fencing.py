@@ -42,14 +42,15 @@ class Fencing:
         self.fenced = why or "the controller refused this agent (411: fenced)"
         self._on_fenced(json.dumps({"reason": self.fenced}))
 
-    def probe(self, client: Any, connected: bool, now: float) -> None:
+    def probe(self, client: Any, connected: bool, now: float, silent_for: float = 0.0) -> None:
         """Without the signal stream for PROBE_AFTER seconds (a SIGSTOPped agent just continued, a healed
-        partition), ask in the background, at most every PROBE_EVERY seconds; `client` is the RecoverClient."""
+        partition), ask in the background, at most every PROBE_EVERY seconds; `client` is the RecoverClient.
+        `silent_for`: seconds since its last signal, so that an agent that was stopped asks at once."""
         if client is None or self.fenced is not None or connected:
             self._disconnected_since = None
             return
         if self._disconnected_since is None:
-            self._disconnected_since = now
+            self._disconnected_since = now - max(0.0, silent_for)
         if now - self._disconnected_since < PROBE_AFTER or now < self._next_probe or \
                 (self._probe is not None and self._probe.is_alive()):
             return

@@ -70,3 +70,42 @@ def test_await_assignment_asks_the_job_state_once_a_second_and_reads_every_order
 def test_a_replacement_gives_up_after_the_rejoin_timeout() -> None:
     assert not replacement_overdue(None, 1000.0, 300.0)
     assert not replacement_overdue(10.0, 309.9, 300.0) and replacement_overdue(10.0, 310.0, 300.0)
+
+
+class FakeClient:
+    def __init__(self, code: int) -> None:
+        self.code, self.asked = code, 0
+
+    def register(self, timeout: float = 0.0) -> object:
+        self.asked += 1
+        return type("Status", (), {"code": self.code, "info": "node 1 is now held by host-b:42"})()
+
+
+def test_a_cut_off_agent_asks_whether_it_was_fenced_and_fences_once() -> None:
+    from taskd.agent.fencing import PROBE_AFTER, Fencing
+    from taskd.vocabulary import Code
+
+    orders: list[str] = []
+    fencing = Fencing(orders.append)
+    client = FakeClient(Code.FENCED)
+    fencing.probe(client, connected=True, now=0.0)
+    fencing.probe(client, connected=False, now=1.0)  # just lost its stream: not yet
+    assert client.asked == 0
+    fencing.probe(client, connected=False, now=1.0 + PROBE_AFTER)
+    fencing._probe.join(5)
+    assert client.asked == 1 and fencing.fenced == "node 1 is now held by host-b:42"
+    assert [json.loads(o)["reason"] for o in orders] == ["node 1 is now held by host-b:42"]
+    fencing.fence("again")  # any later word of it changes nothing
+    assert len(orders) == 1
+
+
+def test_an_agent_that_was_stopped_asks_at_once_and_a_healthy_one_stays() -> None:
+    from taskd.agent.fencing import Fencing
+    from taskd.vocabulary import Code
+
+    orders: list[str] = []
+    fencing = Fencing(orders.append)
+    client = FakeClient(Code.OK)
+    fencing.probe(client, connected=False, now=100.0, silent_for=40.0)  # SIGCONTed after 40 s: no wait
+    fencing._probe.join(5)
+    assert client.asked == 1 and fencing.fenced is None and orders == []
