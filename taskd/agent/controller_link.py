@@ -63,9 +63,6 @@ class Command(str, Enum):
     ASSIGN = "assign"  # a standby takes over a lost node's rank (issue 17)
 
 
-# Node-loss commands, carried by taskd's own signal types ("taskd.fenced", "taskd.assignNode"; agent/node_loss.py).
-NODE_LOSS_COMMANDS = frozenset({Command.FENCE, Command.ASSIGN})
-
 
 # The wire's actions and signal types -> commands (the client dispatches on these names).
 WIRE_COMMANDS = {
@@ -74,6 +71,12 @@ WIRE_COMMANDS = {
     Action.FAULT_NODES_EXIT: Command.KILL, SignalType.KILL_MASTER: Command.KILL,
     SignalType.FENCED: Command.FENCE, SignalType.ASSIGN_NODE: Command.ASSIGN,
 }
+
+
+# A replacement may Register before the controller declared the node's old agent lost: its answer names the
+# live holder; the replacement asks again for up to HELD_WAIT seconds (twice --agent-loss-timeout's default).
+HELD = "is held by a live agent"
+HELD_WAIT = 60.0
 
 
 @dataclass(frozen=True)
@@ -250,6 +253,13 @@ class ControllerLink:
             if not mgr.init_clusterd():
                 return False
             status = mgr.register(info)
+            deadline = time.monotonic() + HELD_WAIT
+            if status.code == Code.INVALID_PARAMS and HELD in status.info:
+                log.warning("%s: waiting up to %.0fs for the controller to declare that agent lost (a replacement "
+                            "started before it did)", status.info, HELD_WAIT)
+            while status.code == Code.INVALID_PARAMS and HELD in status.info and time.monotonic() < deadline:
+                time.sleep(0.5)  # set-up only: no rank runs yet
+                status = mgr.register(info)
             if status.code != Code.OK:
                 log.warning("controller %s refused registration: %d %s", address, status.code, status.info)
             return status.code == Code.OK
