@@ -102,7 +102,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("log_dir", str, None, "where taskd writes its own log file",
             optional=True, flags=("--log-dir", "--log_dir"), env="TASKD_LOG_DIR", shown="msrun's `--log_dir`"),
     Setting("dump_timeout", float, 30.0, "seconds the `dump` strategy waits for ranks to save", _POSITIVE,
-            flags=("--dump-timeout", "--dump_timeout")),
+            flags=("--dump-timeout", "--dump_timeout"), env="TASKD_DUMP_TIMEOUT"),
     Setting("scheduler_grace", float, 60.0, "seconds an agent whose ranks all finished waits for the whole job to end "
             "(see \"How a multi-node job ends\")", _NONNEGATIVE, env="TASKD_SCHEDULER_GRACE"),
     Setting("join_timeout", float, 600.0, "seconds a node of a multi-node job waits, before starting any rank, for "

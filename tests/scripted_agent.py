@@ -137,30 +137,36 @@ class ScriptedAgent:
 
     # ------------------------------------------------------------------ reports
 
+    def _who(self) -> dict[str, object]:
+        """The agent process a report comes from (a fenced one is refused 411)."""
+        return {"host": self.info.host, "pid": self.info.pid}
+
     def fault(self, faults: Mapping[int | str, int | str], detail: str = "") -> recover_pb2.Status:
         req = recover_pb2.ProcessFaultRequest(jobId=self.job_id, faultRanks=fault_ranks(faults),
-                                              nodeRank=self.node_rank, detail=detail)
+                                              nodeRank=self.node_rank, detail=detail, **self._who())
         return self.stub.ReportProcessFault(req, timeout=CALL_TIMEOUT)
 
     def stop_complete(self, code: int = 0, info: str = "", faults: Mapping[int | str, int | str] | None = None
                       ) -> recover_pb2.Status:
         req = recover_pb2.StopCompleteRequest(jobId=self.job_id, status=recover_pb2.Status(code=code, info=info),
-                                              faultRanks=fault_ranks(faults or {}), nodeRank=self.node_rank)
+                                              faultRanks=fault_ranks(faults or {}), nodeRank=self.node_rank,
+                                              **self._who())
         return self.stub.ReportStopComplete(req, timeout=CALL_TIMEOUT)
 
     def strategies(self, names: Sequence[str], faults: Mapping[int | str, int | str] | None = None
                    ) -> recover_pb2.Status:
         req = recover_pb2.RecoverStrategyRequest(jobId=self.job_id, faultRanks=fault_ranks(faults or {}),
-                                                 strategies=list(names), nodeRank=self.node_rank)
+                                                 strategies=list(names), nodeRank=self.node_rank, **self._who())
         return self.stub.ReportRecoverStrategy(req, timeout=CALL_TIMEOUT)
 
     def status(self, strategy: str, code: int = 0, info: str = "") -> recover_pb2.Status:
         req = recover_pb2.RecoverStatusRequest(jobId=self.job_id, status=recover_pb2.Status(code=code, info=info),
-                                               strategy=strategy, nodeRank=self.node_rank)
+                                               strategy=strategy, nodeRank=self.node_rank, **self._who())
         return self.stub.ReportRecoverStatus(req, timeout=CALL_TIMEOUT)
 
     def finished(self, exit_code: int = 0, message: str = "") -> recover_pb2.Status:
-        req = taskd_pb2.FinishRequest(jobId=self.job_id, nodeRank=self.node_rank, exitCode=exit_code, message=message)
+        req = taskd_pb2.FinishRequest(jobId=self.job_id, nodeRank=self.node_rank, exitCode=exit_code, message=message,
+                                      **self._who())
         return self.reports.ReportFinished(req, timeout=CALL_TIMEOUT)
 
     def list_jobs(self, job_id: str = "") -> taskd_pb2.JobList:

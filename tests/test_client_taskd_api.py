@@ -253,7 +253,13 @@ def test_importing_the_client_turns_grpc_fork_support_off_before_grpc_loads() ->
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     for module in ("taskd.client", "taskd.python.toolkit.recover_module.recover_manager",
                    "taskd.python.framework.agent.ms_mgr.msrun_plugin"):
-        code = f"import os, {module}, grpc; print(os.environ.get('GRPC_ENABLE_FORK_SUPPORT'))"
+        code = (f"import os, {module}, grpc; from grpc._cython import cygrpc; "
+                "print(cygrpc.is_fork_support_enabled(), os.environ.get('GRPC_ENABLE_FORK_SUPPORT'))")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
         assert out.returncode == 0, out.stderr
-        assert out.stdout.strip() == "false", (module, out.stdout, out.stderr)
+        # off in gRPC, and not left in the environment the ranks inherit (issue 18: it leaked into every rank)
+        assert out.stdout.strip() == "False None", (module, out.stdout, out.stderr)
+    code = "import os, taskd.client; print(os.environ.get('GRPC_ENABLE_FORK_SUPPORT'))"
+    env["GRPC_ENABLE_FORK_SUPPORT"] = "true"  # the user's own value is theirs: kept
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert out.stdout.strip() == "true", (out.stdout, out.stderr)

@@ -151,7 +151,7 @@ class Clock:
 
 def make_core(state: Path, clock: Clock, max_jobs: int = 10000) -> ControllerCore:
     cfg = MachineConfig(unregistered_job_timeout=300, agent_loss_timeout=3600)
-    return ControllerCore(cfg, Store(state), SignalHub(), max_jobs=max_jobs, clock=clock,
+    return ControllerCore(cfg, Store(state), SignalHub(), max_jobs=max_jobs, clock=clock, wall=clock,
                           finished_job_retention=3600)
 
 

@@ -116,7 +116,7 @@ def comparable(snap: dict[str, Any], agents: Any) -> tuple[dict[str, Any], list[
 
 def memory(core: ControllerCore) -> dict[str, Any]:
     core.flush_soft()
-    return {job_id: comparable(snapshot(m), m.agents.values()) for job_id, m in core.jobs.items()}
+    return {job_id: comparable(snapshot(m, core.clocks.to_wall), m.agents.values()) for job_id, m in core.jobs.items()}
 
 
 def disk(state: Path) -> dict[str, Any]:
@@ -267,7 +267,7 @@ class Clock:
 def make_core(state: Path, clock: Clock) -> ControllerCore:
     # agents here never open a stream: a loss timeout longer than the test keeps them from being lost
     return ControllerCore(MachineConfig(stop_timeout=60, agent_loss_timeout=3600), Store(state), SignalHub(),
-                          clock=clock)
+                          clock=clock, wall=clock)
 
 
 def test_a_rank_sqlite_cannot_hold_is_refused_with_memory_unchanged(tmp_path: Path) -> None:

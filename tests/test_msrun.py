@@ -464,6 +464,52 @@ def test_hung_rank_of_two_in_lockstep_is_the_one_that_stopped(jobs, msrun_env, h
     job.assert_nothing_left()
 
 
+TRAIN_MODEL = REPO / "examples" / "mindspore" / "train_model.py"
+
+
+def rank_checkpoints(job: MsrunJob, rank: int) -> list[Path]:
+    return sorted((job.dir / "ckpt" / f"rank_{rank}").glob("net*.ckpt"))
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("fault", ["kill", "hang"])
+def test_model_train_with_taskd_callback_recovers(jobs, msrun_env, fault):
+    """Issue 18 item 5: examples/mindspore/train_model.py (Model.train, sharded GeneratorDataset,
+    ModelCheckpoint every epoch handed to TaskdCallback). kill: rank 1 SIGKILLed after its first
+    checkpoint. hang: rank 1 stops in a callback of its own at step 20 with TASKD_HEARTBEAT_TIMEOUT=6, so
+    only TaskdCallback's per-step heartbeats can reveal it. Either way: one job-rescheduling, both ranks
+    resume from a checkpoint, msrun exits 0, the final weights are equal on both ranks."""
+    args = ["--epochs", "5", "--steps-per-epoch", "8", "--ckpt-dir", "{dir}/ckpt", "--out", "{dir}/out"]
+    if fault == "kill":
+        args += ["--step-sleep", "0.3"]
+    else:
+        msrun_env["TASKD_HEARTBEAT_TIMEOUT"] = "6"
+        msrun_env["TASKD_MONITOR_INTERVAL"] = "0.5"
+        args += ["--step-sleep", "0.05", "--hang-once-at-step", "20", "--fault-rank", "1"]
+    job = jobs(f"model-{fault}", TRAIN_MODEL, args, msrun_env)
+    if fault == "kill":
+        wait_for("rank 1's first checkpoint", lambda: rank_checkpoints(job, 1), 180, job)
+        victim = job.rank_process(1)
+        assert victim is not None, job.logs()
+        victim.kill()
+    rc = job.wait(300)
+    job.assert_plugin_in_control()
+    assert rc == 0, f"msrun exited {rc}\n{job.logs()}"
+    job.assert_one_job_rescheduling()
+    out = job.output()
+    if fault == "hang":
+        named = re.findall(r"hang: rank (\d+) \(pid \d+\) made no progress [^\n]*: the culprit", out)
+        assert named == ["1"], f"expected rank 1 named the culprit\n{job.logs()}"
+        assert "cannot tell which rank" not in out, job.logs()
+    for rank in (0, 1):
+        log = (job.log_dir / f"worker_{rank}.log").read_text(errors="replace")
+        assert f"rank {rank} resumed from epoch" in log, f"rank {rank} did not resume\n{job.logs()}"
+        assert f"rank {rank} done" in log, job.logs()
+    weights = [np.load(job.dir / "out" / f"rank_{r}.npy") for r in (0, 1)]
+    assert np.array_equal(weights[0], weights[1]), "the data-parallel ranks ended with different weights"
+    job.assert_nothing_left()
+
+
 @pytest.mark.timeout(120)
 def test_invalid_setting_takes_control_and_fails_with_exit_2_naming_it(jobs, msrun_env):
     """Issue 13 item 5: TASKD_MONITOR_INTERVAL=0 must not make msrun supervise the job unprotected: the

@@ -484,7 +484,8 @@ def test_exit_status_reports_are_accepted_after_failure() -> None:
 
 
 INIT_CASES = {
-    "finished job is reset": (True, True, 100, "reset"),
+    "finished job is reset by a new run": (True, True, 999, "reset"),
+    "finished job: its own agent re-Inits and joins": (True, True, 100, "joined"),
     "an online agent makes init a join": (False, True, 999, "joined"),
     "a known agent (host, pid) rejoins": (False, False, 100, "joined"),
     "nobody online, unknown caller: reset": (False, False, 999, "reset"),

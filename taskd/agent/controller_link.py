@@ -152,14 +152,19 @@ class ControllerLink:
         self._finish_thread: threading.Thread | None = None
         self._status_channel: Any = None
         self.loss = LossTimer(config.controller_timeout)
+        self._closed = False  # after close(), a late RPC completion must not wake a loop (its fd) that is gone
+
+        def wake_unless_closed() -> None:
+            if not self._closed:
+                self._wake()
 
         def fence_order(reason: str) -> None:  # one FENCE order, queued like the controller's (fencing.py)
             self._orders.put(Order(Command.FENCE, "", SignalType.FENCED, (), {}, "", 0.0, reason))
-            self._wake()
+            wake_unless_closed()
 
         self.fencing = Fencing(fence_order)
         self._standby = False  # joined as a standby and not assigned a node (yet): it has no finish to report
-        self.outbox = Outbox(lambda: self._mgr, wake)
+        self.outbox = Outbox(lambda: self._mgr, wake_unless_closed)
         self._settled_faults: list[Settled] = []
 
     @property
@@ -423,6 +428,7 @@ class ControllerLink:
 
     def close(self, exit_code: int, reason: str) -> None:
         """Tell the controller the job ended here (unless done), stop listening, stop the embedded controller."""
+        self._closed = True  # the loop is over: its last reports are flushed by polling, not by wake-ups
         if self._mgr is not None:
             self.report_finished(exit_code, reason)
             if self._finish_thread is not None and self._finish is not None:  # still pending: wait, to its deadline

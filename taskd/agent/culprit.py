@@ -30,7 +30,8 @@ from dataclasses import dataclass
 # ms_stall.py: the waiting rank's innermost frame was mindspore/common/tensor.py `asnumpy`, the stalled one's
 # the script's own `time.sleep` loop. The standard library and taskd's own frames are looked through (a
 # queue.get or a lock called from the framework waits in the framework; called from the script, in the script).
-FRAMEWORK_PARTS = ("/torch/", "/mindspore/", "/torch_npu/", "/deepspeed/", "/megatron/")
+# Installed packages only: a script's own directory may well be called "mindspore" (examples/mindspore/).
+FRAMEWORK_PATH = re.compile(r"/(?:site|dist)-packages/(?:torch|mindspore|torch_npu|deepspeed|megatron)/")
 _STDLIB = re.compile(r"/lib/python3\.\d+/(?!site-packages/|dist-packages/)")
 _TASKD = "/taskd/"
 _FAULTHANDLER_FRAME = re.compile(r'^\s+File "(?P<path>[^"]+)", line \d+ in (?P<func>\S+)', re.MULTILINE)
@@ -49,7 +50,7 @@ def waits_in_framework(dump: str) -> bool | None:
         norm = path.replace("\\", "/")
         if _STDLIB.search(norm) or _TASKD in norm:
             continue
-        return any(part in norm for part in FRAMEWORK_PARTS)
+        return bool(FRAMEWORK_PATH.search(norm))
     return False  # only the standard library: e.g. a script's bare `time.sleep` at module level
 
 

@@ -20,7 +20,7 @@ from taskd.client import arguments
 from taskd.client.arguments import BadArgument, ClientOptions
 from taskd.client.credentials import ClientCredentials
 from taskd.client.dispatch import Dispatcher, SignalHandler
-from taskd.client.errors import ConfigurationError, RecoverClientError, ServerUnreachable
+from taskd.client.errors import ConfigurationError, FencedError, RecoverClientError, ServerUnreachable
 from taskd.client.retry import MIN_CALL_TIMEOUT, Backoff, ReportRetryPolicy
 from taskd.client.rpc import PendingCall, RpcClient, normalize_address
 from taskd.client.signals import fault_ranks_to_proto
@@ -97,6 +97,8 @@ class RecoverClient:
         reused on every re-register."""
         request = arguments.with_identity(request if request is not None else self.info)
         status = self._rpc.call("Register", request, timeout=timeout)
+        if status.code == Code.FENCED:
+            raise FencedError("Register", status.info)
         if status.code == Code.OK:
             self._registered_with = request
             logger.info("registered job %s node %d with %s", request.jobId, request.nodeRank, self.server_addr)
@@ -125,6 +127,8 @@ class RecoverClient:
                 logger.warning("Init attempt %d: %s", attempt, exc)
             else:
                 answered = True
+                if status.code == Code.FENCED:
+                    raise FencedError("Init", status.info)
                 if status.code == Code.OK:
                     logger.info("job %s initialised on %s", self.info.jobId, self.server_addr)
                     return True
@@ -160,9 +164,11 @@ class RecoverClient:
     # -- reports ----------------------------------------------------------------------------
 
     def _report(self, method: str, build: Callable[[], Any], *, service: str = "recover",
-                timeout: float | None = None) -> int:
+                timeout: float | None = None, through_outages: bool = False) -> int:
         """Send, and re-send as `ReportRetryPolicy` says, within `timeout` (default `report_timeout`);
-        return the final code. Blocks (sleeps between re-sends): call it from the agent's threads."""
+        return the final code. Blocks (sleeps between re-sends): call it from the agent's threads.
+        `through_outages`: an unreachable controller is waited for (backoff, within the same budget)
+        instead of raising `ServerUnreachable` at once. A 411 answer raises `FencedError`."""
         try:
             request = build()
         except BadArgument as exc:
@@ -177,8 +183,20 @@ class RecoverClient:
             return max(MIN_CALL_TIMEOUT, min(opts.call_timeout, policy.budget - (time.monotonic() - started)))
 
         answers: list[int] = []
+        outage = self._new_backoff()
         while True:
-            code = int(self._rpc.call(method, request, timeout=remaining(), service=service).code)
+            try:
+                status = self._rpc.call(method, request, timeout=remaining(), service=service)
+            except ServerUnreachable as exc:
+                delay = outage.next_delay()
+                if not through_outages or time.monotonic() - started + delay + MIN_CALL_TIMEOUT >= policy.budget:
+                    raise
+                logger.warning("%s: %s; re-sending in %.2fs", method, exc.detail or exc, delay)
+                time.sleep(delay)
+                continue
+            code = int(status.code)
+            if code == Code.FENCED:
+                raise FencedError(method, status.info)
             decision = policy.decide(code, attempt=len(answers) + 1, elapsed=time.monotonic() - started,
                                      previous=answers, draw=random.random())
             answers.append(code)
@@ -199,7 +217,10 @@ class RecoverClient:
         return code
 
     def _identity(self) -> dict[str, Any]:
-        return {"jobId": self.info.jobId, "nodeRank": self.info.nodeRank}
+        """Who reports: the job, the node, and this process (host, pid), so that a report from an agent the
+        controller declared lost is refused (411) once another agent holds its node."""
+        info = self._registered_with or self.info
+        return {"jobId": info.jobId, "nodeRank": info.nodeRank, "host": info.host, "pid": info.pid}
 
     # Each report's request, built (and its arguments checked: BadArgument) apart from sending it, so that the
     # blocking reports below and `start_report`'s single attempts send the same message.
@@ -266,11 +287,12 @@ class RecoverClient:
     def report_finished(self, exit_code: int, message: str = "", timeout: float | None = None) -> int:
         """Tell the controller every local rank has ended (taskd's own AgentReport service).
 
-        `timeout` bounds the whole call (default `report_timeout`): an agent leaving a controller
-        it already lost should not wait long for it.
+        `timeout` bounds the whole call (default `report_timeout`), an unreachable controller included:
+        the report is re-sent until it is acknowledged, so a node that finished while the controller was
+        restarting is counted finished, not lost (issue 17).
         """
         return self._report("ReportFinished", lambda: self.finish_request(exit_code, message), service="agent",
-                            timeout=timeout)
+                            timeout=timeout, through_outages=True)
 
     # -- single attempts, for a caller that retries on its own clock (taskd's agent) -----------
 

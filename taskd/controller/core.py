@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 
 from taskd.controller.checkpoint import Checkpoint
+from taskd.controller.clock import Clock
 from taskd.controller.events import Event, JobInit, Outcome, Record
 from taskd.controller.hub import SignalHub, Subscriber, to_wire
 from taskd.controller.model import TERMINAL, MachineConfig
@@ -62,13 +63,16 @@ class _SoftBatch:
 
 class ControllerCore:
     def __init__(self, config: MachineConfig, store: Store, hub: SignalHub, max_jobs: int = 10000,
-                 clock: Callable[[], float] = time.time, soft_flush_delay: float = 0.2,
-                 finished_job_retention: float = 3600.0) -> None:
+                 clock: Callable[[], float] = time.monotonic, soft_flush_delay: float = 0.2,
+                 finished_job_retention: float = 3600.0, wall: Callable[[], float] = time.time) -> None:
         self.config = config
         self.store = store
         self.hub = hub
         self.max_jobs = max_jobs
+        # every deadline and duration on `clock` (monotonic), what is stored and shown in `wall` time
+        # (taskd.controller.clock); the machines only ever see `clock`
         self.clock = clock
+        self.clocks = Clock(clock, wall)
         self.finished_job_retention = finished_job_retention
         self.jobs: dict[str, JobMachine] = {}
         # finished jobs -> time of their last activity, least recently active first (eviction order)
@@ -91,7 +95,7 @@ class ControllerCore:
         """Bring persisted jobs back; jobs caught mid-round wait for their agents (RESUMING)."""
         now = self.clock()
         for snap, agents in self.store.load_jobs():
-            m, out = JobMachine.restore(snap, agents, self.config, now)
+            m, out = JobMachine.restore(snap, agents, self.config, now, self.clocks.from_wall)
             self.jobs[m.job_id] = m
             self._store(m, out, now)
             self._publish(m, out)
@@ -162,7 +166,8 @@ class ControllerCore:
         soft = self._soft.pop(m.job_id, None)
         changed = out.agents_changed | soft.agents if soft else out.agents_changed
         try:
-            self.store.commit(m, out.records, changed, now, earlier=soft.records if soft else ())
+            self.store.commit(m, out.records, changed, self.clocks.to_wall(now), earlier=soft.records if soft else (),
+                              to_wall=self.clocks.to_wall)
         except StoreError:
             if soft is not None:
                 self._soft[m.job_id] = soft  # still to be written
@@ -192,7 +197,7 @@ class ControllerCore:
         """Replace the job in memory with what the store holds; the agents whose stream is open stay subscribed."""
         now = self.clock()
         for snap, agents in self.store.load_jobs(job_id):
-            m, out = JobMachine.restore(snap, agents, self.config, now)
+            m, out = JobMachine.restore(snap, agents, self.config, now, self.clocks.from_wall)
             for n, a in m.agents.items():
                 if self.hub.has(job_id, n):
                     m.agents.set_online(a, True)
@@ -221,7 +226,8 @@ class ControllerCore:
         batch = self._soft.get(m.job_id)
         if batch is None or batch.job is not m:
             batch = self._soft[m.job_id] = _SoftBatch(m)
-        batch.records.extend((rec, now) for rec in out.records)
+        wall = self.clocks.to_wall(now)
+        batch.records.extend((rec, wall) for rec in out.records)
         batch.agents.update(out.agents_changed)
         if self._soft_timer is None:
             try:
@@ -248,7 +254,7 @@ class ControllerCore:
             return
         batches, self._soft = list(self._soft.values()), {}
         try:
-            self.store.commit_soft((b.job, b.records, b.agents) for b in batches)
+            self.store.commit_soft(((b.job, b.records, b.agents) for b in batches), to_wall=self.clocks.to_wall)
         except StoreError as exc:
             log.error("stream history of %d job(s) not written: %s", len(batches), exc)
 
@@ -416,10 +422,13 @@ class ControllerCore:
         return taskd_pb2.JobList(status=recover_pb2.Status(code=Code.OK), jobs=records)
 
     def _job_record(self, m: JobMachine) -> taskd_pb2.JobRecord:
+        def wall(t: float) -> float:
+            return self.clocks.to_wall(t) if t else 0.0
+
         agents = [
             taskd_pb2.AgentRecord(nodeRank=a.node_rank, role=a.role, host=a.host, pid=a.pid,
                                   ranksPerNode=a.ranks_per_node, subscribed=self.hub.has(m.job_id, a.node_rank),
-                                  registeredAt=a.registered_at, lastSeen=a.last_seen, finished=a.finished,
+                                  registeredAt=wall(a.registered_at), lastSeen=wall(a.last_seen), finished=a.finished,
                                   exitCode=a.exit_code)
             for a in sorted(m.agents.values(), key=lambda a: a.node_rank)
         ]
@@ -436,6 +445,6 @@ class ControllerCore:
                   for e in self.store.events(m.job_id)]
         return taskd_pb2.JobRecord(
             jobId=m.job_id, state=m.state.value, nodeCount=m.node_count, ranksPerNode=m.ranks_per_node,
-            restarts=m.restarts, maxRestarts=m.max_restarts, createdAt=m.created_at, updatedAt=m.updated_at,
+            restarts=m.restarts, maxRestarts=m.max_restarts, createdAt=wall(m.created_at), updatedAt=wall(m.updated_at),
             agents=agents, rounds=rounds, events=events, info=m.info,
         )

@@ -38,6 +38,8 @@ class AgentConnected:
     """The agent opened its signal stream."""
 
     node_rank: int = 0
+    host: str = ""
+    pid: int = 0
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,8 @@ class FaultReported:
     node_rank: int = 0
     faults: FaultRanks = field(default_factory=dict)
     detail: str = ""
+    host: str = ""
+    pid: int = 0
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,8 @@ class StopComplete:
     code: int = 0
     info: str = ""
     faults: FaultRanks = field(default_factory=dict)
+    host: str = ""
+    pid: int = 0
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,8 @@ class StrategiesReported:
     node_rank: int = 0
     strategies: tuple[str, ...] = ()
     faults: FaultRanks = field(default_factory=dict)
+    host: str = ""
+    pid: int = 0
 
 
 @dataclass(frozen=True)
@@ -74,6 +82,8 @@ class RecoverStatusReported:
     info: str = ""
     strategy: str = ""
     isolate_ranks: tuple[str, ...] = ()
+    host: str = ""
+    pid: int = 0
 
 
 @dataclass(frozen=True)
@@ -81,6 +91,8 @@ class AgentFinished:
     node_rank: int = 0
     exit_code: int = 0
     message: str = ""
+    host: str = ""
+    pid: int = 0
 
 
 @dataclass(frozen=True)
@@ -131,6 +143,11 @@ class Signal:
     timeout: int = 0
     reason: str = ""  # why the job is ending (exit, killMaster): travels as extraParams {"reason": ...}
     nodes: tuple[int, ...] = ()  # the nodes the faulty ranks live on (nodeRankIds on the wire)
+    # the job's signal number: a changeStrategy's live-recovery generation (the same on every node, never
+    # repeated while the job lives, persisted as `signal_seq`), extraParams {"generation": ...}
+    generation: int = 0
+    restarts: int = 0  # the job's restarts used when it was made, this round's charge included
+    extra: tuple[tuple[str, object], ...] = ()  # more extraParams (taskd.assignNode's {"node_rank": R})
 
 
 @dataclass(frozen=True)

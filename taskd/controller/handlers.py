@@ -38,14 +38,16 @@ Result = JobState | Declined
 
 
 def on_init(m: Job, ev: JobInit, now: float, out: Outcome) -> Result:
-    """Init resets a finished job, or one nobody is connected to and the caller is unknown; else joins."""
+    """Init resets a finished job, or one nobody is connected to and the caller is unknown; else joins.
+
+    A caller that is one of the job's agents (same host and pid) is that agent process reconnecting,
+    never a new run: it joins. An agent of a failed job that never finished (e.g. declared lost) then
+    learns from its subscription that the job failed (killMaster); one that finished, re-Initing as its
+    client closes (1 ms after its own finish report), must not reset the finished job to RUNNING."""
     callers = m.agents.at(ev.host, ev.pid) if ev.pid != 0 else []
     known = bool(callers)
     online = m.agents.online_count > 0
-    # an agent of a failed job that never finished is reconnecting (e.g. after being declared lost), not
-    # starting a new run: it joins, so that its subscription learns the job failed (killMaster)
-    returning = m.state == S.FAILED and any(not a.finished for a in callers)
-    if (m.state in TERMINAL and not returning) or (not online and not known):
+    if (m.state in TERMINAL and not known) or (not online and not known):
         reason = f"job was {m.state.value}" if m.state in TERMINAL else "no agent of the job is connected"
         if m.round is not None and m.state not in TERMINAL:
             m.close_round("abandoned", now, out)

@@ -28,13 +28,14 @@ log = logging.getLogger(__name__)
 
 def extra_params(sig: Signal) -> str:
     """extraParams: why a job ends ({"reason"}); for a changeStrategy, the live-recovery generation the agents
-    name (docs/worker.md): the signal's per-job number, the last part of its uuid (`<job>-<round>-<seq>`,
-    persisted), so every node gets the same one and it never repeats while the job lives."""
+    name (docs/worker.md: the signal's per-job number, so every node gets the same one and it never repeats
+    while the job lives) and the job's restarts used, this round's charge included; plus the signal's own
+    extras (taskd.assignNode's node rank). All from the signal's typed fields."""
     params: dict[str, object] = {"reason": sig.reason} if sig.reason else {}
     if sig.signal_type == SignalType.CHANGE_STRATEGY:
-        seq = sig.uuid.rsplit("-", 1)[-1]
-        if seq.isdigit():
-            params["generation"] = int(seq)
+        params["generation"] = sig.generation
+        params["restarts"] = sig.restarts
+    params.update(sig.extra)
     return json.dumps(params) if params else ""
 
 

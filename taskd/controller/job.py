@@ -173,18 +173,23 @@ class Job:
         self.info = ""
 
     def signal(self, signal_type: str, actions: tuple[str, ...], faults: FaultRanks | None = None,
-               strategy: str = "", timeout: int = 0, reason: str = "") -> Signal:
-        """A new signal of this job (the newest is kept, to re-send to an agent that still owes an answer)."""
+               strategy: str = "", timeout: int = 0, reason: str = "", nodes: tuple[int, ...] | None = None,
+               extra: tuple[tuple[str, object], ...] = (), keep: bool = True) -> Signal:
+        """A new signal of this job (the newest is kept, to re-send to an agent that still owes an answer;
+        `keep=False` for one addressed to a single agent outside the round)."""
         self.signal_seq += 1
         items = tuple(sorted((faults or {}).items()))
         per_node = self.ranks_per_node
+        if nodes is None:
+            nodes = tuple(sorted({rank // per_node for rank, _ in items})) if per_node > 0 else ()
         sig = Signal(
             uuid=f"{self.job_id}-{self.round_number}-{self.signal_seq}",
             signal_type=signal_type, actions=actions,
-            faults=items, strategy=strategy, timeout=timeout, reason=reason,
-            nodes=tuple(sorted({rank // per_node for rank, _ in items})) if per_node > 0 else (),
+            faults=items, strategy=strategy, timeout=timeout, reason=reason, nodes=nodes,
+            generation=self.signal_seq, restarts=self.restarts, extra=extra,
         )
-        self.last_signal = sig
+        if keep:
+            self.last_signal = sig
         return sig
 
     def record(self, out: Outcome, kind: str, **detail: Any) -> None:

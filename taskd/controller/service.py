@@ -116,7 +116,7 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
         # an immediate keep-alive tells the agent its stream is live (it waits for that before starting ranks)
         sub.offer(keepalive_wire(job_id), droppable=True)
         try:
-            self.core.dispatch(job_id, AgentConnected(node_rank=node), reply_to=sub)
+            self.core.dispatch(job_id, AgentConnected(node_rank=node, host=request.host, pid=request.pid), reply_to=sub)
             while True:
                 msg = await sub.get()
                 if msg is None:
@@ -139,7 +139,7 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
         if refused := self._ranks(request.jobId, "faultRanks", v.rank_list(request.faultRanks)):
             return refused
         ev = StopComplete(node_rank=request.nodeRank, code=request.status.code, info=request.status.info,
-                          faults=faults)
+                          faults=faults, host=request.host, pid=request.pid)
         return _answer(self.core.dispatch(request.jobId, ev), "ReportStopComplete", request.jobId)
 
     async def ReportRecoverStrategy(self, request: recover_pb2.RecoverStrategyRequest,
@@ -149,7 +149,8 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
         faults = v.faults_dict(request.faultRanks)
         if refused := self._ranks(request.jobId, "faultRanks", v.rank_list(request.faultRanks)):
             return refused
-        ev = StrategiesReported(node_rank=request.nodeRank, strategies=tuple(request.strategies), faults=faults)
+        ev = StrategiesReported(node_rank=request.nodeRank, strategies=tuple(request.strategies), faults=faults,
+                                host=request.host, pid=request.pid)
         return _answer(self.core.dispatch(request.jobId, ev), "ReportRecoverStrategy", request.jobId)
 
     async def ReportRecoverStatus(self, request: recover_pb2.RecoverStatusRequest,
@@ -159,7 +160,8 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
         if refused := self._ranks(request.jobId, "isolateRankIds", [int(r) for r in request.isolateRankIds]):
             return refused
         ev = RecoverStatusReported(node_rank=request.nodeRank, code=request.status.code, info=request.status.info,
-                                   strategy=request.strategy, isolate_ranks=tuple(request.isolateRankIds))
+                                   strategy=request.strategy, isolate_ranks=tuple(request.isolateRankIds),
+                                   host=request.host, pid=request.pid)
         return _answer(self.core.dispatch(request.jobId, ev), "ReportRecoverStatus", request.jobId)
 
     async def ReportProcessFault(self, request: recover_pb2.ProcessFaultRequest,
@@ -171,7 +173,8 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
         ranks = v.rank_list(request.faultRanks)
         if refused := self._ranks(request.jobId, "faultRanks", ranks, node_rank=request.nodeRank):
             return refused
-        ev = FaultReported(node_rank=request.nodeRank, faults=faults, detail=request.detail)
+        ev = FaultReported(node_rank=request.nodeRank, faults=faults, detail=request.detail, host=request.host,
+                           pid=request.pid)
         return _answer(self.core.dispatch(request.jobId, ev), "ReportProcessFault", request.jobId)
 
 
@@ -182,7 +185,8 @@ class AgentReportService(taskd_pb2_grpc.AgentReportServicer):
     async def ReportFinished(self, request: taskd_pb2.FinishRequest, context: grpc.aio.ServicerContext) -> Status:
         if why := v.check_finish(request.jobId, request.nodeRank, request.message):
             return _invalid(why)
-        ev = AgentFinished(node_rank=request.nodeRank, exit_code=request.exitCode, message=request.message)
+        ev = AgentFinished(node_rank=request.nodeRank, exit_code=request.exitCode, message=request.message,
+                           host=request.host, pid=request.pid)
         return _answer(self.core.dispatch(request.jobId, ev), "ReportFinished", request.jobId)
 
 
@@ -217,16 +221,18 @@ class JobStatusService(taskd_pb2_grpc.JobStatusServicer):
         keys = sorted((m.created_at, m.job_id) for m in self.core.jobs.values())
         out = taskd_pb2.JobList(status=Status(code=Code.OK))
         used = 0
+        last: tuple[float, str] | None = None
         for key in keys:
             if after is not None and key <= after:
                 continue
             record = self.core.job_list(key[1]).jobs[0]
             cost = record.ByteSize() + 8
-            if out.jobs and (len(out.jobs) >= size or used + cost > PAGE_BYTES):
-                last = out.jobs[-1]
-                out.nextPageToken = f"{last.createdAt!r}:{last.jobId}"
+            if out.jobs and last is not None and (len(out.jobs) >= size or used + cost > PAGE_BYTES):
+                # the controller's own (monotonic) creation time: the record shows the wall time of it
+                out.nextPageToken = f"{last[0]!r}:{last[1]}"
                 break
             out.jobs.append(record)
+            last = key
             used += cost
         return out
 

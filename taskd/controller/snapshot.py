@@ -8,23 +8,31 @@ restarts the round (docs/controller.md, "Persistence").
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from taskd.controller.agents import AgentInfo
+from taskd.controller.clock import identity
 from taskd.controller.events import Outcome, Record
 from taskd.controller.job import Job
 from taskd.controller.model import ROUND_STATES, TERMINAL, JobState, Round, fmt_faults
 
+Times = Callable[[float], float]
 
-def snapshot(m: Job) -> dict[str, Any]:
-    """JSON-able state to persist; the agents are persisted apart (the store's `agents` table)."""
+
+def _opt(convert: Times, t: float | None) -> float | None:
+    return None if t is None else convert(t)
+
+
+def snapshot(m: Job, to_wall: Times = identity) -> dict[str, Any]:
+    """JSON-able state to persist; the agents are persisted apart (the store's `agents` table).
+    Times are stored as wall times (`to_wall`: see taskd.controller.clock for the rule)."""
     r = m.round
     return {
         "job_id": m.job_id,
         "state": m.state.value,
-        "created_at": m.created_at,
-        "updated_at": m.updated_at,
+        "created_at": to_wall(m.created_at),
+        "updated_at": to_wall(m.updated_at),
         "node_count": m.node_count,
         "ranks_per_node": m.ranks_per_node,
         "max_restarts": m.max_restarts,
@@ -32,15 +40,15 @@ def snapshot(m: Job) -> dict[str, Any]:
         "restarts": m.restarts,
         "round_counter": m.round_counter,
         "queued": {str(k): v for k, v in m.queued.items()},
-        "deadline": m.deadline,
-        "recover_succeeded_at": m.recover_succeeded_at,
+        "deadline": _opt(to_wall, m.deadline),  # for the record: a restart never reads it back
+        "recover_succeeded_at": _opt(to_wall, m.recover_succeeded_at),
         "unsettled_recovers": m.unsettled_recovers,
         "recover_banned": m.recover_banned,
         "info": m.info,
         "signal_seq": m.signal_seq,
         "round": None if r is None else {
             "number": r.number,
-            "started_at": r.started_at,
+            "started_at": to_wall(r.started_at),
             "faults": {str(k): v for k, v in r.faults.items()},
             "excluded": r.excluded,
             "failed": r.failed,
@@ -50,13 +58,15 @@ def snapshot(m: Job) -> dict[str, Any]:
     }
 
 
-def restore_into(m: Job, snap: Mapping[str, Any], agents: Iterable[AgentInfo], now: float) -> Outcome:
+def restore_into(m: Job, snap: Mapping[str, Any], agents: Iterable[AgentInfo], now: float,
+                 from_wall: Times = identity) -> Outcome:
     """Load `snap` and `agents` into the fresh job `m` (made with the snapshot's id and creation time).
 
     Every stream closed with the old controller: agents come back offline, each with a whole loss timeout
-    to resubscribe; a job caught mid-round waits in RESUMING (the returned outcome records that)."""
+    to resubscribe; a job caught mid-round waits in RESUMING (the returned outcome records that). Stored
+    wall times are re-based to `now`'s clock by `from_wall` (taskd.controller.clock)."""
     m.state = JobState(snap["state"])
-    m.updated_at = snap.get("updated_at", now)
+    m.updated_at = from_wall(snap["updated_at"]) if "updated_at" in snap else now
     m.agents.set_node_count(snap["node_count"])
     m.ranks_per_node = snap.get("ranks_per_node", 0)
     m.max_restarts = snap["max_restarts"]
@@ -64,13 +74,15 @@ def restore_into(m: Job, snap: Mapping[str, Any], agents: Iterable[AgentInfo], n
     m.restarts = snap.get("restarts", 0)
     m.round_counter = snap.get("round_counter", 0)
     m.queued = {int(k): v for k, v in snap.get("queued", {}).items()}
-    m.recover_succeeded_at = snap.get("recover_succeeded_at")
+    m.recover_succeeded_at = _opt(from_wall, snap.get("recover_succeeded_at"))
     m.unsettled_recovers = snap.get("unsettled_recovers", 0)
     m.recover_banned = snap.get("recover_banned", False)
     m.info = snap.get("info", "")
     m.signal_seq = snap.get("signal_seq", 0)
     for given in agents:
         a = given.copy()  # the caller's objects stay theirs (and their job's counts right)
+        a.registered_at = from_wall(a.registered_at) if a.registered_at else 0.0
+        a.last_seen = from_wall(a.last_seen) if a.last_seen else 0.0
         m.agents.add(a)
         m.agents.set_online(a, False)
         m.agents.set_subscribed(a, False)
@@ -78,7 +90,7 @@ def restore_into(m: Job, snap: Mapping[str, Any], agents: Iterable[AgentInfo], n
     rs = snap.get("round")
     if rs is not None:
         m.round = Round(
-            number=rs["number"], started_at=rs["started_at"],
+            number=rs["number"], started_at=from_wall(rs["started_at"]),
             faults={int(k): v for k, v in rs["faults"].items()},
             participants=m.expected_nodes(), excluded=dict(rs.get("excluded", {})),
             failed=list(rs.get("failed", [])), tried=list(rs.get("tried", [])), strategy=rs.get("strategy", ""),

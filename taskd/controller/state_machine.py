@@ -15,7 +15,7 @@ This module applies the table (`JobMachine.handle`) and re-exports the names cal
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from taskd.controller import snapshot as _snapshot
@@ -101,11 +101,14 @@ class JobMachine(Job):
 
     @classmethod
     def restore(
-        cls, snap: Mapping[str, Any], agents: Iterable[AgentInfo], config: MachineConfig, now: float
+        cls, snap: Mapping[str, Any], agents: Iterable[AgentInfo], config: MachineConfig, now: float,
+        from_wall: Callable[[float], float] | None = None,
     ) -> tuple[JobMachine, Outcome]:
-        """Rebuild a job after a controller restart; a job caught mid-round waits in RESUMING."""
-        m = cls(snap["job_id"], config, snap.get("created_at", now))
-        return m, _snapshot.restore_into(m, snap, agents, now)
+        """Rebuild a job after a controller restart; a job caught mid-round waits in RESUMING. `from_wall`
+        re-bases the stored wall times to the caller's clock (default: they are on it already)."""
+        rebase = from_wall or (lambda t: t)
+        m = cls(snap["job_id"], config, rebase(snap["created_at"]) if "created_at" in snap else now)
+        return m, _snapshot.restore_into(m, snap, agents, now, rebase)
 
 
 __all__ = [

@@ -118,15 +118,25 @@ def render_text(job_list: taskd_pb2.JobList, events: int = 20) -> str:
                          "yes" if a.subscribed else "no", _ts(a.lastSeen), finished])
         out += ["    " + line for line in _table(["node", "host", "pid", "ranks", "subscribed", "last seen",
                                                     "finished"], rows)] if rows else ["    (none registered)"]
-        out.append("  faults and recoveries:")
+        # A rerun under the same job id resets the job (its budget, its agents) but keeps its history: the
+        # rounds of earlier runs are not this run's, next to this run's "restarts 0/3".
+        reset_at = max((e.time for e in job.events if e.kind == "job_reset"), default=None)
+        earlier = [r for r in job.rounds if reset_at is not None and r.startedAt < reset_at]
+        out.append("  faults and recoveries:" if reset_at is None else
+                   f"  faults and recoveries of this run (since the job was reset at {_ts(reset_at)}):")
         rows = []
-        for r in job.rounds:
+        for r in (r for r in job.rounds if reset_at is None or r.startedAt >= reset_at):
             duration = f"{r.durationSeconds:.3f}s" if r.endedAt else "-"
             rows.append([str(r.round), _ts(r.startedAt), _faults(r.faultRanks), " -> ".join(r.strategiesTried) or "-",
                          r.outcome, r.strategy or "-", _ts(r.endedAt), duration])
         out += ["    " + line for line in _table(["round", "fault at", "faults", "strategies tried", "outcome",
                                                     "strategy", "ended at", "duration"], rows)] if rows \
             else ["    (none)"]
+        if earlier:
+            numbers = f"round {earlier[0].round}" if len(earlier) == 1 else \
+                f"rounds {earlier[0].round}-{earlier[-1].round}"
+            out.append(f"  earlier runs of this job id: {numbers}, the last at {_ts(earlier[-1].startedAt)} "
+                       "(`taskd status --json` lists them)")
         if events and job.events:
             out.append(f"  last {min(events, len(job.events))} events:")
             for e in job.events[-events:]:

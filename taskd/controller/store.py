@@ -19,11 +19,12 @@ import logging
 import os
 import sqlite3
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from taskd.controller.agents import AgentInfo
+from taskd.controller.clock import identity
 from taskd.controller.events import Record
 from taskd.controller.job import Job
 from taskd.controller.snapshot import snapshot
@@ -119,6 +120,10 @@ def _owner_only(path: str) -> None:
             log.info("%s was mode %o; now %o (owner only)", name, mode, mode & STATE_FILE_MODE)
 
 
+def _wall(to_wall: Callable[[float], float], t: float) -> float:
+    return to_wall(t) if t else 0.0  # 0: never (an agent restored without a stamp)
+
+
 class StoreError(Exception):
     """A change could not be written to the state file (rolled back there; the caller rolls back memory)."""
 
@@ -180,31 +185,36 @@ class Store:
             raise StoreError(self.path, exc) from exc
 
     def commit(self, job: Job, records: Iterable[Record], agents_changed: Iterable[int], now: float,
-               earlier: Iterable[tuple[Record, float]] = ()) -> None:
+               earlier: Iterable[tuple[Record, float]] = (), to_wall: Callable[[float], float] = identity) -> None:
         """Persist the job's snapshot, its new history records and changed agents in one transaction
-        (`earlier`: the job's batched soft records with their times, written first to keep the order)."""
+        (`earlier`: the job's batched soft records with their times, written first to keep the order).
+        `now` and the records' times are wall times; `to_wall` turns the job's own (monotonic) times into
+        wall times (taskd.controller.clock)."""
         with self._transaction() as c:
             c.execute(
                 "INSERT INTO jobs (job_id, state, snapshot, created_at, updated_at) VALUES (?, ?, ?, ?, ?) "
                 "ON CONFLICT(job_id) DO UPDATE SET state=excluded.state, snapshot=excluded.snapshot, "
                 "updated_at=excluded.updated_at",
-                (job.job_id, job.state.value, json.dumps(snapshot(job)), job.created_at, job.updated_at),
+                (job.job_id, job.state.value, json.dumps(snapshot(job, to_wall)), to_wall(job.created_at),
+                 to_wall(job.updated_at)),
             )
-            self._write_history(job, itertools.chain(earlier, ((rec, now) for rec in records)), agents_changed)
+            self._write_history(job, itertools.chain(earlier, ((rec, now) for rec in records)), agents_changed,
+                                to_wall)
 
-    def commit_soft(self, batch: Iterable[tuple[Job, Iterable[tuple[Record, float]], Iterable[int]]]) -> None:
+    def commit_soft(self, batch: Iterable[tuple[Job, Iterable[tuple[Record, float]], Iterable[int]]],
+                    to_wall: Callable[[float], float] = identity) -> None:
         """Write batched soft records and agent rows of several jobs in one transaction (no snapshot:
         nothing in them changes what a restart restores)."""
         with self._transaction():
             for job, records, agents_changed in batch:
-                self._write_history(job, records, agents_changed)
+                self._write_history(job, records, agents_changed, to_wall)
 
     def _write_history(self, job: Job, records: Iterable[tuple[Record, float]],
-                       agents_changed: Iterable[int]) -> None:
+                       agents_changed: Iterable[int], to_wall: Callable[[float], float]) -> None:
         for rec, t in records:
             self._write_record(job.job_id, rec, t)
         for node in agents_changed:
-            self._write_agent(job.job_id, node, job.agents.get(node))
+            self._write_agent(job.job_id, node, job.agents.get(node), to_wall)
 
     def _write_record(self, job_id: str, rec: Record, now: float) -> None:
         c, d = self.conn, rec.detail
@@ -248,15 +258,15 @@ class Store:
             (outcome, reason, now, job_id, rnd),
         )
 
-    def _write_agent(self, job_id: str, node: int, a: AgentInfo | None) -> None:
+    def _write_agent(self, job_id: str, node: int, a: AgentInfo | None, to_wall: Callable[[float], float]) -> None:
         if a is None:
             self.conn.execute("DELETE FROM agents WHERE job_id=? AND node_rank=?", (job_id, node))
             return
         self.conn.execute(
             "INSERT OR REPLACE INTO agents (job_id, node_rank, role, host, pid, ranks_per_node, registered_at, "
             "last_seen, finished, exit_code) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (job_id, a.node_rank, a.role, a.host, a.pid, a.ranks_per_node, a.registered_at, a.last_seen,
-             int(a.finished), a.exit_code),
+            (job_id, a.node_rank, a.role, a.host, a.pid, a.ranks_per_node, _wall(to_wall, a.registered_at),
+             _wall(to_wall, a.last_seen), int(a.finished), a.exit_code),
         )
 
     def delete_jobs(self, job_ids: Iterable[str]) -> None:

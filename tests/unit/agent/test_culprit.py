@@ -140,6 +140,14 @@ def test_nothing_stale_nothing_to_decide() -> None:
     # only the main ("Current") thread counts, not a framework thread beside it
     (f'Thread 0x2 (most recent call first):\n  File "{SITE}/mindspore/dataset/engine/iterators.py", line 5 in x\n\n'
      'Current thread 0x1 (most recent call first):\n  File "/w/train.py", line 9 in main\n', False),
+    # a script in a directory called "mindspore" is the script's own code (measured: examples/mindspore/,
+    # a Model.train callback of the script's that sleeps, called from inside mindspore/train/model.py)
+    ('Current thread 0x1 (most recent call first):\n'
+     '  File "/work/examples/mindspore/train_model.py", line 143 in on_train_step_end\n'
+     f'  File "{SITE}/mindspore/train/callback/_callback.py", line 435 in on_train_step_end\n'
+     f'  File "{SITE}/mindspore/train/model.py", line 1272 in _train_process\n', False),
+    (f'Current thread 0x1 (most recent call first):\n  File "{SITE}/mindspore/graph/api.py", line 695 in compile\n'
+     '  File "/work/examples/mindspore/train_model.py", line 148 in main\n', True),
     # py-spy's format
     (f'Thread 4242 (idle): "MainThread"\n    asnumpy ({SITE}/mindspore/common/tensor.py:1090)\n'
      '    main (/w/ms_stall.py:75)\n', True),

@@ -211,3 +211,16 @@ def test_a_report_that_cannot_be_built_settles_at_once(box: tuple[Outbox, Client
     assert outbox.poll(0.0) == [] and client.calls == []
     [settled] = outbox.poll(0.0)
     assert not settled.taken and len(outbox) == 0
+
+
+def test_a_call_completing_after_the_link_closed_wakes_nothing() -> None:
+    """The loop's wake-up pipe is closed after the link: a late completion must not write to a reused fd."""
+    from taskd.agent.config import AgentConfig
+    from taskd.agent.controller_link import ControllerLink
+
+    woken: list[int] = []
+    link = ControllerLink(AgentConfig(launcher="taskd"), lambda: woken.append(1))
+    link.outbox._wake()
+    link.close(0, "")
+    link.outbox._wake()
+    assert woken == [1]
