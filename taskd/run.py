@@ -54,7 +54,8 @@ def _worker_spec(config: RunConfig) -> WorkerSpec:
 
     shared = {f.name for f in fields(WorkerSpec)} & {f.name for f in fields(config)}
     return WorkerSpec(
-        **{name: getattr(config, name) for name in shared}, console=not config.quiet,
+        **{name: getattr(config, name) for name in shared if name != "node_rank"}, console=not config.quiet,
+        node_rank=None if config.standby else config.node_rank,  # a standby's comes later: set_node_rank
         # live recovery: node 0 hosts the rendezvous store, as torchrun's agent does (docs/pytorch.md)
         rdzv_store=os.environ.get("TASKD_RDZV_STORE", "").strip() or "auto",
         preimport=os.environ.get("TASKD_PREIMPORT", "").strip(),
@@ -84,6 +85,8 @@ def run_main(config: RunConfig) -> int:
     try:
         spec = _worker_spec(config)
         overrides, origins = agent_settings(config)
+        if config.standby:  # no node rank until the controller assigns one (agent/node_loss.py)
+            overrides["node_rank"] = None
         agent_config = AgentConfig.from_env(origins, launcher="taskd", **overrides)
         credentials = _credentials(config) if config.server else None
         launcher = LocalLauncher(spec)

@@ -108,6 +108,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("join_timeout", float, 600.0, "seconds a node of a multi-node job waits, before starting any rank, for "
             "every node to join (torchrun's rendezvous join_timeout)", _POSITIVE, env="TASKD_JOIN_TIMEOUT",
             label="--rdzv-conf join_timeout", server_field="join_timeout", server_flag="--join-timeout"),
+    Setting("node_rejoin_timeout", float, 300.0, "seconds a replacement node waits for its node-loss round's "
+            "strategy before it gives up, no rank started (the controller's --node-rejoin-timeout bounds the round)",
+            _POSITIVE, env="TASKD_NODE_REJOIN_TIMEOUT"),
+    Setting("standby", bool, False, "join as a spare node: no rank until the controller assigns a lost node's rank; "
+            "exit 0 if none is", flags=("--standby",)),
     # `taskd run` only (the launcher's)
     Setting("warm_spares", int, 0, "Python interpreters kept ready to become a restarted rank", _NONNEGATIVE,
             flags=("--warm-spares", "--warm_spares"), agent=False),

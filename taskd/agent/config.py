@@ -54,6 +54,10 @@ class AgentConfig:
     # multi-node: how long an agent waits, before starting any rank, for every node of the job to register
     # with the controller (torchrun's rendezvous join_timeout, 600 s); then it exits 1 naming the missing nodes
     join_timeout: float = default("join_timeout")
+    # node loss: a replacement waits this long for the round's strategy (the controller's --node-rejoin-timeout
+    # bounds the round on its side); a standby joins with no node and waits for one to be assigned to it
+    node_rejoin_timeout: float = default("node_rejoin_timeout")
+    standby: bool = default("standby")
     # field -> the variable or flag that set it, named by a validation error (not part of the settings)
     origins: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 

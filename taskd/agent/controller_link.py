@@ -21,12 +21,14 @@ from enum import Enum
 from typing import Any, Protocol
 
 from taskd.agent.config import AgentConfig
+from taskd.agent.fencing import Fencing
+from taskd.agent.finish_report import FinishReport, deliver
 from taskd.agent.policy import LossTimer, ReportRetry
 from taskd.agent.ranks import RankLayout
 from taskd.agent.reports import FAULT, Outbox, Report, Settled
 from taskd.client import ClientCredentials, ConfigurationError, RecoverClient
 from taskd.client.current import set_manager
-from taskd.client.errors import AuthenticationError, RecoverClientError
+from taskd.client.errors import AuthenticationError, FencedError, RecoverClientError
 from taskd.client.rpc import make_channel
 from taskd.proto import recover_pb2, taskd_pb2, taskd_pb2_grpc
 from taskd.vocabulary import Action, Code, FaultRanks, SignalType, fault_ranks
@@ -61,17 +63,20 @@ class Command(str, Enum):
     ASSIGN = "assign"  # a standby takes over a lost node's rank (issue 17)
 
 
-# Node-loss commands, carried by taskd's own signal types ("taskd.fenced", "taskd.assignNode"); wired to the
-# client's dispatcher with those names once it dispatches them (the agent's node-loss mechanics).
-NODE_LOSS_COMMANDS = frozenset({Command.FENCE, Command.ASSIGN})
-
 
 # The wire's actions and signal types -> commands (the client dispatches on these names).
 WIRE_COMMANDS = {
     Action.STOP_TRAIN: Command.STOP, Action.ON_GLOBAL_RANK: Command.STRATEGIES,
     Action.CHANGE_STRATEGY: Command.CHANGE, Action.SAVE_AND_EXIT: Command.DUMP,
     Action.FAULT_NODES_EXIT: Command.KILL, SignalType.KILL_MASTER: Command.KILL,
+    SignalType.FENCED: Command.FENCE, SignalType.ASSIGN_NODE: Command.ASSIGN,
 }
+
+
+# A replacement may Register before the controller declared the node's old agent lost: its answer names the
+# live holder; the replacement asks again for up to HELD_WAIT seconds (twice --agent-loss-timeout's default).
+HELD = "is held by a live agent"
+HELD_WAIT = 60.0
 
 
 @dataclass(frozen=True)
@@ -143,11 +148,23 @@ class ControllerLink:
         self._subscriber: threading.Thread | None = None
         self._orders: queue.Queue[Order] = queue.Queue()
         self._seen: set[tuple[Command, str]] = set()
-        self._finished_reported = False
+        self._finish: FinishReport | None = None  # this node's finish report, once the job ended here
+        self._finish_thread: threading.Thread | None = None
         self._status_channel: Any = None
         self.loss = LossTimer(config.controller_timeout)
         self._closed = False  # after close(), a late RPC completion must not wake a loop (its fd) that is gone
-        self.outbox = Outbox(lambda: self._mgr, self._wake_unless_closed)
+
+        def wake_unless_closed() -> None:
+            if not self._closed:
+                self._wake()
+
+        def fence_order(reason: str) -> None:  # one FENCE order, queued like the controller's (fencing.py)
+            self._orders.put(Order(Command.FENCE, "", SignalType.FENCED, (), {}, "", 0.0, reason))
+            wake_unless_closed()
+
+        self.fencing = Fencing(fence_order)
+        self._standby = False  # joined as a standby and not assigned a node (yet): it has no finish to report
+        self.outbox = Outbox(lambda: self._mgr, wake_unless_closed)
         self._settled_faults: list[Settled] = []
 
     @property
@@ -159,8 +176,10 @@ class ControllerLink:
     def connected(self) -> bool:
         return self._mgr is not None and self._mgr.connected
 
-    def connect(self, job_id: str, layout: RankLayout) -> bool:
-        """Init, register and subscribe; False when no controller takes this agent (run degraded)."""
+    def connect(self, job_id: str, layout: RankLayout, as_standby: bool = False) -> bool:
+        """Init, register and subscribe; False when no controller takes this agent (run degraded).
+
+        An `as_standby` agent joins as a spare: the controller ignores its node rank until it assigns it one."""
         cfg = self.config
         address = cfg.server
         if address is None:
@@ -173,7 +192,7 @@ class ControllerLink:
         info = recover_pb2.ClientInfo(
             jobId=job_id, role="agent", nodeRank=layout.node_rank, nodeCount=layout.node_count,
             ranksPerNode=layout.ranks_per_node, maxRestarts=cfg.max_restarts, host=socket.gethostname(),
-            pid=os.getpid(), strategies=cfg.offered_strategies)
+            pid=os.getpid(), strategies=cfg.offered_strategies, standby=as_standby)
         # An embedded controller lives and dies with this process: 3 s keepalive pings (for a remote
         # controller's death) only cost an idle agent CPU there.
         options = (("grpc.keepalive_time_ms", 60_000),) if self._local_started else ()
@@ -185,6 +204,7 @@ class ControllerLink:
             mgr.stop()
             return False
         self._mgr = mgr
+        self._standby = as_standby
         set_manager(mgr)  # TaskD's module functions, called in this process, use it
         for name, command in WIRE_COMMANDS.items():
             mgr.register_action_handler(name, self._queue(command))
@@ -195,9 +215,42 @@ class ControllerLink:
         deadline = time.monotonic() + 5.0
         while not mgr.connected and time.monotonic() < deadline:  # set-up only: ranks are not started yet
             time.sleep(0.01)
-        log.info("job %s: node %d of %d, %d rank(s), controller %s%s", job_id, layout.node_rank,
-                 layout.node_count, layout.ranks_per_node, address, " (embedded)" if self._local_started else "")
+        node = "a standby" if as_standby else f"node {layout.node_rank}"
+        log.info("job %s: %s of %d, %d rank(s), controller %s%s", job_id, node, layout.node_count,
+                 layout.ranks_per_node, address, " (embedded)" if self._local_started else "")
         return True
+
+    def register_as(self, layout: RankLayout) -> bool:
+        """A standby the controller assigned a node: Register again as that node (same host and pid), and keep
+        that identity for every later report and resubscription."""
+        mgr = self._mgr
+        if mgr is None:
+            return False
+        info = recover_pb2.ClientInfo()
+        info.CopyFrom(mgr.info)
+        info.nodeRank, info.standby, info.ranksPerNode = layout.node_rank, False, layout.ranks_per_node
+        mgr.info = mgr.client_info = info
+        try:
+            status = mgr.register(info)
+        except FencedError as exc:
+            self.fencing.fence(str(exc))
+            return False
+        except RecoverClientError as exc:
+            log.error("could not register as node %d: %s", layout.node_rank, exc)
+            return False
+        if status.code == Code.OK:
+            self._standby = False
+        elif status.code == Code.FENCED:
+            self.fencing.fence(status.info)
+        else:
+            log.error("the controller refused this standby as node %d: %d %s", layout.node_rank, status.code,
+                      status.info)
+        return status.code == Code.OK
+
+    def probe_fenced(self, now: float) -> None:
+        """Cut off from the controller: ask, in the background, whether this agent was fenced (fencing.py)."""
+        last = self._mgr.last_signal_time if self._mgr is not None else None
+        self.fencing.probe(self._mgr, self.connected, now, time.time() - last if last else 0.0)
 
     @staticmethod
     def _register(mgr: RecoverClient, info: recover_pb2.ClientInfo, address: str) -> bool:
@@ -205,6 +258,13 @@ class ControllerLink:
             if not mgr.init_clusterd():
                 return False
             status = mgr.register(info)
+            deadline = time.monotonic() + HELD_WAIT
+            if status.code == Code.INVALID_PARAMS and HELD in status.info:
+                log.warning("%s: waiting up to %.0fs for the controller to declare that agent lost (a replacement "
+                            "started before it did)", status.info, HELD_WAIT)
+            while status.code == Code.INVALID_PARAMS and HELD in status.info and time.monotonic() < deadline:
+                time.sleep(0.5)  # set-up only: no rank runs yet
+                status = mgr.register(info)
             if status.code != Code.OK:
                 log.warning("controller %s refused registration: %d %s", address, status.code, status.info)
             return status.code == Code.OK
@@ -263,6 +323,8 @@ class ControllerLink:
         caller's to act on (not taken: degraded mode); the others' failures are logged, and the round's own timers
         (the controller's deadlines, the agent's loss timer) decide what happens next."""
         settled = self.outbox.poll(now)
+        if self.outbox.fenced is not None:  # a report answered 411: this agent was declared lost and replaced
+            self.fencing.fence(self.outbox.fenced)
         for s in settled:
             if not s.taken and s.report.what != FAULT:
                 log.warning("%s not taken by the controller: %s", s.report.what, s.why)
@@ -295,16 +357,18 @@ class ControllerLink:
         self.poll_reports(time.monotonic())
 
     def report_finished(self, exit_code: int, reason: str) -> None:
-        """Tell the controller every local rank ended (once; the job is over here either way)."""
-        if self._mgr is None or self._finished_reported:
+        """Tell the controller every local rank ended: sent from a thread of its own until acknowledged, within
+        the controller timeout (finish_report.py); `close()` waits for it."""
+        if self._mgr is None or self._finish is not None or self.fencing.fenced is not None or self._standby:
             return
         self.poll_reports(time.monotonic())
         self.outbox.flush()  # the round's reports before the finish
-        self._finished_reported = True
-        try:
-            self._mgr.report_finished(exit_code, reason, timeout=None if self._mgr.connected else 3.0)
-        except Exception as exc:
-            log.debug("could not report the end of the job: %s", exc)
+        self._finish = FinishReport(exit_code, reason, time.monotonic(), max(1.0, self.config.controller_timeout))
+        mgr = self._mgr
+        self._finish_thread = threading.Thread(
+            target=deliver, args=(self._finish, lambda r, t: mgr.report_finished(r.exit_code, r.reason, timeout=t)),
+            name="taskd-finish", daemon=True)
+        self._finish_thread.start()
 
     @property
     def job_id(self) -> str:
@@ -345,23 +409,30 @@ class ControllerLink:
             return None if record is None else ("", record)
         return record.state, record.info
 
+    def rejoining(self, timeout: float = 2.0) -> frozenset[int] | None:
+        """The node ranks an open node-loss round of this job waits for a replacement of (JobRecord.rejoining);
+        None when the controller did not answer or cannot say."""
+        try:
+            record = self._job_record(timeout)
+        except JobStatusUnsupported:
+            return None
+        return None if record is None or isinstance(record, str) else frozenset(record.rejoining)
+
     def job_nodes(self, timeout: float = 2.0) -> tuple[str, str, frozenset[int]] | None:
-        """(state, info, node ranks registered) of this job on the controller; state "" when it no longer
-        knows the job; None when it did not answer. Raises `JobStatusUnsupported` (see `_job_record`)."""
+        """(state, info, node ranks registered: standbys hold none) of this job on the controller; state "" when it
+        no longer knows the job; None when it did not answer. Raises `JobStatusUnsupported` (see `_job_record`)."""
         record = self._job_record(timeout)
         if record is None or isinstance(record, str):
             return None if record is None else ("", record, frozenset())
-        return record.state, record.info, frozenset(a.nodeRank for a in record.agents)
-
-    def _wake_unless_closed(self) -> None:
-        if not self._closed:
-            self._wake()
+        return record.state, record.info, frozenset(a.nodeRank for a in record.agents if not a.standby)
 
     def close(self, exit_code: int, reason: str) -> None:
         """Tell the controller the job ended here (unless done), stop listening, stop the embedded controller."""
         self._closed = True  # the loop is over: its last reports are flushed by polling, not by wake-ups
         if self._mgr is not None:
             self.report_finished(exit_code, reason)
+            if self._finish_thread is not None and self._finish is not None:  # still pending: wait, to its deadline
+                self._finish_thread.join(max(0.0, self._finish.deadline - time.monotonic()) + 1.0)
             self._mgr.stop()
         if self._status_channel is not None:
             self._status_channel.close()

@@ -21,7 +21,7 @@ from typing import Any
 
 from taskd.agent.policy import ReportRetry
 from taskd.client import RecoverClient
-from taskd.client.errors import RecoverClientError
+from taskd.client.errors import FencedError, RecoverClientError
 from taskd.client.rpc import PendingCall
 from taskd.vocabulary import Code, FaultRanks
 
@@ -70,6 +70,7 @@ class Outbox:
         self._clock = clock
         self._queue: deque[Report] = deque()
         self._stale: set[int] = set()  # id of a fault report whose in-flight attempt lacks a later fault
+        self.fenced: str | None = None  # a 411 answer's info: this agent was fenced, no report will be taken again
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -132,9 +133,15 @@ class Outbox:
         assert call is not None
         code: int | None
         try:
-            code, error = int(call.result().code), ""
+            status = call.result()
+            code, error = int(status.code), ""
+        except FencedError as exc:
+            code, error, status = Code.FENCED, str(exc), None
         except RecoverClientError as exc:
             code, error = None, str(exc)
+        if code == Code.FENCED:  # declared lost, its node another agent's: no re-send can help (agent/node_loss.py)
+            self.fenced = self.fenced or (error or f"{report.what} refused (411): {status.info if status else ''}")
+            return Settled(report, False, f"fenced: {self.fenced}")
         if code == Code.OK and id(report) in self._stale:  # taken, but a later fault was not in it: send again
             self._stale.discard(id(report))
             report.retry.next_at = None
@@ -161,6 +168,10 @@ class Outbox:
                 client.resync(reinit=reinit, timeout=RESYNC_TIMEOUT)
             report.call = client.start_report(report.method, report.build(client, report),
                                               timeout=report.retry.attempt_timeout(now), on_done=self._wake)
+        except FencedError as exc:  # a re-Register refused with 411: see _read
+            report.call, report.retry.deadline = None, now
+            self.fenced = self.fenced or str(exc)
+            return
         except RecoverClientError as exc:
             report.call = None
             decision = report.retry.answered(None, now, str(exc))

@@ -30,9 +30,10 @@ from taskd.agent.join_wait import await_nodes
 from taskd.agent.launcher_api import launcher_of
 from taskd.agent.live import POLL, LiveRanks
 from taskd.agent.msrun_logs import MsrunLogs
+from taskd.agent.node_loss import NodeLoss
 from taskd.agent.policy import LocalPolicy
 from taskd.agent.rank_control import LauncherDetails, RankControl
-from taskd.agent.ranks import Rank, RankState, RankTable, discover_layout
+from taskd.agent.ranks import Rank, RankLayout, RankState, RankTable, discover_layout
 from taskd.agent.recovery import AgentHooks, Gone, Recovery
 from taskd.agent.round_events import ControllerLost, OrderEvent, RankFault, ReportSettled, order_event
 from taskd.agent.round_machine import RoundMachine
@@ -76,6 +77,7 @@ class Supervisor:
         self.machine = RoundMachine(NodeFacts(), self.recovery.view, budget=self.policy)  # the round (agent/round_*)
         self._events: deque[object] = deque()  # what the machine handles next, one at a time (`_feed`)
         self._draining = False
+        self.node_loss = NodeLoss(self.config, self.link, self.table, details, self._finish)  # issue 17
         self._terminate_signal: int | None = None
         self._done = False
         self._old_handlers: dict[int, Any] = {}
@@ -86,7 +88,8 @@ class Supervisor:
         try:
             self._prepare()
             if not self._done:  # a multi-node job that found no controller stops before any rank starts
-                self._start_all(first=True)
+                if not self.node_loss.replacement:  # a replacement's ranks start with its round's strategy
+                    self._start_all(first=True)
                 self._invoke_run()
         except ConfigurationError as exc:  # e.g. a malformed MINDX_SERVER_IP: say so, no traceback into msrun
             log.error("taskd cannot start the job: %s", exc)
@@ -102,13 +105,20 @@ class Supervisor:
         return self.result
 
     def _prepare(self) -> None:
-        """Ask MONITOR for the layout before any rank runs, then join the controller (or run degraded)."""
+        """Ask MONITOR for the layout before any rank runs, then join the controller (or run degraded).
+
+        A standby first waits for a node (agent/node_loss.py), then lays out that node's ranks."""
+        job_id = self.config.job_id or new_job_id(self.config.launcher)
+        standby = self.config.standby
+        if standby and not self.node_loss.await_node(job_id, self._standby_layout(), self.watch.wait,
+                                                     lambda: self._terminate_signal is not None):
+            return
         layout = discover_layout(self.config, self.cb[MONITOR]([-1]) or {})
         self.table.lay_out(layout)
         self.result.ranks = len(self.table)
         needs_heartbeats = self.config.heartbeat_timeout is not None or Strategy.DUMP in self.config.offered_strategies
         self.hang.export_dir(self.logs.log_dir, needs_heartbeats)
-        if not self.link.connect(self.config.job_id or new_job_id(self.config.launcher), layout):
+        if not (self.link.register_as(layout) if standby else self.link.connect(job_id, layout)):
             if layout.node_count > 1:
                 log.error("no controller: a job of %d nodes does not run without one (its nodes could not "
                           "recover together); stopping", layout.node_count)
@@ -118,8 +128,18 @@ class Supervisor:
                 self.machine.state = NodeState.DEGRADED
         else:
             self._await_nodes()
+            if not self._done:
+                self.node_loss.check_replacement(layout, time.monotonic(), standby)
+                if self.node_loss.replacement:  # its ranks start with the round's changeStrategy (round_table.py)
+                    self.machine.state = NodeState.REJOINING
+                    self.machine.add_faults(self.node_loss.fault_ranks(), time.monotonic())
         self.machine.facts = NodeFacts(node_count=layout.node_count, live=self.live.enabled,
                                        controller_timeout=self.config.controller_timeout)
+
+    def _standby_layout(self) -> RankLayout:
+        """What a standby tells the controller before it has a node: the job's size, no node rank of its own."""
+        per_node = self.config.ranks_per_node or 1
+        return RankLayout(0, self.config.node_count or 1, tuple(range(per_node)))
 
     def _await_nodes(self) -> None:
         """A multi-node job's ranks start once all its nodes joined, as after torchrun's rendezvous (join_wait.py);
@@ -208,6 +228,7 @@ class Supervisor:
     def _watch_controller(self) -> None:
         """A round in progress waits on the controller's next signal: if the controller is gone for
         `controller_timeout`, nothing else would ever end that wait, so recover locally (degraded)."""
+        self.node_loss.watch(time.monotonic())  # a replacement's bounded wait; was this agent fenced?
         waiting = not self._done and not self.policy.degraded and self.machine.waits_on_controller
         lost_for = self.link.lost_during_round(time.monotonic(), waiting)
         if lost_for is not None:

@@ -112,9 +112,9 @@ def render_text(job_list: taskd_pb2.JobList, events: int = 20) -> str:
         rows = []
         for a in job.agents:
             rpn = a.ranksPerNode or job.ranksPerNode
-            ranks = f"{a.nodeRank * rpn}-{a.nodeRank * rpn + rpn - 1}" if rpn else "-"
+            ranks = f"{a.nodeRank * rpn}-{a.nodeRank * rpn + rpn - 1}" if rpn and not a.standby else "-"
             finished = f"exit {a.exitCode}" if a.finished else "-"
-            rows.append([str(a.nodeRank), a.host or "-", str(a.pid or "-"), ranks,
+            rows.append(["standby" if a.standby else str(a.nodeRank), a.host or "-", str(a.pid or "-"), ranks,
                          "yes" if a.subscribed else "no", _ts(a.lastSeen), finished])
         out += ["    " + line for line in _table(["node", "host", "pid", "ranks", "subscribed", "last seen",
                                                     "finished"], rows)] if rows else ["    (none registered)"]

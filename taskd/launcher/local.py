@@ -107,11 +107,15 @@ class LocalLauncher:
         self.rank_declarations = True
         self._generation = 0  # the group generation ranks started from now on join (set_generation)
         spares = spec.warm_spares if python_script(spec.entrypoint) else 0
-        spare_env = rank_env(self.spec, 0, 0, None)
+        spare_env = rank_env(self.spec if spec.node_rank is not None else dataclasses.replace(self.spec, node_rank=0),
+                             0, 0, None)  # replaced by the rank's own when a spare becomes one
         preimport = spec.preimport or (LIVE_PREIMPORT if self._live.enabled else "")
         if preimport:
             spare_env[Var.TASKD_PREIMPORT] = preimport
         self._spares = SparePool(spares, spare_env, spec.cwd)
+        self._standby = spec.node_rank is None  # a standby's first ranks come from its spares, warmed meanwhile
+        if self._standby:
+            self._spares.fill()  # pre-import the framework (TASKD_PREIMPORT) before any node is assigned
         self._orphans = OrphanKeeper(self._lock, lambda: self._table.unreaped_pids() | set(self._spares.pids())
                                      | self._live.pids(),
                                      lambda: self._table.running_marks(self.heartbeat_path),
@@ -156,6 +160,7 @@ class LocalLauncher:
     def start_all_worker(self) -> int:
         """Kill every live worker, then start every local rank; 0 if all are running right after, else 1."""
         self._check_open()
+        self.spec.global_rank(0)  # a standby not yet assigned a node raises here
         with self._lock:
             live = self._table.running()
             for inc in live:
@@ -189,6 +194,7 @@ class LocalLauncher:
         """
         _require_list("START_WORKER_LIST", ranks)
         self._check_open()
+        self.spec.global_rank(0)  # a standby not yet assigned a node raises here
         ok = True
         with self._lock:
             if any(self._table.valid(r) and self._table.starts(r) for r in ranks):
@@ -216,6 +222,8 @@ class LocalLauncher:
         Ranks that are not local ranks of this node are left out.
         """
         _require_list("MONITOR", ranks)
+        if self.spec.node_rank is None:  # a standby not yet assigned a node has no rank to tell of
+            return {}
         with self._lock:
             wanted = range(self.spec.nproc_per_node) if list(ranks) == [-1] else ranks
             result: dict[int, dict[str, object]] = {}
@@ -413,7 +421,8 @@ class LocalLauncher:
         out, err = spec.console_streams(rank)
         output = RankOutput(rank_log, f"[rank{global_rank}]: ", out, err, split=out != err)
         try:
-            popen = self._spares.activate(spec.entrypoint, env, spec.cwd) if restart and not output.split else None
+            popen = self._spares.activate(spec.entrypoint, env, spec.cwd) \
+                if (restart or self._standby) and not output.split else None
             if popen is None:
                 popen = spawn(spec.entrypoint, env, cwd=spec.cwd, split_stderr=output.split)
         except (OSError, subprocess.SubprocessError) as exc:

@@ -72,7 +72,7 @@ class WorkerSpec:
     entrypoint: list[str]
     nproc_per_node: int = 1
     nnodes: int = 1
-    node_rank: int = 0
+    node_rank: int | None = 0  # None: a standby's, set once the controller assigns one (LocalLauncher.set_node_rank)
     master_addr: str = "127.0.0.1"
     master_port: int = 0
     job_id: str = "default"
@@ -108,7 +108,8 @@ class WorkerSpec:
         for name in ("nproc_per_node", "nnodes"):
             if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
                 bad(name, "must be a positive integer")
-        if _is_int(self.nnodes) and (not _is_int(self.node_rank) or not 0 <= self.node_rank < max(1, self.nnodes)):
+        if _is_int(self.nnodes) and self.node_rank is not None and \
+                (not _is_int(self.node_rank) or not 0 <= self.node_rank < max(1, self.nnodes)):
             bad("node_rank", f"must be in [0, {self.nnodes}) for nnodes={self.nnodes}")
         if not _is_int(self.master_port) or not 0 <= self.master_port <= 65535:
             bad("master_port", "must be in [0, 65535] (0: pick a free port)")
@@ -169,6 +170,8 @@ class WorkerSpec:
         return self.nnodes * self.nproc_per_node
 
     def global_rank(self, local_rank: int) -> int:
+        if self.node_rank is None:
+            raise RuntimeError("a standby has no node rank yet: its ranks have no global rank until it is assigned one")
         return self.node_rank * self.nproc_per_node + local_rank
 
     def streams_of(self, local_rank: int) -> tuple[int, int]:

@@ -56,6 +56,7 @@ class RunConfig:
     nnodes: int = default("node_count")
     min_nnodes: int = 1  # torchrun's MIN of MIN:MAX; informative only, the job waits for nnodes
     node_rank: int = default("node_rank")
+    standby: bool = default("standby")  # a spare node: no node rank until the controller assigns a lost node's
     job_id: str = "default"
     server: str | None = default("server")  # None = an embedded controller
     # how this agent authenticates to --server (paths; None: the TASKD_TOKEN_FILE / TASKD_TLS_* variable)
@@ -105,7 +106,7 @@ class RunConfig:
             value = getattr(self, s.run)
             if s.bound is not None and s.name != "node_rank" and value is not None:
                 check(s.run, s.bound.allows(value), s.bound.rule)
-        if self.nnodes >= 1:
+        if self.nnodes >= 1 and not self.standby:
             check("node_rank", 0 <= self.node_rank < self.nnodes, f"in [0, {self.nnodes - 1}] (nnodes {self.nnodes}"
                   f"{' from ' + self.sources['nnodes'] if 'nnodes' in self.sources else ''})")
         check("master_port", 0 <= self.master_port <= 65535, "in [0, 65535]")
@@ -115,6 +116,9 @@ class RunConfig:
             out.append("entrypoint and job_id must not be empty")
         if self.standalone and self.server:
             out.append(f"{self._src('server')}: --standalone runs the job's own embedded controller; drop one")
+        if self.standby and not self.server:
+            out.append("--standby joins a running job as a spare node: it needs the job's controller (--server "
+                       "HOST:PORT or MINDX_SERVER_IP)")
         if self.standalone and self.nnodes != 1:
             out.append(f"{self._src('nnodes')}: --standalone is a one-node job, not {self.nnodes} nodes")
         for name in ("redirects", "tee"):

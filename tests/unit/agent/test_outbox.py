@@ -220,7 +220,7 @@ def test_a_call_completing_after_the_link_closed_wakes_nothing() -> None:
 
     woken: list[int] = []
     link = ControllerLink(AgentConfig(launcher="taskd"), lambda: woken.append(1))
-    link._wake_unless_closed()
+    link.outbox._wake()
     link.close(0, "")
-    link._wake_unless_closed()
+    link.outbox._wake()
     assert woken == [1]
