@@ -21,6 +21,7 @@ from typing import Any
 import psutil
 
 from taskd.launcher.spec import free_port  # noqa: F401 (re-exported for the scripts)
+from taskd.process.tree import rank_pids  # noqa: F401 (re-exported for the scripts)
 
 BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
@@ -230,23 +231,6 @@ def ranks_alive(records: list[dict[str, Any]], ranks: Iterable[int], after: floa
     for rec in records:
         if rec.get("event") == "start" and rec["rank"] in wanted and rec["t"] >= after and rec["rank"] not in found:
             found[rec["rank"]] = rec
-    return found
-
-
-def rank_pids(agent_pid: int) -> dict[int, int]:
-    """{global rank: pid} of the live Python rank processes under an agent (found by their RANK variable)."""
-    found: dict[int, int] = {}
-    try:
-        children = psutil.Process(agent_pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return found
-    for child in children:
-        try:
-            env = child.environ()
-            if "RANK" in env and child.status() != psutil.STATUS_ZOMBIE and "python" in child.name():
-                found[int(env["RANK"])] = child.pid
-        except psutil.Error:
-            continue
     return found
 
 

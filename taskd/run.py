@@ -17,6 +17,7 @@ from taskd.agent.console import EVENT_LOGGERS, setup_console_logging  # noqa: F4
 
 if TYPE_CHECKING:
     from taskd.client.credentials import ClientCredentials
+    from taskd.launcher import WorkerSpec
     from taskd.run_config import RunConfig
 
 log = logging.getLogger("taskd.run")
@@ -29,14 +30,35 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     add(parser)
 
 
-# Where each agent setting comes from on taskd run's command line: a bad value's error names the flag.
-AGENT_FLAGS = {
-    "job_id": "--job-id", "server": "--server", "node_rank": "--node-rank", "node_count": "--nnodes",
-    "ranks_per_node": "--nproc-per-node", "strategies": "--strategies", "max_restarts": "--max-restarts",
-    "monitor_interval": "--monitor-interval", "stop_grace": "--stop-grace", "heartbeat_timeout": "--heartbeat-timeout",
-    "log_dir": "--log-dir", "dump_timeout": "--dump-timeout", "join_timeout": "--rdzv-conf join_timeout",
-}
-_RUN_FIELDS = {"node_count": "nnodes", "ranks_per_node": "nproc_per_node"}  # agent setting -> RunConfig field
+def agent_settings(config: RunConfig) -> tuple[dict[str, object], dict[str, str]]:
+    """The AgentConfig overrides `taskd run` gives (taskd/settings.py's agent settings it has a flag for),
+    and where each came from, so that a bad value's error names the flag or variable. None (and an empty
+    list) is "not given": the agent then reads its TASKD_* variable, else its default."""
+    from taskd.settings import AGENT_SETTINGS
+
+    values: dict[str, object] = {}
+    origins: dict[str, str] = {}
+    for s in AGENT_SETTINGS:
+        if s.run:
+            value = getattr(config, s.run)
+            values[s.name] = (list(value) or None) if isinstance(value, tuple) else value
+            origins[s.name] = config.sources.get(s.run, s.flag)
+    return values, origins
+
+
+def _worker_spec(config: RunConfig) -> WorkerSpec:
+    """Every RunConfig field WorkerSpec also has, as it is, and the launcher's own TASKD_* variables."""
+    from dataclasses import fields
+
+    from taskd.launcher import WorkerSpec
+
+    shared = {f.name for f in fields(WorkerSpec)} & {f.name for f in fields(config)}
+    return WorkerSpec(
+        **{name: getattr(config, name) for name in shared}, console=not config.quiet,
+        # live recovery: node 0 hosts the rendezvous store, as torchrun's agent does (docs/pytorch.md)
+        rdzv_store=os.environ.get("TASKD_RDZV_STORE", "").strip() or "auto",
+        preimport=os.environ.get("TASKD_PREIMPORT", "").strip(),
+    )
 
 
 def _config_errors(problems: list[str]) -> int:
@@ -56,28 +78,13 @@ def run_main(config: RunConfig) -> int:
     from taskd.agent.config import AgentConfig
     from taskd.agent.supervisor import Supervisor
     from taskd.controller.server import EmbeddedController
-    from taskd.launcher import LocalLauncher, WorkerSpec, WorkerSpecError
+    from taskd.launcher import LocalLauncher, WorkerSpecError
     from taskd.launcher.output import RankLogError
 
-    origins = {name: config.sources.get(_RUN_FIELDS.get(name, name), flag) for name, flag in AGENT_FLAGS.items()}
     try:
-        spec = WorkerSpec(
-            entrypoint=list(config.entrypoint), nproc_per_node=config.nproc_per_node, nnodes=config.nnodes,
-            node_rank=config.node_rank, master_addr=config.master_addr, master_port=config.master_port,
-            job_id=config.job_id, log_dir=config.log_dir, console=not config.quiet, warm_spares=config.warm_spares,
-            role=config.role, max_restarts=config.max_restarts, redirects=dict(config.redirects),
-            tee=dict(config.tee), local_ranks_filter=config.local_ranks_filter,
-            # live recovery: node 0 hosts the rendezvous store, as torchrun's agent does (docs/pytorch.md)
-            rdzv_store=os.environ.get("TASKD_RDZV_STORE", "").strip() or "auto",
-            preimport=os.environ.get("TASKD_PREIMPORT", "").strip(),
-        )
-        agent_config = AgentConfig.from_env(
-            origins, launcher="taskd", job_id=config.job_id, server=config.server, node_rank=config.node_rank,
-            node_count=config.nnodes, ranks_per_node=config.nproc_per_node, strategies=list(config.strategies) or None,
-            max_restarts=config.max_restarts, monitor_interval=config.monitor_interval, stop_grace=config.stop_grace,
-            heartbeat_timeout=config.heartbeat_timeout, log_dir=config.log_dir, dump_timeout=config.dump_timeout,
-            join_timeout=config.join_timeout,
-        )
+        spec = _worker_spec(config)
+        overrides, origins = agent_settings(config)
+        agent_config = AgentConfig.from_env(origins, launcher="taskd", **overrides)
         credentials = _credentials(config) if config.server else None
         launcher = LocalLauncher(spec)
     except WorkerSpecError as exc:

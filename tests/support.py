@@ -2,28 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import socket
+import time
 from collections.abc import Callable
-from pathlib import Path
 
 import psutil
 
 from taskd.launcher.spec import free_port  # noqa: F401 (re-exported for the tests)
+from taskd.process.tree import rank_pids
 
-
-def _load_bench_common():  # noqa: ANN202 (a module)
-    """bench/common.py, by path: bench/ is a directory of scripts, not a package the tests can import."""
-    path = Path(__file__).resolve().parent.parent / "bench" / "common.py"
-    spec = importlib.util.spec_from_file_location("bench_common", path)
-    assert spec is not None and spec.loader is not None, path
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_bench = _load_bench_common()
-ranks_of = _bench.rank_pids  # {global rank: pid} of the live rank processes under an agent
+ranks_of = rank_pids  # {global rank: pid} of the live rank processes under an agent
 
 WAIT = 20.0  # generous: the suite must pass on a loaded 2-core machine
 
@@ -34,14 +22,18 @@ STARTED: list = []
 
 def wait_for(pred: Callable[[], object], timeout: float = WAIT, what: str = "condition",
              interval: float = 0.02) -> object:
-    """Poll until pred() is truthy and return its value; fail naming `what` after `timeout` seconds.
+    """Poll until pred() is truthy and return its value; fail (AssertionError) naming `what` after `timeout` s.
 
-    The benchmarks' loop with the tests' defaults; its TimeoutError becomes a test failure (AssertionError).
+    The tests' own loop, not bench/'s: tests never import bench/ (tests/unit/test_tier_rules.py checks).
     """
-    try:
-        return _bench.wait_for(pred, timeout, what, interval)
-    except TimeoutError as exc:
-        raise AssertionError(str(exc)) from None
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
 
 
 wait_until = wait_for

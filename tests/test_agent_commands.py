@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from taskd.agent.config import AgentConfig
-from taskd.agent.controller_link import WIRE_COMMANDS, Command, Order
-from taskd.agent.supervisor import Supervisor
+from taskd.agent.controller_link import NODE_LOSS_COMMANDS, WIRE_COMMANDS, Command, Order
+from taskd.agent.round_events import ORDER_EVENTS
+from taskd.agent.round_table import RULES
 from taskd.vocabulary import Action, SignalType
 
 
@@ -16,13 +16,11 @@ def signal(**kw: object) -> SimpleNamespace:
     return SimpleNamespace(**{**base, **kw})
 
 
-def test_every_command_has_a_handler_and_a_wire_name() -> None:
-    supervisor = Supervisor(AgentConfig(launcher="taskd"), callbacks={})
-    try:
-        assert set(supervisor._handlers) == set(Command)
-        assert set(WIRE_COMMANDS.values()) == set(Command)
-    finally:
-        supervisor.watch.close()
+def test_every_command_has_an_event_a_rule_and_a_wire_name() -> None:
+    assert set(ORDER_EVENTS) == set(Command)
+    for command, event in ORDER_EVENTS.items():
+        assert any(rule.event is event for rule in RULES), f"no rule takes {command.value}"
+    assert set(WIRE_COMMANDS.values()) == set(Command) - NODE_LOSS_COMMANDS
 
 
 def test_order_carries_fault_ranks_as_the_one_type() -> None:

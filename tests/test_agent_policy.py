@@ -35,24 +35,25 @@ def test_dump_budget(signal_timeout: float | None, expected: float) -> None:
 
 
 def test_report_retry_backs_off_until_the_deadline() -> None:
-    retry = policy(controller_timeout=1.0).report_retry(now=100.0)
+    retry = policy(controller_timeout=2.0).report_retry(now=100.0)
     assert retry.due(100.0), "the first attempt goes at once"
     gaps = []
     now = 100.0
-    while retry.failed(now):
+    while not retry.expired(now):
+        retry.sent()
+        assert retry.answered(None, now, "unreachable").retry
         assert not retry.due(now), "a retry is scheduled, not sent in a loop"
         gaps.append(round(retry.next_at - now, 3))
         now = retry.next_at
-        assert retry.due(now)
-    assert gaps[:4] == [0.1, 0.2, 0.4, 0.8]
-    assert now >= 101.0, "gave up only at the controller timeout"
+    assert gaps == [0.1, 0.2, 0.4, 0.8, 0.5], "the last re-send is at the deadline, not past it"
+    assert now == 102.0 and not retry.due(now), "gave up exactly at the controller timeout, not later"
 
 
 def test_report_retry_delay_is_capped() -> None:
     retry = ReportRetry(deadline=1000.0)
     now = 0.0
     for _ in range(10):
-        assert retry.failed(now)
+        retry.answered(503, now)
         now = retry.next_at
     assert retry.delay == 2.0
 

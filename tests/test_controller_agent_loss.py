@@ -11,9 +11,9 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+from scripted_agent import ScriptedAgent
 
 from taskd.controller.server import ControllerConfig, EmbeddedController
-from taskd.controller.testing import ScriptedAgent
 from taskd.proto import recover_pb2
 from taskd.toolkit.recover_module.recover_manager import DLRecoverManager
 

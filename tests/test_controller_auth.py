@@ -13,9 +13,9 @@ from pathlib import Path
 
 import grpc
 import pytest
+from scripted_agent import CALL_TIMEOUT, ScriptedAgent
 
 from taskd.controller.server import ControllerConfig, EmbeddedController
-from taskd.controller.testing import CALL_TIMEOUT, ScriptedAgent
 from taskd.proto import recover_pb2, taskd_pb2
 
 REPO = Path(__file__).resolve().parents[1]

@@ -7,6 +7,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from scripted_agent import ScriptedAgent
 from support import wait_for
 
 from taskd.cli import main as taskd_main
@@ -15,7 +16,6 @@ from taskd.controller.hub import SignalHub
 from taskd.controller.server import ControllerConfig, EmbeddedController
 from taskd.controller.state_machine import AgentFinished, AgentRegistered, JobInit, MachineConfig
 from taskd.controller.store import JOB_TABLES, Store
-from taskd.controller.testing import ScriptedAgent
 from taskd.vocabulary import Code
 
 ALL = ["retry", "recover", "job-rescheduling", "dump", "exit"]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from scripted_agent import ScriptedAgent, StreamEnded
 from support import wait_for
 
 from taskd.controller.server import ControllerConfig, EmbeddedController
@@ -23,7 +24,6 @@ from taskd.controller.state_machine import (
     JobMachine,
     MachineConfig,
 )
-from taskd.controller.testing import ScriptedAgent, StreamEnded
 from taskd.vocabulary import Code
 
 

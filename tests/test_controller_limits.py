@@ -16,9 +16,9 @@ from pathlib import Path
 
 import grpc
 import pytest
+from scripted_agent import CALL_TIMEOUT, ScriptedAgent, StreamEnded
 
 from taskd.controller.server import ControllerConfig, EmbeddedController
-from taskd.controller.testing import CALL_TIMEOUT, ScriptedAgent, StreamEnded
 from taskd.proto import recover_pb2, recover_pb2_grpc
 
 REPO = Path(__file__).resolve().parents[1]

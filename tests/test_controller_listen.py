@@ -11,11 +11,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from scripted_agent import ScriptedAgent
 from support import free_port
 
 from taskd.controller.server import ControllerConfig, ControllerServer, EmbeddedController, parse_listen
 from taskd.controller.status_view import fetch_jobs
-from taskd.controller.testing import ScriptedAgent
 from taskd.vocabulary import DEFAULT_PORT
 
 REPO = Path(__file__).resolve().parents[1]

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from scripted_agent import ScriptedAgent
 
 from taskd.controller.server import ControllerConfig, ControllerServer, EmbeddedController
 from taskd.controller.state_machine import (
@@ -26,7 +27,6 @@ from taskd.controller.state_machine import (
     StrategiesReported,
 )
 from taskd.controller.store import Store, default_state_path
-from taskd.controller.testing import ScriptedAgent
 from taskd.launcher.spec import free_port
 
 REPO = Path(__file__).resolve().parents[1]

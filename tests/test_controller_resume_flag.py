@@ -8,7 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from taskd.controller.testing import ScriptedAgent
+from scripted_agent import ScriptedAgent
+
 from taskd.launcher.spec import free_port
 
 REPO = Path(__file__).resolve().parents[1]

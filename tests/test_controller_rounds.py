@@ -6,9 +6,9 @@ import itertools
 from collections.abc import Iterator
 
 import pytest
+from scripted_agent import ScriptedAgent
 
 from taskd.controller.server import ControllerConfig, EmbeddedController
-from taskd.controller.testing import ScriptedAgent
 from taskd.vocabulary import Code
 
 ALL = ["retry", "recover", "job-rescheduling", "dump", "exit"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from scripted_agent import ScriptedAgent
 from support import wait_for
 
 from taskd.controller.core import ControllerCore
@@ -20,7 +21,6 @@ from taskd.controller.state_machine import (
     MachineConfig,
 )
 from taskd.controller.store import Store
-from taskd.controller.testing import ScriptedAgent
 
 N = 50
 

@@ -6,11 +6,11 @@ import json
 from collections.abc import Iterator
 
 import pytest
+from scripted_agent import ScriptedAgent
 
 from taskd.cli import main as taskd_main
 from taskd.controller.server import ControllerConfig, EmbeddedController
 from taskd.controller.status_view import fetch_jobs, normalize_address, render_json, render_text
-from taskd.controller.testing import ScriptedAgent
 
 ALL = ["retry", "recover", "job-rescheduling", "dump", "exit"]
 
@@ -128,7 +128,8 @@ def test_taskd_status_pages_past_4_mb(capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def test_a_page_token_the_server_did_not_give_is_refused(server: str) -> None:
-    from taskd.controller.testing import CALL_TIMEOUT
+    from scripted_agent import CALL_TIMEOUT
+
     from taskd.proto import taskd_pb2
 
     agent = ScriptedAgent(server, "pager", 0, 1)

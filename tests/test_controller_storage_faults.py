@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from scripted_agent import ScriptedAgent, StreamEnded
 
 from taskd.controller.checkpoint import Checkpoint
 from taskd.controller.core import STORE_RETRY, ControllerCore
@@ -41,7 +42,6 @@ from taskd.controller.state_machine import (
     Tick,
 )
 from taskd.controller.store import Store, StoreError
-from taskd.controller.testing import ScriptedAgent, StreamEnded
 from taskd.vocabulary import Code
 
 ALL = ["retry", "recover", "job-rescheduling", "dump", "exit"]

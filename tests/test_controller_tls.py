@@ -9,11 +9,11 @@ from pathlib import Path
 
 import grpc
 import pytest
+from scripted_agent import ScriptedAgent
 
 from taskd.controller.config import ConfigError
 from taskd.controller.server import ControllerConfig, EmbeddedController
 from taskd.controller.status_view import fetch_jobs, read_credentials
-from taskd.controller.testing import ScriptedAgent
 from taskd.proto import recover_pb2_grpc, taskd_pb2_grpc
 
 x509 = pytest.importorskip("cryptography.x509")

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import grpc
 import pytest
+from scripted_agent import CALL_TIMEOUT, ScriptedAgent, StreamEnded, fault_ranks
 
 from taskd.controller.config import ConfigError
 from taskd.controller.server import ControllerConfig, EmbeddedController
-from taskd.controller.testing import CALL_TIMEOUT, ScriptedAgent, StreamEnded, fault_ranks
 from taskd.proto import recover_pb2, recover_pb2_grpc, taskd_pb2, taskd_pb2_grpc
 from taskd.vocabulary import Code
 

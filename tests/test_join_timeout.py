@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from scripted_agent import ScriptedAgent
 from support import free_port, wait_for
 from test_run_e2e import ROOT, taskd_run
 
@@ -29,7 +30,6 @@ from taskd.controller.events import AgentConnected, AgentFinished, AgentRegister
 from taskd.controller.model import JobState, MachineConfig
 from taskd.controller.server import EmbeddedController
 from taskd.controller.state_machine import JobMachine
-from taskd.controller.testing import ScriptedAgent
 
 S = JobState
 CFG = MachineConfig(join_timeout=600)

@@ -283,8 +283,18 @@ def test_change_strategy_carries_the_generation_every_node_names():
     stop = Signal(uuid="job-2-5", signal_type=SignalType.STOP_TRAIN, actions=(Action.STOP_TRAIN,), reason="why")
     assert json.loads(to_message("job", stop).extraParams) == {"reason": "why"}
 
-    live = LiveRanks(RankTable(), None, lambda: "job")
-    assert live.next_generation(to_message("job-with-dashes", change).extraParams) == 7
-    assert live.next_generation('{"generation": 3}') == 8  # generations only grow while the store lives
-    assert live.next_generation("") == 9 and live.next_generation('{"reason": "x"}') == 10
-    assert live.next_generation("not json") == 11 and live.next_generation('{"generation": true}') == 12
+    from taskd.agent.controller_link import Command, Order
+    from taskd.agent.launcher_api import MSRUN
+    from taskd.client.signals import parse_signal
+
+    def generation(extra_params: str) -> int | None:  # as the agent reads it: a typed field of its Order
+        message = to_message("job-with-dashes", change)
+        message.extraParams = extra_params
+        return Order.of(Command.CHANGE, parse_signal(message)).generation
+
+    live = LiveRanks(RankTable(), MSRUN)
+    assert live.next_generation(generation(to_message("job-with-dashes", change).extraParams)) == 7
+    assert live.next_generation(generation('{"generation": 3}')) == 8  # generations only grow while the store lives
+    assert live.next_generation(generation("")) == 9 and live.next_generation(generation('{"reason": "x"}')) == 10
+    assert live.next_generation(generation("not json")) == 11
+    assert live.next_generation(generation('{"generation": true}')) == 12

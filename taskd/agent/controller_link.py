@@ -21,8 +21,9 @@ from enum import Enum
 from typing import Any, Protocol
 
 from taskd.agent.config import AgentConfig
-from taskd.agent.policy import LossTimer
+from taskd.agent.policy import LossTimer, ReportRetry
 from taskd.agent.ranks import RankLayout
+from taskd.agent.reports import FAULT, Outbox, Report, Settled
 from taskd.client import ClientCredentials, ConfigurationError, RecoverClient
 from taskd.client.current import set_manager
 from taskd.client.errors import AuthenticationError, RecoverClientError
@@ -56,6 +57,13 @@ class Command(str, Enum):
     CHANGE = "change"  # carry out the chosen strategy
     DUMP = "dump"  # healthy ranks save, then the job ends
     KILL = "kill"  # the job ends now
+    FENCE = "fence"  # this agent was declared lost and replaced: stop every rank, exit 1 (issue 17)
+    ASSIGN = "assign"  # a standby takes over a lost node's rank (issue 17)
+
+
+# Node-loss commands, carried by taskd's own signal types ("taskd.fenced", "taskd.assignNode"); wired to the
+# client's dispatcher with those names once it dispatches them (the agent's node-loss mechanics).
+NODE_LOSS_COMMANDS = frozenset({Command.FENCE, Command.ASSIGN})
 
 
 # The wire's actions and signal types -> commands (the client dispatches on these names).
@@ -68,7 +76,11 @@ WIRE_COMMANDS = {
 
 @dataclass(frozen=True)
 class Order:
-    """One command from the controller, as the agent's handlers read it."""
+    """One command from the controller, as the agent's handlers read it.
+
+    `generation` and `restarts` are taskd's controller's (a changeStrategy's extraParams JSON: the live
+    generation every node names, the job's restarts used with this round's charge), parsed once here and
+    None when absent or not a non-negative int (ClusterD sends neither)."""
 
     command: Command
     uuid: str
@@ -78,6 +90,9 @@ class Order:
     strategy: str
     timeout: float
     extra_params: str
+    generation: int | None = None
+    restarts: int | None = None
+    node_rank: int | None = None  # an assignNode's (extraParams {"node_rank": R}, issue 17)
 
     @classmethod
     def of(cls, command: Command, sig: Any) -> Order:
@@ -87,16 +102,31 @@ class Order:
         except ValueError as exc:  # a fault type taskd does not know: keep it as the controller sent it
             log.debug("signal %s: %s", sig.uuid, exc)
             faults = {int(r): str(t) for r, t in raw.items()}
+        params = _params(sig.extra_params)
         return cls(command, sig.uuid, sig.signal_type, tuple(sig.actions), faults, sig.strategy,
-                   float(sig.timeout or 0), sig.extra_params)
+                   float(sig.timeout or 0), sig.extra_params, _count(params, "generation"), _count(params, "restarts"),
+                   _count(params, "node_rank"))
 
     def reason(self) -> str:
         """taskd's controller says why it ends a job in extraParams {"reason": ...}; ClusterD sends other JSON."""
-        try:
-            params = json.loads(self.extra_params or "{}")
-        except (TypeError, ValueError):
-            return ""
-        return str(params.get("reason", "")) if isinstance(params, dict) else ""
+        return str(_params(self.extra_params).get("reason", ""))
+
+
+def _params(extra_params: Any) -> dict[str, Any]:
+    """A signal's extraParams as a JSON object; {} for anything else (ClusterD's, malformed, hostile)."""
+    try:
+        params = json.loads(extra_params or "{}")
+    except (TypeError, ValueError, RecursionError):
+        return {}
+    return params if isinstance(params, dict) else {}
+
+
+def _count(params: dict[str, Any], name: str) -> int | None:
+    """A non-negative int field of extraParams, or None (missing, a bool, a float, a string, negative)."""
+    value = params.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
 
 
 class ControllerLink:
@@ -116,6 +146,9 @@ class ControllerLink:
         self._finished_reported = False
         self._status_channel: Any = None
         self.loss = LossTimer(config.controller_timeout)
+        self._closed = False  # after close(), a late RPC completion must not wake a loop (its fd) that is gone
+        self.outbox = Outbox(lambda: self._mgr, self._wake_unless_closed)
+        self._settled_faults: list[Settled] = []
 
     @property
     def active(self) -> bool:
@@ -205,47 +238,68 @@ class ControllerLink:
         """Seconds the controller has been gone while a round waits on it, once that reaches the timeout."""
         return self.loss.expired(now, self.active and round_open and not self.connected)
 
-    # -- reports (each a no-op without a controller) ---------------------------------------------
-    def report_fault(self, faults: FaultRanks, detail: str) -> bool:
-        """One attempt: True when the controller took the report (the caller retries on its own timer)."""
-        if self._mgr is None:
-            return False
-        try:
-            code = self._mgr.report_process_fault(faults, detail=detail)
-            if code == Code.OK:
-                return True
-            log.warning("controller answered %d to the fault report", code)
-        except RecoverClientError as exc:  # unreachable or failing inside: retried, then degraded; never fatal
-            log.warning("fault report not taken: %s", exc)
-        return False
+    # -- reports (each a no-op without a controller): pending items the loop polls (agent/reports.py) ----------
+    def _add(self, what: str, method: str, build: Callable[[RecoverClient, Report], Any], now: float,
+             faults: FaultRanks | None = None, detail: str = "") -> None:
+        if self._mgr is not None:
+            self.outbox.add(Report(what, method, build, ReportRetry(now + self.config.controller_timeout),
+                                   dict(faults or {}), detail))
 
-    def _send(self, what: str, call: Callable[[], int]) -> None:
-        """A report the controller answers within a round: its failure is logged; the round's own timers
-        (the controller's deadlines, the agent's loss timer) decide what happens next, never a crash."""
-        if self._mgr is None:
+    def report_fault(self, faults: FaultRanks, detail: str, now: float) -> None:
+        """Report a fault, or add it to the fault report still pending; `poll_reports` says how it went."""
+        if self._mgr is None or self.outbox.join_fault(faults, detail):
             return
-        try:
-            code = call()
-            if code != Code.OK:
-                log.warning("controller answered %d to %s", code, what)
-        except RecoverClientError as exc:
-            log.warning("%s not taken: %s", what, exc)
+        self._add(FAULT, "ReportProcessFault", lambda c, r: c.process_fault_request(r.faults, r.detail), now,
+                  faults, detail)
+        self.poll_reports(now)  # the first attempt goes at once
+
+    @property
+    def fault_pending(self) -> bool:
+        """A fault report the controller has not taken yet."""
+        return self.outbox.fault() is not None
+
+    def poll_reports(self, now: float) -> list[Settled]:
+        """Answers read, re-sends started, reports past their deadline settled. A fault report's settling is the
+        caller's to act on (not taken: degraded mode); the others' failures are logged, and the round's own timers
+        (the controller's deadlines, the agent's loss timer) decide what happens next."""
+        settled = self.outbox.poll(now)
+        for s in settled:
+            if not s.taken and s.report.what != FAULT:
+                log.warning("%s not taken by the controller: %s", s.report.what, s.why)
+        self._settled_faults.extend(s for s in settled if s.report.what == FAULT)
+        return settled
+
+    def settled_faults(self) -> list[Settled]:
+        """Fault reports settled since last asked (taken, or not within the controller timeout)."""
+        out, self._settled_faults = self._settled_faults, []
+        return out
+
+    def wake_at(self) -> float | None:
+        return self.outbox.wake_at()
 
     def report_stop_complete(self, faults: FaultRanks) -> None:
-        self._send("stop complete", lambda: self._mgr.report_stop_complete(Code.OK, "", faults))
+        self._add("stop complete", "ReportStopComplete", lambda c, _r: c.stop_complete_request(Code.OK, "", faults),
+                  time.monotonic())
+        self.poll_reports(time.monotonic())
 
     def report_strategies(self, faults: FaultRanks, strategies: list[str] | None = None) -> None:
         """What this node offers for the round (default: the configured strategies)."""
         offered = list(self.config.offered_strategies if strategies is None else strategies)
-        self._send("strategies", lambda: self._mgr.report_recover_strategy(faults, offered))
+        self._add("strategies", "ReportRecoverStrategy", lambda c, _r: c.recover_strategy_request(faults, offered),
+                  time.monotonic())
+        self.poll_reports(time.monotonic())
 
     def report_status(self, code: int, msg: str, faults: FaultRanks, strategy: str) -> None:
-        self._send("recover status", lambda: self._mgr.report_recover_status(code, msg, faults, strategy))
+        self._add("recover status", "ReportRecoverStatus",
+                  lambda c, _r: c.recover_status_request(code, msg, faults, strategy), time.monotonic())
+        self.poll_reports(time.monotonic())
 
     def report_finished(self, exit_code: int, reason: str) -> None:
         """Tell the controller every local rank ended (once; the job is over here either way)."""
         if self._mgr is None or self._finished_reported:
             return
+        self.poll_reports(time.monotonic())
+        self.outbox.flush()  # the round's reports before the finish
         self._finished_reported = True
         try:
             self._mgr.report_finished(exit_code, reason, timeout=None if self._mgr.connected else 3.0)
@@ -299,8 +353,13 @@ class ControllerLink:
             return None if record is None else ("", record, frozenset())
         return record.state, record.info, frozenset(a.nodeRank for a in record.agents)
 
+    def _wake_unless_closed(self) -> None:
+        if not self._closed:
+            self._wake()
+
     def close(self, exit_code: int, reason: str) -> None:
         """Tell the controller the job ended here (unless done), stop listening, stop the embedded controller."""
+        self._closed = True  # the loop is over: its last reports are flushed by polling, not by wake-ups
         if self._mgr is not None:
             self.report_finished(exit_code, reason)
             self._mgr.stop()

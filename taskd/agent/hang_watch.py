@@ -26,11 +26,11 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import Any
 
 import psutil
 
 from taskd.agent.culprit import Suspect, decide, waits_in_framework
+from taskd.agent.launcher_api import Launcher
 from taskd.agent.ranks import Rank
 from taskd.process.run_dir import make_run_dir, sweep_stale_run_dirs
 from taskd.worker.env import Var
@@ -61,8 +61,8 @@ class Hang:
 class HangWatch:
     """The heartbeat files of one node's ranks: read on the sweep, reset for each new incarnation."""
 
-    def __init__(self, details: Any, timeout: float | None, worker_log: Callable[[Rank], str | None]) -> None:
-        self.details = details  # taskd's launcher names each rank's file; msrun (None) does not
+    def __init__(self, details: Launcher, timeout: float | None, worker_log: Callable[[Rank], str | None]) -> None:
+        self.details = details  # taskd's launcher names each rank's file; msrun does not
         self.timeout = timeout
         self._worker_log = worker_log
         self._files: dict[int, HeartbeatFile] = {}
@@ -77,8 +77,8 @@ class HangWatch:
         (msrun's --log_dir) when given, else the temp directory. It records its owner (msrun's pid), so a
         later agent removes it should msrun be SIGKILLed; this one first removes those of dead owners.
         """
-        if self.details is not None or os.environ.get(Var.TASKD_HEARTBEAT_DIR):
-            self._dir = os.environ.get(Var.TASKD_HEARTBEAT_DIR) if self.details is None else None
+        if self.details.rank_files or os.environ.get(Var.TASKD_HEARTBEAT_DIR):
+            self._dir = None if self.details.rank_files else os.environ.get(Var.TASKD_HEARTBEAT_DIR)
             return
         if not needed:
             sweep_stale_run_dirs(parent or None)
@@ -106,7 +106,7 @@ class HangWatch:
 
     def heartbeat(self, rank: Rank) -> tuple[HeartbeatFile | None, HeartbeatState | None]:
         """(the rank's heartbeat file, its current state), or (None, None) when it has none it attached to."""
-        if self.details is not None and hasattr(self.details, "heartbeat_path"):
+        if self.details.rank_files:
             path = self.details.heartbeat_path(rank.local_rank)
         elif self._dir is not None:  # a missing file fails read() below: no stat every sweep
             path = os.path.join(self._dir, f"rank_{rank.global_rank}.hb")
@@ -266,7 +266,7 @@ class HangWatch:
 
     def record_stacks(self, rank: Rank, stack_signal: int, limit: float = 3.0) -> bool:
         """Put the hung rank's Python stacks in its log: py-spy when installed, else faulthandler; True if taken."""
-        log_path = self.details.log_path(rank.local_rank) if hasattr(self.details, "log_path") else None
+        log_path = self.details.log_path(rank.local_rank)
         pyspy = shutil.which("py-spy") if os.environ.get("TASKD_PYSPY", "1") != "0" else None
         if pyspy and log_path and (dump := _pyspy_dump(pyspy, rank, log_path)):
             self._dumps[rank.pid] = dump

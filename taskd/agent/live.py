@@ -3,19 +3,18 @@ declare and report in their heartbeat files, write the node's control file, and 
 recovery really happened before telling the controller so.
 
 The launcher says whether a job has live recovery (it hosts the store and gives ranks a control
-file: ``details.control_path()``); the agent only reads that, through the duck-typed launcher
-details, so it needs neither torch nor the launcher package. Everything here runs on the agent's
-thread; the supervisor calls :meth:`LiveRanks.poll` every ``POLL`` seconds while live recovery is on.
+file: ``details.control_path()``); the agent only reads that, through the declared launcher
+interface (agent/launcher_api.py), so it needs neither torch nor the launcher package. Everything
+here runs on the agent's thread; the supervisor calls :meth:`LiveRanks.poll` every ``POLL`` seconds
+while live recovery is on.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
+from taskd.agent.launcher_api import Launcher
 from taskd.agent.ranks import Rank, RankState, RankTable
 from taskd.vocabulary import FaultRanks, FaultType, Strategy
 from taskd.worker.heartbeat_file import HeartbeatFile, HeartbeatFileError
@@ -45,17 +44,13 @@ class Rebuild:
 class LiveRanks:
     """Declarations, in-place errors and group generations of one node's ranks."""
 
-    def __init__(self, table: RankTable, details: Any, job_id: Callable[[], str | None]) -> None:
+    def __init__(self, table: RankTable, details: Launcher) -> None:
         self.table = table
         self.details = details
-        self._job_id = job_id
-        path = None
-        if details is not None and getattr(details, "live_recovery", False) and hasattr(details, "control_path"):
-            path = details.control_path()
-        self.control_path: str | None = path
+        self.control_path: str | None = details.control_path() if details.live_recovery else None
         # the launcher expects its ranks to declare what they can do in place (taskd run, a .py entrypoint),
         # whether or not it hosts a store for them: recover is then offered only to ranks that declared it
-        self.declarations = bool(details is not None and getattr(details, "rank_declarations", path is not None))
+        self.declarations = bool(details.rank_declarations)
         self.generation = 0  # the newest generation this node has named
         self.rebuild: Rebuild | None = None
         self._files: dict[int, HeartbeatFile] = {}
@@ -71,7 +66,7 @@ class LiveRanks:
     # -- reading the ranks ---------------------------------------------------------------------
     def status(self, rank: Rank) -> RankStatus | None:
         """The rank's heartbeat and live fields, None without a readable file of its current incarnation."""
-        path = self.details.heartbeat_path(rank.local_rank) if hasattr(self.details, "heartbeat_path") else None
+        path = self.details.heartbeat_path(rank.local_rank)
         if not path:
             return None
         hb = self._files.get(rank.local_rank)
@@ -141,21 +136,11 @@ class LiveRanks:
             and rank.state is RankState.RUNNING
 
     # -- the generation and the control file -------------------------------------------------------
-    def next_generation(self, extra_params: str) -> int:
-        """The controller's generation for this order: the same on every node, never reused while the store lives.
-
-        taskd's controller puts it in the changeStrategy signal's extraParams (``{"generation": g}``,
-        its per-job signal number, persisted). A controller that gives none (ClusterD) gets this
-        node's own count, which is right on one node only.
-        """
-        generation = None
-        try:
-            params = json.loads(extra_params or "{}")
-        except ValueError:
-            params = None
-        if isinstance(params, dict) and isinstance(params.get("generation"), int) \
-                and not isinstance(params["generation"], bool):
-            generation = params["generation"]
+    def next_generation(self, generation: int | None = None) -> int:
+        """Name the generation of this node's next recovery: the controller's (`Order.generation`, the same on
+        every node) if it gave one above the newest named here, else the next of this node's own count (right
+        on one node only: ClusterD gives none, nor does the degraded local restart). Never reused while the
+        store lives. The one place a generation is named."""
         if generation is None or generation <= self.generation:
             generation = self.generation + 1
         self.generation = generation
@@ -167,8 +152,7 @@ class LiveRanks:
         if strategy in (Strategy.RECOVER, Strategy.RETRY):
             action = "retry" if strategy == Strategy.RETRY else "rejoin"
             write_control(self.control_path, generation, action, timeout=RANK_TIMEOUT)  # type: ignore[arg-type]
-        if hasattr(self.details, "set_generation"):
-            self.details.set_generation(generation)
+        self.details.set_generation(generation)
         wait = min(REJOIN_TIMEOUT, timeout * 0.9) if timeout > 0 else REJOIN_TIMEOUT
         self.rebuild = Rebuild(generation, strategy, dict(faults), started, now + wait, dict(self._steps),
                                report=strategy != Strategy.JOB_RESCHEDULING)

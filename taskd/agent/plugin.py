@@ -20,6 +20,7 @@ from typing import Any
 from taskd.agent.config import AgentConfig
 from taskd.agent.console import setup_console_logging
 from taskd.agent.controller_link import LocalController
+from taskd.agent.launcher_api import launcher_of
 from taskd.agent.rank_control import LauncherDetails
 from taskd.agent.summary import JobResult
 from taskd.agent.supervisor import Supervisor
@@ -93,7 +94,7 @@ class MSRunPlugin:
     def _refuse(self, why: str) -> JobResult:
         """No rank was started; msrun's scheduler (started before start()) must not outlive us."""
         log.error("taskd: invalid setting: %s; no rank started", why)
-        if self.details is None:
+        if not launcher_of(self.details).rank_files:  # msrun's: its scheduler started before start()
             reap_processes(msrun_schedulers(), 1.0)
         self.result = JobResult(succeeded=False, exit_code=2, reason=f"invalid setting: {why}")
         self.result.ended = self.result.started

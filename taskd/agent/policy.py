@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from taskd.client.retry import MIN_CALL_TIMEOUT, REINIT_CODES, AnswerKind, Decision, classify, meaning
+from taskd.vocabulary import Code
+
 DUMP_SHARE = 0.8  # of the controller's save deadline: leave it time to hear the result
 DUMP_MIN = 1.0  # seconds, however short the controller's deadline
 
@@ -39,29 +42,60 @@ class LocalPolicy:
         return budget
 
     def report_retry(self, now: float) -> ReportRetry:
-        """The timer of a fault report the controller did not take: retried until `controller_timeout`."""
+        """The retry policy of a report made at `now`: re-sent until `controller_timeout` has passed."""
         return ReportRetry(deadline=now + self.controller_timeout)
+
+
+ATTEMPT_TIMEOUT = 5.0  # one attempt's RPC deadline, however far off the report's own deadline is
 
 
 @dataclass
 class ReportRetry:
-    """When to send a refused fault report again: 0.1 s, doubling to 2 s, until the deadline (then degrade)."""
+    """When to send a report again, and why: at once, then 0.1 s doubling to 2 s after each answer that is
+    not 0, until the deadline (a fault report not taken by then means degraded mode).
+
+    Every refusal is re-sent until the deadline, since only the deadline decides that the controller is gone.
+    An "unknown agent/job" answer re-registers (re-Inits) before the re-send; any other refusal re-registers
+    before its first re-send only (the controller may have lost this agent's registration another way)."""
 
     deadline: float
     delay: float = 0.1
     max_delay: float = 2.0
     next_at: float | None = None  # None: send now
+    attempts: int = 0
+    reregistered: bool = False
 
     def due(self, now: float) -> bool:
-        return self.next_at is None or now >= self.next_at
+        return not self.expired(now) and (self.next_at is None or now >= self.next_at)
 
-    def failed(self, now: float) -> bool:
-        """An attempt failed at `now`: True schedules the next one, False means give up (degrade)."""
-        if now >= self.deadline:
-            return False
-        self.next_at = now + self.delay
+    def expired(self, now: float) -> bool:
+        return now >= self.deadline
+
+    def attempt_timeout(self, now: float) -> float:
+        """The deadline of an attempt sent at `now`: never past the report's own."""
+        return max(MIN_CALL_TIMEOUT, min(ATTEMPT_TIMEOUT, self.deadline - now))
+
+    def sent(self) -> None:
+        self.attempts += 1
+
+    def answered(self, code: int | None, now: float, error: str = "") -> Decision:
+        """After an attempt: `code` the controller's answer, None when it did not answer (`error` says why).
+        A re-send is scheduled (never later than the deadline, where `expired` takes over) unless it was taken."""
+        if code == Code.OK:
+            return Decision(False, why="accepted")
+        reinit = reregister = False
+        if code is None:
+            why = error or "no answer"
+        else:
+            why = meaning(code)
+            kind = classify(code)
+            reinit = code in REINIT_CODES
+            reregister = kind is AnswerKind.UNKNOWN_AGENT or (kind is not AnswerKind.BUSY and not self.reregistered)
+            self.reregistered = self.reregistered or reregister
+        delay = self.delay
+        self.next_at = min(now + delay, self.deadline)
         self.delay = min(self.delay * 2, self.max_delay)
-        return True
+        return Decision(True, delay=delay, reinit=reinit, reregister=reregister, why=why)
 
 
 @dataclass

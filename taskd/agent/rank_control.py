@@ -11,12 +11,13 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import psutil
 
 from taskd.agent.config import AgentConfig
 from taskd.agent.hang_watch import HangWatch
+from taskd.agent.launcher_api import Launcher
 from taskd.agent.msrun_logs import MsrunLogs
 from taskd.agent.ranks import Rank, RankState, RankTable, own_group
 from taskd.callbacks import KILL_WORKER, MONITOR, START_ALL_WORKER, START_WORKER_LIST, STATUS_FAILED, STATUS_RUNNING
@@ -29,16 +30,7 @@ log = logging.getLogger("taskd.agent")
 Entry = dict[str, Any]  # one rank's MONITOR answer: pid, status, global_rank, ...
 
 
-class LauncherDetails(Protocol):
-    """Optional extras a launcher can offer beyond msrun's four callbacks (taskd's own does)."""
-
-    def returncode(self, local_rank: int) -> int | None: ...
-
-    def tail_log(self, local_rank: int, n: int = 20) -> list[str]: ...
-
-    def heartbeat_path(self, local_rank: int) -> str | None: ...
-
-    def log_path(self, local_rank: int) -> str | None: ...
+LauncherDetails = Launcher  # the name embedders import (TaskD's shim): the declared interface, launcher_api.py
 
 
 @dataclass(frozen=True)
@@ -54,7 +46,7 @@ class RankControl:
     """The node's ranks as processes: start them, stop them (whole process groups), read their exits."""
 
     def __init__(self, config: AgentConfig, callbacks: dict[str, Callable[..., Any]],
-                 details: LauncherDetails | None, table: RankTable, watch: RankWatch, hang: HangWatch,
+                 details: Launcher, table: RankTable, watch: RankWatch, hang: HangWatch,
                  logs: MsrunLogs) -> None:
         self.config = config
         self.cb = callbacks
@@ -66,7 +58,7 @@ class RankControl:
         self.sweeps = 0
         # msrun's scheduler, read now (it runs before any rank): a fresh one can be started from this record
         # even after it exited, on the node whose msrun started it
-        self.scheduler = MsrunScheduler.find() if config.launcher == "msrun" and details is None else None
+        self.scheduler = MsrunScheduler.find() if config.launcher == "msrun" and not details.rank_files else None
 
     def monitor(self, local_ranks: list[int]) -> dict[int, Entry]:
         return self.cb[MONITOR](local_ranks) or {}
@@ -91,7 +83,7 @@ class RankControl:
             pid = entry.get("pid")
             if pid is None:  # never started: a fault like any other, or the job would wait for it forever
                 rank.state, rank.pid = RankState.FAILED, None
-                rank.returncode = self.details.returncode(local_rank) if self.details is not None else None
+                rank.returncode = self.details.returncode(local_rank)
                 gone.append(Adopted(rank, entry, started=False))
                 continue
             rank.pid, rank.state, rank.returncode = pid, RankState.RUNNING, None
@@ -150,12 +142,10 @@ class RankControl:
             time.sleep(0.001)  # a lagging launcher catches up within a few ms; bounded by the deadline above
         if status is STATUS_RUNNING:
             status = STATUS_FAILED
-        returncode = None
-        if self.details is not None:
-            try:
-                returncode = self.details.returncode(rank.local_rank)
-            except Exception:
-                returncode = None
+        try:
+            returncode = self.details.returncode(rank.local_rank)
+        except Exception:
+            returncode = None
         if returncode is None:
             returncode = 0 if status == 0 else None
         return status, returncode

@@ -1,14 +1,10 @@
-"""Carrying out recoveries: the controller's orders (stop, strategies, change, dump, kill) and, with
-no controller, the local whole-node restart that degraded mode allows.
+"""Carrying out the round machine's actions: the mechanics of a recovery (docs/architecture.md, "The agent's round").
 
-A recovery round opens with the first fault and closes when its ranks run again; `Round` holds its
-fault ranks and start time. With live recovery (`agent/live.py`) recover and retry keep the healthy
-ranks: the round is reported to the controller only once every local rank has rejoined the new
-generation, and "training resumed" once every rank has completed a step in it. Other restarts are
-followed to training's resumption through the ranks' heartbeat files (`agent/resumption.py`).
-
-What to do is the controller's decision (or `LocalPolicy`'s when there
-is none); this module only does it, through the supervisor's start/stop/finish (`AgentHooks`).
+The machine (agent/round_machine.py) decides; this module only does it, through the rank control, the
+live ranks, the resumption watch and the controller link, and the supervisor's finish (`AgentHooks`).
+`carry_out` returns the events its actions produced (a start's result, then the ranks found already gone
+when it returned, then a resumption nothing can see), which the supervisor queues as the next events: a
+start never judges an exit itself.
 """
 
 from __future__ import annotations
@@ -16,13 +12,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from taskd.agent.controller_link import ControllerLink, Order
+from taskd.agent import round_events as ev
+from taskd.agent.controller_link import ControllerLink
 from taskd.agent.hang_watch import HangWatch
+from taskd.agent.launcher_api import MSRUN
 from taskd.agent.live import LiveRanks
 from taskd.agent.policy import LocalPolicy
-from taskd.agent.rank_control import RankControl
+from taskd.agent.rank_control import Adopted, RankControl
 from taskd.agent.ranks import RankState, RankTable
 from taskd.agent.resumption import Resumption
 from taskd.agent.summary import SUPERSEDED, JobResult, RecoveryRecord
@@ -31,51 +29,48 @@ from taskd.vocabulary import Code, FaultRanks, Strategy
 log = logging.getLogger("taskd.agent")
 
 
-@dataclass
-class Round:
-    """The recovery in progress: the fault ranks seen since it opened, and when it opened (monotonic)."""
+@dataclass(frozen=True)
+class AgentHooks:
+    """What the supervisor lends the recovery: ending the job, and the failing rank's exit code."""
 
-    faults: FaultRanks = field(default_factory=dict)
-    started: float | None = None
-    charged: bool = False  # a restart of this round was counted (a failed recover + job-rescheduling: one)
-
-    def add(self, faults: FaultRanks, now: float, keep_known: bool = False) -> None:
-        for rank, fault_type in faults.items():
-            if keep_known:
-                self.faults.setdefault(rank, fault_type)
-            else:
-                self.faults[rank] = fault_type
-        if self.started is None:
-            self.started = now
-
-    @property
-    def open(self) -> bool:
-        return bool(self.faults)
-
-    def close(self) -> None:
-        self.faults.clear()
-        self.started = None
-        self.charged = False
+    finish: Callable[[bool, int, str], None]
+    failure_code: Callable[[], int]
+    capture_first_failure: Callable[[], None]  # before a new incarnation replaces the failed one
+    take_node: Callable[[int | None], None] | None = None  # a standby's assignment (node-loss mechanics)
 
 
 @dataclass(frozen=True)
-class AgentHooks:
-    """What the supervisor lends the recovery: starting ranks (its exits judged), ending the job."""
+class Gone:
+    """A rank found not running when a start returned: the supervisor judges it like any exit, next."""
 
-    start: Callable[[list[int]], int]  # START_WORKER_LIST
-    start_all: Callable[[], int]  # START_ALL_WORKER, with the "restarted ..." line
-    finish: Callable[[bool, int, str], None]
-    failure_code: Callable[[], int]
+    adopted: Adopted
+
+
+class TableView:
+    """The machine's read-only view of the node's ranks (round_state.NodeView)."""
+
+    def __init__(self, table: RankTable, live: LiveRanks) -> None:
+        self.table = table
+        self.live = live
+
+    def local_of(self, faults: FaultRanks) -> list[int]:
+        return self.table.local_of(faults)
+
+    def local_ranks(self) -> list[int]:
+        return self.table.local_ranks()
+
+    def live_fault(self, local_rank: int, faults: FaultRanks) -> bool:
+        rank = self.table.get(local_rank)
+        return rank is not None and self.live.live_fault(local_rank, faults.get(rank.global_rank, ""))
 
 
 class Recovery:
-    """One handler per controller command, plus the degraded local restart."""
+    """The machine's hands: one method per action."""
 
     def __init__(self, table: RankTable, control: RankControl, link: ControllerLink, policy: LocalPolicy,
                  hang: HangWatch, result: JobResult, hooks: AgentHooks, live: LiveRanks | None = None) -> None:
         self.table = table
-        self.live = live if live is not None else LiveRanks(table, None, lambda: None)
-        self.restarts = 0  # job-wide restarts (once per round that restarts anything), the same on every node
+        self.live = live if live is not None else LiveRanks(table, MSRUN)
         self._resumed_record: RecoveryRecord | None = None  # a live rebuild's, until its ranks resumed
         self.resumption = Resumption(table, lambda rank: hang.heartbeat(rank)[1])  # the other restarts'
         self.control = control
@@ -84,48 +79,93 @@ class Recovery:
         self.hang = hang
         self.result = result
         self.hooks = hooks
-        self.round = Round()
+        self._last_start: tuple[list[int], dict[int, int | None]] = ([], {})  # local ranks, their steps before
+        self.view = TableView(table, self.live)
 
-    def on_stop(self, order: Order) -> None:
-        self.round.add(order.fault_ranks, time.monotonic(), keep_known=True)
-        self._abandon(restart=False)
-        # a live rank with a type-"0" fault is paused in place, waiting to retry: it must not be killed
-        stop = [lr for lr in self.table.local_of(order.fault_ranks)
-                if not self.live.live_fault(lr, order.fault_ranks.get(self.table[lr].global_rank, ""))]
-        self.control.stop([self.table[lr] for lr in stop], graceful=False)
-        self.link.report_stop_complete(order.fault_ranks)
+    def carry_out(self, actions: list[ev.Action]) -> list[object]:
+        """Do each action in order; return the events they produced, to be handled next (in that order)."""
+        follow: list[object] = []
+        for action in actions:
+            follow += self._do(action) or []
+        return follow
 
-    def on_strategies(self, order: Order) -> None:
-        configured = self.link.config.offered_strategies
-        self.link.report_strategies(order.fault_ranks,
-                                    self.live.offer(configured, dict(self.round.faults) | order.fault_ranks))
-
-    def on_change(self, order: Order) -> None:
-        strategy = order.strategy
-        faults = order.fault_ranks or dict(self.round.faults)
-        started = self.round.started or time.monotonic()
-        log.info("strategy: %s for rank(s) %s", strategy, sorted(faults))
-        if strategy in (Strategy.RECOVER, Strategy.JOB_RESCHEDULING) or \
-                (strategy == Strategy.RETRY and self.live.enabled):
-            self._restart(strategy, faults, started, order)
-        elif strategy == Strategy.DUMP:
-            self.on_dump(order)
-        elif strategy == Strategy.EXIT:
-            why = order.reason()
-            if why:
-                log.warning("the controller ends the job: %s", why)
-            self.control.stop(self.table.all(), graceful=True)
-            self.link.report_status(Code.OK, "", faults, strategy)
-            self.hooks.finish(False, self.hooks.failure_code(), f"the controller chose exit{': ' + why if why else ''}")
+    def _do(self, action: ev.Action) -> list[object] | None:  # noqa: PLR0911 (one branch per action type)
+        if isinstance(action, ev.Note):
+            log.log(action.level, "%s", action.text)
+        elif isinstance(action, ev.StopRanks):
+            ranks = self.table.all() if action.local is None else [self.table[lr] for lr in action.local]
+            self.control.stop(ranks, graceful=action.graceful)
+        elif isinstance(action, ev.StartRanks):
+            return self._start(action.local)
+        elif isinstance(action, ev.SetRestartCount):
+            self.control.details.set_restart_count(action.restarts)
+        elif isinstance(action, ev.Supersede):
+            self._supersede(action.restart)
+        elif isinstance(action, ev.BeginRebuild):
+            self.live.next_generation(action.generation)
+            self.live.begin(action.strategy, action.faults, action.started, action.timeout, time.monotonic())
+        elif isinstance(action, ev.AbandonRebuild):
+            self.live.abandon()
+        elif isinstance(action, ev.SendReport):
+            self._report(action)
+        elif isinstance(action, ev.OfferStrategies):
+            self.link.report_strategies(action.faults, self.live.offer(self.link.config.offered_strategies,
+                                                                       action.scope))
+        elif isinstance(action, ev.RecordRestart):
+            return self._restarted(action)
+        elif isinstance(action, ev.Dump):
+            self._dump(action)
+        elif isinstance(action, ev.TakeNode):
+            if self.hooks.take_node is None:
+                log.error("assignNode for node %s: this agent cannot take over a node", action.node_rank)
+            else:
+                self.hooks.take_node(action.node_rank)
+        elif isinstance(action, ev.Finish):
+            code = action.exit_code if action.exit_code is not None else self.hooks.failure_code()
+            self.hooks.finish(action.succeeded, code, action.reason)
         else:
-            log.warning("strategy %r is not one this agent carries out", strategy)
-            self.link.report_status(Code.RETRY_FAILED_UNRECOVERABLE, f"unsupported strategy {strategy}", faults,
-                                    strategy)
+            raise TypeError(f"not an action: {action!r}")
+        return None
 
-    def on_dump(self, order: Order) -> None:
+    def _report(self, action: ev.SendReport) -> None:
+        if action.kind == ev.FAULT:
+            self.link.report_fault(action.faults, action.detail, time.monotonic())
+        elif action.kind == ev.STOP_COMPLETE:
+            self.link.report_stop_complete(action.faults)
+        else:
+            self.link.report_status(action.code, action.detail, action.faults, action.strategy)
+
+    def _start(self, local: tuple[int, ...] | None) -> list[object]:
+        """Stop, then start the ranks (every rank: START_ALL_WORKER, msrun's scheduler too); the result and the
+        ranks already gone are returned as events, in that order."""
+        self.hooks.capture_first_failure()
+        every = local is None
+        ranks = [r.local_rank for r in self.table.all()] if every else list(local)
+        self._last_start = (ranks, self.resumption.steps(ranks))
+        self.control.stop(self.table.all() if every else [self.table[lr] for lr in ranks], graceful=False)
+        if every:
+            self.control.restart_msrun_scheduler()
+        code, gone = self.control.start(None if every else ranks)
+        if every:
+            log.info("restarted %d rank(s) (rank:pid %s)%s", len(self.table), self.table.pids(),
+                     "" if code == 0 else f"; START_ALL_WORKER returned {code}")
+        msg = "" if code == 0 else (f"START_ALL_WORKER returned {code}" if every else
+                                    f"START_WORKER_LIST({ranks}) returned {code}")
+        return [ev.StartResult(code, msg), *(Gone(a) for a in gone)]
+
+    def _supersede(self, restart: bool) -> None:
+        """A new fault's order: a rebuild still waiting for its ranks to resume never will; a restart's
+        resumption may still be seen until the next restart replaces its ranks."""
+        if self._resumed_record is not None and self.live.rebuild is not None:
+            self._resumed_record.resumption = SUPERSEDED
+        self._resumed_record = None
+        self.live.abandon()
+        if restart:
+            self.resumption.supersede()
+
+    def _dump(self, action: ev.Dump) -> None:
         """Ask every healthy rank to save at its next step boundary, wait (bounded), then stop the job."""
-        faults = order.fault_ranks or dict(self.round.faults)
-        budget = self.policy.dump_budget(order.timeout)
+        budget = self.policy.dump_budget(action.timeout)
         requests = {}
         unsaved = []
         for rank in self.table.in_state(RankState.RUNNING):
@@ -143,149 +183,56 @@ class Recovery:
         self.control.stop(self.table.all(), graceful=True)
         msg = f"saved: {sorted(saved)}; not saved: {sorted(unsaved)}"
         log.info("dump: %s", msg)
-        self.link.report_status(Code.OK if saved and not unsaved else Code.DUMP_FAILED, msg, faults, Strategy.DUMP)
+        self.link.report_status(Code.OK if saved and not unsaved else Code.DUMP_FAILED, msg, action.faults,
+                                Strategy.DUMP)
         self.hooks.finish(False, self.hooks.failure_code(), f"dumped ({msg})")
-
-    def on_kill(self, order: Order) -> None:
-        why = order.reason()
-        log.warning("controller sent %s%s: stopping every rank", order.signal_type or list(order.actions),
-                    f" ({why})" if why else "")
-        self.hooks.finish(False, self.hooks.failure_code(),
-                          f"controller sent {order.signal_type}{': ' + why if why else ''}")
-
-    def _restart(self, strategy: str, faults: FaultRanks, started: float, order: Order | None = None) -> None:
-        """Carry out recover (the faulty local ranks), retry (no restart) or job-rescheduling (every rank)
-        and report it; with live recovery a recover or retry is reported once the group has re-formed."""
-        live = self.live.enabled and order is not None
-        if strategy != Strategy.RETRY:
-            self._charge()
-        self._abandon()
-        if live:
-            assert order is not None
-            self.live.next_generation(order.extra_params)
-            self.live.begin(strategy, faults, started, order.timeout, time.monotonic())
-        if strategy == Strategy.RETRY:
-            return  # the paused ranks redo the step when they read the control file; confirmed in poll()
-        if strategy == Strategy.RECOVER:
-            local = [lr for lr in self.table.local_of(faults) if not self.live.live_fault(lr, faults.get(
-                self.table[lr].global_rank, ""))]
-            steps = self.resumption.steps(local)
-            self.control.stop([self.table[lr] for lr in local], graceful=False)
-            code = self.hooks.start(local)
-            msg = "" if code == 0 else f"START_WORKER_LIST({local}) returned {code}"
-            if live and code == 0:
-                return  # reported when every local rank has rejoined (poll)
-        else:
-            local = [r.local_rank for r in self.table.all()]
-            steps = self.resumption.steps(local)
-            self.control.stop(self.table.all(), graceful=False)
-            self.control.restart_msrun_scheduler()
-            code = self.hooks.start_all()
-            msg = "" if code == 0 else f"START_ALL_WORKER returned {code}"
-        if code != 0:
-            self.live.abandon()
-        self.link.report_status(Code.OK if code == 0 else 1, msg, faults, strategy)
-        if code == 0:
-            self._restarted(strategy, sorted(faults), started, local, steps)
-
-    def _charge(self) -> None:
-        """Count a restart once per round (a recover that fails and escalates is one restart, not two) and
-        give ranks started from now on the job-wide count (TASKD_RESTART_COUNT, TORCHELASTIC_RESTART_COUNT)."""
-        if not self.round.charged:
-            self.round.charged = True
-            self.restarts += 1
-        details = self.control.details
-        if details is not None and hasattr(details, "set_restart_count"):
-            details.set_restart_count(self.restarts)
-
-    def absorbs(self, local_rank: int) -> bool:
-        """A rank that ends while its group re-forms fails that recover (reported by poll), not a round of its own."""
-        rebuild = self.live.rebuild
-        return rebuild is not None and rebuild.report and rebuild.confirmed is None
-
-    def _abandon(self, restart: bool = True) -> None:
-        """A new fault's order: a rebuild still waiting for its ranks to resume never will; a restart's
-        resumption may still be seen until the next restart replaces its ranks."""
-        if self._resumed_record is not None and self.live.rebuild is not None:
-            self._resumed_record.resumption = SUPERSEDED
-        self._resumed_record = None
-        self.live.abandon()
-        if restart:
-            self.resumption.supersede()
 
     @property
     def polling(self) -> bool:
         """Whether the ranks' files must be read every ``POLL``: live recovery, or a resumption to see."""
         return self.live.enabled or self.resumption.pending
 
-    def poll(self, now: float) -> list[tuple[int, str]]:
-        """Every few ms: a restart's resumption; with live recovery, new retryable errors (returned: local rank,
-        why) and the rebuild's progress."""
-        self.resumption.check(now)
+    def poll(self, now: float) -> tuple[list[tuple[int, str]], list[object]]:
+        """Every few ms: new retryable errors of live ranks (local rank, why), and the events the ranks' files
+        show: a restart's resumption, a rebuild's progress."""
+        events: list[object] = []
+        if self.resumption.check(now):
+            events.append(ev.Resumed())
         if not self.live.enabled:
-            return []
+            return [], events
         errors = [(rank.local_rank, f"RetryableError at step {status.error_step}")
                   for rank, status in self.live.new_errors()]
         rebuild = self.live.rebuild
         state = self.live.check(now)
         if state is None or rebuild is None:
-            return errors
+            return errors, events
         what, detail = state
-        faults, strategy = rebuild.faults, rebuild.strategy
         if what == "failed":
-            self.live.abandon()
-            log.warning("live recovery failed: %s", detail)
-            if rebuild.report:
-                self.link.report_status(Code.RETRY_FAILED_UNRECOVERABLE if strategy == Strategy.RETRY else 1,
-                                        detail, faults, strategy)
+            events.append(ev.GroupFailed(detail))
         elif what == "rejoined":
-            if rebuild.report:
-                self.link.report_status(Code.OK, "", faults, strategy)
-                self._restarted(strategy, sorted(faults), rebuild.started, generation=rebuild.generation)
-            else:
-                log.info("the group re-formed (generation %d, %s) %.3fs after the fault", rebuild.generation,
-                         strategy, now - rebuild.started)
+            events.append(ev.GroupRejoined(rebuild.generation, rebuild.started))
         elif what == "resumed":
             seconds = now - rebuild.started
             log.info("training resumed %.3fs after the fault (generation %d, %s; %s)", seconds, rebuild.generation,
-                     strategy, detail)
+                     rebuild.strategy, detail)
             if self._resumed_record is not None:
                 self._resumed_record.resumed_at(seconds)  # "spent recovering" is fault -> resumed
                 self._resumed_record = None
-        return errors
+            events.append(ev.Resumed())
+        return errors, events
 
-    def local_restart(self) -> None:
-        """No controller: restart the whole node's ranks while the budget lasts (a single node keeps training)."""
-        number = self.policy.spend_restart()
-        if number is None:
-            self.hooks.finish(False, self.hooks.failure_code(), f"restart budget of {self.policy.max_restarts} spent")
-            return
-        log.warning("degraded: local job-rescheduling (restart %d of %d)", number, self.policy.max_restarts)
-        started = self.round.started or time.monotonic()
-        ranks = sorted(self.round.faults)
-        self._charge()
-        self._abandon()
-        if self.live.enabled:
-            self.live.generation += 1
-            self.live.begin(Strategy.JOB_RESCHEDULING, dict(self.round.faults), started, 0.0, time.monotonic())
-        local = [r.local_rank for r in self.table.all()]
-        steps = self.resumption.steps(local)
-        self.control.stop(self.table.all(), graceful=False)
-        if self.hooks.start_all() == 0:
-            self._restarted(Strategy.JOB_RESCHEDULING, ranks, started, local, steps, degraded=True)
-
-    def _restarted(self, strategy: str, ranks: list[int], started: float, local: list[int] | None = None,
-                   steps: dict[int, int | None] | None = None, degraded: bool = False,
-                   generation: int | None = None) -> None:
+    def _restarted(self, action: ev.RecordRestart) -> list[object]:
         """The round's restart is done (ranks replaced, or a live group re-formed): not yet training again.
 
         Its one console record starts "replaced rank(s) R with STRATEGY" (retry in place: "retried rank(s)");
-        the round's "spent recovering" waits for "training resumed" (live.py's check, or `Resumption`)."""
-        seconds = time.monotonic() - started
-        if generation is not None:  # a live rebuild, reported once every local rank rejoined
+        the round's "spent recovering" waits for "training resumed" (live.py's check, or `Resumption`).
+        Nothing to watch (no rank restarted here, no heartbeats): `Resumed(seen=False)` is the next event."""
+        strategy, ranks, degraded = action.strategy, list(action.ranks), action.degraded
+        seconds = time.monotonic() - action.started
+        if action.generation is not None:  # a live rebuild, reported once every local rank rejoined
             verb = "retried" if strategy == Strategy.RETRY else "replaced"
             milestone = "group re-formed"
-            what = f"; the group re-formed (generation {generation})"
+            what = f"; the group re-formed (generation {action.generation})"
         else:
             verb, milestone = "replaced", "rank(s) replaced"
             what = ""
@@ -296,8 +243,13 @@ class Recovery:
         if self.live.rebuild is not None:
             self._resumed_record = record
         else:
-            self.resumption.track(record, local or [], steps or {}, started)
+            local, steps = self._last_start if action.generation is None else ([], {})
+            self.resumption.track(record, local, steps, action.started)
         pids = self.table.pids(ranks) if strategy != Strategy.RETRY else ""
         log.info("%s rank(s) %s with %s%s%s in %.3fs%s", verb, ranks, strategy, what,
                  " (degraded: no controller)" if degraded else "", seconds, f" (now rank:pid {pids})" if pids else "")
-        self.round.close()
+        watched = self.live.rebuild is not None or self.resumption.pending
+        return [] if watched else [ev.Resumed(seen=False)]
+
+
+__all__ = ["AgentHooks", "Gone", "Recovery", "TableView"]

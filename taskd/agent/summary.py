@@ -5,9 +5,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from taskd.process.exitcodes import describe_returncode
+
+if TYPE_CHECKING:
+    from taskd.agent.launcher_api import Launcher
 
 log = logging.getLogger("taskd.agent")
 
@@ -92,29 +95,25 @@ class JobResult:
     first_failure_error: Any = None
     first_failure_captured: bool = False
 
-    def capture_first_failure(self, details: Any) -> None:
+    def capture_first_failure(self, details: Launcher) -> None:
         """Read the first failure's log tail and @record error file from the failing incarnation itself.
 
         Called before any restart (which starts a new incarnation, and removes the error file) and
-        at the end of the job; only the first call reads. `details` is the launcher's extras (None
-        under msrun), found by duck typing: `tail_log(local_rank, n)`, `error_report(local_rank)`.
+        at the end of the job; only the first call reads. `details` is the launcher (msrun's null
+        object answers nothing): its `tail_log` and `error_report` (agent/launcher_api.py).
         """
         first = self.first_failure
-        if first is None or self.first_failure_captured or details is None:
+        if first is None or self.first_failure_captured:
             return
         self.first_failure_captured = True
-        for name, args, attr in (("tail_log", (first.local_rank, 20), "first_failure_log"),
-                                 ("error_report", (first.local_rank,), "first_failure_error")):
-            reader = getattr(details, name, None)
-            if not callable(reader):
-                continue
-            try:
-                value = reader(*args)
-            except Exception as exc:
-                log.debug("%s of rank %d: %s", name, first.global_rank, exc)
-                continue
-            if value:
-                setattr(self, attr, list(value) if attr == "first_failure_log" else value)
+        try:
+            self.first_failure_log = list(details.tail_log(first.local_rank, 20)) or self.first_failure_log
+        except Exception as exc:
+            log.debug("tail_log of rank %d: %s", first.global_rank, exc)
+        try:
+            self.first_failure_error = details.error_report(first.local_rank) or self.first_failure_error
+        except Exception as exc:
+            log.debug("error_report of rank %d: %s", first.global_rank, exc)
 
     @property
     def time_lost(self) -> float:

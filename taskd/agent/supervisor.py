@@ -5,8 +5,11 @@ thread, or `taskd run`'s): the launcher's callbacks are not thread-safe, and PR_
 fires when the *thread* that spawned a rank exits. The subscriber thread only queues orders.
 
 The parts: `ranks` (the rank table), `rank_control` (the launcher's callbacks and process groups),
-`hang_watch` (heartbeats, stack dumps), `controller_link` (the controller), `recovery` (carrying out
-orders), `policy` (what the agent decides alone) and `msrun_logs`. This module only sequences them.
+`hang_watch` (heartbeats, stack dumps), `controller_link` and `reports` (the controller), `round_machine`
+(what the node's recovery round does next, a pure rule table), `recovery` (carrying its actions out),
+`policy` (what the agent decides alone) and `msrun_logs`. This module only sequences them: it pulls
+events (pidfd exits, orders, timers, signals), feeds them to the machine one at a time (`_feed`) and has
+`Recovery` carry out the actions.
 """
 
 from __future__ import annotations
@@ -15,26 +18,31 @@ import logging
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from taskd.agent.config import AgentConfig, new_job_id
-from taskd.agent.controller_link import Command, ControllerLink, LocalController, Order
+from taskd.agent.controller_link import ControllerLink, LocalController
 from taskd.agent.hang_watch import HangWatch
 from taskd.agent.job_end import await_job_end
 from taskd.agent.join_wait import await_nodes
+from taskd.agent.launcher_api import launcher_of
 from taskd.agent.live import POLL, LiveRanks
 from taskd.agent.msrun_logs import MsrunLogs
-from taskd.agent.policy import LocalPolicy, ReportRetry
+from taskd.agent.policy import LocalPolicy
 from taskd.agent.rank_control import LauncherDetails, RankControl
 from taskd.agent.ranks import Rank, RankState, RankTable, discover_layout
-from taskd.agent.recovery import AgentHooks, Recovery
+from taskd.agent.recovery import AgentHooks, Gone, Recovery
+from taskd.agent.round_events import ControllerLost, OrderEvent, RankFault, ReportSettled, order_event
+from taskd.agent.round_machine import RoundMachine
+from taskd.agent.round_state import NodeFacts, NodeState
 from taskd.agent.summary import FaultRecord, JobResult
 from taskd.callbacks import MONITOR, STATUS_FAILED
 from taskd.client import ClientCredentials, ConfigurationError
 from taskd.process.exitcodes import exit_code_of
 from taskd.process.pidfd import RankWatch
-from taskd.vocabulary import FaultRanks, FaultType, Strategy
+from taskd.vocabulary import FaultType, Strategy
 
 log = logging.getLogger("taskd.agent")
 
@@ -51,25 +59,23 @@ class Supervisor:
                  credentials: ClientCredentials | None = None) -> None:
         self.config = config
         self.cb = callbacks
-        self.details = details
+        self.details = details = launcher_of(details)  # msrun's: a null object (agent/launcher_api.py)
         self.controller = controller
         self.result = JobResult()
         self.policy = LocalPolicy(config.max_restarts, config.controller_timeout, config.dump_timeout)
         self.watch = RankWatch()
-        self.logs = MsrunLogs(config.log_dir, enabled=details is None)
+        self.logs = MsrunLogs(config.log_dir, enabled=not details.rank_files)
         self.hang = HangWatch(details, config.heartbeat_timeout, lambda rank: self.logs.worker_log(rank.global_rank))
         self.table = RankTable()  # laid out from MONITOR when the job starts
         self.control = RankControl(config, callbacks, details, self.table, self.watch, self.hang, self.logs)
         self.link = ControllerLink(config, self.watch.wake, controller, credentials)
-        self.live = LiveRanks(self.table, details, lambda: self.config.job_id)  # live recovery (agent/live.py)
-        self.recovery = Recovery(self.table, self.control, self.link, self.policy, self.hang, self.result,
-                                 AgentHooks(self._start, self._start_all, self._finish, self._failure_code), self.live)
-        self._handlers: dict[Command, Callable[[Order], None]] = {
-            Command.STOP: self.recovery.on_stop, Command.STRATEGIES: self.recovery.on_strategies,
-            Command.CHANGE: self.recovery.on_change, Command.DUMP: self.recovery.on_dump,
-            Command.KILL: self.recovery.on_kill,
-        }
-        self._report: tuple[FaultRanks, str, ReportRetry] | None = None  # a fault report still to deliver
+        self.live = LiveRanks(self.table, details)  # live recovery (agent/live.py)
+        hooks = AgentHooks(self._finish, self._failure_code, lambda: self.result.capture_first_failure(self.details))
+        self.recovery = Recovery(self.table, self.control, self.link, self.policy, self.hang, self.result, hooks,
+                                 self.live)
+        self.machine = RoundMachine(NodeFacts(), self.recovery.view, budget=self.policy)  # the round (agent/round_*)
+        self._events: deque[object] = deque()  # what the machine handles next, one at a time (`_feed`)
+        self._draining = False
         self._terminate_signal: int | None = None
         self._done = False
         self._old_handlers: dict[int, Any] = {}
@@ -109,8 +115,11 @@ class Supervisor:
                 self._finish(False, 1, "no controller answered, and a multi-node job does not run without one")
             else:
                 self.policy.degraded = True
+                self.machine.state = NodeState.DEGRADED
         else:
             self._await_nodes()
+        self.machine.facts = NodeFacts(node_count=layout.node_count, live=self.live.enabled,
+                                       controller_timeout=self.config.controller_timeout)
 
     def _await_nodes(self) -> None:
         """A multi-node job's ranks start once all its nodes joined, as after torchrun's rendezvous (join_wait.py);
@@ -132,7 +141,8 @@ class Supervisor:
         """Until the job ends: rank exits, the controller's orders, our own deadlines, the slow sweep."""
         next_sweep = time.monotonic() + self.config.monitor_interval
         while not self._done:
-            wake_at = next_sweep if self._report is None else min(next_sweep, self._report[2].next_at or 0.0)
+            report_at = self.link.wake_at()  # a report's re-send or deadline (an answer wakes the loop itself)
+            wake_at = next_sweep if report_at is None else min(next_sweep, report_at)
             if self.recovery.polling:  # in-place errors, a rebuild's progress, a resumption: read from rank files
                 wake_at = min(wake_at, time.monotonic() + POLL)
             for exit_ in self.watch.wait(max(0.0, wake_at - time.monotonic())):
@@ -145,8 +155,7 @@ class Supervisor:
                 log.warning("received %s: stopping every rank", name)
                 self._finish(False, 128 + self._terminate_signal, f"agent received {name}")
                 break
-            if self._report is not None and self._report[2].due(time.monotonic()):
-                self._send_report()
+            self._poll_reports()
             if time.monotonic() >= next_sweep:
                 self._sweep()
                 next_sweep = time.monotonic() + self.config.monitor_interval
@@ -158,23 +167,58 @@ class Supervisor:
             order = self.link.next_order()
             if order is None:
                 return
-            try:
-                self._handlers[order.command](order)
-            except Exception:
-                log.exception("handling %s failed", order.command.value)
+            self._feed(order_event(order))
+
+    # ----------------------------------------------------------------- the round machine
+    def _feed(self, *events: object) -> None:
+        """Queue events and handle them one at a time: an event an action produced (a start's result, a rank
+        found gone) waits for the handler that caused it to return, never runs inside it."""
+        self._events.extend(events)
+        if self._draining:
+            return
+        self._draining = True
+        try:
+            while self._events and not self._done:
+                self._step(self._events.popleft())
+        finally:
+            self._draining = False
+            if self._done:
+                self._events.clear()
+
+    def _step(self, event: object) -> None:
+        if isinstance(event, Gone):  # judged like any exit; its fault is queued like any other
+            self._judge_gone(event)
+            return
+        try:
+            follow = self.recovery.carry_out(self.machine.handle(event, time.monotonic()))
+        except Exception:
+            if not isinstance(event, OrderEvent):
+                raise
+            log.exception("handling %s failed", event.order.command.value)
+            return
+        self._events.extendleft(reversed(follow))  # next, in the order the actions produced them
+
+    def _judge_gone(self, gone: Gone) -> None:
+        adopted = gone.adopted
+        if adopted.started:
+            self._on_exit(adopted.rank.local_rank, adopted.rank.pid, entry=adopted.entry)
+        else:
+            self._fault(adopted.rank, "exit", FaultType.PROCESS)
 
     def _watch_controller(self) -> None:
         """A round in progress waits on the controller's next signal: if the controller is gone for
         `controller_timeout`, nothing else would ever end that wait, so recover locally (degraded)."""
-        waiting = not self._done and not self.policy.degraded and self.recovery.round.open
+        waiting = not self._done and not self.policy.degraded and self.machine.waits_on_controller
         lost_for = self.link.lost_during_round(time.monotonic(), waiting)
         if lost_for is not None:
-            self._degrade(f"controller lost for {lost_for:.0f}s in the middle of a recovery")
+            self._feed(ControllerLost(lost_for))
 
     def _finish(self, succeeded: bool, exit_code: int, reason: str) -> None:
         if self._done:
             return
         self._done = True
+        if self.machine.state not in (NodeState.FENCED, NodeState.ENDED):
+            self.machine.state = NodeState.ENDED
         self.result.succeeded = succeeded
         self.result.exit_code = 0 if succeeded else (exit_code or 1)
         self.result.reason = reason
@@ -227,22 +271,12 @@ class Supervisor:
         self.watch.wake()
 
     # ----------------------------------------------------------------- starting
-    def _start_all(self, first: bool = False) -> int:
-        code = self._start(None)
+    def _start_all(self, first: bool = False) -> None:
+        """The job's first start; a rank that never started, or already ended, is judged like any exit."""
+        code, gone = self.control.start(None)
         log.info("%s %d rank(s) (rank:pid %s)%s", "started" if first else "restarted", len(self.table),
                  self.table.pids(), "" if code == 0 else f"; START_ALL_WORKER returned {code}")
-        return code
-
-    def _start(self, local: list[int] | None) -> int:
-        """Start ranks; one that never started, or already ended, is judged like any exit."""
-        self.result.capture_first_failure(self.details)  # before a new incarnation replaces the failed one
-        code, gone = self.control.start(local)
-        for adopted in gone:
-            if adopted.started:
-                self._on_exit(adopted.rank.local_rank, adopted.rank.pid, entry=adopted.entry)
-            else:
-                self._fault(adopted.rank, "exit", FaultType.PROCESS)
-        return code
+        self._feed(*(Gone(adopted) for adopted in gone))
 
     # ----------------------------------------------------------------- rank exits and faults
     def _on_exit(self, local_rank: int, pid: int, returncode: int | None = None,
@@ -271,46 +305,15 @@ class Supervisor:
         if self.result.first_failure is None:
             self.result.first_failure = record
         log.warning("fault: %s", record.describe())
-        faults = {rank.global_rank: fault_type}
-        self.recovery.round.add(faults, time.monotonic())
-        if self.recovery.absorbs(rank.local_rank):  # its group was re-forming: that recover fails (poll reports it)
-            return
-        if self.policy.degraded:
-            self.recovery.local_restart()
-            return
         detail = f"{record.describe()}: {why}" if why else record.describe()
-        if self._report is None:
-            self._report = (faults, detail, self.policy.report_retry(time.monotonic()))
-            self._send_report()
-        else:  # a report still waits for the controller: this fault goes with it
-            pending, details, retry = self._report
-            self._report = ({**pending, **faults}, f"{details}; {detail}", retry)
+        self._feed(RankFault(rank.global_rank, rank.local_rank, fault_type, detail))
 
-    def _send_report(self) -> None:
-        """One attempt at the pending fault report; a refused one is retried on its timer, not here."""
-        faults, detail, retry = self._report
-        if self.link.report_fault(faults, detail):
-            self._report = None
-            return
-        if retry.failed(time.monotonic()) and self._terminate_signal is None:
-            return
-        self._report = None
-        self._degrade(f"the controller did not take the fault report for {self.config.controller_timeout:.0f}s "
-                      "(unreachable or failing)")
-
-    def _degrade(self, why: str) -> None:
-        """No controller: a single node restarts its ranks alone (degraded mode). A multi-node job stops
-        instead: a node restarting alone would split the job, its peers keeping their old incarnation."""
-        layout = self.table.layout
-        if layout is not None and layout.node_count > 1:
-            log.error("%s: a job of %d nodes cannot recover without its controller; stopping every rank", why,
-                      layout.node_count)
-            self._finish(False, self._failure_code(),
-                         f"{why}; no recovery without the controller for a multi-node job")
-            return
-        log.warning("%s: degraded mode, restarts handled locally", why)
-        self.policy.degraded = True
-        self.recovery.local_restart()
+    def _poll_reports(self) -> None:
+        """Answers to the reports in flight, re-sends that are due; a fault report settles as taken, or not within
+        the controller timeout (then the machine goes degraded, agent/reports.py)."""
+        self.link.poll_reports(time.monotonic())
+        for settled in self.link.settled_faults():
+            self._feed(ReportSettled(settled.taken))
 
     def _failure_code(self) -> int:
         first = self.result.first_failure
@@ -358,11 +361,13 @@ class Supervisor:
         self._fault(rank, "exit", FaultType.PROCESS, f"still exiting {since:.1f}s after it began to")
 
     def _poll_live(self) -> None:
-        """A restart's resumption; live recovery: a rank's RetryableError is a type-"0" fault of a live rank,
-        a rebuild's progress."""
+        """A restart's resumption, a rebuild's progress; live recovery: a rank's RetryableError is a type-"0"
+        fault of a live rank."""
         if self._done or not self.recovery.polling:
             return
-        for local_rank, why in self.recovery.poll(time.monotonic()):
+        errors, events = self.recovery.poll(time.monotonic())
+        self._feed(*events)
+        for local_rank, why in errors:
             rank = self.table[local_rank]
             log.warning("rank %d (pid %s) raised a retryable error: %s", rank.global_rank, rank.pid, why)
             self._fault(rank, "retryable", FaultType.RECOVERABLE, why)

@@ -22,7 +22,7 @@ from taskd.client.credentials import ClientCredentials
 from taskd.client.dispatch import Dispatcher, SignalHandler
 from taskd.client.errors import ConfigurationError, RecoverClientError, ServerUnreachable
 from taskd.client.retry import MIN_CALL_TIMEOUT, Backoff, ReportRetryPolicy
-from taskd.client.rpc import RpcClient, normalize_address
+from taskd.client.rpc import PendingCall, RpcClient, normalize_address
 from taskd.client.signals import fault_ranks_to_proto
 from taskd.client.subscription import Subscription
 from taskd.proto import recover_pb2, taskd_pb2
@@ -201,11 +201,38 @@ class RecoverClient:
     def _identity(self) -> dict[str, Any]:
         return {"jobId": self.info.jobId, "nodeRank": self.info.nodeRank}
 
+    # Each report's request, built (and its arguments checked: BadArgument) apart from sending it, so that the
+    # blocking reports below and `start_report`'s single attempts send the same message.
+
+    def stop_complete_request(self, code: int, msg: str, fault_ranks: dict) -> recover_pb2.StopCompleteRequest:
+        return recover_pb2.StopCompleteRequest(
+            status=recover_pb2.Status(code=arguments.int32(code, "code"), info=str(msg or "")),
+            faultRanks=fault_ranks_to_proto(fault_ranks), **self._identity())
+
+    def recover_strategy_request(self, fault_ranks: dict, strategy_list: list) -> recover_pb2.RecoverStrategyRequest:
+        return recover_pb2.RecoverStrategyRequest(faultRanks=fault_ranks_to_proto(fault_ranks),
+                                                  strategies=arguments.strategies(strategy_list), **self._identity())
+
+    def recover_status_request(self, code: int, msg: str, fault_ranks: dict, strategy: str,
+                               isolate_ranks: Iterable[int] | None = None) -> recover_pb2.RecoverStatusRequest:
+        fault_ranks_to_proto(fault_ranks)
+        return recover_pb2.RecoverStatusRequest(
+            status=recover_pb2.Status(code=arguments.int32(code, "code"), info=str(msg or "")),
+            strategy=str(strategy or ""),
+            isolateRankIds=[str(arguments.int32(r, "isolate rank")) for r in (isolate_ranks or ())],
+            **self._identity())
+
+    def process_fault_request(self, fault_ranks: dict, detail: str = "") -> recover_pb2.ProcessFaultRequest:
+        return recover_pb2.ProcessFaultRequest(faultRanks=fault_ranks_to_proto(fault_ranks),
+                                               detail=str(detail or ""), **self._identity())
+
+    def finish_request(self, exit_code: int, message: str = "") -> taskd_pb2.FinishRequest:
+        return taskd_pb2.FinishRequest(exitCode=arguments.int32(exit_code, "exit_code"), message=str(message or ""),
+                                       **self._identity())
+
     def report_stop_complete(self, code: int, msg: str, fault_ranks: dict) -> int:
         """Tell the controller the faulty local ranks are stopped (code 0) or could not be."""
-        return self._report("ReportStopComplete", lambda: recover_pb2.StopCompleteRequest(
-            status=recover_pb2.Status(code=arguments.int32(code, "code"), info=str(msg or "")),
-            faultRanks=fault_ranks_to_proto(fault_ranks), **self._identity()))
+        return self._report("ReportStopComplete", lambda: self.stop_complete_request(code, msg, fault_ranks))
 
     def report_recover_strategy(self, fault_ranks: dict, strategy_list: list) -> int:
         """Offer the strategies this agent can carry out for the fault ranks of the round.
@@ -214,8 +241,7 @@ class RecoverClient:
         anything is sent: an agent offering a misspelt strategy is misconfigured.
         """
         strategies = arguments.strategies(strategy_list)
-        return self._report("ReportRecoverStrategy", lambda: recover_pb2.RecoverStrategyRequest(
-            faultRanks=fault_ranks_to_proto(fault_ranks), strategies=strategies, **self._identity()))
+        return self._report("ReportRecoverStrategy", lambda: self.recover_strategy_request(fault_ranks, strategies))
 
     def report_recover_status(self, code: int, msg: str, fault_ranks: dict, strategy: str,
                               isolate_ranks: Iterable[int] | None = None) -> int:
@@ -224,16 +250,8 @@ class RecoverClient:
         RecoverStatusRequest has no fault-rank field (nor has ClusterD's): `fault_ranks` is kept for
         TaskD's signature and only checked; `isolate_ranks` fills `isolateRankIds`.
         """
-
-        def build() -> recover_pb2.RecoverStatusRequest:
-            fault_ranks_to_proto(fault_ranks)
-            return recover_pb2.RecoverStatusRequest(
-                status=recover_pb2.Status(code=arguments.int32(code, "code"), info=str(msg or "")),
-                strategy=str(strategy or ""),
-                isolateRankIds=[str(arguments.int32(r, "isolate rank")) for r in (isolate_ranks or ())],
-                **self._identity())
-
-        return self._report("ReportRecoverStatus", build)
+        return self._report("ReportRecoverStatus", lambda: self.recover_status_request(
+            code, msg, fault_ranks, strategy, isolate_ranks))
 
     def report_process_fault(self, fault_ranks: dict, fault_codes: Mapping | None = None, *,
                              detail: str = "") -> int:
@@ -242,9 +260,8 @@ class RecoverClient:
         `fault_codes` is TaskD's second argument (MindIO passes `{rank: code}`); `Recover` has no
         field for it and TaskD drops it, so here it is written into `detail` rather than lost.
         """
-        return self._report("ReportProcessFault", lambda: recover_pb2.ProcessFaultRequest(
-            faultRanks=fault_ranks_to_proto(fault_ranks), detail=arguments.fault_detail(detail, fault_codes),
-            **self._identity()))
+        return self._report("ReportProcessFault", lambda: self.process_fault_request(
+            fault_ranks, arguments.fault_detail(detail, fault_codes)))
 
     def report_finished(self, exit_code: int, message: str = "", timeout: float | None = None) -> int:
         """Tell the controller every local rank has ended (taskd's own AgentReport service).
@@ -252,9 +269,26 @@ class RecoverClient:
         `timeout` bounds the whole call (default `report_timeout`): an agent leaving a controller
         it already lost should not wait long for it.
         """
-        return self._report("ReportFinished", lambda: taskd_pb2.FinishRequest(
-            exitCode=arguments.int32(exit_code, "exit_code"), message=str(message or ""), **self._identity()),
-            service="agent", timeout=timeout)
+        return self._report("ReportFinished", lambda: self.finish_request(exit_code, message), service="agent",
+                            timeout=timeout)
+
+    # -- single attempts, for a caller that retries on its own clock (taskd's agent) -----------
+
+    def start_report(self, method: str, request: Any, *, timeout: float,
+                     on_done: Callable[[], None] | None = None) -> PendingCall:
+        """One attempt at a report (a request from the `*_request` builders), started and not waited for, never
+        re-sent: the caller polls the call and decides what comes next. The blocking `report_*` methods above
+        are for TaskD's users; taskd's agent, whose loop must not sleep, uses this."""
+        service = "agent" if method == "ReportFinished" else "recover"
+        return self._rpc.start(method, request, timeout=timeout, service=service, on_done=on_done)
+
+    def resync(self, *, reinit: bool, timeout: float) -> int:
+        """One re-Init (when `reinit`) and one re-Register, each within `timeout`: for a caller re-sending a report
+        the controller answered "unknown agent" or "unknown job" to. Returns the Register's code."""
+        if reinit:
+            status = self._rpc.call("Init", self.info, timeout=timeout)
+            logger.info("re-init of job %s answered %d %s", self.info.jobId, status.code, status.info)
+        return int(self.register(self._registered_with or self.info, timeout=timeout).code)
 
     # -- signals ----------------------------------------------------------------------------
 

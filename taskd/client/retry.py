@@ -24,6 +24,27 @@ REINIT_CODES = frozenset({Code.JOB_NOT_EXIST, Code.NOT_INITIALISED})
 BUSY_CODES = frozenset({Code.RATE_LIMITED, Code.TOO_MANY_REQUESTS, Code.SIGNAL_QUEUE_BUSY, Code.STORAGE_ERROR})
 MIN_CALL_TIMEOUT = 0.05  # the shortest deadline worth giving a call
 
+# What an answer worth re-sending after means, for the log line that says why a report is re-sent.
+MEANINGS = {
+    Code.STORAGE_ERROR: "the controller could not store it and changed nothing",
+    Code.RATE_LIMITED: "the controller is rate-limiting this agent",
+    Code.TOO_MANY_REQUESTS: "the controller has too many requests in flight",
+    Code.SIGNAL_QUEUE_BUSY: "the controller's signal queue is full",
+    Code.NOT_REGISTERED: "the controller does not know this agent: re-registering first",
+    Code.JOB_NOT_EXIST: "the controller does not know the job: re-initialising first",
+    Code.NOT_INITIALISED: "the controller has not initialised the job: re-initialising first",
+    Code.OUT_OF_ORDER: "the controller did not expect it now",
+}
+
+
+def meaning(code: int) -> str:
+    """Why answer `code` to a report is worth re-sending, in words (with the code)."""
+    try:
+        name = Code(int(code))
+    except ValueError:
+        return f"answer {code}"
+    return f"{MEANINGS.get(name, name.name.lower().replace('_', ' '))} ({int(code)})"
+
 
 def backoff_delay(attempt: int, initial: float, maximum: float, multiplier: float, jitter: float, draw: float) -> float:
     """The pause before retry number `attempt` (0-based): `initial * multiplier**attempt`, capped at
@@ -134,5 +155,5 @@ class ReportRetryPolicy:
             delay=delay,
             reinit=int(code) in REINIT_CODES,
             reregister=kind is not AnswerKind.BUSY,
-            why=kind.value,
+            why=meaning(code),
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -100,6 +101,32 @@ def translate(exc: grpc.RpcError, method: str, target: str) -> RecoverClientErro
     return RecoverClientError(f"{method} to {target} failed: {name}: {details}")
 
 
+class PendingCall:
+    """A unary call in flight (gRPC's future): `done()` never blocks; `result()` once it is done."""
+
+    def __init__(self, future: grpc.Future, method: str, target: str) -> None:
+        self._future = future
+        self.method = method
+        self.target = target
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def result(self) -> Any:
+        """The answer of a completed call; a failed call raises the client's exception (as `RpcClient.call`)."""
+        try:
+            return self._future.result(timeout=0)
+        except grpc.RpcError as exc:
+            raise translate(exc, self.method, self.target) from None
+        except grpc.FutureCancelledError:
+            raise RecoverClientError(f"{self.method} to {self.target} was cancelled") from None
+        except grpc.FutureTimeoutError:
+            raise RecoverClientError(f"{self.method} to {self.target} is still in flight") from None
+
+    def cancel(self) -> None:
+        self._future.cancel()
+
+
 class RpcClient:
     """The synchronous channel and its stubs, opened lazily and again after `close()` (reports still
     work after a manager's stop()); any thread may call."""
@@ -143,6 +170,20 @@ class RpcClient:
             raise translate(exc, method, self.target) from None
         except ValueError as exc:  # the channel was closed by close() in another thread
             raise RecoverClientError(f"{method} to {self.target} failed: {exc}") from None
+
+    def start(self, method: str, request: Any, *, timeout: float, service: str = "recover",
+              on_done: Callable[[], None] | None = None) -> PendingCall:
+        """One unary call started and not waited for: the caller polls the `PendingCall` (`on_done`, called on
+        a gRPC thread when it completes, can wake the caller's loop)."""
+        rpc = getattr(self._stub(service, reopen=True), method)
+        try:
+            future = rpc.future(request, timeout=timeout, metadata=self.metadata, wait_for_ready=self.wait_for_ready)
+        except ValueError as exc:  # the channel was closed by close() in another thread
+            raise RecoverClientError(f"{method} to {self.target} failed: {exc}") from None
+        call = PendingCall(future, method, self.target)
+        if on_done is not None:
+            future.add_done_callback(lambda _future: on_done())
+        return call
 
     def aio_channel(self) -> grpc.aio.Channel:
         """A grpc.aio channel with the same target, options and TLS; call it on the loop that uses it."""

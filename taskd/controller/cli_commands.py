@@ -93,23 +93,16 @@ def _defaults():  # noqa: ANN202 - avoid importing grpc.aio machinery at parser 
 
 
 def server_config(args: argparse.Namespace):  # noqa: ANN201 - ControllerConfig, imported late
-    """Flags -> ControllerConfig; ConfigError (a ValueError) names each bad field and its flag."""
-    from taskd.controller.config import ControllerConfig
+    """Flags -> ControllerConfig, through `FLAGS` (field -> flag): a new `taskd server` flag is its
+    `add_argument` above and one line there. ConfigError (a ValueError) names each bad field and its flag."""
+    from taskd.controller.config import FLAGS, ControllerConfig
 
-    return ControllerConfig(
-        listen=args.listen, state_path=args.state, keepalive_interval=args.keepalive_interval,
-        stop_timeout=args.stop_timeout, strategy_timeout=args.strategy_timeout,
-        recover_timeout=args.recover_timeout, resume_timeout=args.resume_timeout, settle_window=args.settle_window,
-        default_max_restarts=args.max_restarts, agent_loss_timeout=args.agent_loss_timeout,
-        join_timeout=args.join_timeout,
-        max_jobs=args.max_jobs, finished_job_retention=args.finished_job_retention,
-        unregistered_job_timeout=args.unregistered_job_timeout,
-        token_file=args.token_file, tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca,
-        insecure=args.insecure, max_node_count=args.max_node_count, max_connections=args.max_connections,
-        max_connections_per_peer=args.max_connections_per_peer, max_streams_per_peer=args.max_streams_per_peer,
-        calls_per_second_per_peer=args.max_calls_per_second, call_burst_per_peer=args.call_burst,
-        limit_loopback=args.limit_loopback, idle_timeout=args.idle_timeout, handshake_timeout=args.handshake_timeout,
-    )
+    return ControllerConfig(**{name: getattr(args, flag_dest(flag)) for name, flag in FLAGS.items()})
+
+
+def flag_dest(flag: str) -> str:
+    """"--max-calls-per-second" -> "max_calls_per_second", the argparse name of a ControllerConfig.FLAGS entry."""
+    return flag.split()[0].lstrip("-").replace("-", "_")
 
 
 def server_main(args: argparse.Namespace) -> int:

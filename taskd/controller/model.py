@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from taskd.settings import default
 from taskd.vocabulary import FaultRanks
 
 
@@ -50,12 +51,12 @@ class MachineConfig:
     recover_timeout: float = 300.0
     resume_timeout: float = 120.0
     settle_window: float = 30.0
-    default_max_restarts: int = 3
+    default_max_restarts: int = default("max_restarts")  # the agent's setting (taskd/settings.py)
     # an agent whose stream closed and that neither resubscribed nor finished within this fails its job
     agent_loss_timeout: float = 30.0
     # nodes still unregistered this long after the job's first agent registered fail the job (torchrun's
     # rendezvous join_timeout): without it, the nodes that came would wait for the missing ones forever
-    join_timeout: float = 600.0
+    join_timeout: float = default("join_timeout")
     # a job with no agent this long after its Init (no Register followed, or all forgotten by a reset) is
     # dropped, from memory and the state file (the controller's core applies it, not the machine)
     unregistered_job_timeout: float = 300.0

@@ -24,7 +24,6 @@ class Incarnation:
     output: RankOutput
     started_at: float = field(default_factory=time.time)
     returncode: int | None = None
-    ended_at: float | None = None
     error: str | None = None  # why it could not be started
     killed: bool = False  # SIGKILL sent to its group by KILL_WORKER
 

@@ -33,15 +33,16 @@ from taskd.callbacks import STATUS_NOT_STARTED
 from taskd.launcher.env import OMP_DEFAULT, OMP_WARNING, omp_default, rank_env
 from taskd.launcher.error_file import RankError, read_error_file
 from taskd.launcher.incarnation import SPAWN_FAILED_CODE, Incarnation, RankTable
+from taskd.launcher.node_files import open_node_files, rank_log_path, remove_old, safe_name
 from taskd.launcher.orphans import OrphanKeeper
-from taskd.launcher.output import ERR, OUT, OutputPump, RankLog, RankOutput
+from taskd.launcher.output import ERR, OUT, OutputPump, RankOutput
 from taskd.launcher.spares import SparePool, python_script
 from taskd.launcher.spec import LIVE_PREIMPORT, WorkerSpec, free_port
 from taskd.process.exitcodes import describe_returncode
 from taskd.process.run_dir import make_run_dir
 from taskd.process.spawn import has_exited, kill_group, spawn, wait_exit
 from taskd.process.subreaper import escaped_descendants, send_signal
-from taskd.rendezvous import AgentStore, StoreHostError
+from taskd.rendezvous import StoreHostError
 from taskd.worker.env import Var
 from taskd.worker.heartbeat_file import HeartbeatFile
 
@@ -53,7 +54,13 @@ __all__ = ["SPAWN_FAILED_CODE", "Incarnation", "LocalLauncher", "ORPHAN_TICK"]
 
 
 class LocalLauncher:
-    """Starts, watches and stops the ranks of one node; see :meth:`callbacks` for the msrun contract."""
+    """Starts, watches and stops the ranks of one node; see :meth:`callbacks` for the msrun contract.
+
+    Beyond the callbacks it is the agent's `Launcher` (taskd/agent/launcher_api.py, checked by
+    tests/unit/agent/test_launcher_api.py): keep the two in step.
+    """
+
+    rank_files = True  # each rank's heartbeat and log file is named here (heartbeat_path, log_path)
 
     def __init__(self, spec: WorkerSpec, on_exit: Callable[[int, int, int], None] | None = None, *,
                  subreaper: bool = True, orphan_tick: float = ORPHAN_TICK) -> None:
@@ -69,32 +76,20 @@ class LocalLauncher:
         self._own_run_dir = spec.run_dir is None
         log_dir = spec.log_dir
         if log_dir is None and spec.redirects_any():  # as torchrun: redirected output goes to a kept temp dir
-            log_dir = tempfile.mkdtemp(prefix=f"taskd-{_safe(spec.job_id)}-logs-")
+            log_dir = tempfile.mkdtemp(prefix=f"taskd-{safe_name(spec.job_id)}-logs-")
             log.warning("--redirects/--tee without --log-dir: rank logs go to %s", log_dir)
         elif log_dir:
             os.makedirs(log_dir, exist_ok=True)
         port = spec.master_port or free_port(spec.master_addr)
-        logs: dict[int, RankLog] = {}
-        try:  # first: a refused log file (a planted symlink) stops the launch before anything starts
-            for r in range(spec.nproc_per_node):
-                logs[r] = RankLog(_log_path(log_dir, spec, r))
-        except OSError:
-            for rank_log in logs.values():
-                rank_log.close()
-            raise
-        run_dir = spec.run_dir or make_run_dir(_safe(spec.job_id))  # removes those SIGKILLed agents left
+        run_dir = spec.run_dir or make_run_dir(safe_name(spec.job_id))  # removes those SIGKILLed agents left
         os.makedirs(run_dir, mode=0o700, exist_ok=True)
-        try:  # live recovery: node 0 binds the store's port now, so a port in use stops the launch here
-            live = AgentStore.decide(spec.rdzv_store, python_script(spec.entrypoint), spec.node_rank,
-                                     spec.master_addr, port, run_dir)
-        except (StoreHostError, ValueError):
-            for rank_log in logs.values():
-                rank_log.close()
+        try:
+            logs, live = open_node_files(dataclasses.replace(spec, run_dir=run_dir, master_port=port, log_dir=log_dir))
+        except (OSError, StoreHostError, ValueError):
             if spec.run_dir is None:
                 shutil.rmtree(run_dir, ignore_errors=True)
             raise
-        port = live.port
-        self.spec = dataclasses.replace(spec, run_dir=run_dir, master_port=port, log_dir=log_dir)
+        self.spec = dataclasses.replace(spec, run_dir=run_dir, master_port=live.port, log_dir=log_dir)
         if omp_default(self.spec):
             log.warning(OMP_WARNING, OMP_DEFAULT)
         self._on_exit = on_exit
@@ -264,11 +259,6 @@ class LocalLauncher:
         with self._lock:
             return max(0, self._table.starts(local_rank) - 1)
 
-    def incarnation(self, local_rank: int) -> Incarnation | None:
-        """The current incarnation (pid, start time, exit code, spawn error) or None if never started."""
-        with self._lock:
-            return self._table.current(local_rank)
-
     def set_restart_count(self, count: int) -> None:
         """The job-wide restart count that ranks started from now on get as TORCHELASTIC_RESTART_COUNT
         and TASKD_RESTART_COUNT (the same on every rank; without it TASKD_RESTART_COUNT is the rank's own).
@@ -298,8 +288,30 @@ class LocalLauncher:
         with self._lock:
             self._generation = generation
 
+    def set_node_rank(self, node_rank: int) -> None:
+        """A standby's node rank, given once the controller assigned it and before any rank started: from now on
+        every rank's variables (RANK, GROUP_RANK, MS_NODE_ID, ...), log file and heartbeat file are node
+        ``node_rank``'s, and node 0 hosts the live-recovery store."""
+        if not isinstance(node_rank, int) or isinstance(node_rank, bool) or not 0 <= node_rank < self.spec.nnodes:
+            raise ValueError(f"set_node_rank takes a node rank in [0, {self.spec.nnodes}), got {node_rank!r}")
+        with self._lock:
+            self._check_open()
+            if any(self._table.starts(r) for r in range(self.spec.nproc_per_node)):
+                raise RuntimeError("the node rank can only change before any rank started")
+            if node_rank == self.spec.node_rank:
+                return
+            spec = dataclasses.replace(self.spec, node_rank=node_rank)
+            logs, live = open_node_files(spec)
+            old_logs, old_live = self._logs, self._live
+            self.spec, self._logs, self._live = dataclasses.replace(spec, master_port=live.port), logs, live
+        for rank_log in old_logs.values():
+            rank_log.close()
+        old_live.close()
+        log.info("this node is now node %d (global ranks %s)", node_rank,
+                 [spec.global_rank(r) for r in range(spec.nproc_per_node)])
+
     def log_path(self, local_rank: int) -> str | None:
-        return _log_path(self.spec.log_dir, self.spec, local_rank) if self._table.valid(local_rank) else None
+        return rank_log_path(self.spec.log_dir, self.spec, local_rank) if self._table.valid(local_rank) else None
 
     def error_file_path(self, local_rank: int) -> str:
         """The rank's TORCHELASTIC_ERROR_FILE, in the private run directory (see taskd.launcher.error_file)."""
@@ -391,7 +403,7 @@ class LocalLauncher:
         hb_path = self.heartbeat_path(rank)
         HeartbeatFile(hb_path).create()
         error_file = self.error_file_path(rank)
-        _remove(error_file)  # what is found there after the rank dies is then this incarnation's
+        remove_old(error_file)  # what is found there after the rank dies is then this incarnation's
         job_restarts = self._restart_rounds if self._job_restarts is None else self._job_restarts
         # once the agent gives the job-wide count, TASKD_RESTART_COUNT is that count too (the same on every rank)
         own = restart if self._job_restarts is None else self._job_restarts
@@ -406,7 +418,7 @@ class LocalLauncher:
                 popen = spawn(spec.entrypoint, env, cwd=spec.cwd, split_stderr=output.split)
         except (OSError, subprocess.SubprocessError) as exc:
             inc = Incarnation(rank, global_rank, restart, None, output, returncode=SPAWN_FAILED_CODE,
-                              ended_at=time.time(), error=f"{type(exc).__name__}: {exc}")
+                              error=f"{type(exc).__name__}: {exc}")
             self._table.append(inc)
             rank_log.write(inc.header().encode())
             output.note(f"taskd: cannot start rank {global_rank}: {inc.error}")
@@ -450,7 +462,6 @@ class LocalLauncher:
             return False
         kill_group(pid)  # processes the rank left in its group
         inc.returncode = inc.popen.wait()  # a zombie by now (has_exited above): returns at once
-        inc.ended_at = time.time()
         log.info("rank %d (pid %d) %s", inc.global_rank, pid, describe_returncode(inc.returncode))
         if self._orphans.active and not self._closed:  # close() deals with orphans itself, with a grace
             self._orphans.sweep(signal.SIGKILL)
@@ -473,20 +484,3 @@ class LocalLauncher:
 def _require_list(name: str, value: object) -> None:
     if not isinstance(value, (list, tuple)):
         raise TypeError(f"{name} takes a list of ints, got {type(value).__name__}")
-
-
-def _log_path(log_dir: str | None, spec: WorkerSpec, local_rank: int) -> str | None:
-    return os.path.join(log_dir, f"rank_{spec.global_rank(local_rank)}.log") if log_dir else None
-
-
-def _remove(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        log.warning("cannot remove the old error file %s: %s", path, exc)
-
-
-def _safe(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:40] or "job"

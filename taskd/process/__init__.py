@@ -8,7 +8,8 @@ package imports nothing of taskd but itself, so any layer above may use it.
 - :mod:`taskd.process.subreaper`: the child-subreaper flag and the orphans it brings;
 - :mod:`taskd.process.groups`: stopping process groups and confirming them gone;
 - :mod:`taskd.process.pidfd`: the one pidfd selector loop (ExitSelector, RankWatch);
-- :mod:`taskd.process.msrun`: msrun's scheduler process.
+- :mod:`taskd.process.msrun`: msrun's scheduler process;
+- :mod:`taskd.process.tree`: rank_pids, which process under a launcher is which rank.
 """
 
 from taskd.process.exitcodes import describe_returncode, exit_code_of
@@ -39,6 +40,7 @@ from taskd.process.subreaper import (
     set_child_subreaper,
     signal_tree,
 )
+from taskd.process.tree import rank_pids
 
 __all__ = [
     "EXIT_KIND",
@@ -63,6 +65,7 @@ __all__ = [
     "open_pidfd",
     "peek_returncode",
     "process_group",
+    "rank_pids",
     "reap_exact",
     "reap_orphan",
     "reap_processes",

@@ -22,6 +22,7 @@ from taskd.run_config.parse import (
     parse_rdzv_conf,
     parse_std,
 )
+from taskd.settings import RUN_SETTINGS
 
 T = TypeVar("T")
 C = TypeVar("C")
@@ -169,26 +170,17 @@ def build(cls: type[C], args: argparse.Namespace, environ: Mapping[str, str]) ->
         log_dir = tempfile.mkdtemp(prefix="taskd-logs-")
         values.notices.append(f"--redirects/--tee without --log-dir: rank logs go to {log_dir}")
     rdzv_conf = values.parse("rdzv_conf", lambda t: parse_rdzv_conf(str(t)), {})
-    fields: dict[str, Any] = dict(
+    fields: dict[str, Any] = {s.run: values.parse(s.run, PARSERS[s.kind], s.default) for s in RUN_SETTINGS
+                              if s.run not in SPECIAL}  # the plain ones: flag, variable or taskd/settings.py
+    fields.update(
         entrypoint=tuple(entrypoint), script=script, script_args=tuple(script_args), launch_mode=launch_mode,
         nproc_per_node=nproc, nnodes=nnodes, min_nnodes=min_nnodes, standalone=standalone,
-        node_rank=values.parse("node_rank", _int, 0),
         job_id=values.parse("job_id", str, "") or f"taskd-{uuid.uuid4().hex[:8]}",
         server=server,
         **{name: values.parse(name, str, None) for name in ("token_file", "tls_ca", "tls_cert", "tls_key")},
-        master_addr=values.parse("master_addr", str, "127.0.0.1"),
         master_port=values.parse("master_port", _int, 0 if nnodes == 1 else DEFAULT_MASTER_PORT),
-        max_restarts=values.parse("max_restarts", _int, 3),
-        strategies=values.parse("strategies", _strategies, ()),
-        monitor_interval=values.parse("monitor_interval", _float, 1.0),
-        stop_grace=values.parse("stop_grace", _float, 5.0),
-        heartbeat_timeout=values.parse("heartbeat_timeout", _float, None),
-        dump_timeout=values.parse("dump_timeout", _float, 30.0),
-        warm_spares=values.parse("warm_spares", _int, 0),
-        quiet=values.parse("quiet", _switch, False),
         log_dir=log_dir, redirects=redirects, tee=tee,
         local_ranks_filter=values.parse("local_ranks_filter", lambda t: parse_rank_set(str(t)), None),
-        role=values.parse("role", str, "default"),
         rdzv_conf=rdzv_conf, join_timeout=_join_timeout(values, rdzv_conf),
     )
     if "job_id" in values.raw:
@@ -222,3 +214,8 @@ def _strategies(text: Any) -> tuple[str, ...]:
     from taskd.vocabulary import parse_strategies
 
     return tuple(parse_strategies(str(text)))
+
+
+PARSERS: dict[type, Callable[[Any], Any]] = {int: _int, float: _float, str: str, bool: _switch, tuple: _strategies}
+# settings parsed above with torchrun's forms (N|MIN:MAX, auto|cpu|gpu) or from two flags (join_timeout)
+SPECIAL = frozenset({"job_id", "server", "nnodes", "nproc_per_node", "log_dir", "join_timeout"})

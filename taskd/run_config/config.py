@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from taskd.run_config.flags import flag_name
 from taskd.run_config.parse import LAUNCH_MODES, RunConfigError
+from taskd.settings import RUN_SETTINGS, default
 
 
 def _find_module(name: str) -> bool:
@@ -51,35 +52,36 @@ class RunConfig:
     script: str
     script_args: tuple[str, ...] = ()
     launch_mode: str = "script"  # script | module (-m) | no-python | run-path
-    nproc_per_node: int = 1
-    nnodes: int = 1
+    nproc_per_node: int = default("ranks_per_node")
+    nnodes: int = default("node_count")
     min_nnodes: int = 1  # torchrun's MIN of MIN:MAX; informative only, the job waits for nnodes
-    node_rank: int = 0
+    node_rank: int = default("node_rank")
     job_id: str = "default"
-    server: str | None = None  # None = an embedded controller
+    server: str | None = default("server")  # None = an embedded controller
     # how this agent authenticates to --server (paths; None: the TASKD_TOKEN_FILE / TASKD_TLS_* variable)
     token_file: str | None = None
     tls_ca: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
     standalone: bool = False
-    master_addr: str = "127.0.0.1"
+    master_addr: str = default("master_addr")
     master_port: int = 0  # 0 = a free port (one-node jobs)
-    max_restarts: int = 3
-    strategies: tuple[str, ...] = ()  # empty = the agent's default
-    monitor_interval: float = 1.0
-    stop_grace: float = 5.0
-    heartbeat_timeout: float | None = None
-    dump_timeout: float = 30.0
-    warm_spares: int = 0
-    quiet: bool = False
-    log_dir: str | None = None
+    max_restarts: int = default("max_restarts")
+    strategies: tuple[str, ...] = default("strategies")  # empty = the agent's default
+    monitor_interval: float = default("monitor_interval")
+    stop_grace: float = default("stop_grace")
+    heartbeat_timeout: float | None = default("heartbeat_timeout")
+    dump_timeout: float = default("dump_timeout")
+    warm_spares: int = default("warm_spares")
+    quiet: bool = default("quiet")
+    log_dir: str | None = default("log_dir")
     redirects: Mapping[int, int] = field(default_factory=dict)  # local rank -> 0 none, 1 out, 2 err, 3 both
     tee: Mapping[int, int] = field(default_factory=dict)
     local_ranks_filter: frozenset[int] | None = None  # None = every local rank on the console
-    role: str = "default"
+    role: str = default("role")
     rdzv_conf: Mapping[str, str] = field(default_factory=dict)
-    join_timeout: float | None = None  # --rdzv-conf join_timeout: the agent's wait for every node (None: its default)
+    # --rdzv-conf join_timeout: the agent's wait for every node (None: TASKD_JOIN_TIMEOUT, else its default)
+    join_timeout: float | None = None
     notices: tuple[str, ...] = ()  # one line each, for flags that mean less under taskd than under torchrun
     from_environment: tuple[str, ...] = ()  # "nnodes=2 (SLURM_NNODES)"
     sources: Mapping[str, str] = field(default_factory=dict)
@@ -99,19 +101,13 @@ class RunConfig:
             if not ok:
                 out.append(f"{self._src(name)} must be {rule}, not {getattr(self, name)!r}")
 
-        for name in ("nproc_per_node", "nnodes"):
-            check(name, getattr(self, name) >= 1, ">= 1")
+        for s in RUN_SETTINGS:  # the bounds of taskd/settings.py; node_rank's depends on nnodes, below
+            value = getattr(self, s.run)
+            if s.bound is not None and s.name != "node_rank" and value is not None:
+                check(s.run, s.bound.allows(value), s.bound.rule)
         if self.nnodes >= 1:
             check("node_rank", 0 <= self.node_rank < self.nnodes, f"in [0, {self.nnodes - 1}] (nnodes {self.nnodes}"
                   f"{' from ' + self.sources['nnodes'] if 'nnodes' in self.sources else ''})")
-        for name in ("max_restarts", "warm_spares", "stop_grace"):
-            check(name, getattr(self, name) >= 0, ">= 0")
-        for name in ("monitor_interval", "dump_timeout"):
-            check(name, getattr(self, name) > 0, "> 0")
-        if self.heartbeat_timeout is not None:
-            check("heartbeat_timeout", self.heartbeat_timeout > 0, "> 0")
-        if self.join_timeout is not None:
-            check("join_timeout", self.join_timeout > 0, "> 0")
         check("master_port", 0 <= self.master_port <= 65535, "in [0, 65535]")
         if self.launch_mode not in LAUNCH_MODES:
             out.append(f"launch_mode must be one of {', '.join(LAUNCH_MODES)}, not {self.launch_mode!r}")

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from taskd.run_config.nodelist import first_host
+from taskd.settings import RUN_SETTINGS
 
 # torchrun flags whose default torchrun reads from PET_<DEST> (torch/distributed/argparse_util.py).
 PET_VALUE_FLAGS = (
@@ -69,13 +70,10 @@ def _first(environ: Mapping[str, str], *names: str) -> tuple[str, str] | None:
 
 
 def taskd_values(environ: Mapping[str, str]) -> list[EnvValue]:
-    """The variables taskd already honoured before it spoke torchrun."""
-    out = []
-    if environ.get("MINDX_TASK_ID", "").strip():
-        out.append(EnvValue("job_id", environ["MINDX_TASK_ID"].strip(), "MINDX_TASK_ID"))
-    if environ.get("MINDX_SERVER_IP", "").strip():
-        out.append(EnvValue("server", environ["MINDX_SERVER_IP"].strip(), "MINDX_SERVER_IP"))
-    return out
+    """The variables taskd already honoured before it spoke torchrun (MINDX_TASK_ID, MINDX_SERVER_IP:
+    the settings of taskd/settings.py with `run_env`)."""
+    return [EnvValue(s.run, environ[s.env].strip(), s.env) for s in RUN_SETTINGS
+            if s.run_env and environ.get(s.env, "").strip()]
 
 
 def slurm_values(environ: Mapping[str, str]) -> tuple[list[EnvValue], list[str]]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 
+from taskd.settings import setting
+
 # One line each for flags that have no effect under taskd; printed when such a flag is given.
 NOTICES = {
     "rdzv_backend": "taskd has no rendezvous: nodes join through the controller (--server), so the backend "
@@ -36,16 +38,28 @@ def _flag(group: argparse._ArgumentGroup, *names: str, **kwargs: object) -> None
     group.add_argument(*names, default=None, **kwargs)  # type: ignore[arg-type]
 
 
+def _setting(group: argparse._ArgumentGroup, name: str, **kwargs: object) -> None:
+    """The flag of a setting of taskd/settings.py, under the spellings its table gives."""
+    _flag(group, *setting(name).flags, dest=setting(name).run, **kwargs)
+
+
+def _d(name: str) -> str:
+    """A setting's default as --help shows it."""
+    value = setting(name).default
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """Every torchrun flag plus taskd's own; `parser.set_defaults(_run_usage=...)` lets errors print this usage."""
     size = parser.add_argument_group("job size (torchrun)")
-    _flag(size, "--nnodes", metavar="N|MIN:MAX",
-          help="nodes in the job (default 1). taskd jobs are fixed-size: MIN:MAX uses MAX, and the job starts "
-               "when MAX nodes have joined")
-    _flag(size, "--nproc-per-node", "--nproc_per_node", metavar="N|auto|cpu|gpu",
-          help="ranks on this node (default 1): a number; cpu = the CPUs this process may use; gpu = the GPUs "
-               "(CUDA_VISIBLE_DEVICES, else /dev/nvidiaN); auto = gpu if there are any, else cpu")
-    _flag(size, "--node-rank", "--node_rank", metavar="R", help="this node's rank, 0..nnodes-1 (default 0)")
+    _setting(size, "node_count", metavar="N|MIN:MAX",
+             help=f"nodes in the job (default {_d('node_count')}). taskd jobs are fixed-size: MIN:MAX uses MAX, and "
+                  "the job starts when MAX nodes have joined")
+    _setting(size, "ranks_per_node", metavar="N|auto|cpu|gpu",
+             help=f"ranks on this node (default {_d('ranks_per_node')}): a number; cpu = the CPUs this process may "
+                  "use; gpu = the GPUs (CUDA_VISIBLE_DEVICES, else /dev/nvidiaN); auto = gpu if there are any, else "
+                  "cpu")
+    _setting(size, "node_rank", metavar="R", help=f"this node's rank, 0..nnodes-1 (default {_d('node_rank')})")
 
     where = parser.add_argument_group("where the job meets (torchrun)")
     _flag(where, "--standalone", action="store_true",
@@ -59,16 +73,16 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
           help="accepted; taskd has no rendezvous (nodes join through the controller)")
     _flag(where, "--rdzv-conf", "--rdzv_conf", metavar="K=V,...",
           help="join_timeout=SECONDS: how long a node of a multi-node job waits for the others to join before it "
-               "gives up, starting no rank (default $TASKD_JOIN_TIMEOUT, else 600, as torchrun); other keys are "
-               "accepted and not used")
-    _flag(where, "--master-addr", "--master_addr", metavar="HOST",
-          help="MASTER_ADDR for the ranks (default 127.0.0.1, or node 0's host under Slurm/Kubernetes)")
+               f"gives up, starting no rank (default ${setting('join_timeout').env}, else {_d('join_timeout')}, as "
+               "torchrun); other keys are accepted and not used")
+    _setting(where, "master_addr", metavar="HOST",
+             help=f"MASTER_ADDR for the ranks (default {_d('master_addr')}, or node 0's host under Slurm/Kubernetes)")
     _flag(where, "--master-port", "--master_port", metavar="PORT",
           help="MASTER_PORT for the ranks (default: a free port on a one-node job, 29500 otherwise)")
     _flag(where, "--local-addr", "--local_addr", metavar="HOST", help="accepted; not used")
-    _flag(where, "--server", metavar="HOST:PORT",
-          help="taskd: the controller (a `taskd server`) shared by the job's nodes (default $MINDX_SERVER_IP, "
-               "else an embedded controller, which only a one-node job can use)")
+    _setting(where, "server", metavar="HOST:PORT",
+             help="taskd: the controller (a `taskd server`) shared by the job's nodes (default "
+                  f"${setting('server').env}, else an embedded controller, which only a one-node job can use)")
     _flag(where, "--token-file", "--token_file", metavar="PATH",
           help="taskd: the controller's token, sent with every call (default $TASKD_TOKEN_FILE; see RELIABILITY.md)")
     _flag(where, "--tls-ca", "--tls_ca", metavar="PEM",
@@ -76,8 +90,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     _flag(where, "--tls-cert", "--tls_cert", metavar="PEM",
           help="taskd: client certificate for a controller that requires one (default $TASKD_TLS_CERT)")
     _flag(where, "--tls-key", "--tls_key", metavar="PEM", help="taskd: its key (default $TASKD_TLS_KEY)")
-    _flag(where, "--job-id", "--job_id", metavar="ID",
-          help="taskd: job id shared by every node (default: $MINDX_TASK_ID, $SLURM_JOB_ID or a generated one)")
+    _setting(where, "job_id", metavar="ID",
+             help=f"taskd: job id shared by every node (default: ${setting('job_id').env}, $SLURM_JOB_ID or a "
+                  "generated one)")
 
     what = parser.add_argument_group("what to run (torchrun)")
     _flag(what, "-m", "--module", action="store_true", help="run SCRIPT as a module: python -m SCRIPT ARGS")
@@ -85,35 +100,36 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
           help="run SCRIPT as a command, without python in front")
     _flag(what, "--run-path", "--run_path", action="store_true",
           help="accepted; taskd runs the script with python -u in a new process, as without the flag")
-    _flag(what, "--role", metavar="NAME", help="the ranks' role, ROLE_NAME (default 'default')")
+    _setting(what, "role", metavar="NAME", help=f"the ranks' role, ROLE_NAME (default {_d('role')!r})")
 
     logs = parser.add_argument_group("logs (torchrun)")
-    _flag(logs, "--log-dir", "--log_dir", metavar="DIR",
-          help="per-rank logs <DIR>/rank_<N>.log, appended across restarts")
+    _setting(logs, "log_dir", metavar="DIR", help="per-rank logs <DIR>/rank_<N>.log, appended across restarts")
     _flag(logs, "-r", "--redirects", metavar="0-3|LR:0-3,...",
           help="send stdout (1), stderr (2) or both (3) only to the log file, for all local ranks or per local "
                "rank (e.g. 0:3,1:0); a temporary --log-dir is made when none is given")
     _flag(logs, "-t", "--tee", metavar="0-3|LR:0-3,...", help="as --redirects, but also echo on the console")
     _flag(logs, "--local-ranks-filter", "--local_ranks_filter", metavar="LR,...",
           help="show only these local ranks' output on the console (logs keep everything)")
-    _flag(logs, "--quiet", action="store_true", help="taskd: do not echo rank output on the console")
+    _setting(logs, "quiet", action="store_true", help="taskd: do not echo rank output on the console")
 
     recovery = parser.add_argument_group("recovery")
-    _flag(recovery, "--max-restarts", "--max_restarts", metavar="K",
-          help="restarts the job may use before it fails (default 3; torchrun's default is 0)")
-    _flag(recovery, "--monitor-interval", "--monitor_interval", metavar="S",
-          help="slow sweep for what pidfds cannot tell, e.g. hangs (default 1.0); a rank's exit is seen at once")
-    _flag(recovery, "--stop-grace", "--stop_grace", metavar="S",
-          help="taskd: SIGTERM to SIGKILL when stopping ranks (default 5)")
+    _setting(recovery, "max_restarts", metavar="K",
+             help=f"restarts the job may use before it fails (default {_d('max_restarts')}; torchrun's default is 0)")
+    _setting(recovery, "monitor_interval", metavar="S",
+             help=f"slow sweep for what pidfds cannot tell, e.g. hangs (default {_d('monitor_interval')}); a rank's "
+                  "exit is seen at once")
+    _setting(recovery, "stop_grace", metavar="S",
+             help=f"taskd: SIGTERM to SIGKILL when stopping ranks (default {_d('stop_grace')})")
     _flag(recovery, "--shutdown-timeout", "--shutdown_timeout", metavar="S", help="torchrun's name for --stop-grace")
-    _flag(recovery, "--strategies", metavar="LIST",
-          help="taskd: recovery strategies offered, in order (default recover,job-rescheduling,exit)")
-    _flag(recovery, "--heartbeat-timeout", "--heartbeat_timeout", metavar="S",
-          help="taskd: a rank whose last taskd.worker.heartbeat() is older is hung (default: off)")
-    _flag(recovery, "--dump-timeout", "--dump_timeout", metavar="S",
-          help="taskd: how long the dump strategy waits for ranks to save (default 30)")
-    _flag(recovery, "--warm-spares", "--warm_spares", metavar="N",
-          help="taskd: Python interpreters kept ready to become a restarted rank (.py scripts; default 0)")
+    _setting(recovery, "strategies", metavar="LIST",
+             help="taskd: recovery strategies offered, in order (default recover,job-rescheduling,exit)")
+    _setting(recovery, "heartbeat_timeout", metavar="S",
+             help="taskd: a rank whose last taskd.worker.heartbeat() is older is hung (default: off)")
+    _setting(recovery, "dump_timeout", metavar="S",
+             help=f"taskd: how long the dump strategy waits for ranks to save (default {_d('dump_timeout')})")
+    _setting(recovery, "warm_spares", metavar="N",
+             help="taskd: Python interpreters kept ready to become a restarted rank (.py scripts; default "
+                  f"{_d('warm_spares')})")
 
     accepted = parser.add_argument_group("accepted for torchrun's command lines (a notice says what taskd does)")
     _flag(accepted, "--start-method", "--start_method", metavar="spawn|fork|forkserver")

@@ -8,6 +8,7 @@ import os
 import psutil
 
 from taskd.agent.hang_watch import HangWatch
+from taskd.agent.launcher_api import MSRUN
 from taskd.agent.ranks import Rank, RankState
 
 
@@ -17,7 +18,7 @@ def this_process_as_a_rank() -> Rank:
 
 
 def test_warns_once_when_no_rank_beat_for_twice_the_timeout(caplog) -> None:
-    watch = HangWatch(None, 5.0, lambda rank: None)  # msrun-like, no heartbeat directory: nobody beats
+    watch = HangWatch(MSRUN, 5.0, lambda rank: None)  # msrun-like, no heartbeat directory: nobody beats
     rank = this_process_as_a_rank()
     started = rank.proc.create_time()
     with caplog.at_level(logging.WARNING, logger="taskd.agent"):
@@ -30,7 +31,7 @@ def test_warns_once_when_no_rank_beat_for_twice_the_timeout(caplog) -> None:
 
 
 def test_no_warning_without_a_heartbeat_timeout(caplog) -> None:
-    watch = HangWatch(None, None, lambda rank: None)
+    watch = HangWatch(MSRUN, None, lambda rank: None)
     rank = this_process_as_a_rank()
     with caplog.at_level(logging.WARNING, logger="taskd.agent"):
         watch.culprits([rank], rank.proc.create_time() + 3600)

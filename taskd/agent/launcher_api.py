@@ -1,0 +1,134 @@
+"""What the agent may ask of a launcher beyond msrun's four callbacks: the declared interface.
+
+The agent starts, watches and stops ranks through the four callbacks (KILL_WORKER, START_ALL_WORKER,
+START_WORKER_LIST, MONITOR) whoever launched them. Everything else it reads or sets on a launcher is
+listed here, in `Launcher`, and nowhere else: a launcher author reads this one class to know what to
+provide, and the agent never probes (`hasattr`) for a member. Two launchers satisfy it:
+
+- taskd's `LocalLauncher` (taskd run), which names each rank's files and takes the job's restart
+  count, group generation and (for a standby) its node rank;
+- msrun, which hands the agent only its callbacks: the agent then uses `MsrunLauncher`, a null
+  object whose answers say "msrun does not tell" (None, [], False) and whose setters do nothing
+  msrun could use (msrun sets its ranks' environment itself).
+
+The protocol lives with the agent, its consumer, not with the launcher: taskd.launcher is a lower
+layer that never imports the agent, and satisfies this structurally (tests/unit/agent/test_launcher_api.py
+checks both launchers against it, member by member).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Launcher(Protocol):
+    """A launcher's extras, as the agent uses them; every member is required (see MsrunLauncher for "none")."""
+
+    @property
+    def rank_files(self) -> bool:
+        """True when the launcher names each rank's heartbeat and log file (taskd's); False under msrun, where the
+        agent exports a heartbeat directory (TASKD_HEARTBEAT_DIR) and reads msrun's worker_<rank>.log."""
+        ...
+
+    @property
+    def live_recovery(self) -> bool:
+        """Whether ranks run with live recovery (a store that outlives them, a control file)."""
+        ...
+
+    @property
+    def rank_declarations(self) -> bool:
+        """Whether ranks are expected to declare what they can do in place (recover offered only to those that did)."""
+        ...
+
+    def control_path(self) -> str | None:
+        """The node's live-recovery control file (TASKD_CONTROL_FILE); None when live recovery is off."""
+        ...
+
+    def returncode(self, local_rank: int) -> int | None:
+        """The exit code of the rank's current incarnation (-N for signal N); None while it runs or if unknown."""
+        ...
+
+    def tail_log(self, local_rank: int, n: int = 20) -> list[str]:
+        """The last `n` output lines of the rank's current incarnation (its traceback, for the summary)."""
+        ...
+
+    def error_report(self, local_rank: int) -> Any | None:
+        """What the rank recorded with torch's @record (exception, traceback, timestamp), else None."""
+        ...
+
+    def heartbeat_path(self, local_rank: int) -> str | None:
+        """The rank's heartbeat file (TASKD_HEARTBEAT_FILE), None when the launcher names none."""
+        ...
+
+    def log_path(self, local_rank: int) -> str | None:
+        """The rank's log file (where its stacks are dumped on a hang), None when there is none."""
+        ...
+
+    def set_restart_count(self, count: int) -> None:
+        """The job-wide restart count ranks started from now on get (TORCHELASTIC_RESTART_COUNT)."""
+        ...
+
+    def set_generation(self, generation: int) -> None:
+        """The live group generation ranks started from now on join (TASKD_GENERATION)."""
+        ...
+
+    def set_node_rank(self, node_rank: int) -> None:
+        """A standby's late node rank: every per-rank variable (RANK, GROUP_RANK, ...) is computed for it from now
+        on. Raises `NodeRankFixed` on a launcher whose node rank cannot change (msrun's is its --node_rank)."""
+        ...
+
+
+class NodeRankFixed(RuntimeError):
+    """The launcher cannot take a node rank late (msrun): a standby needs taskd run."""
+
+
+class MsrunLauncher:
+    """msrun's side of `Launcher`: it hands the agent only its four callbacks, so every extra is "not known".
+
+    msrun gives its ranks their environment itself: a restart count, generation or node rank set
+    here would reach no rank, so the setters record nothing (a node rank cannot change at all).
+    """
+
+    rank_files = False
+    live_recovery = False
+    rank_declarations = False
+
+    def control_path(self) -> str | None:
+        return None
+
+    def returncode(self, local_rank: int) -> int | None:
+        return None
+
+    def tail_log(self, local_rank: int, n: int = 20) -> list[str]:
+        return []
+
+    def error_report(self, local_rank: int) -> Any | None:
+        return None
+
+    def heartbeat_path(self, local_rank: int) -> str | None:
+        return None
+
+    def log_path(self, local_rank: int) -> str | None:
+        return None
+
+    def set_restart_count(self, count: int) -> None:
+        return None
+
+    def set_generation(self, generation: int) -> None:
+        return None
+
+    def set_node_rank(self, node_rank: int) -> None:
+        raise NodeRankFixed(f"msrun's node rank is fixed by its --node_rank: to take over node {node_rank}, start "
+                            f"msrun with --node_rank {node_rank} (a standby needs `taskd run --standby`)")
+
+
+MSRUN = MsrunLauncher()
+
+
+def launcher_of(details: Launcher | None) -> Launcher:
+    """The launcher the agent talks to: the one handed in (taskd run), else msrun's null object."""
+    return MSRUN if details is None else details
+
+
+__all__ = ["MSRUN", "Launcher", "MsrunLauncher", "NodeRankFixed", "launcher_of"]

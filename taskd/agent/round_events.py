@@ -1,0 +1,241 @@
+"""What goes into the agent's round machine (events) and what comes out (actions), as small named types.
+
+Events are facts the mechanics saw: a rank's fault, an order from the controller, a timer that expired, what
+the launcher or the ranks' files said. Actions are what the machine asks the mechanics to do (`Recovery`
+carries them out). Neither holds a process, a socket or a clock: the machine is driven by these alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from taskd.agent.controller_link import Command, Order
+from taskd.vocabulary import FaultRanks
+
+# ------------------------------------------------------------------------------------------------ events
+
+
+@dataclass(frozen=True)
+class RankFault:
+    """A rank of this node failed: exited non-zero, hung, never started, or (fault type "0") raised a
+    retryable error and waits, alive, to redo its step."""
+
+    global_rank: int
+    local_rank: int
+    fault_type: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class OrderEvent:
+    """An order from the controller; one subclass per `Command`, so the table can tell them apart."""
+
+    order: Order
+
+
+class StopOrder(OrderEvent):
+    """stopTrain: stop the round's fault ranks of this node, report stop complete."""
+
+
+class StrategiesOrder(OrderEvent):
+    """globalFault: report what this node offers for the round."""
+
+
+class ChangeOrder(OrderEvent):
+    """changeStrategy: carry out the strategy the controller chose."""
+
+
+class DumpOrder(OrderEvent):
+    """saveAndExit: healthy ranks save, then the job ends."""
+
+
+class KillOrder(OrderEvent):
+    """killMaster / fault_nodes_exit: the job ends now."""
+
+
+class FenceOrder(OrderEvent):
+    """taskd.fenced (or a 411 answer): this agent was declared lost and its node is held by another."""
+
+
+class AssignOrder(OrderEvent):
+    """taskd.assignNode: a standby takes over a lost node's rank."""
+
+
+ORDER_EVENTS: dict[Command, type[OrderEvent]] = {
+    Command.STOP: StopOrder, Command.STRATEGIES: StrategiesOrder, Command.CHANGE: ChangeOrder,
+    Command.DUMP: DumpOrder, Command.KILL: KillOrder, Command.FENCE: FenceOrder, Command.ASSIGN: AssignOrder,
+}
+
+
+def order_event(order: Order) -> OrderEvent:
+    return ORDER_EVENTS[order.command](order)
+
+
+@dataclass(frozen=True)
+class ReportSettled:
+    """The fault report left the outbox: taken by the controller, or not within the controller timeout."""
+
+    taken: bool
+
+
+@dataclass(frozen=True)
+class ControllerLost:
+    """Timer: the round waits on a controller that has been gone for the controller timeout."""
+
+    lost_for: float
+
+
+@dataclass(frozen=True)
+class StartResult:
+    """The launcher's answer to `StartRanks`. Ranks already gone when it returned come as their own
+    events right after this one, never inside its handler."""
+
+    code: int
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class GroupRejoined:
+    """Every local rank rejoined the live group of the generation being rebuilt."""
+
+    generation: int
+    started: float  # the rebuild's fault (monotonic)
+
+
+@dataclass(frozen=True)
+class GroupFailed:
+    """The live group did not re-form: a rank ended first, or the rebuild deadline passed (`detail` says)."""
+
+    detail: str
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """The restarted ranks are training again (each reported a step of its new incarnation), or (`seen` False)
+    nothing can tell: no rank of this node was restarted, or the ranks write no heartbeat steps."""
+
+    seen: bool = True
+
+
+EVENT_TYPES: tuple[type, ...] = (RankFault, *ORDER_EVENTS.values(), ReportSettled, ControllerLost, StartResult,
+                                 GroupRejoined, GroupFailed, Resumed)
+
+# ------------------------------------------------------------------------------------------------ actions
+
+
+@dataclass(frozen=True)
+class Note:
+    """A line for the agent's console (the machine does no I/O, logging included)."""
+
+    level: int
+    text: str
+
+
+@dataclass(frozen=True)
+class StopRanks:
+    """Stop these local ranks (None: every rank), gracefully (SIGTERM, grace, SIGKILL) or at once."""
+
+    local: tuple[int, ...] | None
+    graceful: bool
+
+
+@dataclass(frozen=True)
+class StartRanks:
+    """Stop, then start these local ranks again (None: every rank, START_ALL_WORKER). The launcher's result
+    comes back as `StartResult`."""
+
+    local: tuple[int, ...] | None
+
+
+@dataclass(frozen=True)
+class SetRestartCount:
+    """Ranks started from now on get this job-wide restart count (TASKD_RESTART_COUNT, TORCHELASTIC_...)."""
+
+    restarts: int
+
+
+@dataclass(frozen=True)
+class Supersede:
+    """A new order replaces what the last recovery still waited for: its rebuild, and (`restart`) its resumption."""
+
+    restart: bool = True
+
+
+@dataclass(frozen=True)
+class BeginRebuild:
+    """Live recovery: name the generation (the controller's, else the next of this node's own) and write
+    the control file for the ranks; the rebuild's progress comes back as GroupRejoined/GroupFailed/Resumed."""
+
+    strategy: str
+    faults: FaultRanks
+    started: float
+    timeout: float
+    generation: int | None
+
+
+@dataclass(frozen=True)
+class AbandonRebuild:
+    """The rebuild in progress will never be confirmed."""
+
+
+@dataclass(frozen=True)
+class SendReport:
+    """One report to the controller (each a pending item its loop polls, agent/reports.py)."""
+
+    kind: str  # FAULT, STOP_COMPLETE, STRATEGIES, STATUS
+    faults: FaultRanks = field(default_factory=dict)
+    detail: str = ""  # a fault's description, a status's message
+    code: int = 0  # a status's
+    strategy: str = ""  # a status's
+
+
+FAULT, STOP_COMPLETE, STRATEGIES, STATUS = "fault", "stop complete", "strategies", "status"
+
+
+@dataclass(frozen=True)
+class OfferStrategies:
+    """Report what this node offers for the round: the configured strategies this node's ranks allow for `scope`
+    (recover only if every rank declared it can rejoin, retry only for type-"0" faults), for `faults`."""
+
+    faults: FaultRanks
+    scope: FaultRanks
+
+
+@dataclass(frozen=True)
+class RecordRestart:
+    """The round's restart is done (ranks replaced, or a live group re-formed): one console and summary record;
+    the round closes. Training's resumption is still to be seen (it comes as `Resumed`)."""
+
+    strategy: str
+    ranks: tuple[int, ...]
+    started: float
+    degraded: bool = False
+    generation: int | None = None  # a live rebuild's, once every local rank rejoined
+
+
+@dataclass(frozen=True)
+class Dump:
+    """Ask every healthy rank to save at its next step boundary, wait (bounded), stop every rank, report."""
+
+    faults: FaultRanks
+    timeout: float
+
+
+@dataclass(frozen=True)
+class TakeNode:
+    """A standby takes over node rank `node_rank` (registers as it); then it waits like a replacement."""
+
+    node_rank: int | None
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The job ends on this node: every rank stopped, the agent exits with `exit_code` (None: the failing rank's)."""
+
+    succeeded: bool
+    reason: str
+    exit_code: int | None = None
+
+
+Action = (Note | StopRanks | StartRanks | SetRestartCount | Supersede | BeginRebuild | AbandonRebuild | SendReport
+          | OfferStrategies | RecordRestart | Dump | TakeNode | Finish)

@@ -1,0 +1,298 @@
+"""The agent's round handlers: one function per rule of agent/round_table.py.
+
+Each takes the machine's data, the event, the time (monotonic, passed in) and the list to append actions
+to, and returns the state the node lands in; the table checks that state against the rule's targets. No
+handler does I/O, reads a clock or touches a process: the actions say what the mechanics must do.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from taskd.agent.controller_link import Order
+from taskd.agent.round_events import (
+    FAULT,
+    STATUS,
+    STOP_COMPLETE,
+    AbandonRebuild,
+    Action,
+    AssignOrder,
+    BeginRebuild,
+    ChangeOrder,
+    ControllerLost,
+    Dump,
+    DumpOrder,
+    FenceOrder,
+    Finish,
+    GroupFailed,
+    GroupRejoined,
+    KillOrder,
+    Note,
+    OfferStrategies,
+    OrderEvent,
+    RankFault,
+    RecordRestart,
+    ReportSettled,
+    Resumed,
+    SendReport,
+    SetRestartCount,
+    StartRanks,
+    StartResult,
+    StopOrder,
+    StopRanks,
+    StrategiesOrder,
+    Supersede,
+    TakeNode,
+)
+from taskd.agent.round_state import NodeRound, NodeState, RestartPlan
+from taskd.vocabulary import Code, FaultRanks, Strategy
+
+S = NodeState
+Out = list[Action]
+INFO, WARNING, ERROR = logging.INFO, logging.WARNING, logging.ERROR
+
+
+# ------------------------------------------------------------------------------------------------ rank faults
+
+def on_fault(m: NodeRound, ev: RankFault, now: float, out: Out) -> NodeState:
+    """Report it (or add it to the report still pending): the controller opens or joins a round."""
+    faults = {ev.global_rank: ev.fault_type}
+    m.add_faults(faults, now)
+    out.append(SendReport(FAULT, faults, ev.detail))
+    return S.REPORTING
+
+
+def on_fault_rebuilding(m: NodeRound, ev: RankFault, now: float, out: Out) -> NodeState:
+    """A rank that ends while its group re-forms fails that recover (the rebuild's check reports it)."""
+    m.add_faults({ev.global_rank: ev.fault_type}, now)
+    return S.REBUILDING
+
+
+def on_fault_degraded(m: NodeRound, ev: RankFault, now: float, out: Out) -> NodeState:
+    m.add_faults({ev.global_rank: ev.fault_type}, now)
+    return local_restart(m, now, out)
+
+
+# ------------------------------------------------------------------------------------------------ the controller
+
+def on_report_settled(m: NodeRound, ev: ReportSettled, now: float, out: Out) -> NodeState:
+    """Taken: the round is the controller's now. Not taken within the controller timeout: on without it."""
+    if ev.taken:
+        return S.STOPPING if m.state is S.REPORTING else m.state
+    if m.degraded:
+        return m.state
+    return degrade(m, f"the controller did not take the fault report for {m.facts.controller_timeout:.0f}s "
+                      "(unreachable or failing)", now, out)
+
+
+def on_controller_lost(m: NodeRound, ev: ControllerLost, now: float, out: Out) -> NodeState:
+    """The round waits on the controller's next signal, which a controller gone this long never sends."""
+    return degrade(m, f"controller lost for {ev.lost_for:.0f}s in the middle of a recovery", now, out)
+
+
+def degrade(m: NodeRound, why: str, now: float, out: Out) -> NodeState:
+    """No controller: a single node restarts its ranks alone. A multi-node job stops instead: a node restarting
+    alone would split the job, its peers keeping their old incarnation."""
+    if m.facts.node_count > 1:
+        out.append(Note(ERROR, f"{why}: a job of {m.facts.node_count} nodes cannot recover without its controller; "
+                               "stopping every rank"))
+        out.append(Finish(False, f"{why}; no recovery without the controller for a multi-node job"))
+        return S.ENDED
+    out.append(Note(WARNING, f"{why}: degraded mode, restarts handled locally"))
+    m.budget.degraded = True
+    return local_restart(m, now, out)
+
+
+def local_restart(m: NodeRound, now: float, out: Out) -> NodeState:
+    """Degraded: restart the whole node's ranks while the budget lasts (counted on from the controller's count)."""
+    number = m.budget.spend_restart()
+    if number is None:
+        out.append(Finish(False, f"restart budget of {m.budget.max_restarts} spent"))
+        return S.ENDED
+    out.append(Note(WARNING, f"degraded: local job-rescheduling (restart {number} of {m.budget.max_restarts})"))
+    started = m.started if m.started is not None else now
+    m.plan = RestartPlan(Strategy.JOB_RESCHEDULING, dict(m.faults), started, degraded=True)
+    _charge(m, None, out)
+    out.append(Supersede(restart=True))
+    if m.facts.live:
+        out.append(BeginRebuild(Strategy.JOB_RESCHEDULING, dict(m.faults), started, 0.0, None))
+    out.append(StartRanks(None))
+    return S.RESTARTING
+
+
+def _charge(m: NodeRound, order: Order | None, out: Out) -> None:
+    """The job's restarts used, this round's included: the controller's count when its order carries one (it
+    charges one restart per round, controller/strategy.py), else one more per round counted here (ClusterD,
+    degraded mode). Degraded mode's budget counts on from it."""
+    if order is not None and order.restarts is not None:
+        m.restarts = order.restarts
+        m.charged = True
+    elif not m.charged:
+        m.charged = True
+        m.restarts += 1
+    m.budget.restarts_used = max(m.budget.restarts_used, m.restarts)
+    out.append(SetRestartCount(m.restarts))
+
+
+def on_stop(m: NodeRound, ev: StopOrder, now: float, out: Out) -> NodeState:
+    """stopTrain: stop this node's fault ranks (a live rank paused in place stays), then say so."""
+    faults = ev.order.fault_ranks
+    m.add_faults(faults, now, keep_known=True)
+    out.append(Supersede(restart=False))
+    stop = [lr for lr in m.view.local_of(faults) if not m.view.live_fault(lr, faults)]
+    out.append(StopRanks(tuple(stop), graceful=False))
+    out.append(SendReport(STOP_COMPLETE, faults))
+    return m.state if m.state in (S.DEGRADED, S.REJOINING) else S.STOPPING
+
+
+def on_strategies(m: NodeRound, ev: StrategiesOrder, now: float, out: Out) -> NodeState:
+    out.append(OfferStrategies(ev.order.fault_ranks, dict(m.faults) | ev.order.fault_ranks))
+    return m.state
+
+
+def on_change(m: NodeRound, ev: ChangeOrder, now: float, out: Out) -> NodeState:
+    """Carry out the controller's strategy: restart (recover, job-rescheduling, a live retry), dump, exit."""
+    order = ev.order
+    strategy = order.strategy
+    faults = order.fault_ranks or dict(m.faults)
+    out.append(Note(INFO, f"strategy: {strategy} for rank(s) {sorted(faults)}"))
+    if strategy in (Strategy.RECOVER, Strategy.JOB_RESCHEDULING) or (strategy == Strategy.RETRY and m.facts.live):
+        return _restart(m, order, faults, now, out)
+    if strategy == Strategy.DUMP:
+        out.append(Dump(faults, order.timeout))
+        return S.ENDED
+    if strategy == Strategy.EXIT:
+        why = order.reason()
+        if why:
+            out.append(Note(WARNING, f"the controller ends the job: {why}"))
+        out.append(StopRanks(None, graceful=True))
+        out.append(SendReport(STATUS, faults, "", Code.OK, strategy))
+        out.append(Finish(False, f"the controller chose exit{': ' + why if why else ''}"))
+        return S.ENDED
+    out.append(Note(WARNING, f"strategy {strategy!r} is not one this agent carries out"))
+    out.append(SendReport(STATUS, faults, f"unsupported strategy {strategy}", Code.RETRY_FAILED_UNRECOVERABLE,
+                          strategy))
+    return m.state
+
+
+def _restart(m: NodeRound, order: Order, faults: FaultRanks, now: float, out: Out) -> NodeState:
+    """recover: the faulty local ranks; job-rescheduling: every rank; retry (live): none, the paused ranks redo
+    their step. With live recovery the generation is named first; a recover or retry is reported once the
+    group has re-formed."""
+    strategy = order.strategy
+    started = m.started if m.started is not None else now
+    if strategy != Strategy.RETRY:
+        _charge(m, order, out)
+    out.append(Supersede(restart=True))
+    m.plan = RestartPlan(strategy, dict(faults), started)
+    if m.facts.live:
+        out.append(BeginRebuild(strategy, dict(faults), started, order.timeout, order.generation))
+    if strategy == Strategy.RETRY:
+        return S.REBUILDING
+    if strategy == Strategy.RECOVER:
+        out.append(StartRanks(tuple(lr for lr in m.view.local_of(faults) if not m.view.live_fault(lr, faults))))
+    else:
+        out.append(StartRanks(None))
+    return S.RESTARTING
+
+
+def on_dump(m: NodeRound, ev: DumpOrder, now: float, out: Out) -> NodeState:
+    out.append(Dump(ev.order.fault_ranks or dict(m.faults), ev.order.timeout))
+    return S.ENDED
+
+
+def on_kill(m: NodeRound, ev: KillOrder, now: float, out: Out) -> NodeState:
+    order = ev.order
+    why = order.reason()
+    out.append(Note(WARNING, f"controller sent {order.signal_type or list(order.actions)}"
+                             f"{f' ({why})' if why else ''}: stopping every rank"))
+    out.append(Finish(False, f"controller sent {order.signal_type}{': ' + why if why else ''}"))
+    return S.ENDED
+
+
+def on_standby_end(m: NodeRound, ev: OrderEvent, now: float, out: Out) -> NodeState:
+    """A standby the job never needed: the job's end (killMaster, changeStrategy exit) ends it, with 0."""
+    if isinstance(ev, ChangeOrder) and ev.order.strategy != Strategy.EXIT:
+        out.append(Note(INFO, f"standby: {ev.order.strategy} is not for a node that holds no rank"))
+        return m.state
+    out.append(Finish(True, "standby not needed: the job ended", exit_code=0))
+    return S.ENDED
+
+
+def on_fence(m: NodeRound, ev: FenceOrder, now: float, out: Out) -> NodeState:
+    """Declared lost, and the node is held by another agent: this one must never act as it again."""
+    why = ev.order.reason() or "this agent was declared lost and its node is held by another"
+    out.append(Note(ERROR, f"fenced by the controller: {why}; stopping every rank"))
+    out.append(StopRanks(None, graceful=False))  # its ranks must not rejoin the old generation
+    out.append(Finish(False, f"fenced: {why}", exit_code=1))
+    return S.FENCED
+
+
+def on_assign(m: NodeRound, ev: AssignOrder, now: float, out: Out) -> NodeState:
+    """A standby takes over a lost node's rank, then waits for the round's changeStrategy like a replacement."""
+    out.append(TakeNode(ev.order.node_rank))
+    return S.REJOINING
+
+
+def on_assign_ignored(m: NodeRound, ev: AssignOrder, now: float, out: Out) -> NodeState:
+    out.append(Note(WARNING, "assignNode ignored: this agent is not a standby"))
+    return m.state
+
+
+# ------------------------------------------------------------------------------------------------ mechanics' results
+
+def on_started(m: NodeRound, ev: StartResult, now: float, out: Out) -> NodeState:
+    """The launcher started the ranks (or not). Ranks already gone come next, as their own events."""
+    plan = m.plan
+    assert plan is not None
+    rest = S.DEGRADED if m.degraded else S.STOPPING
+    if ev.code != 0:
+        out.append(AbandonRebuild())
+        if not plan.degraded:
+            out.append(SendReport(STATUS, plan.faults, ev.message, 1, plan.strategy))
+        return rest  # the controller chooses again (or, degraded, the ranks' exits bring the next restart)
+    if m.facts.live and plan.strategy == Strategy.RECOVER and not plan.degraded:
+        return S.REBUILDING  # reported when every local rank has rejoined
+    if not plan.degraded:
+        out.append(SendReport(STATUS, plan.faults, "", Code.OK, plan.strategy))
+    out.append(RecordRestart(plan.strategy, tuple(sorted(plan.faults)), plan.started, plan.degraded))
+    m.close()
+    return S.DEGRADED if m.degraded else S.RESUMING
+
+
+def on_rejoined(m: NodeRound, ev: GroupRejoined, now: float, out: Out) -> NodeState:
+    plan = m.plan
+    assert plan is not None
+    out.append(SendReport(STATUS, plan.faults, "", Code.OK, plan.strategy))
+    out.append(RecordRestart(plan.strategy, tuple(sorted(plan.faults)), plan.started, generation=ev.generation))
+    m.close()
+    return S.RESUMING
+
+
+def on_rejoined_unreported(m: NodeRound, ev: GroupRejoined, now: float, out: Out) -> NodeState:
+    """A job-rescheduling's group re-formed: the controller already has this node's status."""
+    strategy = m.plan.strategy if m.plan is not None else Strategy.JOB_RESCHEDULING
+    out.append(Note(INFO, f"the group re-formed (generation {ev.generation}, {strategy}) {now - ev.started:.3f}s "
+                          "after the fault"))
+    return m.state
+
+
+def on_group_failed(m: NodeRound, ev: GroupFailed, now: float, out: Out) -> NodeState:
+    plan = m.plan
+    assert plan is not None
+    out.append(AbandonRebuild())
+    out.append(Note(WARNING, f"live recovery failed: {ev.detail}"))
+    code = Code.RETRY_FAILED_UNRECOVERABLE if plan.strategy == Strategy.RETRY else 1
+    out.append(SendReport(STATUS, plan.faults, ev.detail, code, plan.strategy))
+    return S.STOPPING  # the controller tries its next strategy
+
+
+def on_group_failed_unreported(m: NodeRound, ev: GroupFailed, now: float, out: Out) -> NodeState:
+    out.append(AbandonRebuild())
+    out.append(Note(WARNING, f"live recovery failed: {ev.detail}"))
+    return S.RUNNING if m.state is S.RESUMING else m.state  # its resumption will not be seen
+
+
+def on_resumed(m: NodeRound, ev: Resumed, now: float, out: Out) -> NodeState:
+    """Training is running again (or nothing here can tell): the round is over on this node."""
+    return S.RUNNING if m.state is S.RESUMING else m.state

@@ -1,0 +1,45 @@
+"""The agent's round machine: one node's recovery as a pure state machine over a rule table.
+
+Events go in (with the time, monotonic, passed by the caller) and actions come out; the machine does no
+I/O, reads no clock and touches no process. The parts: `round_events` (what goes in and comes out),
+`round_state` (the states and the machine's data), `round_handlers` and `round_table` (which handler runs
+for which event in which state, and where it may lead). The supervisor sequences it: it pulls events
+(rank exits, orders, timers, signals), feeds them here one at a time, and has `Recovery` carry out the
+actions; whatever those produce (a start's result, the ranks it found already gone) is queued as the next
+events, never handled inside the handler that caused them.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from taskd.agent.round_events import Action, Note
+from taskd.agent.round_state import TERMINAL, NodeRound, NodeState
+from taskd.agent.round_table import check_target, find_rule
+
+
+class RoundMachine(NodeRound):
+    """One node's recovery state. Drive it with `handle(event, now)`."""
+
+    def handle(self, event: object, now: float) -> list[Action]:
+        """Apply the table's rule for this event in the current state, check where it led, return the actions."""
+        if self.state in TERMINAL:
+            return []
+        rule = find_rule(type(event), self.state)
+        if rule is None:
+            return [Note(logging.DEBUG, f"{type(event).__name__} in {self.state.value}: no rule, dropped")]
+        out: list[Action] = []
+        source = self.state
+        target = rule.handler(self, event, now, out)
+        check_target(rule, source, target)
+        self.state = target
+        return out
+
+    @property
+    def waits_on_controller(self) -> bool:
+        """A round waits on the controller's next signal, which a lost controller never sends (the loss timer
+        runs). A pending fault report has its own deadline instead."""
+        return self.state in (NodeState.STOPPING, NodeState.REBUILDING)
+
+
+__all__ = ["RoundMachine"]

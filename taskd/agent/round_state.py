@@ -1,0 +1,103 @@
+"""The agent's round: the states a node goes through in a recovery, and the data the machine keeps.
+
+Pure data: what the handlers (agent/round_handlers.py) read and change. The rank table is read through
+`NodeView`, never changed here: processes are the mechanics' (agent/recovery.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Protocol
+
+from taskd.agent.policy import LocalPolicy
+from taskd.settings import default
+from taskd.vocabulary import FaultRanks
+
+
+class NodeState(str, Enum):
+    """Where this node stands in the job's recovery."""
+
+    RUNNING = "RUNNING"  # no round
+    REPORTING = "REPORTING"  # a fault seen here, its report not yet taken by the controller
+    STOPPING = "STOPPING"  # the controller's round is open: its fault ranks stopped here, waiting for its strategy
+    RESTARTING = "RESTARTING"  # ranks being started (the launcher's result is the next event)
+    REBUILDING = "REBUILDING"  # a live group re-forming; the controller waits for this node's status
+    RESUMING = "RESUMING"  # the round's restart is done: waiting to see training resume
+    DEGRADED = "DEGRADED"  # no controller: faults restart this (single-node) job's ranks locally
+    STANDBY = "STANDBY"  # a spare node: no ranks, waiting to be assigned a lost node's rank
+    REJOINING = "REJOINING"  # replacing a lost node: no rank starts before the round's changeStrategy
+    FENCED = "FENCED"  # declared lost and replaced: every rank stopped, the agent exits 1
+    ENDED = "ENDED"  # the job ended on this node
+
+
+S = NodeState
+TERMINAL = frozenset({S.FENCED, S.ENDED})
+ANY = frozenset(NodeState) - TERMINAL
+WITH_RANKS = ANY - {S.STANDBY, S.REJOINING}  # states in which this node's ranks have been started
+
+
+class NodeView(Protocol):
+    """What the machine reads of the node's ranks (the rank table and the live ranks' declarations)."""
+
+    def local_of(self, faults: FaultRanks) -> list[int]: ...  # this node's local ranks among `faults`
+
+    def local_ranks(self) -> list[int]: ...
+
+    def live_fault(self, local_rank: int, faults: FaultRanks) -> bool: ...  # a live rank paused in place: keep it
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What the machine knows of the node for the whole job."""
+
+    node_count: int = 1  # a multi-node job never recovers without its controller
+    live: bool = False  # the launcher gives ranks live recovery (a control file)
+    controller_timeout: float = default("controller_timeout")  # named in the line that says why degraded mode started
+
+
+@dataclass(frozen=True)
+class RestartPlan:
+    """The restart the machine ordered, until the launcher and the ranks say how it went."""
+
+    strategy: str
+    faults: FaultRanks
+    started: float  # the round's start (monotonic): its records measure from the fault
+    degraded: bool = False
+
+
+@dataclass
+class NodeRound:
+    """The machine's data: the state, the round in progress, the job's restart count as last known."""
+
+    facts: NodeFacts
+    view: NodeView
+    state: NodeState = S.RUNNING
+    faults: FaultRanks = field(default_factory=dict)  # the round's fault ranks seen since it opened
+    started: float | None = None  # when it opened (monotonic)
+    charged: bool = False  # this round's restart was counted (a failed recover + job-rescheduling: one)
+    restarts: int = 0  # the job's restarts used: the controller's count (Order.restarts) when it sends one
+    plan: RestartPlan | None = None  # the restart in progress
+    budget: LocalPolicy = field(default_factory=lambda: LocalPolicy(3, 0.0, 0.0))  # degraded mode's
+
+    @property
+    def degraded(self) -> bool:
+        return self.budget.degraded
+
+    def add_faults(self, faults: FaultRanks, now: float, keep_known: bool = False) -> None:
+        for rank, fault_type in faults.items():
+            if keep_known:
+                self.faults.setdefault(rank, fault_type)
+            else:
+                self.faults[rank] = fault_type
+        if self.started is None:
+            self.started = now
+
+    def close(self) -> None:
+        self.faults = {}
+        self.started = None
+        self.charged = False
+
+
+__all__ = ["ANY", "TERMINAL", "WITH_RANKS", "NodeFacts", "NodeRound", "NodeState", "NodeView",
+           "RestartPlan"]

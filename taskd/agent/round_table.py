@@ -1,0 +1,227 @@
+"""The agent's round as a rule table: for each event type and node state, the one rule that handles it.
+
+A rule is (source states, event type, target states, handler, note), as in the controller's table
+(taskd/controller/table.py). At most one rule matches an (event type, state) pair (checked when this module
+loads), so the order of `RULES` means nothing. After the handler ran, its result must be one of the rule's
+targets, where `UNCHANGED` allows the state the node was in: a handler landing anywhere else raises
+`TransitionError`. An event no rule takes in a state is dropped (and logged) by the machine.
+
+docs/architecture.md embeds `describe_table(markdown=True)`; refresh it with
+`python -m taskd.agent.round_table --write docs/architecture.md` (a test fails when it is stale).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from taskd.agent import round_handlers as h
+from taskd.agent.round_events import (
+    EVENT_TYPES,
+    AssignOrder,
+    ChangeOrder,
+    ControllerLost,
+    DumpOrder,
+    FenceOrder,
+    GroupFailed,
+    GroupRejoined,
+    KillOrder,
+    RankFault,
+    ReportSettled,
+    Resumed,
+    StartResult,
+    StopOrder,
+    StrategiesOrder,
+)
+from taskd.agent.round_state import ANY, WITH_RANKS, NodeRound, NodeState
+
+S = NodeState
+
+
+class Unchanged(Enum):
+    """A rule's target meaning "the state the node was in", for rules with several source states."""
+
+    UNCHANGED = "unchanged"
+
+
+UNCHANGED = Unchanged.UNCHANGED
+Target = NodeState | Unchanged
+Handler = Callable[[NodeRound, Any, float, list], NodeState]
+
+
+class TransitionError(AssertionError):
+    """A handler moved the node to a state its rule does not list: a bug in the handler or the table."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    sources: frozenset[NodeState]
+    event: type
+    targets: frozenset[Target]
+    handler: Handler
+    note: str = ""  # what the targets mean, for docs/architecture.md
+
+    def allows(self, source: NodeState, target: NodeState) -> bool:
+        return target in self.targets or (target == source and UNCHANGED in self.targets)
+
+
+def _states(*states: NodeState) -> frozenset[NodeState]:
+    return frozenset(states)
+
+
+def _targets(*targets: Target) -> frozenset[Target]:
+    return frozenset(targets)
+
+
+ROUND_OPEN = _states(S.RUNNING, S.REPORTING, S.STOPPING, S.RESUMING)  # a fault here is reported
+ORDERED = _states(S.RUNNING, S.REPORTING, S.STOPPING, S.RESUMING, S.REBUILDING)  # the controller leads a round
+UNREPORTED = WITH_RANKS - {S.REBUILDING, S.RESTARTING}  # a rebuild the controller does not wait on (or none)
+
+RULES: tuple[Rule, ...] = (
+    # a rank of this node fails
+    Rule(ROUND_OPEN, RankFault, _targets(S.REPORTING), h.on_fault,
+         "reported (joins the report still pending); the controller opens or joins a round"),
+    Rule(_states(S.REBUILDING), RankFault, _targets(S.REBUILDING), h.on_fault_rebuilding,
+         "its group was re-forming: that recover fails (GroupFailed reports it)"),
+    Rule(_states(S.DEGRADED), RankFault, _targets(S.RESTARTING, S.ENDED), h.on_fault_degraded,
+         "every rank restarted locally; ENDED when the budget (counted on from the controller's) is spent"),
+    # the controller, or its absence
+    Rule(ANY - {S.STANDBY}, ReportSettled, _targets(S.STOPPING, S.RESTARTING, S.ENDED, UNCHANGED),
+         h.on_report_settled, "taken: STOPPING (REPORTING only); not taken within the controller timeout: degraded "
+         "(RESTARTING), or ENDED for a multi-node job"),
+    Rule(_states(S.STOPPING, S.REBUILDING), ControllerLost, _targets(S.RESTARTING, S.ENDED), h.on_controller_lost,
+         "the round waits on a controller gone for the controller timeout: degraded, or ENDED for a multi-node job "
+         "(REPORTING has its report's own deadline)"),
+    Rule(ORDERED, StopOrder, _targets(S.STOPPING), h.on_stop,
+         "this node's fault ranks stopped (a live rank paused in place is kept), stop complete reported"),
+    Rule(_states(S.DEGRADED, S.REJOINING), StopOrder, _targets(UNCHANGED), h.on_stop,
+         "the same; a replacement has nothing to stop and still waits for the strategy"),
+    Rule(ORDERED | {S.DEGRADED, S.REJOINING}, StrategiesOrder, _targets(UNCHANGED), h.on_strategies,
+         "reports what this node's ranks allow of the configured strategies"),
+    Rule(ORDERED | {S.DEGRADED, S.REJOINING}, ChangeOrder, _targets(S.RESTARTING, S.REBUILDING, S.ENDED, UNCHANGED),
+         h.on_change, "recover/job-rescheduling: RESTARTING; a live retry: REBUILDING; dump, exit: ENDED; "
+         "another strategy: 406, unchanged"),
+    Rule(ANY - {S.STANDBY}, DumpOrder, _targets(S.ENDED), h.on_dump, "healthy ranks save (bounded), then the job ends"),
+    Rule(ANY - {S.STANDBY}, KillOrder, _targets(S.ENDED), h.on_kill, "every rank stopped, exit with the failing code"),
+    Rule(_states(S.STANDBY), KillOrder, _targets(S.ENDED), h.on_standby_end, "a standby never needed: exit 0"),
+    Rule(_states(S.STANDBY), ChangeOrder, _targets(S.ENDED, UNCHANGED), h.on_standby_end,
+         "exit (the job ended): exit 0; another strategy is not for it"),
+    Rule(ANY, FenceOrder, _targets(S.FENCED), h.on_fence,
+         "declared lost and replaced: every rank killed, exit 1 naming what replaced it"),
+    Rule(_states(S.STANDBY), AssignOrder, _targets(S.REJOINING), h.on_assign,
+         "takes over the lost node's rank, then waits like a replacement"),
+    Rule(ANY - {S.STANDBY}, AssignOrder, _targets(UNCHANGED), h.on_assign_ignored, "not a standby: ignored"),
+    # what the launcher and the ranks' files say
+    Rule(_states(S.RESTARTING), StartResult, _targets(S.REBUILDING, S.RESUMING, S.STOPPING, S.DEGRADED),
+         h.on_started, "started: RESUMING (a live recover: REBUILDING until its group re-forms); failed: STOPPING "
+         "(the controller chooses again); degraded: DEGRADED. Ranks already gone are the next events"),
+    Rule(_states(S.REBUILDING), GroupRejoined, _targets(S.RESUMING), h.on_rejoined,
+         "every local rank rejoined: status 0 reported, the restart recorded"),
+    Rule(UNREPORTED, GroupRejoined, _targets(UNCHANGED), h.on_rejoined_unreported,
+         "a job-rescheduling's group re-formed (already reported)"),
+    Rule(_states(S.REBUILDING), GroupFailed, _targets(S.STOPPING), h.on_group_failed,
+         "status 1 (406 for a retry) reported: the controller tries its next strategy"),
+    Rule(UNREPORTED, GroupFailed, _targets(S.RUNNING, UNCHANGED), h.on_group_failed_unreported,
+         "logged; RESUMING gives up on seeing the resumption"),
+    Rule(WITH_RANKS - {S.RESTARTING}, Resumed, _targets(S.RUNNING, UNCHANGED), h.on_resumed,
+         "RESUMING: training resumed (or nothing can tell), the round is over; elsewhere only recorded"),
+)
+
+
+def index_rules(rules: Iterable[Rule]) -> dict[tuple[type, NodeState], Rule]:
+    """{(event type, state): rule}; ValueError if two rules claim the same pair (order would matter)."""
+    index: dict[tuple[type, NodeState], Rule] = {}
+    for rule in rules:
+        if rule.event not in EVENT_TYPES:
+            raise ValueError(f"{rule.handler.__name__}: {rule.event!r} is not an event type")
+        for state in rule.sources:
+            other = index.setdefault((rule.event, state), rule)
+            if other is not rule:
+                raise ValueError(f"{rule.event.__name__} in {state.value} is claimed by both "
+                                 f"{other.handler.__name__} and {rule.handler.__name__}")
+    return index
+
+
+INDEX = index_rules(RULES)
+
+
+def find_rule(event_type: type, state: NodeState) -> Rule | None:
+    return INDEX.get((event_type, state))
+
+
+def check_target(rule: Rule, source: NodeState, target: NodeState) -> None:
+    """Raise `TransitionError` unless the table lets `rule` move the node from `source` to `target`."""
+    if not rule.allows(source, target):
+        raise TransitionError(f"{rule.handler.__name__} moved {source.value} to {target.value}, "
+                              f"table allows {_fmt_targets(rule.targets)}")
+
+
+# ---------------------------------------------------------------------------- the table as text
+
+_NAMED = {ANY: "any (not terminal)", ANY - {S.STANDBY}: "any but STANDBY", ORDERED: "ORDERED (RUNNING, REPORTING, "
+          "STOPPING, REBUILDING, RESUMING)", ORDERED | {S.DEGRADED, S.REJOINING}: "ORDERED, DEGRADED, REJOINING"}
+
+
+def _fmt_sources(sources: frozenset[NodeState]) -> str:
+    return _NAMED.get(sources) or ", ".join(s.value for s in NodeState if s in sources)
+
+
+def _fmt_targets(targets: frozenset[Target]) -> str:
+    names = [s.value for s in NodeState if s in targets]
+    return ", ".join(names + (["unchanged"] if UNCHANGED in targets else []))
+
+
+def describe_table(markdown: bool = False) -> str:
+    """The rule table, one line per rule: as text (handy in a debugger) or as the Markdown of the docs."""
+    if markdown:
+        rows = ["| source | event | targets | handler | what happens |", "| --- | --- | --- | --- | --- |"]
+        rows += [f"| {_fmt_sources(r.sources)} | {r.event.__name__} | {_fmt_targets(r.targets)} | "
+                 f"`{r.handler.__name__}` | {r.note} |" for r in RULES]
+    else:
+        width = max(len(_fmt_sources(r.sources)) for r in RULES)
+        rows = [f"{_fmt_sources(r.sources):<{width}}  {r.event.__name__:<16} -> {_fmt_targets(r.targets):<40} "
+                f"{r.handler.__name__}" for r in RULES]
+    return "\n".join(rows)
+
+
+BEGIN = "<!-- agent-table:begin (generated by `python -m taskd.agent.round_table --write docs/architecture.md`) -->"
+END = "<!-- agent-table:end -->"
+
+
+def update_doc(text: str) -> str:
+    """`text` with the table between its BEGIN and END markers replaced by the current one."""
+    start, end = text.find(BEGIN), text.find(END)
+    if start < 0 or end < start:
+        raise ValueError(f"the table markers are missing; put {BEGIN!r} and {END!r} on lines of their own")
+    return text[:start] + BEGIN + "\n" + describe_table(markdown=True) + "\n" + text[end:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m taskd.agent.round_table", description=__doc__.splitlines()[0])
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--write", metavar="DOC", type=Path, help="refresh the table between the markers of DOC")
+    group.add_argument("--check", metavar="DOC", type=Path, help="exit 1 if the table in DOC is out of date")
+    args = parser.parse_args(argv)
+    doc = args.write or args.check
+    if doc is None:
+        sys.stdout.write(describe_table() + "\n")
+        return 0
+    text = doc.read_text(encoding="utf-8")
+    fresh = update_doc(text)
+    if args.check:
+        if fresh != text:
+            sys.stderr.write(f"{doc}: the agent's rule table is out of date; run {parser.prog} --write {doc}\n")
+            return 1
+        return 0
+    if fresh != text:
+        doc.write_text(fresh, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,222 @@
+"""Every setting of the agent and of `taskd run`, once: name, type, default, flags, variable, bound, doc line.
+
+`AgentConfig` (its field defaults, the TASKD_* variables `from_env` reads, its bounds), `RunConfig`
+(its defaults, `taskd run`'s flag names, the bounds it checks), the `taskd server` fields holding the
+same setting and docs/mindspore.md's table are derived from `SETTINGS`; tests/unit/test_settings.py
+checks the rest against it (the README's tables, argparse, no default written anywhere else).
+
+Adding a setting is one `Setting(...)` line here plus its field in the config that uses it:
+`AgentConfig` (``name: T = default("name")``) for `agent=True`, `RunConfig` for a `taskd run` flag
+(with its `add_argument` in run_config/flags.py, whose names come from `flags`), then
+`python -m taskd.settings --write docs/mindspore.md`. Validation stays where each config is built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The lowest value a setting takes: `>= low`, or `> low` when the low end itself is not allowed."""
+
+    low: int
+    inclusive: bool = True
+
+    def allows(self, value: float) -> bool:
+        return value > self.low or (self.inclusive and value == self.low)
+
+    @property
+    def rule(self) -> str:
+        return f">= {self.low}" if self.inclusive else f"> {self.low}"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting. `kind` is int, float, str, bool or tuple (a comma-separated list of names)."""
+
+    name: str  # the AgentConfig field (for agent=False, the RunConfig field)
+    kind: type
+    default: Any
+    doc: str
+    bound: Bound | None = None
+    optional: bool = False  # None is a value: off, or derived when the job starts
+    flags: tuple[str, ...] = ()  # `taskd run`'s spellings, the dash form first (errors name it)
+    env: str = ""  # the variable AgentConfig.from_env reads (msrun's way to set it)
+    agent: bool = True  # an AgentConfig field
+    run_field: str = ""  # the RunConfig field when it is not `name` ("" with no flags: not on `taskd run`)
+    run_env: bool = False  # `taskd run` reads `env` itself, as the default of its flag
+    label: str = ""  # how `taskd run` names it when it has no flag of its own
+    derived: str = ""  # the agent's default is None: what it uses instead (msrun's table shows this)
+    server_field: str = ""  # the ControllerConfig field holding the same setting for `taskd server`
+    server_flag: str = ""
+    shown: str = ""  # the default as the docs print it, when not the value itself
+
+    @property
+    def run(self) -> str:
+        """The RunConfig field ("" when `taskd run` has no way to set it)."""
+        return self.run_field or (self.name if self.flags or self.label else "")
+
+    @property
+    def flag(self) -> str:
+        """How `taskd run`'s errors name it."""
+        return self.label or (self.flags[0] if self.flags else "")
+
+    @property
+    def agent_default(self) -> Any:
+        return None if self.derived else self.default
+
+
+_POSITIVE, _NONNEGATIVE = Bound(0, inclusive=False), Bound(0)
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("job_id", str, None, "job id; every node of a job uses the same", optional=True,
+            flags=("--job-id", "--job_id"), env="MINDX_TASK_ID", run_env=True, shown="generated"),
+    Setting("server", str, None, "controller `host[:port]`", optional=True, flags=("--server",),
+            env="MINDX_SERVER_IP", run_env=True, shown="unset: embedded controller"),
+    Setting("node_rank", int, 0, "this node's rank, 0..nnodes-1", Bound(0), True, ("--node-rank", "--node_rank"),
+            "TASKD_NODE_RANK", derived="msrun's node id (MONITOR), else 0"),
+    Setting("node_count", int, 1, "nodes in the job", Bound(1), True, ("--nnodes",), "TASKD_NNODES",
+            run_field="nnodes", derived="MS_WORKER_NUM / ranks per node, else 1"),
+    Setting("ranks_per_node", int, 1, "ranks on this node", Bound(1), True, ("--nproc-per-node", "--nproc_per_node"),
+            "TASKD_NPROC_PER_NODE", run_field="nproc_per_node", derived="the ranks msrun's MONITOR lists"),
+    Setting("strategies", tuple, (), "strategies this agent offers, in order, e.g. `job-rescheduling,exit`",
+            flags=("--strategies",), env="TASKD_STRATEGIES", shown="`job-rescheduling,exit` under msrun"),
+    Setting("max_restarts", int, 3, "restart budget of the job", _NONNEGATIVE,
+            flags=("--max-restarts", "--max_restarts"), env="TASKD_MAX_RESTARTS",
+            server_field="default_max_restarts", server_flag="--max-restarts"),
+    Setting("monitor_interval", float, 1.0, "seconds between the agent's sweeps (hang checks run on them)", _POSITIVE,
+            flags=("--monitor-interval", "--monitor_interval"), env="TASKD_MONITOR_INTERVAL"),
+    Setting("stop_grace", float, 5.0, "seconds from SIGTERM to SIGKILL when the agent stops ranks", _NONNEGATIVE,
+            flags=("--stop-grace", "--stop_grace"), env="TASKD_STOP_GRACE"),
+    Setting("controller_timeout", float, 30.0, "seconds an unreachable controller is retried before the agent "
+            "degrades (a single-node job restarts its ranks itself)", _NONNEGATIVE, env="TASKD_CONTROLLER_TIMEOUT"),
+    Setting("heartbeat_timeout", float, None, "seconds without `taskd.worker.heartbeat()` after which a rank counts "
+            "as hung", _POSITIVE, True, ("--heartbeat-timeout", "--heartbeat_timeout"), "TASKD_HEARTBEAT_TIMEOUT",
+            shown="unset: no hang detection"),
+    Setting("log_dir", str, None, "where taskd writes its own log file",
+            optional=True, flags=("--log-dir", "--log_dir"), env="TASKD_LOG_DIR", shown="msrun's `--log_dir`"),
+    Setting("dump_timeout", float, 30.0, "seconds the `dump` strategy waits for ranks to save", _POSITIVE,
+            flags=("--dump-timeout", "--dump_timeout"), env="TASKD_DUMP_TIMEOUT"),
+    Setting("scheduler_grace", float, 60.0, "seconds an agent whose ranks all finished waits for the whole job to end "
+            "(see \"How a multi-node job ends\")", _NONNEGATIVE, env="TASKD_SCHEDULER_GRACE"),
+    Setting("join_timeout", float, 600.0, "seconds a node of a multi-node job waits, before starting any rank, for "
+            "every node to join (torchrun's rendezvous join_timeout)", _POSITIVE, env="TASKD_JOIN_TIMEOUT",
+            label="--rdzv-conf join_timeout", server_field="join_timeout", server_flag="--join-timeout"),
+    # `taskd run` only (the launcher's)
+    Setting("warm_spares", int, 0, "Python interpreters kept ready to become a restarted rank", _NONNEGATIVE,
+            flags=("--warm-spares", "--warm_spares"), agent=False),
+    Setting("role", str, "default", "the ranks' `ROLE_NAME`", flags=("--role",), agent=False),
+    Setting("master_addr", str, "127.0.0.1", "`MASTER_ADDR` for the ranks", flags=("--master-addr", "--master_addr"),
+            agent=False),
+    Setting("quiet", bool, False, "do not echo rank output on the console", flags=("--quiet",), agent=False),
+)
+
+BY_NAME: Mapping[str, Setting] = {s.name: s for s in SETTINGS}
+AGENT_SETTINGS = tuple(s for s in SETTINGS if s.agent)
+RUN_SETTINGS = tuple(s for s in SETTINGS if s.run)
+
+# Variables of msrun's table that no taskd config holds: msrun reads the first, each rank (taskd.worker,
+# which imports nothing of taskd) the second.
+OTHER_VARIABLES = (
+    ("MS_ENABLE_TFT", "must contain `RSC:1` (or another of `TTP:1 UCE:1 ARF:1 TSP:1 HCCE:1`)",
+     "unset: msrun supervises alone"),
+    ("TASKD_STACK_SIGNAL", "signal a rank dumps its Python stacks on (name or number)", "`SIGUSR2`"),
+)
+
+
+def setting(name: str) -> Setting:
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"no setting {name!r} in taskd/settings.py; known: {', '.join(BY_NAME)}") from None
+
+
+def default(name: str) -> Any:
+    """A setting's default, for a config's field (`max_restarts: int = default("max_restarts")`)."""
+    return setting(name).default
+
+
+def _check(settings: tuple[Setting, ...]) -> None:
+    """At import: a table that contradicts itself fails every command, not one user's run."""
+    seen: set[str] = set()
+    for s in settings:
+        names = [s.name, *s.flags, *([s.env] if s.env else [])]
+        clash = seen.intersection(names)
+        assert not clash, f"{s.name}: {clash} named twice in SETTINGS"
+        seen.update(names)
+        assert s.kind in (int, float, str, bool, tuple), f"{s.name}: kind {s.kind!r}"
+        assert s.default is not None or s.optional, f"{s.name}: default None needs optional=True"
+        assert s.default is None or isinstance(s.default, s.kind), f"{s.name}: default {s.default!r} is not {s.kind}"
+        assert s.bound is None or s.default is None or s.bound.allows(s.default), f"{s.name}: default out of bounds"
+        assert not s.derived or s.optional, f"{s.name}: a derived default needs optional=True"
+        assert not s.run_env or s.env, f"{s.name}: run_env without env"
+        assert bool(s.server_field) == bool(s.server_flag), f"{s.name}: server_field and server_flag go together"
+        assert all(f.startswith("--") for f in s.flags), f"{s.name}: flags are --long options"
+
+
+_check(SETTINGS)
+
+# ---------------------------------------------------------------------------- the docs' table
+
+
+def doc_default(s: Setting) -> str:
+    """The default as msrun's table prints it."""
+    if s.shown or s.derived:
+        return s.shown or s.derived
+    if s.default is None:
+        return "unset"
+    return f"{s.default:g}" if isinstance(s.default, float) else str(s.default)
+
+
+def describe_settings() -> str:
+    """docs/mindspore.md's table: every variable the agent reads under msrun."""
+    rows = ["| variable | meaning | default |", "| --- | --- | --- |"]
+    first, last = OTHER_VARIABLES[0], OTHER_VARIABLES[1:]
+    rows.append(f"| `{first[0]}` | {first[1]} | {first[2]} |")
+    rows += [f"| `{s.env}` | {s.doc} | {doc_default(s)} |" for s in AGENT_SETTINGS if s.env]
+    rows += [f"| `{var}` | {doc} | {value} |" for var, doc, value in last]
+    return "\n".join(rows)
+
+
+BEGIN = "<!-- settings:begin (generated by `python -m taskd.settings --write docs/mindspore.md`) -->"
+END = "<!-- settings:end -->"
+
+
+def update_doc(text: str) -> str:
+    """`text` with the table between its BEGIN and END markers replaced by the current one."""
+    start, end = text.find(BEGIN), text.find(END)
+    if start < 0 or end < start:
+        raise ValueError(f"the settings markers are missing; put {BEGIN!r} and {END!r} on lines of their own")
+    return text[:start] + BEGIN + "\n" + describe_settings() + "\n" + text[end:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m taskd.settings", description=__doc__.splitlines()[0])
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--write", metavar="DOC", type=Path, help="refresh the table between the markers of DOC")
+    group.add_argument("--check", metavar="DOC", type=Path, help="exit 1 if the table in DOC is out of date")
+    args = parser.parse_args(argv)
+    doc = args.write or args.check
+    if doc is None:
+        sys.stdout.write(describe_settings() + "\n")
+        return 0
+    text = doc.read_text(encoding="utf-8")
+    fresh = update_doc(text)
+    if args.check:
+        if fresh != text:
+            sys.stderr.write(f"{doc}: the settings table is out of date; run {parser.prog} --write {doc}\n")
+            return 1
+        return 0
+    if fresh != text:
+        doc.write_text(fresh, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

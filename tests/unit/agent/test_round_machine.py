@@ -1,0 +1,447 @@
+"""The agent's round machine (agent/round_machine.py over round_table.py): one test per rule, the table's checks,
+and the paths that used to be nested calls. No process, no network: the node is a stand-in `NodeView`, the clock
+a number passed in."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from taskd.agent import round_events as ev
+from taskd.agent.controller_link import Command, Order
+from taskd.agent.policy import LocalPolicy
+from taskd.agent.round_machine import RoundMachine
+from taskd.agent.round_state import NodeFacts, NodeState
+from taskd.agent.round_table import RULES, UNCHANGED, Rule, TransitionError, check_target, find_rule, index_rules
+from taskd.vocabulary import Action, Code, FaultType, SignalType, Strategy
+
+S = NodeState
+NOW = 100.0
+
+
+class View:
+    """Node 0 of the job: global ranks 0 and 1 are its local ranks 0 and 1; `paused` are live ranks paused in
+    place (a type-"0" fault of a running rank)."""
+
+    def __init__(self, paused: tuple[int, ...] = ()) -> None:
+        self.paused = paused
+
+    def local_of(self, faults: dict[int, str]) -> list[int]:
+        return sorted(g for g in faults if g in (0, 1))
+
+    def local_ranks(self) -> list[int]:
+        return [0, 1]
+
+    def live_fault(self, local_rank: int, faults: dict[int, str]) -> bool:
+        return local_rank in self.paused and faults.get(local_rank) == FaultType.RECOVERABLE
+
+
+def machine(state: NodeState = S.RUNNING, *, nodes: int = 1, live: bool = False, max_restarts: int = 3,
+            paused: tuple[int, ...] = ()) -> RoundMachine:
+    m = RoundMachine(NodeFacts(node_count=nodes, live=live, controller_timeout=30.0), View(paused),
+                     budget=LocalPolicy(max_restarts, 30.0, 30.0))
+    m.state = state
+    if state is S.DEGRADED:
+        m.budget.degraded = True
+    return m
+
+
+def order(command: Command, strategy: str = "", faults: dict[int, str] | None = None, extra: str = "",
+          signal_type: str = SignalType.CHANGE_STRATEGY) -> Order:
+    sig = SimpleNamespace(uuid="u", signal_type=signal_type, actions=[Action.CHANGE_STRATEGY],
+                          fault_ranks={1: "1"} if faults is None else faults, strategy=strategy, timeout=30,
+                          extra_params=extra)
+    return Order.of(command, sig)
+
+
+def change(strategy: str, faults: dict[int, str] | None = None, extra: str = "") -> ev.ChangeOrder:
+    return ev.ChangeOrder(order(Command.CHANGE, strategy, faults, extra))
+
+
+def of(actions: list, kind: type) -> list:
+    return [a for a in actions if isinstance(a, kind)]
+
+
+def fault(rank: int = 1, fault_type: str = FaultType.PROCESS) -> ev.RankFault:
+    return ev.RankFault(rank, rank, fault_type, f"rank {rank} exited with code 1")
+
+
+def covers(rule_handler: str) -> str:
+    return rule_handler  # marks the rule a test covers (test_every_rule_has_a_test reads these)
+
+
+# ------------------------------------------------------------------------------------------------ the table
+
+def test_the_table_claims_each_event_and_state_once() -> None:
+    index_rules(RULES)
+    twice = (*RULES, Rule(frozenset({S.RUNNING}), ev.RankFault, frozenset({S.REPORTING}), RULES[0].handler))
+    with pytest.raises(ValueError, match="claimed by both"):
+        index_rules(twice)
+    with pytest.raises(ValueError, match="not an event type"):
+        index_rules([Rule(frozenset({S.RUNNING}), int, frozenset({S.RUNNING}), RULES[0].handler)])
+
+
+def test_a_handler_landing_outside_its_rules_targets_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    rule = find_rule(ev.RankFault, S.RUNNING)
+    assert rule is not None
+    with pytest.raises(TransitionError, match="on_fault moved RUNNING to ENDED"):
+        check_target(rule, S.RUNNING, S.ENDED)
+    m = machine()
+    bad = Rule(frozenset({S.RUNNING}), ev.RankFault, frozenset({S.REPORTING}), lambda *_: S.ENDED)
+    monkeypatch.setattr("taskd.agent.round_machine.find_rule", lambda *_: bad)
+    with pytest.raises(TransitionError, match="moved RUNNING to ENDED, table allows REPORTING"):
+        m.handle(fault(), NOW)
+    assert m.state is S.RUNNING, "a refused transition changes nothing"
+
+
+def test_unchanged_allows_only_the_state_the_node_was_in() -> None:
+    rule = find_rule(ev.StrategiesOrder, S.STOPPING)
+    assert rule is not None and UNCHANGED in rule.targets
+    check_target(rule, S.STOPPING, S.STOPPING)
+    with pytest.raises(TransitionError):
+        check_target(rule, S.STOPPING, S.RUNNING)
+
+
+def test_an_event_no_rule_takes_is_dropped_and_terminal_states_take_nothing() -> None:
+    m = machine(S.STANDBY)
+    [note] = m.handle(fault(), NOW)
+    assert isinstance(note, ev.Note) and "no rule" in note.text and m.state is S.STANDBY
+    m = machine(S.ENDED)
+    assert m.handle(change(Strategy.RECOVER), NOW) == [] and m.state is S.ENDED
+
+
+# ------------------------------------------------------------------------------------------------ rank faults
+
+@pytest.mark.parametrize("state", [S.RUNNING, S.REPORTING, S.STOPPING, S.RESUMING])
+def test_on_fault_reports_and_opens_the_round(state: NodeState) -> None:
+    covers("on_fault")
+    m = machine(state)
+    actions = m.handle(fault(1), NOW)
+    assert m.state is S.REPORTING and m.faults == {1: "1"} and m.started == NOW
+    [report] = of(actions, ev.SendReport)
+    assert report.kind == ev.FAULT and report.faults == {1: "1"} and "rank 1" in report.detail
+
+
+def test_on_fault_rebuilding_is_absorbed_by_the_rebuild() -> None:
+    covers("on_fault_rebuilding")
+    m = machine(S.REBUILDING, live=True)
+    assert m.handle(fault(0), NOW) == [] and m.state is S.REBUILDING, "the rebuild's check reports it, not a report"
+
+
+def test_on_fault_degraded_restarts_every_rank_locally_until_the_budget_is_spent() -> None:
+    covers("on_fault_degraded")
+    m = machine(S.DEGRADED, max_restarts=1)
+    actions = m.handle(fault(1), NOW)
+    assert m.state is S.RESTARTING and of(actions, ev.StartRanks) == [ev.StartRanks(None)]
+    assert of(actions, ev.SetRestartCount) == [ev.SetRestartCount(1)]
+    assert not of(actions, ev.SendReport), "no controller: nothing reported"
+    m.handle(ev.StartResult(0), NOW + 1)
+    assert m.state is S.DEGRADED
+    actions = m.handle(fault(1), NOW + 2)
+    assert m.state is S.ENDED and of(actions, ev.Finish)[0].reason == "restart budget of 1 spent"
+
+
+# ------------------------------------------------------------------------------------------------ the controller
+
+def test_on_report_settled_taken_hands_the_round_to_the_controller() -> None:
+    covers("on_report_settled")
+    m = machine()
+    m.handle(fault(), NOW)
+    assert m.handle(ev.ReportSettled(True), NOW + 0.01) == [] and m.state is S.STOPPING
+    m = machine(S.STOPPING)
+    m.handle(ev.ReportSettled(True), NOW)
+    assert m.state is S.STOPPING, "taken after stopTrain came: unchanged"
+
+
+def test_a_report_not_taken_within_the_controller_timeout_degrades_a_single_node() -> None:
+    m = machine()
+    m.handle(fault(), NOW)
+    actions = m.handle(ev.ReportSettled(False), NOW + 30.0)
+    assert m.state is S.RESTARTING and m.degraded
+    notes = [a.text for a in of(actions, ev.Note)]
+    assert "the controller did not take the fault report for 30s (unreachable or failing): degraded mode, " \
+           "restarts handled locally" in notes
+    assert of(actions, ev.StartRanks) == [ev.StartRanks(None)]
+    m.handle(ev.StartResult(0), NOW + 31)
+    assert m.state is S.DEGRADED
+    assert m.handle(ev.ReportSettled(False), NOW + 32) == [] and m.state is S.DEGRADED, "degraded once"
+
+
+def test_a_multi_node_job_ends_instead_of_degrading() -> None:
+    m = machine(nodes=2)
+    m.handle(fault(), NOW)
+    actions = m.handle(ev.ReportSettled(False), NOW + 30.0)
+    [finish] = of(actions, ev.Finish)
+    assert m.state is S.ENDED and not m.degraded and not of(actions, ev.StartRanks)
+    assert finish.reason.endswith("no recovery without the controller for a multi-node job")
+
+
+@pytest.mark.parametrize("state", [S.STOPPING, S.REBUILDING])
+def test_on_controller_lost_in_a_round_degrades(state: NodeState) -> None:
+    covers("on_controller_lost")
+    m = machine(state)
+    m.faults, m.started = {1: "1"}, NOW
+    actions = m.handle(ev.ControllerLost(30.4), NOW + 31)
+    assert m.state is S.RESTARTING
+    assert any("controller lost for 30s in the middle of a recovery" in a.text for a in of(actions, ev.Note))
+
+
+def test_degraded_budget_counts_on_from_the_controllers_count() -> None:
+    """The controller said 2 of 3 restarts were spent: degraded mode has one left, not three."""
+    m = machine(max_restarts=3)
+    m.handle(ev.StopOrder(order(Command.STOP, signal_type=SignalType.STOP_TRAIN)), NOW)
+    m.handle(change(Strategy.RECOVER, extra='{"generation": 5, "restarts": 2}'), NOW)
+    assert m.restarts == 2 and m.budget.restarts_used == 2
+    m.handle(ev.StartResult(0), NOW)
+    m.handle(fault(), NOW + 10)
+    actions = m.handle(ev.ReportSettled(False), NOW + 40)
+    assert "restart 3 of 3" in " ".join(a.text for a in of(actions, ev.Note))
+    assert of(actions, ev.SetRestartCount) == [ev.SetRestartCount(3)]
+    m.handle(ev.StartResult(0), NOW + 41)
+    actions = m.handle(fault(), NOW + 50)
+    assert m.state is S.ENDED and "restart budget of 3 spent" in of(actions, ev.Finish)[0].reason
+
+
+def test_without_the_controllers_count_a_round_is_charged_once_here() -> None:
+    """ClusterD sends no restart count: a recover that fails and escalates to job-rescheduling is one restart."""
+    m = machine()
+    m.handle(fault(), NOW)
+    m.handle(change(Strategy.RECOVER), NOW)
+    m.handle(ev.StartResult(3, "START_WORKER_LIST([1]) returned 3"), NOW)
+    assert m.state is S.STOPPING
+    actions = m.handle(change(Strategy.JOB_RESCHEDULING), NOW + 1)
+    assert m.restarts == 1 and of(actions, ev.SetRestartCount) == [ev.SetRestartCount(1)]
+
+
+def test_the_controllers_count_wins_over_the_agents() -> None:
+    m = machine()
+    m.restarts = 5
+    actions = m.handle(change(Strategy.JOB_RESCHEDULING, extra='{"restarts": 1}'), NOW)
+    assert m.restarts == 1 and of(actions, ev.SetRestartCount) == [ev.SetRestartCount(1)]
+
+
+@pytest.mark.parametrize("state", [S.RUNNING, S.REPORTING, S.STOPPING, S.RESUMING, S.REBUILDING])
+def test_on_stop_stops_this_nodes_fault_ranks_and_says_so(state: NodeState) -> None:
+    covers("on_stop")
+    m = machine(state, live=True, paused=(0,))
+    actions = m.handle(ev.StopOrder(order(Command.STOP, faults={0: "0", 1: "1", 7: "1"})), NOW)
+    assert m.state is S.STOPPING
+    assert of(actions, ev.StopRanks) == [ev.StopRanks((1,), graceful=False)], "rank 0 is paused in place: kept"
+    assert of(actions, ev.Supersede) == [ev.Supersede(restart=False)]
+    [report] = of(actions, ev.SendReport)
+    assert report.kind == ev.STOP_COMPLETE and report.faults == {0: "0", 1: "1", 7: "1"}
+
+
+@pytest.mark.parametrize("state", [S.DEGRADED, S.REJOINING])
+def test_on_stop_in_degraded_or_rejoining_keeps_the_state(state: NodeState) -> None:
+    covers("on_stop")
+    m = machine(state)
+    actions = m.handle(ev.StopOrder(order(Command.STOP, faults={5: "1"})), NOW)
+    assert m.state is state and of(actions, ev.StopRanks) == [ev.StopRanks((), graceful=False)]
+    assert of(actions, ev.SendReport)[0].kind == ev.STOP_COMPLETE
+
+
+def test_on_strategies_offers_for_the_whole_round() -> None:
+    covers("on_strategies")
+    m = machine(S.STOPPING)
+    m.faults = {0: "1"}
+    actions = m.handle(ev.StrategiesOrder(order(Command.STRATEGIES, faults={1: "1"})), NOW)
+    assert actions == [ev.OfferStrategies({1: "1"}, {0: "1", 1: "1"})] and m.state is S.STOPPING
+
+
+def test_on_change_recover_restarts_the_faulty_local_ranks() -> None:
+    covers("on_change")
+    m = machine(S.STOPPING)
+    m.faults, m.started = {1: "1"}, NOW - 1
+    actions = m.handle(change(Strategy.RECOVER, {1: "1", 9: "1"}), NOW)
+    assert m.state is S.RESTARTING and of(actions, ev.StartRanks) == [ev.StartRanks((1,))]
+    assert m.plan is not None and m.plan.started == NOW - 1, "the record measures from the fault"
+
+
+def test_on_change_job_rescheduling_restarts_every_rank() -> None:
+    m = machine(S.STOPPING)
+    actions = m.handle(change(Strategy.JOB_RESCHEDULING), NOW)
+    assert m.state is S.RESTARTING and of(actions, ev.StartRanks) == [ev.StartRanks(None)]
+
+
+def test_on_change_live_names_the_controllers_generation_and_retry_restarts_nothing() -> None:
+    m = machine(S.STOPPING, live=True)
+    actions = m.handle(change(Strategy.RETRY, {1: "0"}, '{"generation": 9, "restarts": 0}'), NOW)
+    assert m.state is S.REBUILDING and not of(actions, ev.StartRanks) and not of(actions, ev.SetRestartCount)
+    [rebuild] = of(actions, ev.BeginRebuild)
+    assert rebuild.generation == 9 and rebuild.strategy == Strategy.RETRY
+
+
+def test_on_change_exit_dump_and_unknown() -> None:
+    m = machine(S.STOPPING)
+    actions = m.handle(change(Strategy.EXIT, extra='{"reason": "agent of node 1 lost"}'), NOW)
+    assert m.state is S.ENDED and of(actions, ev.StopRanks) == [ev.StopRanks(None, graceful=True)]
+    assert of(actions, ev.Finish)[0].reason == "the controller chose exit: agent of node 1 lost"
+    m = machine(S.STOPPING)
+    assert of(m.handle(change(Strategy.DUMP), NOW), ev.Dump) and m.state is S.ENDED
+    m = machine(S.STOPPING)
+    [status] = of(m.handle(change("teleport"), NOW), ev.SendReport)
+    assert status.code == Code.RETRY_FAILED_UNRECOVERABLE and m.state is S.STOPPING
+
+
+def test_on_change_in_rejoining_starts_the_replacements_ranks() -> None:
+    """A replacement node's fault ranks are all of its ranks: recover starts them in the new generation."""
+    m = machine(S.REJOINING, live=True)
+    actions = m.handle(change(Strategy.RECOVER, {0: "1", 1: "1"}, '{"generation": 4, "restarts": 1}'), NOW)
+    assert m.state is S.RESTARTING and of(actions, ev.StartRanks) == [ev.StartRanks((0, 1))]
+    assert of(actions, ev.BeginRebuild)[0].generation == 4
+
+
+def test_on_dump_ends_the_job_after_the_save() -> None:
+    covers("on_dump")
+    m = machine(S.STOPPING)
+    assert m.handle(ev.DumpOrder(order(Command.DUMP)), NOW) == [ev.Dump({1: "1"}, 30.0)] and m.state is S.ENDED
+
+
+def test_on_kill_ends_the_job() -> None:
+    covers("on_kill")
+    m = machine()
+    actions = m.handle(ev.KillOrder(order(Command.KILL, extra='{"reason": "job ended"}',
+                                          signal_type=SignalType.KILL_MASTER)), NOW)
+    assert m.state is S.ENDED and of(actions, ev.Finish)[0].reason == "controller sent killMaster: job ended"
+
+
+def test_on_standby_end_exits_0_when_the_job_ends() -> None:
+    covers("on_standby_end")
+    m = machine(S.STANDBY)
+    [finish] = m.handle(ev.KillOrder(order(Command.KILL, signal_type=SignalType.KILL_MASTER)), NOW)
+    assert finish == ev.Finish(True, "standby not needed: the job ended", exit_code=0) and m.state is S.ENDED
+    m = machine(S.STANDBY)
+    m.handle(change(Strategy.RECOVER), NOW)
+    assert m.state is S.STANDBY
+    m.handle(change(Strategy.EXIT), NOW)
+    assert m.state is S.ENDED
+
+
+@pytest.mark.parametrize("state", [S.RUNNING, S.REBUILDING, S.STANDBY, S.DEGRADED])
+def test_on_fence_kills_every_rank_and_exits_1(state: NodeState) -> None:
+    covers("on_fence")
+    m = machine(state)
+    actions = m.handle(ev.FenceOrder(order(Command.FENCE, extra='{"reason": "node 0 is now held by h:7"}')), NOW)
+    assert m.state is S.FENCED
+    assert of(actions, ev.StopRanks) == [ev.StopRanks(None, graceful=False)]
+    assert of(actions, ev.Finish) == [ev.Finish(False, "fenced: node 0 is now held by h:7", exit_code=1)]
+    assert m.handle(fault(), NOW) == [], "fenced is terminal"
+
+
+def test_on_assign_makes_a_standby_a_replacement() -> None:
+    covers("on_assign")
+    m = machine(S.STANDBY)
+    assert m.handle(ev.AssignOrder(order(Command.ASSIGN, extra='{"node_rank": 1}')), NOW) == [ev.TakeNode(1)]
+    assert m.state is S.REJOINING
+
+
+def test_on_assign_ignored_when_not_a_standby() -> None:
+    covers("on_assign_ignored")
+    m = machine(S.RUNNING)
+    [note] = m.handle(ev.AssignOrder(order(Command.ASSIGN, extra='{"node_rank": 1}')), NOW)
+    assert "not a standby" in note.text and m.state is S.RUNNING
+
+
+# ------------------------------------------------------------------------------------------------ results
+
+def test_on_started_reports_records_and_waits_for_the_resumption() -> None:
+    covers("on_started")
+    m = machine(S.STOPPING)
+    m.handle(change(Strategy.RECOVER), NOW)
+    actions = m.handle(ev.StartResult(0), NOW + 0.5)
+    assert m.state is S.RESUMING and m.faults == {}, "the round is over here; training's resumption is next"
+    assert of(actions, ev.SendReport)[0].code == Code.OK
+    assert of(actions, ev.RecordRestart) == [ev.RecordRestart(Strategy.RECOVER, (1,), NOW)]
+
+
+def test_on_started_failed_reports_1_and_waits_for_the_next_strategy() -> None:
+    m = machine(S.STOPPING)
+    m.handle(change(Strategy.RECOVER), NOW)
+    actions = m.handle(ev.StartResult(2, "START_WORKER_LIST([1]) returned 2"), NOW)
+    assert m.state is S.STOPPING and of(actions, ev.AbandonRebuild)
+    [status] = of(actions, ev.SendReport)
+    assert status.code == 1 and status.detail == "START_WORKER_LIST([1]) returned 2"
+
+
+def test_on_started_live_recover_waits_for_the_group() -> None:
+    m = machine(S.STOPPING, live=True)
+    m.handle(change(Strategy.RECOVER), NOW)
+    assert m.handle(ev.StartResult(0), NOW) == [] and m.state is S.REBUILDING
+
+
+def test_on_rejoined_reports_and_records_the_generation() -> None:
+    covers("on_rejoined")
+    m = machine(S.STOPPING, live=True)
+    m.handle(change(Strategy.RECOVER), NOW)
+    m.handle(ev.StartResult(0), NOW)
+    actions = m.handle(ev.GroupRejoined(3, NOW), NOW + 0.4)
+    assert m.state is S.RESUMING and of(actions, ev.SendReport)[0].code == Code.OK
+    assert of(actions, ev.RecordRestart)[0].generation == 3
+
+
+def test_on_rejoined_unreported_only_says_so() -> None:
+    covers("on_rejoined_unreported")
+    m = machine(S.RESUMING, live=True)
+    [note] = m.handle(ev.GroupRejoined(2, NOW), NOW + 0.25)
+    assert "the group re-formed (generation 2, job-rescheduling) 0.250s after the fault" == note.text
+    assert m.state is S.RESUMING
+
+
+def test_on_group_failed_reports_and_waits_for_the_next_strategy() -> None:
+    covers("on_group_failed")
+    m = machine(S.STOPPING, live=True)
+    m.handle(change(Strategy.RETRY, {1: "0"}), NOW)
+    actions = m.handle(ev.GroupFailed("rank(s) [1] did not rejoin generation 1 within 27s"), NOW + 27)
+    assert m.state is S.STOPPING
+    assert of(actions, ev.SendReport)[0].code == Code.RETRY_FAILED_UNRECOVERABLE
+
+
+def test_on_group_failed_unreported_gives_up_on_the_resumption() -> None:
+    covers("on_group_failed_unreported")
+    m = machine(S.RESUMING, live=True)
+    actions = m.handle(ev.GroupFailed("rank(s) [0] ended"), NOW)
+    assert m.state is S.RUNNING and of(actions, ev.AbandonRebuild) and not of(actions, ev.SendReport)
+
+
+def test_on_resumed_ends_the_round_here() -> None:
+    covers("on_resumed")
+    m = machine(S.RESUMING)
+    assert m.handle(ev.Resumed(), NOW) == [] and m.state is S.RUNNING
+    m = machine(S.STOPPING)
+    m.handle(ev.Resumed(seen=False), NOW)
+    assert m.state is S.STOPPING, "a resumption seen after a new fault is only recorded"
+
+
+def test_a_rank_gone_when_the_start_returned_is_a_new_round_after_the_restart() -> None:
+    """Today's re-entry, as queued events: the start's result is handled first (status 0 reported, the restart
+    recorded), and only then the rank found gone opens a round of its own."""
+    m = machine(S.STOPPING)
+    m.handle(change(Strategy.RECOVER), NOW)
+    after_start = m.handle(ev.StartResult(0), NOW)
+    assert m.state is S.RESUMING and of(after_start, ev.RecordRestart)
+    actions = m.handle(fault(1), NOW + 0.01)
+    assert m.state is S.REPORTING and m.faults == {1: "1"} and of(actions, ev.SendReport)[0].kind == ev.FAULT
+
+
+def test_every_rule_has_a_test() -> None:
+    import inspect
+    import sys
+    source = inspect.getsource(sys.modules[__name__])
+    missing = [r.handler.__name__ for r in RULES if f'covers("{r.handler.__name__}")' not in source]
+    assert missing == []
+
+
+def test_the_docs_table_is_generated_from_the_current_rules(tmp_path) -> None:  # noqa: ANN001
+    from pathlib import Path
+
+    from taskd.agent import round_table
+    doc = Path(__file__).resolve().parents[3] / "docs" / "architecture.md"
+    text = doc.read_text(encoding="utf-8")
+    assert round_table.update_doc(text) == text, "run: python -m taskd.agent.round_table --write docs/architecture.md"
+    stale = tmp_path / "architecture.md"
+    stale.write_text(text.replace("on_fault_degraded", "on_something_else"), encoding="utf-8")
+    assert round_table.main(["--check", str(stale)]) == 1
+    assert round_table.main(["--write", str(stale)]) == 0 and stale.read_text(encoding="utf-8") == text
+    assert round_table.main(["--check", str(stale)]) == 0
