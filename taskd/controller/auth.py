@@ -20,11 +20,16 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import logging
+import ssl
+import time
 from collections.abc import Iterable
 
 import grpc
 
 from taskd.controller.config import TOKEN_ENV, ControllerConfig
+
+log = logging.getLogger(__name__)
 
 AUTH_KEY = "authorization"
 SCHEME = "bearer"
@@ -91,6 +96,28 @@ def authenticate(metadata: Iterable[tuple[str, str | bytes]] | None, token: byte
     return "", None
 
 
+EXPIRY_WARNING_DAYS = 14
+
+
+def warn_expiry(path: str, flag: str, now: float | None = None) -> str:
+    """A warning (logged, and returned) when the first certificate in `path` has expired or expires within
+    14 days: clients would refuse the handshake with nothing in this server's log to say why."""
+    try:
+        cert = ssl._ssl._test_decode_cert(path)  # type: ignore[attr-defined]  # CPython's own PEM decoder
+        not_after = ssl.cert_time_to_seconds(cert["notAfter"])
+    except Exception:  # not decodable here: gRPC itself says so when it loads the file
+        return ""
+    left = not_after - (time.time() if now is None else now)
+    if left <= 0:
+        msg = f"the certificate in {flag} {path} expired on {cert['notAfter']}: clients will refuse the handshake"
+    elif left < EXPIRY_WARNING_DAYS * 86400:
+        msg = f"the certificate in {flag} {path} expires on {cert['notAfter']} ({left / 86400:.1f} days from now)"
+    else:
+        return ""
+    log.warning(msg)
+    return msg
+
+
 def _read(path: str) -> bytes:
     with open(path, "rb") as fh:
         return fh.read()
@@ -106,4 +133,7 @@ def server_credentials(config: ControllerConfig) -> grpc.ServerCredentials | Non
         client_ca = _read(config.tls_client_ca) if config.tls_client_ca is not None else None
     except OSError as exc:
         raise OSError(f"cannot read a TLS file: {exc} (--tls-cert, --tls-key, --tls-client-ca)") from exc
+    warn_expiry(config.tls_cert, "--tls-cert")
+    if config.tls_client_ca is not None:
+        warn_expiry(config.tls_client_ca, "--tls-client-ca")
     return grpc.ssl_server_credentials([pair], root_certificates=client_ca, require_client_auth=client_ca is not None)
