@@ -116,3 +116,20 @@ def test_ranks_see_no_credential_in_their_environment_or_open_files(tmp_path: Pa
             proc.communicate()
     assert proc.returncode == 0, err
     assert "job succeeded" in err
+
+
+def test_a_job_credential_file_runs_its_job_and_not_another(tmp_path: Path, guarded_server) -> None:
+    from taskd.controller.auth import job_credential
+
+    port, _ = guarded_server
+    own, other = tmp_path / "own.cred", tmp_path / "other.cred"
+    own.write_text(job_credential(TOKEN, "cred-job") + "\n")
+    other.write_text(job_credential(TOKEN, "someone-else") + "\n")
+    ok = run(tmp_path, port, "--job-id", "cred-job", "--token-file", str(own))
+    assert ok.returncode == 0, ok.stderr
+    assert "job succeeded" in ok.stderr and "shared admin token" not in ok.stderr
+    refused = run(tmp_path, port, "--job-id", "cred-job", "--token-file", str(other))
+    assert refused.returncode == 2, refused.stderr
+    assert "credential is for job 'someone-else'" in refused.stderr and "rank 0 ok" not in refused.stdout
+    admin = run(tmp_path, port, "--job-id", "admin-job", "--token-file", str(guarded_server[1]))
+    assert admin.returncode == 0 and "shared admin token" in admin.stderr  # still works, with the warning
