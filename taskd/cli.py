@@ -20,7 +20,7 @@ class _CommandParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from taskd.controller.cli_commands import add_server_arguments, add_status_arguments
+    from taskd.controller.cli_commands import add_server_arguments, add_status_arguments, add_token_arguments
     from taskd.run import add_run_arguments
 
     parser = argparse.ArgumentParser(prog="taskd", description="Fault-tolerant supervision for distributed training")
@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_arguments(sub.add_parser("run", help="launch and supervise a training job (torchrun-like)"))
     add_server_arguments(sub.add_parser("server", help="run the recovery controller"))
     add_status_arguments(sub.add_parser("status", help="show jobs, faults and recoveries of a controller"))
+    add_token_arguments(sub.add_parser("token", help="mint a job's credential from the controller's token file"))
     sub.add_parser("version", help="print the version")
     return parser
 
@@ -53,6 +54,10 @@ def main(argv: list[str] | None = None) -> int:
         from taskd.controller.cli_commands import status_main
 
         return status_main(args)
+    if args.command == "token":
+        from taskd.controller.cli_commands import token_main
+
+        return token_main(args)
     from importlib.metadata import version
 
     sys.stdout.write(version("taskd") + "\n")

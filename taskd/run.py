@@ -114,7 +114,12 @@ def _credentials(config: RunConfig) -> ClientCredentials:
              (config.tls_cert, "--tls-cert", TLS_CERT_VAR), (config.tls_key, "--tls-key", TLS_KEY_VAR))
     paths = [flag_value or os.environ.get(var, "").strip() or None for flag_value, _, var in given]
     names = tuple(flag if flag_value else var for flag_value, flag, var in given)
-    return ClientCredentials.from_files(*paths, names=names)  # type: ignore[arg-type]
+    credentials = ClientCredentials.from_files(*paths, names=names)  # type: ignore[arg-type]
+    if credentials.token is not None and not credentials.token.startswith("tdj1."):
+        logging.getLogger("taskd").warning(
+            "%s holds the controller's shared admin token, which can read and change every job on it: give this job "
+            "its own credential (`taskd token --job %s > FILE`, RELIABILITY.md)", names[0], config.job_id)
+    return credentials
 
 
 def main(argv: list[str] | None = None) -> int:

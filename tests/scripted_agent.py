@@ -7,6 +7,7 @@ recovery round and read the signals it gets. A test double, so it lives in tests
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 import time
@@ -33,13 +34,38 @@ class StreamEnded(Exception):
         self.details = details
 
 
+class _CallDetails(collections.namedtuple("_CallDetails", "method timeout metadata credentials wait_for_ready "
+                                                        "compression"), grpc.ClientCallDetails):
+    pass
+
+
+class Bearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    """Adds `authorization: Bearer <token>` to every call of a channel."""
+
+    def __init__(self, token: str) -> None:
+        self.header = ("authorization", f"Bearer {token}")
+
+    def _details(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
+        return _CallDetails(details.method, details.timeout, [*(details.metadata or ()), self.header],
+                            details.credentials, getattr(details, "wait_for_ready", None),
+                            getattr(details, "compression", None))
+
+    def intercept_unary_unary(self, continuation, client_call_details, request):  # noqa: ANN001, ANN201
+        return continuation(self._details(client_call_details), request)
+
+    def intercept_unary_stream(self, continuation, client_call_details, request):  # noqa: ANN001, ANN201
+        return continuation(self._details(client_call_details), request)
+
+
 class ScriptedAgent:
     def __init__(self, address: str, job_id: str, node_rank: int = 0, node_count: int = 1, ranks_per_node: int = 1,
-                 host: str = "localhost", pid: int = 0, role: str = "agent") -> None:
+                 host: str = "localhost", pid: int = 0, role: str = "agent", token: str | None = None) -> None:
         self.address = address
         self.info = recover_pb2.ClientInfo(jobId=job_id, role=role, nodeRank=node_rank, nodeCount=node_count,
                                            ranksPerNode=ranks_per_node, host=host, pid=pid or 10_000 + node_rank)
         self.channel = grpc.insecure_channel(address)
+        if token is not None:  # every call and the stream carry it, as the real client's do
+            self.channel = grpc.intercept_channel(self.channel, Bearer(token))
         self.stub = recover_pb2_grpc.RecoverStub(self.channel)
         self.reports = taskd_pb2_grpc.AgentReportStub(self.channel)
         self.status_stub = taskd_pb2_grpc.JobStatusStub(self.channel)

@@ -14,7 +14,7 @@ from scripted_agent import ScriptedAgent
 from taskd.controller.config import ConfigError
 from taskd.controller.server import ControllerConfig, EmbeddedController
 from taskd.controller.status_view import fetch_jobs, read_credentials
-from taskd.proto import recover_pb2_grpc, taskd_pb2_grpc
+from taskd.proto import recover_pb2, recover_pb2_grpc, taskd_pb2_grpc
 
 x509 = pytest.importorskip("cryptography.x509")
 from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402
@@ -142,3 +142,48 @@ def test_an_open_address_needs_a_token_or_client_certificates(pki) -> None:
     ControllerConfig(listen="0.0.0.0:0", state_path=":memory:", tls_client_ca=pki["ca"], **tls)
     with pytest.raises(ConfigError, match="--tls-client-ca: requiring client certificates needs TLS"):
         ControllerConfig(listen="127.0.0.1:0", state_path=":memory:", tls_client_ca=pki["ca"])
+
+
+def test_plaintext_connections_to_a_tls_server_log_rate_limited_lines_and_tell_the_client(pki, tmp_path) -> None:
+    """Issue 19 N6 and the misleading hint: 40 plaintext connections to `taskd server --tls-cert` give at most
+    a couple of gRPC "Handshake failed" lines and a count of the rest; a plaintext taskd client is told that
+    something closed its connection (TLS or a limit), not to check whether a server runs there."""
+    import socket
+    import subprocess
+    import sys
+
+    from support import STARTED, free_port, port_open, wait_for
+
+    from taskd.client.errors import ServerUnreachable
+    from taskd.client.rpc import translate
+
+    port = free_port()
+    log = tmp_path / "server.log"
+    proc = subprocess.Popen([sys.executable, "-m", "taskd", "server", "--listen", f"127.0.0.1:{port}", "--state",
+                             ":memory:", "--tls-cert", pki["server_cert"], "--tls-key", pki["server_key"]],
+                            stdout=subprocess.DEVNULL, stderr=log.open("wb"), cwd=Path(__file__).resolve().parents[1])
+    STARTED.append(proc)
+    try:
+        wait_for(lambda: port_open(port), 30, "taskd server to listen")
+        for _ in range(40):
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+                s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                s.settimeout(5)
+                try:
+                    while s.recv(4096):
+                        pass
+                except OSError:
+                    pass
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            with pytest.raises(grpc.RpcError) as err:
+                recover_pb2_grpc.RecoverStub(ch).HealthCheck(recover_pb2.ClientInfo(jobId="x"), timeout=5)
+        error = translate(err.value, "HealthCheck", f"127.0.0.1:{port}")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    text = log.read_text(errors="replace")
+    shown = text.count("Handshake failed") + text.count("handshake failed")
+    assert 1 <= shown <= 3, text[-3000:]
+    assert "were not shown (rate-limited)" in text or "more like it" in text, text[-3000:]
+    assert isinstance(error, ServerUnreachable) and "TASKD_TLS_CA" in str(error), str(error)
+    assert "expires on" in text  # the test certificate is valid for a day: the start warns about it

@@ -231,9 +231,13 @@ def test_k8s_manifests_parse_and_fit_together() -> None:
     pod = job["spec"]["template"]
     assert pod["spec"]["subdomain"] == "train" and headless["spec"]["selector"].items() <= pod["metadata"][
         "labels"].items()
-    for name in (("Job", "train"), ("Deployment", "taskd-controller")):
+    # the controller mounts the admin token, the training pods only their job's credential (issue 19)
+    for name, secret in ((("Job", "train"), "taskd-job-train-001"),
+                         (("Deployment", "taskd-controller"), "taskd-token")):
         volumes = docs[name]["spec"]["template"]["spec"]["volumes"]
-        assert {"secretName": "taskd-token"} in [v.get("secret") for v in volumes]
+        assert [v["secret"] for v in volumes if "secret" in v] == [{"secretName": secret}]
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env["MINDX_TASK_ID"] == "train-001"  # the job the credential was minted for
 
 
 def test_k8s_training_command_derives_node_rank_from_the_index(monkeypatch: pytest.MonkeyPatch) -> None:

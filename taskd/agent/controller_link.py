@@ -15,7 +15,7 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
@@ -32,6 +32,7 @@ from taskd.client.errors import AuthenticationError, FencedError, RecoverClientE
 from taskd.client.rpc import make_channel
 from taskd.proto import recover_pb2, taskd_pb2, taskd_pb2_grpc
 from taskd.vocabulary import Action, Code, FaultRanks, SignalType, fault_ranks
+from taskd.worker.env import is_credential_var
 
 log = logging.getLogger("taskd.agent")
 
@@ -134,6 +135,16 @@ def _count(params: dict[str, Any], name: str) -> int | None:
     return value
 
 
+def forget_credential_vars(environ: MutableMapping[str, str]) -> list[str]:
+    """Drop TASKD_TOKEN_FILE, TASKD_TLS_* from `environ` once the agent holds what they name (issue 19)."""
+    names = [name for name in environ if is_credential_var(name)]
+    for name in names:
+        del environ[name]
+    if names:
+        log.debug("credentials read; %s removed from the environment the ranks inherit", ", ".join(sorted(names)))
+    return names
+
+
 class ControllerLink:
     """One agent's connection to its job's controller; `connect()` False means degraded (no controller)."""
 
@@ -197,7 +208,12 @@ class ControllerLink:
         # controller's death) only cost an idle agent CPU there.
         options = (("grpc.keepalive_time_ms", 60_000),) if self._local_started else ()
         # The embedded controller's token reaches its agent here, in-process: never argv, env or console.
-        credentials = ClientCredentials(token=self._local.token) if self._local_started else self._credentials
+        if self._local_started:
+            credentials: ClientCredentials | None = ClientCredentials(token=self._local.token)
+        else:
+            credentials = self._credentials if self._credentials is not None else ClientCredentials.from_env()
+            if cfg.launcher == "msrun":  # msrun's ranks inherit this process's environment: read, then forget
+                forget_credential_vars(os.environ)
         mgr = RecoverClient(info, address, init_timeout=max(1.0, cfg.controller_timeout),
                             channel_options=options, credentials=credentials)
         if not self._register(mgr, info, address):

@@ -20,9 +20,17 @@ class ServerUnreachable(RecoverClientError, ConnectionError):
         message = f"recovery controller at {address} is unreachable"
         if detail:
             message = f"{message}: {detail}"
-        super().__init__(
-            f"{message} (is `taskd server` running there? check MINDX_SERVER_IP, the port and any firewall)"
-        )
+        super().__init__(f"{message} ({unreachable_hint(detail)})")
+
+
+def unreachable_hint(detail: str) -> str:
+    """What to check, from how the connection failed: nobody listening, or somebody who accepted and hung up."""
+    lowered = detail.lower()
+    if "socket closed" in lowered or "connection reset" in lowered or "handshake" in lowered or "eof" in lowered:
+        return ("something accepted the connection and closed it: a controller that serves TLS (set TASKD_TLS_CA, "
+                "or --tls-ca, to its CA), one at a connection limit (its log names the limit), or not a taskd "
+                "controller at all")
+    return "is `taskd server` running there? check MINDX_SERVER_IP, the port and any firewall"
 
 
 class AuthenticationError(RecoverClientError):

@@ -96,8 +96,8 @@ def translate(exc: grpc.RpcError, method: str, target: str) -> RecoverClientErro
     name = code.name if code is not None else "UNKNOWN"
     if code in UNREACHABLE_CODES:
         return ServerUnreachable(target, f"{method}: {name}: {details}")
-    if code == grpc.StatusCode.UNAUTHENTICATED:
-        return AuthenticationError(target, f"{method}: {details}")
+    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):  # a job credential for
+        return AuthenticationError(target, f"{method}: {details}")  # another job: retrying cannot help either
     return RecoverClientError(f"{method} to {target} failed: {name}: {details}")
 
 

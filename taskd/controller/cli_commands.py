@@ -135,6 +135,41 @@ def server_main(args: argparse.Namespace) -> int:
         return 1
 
 
+def add_token_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--job", required=True, metavar="ID", help="the job the credential is for (its --run-id / "
+                        "MINDX_TASK_ID, what its agents send as jobId)")
+    parser.add_argument("--token-file", default=os.environ.get(TOKEN_ENV) or None, metavar="PATH",
+                        help=f"the controller's admin token, as given to `taskd server --token-file` (default "
+                             f"${TOKEN_ENV})")
+
+
+def token_main(args: argparse.Namespace) -> int:
+    """Print the job's credential: `taskd token --job j1 > j1.cred; chmod 600 j1.cred`. Only the token file is
+    needed (no controller call): the credential is an HMAC of the job id under the admin token."""
+    from taskd.controller.auth import JOB_PREFIX, job_credential
+    from taskd.controller.config import read_token
+    from taskd.controller.validation import check_job_id
+
+    if args.token_file is None:
+        sys.stderr.write(f"taskd token: give --token-file (or {TOKEN_ENV}): the admin token the controller was "
+                         "started with\n")
+        return 2
+    if why := check_job_id(args.job):
+        sys.stderr.write(f"taskd token: --job: {why}\n")
+        return 2
+    try:
+        admin = read_token(args.token_file)
+    except ValueError as exc:
+        sys.stderr.write(f"taskd token: {exc}\n")
+        return 2
+    if admin.startswith(JOB_PREFIX):
+        sys.stderr.write(f"taskd token: {args.token_file} holds a job credential, not the admin token: only the admin "
+                         "token mints credentials\n")
+        return 2
+    sys.stdout.write(job_credential(admin, args.job) + "\n")
+    return 0
+
+
 def add_status_arguments(parser: argparse.ArgumentParser) -> None:
     default = os.environ.get("MINDX_SERVER_IP") or f"127.0.0.1:{DEFAULT_PORT}"
     parser.add_argument("--server", default=default, metavar="ADDR",

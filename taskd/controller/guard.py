@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from taskd.controller.auth import token_refusal
+from taskd.controller.auth import authenticate, token_refusal
 from taskd.controller.limits import PeerLimits, peer_ip
 from taskd.vocabulary import Code
 
@@ -100,6 +100,21 @@ class Guard(aio.ServerInterceptor):
         self._wrapped[method] = wrapped
         return wrapped
 
+    def _job_refusal(self, method: str, request: Any, context: aio.ServicerContext) -> str:
+        """"" for the admin token, or a job credential whose job the request names; else why not."""
+        assert self._token is not None
+        _, job = authenticate(context.invocation_metadata(), self._token)
+        if job is None:
+            return ""
+        named = getattr(request, "jobId", "")
+        if named == job:
+            return ""
+        if not named:
+            return (f"a job credential reads and changes only its own job ({job!r}): {method} must name it in "
+                    "jobId; listing every job needs the admin token")
+        return (f"this credential is for job {job!r} and the call names job {named!r}: each job's agents need "
+                "that job's credential (`taskd token --job ID`)")
+
     def _refusal(self, method: str, why: str, streaming: bool) -> grpc.RpcMethodHandler:
         """A request-streaming handler: gRPC hands it the call without reading the request, so the
         refusal costs the headers only, and whatever body arrives is dropped with the stream."""
@@ -177,6 +192,9 @@ class Guard(aio.ServerInterceptor):
                           peer_ip(context.peer()), request.size, request.error)
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                     f"{Code.INVALID_PARAMS}: the request to {method} does not decode: {request.error}")
+            if self._token is not None and (why := self._job_refusal(method, request, context)):
+                self.note("job", "refused %s from %s: %s", method, peer_ip(context.peer()), why)
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
         except BaseException:
             if release is not None:
                 release()

@@ -34,6 +34,7 @@ from taskd.controller.core import ControllerCore
 from taskd.controller.guard import Guard, RateLimitedLog
 from taskd.controller.hub import SignalHub
 from taskd.controller.limits import PeerLimitConfig, PeerLimits, connection_budget, raise_nofile
+from taskd.controller.native_log import NativeLogFilter
 from taskd.controller.service import add_services
 from taskd.controller.store import MEMORY, Store
 
@@ -216,8 +217,14 @@ async def serve(config: ControllerConfig, ready: Any = None) -> None:
 
 
 def run_server(config: ControllerConfig, ready: Any = None) -> int:
-    """Blocking entry point of `taskd server`; returns the exit code."""
-    asyncio.run(serve(config, ready))
+    """Blocking entry point of `taskd server`; returns the exit code. gRPC core's handshake-failure lines
+    are rate-limited on their way to stderr while it serves (native_log.py)."""
+    native = NativeLogFilter()
+    native.install()
+    try:
+        asyncio.run(serve(config, ready))
+    finally:
+        native.uninstall()
     return 0
 
 

@@ -1,4 +1,5 @@
-"""The environment a rank receives: msrun's and torchrun's variables, so scripts for either run unchanged.
+"""The environment a rank receives: msrun's and torchrun's variables, so scripts for either run unchanged,
+and none of the controller's credentials (TASKD_TOKEN_FILE, TASKD_TLS_*): they are the agent's.
 
 The names come from ``taskd.worker.env.Var``, the module that reads them inside the rank. The
 torchrun variables have the names and meanings torch's LocalElasticAgent gives them
@@ -12,7 +13,7 @@ import os
 from collections.abc import Mapping
 
 from taskd.launcher.spec import WorkerSpec
-from taskd.worker.env import Var
+from taskd.worker.env import Var, is_credential_var
 
 # torchrun's own words (torch/distributed/run.py), logged once by the launcher when it sets the default.
 OMP_WARNING = (
@@ -55,6 +56,10 @@ def rank_env(
     source = os.environ if base is None else base
     env = dict(source)
     env.update({str(k): str(v) for k, v in spec.extra_env.items()})
+    # the controller's credentials are the agent's: a training script (or any of its dependencies) that could
+    # read them could fail or finish any job the credential reaches (RELIABILITY.md, "Ranks")
+    for name in [k for k in env if is_credential_var(k)]:
+        del env[name]
     global_rank = str(spec.global_rank(local_rank))
     world = str(spec.world_size)
     port = str(spec.master_port)

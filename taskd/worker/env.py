@@ -60,6 +60,15 @@ class Var:
     MINDX_TASK_ID = "MINDX_TASK_ID"  # TaskD's job id, when the job runs under MindCluster
 
 
+CREDENTIAL_VARS = frozenset({"TASKD_TOKEN_FILE", "TASKD_TOKEN", "TASKD_TLS_CA", "TASKD_TLS_CERT", "TASKD_TLS_KEY"})
+"""What names or holds a controller credential: the agent reads them; a rank never inherits them."""
+
+
+def is_credential_var(name: str) -> bool:
+    """TASKD_TOKEN*, TASKD_TLS_* and the names above (a rank's environment is scrubbed of every one)."""
+    return name in CREDENTIAL_VARS or name.startswith(("TASKD_TOKEN", "TASKD_TLS_"))
+
+
 def env_int(name: str, default: int | None = None, environ: Mapping[str, str] | None = None) -> int | None:
     """The integer in variable `name` (blank or unset: `default`); ValueError naming the variable otherwise.
 
