@@ -29,6 +29,12 @@ from taskd.worker.progress import heartbeat, on_save_request, section
 
 log = logging.getLogger("taskd.worker")
 
+# Measured with MindSpore 2.10 on CPU (PyNative, MCCL): a save_checkpoint from a second thread, started while
+# the training thread waited in an AllReduce whose peer had died, did not return until the AllReduce failed
+# 30 s later and MindSpore killed the process. So the save request is served on the training thread only.
+DUMP_LIMIT = ("taskd: a dump's save request is served at the next step end, on the training thread: MindSpore "
+              "cannot save while a collective blocks it, so a rank whose peer died saves nothing")
+
 
 class TaskdCallback(Callback):
     """Heartbeats, sections and the dump's save request for `Model.train` (module docstring)."""
@@ -55,6 +61,8 @@ class TaskdCallback(Callback):
     def on_train_begin(self, run_context: Any) -> None:
         if self.rejoinable:
             declare_rejoinable()
+        if "dump" in os.environ.get("TASKD_STRATEGIES", ""):
+            log.warning(DUMP_LIMIT)
         self._params = run_context.original_args()
         on_save_request(self._save_now)
         self._first = section("first step", timeout=self.first_step_timeout)
@@ -101,7 +109,7 @@ class TaskdCallback(Callback):
         os.makedirs(directory, exist_ok=True)
         # not "<prefix>-...": ModelCheckpoint's keep_checkpoint_max rotation would count (and delete) it
         path = os.path.join(directory, f"taskd-dump-{self._prefix()}-step{step}.ckpt")
-        tmp = f"{path}.tmp-{os.getpid()}"
+        tmp = os.path.join(directory, f".tmp-{os.getpid()}-taskd-dump-step{step}.ckpt")  # MindSpore adds .ckpt
         started = time.monotonic()
         ms.save_checkpoint(params.train_network, tmp, append_dict={"step": step})
         os.replace(tmp, path)
