@@ -26,6 +26,7 @@ from test_run_e2e import EXAMPLE, ROOT
 
 STEPS = 150
 GRACE = "1"  # --agent-loss-grace: the controller declares a node lost this long after its stream ended
+LOSS_TIMEOUT = "4"  # --agent-loss-timeout: ... or after this long without a word from it (a SIGSTOPped node)
 JOB_RESCHEDULING = ("--strategies", "job-rescheduling,exit")
 
 
@@ -91,7 +92,8 @@ def server(tmp_path: Path) -> Iterator[str]:
     port = free_port()
     address = f"127.0.0.1:{port}"
     proc = subprocess.Popen([sys.executable, "-m", "taskd", "server", "--listen", address, "--state", ":memory:",
-                             "--agent-loss-grace", GRACE, "--node-rejoin-timeout", "60"],
+                             "--agent-loss-grace", GRACE, "--agent-loss-timeout", LOSS_TIMEOUT,
+                             "--node-rejoin-timeout", "60"],
                             stdout=(tmp_path / "server.log").open("wb"), stderr=subprocess.STDOUT, cwd=ROOT)
     try:
         wait_for(lambda: port_open(port) or proc.poll() is not None, 30, "taskd server to listen")
@@ -210,7 +212,7 @@ def test_a_sigstopped_node_that_comes_back_is_fenced(tmp_path: Path, server: str
         old_ranks = set(ranks_of(old.pid).values())
         assert len(old_ranks) == 2
         signal_node(frozen, signal.SIGSTOP)
-        wait_for(lambda: events(server, "fence", "node_lost"), 30, "the controller to declare node 1 lost")
+        wait_for(lambda: events(server, "fence", "node_lost"), 40, "the controller to declare node 1 lost")
         procs["replacement"] = node([*job_args(server, "fence", 1), *example(tmp_path)],
                                     tmp_path / "replacement.log")
         wait_for(lambda: len(ranks_of(procs["replacement"].pid)) == 2, 60, "the replacement's ranks")

@@ -175,6 +175,7 @@ class ControllerLink:
 
         self.fencing = Fencing(fence_order)
         self._standby = False  # joined as a standby and not assigned a node (yet): it has no finish to report
+        self.rejoining_at_register: frozenset[int] | None = None  # JobRecord.rejoining as this agent registered
         self.outbox = Outbox(lambda: self._mgr, wake_unless_closed)
         self._settled_faults: list[Settled] = []
 
@@ -224,6 +225,9 @@ class ControllerLink:
         set_manager(mgr)  # TaskD's module functions, called in this process, use it
         for name, command in WIRE_COMMANDS.items():
             mgr.register_action_handler(name, self._queue(command))
+        # right after Register, before the stream opens: once this agent subscribes the controller may act on it
+        # (a node-loss round's strategy), and stop listing the node as one it waits for (agent/node_loss.py)
+        self.rejoining_at_register = self.rejoining() if layout.node_count > 1 else frozenset()
         frame = "mindspore" if cfg.launcher == "msrun" else "pytorch"  # TaskD's default otherwise
         self._subscriber = threading.Thread(target=mgr.start_subscribe, args=(frame,), name="taskd-subscriber",
                                             daemon=True)

@@ -167,7 +167,7 @@ class NodeLoss:
         standby given a node always is). It then starts no rank itself: the round's strategy does."""
         if layout.node_count <= 1 and not standby:
             return
-        rejoining = self.link.rejoining()
+        rejoining = self.link.rejoining_at_register
         if not standby and (rejoining is None or layout.node_rank not in rejoining):
             return
         self.waiting_since = now
