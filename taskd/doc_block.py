@@ -24,6 +24,8 @@ class DocBlock:
     doc: str  # the doc it is generated into, as the begin marker names it
     what: str  # what the block is, for the messages ("the transition table")
     render: Callable[[], str]  # the block's current Markdown
+    description: str = ""  # the command's --help line
+    show: Callable[[], str] | None = None  # what the command prints without --write/--check (default: render)
 
     @property
     def begin(self) -> str:
@@ -49,17 +51,17 @@ class DocBlock:
                              "on lines of their own")
         return text[:start] + self.begin + "\n" + self.render() + "\n" + text[end:]
 
-    def main(self, argv: list[str] | None, description: str, show: Callable[[], str] | None = None) -> int:
+    def main(self, argv: list[str] | None = None) -> int:
         """The generator's command line: `--write DOC` refreshes the block, `--check DOC` exits 1 while it is
         stale; with neither, prints `show()` (the block itself by default)."""
-        parser = argparse.ArgumentParser(prog=self.prog, description=description)
+        parser = argparse.ArgumentParser(prog=self.prog, description=self.description)
         group = parser.add_mutually_exclusive_group()
         group.add_argument("--write", metavar="DOC", type=Path, help=f"refresh {self.what} between the markers of DOC")
         group.add_argument("--check", metavar="DOC", type=Path, help=f"exit 1 if {self.what} in DOC is out of date")
         args = parser.parse_args(argv)
         doc = args.write or args.check
         if doc is None:
-            sys.stdout.write((show or self.render)() + "\n")
+            sys.stdout.write((self.show or self.render)() + "\n")
             return 0
         text = doc.read_text(encoding="utf-8")
         fresh = self.update(text)

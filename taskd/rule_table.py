@@ -101,3 +101,27 @@ def describe_rules(rules: Sequence[Rule[StateT, Any]], states: type[StateT], nam
         rows = [f"{format_sources(r.sources, states, named):<{width}}  {r.event.__name__:<{event_width}} -> "
                 f"{format_targets(r.targets, states):<40} {r.handler.__name__}" for r in rules]
     return "\n".join(rows)
+
+
+class RuleTable(Generic[StateT, RuleT]):
+    """One machine's rules with what checking and printing them needs: its states in declaration order, its
+    event types, and its names for the state sets its rules use. Built at import, so a bad table fails there."""
+
+    def __init__(self, rules: Iterable[RuleT], states: type[StateT], event_types: Collection[type],
+                 named: Mapping[frozenset, str] | None = None) -> None:
+        self.rules = tuple(rules)
+        self.states = states
+        self.event_types = event_types
+        self.named = dict(named or {})
+        self.index = self.index_rules(self.rules)
+
+    def index_rules(self, rules: Iterable[RuleT]) -> dict[tuple[type, StateT], RuleT]:
+        """{(event type, state): rule}; ValueError if two rules claim the same pair (order would matter)."""
+        return index_rules(rules, self.event_types)
+
+    def find(self, event_type: type, state: StateT) -> RuleT | None:
+        return self.index.get((event_type, state))
+
+    def describe(self, markdown: bool = False) -> str:
+        """The table, one line per rule: as text (handy in a debugger) or as the Markdown of the docs."""
+        return describe_rules(self.rules, self.states, self.named, markdown)

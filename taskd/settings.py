@@ -188,18 +188,9 @@ def describe_settings() -> str:
     return "\n".join(rows)
 
 
-DOC = DocBlock("settings", "taskd.settings", "docs/mindspore.md", "the settings table", describe_settings)
-BEGIN, END = DOC.begin, DOC.end
-
-
-def update_doc(text: str) -> str:
-    """`text` with the table between its BEGIN and END markers replaced by the current one."""
-    return DOC.update(text)
-
-
-def main(argv: list[str] | None = None) -> int:
-    return DOC.main(argv, __doc__.splitlines()[0])
-
+DOC = DocBlock("settings", "taskd.settings", "docs/mindspore.md", "the settings table", describe_settings,
+               description=__doc__.splitlines()[0])
+BEGIN, END, update_doc, main = DOC.begin, DOC.end, DOC.update, DOC.main
 
 if __name__ == "__main__":
     raise SystemExit(main())

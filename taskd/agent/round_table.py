@@ -1,11 +1,8 @@
 """The agent's round as a rule table: for each event type and node state, the one rule that handles it.
 
-A rule is (source states, event type, target states, handler, note), with the meaning of taskd/rule_table.py
-(shared with the controller's table, taskd/controller/table.py). At most one rule matches an (event type,
-state) pair (checked when this module loads), so the order of `RULES` means nothing. After the handler ran,
-its result must be one of the rule's targets, where `UNCHANGED` allows the state the node was in: a handler
-landing anywhere else raises `TransitionError`. An event no rule takes in a state is dropped (and logged)
-by the machine.
+Rules mean what taskd/rule_table.py says, as in the controller's table (taskd/controller/table.py), and
+`RULES` is checked when this module loads. An event no rule takes in a state is dropped (and logged) by the
+machine.
 
 docs/architecture.md embeds `describe_table(markdown=True)`; refresh it with
 `python -m taskd.agent.round_table --write docs/architecture.md` (a test fails when it is stale).
@@ -13,10 +10,9 @@ docs/architecture.md embeds `describe_table(markdown=True)`; refresh it with
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
-from taskd import rule_table
 from taskd.agent import round_handlers as h
 from taskd.agent.round_events import (
     EVENT_TYPES,
@@ -37,7 +33,7 @@ from taskd.agent.round_events import (
 )
 from taskd.agent.round_state import ANY, WITH_RANKS, NodeRound, NodeState
 from taskd.doc_block import DocBlock
-from taskd.rule_table import UNCHANGED, Rule, TransitionError, Unchanged, check_target
+from taskd.rule_table import UNCHANGED, Rule, RuleTable, TransitionError, Unchanged, check_target
 
 S = NodeState
 Handler = Callable[[NodeRound, Any, float, list], NodeState]
@@ -108,42 +104,18 @@ RULES: tuple[NodeRule, ...] = (
 )
 
 
-def index_rules(rules: Iterable[NodeRule]) -> dict[tuple[type, NodeState], NodeRule]:
-    """{(event type, state): rule}; ValueError if two rules claim the same pair (order would matter)."""
-    return rule_table.index_rules(rules, EVENT_TYPES)
-
-
-INDEX = index_rules(RULES)
-
-
-def find_rule(event_type: type, state: NodeState) -> NodeRule | None:
-    return INDEX.get((event_type, state))
-
-
-# ---------------------------------------------------------------------------- the table as text
-
 _NAMED = {ANY: "any (not terminal)", ANY - {S.STANDBY}: "any but STANDBY", ORDERED: "ORDERED (RUNNING, REPORTING, "
           "STOPPING, REBUILDING, RESUMING)", ORDERED | {S.DEGRADED, S.REJOINING}: "ORDERED, DEGRADED, REJOINING"}
 
+TABLE = RuleTable(RULES, NodeState, EVENT_TYPES, _NAMED)  # checked at import: a pair claimed twice fails it
+INDEX = TABLE.index
+index_rules, find_rule, describe_table = TABLE.index_rules, TABLE.find, TABLE.describe
 
-def describe_table(markdown: bool = False) -> str:
-    """The rule table, one line per rule: as text (handy in a debugger) or as the Markdown of the docs."""
-    return rule_table.describe_rules(RULES, NodeState, _NAMED, markdown)
-
+# ---------------------------------------------------------------------------- the table in the docs
 
 DOC = DocBlock("agent-table", "taskd.agent.round_table", "docs/architecture.md", "the agent's rule table",
-               lambda: describe_table(markdown=True))
-BEGIN, END = DOC.begin, DOC.end
-
-
-def update_doc(text: str) -> str:
-    """`text` with the table between its BEGIN and END markers replaced by the current one."""
-    return DOC.update(text)
-
-
-def main(argv: list[str] | None = None) -> int:
-    return DOC.main(argv, __doc__.splitlines()[0], show=describe_table)
-
+               lambda: describe_table(markdown=True), description=__doc__.splitlines()[0], show=describe_table)
+BEGIN, END, update_doc, main = DOC.begin, DOC.end, DOC.update, DOC.main
 
 __all__ = ["BEGIN", "END", "INDEX", "RULES", "UNCHANGED", "NodeRule", "Rule", "TransitionError", "check_target",
            "describe_table", "find_rule", "index_rules", "main", "update_doc"]

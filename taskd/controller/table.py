@@ -1,11 +1,10 @@
 """The transition table: for each event type and state, the one rule that handles it.
 
-A rule is (source states, event type, target states, handler, note), with the meaning of taskd/rule_table.py
-(shared with the agent's round table). At most one rule matches an (event type, state) pair (checked when
-this module loads), so the order of `RULES` means nothing. After the handler ran, its result must be one of
-the rule's targets, where `UNCHANGED` allows the state the job was in: a handler landing anywhere else raises
-`TransitionError`. An event no rule takes is answered 401 naming the states that would take it (timer and
-disconnect events are dropped).
+Rules mean what taskd/rule_table.py says (as in the agent's round table): a rule takes one event type in its
+source states, at most one rule per (event type, state) pair, and its handler must land in one of its targets
+or `TransitionError` is raised. `RULES` is checked when this module loads. An event no rule takes is answered
+401 naming the states that would take it (timer and disconnect events are dropped; `late_answers` rules are
+not named).
 
 docs/controller.md embeds `describe_table(markdown=True)`; refresh it with
 `python -m taskd.controller.table --write docs/controller.md` (a test fails when it is stale).
@@ -13,7 +12,7 @@ docs/controller.md embeds `describe_table(markdown=True)`; refresh it with
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +37,7 @@ from taskd.controller.events import (
 from taskd.controller.job import Job
 from taskd.controller.model import ACTIVE, ANY, LIVE, TERMINAL, Declined, JobState
 from taskd.doc_block import DocBlock
-from taskd.rule_table import UNCHANGED, TransitionError, Unchanged, check_target
+from taskd.rule_table import UNCHANGED, RuleTable, TransitionError, Unchanged, check_target
 
 S = JobState
 Handler = Callable[[Job, Any, float, Outcome], JobState | Declined]
@@ -117,16 +116,11 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def index_rules(rules: Iterable[Rule]) -> dict[tuple[type, JobState], Rule]:
-    """{(event type, state): rule}; ValueError if two rules claim the same pair (order would matter)."""
-    return rule_table.index_rules(rules, EVENT_TYPES)
+_NAMED = {ANY: "any", LIVE: "LIVE (not terminal)", ACTIVE: "ACTIVE (LIVE, not RESUMING)", TERMINAL: "terminal"}
 
-
-INDEX = index_rules(RULES)
-
-
-def find_rule(event_type: type, state: JobState) -> Rule | None:
-    return INDEX.get((event_type, state))
+TABLE = RuleTable(RULES, JobState, EVENT_TYPES, _NAMED)  # checked at import: a pair claimed twice fails it
+INDEX = TABLE.index
+index_rules, find_rule, describe_table = TABLE.index_rules, TABLE.find, TABLE.describe
 
 
 def accepting_states(event_type: type) -> list[JobState]:
@@ -142,29 +136,11 @@ def refusal_info(job_id: str, state: JobState, event_type: type) -> str:
     return f"job {job_id} is {state.value}, not {expected} ({event_type.__name__} refused)"
 
 
-# ---------------------------------------------------------------------------- the table as text
-
-_NAMED = {ANY: "any", LIVE: "LIVE (not terminal)", ACTIVE: "ACTIVE (LIVE, not RESUMING)", TERMINAL: "terminal"}
-
-
-def describe_table(markdown: bool = False) -> str:
-    """The transition table, one line per rule: as text (handy in a debugger) or as the Markdown of the docs."""
-    return rule_table.describe_rules(RULES, JobState, _NAMED, markdown)
-
+# ---------------------------------------------------------------------------- the table in the docs
 
 DOC = DocBlock("table", "taskd.controller.table", "docs/controller.md", "the transition table",
-               lambda: describe_table(markdown=True))
-BEGIN, END = DOC.begin, DOC.end
-
-
-def update_doc(text: str) -> str:
-    """`text` with the table between its BEGIN and END markers replaced by the current one."""
-    return DOC.update(text)
-
-
-def main(argv: list[str] | None = None) -> int:
-    return DOC.main(argv, __doc__.splitlines()[0], show=describe_table)
-
+               lambda: describe_table(markdown=True), description=__doc__.splitlines()[0], show=describe_table)
+BEGIN, END, update_doc, main = DOC.begin, DOC.end, DOC.update, DOC.main
 
 __all__ = ["BEGIN", "END", "INDEX", "RULES", "UNCHANGED", "Rule", "TransitionError", "accepting_states",
            "check_target", "describe_table", "find_rule", "index_rules", "main", "refusal_info", "update_doc"]
