@@ -15,13 +15,17 @@ PACKAGE = ROOT / "taskd"
 
 # Which parts of taskd each part may import (besides itself). The lowest layers come first.
 # Composition roots (taskd.run, taskd.cli, the TaskD compatibility shims) are not listed: they wire the rest.
-BASE = {"taskd.vocabulary", "taskd.address", "taskd.proto", "taskd.callbacks", "taskd.settings"}
+# Base modules import nothing of taskd, or only other base modules.
+BASE = {"taskd.vocabulary", "taskd.address", "taskd.proto", "taskd.callbacks", "taskd.settings", "taskd.rule_table",
+        "taskd.doc_block"}
 ALLOWED: dict[str, set[str]] = {
     "taskd.vocabulary": set(),
     "taskd.address": set(),
     "taskd.proto": set(),
     "taskd.callbacks": set(),
-    "taskd.settings": set(),  # the settings table (taskd/settings.py): every config derives from it
+    "taskd.rule_table": set(),  # a transition table as data: the controller's and the agent's are built on it
+    "taskd.doc_block": set(),  # a generated Markdown block in a doc (markers, --write/--check)
+    "taskd.settings": {"taskd.doc_block"},  # the settings table (taskd/settings.py): every config derives from it
     "taskd.worker": set(),  # ranks import it: the standard library only (taskd.worker.torch adds torch)
     "taskd.process": {"taskd.worker"},
     "taskd.rendezvous": {"taskd.process", "taskd.worker"},

@@ -1,10 +1,10 @@
 """The transition table: for each event type and state, the one rule that handles it.
 
-A rule is (source states, event type, target states, handler, note). At most one rule matches an
-(event type, state) pair (checked when this module loads), so the order of `RULES` means nothing.
-After the handler ran, its result must be one of the rule's targets, where `UNCHANGED` allows the
-state the job was in: a handler landing anywhere else raises `TransitionError`. An event no rule takes
-is answered 401 naming the states that would take it (timer and disconnect events are dropped).
+Rules mean what taskd/rule_table.py says (as in the agent's round table): a rule takes one event type in its
+source states, at most one rule per (event type, state) pair, and its handler must land in one of its targets
+or `TransitionError` is raised. `RULES` is checked when this module loads. An event no rule takes is answered
+401 naming the states that would take it (timer and disconnect events are dropped; `late_answers` rules are
+not named).
 
 docs/controller.md embeds `describe_table(markdown=True)`; refresh it with
 `python -m taskd.controller.table --write docs/controller.md` (a test fails when it is stale).
@@ -12,14 +12,11 @@ docs/controller.md embeds `describe_table(markdown=True)`; refresh it with
 
 from __future__ import annotations
 
-import argparse
-import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
-from pathlib import Path
 from typing import Any
 
+from taskd import rule_table
 from taskd.controller import handlers as h
 from taskd.controller.events import (
     EVENT_TYPES,
@@ -39,37 +36,20 @@ from taskd.controller.events import (
 )
 from taskd.controller.job import Job
 from taskd.controller.model import ACTIVE, ANY, LIVE, TERMINAL, Declined, JobState
+from taskd.doc_block import DocBlock
+from taskd.rule_table import UNCHANGED, RuleTable, TransitionError, Unchanged, check_target
 
 S = JobState
-
-
-class Unchanged(Enum):
-    """A rule's target meaning "the state the job was in", for rules with several source states."""
-
-    UNCHANGED = "unchanged"
-
-
-UNCHANGED = Unchanged.UNCHANGED
-Target = JobState | Unchanged
 Handler = Callable[[Job, Any, float, Outcome], JobState | Declined]
-
-
-class TransitionError(AssertionError):
-    """A handler moved a job to a state its rule does not list: a bug in the handler or the table."""
+Target = JobState | Unchanged
 
 
 @dataclass(frozen=True)
-class Rule:
-    sources: frozenset[JobState]
-    event: type
-    targets: frozenset[Target]
-    handler: Handler
-    note: str = ""  # what the targets mean, for docs/controller.md
+class Rule(rule_table.Rule[JobState, Handler]):
+    """A rule of a job's table; `late_answers` keeps it out of the states a 401 names."""
+
     # takes only answers to a phase already over (a client retry, a late confirmation): not named in a 401
     late_answers: bool = False
-
-    def allows(self, source: JobState, target: JobState) -> bool:
-        return target in self.targets or (target == source and UNCHANGED in self.targets)
 
 
 def _states(*states: JobState) -> frozenset[JobState]:
@@ -136,32 +116,11 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def index_rules(rules: Iterable[Rule]) -> dict[tuple[type, JobState], Rule]:
-    """{(event type, state): rule}; ValueError if two rules claim the same pair (order would matter)."""
-    index: dict[tuple[type, JobState], Rule] = {}
-    for rule in rules:
-        if rule.event not in EVENT_TYPES:
-            raise ValueError(f"{rule.handler.__name__}: {rule.event!r} is not an event type")
-        for state in rule.sources:
-            other = index.setdefault((rule.event, state), rule)
-            if other is not rule:
-                raise ValueError(f"{rule.event.__name__} in {state.value} is claimed by both "
-                                 f"{other.handler.__name__} and {rule.handler.__name__}")
-    return index
+_NAMED = {ANY: "any", LIVE: "LIVE (not terminal)", ACTIVE: "ACTIVE (LIVE, not RESUMING)", TERMINAL: "terminal"}
 
-
-INDEX = index_rules(RULES)
-
-
-def find_rule(event_type: type, state: JobState) -> Rule | None:
-    return INDEX.get((event_type, state))
-
-
-def check_target(rule: Rule, source: JobState, target: JobState) -> None:
-    """Raise `TransitionError` unless the table lets `rule` move a job from `source` to `target`."""
-    if not rule.allows(source, target):
-        raise TransitionError(f"{rule.handler.__name__} moved {source.value} to {target.value}, "
-                              f"table allows {_fmt_targets(rule.targets)}")
+TABLE = RuleTable(RULES, JobState, EVENT_TYPES, _NAMED)  # checked at import: a pair claimed twice fails it
+INDEX = TABLE.index
+index_rules, find_rule, describe_table = TABLE.index_rules, TABLE.find, TABLE.describe
 
 
 def accepting_states(event_type: type) -> list[JobState]:
@@ -177,66 +136,14 @@ def refusal_info(job_id: str, state: JobState, event_type: type) -> str:
     return f"job {job_id} is {state.value}, not {expected} ({event_type.__name__} refused)"
 
 
-# ---------------------------------------------------------------------------- the table as text
+# ---------------------------------------------------------------------------- the table in the docs
 
-_NAMED = {ANY: "any", LIVE: "LIVE (not terminal)", ACTIVE: "ACTIVE (LIVE, not RESUMING)", TERMINAL: "terminal"}
+DOC = DocBlock("table", "taskd.controller.table", "docs/controller.md", "the transition table",
+               lambda: describe_table(markdown=True), description=__doc__.splitlines()[0], show=describe_table)
+BEGIN, END, update_doc, main = DOC.begin, DOC.end, DOC.update, DOC.main
 
-
-def _fmt_sources(sources: frozenset[JobState]) -> str:
-    return _NAMED.get(sources) or ", ".join(s.value for s in JobState if s in sources)
-
-
-def _fmt_targets(targets: frozenset[Target]) -> str:
-    names = [s.value for s in JobState if s in targets]
-    return ", ".join(names + (["unchanged"] if UNCHANGED in targets else []))
-
-
-def describe_table(markdown: bool = False) -> str:
-    """The transition table, one line per rule: as text (handy in a debugger) or as the Markdown of the docs."""
-    if markdown:
-        rows = ["| source | event | targets | handler | what happens |", "| --- | --- | --- | --- | --- |"]
-        rows += [f"| {_fmt_sources(r.sources)} | {r.event.__name__} | {_fmt_targets(r.targets)} | "
-                 f"`{r.handler.__name__}` | {r.note} |" for r in RULES]
-    else:
-        width = max(len(_fmt_sources(r.sources)) for r in RULES)
-        rows = [f"{_fmt_sources(r.sources):<{width}}  {r.event.__name__:<22} -> {_fmt_targets(r.targets):<40} "
-                f"{r.handler.__name__}" for r in RULES]
-    return "\n".join(rows)
-
-
-BEGIN = "<!-- table:begin (generated by `python -m taskd.controller.table --write docs/controller.md`) -->"
-END = "<!-- table:end -->"
-
-
-def update_doc(text: str) -> str:
-    """`text` with the table between its BEGIN and END markers replaced by the current one."""
-    start, end = text.find(BEGIN), text.find(END)
-    if start < 0 or end < start:
-        raise ValueError(f"the table markers are missing; put {BEGIN!r} and {END!r} on lines of their own")
-    return text[:start] + BEGIN + "\n" + describe_table(markdown=True) + "\n" + text[end:]
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m taskd.controller.table", description=__doc__.splitlines()[0])
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--write", metavar="DOC", type=Path, help="refresh the table between the markers of DOC")
-    group.add_argument("--check", metavar="DOC", type=Path, help="exit 1 if the table in DOC is out of date")
-    args = parser.parse_args(argv)
-    doc = args.write or args.check
-    if doc is None:
-        sys.stdout.write(describe_table() + "\n")
-        return 0
-    text = doc.read_text(encoding="utf-8")
-    fresh = update_doc(text)
-    if args.check:
-        if fresh != text:
-            sys.stderr.write(f"{doc}: the transition table is out of date; run {parser.prog} --write {doc}\n")
-            return 1
-        return 0
-    if fresh != text:
-        doc.write_text(fresh, encoding="utf-8")
-    return 0
-
+__all__ = ["BEGIN", "END", "INDEX", "RULES", "UNCHANGED", "Rule", "TransitionError", "accepting_states",
+           "check_target", "describe_table", "find_rule", "index_rules", "main", "refusal_info", "update_doc"]
 
 if __name__ == "__main__":
     raise SystemExit(main())
