@@ -83,7 +83,13 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# N distinct free ports, chosen together (each held until all are chosen, so no two are the same).
+free_ports() {
+    python3 -c 'import socket, sys
+socks = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in socks: s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in socks))' "$1"
+}
 
 # Node names must resolve on the "nodes": the sbatch hands the first one to `taskd run --server` and
 # as MASTER_ADDR. Two names on one host: add them to /etc/hosts for the run (root only), else one node.
@@ -107,7 +113,8 @@ munged --key-file "$work/munge/munge.key" --socket "$socket" --pid-file "$work/m
     --log-file "$work/log/munged.log" --seed-file "$work/munge/munged.seed" --force \
     || fail "munged did not start: $(tail -n 3 "$work/log/munged.log" 2>/dev/null)"
 
-ctld_port=$(free_port)
+read -r ctld_port node_ports <<<"$(free_ports $((1 + ${#nodes[@]})))"
+read -r -a node_ports <<<"$node_ports"
 unset $(compgen -v SLURM_) SLURMD_NODENAME 2>/dev/null || true  # run inside a Slurm job, this is a cluster of its own
 export SLURM_CONF="$work/etc/slurm.conf"
 {
@@ -145,8 +152,8 @@ InactiveLimit=0
 MinJobAge=3
 EOF
     # CPUs=8: the sbatch asks --cpus-per-task=8; config_overrides lets slurmd report what is declared.
-    for n in "${nodes[@]}"; do
-        echo "NodeName=$n NodeAddr=127.0.0.1 NodeHostname=$(hostname -s) Port=$(free_port) CPUs=8 RealMemory=1000 State=UNKNOWN"
+    for i in "${!nodes[@]}"; do
+        echo "NodeName=${nodes[$i]} NodeAddr=127.0.0.1 NodeHostname=$(hostname -s) Port=${node_ports[$i]} CPUs=8 RealMemory=1000 State=UNKNOWN"
     done
     echo "PartitionName=ci Nodes=$(IFS=,; echo "${nodes[*]}") Default=YES MaxTime=60 State=UP"
 } >"$SLURM_CONF"
@@ -190,21 +197,32 @@ rank_procs() {
 # Every process that carries the job's id (its steps, taskd, the ranks).
 job_procs() { grep -lsx "SLURM_JOB_ID=$1" --null-data /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 | grep -vx "$$" || true; }
 
+# The sbatch asks for 2 nodes; on a one-node cluster the command line says 1 (the file is unchanged).
+sbatch_opts=()
+[ "${#nodes[@]}" = 2 ] || sbatch_opts=(--nodes="${#nodes[@]}")
+
 submit() {  # $1 = a name for this run; sets job_id, out, sbatch_pid
-    local log="$work/jobs/$1.sbatch"
-    (cd "$work/jobs" && exec timeout "$job_timeout" stdbuf -oL sbatch --wait "$sbatch_file" --steps "$steps") \
-        >"$log" 2>&1 &
+    local log="$work/jobs/$1.sbatch" state
+    : >"$log"  # before the background job opens it: read below at once
+    (cd "$work/jobs" && exec timeout "$job_timeout" stdbuf -oL sbatch --wait "${sbatch_opts[@]}" "$sbatch_file" \
+        --steps "$steps") >"$log" 2>&1 &
     sbatch_pid=$!
     job_id=
     for _ in $(seq 100); do  # bounded: 10 s
-        job_id=$(sed -n 's/^Submitted batch job \([0-9]*\).*/\1/p' "$log")
+        job_id=$(sed -n 's/^Submitted batch job \([0-9]*\).*/\1/p' "$log" || true)
         [ -n "$job_id" ] || ! kill -0 "$sbatch_pid" 2>/dev/null && break
         sleep 0.1
     done
     [ -n "$job_id" ] || fail "sbatch did not submit within 10 s: $(cat "$log")"
     slurm_jobs+=("$job_id")
     out="$work/jobs/taskd-ddp-$job_id.out"
-    say "$1: job $job_id submitted (sbatch --wait $sbatch_file --steps $steps)"
+    say "$1: job $job_id submitted: sbatch --wait ${sbatch_opts[*]:+${sbatch_opts[*]} }$sbatch_file --steps $steps"
+    for _ in $(seq 300); do  # bounded: 30 s to be scheduled
+        state=$(squeue -h -j "$job_id" -o '%T %r' 2>/dev/null || true)
+        [[ $state == PENDING* ]] || return 0
+        sleep 0.1
+    done
+    fail "job $job_id still pending after 30 s: $state"
 }
 
 finish() {  # waits for sbatch --wait; sets rc (the job's exit code)
