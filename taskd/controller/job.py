@@ -37,7 +37,7 @@ class Job:
         self.deadline: float | None = None
         self.recover_succeeded_at: float | None = None
         # the ranks that recover restarted (None: unknown, e.g. after a controller restart): a fault of
-        # which ranks the last recover restarted: named in the recover_unsettled event
+        # another rank within the settle window is a new fault, not that recover failing to settle
         self.recover_ranks: frozenset[int] | None = None
         self.unsettled_recovers = 0
         self.recover_banned = False
@@ -204,21 +204,17 @@ class Job:
         self.info = f"round {r.number}: faults {fmt_faults(r.faults)}"
         self.record(out, "round_started", faults=fmt_faults(r.faults))
         if self.recover_succeeded_at is not None:
-            # The settle rule: ANY fault of the job within the window counts as that recover failing, also a
-            # survivor's. A tightly coupled survivor breaks 0.4 s after its peer is replaced (issue 18), and
-            # counting only the restarted ranks chose recover again until the budget was spent; the price
-            # for independent ranks is one job-rescheduling for an unrelated fault inside the window.
             since = now - self.recover_succeeded_at
-            if since <= self.config.settle_window:
+            again = self.recover_ranks is None or bool(self.recover_ranks & r.faults.keys())
+            if since <= self.config.settle_window and again:
                 self.unsettled_recovers += 1
                 why = f"recover {since:.1f}s ago did not settle"
                 r.excluded.update({Strategy.RETRY: why, Strategy.RECOVER: why})
                 r.tried.append(Strategy.RECOVER)  # that recover's restart pays for this round's: one in all
                 if self.unsettled_recovers >= 2:
                     self.recover_banned = True
-                restarted = self.recover_ranks is not None and bool(self.recover_ranks & r.faults.keys())
-                self.record(out, "recover_unsettled", seconds_since=round(since, 3), count=self.unsettled_recovers,
-                            recover_banned=self.recover_banned, restarted_rank=restarted)
+                self.record(out, "recover_unsettled", seconds_since=round(since, 3),
+                            count=self.unsettled_recovers, recover_banned=self.recover_banned)
             self.recover_succeeded_at = None
             self.recover_ranks = None
         return self.broadcast_stop(now, out)
