@@ -68,10 +68,10 @@ def run_taskd(kills: int, nproc: int, work: Path) -> dict[str, Any]:
     address = f"127.0.0.1:{port}"
     job = f"bench-detect-{os.getpid()}"
     controller = start_controller(port, log=work / "controller.log",
-                                  extra=["--settle-window", "0", "--max-restarts", "1000000"])
+                                  extra=["--settle-window", "0", "--max-restarts", "10000"])
     events, ranks = work / "taskd-events.jsonl", work / "taskd-ranks.jsonl"
     cmd = [sys.executable, str(TASKD_DRIVER), "--server", address, "--job-id", job, "--nproc-per-node", str(nproc),
-           "--max-restarts", "1000000", "--strategies", "recover,exit", "--stop-grace", "1", "--quiet",
+           "--max-restarts", "10000", "--strategies", "recover,exit", "--stop-grace", "1", "--quiet",
            str(RANK_DUMMY)]
     agent = subprocess.Popen(cmd, env=bench_env(BENCH_EVENTS=str(events), BENCH_RANK_LOG=str(ranks)),
                              stdout=(work / "taskd-console.log").open("wb"), stderr=subprocess.STDOUT, cwd=ROOT)

@@ -75,7 +75,7 @@ def run_taskd(address: str, nproc: int, strategy: str, reps: int, work: Path, sp
     tag = f"taskd-{strategy}-{nproc}-{spares}"
     events, ranks = work / f"{tag}-events.jsonl", work / f"{tag}-ranks.jsonl"
     cmd = [sys.executable, str(TASKD_DRIVER), "--server", address, "--job-id", job, "--nproc-per-node", str(nproc),
-           "--max-restarts", "1000000", "--strategies", f"{strategy},exit", "--warm-spares", str(spares), "--quiet",
+           "--max-restarts", "10000", "--strategies", f"{strategy},exit", "--warm-spares", str(spares), "--quiet",
            str(RANK_DUMMY)]
     agent = subprocess.Popen(cmd, env=bench_env(BENCH_EVENTS=str(events), BENCH_RANK_LOG=str(ranks)),
                              stdout=(work / f"{tag}-console.log").open("wb"), stderr=subprocess.STDOUT, cwd=ROOT)
@@ -178,7 +178,7 @@ def main() -> int:
         work = Path(tmp)
         port = free_port()
         controller = start_controller(port, log=work / "controller.log",
-                                      extra=["--settle-window", "0", "--max-restarts", "1000000"])
+                                      extra=["--settle-window", "0", "--max-restarts", "10000"])
         try:
             for n in sizes:
                 for label, strategy, spares in CONFIGS:

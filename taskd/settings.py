@@ -22,17 +22,22 @@ from taskd.doc_block import DocBlock
 
 @dataclass(frozen=True)
 class Bound:
-    """The lowest value a setting takes: `>= low`, or `> low` when the low end itself is not allowed."""
+    """The values a setting takes: `>= low` (or `> low` when the low end itself is not allowed), and at most
+    `high` where a controller refuses more (it would answer 409 to the job's Init)."""
 
     low: int
     inclusive: bool = True
+    high: int | None = None
 
     def allows(self, value: float) -> bool:
+        if self.high is not None and value > self.high:
+            return False
         return value > self.low or (self.inclusive and value == self.low)
 
     @property
     def rule(self) -> str:
-        return f">= {self.low}" if self.inclusive else f"> {self.low}"
+        low = f">= {self.low}" if self.inclusive else f"> {self.low}"
+        return low if self.high is None else f"{low} and <= {self.high}"
 
 
 @dataclass(frozen=True)
@@ -86,7 +91,8 @@ SETTINGS: tuple[Setting, ...] = (
             "TASKD_NPROC_PER_NODE", run_field="nproc_per_node", derived="the ranks msrun's MONITOR lists"),
     Setting("strategies", tuple, (), "strategies this agent offers, in order, e.g. `job-rescheduling,exit`",
             flags=("--strategies",), env="TASKD_STRATEGIES", shown="`job-rescheduling,exit` under msrun"),
-    Setting("max_restarts", int, 3, "restart budget of the job", _NONNEGATIVE,
+    # at most 10,000: the controller refuses a larger budget (controller/validation.py, MAX_RESTART_BUDGET)
+    Setting("max_restarts", int, 3, "restart budget of the job", Bound(0, high=10_000),
             flags=("--max-restarts", "--max_restarts"), env="TASKD_MAX_RESTARTS",
             server_field="default_max_restarts", server_flag="--max-restarts"),
     Setting("monitor_interval", float, 1.0, "seconds between the agent's sweeps (hang checks run on them)", _POSITIVE,

@@ -8,7 +8,7 @@ from taskd.agent.config import AgentConfig
 
 
 @pytest.mark.parametrize("field,value,needle", [
-    ("max_restarts", -1, "max_restarts must be >= 0, not -1"),
+    ("max_restarts", -1, "max_restarts must be >= 0 and <= 10000, not -1"),
     ("monitor_interval", 0, "monitor_interval must be > 0"),
     ("stop_grace", -1.0, "stop_grace must be >= 0"),
     ("controller_timeout", -5, "controller_timeout must be >= 0"),
@@ -38,9 +38,9 @@ def test_a_bad_variable_is_named(monkeypatch: pytest.MonkeyPatch, var: str, valu
 
 def test_a_bad_flag_is_named_and_an_override_is_not_blamed_on_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TASKD_MAX_RESTARTS", "2")
-    with pytest.raises(ValueError, match=r"max_restarts \(--max-restarts\) must be >= 0, not -1"):
+    with pytest.raises(ValueError, match=r"max_restarts \(--max-restarts\) must be >= 0 and <= 10000, not -1"):
         AgentConfig.from_env({"max_restarts": "--max-restarts"}, max_restarts=-1)
-    with pytest.raises(ValueError, match=r"^max_restarts must be >= 0, not -1$"):
+    with pytest.raises(ValueError, match=r"^max_restarts must be >= 0 and <= 10000, not -1$"):
         AgentConfig.from_env(max_restarts=-1)
 
 

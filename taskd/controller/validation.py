@@ -11,13 +11,14 @@ from collections.abc import Iterable, Sequence
 
 from taskd.controller.config import RANK_LIMIT
 from taskd.proto import recover_pb2
+from taskd.settings import setting
 from taskd.vocabulary import FaultType, Strategy
 
 MAX_LIST = 100_000
 MAX_STRING = 4096
 MAX_JOB_ID_BYTES = 256
 MAX_RANKS_PER_NODE = 65536
-MAX_RESTART_BUDGET = 10_000
+MAX_RESTART_BUDGET = setting("max_restarts").bound.high  # the agent refuses more when it is built
 """The largest `maxRestarts` a job may ask for: a restart costs seconds at least, so 10,000 outlasts any
 real run, while 2^31-1 is an unbounded budget dressed as a number."""
 MAX_STRATEGY_NAMES = 16

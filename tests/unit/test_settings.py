@@ -172,7 +172,7 @@ def test_taskd_run_hands_the_agent_every_setting_it_has_a_flag_for_naming_its_so
     assert (values["max_restarts"], values["join_timeout"], values["strategies"]) == (2, 9.0, ["exit"])
     assert (origins["max_restarts"], origins["join_timeout"]) == ("--max-restarts", "--rdzv-conf join_timeout")
     assert origins["heartbeat_timeout"] == "--heartbeat-timeout" and values["heartbeat_timeout"] is None
-    with pytest.raises(ValueError, match=r"max_restarts \(--max-restarts\) must be >= 0, not -1"):
+    with pytest.raises(ValueError, match=r"max_restarts \(--max-restarts\) must be >= 0 and <= 10000, not -1"):
         AgentConfig.from_env(origins, launcher="taskd", **{**values, "max_restarts": -1})
 
 
