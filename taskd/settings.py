@@ -115,7 +115,8 @@ SETTINGS: tuple[Setting, ...] = (
             label="--rdzv-conf join_timeout", server_field="join_timeout", server_flag="--join-timeout"),
     Setting("node_rejoin_timeout", float, 300.0, "seconds a replacement node waits for its node-loss round's "
             "strategy before it gives up, no rank started (the controller's --node-rejoin-timeout bounds the round)",
-            _POSITIVE, env="TASKD_NODE_REJOIN_TIMEOUT"),
+            _POSITIVE, env="TASKD_NODE_REJOIN_TIMEOUT", server_field="node_rejoin_timeout",
+            server_flag="--node-rejoin-timeout"),
     Setting("standby", bool, False, "join as a spare node: no rank until the controller assigns a lost node's rank; "
             "exit 0 if none is", flags=("--standby",)),
     # `taskd run` only (the launcher's)

@@ -1,8 +1,9 @@
 """A lost `taskd run` end to end: a real `taskd server`, two real nodes, one SIGKILLed.
 
-Node 1's ranks die with their agent (PDEATHSIG); nothing can restart them, so after
-`--agent-loss-timeout` the controller fails the job and node 0 stops its ranks and exits non-zero
-instead of running (or, in a coupled job, hanging) forever.
+Node 1's ranks die with their agent (PDEATHSIG). Since issue 17 the controller does not fail the job at once:
+it opens a node-loss round and waits `--node-rejoin-timeout` for a replacement of node 1; none comes here, so
+the job fails and node 0 stops its ranks and exits non-zero instead of running (or, in a coupled job, hanging)
+forever, with a reason that says how to add a node.
 """
 
 from __future__ import annotations
@@ -18,17 +19,18 @@ from support import free_port, leftovers, port_open, ranks_of, wait_for
 from test_run_e2e import ROOT, taskd_run
 
 LOSS_TIMEOUT = 3
+REJOIN_TIMEOUT = 3
 
 
 
-def test_sigkilled_node_fails_the_job_and_the_other_node_exits(tmp_path: Path) -> None:
+def test_sigkilled_node_without_replacement_fails_the_job_and_the_other_node_exits(tmp_path: Path) -> None:
     marker = f"lost-node-{os.getpid()}-{time.monotonic_ns()}"
     script = tmp_path / f"{marker}.py"
     script.write_text("import time\ntime.sleep(120)\n")
     port = free_port()
     address = f"127.0.0.1:{port}"
     server = subprocess.Popen([sys.executable, "-m", "taskd", "server", "--listen", address, "--state", ":memory:",
-                               "--agent-loss-timeout", str(LOSS_TIMEOUT)],
+                               "--agent-loss-timeout", str(LOSS_TIMEOUT), "--node-rejoin-timeout", str(REJOIN_TIMEOUT)],
                               stdout=(tmp_path / "server.log").open("wb"), stderr=subprocess.STDOUT, cwd=ROOT)
     nodes: list[subprocess.Popen[bytes]] = []
     try:
@@ -49,10 +51,11 @@ def test_sigkilled_node_fails_the_job_and_the_other_node_exits(tmp_path: Path) -
                  "node 1's ranks to die with their agent")
 
         # the loss timeout plus a generous margin for a loaded machine: bounded, not a timing assertion
-        code = nodes[0].wait(timeout=LOSS_TIMEOUT + 60)
+        code = nodes[0].wait(timeout=LOSS_TIMEOUT + REJOIN_TIMEOUT + 60)
         log0 = (tmp_path / "node0.log").read_text()
         assert code != 0, log0
-        assert "job FAILED (the controller chose exit: agent of node 1 lost" in log0, log0
+        assert "job FAILED (the controller chose exit: node(s) 1 lost and no replacement joined" in log0, log0
+        assert "taskd run --node-rank 1" in log0, log0
         wait_for(lambda: leftovers(marker) == [], 10, "no rank process of the job left")
         assert not any(pid in leftovers(marker) for pid in node0_ranks)
 
@@ -61,8 +64,8 @@ def test_sigkilled_node_fails_the_job_and_the_other_node_exits(tmp_path: Path) -
         assert status.returncode == 0, status.stderr
         job = json.loads(status.stdout)["jobs"][0]
         assert job["state"] == "FAILED", job
-        assert "agent of node 1 lost" in job["info"], job["info"]
-        lost = [e for e in job["events"] if e["kind"] == "agent_lost"]
+        assert "node(s) 1 lost and no replacement joined" in job["info"], job["info"]
+        lost = [e for e in job["events"] if e["kind"] == "node_lost"]
         assert len(lost) == 1 and lost[0]["detail"]["node_rank"] == 1, lost
         assert lost[0]["detail"]["seconds"] >= LOSS_TIMEOUT
     finally:

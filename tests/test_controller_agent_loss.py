@@ -1,4 +1,6 @@
-"""A lost agent over real gRPC: its stream closes, it neither comes back nor finishes, the job ends."""
+"""A lost agent over real gRPC: its stream closes, it neither comes back nor finishes. Since issue 17 that opens
+a node-loss round; without a replacement within the rejoin timeout (short here) the job ends, the others exit.
+(tests/test_controller_node_loss.py has the replacement.)"""
 
 from __future__ import annotations
 
@@ -18,13 +20,14 @@ from taskd.proto import recover_pb2
 from taskd.toolkit.recover_module.recover_manager import DLRecoverManager
 
 LOSS_TIMEOUT = 2.0
+REJOIN_TIMEOUT = 1.0
 _ids = itertools.count()
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
     cfg = ControllerConfig(listen="127.0.0.1:0", state_path=":memory:", keepalive_interval=0.2,
-                           agent_loss_timeout=LOSS_TIMEOUT)
+                           agent_loss_timeout=LOSS_TIMEOUT, node_rejoin_timeout=REJOIN_TIMEOUT)
     with EmbeddedController(cfg) as ctl:
         yield ctl.address
 
@@ -64,14 +67,18 @@ def unsubscribed(agent: ScriptedAgent) -> Callable[[], bool]:
     return check
 
 
-def test_lost_agent_fails_the_job_and_the_others_exit_then_a_returning_one_is_killed(job) -> None:
+def test_lost_agent_without_replacement_fails_the_job_and_the_others_exit_then_a_returning_one_is_killed(job) -> None:
     node0, node1 = job()
     node1.unsubscribe()  # its process died: the stream closes, no ReportFinished
-    node0.expect("changeStrategy", "exit", timeout=LOSS_TIMEOUT + 30)
+    node0.expect("stopTrain", timeout=LOSS_TIMEOUT + 30)  # a node-loss round: node 1's rank
+    assert node0.stop_complete(faults={1: 1}).code == 0
+    node0.expect("globalFault")
+    assert node0.strategies(["recover", "job-rescheduling", "exit"], faults={1: 1}).code == 0
+    node0.expect("changeStrategy", "exit", timeout=REJOIN_TIMEOUT + 30)  # nobody replaced node 1
     rec = record(node0)
     assert rec.state == "FAILED"
-    assert rec.info == f"agent of node 1 lost for {LOSS_TIMEOUT:.0f}s: nothing can restart its ranks"
-    (lost,) = [e for e in rec.events if e.kind == "agent_lost"]
+    assert rec.info.startswith("node(s) 1 lost and no replacement joined within 1 s (--node-rejoin-timeout)")
+    (lost,) = [e for e in rec.events if e.kind == "node_lost"]
     assert '"node_rank": 1' in lost.detail
     assert rec.rounds[-1].outcome == "failed" and rec.rounds[-1].strategy == "exit"
     assert node0.status("exit").code == 0  # the remaining agent confirms as usual
@@ -107,8 +114,8 @@ def test_an_agent_that_finished_is_not_lost(job) -> None:
 def test_single_agent_job_whose_agent_is_lost_becomes_failed(job) -> None:
     (node0,) = job(nodes=1)
     node0.unsubscribe()
-    wait_until(lambda: record(node0).state == "FAILED", LOSS_TIMEOUT + 30, "the job to fail")
-    assert "node 0 lost" in record(node0).info
+    wait_until(lambda: record(node0).state == "FAILED", LOSS_TIMEOUT + REJOIN_TIMEOUT + 30, "the job to fail")
+    assert "node(s) 0 lost and no replacement joined" in record(node0).info
 
 
 def test_real_client_back_on_a_failed_job_gets_kill_master(server: str, job) -> None:
@@ -117,7 +124,7 @@ def test_real_client_back_on_a_failed_job_gets_kill_master(server: str, job) -> 
     info = recover_pb2.ClientInfo(jobId=node0.job_id, role="agent", nodeRank=0, nodeCount=1, ranksPerNode=1,
                                   host=node0.info.host, pid=node0.info.pid)  # the same agent process
     node0.unsubscribe()
-    wait_until(lambda: record(node0).state == "FAILED", LOSS_TIMEOUT + 30, "the job to fail")
+    wait_until(lambda: record(node0).state == "FAILED", LOSS_TIMEOUT + REJOIN_TIMEOUT + 30, "the job to fail")
     mgr = DLRecoverManager(info, server, backoff_initial=0.05, backoff_max=0.3, call_timeout=5)
     killed: queue.Queue = queue.Queue()
     mgr.register_action_handler("killMaster", killed.put)

@@ -19,6 +19,7 @@ from taskd.controller.server import ControllerConfig, EmbeddedController
 from taskd.controller.state_machine import (
     AgentConnected,
     AgentDisconnected,
+    AgentLossDue,
     AgentRegistered,
     JobInit,
     JobMachine,
@@ -95,11 +96,14 @@ def test_the_same_process_reconnects(ctl: EmbeddedController) -> None:
     agent.close()
 
 
-def test_a_node_whose_stream_closed_is_taken_over(ctl: EmbeddedController) -> None:
+def test_a_node_whose_agent_was_declared_lost_is_taken_over(ctl: EmbeddedController) -> None:
+    """Issue 17: a closed stream alone no longer frees the node; once the agent is declared lost (the grace,
+    here the 0.5 s loss timeout) the node-loss round awaits a replacement, and the next Register takes it."""
     first = ScriptedAgent(ctl.address, "j", nodes := 0, 2, host="node-a", pid=111).join()
     peer = ScriptedAgent(ctl.address, "j", 1, 2, host="node-c", pid=333).join()
     first.close()  # its process died
     wait_for(lambda: not agents_of(peer, "j")[nodes][3], what="node 0's stream to close")
+    wait_for(lambda: list(peer.list_jobs("j").jobs[0].rejoining) == [0], what="node 0 to be declared lost")
     second = ScriptedAgent(ctl.address, "j", 0, 2, host="node-b", pid=222).join()  # restarted elsewhere
     assert agents_of(peer, "j")[0] == (0, "node-b", 222, True)
     for a in (peer, second):
@@ -110,7 +114,7 @@ def test_a_lost_agent_is_taken_over(ctl: EmbeddedController) -> None:
     lost = ScriptedAgent(ctl.address, "j", host="node-a", pid=111)
     ok(lost.init())
     ok(lost.register())  # and never subscribes: lost after the loss timeout (0.5 s)
-    wait_for(lambda: lost.list_jobs("j").jobs[0].state == "FAILED", what="the agent to be declared lost")
+    wait_for(lambda: lost.list_jobs("j").jobs[0].state == "REJOINING", what="the agent to be declared lost")
     ok(ScriptedAgent(ctl.address, "j", host="node-b", pid=222).register())
     assert agents_of(lost, "j")[0][1:3] == ("node-b", 222)
     lost.close()
@@ -150,7 +154,8 @@ def test_holder_rule_over_time() -> None:
     refused = m.handle(AgentRegistered(node_rank=0, host="b", pid=2), 29.0)
     assert refused.code == Code.INVALID_PARAMS and not refused.records and not refused.agents_changed
     assert (m.agents[0].host, m.agents[0].pid) == ("a", 1)  # not replaced
-    assert m.handle(AgentRegistered(node_rank=0, host="b", pid=2), 30.0).code == 0  # lost by now: taken over
+    m.handle(AgentLossDue(), 30.0)  # declared lost (a job without ranksPerNode fails then)
+    assert m.handle(AgentRegistered(node_rank=0, host="b", pid=2), 30.0).code == 0  # taken over
     m.handle(AgentConnected(node_rank=0), 31.0)
     assert m.holder(0, "c", 3, 10_000.0) is m.agents[0]  # a stream open is live however long it has been
     assert m.holder(0, "b", 2, 31.0) is None  # itself

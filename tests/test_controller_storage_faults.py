@@ -389,7 +389,7 @@ def fingerprint(m: JobMachine) -> Any:
                                         sorted(r.participants), list(r.broadcast_sets), r.strategy_started_at)
     agents = sorted((n, repr(a), a.role, a.ranks_per_node, a.registered_at, a.last_seen) for n, a in m.agents.items())
     table = m.agents
-    counts = (table.online_count, table.subscribed_count, table.finished_ok_count, table.first_gone())
+    counts = (table.online_count, table.subscribed_count, table.finished_ok_count, table.first_loss_at())
     return (copy.deepcopy(snapshot(m)), m.deadline, m.last_signal, per_round, agents, counts, table.problems())
 
 

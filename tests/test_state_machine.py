@@ -35,8 +35,11 @@ from taskd.controller.state_machine import (
 from taskd.vocabulary import Code, SignalType, Strategy
 
 S = JobState
+# agent_loss_grace = the loss timeout: these tests time one loss clock; a job without ranksPerNode (new_job) cannot
+# name a lost node's ranks, so a lost agent still fails it (tests/unit/controller/test_node_loss_round.py has the
+# node-loss round of a job that says its ranks per node)
 CFG = MachineConfig(stop_timeout=10, strategy_timeout=10, recover_timeout=50, resume_timeout=20, settle_window=30,
-                    default_max_restarts=3, agent_loss_timeout=30)
+                    default_max_restarts=3, agent_loss_timeout=30, agent_loss_grace=30)
 ALL = ("retry", "recover", "job-rescheduling", "dump", "exit")
 
 
@@ -820,7 +823,7 @@ def _line(text: str, handler: str) -> str:
 def test_table_prints_the_real_targets_of_handlers_that_end_the_job() -> None:
     text = describe_table()
     assert "SUCCEEDED, FAILED, unchanged" in _line(text, "on_finished")
-    assert "FAILED, unchanged" in _line(text, "on_agent_lost")
+    assert "FAILED, unchanged" in _line(text, "on_join_timeout")
     assert "RUNNING, unchanged" in _line(text, "on_init")
     assert "same" not in text
     for rule in RULES:  # "any state" is no target: every rule names where it can lead
@@ -902,18 +905,21 @@ def test_agent_counters_follow_register_subscribe_finish_and_reset() -> None:
     assert counts(m)[:2] == (3, 3) and m.wake_at is None
     m.handle(AgentFinished(node_rank=0), 3)
     m.handle(AgentDisconnected(node_rank=1), 3)  # node 1's agent is gone (a live one keeps its node) ...
-    m.handle(AgentRegistered(node_rank=1, host="other", pid=7), 3)  # ... and a new process takes node 1 over
-    m.handle(AgentConnected(node_rank=1), 3)
+    # ... until it is declared lost (issue 17: the job fails here, node 0 having finished) ...
+    fire(m, 3 + CFG.agent_loss_timeout)
+    assert m.state == S.FAILED
+    m.handle(AgentRegistered(node_rank=1, host="other", pid=7), 34)  # ... then a new process takes node 1 over
+    m.handle(AgentConnected(node_rank=1), 34)
     assert m.agents.finished_ok_count == 1 and [a.node_rank for a in m.agents.at("other", 7)] == [1]
     assert m.agents.at("h", 101) == [] and [a.node_rank for a in m.agents.at("h", 100)] == [0]
     assert m.agents.problems() == []
     # the job ended badly; a new run (unknown process, nobody online) resets it: indexes empty too
-    m.handle(AgentFinished(node_rank=1, exit_code=3), 4)
+    m.handle(AgentFinished(node_rank=1, exit_code=3), 35)
     for n in (1, 2):
-        m.handle(AgentDisconnected(node_rank=n), 4)
+        m.handle(AgentDisconnected(node_rank=n), 35)
     assert m.state == S.FAILED and m.agents.online_count == 1  # node 0 finished but its stream never closed
     m.agents.set_online(m.agents[0], False)  # as if its stream had closed long ago
-    assert "reset" in m.handle(JobInit(node_count=2, host="h", pid=999), 5).info
+    assert "reset" in m.handle(JobInit(node_count=2, host="h", pid=999), 36).info
     assert counts(m) == (0, 0, 0)
     assert m.agents == {} and m.agents.at("h", 100) == [] and m.wake_at is None and m.agents.problems() == []
 

@@ -36,6 +36,7 @@ from taskd.client.credentials import ClientCredentials  # noqa: E402
 from taskd.client.errors import (  # noqa: E402
     AuthenticationError,
     ConfigurationError,
+    FencedError,
     RecoverClientError,
     ServerUnreachable,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "ClientCredentials",
     "ConfigurationError",
     "DLRecoverManager",
+    "FencedError",
     "RecoverClient",
     "RecoverClientError",
     "RecoverSignal",

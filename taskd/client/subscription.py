@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import threading
 import time
@@ -23,10 +24,11 @@ import grpc
 import grpc.aio
 
 from taskd.client.dispatch import Dispatcher
-from taskd.client.errors import RecoverClientError
+from taskd.client.errors import FencedError, RecoverClientError
 from taskd.client.retry import Backoff
 from taskd.client.rpc import RpcClient, translate
 from taskd.proto import recover_pb2, recover_pb2_grpc
+from taskd.vocabulary import SignalType
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +52,14 @@ async def in_thread(fn: Callable[[], Any]) -> Any:
 
     threading.Thread(target=work, name="taskd-client-worker", daemon=True).start()
     return await future
+
+
+def _reason(message: recover_pb2.ProcessManageSignal) -> str:
+    try:
+        params = json.loads(message.extraParams or "{}")
+    except ValueError:
+        return message.extraParams
+    return str(params.get("reason", "")) if isinstance(params, dict) else ""
 
 
 def _task_is_cancelling() -> bool:
@@ -80,6 +90,9 @@ class Subscription:
         self._last_activity = 0.0  # monotonic; what the liveness watchdog compares against
         self._last_signal_mono: float | None = None  # last message on the current stream
         self.last_signal_time: float | None = None  # wall clock of the last signal received
+        # why the controller fenced this agent (a `taskd.fenced` signal, or a 411 to the re-Init/Register):
+        # the subscription ends and never resubscribes
+        self.fenced_reason = ""
 
     @property
     def running(self) -> bool:
@@ -183,6 +196,9 @@ class Subscription:
                     backoff.reset()
                 self._touch(signal=True)
                 await self._handle(message)
+                if message.signalType == SignalType.FENCED:
+                    self.fenced_reason = _reason(message) or "fenced by the controller"
+                    return
                 if self._stopped.is_set():
                     return
         finally:
@@ -232,8 +248,18 @@ class Subscription:
                         await in_thread(self._resync)
                     need_sync = True
                     await self._listen(channel, backoff)
+                    if self.fenced_reason:
+                        logger.error("the controller fenced this agent; not resubscribing: %s", self.fenced_reason)
+                        break
                     if not self._stopped.is_set():
                         logger.warning("signal stream from %s ended; reconnecting", target)
+                except FencedError as exc:  # the re-Init or re-Register was answered 411
+                    self.fenced_reason = exc.info or str(exc)
+                    logger.error("the controller fenced this agent; not resubscribing: %s", self.fenced_reason)
+                    await self._handle(recover_pb2.ProcessManageSignal(
+                        uuid="fenced", jobId=self._info().jobId, signalType=SignalType.FENCED,
+                        extraParams=json.dumps({"reason": self.fenced_reason})))
+                    break
                 except grpc.RpcError as exc:
                     if not self._stopped.is_set():
                         logger.warning("signal stream from %s broke: %s", target, translate(exc, "Subscribe", target))

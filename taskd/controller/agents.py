@@ -10,6 +10,7 @@ job's agents, however many it has.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterator, Mapping
 
 
@@ -17,11 +18,12 @@ class AgentInfo:
     """One agent of a job. Counted fields are read-only here; `AgentTable` changes them."""
 
     __slots__ = ("node_rank", "role", "ranks_per_node", "registered_at", "last_seen", "_host", "_pid", "_online",
-                 "_subscribed", "_finished", "_exit_code", "_gone_since", "_table")
+                 "_subscribed", "_finished", "_exit_code", "_gone_since", "_loss_after", "_table")
 
     def __init__(self, node_rank: int, role: str = "", host: str = "", pid: int = 0, ranks_per_node: int = 0,
                  registered_at: float = 0.0, last_seen: float = 0.0, online: bool = False, subscribed: bool = False,
-                 finished: bool = False, exit_code: int = 0, gone_since: float | None = None) -> None:
+                 finished: bool = False, exit_code: int = 0, gone_since: float | None = None,
+                 loss_after: float = math.inf) -> None:
         self._table: AgentTable | None = None
         self.node_rank = node_rank
         self.role = role
@@ -33,14 +35,15 @@ class AgentInfo:
         self._online = online
         self._subscribed = subscribed
         self._finished, self._exit_code = finished, exit_code
-        # without a signal stream since (registered, stream closed, controller restart)
+        # without a signal stream since (registered, stream closed, controller restart), and lost this long after
         self._gone_since = gone_since
+        self._loss_after = loss_after
 
     def copy(self) -> AgentInfo:
         """The same record, owned by no table."""
         return AgentInfo(self.node_rank, self.role, self._host, self._pid, self.ranks_per_node, self.registered_at,
                          self.last_seen, self._online, self._subscribed, self._finished, self._exit_code,
-                         self._gone_since)
+                         self._gone_since, self._loss_after)
 
     def __repr__(self) -> str:
         return (f"AgentInfo(node_rank={self.node_rank}, host={self._host!r}, pid={self._pid}, online={self._online}, "
@@ -78,6 +81,15 @@ class AgentInfo:
     @property
     def gone_since(self) -> float | None:
         return self._gone_since
+
+    @property
+    def loss_after(self) -> float:
+        return self._loss_after
+
+    @property
+    def loss_at(self) -> float | None:
+        """When this agent counts as lost unless it subscribes or finishes first (None: its clock is not running)."""
+        return None if self._gone_since is None or self._finished else self._gone_since + self._loss_after
 
 
 class AgentTable(Mapping[int, AgentInfo]):
@@ -144,8 +156,8 @@ class AgentTable(Mapping[int, AgentInfo]):
         if self.expected(a.node_rank):
             self.subscribed_count += a.subscribed
             self.finished_ok_count += a.finished_ok
-        if a.gone_since is not None:
-            self._push_gone(a.gone_since, a.node_rank)
+        if a.loss_at is not None:
+            self._push_gone(a.loss_at, a.node_rank)
 
     def put_back(self, node_rank: int, saved: AgentInfo | None) -> None:
         """Make node `node_rank`'s record what `saved` holds (None: no agent), counts and indexes included:
@@ -204,11 +216,12 @@ class AgentTable(Mapping[int, AgentInfo]):
         if before != after and self.expected(a.node_rank):
             self.finished_ok_count += 1 if after else -1
 
-    def set_gone(self, a: AgentInfo, since: float | None) -> None:
-        """Start (`since`) or stop (None) the agent's loss clock."""
+    def set_gone(self, a: AgentInfo, since: float | None, within: float = math.inf) -> None:
+        """Start (`since`, lost `within` seconds later) or stop (None) the agent's loss clock."""
         a._gone_since = since
-        if since is not None:
-            self._push_gone(since, a.node_rank)
+        a._loss_after = within
+        if a.loss_at is not None:
+            self._push_gone(a.loss_at, a.node_rank)
 
     # ------------------------------------------------------------------ queries
 
@@ -220,16 +233,38 @@ class AgentTable(Mapping[int, AgentInfo]):
         """{node rank: since when} of unfinished agents without a signal stream."""
         return {n: a.gone_since for n, a in self._agents.items() if a.gone_since is not None and not a.finished}
 
-    def first_gone(self) -> float | None:
-        """The earliest `gone_since` of an unfinished agent (None if none is gone); amortised O(log n)."""
+    def first_loss(self) -> tuple[float, int] | None:
+        """(loss deadline, node rank) of the agent lost first unless it comes back (None: no clock runs);
+        amortised O(log n)."""
         heap = self._gone_heap
         while heap:
-            since, n = heap[0]
+            at, n = heap[0]
             a = self._agents.get(n)
-            if a is not None and a.gone_since == since and not a.finished:
-                return since
+            if a is not None and a.loss_at == at:
+                return at, n
             heapq.heappop(heap)
         return None
+
+    def first_loss_at(self) -> float | None:
+        first = self.first_loss()
+        return None if first is None else first[0]
+
+    def clocked(self) -> set[int]:
+        """The node ranks whose loss clock runs (from the loss heap: O(gone agents), not O(agents))."""
+        return {n for at, n in self._gone_heap if (a := self._agents.get(n)) is not None and a.loss_at == at}
+
+    def lost_by(self, now: float) -> dict[int, AgentInfo]:
+        """The agents whose loss deadline has passed at `now` (O(lost · log n))."""
+        due: dict[int, AgentInfo] = {}
+        heap = self._gone_heap
+        while heap and heap[0][0] <= now:
+            at, n = heapq.heappop(heap)
+            a = self._agents.get(n)
+            if a is not None and a.loss_at == at:
+                due[n] = a
+        for n, a in due.items():  # still theirs until the caller stops their clocks
+            heapq.heappush(heap, (a.loss_at, n))  # type: ignore[arg-type]
+        return due
 
     def problems(self) -> list[str]:
         """Where the derived indexes disagree with a full recount of the agents (empty = consistent)."""
@@ -249,10 +284,10 @@ class AgentTable(Mapping[int, AgentInfo]):
         indexed = {key: self._identity_nodes(*key) for key in self._by_identity}
         if identity != indexed:
             problems.append(f"(host, pid) index {indexed} != recount {identity}")
-        gone = self.gone()
-        first = min(gone.values()) if gone else None
-        if self.first_gone() != first:
-            problems.append(f"first gone agent {self.first_gone()} != recount {first}")
+        deadlines = [a.loss_at for a in agents.values() if a.loss_at is not None]
+        first = min(deadlines) if deadlines else None
+        if self.first_loss_at() != first:
+            problems.append(f"first loss deadline {self.first_loss_at()} != recount {first}")
         return problems
 
     # ------------------------------------------------------------------ index upkeep
@@ -278,9 +313,9 @@ class AgentTable(Mapping[int, AgentInfo]):
         nodes = self._by_identity.get((host, pid))
         return set() if nodes is None else set(nodes) if isinstance(nodes, set) else {nodes}
 
-    def _push_gone(self, since: float, node_rank: int) -> None:
+    def _push_gone(self, at: float, node_rank: int) -> None:
         heap = self._gone_heap
         if len(heap) > 2 * len(self._agents) + 64:  # mostly stale entries: rebuild from the agents
-            heap[:] = [(a.gone_since, n) for n, a in self._agents.items() if a.gone_since is not None]
+            heap[:] = [(a.loss_at, n) for n, a in self._agents.items() if a.loss_at is not None]
             heapq.heapify(heap)
-        heapq.heappush(heap, (since, node_rank))
+        heapq.heappush(heap, (at, node_rank))

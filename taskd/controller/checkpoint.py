@@ -25,8 +25,8 @@ from taskd.controller.agents import AgentInfo
 from taskd.controller.job import Job
 from taskd.controller.model import Round
 
-_SMALL_JOB = ("queued",)
-_SMALL_ROUND = ("faults", "excluded", "failed", "tried", "broadcast_sets")
+_SMALL_JOB = ("queued", "rejoining", "fences")
+_SMALL_ROUND = ("faults", "excluded", "failed", "tried", "broadcast_sets", "lost")
 _MISSING = object()
 
 
@@ -38,7 +38,7 @@ class Checkpoint:
     """The state of `job` before one event at node `node` (None: an event of no node, e.g. a timer)."""
 
     __slots__ = ("job", "node", "attrs", "small", "round", "round_attrs", "round_small", "node_in", "sizes",
-                 "agent", "counts")
+                 "agent", "counts", "clocked")
 
     def __init__(self, job: Job, node: int | None) -> None:
         self.job = job
@@ -57,6 +57,8 @@ class Checkpoint:
         table = job.agents
         a = table.get(node) if node is not None else None
         self.agent: AgentInfo | None = a.copy() if a is not None else None
+        # a timer event may declare agents lost (their clocks stopped, marked offline): those whose clock runs
+        self.clocked = {n: table[n].copy() for n in table.clocked()} if node is None else {}
         self.counts = (len(table), table.online_count, table.subscribed_count, table.finished_ok_count)
 
     def restore(self) -> bool:
@@ -76,6 +78,8 @@ class Checkpoint:
         table = job.agents
         if self.node is not None:
             table.put_back(self.node, self.agent)
+        for n, saved in self.clocked.items():
+            table.put_back(n, saved)
         counts = (len(table), table.online_count, table.subscribed_count, table.finished_ok_count)
         return exact and counts == self.counts
 

@@ -36,8 +36,17 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--settle-window", type=float, default=d.settle_window, metavar="SECONDS",
                         help="a fault this soon after a successful recover counts as that recover failing")
     parser.add_argument("--agent-loss-timeout", type=float, default=d.agent_loss_timeout, metavar="SECONDS",
-                        help="an agent whose signal stream closed and that does not come back (nor report that it "
-                             "finished) within this fails its job; the other agents are told to exit")
+                        help="an agent without a signal stream (registered and never subscribed, or after a "
+                             "controller restart) that does not subscribe (nor report that it finished) within this "
+                             f"is lost: its node-loss round starts (default {d.agent_loss_timeout:g})")
+    parser.add_argument("--agent-loss-grace", type=float, default=d.agent_loss_grace, metavar="SECONDS",
+                        help="an agent whose signal stream ended and that does not resubscribe within this (at most "
+                             f"--agent-loss-timeout) is lost (default {d.agent_loss_grace:g})")
+    parser.add_argument("--node-rejoin-timeout", type=float, default=d.node_rejoin_timeout, metavar="SECONDS",
+                        help="after a node's agent is lost, wait this long for a replacement agent of that node rank "
+                             "(`taskd run --node-rank R`, a restarted pod, or a `taskd run --standby` agent) before "
+                             f"the job fails (default {d.node_rejoin_timeout:g}: a pod rescheduled with its image "
+                             "pulled)")
     parser.add_argument("--join-timeout", type=float, default=d.join_timeout, metavar="SECONDS",
                         help="a job whose nodes have not all registered this long after its first agent did fails "
                              "(naming the missing nodes) and the agents that joined are told to exit; torchrun's "

@@ -93,6 +93,7 @@ FLAGS = {
     "stop_timeout": "--stop-timeout", "strategy_timeout": "--strategy-timeout",
     "recover_timeout": "--recover-timeout", "resume_timeout": "--resume-timeout", "settle_window": "--settle-window",
     "default_max_restarts": "--max-restarts", "agent_loss_timeout": "--agent-loss-timeout",
+    "agent_loss_grace": "--agent-loss-grace", "node_rejoin_timeout": "--node-rejoin-timeout",
     "join_timeout": "--join-timeout", "max_jobs": "--max-jobs",
     "finished_job_retention": "--finished-job-retention",
     "unregistered_job_timeout": "--unregistered-job-timeout", "token_file": f"--token-file or {TOKEN_ENV}",
@@ -182,7 +183,8 @@ class ControllerConfig(MachineConfig):
             bad("listen", str(exc))
             host = ""
         for name in ("keepalive_interval", "stop_timeout", "strategy_timeout", "recover_timeout", "resume_timeout",
-                     "agent_loss_timeout", "join_timeout", "grace", "idle_timeout", "handshake_timeout",
+                     "agent_loss_timeout", "agent_loss_grace", "node_rejoin_timeout", "join_timeout", "grace",
+                     "idle_timeout", "handshake_timeout",
                      "unregistered_job_timeout"):
             if not _number(getattr(self, name)) or getattr(self, name) <= 0:
                 bad(name, f" must be > 0, got {getattr(self, name)!r}")

@@ -28,17 +28,19 @@ import logging
 import math
 import sqlite3
 import time
+import uuid
 from collections.abc import Callable
 
 from taskd.controller.checkpoint import Checkpoint
 from taskd.controller.clock import Clock
-from taskd.controller.events import Event, JobInit, Outcome, Record
+from taskd.controller.events import AgentConnected, Event, JobInit, Outcome, Record, Signal
 from taskd.controller.hub import SignalHub, Subscriber, to_wire
 from taskd.controller.model import TERMINAL, MachineConfig
+from taskd.controller.node_loss import fence_refusal
 from taskd.controller.state_machine import JobMachine
 from taskd.controller.store import Store, StoreError
 from taskd.proto import recover_pb2, taskd_pb2
-from taskd.vocabulary import Code
+from taskd.vocabulary import Code, SignalType
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +204,7 @@ class ControllerCore:
                 if self.hub.has(job_id, n):
                     m.agents.set_online(a, True)
                     m.agents.set_subscribed(a, True)
-                    m.agents.set_gone(a, None)
+                    m.agents.set_gone(a, None)  # its stream is open here
             self.jobs[job_id] = m
             self._soft.pop(job_id, None)
             try:
@@ -399,6 +401,21 @@ class ControllerCore:
 
     # ------------------------------------------------------------------ read-only view
 
+    def fenced(self, job_id: str, node_rank: int, host: str, pid: int) -> bytes | None:
+        """The one `taskd.fenced` signal a subscription from a fenced identity gets before its stream ends
+        (None: not fenced)."""
+        m = self.jobs.get(job_id)
+        if m is None:
+            return None
+        why = fence_refusal(m, AgentConnected(node_rank=node_rank, host=host, pid=pid), self.clock())
+        if not why:
+            return None
+        log.warning("job %s: refused the stream of fenced agent %s:%d of node %d", job_id, host, pid, node_rank)
+        # not one of the job's numbered signals: the job does not change for a refused stream
+        sig = Signal(uuid=f"{m.job_id}-fenced-{uuid.uuid4().hex[:12]}", signal_type=SignalType.FENCED, actions=(),
+                     reason=why, nodes=(node_rank,))
+        return to_wire(m.job_id, sig)
+
     def holder_refusal(self, job_id: str, node_rank: int, host: str, pid: int) -> str:
         """Why a Register or a subscription from (`host`, `pid`) may not take the node ("" if it may): its
         agent is live and another process (`Job.holder`). A subscription is checked before it replaces a stream."""
@@ -432,12 +449,18 @@ class ControllerCore:
                                   exitCode=a.exit_code)
             for a in sorted(m.agents.values(), key=lambda a: a.node_rank)
         ]
+        losses: dict[int, list[taskd_pb2.NodeLossRecord]] = {}
+        for x in self.store.node_losses(m.job_id):
+            losses.setdefault(x["round"], []).append(taskd_pb2.NodeLossRecord(
+                nodeRank=x["node_rank"], oldHost=x["old_host"], oldPid=x["old_pid"], lostAt=x["lost_at"],
+                newHost=x["new_host"], newPid=x["new_pid"], replacedAt=x["replaced_at"], standby=bool(x["standby"]),
+                secondsToRoundEnd=x["seconds_to_round_end"]))
         rounds = [
             taskd_pb2.RoundRecord(
                 round=r["round"], startedAt=r["started_at"], endedAt=r["ended_at"],
                 faultRanks=[recover_pb2.FaultRank(rankId=str(k), faultType=t) for k, t in r["faults"]],
                 strategiesTried=r["tried"], strategy=r["strategy"], outcome=r["outcome"],
-                durationSeconds=r["duration"],
+                durationSeconds=r["duration"], nodeLosses=losses.get(r["round"], []),
             )
             for r in self.store.rounds(m.job_id)
         ]
@@ -446,5 +469,5 @@ class ControllerCore:
         return taskd_pb2.JobRecord(
             jobId=m.job_id, state=m.state.value, nodeCount=m.node_count, ranksPerNode=m.ranks_per_node,
             restarts=m.restarts, maxRestarts=m.max_restarts, createdAt=wall(m.created_at), updatedAt=wall(m.updated_at),
-            agents=agents, rounds=rounds, events=events, info=m.info,
+            agents=agents, rounds=rounds, events=events, info=m.info, rejoining=sorted(m.rejoining),
         )

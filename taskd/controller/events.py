@@ -31,6 +31,7 @@ class AgentRegistered:
     host: str = ""
     pid: int = 0
     ranks_per_node: int = 0
+    standby: bool = False  # a spare agent (node_rank ignored), or a standby taking the node it was assigned
 
 
 @dataclass(frozen=True)
@@ -106,21 +107,32 @@ class AgentLossDue:
 
 
 @dataclass(frozen=True)
+class StreamEndedDue:
+    """Time passed; agents whose stream ended longer than `agent_loss_grace` ago (if any still are) are lost."""
+
+
+@dataclass(frozen=True)
+class RejoinDue:
+    """Time passed; a node awaited for `node_rejoin_timeout` got no replacement."""
+
+
+@dataclass(frozen=True)
 class JoinDue:
     """Time passed; nodes still unregistered `join_timeout` after the first agent registered never joined."""
 
 
 Event = (
     JobInit | AgentRegistered | AgentConnected | AgentDisconnected | FaultReported | StopComplete
-    | StrategiesReported | RecoverStatusReported | AgentFinished | Tick | AgentLossDue | JoinDue
+    | StrategiesReported | RecoverStatusReported | AgentFinished | Tick | AgentLossDue | JoinDue | StreamEndedDue
+    | RejoinDue
 )
 
 EVENT_TYPES: tuple[type, ...] = (
     JobInit, AgentRegistered, AgentConnected, AgentDisconnected, FaultReported, StopComplete, StrategiesReported,
-    RecoverStatusReported, AgentFinished, Tick, AgentLossDue, JoinDue,
+    RecoverStatusReported, AgentFinished, Tick, AgentLossDue, JoinDue, StreamEndedDue, RejoinDue,
 )
 
-FIRE_AND_FORGET = (Tick, AgentLossDue, JoinDue, AgentDisconnected)
+FIRE_AND_FORGET = (Tick, AgentLossDue, JoinDue, StreamEndedDue, RejoinDue, AgentDisconnected)
 """Events nobody waits an answer for: when no rule takes them they are dropped, not answered 401."""
 
 NEEDS_REGISTERED = frozenset({

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from taskd.controller import node_loss
 from taskd.controller.agents import AgentInfo
 from taskd.controller.events import (
     AgentConnected,
     AgentDisconnected,
     AgentFinished,
-    AgentLossDue,
     AgentRegistered,
     FaultReported,
     JobInit,
@@ -27,7 +27,7 @@ from taskd.controller.events import (
     Tick,
 )
 from taskd.controller.job import Job
-from taskd.controller.model import DECLINED, LIVE, TERMINAL, Declined, JobState, fmt_faults
+from taskd.controller.model import DECLINED, LIVE, TERMINAL, Declined, JobState, fmt_faults, loss_clock
 from taskd.controller.strategy import IN_PLACE
 from taskd.vocabulary import Code, FaultRanks, SignalType, Strategy
 
@@ -78,11 +78,14 @@ def on_register(m: Job, ev: AgentRegistered, now: float, out: Outcome) -> Result
         table.add(a)
         if m.first_registered_at is None:
             m.first_registered_at = now  # the join timeout counts from here
+    elif ev.node_rank in m.rejoining and m.state in LIVE:
+        node_loss.replace_holder(m, a, ev, now, out)
     a.role, a.ranks_per_node, a.last_seen = ev.role, ev.ranks_per_node, now
     table.set_identity(a, ev.host, ev.pid)
     table.set_online(a, True)
     if not a.subscribed and not a.finished and a.gone_since is None and m.state in LIVE:
-        table.set_gone(a, now)  # no signal stream yet: one that never comes is as lost as one that closed
+        # no signal stream yet: one that never comes is as lost as one that closed
+        table.set_gone(a, now, loss_clock(m.config, "silent"))
     out.agents_changed.add(ev.node_rank)
     m.record(out, "agent_registered", node_rank=ev.node_rank, role=ev.role, host=ev.host, pid=ev.pid)
     return m.state
@@ -94,10 +97,20 @@ def on_connected(m: Job, ev: AgentConnected, now: float, out: Outcome) -> Result
     m.agents.set_gone(a, None)
     out.agents_changed.add(ev.node_rank)
     m.record(out, "agent_subscribed", node_rank=ev.node_rank)
+    node_loss.rejoined(m, ev, now, out)
     owed = m.owed_signal(ev.node_rank)
     if owed is not None:
         out.direct.append(owed)
     return m.state
+
+
+def on_connected_rejoining(m: Job, ev: AgentConnected, now: float, out: Outcome) -> Result:
+    """REJOINING: the survivors have offered their strategies; once the last awaited replacement subscribed,
+    the round decides and every agent, the replacements included, gets its changeStrategy."""
+    on_connected(m, ev, now, out)
+    if not m.rejoining:
+        return m.decide(now, out)
+    return S.REJOINING
 
 
 def on_connected_failed(m: Job, ev: AgentConnected, now: float, out: Outcome) -> Result:
@@ -111,7 +124,7 @@ def on_connected_failed(m: Job, ev: AgentConnected, now: float, out: Outcome) ->
 
 def on_connected_resuming(m: Job, ev: AgentConnected, now: float, out: Outcome) -> Result:
     on_connected(m, ev, now, out)
-    if m.agents.subscribed_count >= m.node_count:  # every expected node is back
+    if m.agents.subscribed_count >= m.node_count - len(m.rejoining):  # every expected node is back
         return resume_round(m, "every agent resubscribed", now, out)
     return S.RESUMING
 
@@ -124,7 +137,7 @@ def resume_round(m: Job, why: str, now: float, out: Outcome) -> JobState:
     m.queued.clear()
     r.strategy = ""
     r.statuses = set()
-    r.participants = m.expected_nodes()
+    r.participants = m.expected_nodes() - set(m.rejoining)
     m.record(out, "round_resumed", reason=why, faults=fmt_faults(r.faults))
     return m.broadcast_stop(now, out)
 
@@ -143,28 +156,8 @@ def on_disconnected_live(m: Job, ev: AgentDisconnected, now: float, out: Outcome
     """Start the agent's loss clock: unless it resubscribes or finishes in time, the job fails."""
     a = m.agents.get(ev.node_rank)
     if a is not None and a.subscribed and not a.finished:
-        m.agents.set_gone(a, now)
+        m.agents.set_gone(a, now, loss_clock(m.config, "ended"))
     return on_disconnected(m, ev, now, out)
-
-
-def on_agent_lost(m: Job, ev: AgentLossDue, now: float, out: Outcome) -> Result:
-    """Agents gone past the loss timeout took their ranks with them: nothing can restart those ranks,
-    and the other ranks would wait for them forever, so the job ends (the others are told to exit)."""
-    lost = {n: now - t for n, t in m.gone_agents().items() if now - t >= m.config.agent_loss_timeout}
-    if not lost:
-        return m.state  # came back, or finished, since the timer was set
-    for n, seconds in sorted(lost.items()):
-        a = m.agents[n]
-        m.record(out, "agent_lost", node_rank=n, seconds=round(seconds, 3), timeout=m.config.agent_loss_timeout,
-                 host=a.host, pid=a.pid)
-    nodes = sorted(lost)
-    if len(nodes) == 1:
-        info = f"agent of node {nodes[0]} lost for {lost[nodes[0]]:.0f}s: nothing can restart its ranks"
-    else:
-        info = (f"agents of nodes {', '.join(map(str, nodes))} lost for {max(lost.values()):.0f}s: "
-                f"nothing can restart their ranks")
-    others = any(not a.finished for n, a in m.agents.items() if n not in lost)
-    return m.fail(info, now, out, notify=others)
 
 
 def on_join_timeout(m: Job, ev: JoinDue, now: float, out: Outcome) -> Result:
@@ -296,7 +289,7 @@ def on_strategies(m: Job, ev: StrategiesReported, now: float, out: Outcome) -> R
     r.reports[ev.node_rank] = tuple(ev.strategies)
     m.record(out, "strategies_reported", node_rank=ev.node_rank, strategies=list(ev.strategies))
     if r.participants <= r.reports.keys():  # no set built per report: 10,000 reports made that O(N^2)
-        return m.decide(now, out)
+        return m.decide_or_wait(now, out)
     return S.COLLECTING
 
 
@@ -393,7 +386,7 @@ def on_tick_collecting(m: Job, ev: Tick, now: float, out: Outcome) -> Result:
         return m.state
     assert m.round is not None
     _drop_silent(m, m.round.reports, "collect_timeout", "strategy timeout: node(s) {missing} did not report", out)
-    return m.decide(now, out)
+    return m.decide_or_wait(now, out)
 
 
 def on_tick_recovering(m: Job, ev: Tick, now: float, out: Outcome) -> Result:

@@ -10,8 +10,19 @@ from __future__ import annotations
 from typing import Any
 
 from taskd.controller.agents import AgentInfo, AgentTable
-from taskd.controller.events import AgentLossDue, Event, JobInit, JoinDue, Outcome, Record, Signal, Tick
-from taskd.controller.model import ACTIVE, JobState, MachineConfig, Round, fmt_faults
+from taskd.controller.events import (
+    AgentLossDue,
+    Event,
+    JobInit,
+    JoinDue,
+    Outcome,
+    Record,
+    RejoinDue,
+    Signal,
+    StreamEndedDue,
+    Tick,
+)
+from taskd.controller.model import ACTIVE, TERMINAL, Fence, JobState, MachineConfig, Round, fmt_faults
 from taskd.controller.strategy import RESTARTING, charged, choose_strategy
 from taskd.vocabulary import Action, FaultRanks, SignalType, Strategy
 
@@ -48,6 +59,10 @@ class Job:
         self.info = ""
         self.signal_seq = 0
         self.last_signal: Signal | None = None
+        # node ranks a node-loss round waits for a replacement of -> since when (the rejoin clock)
+        self.rejoining: dict[int, float] = {}
+        # identities declared lost, by (node rank, host, pid): whatever they send is refused (411)
+        self.fences: dict[tuple[int, str, int], Fence] = {}
         self.apply_init(init or JobInit())
 
     # ------------------------------------------------------------------ queries
@@ -70,10 +85,16 @@ class Job:
     @property
     def loss_deadline(self) -> float | None:
         """When the first gone agent counts as lost; None while no agent is gone or loss does not apply."""
-        if self.state not in ACTIVE:
+        return self.agents.first_loss_at() if self.state in ACTIVE else None
+
+    @property
+    def rejoin_deadline(self) -> float | None:
+        """When the node awaited longest gets no replacement any more (`node_rejoin_timeout` after its loss)."""
+        if self.state not in ACTIVE or not self.rejoining:
             return None
-        first = self.agents.first_gone()
-        return None if first is None else first + self.config.agent_loss_timeout
+        return min(self.rejoining.values()) + self.config.node_rejoin_timeout
+
+
 
     def missing_nodes(self) -> list[int]:
         """The expected nodes no agent has registered for (O(nodes): for the join timeout's verdict only)."""
@@ -94,14 +115,21 @@ class Job:
     @property
     def wake_at(self) -> float | None:
         """When the caller must next deliver `due_events` (the round's deadline, an agent's loss, the join timeout)."""
-        times = [t for t in (self.deadline, self.loss_deadline, self.join_deadline) if t is not None]
+        times = [t for t in (self.deadline, self.loss_deadline, self.join_deadline, self.rejoin_deadline)
+                 if t is not None]
         return min(times) if times else None
 
     def due_events(self, now: float) -> list[Event]:
         """The timer events due at `now`; an agent's loss first, so a failed job skips its round timeout."""
         due: list[Event] = []
-        if self.loss_deadline is not None and self.loss_deadline <= now:
-            due.append(AgentLossDue())
+        first = self.agents.first_loss() if self.state in ACTIVE else None
+        if first is not None and first[0] <= now:
+            a = self.agents[first[1]]
+            silent = a.loss_after >= self.config.agent_loss_timeout
+            due.append(AgentLossDue() if silent else StreamEndedDue())
+        rejoin = self.rejoin_deadline
+        if rejoin is not None and rejoin <= now:
+            due.append(RejoinDue())
         join = self.join_deadline
         if join is not None and join <= now:
             due.append(JoinDue())
@@ -112,28 +140,36 @@ class Job:
     def holder(self, node_rank: int, host: str, pid: int, now: float) -> AgentInfo | None:
         """The live agent that holds node `node_rank` against a caller from (`host`, `pid`), if any.
 
-        Live: its signal stream is open, or it registered and is not yet lost (its loss clock has not run out;
-        an agent whose stream closed is taken over by whoever registers next, as a restarted agent must be).
-        The same (host, pid) is the same agent reconnecting. Clients that send no host and pid (TaskD's, whose
-        ClientInfo has no fields 100+) are all ("", 0): indistinguishable, so treated as one agent."""
+        In a live job an agent holds its node until it finished or the controller declared it lost (a node is
+        handed over only by a node-loss round: its ranks died with their agent); in a finished job, while its
+        stream is open or it is online. The same (host, pid) is the same agent reconnecting. Clients that send
+        no host and pid (TaskD's, whose ClientInfo has no fields 100+) are all ("", 0): indistinguishable, so
+        treated as one agent."""
         a = self.agents.get(node_rank)
         if a is None or (a.host, a.pid) == (host, pid):
             return None
         if a.subscribed:
             return a
-        lost = a.gone_since is not None and now - a.gone_since >= self.config.agent_loss_timeout
-        return a if a.online and not lost else None
+        if self.state in TERMINAL or a.finished:
+            return a if a.online and not a.finished else None
+        return None if (node_rank, a.host, a.pid) in self.fences else a
 
     def holder_refusal(self, node_rank: int, host: str, pid: int, now: float) -> str:
         """Why a Register/Subscribe from (`host`, `pid`) may not take node `node_rank` ("" if it may)."""
         a = self.holder(node_rank, host, pid, now)
         if a is None:
             return ""
-        how = "its signal stream is open" if a.subscribed else "registered, its signal stream not open yet"
+        if a.subscribed:
+            how = "its signal stream is open"
+        else:
+            silent = a.loss_after >= self.config.agent_loss_timeout
+            how = "registered, its signal stream not open yet" if silent else "its signal stream is closed"
+            if a.loss_at is not None:
+                how += f"; it is declared lost in {max(a.loss_at - now, 0):.1f}s unless it returns"
         return (f"node {node_rank} of job {self.job_id} is held by a live agent (host {a.host!r}, pid {a.pid}: {how}); "
                 f"a second agent from host {host[:64]!r}, pid {pid} is refused. Is the node rank "
-                "(TASKD_NODE_RANK / --node-rank) given to two agents? The node can be taken over once its agent's "
-                "stream has closed, or it is lost")
+                "(TASKD_NODE_RANK / --node-rank) given to two agents? A replacement is let in once the controller "
+                "declared the node's agent lost (its node-loss round then waits for it): register again then")
 
     def owed_signal(self, node_rank: int) -> Signal | None:
         """The current phase's signal if this agent still owes an answer to it (re-sent on reconnect)."""
@@ -169,6 +205,8 @@ class Job:
         self.recover_banned = False
         self.deadline = None
         self.last_signal = None
+        self.rejoining = {}
+        self.fences = {}
         self.apply_init(ev)
         self.info = ""
 
@@ -197,9 +235,12 @@ class Job:
 
     # ------------------------------------------------------------------ the steps of a round
 
-    def open_round(self, faults: FaultRanks, now: float, out: Outcome) -> JobState:
+    def open_round(self, faults: FaultRanks, now: float, out: Outcome, lost: dict[int, float] | None = None
+                   ) -> JobState:
+        """A new round for `faults`; `lost`: the nodes whose agents were lost (not asked, awaited for replacement)."""
         self.round_counter += 1
-        r = Round(number=self.round_counter, started_at=now, faults=dict(faults), participants=self.expected_nodes())
+        r = Round(number=self.round_counter, started_at=now, faults=dict(faults),
+                  participants=self.expected_nodes() - set(lost or ()) - set(self.rejoining), lost=dict(lost or {}))
         self.round = r
         self.info = f"round {r.number}: faults {fmt_faults(r.faults)}"
         self.record(out, "round_started", faults=fmt_faults(r.faults))
@@ -224,6 +265,8 @@ class Job:
         assert r is not None
         r.acks = set()  # the per-agent sets are replaced, never cleared (see taskd.controller.checkpoint)
         r.reports = {}
+        if not r.participants:  # every agent of the round was lost: nobody to stop or ask
+            return self.to_collecting(now, out)
         r.broadcast_sets.append(frozenset(r.faults))
         out.signals.append(self.signal(SignalType.STOP_TRAIN, (Action.STOP_TRAIN,), r.faults))
         self.deadline = now + self.config.stop_timeout
@@ -234,15 +277,36 @@ class Job:
         assert r is not None
         r.reports = {}
         if not r.participants:
-            return self.decide(now, out)
+            return self.decide_or_wait(now, out)
         out.signals.append(self.signal(SignalType.GLOBAL_FAULT, (Action.ON_GLOBAL_RANK,), r.faults))
         self.deadline = now + self.config.strategy_timeout
         return S.COLLECTING
 
-    def decide(self, now: float, out: Outcome) -> JobState:
-        """Choose the round's strategy (`choose_strategy`) and tell every agent; exit ends the job."""
+    def decide_or_wait(self, now: float, out: Outcome) -> JobState:
+        """Decide, unless the round still awaits a lost node's replacement: then REJOINING (no deadline of its
+        own; `rejoin_deadline` bounds it)."""
         r = self.round
         assert r is not None
+        if not self.rejoining:
+            return self.decide(now, out)
+        self.deadline = None
+        nodes = sorted(self.rejoining)
+        self.info = (f"round {r.number}: waiting up to {self.config.node_rejoin_timeout:g}s (--node-rejoin-timeout) "
+                     f"for a replacement of node(s) {', '.join(map(str, nodes))}")
+        self.record(out, "rejoin_waiting", nodes=nodes, timeout=self.config.node_rejoin_timeout)
+        return S.REJOINING
+
+    def decide(self, now: float, out: Outcome) -> JobState:
+        """Choose the round's strategy (`choose_strategy`) and tell every agent; exit ends the job. The
+        survivors' offers decide; the replacements of lost nodes then take part like any agent."""
+        r = self.round
+        assert r is not None
+        if r.lost and any(n not in r.reports for n in r.lost):
+            # a replacement starts from nothing and can carry out any strategy: what the survivors offered
+            # decides (a job all of whose agents were lost is restarted by its replacements)
+            r.reports = {**r.reports, **{n: tuple(Strategy.ORDER) for n in r.lost if n not in r.reports}}
+            if not r.participants:
+                r.participants = set(r.lost)
         chosen, skipped = choose_strategy(self, r)
         if chosen in RESTARTING and not charged(chosen, r):  # once per round, even across a controller restart
             self.restarts += 1
@@ -261,6 +325,8 @@ class Job:
                                        strategy=chosen, timeout=timeout, reason=info))
         if chosen == Strategy.EXIT:
             return self.fail(info, now, out, outcome="failed", notify=False)
+        if r.lost:
+            r.participants = r.participants | set(r.lost)  # the replacements report their recover status too
         self.deadline = now + self.config.recover_timeout
         return S.RECOVERING
 
@@ -268,8 +334,10 @@ class Job:
         r = self.round
         if r is None:
             return
+        since_loss = {str(n): round(now - t, 6) for n, t in sorted(r.lost.items())}
         self.record(out, "round_ended", outcome=outcome, strategy=r.strategy, tried=list(r.tried),
-                    duration=round(now - r.started_at, 6), started_at=r.started_at)
+                    duration=round(now - r.started_at, 6),
+                    **({"since_loss": since_loss} if since_loss else {}))
 
     def fail(self, info: str, now: float, out: Outcome, outcome: str = "failed", notify: bool = True) -> JobState:
         """End the job FAILED; `notify` tells every agent to stop all ranks (changeStrategy exit)."""

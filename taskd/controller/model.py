@@ -19,6 +19,7 @@ class JobState(str, Enum):
     COLLECTING = "COLLECTING"  # globalFault sent, waiting strategies from every agent
     RECOVERING = "RECOVERING"  # changeStrategy sent, waiting recover status from every agent
     RESUMING = "RESUMING"  # controller restarted mid-round, waiting for agents to resubscribe
+    REJOINING = "REJOINING"  # a node-loss round has the survivors' strategies; waits for the lost node's replacement
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
 
@@ -27,9 +28,9 @@ S = JobState
 TERMINAL = frozenset({S.SUCCEEDED, S.FAILED})
 LIVE = frozenset(JobState) - TERMINAL
 ANY = frozenset(JobState)
-ROUND_STATES = frozenset({S.STOPPING, S.COLLECTING, S.RECOVERING, S.RESUMING})
+ROUND_STATES = frozenset({S.STOPPING, S.COLLECTING, S.RECOVERING, S.RESUMING, S.REJOINING})
 ACTIVE = LIVE - {S.RESUMING}
-"""States in which a lost agent fails the job (RESUMING has its own resume timeout)."""
+"""States in which an agent can be declared lost (RESUMING has its own resume timeout)."""
 
 
 class Declined(Enum):
@@ -52,14 +53,29 @@ class MachineConfig:
     resume_timeout: float = 120.0
     settle_window: float = 30.0
     default_max_restarts: int = default("max_restarts")  # the agent's setting (taskd/settings.py)
-    # an agent whose stream closed and that neither resubscribed nor finished within this fails its job
+    # an agent without a signal stream (registered and never subscribed, or every agent after a controller
+    # restart) that neither subscribed nor finished within this is lost
     agent_loss_timeout: float = 30.0
+    # an agent whose stream ended and that did not resubscribe within this is lost (at most agent_loss_timeout):
+    # a killed `taskd run` closes its stream at once, and its client resubscribes within ~1 s after a blip
+    agent_loss_grace: float = 5.0
+    # a node-loss round waits this long for a replacement agent of the lost node (a restarted pod, a Slurm
+    # step, an operator's `taskd run --node-rank R`); then the job fails. Long enough for Kubernetes to
+    # reschedule a pod and pull its image, short enough that the survivors do not sit idle for long
+    node_rejoin_timeout: float = default("node_rejoin_timeout")
     # nodes still unregistered this long after the job's first agent registered fail the job (torchrun's
     # rendezvous join_timeout): without it, the nodes that came would wait for the missing ones forever
     join_timeout: float = default("join_timeout")
     # a job with no agent this long after its Init (no Register followed, or all forgotten by a reset) is
     # dropped, from memory and the state file (the controller's core applies it, not the machine)
     unregistered_job_timeout: float = 300.0
+
+
+def loss_clock(config: MachineConfig, reason: str) -> float:
+    """How long an agent without a stream has, by why it has none: "ended" (its stream ended: the grace, at
+    most the loss timeout) or "silent" (registered and never subscribed, or restored after a controller restart)."""
+    timeout = config.agent_loss_timeout
+    return min(config.agent_loss_grace, timeout) if reason == "ended" else timeout
 
 
 @dataclass
@@ -79,6 +95,21 @@ class Round:
     tried: list[str] = field(default_factory=list)
     strategy: str = ""
     strategy_started_at: float = 0.0
+    lost: dict[int, float] = field(default_factory=dict)  # nodes this round lost -> when (a node-loss round)
+
+
+@dataclass(frozen=True)
+class Fence:
+    """An agent identity the controller declared lost: nothing from it counts any more (answered 411)."""
+
+    node_rank: int
+    host: str
+    pid: int
+    lost_at: float
+    by_host: str = ""  # the replacement's identity, once one registered
+    by_pid: int = 0
+    replaced_at: float | None = None
+    standby: bool = False  # the replacement was a standby agent the controller assigned
 
 
 def fmt_faults(faults: FaultRanks) -> str:

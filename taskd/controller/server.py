@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import gc
 import logging
+import os
 import secrets
 import signal
 import threading
@@ -181,6 +182,21 @@ async def _release(server: grpc.aio.Server) -> None:
     await server.stop(None)
 
 
+REJOIN_ENV = "TASKD_NODE_REJOIN_TIMEOUT"
+
+
+def rejoin_timeout_from_env() -> float:
+    """$TASKD_NODE_REJOIN_TIMEOUT in seconds (the agent reads the same bound), else ControllerConfig's default;
+    ConfigError naming the variable for one that is not a number."""
+    text = os.environ.get(REJOIN_ENV, "").strip()
+    if not text:
+        return ControllerConfig.node_rejoin_timeout
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError([f"{REJOIN_ENV}={text[:40]!r} is not a number of seconds"]) from None
+
+
 GC_THRESHOLDS = (50_000, 20, 10)
 """The standalone controller's cyclic-GC thresholds (Python's are 700, 10, 10). With 10,000 streams the
 heap holds ~10^6 long-lived objects; at the default rate a full collection (0.3 s at 10,000 agents)
@@ -247,11 +263,15 @@ class EmbeddedController:
         self._address = ""
 
     @classmethod
-    def for_agent(cls, max_restarts: int) -> EmbeddedController:
+    def for_agent(cls, max_restarts: int, node_rejoin_timeout: float | None = None) -> EmbeddedController:
         """The controller `taskd run` and the msrun plugin run when given none: a free loopback port, state in
-        memory, and a random token that only the agent in this process learns (`token`)."""
+        memory, and a random token that only the agent in this process learns (`token`). `node_rejoin_timeout`
+        (default $TASKD_NODE_REJOIN_TIMEOUT, else 300 s): how long a node-loss round waits for a replacement."""
+        rejoin = node_rejoin_timeout
+        if rejoin is None:
+            rejoin = rejoin_timeout_from_env()
         return cls(ControllerConfig(listen="127.0.0.1:0", state_path=MEMORY, default_max_restarts=max_restarts,
-                                    token=secrets.token_urlsafe(32)))
+                                    token=secrets.token_urlsafe(32), node_rejoin_timeout=rejoin))
 
     @property
     def address(self) -> str:

@@ -111,6 +111,10 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
         if node not in job.agents:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 f"{Code.NOT_REGISTERED}: node {node} of job {job_id} is not registered")
+        fenced = self.core.fenced(job_id, node, request.host, request.pid)
+        if fenced is not None:  # a lost agent that came back: told once why, and its stream ends
+            yield fenced
+            return
         if why := self.core.holder_refusal(job_id, node, request.host, request.pid):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{Code.INVALID_PARAMS}: {why}")
         job_id = job.job_id  # one string shared by every stream of the job, not a copy per request

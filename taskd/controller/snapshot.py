@@ -15,7 +15,7 @@ from taskd.controller.agents import AgentInfo
 from taskd.controller.clock import identity
 from taskd.controller.events import Outcome, Record
 from taskd.controller.job import Job
-from taskd.controller.model import ROUND_STATES, TERMINAL, JobState, Round, fmt_faults
+from taskd.controller.model import ROUND_STATES, TERMINAL, Fence, JobState, Round, fmt_faults, loss_clock
 
 Times = Callable[[float], float]
 
@@ -46,6 +46,9 @@ def snapshot(m: Job, to_wall: Times = identity) -> dict[str, Any]:
         "recover_banned": m.recover_banned,
         "info": m.info,
         "signal_seq": m.signal_seq,
+        "rejoining": {str(n): to_wall(t) for n, t in m.rejoining.items()},
+        "fences": [[f.node_rank, f.host, f.pid, to_wall(f.lost_at), f.by_host, f.by_pid,
+                    _opt(to_wall, f.replaced_at), f.standby] for f in m.fences.values()],
         "round": None if r is None else {
             "number": r.number,
             "started_at": to_wall(r.started_at),
@@ -54,6 +57,7 @@ def snapshot(m: Job, to_wall: Times = identity) -> dict[str, Any]:
             "failed": r.failed,
             "tried": r.tried,
             "strategy": r.strategy,
+            "lost": {str(n): to_wall(t) for n, t in r.lost.items()},
         },
     }
 
@@ -79,6 +83,10 @@ def restore_into(m: Job, snap: Mapping[str, Any], agents: Iterable[AgentInfo], n
     m.recover_banned = snap.get("recover_banned", False)
     m.info = snap.get("info", "")
     m.signal_seq = snap.get("signal_seq", 0)
+    m.rejoining = {int(n): from_wall(t) for n, t in snap.get("rejoining", {}).items()}
+    for n, host, pid, lost_at, by_host, by_pid, replaced_at, standby in snap.get("fences", []):
+        m.fences[(n, host, pid)] = Fence(n, host, pid, from_wall(lost_at), by_host, by_pid,
+                                         _opt(from_wall, replaced_at), standby)
     for given in agents:
         a = given.copy()  # the caller's objects stay theirs (and their job's counts right)
         a.registered_at = from_wall(a.registered_at) if a.registered_at else 0.0
@@ -86,14 +94,16 @@ def restore_into(m: Job, snap: Mapping[str, Any], agents: Iterable[AgentInfo], n
         m.agents.add(a)
         m.agents.set_online(a, False)
         m.agents.set_subscribed(a, False)
-        m.agents.set_gone(a, None if a.finished or m.state in TERMINAL else now)
+        m.agents.set_gone(a, None if a.finished or m.state in TERMINAL or (a.node_rank, a.host, a.pid) in m.fences
+                          else now, loss_clock(m.config, "silent"))
     rs = snap.get("round")
     if rs is not None:
         m.round = Round(
             number=rs["number"], started_at=from_wall(rs["started_at"]),
             faults={int(k): v for k, v in rs["faults"].items()},
-            participants=m.expected_nodes(), excluded=dict(rs.get("excluded", {})),
+            participants=m.expected_nodes() - set(m.rejoining), excluded=dict(rs.get("excluded", {})),
             failed=list(rs.get("failed", [])), tried=list(rs.get("tried", [])), strategy=rs.get("strategy", ""),
+            lost={int(n): from_wall(t) for n, t in rs.get("lost", {}).items()},
         )
     out = Outcome()
     if m.state in ROUND_STATES and m.round is not None:

@@ -41,6 +41,7 @@ from taskd.controller.events import (
 )
 from taskd.controller.job import Job
 from taskd.controller.model import DECLINED, TERMINAL, JobState, MachineConfig, Round
+from taskd.controller.node_loss import fence_refusal
 from taskd.controller.strategy import choose_strategy
 from taskd.controller.table import (
     RULES,
@@ -66,6 +67,10 @@ class JobMachine(Job):
         if needs_registered and event.node_rank not in self.agents:
             out.code = Code.NOT_REGISTERED
             out.info = f"node {event.node_rank} of job {self.job_id} is not registered (call Register first)"
+            return out
+        if why := fence_refusal(self, event, now):
+            out.code = Code.FENCED
+            out.info = why
             return out
         rule = find_rule(kind, self.state)
         if rule is None:

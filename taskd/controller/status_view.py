@@ -137,12 +137,29 @@ def render_text(job_list: taskd_pb2.JobList, events: int = 20) -> str:
                 f"rounds {earlier[0].round}-{earlier[-1].round}"
             out.append(f"  earlier runs of this job id: {numbers}, the last at {_ts(earlier[-1].startedAt)} "
                        "(`taskd status --json` lists them)")
+        out += _node_losses(job)
         if events and job.events:
             out.append(f"  last {min(events, len(job.events))} events:")
             for e in job.events[-events:]:
                 out.append(f"    {_ts(e.time)}  round {e.round:<3} {e.kind:<20} {e.detail}")
         out.append("")
     return "\n".join(out)
+
+
+def _node_losses(job) -> list[str]:  # noqa: ANN001 - JobRecord
+    """One line per node a round lost: its old and new host, and how long from the loss to the round's end."""
+    out = []
+    for r in job.rounds:
+        for x in r.nodeLosses:
+            new = (f"{x.newHost}:{x.newPid}" + (" (standby)" if x.standby else "") + f" at {_ts(x.replacedAt)}"
+                   if x.replacedAt else "no replacement yet")
+            took = (f"; lost -> round ended {x.secondsToRoundEnd:.3f}s (from the controller declaring the agent lost "
+                    "to the last agent's recover status)" if x.secondsToRoundEnd else "")
+            out.append(f"    round {r.round}: node {x.nodeRank} lost (agent {x.oldHost}:{x.oldPid}) at "
+                       f"{_ts(x.lostAt)}, replaced by {new}{took}")
+    if job.rejoining:
+        out.append(f"  waiting for a replacement of node(s) {', '.join(map(str, job.rejoining))}")
+    return out
 
 
 def render_json(job_list: taskd_pb2.JobList) -> str:

@@ -81,12 +81,20 @@ CREATE TABLE IF NOT EXISTS events (
     job_id TEXT NOT NULL, round INTEGER NOT NULL, time REAL NOT NULL,
     kind TEXT NOT NULL, detail TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS node_losses (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id TEXT NOT NULL, round INTEGER NOT NULL, node_rank INTEGER NOT NULL,
+    old_host TEXT NOT NULL DEFAULT '', old_pid INTEGER NOT NULL DEFAULT 0, lost_at REAL NOT NULL,
+    new_host TEXT NOT NULL DEFAULT '', new_pid INTEGER NOT NULL DEFAULT 0, replaced_at REAL NOT NULL DEFAULT 0,
+    standby INTEGER NOT NULL DEFAULT 0, seconds_to_round_end REAL NOT NULL DEFAULT 0
+);
 CREATE INDEX IF NOT EXISTS events_by_job ON events (job_id, id);
+CREATE INDEX IF NOT EXISTS node_losses_by_job ON node_losses (job_id, round);
 CREATE INDEX IF NOT EXISTS faults_by_job ON faults (job_id, round);
 CREATE INDEX IF NOT EXISTS strategies_by_job ON strategies (job_id, round);
 """
 
-JOB_TABLES = ("jobs", "agents", "rounds", "faults", "strategies", "events")
+JOB_TABLES = ("jobs", "agents", "rounds", "faults", "strategies", "events", "node_losses")
 """Every table keyed by job id."""
 
 
@@ -250,6 +258,17 @@ class Store:
                                now)
         elif rec.kind == "job_reset":
             c.execute("DELETE FROM agents WHERE job_id=?", (job_id,))
+        elif rec.kind == "node_lost":
+            c.execute("INSERT INTO node_losses (job_id, round, node_rank, old_host, old_pid, lost_at) "
+                      "VALUES (?, ?, ?, ?, ?, ?)", (job_id, rec.round, d["node_rank"], d.get("host", ""),
+                                                    d.get("pid", 0), now))
+        elif rec.kind == "node_replaced":
+            c.execute("UPDATE node_losses SET new_host=?, new_pid=?, replaced_at=?, standby=? WHERE id = "
+                      "(SELECT max(id) FROM node_losses WHERE job_id=? AND node_rank=? AND replaced_at=0)",
+                      (d.get("host", ""), d.get("pid", 0), now, int(bool(d.get("standby"))), job_id, d["node_rank"]))
+        if rec.kind == "round_ended" and d.get("since_loss"):
+            c.executemany("UPDATE node_losses SET seconds_to_round_end=? WHERE job_id=? AND round=? AND node_rank=?",
+                          [(s, job_id, rec.round, int(n)) for n, s in d["since_loss"].items()])
 
     def _end_strategy(self, job_id: str, rnd: int, outcome: str, reason: str, now: float) -> None:
         self.conn.execute(
@@ -310,6 +329,12 @@ class Store:
             "SELECT time, kind, round, detail FROM events WHERE job_id=? ORDER BY id DESC LIMIT ?", (job_id, limit)
         ).fetchall()
         return [{"time": t, "kind": k, "round": r, "detail": d} for t, k, r, d in reversed(rows)]
+
+    def node_losses(self, job_id: str) -> list[dict[str, Any]]:
+        cols = ("round", "node_rank", "old_host", "old_pid", "lost_at", "new_host", "new_pid", "replaced_at",
+                "standby", "seconds_to_round_end")
+        rows = self.conn.execute(f"SELECT {', '.join(cols)} FROM node_losses WHERE job_id=? ORDER BY id", (job_id,))
+        return [dict(zip(cols, row, strict=True)) for row in rows]
 
     def faults(self, job_id: str) -> list[dict[str, Any]]:
         cols = ("round", "time", "node_rank", "rank", "fault_type", "action", "detail")

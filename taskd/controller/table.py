@@ -18,6 +18,7 @@ from typing import Any
 
 from taskd import rule_table
 from taskd.controller import handlers as h
+from taskd.controller import node_loss as nl
 from taskd.controller.events import (
     EVENT_TYPES,
     AgentConnected,
@@ -30,8 +31,10 @@ from taskd.controller.events import (
     JoinDue,
     Outcome,
     RecoverStatusReported,
+    RejoinDue,
     StopComplete,
     StrategiesReported,
+    StreamEndedDue,
     Tick,
 )
 from taskd.controller.job import Job
@@ -66,38 +69,47 @@ RULES: tuple[Rule, ...] = (
     Rule(ANY, AgentRegistered, _targets(UNCHANGED), h.on_register,
          "starts its loss clock until it subscribes (the job's first starts the join clock); 409 if another "
          "process's agent holds the node"),
-    Rule(_states(S.RESUMING), AgentConnected, _targets(S.RESUMING, S.STOPPING), h.on_connected_resuming,
+    Rule(_states(S.RESUMING), AgentConnected, _targets(S.RESUMING, S.STOPPING, S.REJOINING), h.on_connected_resuming,
          "STOPPING (the round restarts) once every agent is back"),
     Rule(_states(S.FAILED), AgentConnected, _targets(S.FAILED), h.on_connected_failed,
          "`killMaster` to that agent unless it finished"),
-    Rule(ANY - {S.RESUMING, S.FAILED}, AgentConnected, _targets(UNCHANGED), h.on_connected,
-         "re-sends the signal the agent still owes; stops its loss clock"),
+    Rule(_states(S.REJOINING), AgentConnected, _targets(S.REJOINING, S.RECOVERING, S.FAILED),
+         h.on_connected_rejoining, "decides once the last awaited replacement subscribed: `changeStrategy` to "
+         "every agent, the replacements included"),
+    Rule(ANY - {S.RESUMING, S.FAILED, S.REJOINING}, AgentConnected, _targets(UNCHANGED), h.on_connected,
+         "re-sends the signal the agent still owes; stops its loss clock; a node's replacement is awaited no more"),
     Rule(LIVE, AgentDisconnected, _targets(UNCHANGED), h.on_disconnected_live,
          "starts its loss clock unless it finished"),
     Rule(TERMINAL, AgentDisconnected, _targets(UNCHANGED), h.on_disconnected, "recorded; the job is over"),
     Rule(ANY, AgentFinished, _targets(S.SUCCEEDED, S.FAILED, UNCHANGED), h.on_finished,
          "SUCCEEDED when every node finished 0, FAILED on a non-zero exit"),
-    # an agent gone past the loss timeout (its stream closed, no finish, no resubscription) fails the job
-    Rule(ACTIVE, AgentLossDue, _targets(S.FAILED, UNCHANGED), h.on_agent_lost,
-         "FAILED (`changeStrategy exit`); unchanged if every agent came back"),
+    # an agent lost (silent past the loss timeout, or its stream ended past the grace) opens a node-loss round
+    Rule(ACTIVE, AgentLossDue, _targets(S.STOPPING, S.COLLECTING, S.REJOINING, S.FAILED, UNCHANGED),
+         nl.on_agent_lost, "fences it; opens (or widens) a node-loss round for its node's ranks; FAILED when a "
+         "node already finished; unchanged if it came back"),
+    Rule(ACTIVE, StreamEndedDue, _targets(S.STOPPING, S.COLLECTING, S.REJOINING, S.FAILED, UNCHANGED),
+         nl.on_agent_lost, "as AgentLossDue, for a stream that ended and did not come back within the grace"),
+    Rule(ACTIVE, RejoinDue, _targets(S.FAILED, UNCHANGED), nl.on_rejoin_timeout,
+         "FAILED (`changeStrategy exit` saying how to add a node) when no replacement came in time"),
     # nodes that never registered within the join timeout of the first agent fail the job
     Rule(ACTIVE, JoinDue, _targets(S.FAILED, UNCHANGED), h.on_join_timeout,
          "FAILED (`changeStrategy exit` to the agents that joined); unchanged once every node registered"),
     # a fault opens a round, joins an undecided one, or waits for the next
     Rule(_states(S.RUNNING), FaultReported, _targets(S.STOPPING, S.FAILED), h.on_fault_running,
          "opens a round; FAILED when a node already finished"),
-    Rule(_states(S.STOPPING, S.COLLECTING, S.RESUMING), FaultReported, _targets(S.STOPPING, UNCHANGED),
+    Rule(_states(S.STOPPING, S.COLLECTING, S.RESUMING, S.REJOINING), FaultReported, _targets(S.STOPPING, UNCHANGED),
          h.on_fault_merge, "merged: `stopTrain` again (RESUMING waits); unchanged if nothing new"),
     Rule(_states(S.RECOVERING), FaultReported, _targets(S.RECOVERING), h.on_fault_queue, "queued for the next round"),
     Rule(TERMINAL, FaultReported, _targets(UNCHANGED), h.on_fault_terminal, "401: no recovery for a finished job"),
     # the round: stop -> collect -> decide -> recover
-    Rule(_states(S.STOPPING), StopComplete, _targets(S.STOPPING, S.COLLECTING, S.RECOVERING, S.FAILED),
+    Rule(_states(S.STOPPING), StopComplete, _targets(S.STOPPING, S.COLLECTING, S.RECOVERING, S.REJOINING, S.FAILED),
          h.on_stop_complete, "COLLECTING once all confirmed (decides at once if nobody is left to ask)"),
-    Rule(_states(S.COLLECTING, S.RECOVERING), StopComplete, _targets(UNCHANGED), h.on_repeated_stop_complete,
-         "duplicate → 0, else 401", late_answers=True),
-    Rule(_states(S.COLLECTING), StrategiesReported, _targets(S.COLLECTING, S.RECOVERING, S.FAILED), h.on_strategies,
-         "decides once all reported; FAILED if it chose exit"),
-    Rule(_states(S.RECOVERING), StrategiesReported, _targets(S.RECOVERING), h.on_repeated_strategies,
+    Rule(_states(S.COLLECTING, S.RECOVERING, S.REJOINING), StopComplete, _targets(UNCHANGED),
+         h.on_repeated_stop_complete, "duplicate → 0, else 401", late_answers=True),
+    Rule(_states(S.COLLECTING), StrategiesReported, _targets(S.COLLECTING, S.RECOVERING, S.REJOINING, S.FAILED),
+         h.on_strategies, "decides once all reported (REJOINING while a lost node's replacement is awaited); "
+         "FAILED if it chose exit"),
+    Rule(_states(S.RECOVERING, S.REJOINING), StrategiesReported, _targets(UNCHANGED), h.on_repeated_strategies,
          "duplicate → 0, else 401", late_answers=True),
     Rule(_states(S.RECOVERING), RecoverStatusReported, _targets(S.RECOVERING, S.RUNNING, S.STOPPING, S.FAILED),
          h.on_recover_status, "RUNNING once all confirmed (STOPPING for a queued fault); a failure tries the next "
@@ -105,13 +117,14 @@ RULES: tuple[Rule, ...] = (
     Rule(_states(S.FAILED), RecoverStatusReported, _targets(S.FAILED), h.on_late_status, "confirms the exit/dump",
          late_answers=True),
     # deadlines
-    Rule(_states(S.STOPPING), Tick, _targets(S.STOPPING, S.COLLECTING, S.RECOVERING, S.FAILED), h.on_tick_stopping,
+    Rule(_states(S.STOPPING), Tick, _targets(S.STOPPING, S.COLLECTING, S.RECOVERING, S.REJOINING, S.FAILED),
+         h.on_tick_stopping,
          "stop timeout: on without the silent agents"),
-    Rule(_states(S.COLLECTING), Tick, _targets(S.COLLECTING, S.RECOVERING, S.FAILED), h.on_tick_collecting,
-         "strategy timeout: decides without the silent agents"),
+    Rule(_states(S.COLLECTING), Tick, _targets(S.COLLECTING, S.RECOVERING, S.REJOINING, S.FAILED),
+         h.on_tick_collecting, "strategy timeout: decides without the silent agents"),
     Rule(_states(S.RECOVERING), Tick, _targets(S.RECOVERING, S.FAILED), h.on_tick_recovering,
          "recover timeout: the next strategy, or FAILED"),
-    Rule(_states(S.RESUMING), Tick, _targets(S.RESUMING, S.STOPPING), h.on_tick_resuming,
+    Rule(_states(S.RESUMING), Tick, _targets(S.RESUMING, S.STOPPING, S.REJOINING), h.on_tick_resuming,
          "resume timeout: the round restarts with the agents back"),
 )
 

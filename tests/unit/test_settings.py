@@ -214,7 +214,8 @@ def test_every_taskd_server_flag_reaches_its_controller_config_field() -> None:
 
 # Names whose literal 0 / "" / () elsewhere is a protobuf message's "unset" (ClientInfo, the controller's
 # events), not a copy of a default: scanning them would only find the wire.
-WIRE = {"node_rank", "node_count", "ranks_per_node", "role", "job_id", "strategies", "quiet", "server", "log_dir"}
+WIRE = {"node_rank", "node_count", "ranks_per_node", "role", "job_id", "strategies", "quiet", "server", "log_dir",
+        "standby"}  # ClientInfo.standby / AgentRecord.standby: False is the wire's unset
 # (file, class): literal defaults that are not taskd run's or the agent's, and why.
 ELSEWHERE = {
     ("taskd/launcher/spec.py", "WorkerSpec"): "the launcher's programmatic API, torchrun's defaults "

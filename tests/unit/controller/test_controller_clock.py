@@ -40,7 +40,7 @@ class Fake:
 
 
 def two_node_core(state: str | Path, mono: Fake, wall: Fake, loss: float = 30.0) -> ControllerCore:
-    cfg = MachineConfig(agent_loss_timeout=loss)
+    cfg = MachineConfig(agent_loss_timeout=loss, agent_loss_grace=loss)
     return ControllerCore(cfg, Store(state), SignalHub(), clock=mono, wall=wall)
 
 
