@@ -156,8 +156,9 @@ def test_a_replacement_for_a_sigkilled_node_joins_by_job_rescheduling(tmp_path: 
         assert codes == {"node0": 0, "replacement": 0}, text
         assert "replaces a lost node: its ranks start with the round's strategy" in text, text
         record = assert_job_done(tmp_path, server, "replace", fault_free)
-        lost = [e for e in record.get("events", []) if e.get("kind") == "node_lost"]
-        assert len(lost) == 1 and lost[0]["detail"]["node"] == 1 and lost[0]["detail"]["pid"] == old.pid, lost
+        lost = [e["detail"] for e in record.get("events", []) if e.get("kind") == "node_lost"]
+        assert len(lost) == 1 and lost[0].get("node_rank", lost[0].get("node")) == 1, lost  # the contract's {node, ...}
+        assert lost[0]["pid"] == old.pid, lost
         assert record.get("restarts") == 1, record  # the node-loss round is charged one restart
     finally:
         kill_all(list(procs.values()))
