@@ -133,7 +133,7 @@ def test_idle_connections_past_the_peer_budget_are_closed_and_do_not_lock_a_clie
         for c in conns:
             c.close()
     log = srv.text()
-    assert "from 127.0.0.2 that sent no authenticated call" in log and "--max-connections-per-peer" in log
+    assert "sent no authenticated call, from 127.0.0.2" in log and "--max-connections-per-peer" in log
 
 
 def test_a_connection_that_never_authenticates_is_closed_and_one_that_did_is_kept(

@@ -134,6 +134,13 @@ def close_sockets(inodes: set[int]) -> int:
     return done
 
 
+def _ips(ips: dict[str, int], shown: int = 5) -> str:
+    """"10.0.0.1 (3), 10.0.0.2 (1) and 4 more addresses": a bounded line however many peers there are."""
+    top = sorted(ips.items(), key=lambda kv: -kv[1])
+    text = ", ".join(f"{ip} ({n})" for ip, n in top[:shown])
+    return text + (f" and {len(top) - shown} more addresses" if len(top) > shown else "")
+
+
 def _loopback(ip: str) -> bool:
     try:
         return ipaddress.ip_address(ip).is_loopback
@@ -185,49 +192,59 @@ class ConnectionWatch:
             conns[inode] = c
         self._conns = conns
         self._proven.clear()
-        doomed: dict[int, str] = {}
+        doomed: dict[int, str] = {}  # inode -> which limit: "auth", "peer" or "budget"
         suspects = sorted((c for c in conns.values() if not c.authenticated), key=lambda c: c.seen)
         if cfg.auth_timeout:
             for c in suspects:
                 if now - c.seen >= cfg.auth_timeout:
-                    doomed[c.inode] = (f"no authenticated call within {cfg.auth_timeout:g}s of connecting "
-                                       "(--auth-timeout)")
+                    doomed[c.inode] = "auth"
+        per_ip: dict[str, int] = {}
+        for c in conns.values():
+            per_ip[c.ip] = per_ip.get(c.ip, 0) + 1
         if cfg.max_per_peer:
-            per_ip: dict[str, int] = {}
-            for c in conns.values():
-                if c.inode not in doomed:
-                    per_ip[c.ip] = per_ip.get(c.ip, 0) + 1
+            left_ip = {ip: n - sum(1 for i in doomed if conns[i].ip == ip) for ip, n in per_ip.items()
+                       if n > cfg.max_per_peer}
             for c in suspects:
-                n = per_ip.get(c.ip, 0)
+                n = left_ip.get(c.ip, 0)
                 if c.inode in doomed or n <= cfg.max_per_peer or (_loopback(c.ip) and not cfg.limit_loopback):
                     continue
-                doomed[c.inode] = (f"{c.ip} has {n} open connections (limit {cfg.max_per_peer}, "
-                                   "--max-connections-per-peer; connections without an authenticated call go first)")
-                per_ip[c.ip] = n - 1
+                doomed[c.inode] = "peer"
+                left_ip[c.ip] = n - 1
+        total = len(conns)
         if cfg.soft_budget:
-            left = len(conns) - len(doomed)
+            left = total - len(doomed)
             for c in suspects:
                 if left <= cfg.soft_budget:
                     break
                 if c.inode not in doomed:
-                    doomed[c.inode] = (f"{left} connections are open, above {cfg.soft_budget} (90% of "
-                                       "--max-connections): those without an authenticated call are closed first")
+                    doomed[c.inode] = "budget"
                     left -= 1
-        if cfg.budget and len(conns) >= cfg.budget:
-            self._note("conn:budget", "%d connections open, at the budget of %d (--max-connections): gRPC closes new "
-                       "ones as they arrive", len(conns), cfg.budget)
+        if cfg.budget and total >= cfg.budget:
+            self._note("conn:full", "%d connections open, at the budget of %d (--max-connections): gRPC closes new "
+                       "ones as they arrive", total, cfg.budget)
         if not doomed:
             return 0
         closed = self._closer(set(doomed))
         self.closed_total += closed
-        by_reason: dict[tuple[str, str], int] = {}
-        for inode, why in doomed.items():
-            c = conns.pop(inode)
-            by_reason[(c.ip, why)] = by_reason.get((c.ip, why), 0) + 1
-        for (ip, why), n in by_reason.items():
-            self._note(f"conn:{why[:20]}", "closed %d connection(s) from %s that sent no authenticated call: %s",
-                       n, ip, why)
+        by_kind: dict[str, dict[str, int]] = {}
+        for inode, kind in doomed.items():
+            ip = conns.pop(inode).ip
+            by_kind.setdefault(kind, {})[ip] = by_kind.setdefault(kind, {}).get(ip, 0) + 1
+        for kind, ips in by_kind.items():
+            self._note(f"conn:{kind}", "closed %d connection(s) that sent no authenticated call, from %s: %s",
+                       sum(ips.values()), _ips(ips), self._why(kind, per_ip, total, ips))
         return closed
+
+    def _why(self, kind: str, per_ip: dict[str, int], total: int, ips: dict[str, int]) -> str:
+        cfg = self.config
+        if kind == "auth":
+            return f"none within {cfg.auth_timeout:g}s of connecting (--auth-timeout)"
+        if kind == "peer":
+            worst = max(ips, key=lambda ip: per_ip.get(ip, 0))
+            return (f"{worst} had {per_ip.get(worst, 0)} open connections (limit {cfg.max_per_peer}, "
+                    "--max-connections-per-peer; those without an authenticated call go first)")
+        return (f"{total} connections were open, above {cfg.soft_budget} (90% of --max-connections): those without "
+                "an authenticated call go first")
 
     async def run(self) -> None:
         while True:

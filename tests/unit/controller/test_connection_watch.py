@@ -50,7 +50,7 @@ def test_idle_connections_count_against_the_peer_budget_and_unauthenticated_ones
         w.authenticated(f"ipv4:10.0.0.9:{6000 + i}")
     assert w.scan() == 3
     assert closed == [{1, 2, 3}]  # 6 open, limit 3: three without a call closed, oldest first; 5 and 6 kept
-    assert "10.0.0.9 has 6 open connections (limit 3" in notes[0] and "--max-connections-per-peer" in notes[0]
+    assert "10.0.0.9 had 6 open connections (limit 3" in notes[0] and "--max-connections-per-peer" in notes[0]
     assert w.open_connections("10.0.0.9") == 3 and w.open_connections("10.0.0.7") == 1
 
 
@@ -80,3 +80,10 @@ def test_addresses_from_the_kernel_table_and_from_grpc_agree() -> None:
     w.authenticated("ipv6:[::1]:5")
     w.scan()
     assert w._conns[1].authenticated
+
+
+def test_hundreds_of_closings_make_one_bounded_line_per_limit() -> None:
+    table = {i: (f"10.2.{i % 40}.1", 6000 + i) for i in range(400)}
+    w, _, closed, notes = watch(table, auth_timeout=0, max_per_peer=2)
+    assert w.scan() == 400 - 40 * 2
+    assert len(notes) == 1 and "closed 320 connection(s)" in notes[0] and "and 35 more addresses" in notes[0]
