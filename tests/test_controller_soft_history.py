@@ -91,7 +91,7 @@ def test_timer_keeps_one_entry_per_job_and_still_fires_when_due(tmp_path: Path) 
     async def scenario() -> None:
         now = [100.0]
         store = Store(tmp_path / "state.sqlite3")
-        cfg = MachineConfig(agent_loss_timeout=30)
+        cfg = MachineConfig(agent_loss_timeout=30, agent_loss_grace=30)  # one clock of 30 s, whatever ended it
         core = ControllerCore(cfg, store, SignalHub(), clock=lambda: now[0])
         core.init_job("j", JobInit(node_count=2))
         for n in (0, 1):
