@@ -101,9 +101,9 @@ def test_unauthenticated_4mb_messages_leave_server_memory_bounded(tmp_path: Path
     finally:
         for c in conns:
             c.close()
-    assert answered == 30 * 70, "every stream was refused (UNAUTHENTICATED, or REFUSED_STREAM past 32 per connection)"
+    assert answered == 30 * 70, "every stream was refused on its headers (UNAUTHENTICATED)"
     assert sent < 30 * 70 * 64 * 1024, f"the windows let {sent / MB:.0f} MB in"
-    assert peak - base < 48 * MB, f"RSS {base / MB:.0f} MB -> peak {peak / MB:.0f} MB"
+    assert peak - base < 64 * MB, f"RSS {base / MB:.0f} MB -> peak {peak / MB:.0f} MB"
     assert "requires a token and the call sent none" in srv.text() and "Traceback" not in srv.text()
 
 
