@@ -3,7 +3,7 @@
 gRPC's own client cannot misbehave on purpose (declare a 4 MB message and send it a byte at a time,
 open a connection and never call), so this speaks the frames itself: the preface, SETTINGS, HEADERS
 (HPACK literals, no Huffman, no table), DATA, WINDOW_UPDATE, PING acks. Plaintext only. Used by
-bench/hostile.py and tests/test_controller_unauthenticated.py.
+bench/hostile.py and tests/e2e/controller/test_controller_unauthenticated.py.
 """
 
 from __future__ import annotations

@@ -98,7 +98,7 @@ def test_register_and_start_before_init_say_so(caplog) -> None:
 
 def test_bad_setting_in_the_environment_still_takes_control(monkeypatch: pytest.MonkeyPatch) -> None:
     """As with MSRunPlugin: a bad TASKD_* value must not hand the job back to msrun, unprotected;
-    the agent takes control and start fails with exit 2 naming it (tests/test_msrun.py)."""
+    the agent takes control and start fails with exit 2 naming it (tests/e2e/framework/test_msrun.py)."""
     monkeypatch.setenv("TASKD_MAX_RESTARTS", "many")
     assert api.init_taskd_agent({"Framework": "MindSpore"}) is True
     assert "TASKD_MAX_RESTARTS" in api._agent.config_error

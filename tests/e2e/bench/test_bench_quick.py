@@ -1,0 +1,65 @@
+"""Each benchmark script still runs: `python bench/NAME.py --quick` prints its table and writes valid JSON.
+
+The figures themselves are not asserted (they depend on the machine); BENCHMARKS.md records them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+BENCH = ROOT / "bench"
+
+# script name -> (a line its table prints, keys its JSON must hold)
+EXPECTED = {
+    "detection": ("| taskd agent notices", {"taskd", "torchrun", "kills", "machine"}),
+    "recovery": ("| taskd recover", {"taskd", "torchrun", "sizes", "ratios_torchrun_over_taskd_first_line_p50"}),
+    "work_lost": ("| recover", {"runs", "summary", "ks"}),
+    "controller_scale": ("| N ", {"runs", "sizes", "largest_n_with_fanout_p99_under_1s"}),
+    "overhead": ("| taskd run", {"taskd", "torchrun", "worker_sdk_us_per_call", "taskd_over_torchrun"}),
+}
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_quick_run_prints_table_and_writes_json(name: str, tmp_path: Path) -> None:
+    result = tmp_path / f"{name}.json"
+    env = {**os.environ, "BENCH_RESULTS_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), "--quick"], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    line, keys = EXPECTED[name]
+    assert line in proc.stdout, proc.stdout
+    data = json.loads(result.read_text())
+    assert keys <= set(data), f"missing keys {keys - set(data)}"
+    assert data["quick"] is True
+    assert data["benchmark"] == name
+
+
+LIVE_COLUMNS = ("| configuration", "kill → resumed p50 s", "kill → resumed p99 s", "recomputed survivors mean / max",
+                "recomputed killed rank mean / max", "bit-identical", "strategies used", "torchrun / this (p50)")
+
+
+@pytest.mark.timeout(660)
+def test_live_recovery_quick_prints_every_configuration(tmp_path: Path) -> None:
+    """bench/live_recovery.py --quick: 2 ranks of a small DDP model, one kill under each of the four launchers."""
+    pytest.importorskip("torch")
+    env = {**os.environ, "BENCH_RESULTS_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, str(BENCH / "live_recovery.py"), "--quick"], capture_output=True,
+                          text=True, cwd=ROOT, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+    header = next((line for line in proc.stdout.splitlines() if line.startswith("| configuration")), "")
+    for column in LIVE_COLUMNS:
+        assert column in header, f"column {column!r} missing from {header!r}"
+    for label in ("taskd recover + warm spare", "taskd recover ", "taskd job-rescheduling", "torchrun --max-restarts"):
+        assert f"| {label}" in proc.stdout, proc.stdout
+    data = json.loads((tmp_path / "live_recovery.json").read_text())
+    assert {"runs", "summary", "references", "sizes", "ratios_torchrun_over_live_p50"} <= set(data)
+    assert data["quick"] is True and data["benchmark"] == "live_recovery"
+    assert len(data["runs"]) == 4 and all(r["kill"] is not None for r in data["runs"])

@@ -1,0 +1,179 @@
+"""TLS and mTLS with gRPC's own credentials; the certificates are made here, for 127.0.0.1."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from scripted_agent import ScriptedAgent
+
+from taskd.controller.server import ControllerConfig, EmbeddedController
+from taskd.controller.status_view import fetch_jobs, read_credentials
+from taskd.proto import recover_pb2, recover_pb2_grpc, taskd_pb2_grpc
+
+x509 = pytest.importorskip("cryptography.x509")
+from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402
+from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
+from cryptography.x509.oid import NameOID  # noqa: E402
+
+
+def _key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _cert(subject: str, key, issuer: str, issuer_key, *, ca: bool = False, server: bool = False):  # noqa: ANN001, ANN202
+    now = datetime.datetime.now(datetime.timezone.utc)
+    builder = (x509.CertificateBuilder()
+               .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+               .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+               .public_key(key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    if server:
+        builder = builder.add_extension(x509.SubjectAlternativeName(
+            [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+def _write(path: Path, cert=None, key=None) -> str:  # noqa: ANN001
+    if cert is not None:
+        path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    else:
+        path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+        path.chmod(0o600)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> dict[str, str]:
+    """ca, server cert/key (127.0.0.1, localhost), a client cert/key signed by the CA, one by a stranger CA."""
+    d = tmp_path_factory.mktemp("pki")
+    ca_key, other_key = _key(), _key()
+    ca = _cert("taskd test CA", ca_key, "taskd test CA", ca_key, ca=True)
+    other = _cert("stranger CA", other_key, "stranger CA", other_key, ca=True)
+    server_key, client_key, stranger_key = _key(), _key(), _key()
+    return {
+        "ca": _write(d / "ca.pem", ca),
+        "server_cert": _write(d / "server.pem", _cert("localhost", server_key, "taskd test CA", ca_key, server=True)),
+        "server_key": _write(d / "server.key", key=server_key),
+        "client_cert": _write(d / "client.pem", _cert("agent", client_key, "taskd test CA", ca_key)),
+        "client_key": _write(d / "client.key", key=client_key),
+        "stranger_cert": _write(d / "stranger.pem", _cert("mallory", stranger_key, "stranger CA", other_key)),
+        "stranger_key": _write(d / "stranger.key", key=stranger_key),
+        "other_ca": _write(d / "other_ca.pem", other),
+    }
+
+
+def secure(agent: ScriptedAgent, credentials: grpc.ChannelCredentials) -> ScriptedAgent:
+    agent.channel.close()
+    agent.channel = grpc.secure_channel(agent.address, credentials)
+    agent.stub = recover_pb2_grpc.RecoverStub(agent.channel)
+    agent.reports = taskd_pb2_grpc.AgentReportStub(agent.channel)
+    agent.status_stub = taskd_pb2_grpc.JobStatusStub(agent.channel)
+    return agent
+
+
+def creds(pki: dict[str, str], ca: str = "ca", cert: str | None = None) -> grpc.ChannelCredentials:
+    _, c = read_credentials(None, pki[ca], pki[f"{cert}_cert"] if cert else None, pki[f"{cert}_key"] if cert else None)
+    assert c is not None
+    return c
+
+
+def refused(agent: ScriptedAgent) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as err:
+        agent.stub.Init(agent.info, timeout=5)
+    agent.close()
+    return err.value.code()
+
+
+@pytest.fixture(scope="module")
+def tls_server(pki) -> Iterator[str]:
+    cfg = ControllerConfig(listen="127.0.0.1:0", state_path=":memory:", tls_cert=pki["server_cert"],
+                           tls_key=pki["server_key"])
+    with EmbeddedController(cfg) as ctl:
+        yield ctl.address
+
+
+@pytest.fixture(scope="module")
+def mtls_server(pki) -> Iterator[str]:
+    cfg = ControllerConfig(listen="127.0.0.1:0", state_path=":memory:", tls_cert=pki["server_cert"],
+                           tls_key=pki["server_key"], tls_client_ca=pki["ca"])
+    with EmbeddedController(cfg) as ctl:
+        yield ctl.address
+
+
+def test_tls_serves_a_client_that_trusts_its_ca(pki, tls_server: str) -> None:
+    agent = secure(ScriptedAgent(tls_server, "tls", 0, 1), creds(pki)).join()
+    try:
+        assert agent.health().code == 0
+    finally:
+        agent.close()
+    jobs = fetch_jobs(tls_server, credentials=creds(pki), timeout=10)  # taskd status --tls-ca
+    assert [j.jobId for j in jobs.jobs] == ["tls"]
+
+
+def test_tls_refuses_plaintext_and_a_client_trusting_another_ca(pki, tls_server: str) -> None:
+    assert refused(ScriptedAgent(tls_server, "tls", 0, 1)) == grpc.StatusCode.UNAVAILABLE
+    assert refused(secure(ScriptedAgent(tls_server, "tls", 0, 1), creds(pki, ca="other_ca"))) \
+        == grpc.StatusCode.UNAVAILABLE
+
+
+def test_mtls_requires_a_client_certificate_signed_by_the_client_ca(pki, mtls_server: str) -> None:
+    assert refused(secure(ScriptedAgent(mtls_server, "m", 0, 1), creds(pki))) == grpc.StatusCode.UNAVAILABLE
+    assert refused(secure(ScriptedAgent(mtls_server, "m", 0, 1), creds(pki, cert="stranger"))) \
+        == grpc.StatusCode.UNAVAILABLE
+    agent = secure(ScriptedAgent(mtls_server, "m", 0, 1), creds(pki, cert="client")).join()
+    try:
+        assert agent.health().code == 0
+    finally:
+        agent.close()
+
+
+def test_plaintext_connections_to_a_tls_server_log_rate_limited_lines_and_tell_the_client(pki, tmp_path) -> None:
+    """Issue 19 N6 and the misleading hint: 40 plaintext connections to `taskd server --tls-cert` give at most
+    a couple of gRPC "Handshake failed" lines and a count of the rest; a plaintext taskd client is told that
+    something closed its connection (TLS or a limit), not to check whether a server runs there."""
+    import socket
+    import subprocess
+    import sys
+
+    from support import STARTED, free_port, port_open, wait_for
+
+    from taskd.client.errors import ServerUnreachable
+    from taskd.client.rpc import translate
+
+    port = free_port()
+    log = tmp_path / "server.log"
+    proc = subprocess.Popen([sys.executable, "-m", "taskd", "server", "--listen", f"127.0.0.1:{port}", "--state",
+                             ":memory:", "--tls-cert", pki["server_cert"], "--tls-key", pki["server_key"]],
+                            stdout=subprocess.DEVNULL, stderr=log.open("wb"), cwd=Path(__file__).resolve().parents[3])
+    STARTED.append(proc)
+    try:
+        wait_for(lambda: port_open(port), 30, "taskd server to listen")
+        for _ in range(40):
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+                s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                s.settimeout(5)
+                try:
+                    while s.recv(4096):
+                        pass
+                except OSError:
+                    pass
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            with pytest.raises(grpc.RpcError) as err:
+                recover_pb2_grpc.RecoverStub(ch).HealthCheck(recover_pb2.ClientInfo(jobId="x"), timeout=5)
+        error = translate(err.value, "HealthCheck", f"127.0.0.1:{port}")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    text = log.read_text(errors="replace")
+    shown = text.count("Handshake failed") + text.count("handshake failed")
+    assert 1 <= shown <= 3, text[-3000:]
+    assert "were not shown (rate-limited)" in text or "more like it" in text, text[-3000:]
+    assert isinstance(error, ServerUnreachable) and "TASKD_TLS_CA" in str(error), str(error)
+    assert "expires on" in text  # the test certificate is valid for a day: the start warns about it

@@ -1,0 +1,313 @@
+"""Live recovery under `taskd run` end to end: real torch DDP ranks (gloo), the embedded controller.
+
+Every faulty run of examples/torch/train_ddp.py is compared with a fault-free run: final.pt must
+be bit-identical. The agent (not the test) hosts the store, writes the control file, starts the
+replacement into the new generation and confirms the rebuild.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from support import STARTED, free_port, wait_for  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+ROOT = Path(__file__).resolve().parents[3]
+EXAMPLE = ROOT / "examples" / "torch" / "train_ddp.py"
+WORLD = 3
+SMALL = ["--hidden", "64", "--layers", "2", "--steps", "30", "--ckpt-every", "10", "--step-sleep", "0.05",
+         "--pg-timeout", "30"]
+TIMEOUT = 150.0
+
+
+def taskd_run(tmp: Path, extra: list[str] = (), flags: list[str] = (), env: dict[str, str] | None = None,
+              script: Path = EXAMPLE, args: list[str] | None = None, nproc: int = WORLD) -> tuple[int, str]:
+    tmp.mkdir(parents=True, exist_ok=True)
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("MINDX_", "TASKD_"))}
+    full_env.update({"OMP_NUM_THREADS": "1", **(env or {})})
+    argv = [sys.executable, "-m", "taskd.run", "--monitor-interval", "0.2", "--nproc-per-node", str(nproc),
+            *flags, str(script)]
+    argv += args if args is not None else [*SMALL, "--ckpt-dir", str(tmp / "ckpt"), "--out", str(tmp / "out"),
+                                           *extra]
+    console = tmp / "console.log"
+    with console.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT)
+        STARTED.append(proc)
+        try:
+            code = proc.wait(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+            pytest.fail(f"taskd run did not finish in {TIMEOUT:.0f}s:\n{console.read_text()[-6000:]}")
+    return code, console.read_text()
+
+
+def summary(tmp: Path) -> dict:
+    return json.loads((tmp / "out" / "summary.json").read_text())
+
+
+def resumed_after(console: str) -> list[float]:
+    """The agent's "training resumed N s after the fault" times (printed for the report)."""
+    return [float(m) for m in re.findall(r"training resumed ([0-9.]+)s after the fault", console)]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("reference")
+    code, console = taskd_run(tmp)
+    assert code == 0, console[-6000:]
+    assert summary(tmp)["recomputed"] == {str(r): 0 for r in range(WORLD)}
+    return torch.load(tmp / "out" / "final.pt")
+
+
+def assert_identical(final: dict, reference: dict) -> None:
+    assert final.keys() == reference.keys()
+    for key in final:
+        assert torch.equal(final[key], reference[key]), f"{key} differs by {(final[key] - reference[key]).abs().max()}"
+
+
+def start_pids(console: str) -> dict[int, int]:
+    """rank -> pid from "started 3 rank(s) (rank:pid 0:11, 1:12, 2:13)"."""
+    found = re.search(r"started \d+ rank\(s\) \(rank:pid ([0-9:, ]+)\)", console)
+    assert found, console[-3000:]
+    return {int(r): int(p) for r, p in (item.split(":") for item in found.group(1).split(", "))}
+
+
+@pytest.mark.parametrize("victim", [2, 0])
+def test_sigkill_of_a_rank_is_recovered_in_place(tmp_path, reference, victim):
+    code, console = taskd_run(tmp_path, ["--crash-at-step", "12", "--fault-rank", str(victim)])
+    assert code == 0, console[-6000:]
+    info = summary(tmp_path)
+    pids = start_pids(console)
+    survivors = [r for r in range(WORLD) if r != victim]
+    assert {r: info["ranks"][str(r)]["pid"] for r in survivors} == {r: pids[r] for r in survivors}
+    assert info["ranks"][str(victim)]["pid"] != pids[victim]
+    assert_identical(torch.load(tmp_path / "out" / "final.pt"), reference)
+    assert all(info["recomputed"][str(r)] == 0 for r in survivors) and info["recomputed"][str(victim)] <= 1
+    assert f"strategy: recover for rank(s) [{victim}]" in console and "job-rescheduling" not in console
+    assert info["restart_count"] == 1  # one restart charged; the replacement saw the job-wide count
+    assert "1 recovery(ies)" in console and len(resumed_after(console)) == 1
+    spent = float(re.search(r"([0-9.]+)s spent recovering", console).group(1))
+    assert spent == pytest.approx(resumed_after(console)[0], abs=0.01)  # fault -> resumed, not the restart
+    print(f"kill of rank {victim} -> training resumed in {resumed_after(console)[0]:.2f}s")
+
+
+def test_retryable_error_is_retried_with_no_process_restarted(tmp_path, reference):
+    code, console = taskd_run(tmp_path, ["--retryable-error-at-step", "10", "--fault-rank", "1"])
+    assert code == 0, console[-6000:]
+    info = summary(tmp_path)
+    assert {int(r): v["pid"] for r, v in info["ranks"].items()} == start_pids(console)
+    assert "strategy: retry for rank(s) [1]" in console and "raised a retryable error" in console
+    assert "restarted" not in console and "killed" not in console
+    assert info["restart_count"] == 0 and info["recomputed"] == {str(r): 0 for r in range(WORLD)}
+    assert_identical(torch.load(tmp_path / "out" / "final.pt"), reference)
+    print(f"retryable error -> training resumed in {resumed_after(console)[0]:.2f}s")
+
+
+def test_hang_culprit_is_named_first_and_replaced(tmp_path, reference):
+    code, console = taskd_run(tmp_path, ["--hang-at-step", "12", "--fault-rank", "1"],
+                              flags=["--heartbeat-timeout", "8"])
+    assert code == 0, console[-6000:]
+    culprit = re.search(r"hang: rank (\d+) \(pid \d+\) made no progress [^\n]*: the culprit", console)
+    assert culprit and culprit.group(1) == "1", console[-6000:]
+    first_hang_line = next(line for line in console.splitlines() if "hang:" in line)
+    assert "rank 1" in first_hang_line and "culprit" in first_hang_line
+    assert not re.search(r"hang: rank [02] \(pid \d+\) made no progress", console)
+    assert "strategy: recover for rank(s) [1]" in console
+    info = summary(tmp_path)
+    pids = start_pids(console)
+    assert info["ranks"]["0"]["pid"] == pids[0] and info["ranks"]["2"]["pid"] == pids[2]
+    assert_identical(torch.load(tmp_path / "out" / "final.pt"), reference)
+    print(f"hang of rank 1 -> training resumed in {resumed_after(console)[0]:.2f}s after the kill")
+
+
+UNDECLARED = """
+import os, sys, time
+from taskd import worker
+out = sys.argv[1]
+rank = worker.rank()
+marker = os.path.join(out, "crashed")
+for step in range(20):
+    worker.heartbeat(step)
+    if rank == 1 and step == 5 and not os.path.exists(marker):
+        open(marker, "w").close()
+        os._exit(3)
+    time.sleep(0.05)
+"""
+
+
+def test_a_script_that_did_not_declare_itself_gets_job_rescheduling_first(tmp_path):
+    script = tmp_path / "undeclared.py"
+    script.write_text(UNDECLARED)
+    (tmp_path / "out").mkdir()
+    code, console = taskd_run(tmp_path, script=script, args=[str(tmp_path / "out")])
+    assert code == 0, console[-6000:]
+    assert "strategy: job-rescheduling for rank(s) [1]" in console, console[-6000:]
+    assert "strategy: recover" not in console  # no failed recover and a second charge first
+    assert "recover not offered" in console
+
+
+def test_two_faults_in_a_row_are_each_recovered_in_place(tmp_path, reference):
+    """Rank 2 is killed at step 8; once that recovery has resumed, rank 1 is killed at step 18."""
+    code, console = taskd_run(tmp_path, ["--crash", "2:8", "--crash", "1:18"])
+    assert code == 0, console[-6000:]
+    info = summary(tmp_path)
+    pids = start_pids(console)
+    assert info["ranks"]["0"]["pid"] == pids[0]  # the survivor of both faults kept its process
+    assert info["ranks"]["1"]["pid"] != pids[1] and info["ranks"]["2"]["pid"] != pids[2]
+    assert console.index("strategy: recover for rank(s) [2]") < console.index("training resumed") \
+        < console.index("strategy: recover for rank(s) [1]"), console[-6000:]
+    assert "job-rescheduling" not in console
+    assert len(resumed_after(console)) == 2 and "2 recovery(ies)" in console
+    assert info["restart_count"] == 2  # one per fault; the second replacement saw the job-wide count
+    assert info["recomputed"]["0"] == 0 and max(info["recomputed"].values()) <= 1
+    assert_identical(torch.load(tmp_path / "out" / "final.pt"), reference)
+    print(f"two faults -> training resumed in {resumed_after(console)}s")
+
+
+def test_a_fault_during_the_rebuild_fails_recover_and_escalates_once(tmp_path, reference):
+    """Rank 2 is killed; while generation g forms (its replacement is still importing torch), survivor rank 1
+    is killed too. docs/pytorch.md: the recover fails, the round escalates to job-rescheduling, and the round
+    is charged one restart in all; the job restarts from its newest common checkpoint."""
+    console_path = tmp_path / "console.log"
+    killed: list[int] = []
+
+    def kill_survivor_when_the_rebuild_starts() -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:
+            text = console_path.read_text() if console_path.exists() else ""
+            if "strategy: recover for rank(s) [2]" in text:
+                os.kill(start_pids(text)[1], signal.SIGKILL)
+                killed.append(start_pids(text)[1])
+                return
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=kill_survivor_when_the_rebuild_starts, daemon=True)
+    watcher.start()
+    code, console = taskd_run(tmp_path, ["--crash", "2:8"])
+    watcher.join(5)
+    assert killed, console[-6000:]
+    assert code == 0, console[-6000:]
+    assert re.search(r"live recovery failed: rank\(s\) \[1\] ended before the group of generation \d+ re-formed",
+                     console), console[-6000:]
+    assert "strategy: job-rescheduling" in console
+    info = summary(tmp_path)
+    assert info["restart_count"] == 1  # the failed recover and its escalation: one restart
+    assert_identical(torch.load(tmp_path / "out" / "final.pt"), reference)
+
+
+def test_sigstopped_rank_is_named_its_stack_not_taken_and_replaced(tmp_path, reference):
+    console_path = tmp_path / "console.log"
+    stopped: list[int] = []
+
+    def stop_rank_1() -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:
+            text = console_path.read_text() if console_path.exists() else ""
+            if "rank 1: step 10/" in text:
+                pid = start_pids(text)[1]
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+                return
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=stop_rank_1, daemon=True)
+    watcher.start()
+    code, console = taskd_run(tmp_path, flags=["--heartbeat-timeout", "6"])
+    watcher.join(5)
+    assert stopped and code == 0, console[-6000:]
+    first_hang_line = next(line for line in console.splitlines() if "hang:" in line)
+    assert re.search(rf"hang: rank 1 \(pid {stopped[0]}\) made no progress .*\(process stopped\): the culprit",
+                     first_hang_line), console[-6000:]
+    assert f"hang: could not take the stacks of rank 1 (pid {stopped[0]}): its process is stopped (SIGSTOP)" \
+        in console
+    assert not re.search(r"hang: rank [02] \(pid \d+\) made no progress", console)
+    assert "strategy: recover for rank(s) [1]" in console and "job-rescheduling" not in console
+    info = summary(tmp_path)
+    pids = start_pids(console)
+    assert info["ranks"]["0"]["pid"] == pids[0] and info["ranks"]["2"]["pid"] == pids[2]
+    assert info["ranks"]["1"]["pid"] != pids[1]
+    assert_identical(torch.load(tmp_path / "out" / "final.pt"), reference)
+
+
+def test_a_port_in_use_fails_fast_naming_it(tmp_path):
+    with socket.create_server(("", 0)) as taken:
+        port = taken.getsockname()[1]
+        code, console = taskd_run(tmp_path, flags=["--master-port", str(port)])
+    assert code == 2, console
+    assert f"taskd run: error: rendezvous store: port {port} is already in use" in console
+    assert "--master-port" in console and "started" not in console and "Traceback" not in console
+
+
+def test_two_nodes_against_one_server_replace_a_rank_of_node_1_in_place(tmp_path):
+    """Two `taskd run` nodes (2 ranks each) against one `taskd server` on loopback; rank 3 (node 1) is killed:
+    node 1 replaces it, the survivors on both nodes keep their pids, final.pt equals a one-node 4-rank run's."""
+    code, console = taskd_run(tmp_path / "reference", nproc=4)
+    assert code == 0, console[-6000:]
+    reference4 = torch.load(tmp_path / "reference" / "out" / "final.pt")
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MINDX_", "TASKD_"))}
+    env["OMP_NUM_THREADS"] = "1"
+    port, master = free_port(), free_port()
+    server_log = (tmp_path / "server.log").open("wb")
+    server = subprocess.Popen([sys.executable, "-m", "taskd", "server", "--listen", f"127.0.0.1:{port}", "--state",
+                               ":memory:"], stdout=server_log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    STARTED.append(server)
+    nodes, logs = [], []
+    try:
+        def listening() -> bool:
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.2).close()
+                return True
+            except OSError:
+                return False
+
+        wait_for(listening, 30, "taskd server to listen")
+        args = [*SMALL, "--ckpt-dir", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out"), "--crash", "3:8"]
+        for node in range(2):
+            logs.append(tmp_path / f"node{node}.log")
+            with logs[-1].open("wb") as out:
+                nodes.append(subprocess.Popen(
+                    [sys.executable, "-m", "taskd.run", "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node",
+                     "2", "--server", f"127.0.0.1:{port}", "--job-id", "live2n", "--master-addr", "127.0.0.1",
+                     "--master-port", str(master), "--monitor-interval", "0.2", str(EXAMPLE), *args],
+                    stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT))
+            STARTED.append(nodes[-1])
+        codes = []
+        for proc in nodes:
+            try:
+                codes.append(proc.wait(timeout=TIMEOUT))
+            except subprocess.TimeoutExpired:
+                pytest.fail("a node did not finish:\n" + "\n".join(p.read_text()[-4000:] for p in logs))
+    finally:
+        for proc in [*nodes, server]:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        server_log.close()
+    consoles = [p.read_text() for p in logs]
+    assert codes == [0, 0], "\n".join(c[-5000:] for c in consoles)
+    pids = {**start_pids(consoles[0]), **start_pids(consoles[1])}  # global rank -> pid
+    info = summary(tmp_path)
+    survivors = [0, 1, 2]
+    assert {r: info["ranks"][str(r)]["pid"] for r in survivors} == {r: pids[r] for r in survivors}
+    assert info["ranks"]["3"]["pid"] != pids[3]
+    for console in consoles:
+        assert "strategy: recover for rank(s) [3]" in console and "job-rescheduling" not in console, console[-5000:]
+    assert info["restart_count"] == 1 and info["recomputed"]["0"] == 0
+    assert_identical(torch.load(tmp_path / "out" / "final.pt"), reference4)
+    print(f"two nodes: rank 3 -> training resumed in {resumed_after(consoles[1])}s (node 1)")

@@ -1,0 +1,86 @@
+"""`taskd.worker.mindspore.TaskdCallback` in a real `Model.train` (one process, MindSpore on CPU).
+
+The rank runs in a subprocess with its heartbeat file, as under taskd: heartbeats per step, the
+ModelCheckpoint it drives, sections seen by a callback placed inside the save, and a save request
+(what the `dump` strategy sends) served at the next step end into the ModelCheckpoint's directory.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from taskd.worker import HeartbeatFile
+
+if importlib.util.find_spec("mindspore") is None:
+    pytest.skip("MindSpore is not installed (pip install -e '.[mindspore]')", allow_module_level=True)
+
+pytestmark = pytest.mark.mindspore
+ROOT = Path(__file__).resolve().parents[3]
+
+RANK = textwrap.dedent('''
+    import json, os, sys
+    import numpy as np
+    import mindspore as ms
+    import mindspore.dataset as ds
+    from mindspore import nn
+    from mindspore.train import Callback, CheckpointConfig, Model, ModelCheckpoint
+    from taskd.worker import HeartbeatFile
+    from taskd.worker.mindspore import TaskdCallback
+
+    out, hb_path = sys.argv[1], os.environ["TASKD_HEARTBEAT_FILE"]
+    ms.set_device("CPU")
+    x = np.arange(32, dtype=np.float32).reshape(16, 2) / 32
+    data = ds.NumpySlicesDataset({"x": x, "y": x.copy()}, shuffle=False).batch(4)  # 4 steps an epoch
+    net = nn.Dense(2, 2)
+    hb = HeartbeatFile(hb_path)
+    seen = {"sections": []}
+
+    class Probe(ModelCheckpoint):
+        """The ModelCheckpoint, noting the heartbeat file's section while it saves."""
+        def step_end(self, run_context):
+            seen["sections"].append(hb.read().section)
+            super().step_end(run_context)
+
+    class Ask(Callback):  # the agent's side of a dump: ask for a save after step 5
+        def on_train_step_end(self, run_context):
+            if run_context.original_args().cur_step_num == 5:
+                seen["request"] = hb.request_save()
+
+    ckpt = Probe(prefix="net", directory=os.path.join(out, "ckpt"), config=CheckpointConfig(save_checkpoint_steps=4))
+    cb = TaskdCallback(ckpt)
+    Model(net, nn.MSELoss(), nn.Momentum(net.trainable_params(), 0.01, 0.9)).train(
+        2, data, callbacks=[cb, Ask()], dataset_sink_mode=False)
+    state = hb.read()
+    seen.update(step=state.step, beats=state.beats, ack=state.save_ack, ok=state.save_ok, dumped=cb.dumped,
+                files=sorted(os.listdir(os.path.join(out, "ckpt"))),
+                dump_keys=sorted(ms.load_checkpoint(cb.dumped[-1])) if cb.dumped else [])
+    print(json.dumps(seen))
+''')
+
+
+def test_taskd_callback_beats_drives_the_checkpoint_in_sections_and_serves_a_save_request(tmp_path: Path) -> None:
+    hb_path = HeartbeatFile(tmp_path / "rank_0.hb").create().path
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TASKD_", "MS_", "RANK_"))}
+    env.update(TASKD_HEARTBEAT_FILE=str(hb_path), GLOG_v="3", TASKD_STRATEGIES="dump,exit",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])))
+    out = subprocess.run([sys.executable, "-c", RANK, str(tmp_path)], capture_output=True, text=True, env=env,
+                         timeout=180)
+    assert out.returncode == 0, out.stderr[-4000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["step"] == 8 and seen["beats"] >= 8  # a heartbeat per step of 2 epochs x 4 steps
+    assert seen["sections"] and set(seen["sections"]) == {"checkpoint"}  # every save ran inside the section
+    assert any(f.startswith("net") and f.endswith(".ckpt") for f in seen["files"]), seen["files"]
+    assert seen["ack"] == seen["request"] == 1 and seen["ok"], seen  # served at step 6's end, successfully
+    (dumped,) = seen["dumped"]
+    assert os.path.basename(dumped) == "taskd-dump-net-step6.ckpt" and os.path.dirname(dumped).endswith("ckpt")
+    assert "step" in seen["dump_keys"] and any(k.endswith("weight") for k in seen["dump_keys"]), seen["dump_keys"]
+    # with dump offered, one line at the start says what MindSpore cannot do (docs/mindspore.md)
+    assert out.stderr.count("MindSpore cannot save while a collective blocks it") == 1, out.stderr[-2000:]
