@@ -15,7 +15,7 @@ import sys
 # so the package itself sets it first. An explicit value in the environment wins. Once grpc is imported
 # and initialised (done here at once, so that nothing of gRPC reads the variable later) it is taken out
 # again: the ranks and the scheduler inherit this environment and must not see it (issue 18; measured
-# with it removed: 0 of 150 preexec_fn children crashed, none saw it; tests/e2e/test_grpc_fork_env.py).
+# with it removed: 0 of 150 preexec_fn children crashed, none saw it; tests/e2e/client/test_grpc_fork_env.py).
 _FORK_VAR = "GRPC_ENABLE_FORK_SUPPORT"
 _fork_var_set_here = "grpc" not in sys.modules and _FORK_VAR not in os.environ
 if _fork_var_set_here:
