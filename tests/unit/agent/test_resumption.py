@@ -1,0 +1,79 @@
+"""When "training resumed" is said after a restart that is not a live rebuild (agent/resumption.py), and what
+the summary then prints (agent/summary.py): only what was read from the ranks' heartbeat files, never the
+restart itself passed off as the recovery."""
+
+from __future__ import annotations
+
+from taskd.agent.ranks import Rank, RankLayout, RankTable
+from taskd.agent.resumption import Resumption
+from taskd.agent.summary import ELSEWHERE, NO_HEARTBEATS, PENDING, RESUMED, SUPERSEDED, RecoveryRecord
+from taskd.worker.heartbeat_file import HeartbeatState
+
+
+def beat(pid: int, step: int | None, when: float = 100.0) -> HeartbeatState:
+    return HeartbeatState(time=when, step=step, section="", section_timeout=None, section_start=None,
+                          save_request=0, save_ack=0, save_ok=False, pid=pid, stack_signal=0, beats=1)
+
+
+class Files:
+    """The ranks' heartbeat files as the agent reads them: the state of the rank's current pid, or None."""
+
+    def __init__(self) -> None:
+        self.states: dict[int, HeartbeatState] = {}
+
+    def __call__(self, rank: Rank) -> HeartbeatState | None:
+        state = self.states.get(rank.local_rank)
+        return state if state is not None and state.pid == rank.pid else None
+
+
+def two_ranks() -> RankTable:
+    table = RankTable(RankLayout(0, 1, (0, 1)))
+    for rank, pid in zip(table.all(), (10, 11), strict=True):
+        rank.pid = pid
+    return table
+
+
+def record() -> RecoveryRecord:
+    return RecoveryRecord("recover", [1], 0.0, 0.01)
+
+
+def test_resumed_once_every_restarted_rank_beat_from_its_new_process(caplog) -> None:
+    table, files = two_ranks(), Files()
+    files.states = {0: beat(10, 40), 1: beat(11, 50)}
+    watch = Resumption(table, files)
+    before = watch.steps([1])
+    assert before == {1: 50}
+    table[1].pid = 21  # the replacement
+    rec = record()
+    watch.track(rec, [1], before, started=1.0)
+    watch.check(now=1.5)
+    assert rec.resumption == PENDING and watch.pending  # the old incarnation's file does not count
+    files.states[1] = beat(21, 43)
+    with caplog.at_level("INFO", logger="taskd.agent"):
+        watch.check(now=2.25)
+    assert rec.resumption == RESUMED and rec.resumed_seconds == 1.25 and not watch.pending
+    assert "rank 1 at step 43, step 50 before the fault: it redoes at least 8 step(s)" in caplog.text
+    assert "1.250s from the fault to training resumed" in rec.describe()
+
+
+def test_a_restart_with_no_heartbeats_says_it_cannot_tell() -> None:
+    table, files = two_ranks(), Files()
+    watch = Resumption(table, files)
+    before = watch.steps([1])  # nobody ever beat
+    rec = record()
+    watch.track(rec, [1], before, started=1.0)
+    assert rec.resumption == NO_HEARTBEATS and not watch.pending
+    assert "from the fault to rank(s) replaced" in rec.describe() and "resumed" not in rec.describe().split(";")[0]
+
+
+def test_a_restart_elsewhere_and_a_superseded_one_are_said_as_such() -> None:
+    table, files = two_ranks(), Files()
+    files.states = {0: beat(10, 5), 1: beat(11, 5)}
+    watch = Resumption(table, files)
+    elsewhere = record()
+    watch.track(elsewhere, [], {}, started=1.0)  # no rank of this node was restarted
+    assert elsewhere.resumption == ELSEWHERE
+    first = record()
+    watch.track(first, [1], watch.steps([1]), started=1.0)
+    watch.supersede()  # the next restart replaces its ranks before they beat
+    assert first.resumption == SUPERSEDED and not watch.pending
