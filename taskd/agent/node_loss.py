@@ -46,7 +46,7 @@ def assigned_node(order: Order) -> int | None:
 @dataclass(frozen=True)
 class StandbyEnd:
     """How a standby's wait ended: `node_rank` is set when it was assigned one; otherwise `why` says why not
-    ("job ended", "fenced", "signal")."""
+    ("job ended", "fenced", "signal", "controller lost")."""
 
     node_rank: int | None
     why: str
@@ -90,14 +90,21 @@ class JobSource(Protocol):
 
 
 def await_assignment(link: JobSource, wait: Callable[[float], object], interrupted: Callable[[], bool],
-                     clock: Callable[[], float] = time.monotonic) -> StandbyEnd:
-    """Wait, as a standby, until a node is assigned or the job ends (bounded by the job's end; see standby_step)."""
+                     clock: Callable[[], float] = time.monotonic, silence: float = float("inf")) -> StandbyEnd:
+    """Wait, as a standby, until a node is assigned or the job ends (see standby_step), or until the controller
+    has not answered for `silence` seconds: a standby nobody can assign must not wait forever."""
     next_poll = clock()
+    answered = clock()
     while True:
         state = None
         if clock() >= next_poll:
             answer = link.job_state(timeout=2.0)
             state = answer[0] if answer is not None else None
+            if answer is not None:
+                answered = clock()
+            elif clock() - answered >= silence:
+                return StandbyEnd(None, "controller lost", f"no answer from the controller for {silence:.0f}s "
+                                  "(TASKD_CONTROLLER_TIMEOUT)")
             next_poll = clock() + JOB_POLL
         order = link.next_order()
         end = standby_step(order, state)
@@ -140,7 +147,10 @@ class NodeLoss:
             self.finish(False, 1, "a standby needs the job's controller, and none answered")
             return False
         log.info("standby for job %s: waiting for a lost node to take over (or the job's end)", job_id)
-        end = await_assignment(self.link, wait, interrupted)
+        end = await_assignment(self.link, wait, interrupted, silence=self.config.controller_timeout)
+        if end.why == "controller lost":
+            self.finish(False, 1, f"standby: {end.detail}")
+            return False
         if end.why == "signal":
             self.finish(False, 1, "standby stopped by a signal before it was needed")
             return False

@@ -67,6 +67,15 @@ def test_await_assignment_asks_the_job_state_once_a_second_and_reads_every_order
     assert end.why == "signal"
 
 
+def test_a_standby_whose_controller_stops_answering_gives_up_after_the_controller_timeout() -> None:
+    now = [0.0]
+    link = FakeLink([], ["RUNNING", "RUNNING"])  # two answers, then silence
+    end = await_assignment(link, lambda s: now.__setitem__(0, now[0] + max(s, 0.5)), lambda: False, lambda: now[0],
+                           silence=30.0)
+    assert end.why == "controller lost" and not end.needed and "30s" in end.detail
+    assert 30.0 <= now[0] <= 33.0  # counted from the last answer (at ~1 s), on the passed-in clock
+
+
 def test_a_replacement_gives_up_after_the_rejoin_timeout() -> None:
     assert not replacement_overdue(None, 1000.0, 300.0)
     assert not replacement_overdue(10.0, 309.9, 300.0) and replacement_overdue(10.0, 310.0, 300.0)
