@@ -214,16 +214,19 @@ def tune_gc() -> None:
 async def serve(config: ControllerConfig, ready: Any = None) -> None:
     """Serve until SIGTERM/SIGINT (main thread) and shut down gracefully; `ready(server)` after start."""
     server = ControllerServer(config)
-    # the standalone controller's only job is serving: every descriptor the hard limit allows is its own
-    await server.start(max_connections=connection_budget(raise_nofile()))
-    tune_gc()
-    if ready is not None:
-        ready(server)
+    # SIGTERM is taken over before the port opens: one that arrives while startup still runs (tune_gc holds
+    # the GIL for a while on a loaded machine) shuts down gracefully instead of killing the process with its
+    # log lines still in native_log's pipe (a CI run lost every line after startup that way)
     loop = asyncio.get_running_loop()
     stop_requested = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop_requested.set)
     try:
+        # the standalone controller's only job is serving: every descriptor the hard limit allows is its own
+        await server.start(max_connections=connection_budget(raise_nofile()))
+        tune_gc()
+        if ready is not None:
+            ready(server)
         await stop_requested.wait()
         log.info("shutting down")
     finally:
