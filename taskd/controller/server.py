@@ -16,6 +16,7 @@ import os
 import secrets
 import signal
 import threading
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -35,6 +36,7 @@ from taskd.controller.core import ControllerCore
 from taskd.controller.guard import Guard, RateLimitedLog
 from taskd.controller.hub import SignalHub
 from taskd.controller.limits import PeerLimitConfig, PeerLimits, connection_budget, raise_nofile
+from taskd.controller.locator import remove_locator, write_locator
 from taskd.controller.native_log import NativeLogFilter
 from taskd.controller.service import add_services
 from taskd.controller.store import MEMORY, Store
@@ -251,12 +253,16 @@ class EmbeddedController:
     """A controller running on its own event loop in a daemon thread of this process.
 
     Its caller makes the token for the run (`ControllerConfig(token=secrets.token_urlsafe(32))`) and hands
-    it to its own agent in-process: it is never printed, never in argv, never in a rank's environment.
+    it to its own agent in-process: it is never printed, never in argv, never in a rank's environment. With
+    `advertise` it is also in a locator only this user can read, for `taskd status` (controller/locator.py).
     A bad config is refused at construction (`ConfigError`), exactly as `taskd server` refuses it.
     """
 
-    def __init__(self, config: ControllerConfig | None = None) -> None:
+    def __init__(self, config: ControllerConfig | None = None, advertise: bool = False) -> None:
+        """`advertise`: leave a locator for `taskd status` while it serves (controller/locator.py)."""
         self.config = config or ControllerConfig(listen="127.0.0.1:0", state_path=MEMORY)
+        self.advertise = advertise
+        self._locator: Path | None = None
         self.server: ControllerServer | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -268,13 +274,14 @@ class EmbeddedController:
     @classmethod
     def for_agent(cls, max_restarts: int, node_rejoin_timeout: float | None = None) -> EmbeddedController:
         """The controller `taskd run` and the msrun plugin run when given none: a free loopback port, state in
-        memory, and a random token that only the agent in this process learns (`token`). `node_rejoin_timeout`
+        memory, and a random token that only the agent in this process (and `taskd status` run by the same user on
+        this host, through its locator) learns (`token`). `node_rejoin_timeout`
         (default $TASKD_NODE_REJOIN_TIMEOUT, else 300 s): how long a node-loss round waits for a replacement."""
         rejoin = node_rejoin_timeout
         if rejoin is None:
             rejoin = rejoin_timeout_from_env()
         return cls(ControllerConfig(listen="127.0.0.1:0", state_path=MEMORY, default_max_restarts=max_restarts,
-                                    token=secrets.token_urlsafe(32), node_rejoin_timeout=rejoin))
+                                    token=secrets.token_urlsafe(32), node_rejoin_timeout=rejoin), advertise=True)
 
     @property
     def address(self) -> str:
@@ -337,8 +344,11 @@ class EmbeddedController:
         await server.start()
         self.server = server
         self._address = server.address
+        # where `taskd status` on this host finds this run's jobs (controller/locator.py)
+        self._locator = write_locator(self._address, self.config.token) if self.advertise else None
         self._ready.set()
         try:
             await self._stop.wait()
         finally:
+            remove_locator(self._locator)
             await server.stop(min(self.config.grace, 1.0))
