@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from test_run_e2e import ROOT
 
 pytest.importorskip("torch")
