@@ -98,6 +98,9 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--auth-timeout", type=float, default=d.auth_timeout, metavar="SECONDS",
                         help=f"close a connection that carried no call with the token this long after it opened "
                              f"(default {d.auth_timeout:g}; 0 = never)")
+    parser.add_argument("--metrics-listen", default=None, metavar="HOST[:PORT]",
+                        help="serve Prometheus metrics at http://HOST:PORT/metrics (port 9464 if none; needs "
+                             "pip install 'taskd[metrics]'; docs/operations.md lists them)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 
