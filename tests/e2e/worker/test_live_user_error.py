@@ -33,3 +33,21 @@ def test_the_scripts_own_timeout_or_reset_is_a_crash_of_its_rank_recovered_live(
     assert len(pids[0]) == 1 and len(pids[2]) == 1, pids  # the survivors kept their processes
     assert len(pids[1]) == 2, pids  # rank 1 was replaced once
     assert took < 100, f"{took:.0f}s: the ranks paused for a rebuild (it took 132 s before)"
+
+
+@pytest.mark.torch
+def test_a_rank_that_dies_after_its_last_step_once_a_peer_finished_is_not_given_a_recover(tmp_path: Path) -> None:
+    """Issue 21 D3: a finished rank has left the group for good; `recover` made its replacement wait for it
+    until the rebuild timed out (150 s). The agent offers no recover then: every rank restarts."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MINDX_SERVER_IP", "MINDX_TASK_ID")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "taskd.run", "--nproc-per-node", "2", str(SCRIPT), "10",
+                           str(tmp_path), "abort-after-end"], capture_output=True, text=True, timeout=240,
+                          cwd=tmp_path, env=env)
+    took = time.monotonic() - started
+    console = proc.stdout + proc.stderr
+    assert proc.returncode == 0, console[-4000:]
+    assert "already finished and cannot rejoin a rebuilt group: recover not offered" in console, console[-4000:]
+    assert "strategy: job-rescheduling" in console and "strategy: recover" not in console, console[-4000:]
+    assert took < 100, f"{took:.0f}s: a replacement waited for a rank that had finished (150 s before)"
