@@ -79,7 +79,7 @@ class LiveRanks:
             return None
         if status.heartbeat.pid != rank.pid:
             return None
-        if status.can_rejoin or status.can_retry:  # kept when the rank dies or a replacement has not declared yet
+        if status.declared:  # kept when the rank dies or a replacement has not declared yet
             self._declared[rank.local_rank] = (status.can_rejoin, status.can_retry)
         if status.generation is not None:
             self._group.add(rank.local_rank)

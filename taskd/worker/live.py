@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 FLAG_REJOIN = 1  # the rank can rejoin a rebuilt group in place (survivor) or be started into one (replacement)
 FLAG_RETRY = 2  # the rank can roll back the step in flight and redo it without a restart
+FLAG_DECLARED = 4  # set by every declare(): "neither" is then an answer (sharded state), not "not yet declared"
 DEFAULT_REJOIN_TIMEOUT = 120.0
 STORE_PREFIX = "taskd/gen{generation}"  # key prefix of one generation's group in the rendezvous store
 ACTIONS = ("rejoin", "retry", "abort")
@@ -85,6 +86,7 @@ class RankStatus(NamedTuple):
     error_step: int | None
     error_time: float | None
     torn: bool = False
+    declared: bool = False  # the rank said what it can do in place (possibly nothing)
 
     def rejoined(self, generation: int) -> bool:
         """Whether the rank has joined ``generation`` (or a later one) and is past the state sync."""
@@ -109,6 +111,7 @@ def _status(state: hbf.HeartbeatState, live: tuple, torn: bool) -> RankStatus:
         phase_v, kind_v = Phase.TRAINING, ErrorKind.NONE
     return RankStatus(
         heartbeat=state, can_rejoin=bool(flags & FLAG_REJOIN), can_retry=bool(flags & FLAG_RETRY),
+        declared=bool(flags & (FLAG_DECLARED | FLAG_REJOIN | FLAG_RETRY)),
         phase=phase_v, generation=gen if joined else None, resume_step=rstep if joined else None,
         joined_time=jtime if joined else None, collective_since=coll or None, errors=errors,
         error_kind=kind_v, error_step=estep if errors else None, error_time=etime or None, torn=torn,
@@ -285,7 +288,7 @@ class LiveRank:
 
     def declare(self, rejoin: bool = True, retry: bool = True) -> bool:
         """Tell the agent what this rank can do in place; False when there is no heartbeat file."""
-        flags = (FLAG_REJOIN if rejoin else 0) | (FLAG_RETRY if retry else 0)
+        flags = FLAG_DECLARED | (FLAG_REJOIN if rejoin else 0) | (FLAG_RETRY if retry else 0)
         return progress.write_fields([(_U32, hbf.OFF_LIVE_FLAGS, (flags,))])
 
     def set_phase(self, phase: Phase) -> None:
