@@ -18,7 +18,7 @@ from taskd.agent.launcher_api import Launcher
 from taskd.agent.ranks import Rank, RankState, RankTable
 from taskd.vocabulary import FaultRanks, FaultType, Strategy
 from taskd.worker.heartbeat_file import HeartbeatFile, HeartbeatFileError
-from taskd.worker.live import ErrorKind, RankStatus, read_rank_status, write_control
+from taskd.worker.live import ErrorKind, Phase, RankStatus, read_rank_status, write_control
 
 log = logging.getLogger("taskd.agent")
 
@@ -81,7 +81,7 @@ class LiveRanks:
             return None
         if status.can_rejoin or status.can_retry:  # kept when the rank dies or a replacement has not declared yet
             self._declared[rank.local_rank] = (status.can_rejoin, status.can_retry)
-        if status.generation is not None:
+        if status.generation is not None or status.phase is Phase.REJOINING:  # joined, or forming, a group
             self._group.add(rank.local_rank)
         return status
 
@@ -177,8 +177,11 @@ class LiveRanks:
 
         def rejoined(r: Rank) -> bool:  # a rank of no group (independent ranks) only has to be running
             s = statuses[r.local_rank]
-            return r.local_rank not in self._group and r.state is RankState.RUNNING \
-                or (s is not None and s.rejoined(rb.generation))
+            if r.local_rank in self._group:
+                return s is not None and s.rejoined(rb.generation)
+            if rb.strategy == Strategy.RECOVER and r.local_rank not in self._declared:
+                return False  # never seen here (a replacement node's new rank): a group joiner or not, it says first
+            return r.state is RankState.RUNNING
 
         def resumed(r: Rank) -> bool:
             s = statuses[r.local_rank]
