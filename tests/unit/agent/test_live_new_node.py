@@ -85,3 +85,19 @@ def test_a_new_nodes_independent_ranks_have_rejoined_once_they_declared(tmp_path
     for local in PIDS:
         started(details, local, Phase.TRAINING)  # worker.declare_rejoinable(): no group
     assert live.check(0.2) == ("rejoined", "")
+
+
+def test_a_replacement_times_its_recovery_from_the_controllers_declaration_of_the_loss() -> None:
+    """The replacement's "training resumed N s after the fault" counts from the loss, as the survivors' does, not
+    from its own start: the newest node-loss record of its node rank says when."""
+    from taskd.agent.controller_link import lost_ago
+    from taskd.proto import taskd_pb2
+
+    record = taskd_pb2.JobRecord(rounds=[
+        taskd_pb2.RoundRecord(round=1, nodeLosses=[taskd_pb2.NodeLossRecord(nodeRank=1, lostAt=100.0)]),
+        taskd_pb2.RoundRecord(round=2, nodeLosses=[taskd_pb2.NodeLossRecord(nodeRank=0, lostAt=150.0),
+                                                   taskd_pb2.NodeLossRecord(nodeRank=1, lostAt=160.0)]),
+    ])
+    assert lost_ago(record, 1, 163.5) == 3.5
+    assert lost_ago(record, 2, 163.5) is None  # never lost
+    assert lost_ago(record, 1, 150.0) == 0.0  # a clock behind the controller's: no negative duration
