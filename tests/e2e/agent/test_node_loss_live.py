@@ -14,6 +14,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -112,6 +114,11 @@ def test_a_lost_node_of_a_live_ddp_job_is_replaced_live(tmp_path: Path, server: 
         assert not re.search(r"re-formed \(generation \d+\) in 0\.0", (tmp_path / "replacement.log").read_text())
         record = status(server, f"live{nodes}")
         assert record.get("state") == "SUCCEEDED" and record.get("restarts") == 1, record
+        shown = subprocess.run([sys.executable, "-m", "taskd", "status", "--server", server, "--job", f"live{nodes}"],
+                               capture_output=True, text=True, timeout=30, cwd=ROOT).stdout
+        new_pid = procs["replacement"].pid
+        assert re.search(rf"node 1 lost \(agent [^:]+:{old.pid}\) at .*, replaced by [^:]+:{new_pid} at .*; lost -> "
+                         r"round ended \d+\.\d+s", shown), shown  # its node, old and new host:pid, how long
         wait_for(lambda: leftovers(str(tmp_path / "out")) == [], 15, "no process of the job left")
         print(f"{nodes} nodes: node 1 SIGKILLed -> job done {took:.1f}s later")
     finally:
