@@ -109,10 +109,22 @@ class LiveRanks:
         if Strategy.RECOVER in offered and self.declarations and not self.can("rejoin"):
             offered.remove(Strategy.RECOVER)
             log.info("live recovery: not every rank declared it can rejoin in place: recover not offered")
+        if Strategy.RECOVER in offered and self.enabled and self.store_host_lost(faults):
+            offered.remove(Strategy.RECOVER)
+            log.info("live recovery: node 0, which hosted the job's rendezvous store, is lost: recover not offered "
+                     "(job-rescheduling restarts every rank against the store of its replacement)")
         if Strategy.RETRY in offered and not (faults and set(faults.values()) == {FaultType.RECOVERABLE}
                                               and self.can("retry")):
             offered.remove(Strategy.RETRY)
         return offered
+
+    def store_host_lost(self, faults: FaultRanks) -> bool:
+        """Whether every rank of node 0 is a fault rank, seen from another node: node 0's agent hosts the store the
+        live group re-forms on, so a lost node 0 took it along and the survivors cannot rejoin in place."""
+        layout = self.table.layout
+        if layout is None or layout.node_count <= 1 or layout.node_rank == 0:
+            return False
+        return set(range(layout.ranks_per_node)) <= set(faults)
 
     def new_errors(self) -> list[tuple[Rank, RankStatus]]:
         """Running ranks that reported a new RetryableError (fault type "0"); other in-place errors are

@@ -101,3 +101,20 @@ def test_a_replacement_times_its_recovery_from_the_controllers_declaration_of_th
     assert lost_ago(record, 1, 163.5) == 3.5
     assert lost_ago(record, 2, 163.5) is None  # never lost
     assert lost_ago(record, 1, 150.0) == 0.0  # a clock behind the controller's: no negative duration
+
+
+def test_a_survivor_does_not_offer_recover_when_node_0_and_its_store_are_lost(tmp_path: Path) -> None:
+    """Node 0's agent hosts the rendezvous store: once node 0 is lost, a survivor's ranks cannot rejoin in place, so
+    its node offers job-rescheduling (the replacement node 0 hosts a new store) instead of a recover that would
+    wait for its rebuild deadline first."""
+    details = NewNode(tmp_path)
+    table = RankTable()
+    table.lay_out(RankLayout(1, 2, (2, 3)))
+    live = LiveRanks(table, details)  # type: ignore[arg-type]
+    live._declared = {0: (True, True), 1: (True, True)}  # both ranks declared they can rejoin
+    live.refresh = lambda: {}  # type: ignore[method-assign]  (no rank files to read here)
+    configured = [Strategy.RECOVER, Strategy.JOB_RESCHEDULING, Strategy.EXIT]
+    assert live.offer(configured, {0: "1", 1: "1"}) == [Strategy.JOB_RESCHEDULING, Strategy.EXIT]
+    assert live.offer(configured, {0: "1"}) == configured  # rank 0 alone: node 0's agent and store live on
+    table.lay_out(RankLayout(0, 2, (0, 1)))
+    assert live.offer(configured, {0: "1", 1: "1"}) == configured  # node 0 itself: its store lives on
