@@ -52,7 +52,7 @@ from common import (
     wait_for,
     write_result,
 )
-from live_recovery import EXAMPLE, Launch, Progress, final_equal
+from live_recovery import EXAMPLE, Launch, Progress, example_args, final_equal
 
 NODES, PER_NODE = 2, 2
 WORLD = NODES * PER_NODE
@@ -141,13 +141,6 @@ class Job:
         for launch in self.nodes.values():
             launch.close()
         stop_process(self.controller)
-
-
-def example_args(args: argparse.Namespace, run_dir: Path) -> list[str]:
-    return ["--steps", str(args.steps), "--ckpt-every", str(args.ckpt_every), "--ckpt-dir", str(run_dir / "ckpt"),
-            "--out", str(run_dir / "out"), "--progress-dir", str(run_dir / "progress"), "--seed", str(args.seed),
-            "--hidden", str(args.hidden), "--layers", str(args.layers), "--step-sleep", str(args.step_sleep),
-            "--pg-timeout", str(args.pg_timeout)]
 
 
 def run_once(label: str, family: str, flags: tuple[str, ...], args: argparse.Namespace, run_dir: Path,
