@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 from taskd.agent.console import EVENT_LOGGERS, setup_console_logging  # noqa: F401 (taskd run's console)
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from taskd.client.credentials import ClientCredentials
     from taskd.launcher import WorkerSpec
     from taskd.run_config import RunConfig
@@ -62,6 +64,23 @@ def _worker_spec(config: RunConfig) -> WorkerSpec:
     )
 
 
+def with_rank_rejoin_wait(spec: WorkerSpec, node_rejoin_timeout: float, controller_timeout: float,
+                          environ: Mapping[str, str] = os.environ) -> WorkerSpec:
+    """A multi-node job's paused live ranks wait for a lost node's replacement as long as the agent does: the
+    controller may name the next generation up to `node_rejoin_timeout` after the loss, and the replacement's
+    ranks still have to start. Without this a survivor's rank gave up after TASKD_REJOIN_TIMEOUT's 120 s
+    default and the job lost its live state. A TASKD_REJOIN_TIMEOUT of the user's own is kept."""
+    import dataclasses
+
+    from taskd.worker.env import Var
+    from taskd.worker.live import DEFAULT_REJOIN_TIMEOUT
+
+    if spec.nnodes <= 1 or Var.TASKD_REJOIN_TIMEOUT in environ or Var.TASKD_REJOIN_TIMEOUT in spec.extra_env:
+        return spec
+    wait = max(DEFAULT_REJOIN_TIMEOUT, node_rejoin_timeout + controller_timeout)
+    return dataclasses.replace(spec, extra_env={**spec.extra_env, Var.TASKD_REJOIN_TIMEOUT: f"{wait:g}"})
+
+
 def _config_errors(problems: list[str]) -> int:
     sys.stderr.write("".join(f"taskd run: error: {p}\n" for p in problems))
     return 2  # a usage error, like argparse's own
@@ -88,6 +107,7 @@ def run_main(config: RunConfig) -> int:
         if config.standby:  # no node rank until the controller assigns one (agent/node_loss.py)
             overrides["node_rank"] = None
         agent_config = AgentConfig.from_env(origins, launcher="taskd", **overrides)
+        spec = with_rank_rejoin_wait(spec, agent_config.node_rejoin_timeout, agent_config.controller_timeout)
         credentials = _credentials(config) if config.server else None
         launcher = LocalLauncher(spec)
     except WorkerSpecError as exc:

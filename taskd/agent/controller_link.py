@@ -145,6 +145,14 @@ def forget_credential_vars(environ: MutableMapping[str, str]) -> list[str]:
     return names
 
 
+def lost_ago(record: taskd_pb2.JobRecord, node_rank: int, now: float) -> float | None:
+    """Seconds since the controller declared `node_rank` lost, by its newest node-loss record (wall clocks of
+    the controller's host and this one); None if it never was. A replacement's recovery is timed from then,
+    as the survivors' is from the stopTrain that followed."""
+    lost = [x.lostAt for r in record.rounds for x in r.nodeLosses if x.nodeRank == node_rank and x.lostAt > 0]
+    return max(0.0, now - max(lost)) if lost else None
+
+
 class ControllerLink:
     """One agent's connection to its job's controller; `connect()` False means degraded (no controller)."""
 
@@ -176,6 +184,7 @@ class ControllerLink:
         self.fencing = Fencing(fence_order)
         self._standby = False  # joined as a standby and not assigned a node (yet): it has no finish to report
         self.rejoining_at_register: frozenset[int] | None = None  # JobRecord.rejoining as this agent registered
+        self.lost_ago: float | None = None  # seconds since the controller declared this node lost (a replacement)
         self.outbox = Outbox(lambda: self._mgr, wake_unless_closed)
         self._settled_faults: list[Settled] = []
 
@@ -436,7 +445,10 @@ class ControllerLink:
             record = self._job_record(timeout)
         except JobStatusUnsupported:
             return None
-        return None if record is None or isinstance(record, str) else frozenset(record.rejoining)
+        if record is None or isinstance(record, str):
+            return None
+        self.lost_ago = lost_ago(record, self._mgr.info.nodeRank if self._mgr is not None else -1, time.time())
+        return frozenset(record.rejoining)
 
     def job_nodes(self, timeout: float = 2.0) -> tuple[str, str, frozenset[int]] | None:
         """(state, info, node ranks registered: standbys hold none) of this job on the controller; state "" when it

@@ -18,7 +18,7 @@ from taskd.agent.launcher_api import Launcher
 from taskd.agent.ranks import Rank, RankState, RankTable
 from taskd.vocabulary import FaultRanks, FaultType, Strategy
 from taskd.worker.heartbeat_file import HeartbeatFile, HeartbeatFileError
-from taskd.worker.live import ErrorKind, RankStatus, read_rank_status, write_control
+from taskd.worker.live import ErrorKind, Phase, RankStatus, read_rank_status, write_control
 
 log = logging.getLogger("taskd.agent")
 
@@ -81,7 +81,7 @@ class LiveRanks:
             return None
         if status.declared:  # kept when the rank dies or a replacement has not declared yet
             self._declared[rank.local_rank] = (status.can_rejoin, status.can_retry)
-        if status.generation is not None:
+        if status.generation is not None or status.phase is Phase.REJOINING:  # joined, or forming, a group
             self._group.add(rank.local_rank)
         return status
 
@@ -116,10 +116,22 @@ class LiveRanks:
         if Strategy.RECOVER in offered and self.declarations and not self.can("rejoin"):
             offered.remove(Strategy.RECOVER)
             log.info("live recovery: not every rank declared it can rejoin in place: recover not offered")
+        if Strategy.RECOVER in offered and self.enabled and self.store_host_lost(faults):
+            offered.remove(Strategy.RECOVER)
+            log.info("live recovery: node 0, which hosted the job's rendezvous store, is lost: recover not offered "
+                     "(job-rescheduling restarts every rank against the store of its replacement)")
         if Strategy.RETRY in offered and not (faults and set(faults.values()) == {FaultType.RECOVERABLE}
                                               and self.can("retry")):
             offered.remove(Strategy.RETRY)
         return offered
+
+    def store_host_lost(self, faults: FaultRanks) -> bool:
+        """Whether every rank of node 0 is a fault rank, seen from another node: node 0's agent hosts the store the
+        live group re-forms on, so a lost node 0 took it along and the survivors cannot rejoin in place."""
+        layout = self.table.layout
+        if layout is None or layout.node_count <= 1 or layout.node_rank == 0:
+            return False
+        return set(range(layout.ranks_per_node)) <= set(faults)
 
     def new_errors(self) -> list[tuple[Rank, RankStatus]]:
         """Running ranks that reported a new RetryableError (fault type "0"); other in-place errors are
@@ -184,8 +196,11 @@ class LiveRanks:
 
         def rejoined(r: Rank) -> bool:  # a rank of no group (independent ranks) only has to be running
             s = statuses[r.local_rank]
-            return r.local_rank not in self._group and r.state is RankState.RUNNING \
-                or (s is not None and s.rejoined(rb.generation))
+            if r.local_rank in self._group:
+                return s is not None and s.rejoined(rb.generation)
+            if rb.strategy == Strategy.RECOVER and r.local_rank not in self._declared:
+                return False  # never seen here (a replacement node's new rank): a group joiner or not, it says first
+            return r.state is RankState.RUNNING
 
         def resumed(r: Rank) -> bool:
             s = statuses[r.local_rank]

@@ -181,8 +181,16 @@ class NodeLoss:
         if not standby and (rejoining is None or layout.node_rank not in rejoining):
             return
         self.waiting_since = now
+        ago = self.link.lost_ago
         log.info("node %d replaces a lost node: its ranks start with the round's strategy (waiting up to %.0fs, "
-                 "TASKD_NODE_REJOIN_TIMEOUT)", layout.node_rank, self.config.node_rejoin_timeout)
+                 "TASKD_NODE_REJOIN_TIMEOUT)%s", layout.node_rank, self.config.node_rejoin_timeout,
+                 f"; the controller declared it lost {ago:.1f}s ago" if ago is not None else "")
+
+    def lost_at(self, now: float) -> float:
+        """When this replacement's node was lost (monotonic; the controller's declaration), else `now`: its
+        "training resumed N s after the fault" counts from there, as the survivors' does."""
+        ago = self.link.lost_ago
+        return now - ago if ago is not None else now
 
     def fault_ranks(self) -> dict[int, str]:
         """The round this replacement joins: every rank of its node (they never ran)."""

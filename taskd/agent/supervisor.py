@@ -132,7 +132,7 @@ class Supervisor:
                 self.node_loss.check_replacement(layout, time.monotonic(), standby)
                 if self.node_loss.replacement:  # its ranks start with the round's changeStrategy (round_table.py)
                     self.machine.state = NodeState.REJOINING
-                    self.machine.add_faults(self.node_loss.fault_ranks(), time.monotonic())
+                    self.machine.add_faults(self.node_loss.fault_ranks(), self.node_loss.lost_at(time.monotonic()))
         self.machine.facts = NodeFacts(node_count=layout.node_count, live=self.live.enabled,
                                        controller_timeout=self.config.controller_timeout)
 

@@ -137,6 +137,7 @@ class LiveGroup:
             if not dist.is_initialized():
                 dist.init_process_group(backend, timeout=self.timeout)
             return
+        self.protocol.set_phase(Phase.REJOINING)  # before declaring: a new node's agent then knows it joins a group
         self.protocol.declare(rejoin=True, retry=True)
         self._sockets = GroupSockets(os.environ[Var.MASTER_ADDR], os.environ[Var.MASTER_PORT])
         self._store = dist.TCPStore(os.environ[Var.MASTER_ADDR], int(os.environ[Var.MASTER_PORT]),
