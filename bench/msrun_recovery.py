@@ -17,8 +17,12 @@ phase once every rank is); together they add up to the total:
 - first step: a steady step (the median step interval of the new incarnation, `--step-sleep` taken off).
 
 Plain msrun (no `MS_ENABLE_TFT`) never resumes: its row is kill -> msrun's exit, and its code.
+`--fault hang` SIGSTOPs rank 1 instead (`TASKD_HEARTBEAT_TIMEOUT` 5 s): every time then counts from its
+last step, as taskd's "training resumed ... after the fault" does for a hang, and detection includes
+the heartbeat timeout. Plain msrun never notices a stopped rank: run it with `--no-plain`.
 
-    python bench/msrun_recovery.py [--ranks 2 4] [--reps 1] [--env NAME=VALUE ...] [--label L] [--report]
+    python bench/msrun_recovery.py [--ranks 2 4] [--reps 1] [--fault kill|hang] [--env NAME=VALUE ...]
+                                   [--label L] [--no-plain] [--report]
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import psutil
 from common import (
     RESULTS,
     ROOT,
@@ -65,7 +70,9 @@ RESUMED_RE = re.compile(r"training resumed ([0-9.]+)s after the fault")
 
 def msrun(n: int, work: Path, env: dict[str, str], args: argparse.Namespace) -> subprocess.Popen[bytes]:
     cmd = [str(BIN / "msrun"), "--worker_num", str(n), "--local_worker_num", str(n), "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), "--log_dir", str(work / "logs"), "--join", "False", str(TRAIN_DP),
+           "--master_port", str(free_port()), "--log_dir", str(work / "logs"),
+           "--join", "False" if "MS_ENABLE_TFT" in env else "True",  # plain msrun waits for its ranks only so
+           str(TRAIN_DP),
            "--steps", str(args.steps), "--ckpt-every", str(args.ckpt_every), "--batch", str(8 * n),
            "--step-sleep", str(args.step_sleep), "--ckpt-dir", str(work / "ckpt"), "--out", str(work / "out"),
            "--timeline", str(work / "timeline")]
@@ -74,7 +81,8 @@ def msrun(n: int, work: Path, env: dict[str, str], args: argparse.Namespace) -> 
 
 
 def kill_rank_1(work: Path, proc: subprocess.Popen[bytes], args: argparse.Namespace) -> tuple[float, dict[int, int]]:
-    """SIGKILL rank 1 once it is past `--kill-step`; (wall time of the kill, {rank: pid before the kill})."""
+    """SIGKILL (or, `--fault hang`, SIGSTOP) rank 1 once it is past `--kill-step`; (wall time of the fault,
+    {rank: pid before it}). A hang's time is its last step, not the stop: taskd counts from its last heartbeat."""
     tail = JsonlTail(work / "timeline" / "1.jsonl")
     def reached() -> Any:
         tail.poll()
@@ -85,13 +93,30 @@ def kill_rank_1(work: Path, proc: subprocess.Popen[bytes], args: argparse.Namesp
     if rec is True or proc.poll() is not None:
         raise RuntimeError(f"msrun exited {proc.returncode} before the kill:\n{(work / 'msrun.out').read_text()}")
     t_kill = time.time()
-    os.kill(rec["pid"], signal.SIGKILL)
+    os.kill(rec["pid"], signal.SIGSTOP if args.fault == "hang" else signal.SIGKILL)
+    if args.fault == "hang":  # the fault is the stall: its last step mark (the heartbeat follows it at once)
+        tail.poll()
+        t_kill = max(r["t"] for r in tail.records if r["what"] == "step" and r["pid"] == rec["pid"])
     before = {}
     for f in (work / "timeline").glob("[0-9]*.jsonl"):
         recs = [r for r in JsonlTail(f).poll() if r["t"] <= t_kill]
         if recs:
             before[int(f.stem)] = recs[-1]["pid"]
     return t_kill, before
+
+
+def reap_leftovers(work: Path) -> list[int]:
+    """SIGKILL any process of this run still alive (ranks and schedulers are their own sessions); their pids."""
+    left = []
+    for f in (work / "timeline").glob("*.jsonl"):
+        for pid in {r["pid"] for r in JsonlTail(f).poll()}:
+            try:
+                if str(work) in " ".join(psutil.Process(pid).cmdline()):
+                    os.kill(pid, signal.SIGKILL)
+                    left.append(pid)
+            except (psutil.Error, OSError):
+                continue
+    return left
 
 
 def milestones(work: Path, n: int, t_kill: float, before: dict[int, int], step_sleep: float) -> dict[str, Any]:
@@ -110,7 +135,7 @@ def milestones(work: Path, n: int, t_kill: float, before: dict[int, int], step_s
             if t is not None:
                 found[what] = max(found.get(what, t), t)
         steps = [r["t"] for r in mine if r["what"] == "step"]
-        steady += [b - a - step_sleep for a, b in zip(steps[1:], steps[2:], strict=False)]  # past the first (compile) step
+        steady += [b - a - step_sleep for a, b in zip(steps[1:], steps[2:], strict=False)]  # past the 1st step
     sched = [r for r in JsonlTail(work / "timeline" / "sched.jsonl").poll() if r["what"] == "created"
              and r["t"] is not None and r["t"] >= t_kill - 0.05]
     if sched:
@@ -145,7 +170,7 @@ def run_taskd(n: int, args: argparse.Namespace, extra_env: dict[str, str]) -> di
     job = f"msrun-bench-{uuid.uuid4().hex[:8]}"
     env = bench_env(PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", MS_ENABLE_TFT="{RSC:1}",
                     MINDX_TASK_ID=job, MINDX_SERVER_IP=f"127.0.0.1:{port}", GLOG_v="2", TASKD_MAX_RESTARTS="3",
-                    TASKD_HEARTBEAT_TIMEOUT="120", **extra_env)  # heartbeats let the agent see training resume
+                    TASKD_HEARTBEAT_TIMEOUT=str(args.heartbeat_timeout), **extra_env)  # the agent sees training resume
     proc = msrun(n, work, env, args)
     try:
         t_kill, before = kill_rank_1(work, proc, args)
@@ -155,6 +180,7 @@ def run_taskd(n: int, args: argparse.Namespace, extra_env: dict[str, str]) -> di
     finally:
         stop_process(proc)
         stop_process(ctl)
+        left = reap_leftovers(work)
     ms = milestones(work, n, t_kill, before, args.step_sleep)
     at = {**controller_milestones(events, t_kill), **ms["at"]}
     console = (work / "logs" / "taskd_agent.log").read_text(errors="replace") \
@@ -171,7 +197,7 @@ def run_taskd(n: int, args: argparse.Namespace, extra_env: dict[str, str]) -> di
             "phases": phases, "total": (at["step"] - t_kill) if "step" in at else None,
             "restart_reported_after": (at["recover_status"] - t_kill) if "recover_status" in at else None,
             "steady_step": ms["steady_step"], "agent_says_resumed_after": said[0] if said else None,
-            "work": str(work), "env": extra_env}
+            "work": str(work), "env": extra_env, "left_behind": left}
 
 
 def run_plain(n: int, args: argparse.Namespace, extra_env: dict[str, str]) -> dict[str, Any]:
@@ -185,20 +211,39 @@ def run_plain(n: int, args: argparse.Namespace, extra_env: dict[str, str]) -> di
         t_exit = time.time()
     finally:
         stop_process(proc)
+        left = reap_leftovers(work)
     return {"ranks": n, "taskd": False, "exit_code": code, "exit_after": t_exit - t_kill, "work": str(work),
-            "env": extra_env}
+            "env": extra_env, "left_behind": left}
+
+
+def _p50(values: list[float | None]) -> float | None:
+    got = [v for v in values if v is not None]
+    return statistics.median(got) if got else None
+
+
+def _spread(values: list[float | None]) -> str:
+    got = sorted(v for v in values if v is not None)
+    if not got:
+        return "-"
+    return f"{statistics.median(got):.2f}" + (f" ({got[0]:.2f}-{got[-1]:.2f})" if len(got) > 1 else "")
 
 
 def report(runs: list[dict[str, Any]]) -> str:
-    """Phases as rows, one column per run (taskd n ranks, then plain msrun's exit)."""
-    cols = sorted(runs, key=lambda r: (r["ranks"], not r["taskd"]))
-    heads = ["phase (s)"] + [f"{'taskd' if r['taskd'] else 'plain msrun'} {r['ranks']} ranks" for r in cols]
-    rows = [[name] + [r["phases"].get(name) if r["taskd"] else None for r in cols] for name, _ in PHASES]
-    rows.append(["**kill -> every rank past a new step**"] + [r["total"] if r["taskd"] else None for r in cols])
+    """Phases as rows (p50 over the runs), a column per size: taskd, then plain msrun's exit."""
+    groups: dict[tuple[int, bool], list[dict[str, Any]]] = {}
+    for r in sorted(runs, key=lambda r: (r["ranks"], not r["taskd"])):
+        groups.setdefault((r["ranks"], r["taskd"]), []).append(r)
+    heads = ["phase (s, p50)"] + [f"{'taskd' if t else 'plain msrun'} {n} ranks ({len(g)} run(s))"
+                                  for (n, t), g in groups.items()]
+    rows = [[name] + [_p50([r["phases"].get(name) for r in g]) if t else None for (_, t), g in groups.items()]
+            for name, _ in PHASES]
+    rows.append(["**kill -> every rank past a new step** (p50, min-max)"]
+                + [_spread([r["total"] for r in g]) if t else "never" for (_, t), g in groups.items()])
     rows.append(["agent's \"training resumed ... after the fault\""]
-                + [r.get("agent_says_resumed_after") for r in cols])
-    rows.append(["kill -> msrun exit (exit code)"] + [f"{r['exit_after']:.2f} ({r['exit_code']})" for r in cols])
-    rows.append(["strategy"] + [r.get("strategy") or "none (no recovery)" for r in cols])
+                + [_spread([r.get("agent_says_resumed_after") for r in g]) for g in groups.values()])
+    rows.append(["kill -> msrun exit"] + [_spread([r["exit_after"] for r in g]) for g in groups.values()])
+    rows.append(["msrun exit code"] + [" ".join(str(r["exit_code"]) for r in g) for g in groups.values()])
+    rows.append(["strategy"] + [" ".join(sorted({r.get("strategy") or "none" for r in g})) for g in groups.values()])
     return table(heads, rows)
 
 
@@ -210,6 +255,9 @@ def main() -> int:
     p.add_argument("--ckpt-every", type=int, default=10)
     p.add_argument("--kill-step", type=int, default=13, help="rank 1 is killed once it completed this step")
     p.add_argument("--step-sleep", type=float, default=0.05)
+    p.add_argument("--fault", choices=("kill", "hang"), default="kill", help="SIGKILL rank 1, or SIGSTOP it")
+    p.add_argument("--heartbeat-timeout", type=float, default=None,
+                   help="TASKD_HEARTBEAT_TIMEOUT (default 120 for a kill, 5 for a hang)")
     p.add_argument("--timeout", type=float, default=240.0, help="seconds each msrun may take")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="for every run (repeatable)")
     p.add_argument("--label", default="", help="results go to msrun_recovery[_LABEL]_<n>.json")
@@ -217,22 +265,25 @@ def main() -> int:
     p.add_argument("--report", action="store_true", help="only print the table of the saved results")
     args = p.parse_args()
     extra = dict(kv.split("=", 1) for kv in args.env)
-    name = "msrun_recovery" + (f"_{args.label}" if args.label else "")
+    if args.heartbeat_timeout is None:
+        args.heartbeat_timeout = 5.0 if args.fault == "hang" else 120.0
+    name = "msrun_recovery" + (f"_{args.label}" if args.label else "") + ("_hang" if args.fault == "hang" else "")
     if not args.report:
         for n in args.ranks:
             result = header(name, args)
-            runs = [run_taskd(n, args, extra) for _ in range(args.reps)]
+            result["runs"] = runs = [run_taskd(n, args, extra) for _ in range(args.reps)]
+            write_result(f"{name}_{n}", result)
             if not args.no_plain:
                 runs.append(run_plain(n, args, extra))
-            result["runs"] = runs
-            write_result(f"{name}_{n}", result)
+                write_result(f"{name}_{n}", result)
             print(report(runs))
     saved = []
     for n in args.ranks:
         path = Path(os.environ.get("BENCH_RESULTS_DIR") or RESULTS) / f"{name}_{n}.json"
         if path.exists():
             saved += json.loads(path.read_text())["runs"]
-    print(f"\n{name}: kill of rank 1 at step {args.kill_step} -> every rank past a new step\n")
+    what = "SIGSTOP (from its last step)" if args.fault == "hang" else "SIGKILL"
+    print(f"\n{name}: {what} of rank 1 after step {args.kill_step} -> every rank past a new step\n")
     print(report(saved))
     return 0
 
