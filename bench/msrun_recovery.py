@@ -262,6 +262,7 @@ def main() -> int:
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="for every run (repeatable)")
     p.add_argument("--label", default="", help="results go to msrun_recovery[_LABEL]_<n>.json")
     p.add_argument("--no-plain", action="store_true", help="skip the plain msrun runs")
+    p.add_argument("--no-taskd", action="store_true", help="only the plain msrun runs")
     p.add_argument("--report", action="store_true", help="only print the table of the saved results")
     args = p.parse_args()
     extra = dict(kv.split("=", 1) for kv in args.env)
@@ -271,7 +272,7 @@ def main() -> int:
     if not args.report:
         for n in args.ranks:
             result = header(name, args)
-            result["runs"] = runs = [run_taskd(n, args, extra) for _ in range(args.reps)]
+            result["runs"] = runs = [] if args.no_taskd else [run_taskd(n, args, extra) for _ in range(args.reps)]
             write_result(f"{name}_{n}", result)
             if not args.no_plain:
                 runs.append(run_plain(n, args, extra))
