@@ -365,7 +365,8 @@ class Supervisor:
         for rank, hang in culprits:
             self.control.stop([rank], graceful=False)
             rank.state, rank.returncode = RankState.FAILED, None
-            self._fault(rank, "hang", FaultType.PROCESS, hang.describe(), unseen=hang.quiet)
+            # its last heartbeat was `quiet` before `now`; taking the stacks since took a while more
+            self._fault(rank, "hang", FaultType.PROCESS, hang.describe(), unseen=hang.quiet + time.time() - now)
 
     def _overdue_exit(self, rank: Rank, done: bool, since: float) -> None:
         """A finishing rank is no hang, but its exit is bounded (heartbeat timeout + stop grace): kill it. Its
