@@ -52,6 +52,14 @@ class _Conn:
     authenticated: bool = False
 
 
+@dataclass(frozen=True)
+class _Verdict:
+    doomed: dict[int, str]  # inode -> which limit: "auth", "peer" or "budget"
+    ips: dict[int, str]  # inode -> client ip, of the doomed ones
+    per_ip: dict[str, int]  # every client ip's open connections at the scan
+    total: int
+
+
 def _hex_ip(text: str) -> str:
     raw = bytes.fromhex(text)
     # the kernel prints each 32-bit word in host (little-endian) order
@@ -182,8 +190,12 @@ class ConnectionWatch:
 
     def scan(self) -> int:
         """Read the table, mark the proven connections, close what must go; returns how many were closed."""
+        verdict = self._decide(self._table(self.config.port))
+        return self._close(verdict, self._closer(set(verdict.doomed))) if verdict.doomed else 0
+
+    def _decide(self, current: dict[int, tuple[str, int]]) -> _Verdict:
+        """Which connections must go, and by which limit; runs on the loop (it shares `_proven` with the guard)."""
         cfg, now = self.config, self.clock()
-        current = self._table(cfg.port)
         conns: dict[int, _Conn] = {}
         for inode, (ip, port) in current.items():
             c = self._conns.get(inode) or _Conn(inode, ip, port, now)
@@ -222,17 +234,19 @@ class ConnectionWatch:
         if cfg.budget and total >= cfg.budget:
             self._note("conn:full", "%d connections open, at the budget of %d (--max-connections): gRPC closes new "
                        "ones as they arrive", total, cfg.budget)
-        if not doomed:
-            return 0
-        closed = self._closer(set(doomed))
+        return _Verdict(doomed, {i: conns[i].ip for i in doomed}, per_ip, total)
+
+    def _close(self, verdict: _Verdict, closed: int) -> int:
+        """Forget and log the connections `verdict` doomed, `closed` of which the closer shut down."""
         self.closed_total += closed
         by_kind: dict[str, dict[str, int]] = {}
-        for inode, kind in doomed.items():
-            ip = conns.pop(inode).ip
+        for inode, kind in verdict.doomed.items():
+            self._conns.pop(inode, None)
+            ip = verdict.ips[inode]
             by_kind.setdefault(kind, {})[ip] = by_kind.setdefault(kind, {}).get(ip, 0) + 1
         for kind, ips in by_kind.items():
             self._note(f"conn:{kind}", "closed %d connection(s) that sent no authenticated call, from %s: %s",
-                       sum(ips.values()), _ips(ips), self._why(kind, per_ip, total, ips))
+                       sum(ips.values()), _ips(ips), self._why(kind, verdict.per_ip, verdict.total, ips))
         return closed
 
     def _why(self, kind: str, per_ip: dict[str, int], total: int, ips: dict[str, int]) -> str:
@@ -247,9 +261,13 @@ class ConnectionWatch:
                 "an authenticated call go first")
 
     async def run(self) -> None:
+        """Reading the kernel's table and /proc/self/fd happens in a worker thread: at 10,000 connections each
+        is milliseconds of file reading that would otherwise stall every stream on the loop once a second."""
         while True:
             await asyncio.sleep(self.config.interval)
             try:
-                self.scan()
+                verdict = self._decide(await asyncio.to_thread(self._table, self.config.port))
+                if verdict.doomed:
+                    self._close(verdict, await asyncio.to_thread(self._closer, set(verdict.doomed)))
             except Exception:  # a scan that fails must not end the server; the next one tries again
                 log.exception("connection scan failed")

@@ -333,24 +333,43 @@ _PEER_MARKERS = ("connection closed", "connection reset", "broken pipe", "connec
                  "socket", "peer", "nccl", "hccl", "process group", "processgroup", "aborted")
 
 
-def classify_error(exc: BaseException) -> ErrorKind | None:
+def classify_error(exc: BaseException, comm_dirs: tuple[str, ...] = ()) -> ErrorKind | None:
     """Which in-place error ``exc`` is, or None when it is a bug of the script's own (it must propagate).
 
     Framework-neutral on purpose: torch's gloo errors are plain RuntimeErrors, so besides the
     exception types (``RetryableError``, ``torch.distributed.DistError`` by name) the message decides.
+    ``comm_dirs``: the framework's communication code (for torch: distributed, DDP, autograd). Given,
+    an error of no framework type counts only if it was raised through one of them: a TimeoutError
+    or ConnectionResetError of the script's own (a remote data read) propagates, and its rank exits
+    and is replaced like any crashed rank, instead of every rank pausing for a rebuild nobody asked
+    for (issue 21, D1: 132 s).
     """
     if isinstance(exc, RetryableError):
         return ErrorKind.RETRYABLE
     if not isinstance(exc, RuntimeError | OSError | TimeoutError | ConnectionError):
         return None
     names = {cls.__name__ for cls in type(exc).__mro__}
+    if comm_dirs and not names & _DIST_ERRORS and not _raised_through(exc, comm_dirs):
+        return None
     text = str(exc).lower()
     if isinstance(exc, TimeoutError) or any(m in text for m in _TIMEOUT_MARKERS):
         return ErrorKind.COLLECTIVE_TIMEOUT
-    if names & {"DistError", "DistBackendError", "DistNetworkError", "DistStoreError"} \
-            or isinstance(exc, ConnectionError) or any(m in text for m in _PEER_MARKERS):
+    if names & _DIST_ERRORS or isinstance(exc, ConnectionError) or any(m in text for m in _PEER_MARKERS):
         return ErrorKind.PEER_LOST
     return None
+
+
+_DIST_ERRORS = frozenset({"DistError", "DistBackendError", "DistNetworkError", "DistStoreError"})
+
+
+def _raised_through(exc: BaseException, dirs: tuple[str, ...]) -> bool:
+    """Whether a frame of ``exc``'s traceback runs code under one of ``dirs``."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.startswith(dirs):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def declare_rejoinable(retry: bool = False) -> bool:

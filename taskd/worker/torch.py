@@ -48,6 +48,12 @@ from taskd.worker.torch_group import GroupSockets, collect, drop_frames, freeze_
 
 log = logging.getLogger(__name__)
 
+_TORCH = os.path.dirname(torch.__file__)
+COMM_DIRS = tuple(os.path.join(_TORCH, sub) for sub in ("distributed", os.path.join("nn", "parallel"), "autograd",
+                                                          "_tensor.py"))
+"""Where torch's collectives (and DDP's, run by backward) raise from: an error raised through none of them is the
+script's own (taskd.worker.live.classify_error). Not the DataLoader's, which re-raises its workers' errors."""
+
 __all__ = ["LiveGroup", "LiveRecoveryFailed", "RetryableError", "stable_ddp_kwargs"]
 
 
@@ -235,7 +241,7 @@ class LiveGroup:
             return
         except Exception as exc:
             self._in_step = False
-            kind = classify_error(exc) if self.live else None
+            kind = classify_error(exc, COMM_DIRS) if self.live else None
             if kind is None:
                 raise
             if kind == ErrorKind.RETRYABLE and not self._committed and self._drain(exc):
@@ -371,7 +377,7 @@ class LiveGroup:
                 self._sync_and_wrap()
                 break
             except Exception as exc:  # a fault during the rebuild: wait for the next generation
-                kind = classify_error(exc)
+                kind = classify_error(exc, COMM_DIRS)
                 if kind is None:
                     raise
                 log.warning("rank %d: forming generation %d failed: %s", self.rank, control.generation,
