@@ -21,8 +21,8 @@ Plain msrun (no `MS_ENABLE_TFT`) never resumes: its row is kill -> msrun's exit,
 last step, as taskd's "training resumed ... after the fault" does for a hang, and detection includes
 the heartbeat timeout. Plain msrun never notices a stopped rank: run it with `--no-plain`.
 
-    python bench/msrun_recovery.py [--ranks 2 4] [--reps 1] [--fault kill|hang] [--env NAME=VALUE ...]
-                                   [--label L] [--no-plain] [--report]
+    python bench/msrun_recovery.py [--quick] [--ranks 2 4] [--reps 1] [--fault kill|hang] [--env NAME=VALUE ...]
+                                   [--label L] [--no-plain | --no-taskd] [--report]
 """
 
 from __future__ import annotations
@@ -264,7 +264,10 @@ def main() -> int:
     p.add_argument("--no-plain", action="store_true", help="skip the plain msrun runs")
     p.add_argument("--no-taskd", action="store_true", help="only the plain msrun runs")
     p.add_argument("--report", action="store_true", help="only print the table of the saved results")
+    p.add_argument("--quick", action="store_true", help="one short taskd run of 2 ranks, no plain msrun (the tests')")
     args = p.parse_args()
+    if args.quick:
+        args.ranks, args.reps, args.no_plain, args.steps, args.ckpt_every, args.kill_step = [2], 1, True, 14, 5, 7
     extra = dict(kv.split("=", 1) for kv in args.env)
     if args.heartbeat_timeout is None:
         args.heartbeat_timeout = 5.0 if args.fault == "hang" else 120.0
