@@ -185,9 +185,10 @@ class ScriptedAgent:
                                                  strategies=list(names), nodeRank=self.node_rank, **self._who())
         return self.stub.ReportRecoverStrategy(req, timeout=CALL_TIMEOUT)
 
-    def status(self, strategy: str, code: int = 0, info: str = "") -> recover_pb2.Status:
+    def status(self, strategy: str, code: int = 0, info: str = "", rejoined: bool = False) -> recover_pb2.Status:
         req = recover_pb2.RecoverStatusRequest(jobId=self.job_id, status=recover_pb2.Status(code=code, info=info),
-                                               strategy=strategy, nodeRank=self.node_rank, **self._who())
+                                               strategy=strategy, nodeRank=self.node_rank, rejoined=rejoined,
+                                               **self._who())
         return self.stub.ReportRecoverStatus(req, timeout=CALL_TIMEOUT)
 
     def finished(self, exit_code: int = 0, message: str = "") -> recover_pb2.Status:

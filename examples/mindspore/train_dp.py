@@ -10,11 +10,17 @@ as an uninterrupted one.
 
 msrun runs this script a third time as the scheduler (``MS_ROLE=MS_SCHED``); there
 ``mindspore.communication.init()`` runs the scheduler itself and the script ends after it.
+
+``--timeline DIR`` appends each incarnation's milestones (wall-clock, JSON lines) to
+``DIR/<rank>.jsonl`` (``DIR/sched.jsonl`` for the scheduler): process created, main() entered,
+``mindspore`` imported, communication initialised, checkpoint loaded, every step done.
+bench/msrun_recovery.py reads them to say where a recovery's time goes.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -48,7 +54,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--crash-once-at-step", type=int, default=-1, help="rank 1 exits with code 13 at this step, once")
     p.add_argument("--crash-rank", type=int, default=1, help="which rank --crash-once-at-step crashes")
     p.add_argument("--marker", default="", help="file that records the crash (default <ckpt-dir>/crashed_once)")
+    p.add_argument("--timeline", default="", help="append this incarnation's milestones to <dir>/<rank>.jsonl")
     return p.parse_args(argv)
+
+
+def process_created() -> float | None:
+    """When this process was created, wall clock, from /proc (to ~10 ms): before the interpreter started."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime, in clock ticks since boot
+        return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+class Timeline:
+    """This incarnation's milestones, one JSON line each, appended (a restarted rank adds to the same file)."""
+
+    def __init__(self, directory: str) -> None:
+        self.path = ""
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+            who = "sched" if os.environ.get("MS_ROLE") == "MS_SCHED" else os.environ.get("RANK_ID", "0")
+            self.path = os.path.join(directory, f"{who}.jsonl")
+            self.mark("created", process_created())
+            self.mark("script")  # main() entered: the interpreter, numpy and taskd.worker are loaded
+
+    def mark(self, what: str, t: float | None = None, **detail: object) -> None:
+        if not self.path:
+            return
+        line = json.dumps({"what": what, "t": time.time() if t is None else t, "pid": os.getpid(), **detail})
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
 
 
 def global_batch(step: int, seed: int, batch: int) -> tuple[np.ndarray, np.ndarray]:
@@ -104,6 +144,7 @@ def run_scheduler() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    timeline = Timeline(args.timeline)
     if os.environ.get("MS_ROLE") == "MS_SCHED":
         return run_scheduler()
 
@@ -111,9 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     from mindspore import nn, ops
     from mindspore.communication import get_group_size, get_rank, init
 
+    timeline.mark("imported")
     ms.set_device("CPU")
     ms.set_seed(args.seed)
     init()
+    timeline.mark("init")
     rank, size = get_rank(), get_group_size()
     if args.batch % size:
         print(f"--batch {args.batch} is not divisible by the {size} ranks", file=sys.stderr, flush=True)
@@ -146,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         if not_loaded:
             raise RuntimeError(f"checkpoint step{common} lacks {not_loaded}")
         print(f"rank {rank} resumed from step {start}", flush=True)
+    timeline.mark("loaded", step=start)
 
     marker = args.marker or os.path.join(args.ckpt_dir, "crashed_once")
     for step in range(start, args.steps):
@@ -159,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         loss, grads = forward(ms.Tensor(xs), ms.Tensor(ys))
         optimizer(grad_reducer(grads))
         done = step + 1
+        timeline.mark("step", step=done)
         heartbeat(done)  # lets taskd tell a hung rank from a slow one (TASKD_HEARTBEAT_TIMEOUT)
         print(f"rank {rank} step {done} loss {float(loss.asnumpy()):.6f}", flush=True)
         if done % args.ckpt_every == 0 or done == args.steps:

@@ -380,9 +380,10 @@ class ControllerLink:
                   time.monotonic())
         self.poll_reports(time.monotonic())
 
-    def report_status(self, code: int, msg: str, faults: FaultRanks, strategy: str) -> None:
+    def report_status(self, code: int, msg: str, faults: FaultRanks, strategy: str, rejoined: bool = False) -> None:
         self._add("recover status", "ReportRecoverStatus",
-                  lambda c, _r: c.recover_status_request(code, msg, faults, strategy), time.monotonic())
+                  lambda c, _r: c.recover_status_request(code, msg, faults, strategy, rejoined=rejoined),
+                  time.monotonic())
         self.poll_reports(time.monotonic())
 
     def report_finished(self, exit_code: int, reason: str) -> None:

@@ -133,7 +133,7 @@ class Recovery:
         elif action.kind == ev.STOP_COMPLETE:
             self.link.report_stop_complete(action.faults)
         else:
-            self.link.report_status(action.code, action.detail, action.faults, action.strategy)
+            self.link.report_status(action.code, action.detail, action.faults, action.strategy, action.rejoined)
 
     def _start(self, local: tuple[int, ...] | None) -> list[object]:
         """Stop, then start the ranks (every rank: START_ALL_WORKER, msrun's scheduler too); the result and the

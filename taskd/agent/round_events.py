@@ -24,6 +24,7 @@ class RankFault:
     local_rank: int
     fault_type: str
     detail: str = ""
+    unseen: float = 0.0  # seconds the fault went on before it was seen: a hang's, since its last heartbeat
 
 
 @dataclass(frozen=True)
@@ -187,6 +188,7 @@ class SendReport:
     detail: str = ""  # a fault's description, a status's message
     code: int = 0  # a status's
     strategy: str = ""  # a status's
+    rejoined: bool = False  # a status's: the node's ranks re-formed their group with the restarted ones (live)
 
 
 FAULT, STOP_COMPLETE, STRATEGIES, STATUS = "fault", "stop complete", "strategies", "status"

@@ -57,19 +57,19 @@ INFO, WARNING, ERROR = logging.INFO, logging.WARNING, logging.ERROR
 def on_fault(m: NodeRound, ev: RankFault, now: float, out: Out) -> NodeState:
     """Report it (or add it to the report still pending): the controller opens or joins a round."""
     faults = {ev.global_rank: ev.fault_type}
-    m.add_faults(faults, now)
+    m.add_faults(faults, now - ev.unseen)  # a hang counts from its last heartbeat, not from its detection
     out.append(SendReport(FAULT, faults, ev.detail))
     return S.REPORTING
 
 
 def on_fault_rebuilding(m: NodeRound, ev: RankFault, now: float, out: Out) -> NodeState:
     """A rank that ends while its group re-forms fails that recover (the rebuild's check reports it)."""
-    m.add_faults({ev.global_rank: ev.fault_type}, now)
+    m.add_faults({ev.global_rank: ev.fault_type}, now - ev.unseen)
     return S.REBUILDING
 
 
 def on_fault_degraded(m: NodeRound, ev: RankFault, now: float, out: Out) -> NodeState:
-    m.add_faults({ev.global_rank: ev.fault_type}, now)
+    m.add_faults({ev.global_rank: ev.fault_type}, now - ev.unseen)
     return local_restart(m, now, out)
 
 
@@ -263,7 +263,7 @@ def on_started(m: NodeRound, ev: StartResult, now: float, out: Out) -> NodeState
 def on_rejoined(m: NodeRound, ev: GroupRejoined, now: float, out: Out) -> NodeState:
     plan = m.plan
     assert plan is not None
-    out.append(SendReport(STATUS, plan.faults, "", Code.OK, plan.strategy))
+    out.append(SendReport(STATUS, plan.faults, "", Code.OK, plan.strategy, rejoined=True))  # the recover settled
     out.append(RecordRestart(plan.strategy, tuple(sorted(plan.faults)), plan.started, generation=ev.generation))
     m.close()
     return S.RESUMING

@@ -90,7 +90,7 @@ class NodeRound:
                 self.faults.setdefault(rank, fault_type)
             else:
                 self.faults[rank] = fault_type
-        if self.started is None:
+        if self.started is None or now < self.started:  # the round's recovery counts from its earliest fault
             self.started = now
 
     def close(self) -> None:

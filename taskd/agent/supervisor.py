@@ -320,14 +320,14 @@ class Supervisor:
         rank.state = RankState.FAILED
         self._fault(rank, "exit", FaultType.PROCESS)
 
-    def _fault(self, rank: Rank, reason: str, fault_type: str, why: str = "") -> None:
+    def _fault(self, rank: Rank, reason: str, fault_type: str, why: str = "", unseen: float = 0.0) -> None:
         record = FaultRecord(time.time(), rank.global_rank, rank.local_rank, rank.pid, rank.returncode, reason)
         self.result.faults.append(record)
         if self.result.first_failure is None:
             self.result.first_failure = record
         log.warning("fault: %s", record.describe())
         detail = f"{record.describe()}: {why}" if why else record.describe()
-        self._feed(RankFault(rank.global_rank, rank.local_rank, fault_type, detail))
+        self._feed(RankFault(rank.global_rank, rank.local_rank, fault_type, detail, unseen))
 
     def _poll_reports(self) -> None:
         """Answers to the reports in flight, re-sends that are due; a fault report settles as taken, or not within
@@ -365,7 +365,8 @@ class Supervisor:
         for rank, hang in culprits:
             self.control.stop([rank], graceful=False)
             rank.state, rank.returncode = RankState.FAILED, None
-            self._fault(rank, "hang", FaultType.PROCESS, hang.describe())
+            # its last heartbeat was `quiet` before `now`; taking the stacks since took a while more
+            self._fault(rank, "hang", FaultType.PROCESS, hang.describe(), unseen=hang.quiet + time.time() - now)
 
     def _overdue_exit(self, rank: Rank, done: bool, since: float) -> None:
         """A finishing rank is no hang, but its exit is bounded (heartbeat timeout + stop grace): kill it. Its

@@ -235,13 +235,16 @@ class RecoverClient:
                                                   strategies=arguments.strategies(strategy_list), **self._identity())
 
     def recover_status_request(self, code: int, msg: str, fault_ranks: dict, strategy: str,
-                               isolate_ranks: Iterable[int] | None = None) -> recover_pb2.RecoverStatusRequest:
+                               isolate_ranks: Iterable[int] | None = None, *, rejoined: bool = False
+                               ) -> recover_pb2.RecoverStatusRequest:
+        """`rejoined`: the ranks re-formed their group with the restarted ones (taskd's live recovery); the
+        controller's settle window reads it (docs/controller.md)."""
         fault_ranks_to_proto(fault_ranks)
         return recover_pb2.RecoverStatusRequest(
             status=recover_pb2.Status(code=arguments.int32(code, "code"), info=str(msg or "")),
             strategy=str(strategy or ""),
             isolateRankIds=[str(arguments.int32(r, "isolate rank")) for r in (isolate_ranks or ())],
-            **self._identity())
+            rejoined=bool(rejoined), **self._identity())
 
     def process_fault_request(self, fault_ranks: dict, detail: str = "") -> recover_pb2.ProcessFaultRequest:
         return recover_pb2.ProcessFaultRequest(faultRanks=fault_ranks_to_proto(fault_ranks),

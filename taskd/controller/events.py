@@ -85,6 +85,7 @@ class RecoverStatusReported:
     isolate_ranks: tuple[str, ...] = ()
     host: str = ""
     pid: int = 0
+    rejoined: bool = False  # the node's ranks re-formed their group with the restarted ones (live recovery)
 
 
 @dataclass(frozen=True)

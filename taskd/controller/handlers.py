@@ -313,6 +313,8 @@ def on_recover_status(m: Job, ev: RecoverStatusReported, now: float, out: Outcom
     if ev.code != Code.OK:
         return m.strategy_failed(f"node {ev.node_rank} reported {ev.code}: {ev.info}", now, out)
     r.statuses.add(ev.node_rank)
+    if not ev.rejoined:
+        r.unrejoined = True
     if not r.participants <= r.statuses:
         return S.RECOVERING
     if r.strategy == Strategy.DUMP:
@@ -327,6 +329,7 @@ def on_recover_status(m: Job, ev: RecoverStatusReported, now: float, out: Outcom
     if r.strategy == Strategy.RECOVER:
         m.recover_succeeded_at = now
         m.recover_ranks = frozenset(r.faults)
+        m.recover_rejoined = not r.unrejoined
     m.info = f"recovered round {r.number} with {r.strategy} in {now - r.started_at:.2f}s"
     m.round = None
     m.deadline = None

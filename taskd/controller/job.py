@@ -23,7 +23,7 @@ from taskd.controller.events import (
     Tick,
 )
 from taskd.controller.model import ACTIVE, TERMINAL, Fence, JobState, MachineConfig, Round, fmt_faults
-from taskd.controller.strategy import RESTARTING, charged, choose_strategy
+from taskd.controller.strategy import RESTARTING, charged, choose_strategy, unsettled
 from taskd.vocabulary import Action, FaultRanks, SignalType, Strategy
 
 S = JobState
@@ -47,9 +47,10 @@ class Job:
         self.queued: FaultRanks = {}
         self.deadline: float | None = None
         self.recover_succeeded_at: float | None = None
-        # the ranks that recover restarted (None: unknown, e.g. after a controller restart): a fault of
-        # another rank within the settle window is a new fault, not that recover failing to settle
+        # the ranks that recover restarted (None: unknown, e.g. after a controller restart), and whether every
+        # agent confirmed its ranks re-formed their group with them (live recovery): the settle rule's inputs
         self.recover_ranks: frozenset[int] | None = None
+        self.recover_rejoined = False
         self.unsettled_recovers = 0
         self.recover_banned = False
         self.agents = AgentTable()  # changed only through its methods, which keep its counts in step
@@ -201,6 +202,7 @@ class Job:
         self.restarts = 0
         self.recover_succeeded_at = None
         self.recover_ranks = None
+        self.recover_rejoined = False
         self.unsettled_recovers = 0
         self.recover_banned = False
         self.deadline = None
@@ -246,18 +248,20 @@ class Job:
         self.record(out, "round_started", faults=fmt_faults(r.faults))
         if self.recover_succeeded_at is not None:
             since = now - self.recover_succeeded_at
-            again = self.recover_ranks is None or bool(self.recover_ranks & r.faults.keys())
-            if since <= self.config.settle_window and again:
+            restarted = self.recover_ranks is None or bool(self.recover_ranks & r.faults.keys())
+            rejoined = self.recover_rejoined and self.recover_ranks is not None
+            why = unsettled(since, self.config.settle_window, restarted, rejoined)
+            if why:
                 self.unsettled_recovers += 1
-                why = f"recover {since:.1f}s ago did not settle"
                 r.excluded.update({Strategy.RETRY: why, Strategy.RECOVER: why})
                 r.tried.append(Strategy.RECOVER)  # that recover's restart pays for this round's: one in all
                 if self.unsettled_recovers >= 2:
                     self.recover_banned = True
-                self.record(out, "recover_unsettled", seconds_since=round(since, 3),
-                            count=self.unsettled_recovers, recover_banned=self.recover_banned)
+                self.record(out, "recover_unsettled", seconds_since=round(since, 3), count=self.unsettled_recovers,
+                            recover_banned=self.recover_banned, restarted_rank=restarted, rejoined=rejoined)
             self.recover_succeeded_at = None
             self.recover_ranks = None
+            self.recover_rejoined = False
         return self.broadcast_stop(now, out)
 
     def broadcast_stop(self, now: float, out: Outcome) -> JobState:

@@ -96,6 +96,9 @@ class Round:
     strategy: str = ""
     strategy_started_at: float = 0.0
     lost: dict[int, float] = field(default_factory=dict)  # nodes this round lost -> when (a node-loss round)
+    # an agent reported its status without its ranks having re-formed a group with the restarted ones: the
+    # recover only started processes, so it settles only when the settle window passes (Job.open_round)
+    unrejoined: bool = False
 
 
 @dataclass(frozen=True)

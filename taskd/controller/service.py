@@ -167,7 +167,7 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
             return refused
         ev = RecoverStatusReported(node_rank=request.nodeRank, code=request.status.code, info=request.status.info,
                                    strategy=request.strategy, isolate_ranks=tuple(request.isolateRankIds),
-                                   host=request.host, pid=request.pid)
+                                   host=request.host, pid=request.pid, rejoined=request.rejoined)
         return _answer(self.core.dispatch(request.jobId, ev), "ReportRecoverStatus", request.jobId)
 
     async def ReportProcessFault(self, request: recover_pb2.ProcessFaultRequest,

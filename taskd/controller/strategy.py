@@ -36,6 +36,22 @@ def charged(strategy: str, r: Round | None) -> bool:
     return r is not None and strategy in RESTARTING and any(s in RESTARTING for s in r.tried)
 
 
+def unsettled(since: float, window: float, restarted_rank: bool, rejoined: bool) -> str:
+    """Why a fault `since` seconds after a successful recover is that recover failing ("" = it is a new fault).
+
+    The settle rule (README, docs/controller.md): within the settle window, a fault of a rank the recover
+    restarted counts; so does a fault of any other rank unless every agent reported that its ranks re-formed
+    their group with the restarted ones (`rejoined`: taskd's live recovery). Without that confirmation the
+    survivors only had their peers replaced under them, and a tightly coupled survivor breaks soon after
+    (MindSpore under msrun: 0.4 s); with it the group is whole again, and a survivor's fault is a new one,
+    recovered in place like the first."""
+    if since > window or not (restarted_rank or not rejoined):
+        return ""
+    what = ("a rank it restarted failed again" if restarted_rank else
+            "its ranks were restarted without re-forming the group, and a survivor failed")
+    return f"recover {since:.1f}s ago did not settle ({what})"
+
+
 def why_not(strategy: str, job: JobPolicy, r: Round | None) -> str:
     """Why `strategy` cannot be chosen now ("" = it can). `exit` always can."""
     if strategy == Strategy.EXIT:

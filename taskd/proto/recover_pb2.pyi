@@ -100,7 +100,7 @@ class RecoverStrategyRequest(_message.Message):
     def __init__(self, jobId: _Optional[str] = ..., faultRanks: _Optional[_Iterable[_Union[FaultRank, _Mapping]]] = ..., strategies: _Optional[_Iterable[str]] = ..., nodeRank: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class RecoverStatusRequest(_message.Message):
-    __slots__ = ("jobId", "status", "strategy", "isolateRankIds", "nodeRank", "host", "pid")
+    __slots__ = ("jobId", "status", "strategy", "isolateRankIds", "nodeRank", "host", "pid", "rejoined")
     JOBID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
@@ -108,6 +108,7 @@ class RecoverStatusRequest(_message.Message):
     NODERANK_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
+    REJOINED_FIELD_NUMBER: _ClassVar[int]
     jobId: str
     status: Status
     strategy: str
@@ -115,7 +116,8 @@ class RecoverStatusRequest(_message.Message):
     nodeRank: int
     host: str
     pid: int
-    def __init__(self, jobId: _Optional[str] = ..., status: _Optional[_Union[Status, _Mapping]] = ..., strategy: _Optional[str] = ..., isolateRankIds: _Optional[_Iterable[str]] = ..., nodeRank: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
+    rejoined: bool
+    def __init__(self, jobId: _Optional[str] = ..., status: _Optional[_Union[Status, _Mapping]] = ..., strategy: _Optional[str] = ..., isolateRankIds: _Optional[_Iterable[str]] = ..., nodeRank: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., rejoined: bool = ...) -> None: ...
 
 class ProcessFaultRequest(_message.Message):
     __slots__ = ("jobId", "faultRanks", "nodeRank", "detail", "host", "pid")

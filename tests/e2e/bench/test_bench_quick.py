@@ -42,6 +42,24 @@ def test_quick_run_prints_table_and_writes_json(name: str, tmp_path: Path) -> No
     assert data["benchmark"] == name
 
 
+@pytest.mark.timeout(200)
+@pytest.mark.mindspore
+def test_msrun_recovery_quick_names_every_phase(tmp_path: Path) -> None:
+    """bench/msrun_recovery.py --quick: real msrun, 2 ranks of train_dp.py, one kill; every phase is measured."""
+    pytest.importorskip("mindspore")
+    env = {**os.environ, "BENCH_RESULTS_DIR": str(tmp_path),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    proc = subprocess.run([sys.executable, str(BENCH / "msrun_recovery.py"), "--quick"], capture_output=True,
+                          text=True, cwd=ROOT, env=env, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+    [run] = json.loads((tmp_path / "msrun_recovery_2.json").read_text())["runs"]
+    assert run["exit_code"] == 0 and run["strategy"] == "job-rescheduling" and run["left_behind"] == []
+    missing = [name for name, value in run["phases"].items() if value is None]
+    assert not missing, f"phases not measured: {missing}\n{proc.stdout[-3000:]}"
+    assert run["total"] == pytest.approx(sum(run["phases"].values()), abs=1e-6)
+    assert "| communication init" in proc.stdout and "kill -> every rank past a new step" in proc.stdout
+
+
 LIVE_COLUMNS = ("| configuration", "kill → resumed p50 s", "kill → resumed p99 s", "recomputed survivors mean / max",
                 "recomputed killed rank mean / max", "bit-identical", "strategies used", "torchrun / this (p50)")
 

@@ -353,7 +353,20 @@ def test_on_started_reports_records_and_waits_for_the_resumption() -> None:
     actions = m.handle(ev.StartResult(0), NOW + 0.5)
     assert m.state is S.RESUMING and m.faults == {}, "the round is over here; training's resumption is next"
     assert of(actions, ev.SendReport)[0].code == Code.OK
+    assert not of(actions, ev.SendReport)[0].rejoined, "only started: the controller's settle rule must know"
     assert of(actions, ev.RecordRestart) == [ev.RecordRestart(Strategy.RECOVER, (1,), NOW)]
+
+
+def test_a_hangs_recovery_counts_from_its_last_heartbeat_not_its_detection() -> None:
+    """Issue 18: "training resumed N s after the fault" for a hang counts from the stall (its last heartbeat)."""
+    m = machine()
+    m.handle(ev.RankFault(1, 1, FaultType.PROCESS, "rank 1 hang: last heartbeat 5.6s ago", unseen=5.6), NOW)
+    assert m.started == pytest.approx(NOW - 5.6)
+    m.handle(ev.RankFault(0, 0, FaultType.PROCESS, "rank 0 exited"), NOW + 1)  # a later fault: the earliest stays
+    m.state = S.STOPPING
+    m.handle(change(Strategy.RECOVER), NOW + 2)
+    [record] = of(m.handle(ev.StartResult(0), NOW + 3), ev.RecordRestart)
+    assert record.started == pytest.approx(NOW - 5.6)
 
 
 def test_on_started_failed_reports_1_and_waits_for_the_next_strategy() -> None:
@@ -378,6 +391,7 @@ def test_on_rejoined_reports_and_records_the_generation() -> None:
     m.handle(ev.StartResult(0), NOW)
     actions = m.handle(ev.GroupRejoined(3, NOW), NOW + 0.4)
     assert m.state is S.RESUMING and of(actions, ev.SendReport)[0].code == Code.OK
+    assert of(actions, ev.SendReport)[0].rejoined, "the group re-formed: the recover settled (controller's rule)"
     assert of(actions, ev.RecordRestart)[0].generation == 3
 
 

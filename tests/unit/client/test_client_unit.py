@@ -102,3 +102,13 @@ def test_module_functions_without_env_raise_a_clear_error(monkeypatch, no_curren
     monkeypatch.setenv("TASKD_NODE_RANK", "first")
     with pytest.raises(ConfigurationError, match="TASKD_NODE_RANK"):
         rm.get_manager()
+
+
+def test_recover_status_request_carries_rejoined_only_when_said() -> None:
+    """The settle rule's input (docs/controller.md): a live rebuild says rejoined, a plain restart does not."""
+    mgr = DLRecoverManager(recover_pb2.ClientInfo(jobId="x", role="agent"), "127.0.0.1:1")
+    plain = mgr.recover_status_request(0, "", {1: 1}, "recover")
+    live = mgr.recover_status_request(0, "", {1: 1}, "recover", rejoined=True)
+    assert plain.rejoined is False and live.rejoined is True
+    wire = recover_pb2.RecoverStatusRequest.FromString(live.SerializeToString())
+    assert wire.rejoined and wire.strategy == "recover"

@@ -354,17 +354,71 @@ def test_queued_fault_after_recover_counts_as_unsettled() -> None:
     assert m.round.strategy == "job-rescheduling" and m.restarts == 1
 
 
-def test_another_ranks_fault_after_recover_is_a_new_fault() -> None:
-    m = new_job(nodes=1)
-    m.handle(FaultReported(faults={0: "1"}), 1)
-    m.handle(StopComplete(), 1)
-    m.handle(StrategiesReported(strategies=ALL), 1)
-    m.handle(FaultReported(faults={1: "1"}), 2)  # another rank, queued during recover
-    m.handle(RecoverStatusReported(strategy="recover"), 3)
-    assert m.state == S.STOPPING and m.unsettled_recovers == 0 and "recover" not in m.round.excluded
+def _recover_then_queue(faults_after: dict[int, str], rejoined: bool, nodes: int = 1) -> tuple[JobMachine, list]:
+    """Rank 0 is recovered; `faults_after` is reported while the recover runs; every agent then reports it
+    done, `rejoined` saying whether its ranks re-formed their group with the restarted one (live recovery)."""
+    m = new_job(nodes=nodes)
+    for n in range(nodes):
+        m.handle(FaultReported(node_rank=n, faults={0: "1"}), 1)
+    for n in range(nodes):
+        m.handle(StopComplete(node_rank=n), 1)
+    for n in range(nodes):
+        m.handle(StrategiesReported(node_rank=n, strategies=ALL), 1)
+    assert m.round.strategy == "recover"
+    m.handle(FaultReported(faults=faults_after), 2)  # queued during recover
+    records = []
+    for n in range(nodes):
+        records += m.handle(RecoverStatusReported(node_rank=n, strategy="recover", rejoined=rejoined), 3).records
+    assert m.state == S.STOPPING
+    return m, records
+
+
+def test_a_survivors_fault_after_a_rejoined_recover_is_a_new_fault() -> None:
+    """Independent faults in a live job: the group re-formed, so rank 1 failing next is recovered in place."""
+    m, _ = _recover_then_queue({1: "1"}, rejoined=True)
+    assert m.unsettled_recovers == 0 and "recover" not in m.round.excluded
     m.handle(StopComplete(), 4)
     m.handle(StrategiesReported(strategies=ALL), 4)
     assert m.round.strategy == "recover" and m.restarts == 2
+
+
+def test_a_survivors_fault_after_a_recover_that_only_restarted_counts_as_unsettled() -> None:
+    """Tightly coupled ranks (MindSpore under msrun): the replacement was only started, the survivor breaks."""
+    m, records = _recover_then_queue({1: "1"}, rejoined=False)
+    assert m.unsettled_recovers == 1 and "recover" in m.round.excluded
+    assert "survivor" in m.round.excluded["recover"]
+    [rec] = [r for r in records if r.kind == "recover_unsettled"]
+    assert rec.detail["restarted_rank"] is False and rec.detail["rejoined"] is False
+    m.handle(StopComplete(), 4)
+    m.handle(StrategiesReported(strategies=ALL), 4)
+    assert m.round.strategy == "job-rescheduling" and m.restarts == 1  # that recover pays: one in all
+
+
+def test_one_agent_that_did_not_rejoin_leaves_the_recover_unconfirmed() -> None:
+    m = new_job(nodes=2)
+    for n in (0, 1):
+        m.handle(FaultReported(node_rank=n, faults={0: "1"}), 1)
+    for n in (0, 1):
+        m.handle(StopComplete(node_rank=n), 1)
+    for n in (0, 1):
+        m.handle(StrategiesReported(node_rank=n, strategies=ALL), 1)
+    m.handle(RecoverStatusReported(node_rank=0, strategy="recover", rejoined=True), 2)
+    m.handle(RecoverStatusReported(node_rank=1, strategy="recover", rejoined=False), 2)
+    assert m.state == S.RUNNING and not m.recover_rejoined
+    m.handle(FaultReported(node_rank=1, faults={3: "1"}), 5)
+    assert m.unsettled_recovers == 1
+
+
+def test_a_restarted_ranks_fault_counts_even_after_a_rejoined_recover() -> None:
+    m, _ = _recover_then_queue({0: "1"}, rejoined=True)
+    assert m.unsettled_recovers == 1 and "a rank it restarted" in m.round.excluded["recover"]
+
+
+def test_outside_the_settle_window_nothing_counts() -> None:
+    m = new_job(nodes=1)
+    assert _full_round(m, 100, {0: "1"}) == "recover"  # not rejoined, succeeds at 101
+    assert _full_round(m, 132, {1: "1"}) == "recover"  # 31 s later: a new fault
+    assert m.unsettled_recovers == 0
 
 
 def test_policy_limits_strategies() -> None:
