@@ -185,7 +185,8 @@ def test_classes_are_small() -> None:
     assert big == [], f"classes over {MAX_METHODS} methods: {big}"
 
 
-FRAMEWORK_BINDINGS = ("taskd.worker.torch", "taskd.worker.torch_facts", "taskd.worker.mindspore")  # import their framework, at the top
+# these import their framework, at the top
+FRAMEWORK_BINDINGS = ("taskd.worker.torch", "taskd.worker.torch_facts", "taskd.worker.mindspore")
 FRAMEWORKS = ("torch", "mindspore", "numpy")  # only inside functions: serialised when a rank hands them over
 
 
