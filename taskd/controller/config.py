@@ -135,8 +135,6 @@ class ControllerConfig(MachineConfig):
     agent_ping_interval: float = 5.0
     agent_ping_timeout: float = 10.0
     max_jobs: int = 10000
-    # standby agents (`taskd run --standby`) one job may have waiting at once; one more is refused 409
-    max_standbys: int = 64
     # a finished (SUCCEEDED/FAILED) job with no agent streaming or calling for this long is forgotten,
     # in memory and in the state file; a full table evicts the longest idle finished job early
     finished_job_retention: float = 3600.0
