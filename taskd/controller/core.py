@@ -30,6 +30,7 @@ import sqlite3
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 
 from taskd.controller.checkpoint import Checkpoint
 from taskd.controller.clock import Clock
@@ -208,6 +209,8 @@ class ControllerCore:
                     m.agents.set_online(a, True)
                     m.agents.set_subscribed(a, True)
                     m.agents.set_gone(a, None)  # its stream is open here
+            m.standbys = {k: replace(s, subscribed=True, gone_since=None) if self.hub.has_standby(job_id, k) else s
+                          for k, s in m.standbys.items()}
             self.jobs[job_id] = m
             self._soft.pop(job_id, None)
             try:

@@ -166,8 +166,6 @@ def test_a_replacement_for_a_sigkilled_node_joins_by_job_rescheduling(tmp_path: 
         kill_all(list(procs.values()))
 
 
-@pytest.mark.skip(reason="issue 17 open: the controller does not register standbys or send taskd.assignNode yet "
-                          "(the agent's side is built)")
 def test_a_standby_started_with_the_job_takes_over_a_lost_node(tmp_path: Path, server: str,
                                                                fault_free: list[np.ndarray]) -> None:
     procs = {f"node{r}": node([*job_args(server, "standby", r), *example(tmp_path)], tmp_path / f"node{r}.log")
@@ -191,9 +189,6 @@ def test_a_standby_started_with_the_job_takes_over_a_lost_node(tmp_path: Path, s
         kill_all(list(procs.values()))
 
 
-@pytest.mark.skip(reason="issue 17 open: the controller does not register standbys yet, so a standby's end-of-job "
-                          "wait depends on a job record it is not part of (passed against h3's earlier tree, "
-                          "timed out in the final full run)")
 def test_a_standby_never_needed_exits_0_when_the_job_ends(tmp_path: Path, server: str) -> None:
     procs = {f"node{r}": node([*job_args(server, "spare", r), *example(tmp_path, steps=20)], tmp_path / f"node{r}.log")
              for r in range(2)}
