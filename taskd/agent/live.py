@@ -79,7 +79,7 @@ class LiveRanks:
             return None
         if status.heartbeat.pid != rank.pid:
             return None
-        if status.can_rejoin or status.can_retry:  # kept when the rank dies or a replacement has not declared yet
+        if status.declared:  # kept when the rank dies or a replacement has not declared yet
             self._declared[rank.local_rank] = (status.can_rejoin, status.can_retry)
         if status.generation is not None:
             self._group.add(rank.local_rank)
@@ -106,6 +106,13 @@ class LiveRanks:
         """What this node offers for the round: recover only if every rank declared it can rejoin
         (a script that has not gets job-rescheduling first), retry only for type-"0" faults of ranks that can."""
         offered = [s for s in configured if s != Strategy.RETRY or self.enabled]
+        finished = sorted(r.global_rank for r in self.table.in_state(RankState.SUCCEEDED))
+        if Strategy.RECOVER in offered and self.declarations and finished and self.enabled:
+            # a rank that finished its last step has left the group for good: a replacement would wait for it
+            # to rejoin until the rebuild timed out (issue 21, D3: 150 s), so every rank restarts instead
+            offered.remove(Strategy.RECOVER)
+            log.info("live recovery: rank(s) %s already finished and cannot rejoin a rebuilt group: recover not "
+                     "offered", finished)
         if Strategy.RECOVER in offered and self.declarations and not self.can("rejoin"):
             offered.remove(Strategy.RECOVER)
             log.info("live recovery: not every rank declared it can rejoin in place: recover not offered")

@@ -108,6 +108,9 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--auth-timeout", type=float, default=d.auth_timeout, metavar="SECONDS",
                         help=f"close a connection that carried no call with the token this long after it opened "
                              f"(default {d.auth_timeout:g}; 0 = never)")
+    parser.add_argument("--metrics-listen", default=None, metavar="HOST[:PORT]",
+                        help="serve Prometheus metrics at http://HOST:PORT/metrics (port 9464 if none; needs "
+                             "pip install 'taskd[metrics]'; docs/operations.md lists them)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 
@@ -190,9 +193,9 @@ def token_main(args: argparse.Namespace) -> int:
 
 
 def add_status_arguments(parser: argparse.ArgumentParser) -> None:
-    default = os.environ.get("MINDX_SERVER_IP") or f"127.0.0.1:{DEFAULT_PORT}"
-    parser.add_argument("--server", default=default, metavar="ADDR",
-                        help=f"controller address host[:port] (default $MINDX_SERVER_IP or 127.0.0.1:{DEFAULT_PORT})")
+    parser.add_argument("--server", default=os.environ.get("MINDX_SERVER_IP") or None, metavar="ADDR",
+                        help="controller address host[:port] (default $MINDX_SERVER_IP; else every `taskd run` of "
+                             f"this user on this host that runs its own controller, else 127.0.0.1:{DEFAULT_PORT})")
     parser.add_argument("--job", default=None, metavar="ID", help="only this job")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS")
@@ -213,6 +216,12 @@ UNREACHABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_E
 def status_main(args: argparse.Namespace) -> int:
     from taskd.controller.status_view import fetch_jobs, normalize_address, read_credentials, render_json, render_text
 
+    if args.server is None:
+        local = _embedded_jobs(args)
+        if local is not None:
+            sys.stdout.write(render_json(local) if args.json else render_text(local))
+            return 0 if local.jobs or not args.job else 1
+        args.server = f"127.0.0.1:{DEFAULT_PORT}"
     try:
         token, credentials = read_credentials(args.token_file, args.tls_ca, args.tls_cert, args.tls_key)
         jobs = fetch_jobs(args.server, args.job, timeout=args.timeout, token=token, credentials=credentials)
@@ -224,7 +233,8 @@ def status_main(args: argparse.Namespace) -> int:
         if exc.code() in UNREACHABLE:
             sys.stderr.write(f"taskd status: cannot reach the controller at {where}: {exc.code().name}: "
                              f"{exc.details()}; is `taskd server` running there? (pass --server HOST:PORT or set "
-                             "MINDX_SERVER_IP; a TLS server needs --tls-ca)\n")
+                             "MINDX_SERVER_IP; a TLS server needs --tls-ca; a `taskd run` without --server is found "
+                             "without any, by the same user on the same host)\n")
         else:
             hint = {grpc.StatusCode.UNAUTHENTICATED: f" (pass --token-file or set {TOKEN_ENV})",
                     grpc.StatusCode.RESOURCE_EXHAUSTED: " (the controller limits calls per client; retry shortly)",
@@ -234,3 +244,29 @@ def status_main(args: argparse.Namespace) -> int:
         return 1
     sys.stdout.write(render_json(jobs) if args.json else render_text(jobs))
     return 0 if jobs.status.code == 0 else 1
+
+
+def _embedded_jobs(args: argparse.Namespace):  # noqa: ANN202 - a taskd_pb2.JobList, or None
+    """The jobs of this user's `taskd run`s that run their own controller on this host (controller/locator.py),
+    merged; None when there is none, so that the default address is asked as before."""
+    from taskd.controller.locator import live_locators
+    from taskd.controller.status_view import fetch_jobs
+    from taskd.proto import taskd_pb2
+    from taskd.vocabulary import Code
+
+    locators = live_locators()
+    if not locators:
+        return None
+    merged = taskd_pb2.JobList()
+    for loc in locators:
+        try:
+            found = fetch_jobs(loc.address, args.job, timeout=args.timeout, token=loc.token)
+        except grpc.RpcError as exc:  # it is stopping: its jobs are over
+            logging.getLogger(__name__).debug("embedded controller %s (pid %d): %s", loc.address, loc.pid, exc)
+            continue
+        if found.status.code == 0:
+            merged.jobs.extend(found.jobs)
+    if args.job and not merged.jobs:
+        merged.status.code = Code.JOB_NOT_EXIST  # what one controller answers for an unknown job id
+        merged.status.info = f"no job {args.job!r} in the {len(locators)} `taskd run`(s) of this user on this host"
+    return merged

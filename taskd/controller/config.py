@@ -6,6 +6,7 @@ values, with the same words, as `taskd server` is. Each problem names the field 
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 import logging
 import os
@@ -91,6 +92,8 @@ def token_problem(token: str) -> str:
 
 
 # field -> the `taskd server` flag (or variable) it comes from; fields missing here are programmatic only
+METRICS_PORT = 9464  # where --metrics-listen serves without a port (the OpenTelemetry Prometheus exporter's)
+
 FLAGS = {
     "listen": "--listen", "state_path": "--state", "keepalive_interval": "--keepalive-interval",
     "stop_timeout": "--stop-timeout", "strategy_timeout": "--strategy-timeout",
@@ -107,7 +110,7 @@ FLAGS = {
     "max_streams_per_peer": "--max-streams-per-peer", "calls_per_second_per_peer": "--max-calls-per-second",
     "call_burst_per_peer": "--call-burst", "limit_loopback": "--limit-loopback", "idle_timeout": "--idle-timeout",
     "handshake_timeout": "--handshake-timeout", "max_connections": "--max-connections",
-    "auth_timeout": "--auth-timeout",
+    "auth_timeout": "--auth-timeout", "metrics_listen": "--metrics-listen",
 }
 
 
@@ -175,6 +178,8 @@ class ControllerConfig(MachineConfig):
     # connections without one also go first when a peer is past max_connections_per_peer
     auth_timeout: float = 5.0
     max_connections: int | None = None  # None: RLIMIT_NOFILE minus a reserve for the state file and logs
+    # --- Prometheus metrics (controller/metrics.py, the [metrics] extra): HOST:PORT, None = off
+    metrics_listen: str | None = None
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -219,6 +224,13 @@ class ControllerConfig(MachineConfig):
         if self.calls_per_second_per_peer and _int(self.call_burst_per_peer) and self.call_burst_per_peer < 1:
             bad("call_burst_per_peer", " must be >= 1 when calls per second are limited")
         self._auth_problems(host, bad)
+        if self.metrics_listen is not None:
+            try:
+                parse_listen(self.metrics_listen, METRICS_PORT)
+            except (ValueError, AttributeError) as exc:
+                bad("metrics_listen", str(exc))
+            if importlib.util.find_spec("prometheus_client") is None:
+                bad("metrics_listen", "needs prometheus_client: pip install 'taskd[metrics]'")
         return out
 
     def _auth_problems(self, host: str, bad: Any) -> None:

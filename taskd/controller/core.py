@@ -31,6 +31,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from taskd.controller.checkpoint import Checkpoint
 from taskd.controller.clock import Clock
@@ -42,6 +43,9 @@ from taskd.controller.state_machine import JobMachine
 from taskd.controller.store import Store, StoreError
 from taskd.proto import recover_pb2, taskd_pb2
 from taskd.vocabulary import Code, SignalType
+
+if TYPE_CHECKING:
+    from taskd.controller.metrics import ControllerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +95,7 @@ class ControllerCore:
         self._soft: dict[str, _SoftBatch] = {}
         self._soft_timer: asyncio.TimerHandle | None = None
         self.closing = False  # set by the server's stop(): closing streams are not recorded one by one
+        self.metrics: ControllerMetrics | None = None  # counts what each stored change records (metrics.py)
 
     # ------------------------------------------------------------------ events
 
@@ -178,6 +183,8 @@ class ControllerCore:
 
     def _publish(self, m: JobMachine, out: Outcome, reply_to: Subscriber | None = None) -> None:
         """What a stored change tells: the log, the broadcast signals, the caller's own signals."""
+        if self.metrics is not None:
+            self.metrics.observe(out.records)
         for rec in out.records:
             if rec.kind not in UNLOGGED_KINDS:
                 log.info("job %s round %d: %s %s", m.job_id, rec.round, rec.kind, json.dumps(rec.detail))
@@ -225,6 +232,8 @@ class ControllerCore:
 
     def _store_failed(self, job_id: str, event: Event, exc: StoreError) -> Outcome:
         log.error("job %s: %s not stored, so not applied: %s", job_id, type(event).__name__, exc)
+        if self.metrics is not None:
+            self.metrics.store_failed()
         return Outcome(code=Code.STORAGE_ERROR,
                        info=f"{exc}; nothing changed (job {job_id} is as before), send it again later")
 

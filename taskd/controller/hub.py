@@ -236,6 +236,10 @@ class SignalHub:
             return True
         return False
 
+    def stream_count(self) -> int:
+        """Streams open now; callable from another thread (the metrics exporter's): copies under the GIL."""
+        return sum(len(subs) for subs in list(self._subs.values()))
+
     def has(self, job_id: str, node_rank: int) -> bool:
         return node_rank in self._subs.get(job_id, {})
 

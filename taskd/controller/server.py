@@ -16,7 +16,8 @@ import os
 import secrets
 import signal
 import threading
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -24,6 +25,7 @@ from taskd.address import join_host_port
 from taskd.controller.auth import server_credentials
 from taskd.controller.config import (
     MAX_MESSAGE,
+    METRICS_PORT,
     WILDCARD_HOSTS,
     ConfigError,
     ControllerConfig,
@@ -35,9 +37,13 @@ from taskd.controller.core import ControllerCore
 from taskd.controller.guard import Guard, RateLimitedLog
 from taskd.controller.hub import SignalHub
 from taskd.controller.limits import PeerLimitConfig, PeerLimits, connection_budget, raise_nofile
+from taskd.controller.locator import remove_locator, write_locator
 from taskd.controller.native_log import NativeLogFilter
 from taskd.controller.service import add_services
 from taskd.controller.store import MEMORY, Store
+
+if TYPE_CHECKING:
+    from taskd.controller.metrics import ControllerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +64,23 @@ class ControllerServer:
         self._port = 0
         self._stopped: asyncio.Event | None = None
         self.watch: ConnectionWatch | None = None
+        self._exporter: Any = None  # the metrics HTTP server (controller/metrics.py), shut down at stop
 
     @property
     def port(self) -> int:
         return self._port
+
+    @property
+    def metrics_port(self) -> int:
+        """The port the Prometheus exporter bound (0: none), e.g. for `--metrics-listen 127.0.0.1:0`."""
+        return self._exporter.server_port if self._exporter is not None else 0
+
+    def _metrics(self, hub: SignalHub) -> ControllerMetrics | None:
+        if self.config.metrics_listen is None:
+            return None
+        from taskd.controller.metrics import ControllerMetrics
+
+        return ControllerMetrics(lambda: self.core.jobs.values() if self.core is not None else (), hub.stream_count)
 
     @property
     def address(self) -> str:
@@ -86,13 +105,18 @@ class ControllerServer:
             calls_per_second=cfg.calls_per_second_per_peer, burst=cfg.call_burst_per_peer,
             limit_loopback=cfg.limit_loopback))
         budget = cfg.max_connections or max_connections or connection_budget()
+        hub = SignalHub(cfg.subscriber_queue_size)
+        metrics = self._metrics(hub)
+        watch_note = RateLimitedLog(logging.getLogger("taskd.controller.connections"))
         watch = ConnectionWatch(WatchConfig(port=0, auth_timeout=cfg.auth_timeout,
                                             max_per_peer=cfg.max_connections_per_peer,
                                             soft_budget=max(1, budget * 9 // 10), budget=budget,
                                             limit_loopback=cfg.limit_loopback),
-                                note=RateLimitedLog(logging.getLogger("taskd.controller.connections")))
-        server = grpc.aio.server(options=cfg.grpc_options(budget),
-                                 interceptors=[Guard(token, limits, on_authenticated=watch.authenticated)])
+                                note=metrics.counting(watch_note) if metrics is not None else watch_note)
+        guard = Guard(token, limits, on_authenticated=watch.authenticated)
+        if metrics is not None:
+            guard.note = metrics.counting(guard.note)
+        server = grpc.aio.server(options=cfg.grpc_options(budget), interceptors=[guard])
         try:
             bound = (server.add_secure_port(listen, credentials) if credentials is not None
                      else server.add_insecure_port(listen))
@@ -108,9 +132,9 @@ class ControllerServer:
             await _release(server)  # the port is free again for a retry with another --state
             raise
         try:
-            hub = SignalHub(cfg.subscriber_queue_size)
             self.core = ControllerCore(cfg.machine_config(), store, hub, max_jobs=cfg.max_jobs,
                                        finished_job_retention=cfg.finished_job_retention)
+            self.core.metrics = metrics
             self.core.load()
             add_services(server, self.core, cfg.max_node_count, cfg.max_ranks)
         except BaseException:
@@ -119,6 +143,10 @@ class ControllerServer:
             raise
         try:
             await server.start()
+            if metrics is not None and cfg.metrics_listen is not None:
+                m_host, m_port = parse_listen(cfg.metrics_listen, METRICS_PORT)
+                self._exporter = metrics.serve(m_host, m_port)
+                log.info("Prometheus metrics at http://%s/metrics", join_host_port(m_host, self._exporter.server_port))
         except BaseException:
             await server.stop(None)
             store.close()
@@ -152,6 +180,10 @@ class ControllerServer:
             return
         server, self._server = self._server, None
         self.core.closing = True
+        if self._exporter is not None:
+            self._exporter.shutdown()
+            self._exporter.server_close()
+            self._exporter = None
         # gRPC first stops taking calls, then the streams end: agents that reconnect at once must not
         # open new streams here (each would hang until the grace period ended: 7 s at 10,000 agents)
         stopping = asyncio.ensure_future(server.stop(self.config.grace if grace is None else grace))
@@ -251,12 +283,16 @@ class EmbeddedController:
     """A controller running on its own event loop in a daemon thread of this process.
 
     Its caller makes the token for the run (`ControllerConfig(token=secrets.token_urlsafe(32))`) and hands
-    it to its own agent in-process: it is never printed, never in argv, never in a rank's environment.
+    it to its own agent in-process: it is never printed, never in argv, never in a rank's environment. With
+    `advertise` it is also in a locator only this user can read, for `taskd status` (controller/locator.py).
     A bad config is refused at construction (`ConfigError`), exactly as `taskd server` refuses it.
     """
 
-    def __init__(self, config: ControllerConfig | None = None) -> None:
+    def __init__(self, config: ControllerConfig | None = None, advertise: bool = False) -> None:
+        """`advertise`: leave a locator for `taskd status` while it serves (controller/locator.py)."""
         self.config = config or ControllerConfig(listen="127.0.0.1:0", state_path=MEMORY)
+        self.advertise = advertise
+        self._locator: Path | None = None
         self.server: ControllerServer | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -268,13 +304,14 @@ class EmbeddedController:
     @classmethod
     def for_agent(cls, max_restarts: int, node_rejoin_timeout: float | None = None) -> EmbeddedController:
         """The controller `taskd run` and the msrun plugin run when given none: a free loopback port, state in
-        memory, and a random token that only the agent in this process learns (`token`). `node_rejoin_timeout`
+        memory, and a random token that only the agent in this process (and `taskd status` run by the same user on
+        this host, through its locator) learns (`token`). `node_rejoin_timeout`
         (default $TASKD_NODE_REJOIN_TIMEOUT, else 300 s): how long a node-loss round waits for a replacement."""
         rejoin = node_rejoin_timeout
         if rejoin is None:
             rejoin = rejoin_timeout_from_env()
         return cls(ControllerConfig(listen="127.0.0.1:0", state_path=MEMORY, default_max_restarts=max_restarts,
-                                    token=secrets.token_urlsafe(32), node_rejoin_timeout=rejoin))
+                                    token=secrets.token_urlsafe(32), node_rejoin_timeout=rejoin), advertise=True)
 
     @property
     def address(self) -> str:
@@ -337,8 +374,11 @@ class EmbeddedController:
         await server.start()
         self.server = server
         self._address = server.address
+        # where `taskd status` on this host finds this run's jobs (controller/locator.py)
+        self._locator = write_locator(self._address, self.config.token) if self.advertise else None
         self._ready.set()
         try:
             await self._stop.wait()
         finally:
+            remove_locator(self._locator)
             await server.stop(min(self.config.grace, 1.0))

@@ -36,8 +36,9 @@ from taskd.launcher.incarnation import SPAWN_FAILED_CODE, Incarnation, RankTable
 from taskd.launcher.node_files import open_node_files, rank_log_path, remove_old, safe_name
 from taskd.launcher.orphans import OrphanKeeper
 from taskd.launcher.output import ERR, OUT, OutputPump, RankOutput
+from taskd.launcher.ports import node_master_port
 from taskd.launcher.spares import SparePool, python_script
-from taskd.launcher.spec import LIVE_PREIMPORT, WorkerSpec, free_port
+from taskd.launcher.spec import LIVE_PREIMPORT, WorkerSpec
 from taskd.process.exitcodes import describe_returncode
 from taskd.process.run_dir import make_run_dir
 from taskd.process.spawn import has_exited, kill_group, spawn, wait_exit
@@ -80,7 +81,7 @@ class LocalLauncher:
             log.warning("--redirects/--tee without --log-dir: rank logs go to %s", log_dir)
         elif log_dir:
             os.makedirs(log_dir, exist_ok=True)
-        port = spec.master_port or free_port(spec.master_addr)
+        port, self._port_hold = node_master_port(spec)  # node 0 holds it for the job's life (launcher/ports.py)
         run_dir = spec.run_dir or make_run_dir(safe_name(spec.job_id))  # removes those SIGKILLed agents left
         os.makedirs(run_dir, mode=0o700, exist_ok=True)
         try:
@@ -88,6 +89,8 @@ class LocalLauncher:
         except (OSError, StoreHostError, ValueError):
             if spec.run_dir is None:
                 shutil.rmtree(run_dir, ignore_errors=True)
+            if self._port_hold is not None:
+                self._port_hold.close()
             raise
         self.spec = dataclasses.replace(spec, run_dir=run_dir, master_port=live.port, log_dir=log_dir)
         if omp_default(self.spec):
@@ -382,6 +385,8 @@ class LocalLauncher:
                 self._wait_reaped(inc, timeout=10.0)
         self._spares.close()
         self._live.close()
+        if self._port_hold is not None:
+            self._port_hold.close()
         if self._orphans.active:
             with self._lock:
                 self._orphans.kill_all(timeout=10.0)

@@ -6,8 +6,11 @@ again for the node rank the controller assigns it (LocalLauncher.set_node_rank).
 
 from __future__ import annotations
 
+import importlib.machinery
 import logging
 import os
+import sys
+from collections.abc import Sequence
 
 from taskd.launcher.output import RankLog
 from taskd.launcher.spares import python_script
@@ -29,8 +32,8 @@ def open_node_files(spec: WorkerSpec) -> tuple[dict[int, RankLog], AgentStore]:
     try:
         for r in range(spec.nproc_per_node):
             logs[r] = RankLog(rank_log_path(spec.log_dir, spec, r))
-        live = AgentStore.decide(spec.rdzv_store, python_script(spec.entrypoint), spec.node_rank, spec.master_addr,
-                                 spec.master_port, spec.run_dir or "")
+        live = AgentStore.decide(spec.rdzv_store, entry_source(spec.entrypoint, spec.cwd), spec.node_rank,
+                                 spec.master_addr, spec.master_port, spec.run_dir or "")
     except (OSError, StoreHostError, ValueError):
         for rank_log in logs.values():
             rank_log.close()
@@ -57,3 +60,27 @@ def safe_name(text: str) -> str:
 
 
 __all__ = ["open_node_files", "rank_log_path", "remove_old", "safe_name"]
+
+
+def entry_source(entrypoint: Sequence[str], cwd: str | None = None) -> str | None:
+    """The file the ranks run first: a `.py` script, or the source of `-m MODULE` (issue 21, D4: `-m` lost live
+    recovery because only scripts were read). Found as the ranks' `python -m` would find it, `cwd` first, without
+    importing anything (a package's `__init__.py` is never run here); None when it cannot be found."""
+    script = python_script(entrypoint)
+    if script is not None:
+        return script
+    if len(entrypoint) < 4 or entrypoint[0] != sys.executable or tuple(entrypoint[1:3]) != ("-u", "-m"):
+        return None
+    path = [cwd or os.getcwd(), *sys.path[1:]]
+    found = None
+    for part in entrypoint[3].split("."):
+        found = importlib.machinery.PathFinder.find_spec(part, path) if path else None
+        if found is None:
+            return None
+        path = list(found.submodule_search_locations or [])
+    if found is None:
+        return None
+    if found.submodule_search_locations:  # `-m package` runs its __main__
+        main = importlib.machinery.PathFinder.find_spec("__main__", list(found.submodule_search_locations))
+        return main.origin if main is not None and main.origin else None
+    return found.origin if found.origin and found.origin.endswith(".py") else None

@@ -2,7 +2,7 @@
 
 Live recovery needs a store that outlives rank 0, so node 0's ``taskd run`` hosts the
 ``MASTER_ADDR:MASTER_PORT`` store, as torchrun's agent does, when the entry script uses taskd's
-live binding: a ``.py`` entrypoint that imports ``taskd.worker.torch`` (a static look at its
+live binding: a ``.py`` entrypoint or ``-m`` module that imports ``taskd.worker.torch`` (a static look at its
 imports) and torch importable in the ranks' interpreter (mode ``auto``). Any other script (a plain
 env:// DDP script, a MindSpore script) keeps MASTER_PORT to itself: rank 0 hosts the store, as under
 plain ``init_process_group``. ``TASKD_RDZV_STORE=agent`` forces the agent store, ``rank`` turns it off.
@@ -51,8 +51,8 @@ MAX_SCRIPT = 4 << 20  # bytes of a script read for its imports
 def uses_live_binding(script: str | os.PathLike[str]) -> bool:
     """Whether ``script`` imports taskd's torch binding (``taskd.worker.torch``), read with ``ast``, not run.
 
-    Only the entry script is read: a script that imports the binding through a module of its own
-    needs ``TASKD_RDZV_STORE=agent``. An unreadable or unparsable script counts as not using it.
+    Only the entry script (or ``-m`` module's source) is read: a script that imports the binding through a
+    module of its own needs ``TASKD_RDZV_STORE=agent``. An unreadable or unparsable script counts as not using it.
     """
     try:
         with open(script, "rb") as fh:
@@ -102,7 +102,7 @@ class AgentStore:
     @classmethod
     def decide(cls, mode: str, script: str | None, node_rank: int, addr: str, port: int, run_dir: str,
                python: str | None = None) -> AgentStore:
-        """``script``: the entry ``.py`` file (None for ``-m``/``--no-python`` entrypoints)."""
+        """``script``: the entry ``.py`` file, or the source of a ``-m`` module (None for ``--no-python``)."""
         mode = check_mode(mode)
         enabled = mode == "agent" or (mode == "auto" and script is not None and uses_live_binding(script)
                                       and torch_importable(python))

@@ -58,6 +58,13 @@ class StoreHostError(OSError):
     """The store could not be started (port taken, torch missing, not ready in time); str() says why."""
 
 
+def port_in_use(port: int) -> str:
+    """What to tell a user whose MASTER_PORT is taken, wherever it is found (here, launcher/ports.py)."""
+    return (f"rendezvous store: port {port} is already in use (another job's store or rank 0, e.g. a second "
+            f"job on the default MASTER_PORT?): give this job a free port with --master-port (or "
+            f"--rdzv-endpoint HOST:PORT), or stop the other job")
+
+
 def listen(port: int, host: str = "") -> socket.socket:
     """Bind and listen on ``port`` (0: a free one) on every interface, as TCPStore's server does.
 
@@ -72,10 +79,7 @@ def listen(port: int, host: str = "") -> socket.socket:
             sock = socket.create_server((host, port), backlog=1024)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
-            raise StoreHostError(
-                f"rendezvous store: port {port} is already in use (another job's store or rank 0, e.g. a second "
-                f"job on the default MASTER_PORT?): give this job a free port with --master-port (or "
-                f"--rdzv-endpoint HOST:PORT), or stop the other job") from None
+            raise StoreHostError(port_in_use(port)) from None
         raise StoreHostError(f"rendezvous store: cannot listen on port {port}: {exc.strerror or exc}") from None
     sock.set_inheritable(False)
     return sock

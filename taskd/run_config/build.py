@@ -81,7 +81,7 @@ def _resolve_aliases(values: _Values, standalone: bool) -> None:
         if "job_id" in raw and raw["job_id"][0] != rdzv_id:
             values.problems.append(f"{source} {rdzv_id!r} and {raw['job_id'][1]} {raw['job_id'][0]!r} name "
                                    "different jobs; give one")
-        elif rdzv_id != "none":  # torchrun's default value, i.e. not given
+        elif rdzv_id != TORCHRUN_RDZV_ID:  # torchrun's default value, i.e. not given
             raw.setdefault("job_id", (rdzv_id, source))
     if "shutdown_timeout" in raw:
         grace, source = raw.pop("shutdown_timeout")
@@ -175,7 +175,7 @@ def build(cls: type[C], args: argparse.Namespace, environ: Mapping[str, str]) ->
     fields.update(
         entrypoint=tuple(entrypoint), script=script, script_args=tuple(script_args), launch_mode=launch_mode,
         nproc_per_node=nproc, nnodes=nnodes, min_nnodes=min_nnodes, standalone=standalone,
-        job_id=values.parse("job_id", str, "") or f"taskd-{uuid.uuid4().hex[:8]}",
+        job_id=_job_id(values, nnodes, standalone),
         server=server,
         **{name: values.parse(name, str, None) for name in ("token_file", "tls_ca", "tls_cert", "tls_key")},
         master_port=values.parse("master_port", _int, 0 if nnodes == 1 else DEFAULT_MASTER_PORT),
@@ -194,6 +194,23 @@ def build(cls: type[C], args: argparse.Namespace, environ: Mapping[str, str]) ->
     if problems:
         raise RunConfigError(problems)
     return config
+
+
+def _job_id(values: _Values, nnodes: int, standalone: bool) -> str:
+    """The job id given, else one of our own for a one-node job, else torchrun's default rendezvous id "none":
+    every node of a multi-node line must name the same job, and one that made up its own id waited for nodes
+    that registered under theirs (issue 21, D5). An empty MINDX_TASK_ID counts as not given."""
+    given = values.parse("job_id", str, "").strip()
+    if given:
+        return given
+    if nnodes > 1 and not standalone:
+        values.notices.append(f"no --rdzv-id or --job-id: the job id is {TORCHRUN_RDZV_ID!r}, torchrun's default, "
+                              "so that every node names the same job; give each job on one controller its own id")
+        return TORCHRUN_RDZV_ID
+    return f"taskd-{uuid.uuid4().hex[:8]}"
+
+
+TORCHRUN_RDZV_ID = "none"
 
 
 def _join_timeout(values: _Values, rdzv_conf: Mapping[str, str]) -> float | None:

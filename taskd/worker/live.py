@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 FLAG_REJOIN = 1  # the rank can rejoin a rebuilt group in place (survivor) or be started into one (replacement)
 FLAG_RETRY = 2  # the rank can roll back the step in flight and redo it without a restart
+FLAG_DECLARED = 4  # set by every declare(): "neither" is then an answer (sharded state), not "not yet declared"
 DEFAULT_REJOIN_TIMEOUT = 120.0
 STORE_PREFIX = "taskd/gen{generation}"  # key prefix of one generation's group in the rendezvous store
 ACTIONS = ("rejoin", "retry", "abort")
@@ -85,6 +86,7 @@ class RankStatus(NamedTuple):
     error_step: int | None
     error_time: float | None
     torn: bool = False
+    declared: bool = False  # the rank said what it can do in place (possibly nothing)
 
     def rejoined(self, generation: int) -> bool:
         """Whether the rank has joined ``generation`` (or a later one) and is past the state sync."""
@@ -109,6 +111,7 @@ def _status(state: hbf.HeartbeatState, live: tuple, torn: bool) -> RankStatus:
         phase_v, kind_v = Phase.TRAINING, ErrorKind.NONE
     return RankStatus(
         heartbeat=state, can_rejoin=bool(flags & FLAG_REJOIN), can_retry=bool(flags & FLAG_RETRY),
+        declared=bool(flags & (FLAG_DECLARED | FLAG_REJOIN | FLAG_RETRY)),
         phase=phase_v, generation=gen if joined else None, resume_step=rstep if joined else None,
         joined_time=jtime if joined else None, collective_since=coll or None, errors=errors,
         error_kind=kind_v, error_step=estep if errors else None, error_time=etime or None, torn=torn,
@@ -285,7 +288,7 @@ class LiveRank:
 
     def declare(self, rejoin: bool = True, retry: bool = True) -> bool:
         """Tell the agent what this rank can do in place; False when there is no heartbeat file."""
-        flags = (FLAG_REJOIN if rejoin else 0) | (FLAG_RETRY if retry else 0)
+        flags = FLAG_DECLARED | (FLAG_REJOIN if rejoin else 0) | (FLAG_RETRY if retry else 0)
         return progress.write_fields([(_U32, hbf.OFF_LIVE_FLAGS, (flags,))])
 
     def set_phase(self, phase: Phase) -> None:
@@ -333,24 +336,43 @@ _PEER_MARKERS = ("connection closed", "connection reset", "broken pipe", "connec
                  "socket", "peer", "nccl", "hccl", "process group", "processgroup", "aborted")
 
 
-def classify_error(exc: BaseException) -> ErrorKind | None:
+def classify_error(exc: BaseException, comm_dirs: tuple[str, ...] = ()) -> ErrorKind | None:
     """Which in-place error ``exc`` is, or None when it is a bug of the script's own (it must propagate).
 
     Framework-neutral on purpose: torch's gloo errors are plain RuntimeErrors, so besides the
     exception types (``RetryableError``, ``torch.distributed.DistError`` by name) the message decides.
+    ``comm_dirs``: the framework's communication code (for torch: distributed, DDP, autograd). Given,
+    an error of no framework type counts only if it was raised through one of them: a TimeoutError
+    or ConnectionResetError of the script's own (a remote data read) propagates, and its rank exits
+    and is replaced like any crashed rank, instead of every rank pausing for a rebuild nobody asked
+    for (issue 21, D1: 132 s).
     """
     if isinstance(exc, RetryableError):
         return ErrorKind.RETRYABLE
     if not isinstance(exc, RuntimeError | OSError | TimeoutError | ConnectionError):
         return None
     names = {cls.__name__ for cls in type(exc).__mro__}
+    if comm_dirs and not names & _DIST_ERRORS and not _raised_through(exc, comm_dirs):
+        return None
     text = str(exc).lower()
     if isinstance(exc, TimeoutError) or any(m in text for m in _TIMEOUT_MARKERS):
         return ErrorKind.COLLECTIVE_TIMEOUT
-    if names & {"DistError", "DistBackendError", "DistNetworkError", "DistStoreError"} \
-            or isinstance(exc, ConnectionError) or any(m in text for m in _PEER_MARKERS):
+    if names & _DIST_ERRORS or isinstance(exc, ConnectionError) or any(m in text for m in _PEER_MARKERS):
         return ErrorKind.PEER_LOST
     return None
+
+
+_DIST_ERRORS = frozenset({"DistError", "DistBackendError", "DistNetworkError", "DistStoreError"})
+
+
+def _raised_through(exc: BaseException, dirs: tuple[str, ...]) -> bool:
+    """Whether a frame of ``exc``'s traceback runs code under one of ``dirs``."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.startswith(dirs):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def declare_rejoinable(retry: bool = False) -> bool:

@@ -25,7 +25,6 @@ Installed with ``pip install taskd[torch]``.
 
 from __future__ import annotations
 
-import inspect
 import io
 import logging
 import os
@@ -44,6 +43,7 @@ from torch.nn.parallel import DistributedDataParallel
 from taskd.worker import progress
 from taskd.worker.env import Var, rank, world_size
 from taskd.worker.live import STORE_PREFIX, Control, ErrorKind, LiveRank, Phase, RetryableError, classify_error
+from taskd.worker.torch_facts import COMM_DIRS, HAS_INIT_SYNC, sharded_state, stable_ddp_kwargs, step_seed
 from taskd.worker.torch_group import GroupSockets, collect, drop_frames, freeze_older_objects
 
 log = logging.getLogger(__name__)
@@ -53,31 +53,6 @@ __all__ = ["LiveGroup", "LiveRecoveryFailed", "RetryableError", "stable_ddp_kwar
 
 class LiveRecoveryFailed(RuntimeError):
     """The agent named no new generation in time, or asked to abort: the rank exits so the job restarts."""
-
-
-_DDP_ARGS = inspect.signature(DistributedDataParallel.__init__).parameters
-_HAS_INIT_SYNC = "init_sync" in _DDP_ARGS
-_HAS_BUCKET_LIST = "bucket_cap_mb_list" in _DDP_ARGS
-
-
-def stable_ddp_kwargs() -> dict[str, Any]:
-    """DDP settings under which a rebuilt wrapper reduces gradients exactly as the long-lived one did.
-
-    DDP re-buckets its gradients after the first iteration (in the order they became ready), and
-    gloo's sum over ranks depends on an element's offset in its bucket: a fresh wrapper would
-    differ from a fault-free run in the last bits (3.6e-7 measured). One bucket per parameter
-    (``bucket_cap_mb_list`` of one byte, torch >= 2.13) makes every layout the same: one
-    allreduce per parameter tensor. Older torch gets ``find_unused_parameters=True``, under
-    which DDP never re-buckets (one autograd-graph walk per forward, and a warning from DDP).
-    """
-    if _HAS_BUCKET_LIST:
-        return {"bucket_cap_mb_list": [1.0 / (1 << 20)]}
-    return {"find_unused_parameters": True}
-
-
-def _step_seed(seed: int, rank_: int, step: int) -> int:
-    """A per-(seed, rank, step) seed: a replacement reproduces the dead rank's random stream."""
-    return (seed * 1_000_003 + rank_ * 10_007 + step) % (2**63 - 1)
 
 
 class _DDPHandle:
@@ -92,7 +67,7 @@ class _DDPHandle:
     def build(self) -> DistributedDataParallel:
         kwargs = dict(self.kwargs)
         if self._group.live:
-            if _HAS_INIT_SYNC:
+            if HAS_INIT_SYNC:
                 kwargs.setdefault("init_sync", False)  # the state was just synced exactly
             freeze_older_objects()  # a rebuild's collection then scans only this wrapper and what is newer
         self.current = DistributedDataParallel(self.module, **kwargs)
@@ -185,6 +160,14 @@ class LiveGroup:
         """
         self._model, self._optimizer, self._seed = model, optimizer, seed
         self._extra = dict(extra)
+        why = sharded_state(model) if self.live and model is not None else None
+        if why is not None:
+            # no peer holds a whole copy to hand a replacement: say so now, so that the first fault takes the
+            # checkpoint path at once (issue 21, D7: a recover that could not work failed after 175 s)
+            self.protocol.declare(rejoin=False, retry=False)
+            if self.rank == 0:
+                log.warning("live recovery is off for this job: %s, so no peer holds a whole copy to hand a "
+                            "replacement; a fault restarts every rank from its checkpoint (job-rescheduling)", why)
         if optimizer is not None:
             if self.live:
                 optimizer.register_step_pre_hook(self._before_optimizer_step)
@@ -226,7 +209,7 @@ class LiveGroup:
         self._forwards = self._launched = 0
         self._in_step = True
         if self._seed is not None:
-            torch.manual_seed(_step_seed(self._seed, self.rank, step))
+            torch.manual_seed(step_seed(self._seed, self.rank, step))
         try:
             yield step
         except _StepVoided:
@@ -235,7 +218,7 @@ class LiveGroup:
             return
         except Exception as exc:
             self._in_step = False
-            kind = classify_error(exc) if self.live else None
+            kind = classify_error(exc, COMM_DIRS) if self.live else None
             if kind is None:
                 raise
             if kind == ErrorKind.RETRYABLE and not self._committed and self._drain(exc):
@@ -371,7 +354,7 @@ class LiveGroup:
                 self._sync_and_wrap()
                 break
             except Exception as exc:  # a fault during the rebuild: wait for the next generation
-                kind = classify_error(exc)
+                kind = classify_error(exc, COMM_DIRS)
                 if kind is None:
                     raise
                 log.warning("rank %d: forming generation %d failed: %s", self.rank, control.generation,

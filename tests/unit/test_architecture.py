@@ -185,7 +185,7 @@ def test_classes_are_small() -> None:
     assert big == [], f"classes over {MAX_METHODS} methods: {big}"
 
 
-FRAMEWORK_BINDINGS = ("taskd.worker.torch", "taskd.worker.mindspore")  # import their framework, at the top
+FRAMEWORK_BINDINGS = ("taskd.worker.torch", "taskd.worker.torch_facts", "taskd.worker.mindspore")  # import their framework, at the top
 FRAMEWORKS = ("torch", "mindspore", "numpy")  # only inside functions: serialised when a rank hands them over
 
 

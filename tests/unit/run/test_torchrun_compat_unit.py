@@ -116,6 +116,26 @@ def test_k8s_manifests_parse_and_fit_together() -> None:
     assert env["MINDX_TASK_ID"] == "train-001"  # the job the credential was minted for
 
 
+def test_k8s_job_brings_a_lost_nodes_pod_back_with_its_index_and_fails_on_taskds_own_verdict() -> None:
+    """Issue 17 item 6: a disrupted pod (node lost, drained, preempted) is the node's replacement, not a retry;
+    taskd's own non-zero exit fails the Job; the pod is evicted from an unreachable node well within the
+    controller's default --node-rejoin-timeout."""
+    from taskd.controller.config import ControllerConfig
+
+    job = next(d for ds in _manifests().values() for d in ds if d["kind"] == "Job")
+    spec, pod = job["spec"], job["spec"]["template"]["spec"]
+    rules = spec["podFailurePolicy"]["rules"]
+    assert rules[0] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
+    fail = rules[1]
+    assert fail["action"] == "FailJob" and fail["onExitCodes"]["operator"] == "NotIn"
+    assert set(fail["onExitCodes"]["values"]) == {0, 137}
+    assert fail["onExitCodes"]["containerName"] == pod["containers"][0]["name"]
+    assert pod["restartPolicy"] == "Never" and spec["backoffLimitPerIndex"] >= 1 and spec["maxFailedIndexes"] == 0
+    evicted_after = {t["key"]: t["tolerationSeconds"] for t in pod["tolerations"] if t["effect"] == "NoExecute"}
+    assert set(evicted_after) == {"node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"}
+    assert max(evicted_after.values()) < ControllerConfig.node_rejoin_timeout / 2
+
+
 def test_k8s_training_command_derives_node_rank_from_the_index(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(EXAMPLES / "slurm")  # where train_ddp.py is
     job = next(d for ds in _manifests().values() for d in ds if d["kind"] == "Job")

@@ -148,6 +148,18 @@ def test_rdzv_id_and_job_id_must_agree() -> None:
     assert parse(["--rdzv-id", "a", "--job-id", "a", SCRIPT]).job_id == "a"
 
 
+def test_a_multi_node_line_without_a_job_id_names_torchruns_default_on_every_node() -> None:
+    """Issue 21 D5: each node made up its own id and waited 600 s for nodes registered under theirs."""
+    line = ["--nnodes", "2", *SERVER, "--master-addr", "head", SCRIPT]
+    nodes = [parse(["--node-rank", str(r), *line], env) for r, env in ((0, {}), (1, {"MINDX_TASK_ID": ""}))]
+    assert [n.job_id for n in nodes] == ["none", "none"]
+    assert all(any("torchrun's default" in text for text in n.notices) for n in nodes)
+    assert parse(["--rdzv-id", "none", *line]).job_id == "none"
+    assert parse(["--rdzv-id", "j9", *line]).job_id == "j9"
+    one = parse([SCRIPT])
+    assert one.job_id.startswith("taskd-") and not any("torchrun's default" in t for t in one.notices)
+
+
 def test_standalone_is_one_node_with_the_embedded_controller() -> None:
     cfg = parse(["--standalone", "--rdzv-endpoint", "far:1", SCRIPT], {"MINDX_SERVER_IP": "10.0.0.1",
                                                                       "SLURM_JOB_ID": "9", "SLURM_NNODES": "4"})

@@ -87,6 +87,32 @@ def test_classify_error_tells_in_place_errors_from_script_bugs():
     assert classify_error(KeyError("step")) is None
 
 
+def _raised_in(filename: str, exc: BaseException) -> BaseException:
+    """`exc` raised by code whose frames say they run in `filename` (what a framework's frame looks like)."""
+    ns: dict = {}
+    exec(compile("def boom(e):\n    raise e\n", filename, "exec"), ns)
+    try:
+        ns["boom"](exc)
+    except BaseException as caught:  # noqa: BLE001 - handed back as it was raised
+        return caught
+    raise AssertionError("not raised")
+
+
+def test_with_comm_dirs_only_errors_raised_through_the_frameworks_collectives_pause_every_rank():
+    """Issue 21 D1: a TimeoutError or ConnectionResetError of the script's own (a remote data read) made every
+    rank pause 120 s for a rebuild; it now propagates, and its rank is replaced like any crashed rank."""
+    comm = ("/opt/fw/distributed",)
+    for exc, kind in ((TimeoutError("read timed out"), ErrorKind.COLLECTIVE_TIMEOUT),
+                      (ConnectionResetError("connection reset by peer"), ErrorKind.PEER_LOST),
+                      (RuntimeError("[gloo] Connection closed by peer"), ErrorKind.PEER_LOST)):
+        assert classify_error(_raised_in("/opt/fw/distributed/c10d.py", exc), comm) == kind
+        assert classify_error(_raised_in("/home/me/data.py", type(exc)(str(exc))), comm) is None
+    dist_error = type("DistBackendError", (RuntimeError,), {})("NCCL error")
+    assert classify_error(_raised_in("/home/me/data.py", dist_error), comm) == ErrorKind.PEER_LOST
+    assert classify_error(_raised_in("/home/me/train.py", RetryableError("redo")), comm) == ErrorKind.RETRYABLE
+    assert classify_error(_raised_in("/home/me/data.py", TimeoutError("t"))) == ErrorKind.COLLECTIVE_TIMEOUT
+
+
 def test_preimport_imports_the_listed_modules_and_skips_missing_ones(monkeypatch):
     monkeypatch.setenv(Var.TASKD_PREIMPORT, "json, no_such_module_here ,colorsys")
     assert preimport() == ["json", "colorsys"]

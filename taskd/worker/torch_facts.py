@@ -1,0 +1,56 @@
+"""What a live PyTorch job can hand over, and where torch raises a collective's errors from.
+
+Apart from `taskd.worker.torch`'s group mechanics: these are facts about torch (its DDP arguments, its
+package layout, which modules shard their state), each checked once.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+_TORCH = os.path.dirname(torch.__file__)
+COMM_DIRS = tuple(os.path.join(_TORCH, sub) for sub in ("distributed", os.path.join("nn", "parallel"), "autograd",
+                                                          "_tensor.py"))
+"""Where torch's collectives (and DDP's, run by backward) raise from: an error raised through none of them is the
+script's own (taskd.worker.live.classify_error). Not the DataLoader's, which re-raises its workers' errors."""
+
+_DDP_ARGS = inspect.signature(DistributedDataParallel.__init__).parameters
+HAS_INIT_SYNC = "init_sync" in _DDP_ARGS
+_HAS_BUCKET_LIST = "bucket_cap_mb_list" in _DDP_ARGS
+
+
+def stable_ddp_kwargs() -> dict[str, Any]:
+    """DDP settings under which a rebuilt wrapper reduces gradients exactly as the long-lived one did.
+
+    DDP re-buckets its gradients after the first iteration (in the order they became ready), and
+    gloo's sum over ranks depends on an element's offset in its bucket: a fresh wrapper would
+    differ from a fault-free run in the last bits (3.6e-7 measured). One bucket per parameter
+    (``bucket_cap_mb_list`` of one byte, torch >= 2.13) makes every layout the same: one
+    allreduce per parameter tensor. Older torch gets ``find_unused_parameters=True``, under
+    which DDP never re-buckets (one autograd-graph walk per forward, and a warning from DDP).
+    """
+    if _HAS_BUCKET_LIST:
+        return {"bucket_cap_mb_list": [1.0 / (1 << 20)]}
+    return {"find_unused_parameters": True}
+
+
+def step_seed(seed: int, rank_: int, step: int) -> int:
+    """A per-(seed, rank, step) seed: a replacement reproduces the dead rank's random stream."""
+    return (seed * 1_000_003 + rank_ * 10_007 + step) % (2**63 - 1)
+
+
+def sharded_state(model: torch.nn.Module) -> str | None:
+    """Why `model`'s state cannot be handed over live (FSDP, FSDP2's fully_shard, DTensor shards), or None."""
+    for module in model.modules():
+        names = {cls.__name__ for cls in type(module).__mro__}
+        if names & {"FullyShardedDataParallel", "FSDPModule"}:
+            return f"{type(module).__name__} is sharded by FSDP"
+    for name, param in model.named_parameters():
+        if type(param).__name__ == "DTensor" or "FlatParameter" in {c.__name__ for c in type(param).__mro__}:
+            return f"parameter {name!r} is a shard ({type(param).__name__})"
+    return None

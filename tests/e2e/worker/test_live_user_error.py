@@ -1,0 +1,53 @@
+"""Issue 21 D1: an exception of the script's own inside `live.step()` (TimeoutError, ConnectionResetError) is a
+crash of that rank, replaced live at once; it made every rank pause 120 s for a rebuild nobody asked for."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+ROOT = Path(__file__).resolve().parents[3]
+SCRIPT = ROOT / "tests" / "torch_scripts" / "live_user_error.py"
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("kind", ["TimeoutError", "ConnectionResetError"])
+def test_the_scripts_own_timeout_or_reset_is_a_crash_of_its_rank_recovered_live(tmp_path: Path, kind: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("MINDX_SERVER_IP", "MINDX_TASK_ID")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "taskd.run", "--nproc-per-node", "3", str(SCRIPT), "30",
+                           str(tmp_path), kind], capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env)
+    took = time.monotonic() - started
+    console = proc.stdout + proc.stderr
+    assert proc.returncode == 0, console[-4000:]
+    assert f"{kind}: the script's own error" in console  # its traceback, on the console
+    assert "strategy: recover for rank(s) [1]" in console and "job-rescheduling" not in console, console[-4000:]
+    pids = {r: (tmp_path / f"rank{r}.pids").read_text().split() for r in range(3)}
+    assert len(pids[0]) == 1 and len(pids[2]) == 1, pids  # the survivors kept their processes
+    assert len(pids[1]) == 2, pids  # rank 1 was replaced once
+    assert took < 100, f"{took:.0f}s: the ranks paused for a rebuild (it took 132 s before)"
+
+
+@pytest.mark.torch
+def test_a_rank_that_dies_after_its_last_step_once_a_peer_finished_is_not_given_a_recover(tmp_path: Path) -> None:
+    """Issue 21 D3: a finished rank has left the group for good; `recover` made its replacement wait for it
+    until the rebuild timed out (150 s). The agent offers no recover then: every rank restarts."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MINDX_SERVER_IP", "MINDX_TASK_ID")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "taskd.run", "--nproc-per-node", "2", str(SCRIPT), "10",
+                           str(tmp_path), "abort-after-end"], capture_output=True, text=True, timeout=240,
+                          cwd=tmp_path, env=env)
+    took = time.monotonic() - started
+    console = proc.stdout + proc.stderr
+    assert proc.returncode == 0, console[-4000:]
+    assert "already finished and cannot rejoin a rebuilt group: recover not offered" in console, console[-4000:]
+    assert "strategy: job-rescheduling" in console and "strategy: recover" not in console, console[-4000:]
+    assert took < 100, f"{took:.0f}s: a replacement waited for a rank that had finished (150 s before)"

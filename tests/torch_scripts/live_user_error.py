@@ -1,0 +1,52 @@
+"""A LiveGroup job whose rank 1 raises an exception of its own (not a collective's) once, at step 5.
+
+argv: STEPS OUT EXC, with EXC one of TimeoutError, ConnectionResetError, ValueError; or abort-after-end:
+rank 1 aborts (once) after its last step, once rank 0 has finished (torch's gloo teardown abort, issue
+21 D3). Each rank writes OUT/rank<R>.pids (its pid at every start) and rank 0 OUT/final.pt.
+"""
+
+import os
+import sys
+import time
+
+import torch
+from torch import nn
+
+from taskd.worker.torch import LiveGroup
+
+steps, out, kind = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+live = LiveGroup(backend="gloo", timeout=60)
+with open(os.path.join(out, f"rank{live.rank}.pids"), "a") as fh:
+    fh.write(f"{os.getpid()}\n")
+torch.manual_seed(0)
+model = nn.Linear(8, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+ddp = live.ddp(model)
+live.track(model=model, optimizer=optimizer, seed=0)
+marker = os.path.join(out, "raised")
+for step in live.steps(0, steps):
+    with live.step():
+        g = torch.Generator().manual_seed(step * 10 + live.rank)
+        x = torch.randn(4, 8, generator=g)
+        if live.rank == 1 and step == 5 and kind != "abort-after-end" and not os.path.exists(marker):
+            open(marker, "w").close()
+            raise {"TimeoutError": TimeoutError, "ConnectionResetError": ConnectionResetError,
+                   "ValueError": ValueError}[kind]("the script's own error (a remote read, say)")
+        optimizer.zero_grad()
+        ddp(x).sum().backward()
+        optimizer.step()
+if live.rank == 0:
+    torch.save(model.state_dict(), os.path.join(out, "final.pt"))
+live.close()
+if kind == "abort-after-end":
+    done = os.path.join(out, "rank0.done")
+    if live.rank == 0:
+        open(done, "w").close()
+    elif not os.path.exists(marker):
+        open(marker, "w").close()
+        for _ in range(600):  # rank 0 has exited (its agent saw it finish) before this rank dies
+            if os.path.exists(done):
+                break
+            time.sleep(0.05)
+        time.sleep(0.5)
+        os.abort()
