@@ -47,6 +47,16 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                              "(`taskd run --node-rank R`, a restarted pod, or a `taskd run --standby` agent) before "
                              f"the job fails (default {d.node_rejoin_timeout:g}: a pod rescheduled with its image "
                              "pulled)")
+    parser.add_argument("--agent-ping-interval", type=float, default=d.agent_ping_interval, metavar="SECONDS",
+                        help="PING an agent's connection after this long without a word on it (default "
+                             f"{d.agent_ping_interval:g})")
+    parser.add_argument("--agent-ping-timeout", type=float, default=d.agent_ping_timeout, metavar="SECONDS",
+                        help="a PING unanswered this long closes the agent's connection, so its stream ends: how a "
+                             "SIGSTOPped or cut-off agent is found, within interval + timeout + --agent-loss-grace "
+                             f"(default {d.agent_ping_timeout:g}; a busy agent still answers)")
+    parser.add_argument("--max-standbys", type=int, default=d.max_standbys, metavar="N",
+                        help=f"standby agents (`taskd run --standby`) one job may have waiting (default "
+                             f"{d.max_standbys}); one more is refused")
     parser.add_argument("--join-timeout", type=float, default=d.join_timeout, metavar="SECONDS",
                         help="a job whose nodes have not all registered this long after its first agent did fails "
                              "(naming the missing nodes) and the agents that joined are told to exit; torchrun's "

@@ -100,7 +100,8 @@ FLAGS = {
     "recover_timeout": "--recover-timeout", "resume_timeout": "--resume-timeout", "settle_window": "--settle-window",
     "default_max_restarts": "--max-restarts", "agent_loss_timeout": "--agent-loss-timeout",
     "agent_loss_grace": "--agent-loss-grace", "node_rejoin_timeout": "--node-rejoin-timeout",
-    "join_timeout": "--join-timeout", "max_jobs": "--max-jobs",
+    "join_timeout": "--join-timeout", "max_jobs": "--max-jobs", "max_standbys": "--max-standbys",
+    "agent_ping_interval": "--agent-ping-interval", "agent_ping_timeout": "--agent-ping-timeout",
     "finished_job_retention": "--finished-job-retention",
     "unregistered_job_timeout": "--unregistered-job-timeout", "token_file": f"--token-file or {TOKEN_ENV}",
     "tls_cert": "--tls-cert", "tls_key": "--tls-key", "tls_client_ca": "--tls-client-ca", "insecure": "--insecure",
@@ -129,6 +130,13 @@ class ControllerConfig(MachineConfig):
     listen: str = f"127.0.0.1:{DEFAULT_PORT}"
     state_path: str | None = None  # None = default_state_path(); ":memory:" keeps nothing
     keepalive_interval: float = 5.0
+    # HTTP/2 PINGs the server sends on a connection it has heard nothing on for `agent_ping_interval`; one not
+    # answered within `agent_ping_timeout` closes the connection, which ends its signal streams (then
+    # --agent-loss-grace). What finds a SIGSTOPped or partitioned agent: its kernel still ACKs TCP, but its
+    # gRPC cannot answer a PING. A busy agent answers (gRPC's own threads, not Python's, answer PINGs).
+    # Bound: interval + timeout + grace after the agent's last word (docs/controller.md, "A lost node").
+    agent_ping_interval: float = 5.0
+    agent_ping_timeout: float = 10.0
     max_jobs: int = 10000
     # a finished (SUCCEEDED/FAILED) job with no agent streaming or calling for this long is forgotten,
     # in memory and in the state file; a full table evicts the longest idle finished job early
@@ -192,7 +200,7 @@ class ControllerConfig(MachineConfig):
             host = ""
         for name in ("keepalive_interval", "stop_timeout", "strategy_timeout", "recover_timeout", "resume_timeout",
                      "agent_loss_timeout", "agent_loss_grace", "node_rejoin_timeout", "join_timeout", "grace",
-                     "idle_timeout", "handshake_timeout",
+                     "idle_timeout", "handshake_timeout", "agent_ping_interval", "agent_ping_timeout",
                      "unregistered_job_timeout"):
             if not _number(getattr(self, name)) or getattr(self, name) <= 0:
                 bad(name, f" must be > 0, got {getattr(self, name)!r}")
@@ -203,7 +211,7 @@ class ControllerConfig(MachineConfig):
                      "max_unrequested_seconds"):
             if not _int(getattr(self, name)) or getattr(self, name) <= 0:
                 bad(name, f" must be an integer > 0, got {getattr(self, name)!r}")
-        for name in ("default_max_restarts", "max_connections_per_peer", "max_streams_per_peer",
+        for name in ("default_max_restarts", "max_standbys", "max_connections_per_peer", "max_streams_per_peer",
                      "call_burst_per_peer"):
             if not _int(getattr(self, name)) or getattr(self, name) < 0:
                 bad(name, f" must be an integer >= 0, got {getattr(self, name)!r}")
@@ -280,9 +288,13 @@ class ControllerConfig(MachineConfig):
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", 1000),
             ("grpc.http2.max_ping_strikes", 0),
-            # and find dead agents' connections ourselves
-            ("grpc.keepalive_time_ms", 20000),
-            ("grpc.keepalive_timeout_ms", 10000),
+            # and find dead or stopped agents' connections ourselves: a PING after `agent_ping_interval` of
+            # silence (a live client's own 3 s pings count as activity, so it is rarely sent), unanswered for
+            # `agent_ping_timeout` -> the connection closes. grpcio 1.85 times a PING out by
+            # http2.ping_timeout_ms (default 60 s), not by keepalive_timeout_ms alone: both are set (measured)
+            ("grpc.keepalive_time_ms", _ms(self.agent_ping_interval)),
+            ("grpc.keepalive_timeout_ms", _ms(self.agent_ping_timeout)),
+            ("grpc.http2.ping_timeout_ms", _ms(self.agent_ping_timeout)),
             ("grpc.so_reuseport", 0),
             # a connection that never finishes its handshake, or that carries no call for long, is closed
             # (a client's channel reconnects by itself on its next call); no max_connection_age: it would
@@ -294,6 +306,10 @@ class ControllerConfig(MachineConfig):
         if max_connections is not None:
             opts.append(("grpc.max_allowed_incoming_connections", max_connections))
         return [*opts, *self.extra_options]
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(round(seconds * 1000)))
 
 
 def _number(value: object) -> bool:

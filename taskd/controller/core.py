@@ -30,6 +30,7 @@ import sqlite3
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from taskd.controller.checkpoint import Checkpoint
@@ -193,6 +194,9 @@ class ControllerCore:
             self.hub.flush(m.job_id)  # keep the order: what the job broadcast before goes first
             for sig in out.direct:
                 reply_to.offer(to_wire(m.job_id, sig))
+        for key, sig in out.to_standbys:  # a standby's own: taskd.assignNode, its exit, or its stream closed
+            if not self.hub.to_standby(m.job_id, key, None if sig is None else to_wire(m.job_id, sig)) and sig:
+                log.info("job %s: standby %s:%d has no stream open for its %s", m.job_id, *key, sig.signal_type)
         self._schedule(m)
 
     def _undo(self, m: JobMachine, saved: Checkpoint) -> None:
@@ -212,6 +216,8 @@ class ControllerCore:
                     m.agents.set_online(a, True)
                     m.agents.set_subscribed(a, True)
                     m.agents.set_gone(a, None)  # its stream is open here
+            m.standbys = {k: replace(s, subscribed=True, gone_since=None) if self.hub.has_standby(job_id, k) else s
+                          for k, s in m.standbys.items()}
             self.jobs[job_id] = m
             self._soft.pop(job_id, None)
             try:
@@ -277,7 +283,7 @@ class ControllerCore:
         self._finished.pop(m.job_id, None)
         if m.state in TERMINAL:
             self._finished[m.job_id] = when
-        if len(m.agents):
+        if len(m.agents) or m.standbys:  # a job its standbys wait on is not agentless
             self._agentless.pop(m.job_id, None)
         else:
             self._agentless.setdefault(m.job_id, when)
@@ -457,6 +463,11 @@ class ControllerCore:
                                   registeredAt=wall(a.registered_at), lastSeen=wall(a.last_seen), finished=a.finished,
                                   exitCode=a.exit_code)
             for a in sorted(m.agents.values(), key=lambda a: a.node_rank)
+        ] + [
+            taskd_pb2.AgentRecord(role=s.role, host=s.host, pid=s.pid, standby=True,
+                                  subscribed=self.hub.has_standby(m.job_id, key), registeredAt=wall(s.since),
+                                  lastSeen=wall(s.since))
+            for key, s in sorted(m.standbys.items(), key=lambda item: item[1].since)
         ]
         losses: dict[int, list[taskd_pb2.NodeLossRecord]] = {}
         for x in self.store.node_losses(m.job_id):

@@ -22,6 +22,7 @@ class JobInit:
     node_rank: int = 0
     host: str = ""
     pid: int = 0
+    standby: bool = False  # a standby's Init: joins (or creates) the job, never resets it
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,20 @@ class AgentConnected:
 @dataclass(frozen=True)
 class AgentDisconnected:
     node_rank: int = 0
+
+
+@dataclass(frozen=True)
+class StandbyConnected:
+    """A standby agent opened its signal stream (standbys have no node rank: they are known by host and pid)."""
+
+    host: str = ""
+    pid: int = 0
+
+
+@dataclass(frozen=True)
+class StandbyDisconnected:
+    host: str = ""
+    pid: int = 0
 
 
 @dataclass(frozen=True)
@@ -125,15 +140,16 @@ class JoinDue:
 Event = (
     JobInit | AgentRegistered | AgentConnected | AgentDisconnected | FaultReported | StopComplete
     | StrategiesReported | RecoverStatusReported | AgentFinished | Tick | AgentLossDue | JoinDue | StreamEndedDue
-    | RejoinDue
+    | RejoinDue | StandbyConnected | StandbyDisconnected
 )
 
 EVENT_TYPES: tuple[type, ...] = (
     JobInit, AgentRegistered, AgentConnected, AgentDisconnected, FaultReported, StopComplete, StrategiesReported,
-    RecoverStatusReported, AgentFinished, Tick, AgentLossDue, JoinDue, StreamEndedDue, RejoinDue,
+    RecoverStatusReported, AgentFinished, Tick, AgentLossDue, JoinDue, StreamEndedDue, RejoinDue, StandbyConnected,
+    StandbyDisconnected,
 )
 
-FIRE_AND_FORGET = (Tick, AgentLossDue, JoinDue, StreamEndedDue, RejoinDue, AgentDisconnected)
+FIRE_AND_FORGET = (Tick, AgentLossDue, JoinDue, StreamEndedDue, RejoinDue, AgentDisconnected, StandbyDisconnected)
 """Events nobody waits an answer for: when no rule takes them they are dropped, not answered 401."""
 
 NEEDS_REGISTERED = frozenset({
@@ -180,5 +196,7 @@ class Outcome:
     info: str = ""
     signals: list[Signal] = field(default_factory=list)  # to every agent of the job
     direct: list[Signal] = field(default_factory=list)  # only to the agent that caused the event
+    # to one standby's stream, by (host, pid); None closes that stream (the standby became a node)
+    to_standbys: list[tuple[tuple[str, int], Signal | None]] = field(default_factory=list)
     records: list[Record] = field(default_factory=list)
     agents_changed: set[int] = field(default_factory=set)

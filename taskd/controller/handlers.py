@@ -8,8 +8,9 @@ something that is not a duplicate.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
-from taskd.controller import node_loss
+from taskd.controller import node_loss, standby
 from taskd.controller.agents import AgentInfo
 from taskd.controller.events import (
     AgentConnected,
@@ -45,7 +46,7 @@ def on_init(m: Job, ev: JobInit, now: float, out: Outcome) -> Result:
     learns from its subscription that the job failed (killMaster); one that finished, re-Initing as its
     client closes (1 ms after its own finish report), must not reset the finished job to RUNNING."""
     callers = m.agents.at(ev.host, ev.pid) if ev.pid != 0 else []
-    known = bool(callers)
+    known = bool(callers) or ev.standby  # a standby never resets a job: it waits for the job's own run
     online = m.agents.online_count > 0
     if (m.state in TERMINAL and not known) or (not online and not known):
         reason = f"job was {m.state.value}" if m.state in TERMINAL else "no agent of the job is connected"
@@ -63,6 +64,8 @@ def on_init(m: Job, ev: JobInit, now: float, out: Outcome) -> Result:
 
 
 def on_register(m: Job, ev: AgentRegistered, now: float, out: Outcome) -> Result:
+    if ev.standby:
+        return standby.on_register(m, ev, now, out)
     if ev.node_rank >= m.node_count:
         out.code = Code.INVALID_PARAMS
         out.info = f"nodeRank {ev.node_rank} out of range: job {m.job_id} has nodeCount {m.node_count}"
@@ -78,8 +81,9 @@ def on_register(m: Job, ev: AgentRegistered, now: float, out: Outcome) -> Result
         table.add(a)
         if m.first_registered_at is None:
             m.first_registered_at = now  # the join timeout counts from here
-    elif ev.node_rank in m.rejoining and m.state in LIVE:
-        node_loss.replace_holder(m, a, ev, now, out)
+    elif ev.node_rank in m.rejoining and m.state in LIVE and (a.host, a.pid) != (ev.host, ev.pid):
+        was_standby = standby.take(m, ev, out) is not None  # the node it was assigned: the hand-over
+        node_loss.replace_holder(m, a, replace(ev, standby=ev.standby or was_standby), now, out)
     a.role, a.ranks_per_node, a.last_seen = ev.role, ev.ranks_per_node, now
     table.set_identity(a, ev.host, ev.pid)
     table.set_online(a, True)

@@ -64,11 +64,12 @@ class Subscriber:
     Lighter than an asyncio.Queue (10,000 of them live at once): the buffer is allocated on the first
     signal, and at most one future exists, while the stream's handler waits."""
 
-    __slots__ = ("job_id", "node_rank", "maxsize", "closed_reason", "_buf", "_waiter", "_last_supersedable")
+    __slots__ = ("job_id", "node_rank", "standby", "maxsize", "closed_reason", "_buf", "_waiter", "_last_supersedable")
 
-    def __init__(self, job_id: str, node_rank: int, maxsize: int) -> None:
+    def __init__(self, job_id: str, node_rank: int, maxsize: int, standby: tuple[str, int] | None = None) -> None:
         self.job_id = job_id
         self.node_rank = node_rank
+        self.standby = standby  # a standby agent's stream: its (host, pid); it gets no broadcast
         self.maxsize = maxsize
         self.closed_reason = ""
         self._buf: deque[bytes | None] | None = None
@@ -142,6 +143,7 @@ class SignalHub:
     def __init__(self, queue_size: int = 1024) -> None:
         self.queue_size = queue_size
         self._subs: dict[str, dict[int, Subscriber]] = {}
+        self._standbys: dict[str, dict[tuple[str, int], Subscriber]] = {}  # standby streams: keep-alives and their own
         self.serialised = 0  # signals serialised by broadcasts and keep-alives (once each, not per stream)
         self._posted: dict[str, list[Signal]] = {}  # held until the end of the event-loop turn
         self._post_handle: asyncio.Handle | None = None
@@ -192,8 +194,40 @@ class SignalHub:
         subs[node_rank] = sub
         return sub
 
+    def subscribe_standby(self, job_id: str, key: tuple[str, int]) -> Subscriber:
+        """A standby's stream (by host and pid): keep-alives and the signals addressed to it, no broadcast."""
+        sub = Subscriber(job_id, -1, self.queue_size, standby=key)
+        subs = self._standbys.setdefault(job_id, {})
+        old = subs.get(key)
+        if old is not None:
+            old.close("replaced by a newer stream of the same standby")
+        subs[key] = sub
+        return sub
+
+    def to_standby(self, job_id: str, key: tuple[str, int], data: bytes | None) -> bool:
+        """Queue `data` on a standby's stream (None: close it); False when it has none open."""
+        sub = self._standbys.get(job_id, {}).get(key)
+        if sub is None:
+            return False
+        if data is None:
+            sub.close("the standby became a node of the job")
+        else:
+            sub.offer(data)
+        return True
+
+    def has_standby(self, job_id: str, key: tuple[str, int]) -> bool:
+        return key in self._standbys.get(job_id, {})
+
     def unsubscribe(self, sub: Subscriber) -> bool:
         """Forget `sub`; True if it was still the agent's current stream."""
+        if sub.standby is not None:
+            standbys = self._standbys.get(sub.job_id, {})
+            if standbys.get(sub.standby) is not sub:
+                return False
+            del standbys[sub.standby]
+            if not standbys:
+                self._standbys.pop(sub.job_id, None)
+            return True
         subs = self._subs.get(sub.job_id, {})
         if subs.get(sub.node_rank) is sub:
             del subs[sub.node_rank]
@@ -227,15 +261,15 @@ class SignalHub:
 
     def close_all(self, reason: str) -> None:
         self.flush()
-        for subs in list(self._subs.values()):
+        for subs in [*self._subs.values(), *self._standbys.values()]:
             for sub in list(subs.values()):
                 sub.close(reason)
 
     def keepalive_once(self) -> None:
-        for job_id, subs in list(self._subs.items()):
+        for job_id in {*self._subs, *self._standbys}:
             data = keepalive_wire(job_id)
             self.serialised += 1
-            for sub in list(subs.values()):
+            for sub in [*self._subs.get(job_id, {}).values(), *self._standbys.get(job_id, {}).values()]:
                 sub.offer(data, droppable=True)
 
     async def run_keepalive(self, interval: float) -> None:

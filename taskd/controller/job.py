@@ -64,6 +64,8 @@ class Job:
         self.rejoining: dict[int, float] = {}
         # identities declared lost, by (node rank, host, pid): whatever they send is refused (411)
         self.fences: dict[tuple[int, str, int], Fence] = {}
+        # standby agents by (host, pid) (taskd.controller.standby); kept across a reset: they wait on the job id
+        self.standbys: dict[tuple[str, int], Any] = {}
         self.apply_init(init or JobInit())
 
     # ------------------------------------------------------------------ queries

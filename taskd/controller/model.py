@@ -69,6 +69,8 @@ class MachineConfig:
     # a job with no agent this long after its Init (no Register followed, or all forgotten by a reset) is
     # dropped, from memory and the state file (the controller's core applies it, not the machine)
     unregistered_job_timeout: float = 300.0
+    # standby agents (`taskd run --standby`) one job may have waiting at once; one more is refused 409
+    max_standbys: int = 64
 
 
 def loss_clock(config: MachineConfig, reason: str) -> float:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from taskd.controller import standby
 from taskd.controller.agents import AgentInfo
 from taskd.controller.events import AgentConnected, AgentRegistered, Event, Outcome, RejoinDue
 from taskd.controller.job import Job
@@ -73,6 +74,7 @@ def on_agent_lost(m: Job, ev: Event, now: float, out: Outcome) -> JobState:
         who = f"agent of node {nodes[0]}" if len(nodes) == 1 else f"agents of nodes {_nodes(nodes)}"
         return m.fail(f"{who} lost for {seconds:.0f}s: {why}", now, out,
                       notify=any(not a.finished for n, a in m.agents.items() if n not in lost))
+    standby.assign_waiting(m, now, out)  # the longest-waiting standby takes each lost node
     if m.state == S.RUNNING:
         state = m.open_round(faults, now, out, lost={n: now for n in nodes})
         _record_losses(m, lost, out)

@@ -13,6 +13,7 @@ import grpc
 
 from taskd.controller import validation as v
 from taskd.controller.core import ControllerCore
+from taskd.controller.events import StandbyConnected, StandbyDisconnected
 from taskd.controller.hub import keepalive_wire
 from taskd.controller.state_machine import (
     AgentConnected,
@@ -75,6 +76,7 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
             node_count=request.nodeCount, ranks_per_node=request.ranksPerNode,
             max_restarts=request.maxRestarts if request.HasField("maxRestarts") else None,
             strategies=v.unique(request.strategies), node_rank=request.nodeRank, host=request.host, pid=request.pid,
+            standby=request.standby,
         )
         return _answer(self.core.init_job(request.jobId, ev), "Init", request.jobId)
 
@@ -82,7 +84,7 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
         if why := self._check_client(request):
             return _invalid(why)
         ev = AgentRegistered(node_rank=request.nodeRank, role=request.role, host=request.host, pid=request.pid,
-                             ranks_per_node=request.ranksPerNode)
+                             ranks_per_node=request.ranksPerNode, standby=request.standby)
         return _answer(self.core.dispatch(request.jobId, ev), "Register", request.jobId)
 
     async def HealthCheck(self, request: recover_pb2.ClientInfo, context: grpc.aio.ServicerContext) -> Status:
@@ -91,6 +93,8 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
         job = self.core.jobs.get(request.jobId)
         if job is None:
             return Status(code=Code.NOT_REGISTERED, info=f"job {request.jobId} does not exist")
+        if request.standby and (request.host, request.pid) in job.standbys:
+            return Status(code=Code.OK, info=job.state.value)
         if request.nodeRank not in job.agents:
             return Status(code=Code.NOT_REGISTERED,
                           info=f"node {request.nodeRank} of job {request.jobId} is not registered")
@@ -108,6 +112,10 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
         job = self.core.jobs.get(job_id)
         if job is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"{Code.JOB_NOT_EXIST}: job {job_id} does not exist")
+        if request.standby:
+            async for msg in self._standby_stream(job_id, request, context):
+                yield msg
+            return
         if node not in job.agents:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 f"{Code.NOT_REGISTERED}: node {node} of job {job_id} is not registered")
@@ -136,6 +144,33 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
                     self.core.dispatch(job_id, AgentDisconnected(node_rank=node))
                 except Exception:  # e.g. the store already closed during shutdown
                     log.debug("could not record the end of job %s node %d's stream", job_id, node, exc_info=True)
+
+    async def _standby_stream(self, job_id: str, request: recover_pb2.ClientInfo,
+                              context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        """A standby's stream: keep-alives and what is addressed to it (taskd.assignNode, its exit); it ends
+        when the standby becomes a node (its client subscribes again as that node) or goes away (forgotten)."""
+        key = (request.host, request.pid)
+        job = self.core.jobs[job_id]
+        if key not in job.standbys:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"{Code.NOT_REGISTERED}: no standby {request.host[:64]}:{request.pid} in job {job_id} "
+                                "(Register with standby first)")
+        job_id = job.job_id
+        sub = self.core.hub.subscribe_standby(job_id, key)
+        sub.offer(keepalive_wire(job_id), droppable=True)
+        try:
+            self.core.dispatch(job_id, StandbyConnected(host=request.host, pid=request.pid), reply_to=sub)
+            while True:
+                msg = await sub.get()
+                if msg is None:
+                    return
+                yield msg
+        finally:
+            if self.core.hub.unsubscribe(sub) and not self.core.closing:
+                try:
+                    self.core.dispatch(job_id, StandbyDisconnected(host=request.host, pid=request.pid))
+                except Exception:  # e.g. the store already closed during shutdown
+                    log.debug("could not record the end of job %s standby %s's stream", job_id, key, exc_info=True)
 
     async def ReportStopComplete(self, request: recover_pb2.StopCompleteRequest,
                                  context: grpc.aio.ServicerContext) -> Status:

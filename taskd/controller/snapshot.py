@@ -16,6 +16,7 @@ from taskd.controller.clock import identity
 from taskd.controller.events import Outcome, Record
 from taskd.controller.job import Job
 from taskd.controller.model import ROUND_STATES, TERMINAL, Fence, JobState, Round, fmt_faults, loss_clock
+from taskd.controller.standby import Standby
 
 Times = Callable[[float], float]
 
@@ -49,6 +50,7 @@ def snapshot(m: Job, to_wall: Times = identity) -> dict[str, Any]:
         "rejoining": {str(n): to_wall(t) for n, t in m.rejoining.items()},
         "fences": [[f.node_rank, f.host, f.pid, to_wall(f.lost_at), f.by_host, f.by_pid,
                     _opt(to_wall, f.replaced_at), f.standby] for f in m.fences.values()],
+        "standbys": [[s.host, s.pid, to_wall(s.since), s.assigned, s.role] for s in m.standbys.values()],
         "round": None if r is None else {
             "number": r.number,
             "started_at": to_wall(r.started_at),
@@ -87,6 +89,8 @@ def restore_into(m: Job, snap: Mapping[str, Any], agents: Iterable[AgentInfo], n
     for n, host, pid, lost_at, by_host, by_pid, replaced_at, standby in snap.get("fences", []):
         m.fences[(n, host, pid)] = Fence(n, host, pid, from_wall(lost_at), by_host, by_pid,
                                          _opt(from_wall, replaced_at), standby)
+    for host, pid, since, assigned, role in snap.get("standbys", []):  # back without a stream, as every agent
+        m.standbys[(host, pid)] = Standby(host, pid, from_wall(since), gone_since=now, assigned=assigned, role=role)
     for given in agents:
         a = given.copy()  # the caller's objects stay theirs (and their job's counts right)
         a.registered_at = from_wall(a.registered_at) if a.registered_at else 0.0

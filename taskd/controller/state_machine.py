@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from taskd.controller import snapshot as _snapshot
+from taskd.controller import standby as _standby
 from taskd.controller.agents import AgentInfo, AgentTable
 from taskd.controller.events import (
     FIRE_AND_FORGET,
@@ -89,6 +90,8 @@ class JobMachine(Job):
         self.state = target
         if target in TERMINAL:
             self.deadline = None
+            if source not in TERMINAL:
+                _standby.release_all(self, out)  # the job ended: its standbys were not needed
         if out.records or out.signals or out.agents_changed:
             self.updated_at = now
         return out

@@ -118,6 +118,9 @@ def render_text(job_list: taskd_pb2.JobList, events: int = 20) -> str:
                          "yes" if a.subscribed else "no", _ts(a.lastSeen), finished])
         out += ["    " + line for line in _table(["node", "host", "pid", "ranks", "subscribed", "last seen",
                                                     "finished"], rows)] if rows else ["    (none registered)"]
+        spares = [f"{a.host}:{a.pid} waiting since {_ts(a.registeredAt)}" for a in job.agents if a.standby]
+        if spares:
+            out.append(f"  standbys: {', '.join(spares)}")
         # A rerun under the same job id resets the job (its budget, its agents) but keeps its history: the
         # rounds of earlier runs are not this run's, next to this run's "restarts 0/3".
         reset_at = max((e.time for e in job.events if e.kind == "job_reset"), default=None)

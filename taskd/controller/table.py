@@ -19,6 +19,7 @@ from typing import Any
 from taskd import rule_table
 from taskd.controller import handlers as h
 from taskd.controller import node_loss as nl
+from taskd.controller import standby as sb
 from taskd.controller.events import (
     EVENT_TYPES,
     AgentConnected,
@@ -32,6 +33,8 @@ from taskd.controller.events import (
     Outcome,
     RecoverStatusReported,
     RejoinDue,
+    StandbyConnected,
+    StandbyDisconnected,
     StopComplete,
     StrategiesReported,
     StreamEndedDue,
@@ -81,6 +84,11 @@ RULES: tuple[Rule, ...] = (
     Rule(LIVE, AgentDisconnected, _targets(UNCHANGED), h.on_disconnected_live,
          "starts its loss clock unless it finished"),
     Rule(TERMINAL, AgentDisconnected, _targets(UNCHANGED), h.on_disconnected, "recorded; the job is over"),
+    # standby agents (no node rank; taskd.controller.standby)
+    Rule(ANY, StandbyConnected, _targets(UNCHANGED), sb.on_connected,
+         "waits; takes an awaited node at once (`taskd.assignNode`); `changeStrategy exit` if the job ended"),
+    Rule(ANY, StandbyDisconnected, _targets(UNCHANGED), sb.on_disconnected,
+         "forgotten (no loss round); the node it was assigned goes to the next standby"),
     Rule(ANY, AgentFinished, _targets(S.SUCCEEDED, S.FAILED, UNCHANGED), h.on_finished,
          "SUCCEEDED when every node finished 0, FAILED on a non-zero exit"),
     # an agent lost (silent past the loss timeout, or its stream ended past the grace) opens a node-loss round

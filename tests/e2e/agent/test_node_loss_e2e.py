@@ -26,7 +26,8 @@ from test_run_e2e import EXAMPLE, ROOT
 
 STEPS = 150
 GRACE = "1"  # --agent-loss-grace: the controller declares a node lost this long after its stream ended
-LOSS_TIMEOUT = "4"  # --agent-loss-timeout: ... or after this long without a word from it (a SIGSTOPped node)
+LOSS_TIMEOUT = "4"  # --agent-loss-timeout: ... or after this long without a stream (registered, never subscribed)
+PING = "1"  # --agent-ping-interval and --agent-ping-timeout: a SIGSTOPped node's connection closes within ~2 s
 JOB_RESCHEDULING = ("--strategies", "job-rescheduling,exit")
 
 
@@ -93,6 +94,7 @@ def server(tmp_path: Path) -> Iterator[str]:
     address = f"127.0.0.1:{port}"
     proc = subprocess.Popen([sys.executable, "-m", "taskd", "server", "--listen", address, "--state", ":memory:",
                              "--agent-loss-grace", GRACE, "--agent-loss-timeout", LOSS_TIMEOUT,
+                             "--agent-ping-interval", PING, "--agent-ping-timeout", PING,
                              "--node-rejoin-timeout", "60"],
                             stdout=(tmp_path / "server.log").open("wb"), stderr=subprocess.STDOUT, cwd=ROOT)
     try:
@@ -164,8 +166,6 @@ def test_a_replacement_for_a_sigkilled_node_joins_by_job_rescheduling(tmp_path: 
         kill_all(list(procs.values()))
 
 
-@pytest.mark.skip(reason="issue 17 open: the controller does not register standbys or send taskd.assignNode yet "
-                          "(the agent's side is built)")
 def test_a_standby_started_with_the_job_takes_over_a_lost_node(tmp_path: Path, server: str,
                                                                fault_free: list[np.ndarray]) -> None:
     procs = {f"node{r}": node([*job_args(server, "standby", r), *example(tmp_path)], tmp_path / f"node{r}.log")
@@ -189,9 +189,6 @@ def test_a_standby_started_with_the_job_takes_over_a_lost_node(tmp_path: Path, s
         kill_all(list(procs.values()))
 
 
-@pytest.mark.skip(reason="issue 17 open: the controller does not register standbys yet, so a standby's end-of-job "
-                          "wait depends on a job record it is not part of (passed against h3's earlier tree, "
-                          "timed out in the final full run)")
 def test_a_standby_never_needed_exits_0_when_the_job_ends(tmp_path: Path, server: str) -> None:
     procs = {f"node{r}": node([*job_args(server, "spare", r), *example(tmp_path, steps=20)], tmp_path / f"node{r}.log")
              for r in range(2)}
@@ -207,9 +204,6 @@ def test_a_standby_never_needed_exits_0_when_the_job_ends(tmp_path: Path, server
         kill_all(list(procs.values()))
 
 
-@pytest.mark.skip(reason="issue 17 open: a SIGSTOPped agent keeps its TCP stream open, so the controller never "
-                          "declares it lost (needs server-side keepalive pings); the fencing path behind it is "
-                          "tested in tests/e2e/controller/test_controller_node_loss.py")
 def test_a_sigstopped_node_that_comes_back_is_fenced(tmp_path: Path, server: str,
                                                      fault_free: list[np.ndarray]) -> None:
     procs = {f"node{r}": node([*job_args(server, "fence", r), *example(tmp_path)], tmp_path / f"node{r}.log")
@@ -221,7 +215,10 @@ def test_a_sigstopped_node_that_comes_back_is_fenced(tmp_path: Path, server: str
         old_ranks = set(ranks_of(old.pid).values())
         assert len(old_ranks) == 2
         signal_node(frozen, signal.SIGSTOP)
-        wait_for(lambda: events(server, "fence", "node_lost"), 40, "the controller to declare node 1 lost")
+        stopped = time.monotonic()
+        # its connection answers no PING: closed within ping interval + timeout, then the loss grace
+        wait_for(lambda: events(server, "fence", "node_lost"), 20, "the controller to declare node 1 lost")
+        print(f"SIGSTOPped node declared lost after {time.monotonic() - stopped:.1f}s")
         procs["replacement"] = node([*job_args(server, "fence", 1), *example(tmp_path)],
                                     tmp_path / "replacement.log")
         wait_for(lambda: len(ranks_of(procs["replacement"].pid)) == 2, 60, "the replacement's ranks")
