@@ -186,6 +186,7 @@ class ControllerLink:
         self.rejoining_at_register: frozenset[int] | None = None  # JobRecord.rejoining as this agent registered
         self.lost_ago: float | None = None  # seconds since the controller declared this node lost (a replacement)
         self.outbox = Outbox(lambda: self._mgr, wake_unless_closed)
+        self.refusal: str | None = None  # why connect() failed: the controller's refusal, "" when none answered
         self._settled_faults: list[Settled] = []
 
     @property
@@ -226,7 +227,8 @@ class ControllerLink:
                 forget_credential_vars(os.environ)
         mgr = RecoverClient(info, address, init_timeout=max(1.0, cfg.controller_timeout),
                             channel_options=options, credentials=credentials)
-        if not self._register(mgr, info, address):
+        self.refusal = self._register(mgr, info, address)
+        if self.refusal is not None:
             mgr.stop()
             return False
         self._mgr = mgr
@@ -282,10 +284,11 @@ class ControllerLink:
         self.fencing.probe(self._mgr, self.connected, now, time.time() - last if last else 0.0)
 
     @staticmethod
-    def _register(mgr: RecoverClient, info: recover_pb2.ClientInfo, address: str) -> bool:
+    def _register(mgr: RecoverClient, info: recover_pb2.ClientInfo, address: str) -> str | None:
+        """None once registered; else why not: the controller's refusal, or "" when none answered."""
         try:
             if not mgr.init_clusterd():
-                return False
+                return ""
             status = mgr.register(info)
             deadline = time.monotonic() + HELD_WAIT
             if status.code == Code.INVALID_PARAMS and HELD in status.info:
@@ -296,14 +299,15 @@ class ControllerLink:
                 status = mgr.register(info)
             if status.code != Code.OK:
                 log.warning("controller %s refused registration: %d %s", address, status.code, status.info)
-            return status.code == Code.OK
+                return f"{status.code} {status.info}"
+            return None
         except AuthenticationError as exc:  # retrying cannot help: the user must fix the token
             raise ConfigurationError(str(exc)) from None
         except ConfigurationError:
             raise
         except RecoverClientError as exc:  # unreachable, or a controller-side error (e.g. its store failed)
             log.warning("%s: running degraded (local restarts only)", exc)
-            return False
+            return ""
 
     def _queue(self, command: Command) -> Callable[[Any], None]:
         def handler(sig: Any) -> None:

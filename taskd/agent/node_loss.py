@@ -144,7 +144,9 @@ class NodeLoss:
         """Join as a standby and wait for a node. True once it is node R (the launcher and the configuration say
         so; the caller lays the ranks out and registers as R); False when the job ended here (finish called)."""
         if not self.link.connect(job_id, layout, as_standby=True):
-            self.finish(False, 1, "a standby needs the job's controller, and none answered")
+            refused = self.link.refusal
+            self.finish(False, 1, f"the controller refused this standby: {refused}" if refused else
+                        "a standby needs the job's controller, and none answered")
             return False
         log.info("standby for job %s: waiting for a lost node to take over (or the job's end)", job_id)
         end = await_assignment(self.link, wait, interrupted, silence=self.config.controller_timeout)

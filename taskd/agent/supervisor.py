@@ -120,9 +120,12 @@ class Supervisor:
         self.hang.export_dir(self.logs.log_dir, needs_heartbeats)
         if not (self.link.register_as(layout) if standby else self.link.connect(job_id, layout)):
             if layout.node_count > 1:
-                log.error("no controller: a job of %d nodes does not run without one (its nodes could not "
-                          "recover together); stopping", layout.node_count)
-                self._finish(False, 1, "no controller answered, and a multi-node job does not run without one")
+                refused = self.link.refusal
+                if not refused:
+                    log.error("no controller: a job of %d nodes does not run without one (its nodes could not "
+                              "recover together); stopping", layout.node_count)
+                self._finish(False, 1, f"the controller refused this node: {refused}" if refused else
+                             "no controller answered, and a multi-node job does not run without one")
             else:
                 self.policy.degraded = True
                 self.machine.state = NodeState.DEGRADED
