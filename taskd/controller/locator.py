@@ -3,7 +3,7 @@
 An embedded controller listens on a free loopback port with a random token that only its agent
 knows, so `taskd status` could neither find nor read a standalone job. Each one therefore leaves a
 locator, `<dir>/<pid>-<port>.json` (address, token, pid and the process's start time), mode 0600 in
-a 0700 directory this user owns: `$XDG_RUNTIME_DIR/taskd`, else `/tmp/taskd-<uid>`. Only this user
+a 0700 directory this user owns: `$XDG_RUNTIME_DIR/taskd`, else `~/.taskd/run`. Only this user
 can read it, and this user could read the token from the process's memory anyway. The locator goes
 when the controller stops; one left by a SIGKILLed run names a dead process and is pruned by the
 next reader.
@@ -33,9 +33,10 @@ class Locator:
 
 
 def locator_dir() -> Path:
+    """`$XDG_RUNTIME_DIR/taskd` (a login session's private directory), else `~/.taskd/run` (never $TMPDIR: a
+    shared directory where another user could have made the name first, and where taskd leaves nothing)."""
     runtime = os.environ.get("XDG_RUNTIME_DIR", "").strip()
-    base = Path(runtime) / "taskd" if runtime else Path(tempfile.gettempdir()) / f"taskd-{os.getuid()}"
-    return base
+    return Path(runtime) / "taskd" if runtime else Path.home() / ".taskd" / "run"
 
 
 def _private_dir(create: bool) -> Path | None:

@@ -134,7 +134,9 @@ def test_slurm_example_is_valid_bash() -> None:
     for script in (EXAMPLES / "slurm").glob("*.sbatch"):
         check = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, timeout=30)
         assert check.returncode == 0, check.stderr
-        assert "taskd run --server" in script.read_text() and "taskd server" in script.read_text()
+        text = script.read_text()
+        assert "exec taskd run --nnodes" in text and '--server "$head:$port"' in text and "taskd server" in text
+        assert "TASKD_SPARES" in text and "--standby" in text  # the spare nodes of an N+S allocation
 
 
 def test_redirects_keep_rank_output_off_the_console(tmp_path: Path) -> None:
