@@ -24,7 +24,7 @@ from typing import Any
 
 from taskd.agent.config import AgentConfig, new_job_id
 from taskd.agent.controller_link import ControllerLink, LocalController
-from taskd.agent.hang_watch import HangWatch
+from taskd.agent.hang_watch import Hang, HangWatch
 from taskd.agent.job_end import await_job_end
 from taskd.agent.join_wait import await_nodes
 from taskd.agent.launcher_api import launcher_of
@@ -396,6 +396,24 @@ class Supervisor:
             rank = self.table[local_rank]
             log.warning("rank %d (pid %s) raised a retryable error: %s", rank.global_rank, rank.pid, why)
             self._fault(rank, "retryable", FaultType.RECOVERABLE, why)
+        if self.machine.state is NodeState.RUNNING:
+            self._stalled()
+
+    def _stalled(self) -> None:
+        """A rank its peers' timed-out collective waited for, neither waiting itself nor reporting: it hangs."""
+        stalled = self.live.stalled()
+        if not stalled:
+            return
+        now = time.time()
+        hangs = [(rank, Hang(now - st.heartbeat.time if st.heartbeat.time else 0.0, st.heartbeat.step,
+                             st.heartbeat.section, st.heartbeat.stack_signal)) for rank, st in stalled]
+        self.hang.record_all(hangs)
+        for rank, hang in hangs:
+            why = f"its peers' collective timed out waiting for it, and it is in none ({hang.describe()})"
+            log.warning("hang: rank %d (pid %s): %s", rank.global_rank, rank.pid, why)
+            self.control.stop([rank], graceful=False)
+            rank.state, rank.returncode = RankState.FAILED, None
+            self._fault(rank, "hang", FaultType.PROCESS, why, unseen=hang.quiet + time.time() - now)
 
 
 __all__ = ["LauncherDetails", "Supervisor"]
