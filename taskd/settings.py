@@ -119,6 +119,9 @@ SETTINGS: tuple[Setting, ...] = (
             server_flag="--node-rejoin-timeout"),
     Setting("standby", bool, False, "join as a spare node: no rank until the controller assigns a lost node's rank; "
             "exit 0 if none is", flags=("--standby",)),
+    Setting("metrics_listen", str, None, "serve this node's Prometheus metrics at `HOST[:PORT]` (port 9465 if none; "
+            "the `[metrics]` extra; docs/operations.md)", optional=True, flags=("--metrics-listen",),
+            env="TASKD_METRICS_LISTEN", shown="unset: off"),
     # `taskd run` only (the launcher's)
     Setting("warm_spares", int, 0, "Python interpreters kept ready to become a restarted rank", _NONNEGATIVE,
             flags=("--warm-spares", "--warm_spares"), agent=False),

@@ -58,6 +58,7 @@ class AgentConfig:
     # bounds the round on its side); a standby joins with no node and waits for one to be assigned to it
     node_rejoin_timeout: float = default("node_rejoin_timeout")
     standby: bool = default("standby")
+    metrics_listen: str | None = default("metrics_listen")  # HOST[:PORT] of this node's metrics (agent/metrics.py)
     # field -> the variable or flag that set it, named by a validation error (not part of the settings)
     origins: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
@@ -125,6 +126,12 @@ class AgentConfig:
                     raise ValueError(f"{s.name}{self._origin(s.name)} must be {kind}, not {value!r}")
                 if s.bound is not None and not s.bound.allows(value):
                     raise ValueError(f"{s.name}{self._origin(s.name)} must be {s.bound.rule}, not {value}")
+
+        if self.metrics_listen is not None:
+            from taskd.agent.metrics import check_listen
+
+            if why := check_listen(self.metrics_listen):
+                raise ValueError(f"metrics_listen{self._origin('metrics_listen')}: {why}")
 
     def _origin(self, name: str) -> str:
         source = self.origins.get(name)

@@ -56,6 +56,7 @@ class LiveRanks:
         self._files: dict[int, HeartbeatFile] = {}
         self._declared: dict[int, tuple[bool, bool]] = {}  # local rank -> (can_rejoin, can_retry), last declared
         self._errors: dict[tuple[int, int], int] = {}  # (local rank, pid) -> in-place errors already seen
+        self._timed_out: dict[int, int] = {}  # local rank -> pid whose collective timed out waiting (stalled())
         self._steps: dict[int, int | None] = {}  # local rank -> last completed step seen (before a fault)
         self._group: set[int] = set()  # local ranks seen in a group generation (the rest are independent)
 
@@ -146,6 +147,27 @@ class LiveRanks:
                 self._errors[key] = status.errors
                 if status.error_kind == ErrorKind.RETRYABLE:
                     found.append((rank, status))
+                elif status.error_kind == ErrorKind.COLLECTIVE_TIMEOUT:
+                    self._timed_out[rank.local_rank] = rank.pid
+        return found
+
+    def stalled(self) -> list[tuple[Rank, RankStatus]]:
+        """Ranks that hang, as their peers tell: some local rank's collective timed out waiting, while these
+        run on, reported nothing and are not inside a collective themselves (issue 21, D2: without
+        --heartbeat-timeout nothing else finds them, and every rank waited 120 s more for a rebuild)."""
+        waiting = {lr for lr, pid in self._timed_out.items() if lr in self.table.ranks
+                   and self.table[lr].pid == pid and self.table[lr].state is RankState.RUNNING}
+        self._timed_out = {lr: self._timed_out[lr] for lr in waiting}
+        if not waiting or self.rebuild is not None:
+            return []
+        found = []
+        for rank in self.table.in_state(RankState.RUNNING):
+            if rank.local_rank in waiting or rank.pid is None:
+                continue
+            status = self.status(rank)
+            if status is not None and status.phase is Phase.TRAINING and status.collective_since is None \
+                    and status.errors <= self._errors.get((rank.local_rank, rank.pid), 0):
+                found.append((rank, status))
         return found
 
     def live_fault(self, local_rank: int, fault_type: str) -> bool:
@@ -173,6 +195,7 @@ class LiveRanks:
             write_control(self.control_path, generation, action, timeout=RANK_TIMEOUT)  # type: ignore[arg-type]
         self.details.set_generation(generation)
         wait = min(REJOIN_TIMEOUT, timeout * 0.9) if timeout > 0 else REJOIN_TIMEOUT
+        self._timed_out.clear()  # what the old group's collectives waited for is this rebuild's business now
         self.rebuild = Rebuild(generation, strategy, dict(faults), started, now + wait, dict(self._steps),
                                report=strategy != Strategy.JOB_RESCHEDULING)
         log.info("live recovery: generation %d (%s)", generation, strategy)

@@ -24,11 +24,12 @@ from typing import Any
 
 from taskd.agent.config import AgentConfig, new_job_id
 from taskd.agent.controller_link import ControllerLink, LocalController
-from taskd.agent.hang_watch import HangWatch
+from taskd.agent.hang_watch import Hang, HangWatch
 from taskd.agent.job_end import await_job_end
 from taskd.agent.join_wait import await_nodes
 from taskd.agent.launcher_api import launcher_of
 from taskd.agent.live import POLL, LiveRanks
+from taskd.agent.metrics import NodeMetrics, sample_ranks
 from taskd.agent.msrun_logs import MsrunLogs
 from taskd.agent.node_loss import NodeLoss
 from taskd.agent.policy import LocalPolicy
@@ -81,11 +82,14 @@ class Supervisor:
         self._terminate_signal: int | None = None
         self._done = False
         self._old_handlers: dict[int, Any] = {}
+        self.metrics = NodeMetrics() if config.metrics_listen else None  # --metrics-listen (agent/metrics.py)
 
     # ----------------------------------------------------------------- lifecycle
     def run(self) -> JobResult:
         self._install_signal_handlers()
         try:
+            if self.metrics is not None and self.config.metrics_listen is not None:
+                self.metrics.serve(self.config.metrics_listen)
             self._prepare()
             if not self._done:  # a multi-node job that found no controller stops before any rank starts
                 if not self.node_loss.replacement:  # a replacement's ranks start with its round's strategy
@@ -263,6 +267,8 @@ class Supervisor:
         self.watch.close()
         self.hang.close()
         self.live.close()
+        if self.metrics is not None:
+            self.metrics.close()
         for signum, handler in self._old_handlers.items():
             signal.signal(signum, handler)
         self.result.ended = time.time()
@@ -345,7 +351,10 @@ class Supervisor:
 
     # ----------------------------------------------------------------- the slow sweep
     def _sweep(self) -> None:
-        """What pidfds cannot tell: launcher statuses, zombies, pid reuse, hangs."""
+        """What pidfds cannot tell: launcher statuses, zombies, pid reuse, hangs; and the metrics' sample."""
+        if self.metrics is not None:
+            ranks = sample_ranks(self.table.all(), lambda r: self.hang.heartbeat(r)[1], self.metrics.clock)
+            self.metrics.publish(ranks, len(self.result.faults), len(self.result.recoveries))
         suspects = []
         for rank, pid, entry in self.control.sweep():
             if entry is not None:
@@ -396,6 +405,24 @@ class Supervisor:
             rank = self.table[local_rank]
             log.warning("rank %d (pid %s) raised a retryable error: %s", rank.global_rank, rank.pid, why)
             self._fault(rank, "retryable", FaultType.RECOVERABLE, why)
+        if self.machine.state is NodeState.RUNNING:
+            self._stalled()
+
+    def _stalled(self) -> None:
+        """A rank its peers' timed-out collective waited for, neither waiting itself nor reporting: it hangs."""
+        stalled = self.live.stalled()
+        if not stalled:
+            return
+        now = time.time()
+        hangs = [(rank, Hang(now - st.heartbeat.time if st.heartbeat.time else 0.0, st.heartbeat.step,
+                             st.heartbeat.section, st.heartbeat.stack_signal)) for rank, st in stalled]
+        self.hang.record_all(hangs)
+        for rank, hang in hangs:
+            why = f"its peers' collective timed out waiting for it, and it is in none ({hang.describe()})"
+            log.warning("hang: rank %d (pid %s): %s", rank.global_rank, rank.pid, why)
+            self.control.stop([rank], graceful=False)
+            rank.state, rank.returncode = RankState.FAILED, None
+            self._fault(rank, "hang", FaultType.PROCESS, why, unseen=hang.quiet + time.time() - now)
 
 
 __all__ = ["LauncherDetails", "Supervisor"]

@@ -56,7 +56,8 @@ class RunConfig:
     nnodes: int = default("node_count")
     min_nnodes: int = 1  # torchrun's MIN of MIN:MAX; informative only, the job waits for nnodes
     node_rank: int = default("node_rank")
-    standby: bool = default("standby")  # a spare node: no node rank until the controller assigns a lost node's
+    standby: bool = default("standby")  # a spare node: no node rank until the controller assigns it a lost one's
+    metrics_listen: str | None = default("metrics_listen")  # this node's Prometheus metrics (agent/metrics.py)
     job_id: str = "default"
     server: str | None = default("server")  # None = an embedded controller
     # how this agent authenticates to --server (paths; None: the TASKD_TOKEN_FILE / TASKD_TLS_* variable)

@@ -86,6 +86,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     _setting(where, "server", metavar="HOST:PORT",
              help="taskd: the controller (a `taskd server`) shared by the job's nodes (default "
                   f"${setting('server').env}, else an embedded controller, which only a one-node job can use)")
+    _setting(where, "metrics_listen", metavar="HOST[:PORT]",
+             help="taskd: serve this node's Prometheus metrics at http://HOST:PORT/metrics (port 9465 if none; "
+                  "pip install 'taskd[metrics]'; docs/operations.md)")
     _flag(where, "--token-file", "--token_file", metavar="PATH",
           help="taskd: the controller's token, sent with every call (default $TASKD_TOKEN_FILE; see RELIABILITY.md)")
     _flag(where, "--tls-ca", "--tls_ca", metavar="PEM",

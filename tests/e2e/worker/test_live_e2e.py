@@ -313,3 +313,19 @@ def test_two_nodes_against_one_server_replace_a_rank_of_node_1_in_place(tmp_path
     assert info["restart_count"] == 1 and info["recomputed"]["0"] == 0
     assert_identical(torch.load(tmp_path / "out" / "final.pt"), reference4)
     print(f"two nodes: rank 3 -> training resumed in {resumed_after(consoles[1])}s (node 1)")
+
+
+def test_a_hang_without_heartbeat_timeout_is_found_by_its_peers_collective_timeout(tmp_path, reference):
+    """Issue 21 D2: no --heartbeat-timeout, rank 1 sleeps inside a step. Its peers' collective times out (5 s
+    here), they report it, and the agent takes rank 1, the one running outside any collective, for the hang:
+    it is replaced live. Before, the peers paused 120 s more for a rebuild nobody ordered (163.8 s in all)."""
+    code, console = taskd_run(tmp_path, extra=["--hang-at-step", "8", "--pg-timeout", "5"])
+    assert code == 0, console[-6000:]
+    assert "hang: rank 1 (pid" in console and "its peers' collective timed out waiting for it" in console, \
+        console[-6000:]
+    assert "strategy: recover for rank(s) [1]" in console and "job-rescheduling" not in console, console[-6000:]
+    pids, info = start_pids(console), summary(tmp_path)
+    assert info["ranks"]["0"]["pid"] == pids[0] and info["ranks"]["2"]["pid"] == pids[2]
+    assert info["ranks"]["1"]["pid"] != pids[1]
+    assert_identical(torch.load(tmp_path / "out" / "final.pt"), reference)
+    assert resumed_after(console) and max(resumed_after(console)) < 60, resumed_after(console)
