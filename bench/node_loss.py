@@ -12,7 +12,8 @@ examples/torch/train_ddp.py (DDP over gloo, LiveGroup), 2 nodes of 2 ranks on th
   store, `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`, `--max-restarts`); node 1's torchrun is SIGKILLed and
   started again 2 s later: node 0 restarts its workers and the group re-forms from checkpoints;
 - **taskd live + standby**: a `taskd run --standby` started with the job takes the lost node over by
-  itself, if the controller assigns standbys (else: "standby: skipped").
+  itself, if the controller assigns standbys (else: "standby: skipped"); **+ warm standby**: the same
+  with `--warm-spares 2`, so the standby's first ranks are interpreters that imported torch while it waited.
 
 The measure is bench/live_recovery.py's (its progress files and `Launch`): every rank appends
 `STEP TIME PID` at each completed step; S is the highest step any rank had completed at the kill,
@@ -67,6 +68,8 @@ CONFIGS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("taskd job-rescheduling + replacement", "taskd", ("--strategies", "job-rescheduling,exit")),
     ("torchrun restart", "torchrun", ()),
     ("taskd live + standby", "standby", ("--strategies", "recover,job-rescheduling,exit")),
+    # the standby's spare interpreters have imported torch while it waited (--warm-spares: its first ranks)
+    ("taskd live + warm standby", "standby", ("--strategies", "recover,job-rescheduling,exit", "--warm-spares", "2")),
 )
 NO_STANDBY = "standby: skipped (controller has no standby support)"
 
