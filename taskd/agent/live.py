@@ -47,7 +47,6 @@ class LiveRanks:
     def __init__(self, table: RankTable, details: Launcher) -> None:
         self.table = table
         self.details = details
-        self.control_path: str | None = details.control_path() if details.live_recovery else None
         # the launcher expects its ranks to declare what they can do in place (taskd run, a .py entrypoint),
         # whether or not it hosts a store for them: recover is then offered only to ranks that declared it
         self.declarations = bool(details.rank_declarations)
@@ -59,6 +58,12 @@ class LiveRanks:
         self._timed_out: dict[int, int] = {}  # local rank -> pid whose collective timed out waiting (stalled())
         self._steps: dict[int, int | None] = {}  # local rank -> last completed step seen (before a fault)
         self._group: set[int] = set()  # local ranks seen in a group generation (the rest are independent)
+
+    @property
+    def control_path(self) -> str | None:
+        """Asked each time, not kept: a standby's launcher has no live store until it is given a node rank
+        (a kept None made a standby's ranks start into generation 0 while the survivors waited in g)."""
+        return self.details.control_path() if self.details.live_recovery else None
 
     @property
     def enabled(self) -> bool:

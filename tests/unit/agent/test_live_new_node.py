@@ -118,3 +118,15 @@ def test_a_survivor_does_not_offer_recover_when_node_0_and_its_store_are_lost(tm
     assert live.offer(configured, {0: "1"}) == configured  # rank 0 alone: node 0's agent and store live on
     table.lay_out(RankLayout(0, 2, (0, 1)))
     assert live.offer(configured, {0: "1", 1: "1"}) == configured  # node 0 itself: its store lives on
+
+
+def test_a_standby_is_live_once_its_launcher_has_a_node_and_a_store(tmp_path: Path) -> None:
+    """A standby's launcher has no live store until the controller gives it a node rank; the agent asked once, at
+    its start, and kept "not live": the standby's ranks then started into generation 0 while the survivors waited
+    in the round's generation, and the job never resumed (bench/node_loss.py's standby row)."""
+    node = NewNode(tmp_path)
+    node.live_recovery = False  # a standby: no node rank, no store yet
+    live = LiveRanks(RankTable(), node)
+    assert not live.enabled
+    node.live_recovery = True  # set_node_rank opened the node's files: a store and a control file
+    assert live.enabled and live.control_path == str(tmp_path / "control.json")
