@@ -72,17 +72,20 @@ def fault_free(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict]:
 class Lost:
     """A job whose node `lost` was SIGKILLed (agent and ranks) and replaced 2 s later, run to its end."""
 
-    def __init__(self, tmp: Path, address: str, nodes: int, lost: int) -> None:
-        self.tmp, self.server, self.nodes, self.lost = tmp, address, nodes, lost
+    def __init__(self, tmp: Path, address: str, nodes: int, lost: int, standby: bool = False) -> None:
+        self.tmp, self.server, self.nodes, self.lost, self.standby = tmp, address, nodes, lost, standby
         self.world = nodes * PER_NODE
         self.job_id = f"live{nodes}-{lost}"
         self.master = free_port()
         self.procs = {f"node{r}": node(self.args(r), tmp / f"node{r}.log") for r in range(nodes)}
+        if standby:  # started with the job: it takes the lost node over by itself, nothing is started later
+            self.procs["replacement"] = node(self.args(None), tmp / "replacement.log")
         self.lost_ranks = set(range(lost * PER_NODE, (lost + 1) * PER_NODE))
         self.survivors = [r for r in range(self.world) if r not in self.lost_ranks]
 
-    def args(self, rank: int) -> list[str]:
-        return ["--nnodes", str(self.nodes), "--node-rank", str(rank), "--nproc-per-node", str(PER_NODE),
+    def args(self, rank: int | None) -> list[str]:
+        where = ["--standby"] if rank is None else ["--node-rank", str(rank)]
+        return ["--nnodes", str(self.nodes), *where, "--nproc-per-node", str(PER_NODE),
                 "--job-id", self.job_id, "--server", self.server, "--master-addr", "127.0.0.1", "--master-port",
                 str(self.master), "--stop-grace", "2", *ddp_args(self.tmp)]
 
@@ -96,8 +99,9 @@ class Lost:
         os.killpg(self.old.pid, signal.SIGKILL)  # agent and ranks
         assert self.old.wait(timeout=10) == -signal.SIGKILL
         killed_at = time.monotonic()
-        time.sleep(2)  # the scenario: a replacement started 2 s after the loss
-        self.procs["replacement"] = node(self.args(self.lost), self.tmp / "replacement.log")
+        if not self.standby:
+            time.sleep(2)  # the scenario: a replacement started 2 s after the loss
+            self.procs["replacement"] = node(self.args(self.lost), self.tmp / "replacement.log")
         alive = {k: v for k, v in self.procs.items() if k != f"node{self.lost}"}
         codes = finish(alive, self.tmp, timeout=120)
         text = logs(self.tmp, *alive)
@@ -120,8 +124,8 @@ def lose(tmp_path: Path, server: str, monkeypatch: pytest.MonkeyPatch):  # noqa:
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the nodes' environment (2 cores for up to 6 ranks)
     jobs: list[Lost] = []
 
-    def make(nodes: int, lost: int) -> Lost:
-        jobs.append(Lost(tmp_path, server, nodes, lost))
+    def make(nodes: int, lost: int, standby: bool = False) -> Lost:
+        jobs.append(Lost(tmp_path, server, nodes, lost, standby))
         return jobs[-1]
 
     yield make
@@ -129,9 +133,12 @@ def lose(tmp_path: Path, server: str, monkeypatch: pytest.MonkeyPatch):  # noqa:
         kill_all(list(job.procs.values()))
 
 
-@pytest.mark.parametrize("nodes", [2, 3])
-def test_a_lost_node_of_a_live_ddp_job_is_replaced_live(lose, fault_free, nodes: int) -> None:
-    job = lose(nodes, 1)
+@pytest.mark.parametrize(("nodes", "standby"), [(2, False), (3, False), (2, True)],
+                         ids=["2", "3", "2-standby"])
+def test_a_lost_node_of_a_live_ddp_job_is_replaced_live(lose, fault_free, nodes: int, standby: bool) -> None:
+    """With `standby`, a `taskd run --standby` started with the job takes node 1 over by itself (its agent once
+    kept "not live" from before it had a node: its ranks joined generation 0 and the job never resumed)."""
+    job = lose(nodes, 1, standby)
     text, info, pids = job.run()
     survivors, lost = job.survivors, job.lost_ranks
     assert {r: info["ranks"][str(r)]["pid"] for r in survivors} == {r: pids[r] for r in survivors}, text
@@ -147,7 +154,8 @@ def test_a_lost_node_of_a_live_ddp_job_is_replaced_live(lose, fault_free, nodes:
     shown = subprocess.run([sys.executable, "-m", "taskd", "status", "--server", job.server, "--job", job.job_id],
                            capture_output=True, text=True, timeout=30, cwd=ROOT).stdout
     new_pid = job.procs["replacement"].pid
-    assert re.search(rf"node 1 lost \(agent [^:]+:{job.old.pid}\) at .*, replaced by [^:]+:{new_pid} at .*; lost -> "
+    assert re.search(rf"node 1 lost \(agent [^:]+:{job.old.pid}\) at .*, replaced by [^:]+:{new_pid}"
+                     rf"{' [(]standby[)]' if standby else ''} at .*; lost -> "
                      r"round ended \d+\.\d+s", shown), shown  # its node, old and new host:pid, how long
 
 
