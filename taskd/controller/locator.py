@@ -6,7 +6,7 @@ locator, `<dir>/<pid>-<port>.json` (address, token, pid and the process's start 
 a 0700 directory this user owns: `$XDG_RUNTIME_DIR/taskd`, else `~/.taskd/run`. Only this user
 can read it, and this user could read the token from the process's memory anyway. The locator goes
 when the controller stops; one left by a SIGKILLed run names a dead process and is pruned by the
-next reader.
+next reader or the next embedded controller.
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ def write_locator(address: str, token: str | None) -> Path | None:
     folder = _private_dir(create=True)
     if folder is None:
         return None
+    live_locators()  # and so the ones SIGKILLed runs left are removed, even where nobody runs `taskd status`
     pid = os.getpid()
     path = folder / f"{pid}-{address.rsplit(':', 1)[-1]}.json"
     data = json.dumps({"address": address, "token": token, "pid": pid, "started": _started(pid)})
