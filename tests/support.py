@@ -72,3 +72,15 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
         return True
     except OSError:
         return False
+
+
+def kill_until_gone(find: Callable[[], list], timeout: float = 30.0) -> None:
+    """Teardown: SIGKILL what `find()` returns (psutil.Process objects) until it returns nothing, within `timeout`."""
+    deadline = time.monotonic() + timeout
+    while (left := find()) and time.monotonic() < deadline:
+        for proc in left:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(left, timeout=2)

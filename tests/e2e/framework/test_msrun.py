@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+from support import kill_until_gone
 
 from taskd.launcher.spec import free_port
 
@@ -161,14 +162,7 @@ class MsrunJob:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 pass
-        deadline = time.monotonic() + 30
-        while (left := processes_with(self.marker)) and time.monotonic() < deadline:
-            for proc in left:
-                try:
-                    proc.kill()
-                except psutil.NoSuchProcess:
-                    pass
-            psutil.wait_procs(left, timeout=2)
+        kill_until_gone(lambda: processes_with(self.marker))
 
     def assert_plugin_in_control(self) -> None:
         out = self.output()

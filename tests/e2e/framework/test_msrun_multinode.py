@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+from support import kill_until_gone
 from test_msrun import (  # skips this module too when MindSpore or msrun is missing
     FALLBACK_MARK,
     MSRUN,
@@ -216,14 +217,7 @@ class TwoNodeJob:
         """Teardown, also after a failed assertion: both msruns first, then every process of the job."""
         for node in self.nodes:
             node.kill()
-        deadline = time.monotonic() + 30
-        while (left := job_processes(self.job_id)) and time.monotonic() < deadline:
-            for proc in left:
-                try:
-                    proc.kill()
-                except psutil.NoSuchProcess:
-                    pass
-            psutil.wait_procs(left, timeout=2)
+        kill_until_gone(lambda: job_processes(self.job_id))
 
 
 def controller_tail(controller: Controller, n: int = 30) -> list[str]:
