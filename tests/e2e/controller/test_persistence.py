@@ -28,8 +28,8 @@ def config(path: Path, port: int = 0) -> ControllerConfig:
                             stop_timeout=60, strategy_timeout=60, recover_timeout=60, resume_timeout=60)
 
 
-def recover_round(agents: list[ScriptedAgent], fault: dict[int, int]) -> None:
-    ok(agents[0].fault(fault))
+def answer_round(agents: list[ScriptedAgent], strategy: str, report: bool = True) -> None:
+    """Every agent through a round from its stopTrain to `strategy` chosen (and reported done, with `report`)."""
     for a in agents:
         a.expect("stopTrain")
     for a in agents:
@@ -39,9 +39,15 @@ def recover_round(agents: list[ScriptedAgent], fault: dict[int, int]) -> None:
     for a in agents:
         ok(a.strategies(ALL))
     for a in agents:
-        a.expect("changeStrategy", "recover")
-    for a in agents:
-        ok(a.status("recover"))
+        a.expect("changeStrategy", strategy)
+    if report:
+        for a in agents:
+            ok(a.status(strategy))
+
+
+def recover_round(agents: list[ScriptedAgent], fault: dict[int, int]) -> None:
+    ok(agents[0].fault(fault))
+    answer_round(agents, "recover")
 
 
 def test_restart_keeps_jobs_and_resumes_the_open_round(tmp_path: Path) -> None:
@@ -220,16 +226,7 @@ def test_sigkill_during_recovering_charges_the_restart_once(tmp_path: Path) -> N
         for a in agents:
             a.join(max_restarts=1)  # the interrupted restart is the last one the job may spend
         ok(agents[0].fault({0: 2}))  # a network fault: job-rescheduling
-        for a in agents:
-            a.expect("stopTrain")
-        for a in agents:
-            ok(a.stop_complete())
-        for a in agents:
-            a.expect("globalFault")
-        for a in agents:
-            ok(a.strategies(ALL))
-        for a in agents:
-            a.expect("changeStrategy", "job-rescheduling")
+        answer_round(agents, "job-rescheduling", report=False)
         assert agents[0].list_jobs("l4").jobs[0].restarts == 1
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
@@ -248,18 +245,9 @@ def test_sigkill_during_recovering_charges_the_restart_once(tmp_path: Path) -> N
             a.subscribe()
         job = agents[0].list_jobs("l4").jobs[0]
         assert job.restarts == 1 and job.maxRestarts == 1
-        for a in agents:
-            a.expect("stopTrain")  # the round restarts once every agent is back
-        for a in agents:
-            ok(a.stop_complete())
-        for a in agents:
-            a.expect("globalFault")
-        for a in agents:
-            ok(a.strategies(ALL))
-        for a in agents:
-            a.expect("changeStrategy", "job-rescheduling")  # paid for already: not dump for a spent budget
-        for a in agents:
-            ok(a.status("job-rescheduling"))
+        # the round restarts once every agent is back; job-rescheduling is paid for already: not dump for a spent
+        # budget
+        answer_round(agents, "job-rescheduling")
         job = agents[0].list_jobs("l4").jobs[0]
         assert (job.state, job.restarts) == ("RUNNING", 1)
         assert job.rounds[0].strategiesTried == ["job-rescheduling", "job-rescheduling"]
