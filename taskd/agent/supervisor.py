@@ -89,7 +89,11 @@ class Supervisor:
         self._install_signal_handlers()
         try:
             if self.metrics is not None and self.config.metrics_listen is not None:
-                self.metrics.serve(self.config.metrics_listen)
+                try:
+                    self.metrics.serve(self.config.metrics_listen)
+                except OSError as exc:  # before any rank starts: a clear error, not a traceback
+                    raise ConfigurationError(f"--metrics-listen {self.config.metrics_listen}: cannot listen there "
+                                             f"({exc.strerror or exc}): give a free port, or drop the flag") from None
             self._prepare()
             if not self._done:  # a multi-node job that found no controller stops before any rank starts
                 if not self.node_loss.replacement:  # a replacement's ranks start with its round's strategy

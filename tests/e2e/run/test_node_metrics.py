@@ -45,3 +45,16 @@ def test_a_nodes_ranks_steps_pace_and_restarts_are_scraped_from_a_training_job(t
         if proc.poll() is None:
             proc.kill()
     assert scrape(port) == {}  # the exporter went with the run
+
+
+def test_a_metrics_port_in_use_stops_the_run_before_any_rank_with_what_to_do(tmp_path: Path) -> None:
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        proc = taskd_run(["--metrics-listen", f"127.0.0.1:{port}", str(EXAMPLE), "--steps", "3", "--ckpt-every", "3",
+                          "--ckpt-dir", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out")], tmp_path / "run.log")
+        assert proc.wait(timeout=60) == 2
+    log = (tmp_path / "run.log").read_text()
+    assert f"--metrics-listen 127.0.0.1:{port}: cannot listen there" in log and "give a free port" in log, log
+    assert "Traceback" not in log and "started" not in log, log
