@@ -145,7 +145,11 @@ class ControllerServer:
             await server.start()
             if metrics is not None and cfg.metrics_listen is not None:
                 m_host, m_port = parse_listen(cfg.metrics_listen, METRICS_PORT)
-                self._exporter = metrics.serve(m_host, m_port)
+                try:
+                    self._exporter = metrics.serve(m_host, m_port)
+                except OSError as exc:
+                    raise OSError(f"--metrics-listen {cfg.metrics_listen}: cannot listen there "
+                                  f"({exc.strerror or exc}): give a free port, or drop the flag") from None
                 log.info("Prometheus metrics at http://%s/metrics", join_host_port(m_host, self._exporter.server_port))
         except BaseException:
             await server.stop(None)

@@ -71,3 +71,12 @@ def test_a_bad_metrics_address_is_refused_where_the_config_is_built() -> None:
     proc = subprocess.run([sys.executable, "-m", "taskd", "server", "--listen", "127.0.0.1:0", "--state", ":memory:",
                            "--metrics-listen", "[::1"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 2 and "--metrics-listen" in proc.stderr, proc.stderr
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        busy = subprocess.run([sys.executable, "-m", "taskd", "server", "--listen", "127.0.0.1:0", "--state",
+                               ":memory:", "--metrics-listen", f"127.0.0.1:{port}"], capture_output=True, text=True,
+                              timeout=60, cwd=ROOT)
+    assert busy.returncode != 0, busy.stderr
+    assert f"--metrics-listen 127.0.0.1:{port}: cannot listen there" in busy.stderr and "free port" in busy.stderr
