@@ -160,6 +160,8 @@ class LiveRanks:
         """Ranks that hang, as their peers tell: some local rank's collective timed out waiting, while these
         run on, reported nothing and are not inside a collective themselves (issue 21, D2: without
         --heartbeat-timeout nothing else finds them, and every rank waited 120 s more for a rebuild)."""
+        if not self._timed_out:  # the usual case, every poll: nothing to read
+            return []
         waiting = {lr for lr, pid in self._timed_out.items() if lr in self.table.ranks
                    and self.table[lr].pid == pid and self.table[lr].state is RankState.RUNNING}
         self._timed_out = {lr: self._timed_out[lr] for lr in waiting}
