@@ -44,7 +44,7 @@ from taskd.worker import progress
 from taskd.worker.env import Var, rank, world_size
 from taskd.worker.live import STORE_PREFIX, Control, ErrorKind, LiveRank, Phase, RetryableError, classify_error
 from taskd.worker.torch_facts import COMM_DIRS, HAS_INIT_SYNC, sharded_state, stable_ddp_kwargs, step_seed
-from taskd.worker.torch_group import GroupSockets, collect, drop_frames, freeze_older_objects
+from taskd.worker.torch_group import GroupSockets, LeaveWatch, collect, drop_frames, freeze_older_objects
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +132,7 @@ class LiveGroup:
         self._flight_lock = threading.Lock()
         self._store: dist.TCPStore | None = None
         self._sockets = GroupSockets()  # the current generation's connections (live only)
+        self._leave_watch: LeaveWatch | None = None  # ends them when the agent says the group is broken
         self._dropped: list[weakref.ref[DistributedDataParallel]] = []  # wrappers a recovery let go of
         if not self.live:
             if not dist.is_initialized():
@@ -140,6 +141,7 @@ class LiveGroup:
         self.protocol.set_phase(Phase.REJOINING)  # before declaring: a new node's agent then knows it joins a group
         self.protocol.declare(rejoin=True, retry=True)
         self._sockets = GroupSockets(os.environ[Var.MASTER_ADDR], os.environ[Var.MASTER_PORT])
+        self._leave_watch = LeaveWatch(self.protocol.control_path, self._sockets, on_end=self._told_to_leave).start()
         self._store = dist.TCPStore(os.environ[Var.MASTER_ADDR], int(os.environ[Var.MASTER_PORT]),
                                     is_master=False, timeout=timedelta(seconds=init_timeout))
         self._join(self.protocol.generation, init_timeout)
@@ -240,9 +242,15 @@ class LiveGroup:
         """Leave the group at the end of training."""
         for handle in self._handles:
             handle.current = None
+        if self._leave_watch is not None:
+            self._leave_watch.stop()
         if dist.is_initialized():
             dist.destroy_process_group()
         self._sockets.release()
+
+    def _told_to_leave(self, ended: int, control: Control) -> None:  # on the leave watch's thread
+        log.info("rank %d: the agent says generation %d is over (%s %d): %d connection(s) ended", self.rank,
+                 self.protocol.generation, control.action, control.generation, ended)
 
     # -- retry in place: the step is voided on every rank, the group is kept ----------------------
     def _vote(self, ok: bool) -> bool:
@@ -402,7 +410,7 @@ class LiveGroup:
         # collective until its timeout); the group's collectives then get the script's timeout back
         forming = max(self.timeout, timedelta(seconds=timeout))
         self._sockets.release()  # a failed earlier attempt's, already ended
-        with self._sockets.forming():
+        with self._sockets.forming(generation):
             dist.init_process_group(self.backend, store=store, rank=self.rank, world_size=self.world_size,
                                     timeout=forming)
         if forming != self.timeout and hasattr(dist.distributed_c10d, "_set_pg_timeout"):
