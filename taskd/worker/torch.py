@@ -428,8 +428,9 @@ class LiveGroup:
             holders = [r for r, (has, _) in enumerate(rows) if has]
             if holders:
                 source = max(holders, key=lambda r: (rows[r][1], -r))
-                if any(row != rows[source] for row in rows):
-                    self._broadcast_state(source, rows[source][1])
+                lacking = [r for r, row in enumerate(rows) if row != rows[source]]
+                if lacking:
+                    self._hand_over(source, lacking, rows[source][1])
             else:  # nobody holds live state: start from the newest checkpoint every rank has
                 self.step_no = min(step for _, step in rows)
                 if load is not None:
@@ -445,36 +446,42 @@ class LiveGroup:
         if self.live:
             self.protocol.joined(self.protocol.generation, self.step_no)
 
-    def _broadcast_state(self, source: int, step: int) -> None:
+    def _hand_over(self, source: int, lacking: list[int], step: int) -> None:
+        """The most advanced rank sends its state to the ranks that lack it, point to point; the ranks that hold
+        the same state take no part. (A broadcast moved the whole state, ~72 MB for the 9 M-parameter example,
+        through every rank of the group, the survivors included.)"""
         mine = self.rank == source
+        self.step_no = step
+        if not mine and self.rank not in lacking:
+            return
         params = [] if self._model is None else [t.detach() for t in self._model.state_dict().values()]
-        if params and all(p.dtype == params[0].dtype for p in params):
-            flat = torch._utils._flatten_dense_tensors(params)  # one collective for the whole model
-            dist.broadcast(flat, source)
-            if not mine:
-                for p, new in zip(params, torch._utils._unflatten_dense_tensors(flat, params), strict=True):
-                    p.copy_(new)
-        else:
-            for p in params:
-                dist.broadcast(p, source)
-        blob = torch.zeros(0, dtype=torch.uint8)
+        flat = torch._utils._flatten_dense_tensors(params) \
+            if params and all(p.dtype == params[0].dtype for p in params) else None
+        tensors = [flat] if flat is not None else params
         if mine:
             buf = io.BytesIO()
             torch.save({"optimizer": None if self._optimizer is None else self._optimizer.state_dict(),
                         "extra": {k: v.state_dict() for k, v in self._extra.items()}}, buf)
             blob = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
-        size = torch.tensor([blob.numel()], dtype=torch.int64)
-        dist.broadcast(size, source)
-        if not mine:
-            blob = torch.empty(int(size[0]), dtype=torch.uint8)
-        dist.broadcast(blob, source)
-        if not mine:
-            state = torch.load(io.BytesIO(blob.numpy().tobytes()), weights_only=False)
-            if self._optimizer is not None and state["optimizer"] is not None:
-                self._optimizer.load_state_dict(state["optimizer"])
-            for key, value in state["extra"].items():
-                self._extra[key].load_state_dict(value)
-        self.step_no = step
+            size = torch.tensor([blob.numel()], dtype=torch.int64)
+            for dst in lacking:  # in order: each pair's messages are matched in the order they were sent
+                for t in (*tensors, size, blob):
+                    dist.send(t, dst)
+            return
+        for t in tensors:
+            dist.recv(t, source)
+        if flat is not None:
+            for p, new in zip(params, torch._utils._unflatten_dense_tensors(flat, params), strict=True):
+                p.copy_(new)
+        size = torch.zeros(1, dtype=torch.int64)
+        dist.recv(size, source)
+        blob = torch.empty(int(size[0]), dtype=torch.uint8)
+        dist.recv(blob, source)
+        state = torch.load(io.BytesIO(blob.numpy().tobytes()), weights_only=False)
+        if self._optimizer is not None and state["optimizer"] is not None:
+            self._optimizer.load_state_dict(state["optimizer"])
+        for key, value in state["extra"].items():
+            self._extra[key].load_state_dict(value)
 
     # -- the "inside a collective" mark ----------------------------------------------------------
     def _collective(self, delta: int) -> None:
