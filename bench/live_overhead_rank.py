@@ -39,6 +39,13 @@ def batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(BATCH, INPUTS, generator=g), torch.randn(BATCH, 1, generator=g)
 
 
+def train_step(ddp: nn.Module, optimizer: torch.optim.Optimizer, rank: int, step: int) -> None:
+    x, y = batch(rank, step)
+    optimizer.zero_grad()
+    nn.functional.mse_loss(ddp(x), y).backward()
+    optimizer.step()
+
+
 def main() -> int:
     mode, out, steps, hidden, layers = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
     model = build(hidden, layers)
@@ -49,10 +56,7 @@ def main() -> int:
         ddp = DistributedDataParallel(model)
         rank = dist.get_rank()
         for step in range(steps):
-            x, y = batch(rank, step)
-            optimizer.zero_grad()
-            nn.functional.mse_loss(ddp(x), y).backward()
-            optimizer.step()
+            train_step(ddp, optimizer, rank, step)
             times.append(time.perf_counter())
         dist.destroy_process_group()
     else:
@@ -65,10 +69,7 @@ def main() -> int:
         rank = live.rank
         for step in live.steps(0, steps):
             with live.step():
-                x, y = batch(rank, step)
-                optimizer.zero_grad()
-                nn.functional.mse_loss(ddp(x), y).backward()
-                optimizer.step()
+                train_step(ddp, optimizer, rank, step)
             times.append(time.perf_counter())
         live.close()
     if rank == 0:
