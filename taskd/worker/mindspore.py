@@ -7,7 +7,8 @@ It beats once per step (`cb_params.cur_step_num`), so `TASKD_HEARTBEAT_TIMEOUT` 
 `heartbeat()` in a loop body; the first step (graph compile, communication warm-up) and every save of
 the `ModelCheckpoint` handed to it run inside `taskd.worker.section`s with their own timeouts; a
 save request of the `dump` strategy is served by writing a checkpoint into that `ModelCheckpoint`'s
-directory; `rejoinable=True` declares the ranks independent (`taskd.worker.declare_rejoinable`).
+directory, at a step end or, when a step raised (a dead peer's collective failed), as `Model.train`
+unwinds; `rejoinable=True` declares the ranks independent (`taskd.worker.declare_rejoinable`).
 Pass the `ModelCheckpoint` to `TaskdCallback`, not also to `Model.train`: it is driven from here.
 With dataset sink mode, MindSpore calls step callbacks once per sink: the heartbeat then comes per
 sink, so the heartbeat timeout must be longer than one sink.
