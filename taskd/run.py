@@ -81,6 +81,17 @@ def with_rank_rejoin_wait(spec: WorkerSpec, node_rejoin_timeout: float, controll
     return dataclasses.replace(spec, extra_env={**spec.extra_env, Var.TASKD_REJOIN_TIMEOUT: f"{wait:g}"})
 
 
+def with_rank_strategies(spec: WorkerSpec, offered: list[str]) -> WorkerSpec:
+    """Ranks see the strategies their agent offers (TASKD_STRATEGIES, as under msrun, where the user sets it for
+    msrun and every rank inherits it): `taskd.worker.save_on_error()` waits for a dump's save request only when
+    `dump` is offered. A TASKD_STRATEGIES already in the ranks' environment is the agent's own, left alone."""
+    import dataclasses
+
+    if "TASKD_STRATEGIES" in spec.extra_env:
+        return spec
+    return dataclasses.replace(spec, extra_env={**spec.extra_env, "TASKD_STRATEGIES": ",".join(offered)})
+
+
 def _config_errors(problems: list[str]) -> int:
     sys.stderr.write("".join(f"taskd run: error: {p}\n" for p in problems))
     return 2  # a usage error, like argparse's own
@@ -108,6 +119,7 @@ def run_main(config: RunConfig) -> int:
             overrides["node_rank"] = None
         agent_config = AgentConfig.from_env(origins, launcher="taskd", **overrides)
         spec = with_rank_rejoin_wait(spec, agent_config.node_rejoin_timeout, agent_config.controller_timeout)
+        spec = with_rank_strategies(spec, agent_config.offered_strategies)
         credentials = _credentials(config) if config.server else None
         launcher = LocalLauncher(spec)
     except WorkerSpecError as exc:

@@ -29,11 +29,17 @@ import time
 import numpy as np
 
 try:  # taskd's worker SDK, when installed: about a microsecond a call, and a no-op outside taskd
-    from taskd.worker import heartbeat
+    from taskd.worker import heartbeat, on_save_request, save_on_error
 except ImportError:  # the example also runs under a plain msrun
+    import contextlib
 
     def heartbeat(step: int | None = None) -> None:
         pass
+
+    def on_save_request(callback) -> None:
+        pass
+
+    save_on_error = contextlib.nullcontext
 
 
 CKPT_RE = re.compile(r"^step(\d+)\.ckpt$")
@@ -191,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rank {rank} resumed from step {start}", flush=True)
     timeline.mark("loaded", step=start)
 
+    # The dump strategy's save request: served at a heartbeat, or, when a peer died and this rank's
+    # AllReduce failed, by save_on_error() below; either way with the last completed step's state.
+    done = start
+    on_save_request(lambda: save_atomically(ms, state, rank_dir, done))
     marker = args.marker or os.path.join(args.ckpt_dir, "crashed_once")
     for step in range(start, args.steps):
         if step == args.crash_once_at_step and rank == args.crash_rank and not os.path.exists(marker):
@@ -200,8 +210,9 @@ def main(argv: list[str] | None = None) -> int:
             os._exit(13)
         x, y = global_batch(step, args.seed, args.batch)
         xs, ys = x[rank * shard : (rank + 1) * shard], y[rank * shard : (rank + 1) * shard]
-        loss, grads = forward(ms.Tensor(xs), ms.Tensor(ys))
-        optimizer(grad_reducer(grads))
+        with save_on_error():  # a failed collective leaves the weights of step `done`: saved if a dump asks
+            loss, grads = forward(ms.Tensor(xs), ms.Tensor(ys))
+            optimizer(grad_reducer(grads))
         done = step + 1
         timeline.mark("step", step=done)
         heartbeat(done)  # lets taskd tell a hung rank from a slow one (TASKD_HEARTBEAT_TIMEOUT)

@@ -79,6 +79,8 @@ class MSRunPlugin:
         if self.config.launcher == "msrun" and not self.config.log_dir:
             self.config = dataclasses.replace(self.config, log_dir=_msrun_log_dir(sys.argv))
         file_handler = _log_file_handler(self.config.log_dir) if self.config.launcher == "msrun" else None
+        if self.config.launcher == "msrun" and "dump" in self.config.offered_strategies:
+            log.warning(MSRUN_DUMP_NOTE, self.config.dump_timeout)
         controller = None
         if self.config.server is None and self.controller_factory is not None:
             controller = self.controller_factory(self.config)
@@ -105,6 +107,14 @@ class MSRunPlugin:
         result = self.run()
         if not result.succeeded:
             sys.exit(result.exit_code)
+
+
+# Measured (MindSpore 2.10, CPU, docs/mindspore.md "The dump strategy"): a thread cannot save or even read a
+# parameter while the training thread waits in a collective whose peer died; the training thread can, once that
+# collective fails.
+MSRUN_DUMP_NOTE = ("dump under MindSpore: a rank whose peer died saves only once its collective fails, "
+                   "MS_CPU_COMM_OP_TIMEOUT (unset: 30) + about 3 s after the fault; keep that under "
+                   "TASKD_DUMP_TIMEOUT (%gs), and wrap the step in taskd.worker.save_on_error() (TaskdCallback does)")
 
 
 def _msrun_log_dir(argv: list[str]) -> str | None:

@@ -7,6 +7,7 @@ call runs on the agent's thread (the launcher's callbacks are not thread-safe).
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from taskd.agent.msrun_logs import MsrunLogs
 from taskd.agent.ranks import Rank, RankState, RankTable, own_group
 from taskd.callbacks import KILL_WORKER, MONITOR, START_ALL_WORKER, START_WORKER_LIST, STATUS_FAILED, STATUS_RUNNING
 from taskd.process.groups import process_group, stop_groups, wait_groups_gone
-from taskd.process.msrun import MsrunScheduler
+from taskd.process.msrun import MsrunScheduler, stale_msrun_workers
 from taskd.process.pidfd import RankWatch
 
 log = logging.getLogger("taskd.agent")
@@ -195,6 +196,26 @@ class RankControl:
     def runs_msrun_scheduler(self) -> bool:
         """This node's msrun started MindSpore's scheduler (it is our child) and one is still running."""
         return self.scheduler is not None and bool(self.scheduler.alive())
+
+    def reap_stale_msrun_workers(self, job_id: str, global_ranks: tuple[int, ...]) -> None:
+        """Before this node's ranks first start: SIGKILL the workers of the same ranks that a SIGKILLed msrun of
+        this job left on this host (process/msrun.py `is_stale_worker`), each with its process group."""
+        if self.config.launcher != "msrun" or not job_id:
+            return
+        for proc in stale_msrun_workers(job_id, global_ranks):
+            try:
+                rank = proc.environ().get("RANK_ID")
+                target = proc.pid if os.getpgid(proc.pid) == proc.pid else None
+                if target is not None:
+                    os.killpg(target, signal.SIGKILL)
+                else:
+                    proc.kill()
+            except (psutil.Error, ProcessLookupError, PermissionError) as exc:
+                log.warning("cannot stop a worker (pid %d) a previous msrun of this job left: %s", proc.pid, exc)
+                continue
+            log.warning("killed rank %s's worker (pid %d) that a previous msrun of job %s left running (msrun gives "
+                        "its workers no death signal): it would sit in MindSpore's cluster beside this node's "
+                        "new rank", rank, proc.pid, job_id)
 
     def reap_msrun_scheduler(self) -> None:
         if self.config.launcher != "msrun":

@@ -140,6 +140,7 @@ class Supervisor:
         else:
             self._await_nodes()
             if not self._done:
+                self.control.reap_stale_msrun_workers(job_id, layout.global_ranks)  # registered: the node is ours
                 self.node_loss.check_replacement(layout, time.monotonic(), standby)
                 if self.node_loss.replacement:  # its ranks start with the round's changeStrategy (round_table.py)
                     self.machine.state = NodeState.REJOINING

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import psutil
@@ -29,6 +30,43 @@ def msrun_schedulers(parent_pid: int | None = None) -> list[psutil.Process]:
         try:
             if child.environ().get("MS_ROLE") == "MS_SCHED":
                 found.append(child)
+        except psutil.Error:
+            continue
+    return found
+
+
+def is_stale_worker(env: Mapping[str, str], parent_env: Mapping[str, str] | None, job_id: str,
+                    global_ranks: Iterable[int]) -> bool:
+    """A worker of one of these ranks of job `job_id` whose msrun is gone: msrun starts its workers in sessions
+    of their own with no death signal, so a SIGKILLed msrun leaves them running, and one of a node's ranks
+    then sits in MindSpore's cluster beside its replacement (the fresh scheduler answered its heartbeats
+    "Invalid node", ended early, and the replacement's rank never unregistered). Its parent (`parent_env`,
+    None when gone or unreadable) is then init or a subreaper, not an msrun of the job."""
+    if not job_id or env.get("MINDX_TASK_ID") != job_id or env.get("MS_ROLE") != "MS_WORKER":
+        return False
+    if env.get("RANK_ID") not in {str(r) for r in global_ranks}:
+        return False
+    return parent_env is None or parent_env.get("MINDX_TASK_ID") != job_id
+
+
+def stale_msrun_workers(job_id: str, global_ranks: Iterable[int]) -> list[psutil.Process]:
+    """This host's workers of `global_ranks` left by a dead msrun of job `job_id` (`is_stale_worker`)."""
+    ranks = tuple(global_ranks)
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.pid == os.getpid():
+                continue
+            env = proc.environ()
+            if env.get("MINDX_TASK_ID") != job_id:
+                continue
+            parent = proc.parent()
+            try:
+                parent_env = parent.environ() if parent is not None else None
+            except psutil.Error:
+                parent_env = None
+            if is_stale_worker(env, parent_env, job_id, ranks):
+                found.append(proc)
         except psutil.Error:
             continue
     return found

@@ -20,7 +20,7 @@ from taskd.worker.checkpoint import CheckpointManager, CorruptCheckpoint
 from taskd.worker.env import job_id, local_rank, rank, restart_count, world_size
 from taskd.worker.heartbeat_file import HeartbeatFile, HeartbeatFileError, HeartbeatState
 from taskd.worker.live import RetryableError, declare_rejoinable, preimport
-from taskd.worker.progress import finished, heartbeat, on_save_request, section
+from taskd.worker.progress import finished, heartbeat, on_save_request, save_on_error, section, serve_save_request
 from taskd.worker.serializers import Serializer, register_serializer
 
 __all__ = [
@@ -41,6 +41,8 @@ __all__ = [
     "rank",
     "register_serializer",
     "restart_count",
+    "save_on_error",
     "section",
+    "serve_save_request",
     "world_size",
 ]

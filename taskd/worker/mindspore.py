@@ -7,7 +7,8 @@ It beats once per step (`cb_params.cur_step_num`), so `TASKD_HEARTBEAT_TIMEOUT` 
 `heartbeat()` in a loop body; the first step (graph compile, communication warm-up) and every save of
 the `ModelCheckpoint` handed to it run inside `taskd.worker.section`s with their own timeouts; a
 save request of the `dump` strategy is served by writing a checkpoint into that `ModelCheckpoint`'s
-directory; `rejoinable=True` declares the ranks independent (`taskd.worker.declare_rejoinable`).
+directory, at a step end or, when a step raised (a dead peer's collective failed), as `Model.train`
+unwinds; `rejoinable=True` declares the ranks independent (`taskd.worker.declare_rejoinable`).
 Pass the `ModelCheckpoint` to `TaskdCallback`, not also to `Model.train`: it is driven from here.
 With dataset sink mode, MindSpore calls step callbacks once per sink: the heartbeat then comes per
 sink, so the heartbeat timeout must be longer than one sink.
@@ -25,15 +26,21 @@ import mindspore as ms
 from mindspore.train import Callback
 
 from taskd.worker.live import declare_rejoinable
-from taskd.worker.progress import heartbeat, on_save_request, section
+from taskd.worker.progress import heartbeat, on_save_request, section, serve_after_error
 
 log = logging.getLogger("taskd.worker")
 
-# Measured with MindSpore 2.10 on CPU (PyNative, MCCL): a save_checkpoint from a second thread, started while
-# the training thread waited in an AllReduce whose peer had died, did not return until the AllReduce failed
-# 30 s later and MindSpore killed the process. So the save request is served on the training thread only.
-DUMP_LIMIT = ("taskd: a dump's save request is served at the next step end, on the training thread: MindSpore "
-              "cannot save while a collective blocks it, so a rank whose peer died saves nothing")
+# Measured with MindSpore 2.10 on CPU (PyNative, MCCL, MS_ENABLE_RECOVERY=1 as msrun sets it): while the training
+# thread waited in an AllReduce whose peer had been SIGKILLed, a second thread's save_checkpoint, and even its
+# Parameter.asnumpy(), did not return until the AllReduce failed (RuntimeError "Launch kernel failed:
+# AllReduce", MS_CPU_COMM_OP_TIMEOUT + ~3 s later: 33 s unset, 4 s with 1, 6 s with 3); the training thread
+# then saved in 4-11 ms. So the save
+# request is served on the training thread: at a step end, or when the step raised (``__exit__``).
+DUMP_LIMIT = ("taskd: MindSpore cannot save while a collective blocks the training thread: for a dump, a rank "
+              "whose peer died saves when its collective fails (MS_CPU_COMM_OP_TIMEOUT, unset 30, + about 3 s "
+              "after the fault; keep that under TASKD_DUMP_TIMEOUT)")
+
+_said_dump_limit = False
 
 
 class TaskdCallback(Callback):
@@ -54,6 +61,7 @@ class TaskdCallback(Callback):
         self.save_timeout = float(save_timeout)
         self._first: AbstractContextManager[None] | None = None
         self._params: Any = None
+        self._done = 0  # steps completed (MindSpore counts a step in cur_step_num before running it)
         self.dumped: list[str] = []  # checkpoints written for save requests, newest last
 
     # -- Model.train's hooks -------------------------------------------------------------------
@@ -61,9 +69,12 @@ class TaskdCallback(Callback):
     def on_train_begin(self, run_context: Any) -> None:
         if self.rejoinable:
             declare_rejoinable()
-        if "dump" in os.environ.get("TASKD_STRATEGIES", ""):
+        global _said_dump_limit
+        if "dump" in os.environ.get("TASKD_STRATEGIES", "") and not _said_dump_limit:
+            _said_dump_limit = True  # once per process, at the start
             log.warning(DUMP_LIMIT)
         self._params = run_context.original_args()
+        self._done = int(getattr(self._params, "cur_step_num", 0) or 0)
         on_save_request(self._save_now)
         self._first = section("first step", timeout=self.first_step_timeout)
         self._first.__enter__()
@@ -73,6 +84,7 @@ class TaskdCallback(Callback):
     def on_train_step_end(self, run_context: Any) -> None:
         params = run_context.original_args()
         self._params = params
+        self._done = int(params.cur_step_num)
         self._end_first_step()
         if self.checkpoint is not None:
             with section("checkpoint", timeout=self.save_timeout):
@@ -92,6 +104,13 @@ class TaskdCallback(Callback):
         on_save_request(None)
         heartbeat(int(run_context.original_args().cur_step_num))
 
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        """Model.train left its callbacks' context: when a step raised (a collective failed because a peer
+        died), serve the dump's save request now, on the training thread, with the last completed step's
+        state; the exception goes on."""
+        if exc_type is not None and issubclass(exc_type, Exception):
+            serve_after_error()
+
     # -- the dump's save request ----------------------------------------------------------------
 
     def _end_first_step(self) -> None:
@@ -105,7 +124,7 @@ class TaskdCallback(Callback):
         if params is None:
             return False
         directory = self._directory()
-        step = int(getattr(params, "cur_step_num", 0))
+        step = self._done
         os.makedirs(directory, exist_ok=True)
         # not "<prefix>-...": ModelCheckpoint's keep_checkpoint_max rotation would count (and delete) it
         path = os.path.join(directory, f"taskd-dump-{self._prefix()}-step{step}.ckpt")

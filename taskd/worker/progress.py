@@ -66,8 +66,12 @@ class _Beacon:
             hbf._COUNT.pack_into(buf, hbf.OFF_COUNT, self.beats)
             self.seq += 1
             hbf._SEQ.pack_into(buf, hbf.OFF_SEQ, self.seq)
-        if hbf._REQUEST.unpack_from(self.buf, hbf.OFF_REQUEST)[0] > self.handled:
+        if self.pending():
             self._serve_save_request()
+
+    def pending(self) -> bool:
+        """Whether the agent asked for a save this rank has not served yet."""
+        return hbf._REQUEST.unpack_from(self.buf, hbf.OFF_REQUEST)[0] > self.handled
 
     def write_section(self, touch: bool) -> None:
         """Publish the innermost open section (or none); ``touch`` also counts as a heartbeat."""
@@ -103,7 +107,7 @@ class _Beacon:
                 layout.pack_into(self.buf, offset, *values)
             self._end()
 
-    def _serve_save_request(self) -> None:
+    def _serve_save_request(self) -> bool:
         request = hbf._REQUEST.unpack_from(self.buf, hbf.OFF_REQUEST)[0]
         self.handled = request  # before the callback: a heartbeat() inside it must not recurse
         callback = _save_callback
@@ -121,6 +125,7 @@ class _Beacon:
             self._begin()
             hbf._ACK.pack_into(self.buf, hbf.OFF_ACK, request, 1 if ok else 0)
             self._end()
+        return ok
 
 
 def _install_stack_dump() -> int:
@@ -271,6 +276,58 @@ def on_save_request(callback: Callable[[], object] | None) -> None:
     """
     global _save_callback
     _save_callback = callback
+
+
+def serve_save_request(wait: float = 0.0) -> bool | None:
+    """Serve a save request now, on the calling thread, waiting up to ``wait`` seconds for one to come.
+
+    True when the ``on_save_request`` callback saved, False when it failed, None when no request came
+    (or the rank does not run under taskd). For a rank whose step failed where ``heartbeat()`` is never
+    reached again: ``save_on_error()`` calls it.
+    """
+    if wait < 0:
+        raise ValueError(f"wait must be >= 0 seconds, got {wait!r}")
+    beacon = _beacon if isinstance(_beacon, _Beacon) else (None if _beacon is _DISABLED else _attach())
+    if beacon is None:
+        return None
+    deadline = time.monotonic() + wait
+    while not beacon.pending():
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(_REQUEST_POLL)
+    return beacon._serve_save_request()
+
+
+_REQUEST_POLL = 0.02  # seconds between looks for a save request the agent is about to make
+SAVE_WAIT = 5.0  # seconds a failed step waits for the dump's save request (the round takes well under one)
+
+
+@contextmanager
+def save_on_error(wait: float | None = None) -> Iterator[None]:
+    """Serve the dump's save request when the block raises (e.g. a collective that failed because a peer
+    died), on this thread, before the exception goes on.
+
+    A rank whose peer died never reaches its next ``heartbeat()``: it waits in the collective until the
+    framework gives up on it (MindSpore: ``MS_CPU_COMM_OP_TIMEOUT``). Its state is still the last step's
+    (the update that needed the collective never ran), so that is what the callback saves. When the
+    job offers ``dump`` (``TASKD_STRATEGIES``) the block waits up to ``wait`` seconds (default 5) for
+    the request if the agent has not made it yet; otherwise only a request already made is served.
+    """
+    try:
+        yield
+    except Exception:  # not SystemExit/KeyboardInterrupt: a rank being stopped does not wait
+        serve_after_error(wait)
+        raise
+
+
+def serve_after_error(wait: float | None = None) -> bool | None:
+    """A step raised: serve the dump's save request (``save_on_error``); never raises."""
+    offered = "dump" in os.environ.get("TASKD_STRATEGIES", "")
+    try:
+        return serve_save_request((SAVE_WAIT if wait is None else wait) if offered else 0.0)
+    except Exception:  # never hide the step's own error behind ours
+        log.exception("serving the save request after a failed step failed")
+        return False
 
 
 def finished() -> None:

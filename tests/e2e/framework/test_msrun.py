@@ -9,6 +9,7 @@ and its `--master_port` is free. No `MINDX_SERVER_IP`: the plugin runs its embed
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -372,6 +373,55 @@ def test_real_training_rank_sigkilled_is_rescheduled_and_a_rerun_on_its_port_mat
         weights = np.load(job.dir / "out" / f"rank_{rank}.npy")
         assert np.array_equal(weights, expected), f"rank {rank}'s final weights differ from the fault-free run"
     reference.assert_nothing_left()
+
+
+def load_checkpoints(*paths: Path) -> list[dict[str, list[float]]]:
+    """`mindspore.load_checkpoint` of each file, in a subprocess (this process never imports MindSpore)."""
+    code = ("import json, sys, mindspore as ms\n"
+            "print(json.dumps([{k: v.asnumpy().ravel().tolist() for k, v in ms.load_checkpoint(p).items()}"
+            " for p in sys.argv[1:]]))")
+    out = subprocess.run([sys.executable, "-c", code, *map(str, paths)], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "GLOG_v": "3"})
+    assert out.returncode == 0, f"load_checkpoint failed:\n{out.stderr[-3000:]}"
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.timeout(180)
+def test_dump_saves_loadable_checkpoints_from_dp_survivors(jobs, msrun_env):
+    """Issue 18 item 4: train_dp.py on 2 ranks (one AllReduce per step), TASKD_STRATEGIES=dump,exit; rank 1
+    SIGKILLed after step 4 (a checkpoint every 3 steps). The survivor sits in an AllReduce that never
+    completes and cannot save from another thread (MindSpore), so it saves on its training thread once that
+    AllReduce fails (MS_CPU_COMM_OP_TIMEOUT=10 s + ~3 s later; not less: it bounds the first AllReduce after
+    init() too, and ranks leave init() up to 6 s apart on 2 loaded cores), from `save_on_error()`: the dump
+    reports rank 0 saved, and rank 0's new checkpoint loads with the names of its regular one and the last
+    step it completed."""
+    msrun_env.update(TASKD_STRATEGIES="dump,exit", TASKD_DUMP_TIMEOUT="20", MS_CPU_COMM_OP_TIMEOUT="10")
+    job = jobs("dump", TRAIN_DP, ["--steps", "400", "--ckpt-every", "3", "--ckpt-dir", "{dir}/ckpt",
+                                  "--out", "{dir}/out", "--step-sleep", "0.1"], msrun_env)
+    rank0, rank1 = job.dir / "ckpt" / "rank_0", job.dir / "ckpt" / "rank_1"
+    log1 = job.log_dir / "worker_1.log"
+    victim = wait_for("rank 1 past step 4 (its step-3 checkpoint written)",
+                      lambda: (rank1 / "step3.ckpt").exists() and "rank 1 step 4 loss" in log1.read_text(
+                          errors="replace") and job.rank_process(1), 120, job)
+    killed_at = time.time()
+    victim.kill()
+    rc = job.wait(60)
+    job.assert_plugin_in_control()
+    out = job.output()
+    assert rc != 0, f"a dump ends the job as failed, msrun exited {rc}\n{job.logs()}"
+    assert "dump: saved: [0]; not saved: []" in out, f"rank 0 did not save for the dump\n{job.logs()}"
+    assert out.count("dump under MindSpore: a rank whose peer died saves only once its collective fails") == 1
+    log0 = (job.log_dir / "worker_0.log").read_text(errors="replace")
+    assert "Launch kernel failed" in log0, f"rank 0's AllReduce did not fail\n{job.logs()}"
+    done = max(int(n) for n in re.findall(r"^rank 0 step (\d+) loss", log0, re.M))
+    dump_file = rank0 / f"step{done}.ckpt"  # rank 0's AllReduce fails >= 10 s after the kill: then the dump writes it
+    assert dump_file.exists() and dump_file.stat().st_mtime > killed_at + 5, f"no dump checkpoint\n{job.logs()}"
+    regular, dumped = load_checkpoints(rank0 / "step3.ckpt", dump_file)
+    assert sorted(dumped) == sorted(regular), f"{sorted(dumped)} vs {sorted(regular)}"
+    assert dumped["step"] == [done] and done >= 4, (dumped["step"], done)
+    assert any(dumped[k] != regular[k] for k in regular if k != "step")  # trained on after step 3
+    assert not (rank1 / f"step{done}.ckpt").exists()
+    job.assert_nothing_left()
 
 
 @pytest.mark.timeout(180)

@@ -111,9 +111,9 @@ class Node:
     """One msrun node of a two-node job: node 0 with the scheduler, node 1 through msrun_other_node.py."""
 
     def __init__(self, base: Path, rank: int, port: int, script: Path, script_args: list[str],
-                 env: dict[str, str]) -> None:
+                 env: dict[str, str], name: str = "") -> None:
         self.rank = rank
-        self.dir = base / f"node{rank}"
+        self.dir = base / (name or f"node{rank}")
         self.log_dir = self.dir / "logs"
         self.log_dir.mkdir(parents=True)
         self.console = self.dir / "msrun.out"
@@ -162,7 +162,16 @@ class TwoNodeJob:
         env.update(env_extra or {})
         (base / "tmp").mkdir(parents=True, exist_ok=True)
         args = [a.replace("{dir}", str(base)) for a in script_args]
+        self.script, self.args, self.env = script, args, env
         self.nodes = [Node(base, rank, self.port, script, args, env) for rank in (0, 1)]
+        self.lost: list[Node] = []
+
+    def replace_node(self, rank: int) -> Node:
+        """A second msrun for node `rank` (its replacement), same command line, logs in node<rank>b/."""
+        node = Node(self.base, rank, self.port, self.script, self.args, self.env, name=f"node{rank}b")
+        self.nodes[rank] = node
+        self.lost.append(node)  # kept for the teardown, with the one it replaced
+        return node
 
     def logs(self) -> str:
         return "\n".join([*(n.logs() for n in self.nodes), "--- controller",
@@ -215,7 +224,7 @@ class TwoNodeJob:
 
     def kill(self) -> None:
         """Teardown, also after a failed assertion: both msruns first, then every process of the job."""
-        for node in self.nodes:
+        for node in [*self.nodes, *self.lost]:
             node.kill()
         kill_until_gone(lambda: job_processes(self.job_id))
 
@@ -250,6 +259,7 @@ def two_node_jobs(tmp_path: Path, controller: Controller) -> Iterator:
         job.kill()
 
 
+FAULT_FREE: dict[str, np.ndarray] = {}  # the fault-free run's final weights, for the node-loss test
 TRAIN_ARGS = ["--linger-rank", "1", "--linger", "5", "--steps", "40", "--ckpt-every", "10",
               "--ckpt-dir", "{dir}/ckpt", "--out", "{dir}/out", "--step-sleep", "0.1"]
 
@@ -277,6 +287,8 @@ def test_two_msrun_nodes_finish_together_and_agree(two_node_jobs, victim: int | 
     assert state == "SUCCEEDED", f"the controller says {state!r}\n{job.logs()}"
     weights = [np.load(job.base / "out" / f"rank_{r}.npy") for r in (0, 1)]
     assert np.array_equal(weights[0], weights[1]), "the two ranks' final weights differ"
+    if victim is None:
+        FAULT_FREE["weights"] = weights[0]
     if victim is not None:
         for rank in (0, 1):  # job-rescheduling restarted both ranks from their checkpoints
             log = (job.nodes[rank].log_dir / f"worker_{rank}.log").read_text(errors="replace")
@@ -289,6 +301,67 @@ def test_two_msrun_nodes_finish_together_and_agree(two_node_jobs, victim: int | 
     job.assert_nothing_left()
     left = sorted(p.name for p in (job.base / "tmp").iterdir())
     assert left == [], f"the agents left {left} in their $TMPDIR (heartbeat directories are removed at the end)"
+
+
+def fault_free_weights(two_node_jobs) -> np.ndarray:
+    """TRAIN_ARGS' final weights without a fault: the fault-free case's above, or a run of its own."""
+    if "weights" not in FAULT_FREE:
+        ref = two_node_jobs("reference", TRAIN_LINGER, TRAIN_ARGS)
+        ref.wait(300)
+        assert [n.proc.returncode for n in ref.nodes] == [0, 0], f"the fault-free run failed\n{ref.logs()}"
+        FAULT_FREE["weights"] = np.load(ref.base / "out" / "rank_0.npy")
+    return FAULT_FREE["weights"]
+
+
+@pytest.mark.timeout(420)
+def test_lost_msrun_node_is_replaced_by_a_second_msrun_and_the_job_rescheduled(two_node_jobs) -> None:
+    """Issue 17: node 1's msrun, with the taskd agent inside it, is SIGKILLed after rank 1's step-10 checkpoint;
+    its worker lives on (msrun gives its workers no death signal), as after `kill -9` of msrun or an OOM kill;
+    a second msrun for node 1 starts 2 s later. The controller declares node 1 lost (its stream ended,
+    --agent-loss-grace 5 s) and opens a node-loss round; the replacement's agent registers as node 1, kills
+    the worker the dead msrun left (without that the fresh scheduler saw it as "Invalid node: 1", ended
+    early, and the replacement's rank never unregistered: its msrun hung), starts no rank by itself, and
+    the round's job-rescheduling restarts node 0's rank (and a fresh MindSpore scheduler) and starts the
+    replacement's. Both msruns exit 0, the job is SUCCEEDED with one restart, both ranks resumed from a
+    checkpoint and end bit-identical to a fault-free run, nothing of the job is left. (A whole node lost,
+    its worker SIGKILLed too, is the same without the orphan: measured, it passes as well.)"""
+    expected = fault_free_weights(two_node_jobs)
+    job = two_node_jobs("job", TRAIN_LINGER, TRAIN_ARGS)
+    ckpt = job.base / "ckpt" / "rank_1" / "step10.ckpt"
+    deadline = time.monotonic() + 180
+    worker = None
+    while time.monotonic() < deadline and not (ckpt.exists() and (worker := job.worker(1))):
+        if any(n.proc.poll() is not None for n in job.nodes):
+            pytest.fail(f"an msrun exited before the fault was injected\n{job.logs()}")
+        time.sleep(0.1)
+    assert worker is not None, f"rank 1 never got past its first checkpoint\n{job.logs()}"
+    lost = job.nodes[1]
+    lost.kill()  # msrun and the agent inside it; its worker is in a session of its own
+    time.sleep(2.0)  # the replacement comes 2 s later, as a restarted pod or an operator would
+    assert worker.is_running(), "the old worker died with its msrun: nothing left to clean up"
+    replacement = job.replace_node(1)
+    job.wait(300)
+    for node in job.nodes:
+        assert FALLBACK_MARK not in node.output(), f"node {node.rank}: msrun did not hand control over\n{job.logs()}"
+        assert node.proc.returncode == 0, f"node {node.rank}'s msrun exited {node.proc.returncode}\n{job.logs()}"
+    status = job.controller.job(job.job_id)
+    assert status.get("state") == "SUCCEEDED", f"the controller says {status.get('state')!r}\n{job.logs()}"
+    losses = [(x["nodeRank"], x["oldPid"], x["newPid"]) for r in status["rounds"] for x in r.get("nodeLosses", [])]
+    assert losses == [(1, lost.proc.pid, replacement.proc.pid)], f"node losses {losses}\n{job.logs()}"
+    assert status["restarts"] == 1, status  # the round is charged one restart
+    out = replacement.output()
+    assert f"killed rank 1's worker (pid {worker.pid}) that a previous msrun of job {job.job_id} left" in out, (
+        job.logs())
+    assert "node 1 replaces a lost node: its ranks start with the round's strategy" in out, job.logs()
+    assert out.count("Start worker process with rank id:1,") == 1  # started once, by the job-rescheduling
+    assert job.nodes[0].output().count("Start worker process with rank id:0,") == 2  # node 0's rank restarted
+    for rank, node in enumerate(job.nodes):
+        log = (node.log_dir / f"worker_{rank}.log").read_text(errors="replace")
+        assert "resumed from step" in log, f"rank {rank} did not resume from a checkpoint\n{job.logs()}"
+        weights = np.load(job.base / "out" / f"rank_{rank}.npy")
+        assert np.array_equal(weights, expected), f"rank {rank}'s final weights differ from the fault-free run"
+    assert replacement.proc.returncode == 0
+    job.assert_nothing_left()
 
 
 @pytest.mark.timeout(300)

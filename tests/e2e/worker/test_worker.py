@@ -177,6 +177,48 @@ def test_save_request_without_callback_is_acknowledged_as_failed(tmp_path):
     hb.close()
 
 
+FAILING_STEP = """
+import sys
+from taskd import worker
+worker.on_save_request(lambda: print("saved step 7", flush=True))
+worker.heartbeat(7)
+print("failing", flush=True)
+sys.stdin.readline()
+try:
+    with worker.save_on_error(wait=float(sys.argv[1])):
+        raise RuntimeError("Launch kernel failed: Default/AllReduce-op0")
+except RuntimeError as exc:
+    print("raised", exc, flush=True)
+"""
+
+
+@pytest.mark.parametrize("offered", [True, False], ids=["dump-offered", "dump-not-offered"])
+def test_a_failed_step_serves_the_dump_save_request_on_its_own_thread(tmp_path, offered):
+    """A step that raises where no heartbeat follows (a dead peer's collective): `save_on_error()` serves the
+    save request on the training thread, waiting for it when the job offers dump (the request is made here
+    0.3 s after the step failed); without dump offered it does not wait; the step's error goes on."""
+    path = str(tmp_path / "rank_0.hb")
+    hb = HeartbeatFile(path).create()
+    env = clean_env(TASKD_HEARTBEAT_FILE=path, TASKD_STRATEGIES="dump,exit" if offered else "job-rescheduling,exit")
+    rank = subprocess.Popen([sys.executable, "-c", FAILING_STEP, "10"], env=env, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert rank.stdout.readline().strip() == "failing"
+        rank.stdin.write("\n")
+        rank.stdin.flush()
+        time.sleep(0.3)  # the step has failed; the agent's request comes later
+        number = hb.request_save()
+        if offered:
+            state = hb.wait_save(number, timeout=TIMEOUT)
+            assert state is not None and state.save_ok
+            assert rank.stdout.readline().strip() == "saved step 7"
+        assert rank.stdout.readline().strip() == "raised Launch kernel failed: Default/AllReduce-op0"
+        assert rank.wait(TIMEOUT) == 0
+        assert (hb.read().save_ack == number) is offered
+    finally:
+        stop_rank(rank, hb)
+
+
 def test_stack_dump_signal_writes_python_stacks(tmp_path):
     path = str(tmp_path / "rank_0.hb")
     hb = HeartbeatFile(path).create()

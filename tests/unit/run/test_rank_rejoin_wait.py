@@ -5,7 +5,7 @@ after 2 min found the survivors' ranks gone and their live state lost."""
 from __future__ import annotations
 
 from taskd.launcher import WorkerSpec
-from taskd.run import with_rank_rejoin_wait
+from taskd.run import with_rank_rejoin_wait, with_rank_strategies
 
 
 def spec(nnodes: int, **extra: str) -> WorkerSpec:
@@ -25,3 +25,10 @@ def test_the_users_own_wait_and_one_node_jobs_are_left_alone() -> None:
     assert mine.extra_env["TASKD_REJOIN_TIMEOUT"] == "45"
     short = with_rank_rejoin_wait(spec(2), node_rejoin_timeout=10.0, controller_timeout=5.0, environ={})
     assert short.extra_env["TASKD_REJOIN_TIMEOUT"] == "120"  # never below the ranks' own default
+
+
+def test_ranks_see_the_strategies_their_agent_offers() -> None:
+    """`taskd.worker.save_on_error()` waits for a dump's save request only when the job offers dump."""
+    got = with_rank_strategies(spec(1), ["dump", "exit"])
+    assert got.extra_env["TASKD_STRATEGIES"] == "dump,exit"
+    assert with_rank_strategies(spec(1, TASKD_STRATEGIES="exit"), ["dump"]).extra_env["TASKD_STRATEGIES"] == "exit"
