@@ -59,6 +59,8 @@ class AgentConfig:
     node_rejoin_timeout: float = default("node_rejoin_timeout")
     standby: bool = default("standby")
     metrics_listen: str | None = default("metrics_listen")  # HOST[:PORT] of this node's metrics (agent/metrics.py)
+    straggler_factor: float | None = default("straggler_factor")  # None = no straggler reports (taskd/pace.py)
+    straggler_interval: float = default("straggler_interval")
     # field -> the variable or flag that set it, named by a validation error (not part of the settings)
     origins: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
