@@ -92,7 +92,8 @@ RULES: tuple[Rule, ...] = (
     Rule(ANY, StandbyDisconnected, _targets(UNCHANGED), sb.on_disconnected,
          "forgotten (no loss round); the node it was assigned goes to the next standby"),
     Rule(ANY, AgentFinished, _targets(S.SUCCEEDED, S.FAILED, UNCHANGED), h.on_finished,
-         "SUCCEEDED when every node finished 0, FAILED on a non-zero exit"),
+         "SUCCEEDED when every node finished 0, FAILED on a non-zero exit, or when it finished while an undecided "
+         "round awaits another node's rank"),
     Rule(ANY, PaceReported, _targets(UNCHANGED), st.on_pace,
          "judged against the job's other ranks: `straggler` / `straggler_cleared` recorded; no action taken"),
     # an agent lost (silent past the loss timeout, or its stream ended past the grace) opens a node-loss round
