@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
 from taskd.address import LOCAL_PROXY_ADDRESS, LOCAL_PROXY_ENV, local_proxy_enabled
+from taskd.pace import check_factor
 from taskd.settings import AGENT_SETTINGS, default, setting
 from taskd.vocabulary import Strategy, parse_strategies
 from taskd.worker.env import env_float, env_int
@@ -129,6 +130,8 @@ class AgentConfig:
                 if s.bound is not None and not s.bound.allows(value):
                     raise ValueError(f"{s.name}{self._origin(s.name)} must be {s.bound.rule}, not {value}")
 
+        if why := check_factor(self.straggler_factor):  # the table's bound lets inf through
+            raise ValueError(f"straggler_factor{self._origin('straggler_factor')} {why}")
         if self.metrics_listen is not None:
             from taskd.agent.metrics import check_listen
 

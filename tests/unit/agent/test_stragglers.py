@@ -130,3 +130,12 @@ def test_without_a_controller_the_node_judges_its_own_ranks() -> None:
         ranks, beat = ranks_and_beats({0: 0.1, 1: 0.1, 2: 0.5}, n)
         out += watch.sweep(ranks, beat, lambda *a: None, now)
     assert [(v.rank, round(v.ratio, 2)) for v in out] == [(2, 5.0)]
+
+
+@pytest.mark.parametrize("value", [1.0, 0.5, float("inf"), float("nan")])
+def test_the_agent_config_refuses_a_factor_that_names_no_straggler(value: float) -> None:
+    from taskd.agent.config import AgentConfig
+
+    with pytest.raises(ValueError, match="straggler_factor"):
+        AgentConfig(straggler_factor=value)
+    assert AgentConfig(straggler_factor=1.5).straggler_factor == 1.5 and AgentConfig().straggler_factor is None
