@@ -122,6 +122,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("metrics_listen", str, None, "serve this node's Prometheus metrics at `HOST[:PORT]` (port 9465 if none; "
             "the `[metrics]` extra; docs/operations.md)", optional=True, flags=("--metrics-listen",),
             env="TASKD_METRICS_LISTEN", shown="unset: off"),
+    Setting("straggler_factor", float, None, "report a rank whose compute time per step (outside collectives) is "
+            "this many times the median of the job's other ranks (docs/operations.md, \"Stragglers\")",
+            Bound(1, inclusive=False), True, ("--straggler-factor", "--straggler_factor"), "TASKD_STRAGGLER_FACTOR",
+            shown="unset: off"),
+    Setting("straggler_interval", float, 5.0, "seconds between an agent's pace reports to the controller (with "
+            "`--straggler-factor`)", _POSITIVE, flags=("--straggler-interval", "--straggler_interval"),
+            env="TASKD_STRAGGLER_INTERVAL"),
     # `taskd run` only (the launcher's)
     Setting("warm_spares", int, 0, "Python interpreters kept ready to become a restarted rank", _NONNEGATIVE,
             flags=("--warm-spares", "--warm_spares"), agent=False),

@@ -196,5 +196,11 @@ class ScriptedAgent:
                                       **self._who())
         return self.reports.ReportFinished(req, timeout=CALL_TIMEOUT)
 
+    def pace(self, paces: Mapping[int, float], factor: float = 1.5, steps: int = 10) -> taskd_pb2.PaceReply:
+        """taskd.v1 ReportPace: {global rank: compute seconds per step} of this node's ranks."""
+        req = taskd_pb2.PaceRequest(jobId=self.job_id, nodeRank=self.node_rank, factor=factor, ranks=[
+            taskd_pb2.RankPace(rank=r, computeSeconds=s, steps=steps) for r, s in paces.items()], **self._who())
+        return self.reports.ReportPace(req, timeout=CALL_TIMEOUT)
+
     def list_jobs(self, job_id: str = "") -> taskd_pb2.JobList:
         return self.status_stub.ListJobs(taskd_pb2.JobQuery(jobId=job_id), timeout=CALL_TIMEOUT)

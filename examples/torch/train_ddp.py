@@ -46,6 +46,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ckpt-dir", required=True, help="checkpoint directory (one subdirectory per rank)")
     p.add_argument("--out", required=True, help="directory for final.pt, summary.json and per-rank records")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step (to watch it run)")
+    p.add_argument("--slow", default=None, metavar="RANK:SECONDS",
+                   help="rank RANK sleeps SECONDS more in every step, before its forward pass (outside collectives): "
+                        "a straggler, for --straggler-factor")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--hidden", type=int, default=2048, help="width of the hidden layers (2048: ~9 M parameters)")
     p.add_argument("--layers", type=int, default=3, help="number of hidden layers")
@@ -72,6 +75,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--crash takes RANK:STEP, got {args.crash}")
     if any(len(c) != 2 for c in args.crashes):
         p.error(f"--crash takes RANK:STEP, got {args.crash}")
+    try:
+        args.slow_rank, args.slow_seconds = (int(args.slow.split(":")[0]), float(args.slow.split(":")[1])) \
+            if args.slow else (None, 0.0)
+    except (ValueError, IndexError):
+        p.error(f"--slow takes RANK:SECONDS, got {args.slow}")
     return args
 
 
@@ -143,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     for step in live.steps(ckpt.latest_step() or 0, args.steps, load=load):
         first = step if first is None else first
         with live.step():
+            if rank == args.slow_rank:
+                time.sleep(args.slow_seconds)
             x, y = batch(args, rank, step)
             optimizer.zero_grad(set_to_none=True)
             loss = nn.functional.mse_loss(ddp(x), y)

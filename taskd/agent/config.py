@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
 from taskd.address import LOCAL_PROXY_ADDRESS, LOCAL_PROXY_ENV, local_proxy_enabled
+from taskd.pace import check_factor
 from taskd.settings import AGENT_SETTINGS, default, setting
 from taskd.vocabulary import Strategy, parse_strategies
 from taskd.worker.env import env_float, env_int
@@ -59,6 +60,8 @@ class AgentConfig:
     node_rejoin_timeout: float = default("node_rejoin_timeout")
     standby: bool = default("standby")
     metrics_listen: str | None = default("metrics_listen")  # HOST[:PORT] of this node's metrics (agent/metrics.py)
+    straggler_factor: float | None = default("straggler_factor")  # None = no straggler reports (taskd/pace.py)
+    straggler_interval: float = default("straggler_interval")
     # field -> the variable or flag that set it, named by a validation error (not part of the settings)
     origins: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
@@ -127,6 +130,8 @@ class AgentConfig:
                 if s.bound is not None and not s.bound.allows(value):
                     raise ValueError(f"{s.name}{self._origin(s.name)} must be {s.bound.rule}, not {value}")
 
+        if why := check_factor(self.straggler_factor):  # the table's bound lets inf through
+            raise ValueError(f"straggler_factor{self._origin('straggler_factor')} {why}")
         if self.metrics_listen is not None:
             from taskd.agent.metrics import check_listen
 

@@ -29,7 +29,8 @@ from taskd.agent.reports import FAULT, Outbox, Report, Settled
 from taskd.client import ClientCredentials, ConfigurationError, RecoverClient
 from taskd.client.current import set_manager
 from taskd.client.errors import AuthenticationError, FencedError, RecoverClientError
-from taskd.client.rpc import make_channel
+from taskd.client.manager import pace_request
+from taskd.client.rpc import PendingCall, make_channel
 from taskd.proto import recover_pb2, taskd_pb2, taskd_pb2_grpc
 from taskd.vocabulary import Action, Code, FaultRanks, SignalType, fault_ranks
 from taskd.worker.env import is_credential_var
@@ -478,3 +479,16 @@ class ControllerLink:
             self._subscriber.join(timeout=5.0)
         if self._local is not None and self._local_started:
             self._local.stop()
+
+
+def start_pace(link: ControllerLink, factor: float, paces: list[tuple[int, float, int]], timeout: float
+               ) -> PendingCall | None:
+    """One pace report (agent/stragglers.py), started and not waited for; None without a controller to take it."""
+    mgr = link._mgr
+    if mgr is None or link.fencing.fenced is not None or link._standby:
+        return None
+    try:
+        return mgr.start_report("ReportPace", pace_request(mgr, factor, paces), timeout=timeout)
+    except (RecoverClientError, ValueError) as exc:
+        log.debug("pace report not sent: %s", exc)
+        return None

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from taskd.address import parse_host_port
+from taskd.pace import PaceWindow
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ class RankSample:
     heartbeat_age: float | None  # seconds since its last heartbeat (None: none yet)
     step_seconds: float | None  # seconds per step between the last two samples that saw its step advance
     starts: int  # processes this agent has seen for the rank (a restart adds one)
+    compute_seconds: float | None = None  # recent seconds per heartbeat interval outside collectives (taskd/pace.py)
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,15 @@ class StepClock:
         self._last: dict[int, tuple[int, int, float]] = {}  # global rank -> (pid, step, heartbeat time)
         self._rate: dict[int, float] = {}
         self._pids: dict[int, set[int]] = {}
+        self._compute: dict[int, PaceWindow] = {}
+
+    def compute(self, global_rank: int, pid: int, state: Any) -> float | None:
+        """Recent compute seconds per step of the rank (its heartbeat file's sums), None until measured."""
+        if state is None or not state.compute_intervals:
+            return None
+        window = self._compute.setdefault(global_rank, PaceWindow())
+        window.observe(pid, state.compute, state.compute_intervals)
+        return window.seconds()
 
     def starts(self, global_rank: int) -> int:
         return len(self._pids.get(global_rank, ()))
@@ -118,7 +129,7 @@ def sample_ranks(ranks: Iterable[Any], heartbeat: Callable[[Any], Any], clock: S
         step = state.step if state is not None else None
         rate = clock.observe(rank.global_rank, rank.pid or 0, step, beat)
         out.append(RankSample(rank.global_rank, rank.state.value, step, now - beat if beat else None, rate,
-                              clock.starts(rank.global_rank)))
+                              clock.starts(rank.global_rank), clock.compute(rank.global_rank, rank.pid or 0, state)))
     return out
 
 
@@ -145,6 +156,8 @@ class _Collector:
                                 labels=["rank"])
         pace = GaugeMetricFamily("taskd_rank_step_seconds", "A rank's recent seconds per step, from its heartbeats",
                                  labels=["rank"])
+        compute = GaugeMetricFamily("taskd_rank_compute_seconds", "A rank's recent seconds per step outside "
+                                    "collectives (what --straggler-factor compares)", labels=["rank"])
         starts = CounterMetricFamily("taskd_rank_starts", "Processes started for a rank (a restart adds one)",
                                      labels=["rank"])
         for r in sample.ranks:
@@ -155,8 +168,10 @@ class _Collector:
                 age.add_metric(label, r.heartbeat_age)
             if r.step_seconds is not None:
                 pace.add_metric(label, r.step_seconds)
+            if r.compute_seconds is not None:
+                compute.add_metric(label, r.compute_seconds)
             starts.add_metric(label, r.starts)
-        yield from (step, age, pace, starts)
+        yield from (step, age, pace, compute, starts)
         yield CounterMetricFamily("taskd_node_faults", "Faults this node's agent saw", value=sample.faults)
         yield CounterMetricFamily("taskd_node_recoveries", "Recoveries this node's agent carried out",
                                   value=sample.recoveries)

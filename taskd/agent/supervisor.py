@@ -14,8 +14,10 @@ events (pidfd exits, orders, timers, signals), feeds them to the machine one at 
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
+import socket
 import threading
 import time
 from collections import deque
@@ -23,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from taskd.agent.config import AgentConfig, new_job_id
-from taskd.agent.controller_link import ControllerLink, LocalController
+from taskd.agent.controller_link import ControllerLink, LocalController, start_pace
 from taskd.agent.hang_watch import Hang, HangWatch
 from taskd.agent.job_end import await_job_end
 from taskd.agent.join_wait import await_nodes
@@ -39,6 +41,7 @@ from taskd.agent.recovery import AgentHooks, Gone, Recovery
 from taskd.agent.round_events import ControllerLost, OrderEvent, RankFault, ReportSettled, order_event
 from taskd.agent.round_machine import RoundMachine
 from taskd.agent.round_state import NodeFacts, NodeState
+from taskd.agent.stragglers import StragglerWatch
 from taskd.agent.summary import FaultRecord, JobResult
 from taskd.callbacks import MONITOR, STATUS_FAILED
 from taskd.client import ClientCredentials, ConfigurationError
@@ -83,6 +86,8 @@ class Supervisor:
         self._done = False
         self._old_handlers: dict[int, Any] = {}
         self.metrics = NodeMetrics() if config.metrics_listen else None  # --metrics-listen (agent/metrics.py)
+        self.stragglers = (StragglerWatch(config.straggler_factor, config.straggler_interval, socket.gethostname())
+                           if config.straggler_factor else None)  # --straggler-factor (agent/stragglers.py)
 
     # ----------------------------------------------------------------- lifecycle
     def run(self) -> JobResult:
@@ -274,6 +279,8 @@ class Supervisor:
         self.live.close()
         if self.metrics is not None:
             self.metrics.close()
+        if self.stragglers is not None:
+            self.stragglers.close()
         for signum, handler in self._old_handlers.items():
             signal.signal(signum, handler)
         self.result.ended = time.time()
@@ -360,6 +367,11 @@ class Supervisor:
         if self.metrics is not None:
             ranks = sample_ranks(self.table.all(), lambda r: self.hang.heartbeat(r)[1], self.metrics.clock)
             self.metrics.publish(ranks, len(self.result.faults), len(self.result.recoveries))
+        if self.stragglers is not None and not self._done:
+            pace = functools.partial(start_pace, self.link)
+            for verdict in self.stragglers.sweep(self.table.all(), lambda r: self.hang.heartbeat(r)[1], pace,
+                                                 time.monotonic()):
+                (log.info if verdict.cleared else log.warning)("%s", verdict.describe(self.stragglers.factor))
         suspects = []
         for rank, pid, entry in self.control.sweep():
             if entry is not None:

@@ -33,6 +33,10 @@ logger = logging.getLogger(__name__)
 DEFAULT_ROLE = "master agent"  # what TaskD's agent registers as
 
 
+AGENT_REPORTS = frozenset({"ReportFinished", "ReportPace"})
+"""Methods of taskd's own taskd.v1.AgentReport service (the rest are ClusterD's Recover)."""
+
+
 class RecoverClient:
     """Client of the `Recover` service for one agent of one job; several may live in one process.
 
@@ -304,7 +308,7 @@ class RecoverClient:
         """One attempt at a report (a request from the `*_request` builders), started and not waited for, never
         re-sent: the caller polls the call and decides what comes next. The blocking `report_*` methods above
         are for TaskD's users; taskd's agent, whose loop must not sleep, uses this."""
-        service = "agent" if method == "ReportFinished" else "recover"
+        service = "agent" if method in AGENT_REPORTS else "recover"
         return self._rpc.start(method, request, timeout=timeout, service=service, on_done=on_done)
 
     def resync(self, *, reinit: bool, timeout: float) -> int:
@@ -418,6 +422,15 @@ class DLRecoverManager(RecoverClient):
             current, DLRecoverManager.instance = DLRecoverManager.instance, None
         if current is not None and hasattr(current, "_stopped"):
             current.stop()
+
+
+def pace_request(client: RecoverClient, factor: float, paces: Iterable[tuple[int, float, int]]
+                 ) -> taskd_pb2.PaceRequest:
+    """A node's ranks' recent pace for taskd.v1 `ReportPace`: (global rank, compute seconds per step, steps
+    averaged) each, from the client's registered identity."""
+    return taskd_pb2.PaceRequest(factor=float(factor), ranks=[
+        taskd_pb2.RankPace(rank=arguments.int32(r, "rank"), computeSeconds=float(s),
+                           steps=arguments.int32(n, "steps")) for r, s, n in paces], **client._identity())
 
 
 def _arguments_key(info: object, server_addr: str, secure_conn: bool, cert_path: str,

@@ -41,6 +41,7 @@ from taskd.controller.model import TERMINAL, MachineConfig
 from taskd.controller.node_loss import fence_refusal
 from taskd.controller.state_machine import JobMachine
 from taskd.controller.store import Store, StoreError
+from taskd.controller.stragglers import straggler_records
 from taskd.proto import recover_pb2, taskd_pb2
 from taskd.vocabulary import Code, SignalType
 
@@ -490,4 +491,5 @@ class ControllerCore:
             jobId=m.job_id, state=m.state.value, nodeCount=m.node_count, ranksPerNode=m.ranks_per_node,
             restarts=m.restarts, maxRestarts=m.max_restarts, createdAt=wall(m.created_at), updatedAt=wall(m.updated_at),
             agents=agents, rounds=rounds, events=events, info=m.info, rejoining=sorted(m.rejoining),
+            stragglers=straggler_records(m, self.clocks.to_wall),
         )

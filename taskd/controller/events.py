@@ -113,6 +113,17 @@ class AgentFinished:
 
 
 @dataclass(frozen=True)
+class PaceReported:
+    """An agent's ranks' recent compute time per step (`taskd.pace`), judged against the job's other ranks."""
+
+    node_rank: int = 0
+    host: str = ""
+    pid: int = 0
+    factor: float = 0.0
+    paces: tuple[tuple[int, float, int], ...] = ()  # (global rank, compute seconds per step, steps averaged)
+
+
+@dataclass(frozen=True)
 class Tick:
     """Time passed; the machine acts if its deadline is due."""
 
@@ -140,13 +151,13 @@ class JoinDue:
 Event = (
     JobInit | AgentRegistered | AgentConnected | AgentDisconnected | FaultReported | StopComplete
     | StrategiesReported | RecoverStatusReported | AgentFinished | Tick | AgentLossDue | JoinDue | StreamEndedDue
-    | RejoinDue | StandbyConnected | StandbyDisconnected
+    | RejoinDue | StandbyConnected | StandbyDisconnected | PaceReported
 )
 
 EVENT_TYPES: tuple[type, ...] = (
     JobInit, AgentRegistered, AgentConnected, AgentDisconnected, FaultReported, StopComplete, StrategiesReported,
     RecoverStatusReported, AgentFinished, Tick, AgentLossDue, JoinDue, StreamEndedDue, RejoinDue, StandbyConnected,
-    StandbyDisconnected,
+    StandbyDisconnected, PaceReported,
 )
 
 FIRE_AND_FORGET = (Tick, AgentLossDue, JoinDue, StreamEndedDue, RejoinDue, AgentDisconnected, StandbyDisconnected)
@@ -154,6 +165,7 @@ FIRE_AND_FORGET = (Tick, AgentLossDue, JoinDue, StreamEndedDue, RejoinDue, Agent
 
 NEEDS_REGISTERED = frozenset({
     AgentConnected, FaultReported, StopComplete, StrategiesReported, RecoverStatusReported, AgentFinished,
+    PaceReported,
 })
 """Reports that must come from an agent the job knows (Register), else 400."""
 

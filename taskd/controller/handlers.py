@@ -35,6 +35,9 @@ from taskd.vocabulary import Code, FaultRanks, SignalType, Strategy
 S = JobState
 Result = JobState | Declined
 
+ROUND_BEFORE_DECISION = frozenset({S.STOPPING, S.COLLECTING, S.REJOINING, S.RESUMING})
+"""A round not yet decided (or re-run after a controller restart): a node finishing then dooms it."""
+
 # ---------------------------------------------------------------------------- job and agent lifecycle
 
 
@@ -199,6 +202,15 @@ def on_finished(m: Job, ev: AgentFinished, now: float, out: Outcome) -> Result:
         m.info = "every agent finished with exit code 0"
         m.record(out, "job_succeeded", info=m.info)
         return S.SUCCEEDED
+    r = m.round
+    own = node_loss.node_ranks(m, m.agents[ev.node_rank])  # empty when no Init said how many ranks a node has
+    if r is not None and m.state in ROUND_BEFORE_DECISION and own and not set(r.faults) & set(own):
+        # issue 21, D3 across nodes: this node's ranks ended and its agent leaves; the round's fault ranks can only
+        # come back among ranks that are gone (a replacement would wait for them in its first collective), and
+        # this node will answer nothing (the stop timeout, then a restart that hangs): end the job now
+        ranks = ", ".join(map(str, sorted(r.faults)))
+        return m.fail(f"node(s) {ev.node_rank} finished while round {r.number} was open for rank(s) {ranks}: "
+                      "no recovery without them", now, out)
     return m.state
 
 

@@ -66,6 +66,7 @@ class Job:
         self.fences: dict[tuple[int, str, int], Fence] = {}
         # standby agents by (host, pid) (taskd.controller.standby); kept across a reset: they wait on the job id
         self.standbys: dict[tuple[str, int], Any] = {}
+        self.paces: Any = None  # the agents' pace reports and straggler verdicts (controller/stragglers.py); soft
         self.apply_init(init or JobInit())
 
     # ------------------------------------------------------------------ queries
@@ -207,6 +208,7 @@ class Job:
         self.recover_rejoined = False
         self.unsettled_recovers = 0
         self.recover_banned = False
+        self.paces = None
         self.deadline = None
         self.last_signal = None
         self.rejoining = {}

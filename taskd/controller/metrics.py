@@ -121,4 +121,11 @@ class _Gauges:
             budget.add_metric([j.job_id], j.max_restarts)
         yield used
         yield budget
+        stragglers = GaugeMetricFamily("taskd_job_stragglers", "A job's ranks judged stragglers now "
+                                       "(--straggler-factor)", labels=["job"])
+        for j in jobs:
+            board = getattr(j, "paces", None)
+            if board is not None:
+                stragglers.add_metric([j.job_id], len(board.current))
+        yield stragglers
         yield GaugeMetricFamily("taskd_streams_open", "Agents' signal streams open now", value=self._m._streams())

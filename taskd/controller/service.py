@@ -13,7 +13,7 @@ import grpc
 
 from taskd.controller import validation as v
 from taskd.controller.core import ControllerCore
-from taskd.controller.events import StandbyConnected, StandbyDisconnected
+from taskd.controller.events import PaceReported, StandbyConnected, StandbyDisconnected
 from taskd.controller.hub import keepalive_wire
 from taskd.controller.state_machine import (
     AgentConnected,
@@ -27,6 +27,7 @@ from taskd.controller.state_machine import (
     StopComplete,
     StrategiesReported,
 )
+from taskd.controller.stragglers import straggler_records
 from taskd.proto import recover_pb2, recover_pb2_grpc, taskd_pb2, taskd_pb2_grpc
 from taskd.vocabulary import Code
 
@@ -220,8 +221,9 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
 
 
 class AgentReportService(taskd_pb2_grpc.AgentReportServicer):
-    def __init__(self, core: ControllerCore) -> None:
+    def __init__(self, core: ControllerCore, max_ranks: int = v.RANK_LIMIT) -> None:
         self.core = core
+        self.max_ranks = max_ranks
 
     async def ReportFinished(self, request: taskd_pb2.FinishRequest, context: grpc.aio.ServicerContext) -> Status:
         if why := v.check_finish(request.jobId, request.nodeRank, request.message):
@@ -229,6 +231,26 @@ class AgentReportService(taskd_pb2_grpc.AgentReportServicer):
         ev = AgentFinished(node_rank=request.nodeRank, exit_code=request.exitCode, message=request.message,
                            host=request.host, pid=request.pid)
         return _answer(self.core.dispatch(request.jobId, ev), "ReportFinished", request.jobId)
+
+    async def ReportPace(self, request: taskd_pb2.PaceRequest, context: grpc.aio.ServicerContext
+                         ) -> taskd_pb2.PaceReply:
+        """An agent's ranks' pace (controller/stragglers.py); the answer carries the verdicts about its ranks."""
+        if why := v.check_pace(request, self.max_ranks):
+            return taskd_pb2.PaceReply(status=_invalid(why))
+        job = self.core.jobs.get(request.jobId)
+        if job is not None and (agent := job.agents.get(request.nodeRank)) is not None:
+            node = (request.nodeRank, agent.ranks_per_node or job.ranks_per_node)
+            code, why = v.rank_refusal([r.rank for r in request.ranks], "ranks",
+                                       v.world_size(job.node_count, job.ranks_per_node), node, max_ranks=self.max_ranks)
+            if code:
+                return taskd_pb2.PaceReply(status=Status(code=code, info=why))
+        ev = PaceReported(node_rank=request.nodeRank, host=request.host, pid=request.pid, factor=request.factor,
+                          paces=tuple((r.rank, r.computeSeconds, r.steps) for r in request.ranks))
+        status = _answer(self.core.dispatch(request.jobId, ev), "ReportPace", request.jobId)
+        if status.code != Code.OK:
+            return taskd_pb2.PaceReply(status=status)
+        return taskd_pb2.PaceReply(status=status, verdicts=straggler_records(
+            self.core.jobs.get(request.jobId), self.core.clocks.to_wall, request.nodeRank))
 
 
 PAGE_BYTES = 2 * 1024 * 1024
@@ -305,5 +327,5 @@ def recover_handler(svc: RecoverService) -> grpc.GenericRpcHandler:
 def add_services(server: grpc.aio.Server, core: ControllerCore, max_node_count: int = 65536,
                  max_ranks: int = v.RANK_LIMIT) -> None:
     server.add_generic_rpc_handlers((recover_handler(RecoverService(core, max_node_count, max_ranks)),))
-    taskd_pb2_grpc.add_AgentReportServicer_to_server(AgentReportService(core), server)
+    taskd_pb2_grpc.add_AgentReportServicer_to_server(AgentReportService(core, max_ranks), server)
     taskd_pb2_grpc.add_JobStatusServicer_to_server(JobStatusService(core), server)

@@ -141,6 +141,7 @@ def render_text(job_list: taskd_pb2.JobList, events: int = 20) -> str:
             out.append(f"  earlier runs of this job id: {numbers}, the last at {_ts(earlier[-1].startedAt)} "
                        "(`taskd status --json` lists them)")
         out += _node_losses(job)
+        out += _stragglers(job)
         if events and job.events:
             out.append(f"  last {min(events, len(job.events))} events:")
             for e in job.events[-events:]:
@@ -162,6 +163,17 @@ def _node_losses(job) -> list[str]:  # noqa: ANN001 - JobRecord
                        f"{_ts(x.lostAt)}, replaced by {new}{took}")
     if job.rejoining:
         out.append(f"  waiting for a replacement of node(s) {', '.join(map(str, job.rejoining))}")
+    return out
+
+
+def _stragglers(job) -> list[str]:  # noqa: ANN001 - JobRecord
+    """The ranks judged stragglers now: each with its node, host and how much longer it computes per step."""
+    if not job.stragglers:
+        return []
+    out = ["  stragglers (compute seconds per step outside collectives, against the median of the other ranks):"]
+    for s in job.stragglers:
+        out.append(f"    rank {s.rank} (node {s.nodeRank}, {s.host or '?'}): {s.ratio:.2f}x, "
+                   f"{s.computeSeconds:.3f}s vs {s.medianSeconds:.3f}s, since {_ts(s.since)}")
     return out
 
 

@@ -20,6 +20,7 @@ from taskd import rule_table
 from taskd.controller import handlers as h
 from taskd.controller import node_loss as nl
 from taskd.controller import standby as sb
+from taskd.controller import stragglers as st
 from taskd.controller.events import (
     EVENT_TYPES,
     AgentConnected,
@@ -31,6 +32,7 @@ from taskd.controller.events import (
     JobInit,
     JoinDue,
     Outcome,
+    PaceReported,
     RecoverStatusReported,
     RejoinDue,
     StandbyConnected,
@@ -90,7 +92,10 @@ RULES: tuple[Rule, ...] = (
     Rule(ANY, StandbyDisconnected, _targets(UNCHANGED), sb.on_disconnected,
          "forgotten (no loss round); the node it was assigned goes to the next standby"),
     Rule(ANY, AgentFinished, _targets(S.SUCCEEDED, S.FAILED, UNCHANGED), h.on_finished,
-         "SUCCEEDED when every node finished 0, FAILED on a non-zero exit"),
+         "SUCCEEDED when every node finished 0, FAILED on a non-zero exit, or when it finished while an undecided "
+         "round awaits another node's rank"),
+    Rule(ANY, PaceReported, _targets(UNCHANGED), st.on_pace,
+         "judged against the job's other ranks: `straggler` / `straggler_cleared` recorded; no action taken"),
     # an agent lost (silent past the loss timeout, or its stream ended past the grace) opens a node-loss round
     Rule(ACTIVE, AgentLossDue, _targets(S.STOPPING, S.COLLECTING, S.REJOINING, S.FAILED, UNCHANGED),
          nl.on_agent_lost, "fences it; opens (or widens) a node-loss round for its node's ranks; FAILED when a "

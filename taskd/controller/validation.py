@@ -6,11 +6,13 @@ The job-aware checks (`rank_refusal`) read the job and answer 402 for ranks it d
 
 from __future__ import annotations
 
+import math
 import unicodedata
 from collections.abc import Iterable, Sequence
 
 from taskd.controller.config import RANK_LIMIT
-from taskd.proto import recover_pb2
+from taskd.pace import check_factor
+from taskd.proto import recover_pb2, taskd_pb2
 from taskd.settings import setting
 from taskd.vocabulary import FaultType, Strategy
 
@@ -165,6 +167,29 @@ def check_process_fault(req: recover_pb2.ProcessFaultRequest) -> str:
 
 def check_finish(job_id: str, node_rank: int, message: str) -> str:
     return check_job_id(job_id) or _non_negative([("nodeRank", node_rank)]) or _str("message", message)
+
+
+def check_pace(req: taskd_pb2.PaceRequest, max_ranks: int = RANK_LIMIT) -> str:
+    """A pace report: its job, node and identity, a factor above 1, and per rank a non-negative finite compute
+    time and step count, each rank once (whether the ranks are the node's own is `rank_refusal`'s)."""
+    why = (check_job_id(req.jobId) or _non_negative([("nodeRank", req.nodeRank), ("pid", req.pid)])
+           or _str("host", req.host) or _list("ranks", req.ranks))
+    if why:
+        return why
+    if why := check_factor(req.factor):
+        return f"factor {why}"
+    if len(req.ranks) > max_ranks:
+        return f"ranks has {len(req.ranks)} entries, more than the {max_ranks} ranks a job may have"
+    seen: set[int] = set()
+    for i, r in enumerate(req.ranks):
+        if r.rank < 0 or r.rank in seen:
+            return f"ranks[{i}].rank {r.rank} is {'negative' if r.rank < 0 else 'listed twice'}"
+        seen.add(r.rank)
+        if not (0.0 <= r.computeSeconds < math.inf):
+            return f"ranks[{i}].computeSeconds must be finite and >= 0, got {r.computeSeconds!r}"
+        if r.steps < 0:
+            return f"ranks[{i}].steps must be >= 0, got {r.steps}"
+    return ""
 
 
 def world_size(node_count: int, ranks_per_node: int) -> int | None:

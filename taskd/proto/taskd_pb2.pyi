@@ -22,6 +22,60 @@ class FinishRequest(_message.Message):
     pid: int
     def __init__(self, jobId: _Optional[str] = ..., nodeRank: _Optional[int] = ..., exitCode: _Optional[int] = ..., message: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
 
+class RankPace(_message.Message):
+    __slots__ = ("rank", "computeSeconds", "steps")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    COMPUTESECONDS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    computeSeconds: float
+    steps: int
+    def __init__(self, rank: _Optional[int] = ..., computeSeconds: _Optional[float] = ..., steps: _Optional[int] = ...) -> None: ...
+
+class PaceRequest(_message.Message):
+    __slots__ = ("jobId", "nodeRank", "host", "pid", "factor", "ranks")
+    JOBID_FIELD_NUMBER: _ClassVar[int]
+    NODERANK_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    FACTOR_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    jobId: str
+    nodeRank: int
+    host: str
+    pid: int
+    factor: float
+    ranks: _containers.RepeatedCompositeFieldContainer[RankPace]
+    def __init__(self, jobId: _Optional[str] = ..., nodeRank: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., factor: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[RankPace, _Mapping]]] = ...) -> None: ...
+
+class StragglerRecord(_message.Message):
+    __slots__ = ("rank", "nodeRank", "host", "ratio", "computeSeconds", "medianSeconds", "since", "cleared")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    NODERANK_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    RATIO_FIELD_NUMBER: _ClassVar[int]
+    COMPUTESECONDS_FIELD_NUMBER: _ClassVar[int]
+    MEDIANSECONDS_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    CLEARED_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    nodeRank: int
+    host: str
+    ratio: float
+    computeSeconds: float
+    medianSeconds: float
+    since: float
+    cleared: bool
+    def __init__(self, rank: _Optional[int] = ..., nodeRank: _Optional[int] = ..., host: _Optional[str] = ..., ratio: _Optional[float] = ..., computeSeconds: _Optional[float] = ..., medianSeconds: _Optional[float] = ..., since: _Optional[float] = ..., cleared: bool = ...) -> None: ...
+
+class PaceReply(_message.Message):
+    __slots__ = ("status", "verdicts")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    VERDICTS_FIELD_NUMBER: _ClassVar[int]
+    status: _recover_pb2.Status
+    verdicts: _containers.RepeatedCompositeFieldContainer[StragglerRecord]
+    def __init__(self, status: _Optional[_Union[_recover_pb2.Status, _Mapping]] = ..., verdicts: _Optional[_Iterable[_Union[StragglerRecord, _Mapping]]] = ...) -> None: ...
+
 class JobQuery(_message.Message):
     __slots__ = ("jobId", "pageSize", "pageToken")
     JOBID_FIELD_NUMBER: _ClassVar[int]
@@ -115,7 +169,7 @@ class EventRecord(_message.Message):
     def __init__(self, time: _Optional[float] = ..., kind: _Optional[str] = ..., round: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class JobRecord(_message.Message):
-    __slots__ = ("jobId", "state", "nodeCount", "ranksPerNode", "restarts", "maxRestarts", "createdAt", "updatedAt", "agents", "rounds", "events", "info", "rejoining")
+    __slots__ = ("jobId", "state", "nodeCount", "ranksPerNode", "restarts", "maxRestarts", "createdAt", "updatedAt", "agents", "rounds", "events", "info", "rejoining", "stragglers")
     JOBID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     NODECOUNT_FIELD_NUMBER: _ClassVar[int]
@@ -129,6 +183,7 @@ class JobRecord(_message.Message):
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     INFO_FIELD_NUMBER: _ClassVar[int]
     REJOINING_FIELD_NUMBER: _ClassVar[int]
+    STRAGGLERS_FIELD_NUMBER: _ClassVar[int]
     jobId: str
     state: str
     nodeCount: int
@@ -142,7 +197,8 @@ class JobRecord(_message.Message):
     events: _containers.RepeatedCompositeFieldContainer[EventRecord]
     info: str
     rejoining: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, jobId: _Optional[str] = ..., state: _Optional[str] = ..., nodeCount: _Optional[int] = ..., ranksPerNode: _Optional[int] = ..., restarts: _Optional[int] = ..., maxRestarts: _Optional[int] = ..., createdAt: _Optional[float] = ..., updatedAt: _Optional[float] = ..., agents: _Optional[_Iterable[_Union[AgentRecord, _Mapping]]] = ..., rounds: _Optional[_Iterable[_Union[RoundRecord, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[EventRecord, _Mapping]]] = ..., info: _Optional[str] = ..., rejoining: _Optional[_Iterable[int]] = ...) -> None: ...
+    stragglers: _containers.RepeatedCompositeFieldContainer[StragglerRecord]
+    def __init__(self, jobId: _Optional[str] = ..., state: _Optional[str] = ..., nodeCount: _Optional[int] = ..., ranksPerNode: _Optional[int] = ..., restarts: _Optional[int] = ..., maxRestarts: _Optional[int] = ..., createdAt: _Optional[float] = ..., updatedAt: _Optional[float] = ..., agents: _Optional[_Iterable[_Union[AgentRecord, _Mapping]]] = ..., rounds: _Optional[_Iterable[_Union[RoundRecord, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[EventRecord, _Mapping]]] = ..., info: _Optional[str] = ..., rejoining: _Optional[_Iterable[int]] = ..., stragglers: _Optional[_Iterable[_Union[StragglerRecord, _Mapping]]] = ...) -> None: ...
 
 class JobList(_message.Message):
     __slots__ = ("status", "jobs", "nextPageToken")

@@ -40,12 +40,23 @@ class AgentReportStub(object):
                 request_serializer=taskd__pb2.FinishRequest.SerializeToString,
                 response_deserializer=recover__pb2.Status.FromString,
                 _registered_method=True)
+        self.ReportPace = channel.unary_unary(
+                '/taskd.v1.AgentReport/ReportPace',
+                request_serializer=taskd__pb2.PaceRequest.SerializeToString,
+                response_deserializer=taskd__pb2.PaceReply.FromString,
+                _registered_method=True)
 
 
 class AgentReportServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def ReportFinished(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportPace(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -58,6 +69,11 @@ def add_AgentReportServicer_to_server(servicer, server):
                     servicer.ReportFinished,
                     request_deserializer=taskd__pb2.FinishRequest.FromString,
                     response_serializer=recover__pb2.Status.SerializeToString,
+            ),
+            'ReportPace': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportPace,
+                    request_deserializer=taskd__pb2.PaceRequest.FromString,
+                    response_serializer=taskd__pb2.PaceReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -87,6 +103,33 @@ class AgentReport(object):
             '/taskd.v1.AgentReport/ReportFinished',
             taskd__pb2.FinishRequest.SerializeToString,
             recover__pb2.Status.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportPace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/taskd.v1.AgentReport/ReportPace',
+            taskd__pb2.PaceRequest.SerializeToString,
+            taskd__pb2.PaceReply.FromString,
             options,
             channel_credentials,
             insecure,

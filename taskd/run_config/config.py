@@ -73,6 +73,8 @@ class RunConfig:
     monitor_interval: float = default("monitor_interval")
     stop_grace: float = default("stop_grace")
     heartbeat_timeout: float | None = default("heartbeat_timeout")
+    straggler_factor: float | None = default("straggler_factor")
+    straggler_interval: float = default("straggler_interval")
     dump_timeout: float = default("dump_timeout")
     warm_spares: int = default("warm_spares")
     quiet: bool = default("quiet")

@@ -131,6 +131,11 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
              help="taskd: recovery strategies offered, in order (default recover,job-rescheduling,exit)")
     _setting(recovery, "heartbeat_timeout", metavar="S",
              help="taskd: a rank whose last taskd.worker.heartbeat() is older is hung (default: off)")
+    _setting(recovery, "straggler_factor", metavar="F",
+             help="taskd: report a rank whose compute time per step (outside collectives) is F times the median of "
+                  "the other ranks' (default: off; docs/operations.md)")
+    _setting(recovery, "straggler_interval", metavar="S",
+             help=f"taskd: seconds between pace reports with --straggler-factor (default {_d('straggler_interval')})")
     _setting(recovery, "dump_timeout", metavar="S",
              help=f"taskd: how long the dump strategy waits for ranks to save (default {_d('dump_timeout')})")
     _setting(recovery, "warm_spares", metavar="N",

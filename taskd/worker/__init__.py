@@ -20,7 +20,15 @@ from taskd.worker.checkpoint import CheckpointManager, CorruptCheckpoint
 from taskd.worker.env import job_id, local_rank, rank, restart_count, world_size
 from taskd.worker.heartbeat_file import HeartbeatFile, HeartbeatFileError, HeartbeatState
 from taskd.worker.live import RetryableError, declare_rejoinable, preimport
-from taskd.worker.progress import finished, heartbeat, on_save_request, save_on_error, section, serve_save_request
+from taskd.worker.progress import (
+    collective,
+    finished,
+    heartbeat,
+    on_save_request,
+    save_on_error,
+    section,
+    serve_save_request,
+)
 from taskd.worker.serializers import Serializer, register_serializer
 
 __all__ = [
@@ -32,6 +40,7 @@ __all__ = [
     "RetryableError",
     "Serializer",
     "heartbeat",
+    "collective",
     "declare_rejoinable",
     "finished",
     "job_id",

@@ -42,12 +42,20 @@ offset  type  field
 220     u32   finishing (rank side): 0 no, 1 its interpreter is exiting (atexit), 2 the script said its
               work is done (``taskd.worker.finished()``)
 224     f64   wall time it was marked finishing (0 = not finishing)
-232     24x   free
+232     f64   compute seconds (rank side): the time between consecutive heartbeats not spent inside a
+              collective (``taskd.worker.collective()``, LiveGroup's marks), summed
+240     u64   heartbeat intervals that sum counts
+248     8x    free
 ======  ====  ===============================================================
 
 Bytes 152-219 are the live-recovery fields (``taskd.worker.live``); all zero means "not declared".
 A finishing rank is not hung: framework finalisation at exit (MindSpore's takes seconds) sends no
 heartbeats. The agent still bounds how long it waits for such a rank to exit.
+
+Bytes 232-247 are a rank's own pace (issue 21, stragglers): in data-parallel training every rank steps
+at the slowest's pace, so the step time cannot name the slow rank, but the time a rank spends *outside*
+its collectives can. Zero means not measured (an older writer, or no two heartbeats yet): readers that
+do not know the fields ignore them, and the layout version stays 1.
 """
 
 from __future__ import annotations
@@ -76,6 +84,7 @@ _ALL = struct.Struct("<4sIQiIdqddQQII64sQ")  # the whole record, for one-shot re
 _LIVE = struct.Struct("<IIqqddQIqd")  # offset 152: the live-recovery fields, see taskd.worker.live
 _U32 = struct.Struct("<I")
 _FINISH = struct.Struct("<Id")  # offset 220: finishing state, since (packed: 220 + 4 = 224)
+_COMPUTE = struct.Struct("<dQ")  # offset 232: compute seconds, intervals counted
 
 OFF_SEQ = 8
 OFF_IDENT = 16
@@ -92,6 +101,7 @@ OFF_LIVE_JOIN = 160  # generation, step, time
 OFF_LIVE_COLLECTIVE = 184
 OFF_LIVE_ERROR = 192  # count, kind, step, time
 OFF_FINISH = 220
+OFF_COMPUTE = 232
 
 FINISHING_NO = 0
 FINISHING_EXIT = 1  # the rank's interpreter is exiting (its atexit handlers run)
@@ -129,6 +139,8 @@ class HeartbeatState(NamedTuple):
     torn: bool = False
     finishing: int = FINISHING_NO  # FINISHING_EXIT or FINISHING_DONE: exiting, not hung (see the module's doc)
     finishing_since: float | None = None  # wall time it was marked finishing
+    compute: float = 0.0  # seconds between heartbeats spent outside collectives, summed (0: not measured)
+    compute_intervals: int = 0  # heartbeat intervals `compute` sums
 
     @property
     def started(self) -> bool:
@@ -158,7 +170,7 @@ _NO_HEARTBEAT = HeartbeatState(
 )
 
 
-def _state(fields: tuple, finish: tuple = (FINISHING_NO, 0.0)) -> HeartbeatState:
+def _state(fields: tuple, finish: tuple = (FINISHING_NO, 0.0), pace: tuple = (0.0, 0)) -> HeartbeatState:
     (_, _, _, pid, stack_signal, beat_time, step, sec_timeout, sec_start, request, ack, ok, name_len, name,
      beats) = fields
     finishing, finishing_since = finish
@@ -176,6 +188,8 @@ def _state(fields: tuple, finish: tuple = (FINISHING_NO, 0.0)) -> HeartbeatState
         beats=beats,
         finishing=finishing,
         finishing_since=finishing_since or None,
+        compute=pace[0],
+        compute_intervals=pace[1],
     )
 
 
@@ -264,9 +278,10 @@ class HeartbeatFile:
         for attempt in range(max(1, retries)):
             fields = _ALL.unpack_from(mapping, 0)
             finish = _FINISH.unpack_from(mapping, OFF_FINISH)
+            pace = _COMPUTE.unpack_from(mapping, OFF_COMPUTE)
             seq = fields[2]
             if seq % 2 == 0 and _SEQ.unpack_from(mapping, OFF_SEQ)[0] == seq:
-                state = _state(fields, finish)
+                state = _state(fields, finish, pace)
                 self._last_good = state
                 return state
             time.sleep(0 if attempt < SPIN_RETRIES else _RETRY_SLEEP)

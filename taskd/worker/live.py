@@ -305,18 +305,22 @@ class LiveRank:
     def joined(self, generation: int, step: int) -> None:
         """Report "joined ``generation``, continuing from ``step``" (state synced, training again)."""
         self.generation = generation
+        progress.forget_interval()  # joining a group is no step of anyone's: not compute time
         progress.write_fields([
             (_JOIN, hbf.OFF_LIVE_JOIN, (generation, step, time.time())),
             (_U32, hbf.OFF_LIVE_PHASE, (int(Phase.TRAINING),)),
         ])
 
     def collective(self, inside: bool) -> None:
-        """Mark entering (True) or leaving (False) a collective: waiting on peers is not hanging."""
+        """Mark entering (True) or leaving (False) a collective: waiting on peers is not hanging, nor is it
+        this rank's compute time (the straggler comparison)."""
+        progress.mark_wait(inside)
         progress.write_fields([(_F64, hbf.OFF_LIVE_COLLECTIVE, (time.time() if inside else 0.0,))])
 
     def report_error(self, kind: ErrorKind, step: int) -> None:
         """Report an in-place error (the rank is alive and pauses) so the agent can choose retry/recover."""
         self.errors += 1
+        progress.forget_interval()
         progress.write_fields([
             (_ERROR, hbf.OFF_LIVE_ERROR, (self.errors, int(kind), step, time.time())),
             (_F64, hbf.OFF_LIVE_COLLECTIVE, (0.0,)),

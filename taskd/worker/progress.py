@@ -40,6 +40,13 @@ class _Beacon:
         self.handled = hbf._ACK.unpack_from(self.buf, hbf.OFF_ACK)[0]
         self.sections: list[tuple[str, float, float]] = []  # (name, timeout, start)
         self.finishing = hbf.FINISHING_NO
+        # the rank's pace (heartbeat_file, bytes 232-247): monotonic seconds, waits in collectives left out
+        self.last_beat: float | None = None
+        self.wait_depth = 0
+        self.wait_since: float | None = None
+        self.waited = 0.0  # seconds inside collectives since the last heartbeat
+        self.compute = 0.0
+        self.intervals = 0
         self.stack_signal = _install_stack_dump()
         with self.lock:
             self._begin()
@@ -58,12 +65,21 @@ class _Beacon:
         if step is not None:
             self.step = step
         with self.lock:
+            now = time.monotonic()
+            if self.last_beat is not None:  # this interval's compute: its length less its waits on peers
+                waited = self.waited + (now - self.wait_since if self.wait_since is not None else 0.0)
+                self.compute += max(0.0, now - self.last_beat - waited)
+                self.intervals += 1
+            self.last_beat, self.waited = now, 0.0
+            if self.wait_since is not None:
+                self.wait_since = now
             self.seq += 1
             buf = self.buf
             hbf._SEQ.pack_into(buf, hbf.OFF_SEQ, self.seq)
             hbf._BEAT.pack_into(buf, hbf.OFF_BEAT, time.time(), self.step)
             self.beats += 1
             hbf._COUNT.pack_into(buf, hbf.OFF_COUNT, self.beats)
+            hbf._COMPUTE.pack_into(buf, hbf.OFF_COMPUTE, self.compute, self.intervals)
             self.seq += 1
             hbf._SEQ.pack_into(buf, hbf.OFF_SEQ, self.seq)
         if self.pending():
@@ -72,6 +88,25 @@ class _Beacon:
     def pending(self) -> bool:
         """Whether the agent asked for a save this rank has not served yet."""
         return hbf._REQUEST.unpack_from(self.buf, hbf.OFF_REQUEST)[0] > self.handled
+
+    def mark_wait(self, inside: bool) -> None:
+        """Entering (True) or leaving (False) a wait on peers; nested marks count once."""
+        with self.lock:
+            now = time.monotonic()
+            if inside:
+                self.wait_depth += 1
+                if self.wait_depth == 1:
+                    self.wait_since = now
+                return
+            self.wait_depth = max(0, self.wait_depth - 1)
+            if self.wait_depth == 0 and self.wait_since is not None:
+                self.waited += now - self.wait_since
+                self.wait_since = None
+
+    def forget_interval(self) -> None:
+        """The time since the last heartbeat is nobody's compute (a group rebuilt, a step redone): not counted."""
+        with self.lock:
+            self.last_beat, self.waited, self.wait_depth, self.wait_since = None, 0.0, 0, None
 
     def write_section(self, touch: bool) -> None:
         """Publish the innermost open section (or none); ``touch`` also counts as a heartbeat."""
@@ -265,6 +300,45 @@ def section(name: str, timeout: float | None = None) -> Iterator[None]:
         if beacon.sections:
             beacon.sections.pop()
         beacon.write_section(touch=True)
+
+
+def _current() -> _Beacon | None:
+    return _beacon if isinstance(_beacon, _Beacon) else (None if _beacon is _DISABLED else _attach())
+
+
+def mark_wait(inside: bool) -> None:
+    """Mark entering or leaving a wait on peers (``taskd.worker.torch.LiveGroup`` marks its collectives)."""
+    beacon = _current()
+    if beacon is not None:
+        beacon.mark_wait(inside)
+
+
+def forget_interval() -> None:
+    """Leave the time since the last heartbeat out of this rank's compute time (a recovery, not a step)."""
+    beacon = _current()
+    if beacon is not None:
+        beacon.forget_interval()
+
+
+@contextmanager
+def collective() -> Iterator[None]:
+    """Mark a wait on the other ranks (a collective, a barrier): not this rank's own compute time.
+
+    The agent compares ranks on the time between heartbeats spent *outside* such waits, to name the rank
+    that makes the others wait (``--straggler-factor``). In data-parallel training every rank steps at the
+    slowest's pace, so without these marks all ranks look alike. ``LiveGroup`` marks its collectives itself;
+    a script of its own wraps its ``all_reduce``/``barrier`` calls (or DDP's backward) in it. Does nothing
+    outside taskd.
+    """
+    beacon = _current()
+    if beacon is None:
+        yield
+        return
+    beacon.mark_wait(True)
+    try:
+        yield
+    finally:
+        beacon.mark_wait(False)
 
 
 def on_save_request(callback: Callable[[], object] | None) -> None:

@@ -17,7 +17,7 @@ PACKAGE = ROOT / "taskd"
 # Composition roots (taskd.run, taskd.cli, the TaskD compatibility shims) are not listed: they wire the rest.
 # Base modules import nothing of taskd, or only other base modules.
 BASE = {"taskd.vocabulary", "taskd.address", "taskd.proto", "taskd.callbacks", "taskd.settings", "taskd.rule_table",
-        "taskd.doc_block"}
+        "taskd.doc_block", "taskd.pace"}
 ALLOWED: dict[str, set[str]] = {
     "taskd.vocabulary": set(),
     "taskd.address": set(),
@@ -25,6 +25,7 @@ ALLOWED: dict[str, set[str]] = {
     "taskd.callbacks": set(),
     "taskd.rule_table": set(),  # a transition table as data: the controller's and the agent's are built on it
     "taskd.doc_block": set(),  # a generated Markdown block in a doc (markers, --write/--check)
+    "taskd.pace": set(),  # the straggler judge (pure): the agent and the controller both judge with it
     "taskd.settings": {"taskd.doc_block"},  # the settings table (taskd/settings.py): every config derives from it
     "taskd.worker": set(),  # ranks import it: the standard library only (taskd.worker.torch adds torch)
     "taskd.process": {"taskd.worker"},

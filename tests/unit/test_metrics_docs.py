@@ -28,7 +28,8 @@ def _node_exported() -> set[str]:
     metrics = NodeMetrics()
     metrics.publish([], 0, 0)
     names = {f.name + ("_total" if f.type == "counter" else "") for f in metrics.registry.collect()}
-    return names | {"taskd_rank_step", "taskd_rank_heartbeat_age_seconds", "taskd_rank_step_seconds"}  # per rank
+    return names | {"taskd_rank_step", "taskd_rank_heartbeat_age_seconds", "taskd_rank_step_seconds",
+                     "taskd_rank_compute_seconds"}  # per rank
 
 
 def test_the_operations_doc_lists_every_exported_metric_and_no_other() -> None:

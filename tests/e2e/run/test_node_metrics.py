@@ -39,6 +39,8 @@ def test_a_nodes_ranks_steps_pace_and_restarts_are_scraped_from_a_training_job(t
         assert got[("taskd_node_faults_total", ())] == 1 and got[("taskd_node_recoveries_total", ())] == 1
         assert got[("taskd_rank_starts_total", (("rank", "0"),))] == 1
         assert 0.04 < got[("taskd_rank_step_seconds", (("rank", "0"),))] < 1.0  # --step-sleep 0.05
+        # no collectives marked (independent ranks): all of a step is the rank's own compute
+        assert 0.04 < got[("taskd_rank_compute_seconds", (("rank", "0"),))] < 1.0
         assert 0 <= got[("taskd_rank_heartbeat_age_seconds", (("rank", "0"),))] < 5
         assert proc.wait(timeout=120) == 0, (tmp_path / "run.log").read_text()
     finally:

@@ -279,14 +279,18 @@ def test_two_nodes_against_one_server_replace_a_rank_of_node_1_in_place(tmp_path
                 return False
 
         wait_for(listening, 30, "taskd server to listen")
-        args = [*SMALL, "--ckpt-dir", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out"), "--crash", "3:8"]
+        # rank 2 (node 1) is also a straggler: 50 ms more per step outside collectives, judged by the server
+        # against the job's other ranks, across the two nodes (issue 21, item 5)
+        args = [*SMALL, "--ckpt-dir", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out"), "--crash", "3:8",
+                "--slow", "2:0.05"]
         for node in range(2):
             logs.append(tmp_path / f"node{node}.log")
             with logs[-1].open("wb") as out:
                 nodes.append(subprocess.Popen(
                     [sys.executable, "-m", "taskd.run", "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node",
                      "2", "--server", f"127.0.0.1:{port}", "--job-id", "live2n", "--master-addr", "127.0.0.1",
-                     "--master-port", str(master), "--monitor-interval", "0.2", str(EXAMPLE), *args],
+                     "--master-port", str(master), "--monitor-interval", "0.2", "--straggler-factor", "1.5",
+                     "--straggler-interval", "0.5", str(EXAMPLE), *args],
                     stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT))
             STARTED.append(nodes[-1])
         codes = []
@@ -312,6 +316,11 @@ def test_two_nodes_against_one_server_replace_a_rank_of_node_1_in_place(tmp_path
         assert "strategy: recover for rank(s) [3]" in console and "job-rescheduling" not in console, console[-5000:]
     assert info["restart_count"] == 1 and info["recomputed"]["0"] == 0
     assert_identical(torch.load(tmp_path / "out" / "final.pt"), reference4)
+    named = [re.findall(r"straggler: rank (\d+) on \S+ computes ([0-9.]+)x", c) for c in consoles]
+    assert not named[0] and named[1] and {r for r, _ in named[1]} == {"2"}, named  # told to node 1 only
+    assert float(named[1][0][1]) >= 1.5
+    # the server's history record, as it logs it once stored
+    assert re.search(r'straggler \{"rank": 2, "node_rank": 1', (tmp_path / "server.log").read_text())
     print(f"two nodes: rank 3 -> training resumed in {resumed_after(consoles[1])}s (node 1)")
 
 

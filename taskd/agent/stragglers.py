@@ -1,0 +1,104 @@
+"""This node's side of straggler detection (`--straggler-factor`, issue 21 item 5; the judge is taskd/pace.py).
+
+On each sweep the agent reads its ranks' running compute sums from their heartbeat files into a window per
+rank; every `--straggler-interval` it sends the windows' averages to the controller (`ReportPace`), which
+compares every rank of the job with the median of the others and answers with the verdicts about this
+node's ranks, each once: they become console lines here. Without a controller that judges (degraded mode,
+a ClusterD controller without taskd.v1) the agent judges its own node's ranks with the same judge. Nothing
+here acts on a straggler.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+from taskd.agent.ranks import Rank, RankState
+from taskd.client.errors import RecoverClientError
+from taskd.client.rpc import PendingCall
+from taskd.pace import PaceWindow, RankPace, StragglerJudge, Verdict
+from taskd.vocabulary import Code
+
+log = logging.getLogger("taskd.agent")
+
+CALL_TIMEOUT = 5.0
+
+
+class PaceLink(Protocol):
+    def __call__(self, factor: float, paces: list[tuple[int, float, int]], timeout: float
+                 ) -> PendingCall | None: ...
+
+
+class StragglerWatch:
+    """Windows of this node's ranks, the pace report in flight, and the local judge when no controller judges."""
+
+    def __init__(self, factor: float, interval: float, host: str) -> None:
+        self.factor = factor
+        self.interval = interval
+        self.host = host
+        self.windows: dict[int, PaceWindow] = {}
+        self.local = StragglerJudge(factor)
+        self.remote = True  # the controller judges; False once it cannot (no taskd.v1) or there is none
+        self.next_at = 0.0
+        self._call: PendingCall | None = None
+
+    def sample(self, ranks: Iterable[Rank], heartbeat: Callable[[Rank], Any]) -> list[RankPace]:
+        """Read each running rank's compute sums into its window; the ranks with a judged pace."""
+        out = []
+        seen = set()
+        for rank in ranks:
+            if rank.state is not RankState.RUNNING or rank.pid is None:
+                continue
+            state = heartbeat(rank)
+            if state is None:
+                continue
+            seen.add(rank.global_rank)
+            window = self.windows.setdefault(rank.global_rank, PaceWindow())
+            window.observe(rank.pid, state.compute, state.compute_intervals)
+            seconds = window.seconds()
+            if seconds is not None:
+                out.append(RankPace(rank.global_rank, self.host, seconds, window.intervals))
+        for gone in [r for r in self.windows if r not in seen]:
+            del self.windows[gone]
+        return out
+
+    def sweep(self, ranks: Iterable[Rank], heartbeat: Callable[[Rank], Any], link: PaceLink | None,
+              now: float) -> list[Verdict]:
+        """One sweep: the answer to the report in flight, then (when due) the next report; the verdicts to say."""
+        paces = self.sample(ranks, heartbeat)
+        verdicts = self._answer()
+        if now < self.next_at or self._call is not None:
+            return verdicts
+        self.next_at = now + self.interval
+        if self.remote and link is not None:
+            self._call = link(self.factor, [(p.rank, p.seconds, p.intervals) for p in paces],
+                                         min(CALL_TIMEOUT, self.interval))
+            if self._call is not None:
+                return verdicts
+        return verdicts + self.local.judge(paces)
+
+    def _answer(self) -> list[Verdict]:
+        call = self._call
+        if call is None or not call.done():
+            return []
+        self._call = None
+        try:
+            reply = call.result()
+        except RecoverClientError as exc:
+            if "UNIMPLEMENTED" in str(exc):
+                self.remote = False
+                log.info("the controller does not judge stragglers (no taskd.v1 ReportPace): this node's ranks are "
+                         "compared among themselves")
+            else:
+                log.debug("pace report: %s", exc)
+            return []
+        if reply.status.code != Code.OK:
+            log.debug("pace report answered %d: %s", reply.status.code, reply.status.info)
+            return []
+        return [Verdict(v.rank, v.host, v.ratio, v.computeSeconds, v.medianSeconds, v.cleared) for v in reply.verdicts]
+
+    def close(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+            self._call = None
