@@ -305,6 +305,7 @@ class ControllerCore:
     def evict_expired(self) -> list[str]:
         """Evict every finished job idle (no stream, no call) for `finished_job_retention` seconds, and every
         job that has had no agent for `unregistered_job_timeout` seconds (an Init no Register followed)."""
+        self.group.flush()  # a report still pending is activity: decide on what is committed
         now = self.clock()
         limit = now - self.finished_job_retention
         expired = []
