@@ -228,6 +228,10 @@ def many_jobs_fault(n: int, args: argparse.Namespace, work: Path) -> dict[str, A
         if sims is not None:
             sims.close()
         stop_process(server, grace=30)
+        if "error" in res:  # the controller's log (WARNING and above) says why, e.g. connections it closed
+            kept = write_result(f"controller_scale_jobs_{n}_log", {"log": (work / f"controller-jobs-{n}.log")
+                                                                  .read_text(errors="replace")[-200_000:]})
+            res["controller_log"] = str(kept)
     return res
 
 
@@ -294,6 +298,8 @@ def main() -> int:
     sizes = [int(s) for s in args.sizes.split(",") if s]
     if args.quick:
         sizes, args.procs, args.probes, args.min_calls = [50], 2, 2, 200
+        if args.scenario == "many-jobs-fault":
+            sizes, args.procs = [20], 1
     result = header("controller_scale", args)
     result["sizes"] = sizes
     result["procs"] = args.procs

@@ -98,20 +98,32 @@ class Agent:
         ok = recover_pb2.Status(code=0, info="ok")
         try:
             if msg.signalType == "stopTrain":
-                await self.stub.ReportStopComplete(recover_pb2.StopCompleteRequest(
-                    jobId=job, status=ok, faultRanks=msg.faultRanks, nodeRank=0, host=host, pid=pid), timeout=120)
+                await self._call(self.stub.ReportStopComplete, recover_pb2.StopCompleteRequest(
+                    jobId=job, status=ok, faultRanks=msg.faultRanks, nodeRank=0, host=host, pid=pid))
             elif msg.signalType == "globalFault":
-                await self.stub.ReportRecoverStrategy(recover_pb2.RecoverStrategyRequest(
+                await self._call(self.stub.ReportRecoverStrategy, recover_pb2.RecoverStrategyRequest(
                     jobId=job, faultRanks=msg.faultRanks, strategies=["recover", "job-rescheduling", "exit"],
-                    nodeRank=0, host=host, pid=pid), timeout=120)
+                    nodeRank=0, host=host, pid=pid))
             elif msg.signalType == "changeStrategy":
-                st = await self.stub.ReportRecoverStatus(recover_pb2.RecoverStatusRequest(
-                    jobId=job, status=ok, strategy=msg.changeStrategy, nodeRank=0, host=host, pid=pid), timeout=120)
+                st = await self._call(self.stub.ReportRecoverStatus, recover_pb2.RecoverStatusRequest(
+                    jobId=job, status=ok, strategy=msg.changeStrategy, nodeRank=0, host=host, pid=pid))
                 self.status_code = str(st.code)
         except grpc.aio.AioRpcError as exc:
             self.refused[f"{msg.signalType}:{exc.code().name}"] += 1
             if msg.signalType == "changeStrategy":
                 self.status_code = exc.code().name
+
+    async def _call(self, method, request, budget: float = 60.0):  # noqa: ANN001, ANN202
+        """One report, sent again after UNAVAILABLE (a broken connection) within `budget`, as taskd's agent does."""
+        deadline = time.monotonic() + budget
+        while True:
+            try:
+                return await method(request, timeout=120)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                    raise
+                self.refused[f"retried:{type(request).__name__}"] += 1
+                await asyncio.sleep(0.1)
 
     async def report_fault(self) -> str:
         req = recover_pb2.ProcessFaultRequest(jobId=self.info.jobId, nodeRank=0, detail="bench: all jobs at once",
@@ -119,7 +131,7 @@ class Agent:
                                               faultRanks=[recover_pb2.FaultRank(rankId="0", faultType="1")])
         self.fault_sent = time.time()
         try:
-            st = await self.stub.ReportProcessFault(req, timeout=300)
+            st = await self._call(self.stub.ReportProcessFault, req)
             return str(st.code)
         except grpc.aio.AioRpcError as exc:
             return exc.code().name
