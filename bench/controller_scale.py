@@ -14,12 +14,22 @@ open), start P processes of bench/sim_agents.py (grpc.aio clients, one connectio
   is the time to resubscribe all. Refused attempts are counted by the agents.
 
     python bench/controller_scale.py [--quick] [--sizes 100,1000,4000,10000] [--procs 4] [--per-channel 1]
+
+`--scenario many-jobs-fault`: N one-agent jobs on one server (`--procs` client processes, one
+connection per agent); once every agent is subscribed, every job reports a fault at the same moment
+and every agent answers its round as taskd's agent does (bench/sim_agents.py --one-job-each). Per
+job: its fault report sent -> its changeStrategy received, p50/p99/max; the first report sent -> the
+last changeStrategy received; the controller's CPU seconds and RSS over that phase.
+
+    python bench/controller_scale.py --scenario many-jobs-fault --sizes 1000,10000 --procs 2
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -53,13 +63,16 @@ SERVER_FLAGS = ["--stop-timeout", "3600", "--strategy-timeout", "3600", "--recov
 class Sims:
     """The P simulated-agent processes, driven through their stdin/stdout."""
 
-    def __init__(self, address: str, job: str, n: int, procs: int, per_channel: int, work: Path) -> None:
+    def __init__(self, address: str, job: str, n: int, procs: int, per_channel: int, work: Path,
+                 one_job_each: bool = False) -> None:
         self.procs: list[subprocess.Popen[str]] = []
         per = -(-n // procs)
         for first in range(0, n, per):
             count = min(per, n - first)
             cmd = [sys.executable, str(BENCH_DIR / "sim_agents.py"), "--address", address, "--job", job,
                    "--first", str(first), "--count", str(count), "--nodes", str(n), "--per-channel", str(per_channel)]
+            if one_job_each:
+                cmd.append("--one-job-each")
             self.procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                                stderr=(work / f"sim-{first}.log").open("w"), text=True,
                                                env=bench_env(), cwd=ROOT))
@@ -169,6 +182,85 @@ def one_size(n: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     return res
 
 
+def many_jobs_fault(n: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """N one-agent jobs, every one faulting at once: how long each waits for its changeStrategy."""
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    res: dict[str, Any] = {"n": n, "procs": args.procs}
+    extra = [*SERVER_FLAGS, "--max-jobs", str(max(n, 10000))]
+    server = start_controller(port, state=str(work / f"jobs-{n}.sqlite3"), log=work / f"controller-jobs-{n}.log",
+                              extra=extra)
+    sims = None
+    try:
+        proc = psutil.Process(server.pid)
+        t0 = time.time()
+        sims = Sims(address, "bench-jobs", n, args.procs, 1, work, one_job_each=True)
+        ready = sims.ask({"cmd": "ready"}, timeout=args.timeout)
+        res["subscribe_all_s"] = time.time() - t0
+        res["subscribed"] = sum(a["ready"] for a in ready)
+        if res["subscribed"] < n:
+            res["error"] = f"only {res['subscribed']} of {n} agents subscribed within {args.timeout}s"
+            return res
+        time.sleep(1.0)
+        spy = _py_spy(server.pid, args.py_spy)
+        cpu0, rss0 = sum(proc.cpu_times()[:2]), proc.memory_info().rss
+        faulted = sims.ask({"cmd": "fault"}, timeout=args.timeout)
+        res["fault_codes"] = dict(sum((Counter(a["codes"]) for a in faulted), Counter()))
+        got = sims.ask({"cmd": "recovered"}, timeout=args.timeout)
+        cpu1, rss1 = sum(proc.cpu_times()[:2]), proc.memory_info().rss
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
+            spy.wait(60)
+        lat = [t for a in got for t in a["latency"]]
+        res["changed"] = len(lat)
+        res["fault_to_change_ms"] = stats(lat, 1e3)
+        first = min(t for a in got for t in a["fault_sent"])
+        res["first_fault_to_last_change_s"] = max(t for a in got for t in a["changed_at"]) - first
+        res["strategies"] = dict(sum((Counter(a["strategies"]) for a in got), Counter()))
+        res["status_codes"] = dict(sum((Counter(a["status_codes"]) for a in got), Counter()))
+        res["refused"] = dict(sum((Counter(a["refused"]) for a in got), Counter()))
+        res["controller_cpu_s"] = cpu1 - cpu0
+        res["controller_rss_mib"] = rss1 / 2**20
+        res["controller_rss_growth_mib"] = (rss1 - rss0) / 2**20
+        if len(lat) < n or res["status_codes"] != {"0": n}:
+            res["error"] = f"{len(lat)} of {n} jobs got changeStrategy; recover status answers {res['status_codes']}"
+    finally:
+        if sims is not None:
+            sims.close()
+        stop_process(server, grace=30)
+        if "error" in res:  # the controller's log (WARNING and above) says why, e.g. connections it closed
+            kept = write_result(f"controller_scale_jobs_{n}_log", {"log": (work / f"controller-jobs-{n}.log")
+                                                                  .read_text(errors="replace")[-200_000:]})
+            res["controller_log"] = str(kept)
+    return res
+
+
+def _py_spy(pid: int, out: str | None) -> subprocess.Popen[bytes] | None:
+    """py-spy sampling the controller (collapsed stacks in `out`) from now until SIGINT."""
+    if not out:
+        return None
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    # --nonblocking: py-spy's default pauses the process for every sample (at 10,000 jobs that tripled the times)
+    return subprocess.Popen([spy, "record", "--pid", str(pid), "--format", "raw", "--rate", "100", "--nonblocking",
+                             "--output", out],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def print_many_jobs(result: dict[str, Any]) -> None:
+    rows = []
+    for r in result["runs"]:
+        f = r.get("fault_to_change_ms", {})
+        rows.append([r["n"], r.get("subscribe_all_s"), f.get("p50"), f.get("p99"), f.get("max"),
+                     r.get("first_fault_to_last_change_s"), r.get("controller_cpu_s"), r.get("controller_rss_mib"),
+                     ",".join(f"{k}:{v}" for k, v in sorted(r.get("strategies", {}).items())),
+                     r.get("error", "")])
+    print(f"Controller scale: N one-agent jobs on one taskd server, all faulting at once ({result['procs']} client "
+          "processes on the same 2 cores as the server)")
+    print(table(["N jobs", "subscribe all s", "fault->changeStrategy p50 ms", "p99 ms", "max ms",
+                 "first fault -> last changeStrategy s", "controller CPU s", "controller RSS MiB", "strategies",
+                 "error"], rows, 1))
+
+
 def storm(server: subprocess.Popen[bytes], port: int, state: str, n: int, sims: Sims, args: argparse.Namespace,
           work: Path) -> dict[str, Any]:
     t_stop = time.time()
@@ -199,21 +291,34 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, default=64, help="calls in flight per process")
     p.add_argument("--timeout", type=float, default=600.0, help="per phase")
     p.add_argument("--no-storm", action="store_true", help="skip the controller restart")
+    p.add_argument("--scenario", choices=("one-job", "many-jobs-fault"), default="one-job",
+                   help="one-job: N agents of one job (fan-out, calls/s, restart); many-jobs-fault: N one-agent "
+                        "jobs faulting at once")
+    p.add_argument("--py-spy", metavar="PATH", help="many-jobs-fault: profile the controller over the faults with "
+                                                        "py-spy (collapsed stacks to PATH)")
     args = p.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s]
     if args.quick:
         sizes, args.procs, args.probes, args.min_calls = [50], 2, 2, 200
+        if args.scenario == "many-jobs-fault":
+            sizes, args.procs = [20], 1
     result = header("controller_scale", args)
     result["sizes"] = sizes
+    result["procs"] = args.procs
     result["runs"] = []
+    measure = many_jobs_fault if args.scenario == "many-jobs-fault" else one_size
     with tempfile.TemporaryDirectory(prefix="taskd-bench-scale-") as tmp:
         for n in sizes:
             t = time.time()
-            run = one_size(n, args, Path(tmp))
+            run = measure(n, args, Path(tmp))
             run["elapsed_s"] = time.time() - t
             result["runs"].append(run)
             print(f"N={n}: done in {run['elapsed_s']:.0f}s{' - ' + run['error'] if 'error' in run else ''}",
                   file=sys.stderr)
+    if args.scenario == "many-jobs-fault":
+        print_many_jobs(result)
+        write_result("controller_scale", result)
+        return 0
     rows = []
     for r in result["runs"]:
         f = r.get("fanout_ms", {})

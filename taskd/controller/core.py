@@ -36,12 +36,13 @@ from typing import TYPE_CHECKING
 from taskd.controller.checkpoint import Checkpoint
 from taskd.controller.clock import Clock
 from taskd.controller.events import AgentConnected, Event, JobInit, Outcome, Record, Signal
+from taskd.controller.group_commit import GroupCommit
 from taskd.controller.hub import SignalHub, Subscriber, to_wire
+from taskd.controller.job_record import job_record
 from taskd.controller.model import TERMINAL, MachineConfig
 from taskd.controller.node_loss import fence_refusal
 from taskd.controller.state_machine import JobMachine
 from taskd.controller.store import Store, StoreError
-from taskd.controller.stragglers import straggler_records
 from taskd.proto import recover_pb2, taskd_pb2
 from taskd.vocabulary import Code, SignalType
 
@@ -93,10 +94,11 @@ class ControllerCore:
         self._next_wake = math.inf
         self._wake = asyncio.Event()
         self.soft_flush_delay = soft_flush_delay
-        self._soft: dict[str, _SoftBatch] = {}
+        self.soft_batches: dict[str, _SoftBatch] = {}
         self._soft_timer: asyncio.TimerHandle | None = None
         self.closing = False  # set by the server's stop(): closing streams are not recorded one by one
         self.metrics: ControllerMetrics | None = None  # counts what each stored change records (metrics.py)
+        self.group = GroupCommit(self)  # the agents' reports, committed together per loop turn
 
     # ------------------------------------------------------------------ events
 
@@ -116,6 +118,7 @@ class ControllerCore:
         return len(self.jobs)
 
     def init_job(self, job_id: str, ev: JobInit) -> Outcome:
+        self.group.flush()
         m = self.jobs.get(job_id)
         if m is not None:
             return self.dispatch(job_id, ev)
@@ -142,6 +145,7 @@ class ControllerCore:
     def dispatch(self, job_id: str, event: Event, reply_to: Subscriber | None = None) -> Outcome:
         """Handle `event`, store what it changed, then tell the agents. A change that cannot be stored is
         undone in memory too (answered `STORAGE_ERROR` with the cause); nobody hears of it."""
+        self.group.flush()  # the job's reports still pending go to the file first, in order
         m = self.jobs.get(job_id)
         if m is None:
             return Outcome(code=Code.JOB_NOT_EXIST, info=f"job {job_id} does not exist (call Init first)")
@@ -151,19 +155,27 @@ class ControllerCore:
             out = m.handle(event, now)
             self._store(m, out, now)
         except StoreError as exc:
-            self._undo(m, saved)
-            self._retry_at[job_id] = now + STORE_RETRY  # the timer waits too, instead of spinning on the disk
-            self._schedule(m)
+            self.undo(m, saved)
             if reply_to is not None:  # a stream its agent believes counted, while the job says it is not open:
                 reply_to.close(f"not stored: {exc}")  # end it, and the agent subscribes again
-            return self._store_failed(job_id, event, exc)
+            return self.not_stored(m, event, exc, now)
         except Exception:
-            self._undo(m, saved)  # a bug in a handler must not leave half an event behind
+            self.undo(m, saved)  # a bug in a handler must not leave half an event behind
             raise
-        self._retry_at.pop(job_id, None)
+        self.stored(m, out, now, reply_to)
+        return out
+
+    def stored(self, m: JobMachine, out: Outcome, now: float, reply_to: Subscriber | None = None) -> None:
+        """What follows a change once it is on disk: its signals, its log lines, the job's timer."""
+        self._retry_at.pop(m.job_id, None)
         self._publish(m, out, reply_to)
         self._touch(m, now)
-        return out
+
+    def not_stored(self, m: JobMachine, event: Event, exc: StoreError, now: float) -> Outcome:
+        """The answer to a change the store refused (memory already undone); its job's timer waits too."""
+        self._retry_at[m.job_id] = now + STORE_RETRY  # instead of spinning on the disk
+        self._schedule(m)
+        return self._store_failed(m.job_id, event, exc)
 
     def _store(self, m: JobMachine, out: Outcome, now: float) -> None:
         """Commit what `out` changed (soft history is batched instead); raises StoreError."""
@@ -172,14 +184,14 @@ class ControllerCore:
         if not out.signals and all(rec.kind in SOFT_KINDS for rec in out.records):
             self._defer_soft(m, out, now)
             return
-        soft = self._soft.pop(m.job_id, None)
+        soft = self.soft_batches.pop(m.job_id, None)
         changed = out.agents_changed | soft.agents if soft else out.agents_changed
         try:
             self.store.commit(m, out.records, changed, self.clocks.to_wall(now), earlier=soft.records if soft else (),
                               to_wall=self.clocks.to_wall)
         except StoreError:
             if soft is not None:
-                self._soft[m.job_id] = soft  # still to be written
+                self.soft_batches[m.job_id] = soft  # still to be written
             raise
 
     def _publish(self, m: JobMachine, out: Outcome, reply_to: Subscriber | None = None) -> None:
@@ -200,7 +212,8 @@ class ControllerCore:
                 log.info("job %s: standby %s:%d has no stream open for its %s", m.job_id, *key, sig.signal_type)
         self._schedule(m)
 
-    def _undo(self, m: JobMachine, saved: Checkpoint) -> None:
+    def undo(self, m: JobMachine, saved: Checkpoint) -> None:
+        """Put the job back as it was before the event `saved` was taken for."""
         if saved.restore():
             return
         # only a handler changing a per-agent container in place, away from the event's node, gets here
@@ -220,7 +233,7 @@ class ControllerCore:
             m.standbys = {k: replace(s, subscribed=True, gone_since=None) if self.hub.has_standby(job_id, k) else s
                           for k, s in m.standbys.items()}
             self.jobs[job_id] = m
-            self._soft.pop(job_id, None)
+            self.soft_batches.pop(job_id, None)
             try:
                 self._store(m, out, now)
             except StoreError as exc:
@@ -241,9 +254,9 @@ class ControllerCore:
     # ------------------------------------------------------------------ soft history, batched
 
     def _defer_soft(self, m: JobMachine, out: Outcome, now: float) -> None:
-        batch = self._soft.get(m.job_id)
+        batch = self.soft_batches.get(m.job_id)
         if batch is None or batch.job is not m:
-            batch = self._soft[m.job_id] = _SoftBatch(m)
+            batch = self.soft_batches[m.job_id] = _SoftBatch(m)
         wall = self.clocks.to_wall(now)
         batch.records.extend((rec, wall) for rec in out.records)
         batch.agents.update(out.agents_changed)
@@ -268,9 +281,9 @@ class ControllerCore:
         if self._soft_timer is not None:
             self._soft_timer.cancel()
             self._soft_timer = None
-        if not self._soft:
+        if not self.soft_batches:
             return
-        batches, self._soft = list(self._soft.values()), {}
+        batches, self.soft_batches = list(self.soft_batches.values()), {}
         try:
             self.store.commit_soft(((b.job, b.records, b.agents) for b in batches), to_wall=self.clocks.to_wall)
         except StoreError as exc:
@@ -289,25 +302,23 @@ class ControllerCore:
         else:
             self._agentless.setdefault(m.job_id, when)
 
-    def _idle(self, job_id: str) -> bool:
-        return self.hub.count(job_id) == 0
-
     def evict_expired(self) -> list[str]:
         """Evict every finished job idle (no stream, no call) for `finished_job_retention` seconds, and every
         job that has had no agent for `unregistered_job_timeout` seconds (an Init no Register followed)."""
+        self.group.flush()  # a report still pending is activity: decide on what is committed
         now = self.clock()
         limit = now - self.finished_job_retention
         expired = []
         for job_id, last in self._finished.items():
             if last > limit:
                 break  # the rest were active later
-            if self._idle(job_id):
+            if self.hub.count(job_id) == 0:
                 expired.append(job_id)
         if expired:
             self._evict(expired, f"finished and idle for {self.finished_job_retention:g}s")
         timeout = self.config.unregistered_job_timeout
         unregistered = [job_id for job_id, since in self._agentless.items()
-                        if since <= now - timeout and self._idle(job_id)]
+                        if since <= now - timeout and self.hub.count(job_id) == 0]
         if unregistered:
             self._evict(unregistered, f"no agent registered within {timeout:g}s of its Init")
         return expired + unregistered
@@ -316,7 +327,7 @@ class ControllerCore:
         """The table is full: make room for `new_job` by evicting the job without agents held the longest
         (it holds nothing anybody would miss), else the finished job idle the longest."""
         for candidates, why in ((self._agentless, "has no agent"), (self._finished, "finished")):
-            oldest = next((job_id for job_id in candidates if self._idle(job_id)), None)
+            oldest = next((job_id for job_id in candidates if self.hub.count(job_id) == 0), None)
             if oldest is not None:
                 self._evict([oldest], f"{why}, the job table is full ({self.max_jobs}) and job {new_job} "
                                       "needs a place")
@@ -324,6 +335,7 @@ class ControllerCore:
         return False
 
     def _evict(self, job_ids: list[str], why: str) -> None:
+        self.group.flush()
         # from the store first: a job still in memory but gone from disk would only be missing after a restart
         self.store.delete_jobs(job_ids)
         for job_id in job_ids:
@@ -331,7 +343,7 @@ class ControllerCore:
             self._finished.pop(job_id, None)
             self._agentless.pop(job_id, None)
             self._retry_at.pop(job_id, None)
-            self._soft.pop(job_id, None)
+            self.soft_batches.pop(job_id, None)
             self._pushed.pop(job_id, None)
             log.info("job %s (%s) evicted: %s", job_id, m.state.value, why)
 
@@ -439,6 +451,7 @@ class ControllerCore:
         return m.holder_refusal(node_rank, host, pid, self.clock()) if m is not None else ""
 
     def job_list(self, job_id: str = "") -> taskd_pb2.JobList:
+        self.group.flush()  # nothing shown that is not on disk yet
         self.flush_soft()  # the history shown includes the latest streams opened and closed
         if job_id and job_id not in self.jobs:
             info = (f"job {job_id} does not exist: unknown here (never created, finished and evicted after "
@@ -447,49 +460,9 @@ class ControllerCore:
             return taskd_pb2.JobList(status=recover_pb2.Status(code=Code.JOB_NOT_EXIST, info=info))
         jobs = [self.jobs[job_id]] if job_id else sorted(self.jobs.values(), key=lambda j: j.created_at)
         try:
-            records = [self._job_record(m) for m in jobs]
+            records = [job_record(m, self.store, self.hub, self.clocks) for m in jobs]
         except sqlite3.Error as exc:  # the history is read from the state file
             log.error("could not read the job history from %s: %s", self.store.path, exc)
             info = f"cannot read the controller's state file {self.store.path}: {exc}"
             return taskd_pb2.JobList(status=recover_pb2.Status(code=Code.STORAGE_ERROR, info=info))
         return taskd_pb2.JobList(status=recover_pb2.Status(code=Code.OK), jobs=records)
-
-    def _job_record(self, m: JobMachine) -> taskd_pb2.JobRecord:
-        def wall(t: float) -> float:
-            return self.clocks.to_wall(t) if t else 0.0
-
-        agents = [
-            taskd_pb2.AgentRecord(nodeRank=a.node_rank, role=a.role, host=a.host, pid=a.pid,
-                                  ranksPerNode=a.ranks_per_node, subscribed=self.hub.has(m.job_id, a.node_rank),
-                                  registeredAt=wall(a.registered_at), lastSeen=wall(a.last_seen), finished=a.finished,
-                                  exitCode=a.exit_code)
-            for a in sorted(m.agents.values(), key=lambda a: a.node_rank)
-        ] + [
-            taskd_pb2.AgentRecord(role=s.role, host=s.host, pid=s.pid, standby=True,
-                                  subscribed=self.hub.has_standby(m.job_id, key), registeredAt=wall(s.since),
-                                  lastSeen=wall(s.since))
-            for key, s in sorted(m.standbys.items(), key=lambda item: item[1].since)
-        ]
-        losses: dict[int, list[taskd_pb2.NodeLossRecord]] = {}
-        for x in self.store.node_losses(m.job_id):
-            losses.setdefault(x["round"], []).append(taskd_pb2.NodeLossRecord(
-                nodeRank=x["node_rank"], oldHost=x["old_host"], oldPid=x["old_pid"], lostAt=x["lost_at"],
-                newHost=x["new_host"], newPid=x["new_pid"], replacedAt=x["replaced_at"], standby=bool(x["standby"]),
-                secondsToRoundEnd=x["seconds_to_round_end"]))
-        rounds = [
-            taskd_pb2.RoundRecord(
-                round=r["round"], startedAt=r["started_at"], endedAt=r["ended_at"],
-                faultRanks=[recover_pb2.FaultRank(rankId=str(k), faultType=t) for k, t in r["faults"]],
-                strategiesTried=r["tried"], strategy=r["strategy"], outcome=r["outcome"],
-                durationSeconds=r["duration"], nodeLosses=losses.get(r["round"], []),
-            )
-            for r in self.store.rounds(m.job_id)
-        ]
-        events = [taskd_pb2.EventRecord(time=e["time"], kind=e["kind"], round=e["round"], detail=e["detail"])
-                  for e in self.store.events(m.job_id)]
-        return taskd_pb2.JobRecord(
-            jobId=m.job_id, state=m.state.value, nodeCount=m.node_count, ranksPerNode=m.ranks_per_node,
-            restarts=m.restarts, maxRestarts=m.max_restarts, createdAt=wall(m.created_at), updatedAt=wall(m.updated_at),
-            agents=agents, rounds=rounds, events=events, info=m.info, rejoining=sorted(m.rejoining),
-            stragglers=straggler_records(m, self.clocks.to_wall),
-        )

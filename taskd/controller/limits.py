@@ -9,6 +9,7 @@ call are bounded by gRPC itself: the handshake and idle timeouts close them, and
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import logging
 import resource
@@ -58,7 +59,9 @@ def peer_ip(peer: str) -> str:
     return peer
 
 
+@functools.lru_cache(maxsize=4096)
 def _loopback(ip: str) -> bool:
+    """Cached: every call of every peer asks it (ipaddress parses in Python)."""
     if ip.startswith("unix:"):
         return True
     try:

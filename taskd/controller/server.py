@@ -199,6 +199,7 @@ class ControllerServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         await stopping
+        self.core.group.flush()  # reports handled in the last loop turn (their callers are gone, not their change)
         try:
             self.core.flush_soft()
         except Exception:  # soft history only; the state itself was committed event by event

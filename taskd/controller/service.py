@@ -86,7 +86,7 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
             return _invalid(why)
         ev = AgentRegistered(node_rank=request.nodeRank, role=request.role, host=request.host, pid=request.pid,
                              ranks_per_node=request.ranksPerNode, standby=request.standby)
-        return _answer(self.core.dispatch(request.jobId, ev), "Register", request.jobId)
+        return _answer(await self.core.group.submit(request.jobId, ev), "Register", request.jobId)
 
     async def HealthCheck(self, request: recover_pb2.ClientInfo, context: grpc.aio.ServicerContext) -> Status:
         if why := self._check_client(request):
@@ -182,7 +182,7 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
             return refused
         ev = StopComplete(node_rank=request.nodeRank, code=request.status.code, info=request.status.info,
                           faults=faults, host=request.host, pid=request.pid)
-        return _answer(self.core.dispatch(request.jobId, ev), "ReportStopComplete", request.jobId)
+        return _answer(await self.core.group.submit(request.jobId, ev), "ReportStopComplete", request.jobId)
 
     async def ReportRecoverStrategy(self, request: recover_pb2.RecoverStrategyRequest,
                                     context: grpc.aio.ServicerContext) -> Status:
@@ -193,7 +193,7 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
             return refused
         ev = StrategiesReported(node_rank=request.nodeRank, strategies=v.unique(request.strategies), faults=faults,
                                 host=request.host, pid=request.pid)
-        return _answer(self.core.dispatch(request.jobId, ev), "ReportRecoverStrategy", request.jobId)
+        return _answer(await self.core.group.submit(request.jobId, ev), "ReportRecoverStrategy", request.jobId)
 
     async def ReportRecoverStatus(self, request: recover_pb2.RecoverStatusRequest,
                                   context: grpc.aio.ServicerContext) -> Status:
@@ -204,7 +204,7 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
         ev = RecoverStatusReported(node_rank=request.nodeRank, code=request.status.code, info=request.status.info,
                                    strategy=request.strategy, isolate_ranks=tuple(request.isolateRankIds),
                                    host=request.host, pid=request.pid, rejoined=request.rejoined)
-        return _answer(self.core.dispatch(request.jobId, ev), "ReportRecoverStatus", request.jobId)
+        return _answer(await self.core.group.submit(request.jobId, ev), "ReportRecoverStatus", request.jobId)
 
     async def ReportProcessFault(self, request: recover_pb2.ProcessFaultRequest,
                                  context: grpc.aio.ServicerContext) -> Status:
@@ -217,7 +217,7 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
             return refused
         ev = FaultReported(node_rank=request.nodeRank, faults=faults, detail=request.detail, host=request.host,
                            pid=request.pid)
-        return _answer(self.core.dispatch(request.jobId, ev), "ReportProcessFault", request.jobId)
+        return _answer(await self.core.group.submit(request.jobId, ev), "ReportProcessFault", request.jobId)
 
 
 class AgentReportService(taskd_pb2_grpc.AgentReportServicer):
@@ -230,7 +230,7 @@ class AgentReportService(taskd_pb2_grpc.AgentReportServicer):
             return _invalid(why)
         ev = AgentFinished(node_rank=request.nodeRank, exit_code=request.exitCode, message=request.message,
                            host=request.host, pid=request.pid)
-        return _answer(self.core.dispatch(request.jobId, ev), "ReportFinished", request.jobId)
+        return _answer(await self.core.group.submit(request.jobId, ev), "ReportFinished", request.jobId)
 
     async def ReportPace(self, request: taskd_pb2.PaceRequest, context: grpc.aio.ServicerContext
                          ) -> taskd_pb2.PaceReply:

@@ -198,16 +198,32 @@ class Store:
         (`earlier`: the job's batched soft records with their times, written first to keep the order).
         `now` and the records' times are wall times; `to_wall` turns the job's own (monotonic) times into
         wall times (taskd.controller.clock)."""
-        with self._transaction() as c:
-            c.execute(
-                "INSERT INTO jobs (job_id, state, snapshot, created_at, updated_at) VALUES (?, ?, ?, ?, ?) "
-                "ON CONFLICT(job_id) DO UPDATE SET state=excluded.state, snapshot=excluded.snapshot, "
-                "updated_at=excluded.updated_at",
-                (job.job_id, job.state.value, json.dumps(snapshot(job, to_wall)), to_wall(job.created_at),
-                 to_wall(job.updated_at)),
-            )
+        with self._transaction():
+            self._write_job(job, to_wall)
             self._write_history(job, itertools.chain(earlier, ((rec, now) for rec in records)), agents_changed,
                                 to_wall)
+
+    def commit_group(self, batch: Iterable[tuple[Job, Iterable[tuple[Record, float]], Iterable[int]]],
+                     to_wall: Callable[[float], float] = identity) -> None:
+        """Several handled events, of one job or many, in one transaction (the core's group commit): each
+        event's history and changed agents in order, then each job's snapshot once, as the job is now (after
+        all of its events in the batch)."""
+        with self._transaction():
+            jobs: dict[str, Job] = {}
+            for job, records, agents_changed in batch:
+                jobs[job.job_id] = job
+                self._write_history(job, records, agents_changed, to_wall)
+            for job in jobs.values():
+                self._write_job(job, to_wall)
+
+    def _write_job(self, job: Job, to_wall: Callable[[float], float]) -> None:
+        self.conn.execute(
+            "INSERT INTO jobs (job_id, state, snapshot, created_at, updated_at) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT(job_id) DO UPDATE SET state=excluded.state, snapshot=excluded.snapshot, "
+            "updated_at=excluded.updated_at",
+            (job.job_id, job.state.value, json.dumps(snapshot(job, to_wall)), to_wall(job.created_at),
+             to_wall(job.updated_at)),
+        )
 
     def commit_soft(self, batch: Iterable[tuple[Job, Iterable[tuple[Record, float]], Iterable[int]]],
                     to_wall: Callable[[float], float] = identity) -> None:

@@ -42,6 +42,22 @@ def test_quick_run_prints_table_and_writes_json(name: str, tmp_path: Path) -> No
     assert data["benchmark"] == name
 
 
+@pytest.mark.timeout(60)
+def test_controller_scale_many_jobs_fault_quick(tmp_path: Path) -> None:
+    """controller_scale.py --scenario many-jobs-fault --quick: 20 one-agent jobs fault at once on a real server;
+    every job is sent its changeStrategy (recover) and its recover status is answered 0 (the round closed)."""
+    env = {**os.environ, "BENCH_RESULTS_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, str(BENCH / "controller_scale.py"), "--scenario", "many-jobs-fault",
+                           "--quick"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=50)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "fault->changeStrategy p50 ms" in proc.stdout, proc.stdout
+    [run] = json.loads((tmp_path / "controller_scale.json").read_text())["runs"]
+    assert "error" not in run, run
+    assert run["fault_codes"] == {"0": 20} and run["changed"] == 20
+    assert run["strategies"] == {"recover": 20} and run["status_codes"] == {"0": 20}
+    assert 0 < run["fault_to_change_ms"]["p50"] <= run["fault_to_change_ms"]["p99"] <= run["fault_to_change_ms"]["max"]
+
+
 @pytest.mark.timeout(200)
 @pytest.mark.mindspore
 def test_msrun_recovery_quick_names_every_phase(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from taskd.controller.service import RecoverService, recover_handler
 from taskd.proto import recover_pb2
 
 SIG = Signal(uuid="u1", signal_type="stopTrain", actions=("stop_train",), faults=((1, "1"),))
+GF = Signal(uuid="g1", signal_type="globalFault", actions=("on_global_rank",), faults=((1, "1"),))
 
 
 def parse(data: bytes | None) -> recover_pb2.ProcessManageSignal:
@@ -35,9 +36,11 @@ def test_broadcast_replace_and_overflow() -> None:
         assert hub.has("j", 1) and hub.count("j") == 2
         assert hub.broadcast("j", [SIG]) == 2 and parse(newer.get_nowait()).uuid == SIG.uuid
 
-        for _ in range(5):  # keep-alives fill the buffer but never overflow it
+        for _ in range(5):  # keep-alives never pile up: one waits unsent, the next ticks skip the stream
             hub.keepalive_once()
-        assert newer.pending() == 3 and not newer.closed_reason
+        assert newer.pending() == 1 and not newer.closed_reason
+        hub.broadcast("j", [GF, GF])
+        assert newer.pending() == 3
         hub.broadcast("j", [SIG])  # a real signal that does not fit closes the stream
         assert newer.closed_reason == "signal queue overflow" and newer.get_nowait() is None
         assert hub.count() == 3
@@ -121,9 +124,11 @@ def test_an_unsent_stop_train_is_replaced_by_a_newer_one_in_the_stream() -> None
         hub.broadcast("j", [stop_train("s2", 1, 2)])  # s1 not sent yet: replaced
         assert slow.pending() == 1 and parse(slow.get_nowait()).uuid == "s2"
         hub.broadcast("j", [stop_train("s3", 1, 2, 3)])  # s2 went out: s3 follows it
+        assert parse(slow.get_nowait()).uuid == "s3"
+        hub.keepalive_once()  # skipped: the stream heard s3 since the last tick
         hub.keepalive_once()
         hub.broadcast("j", [stop_train("s4", 1, 2, 3, 4)])  # a keep-alive in between: appended
-        assert [parse(slow.get_nowait()).uuid for _ in range(3)][::2] == ["s3", "s4"]
+        assert [parse(slow.get_nowait()).signalType for _ in range(slow.pending())] == ["keep-alive", "stopTrain"]
 
     asyncio.run(scenario())
 
@@ -136,5 +141,25 @@ def test_a_new_stream_does_not_get_a_broadcast_held_before_it_subscribed() -> No
         new = hub.subscribe("j", 1)  # flushes first: the controller re-sends what node 1 owes directly
         await asyncio.sleep(0)
         assert parse(old.get_nowait()).uuid == "s1" and new.pending() == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_keep_alive_goes_only_to_streams_that_heard_nothing_since_the_last_tick() -> None:
+    """A stream sent a signal since the last tick, or with something unsent, needs no keep-alive (any message
+    is a live sign to the client's watchdog): every stream still hears something at least every second tick."""
+    async def scenario() -> None:
+        hub = SignalHub()
+        busy, idle, backlog = hub.subscribe("j", 0), hub.subscribe("j", 1), hub.subscribe("k", 0)
+        backlog.offer(b"unsent")
+        hub.broadcast("j", [GF])
+        busy.get_nowait()
+        idle.get_nowait()
+        idle.heard = False  # as if the signal came before the previous tick
+        assert hub.keepalive_once() == 1
+        assert idle.pending() == 1 and busy.pending() == 0 and backlog.pending() == 1
+        assert parse(idle.get_nowait()).signalType == "keep-alive"
+        assert hub.keepalive_once() == 2  # busy heard nothing since the last tick; backlog still has unsent bytes
+        assert busy.pending() == 1 and idle.pending() == 1 and backlog.pending() == 1
 
     asyncio.run(scenario())

@@ -1,0 +1,93 @@
+"""Group commit (controller/group_commit.py): reports of a busy moment share one SQLite transaction, and each
+is answered, and its signals go out, only once that transaction committed; a transaction the disk refuses
+undoes every report in it and signals nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from test_storage_faults import BIG, disk, memory, ok
+
+from taskd.controller.core import ControllerCore
+from taskd.controller.hub import SignalHub
+from taskd.controller.state_machine import AgentRegistered, FaultReported, JobInit, MachineConfig, StopComplete
+from taskd.controller.store import Store
+from taskd.vocabulary import Code
+
+JOBS = ("a", "b", "c")
+
+
+def make_core(state: Path) -> ControllerCore:
+    core = ControllerCore(MachineConfig(stop_timeout=60, agent_loss_timeout=3600), Store(state), SignalHub())
+    for job in JOBS:
+        ok(core.init_job(job, JobInit(node_count=1, ranks_per_node=1)))
+        ok(core.dispatch(job, AgentRegistered(node_rank=0, host="h", pid=1)))
+    return core
+
+
+def fault() -> FaultReported:
+    return FaultReported(node_rank=0, faults={0: "1"}, host="h", pid=1)
+
+
+def test_reports_of_one_moment_share_a_transaction_and_are_answered_after_it(tmp_path: Path) -> None:
+    state = tmp_path / "ctl.sqlite3"
+    core = make_core(state)
+    subs = {job: core.hub.subscribe(job, 0) for job in JOBS}
+
+    async def scenario() -> None:
+        busy = asyncio.get_running_loop().time()
+        core.group._last_flush = busy  # as if a commit just happened: the next reports wait for the window
+        calls = [asyncio.create_task(core.group.submit(job, fault())) for job in JOBS]
+        await asyncio.sleep(0)
+        # applied in memory, not answered, not on disk, nobody signalled
+        assert all(core.jobs[job].state.value == "STOPPING" for job in JOBS)
+        assert not any(c.done() for c in calls) and len(core.group) == 3
+        assert {snap[0]["state"] for snap in disk(state).values()} == {"RUNNING"}
+        assert all(s.pending() == 0 for s in subs.values())
+        outs = await asyncio.wait_for(asyncio.gather(*calls), 5)
+        assert [o.code for o in outs] == [Code.OK] * 3
+        assert asyncio.get_running_loop().time() - busy >= core.group.window * 0.9
+        assert (core.group.transactions, core.group.committed) == (1, 3)
+        assert memory(core) == disk(state)
+        await asyncio.sleep(0)  # the hub sends at the end of the turn
+        assert all(s.pending() == 1 for s in subs.values())
+        # a quiet controller commits at the end of the turn, without waiting for the window
+        core.group._last_flush = -1e9
+        t0 = asyncio.get_running_loop().time()
+        out = await core.group.submit("a", StopComplete(node_rank=0, code=0, faults={0: "1"}, host="h", pid=1))
+        assert out.code == Code.OK and asyncio.get_running_loop().time() - t0 < core.group.window
+        assert core.group.transactions == 2
+
+    asyncio.run(scenario())
+    core.store.close()
+
+
+def test_a_refused_transaction_undoes_every_report_in_it_and_signals_nothing(tmp_path: Path) -> None:
+    state = tmp_path / "ctl.sqlite3"
+    core = make_core(state)
+    subs = {job: core.hub.subscribe(job, 0) for job in JOBS}
+    before = memory(core)
+    conn = core.store.conn
+    conn.execute("VACUUM")  # no free page left to grow into
+    conn.execute(f"PRAGMA max_page_count={conn.execute('PRAGMA page_count').fetchone()[0]}")
+
+    async def scenario() -> None:
+        core.group._last_flush = asyncio.get_running_loop().time()
+        # two reports of job a (the second sees the first's round) and one of b, in one transaction
+        big = FaultReported(node_rank=0, faults={0: "1"}, detail=BIG * 4, host="h", pid=1)
+        calls = [core.group.submit("a", fault()), core.group.submit("a", big), core.group.submit("b", big)]
+        outs = await asyncio.wait_for(asyncio.gather(*calls), 5)
+        assert [o.code for o in outs] == [Code.STORAGE_ERROR] * 3
+        assert all("full" in o.info for o in outs)
+        await asyncio.sleep(0)
+        assert all(s.pending() == 0 for s in subs.values())
+
+    asyncio.run(scenario())
+    assert {job: m.state.value for job, m in core.jobs.items()} == dict.fromkeys(JOBS, "RUNNING")
+    assert core.jobs["a"].round is None and core.jobs["a"].round_counter == 0
+    assert memory(core) == before == disk(state)
+    conn.execute("PRAGMA max_page_count=1073741824")
+    ok(core.dispatch("a", fault()))  # the disk has room again: the same report goes through
+    assert core.jobs["a"].state.value == "STOPPING" and memory(core) == disk(state)
+    core.store.close()
