@@ -25,7 +25,6 @@ Installed with ``pip install taskd[torch]``.
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import threading
@@ -43,16 +42,29 @@ from torch.nn.parallel import DistributedDataParallel
 from taskd.worker import progress
 from taskd.worker.env import Var, rank, world_size
 from taskd.worker.live import STORE_PREFIX, Control, ErrorKind, LiveRank, Phase, RetryableError, classify_error
-from taskd.worker.torch_facts import COMM_DIRS, HAS_INIT_SYNC, sharded_state, stable_ddp_kwargs, step_seed
+from taskd.worker.torch_data import LiveLoader
+from taskd.worker.torch_facts import (
+    COMM_DIRS,
+    HAS_INIT_SYNC,
+    collectives_issued,
+    sharded_state,
+    stable_ddp_kwargs,
+    step_seed,
+)
 from taskd.worker.torch_group import GroupSockets, collect, drop_frames, freeze_older_objects
+from taskd.worker.torch_state import broadcast_state
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LiveGroup", "LiveRecoveryFailed", "RetryableError", "stable_ddp_kwargs"]
+__all__ = ["LiveGroup", "LiveLoader", "LiveRecoveryFailed", "LiveUsageError", "RetryableError", "stable_ddp_kwargs"]
 
 
 class LiveRecoveryFailed(RuntimeError):
     """The agent named no new generation in time, or asked to abort: the rank exits so the job restarts."""
+
+
+class LiveUsageError(RuntimeError):
+    """The script does something that would break a replacement's join: refused at job start, with what to do."""
 
 
 class _DDPHandle:
@@ -124,6 +136,7 @@ class LiveGroup:
         self._optimizer: torch.optim.Optimizer | None = None
         self._seed: int | None = None
         self._extra: dict[str, Any] = {}
+        self._loaders: list[LiveLoader] = []
         self._committed = False
         self._in_step = False
         self._forwards = 0  # DDP forwards in this step
@@ -150,6 +163,12 @@ class LiveGroup:
         handle = _DDPHandle(self, module, {**stable_ddp_kwargs(), **kwargs})
         self._handles.append(handle)
         return handle
+
+    def data(self, loader: Any, batches_per_step: int = 1) -> LiveLoader:
+        """Draw the step's batches from ``loader`` with ``next()``: a redone step gets the same batches again, and
+        a replacement resumes at the survivors' (epoch, batches consumed), for its own rank (torch_data)."""
+        self._loaders.append(LiveLoader(loader, self.rank, lambda: self._seed, batches_per_step))
+        return self._loaders[-1]
 
     def track(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
               seed: int | None = None, **extra: Any) -> None:
@@ -215,6 +234,7 @@ class LiveGroup:
             yield step
         except _StepVoided:
             self._in_step = False
+            self._data("rollback")
             self._redo(step, None)
             return
         except Exception as exc:
@@ -222,6 +242,7 @@ class LiveGroup:
             kind = classify_error(exc, COMM_DIRS) if self.live else None
             if kind is None:
                 raise
+            self._data("commit" if self._committed else "rollback")
             if kind == ErrorKind.RETRYABLE and not self._committed and self._drain(exc):
                 self._redo(step, exc)
                 return
@@ -233,6 +254,7 @@ class LiveGroup:
             self._in_step = False
         self._collective_reset()
         self.step_no = step + 1
+        self._data("commit")
         self.has_state = True
         progress.heartbeat(step)
 
@@ -240,9 +262,14 @@ class LiveGroup:
         """Leave the group at the end of training."""
         for handle in self._handles:
             handle.current = None
+        self._data("close")
         if dist.is_initialized():
             dist.destroy_process_group()
         self._sockets.release()
+
+    def _data(self, what: str) -> None:
+        for loader in self._loaders:
+            getattr(loader, what)()
 
     # -- retry in place: the step is voided on every rank, the group is kept ----------------------
     def _vote(self, ok: bool) -> bool:
@@ -411,6 +438,14 @@ class LiveGroup:
 
     def _sync_and_wrap(self, load: Callable[[int], object] | None = None) -> None:
         """Everyone takes the state of the most advanced rank that has one, then DDP is (re)built."""
+        issued = collectives_issued() if self.live else 0
+        if issued:
+            raise LiveUsageError(
+                f"rank {self.rank}: {issued} collective(s) of the script's own ran between LiveGroup() and "
+                "live.steps() (e.g. an all_reduce to find the newest common checkpoint step). A replacement would run "
+                "them against survivors that are handing it their state, and its join would break. Remove them: "
+                "pass each rank's own newest step to live.steps(start, ...), which agrees on the lowest one and calls "
+                "load(step) with it (docs/pytorch.md, 'What the script must not do')")
         self._collective(+1)
         try:
             mine = torch.tensor([1 if self.has_state else 0, self.step_no], dtype=torch.int64)
@@ -424,6 +459,8 @@ class LiveGroup:
                     self._broadcast_state(source, rows[source][1])
             else:  # nobody holds live state: start from the newest checkpoint every rank has
                 self.step_no = min(step for _, step in rows)
+                for loader in self._loaders:
+                    loader.derive(self.step_no)  # load() may then restore a position of its own
                 if load is not None:
                     load(self.step_no)
                 elif any(step != self.step_no for _, step in rows):
@@ -438,34 +475,7 @@ class LiveGroup:
             self.protocol.joined(self.protocol.generation, self.step_no)
 
     def _broadcast_state(self, source: int, step: int) -> None:
-        mine = self.rank == source
-        params = [] if self._model is None else [t.detach() for t in self._model.state_dict().values()]
-        if params and all(p.dtype == params[0].dtype for p in params):
-            flat = torch._utils._flatten_dense_tensors(params)  # one collective for the whole model
-            dist.broadcast(flat, source)
-            if not mine:
-                for p, new in zip(params, torch._utils._unflatten_dense_tensors(flat, params), strict=True):
-                    p.copy_(new)
-        else:
-            for p in params:
-                dist.broadcast(p, source)
-        blob = torch.zeros(0, dtype=torch.uint8)
-        if mine:
-            buf = io.BytesIO()
-            torch.save({"optimizer": None if self._optimizer is None else self._optimizer.state_dict(),
-                        "extra": {k: v.state_dict() for k, v in self._extra.items()}}, buf)
-            blob = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
-        size = torch.tensor([blob.numel()], dtype=torch.int64)
-        dist.broadcast(size, source)
-        if not mine:
-            blob = torch.empty(int(size[0]), dtype=torch.uint8)
-        dist.broadcast(blob, source)
-        if not mine:
-            state = torch.load(io.BytesIO(blob.numpy().tobytes()), weights_only=False)
-            if self._optimizer is not None and state["optimizer"] is not None:
-                self._optimizer.load_state_dict(state["optimizer"])
-            for key, value in state["extra"].items():
-                self._extra[key].load_state_dict(value)
+        broadcast_state(source, self._model, self._optimizer, self._extra, self._loaders)
         self.step_no = step
 
     # -- the "inside a collective" mark ----------------------------------------------------------
