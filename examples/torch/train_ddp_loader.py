@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.1, total_iters=warmup),
         torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, args.steps - warmup))], [warmup])
     ddp = live.ddp(model)                      # instead of DistributedDataParallel(model)
-    data = live.data(loader)                   # instead of `for epoch ...: sampler.set_epoch(epoch); for batch in loader`
+    data = live.data(loader)                   # instead of `sampler.set_epoch(epoch); for batch in loader`
     live.track(model=model, optimizer=optimizer, seed=args.seed, scheduler=scheduler)
 
     ckpt = worker.CheckpointManager(os.path.join(args.out, "ckpt", f"rank{rank}"), keep=2, serializer="torch")

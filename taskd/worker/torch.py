@@ -137,6 +137,7 @@ class LiveGroup:
         self._seed: int | None = None
         self._extra: dict[str, Any] = {}
         self._loaders: list[LiveLoader] = []
+        self._sharded: str | None = None  # why no peer holds a whole copy of the model (FSDP), if so
         self._committed = False
         self._in_step = False
         self._forwards = 0  # DDP forwards in this step
@@ -180,7 +181,7 @@ class LiveGroup:
         """
         self._model, self._optimizer, self._seed = model, optimizer, seed
         self._extra = dict(extra)
-        why = sharded_state(model) if self.live and model is not None else None
+        why = self._sharded = sharded_state(model) if self.live and model is not None else None
         if why is not None:
             # no peer holds a whole copy to hand a replacement: say so now, so that the first fault takes the
             # checkpoint path at once (issue 21, D7: a recover that could not work failed after 175 s)
@@ -438,7 +439,7 @@ class LiveGroup:
 
     def _sync_and_wrap(self, load: Callable[[int], object] | None = None) -> None:
         """Everyone takes the state of the most advanced rank that has one, then DDP is (re)built."""
-        issued = collectives_issued() if self.live else 0
+        issued = collectives_issued() if self.live and not self._sharded else 0  # FSDP: no replacement joins
         if issued:
             raise LiveUsageError(
                 f"rank {self.rank}: {issued} collective(s) of the script's own ran between LiveGroup() and "
