@@ -138,6 +138,7 @@ class LiveGroup:
         self._extra: dict[str, Any] = {}
         self._loaders: list[LiveLoader] = []
         self._sharded: str | None = None  # why no peer holds a whole copy of the model (FSDP), if so
+        self._formed_at = 0  # the group's collective count once formed
         self._committed = False
         self._in_step = False
         self._forwards = 0  # DDP forwards in this step
@@ -435,11 +436,12 @@ class LiveGroup:
                                     timeout=forming)
         if forming != self.timeout and hasattr(dist.distributed_c10d, "_set_pg_timeout"):
             dist.distributed_c10d._set_pg_timeout(self.timeout)
+        self._formed_at = collectives_issued()  # what forming the group ran itself (TORCH_DIST_INIT_BARRIER=1)
         log.debug("rank %d: joined %s in %.3fs", self.rank, prefix, time.time() - t0)
 
     def _sync_and_wrap(self, load: Callable[[int], object] | None = None) -> None:
         """Everyone takes the state of the most advanced rank that has one, then DDP is (re)built."""
-        issued = collectives_issued() if self.live and not self._sharded else 0  # FSDP: no replacement joins
+        issued = collectives_issued() - self._formed_at if self.live and not self._sharded else 0  # FSDP: none joins
         if issued:
             raise LiveUsageError(
                 f"rank {self.rank}: {issued} collective(s) of the script's own ran between LiveGroup() and "
