@@ -243,13 +243,16 @@ class LiveLoader:
         sampler = getattr(batch_sampler, "sampler", None)
         if isinstance(sampler, SkipFirst):  # a former rebuild's, its skip used up
             batch_sampler.sampler = sampler = sampler.sampler
-        for obj in {id(s): s for s in (getattr(loader, "sampler", None), sampler) if s is not None}.values():
+        dataset = getattr(loader, "dataset", None)
+        candidates = (getattr(loader, "sampler", None), sampler, dataset)  # an IterableDataset may have set_epoch
+        for obj in {id(c): c for c in candidates if c is not None}.values():
             if callable(getattr(obj, "set_epoch", None)):
                 obj.set_epoch(pos.epoch)
         skip_by_loading = 0
         if pos.index and self.stateful and state is not None:
             loader.load_state_dict(state)
-        elif pos.index and sampler is not None and isinstance(getattr(batch_sampler, "batch_size", None), int):
+        elif pos.index and sampler is not None and isinstance(getattr(batch_sampler, "batch_size", None), int) \
+                and not isinstance(dataset, torch.utils.data.IterableDataset):  # its sampler yields no index
             batch_sampler.sampler = SkipFirst(sampler, pos.index * batch_sampler.batch_size)
         else:
             skip_by_loading = pos.index

@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from torch.utils.data import DataLoader, Dataset, DistributedSampler  # noqa: E402
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset  # noqa: E402
 
 from taskd.worker.torch_data import DataPosition, LiveLoader, SkipFirst, position_at  # noqa: E402
 
@@ -151,6 +151,35 @@ def test_a_loader_without_a_batch_sampler_loads_and_drops_to_resume() -> None:
     sampler.set_epoch(1)
     assert got == list(plain)[3].item()
     assert data.skipped_by_loading == 3
+
+
+class Shard(IterableDataset):
+    """Rank 1's shard, 5 items, reshuffled per epoch by set_epoch (no length: epochs end by StopIteration)."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):  # noqa: ANN204
+        order = torch.randperm(5, generator=torch.Generator().manual_seed(self.epoch)).tolist()
+        return iter([float(10 * self.epoch + i) for i in order])
+
+
+def test_an_iterable_dataset_is_resumed_by_loading_and_dropping() -> None:
+    expected = []
+    for epoch in range(3):
+        shard = Shard()
+        shard.set_epoch(epoch)
+        expected += [b.tolist() for b in DataLoader(shard, batch_size=2)]  # 3 batches an epoch, the last short
+    data = live(DataLoader(Shard(), batch_size=2), 1)
+    assert draw(data, 7) == expected[:7]
+    assert data.position == DataPosition(2, 1)  # epochs of unknown length still counted
+    replacement = live(DataLoader(Shard(), batch_size=2), 1)
+    replacement.take(data.handover())
+    assert draw(replacement, 2) == expected[7:9]
+    assert replacement.skipped_by_loading == 1
 
 
 def test_the_skip_wrapper_is_used_up_and_removed() -> None:
