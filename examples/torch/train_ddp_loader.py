@@ -48,6 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--width", type=int, default=32)
     p.add_argument("--batch", type=int, default=8, help="sequences per rank per step")
     p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
+    p.add_argument("--loader", choices=("torch", "stateful"), default="torch",
+                   help="torch's DataLoader, or torchdata's StatefulDataLoader (pip install torchdata)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--pg-timeout", type=float, default=30.0, help="collective timeout in seconds")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step (to watch it run)")
@@ -101,7 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     rank = live.rank
     dataset = Tokens(args)
     sampler = DistributedSampler(dataset, shuffle=True, seed=args.seed)
-    loader = DataLoader(dataset, batch_size=args.batch, sampler=sampler, num_workers=args.workers)
+    if args.loader == "stateful":
+        from torchdata.stateful_dataloader import StatefulDataLoader as DataLoaderClass
+    else:
+        DataLoaderClass = DataLoader  # noqa: N806
+    loader = DataLoaderClass(dataset, batch_size=args.batch, sampler=sampler, num_workers=args.workers)
     torch.manual_seed(args.seed)  # every rank builds the same initial weights
     model = TinyLM(args)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
@@ -151,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(args.step_sleep)
     os.close(computed)
     record = {"rank": rank, "pid": os.getpid(), "generation": live.protocol.generation, "recoveries": live.events,
-              "position": list(data.position), "skipped_by_loading": data.skipped_by_loading}
+              "position": list(data.position), "skipped_by_loading": data.skipped_by_loading,
+              "resumed_by": data.resumed_by}
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as fh:
         json.dump(record, fh)
     dist.barrier()

@@ -122,6 +122,7 @@ class LiveLoader:
         self._taken: list[_Drawn] = []  # handed out since the last commit
         self._ahead: collections.deque[_Drawn] = collections.deque()  # fetched, not handed out (a redo replays them)
         self.skipped_by_loading = 0  # batches loaded and dropped to reach a position (0 when skipping was cheap)
+        self.resumed_by: str | None = None  # how the last mid-epoch rebuild got there: state_dict, sampler, loading
 
     # -- what the script sees ----------------------------------------------------------------------
     def __iter__(self) -> LiveLoader:
@@ -251,11 +252,13 @@ class LiveLoader:
         skip_by_loading = 0
         if pos.index and self.stateful and state is not None:
             loader.load_state_dict(state)
+            self.resumed_by = "state_dict"
         elif pos.index and sampler is not None and isinstance(getattr(batch_sampler, "batch_size", None), int) \
                 and not isinstance(dataset, torch.utils.data.IterableDataset):  # its sampler yields no index
             batch_sampler.sampler = SkipFirst(sampler, pos.index * batch_sampler.batch_size)
-        else:
-            skip_by_loading = pos.index
+            self.resumed_by = "sampler"
+        elif pos.index:
+            skip_by_loading, self.resumed_by = pos.index, "loading"
         seed = self._seed()
         with torch.random.fork_rng(devices=[]):  # the iterator draws its workers' seed from torch's RNG
             if seed is not None:

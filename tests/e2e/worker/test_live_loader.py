@@ -42,14 +42,27 @@ def run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
         pytest.fail(f"{argv[:4]} did not finish in {TIMEOUT:.0f}s:\n{exc.stdout}\n{exc.stderr}")
 
 
-def test_a_rank_killed_mid_epoch_is_replaced_live_at_its_data_position_bit_identically(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict:
+    """final.pt of a fault-free run of the same script under plain torchrun (a DataLoader, no worker process)."""
+    tmp = tmp_path_factory.mktemp("reference")
     ref = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(EXAMPLE),
-               "--steps", str(STEPS), "--out", str(tmp_path / "ref")], tmp_path)
+               "--steps", str(STEPS), "--out", str(tmp / "ref")], tmp)
     assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
+    return torch.load(tmp / "ref" / "final.pt")
 
+
+# torch's DataLoader with a forked worker process per rank (resumed by skipping sampler indices), and torchdata's
+# StatefulDataLoader (resumed from the survivor's state_dict)
+@pytest.mark.parametrize(("loader", "workers", "resumed_by"),
+                         [("torch", "1", "sampler"), ("stateful", "0", "state_dict")])
+def test_a_rank_killed_mid_epoch_is_replaced_live_at_its_data_position_bit_identically(
+        tmp_path: Path, reference: dict, loader: str, workers: str, resumed_by: str) -> None:
+    if loader == "stateful":
+        pytest.importorskip("torchdata.stateful_dataloader")
     proc = run([sys.executable, "-m", "taskd.run", "--monitor-interval", "0.2", "--nproc-per-node", "2", str(EXAMPLE),
                 "--steps", str(STEPS), "--out", str(tmp_path / "out"), "--crash", f"1:{CRASH_STEP}",
-                "--workers", "1"], tmp_path)  # a forked DataLoader worker per rank: the reference has none
+                "--loader", loader, "--workers", workers], tmp_path)
     console = proc.stdout + proc.stderr
     assert proc.returncode == 0, console[-6000:]
     assert f"rank 1: SIGKILL at step {CRASH_STEP}" in console
@@ -64,8 +77,9 @@ def test_a_rank_killed_mid_epoch_is_replaced_live_at_its_data_position_bit_ident
     assert [e["generation"] for e in ranks["0"]["recoveries"]] == [ranks["1"]["generation"]]
     # both ended where a fault-free run ends (epoch 2, batch 2), the replacement by skipping sampler indices
     assert ranks["0"]["position"] == ranks["1"]["position"] == [2, 2]
-    assert ranks["1"]["skipped_by_loading"] == 0
-    final, reference = torch.load(tmp_path / "out" / "final.pt"), torch.load(tmp_path / "ref" / "final.pt")
+    assert ranks["1"]["skipped_by_loading"] == 0 and ranks["1"]["resumed_by"] == resumed_by
+    assert ranks["0"]["resumed_by"] is None  # the survivor kept its iterator
+    final = torch.load(tmp_path / "out" / "final.pt")
     assert final.keys() == reference.keys()
     for key in final:  # dropout, AdamW, the LR schedule and the data order all match torchrun's fault-free run
         assert torch.equal(final[key], reference[key]), f"{key} differs by {(final[key] - reference[key]).abs().max()}"

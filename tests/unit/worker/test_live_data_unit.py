@@ -90,6 +90,7 @@ def test_a_replacement_resumes_a_peers_position_for_its_own_rank_without_loading
     assert draw(replacement, 4) == torchrun_order(1, 3)[4:8]
     assert dataset.loaded == 4 * BATCH - 1  # only what it drew (epoch 1's last batch is short), nothing skipped
     assert replacement.skipped_by_loading == 0
+    assert replacement.resumed_by == "sampler" and survivor.resumed_by is None
 
 
 def test_a_redone_step_gets_its_batches_again_and_a_survivor_keeps_its_iterator() -> None:
@@ -179,7 +180,7 @@ def test_an_iterable_dataset_is_resumed_by_loading_and_dropping() -> None:
     replacement = live(DataLoader(Shard(), batch_size=2), 1)
     replacement.take(data.handover())
     assert draw(replacement, 2) == expected[7:9]
-    assert replacement.skipped_by_loading == 1
+    assert replacement.skipped_by_loading == 1 and replacement.resumed_by == "loading"
 
 
 def test_the_skip_wrapper_is_used_up_and_removed() -> None:
@@ -208,5 +209,6 @@ def test_a_stateful_dataloader_resumes_from_a_peers_state_dict() -> None:
     replacement = live(loader(1, dataset, cls=stateful.StatefulDataLoader), 1)
     replacement.take(handed)
     assert draw(replacement, 4) == torchrun_order(1, 3)[5:9]
+    assert replacement.resumed_by == "state_dict"
     assert dataset.loaded == 3 + 4 + 4 + 3  # only what it drew (two short last batches): the state_dict path skips too
     assert (replacement.state_dict()["epoch"], replacement.state_dict()["index"]) == (3, 0)
