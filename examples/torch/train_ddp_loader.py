@@ -9,7 +9,8 @@ dropout masks of a step are a function of (seed, rank, step), so a run with faul
 bit-identical to one without.
 
     torchrun --standalone --nproc-per-node 2 examples/torch/train_ddp_loader.py --steps 40 --out /tmp/lm/out
-    taskd run --nproc-per-node 3 examples/torch/train_ddp_loader.py --steps 40 --out /tmp/lm/out --crash 1:13
+    taskd run --nproc-per-node 3 examples/torch/train_ddp_loader.py --steps 40 --out /tmp/lm/out --crash 1:13 \\
+        --retry 2:5
 
 Rank 0 writes OUT/final.pt (the model's state_dict) and OUT/summary.json (steps computed per rank,
 pids, the data position each rank ended at, recoveries).
@@ -35,6 +36,7 @@ except ImportError:  # run from a source checkout without installing taskd
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     from taskd.worker.torch import LiveGroup
 from taskd import worker
+from taskd.worker.live import RetryableError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -55,11 +57,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step (to watch it run)")
     p.add_argument("--crash", action="append", default=[], metavar="RANK:STEP",
                    help="rank RANK SIGKILLs itself in the middle of step STEP, once per job (repeatable)")
+    p.add_argument("--retry", action="append", default=[], metavar="RANK:STEP",
+                   help="rank RANK raises RetryableError in step STEP, once per job: every rank redoes the step")
     args = p.parse_args(argv)
     try:
         args.crashes = {tuple(int(v) for v in spec.split(":", 1)) for spec in args.crash}
+        args.retries = {tuple(int(v) for v in spec.split(":", 1)) for spec in args.retry}
     except ValueError:
-        p.error(f"--crash takes RANK:STEP, got {args.crash}")
+        p.error(f"--crash and --retry take RANK:STEP, got {args.crash + args.retry}")
     return args
 
 
@@ -138,8 +143,10 @@ def main(argv: list[str] | None = None) -> int:
             optimizer.zero_grad(set_to_none=True)
             logits = ddp(tokens[:, :-1])
             loss = nn.functional.cross_entropy(logits.reshape(-1, args.vocab), tokens[:, 1:].reshape(-1))
-            if (rank, step) in args.crashes and once(args, rank, step):
+            if (rank, step) in args.crashes and once(args, "crash", rank, step):
                 os.kill(os.getpid(), signal.SIGKILL)
+            if (rank, step) in args.retries and once(args, "retry", rank, step):
+                raise RetryableError(f"injected at step {step}")  # the step is redone, with the same batch
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()                   # commits the step
@@ -168,13 +175,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def once(args: argparse.Namespace, rank: int, step: int) -> bool:
-    """A crash fires once per job: its marker file stays in --out."""
+def once(args: argparse.Namespace, kind: str, rank: int, step: int) -> bool:
+    """A fault fires once per job: its marker file stays in --out."""
     try:
-        os.close(os.open(os.path.join(args.out, f"crash{rank}-{step}.done"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        os.close(os.open(os.path.join(args.out, f"{kind}{rank}-{step}.done"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:
         return False
-    print(f"rank {rank}: SIGKILL at step {step}", flush=True)
+    print(f"rank {rank}: {'SIGKILL' if kind == 'crash' else 'RetryableError'} at step {step}", flush=True)
     return True
 
 

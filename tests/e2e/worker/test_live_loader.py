@@ -52,17 +52,19 @@ def reference(tmp_path_factory) -> dict:
     return torch.load(tmp / "ref" / "final.pt")
 
 
-# torch's DataLoader with a forked worker process per rank (resumed by skipping sampler indices), and torchdata's
+# torch's DataLoader with a forked worker process per rank (resumed by skipping sampler indices), after a
+# RetryableError at step 3 that every rank redoes in place with the same batch; and torchdata's
 # StatefulDataLoader (resumed from the survivor's state_dict)
-@pytest.mark.parametrize(("loader", "workers", "resumed_by"),
-                         [("torch", "1", "sampler"), ("stateful", "0", "state_dict")])
+@pytest.mark.parametrize(("loader", "extra", "resumed_by", "actions"), [
+    ("torch", ["--workers", "1", "--retry", "0:3"], "sampler", ["retry", "rejoin"]),
+    ("stateful", [], "state_dict", ["rejoin"])])
 def test_a_rank_killed_mid_epoch_is_replaced_live_at_its_data_position_bit_identically(
-        tmp_path: Path, reference: dict, loader: str, workers: str, resumed_by: str) -> None:
+        tmp_path: Path, reference: dict, loader: str, extra: list[str], resumed_by: str, actions: list[str]) -> None:
     if loader == "stateful":
         pytest.importorskip("torchdata.stateful_dataloader")
     proc = run([sys.executable, "-m", "taskd.run", "--monitor-interval", "0.2", "--nproc-per-node", "2", str(EXAMPLE),
                 "--steps", str(STEPS), "--out", str(tmp_path / "out"), "--crash", f"1:{CRASH_STEP}",
-                "--loader", loader, "--workers", workers], tmp_path)
+                "--loader", loader, *extra], tmp_path)
     console = proc.stdout + proc.stderr
     assert proc.returncode == 0, console[-6000:]
     assert f"rank 1: SIGKILL at step {CRASH_STEP}" in console
@@ -74,7 +76,8 @@ def test_a_rank_killed_mid_epoch_is_replaced_live_at_its_data_position_bit_ident
     assert ranks["0"]["pid"] == int(started["0"])  # the survivor kept its process...
     assert ranks["1"]["pid"] != int(started["1"])  # ...the dead rank was replaced
     assert summary["recomputed"] == {"0": 0, "1": 0}, summary["recomputed"]  # 0 steps redone, on either rank
-    assert [e["generation"] for e in ranks["0"]["recoveries"]] == [ranks["1"]["generation"]]
+    assert [e["action"] for e in ranks["0"]["recoveries"]] == actions
+    assert ranks["0"]["recoveries"][-1]["generation"] == ranks["1"]["generation"]
     # both ended where a fault-free run ends (epoch 2, batch 2), the replacement by skipping sampler indices
     assert ranks["0"]["position"] == ranks["1"]["position"] == [2, 2]
     assert ranks["1"]["skipped_by_loading"] == 0 and ranks["1"]["resumed_by"] == resumed_by
