@@ -384,7 +384,7 @@ def main() -> int:
     args = p.parse_args()
     if args.quick:
         args.ranks, args.reps, args.hidden, args.layers = "2", 1, 64, 2
-        args.steps, args.ckpt_every, args.step_sleep = 40, 10, 0.1
+        args.steps, args.ckpt_every, args.step_sleep = 20, 5, 0.1
         args.run_timeout, args.resume_timeout = min(args.run_timeout, 150.0), min(args.resume_timeout, 60.0)
     sizes = [int(s) for s in args.ranks.split(",") if s]
     if not sizes or min(sizes) < 2 or args.reps < 1 or args.steps < 8 or args.ckpt_every < 1:

@@ -104,6 +104,8 @@ class Recovery:
         elif isinstance(action, ev.BeginRebuild):
             self.live.next_generation(action.generation)
             self.live.begin(action.strategy, action.faults, action.started, action.timeout, time.monotonic())
+        elif isinstance(action, ev.LeaveGroup):
+            self.live.leave()
         elif isinstance(action, ev.AbandonRebuild):
             self.live.abandon()
         elif isinstance(action, ev.SendReport):

@@ -175,6 +175,12 @@ class BeginRebuild:
 
 
 @dataclass(frozen=True)
+class LeaveGroup:
+    """Live: a rank of the ranks' group is gone (dead, hung and killed, or on a lost node), so the group is
+    broken: every local rank leaves it now, not when the failure has travelled gloo's ring to it."""
+
+
+@dataclass(frozen=True)
 class AbandonRebuild:
     """The rebuild in progress will never be confirmed."""
 
@@ -239,5 +245,6 @@ class Finish:
     exit_code: int | None = None
 
 
-Action = (Note | StopRanks | StartRanks | SetRestartCount | Supersede | BeginRebuild | AbandonRebuild | SendReport
+Action = (Note | StopRanks | StartRanks | SetRestartCount | Supersede | BeginRebuild | LeaveGroup | AbandonRebuild
+          | SendReport
           | OfferStrategies | RecordRestart | Dump | TakeNode | Finish)

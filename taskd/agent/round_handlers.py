@@ -27,6 +27,7 @@ from taskd.agent.round_events import (
     GroupFailed,
     GroupRejoined,
     KillOrder,
+    LeaveGroup,
     Note,
     OfferStrategies,
     OrderEvent,
@@ -45,7 +46,7 @@ from taskd.agent.round_events import (
     TakeNode,
 )
 from taskd.agent.round_state import NodeRound, NodeState, RestartPlan
-from taskd.vocabulary import Code, FaultRanks, Strategy
+from taskd.vocabulary import Code, FaultRanks, FaultType, Strategy
 
 S = NodeState
 Out = list[Action]
@@ -54,17 +55,26 @@ INFO, WARNING, ERROR = logging.INFO, logging.WARNING, logging.ERROR
 
 # ------------------------------------------------------------------------------------------------ rank faults
 
+def _leave_if_broken(m: NodeRound, faults: FaultRanks, out: Out) -> None:
+    """A gone rank breaks a live group: the local ranks leave it at once (a type-"0" fault keeps it: retry)."""
+    if m.facts.live and any(kind != FaultType.RECOVERABLE for kind in faults.values()):
+        out.append(LeaveGroup())
+
+
 def on_fault(m: NodeRound, ev: RankFault, now: float, out: Out) -> NodeState:
     """Report it (or add it to the report still pending): the controller opens or joins a round."""
     faults = {ev.global_rank: ev.fault_type}
     m.add_faults(faults, now - ev.unseen)  # a hang counts from its last heartbeat, not from its detection
+    _leave_if_broken(m, faults, out)
     out.append(SendReport(FAULT, faults, ev.detail))
     return S.REPORTING
 
 
 def on_fault_rebuilding(m: NodeRound, ev: RankFault, now: float, out: Out) -> NodeState:
     """A rank that ends while its group re-forms fails that recover (the rebuild's check reports it)."""
-    m.add_faults({ev.global_rank: ev.fault_type}, now - ev.unseen)
+    faults = {ev.global_rank: ev.fault_type}
+    m.add_faults(faults, now - ev.unseen)
+    _leave_if_broken(m, faults, out)
     return S.REBUILDING
 
 
@@ -139,6 +149,7 @@ def on_stop(m: NodeRound, ev: StopOrder, now: float, out: Out) -> NodeState:
     faults = ev.order.fault_ranks
     m.add_faults(faults, now, keep_known=True)
     out.append(Supersede(restart=False))
+    _leave_if_broken(m, faults, out)  # a rank of another node is gone: ours learn it from us, not the ring
     stop = [lr for lr in m.view.local_of(faults) if not m.view.live_fault(lr, faults)]
     out.append(StopRanks(tuple(stop), graceful=False))
     out.append(SendReport(STOP_COMPLETE, faults))

@@ -37,7 +37,7 @@ FLAG_RETRY = 2  # the rank can roll back the step in flight and redo it without 
 FLAG_DECLARED = 4  # set by every declare(): "neither" is then an answer (sharded state), not "not yet declared"
 DEFAULT_REJOIN_TIMEOUT = 120.0
 STORE_PREFIX = "taskd/gen{generation}"  # key prefix of one generation's group in the rendezvous store
-ACTIONS = ("rejoin", "retry", "abort")
+ACTIONS = ("rejoin", "retry", "abort", "leave")
 
 
 class Phase(enum.IntEnum):
@@ -163,6 +163,13 @@ class Control(NamedTuple):
     def store_prefix(self) -> str:
         return STORE_PREFIX.format(generation=self.generation)
 
+    def ends(self, generation: int) -> bool:
+        """Whether this request means the group of ``generation`` is over: ``leave`` of it (or of a later one,
+        the agent's newest), a ``rejoin`` of a later one, or ``abort``. A ``retry`` keeps the group."""
+        if self.action == "leave":
+            return self.generation >= generation
+        return self.action == "abort" or (self.action == "rejoin" and self.generation > generation)
+
 
 def _check_control(generation: object, action: object, timeout: object) -> None:
     if not isinstance(generation, int) or isinstance(generation, bool) or generation < 0:
@@ -230,9 +237,10 @@ class ControlWatch:
         return self._last
 
     def newer(self, generation: int) -> Control | None:
-        """A request for a generation above ``generation``, else None."""
+        """A request for a generation above ``generation``, else None (``leave`` names none to form)."""
         control = self.latest()
-        return control if control is not None and control.generation > generation else None
+        return control if control is not None and control.generation > generation and control.action != "leave" \
+            else None
 
     def wait(self, generation: int, timeout: float, interval: float = 0.005) -> Control | None:
         """Wait up to ``timeout`` seconds for a generation above ``generation``; None on timeout."""

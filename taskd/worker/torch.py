@@ -51,8 +51,8 @@ from taskd.worker.torch_facts import (
     stable_ddp_kwargs,
     step_seed,
 )
-from taskd.worker.torch_group import GroupSockets, collect, drop_frames, freeze_older_objects
-from taskd.worker.torch_state import broadcast_state
+from taskd.worker.torch_group import GroupSockets, LeaveWatch, collect, drop_frames, freeze_older_objects
+from taskd.worker.torch_state import LiveUsageError, hand_over, refuse_own_collectives
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +61,6 @@ __all__ = ["LiveGroup", "LiveLoader", "LiveRecoveryFailed", "LiveUsageError", "R
 
 class LiveRecoveryFailed(RuntimeError):
     """The agent named no new generation in time, or asked to abort: the rank exits so the job restarts."""
-
-
-class LiveUsageError(RuntimeError):
-    """The script does something that would break a replacement's join: refused at job start, with what to do."""
 
 
 class _DDPHandle:
@@ -147,6 +143,7 @@ class LiveGroup:
         self._flight_lock = threading.Lock()
         self._store: dist.TCPStore | None = None
         self._sockets = GroupSockets()  # the current generation's connections (live only)
+        self._leave_watch: LeaveWatch | None = None  # ends them when the agent says the group is broken
         self._dropped: list[weakref.ref[DistributedDataParallel]] = []  # wrappers a recovery let go of
         if not self.live:
             if not dist.is_initialized():
@@ -155,6 +152,7 @@ class LiveGroup:
         self.protocol.set_phase(Phase.REJOINING)  # before declaring: a new node's agent then knows it joins a group
         self.protocol.declare(rejoin=True, retry=True)
         self._sockets = GroupSockets(os.environ[Var.MASTER_ADDR], os.environ[Var.MASTER_PORT])
+        self._leave_watch = LeaveWatch(self.protocol.control_path, self._sockets, on_end=self._told_to_leave).start()
         self._store = dist.TCPStore(os.environ[Var.MASTER_ADDR], int(os.environ[Var.MASTER_PORT]),
                                     is_master=False, timeout=timedelta(seconds=init_timeout))
         self._join(self.protocol.generation, init_timeout)
@@ -265,6 +263,8 @@ class LiveGroup:
         for handle in self._handles:
             handle.current = None
         self._data("close")
+        if self._leave_watch is not None:
+            self._leave_watch.stop()
         if dist.is_initialized():
             dist.destroy_process_group()
         self._sockets.release()
@@ -272,6 +272,10 @@ class LiveGroup:
     def _data(self, what: str) -> None:
         for loader in self._loaders:
             getattr(loader, what)()
+
+    def _told_to_leave(self, ended: int, control: Control) -> None:  # on the leave watch's thread
+        log.info("rank %d: the agent says generation %d is over (%s %d): %d connection(s) ended", self.rank,
+                 self.protocol.generation, control.action, control.generation, ended)
 
     # -- retry in place: the step is voided on every rank, the group is kept ----------------------
     def _vote(self, ok: bool) -> bool:
@@ -431,7 +435,7 @@ class LiveGroup:
         # collective until its timeout); the group's collectives then get the script's timeout back
         forming = max(self.timeout, timedelta(seconds=timeout))
         self._sockets.release()  # a failed earlier attempt's, already ended
-        with self._sockets.forming():
+        with self._sockets.forming(generation):
             dist.init_process_group(self.backend, store=store, rank=self.rank, world_size=self.world_size,
                                     timeout=forming)
         if forming != self.timeout and hasattr(dist.distributed_c10d, "_set_pg_timeout"):
@@ -441,14 +445,8 @@ class LiveGroup:
 
     def _sync_and_wrap(self, load: Callable[[int], object] | None = None) -> None:
         """Everyone takes the state of the most advanced rank that has one, then DDP is (re)built."""
-        issued = collectives_issued() - self._formed_at if self.live and not self._sharded else 0  # FSDP: none joins
-        if issued:
-            raise LiveUsageError(
-                f"rank {self.rank}: {issued} collective(s) of the script's own ran between LiveGroup() and "
-                "live.steps() (e.g. an all_reduce to find the newest common checkpoint step). A replacement would run "
-                "them against survivors that are handing it their state, and its join would break. Remove them: "
-                "pass each rank's own newest step to live.steps(start, ...), which agrees on the lowest one and calls "
-                "load(step) with it (docs/pytorch.md, 'What the script must not do')")
+        if self.live and not self._sharded:  # FSDP: no replacement joins
+            refuse_own_collectives(self.rank, collectives_issued() - self._formed_at)
         self._collective(+1)
         try:
             mine = torch.tensor([1 if self.has_state else 0, self.step_no], dtype=torch.int64)
@@ -458,8 +456,9 @@ class LiveGroup:
             holders = [r for r, (has, _) in enumerate(rows) if has]
             if holders:
                 source = max(holders, key=lambda r: (rows[r][1], -r))
-                if any(row != rows[source] for row in rows):
-                    self._broadcast_state(source, rows[source][1])
+                lacking = [r for r, row in enumerate(rows) if row != rows[source]]
+                if lacking:
+                    self._hand_over(source, lacking, rows[source][1])
             else:  # nobody holds live state: start from the newest checkpoint every rank has
                 self.step_no = min(step for _, step in rows)
                 for loader in self._loaders:
@@ -477,9 +476,10 @@ class LiveGroup:
         if self.live:
             self.protocol.joined(self.protocol.generation, self.step_no)
 
-    def _broadcast_state(self, source: int, step: int) -> None:
-        broadcast_state(source, self._model, self._optimizer, self._extra, self._loaders)
+    def _hand_over(self, source: int, lacking: list[int], step: int) -> None:
         self.step_no = step
+        if self.rank == source or self.rank in lacking:  # the ranks that hold the same state take no part
+            hand_over(source, lacking, self._model, self._optimizer, self._extra, self._loaders)
 
     # -- the "inside a collective" mark ----------------------------------------------------------
     def _collective(self, delta: int) -> None:

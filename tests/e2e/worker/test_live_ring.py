@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
 
@@ -18,8 +21,8 @@ torch = pytest.importorskip("torch")
 
 from test_live_e2e import assert_identical, resumed_after, start_pids, summary, taskd_run  # noqa: E402
 
-from taskd.worker.live import ErrorKind  # noqa: E402
-from taskd.worker.torch_group import GroupSockets  # noqa: E402
+from taskd.worker.live import ErrorKind, write_control  # noqa: E402
+from taskd.worker.torch_group import GroupSockets, LeaveWatch  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -88,3 +91,96 @@ def test_group_sockets_tracks_connections_made_while_forming_and_ends_them(tmp_p
     for s in (store, peer_listener, to_store, store_side, before, before_side, ours, listener, again, peer_side,
               again_side):
         s.close()
+
+
+def test_leave_watch_ends_the_generation_the_agent_says_is_over_and_nothing_else(tmp_path):
+    """Issue 20 item 2: the agent writes `leave g` the moment it sees a rank of the group gone; each rank's
+    LeaveWatch then ends its connections of g at once (its own blocked collective fails), not when the
+    failure reaches it along the ring. A retry keeps the group; an older generation's leave is not ours."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    opened = [listener]
+    control = tmp_path / "control.json"
+    group = GroupSockets()
+    ended: list[tuple[int, str, int]] = []
+    watch = LeaveWatch(str(control), group, interval=0.002,
+                       on_end=lambda n, c: ended.append((n, c.action, c.generation))).start()
+
+    def form(generation: int) -> socket.socket:
+        with group.forming(generation=generation):
+            opened.append(socket.create_connection(listener.getsockname()))
+        theirs, _ = listener.accept()  # the peer's end (another process's, in a real group): not tracked
+        opened.append(theirs)
+        theirs.settimeout(10)
+        return theirs
+
+    try:
+        theirs = form(3)
+        for generation, action in ((2, "leave"), (4, "retry"), (3, "rejoin")):
+            write_control(control, generation, action)
+            assert not wait_until(lambda: ended, 0.3), f"{action} {generation} must keep generation 3's connections"
+        write_control(control, 3, "leave")
+        assert wait_until(lambda: ended, 10), "leave 3 did not end generation 3's connections"
+        assert ended == [(1, "leave", 3)] and len(group) == 0
+        assert theirs.recv(1) == b"", "the peer must read EOF: its collective fails at once"
+        form(4)  # the next generation, while `leave 3` is still the file's word
+        assert not wait_until(lambda: len(ended) > 1, 0.3), "leave 3 must not end generation 4"
+        write_control(control, 5, "rejoin")  # the agent names the next generation: 4 is over too
+        assert wait_until(lambda: len(ended) > 1, 10) and ended[1] == (1, "rejoin", 5)
+    finally:
+        watch.stop()
+        for s in opened:
+            s.close()
+
+
+def wait_until(predicate, timeout: float) -> bool:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.005)
+    return bool(predicate())
+
+
+BLOCKED_RANK = """
+import os, sys, time, torch, torch.distributed as dist
+from taskd.worker.torch import LiveGroup
+live = LiveGroup(backend="gloo", timeout=60.0)
+print("READY", flush=True)
+if dist.get_rank() == 1:
+    time.sleep(60)   # alive, holding its connections, never joining the collective
+    sys.exit(0)
+t0 = time.monotonic()
+try:
+    dist.all_reduce(torch.ones(4))
+    print("RETURNED", flush=True)
+except Exception as exc:  # noqa: BLE001
+    print(f"FAILED {time.monotonic() - t0:.3f} {type(exc).__name__}", flush=True)
+"""
+
+
+def test_a_rank_blocked_on_a_live_peer_leaves_its_group_when_the_agent_says_so(tmp_path):
+    """The far rank's case, with nothing else to wake it: its peer is alive and silent, so no connection
+    closes; only the agent's `leave 0` can end rank 0's all_reduce before the 60 s collective timeout."""
+    store = torch.distributed.TCPStore("127.0.0.1", 0, world_size=2, is_master=True, wait_for_workers=False)
+    procs = []
+    for r in (0, 1):
+        env = {**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(store.port), "TASKD_CONTROL_FILE": str(tmp_path / f"control{r}.json")}
+        env.pop("TASKD_HEARTBEAT_FILE", None)
+        procs.append(subprocess.Popen([sys.executable, "-c", BLOCKED_RANK], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    try:
+        for p in procs:
+            line = p.stdout.readline()
+            assert line.startswith("READY"), line + p.stdout.read() if p.poll() is not None else line
+        time.sleep(0.5)  # rank 0 is now blocked in its all_reduce (nothing can be awaited from outside it)
+        assert procs[0].poll() is None
+        write_control(tmp_path / "control0.json", 0, "leave")
+        out, _ = procs[0].communicate(timeout=20)
+        assert "FAILED" in out and "RETURNED" not in out, out
+        took = float(out.split("FAILED ")[1].split()[0])
+        assert took < 30, f"rank 0 waited {took:.1f}s: the collective timeout, not the agent's word\n{out}"
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(timeout=10)

@@ -123,10 +123,30 @@ def test_on_fault_reports_and_opens_the_round(state: NodeState) -> None:
     assert report.kind == ev.FAULT and report.faults == {1: "1"} and "rank 1" in report.detail
 
 
+@pytest.mark.parametrize("live", [False, True])
+def test_on_fault_of_a_gone_rank_tells_a_live_group_to_leave_before_the_report(live: bool) -> None:
+    """Issue 20 item 2: the agent knows within milliseconds; the survivors must not wait for the ring."""
+    covers("on_fault")
+    actions = machine(S.RUNNING, live=live).handle(fault(1), NOW)
+    kinds = [type(a) for a in actions]
+    if live:
+        assert kinds.index(ev.LeaveGroup) < kinds.index(ev.SendReport), kinds
+    else:
+        assert ev.LeaveGroup not in kinds, "no live group: nothing to leave"
+
+
+def test_a_type_0_fault_keeps_the_live_group_for_a_retry() -> None:
+    covers("on_fault")
+    actions = machine(S.RUNNING, live=True).handle(fault(1, FaultType.RECOVERABLE), NOW)
+    assert not of(actions, ev.LeaveGroup), "a retryable error redoes the step in the same group"
+
+
 def test_on_fault_rebuilding_is_absorbed_by_the_rebuild() -> None:
     covers("on_fault_rebuilding")
     m = machine(S.REBUILDING, live=True)
-    assert m.handle(fault(0), NOW) == [] and m.state is S.REBUILDING, "the rebuild's check reports it, not a report"
+    actions = m.handle(fault(0), NOW)
+    assert m.state is S.REBUILDING and not of(actions, ev.SendReport), "the rebuild's check reports it, not a report"
+    assert actions == [ev.LeaveGroup()], "the group being formed has lost a rank: the ranks leave it at once"
 
 
 def test_on_fault_degraded_restarts_every_rank_locally_until_the_budget_is_spent() -> None:
@@ -231,6 +251,14 @@ def test_on_stop_stops_this_nodes_fault_ranks_and_says_so(state: NodeState) -> N
     assert of(actions, ev.Supersede) == [ev.Supersede(restart=False)]
     [report] = of(actions, ev.SendReport)
     assert report.kind == ev.STOP_COMPLETE and report.faults == {0: "0", 1: "1", 7: "1"}
+    assert of(actions, ev.LeaveGroup) == [ev.LeaveGroup()], "ranks 1 and 7 are gone: the group is broken"
+
+
+def test_on_stop_for_a_retryable_error_elsewhere_keeps_the_group() -> None:
+    covers("on_stop")
+    m = machine(S.RUNNING, live=True)
+    actions = m.handle(ev.StopOrder(order(Command.STOP, faults={7: "0"})), NOW)
+    assert not of(actions, ev.LeaveGroup) and of(actions, ev.SendReport)[0].kind == ev.STOP_COMPLETE
 
 
 @pytest.mark.parametrize("state", [S.DEGRADED, S.REJOINING])

@@ -1,0 +1,82 @@
+"""One rank of bench/live_overhead.py: the same MLP and data as examples/torch/train_ddp.py, in one of
+three wirings, timing every step; rank 0 writes OUT/rank0.json with the step times.
+
+    plain         dist.init_process_group + DistributedDataParallel(model), DDP's default buckets
+    live          LiveGroup + live.ddp (one bucket per parameter) + track(model, optimizer): the vote
+    live-novote   the same, the optimizer handed over as an extra object: no optimizer hooks, no vote
+
+argv: MODE OUT STEPS HIDDEN LAYERS
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from taskd.worker.torch import LiveGroup  # noqa: E402
+
+INPUTS, BATCH, SEED = 256, 32, 1234
+
+
+def build(hidden: int, layers: int) -> nn.Module:
+    torch.manual_seed(SEED)
+    blocks: list[nn.Module] = [nn.Linear(INPUTS, hidden), nn.ReLU()]
+    for _ in range(layers - 1):
+        blocks += [nn.Linear(hidden, hidden), nn.ReLU()]
+    return nn.Sequential(*blocks, nn.Linear(hidden, 1))
+
+
+def batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(SEED * 1_000_003 + rank * 10_007 + step)
+    return torch.randn(BATCH, INPUTS, generator=g), torch.randn(BATCH, 1, generator=g)
+
+
+def main() -> int:
+    mode, out, steps, hidden, layers = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    model = build(hidden, layers)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    times: list[float] = []
+    if mode == "plain":
+        dist.init_process_group("gloo")
+        ddp = DistributedDataParallel(model)
+        rank = dist.get_rank()
+        for step in range(steps):
+            x, y = batch(rank, step)
+            optimizer.zero_grad()
+            nn.functional.mse_loss(ddp(x), y).backward()
+            optimizer.step()
+            times.append(time.perf_counter())
+        dist.destroy_process_group()
+    else:
+        live = LiveGroup(backend="gloo")
+        ddp = live.ddp(model)
+        if mode == "live":
+            live.track(model=model, optimizer=optimizer, seed=SEED)
+        else:
+            live.track(model=model, seed=SEED, optimizer_state=optimizer)
+        rank = live.rank
+        for step in live.steps(0, steps):
+            with live.step():
+                x, y = batch(rank, step)
+                optimizer.zero_grad()
+                nn.functional.mse_loss(ddp(x), y).backward()
+                optimizer.step()
+            times.append(time.perf_counter())
+        live.close()
+    if rank == 0:
+        params = sum(p.numel() for p in model.parameters())
+        with open(os.path.join(out, "rank0.json"), "w") as fh:
+            json.dump({"mode": mode, "times": times, "params": params}, fh)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
