@@ -25,7 +25,6 @@ Installed with ``pip install taskd[torch]``.
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import threading
@@ -43,12 +42,21 @@ from torch.nn.parallel import DistributedDataParallel
 from taskd.worker import progress
 from taskd.worker.env import Var, rank, world_size
 from taskd.worker.live import STORE_PREFIX, Control, ErrorKind, LiveRank, Phase, RetryableError, classify_error
-from taskd.worker.torch_facts import COMM_DIRS, HAS_INIT_SYNC, sharded_state, stable_ddp_kwargs, step_seed
+from taskd.worker.torch_data import LiveLoader
+from taskd.worker.torch_facts import (
+    COMM_DIRS,
+    HAS_INIT_SYNC,
+    collectives_issued,
+    sharded_state,
+    stable_ddp_kwargs,
+    step_seed,
+)
 from taskd.worker.torch_group import GroupSockets, LeaveWatch, collect, drop_frames, freeze_older_objects
+from taskd.worker.torch_state import LiveUsageError, hand_over, refuse_own_collectives
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LiveGroup", "LiveRecoveryFailed", "RetryableError", "stable_ddp_kwargs"]
+__all__ = ["LiveGroup", "LiveLoader", "LiveRecoveryFailed", "LiveUsageError", "RetryableError", "stable_ddp_kwargs"]
 
 
 class LiveRecoveryFailed(RuntimeError):
@@ -124,6 +132,9 @@ class LiveGroup:
         self._optimizer: torch.optim.Optimizer | None = None
         self._seed: int | None = None
         self._extra: dict[str, Any] = {}
+        self._loaders: list[LiveLoader] = []
+        self._sharded: str | None = None  # why no peer holds a whole copy of the model (FSDP), if so
+        self._formed_at = 0  # the group's collective count once formed
         self._committed = False
         self._in_step = False
         self._forwards = 0  # DDP forwards in this step
@@ -153,6 +164,12 @@ class LiveGroup:
         self._handles.append(handle)
         return handle
 
+    def data(self, loader: Any, batches_per_step: int = 1) -> LiveLoader:
+        """Draw the step's batches from ``loader`` with ``next()``: a redone step gets the same batches again, and
+        a replacement resumes at the survivors' (epoch, batches consumed), for its own rank (torch_data)."""
+        self._loaders.append(LiveLoader(loader, self.rank, lambda: self._seed, batches_per_step))
+        return self._loaders[-1]
+
     def track(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
               seed: int | None = None, **extra: Any) -> None:
         """Declare the state a replacement receives: model, optimizer, ``extra`` objects with
@@ -163,7 +180,7 @@ class LiveGroup:
         """
         self._model, self._optimizer, self._seed = model, optimizer, seed
         self._extra = dict(extra)
-        why = sharded_state(model) if self.live and model is not None else None
+        why = self._sharded = sharded_state(model) if self.live and model is not None else None
         if why is not None:
             # no peer holds a whole copy to hand a replacement: say so now, so that the first fault takes the
             # checkpoint path at once (issue 21, D7: a recover that could not work failed after 175 s)
@@ -217,6 +234,7 @@ class LiveGroup:
             yield step
         except _StepVoided:
             self._in_step = False
+            self._data("rollback")
             self._redo(step, None)
             return
         except Exception as exc:
@@ -224,6 +242,7 @@ class LiveGroup:
             kind = classify_error(exc, COMM_DIRS) if self.live else None
             if kind is None:
                 raise
+            self._data("commit" if self._committed else "rollback")
             if kind == ErrorKind.RETRYABLE and not self._committed and self._drain(exc):
                 self._redo(step, exc)
                 return
@@ -235,6 +254,7 @@ class LiveGroup:
             self._in_step = False
         self._collective_reset()
         self.step_no = step + 1
+        self._data("commit")
         self.has_state = True
         progress.heartbeat(step)
 
@@ -242,11 +262,16 @@ class LiveGroup:
         """Leave the group at the end of training."""
         for handle in self._handles:
             handle.current = None
+        self._data("close")
         if self._leave_watch is not None:
             self._leave_watch.stop()
         if dist.is_initialized():
             dist.destroy_process_group()
         self._sockets.release()
+
+    def _data(self, what: str) -> None:
+        for loader in self._loaders:
+            getattr(loader, what)()
 
     def _told_to_leave(self, ended: int, control: Control) -> None:  # on the leave watch's thread
         log.info("rank %d: the agent says generation %d is over (%s %d): %d connection(s) ended", self.rank,
@@ -415,10 +440,13 @@ class LiveGroup:
                                     timeout=forming)
         if forming != self.timeout and hasattr(dist.distributed_c10d, "_set_pg_timeout"):
             dist.distributed_c10d._set_pg_timeout(self.timeout)
+        self._formed_at = collectives_issued()  # what forming the group ran itself (TORCH_DIST_INIT_BARRIER=1)
         log.debug("rank %d: joined %s in %.3fs", self.rank, prefix, time.time() - t0)
 
     def _sync_and_wrap(self, load: Callable[[int], object] | None = None) -> None:
         """Everyone takes the state of the most advanced rank that has one, then DDP is (re)built."""
+        if self.live and not self._sharded:  # FSDP: no replacement joins
+            refuse_own_collectives(self.rank, collectives_issued() - self._formed_at)
         self._collective(+1)
         try:
             mine = torch.tensor([1 if self.has_state else 0, self.step_no], dtype=torch.int64)
@@ -433,6 +461,8 @@ class LiveGroup:
                     self._hand_over(source, lacking, rows[source][1])
             else:  # nobody holds live state: start from the newest checkpoint every rank has
                 self.step_no = min(step for _, step in rows)
+                for loader in self._loaders:
+                    loader.derive(self.step_no)  # load() may then restore a position of its own
                 if load is not None:
                     load(self.step_no)
                 elif any(step != self.step_no for _, step in rows):
@@ -447,41 +477,9 @@ class LiveGroup:
             self.protocol.joined(self.protocol.generation, self.step_no)
 
     def _hand_over(self, source: int, lacking: list[int], step: int) -> None:
-        """The most advanced rank sends its state to the ranks that lack it, point to point; the ranks that hold
-        the same state take no part. (A broadcast moved the whole state, ~72 MB for the 9 M-parameter example,
-        through every rank of the group, the survivors included.)"""
-        mine = self.rank == source
         self.step_no = step
-        if not mine and self.rank not in lacking:
-            return
-        params = [] if self._model is None else [t.detach() for t in self._model.state_dict().values()]
-        flat = torch._utils._flatten_dense_tensors(params) \
-            if params and all(p.dtype == params[0].dtype for p in params) else None
-        tensors = [flat] if flat is not None else params
-        if mine:
-            buf = io.BytesIO()
-            torch.save({"optimizer": None if self._optimizer is None else self._optimizer.state_dict(),
-                        "extra": {k: v.state_dict() for k, v in self._extra.items()}}, buf)
-            blob = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
-            size = torch.tensor([blob.numel()], dtype=torch.int64)
-            for dst in lacking:  # in order: each pair's messages are matched in the order they were sent
-                for t in (*tensors, size, blob):
-                    dist.send(t, dst)
-            return
-        for t in tensors:
-            dist.recv(t, source)
-        if flat is not None:
-            for p, new in zip(params, torch._utils._unflatten_dense_tensors(flat, params), strict=True):
-                p.copy_(new)
-        size = torch.zeros(1, dtype=torch.int64)
-        dist.recv(size, source)
-        blob = torch.empty(int(size[0]), dtype=torch.uint8)
-        dist.recv(blob, source)
-        state = torch.load(io.BytesIO(blob.numpy().tobytes()), weights_only=False)
-        if self._optimizer is not None and state["optimizer"] is not None:
-            self._optimizer.load_state_dict(state["optimizer"])
-        for key, value in state["extra"].items():
-            self._extra[key].load_state_dict(value)
+        if self.rank == source or self.rank in lacking:  # the ranks that hold the same state take no part
+            hand_over(source, lacking, self._model, self._optimizer, self._extra, self._loaders)
 
     # -- the "inside a collective" mark ----------------------------------------------------------
     def _collective(self, delta: int) -> None:

@@ -54,3 +54,11 @@ def sharded_state(model: torch.nn.Module) -> str | None:
         if type(param).__name__ == "DTensor" or "FlatParameter" in {c.__name__ for c in type(param).__mro__}:
             return f"parameter {name!r} is a shard ({type(param).__name__})"
     return None
+
+
+def collectives_issued() -> int:
+    """Collectives run on the default group since it formed (0 where the backend keeps no count)."""
+    try:
+        return int(torch.distributed.distributed_c10d._get_default_group()._get_sequence_number_for_group())
+    except (AttributeError, RuntimeError, ValueError):
+        return 0
