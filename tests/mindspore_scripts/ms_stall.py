@@ -1,7 +1,8 @@
 """Real MindSpore ranks in lockstep (one AllReduce per step) where one rank stalls once, for hang tests.
 
 Each step every rank all-reduces a small tensor, then calls ``taskd.worker.heartbeat(step)``. In the
-first incarnation (no ``<state-dir>/stalled`` marker at start) rank ``--stall-rank`` returns from the
+first incarnation (no ``<state-dir>/stalled-<i>`` marker at start; with a list of ``--stall-how``, each of
+the first incarnations in turn) rank ``--stall-rank`` returns from the
 AllReduce of step ``--stall-at-step``, beats, and then sleeps in ``stall_forever()`` (or, with
 ``--stall-how sigstop``, stops its own process as a debugger would); its peers beat that step
 ``--skew`` seconds later and then wait inside the next AllReduce. Every rank stops beating at the
@@ -35,9 +36,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stall-at-step", type=int, default=20)
     p.add_argument("--skew", type=float, default=0.1,
                    help="how much later the peers beat the stall step (negative: the stalling rank beats later)")
-    p.add_argument("--stall-how", choices=("sleep", "sigstop"), default="sleep",
-                   help="sleep in stall_forever(), or stop the process with SIGSTOP (as a debugger would)")
-    return p.parse_args(argv)
+    p.add_argument("--stall-how", default="sleep",
+                   help="sleep in stall_forever(), or stop the process with SIGSTOP (as a debugger would); a "
+                        "comma-separated list stalls once per incarnation, in order (sigstop,sleep)")
+    args = p.parse_args(argv)
+    args.stall_hows = args.stall_how.split(",")
+    if not set(args.stall_hows) <= {"sleep", "sigstop"}:
+        p.error(f"--stall-how takes sleep and sigstop, got {args.stall_how!r}")
+    return args
 
 
 def touch(path: str, text: str = "") -> None:
@@ -69,8 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     ms.set_device("CPU")
     init()
     rank, pid = get_rank(), os.getpid()
-    marker = os.path.join(args.state_dir, "stalled")
-    first = not os.path.exists(marker)
+    incarnation = sum(1 for name in os.listdir(args.state_dir) if name.startswith("stalled-"))
+    marker = os.path.join(args.state_dir, f"stalled-{incarnation}")
+    first = incarnation < len(args.stall_hows)  # this incarnation stalls (the name says "not yet run through")
+    how = args.stall_hows[incarnation] if first else None
     touch(os.path.join(args.state_dir, f"start-rank{rank}-{pid}"), str(time.time()))
     print(f"rank {rank} pid {pid} started ({'first' if first else 'later'} incarnation)", flush=True)
     all_reduce = ops.AllReduce()
@@ -86,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             worker.heartbeat(step)
         if stall_step and rank == args.stall_rank:
             touch(marker, str(pid))
-            if args.stall_how == "sigstop":
+            if how == "sigstop":
                 print(f"rank {rank} stops itself (SIGSTOP) after the AllReduce of step {step}", flush=True)
                 os.kill(pid, signal.SIGSTOP)
             stall_forever(rank, step)

@@ -381,13 +381,13 @@ def test_stalled_rank_is_named_first_not_its_peer_waiting_in_allreduce(tmp_path:
         while time.monotonic() < deadline and not named and job.proc.poll() is None:
             named = [ln for ln in job.output().splitlines() if pattern.search(ln)]
             time.sleep(0.2)
-        assert (job.dir / "state" / "stalled").exists(), f"rank 1 never stalled\n{job.logs()}"
+        assert (job.dir / "state" / "stalled-0").exists(), f"rank 1 never stalled\n{job.logs()}"
         assert named, f"no rank was named hung\n{job.logs()}"
         assert pattern.search(named[0]).group(1) == "1", f"named first: {named[0]!r}, all: {named}\n{job.logs()}"
         assert job.wait(120) == 0, f"msrun failed after the hang\n{job.logs()}"
         faults = [ln for ln in job.output().splitlines() if "fault: rank" in ln]
         assert faults and all("fault: rank 1 " in ln for ln in faults), f"faults: {faults}\n{job.logs()}"
-        stalled = int((job.dir / "state" / "stalled").read_text())
+        stalled = int((job.dir / "state" / "stalled-0").read_text())
         kept = [p for p in job.log_dir.glob("worker_1.log*")
                 if f"pid {stalled} started" in p.read_text(errors="replace")]
         assert len(kept) == 1, f"the stalled incarnation's log was not kept\n{job.logs()}"

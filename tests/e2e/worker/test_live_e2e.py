@@ -87,7 +87,7 @@ def start_pids(console: str) -> dict[int, int]:
     return {int(r): int(p) for r, p in (item.split(":") for item in found.group(1).split(", "))}
 
 
-@pytest.mark.parametrize("victim", [2, 0])
+@pytest.mark.parametrize("victim", [0])  # rank 2 (not rank 0) is test_live_recovery.py's, through the protocol
 def test_sigkill_of_a_rank_is_recovered_in_place(tmp_path, reference, victim):
     code, console = taskd_run(tmp_path, ["--crash-at-step", "12", "--fault-rank", str(victim)])
     assert code == 0, console[-6000:]

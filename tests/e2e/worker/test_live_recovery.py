@@ -139,7 +139,7 @@ def assert_identical(final: dict, reference: dict) -> None:
         assert torch.equal(final[key], reference[key]), f"{key} differs by {(final[key] - reference[key]).abs().max()}"
 
 
-@pytest.mark.parametrize("victim", [2, 0])
+@pytest.mark.parametrize("victim", [2])  # rank 0 is test_live_e2e.py's, through taskd run
 def test_sigkill_of_a_rank_is_recovered_in_place_bit_identically(agent, reference, victim):
     job = agent()
     pids = job.start_all()
