@@ -17,7 +17,7 @@ SCRIPT = ROOT / "tests" / "torch_scripts" / "live_user_error.py"
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize("kind", ["TimeoutError", "ConnectionResetError"])
+@pytest.mark.parametrize("kind", ["TimeoutError", "ConnectionResetError", "exit3"])
 def test_the_scripts_own_timeout_or_reset_is_a_crash_of_its_rank_recovered_live(tmp_path: Path, kind: str) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("MINDX_SERVER_IP", "MINDX_TASK_ID")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
@@ -27,7 +27,10 @@ def test_the_scripts_own_timeout_or_reset_is_a_crash_of_its_rank_recovered_live(
     took = time.monotonic() - started
     console = proc.stdout + proc.stderr
     assert proc.returncode == 0, console[-4000:]
-    assert f"{kind}: the script's own error" in console  # its traceback, on the console
+    if kind == "exit3":
+        assert "rank 1 (pid" in console and "exited with code 3" in console, console[-4000:]  # named, with its code
+    else:
+        assert f"{kind}: the script's own error" in console  # its traceback, on the console
     assert "strategy: recover for rank(s) [1]" in console and "job-rescheduling" not in console, console[-4000:]
     pids = {r: (tmp_path / f"rank{r}.pids").read_text().split() for r in range(3)}
     assert len(pids[0]) == 1 and len(pids[2]) == 1, pids  # the survivors kept their processes
