@@ -364,13 +364,15 @@ class Supervisor:
     # ----------------------------------------------------------------- the slow sweep
     def _sweep(self) -> None:
         """What pidfds cannot tell: launcher statuses, zombies, pid reuse, hangs; and the metrics' sample."""
+        if self.metrics is not None or self.stragglers is not None:  # each rank's heartbeat read once a sweep
+            beats = {r.local_rank: self.hang.heartbeat(r)[1] for r in self.table.all()}
+            beat = lambda r: beats.get(r.local_rank)  # noqa: E731
         if self.metrics is not None:
-            ranks = sample_ranks(self.table.all(), lambda r: self.hang.heartbeat(r)[1], self.metrics.clock)
+            ranks = sample_ranks(self.table.all(), beat, self.metrics.clock)
             self.metrics.publish(ranks, len(self.result.faults), len(self.result.recoveries))
         if self.stragglers is not None and not self._done:
             pace = functools.partial(start_pace, self.link)
-            for verdict in self.stragglers.sweep(self.table.all(), lambda r: self.hang.heartbeat(r)[1], pace,
-                                                 time.monotonic()):
+            for verdict in self.stragglers.sweep(self.table.all(), beat, pace, time.monotonic()):
                 (log.info if verdict.cleared else log.warning)("%s", verdict.describe(self.stragglers.factor))
         suspects = []
         for rank, pid, entry in self.control.sweep():

@@ -255,7 +255,7 @@ def write_fields(fields: Iterable[tuple[struct.Struct, int, tuple]]) -> bool:
 
     False, and nothing written, when the rank has no heartbeat file (not under taskd).
     """
-    beacon = _beacon if isinstance(_beacon, _Beacon) else (None if _beacon is _DISABLED else _attach())
+    beacon = _current()
     if beacon is None:
         return False
     beacon.write_fields(fields)
@@ -288,7 +288,7 @@ def section(name: str, timeout: float | None = None) -> Iterator[None]:
     """
     if timeout is not None and timeout <= 0:
         raise ValueError(f"section timeout must be positive, got {timeout!r}")
-    beacon = _beacon if isinstance(_beacon, _Beacon) else (None if _beacon is _DISABLED else _attach())
+    beacon = _current()
     if beacon is None:
         yield
         return
@@ -303,6 +303,7 @@ def section(name: str, timeout: float | None = None) -> Iterator[None]:
 
 
 def _current() -> _Beacon | None:
+    """This process's beacon, attached on first use; None where the rank has no heartbeat file."""
     return _beacon if isinstance(_beacon, _Beacon) else (None if _beacon is _DISABLED else _attach())
 
 
@@ -361,7 +362,7 @@ def serve_save_request(wait: float = 0.0) -> bool | None:
     """
     if wait < 0:
         raise ValueError(f"wait must be >= 0 seconds, got {wait!r}")
-    beacon = _beacon if isinstance(_beacon, _Beacon) else (None if _beacon is _DISABLED else _attach())
+    beacon = _current()
     if beacon is None:
         return None
     deadline = time.monotonic() + wait
@@ -413,6 +414,6 @@ def finished() -> None:
     ``TASKD_STOP_GRACE``); a rank that called ``finished()`` and is killed then still counts as having
     succeeded, one that did not counts as failed. Does nothing outside taskd.
     """
-    beacon = _beacon if isinstance(_beacon, _Beacon) else (None if _beacon is _DISABLED else _attach())
+    beacon = _current()
     if beacon is not None:
         beacon.mark_finishing(hbf.FINISHING_DONE)
