@@ -130,7 +130,10 @@ class GroupCommit:
                 core.store.commit_group(batch, to_wall=core.clocks.to_wall)
                 self.transactions += 1
                 self.committed += len(pending)
-        except StoreError as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure: undone and answered, never a report left waiting
+            if not isinstance(exc, StoreError):
+                log.exception("committing %d report(s) failed", len(pending))
+                exc = StoreError(core.store.path, exc)
             for job_id, earlier in soft.items():
                 if earlier is not None:
                     core.soft_batches[job_id] = earlier
