@@ -108,12 +108,15 @@ def peer_medians(values: list[float]) -> list[float]:
         return [float("nan")] * n
     order = sorted(range(n), key=values.__getitem__)
     ranked = [values[i] for i in order]
-    m = n - 1
+    half = (n - 1) // 2  # the others are n - 1 values: `ranked` without the one at `position`
     out = [0.0] * n
     for position, index in enumerate(order):
-        def kth(k: int, position: int = position) -> float:
-            return ranked[k] if k < position else ranked[k + 1]
-        out[index] = kth(m // 2) if m % 2 else (kth(m // 2 - 1) + kth(m // 2)) / 2
+        upper = ranked[half + (half >= position)]  # the half-th of the others
+        if (n - 1) % 2:
+            out[index] = upper
+        else:
+            lower = ranked[half - 1 + (half - 1 >= position)]
+            out[index] = (lower + upper) / 2
     return out
 
 
