@@ -91,3 +91,32 @@ def test_a_refused_transaction_undoes_every_report_in_it_and_signals_nothing(tmp
     ok(core.dispatch("a", fault()))  # the disk has room again: the same report goes through
     assert core.jobs["a"].state.value == "STOPPING" and memory(core) == disk(state)
     core.store.close()
+
+
+def test_a_transaction_that_fails_with_a_bug_is_undone_and_answered_not_left_waiting(tmp_path: Path,
+                                                                                     monkeypatch) -> None:  # noqa: ANN001
+    """Anything but StoreError out of the commit (a bug) used to leave every report in it waiting for ever."""
+    state = tmp_path / "ctl.sqlite3"
+    core = make_core(state)
+    subs = {job: core.hub.subscribe(job, 0) for job in JOBS}
+    before = memory(core)
+
+    def broken(*_args: object, **_kwargs: object) -> None:
+        raise TypeError("a bug in the commit")
+
+    monkeypatch.setattr(core.store, "commit_group", broken)
+
+    async def scenario() -> None:
+        outs = await asyncio.wait_for(asyncio.gather(core.group.submit("a", fault()), core.group.submit("b", fault())),
+                                      5)
+        assert [o.code for o in outs] == [Code.STORAGE_ERROR] * 2
+        assert all("a bug in the commit" in o.info for o in outs), [o.info for o in outs]
+        await asyncio.sleep(0)
+        assert all(s.pending() == 0 for s in subs.values())
+
+    asyncio.run(scenario())
+    assert memory(core) == before == disk(state)
+    monkeypatch.undo()
+    ok(core.dispatch("a", fault()))  # the commit works again: the same report goes through
+    assert core.jobs["a"].state.value == "STOPPING"
+    core.store.close()
