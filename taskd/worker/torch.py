@@ -101,11 +101,18 @@ def _marked_allreduce(group, bucket):  # noqa: ANN001, ANN202 - DDP rejects stri
     tensor.div_(dist.get_world_size())
     group._launched += 1  # buckets launched in this step: a drain makes only the rest
     group._collective(+1)
-    fut = dist.all_reduce(tensor, async_op=True).get_future()
+    return _unmark_when_done(group, dist.all_reduce(tensor, async_op=True).get_future())
+
+
+def _unmark_when_done(group, fut):  # noqa: ANN001, ANN202 - a LiveGroup and a torch Future, as above
+    """Unmark the collective when it completes, not when it fails: a failed one leaves the rank marked
+    "inside" until report_error clears the mark with the error. Cleared at once, the agent would see a
+    rank that is neither in a collective nor reporting, which is what a hang looks like (CI, session 13)."""
 
     def done(f: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+        value = f.value()[0]
         group._collective(-1)
-        return f.value()[0]
+        return value
 
     return fut.then(done)
 
@@ -282,10 +289,8 @@ class LiveGroup:
         """One-element allreduce of "not ok" before the optimizer step; True when every rank's step is intact."""
         flag = torch.tensor([0 if ok else 1], dtype=torch.int32)
         self._collective(+1)
-        try:
-            dist.all_reduce(flag)
-        finally:
-            self._collective(-1)
+        dist.all_reduce(flag)  # a failed one leaves the mark on until report_error clears it with the error
+        self._collective(-1)
         return int(flag[0]) == 0
 
     def _drain(self, error: BaseException) -> bool:
