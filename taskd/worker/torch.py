@@ -206,6 +206,8 @@ class LiveGroup:
                     self._recover(None, control)
                     continue
             yield self.step_no
+        if self.live:
+            self.protocol.set_phase(Phase.COMPLETE)
 
     @contextmanager
     def step(self) -> Iterator[int]:
