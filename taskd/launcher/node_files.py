@@ -24,10 +24,13 @@ def open_node_files(spec: WorkerSpec) -> tuple[dict[int, RankLog], AgentStore]:
     """The node's rank logs, then its live-recovery setup; nothing left open if either is refused.
 
     Logs first: a refused log file (a planted symlink) stops the launch before anything starts; then
-    node 0 binds the store's port, so a port in use stops it too. A standby (no node rank yet) has neither.
+    node 0 binds the store's port, so a port in use stops it too. A standby (no node rank yet) has no logs and
+    hosts no store, but knows whether its ranks will be live: its warm spares then pre-import the framework
+    while it waits (they were plain interpreters before, and the standby's ranks imported torch after the loss).
     """
     if spec.node_rank is None:
-        return {}, AgentStore(False, -1, spec.master_addr, spec.master_port, spec.run_dir or "")
+        return {}, AgentStore.decide(spec.rdzv_store, entry_source(spec.entrypoint, spec.cwd), -1,
+                                     spec.master_addr, spec.master_port, spec.run_dir or "")
     logs: dict[int, RankLog] = {}
     try:
         for r in range(spec.nproc_per_node):

@@ -265,7 +265,9 @@ TRAIN_ARGS = ["--linger-rank", "1", "--linger", "5", "--steps", "40", "--ckpt-ev
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("victim", [None, 1, 0], ids=["fault-free", "sigkill-worker-node1", "sigkill-worker-node0"])
+# node 0's worker: its node also runs msrun's scheduler. Node 1's worker was a case of its own (~30 s of CI); node 1's
+# agent reporting for the job is covered by the lost-node test below, whose whole node 1 is SIGKILLed and replaced.
+@pytest.mark.parametrize("victim", [None, 0], ids=["fault-free", "sigkill-worker-node0"])
 def test_two_msrun_nodes_finish_together_and_agree(two_node_jobs, victim: int | None) -> None:
     job = two_node_jobs("job", TRAIN_LINGER, TRAIN_ARGS)
     if victim is not None:  # global rank r runs on node r
@@ -290,6 +292,8 @@ def test_two_msrun_nodes_finish_together_and_agree(two_node_jobs, victim: int | 
     if victim is None:
         FAULT_FREE["weights"] = weights[0]
     if victim is not None:
+        if "weights" in FAULT_FREE:  # the fault-free case ran first (file order): the fault changed nothing
+            assert np.array_equal(weights[0], FAULT_FREE["weights"]), "final weights differ from the fault-free run's"
         for rank in (0, 1):  # job-rescheduling restarted both ranks from their checkpoints
             log = (job.nodes[rank].log_dir / f"worker_{rank}.log").read_text(errors="replace")
             assert "resumed from step" in log, f"rank {rank} did not resume from a checkpoint\n{job.logs()}"

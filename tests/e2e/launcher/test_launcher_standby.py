@@ -58,3 +58,19 @@ def test_a_standby_takes_its_node_rank_late_and_its_first_ranks_are_warm_spares(
         assert records[3]["RANK"] == "3" and records[3]["GROUP_RANK"] == "1"
         assert spare in (records[2]["pid"], records[3]["pid"]), "the standby's spare became a rank"
         assert (tmp_path / "logs" / "rank_2.log").exists() and (tmp_path / "logs" / "rank_3.log").exists()
+
+
+def test_a_standby_of_a_live_job_warms_its_spares_with_the_framework_before_any_assignment(tmp_path: Path) -> None:
+    """Its spares were plain interpreters before (the standby decided live recovery only once it had a node), so
+    its ranks imported torch after the loss: a warm standby took as long as a cold one (BENCHMARKS.md, node loss)."""
+    import pytest
+    pytest.importorskip("torch")
+    script = tmp_path / "live.py"
+    script.write_text("from taskd.worker.torch import LiveGroup\n")
+    spec = WorkerSpec(command_for(str(script), []), nproc_per_node=1, nnodes=2, node_rank=None, master_port=29512,
+                      warm_spares=1, cwd=str(tmp_path), rdzv_store="auto")  # taskd run's default
+    with LocalLauncher(spec) as launcher:
+        assert launcher.live_recovery
+        me = psutil.Process()
+        spare = wait_for(lambda: [c for c in me.children() if "-c" in c.cmdline()], 10, "a warm spare")[0]
+        assert spare.environ().get("TASKD_PREIMPORT") == "torch,torch._dynamo"
