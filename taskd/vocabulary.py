@@ -73,8 +73,16 @@ class Strategy:
     DUMP = "dump"  # healthy ranks save, then exit
     EXIT = "exit"
 
+    # scale-in and scale-out (issue 17, opt-in: `taskd run --nnodes MIN:MAX` and `LiveGroup(on_resize=...)`), under
+    # ClusterD's names: never in ORDER, the controller chooses them only when a lost node is not replaced in time
+    # (downgrade: the job goes on without it) and when it comes back (upgrade: the job grows back to full size)
+    DOWNGRADE = "downgrade"
+    UPGRADE = "upgrade"
+
     ORDER = (RETRY, RECOVER, JOB_RESCHEDULING, DUMP, EXIT)
     TERMINAL = (DUMP, EXIT)
+    RESIZE = (DOWNGRADE, UPGRADE)
+    KNOWN = ORDER + RESIZE  # what a strategy report may name
 
 
 def parse_strategies(text: str | list[str] | tuple[str, ...]) -> list[str]:

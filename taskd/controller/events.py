@@ -23,6 +23,7 @@ class JobInit:
     host: str = ""
     pid: int = 0
     standby: bool = False  # a standby's Init: joins (or creates) the job, never resets it
+    min_nodes: int = 0  # the fewest nodes it may go on with after a node loss (`--nnodes MIN:MAX`); 0 = fixed size
 
 
 @dataclass(frozen=True)
