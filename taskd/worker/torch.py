@@ -42,6 +42,7 @@ from torch.nn.parallel import DistributedDataParallel
 from taskd.worker import progress
 from taskd.worker.env import Var, rank, world_size
 from taskd.worker.live import STORE_PREFIX, Control, ErrorKind, LiveRank, Phase, RetryableError, classify_error
+from taskd.worker.torch_comm import marked_allreduce
 from taskd.worker.torch_data import LiveLoader
 from taskd.worker.torch_facts import (
     COMM_DIRS,
@@ -52,6 +53,7 @@ from taskd.worker.torch_facts import (
     step_seed,
 )
 from taskd.worker.torch_group import GroupSockets, LeaveWatch, collect, drop_frames, freeze_older_objects
+from taskd.worker.torch_resize import Resize, ResizeHook
 from taskd.worker.torch_state import LiveUsageError, hand_over, refuse_own_collectives
 
 log = logging.getLogger(__name__)
@@ -80,7 +82,7 @@ class _DDPHandle:
             freeze_older_objects()  # a rebuild's collection then scans only this wrapper and what is newer
         self.current = DistributedDataParallel(self.module, **kwargs)
         if self._group.live:
-            self.current.register_comm_hook(self._group, _marked_allreduce)
+            self.current.register_comm_hook(self._group, marked_allreduce)
         return self.current
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -95,28 +97,6 @@ class _DDPHandle:
         return getattr(self.current, name)
 
 
-def _marked_allreduce(group, bucket):  # noqa: ANN001, ANN202 - DDP rejects string annotations here
-    """DDP's allreduce, marking the rank "inside a collective" while a bucket is in flight (waiting, not hung)."""
-    tensor = bucket.buffer()
-    tensor.div_(dist.get_world_size())
-    group._launched += 1  # buckets launched in this step: a drain makes only the rest
-    group._collective(+1)
-    return _unmark_when_done(group, dist.all_reduce(tensor, async_op=True).get_future())
-
-
-def _unmark_when_done(group, fut):  # noqa: ANN001, ANN202 - a LiveGroup and a torch Future, as above
-    """Unmark the collective when it completes, not when it fails: a failed one leaves the rank marked
-    "inside" until report_error clears the mark with the error. Cleared at once, the agent would see a
-    rank that is neither in a collective nor reporting, which is what a hang looks like (CI, session 13)."""
-
-    def done(f: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
-        value = f.value()[0]
-        group._collective(-1)
-        return value
-
-    return fut.then(done)
-
-
 class _StepVoided(RuntimeError):
     """A rank abandoned this step (RetryableError): every rank drops it together, before the optimizer step."""
 
@@ -124,13 +104,17 @@ class _StepVoided(RuntimeError):
 class LiveGroup:
     """The default process group of a job that can rebuild it in place; see the module docstring."""
 
-    def __init__(self, backend: str = "gloo", timeout: float = 60.0, init_timeout: float = 120.0) -> None:
+    def __init__(self, backend: str = "gloo", timeout: float = 60.0, init_timeout: float = 120.0,
+                 on_resize: ResizeHook | None = None) -> None:
+        """``on_resize(rank, world_size)``: the job may go on at another size (scale-in/out, taskd.worker.torch_resize);
+        it runs in every rank whose rank or world size changed, before its next step, to re-shard the data."""
         self.backend = backend
         self.timeout = timedelta(seconds=timeout)
         self.protocol = LiveRank()
         self.live = self.protocol.enabled
         self.rank = rank()
         self.world_size = world_size()
+        self._resize = Resize(on_resize, self.rank, self.rank, self.world_size)
         self.step_no = 0
         self.has_state = False  # a replacement has none until the first sync
         self.events: list[dict[str, Any]] = []  # one per recovery: what happened and how long it took
@@ -157,7 +141,10 @@ class LiveGroup:
                 dist.init_process_group(backend, timeout=self.timeout)
             return
         self.protocol.set_phase(Phase.REJOINING)  # before declaring: a new node's agent then knows it joins a group
-        self.protocol.declare(rejoin=True, retry=True)
+        self.protocol.declare(rejoin=True, retry=True, resize=self._resize.declared)
+        latest = self.protocol.watch.latest() if self.protocol.watch is not None else None
+        if latest is not None and latest.generation == self.protocol.generation:  # started into a resized group
+            self.rank, self.world_size = self._resize.place(latest, self.rank, self.world_size)
         self._sockets = GroupSockets(os.environ[Var.MASTER_ADDR], os.environ[Var.MASTER_PORT])
         self._leave_watch = LeaveWatch(self.protocol.control_path, self._sockets, on_end=self._told_to_leave).start()
         self._store = dist.TCPStore(os.environ[Var.MASTER_ADDR], int(os.environ[Var.MASTER_PORT]),
@@ -226,6 +213,7 @@ class LiveGroup:
                 if control is not None:
                     self._recover(None, control)
                     continue
+                self._resize.run(self.rank, self.world_size)  # the group changed size: the script re-shards
             yield self.step_no
 
     @contextmanager
@@ -388,6 +376,9 @@ class LiveGroup:
                 exc = error[1] if error else None
                 raise LiveRecoveryFailed(f"rank {self.rank}: live recovery failed: {reason}") from exc
             event.update(generation=control.generation, action=control.action, control_s=time.time() - t0)
+            self.rank, self.world_size = self._resize.place(control, self.rank, self.world_size)
+            for loader in self._loaders:
+                loader.rank = self.rank
             try:
                 self._join(control.generation, control.timeout)
                 self._sync_and_wrap()
@@ -402,7 +393,7 @@ class LiveGroup:
                 self._leave(exc)
                 collect()
                 error, control = (kind, exc), None
-        event.update(resume_step=self.step_no, total_s=time.time() - t0)
+        event.update(resume_step=self.step_no, total_s=time.time() - t0, rank=self.rank, world_size=self.world_size)
         self.events.append(event)
         log.info("rank %d: rejoined generation %d at step %d in %.3fs", self.rank, self.protocol.generation,
                  self.step_no, event["total_s"])

@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from taskd.worker.torch import _unmark_when_done  # noqa: E402
+from taskd.worker.torch_comm import _unmark_when_done  # noqa: E402
 
 
 class _Marks:
