@@ -85,15 +85,16 @@ class Strategy:
     KNOWN = ORDER + RESIZE  # what a strategy report may name
 
 
-def parse_strategies(text: str | list[str] | tuple[str, ...]) -> list[str]:
-    """Parse `recover,job-rescheduling,exit`; raise ValueError naming an unknown entry."""
+def parse_strategies(text: str | list[str] | tuple[str, ...], known: tuple[str, ...] = Strategy.ORDER) -> list[str]:
+    """Parse `recover,job-rescheduling,exit`; raise ValueError naming an unknown entry. A configuration names
+    strategies of `Strategy.ORDER`; an agent's report may also offer a resize (`Strategy.KNOWN`)."""
     items = text.split(",") if isinstance(text, str) else list(text)
     out: list[str] = []
     for item in (i.strip() for i in items):
         if not item:
             continue
-        if item not in Strategy.ORDER:
-            raise ValueError(f"unknown strategy {item!r}; known: {', '.join(Strategy.ORDER)}")
+        if item not in known:
+            raise ValueError(f"unknown strategy {item!r}; known: {', '.join(known)}")
         if item not in out:
             out.append(item)
     return out
