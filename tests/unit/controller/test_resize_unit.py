@@ -154,3 +154,21 @@ def test_a_scaled_in_job_survives_a_controller_restart() -> None:
     fresh = JobMachine("j", CFG, 0.0)
     restore_into(fresh, snap, list(m.agents.values()), 200.0)
     assert fresh.absent == {2: 110.0} and fresh.min_nodes == 2 and fresh.expected_nodes() == {0, 1}
+
+
+def test_a_standby_that_comes_while_the_job_is_scaled_in_takes_the_absent_node_and_grows_it_back() -> None:
+    from taskd.controller.events import StandbyConnected
+
+    m = job()
+    lose(m, 1, {0: ELASTIC, 2: ELASTIC})
+    fire(m, 110.0)
+    recovered(m, {0: ("h", 100), 2: ("h", 102)}, "downgrade", 111.0)
+    assert m.handle(AgentRegistered(node_rank=0, host="s", pid=900, standby=True), 120.0).code == 0
+    out = m.handle(StandbyConnected(host="s", pid=900), 120.0)
+    (sig,) = out.direct  # its own stream: assigned the absent node at once
+    assert sig.signal_type == SignalType.ASSIGN_NODE and json.loads(extra_params(sig))["node_rank"] == 1
+    out = m.handle(AgentRegistered(node_rank=1, host="s", pid=900, ranks_per_node=2), 121.0)
+    assert out.code == 0 and "replacement of node 1" in out.info and m.standbys == {}
+    out = m.handle(AgentConnected(node_rank=1, host="s", pid=900), 122.0)
+    (change,) = out.signals
+    assert change.strategy == "upgrade" and dict(change.faults) == {2: "1", 3: "1"} and m.absent == {}
