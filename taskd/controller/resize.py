@@ -23,9 +23,9 @@ docs/architecture.md, "Scale-in and scale-out", has the wire.
 from __future__ import annotations
 
 from taskd.controller import handlers, node_loss
-from taskd.controller.events import AgentConnected, Outcome, RejoinDue
+from taskd.controller.events import AgentConnected, Outcome, RecoverStatusReported, RejoinDue
 from taskd.controller.job import Job
-from taskd.controller.model import JobState, Round, fmt_faults
+from taskd.controller.model import Declined, JobState, Round, fmt_faults
 from taskd.controller.strategy import RESTARTING
 from taskd.vocabulary import Action, FaultType, SignalType, Strategy
 
@@ -113,9 +113,23 @@ def scale_in(m: Job, now: float, out: Outcome) -> JobState:
 def on_connected_running(m: Job, ev: AgentConnected, now: float, out: Outcome) -> JobState:
     """RUNNING: as any agent's subscribe; an absent node's new agent grows the job back at once."""
     handlers.on_connected(m, ev, now, out)
-    n = ev.node_rank
-    if n not in m.absent or not _replaced(m, n):
+    if ev.node_rank not in m.absent or not _replaced(m, ev.node_rank):
         return m.state
+    return _grow(m, ev.node_rank, now, out)
+
+
+def on_recover_status(m: Job, ev: RecoverStatusReported, now: float, out: Outcome) -> JobState | Declined:
+    """As any recover status; when the round closes, an absent node's new agent that subscribed while it was open
+    grows the job back now (a round at a time)."""
+    state = handlers.on_recover_status(m, ev, now, out)
+    if state is not S.RUNNING:
+        return state
+    waiting = [n for n in sorted(m.absent) if _replaced(m, n) and m.agents[n].subscribed]
+    return _grow(m, waiting[0], now, out) if waiting else state
+
+
+def _grow(m: Job, n: int, now: float, out: Outcome) -> JobState:
+    """Node `n` is back: a round of its own tells every agent to form the group at the full size again."""
     since = m.absent[n]
     m.absent = {k: t for k, t in m.absent.items() if k != n}
     m.record(out, "node_rejoined", node_rank=n, seconds_since_loss=round(now - since, 3), scale_out=True)
@@ -133,4 +147,5 @@ def _replaced(m: Job, n: int) -> bool:
     return a is not None and any(k[0] == n and f.by_pid == a.pid and f.by_pid for k, f in m.fences.items())
 
 
-__all__ = ["OPT_IN", "on_connected_running", "on_rejoin_timeout", "rank_map", "refusal", "scale_in"]
+__all__ = ["OPT_IN", "on_connected_running", "on_recover_status", "on_rejoin_timeout", "rank_map", "refusal",
+           "scale_in"]

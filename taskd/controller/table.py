@@ -129,8 +129,9 @@ RULES: tuple[Rule, ...] = (
     Rule(_states(S.RECOVERING, S.REJOINING), StrategiesReported, _targets(UNCHANGED), h.on_repeated_strategies,
          "duplicate → 0, else 401", late_answers=True),
     Rule(_states(S.RECOVERING), RecoverStatusReported, _targets(S.RECOVERING, S.RUNNING, S.STOPPING, S.FAILED),
-         h.on_recover_status, "RUNNING once all confirmed (STOPPING for a queued fault); a failure tries the next "
-         "strategy; FAILED after dump or when none is left"),
+         rz.on_recover_status, "RUNNING once all confirmed (STOPPING for a queued fault; RECOVERING: an upgrade for "
+         "an absent node's agent that came meanwhile); a failure tries the next strategy; FAILED after dump or when "
+         "none is left"),
     Rule(_states(S.FAILED), RecoverStatusReported, _targets(S.FAILED), h.on_late_status, "confirms the exit/dump",
          late_answers=True),
     # deadlines

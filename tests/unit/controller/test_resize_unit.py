@@ -172,3 +172,25 @@ def test_a_standby_that_comes_while_the_job_is_scaled_in_takes_the_absent_node_a
     out = m.handle(AgentConnected(node_rank=1, host="s", pid=900), 122.0)
     (change,) = out.signals
     assert change.strategy == "upgrade" and dict(change.faults) == {2: "1", 3: "1"} and m.absent == {}
+
+
+def test_a_node_that_comes_back_during_another_round_grows_the_job_once_that_round_closes() -> None:
+    from taskd.controller.state_machine import FaultReported
+
+    m = job()
+    lose(m, 1, {0: ELASTIC, 2: ELASTIC})
+    fire(m, 110.0)
+    recovered(m, {0: ("h", 100), 2: ("h", 102)}, "downgrade", 111.0)
+    m.handle(FaultReported(node_rank=0, faults={1: "1"}, host="h", pid=100), 120.0)  # a rank of node 0 crashes
+    for n in (0, 2):
+        m.handle(StopComplete(node_rank=n, host="h", pid=100 + n), 121.0)
+    m.handle(AgentRegistered(node_rank=1, host="h3", pid=300, ranks_per_node=2), 121.5)
+    assert m.handle(AgentConnected(node_rank=1, host="h3", pid=300), 121.6).signals == []  # not in that round
+    for n in (0, 2):
+        m.handle(StrategiesReported(node_rank=n, strategies=ELASTIC, host="h", pid=100 + n), 122.0)
+    assert m.state == S.RECOVERING and m.round.strategy == "recover" and m.round.participants == {0, 2}
+    m.handle(RecoverStatusReported(node_rank=0, host="h", pid=100, strategy="recover"), 123.0)
+    out = m.handle(RecoverStatusReported(node_rank=2, host="h", pid=102, strategy="recover"), 123.0)
+    assert m.state == S.RECOVERING and m.absent == {}
+    (change,) = out.signals
+    assert change.strategy == "upgrade" and json.loads(extra_params(change))["world_size"] == 6
