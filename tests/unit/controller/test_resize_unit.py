@@ -194,3 +194,21 @@ def test_a_node_that_comes_back_during_another_round_grows_the_job_once_that_rou
     assert m.state == S.RECOVERING and m.absent == {}
     (change,) = out.signals
     assert change.strategy == "upgrade" and json.loads(extra_params(change))["world_size"] == 6
+
+
+def test_min_nodes_is_checked_where_the_init_and_the_agent_config_are_built() -> None:
+    from taskd.agent.config import AgentConfig
+    from taskd.controller.validation import check_client
+    from taskd.proto import recover_pb2
+
+    def info(min_nodes: int, nodes: int = 3) -> recover_pb2.ClientInfo:
+        return recover_pb2.ClientInfo(jobId="j", nodeCount=nodes, ranksPerNode=2, minNodes=min_nodes)
+
+    assert check_client(info(0)) == "" and check_client(info(2)) == "" and check_client(info(3)) == ""
+    assert "minNodes 4 must be 0 (a fixed-size job) or in [1, nodeCount 3]" in check_client(info(4))
+    assert "minNodes -1" in check_client(info(-1))
+    assert AgentConfig(launcher="taskd", node_count=3, min_nodes=2).scales
+    assert not AgentConfig(launcher="taskd", node_count=3, min_nodes=3).scales
+    assert not AgentConfig(launcher="taskd", node_count=3).scales
+    with pytest.raises(ValueError, match=r"min_nodes \(--nnodes MIN:MAX\) 4 is above the job's 3 node"):
+        AgentConfig(launcher="taskd", node_count=3, min_nodes=4, origins={"min_nodes": "--nnodes MIN:MAX"}).validate()
