@@ -87,6 +87,9 @@ SETTINGS: tuple[Setting, ...] = (
             "TASKD_NODE_RANK", derived="msrun's node id (MONITOR), else 0"),
     Setting("node_count", int, 1, "nodes in the job", Bound(1), True, ("--nnodes",), "TASKD_NNODES",
             run_field="nnodes", derived="MS_WORKER_NUM / ranks per node, else 1"),
+    Setting("min_nodes", int, 0, "the fewest nodes the job goes on with when a lost node is not replaced in time "
+            "(scale-in; opt-in, with `LiveGroup(on_resize=...)`); 0 or nnodes = a fixed-size job", Bound(0),
+            env="TASKD_MIN_NODES", run_field="min_nnodes", label="--nnodes MIN:MAX"),
     Setting("ranks_per_node", int, 1, "ranks on this node", Bound(1), True, ("--nproc-per-node", "--nproc_per_node"),
             "TASKD_NPROC_PER_NODE", run_field="nproc_per_node", derived="the ranks msrun's MONITOR lists"),
     Setting("strategies", tuple, (), "strategies this agent offers, in order, e.g. `job-rescheduling,exit`",

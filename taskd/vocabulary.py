@@ -73,19 +73,28 @@ class Strategy:
     DUMP = "dump"  # healthy ranks save, then exit
     EXIT = "exit"
 
+    # scale-in and scale-out (issue 17, opt-in: `taskd run --nnodes MIN:MAX` and `LiveGroup(on_resize=...)`), under
+    # ClusterD's names: never in ORDER, the controller chooses them only when a lost node is not replaced in time
+    # (downgrade: the job goes on without it) and when it comes back (upgrade: the job grows back to full size)
+    DOWNGRADE = "downgrade"
+    UPGRADE = "upgrade"
+
     ORDER = (RETRY, RECOVER, JOB_RESCHEDULING, DUMP, EXIT)
     TERMINAL = (DUMP, EXIT)
+    RESIZE = (DOWNGRADE, UPGRADE)
+    KNOWN = ORDER + RESIZE  # what a strategy report may name
 
 
-def parse_strategies(text: str | list[str] | tuple[str, ...]) -> list[str]:
-    """Parse `recover,job-rescheduling,exit`; raise ValueError naming an unknown entry."""
+def parse_strategies(text: str | list[str] | tuple[str, ...], known: tuple[str, ...] = Strategy.ORDER) -> list[str]:
+    """Parse `recover,job-rescheduling,exit`; raise ValueError naming an unknown entry. A configuration names
+    strategies of `Strategy.ORDER`; an agent's report may also offer a resize (`Strategy.KNOWN`)."""
     items = text.split(",") if isinstance(text, str) else list(text)
     out: list[str] = []
     for item in (i.strip() for i in items):
         if not item:
             continue
-        if item not in Strategy.ORDER:
-            raise ValueError(f"unknown strategy {item!r}; known: {', '.join(Strategy.ORDER)}")
+        if item not in known:
+            raise ValueError(f"unknown strategy {item!r}; known: {', '.join(known)}")
         if item not in out:
             out.append(item)
     return out

@@ -15,6 +15,12 @@ their processes and memory, the replacement receives the state over the rebuilt 
 
 Rank 0 writes OUT/final.pt (the model's state_dict) and OUT/summary.json (steps computed per rank
 including recomputed ones, restarts and generations seen, recoveries with their timings).
+
+It accepts a changing world size (``LiveGroup(on_resize=...)``): started with ``taskd run --nnodes MIN:MAX``, a
+lost node that is not replaced in time lets the job go on with the others (scale-in), and a node that joins
+later grows it back. ``on_resize`` re-shards: the batch of step s is drawn for the rank's new place in the
+group, and each rank's share grows so that the global batch stays about ``--batch`` x the full world size.
+Per-rank files (OUT/rank<R>.*, checkpoints) keep the rank the process was started as.
 """
 
 from __future__ import annotations
@@ -94,10 +100,11 @@ def make_model(args: argparse.Namespace) -> nn.Module:
     return nn.Sequential(*layers)
 
 
-def batch(args: argparse.Namespace, rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The data of one step: a function of (seed, rank, step) only."""
+def batch(args: argparse.Namespace, rank: int, step: int, size: int | None = None
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The data of one step: a function of (seed, rank, step) only (and of the batch size after a resize)."""
     g = torch.Generator().manual_seed(args.seed * 1_000_003 + rank * 10_007 + step)
-    x = torch.randn(args.batch, args.inputs, generator=g)
+    x = torch.randn(size or args.batch, args.inputs, generator=g)
     teacher = torch.Generator().manual_seed(args.seed)
     w = torch.randn(args.inputs, 10, generator=teacher) / args.inputs**0.5
     return x, x @ w
@@ -119,8 +126,15 @@ def once(args: argparse.Namespace, kind: str, at: int | None, rank: int, step: i
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    live = LiveGroup(backend="gloo", timeout=args.pg_timeout)
-    rank = live.rank
+    rank = worker.rank()  # the rank this process was started as: its files and checkpoints keep it
+    full_world = worker.world_size()  # the job's size at start: the global batch is args.batch x this
+    shard = {"rank": rank, "batch": args.batch}  # what this rank draws; on_resize re-shards
+
+    def on_resize(new_rank: int, world: int) -> None:
+        shard.update(rank=new_rank, batch=max(1, round(args.batch * full_world / world)))
+        print(f"rank {rank}: resized to rank {new_rank} of {world}, {shard['batch']} samples a step", flush=True)
+
+    live = LiveGroup(backend="gloo", timeout=args.pg_timeout, on_resize=on_resize)
     model = make_model(args)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     ddp = live.ddp(model)
@@ -153,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         with live.step():
             if rank == args.slow_rank:
                 time.sleep(args.slow_seconds)
-            x, y = batch(args, rank, step)
+            x, y = batch(args, shard["rank"], step, shard["batch"])
             optimizer.zero_grad(set_to_none=True)
             loss = nn.functional.mse_loss(ddp(x), y)
             if once(args, "crash", args.crash_at_step, rank, step) or \
@@ -178,22 +192,25 @@ def main(argv: list[str] | None = None) -> int:
         os.close(progress)
 
     record = {"rank": rank, "pid": os.getpid(), "first_step": first, "restart_count": worker.restart_count(),
-              "generation": live.protocol.generation, "recoveries": live.events, "seconds": time.time() - started}
+              "generation": live.protocol.generation, "recoveries": live.events, "seconds": time.time() - started,
+              "group_rank": live.rank, "world_size": live.world_size}
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as fh:
         json.dump(record, fh)
     dist.barrier()
-    if rank == 0:
-        write_summary(args, model, live.world_size)
+    if live.rank == 0:
+        write_summary(args, model)
     live.close()
     print(f"rank {rank}: done at step {args.steps}", flush=True)
     return 0
 
 
-def write_summary(args: argparse.Namespace, model: nn.Module, world: int) -> None:
+def write_summary(args: argparse.Namespace, model: nn.Module) -> None:
     torch.save(model.state_dict(), os.path.join(args.out, "final.pt.tmp"))
     os.replace(os.path.join(args.out, "final.pt.tmp"), os.path.join(args.out, "final.pt"))
     ranks = {}
-    for r in range(world):
+    started_as = sorted(int(name[4:-5]) for name in os.listdir(args.out)  # every rank that finished (rank<R>.json)
+                        if name.startswith("rank") and name.endswith(".json"))
+    for r in started_as:
         with open(os.path.join(args.out, f"rank{r}.json")) as fh:
             ranks[r] = json.load(fh)
         ranks[r]["computed"] = os.path.getsize(os.path.join(args.out, f"rank{r}.computed"))

@@ -41,6 +41,7 @@ class AgentConfig:
     node_rank: int | None = None  # None = from MONITOR's node_id, else 0
     node_count: int | None = None  # None = MS_WORKER_NUM / ranks per node, else 1
     ranks_per_node: int | None = None  # None = number of MONITOR entries
+    min_nodes: int = default("min_nodes")  # scale-in's MIN (`--nnodes MIN:MAX`): see `scales`
     strategies: list[str] = field(default_factory=list)  # empty = DEFAULT_STRATEGIES[launcher]
     max_restarts: int = default("max_restarts")
     monitor_interval: float = default("monitor_interval")  # slow sweep; exits are seen at once through pidfds
@@ -130,6 +131,9 @@ class AgentConfig:
                 if s.bound is not None and not s.bound.allows(value):
                     raise ValueError(f"{s.name}{self._origin(s.name)} must be {s.bound.rule}, not {value}")
 
+        if self.min_nodes and self.node_count is not None and self.min_nodes > self.node_count:
+            raise ValueError(f"min_nodes{self._origin('min_nodes')} {self.min_nodes} is above the job's "
+                             f"{self.node_count} node(s): MIN:MAX needs MIN <= MAX")
         if why := check_factor(self.straggler_factor):  # the table's bound lets inf through
             raise ValueError(f"straggler_factor{self._origin('straggler_factor')} {why}")
         if self.metrics_listen is not None:
@@ -141,6 +145,11 @@ class AgentConfig:
     def _origin(self, name: str) -> str:
         source = self.origins.get(name)
         return f" ({source})" if source else ""
+
+    @property
+    def scales(self) -> bool:
+        """The job may go on with fewer nodes (`--nnodes MIN:MAX`, MIN < MAX), if its ranks have a resize hook."""
+        return 0 < self.min_nodes < (self.node_count or 1)
 
     @property
     def offered_strategies(self) -> list[str]:

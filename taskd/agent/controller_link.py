@@ -26,6 +26,7 @@ from taskd.agent.finish_report import FinishReport, deliver
 from taskd.agent.policy import LossTimer, ReportRetry
 from taskd.agent.ranks import RankLayout
 from taskd.agent.reports import FAULT, Outbox, Report, Settled
+from taskd.agent.resize import Resize
 from taskd.client import ClientCredentials, ConfigurationError, RecoverClient
 from taskd.client.current import set_manager
 from taskd.client.errors import AuthenticationError, FencedError, RecoverClientError
@@ -100,6 +101,7 @@ class Order:
     generation: int | None = None
     restarts: int | None = None
     node_rank: int | None = None  # an assignNode's (extraParams {"node_rank": R}, issue 17)
+    resize: Resize | None = None  # a downgrade's or upgrade's group (extraParams world_size and rank_map)
 
     @classmethod
     def of(cls, command: Command, sig: Any) -> Order:
@@ -112,7 +114,7 @@ class Order:
         params = _params(sig.extra_params)
         return cls(command, sig.uuid, sig.signal_type, tuple(sig.actions), faults, sig.strategy,
                    float(sig.timeout or 0), sig.extra_params, _count(params, "generation"), _count(params, "restarts"),
-                   _count(params, "node_rank"))
+                   _count(params, "node_rank"), Resize.parse(params))
 
     def reason(self) -> str:
         """taskd's controller says why it ends a job in extraParams {"reason": ...}; ClusterD sends other JSON."""
@@ -215,7 +217,7 @@ class ControllerLink:
         info = recover_pb2.ClientInfo(
             jobId=job_id, role="agent", nodeRank=layout.node_rank, nodeCount=layout.node_count,
             ranksPerNode=layout.ranks_per_node, maxRestarts=cfg.max_restarts, host=socket.gethostname(),
-            pid=os.getpid(), strategies=cfg.offered_strategies, standby=as_standby)
+            pid=os.getpid(), strategies=cfg.offered_strategies, standby=as_standby, minNodes=cfg.min_nodes)
         # An embedded controller lives and dies with this process: 3 s keepalive pings (for a remote
         # controller's death) only cost an idle agent CPU there.
         options = (("grpc.keepalive_time_ms", 60_000),) if self._local_started else ()
@@ -445,8 +447,8 @@ class ControllerLink:
         return record.state, record.info
 
     def rejoining(self, timeout: float = 2.0) -> frozenset[int] | None:
-        """The node ranks an open node-loss round of this job waits for a replacement of (JobRecord.rejoining);
-        None when the controller did not answer or cannot say."""
+        """The node ranks an open node-loss round of this job waits for a replacement of (JobRecord.rejoining), or
+        a scaled-in job runs without (JobRecord.absent); None when the controller did not answer or cannot say."""
         try:
             record = self._job_record(timeout)
         except JobStatusUnsupported:
@@ -454,7 +456,7 @@ class ControllerLink:
         if record is None or isinstance(record, str):
             return None
         self.lost_ago = lost_ago(record, self._mgr.info.nodeRank if self._mgr is not None else -1, time.time())
-        return frozenset(record.rejoining)
+        return frozenset(record.rejoining) | frozenset(record.absent)  # absent: a downgrade's, the job grows back
 
     def job_nodes(self, timeout: float = 2.0) -> tuple[str, str, frozenset[int]] | None:
         """(state, info, node ranks registered: standbys hold none) of this job on the controller; state "" when it

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from taskd.agent import resize
 from taskd.agent.launcher_api import Launcher
 from taskd.agent.ranks import Rank, RankState, RankTable
 from taskd.vocabulary import FaultRanks, FaultType, Strategy
@@ -53,7 +54,8 @@ class LiveRanks:
         self.generation = 0  # the newest generation this node has named
         self.rebuild: Rebuild | None = None
         self._files: dict[int, HeartbeatFile] = {}
-        self._declared: dict[int, tuple[bool, bool]] = {}  # local rank -> (can_rejoin, can_retry), last declared
+        self._declared: dict[int, tuple[bool, bool, bool]] = {}  # local rank -> (rejoin, retry, resize), last declared
+        self._resize: resize.Resize | None = None  # the group's size and rank map since a downgrade or upgrade
         self._errors: dict[tuple[int, int], int] = {}  # (local rank, pid) -> in-place errors already seen
         self._timed_out: dict[int, int] = {}  # local rank -> pid whose collective timed out waiting (stalled())
         self._steps: dict[int, int | None] = {}  # local rank -> last completed step seen (before a fault)
@@ -87,7 +89,7 @@ class LiveRanks:
         if status.heartbeat.pid != rank.pid:
             return None
         if status.declared:  # kept when the rank dies or a replacement has not declared yet
-            self._declared[rank.local_rank] = (status.can_rejoin, status.can_retry)
+            self._declared[rank.local_rank] = (status.can_rejoin, status.can_retry, status.can_resize)
         if status.generation is not None or status.phase is Phase.REJOINING:  # joined, or forming, a group
             self._group.add(rank.local_rank)
         return status
@@ -107,15 +109,16 @@ class LiveRanks:
         return statuses
 
     def can(self, what: str) -> bool:
-        """Whether every local rank has declared it can ``rejoin`` (recover in place) or ``retry``."""
+        """Whether every local rank has declared it can ``rejoin`` (recover in place), ``retry`` or ``resize``."""
         self.refresh()
-        index = 0 if what == "rejoin" else 1
-        return bool(self.table.all()) and all(self._declared.get(r.local_rank, (False, False))[index]
+        index = ("rejoin", "retry", "resize").index(what)
+        return bool(self.table.all()) and all(self._declared.get(r.local_rank, (False, False, False))[index]
                                               for r in self.table.all())
 
-    def offer(self, configured: list[str], faults: FaultRanks) -> list[str]:
+    def offer(self, configured: list[str], faults: FaultRanks, scales: bool = False) -> list[str]:
         """What this node offers for the round: recover only if every rank declared it can rejoin
-        (a script that has not gets job-rescheduling first), retry only for type-"0" faults of ranks that can."""
+        (a script that has not gets job-rescheduling first), retry only for type-"0" faults of ranks that can;
+        downgrade and upgrade when the job `scales` and every rank has a resize hook (agent/resize.py)."""
         offered = [s for s in configured if s != Strategy.RETRY or self.enabled]
         finished = sorted(r.global_rank for r in self.table.in_state(RankState.SUCCEEDED))
         if Strategy.RECOVER in offered and self.declarations and finished and self.enabled:
@@ -134,7 +137,9 @@ class LiveRanks:
         if Strategy.RETRY in offered and not (faults and set(faults.values()) == {FaultType.RECOVERABLE}
                                               and self.can("retry")):
             offered.remove(Strategy.RETRY)
-        return offered
+        # a resize re-forms the group in place as a recover does: only where a recover could
+        return resize.offers(offered, scales, self.enabled and self.declarations,
+                             scales and Strategy.RECOVER in offered and self.can("resize"))
 
     def store_host_lost(self, faults: FaultRanks) -> bool:
         """Whether every rank of node 0 is a fault rank, seen from another node: node 0's agent hosts the store the
@@ -214,12 +219,21 @@ class LiveRanks:
         self._left = generation
         log.debug("live recovery: ranks told to leave generation %d", generation)
 
-    def begin(self, strategy: str, faults: FaultRanks, started: float, timeout: float, now: float) -> int:
-        """Name the generation of a recover/retry/job-rescheduling on this node; the caller then restarts ranks."""
+    def begin(self, strategy: str, faults: FaultRanks, started: float, timeout: float, now: float,
+              resized: resize.Resize | None = None) -> int:
+        """Name the generation of a recover/retry/job-rescheduling/downgrade/upgrade on this node; the caller then
+        restarts ranks. `resized`: the group's new size and rank map, kept for every later generation's control
+        file (a rank restarted later forms the group at its place in it)."""
         generation = self.generation
-        if strategy in (Strategy.RECOVER, Strategy.RETRY):
+        if resized is not None:
+            self._resize = resized
+        if strategy in (Strategy.RECOVER, Strategy.RETRY, *Strategy.RESIZE):
             action = "retry" if strategy == Strategy.RETRY else "rejoin"
-            write_control(self.control_path, generation, action, timeout=RANK_TIMEOUT)  # type: ignore[arg-type]
+            place = {}
+            if self._resize is not None and strategy != Strategy.RETRY:
+                ranks = self._resize.of_node(r.global_rank for r in self.table.all())
+                place = {"world_size": self._resize.world_size, "ranks": ranks}
+            write_control(self.control_path, generation, action, timeout=RANK_TIMEOUT, **place)  # type: ignore[arg-type]
         self.details.set_generation(generation)
         wait = min(REJOIN_TIMEOUT, timeout * 0.9) if timeout > 0 else REJOIN_TIMEOUT
         self._timed_out.clear()  # what the old group's collectives waited for is this rebuild's business now
@@ -248,7 +262,7 @@ class LiveRanks:
             s = statuses[r.local_rank]
             if r.local_rank in self._group:
                 return s is not None and s.rejoined(rb.generation)
-            if rb.strategy == Strategy.RECOVER and r.local_rank not in self._declared:
+            if rb.strategy in (Strategy.RECOVER, *Strategy.RESIZE) and r.local_rank not in self._declared:
                 return False  # never seen here (a replacement node's new rank): a group joiner or not, it says first
             return r.state is RankState.RUNNING
 

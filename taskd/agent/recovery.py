@@ -103,7 +103,8 @@ class Recovery:
             self._supersede(action.restart)
         elif isinstance(action, ev.BeginRebuild):
             self.live.next_generation(action.generation)
-            self.live.begin(action.strategy, action.faults, action.started, action.timeout, time.monotonic())
+            self.live.begin(action.strategy, action.faults, action.started, action.timeout, time.monotonic(),
+                            action.resize)
         elif isinstance(action, ev.LeaveGroup):
             self.live.leave()
         elif isinstance(action, ev.AbandonRebuild):
@@ -112,7 +113,7 @@ class Recovery:
             self._report(action)
         elif isinstance(action, ev.OfferStrategies):
             self.link.report_strategies(action.faults, self.live.offer(self.link.config.offered_strategies,
-                                                                       action.scope))
+                                                                       action.scope, self.link.config.scales))
         elif isinstance(action, ev.RecordRestart):
             return self._restarted(action)
         elif isinstance(action, ev.Dump):

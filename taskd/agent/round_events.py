@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from taskd.agent.controller_link import Command, Order
+from taskd.agent.resize import Resize
 from taskd.vocabulary import FaultRanks
 
 # ------------------------------------------------------------------------------------------------ events
@@ -172,6 +173,7 @@ class BeginRebuild:
     started: float
     timeout: float
     generation: int | None
+    resize: Resize | None = None  # a downgrade's or upgrade's group size and rank map (Order.resize)
 
 
 @dataclass(frozen=True)

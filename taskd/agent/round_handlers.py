@@ -167,7 +167,8 @@ def on_change(m: NodeRound, ev: ChangeOrder, now: float, out: Out) -> NodeState:
     strategy = order.strategy
     faults = order.fault_ranks or dict(m.faults)
     out.append(Note(INFO, f"strategy: {strategy} for rank(s) {sorted(faults)}"))
-    if strategy in (Strategy.RECOVER, Strategy.JOB_RESCHEDULING) or (strategy == Strategy.RETRY and m.facts.live):
+    if strategy in (Strategy.RECOVER, Strategy.JOB_RESCHEDULING) or (strategy == Strategy.RETRY and m.facts.live) \
+            or (strategy in Strategy.RESIZE and m.facts.live and order.resize is not None):
         return _restart(m, order, faults, now, out)
     if strategy == Strategy.DUMP:
         out.append(Dump(faults, order.timeout))
@@ -197,10 +198,10 @@ def _restart(m: NodeRound, order: Order, faults: FaultRanks, now: float, out: Ou
     out.append(Supersede(restart=True))
     m.plan = RestartPlan(strategy, dict(faults), started)
     if m.facts.live:
-        out.append(BeginRebuild(strategy, dict(faults), started, order.timeout, order.generation))
+        out.append(BeginRebuild(strategy, dict(faults), started, order.timeout, order.generation, order.resize))
     if strategy == Strategy.RETRY:
         return S.REBUILDING
-    if strategy == Strategy.RECOVER:
+    if strategy in (Strategy.RECOVER, *Strategy.RESIZE):  # a resize starts only a joining node's ranks
         out.append(StartRanks(tuple(lr for lr in m.view.local_of(faults) if not m.view.live_fault(lr, faults))))
     else:
         out.append(StartRanks(None))
@@ -262,7 +263,7 @@ def on_started(m: NodeRound, ev: StartResult, now: float, out: Out) -> NodeState
         if not plan.degraded:
             out.append(SendReport(STATUS, plan.faults, ev.message, 1, plan.strategy))
         return rest  # the controller chooses again (or, degraded, the ranks' exits bring the next restart)
-    if m.facts.live and plan.strategy == Strategy.RECOVER and not plan.degraded:
+    if m.facts.live and plan.strategy in (Strategy.RECOVER, *Strategy.RESIZE) and not plan.degraded:
         return S.REBUILDING  # reported when every local rank has rejoined
     if not plan.degraded:
         out.append(SendReport(STATUS, plan.faults, "", Code.OK, plan.strategy))

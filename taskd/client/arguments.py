@@ -178,9 +178,9 @@ def strategies(values: Iterable[object] | str | None) -> list[str]:
         for value in values:
             if not isinstance(value, str):
                 raise ValueError(
-                    f"strategy_list must hold strategy names, got {value!r}; known: {', '.join(Strategy.ORDER)}"
+                    f"strategy_list must hold strategy names, got {value!r}; known: {', '.join(Strategy.KNOWN)}"
                 )
-    return parse_strategies(values)  # type: ignore[arg-type]
+    return parse_strategies(values, Strategy.KNOWN)  # type: ignore[arg-type]
 
 
 def env_int(env: Mapping[str, str], name: str, default: int) -> int:

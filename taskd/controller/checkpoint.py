@@ -25,7 +25,7 @@ from taskd.controller.agents import AgentInfo
 from taskd.controller.job import Job
 from taskd.controller.model import Round
 
-_SMALL_JOB = ("queued", "rejoining", "fences", "standbys")
+_SMALL_JOB = ("queued", "rejoining", "absent", "fences", "standbys")
 _SMALL_ROUND = ("faults", "excluded", "failed", "tried", "broadcast_sets", "lost")
 _MISSING = object()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from taskd.settings import default
 from taskd.vocabulary import Code, FaultRanks
 
 # ---------------------------------------------------------------------------- events in
@@ -23,6 +24,8 @@ class JobInit:
     host: str = ""
     pid: int = 0
     standby: bool = False  # a standby's Init: joins (or creates) the job, never resets it
+    # the fewest nodes it may go on with after a node loss (`--nnodes MIN:MAX`, taskd.controller.resize); 0 = fixed size
+    min_nodes: int = default("min_nodes")
 
 
 @dataclass(frozen=True)

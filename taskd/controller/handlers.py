@@ -84,7 +84,8 @@ def on_register(m: Job, ev: AgentRegistered, now: float, out: Outcome) -> Result
         table.add(a)
         if m.first_registered_at is None:
             m.first_registered_at = now  # the join timeout counts from here
-    elif ev.node_rank in m.rejoining and m.state in LIVE and (a.host, a.pid) != (ev.host, ev.pid):
+    elif (ev.node_rank in m.rejoining or ev.node_rank in m.absent) and m.state in LIVE \
+            and (a.host, a.pid) != (ev.host, ev.pid):  # a lost node's replacement, or a node a downgrade left out
         was_standby = standby.take(m, ev, out) is not None  # the node it was assigned: the hand-over
         node_loss.replace_holder(m, a, replace(ev, standby=ev.standby or was_standby), now, out)
     a.role, a.ranks_per_node, a.last_seen = ev.role, ev.ranks_per_node, now
@@ -131,7 +132,7 @@ def on_connected_failed(m: Job, ev: AgentConnected, now: float, out: Outcome) ->
 
 def on_connected_resuming(m: Job, ev: AgentConnected, now: float, out: Outcome) -> Result:
     on_connected(m, ev, now, out)
-    if m.agents.subscribed_count >= m.node_count - len(m.rejoining):  # every expected node is back
+    if m.agents.subscribed_count >= m.node_count - len(m.absent) - len(m.rejoining):  # every expected node is back
         return resume_round(m, "every agent resubscribed", now, out)
     return S.RESUMING
 
@@ -193,7 +194,7 @@ def on_finished(m: Job, ev: AgentFinished, now: float, out: Outcome) -> Result:
     if ev.exit_code != 0:
         return m.fail(f"node {ev.node_rank} finished with exit code {ev.exit_code}: {ev.message}".rstrip(": "),
                       now, out)
-    if m.agents.finished_ok_count >= m.node_count:  # every expected node finished with exit code 0
+    if m.agents.finished_ok_count >= m.node_count - len(m.absent):  # every present node finished with exit code 0
         if m.round is not None:
             m.close_round("finished", now, out)
             m.round = None

@@ -66,6 +66,10 @@ class Job:
         self.fences: dict[tuple[int, str, int], Fence] = {}
         # standby agents by (host, pid) (taskd.controller.standby); kept across a reset: they wait on the job id
         self.standbys: dict[tuple[str, int], Any] = {}
+        # scale-in (taskd.controller.resize): the fewest nodes the job may go on with (0: fixed size), and the
+        # node ranks it runs without since a downgrade -> since when (a later Register for one grows it back)
+        self.min_nodes = 0
+        self.absent: dict[int, float] = {}
         self.paces: Any = None  # the agents' pace reports and straggler verdicts (controller/stragglers.py); soft
         self.apply_init(init or JobInit())
 
@@ -80,7 +84,8 @@ class Job:
         return self.round.number if self.round else self.round_counter
 
     def expected_nodes(self) -> set[int]:
-        return set(range(self.node_count))
+        """The nodes the job runs on now: all of them but those a downgrade left out."""
+        return set(range(self.node_count)) - self.absent.keys()
 
     def gone_agents(self) -> dict[int, float]:
         """{node rank: since when} of unfinished agents without a signal stream."""
@@ -195,6 +200,7 @@ class Job:
         self.ranks_per_node = ev.ranks_per_node
         self.max_restarts = ev.max_restarts if ev.max_restarts is not None else self.config.default_max_restarts
         self.policy = tuple(ev.strategies)
+        self.min_nodes = ev.min_nodes
 
     def reset(self, ev: JobInit) -> None:
         """Forget the run (agents, round, budget spent) and start over with `ev`; the history stays."""
@@ -212,6 +218,7 @@ class Job:
         self.deadline = None
         self.last_signal = None
         self.rejoining = {}
+        self.absent = {}
         self.fences = {}
         self.apply_init(ev)
         self.info = ""
@@ -373,6 +380,6 @@ class Job:
         assert r is not None
         r.failed.append(r.strategy)
         self.record(out, "strategy_failed", strategy=r.strategy, reason=why)
-        if r.strategy in Strategy.TERMINAL:
+        if r.strategy in Strategy.TERMINAL or r.strategy in Strategy.RESIZE:  # no other way to that size
             return self.fail(f"{r.strategy} failed: {why}", now, out)
         return self.decide(now, out)

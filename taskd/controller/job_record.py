@@ -47,5 +47,6 @@ def job_record(m: JobMachine, store: Store, hub: SignalHub, clocks: Clock) -> ta
         jobId=m.job_id, state=m.state.value, nodeCount=m.node_count, ranksPerNode=m.ranks_per_node,
         restarts=m.restarts, maxRestarts=m.max_restarts, createdAt=wall(m.created_at), updatedAt=wall(m.updated_at),
         agents=agents, rounds=rounds, events=events, info=m.info, rejoining=sorted(m.rejoining),
-        stragglers=straggler_records(m, clocks.to_wall),
+        stragglers=straggler_records(m, clocks.to_wall), absent=sorted(m.absent),
+        worldSize=(m.node_count - len(m.absent)) * m.ranks_per_node,
     )

@@ -11,7 +11,8 @@ The steps, each a handler or helper the table (`taskd.controller.table`) or anot
   who replaced it, all in the one change the Register commits.
 - `rejoined`: the replacement subscribed (`handlers.on_connected_rejoining` then decides once no node is
   awaited).
-- `on_rejoin_timeout`: no replacement within `node_rejoin_timeout`: the job fails, saying how to add one.
+- `on_rejoin_timeout`: no replacement within `node_rejoin_timeout`: the job fails, saying how to add one
+  (unless it opted in to go on smaller: `taskd.controller.resize` decides first).
 - `fence_refusal`: what any event from a fenced identity is answered (411).
 """
 
@@ -119,18 +120,20 @@ def rejoined(m: Job, ev: AgentConnected, now: float, out: Outcome) -> None:
         m.record(out, "node_rejoined", node_rank=ev.node_rank, seconds_since_loss=round(now - since, 3))
 
 
-def on_rejoin_timeout(m: Job, ev: RejoinDue, now: float, out: Outcome) -> JobState:
+def on_rejoin_timeout(m: Job, ev: RejoinDue, now: float, out: Outcome, scale_in: str = "") -> JobState:
     """No replacement registered (and subscribed) within `node_rejoin_timeout` of the loss: the job cannot
-    get its ranks back, so it fails, and the survivors are told to exit with how to add a node."""
+    get its ranks back, so it fails, and the survivors are told to exit with how to add a node. `scale_in`: why
+    an opted-in job could not go on with fewer nodes instead (taskd.controller.resize, which calls this)."""
     deadline = m.rejoin_deadline
     if deadline is None or now < deadline:
         return m.state
     nodes = sorted(m.rejoining)
     timeout = m.config.node_rejoin_timeout
-    m.record(out, "rejoin_timeout", nodes=nodes, timeout=timeout)
+    m.record(out, "rejoin_timeout", nodes=nodes, timeout=timeout, **({"scale_in": scale_in} if scale_in else {}))
     how = "; ".join(HOW_TO_ADD.format(node=n) for n in nodes)
     info = (f"node(s) {_nodes(nodes)} lost and no replacement joined within {timeout:g} s "
-            f"(--node-rejoin-timeout): to add a node, {how}")
+            f"(--node-rejoin-timeout): to add a node, {how}"
+            + (f" (it could not go on without {'it' if len(nodes) == 1 else 'them'}: {scale_in})" if scale_in else ""))
     m.rejoining.clear()
     return m.fail(info, now, out, notify=any(not a.finished for a in m.agents.values()))
 

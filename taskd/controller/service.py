@@ -77,7 +77,7 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
             node_count=request.nodeCount, ranks_per_node=request.ranksPerNode,
             max_restarts=request.maxRestarts if request.HasField("maxRestarts") else None,
             strategies=v.unique(request.strategies), node_rank=request.nodeRank, host=request.host, pid=request.pid,
-            standby=request.standby,
+            standby=request.standby, min_nodes=request.minNodes,
         )
         return _answer(self.core.init_job(request.jobId, ev), "Init", request.jobId)
 

@@ -48,6 +48,8 @@ def snapshot(m: Job, to_wall: Times = identity) -> dict[str, Any]:
         "info": m.info,
         "signal_seq": m.signal_seq,
         "rejoining": {str(n): to_wall(t) for n, t in m.rejoining.items()},
+        "min_nodes": m.min_nodes,
+        "absent": {str(n): to_wall(t) for n, t in m.absent.items()},
         "fences": [[f.node_rank, f.host, f.pid, to_wall(f.lost_at), f.by_host, f.by_pid,
                     _opt(to_wall, f.replaced_at), f.standby] for f in m.fences.values()],
         "standbys": [[s.host, s.pid, to_wall(s.since), s.assigned, s.role] for s in m.standbys.values()],
@@ -86,6 +88,8 @@ def restore_into(m: Job, snap: Mapping[str, Any], agents: Iterable[AgentInfo], n
     m.info = snap.get("info", "")
     m.signal_seq = snap.get("signal_seq", 0)
     m.rejoining = {int(n): from_wall(t) for n, t in snap.get("rejoining", {}).items()}
+    m.min_nodes = int(snap.get("min_nodes", 0))
+    m.absent = {int(n): from_wall(t) for n, t in snap.get("absent", {}).items()}
     for n, host, pid, lost_at, by_host, by_pid, replaced_at, standby in snap.get("fences", []):
         m.fences[(n, host, pid)] = Fence(n, host, pid, from_wall(lost_at), by_host, by_pid,
                                          _opt(from_wall, replaced_at), standby)

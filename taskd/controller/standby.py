@@ -102,7 +102,7 @@ def on_connected(m: Job, ev: StandbyConnected, now: float, out: Outcome) -> JobS
         m.record(out, "standby_released", host=ev.host, pid=ev.pid, reason=JOB_ENDED)
         return m.state
     _put(m, key, replace(s, subscribed=True, gone_since=None))
-    if s.assigned is not None and s.assigned in m.rejoining:  # its stream came back before it took the node
+    if s.assigned is not None and (s.assigned in m.rejoining or s.assigned in m.absent):  # back before it took it
         out.direct.append(_assign_signal(m, s.assigned))
     else:
         assign_waiting(m, now, out, caller=key)
@@ -124,12 +124,13 @@ def on_disconnected(m: Job, ev: StandbyDisconnected, now: float, out: Outcome) -
 def assign_waiting(m: Job, now: float, out: Outcome, caller: Key | None = None) -> None:
     """Give every awaited node without a standby the longest-waiting free one with an open stream. The
     signal goes on that standby's stream (`out.direct` when it is the caller's own, else `out.to_standbys`)."""
-    if m.state not in LIVE or not m.rejoining:
+    wanted = set(m.rejoining) | set(m.absent)  # absent: a downgrade left it out, a standby grows the job back
+    if m.state not in LIVE or not wanted:
         return
     standbys = live(m, now)
     taken = {s.assigned for s in standbys.values() if s.assigned is not None}
     free = sorted(((s.since, k) for k, s in standbys.items() if s.assigned is None and s.subscribed))
-    for n in sorted(set(m.rejoining) - taken):
+    for n in sorted(wanted - taken):
         if not free:
             return
         _, key = free.pop(0)

@@ -106,6 +106,7 @@ def render_text(job_list: taskd_pb2.JobList, events: int = 20) -> str:
         out.append(f"  nodes {job.nodeCount}, ranks per node {job.ranksPerNode or '-'}, "
                    f"restarts {job.restarts}/{job.maxRestarts}, created {_ts(job.createdAt)}, "
                    f"updated {_ts(job.updatedAt)}")
+        out += _size(job)
         if job.info:
             out.append(f"  {job.info}")
         out.append("  agents:")
@@ -163,6 +164,24 @@ def _node_losses(job) -> list[str]:  # noqa: ANN001 - JobRecord
                        f"{_ts(x.lostAt)}, replaced by {new}{took}")
     if job.rejoining:
         out.append(f"  waiting for a replacement of node(s) {', '.join(map(str, job.rejoining))}")
+    return out
+
+
+def _size(job) -> list[str]:  # noqa: ANN001 - JobRecord
+    """The job's current size, and each resize (downgrade/upgrade: issue 17), when it ever changed size."""
+    resized = [e for e in job.events if e.kind == "resized"]
+    if not resized and not job.absent:
+        return []
+    present = job.nodeCount - len(job.absent)
+    out = [f"  size: {present} of {job.nodeCount} node(s), world size {job.worldSize}"
+           + (f", without node(s) {', '.join(map(str, job.absent))}" if job.absent else "")]
+    for e in resized:
+        try:
+            d = json.loads(e.detail or "{}")
+        except ValueError:
+            d = {}
+        out.append(f"    {_ts(e.time)}  round {e.round}: {d.get('strategy', '?')} to {d.get('node_count', '?')} "
+                   f"node(s), world size {d.get('world_size', '?')}")
     return out
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from taskd import rule_table
 from taskd.controller import handlers as h
 from taskd.controller import node_loss as nl
+from taskd.controller import resize as rz
 from taskd.controller import standby as sb
 from taskd.controller import stragglers as st
 from taskd.controller.events import (
@@ -81,7 +82,9 @@ RULES: tuple[Rule, ...] = (
     Rule(_states(S.REJOINING), AgentConnected, _targets(S.REJOINING, S.RECOVERING, S.FAILED),
          h.on_connected_rejoining, "decides once the last awaited replacement subscribed: `changeStrategy` to "
          "every agent, the replacements included"),
-    Rule(ANY - {S.RESUMING, S.FAILED, S.REJOINING}, AgentConnected, _targets(UNCHANGED), h.on_connected,
+    Rule(_states(S.RUNNING), AgentConnected, _targets(UNCHANGED, S.RECOVERING), rz.on_connected_running,
+         "as below; the agent of a node a downgrade left out grows the job back: `changeStrategy upgrade` to all"),
+    Rule(ANY - {S.RUNNING, S.RESUMING, S.FAILED, S.REJOINING}, AgentConnected, _targets(UNCHANGED), h.on_connected,
          "re-sends the signal the agent still owes; stops its loss clock; a node's replacement is awaited no more"),
     Rule(LIVE, AgentDisconnected, _targets(UNCHANGED), h.on_disconnected_live,
          "starts its loss clock unless it finished"),
@@ -102,8 +105,9 @@ RULES: tuple[Rule, ...] = (
          "node already finished; unchanged if it came back"),
     Rule(ACTIVE, StreamEndedDue, _targets(S.STOPPING, S.COLLECTING, S.REJOINING, S.FAILED, UNCHANGED),
          nl.on_agent_lost, "as AgentLossDue, for a stream that ended and did not come back within the grace"),
-    Rule(ACTIVE, RejoinDue, _targets(S.FAILED, UNCHANGED), nl.on_rejoin_timeout,
-         "FAILED (`changeStrategy exit` saying how to add a node) when no replacement came in time"),
+    Rule(ACTIVE, RejoinDue, _targets(S.FAILED, S.RECOVERING, UNCHANGED), rz.on_rejoin_timeout,
+         "no replacement came in time: `changeStrategy downgrade` (RECOVERING) if the job opted in to go on with "
+         "fewer nodes and may; else FAILED (`changeStrategy exit` saying how to add a node)"),
     # nodes that never registered within the join timeout of the first agent fail the job
     Rule(ACTIVE, JoinDue, _targets(S.FAILED, UNCHANGED), h.on_join_timeout,
          "FAILED (`changeStrategy exit` to the agents that joined); unchanged once every node registered"),
@@ -125,8 +129,9 @@ RULES: tuple[Rule, ...] = (
     Rule(_states(S.RECOVERING, S.REJOINING), StrategiesReported, _targets(UNCHANGED), h.on_repeated_strategies,
          "duplicate → 0, else 401", late_answers=True),
     Rule(_states(S.RECOVERING), RecoverStatusReported, _targets(S.RECOVERING, S.RUNNING, S.STOPPING, S.FAILED),
-         h.on_recover_status, "RUNNING once all confirmed (STOPPING for a queued fault); a failure tries the next "
-         "strategy; FAILED after dump or when none is left"),
+         rz.on_recover_status, "RUNNING once all confirmed (STOPPING for a queued fault; RECOVERING: an upgrade for "
+         "an absent node's agent that came meanwhile); a failure tries the next strategy; FAILED after dump or when "
+         "none is left"),
     Rule(_states(S.FAILED), RecoverStatusReported, _targets(S.FAILED), h.on_late_status, "confirms the exit/dump",
          late_answers=True),
     # deadlines

@@ -91,11 +91,11 @@ def check_faults(faults: Sequence[recover_pb2.FaultRank], name: str = "faultRank
 
 def check_strategies(names: Sequence[str], field: str = "strategies") -> str:
     if len(names) > MAX_STRATEGY_NAMES:
-        return (f"{field} has {len(names)} entries (max {MAX_STRATEGY_NAMES}; there are {len(Strategy.ORDER)} "
-                f"strategies: {', '.join(Strategy.ORDER)})")
+        return (f"{field} has {len(names)} entries (max {MAX_STRATEGY_NAMES}; there are {len(Strategy.KNOWN)} "
+                f"strategies: {', '.join(Strategy.KNOWN)})")
     for i, s in enumerate(names):
-        if s not in Strategy.ORDER:
-            return f"{field}[{i}] {s[:64]!r} is not a known strategy ({', '.join(Strategy.ORDER)})"
+        if s not in Strategy.KNOWN:
+            return f"{field}[{i}] {s[:64]!r} is not a known strategy ({', '.join(Strategy.KNOWN)})"
     return ""
 
 
@@ -113,7 +113,15 @@ def check_client(info: recover_pb2.ClientInfo, max_node_count: int = 65536, max_
                          + ([("maxRestarts", info.maxRestarts)] if info.HasField("maxRestarts") else []))
         or _sizes(info, max_node_count, max_ranks)
         or check_strategies(info.strategies)
+        or _min_nodes(info)
     )
+
+
+def _min_nodes(info: recover_pb2.ClientInfo) -> str:
+    if info.minNodes < 0 or (info.minNodes and info.minNodes > max(info.nodeCount, 1)):
+        return (f"minNodes {info.minNodes} must be 0 (a fixed-size job) or in [1, nodeCount {max(info.nodeCount, 1)}] "
+                "(`taskd run --nnodes MIN:MAX`)")
+    return ""
 
 
 def _sizes(info: recover_pb2.ClientInfo, max_node_count: int, max_ranks: int = RANK_LIMIT) -> str:
@@ -152,8 +160,8 @@ def check_recover_status(req: recover_pb2.RecoverStatusRequest) -> str:
            or _list("isolateRankIds", req.isolateRankIds))
     if why:
         return why
-    if req.strategy and req.strategy not in Strategy.ORDER:
-        return f"strategy {req.strategy[:64]!r} is not a known strategy ({', '.join(Strategy.ORDER)})"
+    if req.strategy and req.strategy not in Strategy.KNOWN:
+        return f"strategy {req.strategy[:64]!r} is not a known strategy ({', '.join(Strategy.KNOWN)})"
     for i, r in enumerate(req.isolateRankIds):
         if why := _rank_id(f"isolateRankIds[{i}]", r):
             return why

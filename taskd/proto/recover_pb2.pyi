@@ -14,7 +14,7 @@ class Status(_message.Message):
     def __init__(self, code: _Optional[int] = ..., info: _Optional[str] = ...) -> None: ...
 
 class ClientInfo(_message.Message):
-    __slots__ = ("jobId", "role", "nodeRank", "nodeCount", "ranksPerNode", "maxRestarts", "host", "pid", "strategies", "standby")
+    __slots__ = ("jobId", "role", "nodeRank", "nodeCount", "ranksPerNode", "maxRestarts", "host", "pid", "strategies", "standby", "minNodes")
     JOBID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     NODERANK_FIELD_NUMBER: _ClassVar[int]
@@ -25,6 +25,7 @@ class ClientInfo(_message.Message):
     PID_FIELD_NUMBER: _ClassVar[int]
     STRATEGIES_FIELD_NUMBER: _ClassVar[int]
     STANDBY_FIELD_NUMBER: _ClassVar[int]
+    MINNODES_FIELD_NUMBER: _ClassVar[int]
     jobId: str
     role: str
     nodeRank: int
@@ -35,7 +36,8 @@ class ClientInfo(_message.Message):
     pid: int
     strategies: _containers.RepeatedScalarFieldContainer[str]
     standby: bool
-    def __init__(self, jobId: _Optional[str] = ..., role: _Optional[str] = ..., nodeRank: _Optional[int] = ..., nodeCount: _Optional[int] = ..., ranksPerNode: _Optional[int] = ..., maxRestarts: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., strategies: _Optional[_Iterable[str]] = ..., standby: bool = ...) -> None: ...
+    minNodes: int
+    def __init__(self, jobId: _Optional[str] = ..., role: _Optional[str] = ..., nodeRank: _Optional[int] = ..., nodeCount: _Optional[int] = ..., ranksPerNode: _Optional[int] = ..., maxRestarts: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., strategies: _Optional[_Iterable[str]] = ..., standby: bool = ..., minNodes: _Optional[int] = ...) -> None: ...
 
 class FaultRank(_message.Message):
     __slots__ = ("rankId", "faultType")

@@ -169,7 +169,7 @@ class EventRecord(_message.Message):
     def __init__(self, time: _Optional[float] = ..., kind: _Optional[str] = ..., round: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class JobRecord(_message.Message):
-    __slots__ = ("jobId", "state", "nodeCount", "ranksPerNode", "restarts", "maxRestarts", "createdAt", "updatedAt", "agents", "rounds", "events", "info", "rejoining", "stragglers")
+    __slots__ = ("jobId", "state", "nodeCount", "ranksPerNode", "restarts", "maxRestarts", "createdAt", "updatedAt", "agents", "rounds", "events", "info", "rejoining", "stragglers", "absent", "worldSize")
     JOBID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     NODECOUNT_FIELD_NUMBER: _ClassVar[int]
@@ -184,6 +184,8 @@ class JobRecord(_message.Message):
     INFO_FIELD_NUMBER: _ClassVar[int]
     REJOINING_FIELD_NUMBER: _ClassVar[int]
     STRAGGLERS_FIELD_NUMBER: _ClassVar[int]
+    ABSENT_FIELD_NUMBER: _ClassVar[int]
+    WORLDSIZE_FIELD_NUMBER: _ClassVar[int]
     jobId: str
     state: str
     nodeCount: int
@@ -198,7 +200,9 @@ class JobRecord(_message.Message):
     info: str
     rejoining: _containers.RepeatedScalarFieldContainer[int]
     stragglers: _containers.RepeatedCompositeFieldContainer[StragglerRecord]
-    def __init__(self, jobId: _Optional[str] = ..., state: _Optional[str] = ..., nodeCount: _Optional[int] = ..., ranksPerNode: _Optional[int] = ..., restarts: _Optional[int] = ..., maxRestarts: _Optional[int] = ..., createdAt: _Optional[float] = ..., updatedAt: _Optional[float] = ..., agents: _Optional[_Iterable[_Union[AgentRecord, _Mapping]]] = ..., rounds: _Optional[_Iterable[_Union[RoundRecord, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[EventRecord, _Mapping]]] = ..., info: _Optional[str] = ..., rejoining: _Optional[_Iterable[int]] = ..., stragglers: _Optional[_Iterable[_Union[StragglerRecord, _Mapping]]] = ...) -> None: ...
+    absent: _containers.RepeatedScalarFieldContainer[int]
+    worldSize: int
+    def __init__(self, jobId: _Optional[str] = ..., state: _Optional[str] = ..., nodeCount: _Optional[int] = ..., ranksPerNode: _Optional[int] = ..., restarts: _Optional[int] = ..., maxRestarts: _Optional[int] = ..., createdAt: _Optional[float] = ..., updatedAt: _Optional[float] = ..., agents: _Optional[_Iterable[_Union[AgentRecord, _Mapping]]] = ..., rounds: _Optional[_Iterable[_Union[RoundRecord, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[EventRecord, _Mapping]]] = ..., info: _Optional[str] = ..., rejoining: _Optional[_Iterable[int]] = ..., stragglers: _Optional[_Iterable[_Union[StragglerRecord, _Mapping]]] = ..., absent: _Optional[_Iterable[int]] = ..., worldSize: _Optional[int] = ...) -> None: ...
 
 class JobList(_message.Message):
     __slots__ = ("status", "jobs", "nextPageToken")

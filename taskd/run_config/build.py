@@ -147,9 +147,12 @@ def build(cls: type[C], args: argparse.Namespace, environ: Mapping[str, str]) ->
     script, script_args = args.script, list(args.script_args or [])
     launch_mode, entrypoint = _entrypoint(values, script, script_args)
     min_nnodes, nnodes = values.parse("nnodes", parse_nnodes, (1, 1))
-    if min_nnodes < nnodes:
-        values.notices.append(f"{values.sources['nnodes']} {min_nnodes}:{nnodes}: taskd jobs are fixed-size; "
-                              f"this one starts when all {nnodes} nodes have joined")
+    if min_nnodes == nnodes:
+        min_nnodes = 0  # a fixed-size job (RunConfig.min_nnodes)
+    else:
+        values.notices.append(f"{values.sources['nnodes']} {min_nnodes}:{nnodes}: the job starts when all {nnodes} "
+                              f"nodes have joined; after a node loss it may go on with {min_nnodes} (scale-in, if "
+                              "every rank has LiveGroup(on_resize=...))")
     nproc, how = values.parse("nproc_per_node", lambda t: parse_nproc(str(t), environ), (1, ""))
     if how:
         values.notices.append(f"{values.sources['nproc_per_node']} {values.raw['nproc_per_node'][0]}: "

@@ -54,7 +54,9 @@ class RunConfig:
     launch_mode: str = "script"  # script | module (-m) | no-python | run-path
     nproc_per_node: int = default("ranks_per_node")
     nnodes: int = default("node_count")
-    min_nnodes: int = 1  # torchrun's MIN of MIN:MAX; informative only, the job waits for nnodes
+    # torchrun's MIN of MIN:MAX: the job starts with nnodes, and may go on with MIN after a node loss (scale-in,
+    # taskd.controller.resize) if its ranks declared a resize hook; 0 (or nnodes) = a fixed-size job
+    min_nnodes: int = default("min_nodes")
     node_rank: int = default("node_rank")
     standby: bool = default("standby")  # a spare node: no node rank until the controller assigns it a lost one's
     metrics_listen: str | None = default("metrics_listen")  # this node's Prometheus metrics (agent/metrics.py)

@@ -53,8 +53,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """Every torchrun flag plus taskd's own; `parser.set_defaults(_run_usage=...)` lets errors print this usage."""
     size = parser.add_argument_group("job size (torchrun)")
     _setting(size, "node_count", metavar="N|MIN:MAX",
-             help=f"nodes in the job (default {_d('node_count')}). taskd jobs are fixed-size: MIN:MAX uses MAX, and "
-                  "the job starts when MAX nodes have joined")
+             help=f"nodes in the job (default {_d('node_count')}). The job starts when MAX nodes have joined; with "
+                  "MIN < MAX, a lost node not replaced within the controller's --node-rejoin-timeout lets it go on "
+                  "with the rest (at least MIN; scale-in, if every rank passes LiveGroup(on_resize=...)), and it "
+                  "grows back when a node joins again (docs/pytorch.md)")
     _setting(size, "ranks_per_node", metavar="N|auto|cpu|gpu",
              help=f"ranks on this node (default {_d('ranks_per_node')}): a number; cpu = the CPUs this process may "
                   "use; gpu = the GPUs (CUDA_VISIBLE_DEVICES, else /dev/nvidiaN); auto = gpu if there are any, else "

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 FLAG_REJOIN = 1  # the rank can rejoin a rebuilt group in place (survivor) or be started into one (replacement)
 FLAG_RETRY = 2  # the rank can roll back the step in flight and redo it without a restart
 FLAG_DECLARED = 4  # set by every declare(): "neither" is then an answer (sharded state), not "not yet declared"
+FLAG_RESIZE = 8  # the rank has a resize hook (LiveGroup(on_resize=...)): the job may go on at another world size
 DEFAULT_REJOIN_TIMEOUT = 120.0
 STORE_PREFIX = "taskd/gen{generation}"  # key prefix of one generation's group in the rendezvous store
 ACTIONS = ("rejoin", "retry", "abort", "leave")
@@ -88,6 +89,7 @@ class RankStatus(NamedTuple):
     error_time: float | None
     torn: bool = False
     declared: bool = False  # the rank said what it can do in place (possibly nothing)
+    can_resize: bool = False  # it re-shards through a resize hook: its job may scale in and out (issue 17)
 
     def rejoined(self, generation: int) -> bool:
         """Whether the rank has joined ``generation`` (or a later one) and is past the state sync."""
@@ -117,6 +119,7 @@ def _status(state: hbf.HeartbeatState, live: tuple, torn: bool) -> RankStatus:
         phase=phase_v, generation=gen if joined else None, resume_step=rstep if joined else None,
         joined_time=jtime if joined else None, collective_since=coll or None, errors=errors,
         error_kind=kind_v, error_step=estep if errors else None, error_time=etime or None, torn=torn,
+        can_resize=bool(flags & FLAG_RESIZE),
     )
 
 
@@ -153,6 +156,8 @@ class Control(NamedTuple):
     rendezvous store lives). ``action``: ``rejoin`` (a rank was replaced), ``retry`` (same
     ranks, redo the step) or ``abort`` (give up: ranks exit with their error, for
     job-rescheduling). ``timeout``: how long a rank may take to form the group before it gives up.
+    ``world_size`` and ``ranks`` (a scale-in or scale-out, issue 17; both or neither): the size of the group
+    to form and the rank in it of each of the node's ranks, by the global rank it was started as (RANK).
     """
 
     generation: int
@@ -160,6 +165,12 @@ class Control(NamedTuple):
     timeout: float = DEFAULT_REJOIN_TIMEOUT
     time: float = 0.0
     extra: dict[str, Any] = {}
+    world_size: int | None = None
+    ranks: dict[int, int] = {}
+
+    def rank_of(self, started_as: int) -> int | None:
+        """The group rank of the process started as global rank ``started_as`` (None: no resize, or not named)."""
+        return self.ranks.get(started_as) if self.world_size is not None else None
 
     @property
     def store_prefix(self) -> str:
@@ -182,12 +193,40 @@ def _check_control(generation: object, action: object, timeout: object) -> None:
         raise LiveProtocolError(f"control timeout must be a positive number of seconds, got {timeout!r}")
 
 
+def _check_resize(world_size: object, ranks: object) -> dict[int, int]:
+    """The ``ranks`` of a resize as {started-as rank: group rank}; LiveProtocolError naming what is wrong."""
+    if world_size is None and ranks is None:
+        return {}
+    if world_size is None or ranks is None:
+        raise LiveProtocolError("control world_size and ranks come together (a resize), got only one of them")
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise LiveProtocolError(f"control world_size must be an integer >= 1, got {world_size!r}")
+    if not isinstance(ranks, dict):
+        raise LiveProtocolError(f"control ranks must map a started-as rank to its group rank, got {ranks!r}")
+    out: dict[int, int] = {}
+    for key, value in ranks.items():
+        try:
+            started = int(key)
+        except (TypeError, ValueError):
+            raise LiveProtocolError(f"control ranks key {key!r} is not a rank") from None
+        if started < 0 or isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < world_size:
+            raise LiveProtocolError(f"control ranks {key!r}: {value!r} is not a rank in [0, {world_size})")
+        out[started] = value
+    if len(set(out.values())) != len(out):
+        raise LiveProtocolError(f"control ranks name a group rank twice: {ranks!r}")
+    return out
+
+
 def write_control(path: str | os.PathLike[str], generation: int, action: str = "rejoin",
-                  timeout: float = DEFAULT_REJOIN_TIMEOUT, **extra: Any) -> Control:
+                  timeout: float = DEFAULT_REJOIN_TIMEOUT, world_size: int | None = None,
+                  ranks: dict[int, int] | None = None, **extra: Any) -> Control:
     """Atomically replace the control file (agent side): a rank never reads half a file."""
     _check_control(generation, action, timeout)
-    control = Control(generation, action, float(timeout), time.time(), dict(extra))
+    resize = _check_resize(world_size, ranks)
+    control = Control(generation, action, float(timeout), time.time(), dict(extra), world_size, resize)
     body = {"generation": generation, "action": action, "timeout": float(timeout), "time": control.time, **extra}
+    if world_size is not None:
+        body.update(world_size=world_size, ranks={str(k): v for k, v in sorted(resize.items())})
     path = os.fspath(path)
     tmp = f"{path}.tmp.{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as fh:
@@ -210,8 +249,10 @@ def read_control(path: str | os.PathLike[str]) -> Control | None:
     body = dict(body)
     generation, action = body.pop("generation", None), body.pop("action", "rejoin")
     timeout, when = body.pop("timeout", DEFAULT_REJOIN_TIMEOUT), body.pop("time", 0.0)
+    world_size, ranks = body.pop("world_size", None), body.pop("ranks", None)
     _check_control(generation, action, timeout)
-    return Control(generation, action, float(timeout), float(when or 0.0), body)
+    resize = _check_resize(world_size, ranks)
+    return Control(generation, action, float(timeout), float(when or 0.0), body, world_size, resize)
 
 
 class ControlWatch:
@@ -296,9 +337,10 @@ class LiveRank:
     def enabled(self) -> bool:
         return self.watch is not None
 
-    def declare(self, rejoin: bool = True, retry: bool = True) -> bool:
+    def declare(self, rejoin: bool = True, retry: bool = True, resize: bool = False) -> bool:
         """Tell the agent what this rank can do in place; False when there is no heartbeat file."""
-        flags = FLAG_DECLARED | (FLAG_REJOIN if rejoin else 0) | (FLAG_RETRY if retry else 0)
+        flags = FLAG_DECLARED | (FLAG_REJOIN if rejoin else 0) | (FLAG_RETRY if retry else 0) \
+            | (FLAG_RESIZE if resize else 0)
         return progress.write_fields([(_U32, hbf.OFF_LIVE_FLAGS, (flags,))])
 
     def set_phase(self, phase: Phase) -> None:

@@ -52,6 +52,7 @@ from taskd.worker.torch_facts import (
 )
 from taskd.worker.torch_group import GroupSockets, LeaveWatch, collect, drop_frames, freeze_older_objects
 from taskd.worker.torch_mark import CollectiveMark, marked_allreduce
+from taskd.worker.torch_resize import Resize, ResizeHook
 from taskd.worker.torch_state import LiveUsageError, hand_over, refuse_own_collectives
 
 log = logging.getLogger(__name__)
@@ -104,13 +105,17 @@ class _StepVoided(RuntimeError):
 class LiveGroup:
     """The default process group of a job that can rebuild it in place; see the module docstring."""
 
-    def __init__(self, backend: str = "gloo", timeout: float = 60.0, init_timeout: float = 120.0) -> None:
+    def __init__(self, backend: str = "gloo", timeout: float = 60.0, init_timeout: float = 120.0,
+                 on_resize: ResizeHook | None = None) -> None:
+        """``on_resize(rank, world_size)``: the job may go on at another size (scale-in/out, taskd.worker.torch_resize);
+        it runs in every rank whose rank or world size changed, before its next step, to re-shard the data."""
         self.backend = backend
         self.timeout = timedelta(seconds=timeout)
         self.protocol = LiveRank()
         self.live = self.protocol.enabled
         self.rank = rank()
         self.world_size = world_size()
+        self._resize = Resize(on_resize, self.rank, self.rank, self.world_size)
         self.step_no = 0
         self.has_state = False  # a replacement has none until the first sync
         self.events: list[dict[str, Any]] = []  # one per recovery: what happened and how long it took
@@ -136,7 +141,10 @@ class LiveGroup:
                 dist.init_process_group(backend, timeout=self.timeout)
             return
         self.protocol.set_phase(Phase.REJOINING)  # before declaring: a new node's agent then knows it joins a group
-        self.protocol.declare(rejoin=True, retry=True)
+        self.protocol.declare(rejoin=True, retry=True, resize=self._resize.declared)
+        latest = self.protocol.watch.latest() if self.protocol.watch is not None else None
+        if latest is not None and latest.generation == self.protocol.generation:  # started into a resized group
+            self.rank, self.world_size = self._resize.place(latest, self.rank, self.world_size)
         self._sockets = GroupSockets(os.environ[Var.MASTER_ADDR], os.environ[Var.MASTER_PORT])
         self._leave_watch = LeaveWatch(self.protocol.control_path, self._sockets, on_end=self._told_to_leave).start()
         self._store = dist.TCPStore(os.environ[Var.MASTER_ADDR], int(os.environ[Var.MASTER_PORT]),
@@ -205,6 +213,7 @@ class LiveGroup:
                 if control is not None:
                     self._recover(None, control)
                     continue
+                self._resize.run(self.rank, self.world_size)  # the group changed size: the script re-shards
             yield self.step_no
         if self.live:
             self.protocol.set_phase(Phase.COMPLETE)
@@ -369,6 +378,9 @@ class LiveGroup:
                 exc = error[1] if error else None
                 raise LiveRecoveryFailed(f"rank {self.rank}: live recovery failed: {reason}") from exc
             event.update(generation=control.generation, action=control.action, control_s=time.time() - t0)
+            self.rank, self.world_size = self._resize.place(control, self.rank, self.world_size)
+            for loader in self._loaders:
+                loader.rank = self.rank
             try:
                 self._join(control.generation, control.timeout)
                 self._sync_and_wrap()
@@ -383,7 +395,7 @@ class LiveGroup:
                 self._leave(exc)
                 collect()
                 error, control = (kind, exc), None
-        event.update(resume_step=self.step_no, total_s=time.time() - t0)
+        event.update(resume_step=self.step_no, total_s=time.time() - t0, rank=self.rank, world_size=self.world_size)
         self.events.append(event)
         log.info("rank %d: rejoined generation %d at step %d in %.3fs", self.rank, self.protocol.generation,
                  self.step_no, event["total_s"])

@@ -121,11 +121,13 @@ def test_nproc_gpu_counts_cuda_visible_devices() -> None:
     assert "no GPU found" in problems(["--nproc-per-node", "gpu", SCRIPT], {"CUDA_VISIBLE_DEVICES": ""})[0]
 
 
-def test_nnodes_min_max_uses_max_with_a_notice() -> None:
+def test_nnodes_min_max_starts_with_max_and_may_scale_in_to_min_with_a_notice() -> None:
     cfg = parse(["--nnodes", "2:4", *SERVER, SCRIPT])
     assert (cfg.min_nnodes, cfg.nnodes, cfg.master_port) == (2, 4, 29500)
-    assert any("fixed-size" in n and "all 4 nodes" in n for n in cfg.notices)
-    assert not any("fixed-size" in n for n in parse(["--nnodes", "1:1", SCRIPT]).notices)
+    assert any("all 4 nodes" in n and "go on with 2 (scale-in" in n for n in cfg.notices)
+    fixed = parse(["--nnodes", "3:3", *SERVER, SCRIPT])
+    assert fixed.min_nnodes == 0 and not any("scale-in" in n for n in fixed.notices)  # MIN == MAX: fixed-size
+    assert parse(["--nnodes", "3", *SERVER, SCRIPT]).min_nnodes == 0
 
 
 def test_a_multi_node_job_needs_a_shared_controller() -> None:
