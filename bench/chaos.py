@@ -61,15 +61,15 @@ from taskd.proto import taskd_pb2, taskd_pb2_grpc
 EXAMPLE = ROOT / "examples" / "train_resumable.py"
 RANKS_PER_NODE = 2
 # weights of the draws after the first round of every kind; an agent SIGKILL with no replacement ends its job,
-# so it is rare
-KINDS = {"rank_kill": 4.0, "rank_stop": 2.0, "agent_kill": 0.25, "node_kill": 1.0, "agent_stop": 1.0,
+# so it is rare; a node kill fits only a multi-node job early in its steps, so it is drawn often
+KINDS = {"rank_kill": 4.0, "rank_stop": 2.0, "agent_kill": 0.25, "node_kill": 3.0, "agent_stop": 1.0,
          "controller_kill": 1.0, "controller_stop": 1.0, "hostile": 3.0}
 REJOIN_TIMEOUT = 20.0  # --node-rejoin-timeout: a node killed with no replacement fails its job this long after
 SERVER_FLAGS = ["--stop-timeout", "10", "--strategy-timeout", "10", "--recover-timeout", "20",
                 "--resume-timeout", "10", "--agent-loss-timeout", "10", "--keepalive-interval", "2",
                 "--agent-loss-grace", "2", "--node-rejoin-timeout", f"{REJOIN_TIMEOUT:g}"]
 REPLACEMENT_DELAY = (0.5, 3.0)  # seconds from a node kill to its replacement's start (--quick: 0.3-1.0)
-NODE_KILL_BEFORE = 0.4  # a node is killed only while every rank is in the first 40 % of its steps: the example's
+NODE_KILL_BEFORE = 0.5  # a node is killed only while every rank is in the first half of its steps: the example's
 # ranks are independent, so the survivors train on during the node-loss round, and one that finishes before
 # the replacement joined fails the job by design (docs/controller.md), which would say nothing about node loss
 ORPHAN_GRACE = 10.0  # after a job's last agent exits, its processes have this long to be gone
@@ -255,7 +255,7 @@ class Soak:
         master = ["--master-addr", "127.0.0.1", "--master-port", str(free_port())] if nodes > 1 else []
         now = time.monotonic()
         job = Job(index, job_id, nodes, work, [], now, now + self.args.job_timeout, master=master, env=env,
-                  standby=self.rng.random() < self.args.standby_share)
+                  standby=nodes > 1 and self.rng.random() < self.args.standby_share)  # node kills: multi-node
         for node in range(nodes):
             job.nodeset.holders[node] = self.start_node(job, node, f"node{node}")
         if job.standby:
@@ -750,8 +750,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "forgeries are then legitimate calls and are not sent)")
     p.add_argument("--concurrency", type=int, default=2, help="jobs running at once")
     p.add_argument("--standby-share", type=float, default=None,
-                   help="the share of jobs started with a `taskd run --standby` spare, which takes over a killed "
-                        "node instead of a replacement (default 0.3; 0 with --quick)")
+                   help="the share of multi-node jobs started with a `taskd run --standby` spare, which takes over "
+                        "a killed node instead of a replacement (default 0.3; 0 with --quick)")
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--ckpt-every", type=int, default=10)
     p.add_argument("--step-sleep", type=float, default=0.05)
