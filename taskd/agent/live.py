@@ -92,6 +92,10 @@ class LiveRanks:
             self._group.add(rank.local_rank)
         return status
 
+    def grouped(self, rank: Rank) -> bool:
+        """Whether the rank was seen in a group generation (the rest are independent ranks)."""
+        return rank.local_rank in self._group
+
     def refresh(self) -> dict[int, RankStatus]:
         statuses = {}
         for rank in self.table.all():

@@ -28,6 +28,8 @@ class FaultRecord:
         pid = f"pid {self.pid}" if self.pid else "no pid"
         if self.reason == "hang":
             what = "stopped making progress (hang)"
+        elif self.reason == "left":
+            what = "left its group early (exit 0 before its loop's end)"
         elif self.reason == "retryable":
             what = "raised a retryable error (alive, paused: retry in place)"
         elif self.returncode is None:

@@ -26,6 +26,7 @@ from typing import Any
 
 from taskd.agent.config import AgentConfig, new_job_id
 from taskd.agent.controller_link import ControllerLink, LocalController, start_pace
+from taskd.agent.departure import DepartureWatch
 from taskd.agent.hang_watch import Hang, HangWatch
 from taskd.agent.job_end import await_job_end
 from taskd.agent.join_wait import await_nodes
@@ -75,6 +76,7 @@ class Supervisor:
         self.control = RankControl(config, callbacks, details, self.table, self.watch, self.hang, self.logs)
         self.link = ControllerLink(config, self.watch.wake, controller, credentials)
         self.live = LiveRanks(self.table, details)  # live recovery (agent/live.py)
+        self.departures = DepartureWatch(self.table)  # a group rank's exit 0 before its loop's end
         hooks = AgentHooks(self._finish, self._failure_code, lambda: self.result.capture_first_failure(self.details))
         self.recovery = Recovery(self.table, self.control, self.link, self.policy, self.hang, self.result, hooks,
                                  self.live)
@@ -335,8 +337,11 @@ class Supervisor:
             rank.state = RankState.STOPPED
             return
         if status == 0:
+            watched = self.live.enabled and not self._done and \
+                self.departures.exited(rank, self.live.status(rank), self.live.grouped(rank))
             rank.state = RankState.SUCCEEDED
-            log.info("rank %d (pid %d) finished", rank.global_rank, pid)
+            if not watched:
+                log.info("rank %d (pid %d) finished", rank.global_rank, pid)
             return
         rank.state = RankState.FAILED
         self._fault(rank, "exit", FaultType.PROCESS)
@@ -425,23 +430,32 @@ class Supervisor:
             log.warning("rank %d (pid %s) raised a retryable error: %s", rank.global_rank, rank.pid, why)
             self._fault(rank, "retryable", FaultType.RECOVERABLE, why)
         if self.machine.state is NodeState.RUNNING:
-            self._stalled()
+            self._peers_tell()
 
-    def _stalled(self) -> None:
-        """A rank its peers' timed-out collective waited for, neither waiting itself nor reporting: it hangs."""
-        stalled = self.live.stalled()
-        if not stalled:
-            return
+    def _peers_tell(self) -> None:
+        """The faults only the peers give away. A rank their timed-out collective waited for, neither waiting
+        itself nor reporting: it hangs. A group rank that exited 0 before its loop's end, then its peers' group
+        broke: it left early (agent/departure.py). Either is replaced like a crashed rank."""
         now = time.time()
+        stalled = self.live.stalled()
         hangs = [(rank, Hang(now - st.heartbeat.time if st.heartbeat.time else 0.0, st.heartbeat.step,
                              st.heartbeat.section, st.heartbeat.stack_signal)) for rank, st in stalled]
-        self.hang.record_all(hangs)
+        if hangs:
+            self.hang.record_all(hangs)
         for rank, hang in hangs:
             why = f"its peers' collective timed out waiting for it, and it is in none ({hang.describe()})"
             log.warning("hang: rank %d (pid %s): %s", rank.global_rank, rank.pid, why)
             self.control.stop([rank], graceful=False)
             rank.state, rank.returncode = RankState.FAILED, None
             self._fault(rank, "hang", FaultType.PROCESS, why, unseen=hang.quiet + time.time() - now)
-
+        if not self.departures.watching:
+            return
+        peers = {r.local_rank: st for r in self.table.in_state(RankState.RUNNING)
+                 if (st := self.live.status(r)) is not None}
+        for departure, why in self.departures.left(peers):
+            rank = departure.rank
+            log.warning("rank %d (pid %d) left its group early: %s", rank.global_rank, departure.pid, why)
+            rank.state = RankState.FAILED
+            self._fault(rank, "left", FaultType.PROCESS, why)
 
 __all__ = ["LauncherDetails", "Supervisor"]

@@ -47,6 +47,7 @@ class Phase(enum.IntEnum):
     PAUSED = 1  # left its group; waiting for the control file to name a newer generation
     REJOINING = 2  # forming the group of the generation it was given, then syncing state
     GAVE_UP = 3  # no generation came in time, or abort: the rank exits with the original error
+    COMPLETE = 4  # its steps() loop ran to its end: an exit now is no rank leaving its group early
 
 
 class ErrorKind(enum.IntEnum):
@@ -90,7 +91,8 @@ class RankStatus(NamedTuple):
 
     def rejoined(self, generation: int) -> bool:
         """Whether the rank has joined ``generation`` (or a later one) and is past the state sync."""
-        return self.generation is not None and self.generation >= generation and self.phase == Phase.TRAINING
+        return self.generation is not None and self.generation >= generation \
+            and self.phase in (Phase.TRAINING, Phase.COMPLETE)
 
     def resumed(self, generation: int) -> bool:
         """Whether it has also completed a step in that generation (its heartbeat step passed resume_step)."""

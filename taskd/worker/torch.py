@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
@@ -52,6 +51,7 @@ from taskd.worker.torch_facts import (
     step_seed,
 )
 from taskd.worker.torch_group import GroupSockets, LeaveWatch, collect, drop_frames, freeze_older_objects
+from taskd.worker.torch_mark import CollectiveMark, marked_allreduce
 from taskd.worker.torch_state import LiveUsageError, hand_over, refuse_own_collectives
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ class _DDPHandle:
             freeze_older_objects()  # a rebuild's collection then scans only this wrapper and what is newer
         self.current = DistributedDataParallel(self.module, **kwargs)
         if self._group.live:
-            self.current.register_comm_hook(self._group, _marked_allreduce)
+            self.current.register_comm_hook(self._group, marked_allreduce)
         return self.current
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -95,26 +95,6 @@ class _DDPHandle:
         return getattr(self.current, name)
 
 
-def _marked_allreduce(group, bucket):  # noqa: ANN001, ANN202 - DDP rejects string annotations here
-    """DDP's allreduce, marking the rank "inside a collective" while a bucket is in flight (waiting, not hung)."""
-    tensor = bucket.buffer()
-    tensor.div_(dist.get_world_size())
-    group._launched += 1  # buckets launched in this step: a drain makes only the rest
-    group._collective(+1)
-    return _unmark_when_done(group, dist.all_reduce(tensor, async_op=True).get_future())
-
-
-def _unmark_when_done(group, fut):  # noqa: ANN001, ANN202 - a LiveGroup and a torch Future, as above
-    """Unmark the collective when it completes, not when it fails: a failed one leaves the rank marked
-    "inside" until report_error clears the mark with the error. Cleared at once, the agent would see a
-    rank that is neither in a collective nor reporting, which is what a hang looks like (CI, session 13)."""
-
-    def done(f: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
-        value = f.value()[0]
-        group._collective(-1)
-        return value
-
-    return fut.then(done)
 
 
 class _StepVoided(RuntimeError):
@@ -146,8 +126,7 @@ class LiveGroup:
         self._in_step = False
         self._forwards = 0  # DDP forwards in this step
         self._launched = 0  # gradient buckets launched in this step (DDP launches them in bucket order)
-        self._in_flight = 0
-        self._flight_lock = threading.Lock()
+        self.mark = CollectiveMark(self.protocol)  # "inside a collective", for the agent
         self._store: dist.TCPStore | None = None
         self._sockets = GroupSockets()  # the current generation's connections (live only)
         self._leave_watch: LeaveWatch | None = None  # ends them when the agent says the group is broken
@@ -227,6 +206,8 @@ class LiveGroup:
                     self._recover(None, control)
                     continue
             yield self.step_no
+        if self.live:
+            self.protocol.set_phase(Phase.COMPLETE)
 
     @contextmanager
     def step(self) -> Iterator[int]:
@@ -259,7 +240,7 @@ class LiveGroup:
             return
         finally:
             self._in_step = False
-        self._collective_reset()
+        self.mark.reset()
         self.step_no = step + 1
         self._data("commit")
         self.has_state = True
@@ -288,9 +269,9 @@ class LiveGroup:
     def _vote(self, ok: bool) -> bool:
         """One-element allreduce of "not ok" before the optimizer step; True when every rank's step is intact."""
         flag = torch.tensor([0 if ok else 1], dtype=torch.int32)
-        self._collective(+1)
+        self.mark.enter()
         dist.all_reduce(flag)  # a failed one leaves the mark on until report_error clears it with the error
-        self._collective(-1)
+        self.mark.leave()
         return int(flag[0]) == 0
 
     def _drain(self, error: BaseException) -> bool:
@@ -343,7 +324,7 @@ class LiveGroup:
         if self._model is not None:
             self._model.zero_grad(set_to_none=True)
         self.step_no = step
-        self._collective_reset()
+        self.mark.reset()
         if error is not None:
             self.protocol.report_error(ErrorKind.RETRYABLE, step)
         else:
@@ -419,7 +400,7 @@ class LiveGroup:
             handle.current = None
         if self._model is not None:
             self._model.zero_grad(set_to_none=True)
-        self._in_flight = 0
+        self.mark.forget()
         drop_frames(error)
         if dist.is_initialized():
             try:
@@ -452,7 +433,7 @@ class LiveGroup:
         """Everyone takes the state of the most advanced rank that has one, then DDP is (re)built."""
         if self.live and not self._sharded:  # FSDP: no replacement joins
             refuse_own_collectives(self.rank, collectives_issued() - self._formed_at)
-        self._collective(+1)
+        self.mark.enter()
         try:
             mine = torch.tensor([1 if self.has_state else 0, self.step_no], dtype=torch.int64)
             table = [torch.zeros(2, dtype=torch.int64) for _ in range(self.world_size)]
@@ -474,7 +455,7 @@ class LiveGroup:
                     raise RuntimeError(f"ranks would start at different steps {[s for _, s in rows]}: pass "
                                        "load= to LiveGroup.steps() to restore the common one")
         finally:
-            self._collective_reset()
+            self.mark.reset()
         for handle in self._handles:
             handle.build()
         self.has_state = True
@@ -485,17 +466,3 @@ class LiveGroup:
         self.step_no = step
         if self.rank == source or self.rank in lacking:  # the ranks that hold the same state take no part
             hand_over(source, lacking, self._model, self._optimizer, self._extra, self._loaders)
-
-    # -- the "inside a collective" mark ----------------------------------------------------------
-    def _collective(self, delta: int) -> None:
-        with self._flight_lock:  # gloo completes buckets on its own thread
-            before = self._in_flight
-            self._in_flight = max(0, before + delta)
-            if (before == 0) != (self._in_flight == 0):
-                self.protocol.collective(self._in_flight > 0)
-
-    def _collective_reset(self) -> None:
-        with self._flight_lock:
-            if self._in_flight:
-                self._in_flight = 0
-                self.protocol.collective(False)

@@ -1,6 +1,7 @@
 """A LiveGroup job whose rank 1 raises an exception of its own (not a collective's) once, at step 5.
 
-argv: STEPS OUT EXC, with EXC one of TimeoutError, ConnectionResetError, ValueError, or exit3 (sys.exit(3)); or
+argv: STEPS OUT EXC, with EXC one of TimeoutError, ConnectionResetError, ValueError, exit3 (sys.exit(3)) or exit0
+(sys.exit(0): the rank leaves its group early, its peers train on); or
 abort-after-end:
 rank 1 aborts (once) after its last step, once rank 0 has finished (torch's gloo teardown abort, issue
 21 D3). Each rank writes OUT/rank<R>.pids (its pid at every start) and rank 0 OUT/final.pt.
@@ -31,8 +32,8 @@ for step in live.steps(0, steps):
         x = torch.randn(4, 8, generator=g)
         if live.rank == 1 and step == 5 and kind != "abort-after-end" and not os.path.exists(marker):
             open(marker, "w").close()
-            if kind == "exit3":
-                sys.exit(3)  # SystemExit is no Exception: it leaves live.step() untouched
+            if kind in ("exit3", "exit0"):
+                sys.exit(int(kind[-1]))  # SystemExit is no Exception: it leaves live.step() untouched
             raise {"TimeoutError": TimeoutError, "ConnectionResetError": ConnectionResetError,
                    "ValueError": ValueError}[kind]("the script's own error (a remote read, say)")
         optimizer.zero_grad()

@@ -1,5 +1,6 @@
 """Issue 21 D1: an exception of the script's own inside `live.step()` (TimeoutError, ConnectionResetError) is a
-crash of that rank, replaced live at once; it made every rank pause 120 s for a rebuild nobody asked for."""
+crash of that rank, replaced live at once; it made every rank pause 120 s for a rebuild nobody asked for. So is
+sys.exit(3), and sys.exit(0) while the peers train on (leaving early: before, a success, the peers waited)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ SCRIPT = ROOT / "tests" / "torch_scripts" / "live_user_error.py"
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize("kind", ["TimeoutError", "ConnectionResetError", "exit3"])
+@pytest.mark.parametrize("kind", ["TimeoutError", "ConnectionResetError", "exit3", "exit0"])
 def test_the_scripts_own_timeout_or_reset_is_a_crash_of_its_rank_recovered_live(tmp_path: Path, kind: str) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("MINDX_SERVER_IP", "MINDX_TASK_ID")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
@@ -29,6 +30,9 @@ def test_the_scripts_own_timeout_or_reset_is_a_crash_of_its_rank_recovered_live(
     assert proc.returncode == 0, console[-4000:]
     if kind == "exit3":
         assert "rank 1 (pid" in console and "exited with code 3" in console, console[-4000:]  # named, with its code
+    elif kind == "exit0":  # leaving early: an exit 0 before the loop's end while the peers train on
+        assert "rank 1 (pid" in console and "left its group early" in console, console[-4000:]
+        assert "job succeeded" in console and "1 fault(s)" in console, console[-4000:]
     else:
         assert f"{kind}: the script's own error" in console  # its traceback, on the console
     assert "strategy: recover for rank(s) [1]" in console and "job-rescheduling" not in console, console[-4000:]
