@@ -6,7 +6,11 @@ Each job is examples/train_resumable.py (deterministic, checkpoints every K step
 time at random intervals:
 
 - rank_kill: SIGKILL of a rank; rank_stop: SIGSTOP of a rank (a hang: its agent's --heartbeat-timeout sees it);
-- agent_kill: SIGKILL of a `taskd run` (its ranks die with it; the job fails, as documented);
+- agent_kill: SIGKILL of a `taskd run` (its ranks die with it) and nothing started in its place: the node is
+  lost and the job fails after --node-rejoin-timeout, as documented;
+- node_kill: SIGKILL of a whole node (a `taskd run`'s process group: agent and ranks), then a replacement
+  `taskd run --node-rank R` a seeded delay later, or, for a job started with a standby, the standby takes
+  it over and a new standby is started (bench/chaos_nodes.py);
 - agent_stop: SIGSTOP of a `taskd run` for a few seconds, then SIGCONT;
 - controller_kill: SIGKILL of `taskd server`, restarted from its state file on the same port;
 - controller_stop: SIGSTOP of `taskd server` for a few seconds, then SIGCONT;
@@ -14,12 +18,15 @@ time at random intervals:
 
 It reports faults injected by kind; jobs correct (every node exit 0, every rank's final parameters
 bit-identical to a fault-free run of the example), failed as designed (restart budget spent, or an
-agent SIGKILLed) or failed wrongly; hostile calls by verdict; orphans (a process still alive after its
-job ended, found in /proc by a marker in its environment or by its agent's process group); controller
-crashes (exits the bench did not cause); lost jobs (listed before a controller restart, missing
-after). Every wait is bounded; it talks only to 127.0.0.1.
+agent SIGKILLed with nothing in its place) or failed wrongly; node kills against the controller's
+record (each one a node loss replaced by the process the bench started, no round charged more than one
+restart); hostile calls by verdict; orphans (a process still alive after its job ended, found in
+/proc by a marker in its environment or by its agent's process group); controller crashes (exits the
+bench did not cause); lost jobs (listed before a controller restart, missing after).
+Every wait is bounded; it talks only to 127.0.0.1.
 
-    python bench/chaos.py [--quick] [--seed N] [--duration S | --jobs N] [--nodes 1|2|1,2] [--no-token]
+    python bench/chaos.py [--quick] [--seed N] [--duration S | --jobs N] [--nodes 1|2|1,2] [--standby-share F]
+                          [--no-token]
 """
 
 from __future__ import annotations
@@ -45,18 +52,26 @@ from typing import Any
 import grpc
 import numpy as np
 from chaos_hostile import Hostile, Target
-from chaos_procs import heartbeating, is_stopped, tagged
+from chaos_nodes import NodeLoss, Nodes, node_checks, summarize
+from chaos_procs import heartbeating, is_stopped, step, tagged
 from common import ROOT, bench_env, free_port, header, rank_pids, table, write_result
 
 from taskd.proto import taskd_pb2, taskd_pb2_grpc
 
 EXAMPLE = ROOT / "examples" / "train_resumable.py"
 RANKS_PER_NODE = 2
-# weights of the draws after the first round of every kind; an agent SIGKILL ends its job, so it is rare
-KINDS = {"rank_kill": 4.0, "rank_stop": 2.0, "agent_kill": 0.25, "agent_stop": 1.0, "controller_kill": 1.0,
-         "controller_stop": 1.0, "hostile": 3.0}
+# weights of the draws after the first round of every kind; an agent SIGKILL with no replacement ends its job,
+# so it is rare; a node kill fits only a multi-node job early in its steps, so it is drawn often
+KINDS = {"rank_kill": 4.0, "rank_stop": 2.0, "agent_kill": 0.25, "node_kill": 3.0, "agent_stop": 1.0,
+         "controller_kill": 1.0, "controller_stop": 1.0, "hostile": 3.0}
+REJOIN_TIMEOUT = 20.0  # --node-rejoin-timeout: a node killed with no replacement fails its job this long after
 SERVER_FLAGS = ["--stop-timeout", "10", "--strategy-timeout", "10", "--recover-timeout", "20",
-                "--resume-timeout", "10", "--agent-loss-timeout", "10", "--keepalive-interval", "2"]
+                "--resume-timeout", "10", "--agent-loss-timeout", "10", "--keepalive-interval", "2",
+                "--agent-loss-grace", "2", "--node-rejoin-timeout", f"{REJOIN_TIMEOUT:g}"]
+REPLACEMENT_DELAY = (0.5, 3.0)  # seconds from a node kill to its replacement's start (--quick: 0.3-1.0)
+NODE_KILL_BEFORE = 0.5  # a node is killed only while every rank is in the first half of its steps: the example's
+# ranks are independent, so the survivors train on during the node-loss round, and one that finishes before
+# the replacement joined fails the job by design (docs/controller.md), which would say nothing about node loss
 ORPHAN_GRACE = 10.0  # after a job's last agent exits, its processes have this long to be gone
 CALL_TIMEOUT = 10.0
 
@@ -67,9 +82,13 @@ class Job:
     job_id: str
     nodes: int
     work: Path
-    agents: list[subprocess.Popen[bytes]]
+    agents: list[subprocess.Popen[bytes]]  # every `taskd run` started for the job (replacements and standbys too)
     started: float
     deadline: float
+    master: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    nodeset: Nodes = field(default_factory=Nodes)
+    standby: bool = False  # started with a standby (and one more after each it used)
     agent_killed: bool = False
     faults: Counter[str] = field(default_factory=Counter)
     codes: list[int | None] = field(default_factory=list)
@@ -189,6 +208,7 @@ class Soak:
         self.reference: dict[int, np.ndarray] = {}
         self.hostile_client: Hostile | None = None
         self.left_dirs: list[dict[str, Any]] = []
+        self.closing = False
 
     def sweep_run_dirs(self) -> None:
         """The launcher's private run directories (taskd-<job>-*, heartbeat files) still in the temp directory
@@ -228,33 +248,51 @@ class Soak:
         job_id = f"chaos-{self.args.seed}-{index:03d}"
         work = self.work / job_id
         work.mkdir()
-        agents = []
-        env = bench_env(CHAOS_TAG=self.tag, CHAOS_JOB=job_id)
+        env = bench_env(CHAOS_TAG=self.tag, CHAOS_JOB=job_id, TASKD_NODE_REJOIN_TIMEOUT=f"{REJOIN_TIMEOUT:g}")
         if self.token_file:
             env["TASKD_TOKEN_FILE"] = str(self.token_file)
         # each multi-node job its own rendezvous port: node 0 serves a store there, and two jobs on one port collide
         master = ["--master-addr", "127.0.0.1", "--master-port", str(free_port())] if nodes > 1 else []
-        for node in range(nodes):
-            cmd = [sys.executable, "-m", "taskd.run", "--server", self.ctl.address, "--job-id", job_id, *master,
-                   "--nnodes", str(nodes), "--node-rank", str(node), "--nproc-per-node", str(RANKS_PER_NODE),
-                   "--max-restarts", str(self.args.max_restarts), "--heartbeat-timeout", "5",
-                   "--monitor-interval", "0.5", "--stop-grace", "2", "--log-dir", str(work / "logs"), "--quiet",
-                   *self.example_args(work / "out", work / "ckpt", self.args.step_sleep)]
-            with (work / f"node{node}.console").open("wb") as out:
-                agents.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                                               start_new_session=True))
         now = time.monotonic()
-        job = Job(index, job_id, nodes, work, agents, now, now + self.args.job_timeout)
+        job = Job(index, job_id, nodes, work, [], now, now + self.args.job_timeout, master=master, env=env,
+                  standby=nodes > 1 and self.rng.random() < self.args.standby_share)  # node kills: multi-node
+        for node in range(nodes):
+            job.nodeset.holders[node] = self.start_node(job, node, f"node{node}")
+        if job.standby:
+            self.start_standby(job)
         self.jobs.append(job)
         return job
+
+    def start_node(self, job: Job, node: int | None, name: str) -> subprocess.Popen[bytes]:
+        """One `taskd run` of the job in a session of its own (its process group is the node): node `node`, or a
+        standby (None), its console in `name`.console."""
+        where = ["--standby"] if node is None else ["--node-rank", str(node)]
+        cmd = [sys.executable, "-m", "taskd.run", "--server", self.ctl.address, "--job-id", job.job_id, *job.master,
+               "--nnodes", str(job.nodes), *where, "--nproc-per-node", str(RANKS_PER_NODE),
+               "--max-restarts", str(self.args.max_restarts), "--heartbeat-timeout", "5",
+               "--monitor-interval", "0.5", "--stop-grace", "2", "--log-dir", str(job.work / "logs"), "--quiet",
+               *self.example_args(job.work / "out", job.work / "ckpt", self.args.step_sleep)]
+        with (job.work / f"{name}.console").open("wb") as out:
+            proc = subprocess.Popen(cmd, env=job.env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                                    start_new_session=True)
+        job.agents.append(proc)
+        return proc
+
+    def start_standby(self, job: Job) -> None:
+        name = f"standby{sum(1 for p in job.work.glob('standby*.console'))}"
+        proc = self.start_node(job, None, name)
+        job.nodeset.standbys[proc.pid] = (proc, job.work / f"{name}.console")
 
     def running(self) -> list[Job]:
         return [j for j in self.jobs if j.running()]
 
     def poll_jobs(self, now: float) -> None:
         for job in self.running():
-            codes = [a.poll() for a in job.agents]
-            if all(c is not None for c in codes):
+            for _ in job.nodeset.takeovers():  # a standby took a killed node over: the job gets a new spare
+                if job.standby:
+                    self.later(self.rng.uniform(*REPLACEMENT_DELAY), "start a standby", lambda j=job: self.respare(j))
+            codes = [a.poll() for a in job.nodeset.current()]
+            if all(c is not None for c in codes) and not job.nodeset.awaiting:
                 job.codes, job.ended, job.orphan_check_at = codes, now, now
             elif now > job.deadline:
                 job.outcome, job.detail = "stuck", f"not finished after {self.args.job_timeout:.0f}s; SIGKILLed"
@@ -299,10 +337,11 @@ class Soak:
         None once one of its nodes has ended: the example's ranks are independent, so one node can finish
         while another is still catching up after a restart, and a fault then fails the job by design (a
         real job's nodes finish together); that would only say again what docs/controller.md says."""
-        if any(a.poll() is not None for a in job.agents):
-            return []
+        holders = list(job.nodeset.holders.values())
+        if job.nodeset.awaiting or len(holders) < job.nodes or any(a.poll() is not None for a in holders):
+            return []  # one node ended, or one is being replaced (a node-loss round is open)
         out = []
-        for i, agent in enumerate(job.agents):
+        for i, agent in enumerate(holders):
             if agent.poll() is not None or is_stopped(agent.pid):
                 continue
             out.extend((i, pid) for _, pid in sorted(rank_pids(agent.pid).items())
@@ -334,11 +373,65 @@ class Soak:
         return bool(picked)
 
     def _live_agents(self) -> list[tuple[Job, subprocess.Popen[bytes]]]:
-        return [(j, a) for j in self.running() if not j.agent_killed for a in j.agents
+        return [(j, a) for j in self.running() if not j.agent_killed for a in j.nodeset.holders.values()
                 if a.poll() is None and not is_stopped(a.pid)]
 
+    def _node_kill(self) -> bool:
+        """SIGKILL a whole node of a job in mid-training (every node's ranks running), then have it replaced."""
+        jobs = [j for j in self.running() if j.nodes > 1 and not j.agent_killed and self.live_ranks(j)]
+        self.rng.shuffle(jobs)
+        for job in jobs:
+            nodes = [(n, a) for n, a in sorted(job.nodeset.holders.items()) if rank_pids(a.pid)]
+            if len(nodes) < job.nodes:
+                continue  # a node not up yet: its loss would be one the controller never knew of
+            steps = [step(pid) for _, pid in self.live_ranks(job)]
+            if len(steps) < job.nodes * RANKS_PER_NODE or any(s is None or s > self.args.steps * NODE_KILL_BEFORE
+                                                              for s in steps):
+                continue
+            node, agent = self.rng.choice(nodes)
+            ranks = list(rank_pids(agent.pid).values())
+            _signal_group(agent.pid, signal.SIGKILL)  # the agent's session: itself and whatever it started
+            for pid in ranks:
+                _kill(pid)
+            agent.wait(10)
+            job.nodeset.killed.add(agent.pid)
+            del job.nodeset.holders[node]
+            via = "standby" if job.nodeset.standbys else "replacement"
+            job.nodeset.losses.append(NodeLoss(node, agent.pid, via))
+            job.faults["node_kill"] += 1
+            self.faults[f"node_kill/{via}"] += 1
+            if via == "replacement":
+                job.nodeset.awaiting += 1
+                self.later(self.rng.uniform(*self.args.replacement_delay), f"replace node {node} of {job.job_id}",
+                           lambda j=job, n=node: self.replace(j, n))
+            return True
+        return False
+
+    def replace(self, job: Job, node: int) -> None:
+        """Start the replacement of a killed node; while the controller is down, try again 0.5 s later."""
+        if self.closing:
+            return
+        if all(a.poll() is not None for a in job.nodeset.holders.values()):
+            job.nodeset.awaiting -= 1  # every other node has ended: the job is over, nothing to replace
+            return
+        if self.ctl.mode != "up":
+            self.later(0.5, f"replace node {node} of {job.job_id}", lambda: self.replace(job, node))
+            return
+        k = sum(1 for loss in job.nodeset.losses if loss.node_rank == node)
+        proc = self.start_node(job, node, f"node{node}.r{k}")
+        job.nodeset.holders[node] = proc
+        job.nodeset.awaiting -= 1
+        for loss in job.nodeset.losses:
+            if loss.node_rank == node and loss.via == "replacement" and not loss.new_pid:
+                loss.new_pid = proc.pid
+                break
+
+    def respare(self, job: Job) -> None:
+        if job.running() and not job.nodeset.standbys and all(a.poll() is None for a in job.nodeset.holders.values()):
+            self.start_standby(job)
+
     def _agent_kill(self) -> bool:
-        agents = self._live_agents()
+        agents = [(j, a) for j, a in self._live_agents() if not j.standby]  # a standby would take the node over
         if not agents:
             return False
         job, agent = self.rng.choice(agents)
@@ -415,6 +508,7 @@ class Soak:
         self.pending = [p for p in self.pending if p not in due]
         for _, _, action in sorted(due, key=lambda p: p[0]):
             action()
+        # what an action scheduled (a replacement waiting for the controller to be up) runs on a later turn
 
     def restart_controller(self, must_list: set[str]) -> None:
         self.ctl.start()
@@ -471,10 +565,12 @@ class Soak:
             self.run_pending(everything=True)
             while self.running() or any(j.orphan_check_at is not None for j in self.jobs):
                 self.watch_controller()
+                self.run_pending()  # a replacement that waited for the controller to be up
                 self.poll_jobs(time.monotonic())
                 self.refresh_known()
                 time.sleep(0.2)
         finally:
+            self.closing = True  # no replacement is started now
             self.run_pending(everything=True)
             for job in self.jobs:
                 for a in job.agents:
@@ -492,24 +588,28 @@ class Soak:
             for job_id in sorted(self.known - set(records)):
                 self.lost.append({"job": job_id, "when": "at the end", "answered": True})
         disagreements = []
+        nodes = []
         for job in self.jobs:
             rec = records.get(job.job_id)
             if not job.outcome:
                 job.outcome, job.detail = self.classify(job, rec)
+            if job.nodeset.losses:
+                nodes.append(node_checks(job.job_id, job.nodeset, rec, job.outcome == "correct"))
             want = "SUCCEEDED" if job.outcome == "correct" else "FAILED"
-            if rec is not None and rec.state != want and job.outcome != "stuck":
+            awaiting = job.agent_killed and rec is not None and rec.state == "REJOINING"  # fails after the timeout
+            if rec is not None and rec.state != want and job.outcome != "stuck" and not awaiting:
                 disagreements.append({"job": job.job_id, "outcome": job.outcome, "controller": rec.state,
                                       "info": rec.info, "nodes": job.nodes,
                                       "nodes_registered": sorted(a.nodeRank for a in rec.agents)})
-        return {"listed": listed is not None, "disagreements": disagreements}
+        return {"listed": listed is not None, "disagreements": disagreements,
+                "node_loss": summarize(nodes, self.faults)}
 
     def classify(self, job: Job, rec: taskd_pb2.JobRecord | None) -> tuple[str, str]:
         if all(c == 0 for c in job.codes):
             bad = [r for r in range(job.nodes * RANKS_PER_NODE) if not _same(job.work / "out" / f"rank{r}.npy",
                                                                              self.reference[r])]
             return ("correct", "") if not bad else ("wrong result", f"rank(s) {bad} differ from the fault-free run")
-        consoles = " ".join((job.work / f"node{n}.console").read_text(errors="replace")
-                            for n in range(job.nodes))
+        consoles = " ".join(p.read_text(errors="replace") for p in sorted(job.work.glob("*.console")))
         if job.agent_killed:
             return "failed as designed: agent SIGKILLed", f"exit codes {job.codes}"
         events = " ".join(e.detail for e in rec.events) if rec is not None else ""
@@ -528,8 +628,8 @@ SUMMARY = re.compile(r"job (?:succeeded|FAILED).*?: \d+ ranks, (\d+) fault\(s\),
 def agent_counts(job: Job) -> tuple[int, int]:
     """(faults, recoveries) the job's agents reported in their final summaries (an agent SIGKILLed prints none)."""
     faults = recoveries = 0
-    for n in range(job.nodes):
-        for m in SUMMARY.finditer((job.work / f"node{n}.console").read_text(errors="replace")):
+    for path in sorted(job.work.glob("*.console")):
+        for m in SUMMARY.finditer(path.read_text(errors="replace")):
             faults, recoveries = faults + int(m.group(1)), recoveries + int(m.group(2))
     return faults, recoveries
 
@@ -553,6 +653,13 @@ def _kill(pid: int) -> None:
     _signal(pid, signal.SIGKILL)
 
 
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
 OUTCOMES = ("correct", "failed as designed: restart budget spent", "failed as designed: agent SIGKILLed",
             "failed as designed: fault after a node finished", "failed wrongly", "wrong result", "stuck")
 
@@ -572,7 +679,8 @@ def report(soak: Soak, seconds: float, judged: dict[str, Any], shutdown_code: in
           f"({'/'.join(map(str, args.nodes))} node(s) x {RANKS_PER_NODE} ranks, {args.steps} steps), "
           f"token {'on' if args.token else 'off'}, controller on {soak.ctl.address}")
     print()
-    print(table(["fault", "injected"], [[k, soak.faults[k]] for k in KINDS] + [["total", sum(soak.faults.values())]]))
+    print(table(["fault", "injected"], [[k, soak.faults[k]] for k in KINDS]
+                + [["total", sum(soak.faults[k] for k in KINDS)]]))
     print()
     kinds = sorted({k for k, _ in soak.hostile})
     verdicts = ["refused", "refused-otherwise", "accepted", "unanswered"]
@@ -581,7 +689,14 @@ def report(soak: Soak, seconds: float, judged: dict[str, Any], shutdown_code: in
     print()
     print(table(["job outcome", "jobs"], [[o, outcomes[o]] for o in OUTCOMES]))
     print()
-    print(f"faults injected: {sum(soak.faults.values())}")
+    print(f"faults injected: {sum(soak.faults[k] for k in KINDS)}")
+    nl = judged["node_loss"]
+    print(f"node kills: {nl['node_kills']} ({nl['by_replacement']} replaced by a new `taskd run --node-rank R`, "
+          f"{nl['by_standby']} taken over by a standby); recorded as node losses: {nl['recorded']}; replaced by the "
+          f"process the bench started: {nl['replaced_as_started']}; node-loss rounds: {nl['rounds']}, charged one "
+          f"restart: {nl['charged_once']}")
+    print(f"rounds charged more than one restart: {sum(len(c['rounds']) for c in nl['charged_more'])}")
+    print(f"node-loss records wrong: {len(nl['problems'])}")
     print(f"faults the agents saw: {sum(f for f, _ in seen)}, recoveries: {sum(r for _, r in seen)} "
           "(summed over the nodes' final summaries: a recovery of 2 nodes counts twice, a SIGKILLed agent prints "
           "none)")
@@ -603,11 +718,12 @@ def report(soak: Soak, seconds: float, judged: dict[str, Any], shutdown_code: in
     for j in soak.jobs:
         if j.outcome in ("failed wrongly", "wrong result", "stuck"):
             print(f"  {j.job_id}: {j.outcome}: {j.detail[:2000]}")
-    for item in soak.lost + orphans + judged["disagreements"] + soak.ctl.crashes:
+    for item in soak.lost + orphans + judged["disagreements"] + soak.ctl.crashes + nl["charged_more"] + nl["problems"]:
         print(f"  {json.dumps(item)[:1500]}")
     for item in soak.hostile_odd:
         print(f"  hostile: {json.dumps(item)}")
-    return {"seconds": seconds, "faults": dict(soak.faults), "fault_total": sum(soak.faults.values()),
+    return {"seconds": seconds, "faults": {k: n for k, n in soak.faults.items() if k in KINDS},
+            "fault_total": sum(soak.faults[k] for k in KINDS), "node_loss": nl,
             "agent_faults": sum(f for f, _ in seen), "agent_recoveries": sum(r for _, r in seen),
             "hostile": {f"{k}/{v}": n for (k, v), n in sorted(soak.hostile.items())},
             "hostile_verdicts": dict(hostile_verdicts), "hostile_odd": soak.hostile_odd,
@@ -617,7 +733,8 @@ def report(soak: Soak, seconds: float, judged: dict[str, Any], shutdown_code: in
             "controller_tracebacks": tracebacks, "stalls": soak.stalls, "shutdown_code": shutdown_code,
             "lost_jobs": soak.lost, "left_dirs": soak.left_dirs, "disagreements": judged["disagreements"],
             "jobs": [{"job": j.job_id, "nodes": j.nodes, "outcome": j.outcome, "codes": j.codes,
-                      "faults": dict(j.faults), "agent_killed": j.agent_killed, "detail": j.detail[:2000]}
+                      "faults": dict(j.faults), "agent_killed": j.agent_killed, "standby": j.standby,
+                      "node_losses": [vars(x) for x in j.nodeset.losses], "detail": j.detail[:2000]}
                      for j in soak.jobs]}
 
 
@@ -632,6 +749,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="controller with --token-file, agents with TASKD_TOKEN_FILE (default on; --no-token: "
                         "forgeries are then legitimate calls and are not sent)")
     p.add_argument("--concurrency", type=int, default=2, help="jobs running at once")
+    p.add_argument("--standby-share", type=float, default=None,
+                   help="the share of multi-node jobs started with a `taskd run --standby` spare, which takes over "
+                        "a killed node instead of a replacement (default 0.3; 0 with --quick)")
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--ckpt-every", type=int, default=10)
     p.add_argument("--step-sleep", type=float, default=0.05)
@@ -651,10 +771,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.duration = args.duration if args.duration is not None or args.jobs is not None else 24.0
         args.steps, args.job_timeout = 150, 90.0
         args.interval = (0.8, 2.0)
+        args.replacement_delay = (0.3, 1.0)
     else:
         args.interval = (1.0, 4.0)
+        args.replacement_delay = REPLACEMENT_DELAY
     if args.duration is None and args.jobs is None:
         args.duration = 300.0
+    if args.standby_share is None:
+        args.standby_share = 0.0 if args.quick else 0.3
+    if not 0.0 <= args.standby_share <= 1.0:
+        p.error(f"--standby-share must be within 0..1, got {args.standby_share}")
     if (args.duration is not None and args.duration <= 0) or (args.jobs is not None and args.jobs < 1):
         p.error("--duration must be > 0 and --jobs >= 1")
     return args

@@ -95,3 +95,18 @@ def heartbeating(pid: int) -> bool:
     finally:
         hb.close()
     return state.pid == pid and state.time > 0 and not state.section
+
+
+def step(pid: int) -> int | None:
+    """The step a rank last reported in its heartbeat (None before its first, or when it cannot be read)."""
+    path = environ(pid).get("TASKD_HEARTBEAT_FILE")
+    if not path:
+        return None
+    hb = HeartbeatFile(path)
+    try:
+        state = hb.read()
+    except (HeartbeatFileError, OSError, ValueError):
+        return None
+    finally:
+        hb.close()
+    return state.step if state.pid == pid and state.time > 0 else None

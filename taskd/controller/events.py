@@ -62,8 +62,12 @@ class StandbyConnected:
 
 @dataclass(frozen=True)
 class StandbyDisconnected:
+    """A standby's stream ended, or (`silent`) it had none for `agent_loss_timeout`: registered and never
+    subscribed, or not back after a controller restart. Either way it is forgotten."""
+
     host: str = ""
     pid: int = 0
+    silent: float = 0.0  # seconds without a stream, for a timed-out one (0: its stream ended)
 
 
 @dataclass(frozen=True)

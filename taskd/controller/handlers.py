@@ -42,7 +42,8 @@ ROUND_BEFORE_DECISION = frozenset({S.STOPPING, S.COLLECTING, S.REJOINING, S.RESU
 
 
 def on_init(m: Job, ev: JobInit, now: float, out: Outcome) -> Result:
-    """Init resets a finished job, or one nobody is connected to and the caller is unknown; else joins.
+    """Init resets a finished job, or one nobody is connected to and the caller is unknown (not a replacement
+    the job awaits); else joins.
 
     A caller that is one of the job's agents (same host and pid) is that agent process reconnecting,
     never a new run: it joins. An agent of a failed job that never finished (e.g. declared lost) then
@@ -50,6 +51,9 @@ def on_init(m: Job, ev: JobInit, now: float, out: Outcome) -> Result:
     client closes (1 ms after its own finish report), must not reset the finished job to RUNNING."""
     callers = m.agents.at(ev.host, ev.pid) if ev.pid != 0 else []
     known = bool(callers) or ev.standby  # a standby never resets a job: it waits for the job's own run
+    # the replacement of a node an open node-loss round awaits joins it, even while no survivor is connected
+    # (after a controller restart, before they resubscribe): a reset would abandon the round
+    known = known or (ev.node_rank in m.rejoining and m.state in LIVE and not ev.standby)
     online = m.agents.online_count > 0
     if (m.state in TERMINAL and not known) or (not online and not known):
         reason = f"job was {m.state.value}" if m.state in TERMINAL else "no agent of the job is connected"

@@ -248,8 +248,9 @@ class SignalHub:
         return False
 
     def stream_count(self) -> int:
-        """Streams open now; callable from another thread (the metrics exporter's): copies under the GIL."""
-        return sum(len(subs) for subs in list(self._subs.values()))
+        """Streams open now, the standbys' included; callable from another thread (the metrics exporter's):
+        copies under the GIL."""
+        return sum(len(subs) for subs in [*self._subs.values(), *self._standbys.values()])
 
     def has(self, job_id: str, node_rank: int) -> bool:
         return node_rank in self._subs.get(job_id, {})
@@ -266,9 +267,10 @@ class SignalHub:
         return len(subs)
 
     def count(self, job_id: str | None = None) -> int:
+        """Streams open (a job's, or all), the standbys' included: a job a standby still streams from is not idle."""
         if job_id is not None:
-            return len(self._subs.get(job_id, {}))
-        return sum(len(s) for s in self._subs.values())
+            return len(self._subs.get(job_id, {})) + len(self._standbys.get(job_id, {}))
+        return self.stream_count()
 
     def close_all(self, reason: str) -> None:
         self.flush()

@@ -19,6 +19,7 @@ from taskd.controller.events import (
     Record,
     RejoinDue,
     Signal,
+    StandbyDisconnected,
     StreamEndedDue,
     Tick,
 )
@@ -27,6 +28,15 @@ from taskd.controller.strategy import RESTARTING, charged, choose_strategy, unse
 from taskd.vocabulary import Action, FaultRanks, SignalType, Strategy
 
 S = JobState
+
+
+def _silent_standbys(m: Job) -> dict[tuple[str, int], float]:
+    """{(host, pid): when it counts as gone} of the standbys without a stream (registered and never subscribed,
+    or not back after a controller restart): `agent_loss_timeout` after, as for an agent."""
+    if m.state in TERMINAL:
+        return {}
+    limit = m.config.agent_loss_timeout
+    return {k: s.gone_since + limit for k, s in m.standbys.items() if not s.subscribed and s.gone_since is not None}
 
 
 class Job:
@@ -123,9 +133,10 @@ class Job:
 
     @property
     def wake_at(self) -> float | None:
-        """When the caller must next deliver `due_events` (the round's deadline, an agent's loss, the join timeout)."""
-        times = [t for t in (self.deadline, self.loss_deadline, self.join_deadline, self.rejoin_deadline)
-                 if t is not None]
+        """When the caller must next deliver `due_events` (the round's deadline, an agent's loss, the join timeout,
+        a standby without a stream)."""
+        times = [t for t in (self.deadline, self.loss_deadline, self.join_deadline, self.rejoin_deadline,
+                             min(_silent_standbys(self).values(), default=None)) if t is not None]
         return min(times) if times else None
 
     def due_events(self, now: float) -> list[Event]:
@@ -144,6 +155,10 @@ class Job:
             due.append(JoinDue())
         if self.deadline is not None and self.deadline <= now:
             due.append(Tick())
+        for (host, pid), at in sorted(_silent_standbys(self).items()):
+            if at <= now:
+                s = self.standbys[(host, pid)]
+                due.append(StandbyDisconnected(host=host, pid=pid, silent=round(now - (s.gone_since or now), 3)))
         return due
 
     def holder(self, node_rank: int, host: str, pid: int, now: float) -> AgentInfo | None:

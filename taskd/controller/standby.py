@@ -13,8 +13,9 @@ finish. The job keeps its standbys in `Job.standbys`, by (host, pid), apart from
 - `take`: the standby's following Register as node R (standby=false, same host and pid) is the hand-over of
   `node_loss.replace_holder`; it is a standby no more, and its standby stream is closed (its client
   resubscribes as node R);
-- `on_disconnected`: a standby whose stream ended is forgotten (no loss round: it held nothing); a node it
-  was assigned and did not take goes to the next one;
+- `on_disconnected`: a standby whose stream ended, or that had none for the agent loss timeout (registered
+  and never subscribed, or not back after a controller restart: `Job.silent_standbys` times it), is
+  forgotten (no loss round: it held nothing); a node it was assigned and did not take goes to the next one;
 - `release_all`: the job ended: every standby is told `changeStrategy exit` ("job ended") and forgotten.
 
 A job may be created by a standby's Init (the job id is the rendezvous: a spare may start before the job's
@@ -115,7 +116,8 @@ def on_disconnected(m: Job, ev: StandbyDisconnected, now: float, out: Outcome) -
     if s is None:
         return m.state
     _put(m, key, None)
-    m.record(out, "standby_dropped", host=ev.host, pid=ev.pid, assigned=s.assigned)
+    why = (f"no signal stream for {ev.silent:g}s (--agent-loss-timeout)" if ev.silent else "its stream ended")
+    m.record(out, "standby_dropped", host=ev.host, pid=ev.pid, assigned=s.assigned, reason=why)
     if s.assigned is not None and m.state in LIVE:
         assign_waiting(m, now, out)  # the node it did not take goes to the next standby
     return m.state

@@ -151,15 +151,34 @@ def render_text(job_list: taskd_pb2.JobList, events: int = 20) -> str:
     return "\n".join(out)
 
 
+def _unseen(job) -> dict[tuple[int, int], float]:  # noqa: ANN001 - JobRecord
+    """{(node rank, pid): seconds its agent had been without a stream when declared lost}, from `node_lost`."""
+    out = {}
+    for e in job.events:
+        if e.kind == "node_lost":
+            try:
+                d = json.loads(e.detail or "{}")
+                out[(int(d["node_rank"]), int(d["pid"]))] = float(d["seconds"])
+            except (ValueError, KeyError, TypeError):
+                continue
+    return out
+
+
 def _node_losses(job) -> list[str]:  # noqa: ANN001 - JobRecord
-    """One line per node a round lost: its old and new host, and how long from the loss to the round's end."""
+    """One line per node a round lost: its old and new host, and how long from the loss to the round's end,
+    with how long before being declared lost its agent's stream had ended (the grace, or the loss timeout)."""
     out = []
+    unseen = _unseen(job)
     for r in job.rounds:
         for x in r.nodeLosses:
             new = (f"{x.newHost}:{x.newPid}" + (" (standby)" if x.standby else "") + f" at {_ts(x.replacedAt)}"
                    if x.replacedAt else "no replacement yet")
+            before = unseen.get((x.nodeRank, x.oldPid))
+            gone = (f"; its agent had been without a signal stream for {before:.3f}s when declared lost"
+                    if before is not None else "")
             took = (f"; lost -> round ended {x.secondsToRoundEnd:.3f}s (from the controller declaring the agent lost "
                     "to the last agent's recover status)" if x.secondsToRoundEnd else "")
+            took += gone
             out.append(f"    round {r.round}: node {x.nodeRank} lost (agent {x.oldHost}:{x.oldPid}) at "
                        f"{_ts(x.lostAt)}, replaced by {new}{took}")
     if job.rejoining:

@@ -1,10 +1,12 @@
 """bench/chaos.py --quick --seed 1: a short seeded soak against a real `taskd server` on loopback.
 
-Real jobs (examples/train_resumable.py under `taskd run --server`) while ranks, agents and the
-controller are SIGKILLed and SIGSTOPped, the controller is restarted from its state file, and hostile
-calls arrive. The summary must show nothing left behind, no controller crash, no job lost across a
-restart, no hostile call accepted, and every job either correct (bit-identical to a fault-free run)
-or failed as designed. About 50 s on an idle 2-core machine.
+Real jobs (examples/train_resumable.py under `taskd run --server`) while ranks, agents, whole nodes
+(then replaced by a new `taskd run --node-rank R`) and the controller are SIGKILLed and SIGSTOPped,
+the controller is restarted from its state file, and hostile calls arrive. The summary must show
+nothing left behind, no controller crash, no job lost across a restart, no hostile call accepted,
+every job either correct (bit-identical to a fault-free run) or failed as designed, and every node
+kill of a correct job recorded as a node loss replaced by the bench's process, no round charged more
+than one restart. About 35 s on an idle 2-core machine.
 """
 
 from __future__ import annotations
@@ -44,6 +46,10 @@ def test_quick_chaos_soak_leaves_nothing_behind_and_every_job_is_correct_or_fail
     assert figure(out, "controller crashes") == 0, out
     assert figure(out, "lost jobs") == 0, out
     assert figure(out, "faults injected") > 0, out
+    # a whole node SIGKILLed and replaced: recorded as a node loss, replaced by the bench's process, charged once
+    assert figure(out, "node kills") >= 1, out
+    assert figure(out, "rounds charged more than one restart") == 0, out
+    assert figure(out, "node-loss records wrong") == 0, out
 
     jobs = re.search(r"^jobs: (\d+) \((\d+) correct, (\d+) failed as designed, (\d+) failed wrongly\)", out, re.M)
     assert jobs, out
@@ -61,5 +67,5 @@ def test_quick_chaos_soak_leaves_nothing_behind_and_every_job_is_correct_or_fail
     assert data["benchmark"] == "chaos" and data["quick"] is True and data["seed"] == 1
     assert data["orphans"] == [] and data["controller_crashes"] == [] and data["lost_jobs"] == []
     # each kind of fault was injected at least once (the plan starts with every kind)
-    assert set(data["faults"]) == {"rank_kill", "rank_stop", "agent_kill", "agent_stop", "controller_kill",
-                                   "controller_stop", "hostile"}, data["faults"]
+    assert set(data["faults"]) == {"rank_kill", "rank_stop", "agent_kill", "node_kill", "agent_stop",
+                                   "controller_kill", "controller_stop", "hostile"}, data["faults"]

@@ -36,7 +36,10 @@ def test_a_recovered_round_a_refused_call_and_the_job_table_show_in_the_metrics(
         port = ctl.server.metrics_port
         agent = ScriptedAgent(ctl.address, "m1", ranks_per_node=2, token=token).join(max_restarts=3)
         stranger = ScriptedAgent(ctl.address, "m1", token="x" * 43)
+        spare = ScriptedAgent(ctl.address, "m1", ranks_per_node=2, token=token, host="spare", pid=4242)
+        spare.info.standby = True
         try:
+            spare.join()  # a standby's stream counts among the streams open
             with pytest.raises(grpc.RpcError) as refused:
                 stranger.health()
             assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -50,11 +53,12 @@ def test_a_recovered_round_a_refused_call_and_the_job_table_show_in_the_metrics(
             got = scrape(port)
         finally:
             stranger.close()
+            spare.close()
             agent.close()
     assert got[("taskd_jobs", (("state", "RUNNING"),))] == 1
     assert got[("taskd_job_restarts_used", (("job", "m1"),))] == 1
     assert got[("taskd_job_restarts_max", (("job", "m1"),))] == 3
-    assert got[("taskd_streams_open", ())] == 1
+    assert got[("taskd_streams_open", ())] == 2  # the node's and the standby's
     assert got[("taskd_rounds_total", (("outcome", "recovered"), ("strategy", "recover")))] == 1
     assert got[("taskd_strategies_chosen_total", (("strategy", "recover"),))] == 1
     hist = (("le", "+Inf"), ("outcome", "recovered"), ("strategy", "recover"))

@@ -101,7 +101,7 @@ def test_standbys_take_lost_nodes_longest_waiting_first_and_hand_over_by_registe
                 a.close()
 
 
-def test_a_standby_that_goes_is_dropped_and_more_than_the_bound_are_refused() -> None:
+def test_a_standby_that_goes_or_never_subscribes_is_dropped_and_more_than_the_bound_are_refused() -> None:
     cfg = ControllerConfig(listen="127.0.0.1:0", state_path=":memory:", max_standbys=1, **FAST)
     job = f"sb-{next(_ids)}"
     with EmbeddedController(cfg) as ctl:
@@ -119,6 +119,13 @@ def test_a_standby_that_goes_is_dropped_and_more_than_the_bound_are_refused() ->
             (rec,) = node0.list_jobs(job).jobs
             assert rec.state == "RUNNING" and "node_lost" not in [e.kind for e in rec.events]
             assert extra.register().code == 0  # its place is free again
+            # ... and it never opens its stream: dropped after the agent loss timeout (2 s), as an agent would be
+            assert standbys(node0) == [("spare", 7102, False)]
+            wait_until(lambda: standbys(node0) == [], 6, "the standby without a stream to be dropped")
+            (rec,) = node0.list_jobs(job).jobs
+            dropped = [json.loads(e.detail) for e in rec.events if e.kind == "standby_dropped"]
+            assert dropped[-1]["pid"] == 7102 and "no signal stream for" in dropped[-1]["reason"], dropped
+            assert rec.state == "RUNNING"
         finally:
             for a in (node0, node1, spare, extra):
                 a.close()

@@ -163,3 +163,14 @@ def test_a_keep_alive_goes_only_to_streams_that_heard_nothing_since_the_last_tic
         assert busy.pending() == 1 and idle.pending() == 1 and backlog.pending() == 1
 
     asyncio.run(scenario())
+
+
+def test_standby_streams_count_among_the_streams_open() -> None:
+    hub = SignalHub()
+    node = hub.subscribe("j", 0)
+    spare = hub.subscribe_standby("j", ("spare", 7))
+    hub.subscribe_standby("k", ("spare", 8))  # a standby of a job none of whose nodes streams yet
+    assert hub.stream_count() == 3 and hub.count() == 3
+    assert hub.count("j") == 2 and hub.count("k") == 1  # a job a standby still streams from is not idle
+    assert hub.unsubscribe(spare) and hub.unsubscribe(node)
+    assert hub.stream_count() == 1 and hub.count("j") == 0

@@ -208,3 +208,21 @@ def test_a_job_all_of_whose_agents_were_lost_is_restarted_by_its_replacement() -
     assert m.state == S.RECOVERING and [s.strategy for s in out.signals] == ["recover"]
     m.handle(RecoverStatusReported(node_rank=0, strategy="recover"), 8.0)
     assert m.state == S.RUNNING
+
+
+def test_a_replacement_whose_init_comes_while_no_survivor_is_connected_joins_the_round_and_resets_nothing() -> None:
+    """Found by bench/chaos.py: the controller restarted during a node-loss round, and the replacement's Init
+    arrived before the survivor resubscribed; it reset the job ("no agent of the job is connected"), the
+    round was abandoned and its restart never charged."""
+    m = job()
+    lose_node_1(m)
+    m.handle(StopComplete(node_rank=0, host="h", pid=100, faults={2: "1", 3: "1"}), 11.0)
+    m.handle(StrategiesReported(node_rank=0, strategies=BOTH, host="h", pid=100), 12.0)
+    assert m.state == S.REJOINING
+    m.handle(AgentDisconnected(node_rank=0), 13.0)  # the survivor's stream is down for a moment
+    assert m.agents.online_count == 0
+    out = m.handle(JobInit(node_count=2, ranks_per_node=2, node_rank=1, host="h2", pid=201), 13.5)
+    assert out.code == 0 and "job_reset" not in [r.kind for r in out.records], out
+    assert m.state == S.REJOINING and m.rejoining == {1: 10.0} and m.round is not None and m.round.number == 1
+    out = m.handle(AgentRegistered(node_rank=1, host="h2", pid=201, ranks_per_node=2), 14.0)
+    assert out.code == 0 and "replacement of node 1" in out.info

@@ -134,3 +134,18 @@ def test_standbys_survive_a_controller_restart_and_an_undone_event() -> None:
     saved = Checkpoint(m, None)
     m.handle(AgentRegistered(node_rank=0, host="s", pid=2, standby=True), 2.0)
     assert saved.restore() and set(m.standbys) == {("s", 1)}
+
+
+def test_a_standby_that_never_opens_its_stream_is_dropped_after_the_agent_loss_timeout() -> None:
+    m = job()
+    assert m.handle(AgentRegistered(node_rank=0, host="s", pid=7, standby=True), 1.0).code == 0  # no Subscribe
+    assert m.wake_at == 31.0  # registered at 1.0 + agent_loss_timeout 30: the timer is set for it
+    assert m.due_events(30.9) == []
+    (ev,) = m.due_events(31.0)
+    out = m.handle(ev, 31.0)
+    assert m.standbys == {} and m.wake_at is None
+    (rec,) = [r for r in out.records if r.kind == "standby_dropped"]
+    assert rec.detail["pid"] == 7 and "no signal stream for 30s" in rec.detail["reason"]
+    # one that subscribed in time has no timer
+    spare(m, 8, 40.0)
+    assert ("s", 8) in m.standbys and m.wake_at is None and m.due_events(1000.0) == []
