@@ -32,6 +32,10 @@ from taskd.vocabulary import SignalType
 
 logger = logging.getLogger(__name__)
 
+# A stream the controller ended after it had carried signals is resubscribed at once, at most once this often
+# (seconds); other ends and breaks back off, so a controller that keeps ending streams is not hammered.
+QUICK_RESUBSCRIBE_EVERY = 5.0
+
 
 async def in_thread(fn: Callable[[], Any]) -> Any:
     """Run blocking `fn` in a fresh daemon thread and await its result on the running loop."""
@@ -166,15 +170,16 @@ class Subscription:
                 self._in_handler = False
             self._touch()  # the stream gets a full timeout again after a long handler
 
-    async def _listen(self, channel: grpc.aio.Channel, backoff: Backoff) -> None:
-        """Dispatch the messages of one subscription until it ends, breaks or is cancelled."""
+    async def _listen(self, channel: grpc.aio.Channel, backoff: Backoff) -> bool:
+        """Dispatch the messages of one subscription until it ends, breaks or is cancelled; True when the
+        controller ended a stream that had carried signals (it replaced it: a re-Register, a standby assigned)."""
         call = recover_pb2_grpc.RecoverStub(channel).SubscribeProcessManageSignal(
             self._info(), metadata=self._rpc.metadata, wait_for_ready=self.wait_for_ready
         )
         with self._lock:
             if self._stopped.is_set():
                 call.cancel()
-                return
+                return False
             self._call = call
             self._last_activity = time.monotonic()
             self._last_signal_mono = None
@@ -188,9 +193,9 @@ class Subscription:
                     # only a cancellation of this task itself must propagate.
                     if _task_is_cancelling():
                         raise
-                    return
+                    return False
                 if message is grpc.aio.EOF:
-                    return
+                    return self._last_signal_mono is not None
                 if self._last_signal_mono is None:
                     logger.info("subscribed to signals of job %s at %s", info.jobId, self._rpc.target)
                     backoff.reset()
@@ -198,9 +203,9 @@ class Subscription:
                 await self._handle(message)
                 if message.signalType == SignalType.FENCED:
                     self.fenced_reason = _reason(message) or "fenced by the controller"
-                    return
+                    return False
                 if self._stopped.is_set():
-                    return
+                    return False
         finally:
             with self._lock:
                 if self._call is call:
@@ -238,20 +243,22 @@ class Subscription:
 
     async def _subscribe_forever(self, need_sync: bool) -> None:
         backoff = self._new_backoff()
+        quick_at = -QUICK_RESUBSCRIBE_EVERY  # the last resubscription made without a pause
         target = self._rpc.target
         channel = self._rpc.aio_channel()
         watchdog = asyncio.create_task(self._watch_liveness()) if self.liveness_timeout > 0 else None
         try:
             while not self._stopped.is_set():
+                ended = False
                 try:
                     if need_sync:
                         await in_thread(self._resync)
                     need_sync = True
-                    await self._listen(channel, backoff)
+                    ended = await self._listen(channel, backoff)
                     if self.fenced_reason:
                         logger.error("the controller fenced this agent; not resubscribing: %s", self.fenced_reason)
                         break
-                    if not self._stopped.is_set():
+                    if not self._stopped.is_set() and not ended:
                         logger.warning("signal stream from %s ended; reconnecting", target)
                 except FencedError as exc:  # the re-Init or re-Register was answered 411
                     self.fenced_reason = exc.info or str(exc)
@@ -271,6 +278,13 @@ class Subscription:
                         logger.exception("signal stream from %s failed unexpectedly; resubscribing", target)
                 if self._stopped.is_set():
                     break
+                now = time.monotonic()
+                if ended and now - quick_at >= QUICK_RESUBSCRIBE_EVERY:
+                    quick_at = now  # at once: a standby given a node waited 0.4 s here for nothing
+                    logger.info("signal stream from %s ended by the controller; resubscribing at once", target)
+                    continue
+                if ended:
+                    logger.warning("signal stream from %s ended again; reconnecting", target)
                 await self._pause(backoff.next_delay())
         finally:
             if watchdog is not None:
