@@ -5,6 +5,7 @@ sys.exit(3), and sys.exit(0) while the peers train on (leaving early: before, a 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -40,6 +41,9 @@ def test_the_scripts_own_timeout_or_reset_is_a_crash_of_its_rank_recovered_live(
     assert len(pids[0]) == 1 and len(pids[2]) == 1, pids  # the survivors kept their processes
     assert len(pids[1]) == 2, pids  # rank 1 was replaced once
     assert took < 100, f"{took:.0f}s: the ranks paused for a rebuild (it took 132 s before)"
+    # the fault to training resumed, far under the group's 60 s collective timeout (measured 3-4 s)
+    resumed = [float(s) for s in re.findall(r"training resumed ([\d.]+)s after the fault", console)]
+    assert resumed and max(resumed) < 30, (resumed, console[-4000:])
 
 
 @pytest.mark.torch
