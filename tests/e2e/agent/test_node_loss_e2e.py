@@ -9,6 +9,7 @@ once its replacement runs is fenced. Needs the controller's side of node loss (h
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -88,14 +89,15 @@ def fault_free(tmp_path_factory: pytest.TempPathFactory) -> list[np.ndarray]:
     return params(tmp)
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[str]:
+@contextlib.contextmanager
+def node_loss_server(tmp_path: Path, loss_timeout: str = LOSS_TIMEOUT, rejoin_timeout: str = "60") -> Iterator[str]:
+    """A `taskd server` on loopback that declares a silent node lost within seconds; its log in server.log."""
     port = free_port()
     address = f"127.0.0.1:{port}"
     proc = subprocess.Popen([sys.executable, "-m", "taskd", "server", "--listen", address, "--state", ":memory:",
-                             "--agent-loss-grace", GRACE, "--agent-loss-timeout", LOSS_TIMEOUT,
+                             "--agent-loss-grace", GRACE, "--agent-loss-timeout", loss_timeout,
                              "--agent-ping-interval", PING, "--agent-ping-timeout", PING,
-                             "--node-rejoin-timeout", "60"],
+                             "--node-rejoin-timeout", rejoin_timeout],
                             stdout=(tmp_path / "server.log").open("wb"), stderr=subprocess.STDOUT, cwd=ROOT)
     try:
         wait_for(lambda: port_open(port) or proc.poll() is not None, 30, "taskd server to listen")
@@ -104,6 +106,12 @@ def server(tmp_path: Path) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[str]:
+    with node_loss_server(tmp_path) as address:
+        yield address
 
 
 def finish(procs: dict[str, subprocess.Popen[bytes]], tmp: Path, timeout: float = 90) -> dict[str, int]:

@@ -26,8 +26,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from support import free_port, leftovers, port_open, wait_for  # noqa: E402
-from test_node_loss_e2e import finish, kill_all, logs, node, status  # noqa: E402
+from support import free_port, leftovers, wait_for  # noqa: E402
+from test_node_loss_e2e import finish, kill_all, logs, node, node_loss_server, status  # noqa: E402
 from test_node_loss_live import DDP, computed, start_pids  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -40,19 +40,8 @@ KILL_AT = 4  # node 1 is killed once every rank completed this many steps
 
 @pytest.fixture
 def elastic_server(tmp_path: Path) -> Iterator[str]:
-    port = free_port()
-    address = f"127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "taskd", "server", "--listen", address, "--state", ":memory:",
-                             "--agent-loss-grace", "1", "--agent-loss-timeout", "4", "--agent-ping-interval", "1",
-                             "--agent-ping-timeout", "1", "--node-rejoin-timeout", "3"],
-                            stdout=(tmp_path / "server.log").open("wb"), stderr=subprocess.STDOUT, cwd=ROOT)
-    try:
-        wait_for(lambda: port_open(port) or proc.poll() is not None, 30, "taskd server to listen")
-        assert proc.poll() is None, (tmp_path / "server.log").read_text()
+    with node_loss_server(tmp_path, rejoin_timeout="3") as address:
         yield address
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def test_a_lost_node_not_replaced_in_time_scales_the_job_in_and_a_new_node_grows_it_back(
