@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,22 @@ class Launch:
             except psutil.Error:
                 pass
 
+    def leftovers(self, grace: float = 3.0) -> list[int]:
+        """After the launcher ended by itself: the pids of its descendants still running `grace` s later."""
+        self.look(0)
+        deadline = time.monotonic() + grace
+        while True:
+            alive = []
+            for pid, p in self.seen.items():
+                try:
+                    if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                        alive.append(pid)
+                except psutil.Error:
+                    pass
+            if not alive or time.monotonic() > deadline:
+                return sorted(alive)
+            time.sleep(0.05)
+
     def close(self, grace: float = 10.0) -> None:
         self.look(0)
         if self.proc.poll() is None:
@@ -184,11 +201,15 @@ def launch(family: str, flags: tuple[str, ...], n: int, args: argparse.Namespace
     return Launch([*cmd, *example_args(args, run_dir)], env, run_dir / "console.log")
 
 
+Starter = Callable[[str, tuple[str, ...], int, argparse.Namespace, Path], Launch]
+
+
 def run_once(label: str, family: str, flags: tuple[str, ...], n: int, args: argparse.Namespace, run_dir: Path,
-             kill: Kill | None) -> dict[str, Any]:
-    """One job from start to end, with at most one kill; every wait is bounded."""
+             kill: Kill | None, starter: Starter = launch) -> dict[str, Any]:
+    """One job from start to end, with at most one kill; every wait is bounded. `starter` starts the job
+    (bench/peers.py starts other launchers through it)."""
     t0 = time.time()
-    job = launch(family, flags, n, args, run_dir)
+    job = starter(family, flags, n, args, run_dir)
     prog = Progress(run_dir / "progress", n)
     res: dict[str, Any] = {"config": label, "ranks": n, "kill": None if kill is None else vars(kill), "ok": False}
     try:
@@ -198,6 +219,7 @@ def run_once(label: str, family: str, flags: tuple[str, ...], n: int, args: argp
                  "the job to end", 0.05)
         res["rc"] = job.proc.returncode
         res["ok"] = job.proc.returncode == 0 and (run_dir / "out" / "final.pt").exists()
+        res["leftovers"] = job.leftovers()  # processes the launcher left running when it ended by itself
     except (TimeoutError, RuntimeError) as exc:
         res["error"] = str(exc)
     finally:
