@@ -456,8 +456,13 @@ def _s(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
+PHASES = ("agent_fault", "survivors_noticed", "survivors_noticed_last", "survivors_left", "agent_named_generation",
+          "survivors_read_generation", "agent_recovered", "replacement_created", "survivors_rejoined",
+          "replacement_first_step")
+
+
 def print_tables(result: dict[str, Any], configs: list[tuple[str, str, tuple[str, ...]]], sizes: list[int]) -> None:
-    rows, phase_rows, ratios = [], [], {}
+    rows, ratios = [], {}
     for n in sizes:
         tr = result["summary"].get(f"{TORCHRUN}/{n}")
         tr_p50 = tr["kill_to_resumed_s"]["p50"] if tr else None
@@ -471,23 +476,23 @@ def print_tables(result: dict[str, Any], configs: list[tuple[str, str, tuple[str
                          f"{_s(s['recomputed_victim_mean'])} / {s['recomputed_victim_max']}",
                          f"{s['bit_identical']}/{s['compared']}", ",".join(s["strategies_used"]) or "-",
                          s["restarts_mean"], ratio(tr_p50, k["p50"])])
-            ph = s["phases_p50_s"]
-            phase_rows.append([label, n, *(ph.get(x) for x in (
-                "agent_fault", "survivors_noticed", "survivors_noticed_last", "survivors_left",
-                "agent_named_generation", "survivors_read_generation", "agent_recovered", "replacement_created",
-                "survivors_rejoined", "replacement_first_step"))])
     result["ratios_torchrun_over_live_p50"] = ratios
     print("\nLive recovery of examples/torch/train_ddp.py: SIGKILL of one rank to every rank past its next step")
     print(table(["configuration", "ranks", "resumed", "kill → resumed p50 s", "kill → resumed p99 s",
                  "recomputed survivors mean / max", "recomputed killed rank mean / max", "bit-identical",
                  "strategies used", "restarts per kill", "torchrun / this (p50)"], rows, 2))
+    print_phases(result, [c[0] for c in configs], sizes)
+
+
+def print_phases(result: dict[str, Any], labels: list[str], sizes: list[int]) -> None:
+    """The phases table (p50 of each phase over a configuration's kills); bench/peers.py prints it too."""
+    rows = [[label, n, *(result["summary"][f"{label}/{n}"]["phases_p50_s"].get(x) for x in PHASES)]
+            for n in sizes for label in labels]
     print("\nPhases, seconds after the kill (p50; from the agent's log, the ranks' recovery records, progress files)")
     print(table(["configuration", "ranks", "agent fault", "first survivor noticed", "last survivor noticed",
                  "survivors left", "agent named the generation", "last survivor read it",
                  "agent: replaced / group re-formed", "replacement created", "survivors rejoined",
-                 "replacement first step"],
-                phase_rows, 3))
-
+                 "replacement first step"], rows, 3))
 
 if __name__ == "__main__":
     sys.exit(main())

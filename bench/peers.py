@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from common import BENCH_DIR, TASKD_DRIVER, TORCHRUN_DRIVER, bench_env, has_torch, header, ratio, table, write_result
-from live_recovery import EXAMPLE, Launch, example_args, final_equal, plan, run_once, summarize
+from live_recovery import EXAMPLE, Launch, example_args, final_equal, plan, print_phases, run_once, summarize
 
 PEER_RANK = BENCH_DIR / "peer_rank.py"
 TORCHFT_DRIVER = BENCH_DIR / "run_torchft.py"
@@ -126,8 +126,8 @@ def main() -> int:
     p.add_argument("--resume-timeout", type=float, default=120.0, help="seconds from the kill to resumed")
     p.add_argument("--keep", default="", help="keep every job's files (logs, progress, outputs) under this directory")
     p.add_argument("--lock", default="",
-                   help="hold this flock(2) file during each job (a machine shared with other heavy jobs: they "
-                        "run between this benchmark's jobs, never during one)")
+                   help="hold this flock(2) file while a size's references run and while one kill runs under every "
+                        "system (a machine shared with other heavy jobs: they run between these chunks, not in one)")
     args = p.parse_args()
     if args.quick:
         args.ranks, args.reps, args.hidden, args.layers = "2", 1, 64, 2
@@ -162,6 +162,7 @@ def main() -> int:
             run_size(n, systems, args, work, result)
     result["rows"] = rows(result, systems, sizes)
     print_table(result)
+    print_phases(result, [s.label for s in systems], sizes)
     write_result("peers", result)
     return 0
 
@@ -183,15 +184,16 @@ def held(path: str, result: dict[str, Any]) -> Iterator[None]:
 
 def run_size(n: int, systems: list[System], args: argparse.Namespace, work: Path, result: dict[str, Any]) -> None:
     refs: dict[str, Path] = {}
-    for family in dict.fromkeys(s.family for s in systems):
-        ref_dir = work / f"ref-{family}-{n}"
-        with held(args.lock, result):
+    with held(args.lock, result):
+        for family in dict.fromkeys(s.family for s in systems):
+            ref_dir = work / f"ref-{family}-{n}"
             ref = run_once(f"reference {family}", family, (), n, args, ref_dir, None, start)
-        print(f"reference {family} {n} ranks: ok={ref['ok']} in {ref['seconds']:.1f}s", flush=True)
-        result["references"][f"{family}/{n}"] = ref
-        refs[family] = ref_dir / "out" / "final.pt"
+            print(f"reference {family} {n} ranks: ok={ref['ok']} in {ref['seconds']:.1f}s", flush=True)
+            result["references"][f"{family}/{n}"] = ref
+            refs[family] = ref_dir / "out" / "final.pt"
     for rep in range(args.reps):
-        run_kill(n, rep, systems, args, work, refs, result)
+        with held(args.lock, result):  # every system under one kill sees the same machine
+            run_kill(n, rep, systems, args, work, refs, result)
     summarize_size(n, systems, result)
 
 
@@ -200,8 +202,7 @@ def run_kill(n: int, rep: int, systems: list[System], args: argparse.Namespace, 
     kill = plan(args, n, rep)  # the same kill for every system
     for i, system in enumerate(systems):
         run_dir = work / f"run-{n}-{rep}-{i}"
-        with held(args.lock, result):
-            r = run_once(system.label, system.family, (system.label,), n, args, run_dir, kill, start)
+        r = run_once(system.label, system.family, (system.label,), n, args, run_dir, kill, start)
         r["bit_identical"] = final_equal(run_dir / "out" / "final.pt", refs[system.family])
         result["runs"].append(r)
         print(f"{system.label} {n} ranks rep {rep}: kill rank {kill.victim} at step {kill.step}: "
