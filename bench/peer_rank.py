@@ -93,7 +93,10 @@ def run_nvrx(args) -> int:
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     model = make_model(args)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    ddp = nn.parallel.DistributedDataParallel(model)
+    # the example's bucket layout (one bucket per parameter, as LiveGroup builds it under torchrun): DDP's default
+    # buckets are rebuilt after the first step, so a restart's first step would sum in another order than the
+    # fault-free run's and differ in the last bits
+    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb_list=[1.0 / (1 << 20)])
     ckpt_dir = Path(args.ckpt_dir) / f"rank{rank}"
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     own = max((int(p.stem.split("-")[1]) for p in ckpt_dir.glob("step-*.pt")), default=0)
@@ -137,13 +140,15 @@ def run_torchft(args, wrapper: bool) -> int:
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     model = make_model(args)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    # a survivor blocked in an allreduce with a replica that already left waits out this timeout (bench/run_torchft.py
+    # sets torchft's own example's 5 s); the Manager reads the same variable
+    timeout = timedelta(seconds=float(os.environ.get("TORCHFT_TIMEOUT_SEC", args.pg_timeout)))
     manager = torchft.Manager(
-        pg=torchft.ProcessGroupGloo(timeout=timedelta(seconds=args.pg_timeout)),
+        pg=torchft.ProcessGroupGloo(timeout=timeout),
         min_replica_size=world,  # every step averages every rank's batch, as the DDP job does
         load_state_dict=lambda s: (model.load_state_dict(s["model"]), optimizer.load_state_dict(s["optimizer"])),
         state_dict=lambda: {"model": model.state_dict(), "optimizer": optimizer.state_dict()},
-        replica_id=f"peers_{rank}", timeout=timedelta(seconds=args.pg_timeout),
-        quorum_timeout=timedelta(seconds=args.pg_timeout * 2))
+        replica_id=f"peers_{rank}", timeout=timeout, quorum_timeout=timedelta(seconds=args.pg_timeout * 2))
     forward = torchft.DistributedDataParallel(manager, model) if wrapper else model
     rec = Records(args, rank)
     while manager.current_step() < args.steps:

@@ -26,6 +26,8 @@ def main() -> int:
                    help="the Lighthouse's: a replica silent this long is out of the next quorum")
     p.add_argument("--join-timeout-ms", type=int, default=1000)
     p.add_argument("--quorum-tick-ms", type=int, default=50)
+    p.add_argument("--timeout", type=float, default=5.0,
+                   help="TORCHFT_TIMEOUT_SEC: the collectives' and the Manager's timeout (torchft's train_ddp.py: 5 s)")
     p.add_argument("script")
     p.add_argument("args", nargs=argparse.REMAINDER)
     a = p.parse_args()
@@ -51,7 +53,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, stop)
     for r in range(a.replicas):
         env = {**os.environ, "REPLICA_GROUP_ID": str(r), "NUM_REPLICA_GROUPS": str(a.replicas),
-               "TORCHFT_LIGHTHOUSE": lighthouse.address()}
+               "TORCHFT_LIGHTHOUSE": lighthouse.address(), "TORCHFT_TIMEOUT_SEC": str(a.timeout)}
         procs.append(subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
                                        "--nproc-per-node", "1", "--max-restarts", str(a.max_restarts),
                                        a.script, *a.args], env=env))
