@@ -26,8 +26,9 @@ def main() -> int:
                    help="the Lighthouse's: a replica silent this long is out of the next quorum")
     p.add_argument("--join-timeout-ms", type=int, default=1000)
     p.add_argument("--quorum-tick-ms", type=int, default=50)
-    p.add_argument("--timeout", type=float, default=5.0,
-                   help="TORCHFT_TIMEOUT_SEC: the collectives' and the Manager's timeout (torchft's train_ddp.py: 5 s)")
+    p.add_argument("--timeout", type=int, default=5,
+                   help="TORCHFT_TIMEOUT_SEC, whole seconds: the collectives' and the Manager's timeout "
+                        "(torchft's train_ddp.py: 5)")
     p.add_argument("script")
     p.add_argument("args", nargs=argparse.REMAINDER)
     a = p.parse_args()
