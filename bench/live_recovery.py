@@ -222,6 +222,8 @@ def run_once(label: str, family: str, flags: tuple[str, ...], n: int, args: argp
         res["leftovers"] = job.leftovers()  # processes the launcher left running when it ended by itself
     except (TimeoutError, RuntimeError) as exc:
         res["error"] = str(exc)
+        if job.proc.poll() is not None:  # it ended by itself (e.g. it gave up): what it left running counts
+            res["leftovers"] = job.leftovers()
     finally:
         job.close()
     res["seconds"] = time.time() - t0

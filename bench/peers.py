@@ -16,7 +16,7 @@ API. Systems (a peer that is not installed in this interpreter is skipped with t
 The measure is bench/live_recovery.py's (its `run_once`: progress files, SIGKILL of a seeded rank at a
 seeded point of a seeded step, kill → every rank past its next step; steps redone from each system's
 summary.json; final.pt against that system's fault-free run). Leftovers: processes of the job still
-running 3 s after its launcher ended by itself.
+running 3 s after its launcher ended by itself (not checked where the benchmark had to stop it).
 
     python bench/peers.py [--quick] [--ranks 4,8] [--reps 3] [--seed 1] [--systems PREFIX,...] [--keep DIR]
 
@@ -128,7 +128,11 @@ def main() -> int:
     p.add_argument("--lock", default="",
                    help="hold this flock(2) file while a size's references run and while one kill runs under every "
                         "system (a machine shared with other heavy jobs: they run between these chunks, not in one)")
+    p.add_argument("--table", default="", metavar="RESULTS_JSON",
+                   help="only print the tables of a stored result (bench/results/peers.json) and exit")
     args = p.parse_args()
+    if args.table:
+        return reprint(Path(args.table))
     if args.quick:
         args.ranks, args.reps, args.hidden, args.layers = "2", 1, 64, 2
         args.steps, args.ckpt_every, args.step_sleep = 16, 4, 0.1
@@ -218,9 +222,28 @@ def summarize_size(n: int, systems: list[System], result: dict[str, Any]) -> Non
         s = summarize(runs)
         times = [r["resumed_s"] for r in runs if "resumed_s" in r]
         s["kill_to_resumed_s"]["min"] = min(times, default=None)
-        s["leftover_processes"] = sum(len(r.get("leftovers") or []) for r in runs)
+        checked = [r["leftovers"] for r in runs if r.get("leftovers") is not None]
+        s["leftover_processes"] = sum(len(x) for x in checked) if checked else None
+        s["leftovers_checked"] = len(checked)  # jobs whose launcher ended by itself
         s["errors"] = [r["error"] for r in runs if r.get("error")]
+        for key in ("recomputed_survivors_max", "recomputed_victim"):  # per job, over the jobs: min, max
+            vals = [r[key] for r in runs if r.get(key) is not None]
+            s[f"{key}_range"] = [min(vals), max(vals)] if vals else None
         result["summary"][f"{system.label}/{n}"] = s
+
+
+def reprint(path: Path) -> int:
+    """The tables of a stored result, summarized again by this version of the script."""
+    import json
+
+    result = json.loads(path.read_text())
+    systems = [BY_LABEL[label] for label in result["systems"]]
+    for n in result["sizes"]:
+        summarize_size(n, systems, result)
+    result["rows"] = rows(result, systems, result["sizes"])
+    print_table(result)
+    print_phases(result, result["systems"], result["sizes"])
+    return 0
 
 
 def rows(result: dict[str, Any], systems: list[System], sizes: list[int]) -> list[dict[str, Any]]:
@@ -235,28 +258,36 @@ def rows(result: dict[str, Any], systems: list[System], sizes: list[int]) -> lis
                         "p50_s": k["p50"], "min_s": k["min"], "max_s": k["max"],
                         "redone_survivors_max": s["recomputed_survivors_max"],
                         "redone_killed_max": s["recomputed_victim_max"],
+                        "redone_survivors": s["recomputed_survivors_max_range"],
+                        "redone_killed": s["recomputed_victim_range"],
                         "survivors_kept_processes": s["survivors_kept_pid"],
                         "bit_identical": s["bit_identical"], "compared": s["compared"],
-                        "leftovers": s["leftover_processes"], "over_taskd_live_spare": ratio(k["p50"], base)})
+                        "leftovers": s["leftover_processes"], "leftovers_checked": s["leftovers_checked"],
+                        "over_taskd_live_spare": ratio(k["p50"], base)})
     return out
 
 
 def print_table(result: dict[str, Any]) -> None:
     lines = [[r["system"], r["ranks"], f"{r['resumed']}/{r['runs']}", r["p50_s"], r["min_s"], r["max_s"],
-              f"{_v(r['redone_survivors_max'])} / {_v(r['redone_killed_max'])}",
+              f"{_range(r['redone_survivors'])} / {_range(r['redone_killed'])}",
               f"{r['survivors_kept_processes']}/{r['resumed']}", f"{r['bit_identical']}/{r['compared']}",
-              r["leftovers"], "-" if r["over_taskd_live_spare"] is None else f"{r['over_taskd_live_spare']:.1f}×"]
+              f"{_v(r['leftovers'])} ({r['leftovers_checked']})",
+              "-" if r["over_taskd_live_spare"] is None else f"{r['over_taskd_live_spare']:.1f}×"]
              for r in result["rows"]]
     print("\nSIGKILL of one rank of examples/torch/train_ddp.py's DDP job → every rank past its next step")
     print(table(["system", "ranks", "resumed", "kill → resumed p50 s", "min s", "max s",
-                 "steps redone: survivors / killed rank (max)", "survivors kept their process", "bit-identical",
-                 "leftovers", "p50 / taskd live + warm spare"], lines, 2))
+                 "steps redone: survivors / killed rank", "survivors kept their process", "bit-identical",
+                 "leftovers (jobs checked)", "p50 / taskd live + warm spare"], lines, 2))
     for label, why in result["skipped"].items():
         print(f"skipped: {label}: {why}")
 
 
 def _s(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}"
+
+
+def _range(v: list[int] | None) -> str:
+    return "-" if v is None else str(v[0]) if v[0] == v[1] else f"{v[0]}–{v[1]}"
 
 
 def _v(v: Any) -> str:

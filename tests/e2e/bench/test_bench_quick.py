@@ -77,8 +77,8 @@ def test_msrun_recovery_quick_names_every_phase(tmp_path: Path) -> None:
 
 
 PEERS_COLUMNS = ("| system", "resumed", "kill → resumed p50 s", "min s", "max s",
-                 "steps redone: survivors / killed rank (max)", "survivors kept their process", "bit-identical",
-                 "leftovers", "p50 / taskd live + warm spare")
+                 "steps redone: survivors / killed rank", "survivors kept their process", "bit-identical",
+                 "leftovers (jobs checked)", "p50 / taskd live + warm spare")
 QUICK_SYSTEMS = ("taskd live + warm spare", "torchrun + TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1")
 
 
@@ -105,7 +105,8 @@ def test_peers_quick_recovers_live_and_under_torchrun(tmp_path: Path) -> None:
     for label in QUICK_SYSTEMS:
         row = rows[label]
         assert f"| {label}" in proc.stdout
-        assert (row["resumed"], row["runs"], row["bit_identical"], row["leftovers"]) == (1, 1, 1, 0), row
+        assert (row["resumed"], row["runs"], row["bit_identical"], row["leftovers"], row["leftovers_checked"]) == \
+            (1, 1, 1, 0, 1), row
         assert 0 < row["min_s"] <= row["p50_s"] <= row["max_s"], row
     live = rows["taskd live + warm spare"]
     assert (live["redone_survivors_max"], live["redone_killed_max"], live["survivors_kept_processes"]) == (0, 0, 1)
