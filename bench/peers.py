@@ -97,7 +97,7 @@ def start(family: str, flags: tuple[str, ...], n: int, args: argparse.Namespace,
     elif family.startswith("torchft"):
         api = "--api=torchft-ddp" if family == "torchft-ddp" else "--api=torchft"
         cmd = [sys.executable, str(TORCHFT_DRIVER), "--replicas", str(n), "--max-restarts", restarts,
-               str(PEER_RANK), api, *job_args]
+               "--timeout", str(args.torchft_timeout), str(PEER_RANK), api, *job_args]
     elif family == "nvrx":
         cmd = [sys.executable, "-m", "nvidia_resiliency_ext.fault_tolerance.launcher", "--standalone",
                "--nproc-per-node", str(n), "--max-restarts", restarts, str(PEER_RANK), "--api=nvrx", *job_args]
@@ -121,6 +121,9 @@ def main() -> int:
     p.add_argument("--pg-timeout", type=float, default=60.0, help="the example's collective timeout (s)")
     p.add_argument("--torchrun-max-restarts", type=int, default=3,
                    help="--max-restarts of torchrun, ft_launcher and each torchft replica's torchrun")
+    p.add_argument("--torchft-timeout", type=int, default=5,
+                   help="torchft's collective and Manager timeout, whole seconds (its train_ddp.py example's: 5); a "
+                        "survivor blocked in an allreduce with a replica that already left waits it out")
     p.add_argument("--systems", default="", help="only these systems (comma-separated label prefixes)")
     p.add_argument("--run-timeout", type=float, default=300.0, help="seconds one job may take in all")
     p.add_argument("--resume-timeout", type=float, default=120.0, help="seconds from the kill to resumed")
