@@ -206,8 +206,7 @@ Starter = Callable[[str, tuple[str, ...], int, argparse.Namespace, Path], Launch
 
 def run_once(label: str, family: str, flags: tuple[str, ...], n: int, args: argparse.Namespace, run_dir: Path,
              kill: Kill | None, starter: Starter = launch) -> dict[str, Any]:
-    """One job from start to end, with at most one kill; every wait is bounded. `starter` starts the job
-    (bench/peers.py starts other launchers through it)."""
+    """One job from start to end, with at most one kill, started by `starter`; every wait is bounded."""
     t0 = time.time()
     job = starter(family, flags, n, args, run_dir)
     prog = Progress(run_dir / "progress", n)
