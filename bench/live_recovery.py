@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,22 @@ class Launch:
             except psutil.Error:
                 pass
 
+    def leftovers(self, grace: float = 3.0) -> list[int]:
+        """After the launcher ended by itself: the pids of its descendants still running `grace` s later."""
+        self.look(0)
+        deadline = time.monotonic() + grace
+        while True:
+            alive = []
+            for pid, p in self.seen.items():
+                try:
+                    if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                        alive.append(pid)
+                except psutil.Error:
+                    pass
+            if not alive or time.monotonic() > deadline:
+                return sorted(alive)
+            time.sleep(0.05)
+
     def close(self, grace: float = 10.0) -> None:
         self.look(0)
         if self.proc.poll() is None:
@@ -184,11 +201,14 @@ def launch(family: str, flags: tuple[str, ...], n: int, args: argparse.Namespace
     return Launch([*cmd, *example_args(args, run_dir)], env, run_dir / "console.log")
 
 
+Starter = Callable[[str, tuple[str, ...], int, argparse.Namespace, Path], Launch]
+
+
 def run_once(label: str, family: str, flags: tuple[str, ...], n: int, args: argparse.Namespace, run_dir: Path,
-             kill: Kill | None) -> dict[str, Any]:
-    """One job from start to end, with at most one kill; every wait is bounded."""
+             kill: Kill | None, starter: Starter = launch) -> dict[str, Any]:
+    """One job from start to end, with at most one kill, started by `starter`; every wait is bounded."""
     t0 = time.time()
-    job = launch(family, flags, n, args, run_dir)
+    job = starter(family, flags, n, args, run_dir)
     prog = Progress(run_dir / "progress", n)
     res: dict[str, Any] = {"config": label, "ranks": n, "kill": None if kill is None else vars(kill), "ok": False}
     try:
@@ -198,8 +218,11 @@ def run_once(label: str, family: str, flags: tuple[str, ...], n: int, args: argp
                  "the job to end", 0.05)
         res["rc"] = job.proc.returncode
         res["ok"] = job.proc.returncode == 0 and (run_dir / "out" / "final.pt").exists()
+        res["leftovers"] = job.leftovers()  # processes the launcher left running when it ended by itself
     except (TimeoutError, RuntimeError) as exc:
         res["error"] = str(exc)
+        if job.proc.poll() is not None:  # it ended by itself (e.g. it gave up): what it left running counts
+            res["leftovers"] = job.leftovers()
     finally:
         job.close()
     res["seconds"] = time.time() - t0
@@ -434,8 +457,13 @@ def _s(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
+PHASES = ("agent_fault", "survivors_noticed", "survivors_noticed_last", "survivors_left", "agent_named_generation",
+          "survivors_read_generation", "agent_recovered", "replacement_created", "survivors_rejoined",
+          "replacement_first_step")
+
+
 def print_tables(result: dict[str, Any], configs: list[tuple[str, str, tuple[str, ...]]], sizes: list[int]) -> None:
-    rows, phase_rows, ratios = [], [], {}
+    rows, ratios = [], {}
     for n in sizes:
         tr = result["summary"].get(f"{TORCHRUN}/{n}")
         tr_p50 = tr["kill_to_resumed_s"]["p50"] if tr else None
@@ -449,23 +477,23 @@ def print_tables(result: dict[str, Any], configs: list[tuple[str, str, tuple[str
                          f"{_s(s['recomputed_victim_mean'])} / {s['recomputed_victim_max']}",
                          f"{s['bit_identical']}/{s['compared']}", ",".join(s["strategies_used"]) or "-",
                          s["restarts_mean"], ratio(tr_p50, k["p50"])])
-            ph = s["phases_p50_s"]
-            phase_rows.append([label, n, *(ph.get(x) for x in (
-                "agent_fault", "survivors_noticed", "survivors_noticed_last", "survivors_left",
-                "agent_named_generation", "survivors_read_generation", "agent_recovered", "replacement_created",
-                "survivors_rejoined", "replacement_first_step"))])
     result["ratios_torchrun_over_live_p50"] = ratios
     print("\nLive recovery of examples/torch/train_ddp.py: SIGKILL of one rank to every rank past its next step")
     print(table(["configuration", "ranks", "resumed", "kill → resumed p50 s", "kill → resumed p99 s",
                  "recomputed survivors mean / max", "recomputed killed rank mean / max", "bit-identical",
                  "strategies used", "restarts per kill", "torchrun / this (p50)"], rows, 2))
+    print_phases(result, [c[0] for c in configs], sizes)
+
+
+def print_phases(result: dict[str, Any], labels: list[str], sizes: list[int]) -> None:
+    """The phases table (p50 of each phase over a configuration's kills); bench/peers.py prints it too."""
+    rows = [[label, n, *(result["summary"][f"{label}/{n}"]["phases_p50_s"].get(x) for x in PHASES)]
+            for n in sizes for label in labels]
     print("\nPhases, seconds after the kill (p50; from the agent's log, the ranks' recovery records, progress files)")
     print(table(["configuration", "ranks", "agent fault", "first survivor noticed", "last survivor noticed",
                  "survivors left", "agent named the generation", "last survivor read it",
                  "agent: replaced / group re-formed", "replacement created", "survivors rejoined",
-                 "replacement first step"],
-                phase_rows, 3))
-
+                 "replacement first step"], rows, 3))
 
 if __name__ == "__main__":
     sys.exit(main())
