@@ -96,8 +96,6 @@ class _DDPHandle:
         return getattr(self.current, name)
 
 
-
-
 class _StepVoided(RuntimeError):
     """A rank abandoned this step (RetryableError): every rank drops it together, before the optimizer step."""
 
