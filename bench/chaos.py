@@ -615,7 +615,9 @@ class Soak:
         events = " ".join(e.detail for e in rec.events) if rec is not None else ""
         if "restart budget spent" in events or "restart budget of" in consoles:
             return "failed as designed: restart budget spent", f"exit codes {job.codes}"
-        if "had finished: no recovery without them" in events:
+        # a fault after a node finished, or a node finishing while a round is open (docs/controller.md): both end
+        # the job at once, by design ("... had finished: ..." and "... finished while round N was open ...")
+        if "no recovery without them" in events or "no recovery without them" in consoles:
             return "failed as designed: fault after a node finished", f"exit codes {job.codes}"
         tail = consoles[-1500:]
         return "failed wrongly", f"exit codes {job.codes}; controller: {rec.state if rec else 'not listed'} " \
