@@ -384,11 +384,10 @@ def _mean(values: list[Any]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="2 ranks, a small model, 1 repetition: checks the script works")
+def add_job_arguments(p: argparse.ArgumentParser, reps: int, resume_timeout: float = 120.0) -> None:
+    """The job's and the kills' flags, the same in bench/peers.py."""
     p.add_argument("--ranks", default="4,8", help="ranks per job, comma-separated")
-    p.add_argument("--reps", type=int, default=5, help="kills per configuration and size")
+    p.add_argument("--reps", type=int, default=reps, help="kills per configuration and size")
     p.add_argument("--seed", type=int, default=1, help="seeds the kills (step, rank, point in the step)")
     p.add_argument("--steps", type=int, default=40, help="training steps per job")
     p.add_argument("--ckpt-every", type=int, default=10, help="the example's checkpoint interval (steps)")
@@ -397,23 +396,37 @@ def main() -> int:
     p.add_argument("--step-sleep", type=float, default=0.0, help="the example's --step-sleep")
     p.add_argument("--pg-timeout", type=float, default=60.0,
                    help="the example's collective timeout (s): how long a rank blocked on a dead group can wait")
-    p.add_argument("--torchrun-max-restarts", type=int, default=3,
-                   help="torchrun's --max-restarts (torch 2.13's whole-group restart of a gloo job can fail and "
-                        "need several)")
-    p.add_argument("--configs", default="", help="only these configurations (comma-separated label prefixes)")
     p.add_argument("--run-timeout", type=float, default=300.0, help="seconds one job may take in all")
-    p.add_argument("--resume-timeout", type=float, default=120.0, help="seconds from the kill to resumed")
+    p.add_argument("--resume-timeout", type=float, default=resume_timeout, help="seconds from the kill to resumed")
     p.add_argument("--keep", default="", help="keep every job's files (logs, progress, outputs) under this directory")
-    args = p.parse_args()
-    if args.quick:
-        args.ranks, args.reps, args.hidden, args.layers = "2", 1, 64, 2
-        args.steps, args.ckpt_every, args.step_sleep = 20, 5, 0.1
-        args.run_timeout, args.resume_timeout = min(args.run_timeout, 150.0), min(args.resume_timeout, 60.0)
+
+
+def checked_sizes(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[int]:
+    """The job sizes of --ranks once the job's flags are checked (p.error on a bad one); [] without torch."""
     sizes = [int(s) for s in args.ranks.split(",") if s]
     if not sizes or min(sizes) < 2 or args.reps < 1 or args.steps < 8 or args.ckpt_every < 1:
         p.error("--ranks must list sizes >= 2, --reps >= 1, --steps >= 8, --ckpt-every >= 1")
     if not has_torch():
         print("torch is not installed: this benchmark needs it (`pip install torch==2.13.0`, a CPU build)")
+        return []
+    return sizes
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="2 ranks, a small model, 1 repetition: checks the script works")
+    add_job_arguments(p, reps=5)
+    p.add_argument("--torchrun-max-restarts", type=int, default=3,
+                   help="torchrun's --max-restarts (torch 2.13's whole-group restart of a gloo job can fail and "
+                        "need several)")
+    p.add_argument("--configs", default="", help="only these configurations (comma-separated label prefixes)")
+    args = p.parse_args()
+    if args.quick:
+        args.ranks, args.reps, args.hidden, args.layers = "2", 1, 64, 2
+        args.steps, args.ckpt_every, args.step_sleep = 20, 5, 0.1
+        args.run_timeout, args.resume_timeout = min(args.run_timeout, 150.0), min(args.resume_timeout, 60.0)
+    sizes = checked_sizes(p, args)
+    if not sizes:
         return 2
     configs = [c for c in CONFIGS if not args.configs or any(c[0].startswith(x) for x in args.configs.split(","))]
     result = header("live_recovery", args)

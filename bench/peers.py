@@ -37,8 +37,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common import BENCH_DIR, TASKD_DRIVER, TORCHRUN_DRIVER, bench_env, has_torch, header, ratio, table, write_result
-from live_recovery import EXAMPLE, Launch, example_args, final_equal, plan, print_phases, run_once, summarize
+from common import BENCH_DIR, TASKD_DRIVER, TORCHRUN_DRIVER, bench_env, header, ratio, table, write_result
+from live_recovery import (
+    EXAMPLE,
+    Launch,
+    add_job_arguments,
+    checked_sizes,
+    example_args,
+    final_equal,
+    plan,
+    print_phases,
+    run_once,
+    summarize,
+)
 
 PEER_RANK = BENCH_DIR / "peer_rank.py"
 TORCHFT_DRIVER = BENCH_DIR / "run_torchft.py"
@@ -110,24 +121,13 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true",
                    help="2 ranks, a small model, 1 kill, only taskd live + warm spare and torchrun with the fix")
-    p.add_argument("--ranks", default="4,8", help="ranks per job, comma-separated")
-    p.add_argument("--reps", type=int, default=3, help="kills per system and size")
-    p.add_argument("--seed", type=int, default=1, help="seeds the kills (step, rank, point in the step)")
-    p.add_argument("--steps", type=int, default=40, help="training steps per job")
-    p.add_argument("--ckpt-every", type=int, default=10, help="the example's checkpoint interval (steps)")
-    p.add_argument("--hidden", type=int, default=0, help="the example's --hidden (0: its default, ~9 M parameters)")
-    p.add_argument("--layers", type=int, default=0, help="the example's --layers (0: its default)")
-    p.add_argument("--step-sleep", type=float, default=0.0, help="the example's --step-sleep")
-    p.add_argument("--pg-timeout", type=float, default=60.0, help="the example's collective timeout (s)")
+    add_job_arguments(p, reps=3)
     p.add_argument("--torchrun-max-restarts", type=int, default=3,
                    help="--max-restarts of torchrun, ft_launcher and each torchft replica's torchrun")
     p.add_argument("--torchft-timeout", type=int, default=5,
                    help="torchft's collective and Manager timeout, whole seconds (its train_ddp.py example's: 5); a "
                         "survivor blocked in an allreduce with a replica that already left waits it out")
     p.add_argument("--systems", default="", help="only these systems (comma-separated label prefixes)")
-    p.add_argument("--run-timeout", type=float, default=300.0, help="seconds one job may take in all")
-    p.add_argument("--resume-timeout", type=float, default=120.0, help="seconds from the kill to resumed")
-    p.add_argument("--keep", default="", help="keep every job's files (logs, progress, outputs) under this directory")
     p.add_argument("--lock", default="",
                    help="hold this flock(2) file while a size's references run and while one kill runs under every "
                         "system (a machine shared with other heavy jobs: they run between these chunks, not in one)")
@@ -140,11 +140,8 @@ def main() -> int:
         args.ranks, args.reps, args.hidden, args.layers = "2", 1, 64, 2
         args.steps, args.ckpt_every, args.step_sleep = 16, 4, 0.1
         args.run_timeout, args.resume_timeout = min(args.run_timeout, 90.0), min(args.resume_timeout, 45.0)
-    sizes = [int(s) for s in args.ranks.split(",") if s]
-    if not sizes or min(sizes) < 2 or args.reps < 1 or args.steps < 8 or args.ckpt_every < 1:
-        p.error("--ranks must list sizes >= 2, --reps >= 1, --steps >= 8, --ckpt-every >= 1")
-    if not has_torch():
-        print("torch is not installed: this benchmark needs it (`pip install torch==2.13.0`, a CPU build)")
+    sizes = checked_sizes(p, args)
+    if not sizes:
         return 2
     if args.systems:
         chosen = [s for s in SYSTEMS if any(s.label.startswith(x) for x in args.systems.split(","))]
