@@ -29,7 +29,8 @@ class Departure:
     rank: Rank
     pid: int
     step: int | None  # its last completed step
-    at: float  # time.time() of the exit
+    at: float  # time.time() of the exit: compared with the peers' own collective marks (their wall clock)
+    until: float  # time.monotonic() after which the peers' silence makes it a finish (WATCH): no wall-clock step
 
 
 class DepartureWatch:
@@ -39,7 +40,8 @@ class DepartureWatch:
         self.table = table
         self._open: dict[int, Departure] = {}  # local rank -> its exit
 
-    def exited(self, rank: Rank, status: RankStatus | None, in_group: bool, now: float | None = None) -> bool:
+    def exited(self, rank: Rank, status: RankStatus | None, in_group: bool, now: float | None = None,
+               mono: float | None = None) -> bool:
         """Note a rank's exit 0; True when it is one to watch (a group rank whose loop had not ended)."""
         if status is None or not in_group or not status.can_rejoin or status.phase is Phase.COMPLETE \
                 or rank.pid is None:
@@ -47,7 +49,8 @@ class DepartureWatch:
         if not any(r.local_rank != rank.local_rank for r in self.table.in_state(RankState.RUNNING)):
             return False  # the last one out: nobody to leave
         self._open[rank.local_rank] = Departure(rank, rank.pid, status.heartbeat.step,
-                                                time.time() if now is None else now)
+                                                time.time() if now is None else now,
+                                                (time.monotonic() if mono is None else mono) + WATCH)
         log.info("rank %d (pid %d) exited 0 before its loop's end (last step %s): its peers tell whether it left "
                  "them or the job stops early", rank.global_rank, rank.pid, status.heartbeat.step)
         return True
@@ -56,12 +59,14 @@ class DepartureWatch:
     def watching(self) -> bool:
         return bool(self._open)
 
-    def left(self, peers: dict[int, RankStatus], now: float | None = None) -> list[tuple[Departure, str]]:
+    def left(self, peers: dict[int, RankStatus], now: float | None = None,
+             mono: float | None = None) -> list[tuple[Departure, str]]:
         """The departures their peers' broken group gives away, with why; ``peers`` are the running ranks'
         statuses by local rank. Each departure is judged once: given away, or dropped after WATCH."""
         if not self._open:
             return []
         now = time.time() if now is None else now
+        mono = time.monotonic() if mono is None else mono
         found = []
         for local_rank, d in list(self._open.items()):
             if d.rank.pid != d.pid or d.rank.state is not RankState.SUCCEEDED:
@@ -74,7 +79,7 @@ class DepartureWatch:
                 del self._open[local_rank]
                 whom = f"rank(s) {paused} lost their group" if paused else f"rank(s) {waiting} wait on it"
                 found.append((d, f"it exited 0 after step {d.step}, before its loop's end, and {whom}"))
-            elif now - d.at >= WATCH or not peers:
+            elif mono >= d.until or not peers:
                 del self._open[local_rank]
                 log.debug("rank %d exited early: its peers trained on or ended; it finished", d.rank.global_rank)
         return found
