@@ -109,7 +109,7 @@ class TaskdCallback(Callback):
         died), serve the dump's save request now, on the training thread, with the last completed step's
         state; the exception goes on."""
         if exc_type is not None and issubclass(exc_type, Exception):
-            serve_after_error()
+            serve_after_error(error=exc)
 
     # -- the dump's save request ----------------------------------------------------------------
 

@@ -390,14 +390,29 @@ def save_on_error(wait: float | None = None) -> Iterator[None]:
     """
     try:
         yield
-    except Exception:  # not SystemExit/KeyboardInterrupt: a rank being stopped does not wait
-        serve_after_error(wait)
+    except Exception as error:  # not SystemExit/KeyboardInterrupt: a rank being stopped does not wait
+        serve_after_error(wait, error)
         raise
 
 
-def serve_after_error(wait: float | None = None) -> bool | None:
-    """A step raised: serve the dump's save request (``save_on_error``); never raises."""
+def error_summary(error: BaseException) -> str:
+    """The line of an exception's message that names it; MindSpore's open with rules and section titles
+    ("- Kernel error:") and put "Launch kernel failed: ..." below them."""
+    for line in str(error).splitlines():
+        text = line.strip()
+        if text and text.strip("-") and not text.startswith("- "):
+            return f"{type(error).__name__}: {text[:300]}"
+    return type(error).__name__
+
+
+def serve_after_error(wait: float | None = None, error: BaseException | None = None) -> bool | None:
+    """A step raised: serve the dump's save request (``save_on_error``); never raises.
+
+    When the job offers ``dump`` it says so first, on stderr, with the error: the agent may stop the
+    rank as soon as it saved, before the interpreter prints the traceback."""
     offered = "dump" in os.environ.get("TASKD_STRATEGIES", "")
+    if offered and error is not None and _current() is not None:
+        log.warning("a step raised %s; serving the dump's save request before it goes on", error_summary(error))
     try:
         return serve_save_request((SAVE_WAIT if wait is None else wait) if offered else 0.0)
     except Exception:  # never hide the step's own error behind ours
