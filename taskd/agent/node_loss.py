@@ -182,7 +182,12 @@ class NodeLoss:
         """Refused node `node_rank` because a replacement holds it (held_node.py: the lost node's recreated pod, a
         standby that lost the race for an assigned node): True when this agent is to join as a standby instead."""
         holder, self.link.taken_by = self.link.taken_by, None
-        if holder is None or self.config.launcher == "msrun":  # msrun's node rank cannot change: the refusal
+        if holder is None:
+            return False
+        try:  # no node until one is assigned: node 0's launcher stops listening on the store's port
+            self.launcher.set_node_rank(None)
+        except (NodeRankFixed, ValueError, RuntimeError) as exc:  # msrun's node rank cannot change: the refusal
+            log.debug("node %d cannot become a standby: %s", node_rank, exc)
             return False
         log.info("node %d of job %s is held by %s, the replacement of its lost agent: this agent joins the job as a "
                  "standby instead (it takes over the next node lost, or exits 0 when the job ends)", node_rank,
