@@ -88,3 +88,31 @@ def test_a_duplicate_is_refused_once_its_wait_is_over_and_without_jobstatus_too(
     assert reg.taken_by == "b:7" and len(calls) == 1
     reg, calls, _ = run([OK], [None], wait=60)
     assert reg.status is OK and len(calls) == 1
+
+
+def test_an_agent_yields_its_node_only_to_a_replacement_and_only_with_a_launcher_that_can_drop_its_node_rank() -> None:
+    from taskd.agent.config import AgentConfig
+    from taskd.agent.launcher_api import MSRUN
+    from taskd.agent.node_loss import NodeLoss
+    from taskd.agent.ranks import RankTable
+
+    class Launcher:
+        def __init__(self) -> None:
+            self.node_ranks: list[int | None] = []
+
+        def set_node_rank(self, node_rank: int | None) -> None:
+            self.node_ranks.append(node_rank)
+
+    def node_loss(taken_by: str | None, launcher: object) -> tuple[NodeLoss, SimpleNamespace]:
+        link = SimpleNamespace(taken_by=taken_by)
+        config = AgentConfig(launcher="taskd", node_rank=1, node_count=2)
+        return NodeLoss(config, link, RankTable(), launcher, lambda *a: None), link  # type: ignore[arg-type]
+
+    launcher = Launcher()
+    loss, link = node_loss("b:7", launcher)
+    assert loss.yield_node("j", 1) and loss.config.standby and launcher.node_ranks == [None]
+    assert link.taken_by is None and not loss.yield_node("j", 1)  # asked once: the next refusal is an error
+    loss, _ = node_loss(None, launcher)  # a duplicate, or any other refusal: no standby
+    assert not loss.yield_node("j", 1) and not loss.config.standby
+    loss, _ = node_loss("b:7", MSRUN)  # msrun's node rank cannot change: the refusal stands
+    assert not loss.yield_node("j", 1) and not loss.config.standby
