@@ -263,9 +263,8 @@ class ControllerLink:
         info = recover_pb2.ClientInfo()
         info.CopyFrom(mgr.info)
         info.nodeRank, info.standby, info.ranksPerNode = layout.node_rank, False, layout.ranks_per_node
-        mgr.info = mgr.client_info = info
         try:
-            status = mgr.register(info)
+            status = mgr.register(info, adopt=True)
         except FencedError as exc:
             self.fencing.fence(str(exc))
             return False

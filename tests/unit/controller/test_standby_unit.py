@@ -71,6 +71,11 @@ def test_a_standby_is_no_node_and_the_longest_waiting_takes_the_first_loss_the_n
     # its client re-registers as node 1 before subscribing: not a second hand-over
     again = m.handle(AgentRegistered(node_rank=1, host="s", pid=2, ranks_per_node=1), 10.5)
     assert again.code == 0 and "node_replaced" not in [r.kind for r in again.records]
+    # a re-register with its standby identity (sent before the hand-over's answer was back) is refused: the
+    # process holds node 1 and is never a spare as well
+    stale = m.handle(AgentRegistered(node_rank=0, host="s", pid=2, standby=True), 10.6)
+    assert stale.code == Code.INVALID_PARAMS and "holds node 1" in stale.info and ("s", 2) not in m.standbys
+    assert not [r for r in stale.records if r.kind == "standby_registered"]
 
 
 def test_a_standby_that_goes_is_dropped_and_its_node_goes_to_the_next() -> None:
