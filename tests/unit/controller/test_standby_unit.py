@@ -18,6 +18,7 @@ from taskd.controller.state_machine import (
     JobMachine,
     JobState,
     MachineConfig,
+    RecoverStatusReported,
 )
 from taskd.vocabulary import Code, SignalType
 
@@ -154,3 +155,16 @@ def test_a_standby_that_never_opens_its_stream_is_dropped_after_the_agent_loss_t
     # one that subscribed in time has no timer
     spare(m, 8, 40.0)
     assert ("s", 8) in m.standbys and m.wake_at is None and m.due_events(1000.0) == []
+
+
+def test_a_report_from_another_process_than_the_nodes_registered_agent_is_refused_and_changes_nothing() -> None:
+    """A former standby that kept its spare identity reported node 1's finish as node 0's (seen in a loaded
+    run of test_node_loss_live[2-standby]): node 0's record must not be the target of another process."""
+    m = job()
+    out = m.handle(AgentFinished(node_rank=0, exit_code=0, host="h", pid=101), 1.0)  # node 1's process
+    assert out.code == Code.INVALID_PARAMS and "held by h:100, not by h:101" in out.info, out.info
+    assert not m.agents[0].finished and m.state == S.RUNNING and not out.records
+    status = m.handle(RecoverStatusReported(node_rank=0, code=0, strategy="recover", host="s", pid=7), 1.0)
+    assert status.code == Code.INVALID_PARAMS
+    assert m.handle(AgentFinished(node_rank=0, exit_code=0), 2.0).code == 0  # ClusterD's clients send no pid
+    assert m.agents[0].finished
