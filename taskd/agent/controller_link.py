@@ -255,12 +255,12 @@ class ControllerLink:
         mgr = self._mgr
         if mgr is None:
             return False
-        info, standby_info = recover_pb2.ClientInfo(), mgr.info
+        info = recover_pb2.ClientInfo()
         info.CopyFrom(mgr.info)
         info.nodeRank, info.standby, info.ranksPerNode = layout.node_rank, False, layout.ranks_per_node
-        mgr.info = mgr.client_info = info
         try:
-            reg = register_held(lambda: mgr.register(info), lambda: record_of(self, mgr), layout.node_rank, 0.0)
+            reg = register_held(lambda: mgr.register(info, adopt=True), lambda: record_of(self, mgr),
+                                layout.node_rank, 0.0)  # refused: the client keeps its standby identity
         except FencedError as exc:
             self.fencing.fence(str(exc))
             return False
@@ -273,7 +273,6 @@ class ControllerLink:
         elif status.code == Code.FENCED:
             self.fencing.fence(status.info)
         else:
-            mgr.info = mgr.client_info = standby_info  # still a standby: its stream resubscribes as one
             if reg.taken_by is None:
                 log.error("the controller refused this standby as node %d: %d %s", layout.node_rank, status.code,
                           status.info)

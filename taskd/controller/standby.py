@@ -78,6 +78,12 @@ def on_register(m: Job, ev: AgentRegistered, now: float, out: Outcome) -> JobSta
         _put(m, key, replace(known, role=ev.role))
         out.info = f"standby for job {m.job_id} (waiting since it first registered)"
         return m.state
+    held = [n for n, a in m.agents.items() if (a.host, a.pid) == key and not a.finished]
+    if held:  # a standby that took a node and re-registers with its old identity must not be a spare twice
+        out.code = Code.INVALID_PARAMS
+        out.info = (f"{ev.host[:64]}:{ev.pid} holds node {held[0]} of job {m.job_id}: it registers as that node, "
+                    "not as a standby")
+        return m.state
     bound = m.config.max_standbys
     if len(standbys) >= bound:
         out.code = Code.INVALID_PARAMS
