@@ -90,6 +90,22 @@ def test_a_standby_that_goes_is_dropped_and_its_node_goes_to_the_next() -> None:
     assert m.state != S.FAILED and m.round is not None and m.round.lost == {1: 8.0}  # no loss round of its own
 
 
+def test_a_replacement_registering_before_the_assigned_standby_takes_the_node_and_frees_the_standby() -> None:
+    """The lost node's recreated pod (Kubernetes) may register first: it is the replacement, the standby's Register
+    as that node is refused as held (its agent waits again), and the standby takes the next node lost."""
+    m = job(3)
+    spare(m, 1, 1.0)
+    assert assigned(lose(m, 1, 2.0)) == [(("s", 1), 1)]
+    out = m.handle(AgentRegistered(node_rank=1, host="pod1", pid=50, ranks_per_node=1), 8.0)
+    assert out.code == 0 and "replacement of node 1" in out.info
+    assert m.standbys[("s", 1)].assigned is None  # free again
+    refused = m.handle(AgentRegistered(node_rank=1, host="s", pid=1, ranks_per_node=1), 8.1)
+    assert refused.code == Code.INVALID_PARAMS and "is held by a live agent" in refused.info
+    assert m.agents[1].pid == 50 and ("s", 1) in m.standbys
+    m.handle(AgentConnected(node_rank=1, host="pod1", pid=50), 8.2)
+    assert assigned(lose(m, 2, 20.0)) == [(("s", 1), 2)]  # the next loss takes it
+
+
 def test_a_standby_arriving_after_the_loss_takes_the_node_at_once() -> None:
     m = job()
     lose(m, 1, 1.0)
