@@ -14,7 +14,7 @@ The steps, each a handler or helper the table (`taskd.controller.table`) or anot
 - `on_rejoin_timeout`: no replacement within `node_rejoin_timeout`: the job fails, saying how to add one
   (unless it opted in to go on smaller: `taskd.controller.resize` decides first).
 - `fence_refusal`: what any event from a fenced identity is answered (411);
-- `holder_refusal`: what a report from another process than its node's registered agent is answered (409).
+- `reporter_refusal`: what a report from another process than its node's registered agent is answered (409).
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def fence_refusal(m: Job, event: Event, now: float) -> str:
     return fence_info(m, fence, now) if fence is not None else ""
 
 
-def holder_refusal(m: Job, event: Event) -> str:
+def reporter_refusal(m: Job, event: Event) -> str:
     """Why `event` does not come from the agent registered for its node ("" if it does): a report must come
     from the process that holds the node, or one node's agent could finish, or recover, another's. Clients
     that send no pid (ClusterD's) are not checked, as for fencing."""

@@ -42,7 +42,7 @@ from taskd.controller.events import (
 )
 from taskd.controller.job import Job
 from taskd.controller.model import DECLINED, TERMINAL, JobState, MachineConfig, Round
-from taskd.controller.node_loss import fence_refusal, holder_refusal
+from taskd.controller.node_loss import fence_refusal, reporter_refusal
 from taskd.controller.strategy import choose_strategy
 from taskd.controller.table import (
     RULES,
@@ -73,7 +73,7 @@ class JobMachine(Job):
             out.code = Code.FENCED
             out.info = why
             return out
-        if needs_registered and (why := holder_refusal(self, event)):
+        if needs_registered and (why := reporter_refusal(self, event)):
             out.code = Code.INVALID_PARAMS
             out.info = why
             return out
