@@ -189,7 +189,7 @@ def many_jobs_fault(n: int, args: argparse.Namespace, work: Path) -> dict[str, A
     port = free_port()
     address = f"127.0.0.1:{port}"
     res: dict[str, Any] = {"n": n, "procs": args.procs}
-    extra = [*SERVER_FLAGS, "--max-jobs", str(max(n, 10000))]
+    extra = [*SERVER_FLAGS, "--max-jobs", str(max(n, 10000)), *args.server_args.split()]
     if args.server == "null":  # the floor: the same wire and clients, no controller behind them
         res["server"] = "null"
         server = _null_controller(port, work / f"controller-jobs-{n}.log")
@@ -328,6 +328,8 @@ def main() -> int:
     p.add_argument("--server", choices=("taskd", "null"), default="taskd",
                    help="many-jobs-fault: `null` runs bench/null_controller.py instead (the same wire with no "
                         "controller behind it: what gRPC and the clients alone cost)")
+    p.add_argument("--server-args", default="", help="many-jobs-fault: more `taskd server` flags, e.g. "
+                                                         "\"--keepalive-interval 3600\"")
     p.add_argument("--py-spy", metavar="PATH", help="many-jobs-fault: profile the controller over the faults with "
                                                         "py-spy (collapsed stacks to PATH)")
     args = p.parse_args()
@@ -340,6 +342,7 @@ def main() -> int:
     result["sizes"] = sizes
     result["procs"] = args.procs
     result["server"] = args.server
+    result["server_args"] = args.server_args
     result["runs"] = []
     measure = many_jobs_fault if args.scenario == "many-jobs-fault" else one_size
     with tempfile.TemporaryDirectory(prefix="taskd-bench-scale-") as tmp:
