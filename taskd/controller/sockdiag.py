@@ -33,7 +33,8 @@ TCP_ESTABLISHED = 1
 _NLMSG = struct.Struct("=IHHII")  # len, type, flags, seq, pid
 _REQ = struct.Struct("=BBBBI")  # family, protocol, ext, pad, states; then the 48-byte sockid (zero: match all)
 _SOCKID_BYTES = 48
-_MSG = struct.Struct("=BBBB HH 16s 16s I 8s IIIII")  # inet_diag_msg: 72 bytes (ports big-endian, read apart)
+# of inet_diag_msg (72 bytes) only what the watch needs: family, remote port (big-endian), remote address, inode
+_MSG = struct.Struct("=B5xH16x16s28xI")
 _BC_OP = struct.Struct("=BBH")  # inet_diag_bc_op: code, yes, no
 
 
@@ -80,8 +81,7 @@ def _dump(sock: socket.socket, family: int, port: int, out: dict[int, tuple[str,
                 (code,) = struct.unpack_from("=i", data, off + _NLMSG.size)
                 raise OSError(-code, os.strerror(-code))
             if kind == SOCK_DIAG_BY_FAMILY:
-                fam, _state, _timer, _retrans, _sport, dport, _src, dst, _if, _cookie, _exp, _rq, _wq, _uid, inode = \
-                    _MSG.unpack_from(data, off + _NLMSG.size)
+                fam, dport, dst, inode = _MSG.unpack_from(data, off + _NLMSG.size)
                 out[inode] = (_ip(fam, dst), socket.ntohs(dport))
             off += (length + 3) & ~3
 
