@@ -30,6 +30,7 @@ import argparse
 import json
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -51,6 +52,7 @@ from common import (
     stats,
     stop_process,
     table,
+    wait_for,
     write_result,
 )
 
@@ -187,9 +189,13 @@ def many_jobs_fault(n: int, args: argparse.Namespace, work: Path) -> dict[str, A
     port = free_port()
     address = f"127.0.0.1:{port}"
     res: dict[str, Any] = {"n": n, "procs": args.procs}
-    extra = [*SERVER_FLAGS, "--max-jobs", str(max(n, 10000))]
-    server = start_controller(port, state=str(work / f"jobs-{n}.sqlite3"), log=work / f"controller-jobs-{n}.log",
-                              extra=extra)
+    extra = [*SERVER_FLAGS, "--max-jobs", str(max(n, 10000)), *args.server_args.split()]
+    if args.server == "null":  # the floor: the same wire and clients, no controller behind them
+        res["server"] = "null"
+        server = _null_controller(port, work / f"controller-jobs-{n}.log")
+    else:
+        server = start_controller(port, state=str(work / f"jobs-{n}.sqlite3"), log=work / f"controller-jobs-{n}.log",
+                                  extra=extra)
     sims = None
     try:
         proc = psutil.Process(server.pid)
@@ -203,11 +209,14 @@ def many_jobs_fault(n: int, args: argparse.Namespace, work: Path) -> dict[str, A
             return res
         time.sleep(1.0)
         spy = _py_spy(server.pid, args.py_spy)
+        clients = [psutil.Process(p.pid) for p in sims.procs]
         cpu0, rss0 = sum(proc.cpu_times()[:2]), proc.memory_info().rss
+        client_cpu0 = sum(sum(c.cpu_times()[:2]) for c in clients)
         faulted = sims.ask({"cmd": "fault"}, timeout=args.timeout)
         res["fault_codes"] = dict(sum((Counter(a["codes"]) for a in faulted), Counter()))
         got = sims.ask({"cmd": "recovered"}, timeout=args.timeout)
         cpu1, rss1 = sum(proc.cpu_times()[:2]), proc.memory_info().rss
+        client_cpu1 = sum(sum(c.cpu_times()[:2]) for c in clients)
         if spy is not None:
             spy.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
             spy.wait(60)
@@ -220,6 +229,7 @@ def many_jobs_fault(n: int, args: argparse.Namespace, work: Path) -> dict[str, A
         res["status_codes"] = dict(sum((Counter(a["status_codes"]) for a in got), Counter()))
         res["refused"] = dict(sum((Counter(a["refused"]) for a in got), Counter()))
         res["controller_cpu_s"] = cpu1 - cpu0
+        res["clients_cpu_s"] = client_cpu1 - client_cpu0
         res["controller_rss_mib"] = rss1 / 2**20
         res["controller_rss_growth_mib"] = (rss1 - rss0) / 2**20
         if len(lat) < n or res["status_codes"] != {"0": n}:
@@ -233,6 +243,24 @@ def many_jobs_fault(n: int, args: argparse.Namespace, work: Path) -> dict[str, A
                                                                   .read_text(errors="replace")[-200_000:]})
             res["controller_log"] = str(kept)
     return res
+
+
+def _null_controller(port: int, log: Path) -> subprocess.Popen[bytes]:
+    """bench/null_controller.py on `port` (the Recover wire with no controller behind it), once it accepts."""
+    proc = subprocess.Popen([sys.executable, str(BENCH_DIR / "null_controller.py"), "--listen", f"127.0.0.1:{port}"],
+                            stdout=log.open("ab"), stderr=subprocess.STDOUT, env=bench_env(), cwd=ROOT)
+    wait_for(lambda: proc.poll() is not None or _listening(port), 30, "the null controller to listen", 0.02)
+    if proc.poll() is not None:
+        raise RuntimeError(f"null controller exited with {proc.returncode}")
+    return proc
+
+
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
 
 
 def _py_spy(pid: int, out: str | None) -> subprocess.Popen[bytes] | None:
@@ -251,13 +279,16 @@ def print_many_jobs(result: dict[str, Any]) -> None:
     for r in result["runs"]:
         f = r.get("fault_to_change_ms", {})
         rows.append([r["n"], r.get("subscribe_all_s"), f.get("p50"), f.get("p99"), f.get("max"),
-                     r.get("first_fault_to_last_change_s"), r.get("controller_cpu_s"), r.get("controller_rss_mib"),
+                     r.get("first_fault_to_last_change_s"), r.get("controller_cpu_s"), r.get("clients_cpu_s"),
+                     r.get("controller_rss_mib"),
                      ",".join(f"{k}:{v}" for k, v in sorted(r.get("strategies", {}).items())),
                      r.get("error", "")])
-    print(f"Controller scale: N one-agent jobs on one taskd server, all faulting at once ({result['procs']} client "
+    server = "the null controller (no taskd logic)" if result.get("server") == "null" else "one taskd server"
+    print(f"Controller scale: N one-agent jobs on {server}, all faulting at once ({result['procs']} client "
           "processes on the same 2 cores as the server)")
     print(table(["N jobs", "subscribe all s", "fault->changeStrategy p50 ms", "p99 ms", "max ms",
-                 "first fault -> last changeStrategy s", "controller CPU s", "controller RSS MiB", "strategies",
+                 "first fault -> last changeStrategy s", "controller CPU s", "clients CPU s", "controller RSS MiB",
+                 "strategies",
                  "error"], rows, 1))
 
 
@@ -294,6 +325,11 @@ def main() -> int:
     p.add_argument("--scenario", choices=("one-job", "many-jobs-fault"), default="one-job",
                    help="one-job: N agents of one job (fan-out, calls/s, restart); many-jobs-fault: N one-agent "
                         "jobs faulting at once")
+    p.add_argument("--server", choices=("taskd", "null"), default="taskd",
+                   help="many-jobs-fault: `null` runs bench/null_controller.py instead (the same wire with no "
+                        "controller behind it: what gRPC and the clients alone cost)")
+    p.add_argument("--server-args", default="", help="many-jobs-fault: more `taskd server` flags, e.g. "
+                                                         "\"--keepalive-interval 3600\"")
     p.add_argument("--py-spy", metavar="PATH", help="many-jobs-fault: profile the controller over the faults with "
                                                         "py-spy (collapsed stacks to PATH)")
     args = p.parse_args()
@@ -305,6 +341,8 @@ def main() -> int:
     result = header("controller_scale", args)
     result["sizes"] = sizes
     result["procs"] = args.procs
+    result["server"] = args.server
+    result["server_args"] = args.server_args
     result["runs"] = []
     measure = many_jobs_fault if args.scenario == "many-jobs-fault" else one_size
     with tempfile.TemporaryDirectory(prefix="taskd-bench-scale-") as tmp:

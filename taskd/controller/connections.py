@@ -2,9 +2,9 @@
 
 gRPC Python shows a server nothing of a connection until it carries a call, and has no per-IP
 connection limit: a peer could open `--max-connections` HTTP/2 connections that never call and lock
-every new client out until the idle timeout (RELIABILITY.md, "N2"). So the kernel's socket table is
-read instead (`/proc/net/tcp` and `tcp6`, the established connections to the listening port), every
-`interval` seconds. The guard tells which connections carried an authenticated call; one that did
+every new client out until the idle timeout (RELIABILITY.md, "N2"). So the kernel is asked instead for
+the established connections to the listening port (netlink sock_diag, else `/proc/net/tcp` and `tcp6`),
+every `interval` seconds. The guard tells which connections carried an authenticated call; one that did
 not is closed (`shutdown(2)` on a duplicate of gRPC's descriptor, found in `/proc/self/fd`) when
 
 - it is older than `auth_timeout` (a legitimate client calls within milliseconds of connecting);
@@ -27,6 +27,8 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from taskd.controller import sockdiag
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +89,18 @@ def normal_ip(ip: str) -> str:
     return str(addr)
 
 
-def established(port: int, tables: tuple[str, ...] = ("/proc/net/tcp", "/proc/net/tcp6")) -> dict[int, tuple[str, int]]:
-    """{socket inode: (client ip, client port)} of the established connections whose local port is `port`."""
+TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
+
+
+def established(port: int, tables: tuple[str, ...] | None = None) -> dict[int, tuple[str, int]]:
+    """{socket inode: (client ip, client port)} of the established connections whose local port is `port`:
+    asked of the kernel over netlink (sockdiag.py: only this port's connections, in binary), else read from
+    `tables` (the kernel's text tables of every socket on the host)."""
+    if tables is None:
+        found = sockdiag.established(port)
+        if found is not None:
+            return found
+        tables = TABLES
     suffix = f":{port:04X}"
     out: dict[int, tuple[str, int]] = {}
     for table in tables:

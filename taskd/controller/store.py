@@ -33,6 +33,19 @@ log = logging.getLogger(__name__)
 
 MEMORY = ":memory:"
 
+_SORTED_JSON = json.JSONEncoder(sort_keys=True)
+"""What `json.dumps(d, sort_keys=True)` uses, made once: dumps builds an encoder per call for any option."""
+
+_UPSERT_JOB = ("INSERT INTO jobs (job_id, state, snapshot, created_at, updated_at) VALUES (?, ?, ?, ?, ?) "
+               "ON CONFLICT(job_id) DO UPDATE SET state=excluded.state, snapshot=excluded.snapshot, "
+               "updated_at=excluded.updated_at")
+
+
+def _job_row(job: Job, to_wall: Callable[[float], float]) -> tuple[Any, ...]:
+    return (job.job_id, job.state.value, json.dumps(snapshot(job, to_wall)), to_wall(job.created_at),
+            to_wall(job.updated_at))
+
+
 STATE_FILE_MODE = 0o600
 """The state file and its -wal/-shm companions: owner only (SQLite gives the companions the file's mode)."""
 
@@ -148,6 +161,7 @@ class Store:
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
         target = str(default_state_path() if path is None else path)
         self.path = target
+        self._events: list[tuple[Any, ...]] | None = None  # a transaction's history rows, inserted before COMMIT
         conn: sqlite3.Connection | None = None
         try:
             if target != MEMORY:
@@ -177,8 +191,12 @@ class Store:
         c = self.conn
         try:
             c.execute("BEGIN")
+            self._events = []
             try:
                 yield c
+                if self._events:  # the history rows of the whole transaction in one call, in their order
+                    c.executemany("INSERT INTO events (job_id, round, time, kind, detail) VALUES (?, ?, ?, ?, ?)",
+                                  self._events)
                 c.execute("COMMIT")
             except BaseException:
                 # SQLite has already rolled back after some errors (a full disk, an I/O error): a second
@@ -189,6 +207,8 @@ class Store:
                     except sqlite3.Error as exc:
                         log.error("could not roll back the state file %s: %s", self.path, exc)
                 raise
+            finally:
+                self._events = None
         except Exception as exc:  # sqlite3.Error, OSError, or a value SQLite or JSON cannot hold
             raise StoreError(self.path, exc) from exc
 
@@ -213,17 +233,10 @@ class Store:
             for job, records, agents_changed in batch:
                 jobs[job.job_id] = job
                 self._write_history(job, records, agents_changed, to_wall)
-            for job in jobs.values():
-                self._write_job(job, to_wall)
+            self.conn.executemany(_UPSERT_JOB, [_job_row(job, to_wall) for job in jobs.values()])
 
     def _write_job(self, job: Job, to_wall: Callable[[float], float]) -> None:
-        self.conn.execute(
-            "INSERT INTO jobs (job_id, state, snapshot, created_at, updated_at) VALUES (?, ?, ?, ?, ?) "
-            "ON CONFLICT(job_id) DO UPDATE SET state=excluded.state, snapshot=excluded.snapshot, "
-            "updated_at=excluded.updated_at",
-            (job.job_id, job.state.value, json.dumps(snapshot(job, to_wall)), to_wall(job.created_at),
-             to_wall(job.updated_at)),
-        )
+        self.conn.execute(_UPSERT_JOB, _job_row(job, to_wall))
 
     def commit_soft(self, batch: Iterable[tuple[Job, Iterable[tuple[Record, float]], Iterable[int]]],
                     to_wall: Callable[[float], float] = identity) -> None:
@@ -242,8 +255,11 @@ class Store:
 
     def _write_record(self, job_id: str, rec: Record, now: float) -> None:
         c, d = self.conn, rec.detail
-        c.execute("INSERT INTO events (job_id, round, time, kind, detail) VALUES (?, ?, ?, ?, ?)",
-                  (job_id, rec.round, now, rec.kind, json.dumps(d, sort_keys=True)))
+        row = (job_id, rec.round, now, rec.kind, _SORTED_JSON.encode(d))
+        if self._events is not None:
+            self._events.append(row)  # inserted with the transaction's others, before its COMMIT
+        else:
+            c.execute("INSERT INTO events (job_id, round, time, kind, detail) VALUES (?, ?, ?, ?, ?)", row)
         if rec.kind == "fault_reported":
             c.executemany(
                 "INSERT INTO faults (job_id, round, time, node_rank, rank, fault_type, action, detail) "

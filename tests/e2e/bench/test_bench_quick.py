@@ -22,6 +22,7 @@ EXPECTED = {
     "recovery": ("| taskd recover", {"taskd", "torchrun", "sizes", "ratios_torchrun_over_taskd_first_line_p50"}),
     "work_lost": ("| recover", {"runs", "summary", "ks"}),
     "controller_scale": ("| N ", {"runs", "sizes", "largest_n_with_fanout_p99_under_1s"}),
+    "controller_core": ("| N jobs", {"runs", "machine"}),
     "overhead": ("| taskd run", {"taskd", "torchrun", "worker_sdk_us_per_call", "taskd_over_torchrun"}),
 }
 
@@ -43,12 +44,15 @@ def test_quick_run_prints_table_and_writes_json(name: str, tmp_path: Path) -> No
 
 
 @pytest.mark.timeout(60)
-def test_controller_scale_many_jobs_fault_quick(tmp_path: Path) -> None:
-    """controller_scale.py --scenario many-jobs-fault --quick: 20 one-agent jobs fault at once on a real server;
-    every job is sent its changeStrategy (recover) and its recover status is answered 0 (the round closed)."""
+@pytest.mark.parametrize("server", ["taskd", "null"])
+def test_controller_scale_many_jobs_fault_quick(server: str, tmp_path: Path) -> None:
+    """controller_scale.py --scenario many-jobs-fault --quick: 20 one-agent jobs fault at once on a real server
+    (taskd's, or bench/null_controller.py: the same wire with no controller behind it); every job is sent its
+    changeStrategy (recover) and its recover status is answered 0 (the round closed)."""
     env = {**os.environ, "BENCH_RESULTS_DIR": str(tmp_path)}
     proc = subprocess.run([sys.executable, str(BENCH / "controller_scale.py"), "--scenario", "many-jobs-fault",
-                           "--quick"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=50)
+                           "--quick", "--server", server], capture_output=True, text=True, cwd=ROOT, env=env,
+                          timeout=50)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "fault->changeStrategy p50 ms" in proc.stdout, proc.stdout
     [run] = json.loads((tmp_path / "controller_scale.json").read_text())["runs"]
@@ -56,6 +60,7 @@ def test_controller_scale_many_jobs_fault_quick(tmp_path: Path) -> None:
     assert run["fault_codes"] == {"0": 20} and run["changed"] == 20
     assert run["strategies"] == {"recover": 20} and run["status_codes"] == {"0": 20}
     assert 0 < run["fault_to_change_ms"]["p50"] <= run["fault_to_change_ms"]["p99"] <= run["fault_to_change_ms"]["max"]
+    assert run["controller_cpu_s"] >= 0 and run["clients_cpu_s"] >= 0  # CPU seconds, 10 ms ticks: 20 jobs may be 0
 
 
 @pytest.mark.timeout(200)
