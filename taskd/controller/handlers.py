@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from taskd.controller import node_loss, standby
+from taskd.controller import node_loss, resumed, standby
 from taskd.controller.agents import AgentInfo
 from taskd.controller.events import (
     AgentConnected,
@@ -346,6 +346,7 @@ def on_recover_status(m: Job, ev: RecoverStatusReported, now: float, out: Outcom
         m.queued.clear()
         return S.FAILED
     m.close_round("recovered", now, out)
+    resumed.round_recovered(m, r, out)  # its nodes say next when their ranks train again
     m.record(out, "recovered", strategy=r.strategy, duration=round(now - r.started_at, 6))
     if r.strategy == Strategy.RECOVER:
         m.recover_succeeded_at = now

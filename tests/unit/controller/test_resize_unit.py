@@ -78,7 +78,7 @@ def test_no_replacement_in_time_scales_in_then_a_new_node_grows_the_job_back() -
     assert change.signal_type == SignalType.CHANGE_STRATEGY and change.strategy == "downgrade"
     assert dict(change.faults) == {4: "1", 5: "1"}
     params = json.loads(extra_params(change))
-    assert params == {"generation": change.generation, "restarts": 1, "world_size": 4,
+    assert params == {"generation": change.generation, "restarts": 1, "round": 1, "world_size": 4,
                       "rank_map": {"0": 0, "1": 1, "2": 2, "3": 3}}
     (resized,) = [r for r in out.records if r.kind == "resized"]
     assert resized.detail["world_size"] == 4 and resized.detail["node_count"] == 2
