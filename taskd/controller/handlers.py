@@ -352,7 +352,8 @@ def on_recover_status(m: Job, ev: RecoverStatusReported, now: float, out: Outcom
         m.recover_succeeded_at = now
         m.recover_ranks = frozenset(r.faults)
         m.recover_rejoined = not r.unrejoined
-    m.info = f"recovered round {r.number} with {r.strategy} in {now - r.started_at:.2f}s"
+    # not "recovered" yet: training resumes after this, as the agents then say (controller/resumed.py)
+    m.info = f"round {r.number} ended with {r.strategy} {now - r.started_at:.2f}s after its fault"
     m.round = None
     m.deadline = None
     if m.queued:

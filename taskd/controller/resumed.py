@@ -91,7 +91,7 @@ def on_training_resumed(m: Job, ev: TrainingResumed, now: float, out: Outcome) -
     out.records.append(Record("training_resumed", w.round, {
         "node_rank": n, "seconds": round(ev.seconds, 6), "unseen": ev.unseen,
         "since_fault": None if at is None else round(at - w.started_at, 6)}))
-    m.resume_watch = _finish(w, out)
+    m.resume_watch = _finish(m, w, out)
     return m.state
 
 
@@ -102,12 +102,13 @@ def round_recovered(m: Job, r: Round, out: Outcome) -> None:
     if w is None or w.round != r.number or w.since != r.strategy_started_at:
         w = _open(r)
     nodes = frozenset(r.participants)
-    m.resume_watch = _finish(replace(w, nodes=nodes, resumed={k: t for k, t in w.resumed.items() if k in nodes}),
+    m.resume_watch = _finish(m, replace(w, nodes=nodes, resumed={k: t for k, t in w.resumed.items() if k in nodes}),
                              out)
 
 
-def _finish(w: ResumeWatch, out: Outcome) -> ResumeWatch:
-    """Record the round's figures once every node of it said so (the time to the last one that could tell)."""
+def _finish(m: Job, w: ResumeWatch, out: Outcome) -> ResumeWatch:
+    """Record the round's figures once every node of it said so (the time to the last one that could tell); the
+    job's info, while it still names that round's end, now says it recovered."""
     if w.done or not w.complete():
         return w
     assert w.nodes is not None
@@ -116,6 +117,8 @@ def _finish(w: ResumeWatch, out: Outcome) -> ResumeWatch:
     if seen:
         node, t = max(seen.items(), key=lambda item: item[1])
         detail.update(seconds=round(t - w.started_at, 6), last_node=node)
+        if m.info.startswith(f"round {w.round} ended "):
+            m.info = f"recovered round {w.round}: training resumed {t - w.started_at:.2f}s after its fault"
         if w.lost:
             detail["since_loss"] = {str(k): round(t - lost_at, 6) for k, lost_at in sorted(w.lost.items())}
     out.records.append(Record("round_training_resumed", w.round, detail))

@@ -104,11 +104,13 @@ def test_a_node_loss_round_keeps_the_time_from_the_loss_to_the_last_node_trainin
     out = at(core, clock, 17, RecoverStatusReported(node_rank=1, host="h2", pid=201, strategy="recover",
                                                     rejoined=True))
     assert core.jobs["j"].state.value == "RUNNING" and records(out, "round_training_resumed") == []
+    assert core.jobs["j"].info == "round 1 ended with recover 7.00s after its fault"  # not "recovered": not yet
     # the replacement's ranks, last: resumed 0.5 s before its report went out (a re-sent report is not late)
     out = at(core, clock, 19.5, resumed(1, 201, host="h2", seconds=2.1, ago=0.5))
     (done,) = records(out, "round_training_resumed")
     assert done == {"nodes": [0, 1], "unseen": [], "seconds": pytest.approx(9.0), "last_node": 1,
                     "since_loss": {"1": pytest.approx(9.0)}}  # the round opened at the loss
+    assert core.jobs["j"].info == "recovered round 1: training resumed 9.00s after its fault"
     # a duplicate (a client retry) is fine and changes nothing
     assert records(at(core, clock, 20, resumed(1, 201, host="h2", seconds=2.1, ago=0.5)), "training_resumed") == []
     (job,) = core.job_list("j").jobs
