@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from taskd.agent.config import AgentConfig
 from taskd.agent.fencing import Fencing
 from taskd.agent.finish_report import FinishReport, deliver
+from taskd.agent.held_node import register_held
 from taskd.agent.policy import LossTimer, ReportRetry
 from taskd.agent.ranks import RankLayout
 from taskd.agent.reports import FAULT, Outbox, Report, Settled
@@ -66,7 +67,6 @@ class Command(str, Enum):
     ASSIGN = "assign"  # a standby takes over a lost node's rank (issue 17)
 
 
-
 # The wire's actions and signal types -> commands (the client dispatches on these names).
 WIRE_COMMANDS = {
     Action.STOP_TRAIN: Command.STOP, Action.ON_GLOBAL_RANK: Command.STRATEGIES,
@@ -74,12 +74,6 @@ WIRE_COMMANDS = {
     Action.FAULT_NODES_EXIT: Command.KILL, SignalType.KILL_MASTER: Command.KILL,
     SignalType.FENCED: Command.FENCE, SignalType.ASSIGN_NODE: Command.ASSIGN,
 }
-
-
-# A replacement may Register before the controller declared the node's old agent lost: its answer names the
-# live holder; the replacement asks again for up to HELD_WAIT seconds (twice --agent-loss-timeout's default).
-HELD = "is held by a live agent"
-HELD_WAIT = 60.0
 
 
 @dataclass(frozen=True)
@@ -191,6 +185,7 @@ class ControllerLink:
         self.lost_ago: float | None = None  # seconds since the controller declared this node lost (a replacement)
         self.outbox = Outbox(lambda: self._mgr, wake_unless_closed)
         self.refusal: str | None = None  # why connect() failed: the controller's refusal, "" when none answered
+        self.taken_by: str | None = None  # refused: the replacement (host:pid) holding this node (held_node.py)
         self._settled_faults: list[Settled] = []
 
     @property
@@ -264,22 +259,24 @@ class ControllerLink:
         info = recover_pb2.ClientInfo()
         info.CopyFrom(mgr.info)
         info.nodeRank, info.standby, info.ranksPerNode = layout.node_rank, False, layout.ranks_per_node
-        mgr.info = mgr.client_info = info
         try:
-            status = mgr.register(info)
+            reg = register_held(lambda: mgr.register(info, adopt=True), lambda: record_of(self, mgr),
+                                layout.node_rank, 0.0)  # refused: the client keeps its standby identity
         except FencedError as exc:
             self.fencing.fence(str(exc))
             return False
         except RecoverClientError as exc:
             log.error("could not register as node %d: %s", layout.node_rank, exc)
             return False
+        status, self.taken_by = reg.status, reg.taken_by
         if status.code == Code.OK:
             self._standby = False
         elif status.code == Code.FENCED:
             self.fencing.fence(status.info)
         else:
-            log.error("the controller refused this standby as node %d: %d %s", layout.node_rank, status.code,
-                      status.info)
+            if reg.taken_by is None:
+                log.error("the controller refused this standby as node %d: %d %s", layout.node_rank, status.code,
+                          status.info)
         return status.code == Code.OK
 
     def probe_fenced(self, now: float) -> None:
@@ -287,22 +284,18 @@ class ControllerLink:
         last = self._mgr.last_signal_time if self._mgr is not None else None
         self.fencing.probe(self._mgr, self.connected, now, time.time() - last if last else 0.0)
 
-    @staticmethod
-    def _register(mgr: RecoverClient, info: recover_pb2.ClientInfo, address: str) -> str | None:
-        """None once registered; else why not: the controller's refusal, or "" when none answered."""
+    def _register(self, mgr: RecoverClient, info: recover_pb2.ClientInfo, address: str) -> str | None:
+        """None once registered; else why not: the controller's refusal, or "" when none answered. A node rank
+        another agent holds is asked for again while its holder's loss may be pending (held_node.py)."""
         try:
             if not mgr.init_clusterd():
                 return ""
-            status = mgr.register(info)
-            deadline = time.monotonic() + HELD_WAIT
-            if status.code == Code.INVALID_PARAMS and HELD in status.info:
-                log.warning("%s: waiting up to %.0fs for the controller to declare that agent lost (a replacement "
-                            "started before it did)", status.info, HELD_WAIT)
-            while status.code == Code.INVALID_PARAMS and HELD in status.info and time.monotonic() < deadline:
-                time.sleep(0.5)  # set-up only: no rank runs yet
-                status = mgr.register(info)
+            reg = register_held(lambda: mgr.register(info), lambda: record_of(self, mgr), info.nodeRank,
+                                2 * self.config.controller_timeout)
+            status, self.taken_by = reg.status, reg.taken_by
             if status.code != Code.OK:
-                log.warning("controller %s refused registration: %d %s", address, status.code, status.info)
+                if reg.taken_by is None:
+                    log.warning("controller %s refused registration: %d %s", address, status.code, status.info)
                 return f"{status.code} {status.info}"
             return None
         except AuthenticationError as exc:  # retrying cannot help: the user must fix the token
@@ -412,10 +405,10 @@ class ControllerLink:
     def job_id(self) -> str:
         return self._mgr.info.jobId if self._mgr is not None else ""
 
-    def _job_record(self, timeout: float) -> taskd_pb2.JobRecord | str | None:
+    def _job_record(self, timeout: float, mgr: RecoverClient | None = None) -> taskd_pb2.JobRecord | str | None:
         """This job's record (taskd.v1 JobStatus); the controller's info when it no longer knows the job;
         None when it did not answer. Raises `JobStatusUnsupported` when it does not offer JobStatus."""
-        mgr = self._mgr
+        mgr = mgr or self._mgr
         if mgr is None:
             return None
         if self._status_channel is None:
@@ -450,11 +443,8 @@ class ControllerLink:
     def rejoining(self, timeout: float = 2.0) -> frozenset[int] | None:
         """The node ranks an open node-loss round of this job waits for a replacement of (JobRecord.rejoining), or
         a scaled-in job runs without (JobRecord.absent); None when the controller did not answer or cannot say."""
-        try:
-            record = self._job_record(timeout)
-        except JobStatusUnsupported:
-            return None
-        if record is None or isinstance(record, str):
+        record = record_of(self, self._mgr, timeout)
+        if record is None:
             return None
         self.lost_ago = lost_ago(record, self._mgr.info.nodeRank if self._mgr is not None else -1, time.time())
         return frozenset(record.rejoining) | frozenset(record.absent)  # absent: a downgrade's, the job grows back
@@ -482,6 +472,15 @@ class ControllerLink:
             self._subscriber.join(timeout=5.0)
         if self._local is not None and self._local_started:
             self._local.stop()
+
+
+def record_of(link: ControllerLink, mgr: RecoverClient | None, timeout: float = 2.0) -> taskd_pb2.JobRecord | None:
+    """The job's record; None when there is none to read (no answer, unknown job, no JobStatus offered)."""
+    try:
+        record = link._job_record(timeout, mgr)
+    except JobStatusUnsupported:
+        return None
+    return None if isinstance(record, str) else record
 
 
 def start_pace(link: ControllerLink, factor: float, paces: list[tuple[int, float, int]], timeout: float

@@ -73,9 +73,10 @@ class Launcher(Protocol):
         """The live group generation ranks started from now on join (TASKD_GENERATION)."""
         ...
 
-    def set_node_rank(self, node_rank: int) -> None:
+    def set_node_rank(self, node_rank: int | None) -> None:
         """A standby's late node rank: every per-rank variable (RANK, GROUP_RANK, ...) is computed for it from now
-        on. Raises `NodeRankFixed` on a launcher whose node rank cannot change (msrun's is its --node_rank)."""
+        on; None: no node rank any more (an agent that became a standby, agent/held_node.py). Raises
+        `NodeRankFixed` on a launcher whose node rank cannot change (msrun's is its --node_rank)."""
         ...
 
 
@@ -118,7 +119,7 @@ class MsrunLauncher:
     def set_generation(self, generation: int) -> None:
         return None
 
-    def set_node_rank(self, node_rank: int) -> None:
+    def set_node_rank(self, node_rank: int | None) -> None:
         raise NodeRankFixed(f"msrun's node rank is fixed by its --node_rank: to take over node {node_rank}, start "
                             f"msrun with --node_rank {node_rank} (a standby needs `taskd run --standby`)")
 

@@ -9,7 +9,9 @@ Three ways an agent meets a node loss, each apart from the recovery round it the
   the order's generation, job-rescheduling starts them with everyone's);
 - a **standby** (`taskd run --standby`): joins with no node, waits until the controller assigns it a
   lost node's rank (`taskd.assignNode`) or the job ends (exit 0: it was not needed), then takes that
-  node rank (the launcher's `set_node_rank`) and proceeds as a replacement;
+  node rank (the launcher's `set_node_rank`) and proceeds as a replacement. An agent started for a node
+  rank that a replacement already holds (Kubernetes' recreated pod of a node a standby took over;
+  held_node.py) becomes one, as does a standby whose assigned node another replacement took first;
 - a **fenced** agent: one the controller declared lost that came back (SIGSTOP/SIGCONT, a healed
   partition). Whatever said so (a 411 answer, a `taskd.fenced` signal, the answer to its own question
   when cut off), it stops every rank first, so none acts for the node again, and exits 1 with the
@@ -143,12 +145,15 @@ class NodeLoss:
                    interrupted: Callable[[], bool]) -> bool:
         """Join as a standby and wait for a node. True once it is node R (the launcher and the configuration say
         so; the caller lays the ranks out and registers as R); False when the job ended here (finish called)."""
-        if not self.link.connect(job_id, layout, as_standby=True):
+        if self.link.active:  # it was assigned a node another agent took first (yield_node): it waits again
+            log.info("standby for job %s: waiting again for a lost node to take over (or the job's end)", job_id)
+        elif not self.link.connect(job_id, layout, as_standby=True):
             refused = self.link.refusal
             self.finish(False, 1, f"the controller refused this standby: {refused}" if refused else
                         "a standby needs the job's controller, and none answered")
             return False
-        log.info("standby for job %s: waiting for a lost node to take over (or the job's end)", job_id)
+        else:
+            log.info("standby for job %s: waiting for a lost node to take over (or the job's end)", job_id)
         end = await_assignment(self.link, wait, interrupted, silence=self.config.controller_timeout)
         if end.why == "controller lost":
             self.finish(False, 1, f"standby: {end.detail}")
@@ -171,6 +176,23 @@ class NodeLoss:
             return False
         self.config.node_rank = end.node_rank
         log.info("this standby takes over node %d", end.node_rank)
+        return True
+
+    def yield_node(self, job_id: str, node_rank: int) -> bool:
+        """Refused node `node_rank` because a replacement holds it (held_node.py: the lost node's recreated pod, a
+        standby that lost the race for an assigned node): True when this agent is to join as a standby instead."""
+        holder, self.link.taken_by = self.link.taken_by, None
+        if holder is None:
+            return False
+        try:  # no node until one is assigned: node 0's launcher stops listening on the store's port
+            self.launcher.set_node_rank(None)
+        except (NodeRankFixed, ValueError, RuntimeError) as exc:  # msrun's node rank cannot change: the refusal
+            log.debug("node %d cannot become a standby: %s", node_rank, exc)
+            return False
+        log.info("node %d of job %s is held by %s, the replacement of its lost agent: this agent joins the job as a "
+                 "standby instead (it takes over the next node lost, or exits 0 when the job ends)", node_rank,
+                 job_id, holder)
+        self.config.standby = True
         return True
 
     # -- a replacement ------------------------------------------------------------------------------

@@ -122,18 +122,26 @@ class Supervisor:
     def _prepare(self) -> None:
         """Ask MONITOR for the layout before any rank runs, then join the controller (or run degraded).
 
-        A standby first waits for a node (agent/node_loss.py), then lays out that node's ranks."""
+        A standby first waits for a node (agent/node_loss.py), then lays out that node's ranks. An agent whose node
+        a replacement holds already becomes a standby (agent/held_node.py), and so does a standby again whose
+        assigned node another replacement took first."""
         job_id = self.config.job_id or new_job_id(self.config.launcher)
         standby = self.config.standby
-        if standby and not self.node_loss.await_node(job_id, self._standby_layout(), self.watch.wait,
-                                                     lambda: self._terminate_signal is not None):
-            return
-        layout = discover_layout(self.config, self.cb[MONITOR]([-1]) or {})
-        self.table.lay_out(layout)
-        self.result.ranks = len(self.table)
-        needs_heartbeats = self.config.heartbeat_timeout is not None or Strategy.DUMP in self.config.offered_strategies
-        self.hang.export_dir(self.logs.log_dir, needs_heartbeats)
-        if not (self.link.register_as(layout) if standby else self.link.connect(job_id, layout)):
+        while True:
+            if standby and not self.node_loss.await_node(job_id, self._standby_layout(), self.watch.wait,
+                                                         lambda: self._terminate_signal is not None):
+                return
+            layout = discover_layout(self.config, self.cb[MONITOR]([-1]) or {})
+            self.table.lay_out(layout)
+            self.result.ranks = len(self.table)
+            needs_heartbeats = (self.config.heartbeat_timeout is not None
+                                or Strategy.DUMP in self.config.offered_strategies)
+            self.hang.export_dir(self.logs.log_dir, needs_heartbeats)
+            joined = self.link.register_as(layout) if standby else self.link.connect(job_id, layout)
+            if joined or not self.node_loss.yield_node(job_id, layout.node_rank):
+                break
+            standby = True
+        if not joined:
             if layout.node_count > 1:
                 refused = self.link.refusal
                 if not refused:

@@ -96,18 +96,38 @@ class RecoverClient:
     # -- job set-up ---------------------------------------------------------------------------
 
     def register(self, request: recover_pb2.ClientInfo | None = None, *,
-                 timeout: float | None = None) -> recover_pb2.Status:
+                 timeout: float | None = None, adopt: bool = False) -> recover_pb2.Status:
         """Register this agent (default: `self.info`); the request, with host and pid filled in, is
-        reused on every re-register."""
+        reused on every re-register.
+
+        `adopt`: a new identity (a standby given a node) is this client's before the Register is sent, and
+        stays only if it is accepted. The controller ends a standby's stream as it takes that Register, and
+        the subscription re-registers at once, possibly before this call's answer is back: with the old
+        identity it would register the process as a standby again, and its node's reports would go out as
+        the standby's (tests/e2e/client/test_client_standby_takeover.py)."""
         request = arguments.with_identity(request if request is not None else self.info)
-        status = self._rpc.call("Register", request, timeout=timeout)
-        if status.code == Code.FENCED:
-            raise FencedError("Register", status.info)
+        before = self.info, self._registered_with
+
+        def undo() -> None:
+            if adopt:
+                self.info, self._registered_with = before
+                self.client_info = self.info
+
+        if adopt:
+            self.info = self.client_info = self._registered_with = request
+        try:
+            status = self._rpc.call("Register", request, timeout=timeout)
+        except BaseException:
+            undo()
+            raise
         if status.code == Code.OK:
             self._registered_with = request
             logger.info("registered job %s node %d with %s", request.jobId, request.nodeRank, self.server_addr)
-        else:
-            logger.warning("Register of job %s answered %d: %s", request.jobId, status.code, status.info)
+            return status
+        undo()
+        if status.code == Code.FENCED:
+            raise FencedError("Register", status.info)
+        logger.warning("Register of job %s answered %d: %s", request.jobId, status.code, status.info)
         return status
 
     def init_clusterd(self) -> bool:

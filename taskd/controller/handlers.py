@@ -91,6 +91,8 @@ def on_register(m: Job, ev: AgentRegistered, now: float, out: Outcome) -> Result
     elif (ev.node_rank in m.rejoining or ev.node_rank in m.absent) and m.state in LIVE \
             and (a.host, a.pid) != (ev.host, ev.pid):  # a lost node's replacement, or a node a downgrade left out
         was_standby = standby.take(m, ev, out) is not None  # the node it was assigned: the hand-over
+        if not was_standby:  # a replacement came first: the standby assigned this node is free for the next
+            standby.unassign(m, ev.node_rank)
         node_loss.replace_holder(m, a, replace(ev, standby=ev.standby or was_standby), now, out)
     a.role, a.ranks_per_node, a.last_seen = ev.role, ev.ranks_per_node, now
     table.set_identity(a, ev.host, ev.pid)

@@ -13,7 +13,8 @@ The steps, each a handler or helper the table (`taskd.controller.table`) or anot
   awaited).
 - `on_rejoin_timeout`: no replacement within `node_rejoin_timeout`: the job fails, saying how to add one
   (unless it opted in to go on smaller: `taskd.controller.resize` decides first).
-- `fence_refusal`: what any event from a fenced identity is answered (411).
+- `fence_refusal`: what any event from a fenced identity is answered (411);
+- `reporter_refusal`: what a report from another process than its node's registered agent is answered (409).
 """
 
 from __future__ import annotations
@@ -148,6 +149,22 @@ def fence_refusal(m: Job, event: Event, now: float) -> str:
     n = getattr(event, "node_rank", 0)
     fence = m.fences.get((n, getattr(event, "host", ""), pid))
     return fence_info(m, fence, now) if fence is not None else ""
+
+
+def reporter_refusal(m: Job, event: Event) -> str:
+    """Why `event` does not come from the agent registered for its node ("" if it does): a report must come
+    from the process that holds the node, or one node's agent could finish, or recover, another's. Clients
+    that send no pid (ClusterD's) are not checked, as for fencing."""
+    pid = getattr(event, "pid", 0)
+    if not pid or m.state in TERMINAL:
+        return ""
+    n = getattr(event, "node_rank", 0)
+    a = m.agents.get(n)
+    host = getattr(event, "host", "")
+    if a is None or not a.pid or (a.host, a.pid) == (host, pid):
+        return ""
+    return (f"node {n} of job {m.job_id} is held by {a.host[:64]}:{a.pid}, not by {host[:64]}:{pid}: a report "
+            "comes from the node's registered agent (Register as that node first)")
 
 
 def fence_info(m: Job, fence: Fence, now: float) -> str:

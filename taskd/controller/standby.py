@@ -13,6 +13,8 @@ finish. The job keeps its standbys in `Job.standbys`, by (host, pid), apart from
 - `take`: the standby's following Register as node R (standby=false, same host and pid) is the hand-over of
   `node_loss.replace_holder`; it is a standby no more, and its standby stream is closed (its client
   resubscribes as node R);
+- `unassign`: another replacement registered as R first (the lost node's recreated pod): the standby assigned R
+  is free again (its own Register as R is refused, and it waits again);
 - `on_disconnected`: a standby whose stream ended, or that had none for the agent loss timeout (registered
   and never subscribed, or not back after a controller restart: `Job.silent_standbys` times it), is
   forgotten (no loss round: it held nothing); a node it was assigned and did not take goes to the next one;
@@ -75,6 +77,12 @@ def on_register(m: Job, ev: AgentRegistered, now: float, out: Outcome) -> JobSta
     if known is not None:
         _put(m, key, replace(known, role=ev.role))
         out.info = f"standby for job {m.job_id} (waiting since it first registered)"
+        return m.state
+    held = [n for n, a in m.agents.items() if (a.host, a.pid) == key and not a.finished]
+    if held:  # a standby that took a node and re-registers with its old identity must not be a spare twice
+        out.code = Code.INVALID_PARAMS
+        out.info = (f"{ev.host[:64]}:{ev.pid} holds node {held[0]} of job {m.job_id}: it registers as that node, "
+                    "not as a standby")
         return m.state
     bound = m.config.max_standbys
     if len(standbys) >= bound:
@@ -156,6 +164,15 @@ def take(m: Job, ev: AgentRegistered, out: Outcome) -> Standby | None:
     _put(m, key, None)
     out.to_standbys.append((key, None))
     return s
+
+
+def unassign(m: Job, node_rank: int) -> None:
+    """Node `node_rank` was taken by another replacement than the standby assigned it (one that registered first,
+    e.g. the lost node's recreated pod): that standby waits again, free for the next node lost. Its own Register
+    as the node is refused 409, and its agent goes back to waiting (agent/held_node.py)."""
+    for key, s in list(m.standbys.items()):
+        if s.assigned == node_rank:
+            _put(m, key, replace(s, assigned=None, assigned_at=None))
 
 
 def release_all(m: Job, out: Outcome) -> None:

@@ -42,7 +42,7 @@ from taskd.controller.events import (
 )
 from taskd.controller.job import Job
 from taskd.controller.model import DECLINED, TERMINAL, JobState, MachineConfig, Round
-from taskd.controller.node_loss import fence_refusal
+from taskd.controller.node_loss import fence_refusal, reporter_refusal
 from taskd.controller.strategy import choose_strategy
 from taskd.controller.table import (
     RULES,
@@ -71,6 +71,10 @@ class JobMachine(Job):
             return out
         if why := fence_refusal(self, event, now):
             out.code = Code.FENCED
+            out.info = why
+            return out
+        if needs_registered and (why := reporter_refusal(self, event)):
+            out.code = Code.INVALID_PARAMS
             out.info = why
             return out
         rule = find_rule(kind, self.state)

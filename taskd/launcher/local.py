@@ -1,19 +1,16 @@
 """LocalLauncher: the four msrun callbacks, implemented with real processes on this node.
 
-Vocabulary: a *rank* is a local rank slot (0..nproc_per_node-1); each start of a
-rank is an *incarnation* (a process group led by the rank's process). The agent
-only sees pids and local ranks, through the callbacks' msrun contract.
+Vocabulary: a *rank* is a local rank slot (0..nproc_per_node-1); each start of a rank is an *incarnation* (a
+process group led by the rank's process). The agent only sees pids and local ranks (the msrun contract).
 
-Orphans: the launcher makes its process a child subreaper, so a rank's descendant
-that escaped the rank's process group (setsid/setpgid) is re-parented to us when
-its parent dies, instead of to init. Such an *orphan* is killed (with its own
-descendants) when a rank ends and by close(), unless it still belongs to a running
-rank; orphans that exit by themselves are reaped by the I/O thread's tick. Only
-exact pids are ever reaped, never waitpid(-1): see docs/launcher.md for the rule.
+Orphans: the launcher makes its process a child subreaper, so a rank's descendant that escaped the rank's process
+group (setsid/setpgid) is re-parented to us when its parent dies, instead of to init. Such an *orphan* is killed
+(with its own descendants) when a rank ends and by close(), unless it still belongs to a running rank; orphans that
+exit by themselves are reaped by the I/O thread's tick. Only exact pids are ever reaped, never waitpid(-1): see
+docs/launcher.md for the rule.
 
-Threading: call the spawning callbacks (START_ALL_WORKER, START_WORKER_LIST)
-from a thread that lives as long as the agent (PR_SET_PDEATHSIG fires when the
-spawning *thread* exits). All methods are thread-safe.
+Threading: call the spawning callbacks (START_ALL_WORKER, START_WORKER_LIST) from a thread that lives as long as
+the agent (PR_SET_PDEATHSIG fires when the spawning *thread* exits). All methods are thread-safe.
 """
 
 from __future__ import annotations
@@ -299,11 +296,13 @@ class LocalLauncher:
         with self._lock:
             self._generation = generation
 
-    def set_node_rank(self, node_rank: int) -> None:
+    def set_node_rank(self, node_rank: int | None) -> None:
         """A standby's node rank, given once the controller assigned it and before any rank started: from now on
         every rank's variables (RANK, GROUP_RANK, MS_NODE_ID, ...), log file and heartbeat file are node
-        ``node_rank``'s, and node 0 hosts the live-recovery store."""
-        if not isinstance(node_rank, int) or isinstance(node_rank, bool) or not 0 <= node_rank < self.spec.nnodes:
+        ``node_rank``'s, and node 0 hosts the live-recovery store. None: no node (an agent that yields its node to
+        the replacement holding it is a standby now: it no longer listens on node 0's store port)."""
+        if node_rank is not None and (not isinstance(node_rank, int) or isinstance(node_rank, bool)
+                                      or not 0 <= node_rank < self.spec.nnodes):
             raise ValueError(f"set_node_rank takes a node rank in [0, {self.spec.nnodes}), got {node_rank!r}")
         with self._lock:
             self._check_open()
@@ -318,8 +317,9 @@ class LocalLauncher:
         for rank_log in old_logs.values():
             rank_log.close()
         old_live.close()
-        log.info("this node is now node %d (global ranks %s)", node_rank,
-                 [spec.global_rank(r) for r in range(spec.nproc_per_node)])
+        if node_rank is not None:
+            log.info("this node is now node %d (global ranks %s)", node_rank,
+                     [spec.global_rank(r) for r in range(spec.nproc_per_node)])
 
     def log_path(self, local_rank: int) -> str | None:
         return rank_log_path(self.spec.log_dir, self.spec, local_rank) if self._table.valid(local_rank) else None

@@ -41,9 +41,9 @@ def params(tmp: Path, world: int = 4) -> list[np.ndarray]:
     return [np.load(tmp / "out" / f"rank{r}.npy") for r in range(world)]
 
 
-def node(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+def node(args: list[str], log: Path, **extra_env: str) -> subprocess.Popen[bytes]:
     """A `taskd run` in a session of its own, so its process group can be signalled as a node's."""
-    env = {k: v for k, v in os.environ.items() if k not in ("MINDX_SERVER_IP", "MINDX_TASK_ID")}
+    env = {k: v for k, v in os.environ.items() if k not in ("MINDX_SERVER_IP", "MINDX_TASK_ID")} | extra_env
     proc = subprocess.Popen([sys.executable, "-m", "taskd.run", "--monitor-interval", "0.2", *args],
                             stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, cwd=ROOT,
                             start_new_session=True)
@@ -188,10 +188,18 @@ def test_a_standby_started_with_the_job_takes_over_a_lost_node(tmp_path: Path, s
         wait_for(lambda: all((tmp_path / "ckpt" / f"rank{r}").is_dir() for r in range(4)), 60, "every checkpoint")
         os.killpg(procs["node1"].pid, signal.SIGKILL)
         assert procs["node1"].wait(timeout=10) == -signal.SIGKILL
+        # Kubernetes recreates the lost pod with its index: a `taskd run --node-rank 1` finding node 1 held by the
+        # standby that replaced it becomes a standby itself (no failed pod for the Job to count) and exits 0
+        wait_for(lambda: "replaces a lost node" in (tmp_path / "standby.log").read_text(), 30, "the takeover")
+        procs["recreated"] = node([*job_args(server, "standby", 1), *example(tmp_path)], tmp_path / "recreated.log")
         codes = finish({k: v for k, v in procs.items() if k != "node1"}, tmp_path)
-        text = logs(tmp_path, "node0", "standby")
-        assert codes == {"node0": 0, "standby": 0}, text
+        text = logs(tmp_path, "node0", "standby", "recreated")
+        assert codes == {"node0": 0, "standby": 0, "recreated": 0}, text
         assert "this standby takes over node 1" in text, text
+        recreated = (tmp_path / "recreated.log").read_text()
+        assert "node 1 of job standby is held by " in recreated and "joins the job as a standby instead" in recreated
+        assert "standby not needed" in recreated and "refused registration" not in recreated, text
+        assert recreated.count("joins the job as a standby instead") == 1 and "FAILED" not in recreated, text
         # its stream as a standby ends when it registers as node 1: it resubscribes at once (an INFO line), where it
         # warned "ended; reconnecting" and backed off 0.4-0.5 s before
         assert "ended; reconnecting" not in (tmp_path / "standby.log").read_text(), text

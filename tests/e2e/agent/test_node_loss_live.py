@@ -115,7 +115,12 @@ class Lost:
         for key in final:
             assert torch.equal(final[key], reference[key]), f"{key}: {(final[key] - reference[key]).abs().max()}"
         record = status(self.server, self.job_id)
-        assert record.get("state") == "SUCCEEDED" and record.get("restarts") == 1, record  # charged one restart
+        shown = "\n".join(f"{e.get('time', 0):.3f} round {e.get('round')}: {e.get('kind')} {e.get('detail')}"
+                          for e in record.get("events", []))
+        agents = record.get("agents")
+        print(shown)  # the controller's account of the job, kept with a failure's output
+        assert record.get("state") == "SUCCEEDED" and record.get("restarts") == 1, \
+            f"{record.get('state')}, {record.get('restarts')} restart(s), agents {agents}\n{shown}"  # charged one
         wait_for(lambda: leftovers(str(self.tmp / "out")) == [], 15, "no process of the job left")
 
 

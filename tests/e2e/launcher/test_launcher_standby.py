@@ -74,3 +74,32 @@ def test_a_standby_of_a_live_job_warms_its_spares_with_the_framework_before_any_
         me = psutil.Process()
         spare = wait_for(lambda: [c for c in me.children() if "-c" in c.cmdline()], 10, "a warm spare")[0]
         assert spare.environ().get("TASKD_PREIMPORT") == "torch,torch._dynamo"
+
+
+def test_node_0_that_becomes_a_standby_stops_listening_on_the_store_port_and_can_take_a_node_again(
+        tmp_path: Path) -> None:
+    """An agent whose node a replacement holds becomes a standby (agent/held_node.py): as node 0 its launcher listened
+    on the store's port from the start; it must stop, or a port probe (Kubernetes' train-rdzv Service) would count
+    it as the job's rendezvous beside the standby that took node 0 over."""
+    import socket
+
+    import pytest
+    pytest.importorskip("torch")
+    from support import free_port
+
+    script = tmp_path / "live.py"
+    script.write_text("from taskd.worker.torch import LiveGroup\n")
+    port = free_port()
+    spec = WorkerSpec(command_for(str(script), []), nproc_per_node=1, nnodes=2, node_rank=0, master_port=port,
+                      cwd=str(tmp_path), rdzv_store="auto")
+
+    def listening() -> bool:
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    with LocalLauncher(spec) as launcher:
+        assert launcher.live_recovery and listening()
+        launcher.set_node_rank(None)
+        assert not listening() and launcher.monitor([-1]) == {}
+        launcher.set_node_rank(1)
+        assert not listening() and set(launcher.monitor([-1])) == {0}

@@ -18,6 +18,7 @@ from taskd.controller.state_machine import (
     JobMachine,
     JobState,
     MachineConfig,
+    RecoverStatusReported,
 )
 from taskd.vocabulary import Code, SignalType
 
@@ -71,6 +72,11 @@ def test_a_standby_is_no_node_and_the_longest_waiting_takes_the_first_loss_the_n
     # its client re-registers as node 1 before subscribing: not a second hand-over
     again = m.handle(AgentRegistered(node_rank=1, host="s", pid=2, ranks_per_node=1), 10.5)
     assert again.code == 0 and "node_replaced" not in [r.kind for r in again.records]
+    # a re-register with its standby identity (sent before the hand-over's answer was back) is refused: the
+    # process holds node 1 and is never a spare as well
+    stale = m.handle(AgentRegistered(node_rank=0, host="s", pid=2, standby=True), 10.6)
+    assert stale.code == Code.INVALID_PARAMS and "holds node 1" in stale.info and ("s", 2) not in m.standbys
+    assert not [r for r in stale.records if r.kind == "standby_registered"]
 
 
 def test_a_standby_that_goes_is_dropped_and_its_node_goes_to_the_next() -> None:
@@ -82,6 +88,22 @@ def test_a_standby_that_goes_is_dropped_and_its_node_goes_to_the_next() -> None:
     assert ("s", 1) not in m.standbys and "standby_dropped" in [r.kind for r in out.records]
     assert assigned([out]) == [(("s", 2), 1)]
     assert m.state != S.FAILED and m.round is not None and m.round.lost == {1: 8.0}  # no loss round of its own
+
+
+def test_a_replacement_registering_before_the_assigned_standby_takes_the_node_and_frees_the_standby() -> None:
+    """The lost node's recreated pod (Kubernetes) may register first: it is the replacement, the standby's Register
+    as that node is refused as held (its agent waits again), and the standby takes the next node lost."""
+    m = job(3)
+    spare(m, 1, 1.0)
+    assert assigned(lose(m, 1, 2.0)) == [(("s", 1), 1)]
+    out = m.handle(AgentRegistered(node_rank=1, host="pod1", pid=50, ranks_per_node=1), 8.0)
+    assert out.code == 0 and "replacement of node 1" in out.info
+    assert m.standbys[("s", 1)].assigned is None  # free again
+    refused = m.handle(AgentRegistered(node_rank=1, host="s", pid=1, ranks_per_node=1), 8.1)
+    assert refused.code == Code.INVALID_PARAMS and "is held by a live agent" in refused.info
+    assert m.agents[1].pid == 50 and ("s", 1) in m.standbys
+    m.handle(AgentConnected(node_rank=1, host="pod1", pid=50), 8.2)
+    assert assigned(lose(m, 2, 20.0)) == [(("s", 1), 2)]  # the next loss takes it
 
 
 def test_a_standby_arriving_after_the_loss_takes_the_node_at_once() -> None:
@@ -149,3 +171,16 @@ def test_a_standby_that_never_opens_its_stream_is_dropped_after_the_agent_loss_t
     # one that subscribed in time has no timer
     spare(m, 8, 40.0)
     assert ("s", 8) in m.standbys and m.wake_at is None and m.due_events(1000.0) == []
+
+
+def test_a_report_from_another_process_than_the_nodes_registered_agent_is_refused_and_changes_nothing() -> None:
+    """A former standby that kept its spare identity reported node 1's finish as node 0's (seen in a loaded
+    run of test_node_loss_live[2-standby]): node 0's record must not be the target of another process."""
+    m = job()
+    out = m.handle(AgentFinished(node_rank=0, exit_code=0, host="h", pid=101), 1.0)  # node 1's process
+    assert out.code == Code.INVALID_PARAMS and "held by h:100, not by h:101" in out.info, out.info
+    assert not m.agents[0].finished and m.state == S.RUNNING and not out.records
+    status = m.handle(RecoverStatusReported(node_rank=0, code=0, strategy="recover", host="s", pid=7), 1.0)
+    assert status.code == Code.INVALID_PARAMS
+    assert m.handle(AgentFinished(node_rank=0, exit_code=0), 2.0).code == 0  # ClusterD's clients send no pid
+    assert m.agents[0].finished

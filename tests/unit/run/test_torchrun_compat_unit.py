@@ -142,8 +142,32 @@ def test_k8s_training_command_derives_node_rank_from_the_index(monkeypatch: pyte
     argv = job["spec"]["template"]["spec"]["containers"][0]["command"]
     assert argv[:2] == ["taskd", "run"]
     cfg = RunConfig.from_args(taskd_parser().parse_args(argv[2:]), {"JOB_COMPLETION_INDEX": "1"})
-    assert (cfg.nnodes, cfg.node_rank, cfg.master_addr, cfg.master_port) == (2, 1, "train-0.train", 29500)
+    assert (cfg.nnodes, cfg.node_rank, cfg.master_addr, cfg.master_port) == (2, 1, "train-rdzv", 29500)
     assert cfg.server == "taskd-controller:8899"
+
+
+def test_k8s_standby_pods_join_the_same_job_as_spares_and_the_rendezvous_follows_node_0(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 17 item 6: standby pods of the same job (`taskd run --standby`, its flags otherwise the training
+    pods'); the ranks meet at a Service that routes only to the pod listening on the store's port (node 0's)."""
+    monkeypatch.chdir(EXAMPLES / "slurm")
+    docs = {(d["kind"], d["metadata"]["name"]): d for ds in _manifests().values() for d in ds}
+    train, spare = docs["Job", "train"], docs["Job", "train-standby"]
+    argv = spare["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert argv[:3] == ["taskd", "run", "--standby"]
+    train_argv = train["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert [a for a in argv if a not in ("--standby", "--warm-spares", "1")] == train_argv
+    cfg = RunConfig.from_args(taskd_parser().parse_args(argv[2:]), {})
+    assert cfg.standby and cfg.nnodes == 2 and cfg.server == "taskd-controller:8899"
+    rdzv = docs["Service", "train-rdzv"]
+    assert rdzv["spec"].get("clusterIP") != "None" and rdzv["spec"]["ports"][0]["port"] == cfg.master_port
+    for job in (train, spare):
+        pod = job["spec"]["template"]
+        assert rdzv["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+        container = pod["spec"]["containers"][0]
+        assert container["readinessProbe"]["tcpSocket"]["port"] == cfg.master_port
+        assert {e["name"]: e.get("value") for e in container["env"]}["MINDX_TASK_ID"] == "train-001"
+        assert job["spec"]["podFailurePolicy"] == train["spec"]["podFailurePolicy"]
 
 
 def test_pytorchjob_command_derives_everything_from_the_operator(monkeypatch: pytest.MonkeyPatch) -> None:
