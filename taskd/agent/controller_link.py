@@ -80,9 +80,9 @@ WIRE_COMMANDS = {
 class Order:
     """One command from the controller, as the agent's handlers read it.
 
-    `generation` and `restarts` are taskd's controller's (a changeStrategy's extraParams JSON: the live
-    generation every node names, the job's restarts used with this round's charge), parsed once here and
-    None when absent or not a non-negative int (ClusterD sends neither)."""
+    `generation`, `restarts` and `round` are taskd's controller's (a changeStrategy's extraParams JSON: the live
+    generation every node names, the job's restarts used with this round's charge, the round), parsed once here
+    and None when absent or not a non-negative int (ClusterD sends none)."""
 
     command: Command
     uuid: str
@@ -96,6 +96,7 @@ class Order:
     restarts: int | None = None
     node_rank: int | None = None  # an assignNode's (extraParams {"node_rank": R}, issue 17)
     resize: Resize | None = None  # a downgrade's or upgrade's group (extraParams world_size and rank_map)
+    round: int | None = None  # the controller's round: named when telling it training resumed (ResumedRequest)
 
     @classmethod
     def of(cls, command: Command, sig: Any) -> Order:
@@ -108,7 +109,7 @@ class Order:
         params = _params(sig.extra_params)
         return cls(command, sig.uuid, sig.signal_type, tuple(sig.actions), faults, sig.strategy,
                    float(sig.timeout or 0), sig.extra_params, _count(params, "generation"), _count(params, "restarts"),
-                   _count(params, "node_rank"), Resize.parse(params))
+                   _count(params, "node_rank"), Resize.parse(params), _count(params, "round"))
 
     def reason(self) -> str:
         """taskd's controller says why it ends a job in extraParams {"reason": ...}; ClusterD sends other JSON."""

@@ -22,6 +22,7 @@ from taskd.agent.live import LiveRanks
 from taskd.agent.policy import LocalPolicy
 from taskd.agent.rank_control import Adopted, RankControl
 from taskd.agent.ranks import RankState, RankTable
+from taskd.agent.resumed_report import report_resumed
 from taskd.agent.resumption import Resumption
 from taskd.agent.summary import SUPERSEDED, JobResult, RecoveryRecord
 from taskd.vocabulary import Code, FaultRanks, Strategy
@@ -116,6 +117,8 @@ class Recovery:
                                                                        action.scope, self.link.config.scales))
         elif isinstance(action, ev.RecordRestart):
             return self._restarted(action)
+        elif isinstance(action, ev.TellResumed):
+            report_resumed(self.link, action.round, action.seconds, action.at, unseen=not action.seen)
         elif isinstance(action, ev.Dump):
             self._dump(action)
         elif isinstance(action, ev.TakeNode):
@@ -199,8 +202,9 @@ class Recovery:
         """Every few ms: new retryable errors of live ranks (local rank, why), and the events the ranks' files
         show: a restart's resumption, a rebuild's progress."""
         events: list[object] = []
-        if self.resumption.check(now):
-            events.append(ev.Resumed())
+        seconds = self.resumption.check(now)
+        if seconds is not None:
+            events.append(ev.Resumed(seconds=seconds, at=now))
         if not self.live.enabled:
             return [], events
         errors = [(rank.local_rank, f"RetryableError at step {status.error_step}")
@@ -221,7 +225,7 @@ class Recovery:
             if self._resumed_record is not None:
                 self._resumed_record.resumed_at(seconds)  # "spent recovering" is fault -> resumed
                 self._resumed_record = None
-            events.append(ev.Resumed())
+            events.append(ev.Resumed(seconds=seconds, at=now))
         return errors, events
 
     def _restarted(self, action: ev.RecordRestart) -> list[object]:

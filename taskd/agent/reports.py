@@ -22,6 +22,7 @@ from typing import Any
 from taskd.agent.policy import ReportRetry
 from taskd.client import RecoverClient
 from taskd.client.errors import FencedError, RecoverClientError
+from taskd.client.retry import AnswerKind, classify
 from taskd.client.rpc import PendingCall
 from taskd.vocabulary import Code, FaultRanks
 
@@ -44,6 +45,9 @@ class Report:
     detail: str = ""
     call: PendingCall | None = None
     resync: tuple[bool, bool] = (False, False)  # (re-Init, re-Register) before the next send
+    # informational (agent/resumed_report.py): the controller's first answer settles it (but "busy": sent again),
+    # and so does a controller without the method, so that it never holds back the reports behind it
+    lossy: bool = False
 
     def join(self, faults: FaultRanks, detail: str) -> None:
         """A later fault goes with this report (re-sent whole if an attempt without it is in flight)."""
@@ -132,6 +136,7 @@ class Outbox:
         call, report.call = report.call, None
         assert call is not None
         code: int | None
+        status = None
         try:
             status = call.result()
             code, error = int(status.code), ""
@@ -142,6 +147,9 @@ class Outbox:
         if code == Code.FENCED:  # declared lost, its node another agent's: no re-send can help (agent/node_loss.py)
             self.fenced = self.fenced or (error or f"{report.what} refused (411): {status.info if status else ''}")
             return Settled(report, False, f"fenced: {self.fenced}")
+        if report.lossy and ((code is not None and classify(code) is not AnswerKind.BUSY) or "UNIMPLEMENTED" in error):
+            why = "" if code == Code.OK else error or f"answered {code}: {status.info if status else ''}"
+            return Settled(report, code == Code.OK, why)
         if code == Code.OK and id(report) in self._stale:  # taken, but a later fault was not in it: send again
             self._stale.discard(id(report))
             report.retry.next_at = None

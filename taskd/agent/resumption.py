@@ -75,17 +75,18 @@ class Resumption:
             self._pending.record.resumption = SUPERSEDED
         self._pending = None
 
-    def check(self, now: float) -> bool:
-        """Every ``POLL`` while pending: log "training resumed" once every restarted rank reported a step (True)."""
+    def check(self, now: float) -> float | None:
+        """Every ``POLL`` while pending: log "training resumed" once every restarted rank reported a step, and
+        return the seconds from the fault (None: not yet, or nothing pending)."""
         p = self._pending
         if p is None:
-            return False
+            return None
         seen: dict[int, HeartbeatState] = {}
         for lr, pid in p.pids.items():
             rank = self.table[lr]
             state = self._heartbeat(rank) if rank.pid == pid and pid is not None else None
             if state is None or state.time <= 0.0:
-                return False
+                return None
             seen[lr] = state
         self._pending = None
         seconds = now - p.started
@@ -93,7 +94,7 @@ class Resumption:
         log.info("training resumed %.3fs after the fault (%s; %s)", seconds, p.record.strategy,
                  "; ".join(self._describe(lr, seen[lr], p.steps_before.get(lr), p.record.ranks)
                            for lr in sorted(seen)))
-        return True
+        return seconds
 
     def _describe(self, local_rank: int, state: HeartbeatState, before: int | None, faulty: list[int]) -> str:
         """What was read, and only that: the step seen (maybe later than its first) and the last step of the

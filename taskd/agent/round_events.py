@@ -117,6 +117,8 @@ class Resumed:
     nothing can tell: no rank of this node was restarted, or the ranks write no heartbeat steps."""
 
     seen: bool = True
+    seconds: float = 0.0  # from the round's fault to training resumed, as the agent's line says
+    at: float = 0.0  # when it was seen (monotonic)
 
 
 EVENT_TYPES: tuple[type, ...] = (RankFault, *ORDER_EVENTS.values(), ReportSettled, ControllerLost, StartResult,
@@ -224,6 +226,17 @@ class RecordRestart:
 
 
 @dataclass(frozen=True)
+class TellResumed:
+    """Tell the controller this node's ranks train again after its round `round` (after the node's recover
+    status, which the report queue sends first), or (`seen` False) that nothing here can tell."""
+
+    round: int
+    seconds: float
+    at: float  # monotonic: the report says how long before it was sent
+    seen: bool = True
+
+
+@dataclass(frozen=True)
 class Dump:
     """Ask every healthy rank to save at its next step boundary, wait (bounded), stop every rank, report."""
 
@@ -249,4 +262,4 @@ class Finish:
 
 Action = (Note | StopRanks | StartRanks | SetRestartCount | Supersede | BeginRebuild | LeaveGroup | AbandonRebuild
           | SendReport
-          | OfferStrategies | RecordRestart | Dump | TakeNode | Finish)
+          | OfferStrategies | RecordRestart | TellResumed | Dump | TakeNode | Finish)

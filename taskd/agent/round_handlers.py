@@ -44,6 +44,7 @@ from taskd.agent.round_events import (
     StrategiesOrder,
     Supersede,
     TakeNode,
+    TellResumed,
 )
 from taskd.agent.round_state import NodeRound, NodeState, RestartPlan
 from taskd.vocabulary import Code, FaultRanks, FaultType, Strategy
@@ -196,7 +197,7 @@ def _restart(m: NodeRound, order: Order, faults: FaultRanks, now: float, out: Ou
     if strategy != Strategy.RETRY:
         _charge(m, order, out)
     out.append(Supersede(restart=True))
-    m.plan = RestartPlan(strategy, dict(faults), started)
+    m.plan = RestartPlan(strategy, dict(faults), started, round=order.round)
     if m.facts.live:
         out.append(BeginRebuild(strategy, dict(faults), started, order.timeout, order.generation, order.resize))
     if strategy == Strategy.RETRY:
@@ -306,5 +307,11 @@ def on_group_failed_unreported(m: NodeRound, ev: GroupFailed, now: float, out: O
 
 
 def on_resumed(m: NodeRound, ev: Resumed, now: float, out: Out) -> NodeState:
-    """Training is running again (or nothing here can tell): the round is over on this node."""
-    return S.RUNNING if m.state is S.RESUMING else m.state
+    """Training is running again (or nothing here can tell): the round is over on this node, and taskd's
+    controller hears it (the round's time to training resumed is the last node's)."""
+    if m.state is not S.RESUMING:
+        return m.state
+    plan = m.plan
+    if plan is not None and plan.round is not None and not plan.degraded:
+        out.append(TellResumed(plan.round, ev.seconds, ev.at, ev.seen))
+    return S.RUNNING

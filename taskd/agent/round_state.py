@@ -64,6 +64,7 @@ class RestartPlan:
     faults: FaultRanks
     started: float  # the round's start (monotonic): its records measure from the fault
     degraded: bool = False
+    round: int | None = None  # the controller's round (Order.round): named when telling it training resumed
 
 
 @dataclass

@@ -100,7 +100,8 @@ RULES: tuple[NodeRule, ...] = (
     Rule(UNREPORTED, GroupFailed, _targets(S.RUNNING, UNCHANGED), h.on_group_failed_unreported,
          "logged; RESUMING gives up on seeing the resumption"),
     Rule(WITH_RANKS - {S.RESTARTING}, Resumed, _targets(S.RUNNING, UNCHANGED), h.on_resumed,
-         "RESUMING: training resumed (or nothing can tell), the round is over; elsewhere only recorded"),
+         "RESUMING: training resumed (or nothing can tell), the round is over, taskd's controller is told "
+         "(ReportResumed); elsewhere only recorded"),
 )
 
 

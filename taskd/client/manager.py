@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_ROLE = "master agent"  # what TaskD's agent registers as
 
 
-AGENT_REPORTS = frozenset({"ReportFinished", "ReportPace"})
+AGENT_REPORTS = frozenset({"ReportFinished", "ReportPace", "ReportResumed"})
 """Methods of taskd's own taskd.v1.AgentReport service (the rest are ClusterD's Recover)."""
 
 
@@ -451,6 +451,14 @@ def pace_request(client: RecoverClient, factor: float, paces: Iterable[tuple[int
     return taskd_pb2.PaceRequest(factor=float(factor), ranks=[
         taskd_pb2.RankPace(rank=arguments.int32(r, "rank"), computeSeconds=float(s),
                            steps=arguments.int32(n, "steps")) for r, s, n in paces], **client._identity())
+
+
+def resumed_request(client: RecoverClient, round_: int, seconds: float, seconds_ago: float, unseen: bool = False
+                    ) -> taskd_pb2.ResumedRequest:
+    """taskd.v1 `ReportResumed`: this node's ranks train again after the controller's round `round_`, `seconds`
+    after its fault, `seconds_ago` before now (`unseen`: nothing here can tell), from the registered identity."""
+    return taskd_pb2.ResumedRequest(round=arguments.int32(round_, "round"), seconds=float(seconds),
+                                    secondsAgo=float(seconds_ago), unseen=bool(unseen), **client._identity())
 
 
 def _arguments_key(info: object, server_addr: str, secure_conn: bool, cert_path: str,

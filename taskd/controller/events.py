@@ -131,6 +131,19 @@ class PaceReported:
 
 
 @dataclass(frozen=True)
+class TrainingResumed:
+    """An agent's ranks train again after round `round` (`ResumedRequest`; taskd.controller.resumed)."""
+
+    node_rank: int = 0
+    host: str = ""
+    pid: int = 0
+    round: int = 0
+    seconds: float = 0.0  # the agent's own measure: its first sight of the fault -> training resumed
+    seconds_ago: float = 0.0  # how long before the report was sent it resumed (a re-sent report is not late)
+    unseen: bool = False  # nothing on that node can show it (no rank restarted there, no heartbeat steps)
+
+
+@dataclass(frozen=True)
 class Tick:
     """Time passed; the machine acts if its deadline is due."""
 
@@ -158,13 +171,13 @@ class JoinDue:
 Event = (
     JobInit | AgentRegistered | AgentConnected | AgentDisconnected | FaultReported | StopComplete
     | StrategiesReported | RecoverStatusReported | AgentFinished | Tick | AgentLossDue | JoinDue | StreamEndedDue
-    | RejoinDue | StandbyConnected | StandbyDisconnected | PaceReported
+    | RejoinDue | StandbyConnected | StandbyDisconnected | PaceReported | TrainingResumed
 )
 
 EVENT_TYPES: tuple[type, ...] = (
     JobInit, AgentRegistered, AgentConnected, AgentDisconnected, FaultReported, StopComplete, StrategiesReported,
     RecoverStatusReported, AgentFinished, Tick, AgentLossDue, JoinDue, StreamEndedDue, RejoinDue, StandbyConnected,
-    StandbyDisconnected, PaceReported,
+    StandbyDisconnected, PaceReported, TrainingResumed,
 )
 
 FIRE_AND_FORGET = (Tick, AgentLossDue, JoinDue, StreamEndedDue, RejoinDue, AgentDisconnected, StandbyDisconnected)
@@ -172,7 +185,7 @@ FIRE_AND_FORGET = (Tick, AgentLossDue, JoinDue, StreamEndedDue, RejoinDue, Agent
 
 NEEDS_REGISTERED = frozenset({
     AgentConnected, FaultReported, StopComplete, StrategiesReported, RecoverStatusReported, AgentFinished,
-    PaceReported,
+    PaceReported, TrainingResumed,
 })
 """Reports that must come from an agent the job knows (Register), else 400."""
 
@@ -195,6 +208,7 @@ class Signal:
     # repeated while the job lives, persisted as `signal_seq`), extraParams {"generation": ...}
     generation: int = 0
     restarts: int = 0  # the job's restarts used when it was made, this round's charge included
+    round: int = 0  # the job's round it belongs to: a changeStrategy's extraParams {"round": ...} (ResumedRequest)
     extra: tuple[tuple[str, object], ...] = ()  # more extraParams (taskd.assignNode's {"node_rank": R})
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from taskd.controller import node_loss, standby
+from taskd.controller import node_loss, resumed, standby
 from taskd.controller.agents import AgentInfo
 from taskd.controller.events import (
     AgentConnected,
@@ -348,12 +348,14 @@ def on_recover_status(m: Job, ev: RecoverStatusReported, now: float, out: Outcom
         m.queued.clear()
         return S.FAILED
     m.close_round("recovered", now, out)
+    resumed.round_recovered(m, r, out)  # its nodes say next when their ranks train again
     m.record(out, "recovered", strategy=r.strategy, duration=round(now - r.started_at, 6))
     if r.strategy == Strategy.RECOVER:
         m.recover_succeeded_at = now
         m.recover_ranks = frozenset(r.faults)
         m.recover_rejoined = not r.unrejoined
-    m.info = f"recovered round {r.number} with {r.strategy} in {now - r.started_at:.2f}s"
+    # not "recovered" yet: training resumes after this, as the agents then say (controller/resumed.py)
+    m.info = f"round {r.number} ended with {r.strategy} {now - r.started_at:.2f}s after its fault"
     m.round = None
     m.deadline = None
     if m.queued:

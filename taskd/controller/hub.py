@@ -30,12 +30,13 @@ log = logging.getLogger(__name__)
 def extra_params(sig: Signal) -> str:
     """extraParams: why a job ends ({"reason"}); for a changeStrategy, the live-recovery generation the agents
     name (docs/worker.md: the signal's per-job number, so every node gets the same one and it never repeats
-    while the job lives) and the job's restarts used, this round's charge included; plus the signal's own
+    while the job lives), the job's restarts used, this round's charge included, and the round; plus the signal's own
     extras (taskd.assignNode's node rank). All from the signal's typed fields."""
     params: dict[str, object] = {"reason": sig.reason} if sig.reason else {}
     if sig.signal_type == SignalType.CHANGE_STRATEGY:
         params["generation"] = sig.generation
         params["restarts"] = sig.restarts
+        params["round"] = sig.round  # the agent names it when it says training resumed (ResumedRequest)
     params.update(sig.extra)
     return json.dumps(params) if params else ""
 

@@ -81,6 +81,7 @@ class Job:
         self.min_nodes = 0
         self.absent: dict[int, float] = {}
         self.paces: Any = None  # the agents' pace reports and straggler verdicts (controller/stragglers.py); soft
+        self.resume_watch: Any = None  # the last round's nodes saying training resumed (controller/resumed.py)
         self.apply_init(init or JobInit())
 
     # ------------------------------------------------------------------ queries
@@ -230,6 +231,7 @@ class Job:
         self.unsettled_recovers = 0
         self.recover_banned = False
         self.paces = None
+        self.resume_watch = None
         self.deadline = None
         self.last_signal = None
         self.rejoining = {}
@@ -252,7 +254,7 @@ class Job:
             uuid=f"{self.job_id}-{self.round_number}-{self.signal_seq}",
             signal_type=signal_type, actions=actions,
             faults=items, strategy=strategy, timeout=timeout, reason=reason, nodes=nodes,
-            generation=self.signal_seq, restarts=self.restarts, extra=extra,
+            generation=self.signal_seq, restarts=self.restarts, round=self.round_number, extra=extra,
         )
         if keep:
             self.last_signal = sig

@@ -31,13 +31,14 @@ def job_record(m: JobMachine, store: Store, hub: SignalHub, clocks: Clock) -> ta
         losses.setdefault(x["round"], []).append(taskd_pb2.NodeLossRecord(
             nodeRank=x["node_rank"], oldHost=x["old_host"], oldPid=x["old_pid"], lostAt=x["lost_at"],
             newHost=x["new_host"], newPid=x["new_pid"], replacedAt=x["replaced_at"], standby=bool(x["standby"]),
-            secondsToRoundEnd=x["seconds_to_round_end"]))
+            secondsToRoundEnd=x["seconds_to_round_end"], secondsToTrainingResumed=x["seconds_to_training_resumed"]))
     rounds = [
         taskd_pb2.RoundRecord(
             round=r["round"], startedAt=r["started_at"], endedAt=r["ended_at"],
             faultRanks=[recover_pb2.FaultRank(rankId=str(k), faultType=t) for k, t in r["faults"]],
             strategiesTried=r["tried"], strategy=r["strategy"], outcome=r["outcome"],
             durationSeconds=r["duration"], nodeLosses=losses.get(r["round"], []),
+            secondsToTrainingResumed=r["training_resumed"],
         )
         for r in store.rounds(m.job_id)
     ]

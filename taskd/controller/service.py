@@ -13,7 +13,7 @@ import grpc
 
 from taskd.controller import validation as v
 from taskd.controller.core import ControllerCore
-from taskd.controller.events import PaceReported, StandbyConnected, StandbyDisconnected
+from taskd.controller.events import PaceReported, StandbyConnected, StandbyDisconnected, TrainingResumed
 from taskd.controller.hub import keepalive_wire
 from taskd.controller.state_machine import (
     AgentConnected,
@@ -231,6 +231,14 @@ class AgentReportService(taskd_pb2_grpc.AgentReportServicer):
         ev = AgentFinished(node_rank=request.nodeRank, exit_code=request.exitCode, message=request.message,
                            host=request.host, pid=request.pid)
         return _answer(await self.core.group.submit(request.jobId, ev), "ReportFinished", request.jobId)
+
+    async def ReportResumed(self, request: taskd_pb2.ResumedRequest, context: grpc.aio.ServicerContext) -> Status:
+        """A node's ranks train again after a round (controller/resumed.py): stored with the round's history."""
+        if why := v.check_resumed(request):
+            return _invalid(why)
+        ev = TrainingResumed(node_rank=request.nodeRank, host=request.host, pid=request.pid, round=request.round,
+                             seconds=request.seconds, seconds_ago=request.secondsAgo, unseen=request.unseen)
+        return _answer(await self.core.group.submit(request.jobId, ev), "ReportResumed", request.jobId)
 
     async def ReportPace(self, request: taskd_pb2.PaceRequest, context: grpc.aio.ServicerContext
                          ) -> taskd_pb2.PaceReply:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from taskd.controller import resumed
 from taskd.controller.agents import AgentInfo
 from taskd.controller.clock import identity
 from taskd.controller.events import Outcome, Record
@@ -53,6 +54,7 @@ def snapshot(m: Job, to_wall: Times = identity) -> dict[str, Any]:
         "fences": [[f.node_rank, f.host, f.pid, to_wall(f.lost_at), f.by_host, f.by_pid,
                     _opt(to_wall, f.replaced_at), f.standby] for f in m.fences.values()],
         "standbys": [[s.host, s.pid, to_wall(s.since), s.assigned, s.role] for s in m.standbys.values()],
+        "resume_watch": resumed.to_json(m.resume_watch, to_wall),
         "round": None if r is None else {
             "number": r.number,
             "started_at": to_wall(r.started_at),
@@ -90,6 +92,7 @@ def restore_into(m: Job, snap: Mapping[str, Any], agents: Iterable[AgentInfo], n
     m.rejoining = {int(n): from_wall(t) for n, t in snap.get("rejoining", {}).items()}
     m.min_nodes = int(snap.get("min_nodes", 0))
     m.absent = {int(n): from_wall(t) for n, t in snap.get("absent", {}).items()}
+    m.resume_watch = resumed.from_json(snap.get("resume_watch"), from_wall)
     for n, host, pid, lost_at, by_host, by_pid, replaced_at, standby in snap.get("fences", []):
         m.fences[(n, host, pid)] = Fence(n, host, pid, from_wall(lost_at), by_host, by_pid,
                                          _opt(from_wall, replaced_at), standby)

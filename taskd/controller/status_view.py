@@ -131,11 +131,12 @@ def render_text(job_list: taskd_pb2.JobList, events: int = 20) -> str:
         rows = []
         for r in (r for r in job.rounds if reset_at is None or r.startedAt >= reset_at):
             duration = f"{r.durationSeconds:.3f}s" if r.endedAt else "-"
+            resumed = f"{r.secondsToTrainingResumed:.3f}s" if r.secondsToTrainingResumed else "-"
             rows.append([str(r.round), _ts(r.startedAt), _faults(r.faultRanks), " -> ".join(r.strategiesTried) or "-",
-                         r.outcome, r.strategy or "-", _ts(r.endedAt), duration])
+                         r.outcome, r.strategy or "-", _ts(r.endedAt), duration, resumed])
         out += ["    " + line for line in _table(["round", "fault at", "faults", "strategies tried", "outcome",
-                                                    "strategy", "ended at", "duration"], rows)] if rows \
-            else ["    (none)"]
+                                                    "strategy", "ended at", "duration", "fault -> training resumed"],
+                                                   rows)] if rows else ["    (none)"]
         if earlier:
             numbers = f"round {earlier[0].round}" if len(earlier) == 1 else \
                 f"rounds {earlier[0].round}-{earlier[-1].round}"
@@ -165,8 +166,9 @@ def _unseen(job) -> dict[tuple[int, int], float]:  # noqa: ANN001 - JobRecord
 
 
 def _node_losses(job) -> list[str]:  # noqa: ANN001 - JobRecord
-    """One line per node a round lost: its old and new host, and how long from the loss to the round's end,
-    with how long before being declared lost its agent's stream had ended (the grace, or the loss timeout)."""
+    """One line per node a round lost: its old and new host, how long from the loss to the round's end and to
+    training resumed, with how long before being declared lost its agent's stream had ended (the grace, or the
+    loss timeout)."""
     out = []
     unseen = _unseen(job)
     for r in job.rounds:
@@ -178,6 +180,8 @@ def _node_losses(job) -> list[str]:  # noqa: ANN001 - JobRecord
                     if before is not None else "")
             took = (f"; lost -> round ended {x.secondsToRoundEnd:.3f}s (from the controller declaring the agent lost "
                     "to the last agent's recover status)" if x.secondsToRoundEnd else "")
+            took += (f"; lost -> training resumed {x.secondsToTrainingResumed:.3f}s (to the last node's ranks "
+                     "training again, as its agent reported)" if x.secondsToTrainingResumed else "")
             took += gone
             out.append(f"    round {r.round}: node {x.nodeRank} lost (agent {x.oldHost}:{x.oldPid}) at "
                        f"{_ts(x.lostAt)}, replaced by {new}{took}")

@@ -75,6 +75,7 @@ CREATE TABLE IF NOT EXISTS rounds (
     strategy TEXT NOT NULL DEFAULT '',
     outcome TEXT NOT NULL DEFAULT 'open',
     duration REAL NOT NULL DEFAULT 0,
+    training_resumed REAL NOT NULL DEFAULT 0,
     PRIMARY KEY (job_id, round)
 );
 CREATE TABLE IF NOT EXISTS faults (
@@ -99,7 +100,8 @@ CREATE TABLE IF NOT EXISTS node_losses (
     job_id TEXT NOT NULL, round INTEGER NOT NULL, node_rank INTEGER NOT NULL,
     old_host TEXT NOT NULL DEFAULT '', old_pid INTEGER NOT NULL DEFAULT 0, lost_at REAL NOT NULL,
     new_host TEXT NOT NULL DEFAULT '', new_pid INTEGER NOT NULL DEFAULT 0, replaced_at REAL NOT NULL DEFAULT 0,
-    standby INTEGER NOT NULL DEFAULT 0, seconds_to_round_end REAL NOT NULL DEFAULT 0
+    standby INTEGER NOT NULL DEFAULT 0, seconds_to_round_end REAL NOT NULL DEFAULT 0,
+    seconds_to_training_resumed REAL NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS events_by_job ON events (job_id, id);
 CREATE INDEX IF NOT EXISTS node_losses_by_job ON node_losses (job_id, round);
@@ -109,6 +111,9 @@ CREATE INDEX IF NOT EXISTS strategies_by_job ON strategies (job_id, round);
 
 JOB_TABLES = ("jobs", "agents", "rounds", "faults", "strategies", "events", "node_losses")
 """Every table keyed by job id."""
+
+ADDED_COLUMNS = (("rounds", "training_resumed"), ("node_losses", "seconds_to_training_resumed"))
+"""Columns newer than the tables (REAL NOT NULL DEFAULT 0): added to a state file an older taskd wrote."""
 
 
 def default_state_path() -> Path:
@@ -172,6 +177,9 @@ class Store:
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA busy_timeout=5000")
             conn.executescript(SCHEMA)
+            for table, column in ADDED_COLUMNS:
+                if column not in {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}:
+                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} REAL NOT NULL DEFAULT 0")
             self.conn = conn
         except (OSError, sqlite3.Error) as exc:
             if conn is not None:
@@ -298,8 +306,12 @@ class Store:
             c.execute("UPDATE node_losses SET new_host=?, new_pid=?, replaced_at=?, standby=? WHERE id = "
                       "(SELECT max(id) FROM node_losses WHERE job_id=? AND node_rank=? AND replaced_at=0)",
                       (d.get("host", ""), d.get("pid", 0), now, int(bool(d.get("standby"))), job_id, d["node_rank"]))
-        if rec.kind == "round_ended" and d.get("since_loss"):
-            c.executemany("UPDATE node_losses SET seconds_to_round_end=? WHERE job_id=? AND round=? AND node_rank=?",
+        elif rec.kind == "round_training_resumed" and d.get("seconds") is not None:
+            c.execute("UPDATE rounds SET training_resumed=? WHERE job_id=? AND round=?",
+                      (d["seconds"], job_id, rec.round))
+        if rec.kind in ("round_ended", "round_training_resumed") and d.get("since_loss"):
+            column = "seconds_to_round_end" if rec.kind == "round_ended" else "seconds_to_training_resumed"
+            c.executemany(f"UPDATE node_losses SET {column}=? WHERE job_id=? AND round=? AND node_rank=?",
                           [(s, job_id, rec.round, int(n)) for n, s in d["since_loss"].items()])
 
     def _end_strategy(self, job_id: str, rnd: int, outcome: str, reason: str, now: float) -> None:
@@ -345,7 +357,8 @@ class Store:
         return [(json.loads(snap), agents.get(job, [])) for job, snap in jobs]
 
     def rounds(self, job_id: str) -> list[dict[str, Any]]:
-        cols = ("round", "started_at", "ended_at", "faults", "tried", "strategy", "outcome", "duration")
+        cols = ("round", "started_at", "ended_at", "faults", "tried", "strategy", "outcome", "duration",
+                "training_resumed")
         rows = self.conn.execute(f"SELECT {', '.join(cols)} FROM rounds WHERE job_id=? ORDER BY round", (job_id,))
         out = []
         for row in rows:
@@ -364,7 +377,7 @@ class Store:
 
     def node_losses(self, job_id: str) -> list[dict[str, Any]]:
         cols = ("round", "node_rank", "old_host", "old_pid", "lost_at", "new_host", "new_pid", "replaced_at",
-                "standby", "seconds_to_round_end")
+                "standby", "seconds_to_round_end", "seconds_to_training_resumed")
         rows = self.conn.execute(f"SELECT {', '.join(cols)} FROM node_losses WHERE job_id=? ORDER BY id", (job_id,))
         return [dict(zip(cols, row, strict=True)) for row in rows]
 

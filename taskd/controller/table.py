@@ -20,6 +20,7 @@ from taskd import rule_table
 from taskd.controller import handlers as h
 from taskd.controller import node_loss as nl
 from taskd.controller import resize as rz
+from taskd.controller import resumed as rs
 from taskd.controller import standby as sb
 from taskd.controller import stragglers as st
 from taskd.controller.events import (
@@ -42,6 +43,7 @@ from taskd.controller.events import (
     StrategiesReported,
     StreamEndedDue,
     Tick,
+    TrainingResumed,
 )
 from taskd.controller.job import Job
 from taskd.controller.model import ACTIVE, ANY, LIVE, TERMINAL, Declined, JobState
@@ -99,6 +101,9 @@ RULES: tuple[Rule, ...] = (
          "round awaits another node's rank"),
     Rule(ANY, PaceReported, _targets(UNCHANGED), st.on_pace,
          "judged against the job's other ranks: `straggler` / `straggler_cleared` recorded; no action taken"),
+    Rule(ANY, TrainingResumed, _targets(UNCHANGED), rs.on_training_resumed,
+         "counted for the round recovering or last recovered (401 for another); `round_training_resumed` once "
+         "its last node said so; no action taken"),
     # an agent lost (silent past the loss timeout, or its stream ended past the grace) opens a node-loss round
     Rule(ACTIVE, AgentLossDue, _targets(S.STOPPING, S.COLLECTING, S.REJOINING, S.FAILED, UNCHANGED),
          nl.on_agent_lost, "fences it; opens (or widens) a node-loss round for its node's ranks; FAILED when a "

@@ -203,6 +203,21 @@ def check_pace(req: taskd_pb2.PaceRequest, max_ranks: int = RANK_LIMIT) -> str:
     return ""
 
 
+def check_resumed(req: taskd_pb2.ResumedRequest) -> str:
+    """A node's training-resumed report: its job, node and identity, a round number, non-negative finite times
+    (whether the round is the job's is the state machine's to say: 401)."""
+    why = (check_job_id(req.jobId) or _non_negative([("nodeRank", req.nodeRank), ("pid", req.pid)])
+           or _str("host", req.host))
+    if why:
+        return why
+    if req.round < 1:
+        return f"round must be >= 1 (the changeStrategy's extraParams round), got {req.round}"
+    for name, value in (("seconds", req.seconds), ("secondsAgo", req.secondsAgo)):
+        if not (0.0 <= value < math.inf):
+            return f"{name} must be finite and >= 0, got {value!r}"
+    return ""
+
+
 def world_size(node_count: int, ranks_per_node: int) -> int | None:
     """Ranks in the job, when its Init said how many per node (ClusterD-wire clients do not)."""
     return max(node_count, 1) * ranks_per_node if ranks_per_node > 0 else None

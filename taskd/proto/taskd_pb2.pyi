@@ -76,6 +76,26 @@ class PaceReply(_message.Message):
     verdicts: _containers.RepeatedCompositeFieldContainer[StragglerRecord]
     def __init__(self, status: _Optional[_Union[_recover_pb2.Status, _Mapping]] = ..., verdicts: _Optional[_Iterable[_Union[StragglerRecord, _Mapping]]] = ...) -> None: ...
 
+class ResumedRequest(_message.Message):
+    __slots__ = ("jobId", "nodeRank", "host", "pid", "round", "seconds", "secondsAgo", "unseen")
+    JOBID_FIELD_NUMBER: _ClassVar[int]
+    NODERANK_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SECONDSAGO_FIELD_NUMBER: _ClassVar[int]
+    UNSEEN_FIELD_NUMBER: _ClassVar[int]
+    jobId: str
+    nodeRank: int
+    host: str
+    pid: int
+    round: int
+    seconds: float
+    secondsAgo: float
+    unseen: bool
+    def __init__(self, jobId: _Optional[str] = ..., nodeRank: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., round: _Optional[int] = ..., seconds: _Optional[float] = ..., secondsAgo: _Optional[float] = ..., unseen: bool = ...) -> None: ...
+
 class JobQuery(_message.Message):
     __slots__ = ("jobId", "pageSize", "pageToken")
     JOBID_FIELD_NUMBER: _ClassVar[int]
@@ -113,7 +133,7 @@ class AgentRecord(_message.Message):
     def __init__(self, nodeRank: _Optional[int] = ..., role: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., ranksPerNode: _Optional[int] = ..., subscribed: bool = ..., registeredAt: _Optional[float] = ..., lastSeen: _Optional[float] = ..., finished: bool = ..., exitCode: _Optional[int] = ..., standby: bool = ...) -> None: ...
 
 class RoundRecord(_message.Message):
-    __slots__ = ("round", "startedAt", "endedAt", "faultRanks", "strategiesTried", "strategy", "outcome", "durationSeconds", "nodeLosses")
+    __slots__ = ("round", "startedAt", "endedAt", "faultRanks", "strategiesTried", "strategy", "outcome", "durationSeconds", "nodeLosses", "secondsToTrainingResumed")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     STARTEDAT_FIELD_NUMBER: _ClassVar[int]
     ENDEDAT_FIELD_NUMBER: _ClassVar[int]
@@ -123,6 +143,7 @@ class RoundRecord(_message.Message):
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     DURATIONSECONDS_FIELD_NUMBER: _ClassVar[int]
     NODELOSSES_FIELD_NUMBER: _ClassVar[int]
+    SECONDSTOTRAININGRESUMED_FIELD_NUMBER: _ClassVar[int]
     round: int
     startedAt: float
     endedAt: float
@@ -132,10 +153,11 @@ class RoundRecord(_message.Message):
     outcome: str
     durationSeconds: float
     nodeLosses: _containers.RepeatedCompositeFieldContainer[NodeLossRecord]
-    def __init__(self, round: _Optional[int] = ..., startedAt: _Optional[float] = ..., endedAt: _Optional[float] = ..., faultRanks: _Optional[_Iterable[_Union[_recover_pb2.FaultRank, _Mapping]]] = ..., strategiesTried: _Optional[_Iterable[str]] = ..., strategy: _Optional[str] = ..., outcome: _Optional[str] = ..., durationSeconds: _Optional[float] = ..., nodeLosses: _Optional[_Iterable[_Union[NodeLossRecord, _Mapping]]] = ...) -> None: ...
+    secondsToTrainingResumed: float
+    def __init__(self, round: _Optional[int] = ..., startedAt: _Optional[float] = ..., endedAt: _Optional[float] = ..., faultRanks: _Optional[_Iterable[_Union[_recover_pb2.FaultRank, _Mapping]]] = ..., strategiesTried: _Optional[_Iterable[str]] = ..., strategy: _Optional[str] = ..., outcome: _Optional[str] = ..., durationSeconds: _Optional[float] = ..., nodeLosses: _Optional[_Iterable[_Union[NodeLossRecord, _Mapping]]] = ..., secondsToTrainingResumed: _Optional[float] = ...) -> None: ...
 
 class NodeLossRecord(_message.Message):
-    __slots__ = ("nodeRank", "oldHost", "oldPid", "lostAt", "newHost", "newPid", "replacedAt", "secondsToRoundEnd", "standby")
+    __slots__ = ("nodeRank", "oldHost", "oldPid", "lostAt", "newHost", "newPid", "replacedAt", "secondsToRoundEnd", "standby", "secondsToTrainingResumed")
     NODERANK_FIELD_NUMBER: _ClassVar[int]
     OLDHOST_FIELD_NUMBER: _ClassVar[int]
     OLDPID_FIELD_NUMBER: _ClassVar[int]
@@ -145,6 +167,7 @@ class NodeLossRecord(_message.Message):
     REPLACEDAT_FIELD_NUMBER: _ClassVar[int]
     SECONDSTOROUNDEND_FIELD_NUMBER: _ClassVar[int]
     STANDBY_FIELD_NUMBER: _ClassVar[int]
+    SECONDSTOTRAININGRESUMED_FIELD_NUMBER: _ClassVar[int]
     nodeRank: int
     oldHost: str
     oldPid: int
@@ -154,7 +177,8 @@ class NodeLossRecord(_message.Message):
     replacedAt: float
     secondsToRoundEnd: float
     standby: bool
-    def __init__(self, nodeRank: _Optional[int] = ..., oldHost: _Optional[str] = ..., oldPid: _Optional[int] = ..., lostAt: _Optional[float] = ..., newHost: _Optional[str] = ..., newPid: _Optional[int] = ..., replacedAt: _Optional[float] = ..., secondsToRoundEnd: _Optional[float] = ..., standby: bool = ...) -> None: ...
+    secondsToTrainingResumed: float
+    def __init__(self, nodeRank: _Optional[int] = ..., oldHost: _Optional[str] = ..., oldPid: _Optional[int] = ..., lostAt: _Optional[float] = ..., newHost: _Optional[str] = ..., newPid: _Optional[int] = ..., replacedAt: _Optional[float] = ..., secondsToRoundEnd: _Optional[float] = ..., standby: bool = ..., secondsToTrainingResumed: _Optional[float] = ...) -> None: ...
 
 class EventRecord(_message.Message):
     __slots__ = ("time", "kind", "round", "detail")

@@ -45,6 +45,11 @@ class AgentReportStub(object):
                 request_serializer=taskd__pb2.PaceRequest.SerializeToString,
                 response_deserializer=taskd__pb2.PaceReply.FromString,
                 _registered_method=True)
+        self.ReportResumed = channel.unary_unary(
+                '/taskd.v1.AgentReport/ReportResumed',
+                request_serializer=taskd__pb2.ResumedRequest.SerializeToString,
+                response_deserializer=recover__pb2.Status.FromString,
+                _registered_method=True)
 
 
 class AgentReportServicer(object):
@@ -62,6 +67,12 @@ class AgentReportServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportResumed(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentReportServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -74,6 +85,11 @@ def add_AgentReportServicer_to_server(servicer, server):
                     servicer.ReportPace,
                     request_deserializer=taskd__pb2.PaceRequest.FromString,
                     response_serializer=taskd__pb2.PaceReply.SerializeToString,
+            ),
+            'ReportResumed': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportResumed,
+                    request_deserializer=taskd__pb2.ResumedRequest.FromString,
+                    response_serializer=recover__pb2.Status.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -130,6 +146,33 @@ class AgentReport(object):
             '/taskd.v1.AgentReport/ReportPace',
             taskd__pb2.PaceRequest.SerializeToString,
             taskd__pb2.PaceReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportResumed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/taskd.v1.AgentReport/ReportResumed',
+            taskd__pb2.ResumedRequest.SerializeToString,
+            recover__pb2.Status.FromString,
             options,
             channel_credentials,
             insecure,

@@ -159,9 +159,18 @@ def test_a_lost_node_of_a_live_ddp_job_is_replaced_live(lose, fault_free, nodes:
     shown = subprocess.run([sys.executable, "-m", "taskd", "status", "--server", job.server, "--job", job.job_id],
                            capture_output=True, text=True, timeout=30, cwd=ROOT).stdout
     new_pid = job.procs["replacement"].pid
-    assert re.search(rf"node 1 lost \(agent [^:]+:{job.old.pid}\) at .*, replaced by [^:]+:{new_pid}"
+    line = re.search(rf"node 1 lost \(agent [^:]+:{job.old.pid}\) at .*, replaced by [^:]+:{new_pid}"
                      rf"{' [(]standby[)]' if standby else ''} at .*; lost -> "
-                     r"round ended \d+\.\d+s", shown), shown  # its node, old and new host:pid, how long
+                     r"round ended (\d+\.\d+)s.*; lost -> training resumed (\d+\.\d+)s", shown)
+    assert line, shown  # its node, old and new host:pid, how long to the round's end and to training resumed
+    ended, resumed = float(line.group(1)), float(line.group(2))
+    print(f"lost -> round ended {ended:.3f}s, lost -> training resumed {resumed:.3f}s")
+    assert resumed >= ended, shown  # the round ends when the group re-formed; training resumes after the hand-over
+    record = status(job.server, job.job_id)  # --json: the same figure, and which node said it when
+    (loss,) = record["rounds"][-1]["nodeLosses"]
+    assert abs(loss["secondsToTrainingResumed"] - resumed) < 0.001, loss
+    told = sorted(e["detail"]["node_rank"] for e in record["events"] if e["kind"] == "training_resumed")
+    assert told == list(range(nodes)), record["events"]  # every node, the replacement included
 
 
 def test_a_lost_node_0_takes_the_store_along_so_the_job_is_rescheduled(lose, fault_free) -> None:

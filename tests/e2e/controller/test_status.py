@@ -53,7 +53,8 @@ def test_fetch_and_render_text(server: str) -> None:
     assert "rank 3 (type 1)" in text and "recover -> job-rescheduling" in text and "recovered" in text
     assert "rank 3 pid 4242 killed by signal 9" in text  # the fault's detail, in the event list
     round_line = next(line for line in text.splitlines() if "rank 3 (type 1)" in line)
-    assert round_line.split()[-1].endswith("s")  # a duration
+    assert round_line.split()[-2].endswith("s")  # a duration (to the last recover status)
+    assert round_line.split()[-1] == "-"  # to training resumed: no agent here said so (they do not ReportResumed)
     train = text.split("job other")[0]
     node_lines = [cols for cols in map(str.split, train.splitlines()) if len(cols) > 1 and cols[1] == "localhost"]
     assert ["0-1", "2-3"] == [cols[3] for cols in node_lines]  # global ranks of each node

@@ -104,6 +104,18 @@ def test_agent_report_and_status_service_inputs(stubs) -> None:
     assert unregistered.code == Code.NOT_REGISTERED
     missing = status.ListJobs(taskd_pb2.JobQuery(jobId="nojob"), timeout=CALL_TIMEOUT)
     assert missing.status.code == Code.JOB_NOT_EXIST and not missing.jobs
+    before = status.ListJobs(taskd_pb2.JobQuery(jobId="vjob"), timeout=CALL_TIMEOUT).jobs[0].events
+    for req, code, words in [  # training resumed (ReportResumed): refused, and nothing recorded
+        (taskd_pb2.ResumedRequest(jobId="", round=1), Code.INVALID_PARAMS, "jobId is empty"),
+        (taskd_pb2.ResumedRequest(jobId="vjob", round=1, seconds=-1.0), Code.INVALID_PARAMS, "seconds must be"),
+        (taskd_pb2.ResumedRequest(jobId="vjob", round=0), Code.INVALID_PARAMS, "round must be >= 1"),
+        (taskd_pb2.ResumedRequest(jobId="nojob", round=1), Code.JOB_NOT_EXIST, "does not exist"),
+        (taskd_pb2.ResumedRequest(jobId="vjob", nodeRank=1, round=1), Code.NOT_REGISTERED, "not registered"),
+        (taskd_pb2.ResumedRequest(jobId="vjob", round=3), Code.OUT_OF_ORDER, "no round recovered yet"),
+    ]:
+        answer = reports.ReportResumed(req, timeout=CALL_TIMEOUT)
+        assert answer.code == code and words in answer.info, (req, answer)
+    assert status.ListJobs(taskd_pb2.JobQuery(jobId="vjob"), timeout=CALL_TIMEOUT).jobs[0].events == before
 
 
 @pytest.mark.parametrize("info,grpc_code,code", [

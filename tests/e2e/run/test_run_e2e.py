@@ -239,6 +239,13 @@ def test_two_nodes_share_one_controller(tmp_path: Path, baseline: list[np.ndarra
         assert status.returncode == 0, status.stderr
         job = json.loads(status.stdout)["jobs"][0]
         assert job["state"] == "SUCCEEDED" and len(job["agents"]) == 2
+        # each agent told the controller when its ranks trained again: node 1 saw its restarted rank's first
+        # step, node 0 had nothing restarted to watch; the round's figure is node 1's, after the round's end
+        told = {e["detail"]["node_rank"]: e["detail"]["unseen"] for e in job["events"]
+                if e["kind"] == "training_resumed"}
+        assert told == {0: True, 1: False}, job["events"]
+        (rnd,) = job["rounds"]
+        assert rnd["secondsToTrainingResumed"] > rnd["durationSeconds"] > 0, rnd
 
 
 LATE_FAULT = """

@@ -21,6 +21,8 @@ def test_generation_and_restarts_are_read_from_extra_params() -> None:
     order = change('{"generation": 7, "restarts": 2}')
     assert (order.generation, order.restarts) == (7, 2)
     assert change('{"generation": 0, "restarts": 0}').generation == 0, "0 is a count, not a missing value"
+    assert change('{"generation": 7, "restarts": 2, "round": 4}').round == 4  # named in ResumedRequest
+    assert change('{"generation": 7, "round": "4"}').round is None and change('{"round": -1}').round is None
 
 
 @pytest.mark.parametrize("extra_params", [

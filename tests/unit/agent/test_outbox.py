@@ -33,7 +33,7 @@ class Call:
     def result(self) -> Any:
         if self.error is not None:
             raise self.error
-        return SimpleNamespace(code=self.answer)
+        return SimpleNamespace(code=self.answer, info=f"info of {self.answer}")
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -224,3 +224,41 @@ def test_a_call_completing_after_the_link_closed_wakes_nothing() -> None:
     link.close(0, "")
     link.outbox._wake()
     assert woken == [1]
+
+
+def lossy_report(now: float) -> Report:
+    return Report("training resumed", "ReportResumed", lambda _c, _r: "resumed",
+                  LocalPolicy(3, TIMEOUT, 30.0).report_retry(now), lossy=True)
+
+
+def test_an_informational_report_never_holds_back_the_fault_report_behind_it(box: tuple[Outbox, Client]) -> None:
+    """Refused, or not known to an older controller: settled by that first answer; the fault report goes next."""
+    outbox, client = box
+    for answer, error in ((Code.OUT_OF_ORDER, None), (None, ServerUnreachable("c", "ReportResumed: UNIMPLEMENTED"))):
+        outbox.add(lossy_report(0.0))
+        outbox.add(fault_report(0.0))
+        outbox.poll(0.0)
+        client.last.answer, client.last.error = answer, error
+        [settled] = outbox.poll(0.1)
+        assert not settled.taken and settled.report.lossy
+        assert settled.why == ("answered 401: info of 401" if error is None else str(error))
+        assert client.last.method == "ReportProcessFault", "the fault report is sent at once"
+        client.last.answer = Code.OK
+        [settled] = outbox.poll(0.2)
+        assert settled.taken and settled.report.what == FAULT
+
+
+def test_an_informational_report_is_sent_again_when_the_controller_is_busy_or_unreachable(
+        box: tuple[Outbox, Client]) -> None:
+    outbox, client = box
+    outbox.add(lossy_report(0.0))
+    outbox.poll(0.0)
+    client.last.answer = Code.STORAGE_ERROR  # nothing changed on the controller: send it again later
+    assert outbox.poll(0.1) == [] and len(outbox) == 1
+    outbox.poll(5.0)
+    client.last.error = ServerUnreachable("c", "ReportResumed: UNAVAILABLE")
+    assert outbox.poll(5.1) == [] and len(outbox) == 1
+    outbox.poll(10.0)
+    client.last.answer = Code.OK
+    [settled] = outbox.poll(10.1)
+    assert settled.taken and len(client.calls) == 3

@@ -46,11 +46,11 @@ def test_resumed_once_every_restarted_rank_beat_from_its_new_process(caplog) -> 
     table[1].pid = 21  # the replacement
     rec = record()
     watch.track(rec, [1], before, started=1.0)
-    watch.check(now=1.5)
+    assert watch.check(now=1.5) is None
     assert rec.resumption == PENDING and watch.pending  # the old incarnation's file does not count
     files.states[1] = beat(21, 43)
     with caplog.at_level("INFO", logger="taskd.agent"):
-        watch.check(now=2.25)
+        assert watch.check(now=2.25) == 1.25  # the seconds the controller is told (ResumedRequest)
     assert rec.resumption == RESUMED and rec.resumed_seconds == 1.25 and not watch.pending
     assert "rank 1 at step 43, step 50 before the fault: it redoes at least 8 step(s)" in caplog.text
     assert "1.250s from the fault to training resumed" in rec.describe()

@@ -456,6 +456,31 @@ def test_on_resumed_ends_the_round_here() -> None:
     assert m.state is S.STOPPING, "a resumption seen after a new fault is only recorded"
 
 
+def test_training_resumed_after_the_controllers_round_is_told_to_it_naming_the_round() -> None:
+    m = machine(S.STOPPING, live=True)
+    m.handle(change(Strategy.RECOVER, extra='{"generation": 5, "restarts": 1, "round": 7}'), NOW)
+    m.handle(ev.StartResult(0), NOW)
+    m.handle(ev.GroupRejoined(5, NOW), NOW + 0.4)
+    actions = m.handle(ev.Resumed(seconds=1.5, at=NOW + 1.5), NOW + 1.5)
+    assert m.state is S.RUNNING and of(actions, ev.TellResumed) == [ev.TellResumed(7, 1.5, NOW + 1.5, True)]
+    # a job-rescheduling whose ranks write no heartbeat steps: the controller hears that nothing here can tell
+    m = machine(S.STOPPING)
+    m.handle(change(Strategy.JOB_RESCHEDULING, extra='{"round": 2}'), NOW)
+    m.handle(ev.StartResult(0), NOW)
+    assert of(m.handle(ev.Resumed(seen=False), NOW + 1), ev.TellResumed) == [ev.TellResumed(2, 0.0, 0.0, False)]
+
+
+def test_without_a_round_from_taskds_controller_nothing_is_told() -> None:
+    m = machine(S.STOPPING)
+    m.handle(change(Strategy.RECOVER, extra='{"generation": 5}'), NOW)  # ClusterD names no round
+    m.handle(ev.StartResult(0), NOW)
+    assert of(m.handle(ev.Resumed(seconds=1.0, at=NOW), NOW), ev.TellResumed) == [] and m.state is S.RUNNING
+    m = machine(S.DEGRADED)  # degraded: no controller to tell
+    m.handle(fault(1), NOW)
+    m.handle(ev.StartResult(0), NOW)
+    assert of(m.handle(ev.Resumed(seconds=1.0, at=NOW), NOW), ev.TellResumed) == []
+
+
 def test_a_rank_gone_when_the_start_returned_is_a_new_round_after_the_restart() -> None:
     """Today's re-entry, as queued events: the start's result is handled first (status 0 reported, the restart
     recorded), and only then the rank found gone opens a round of its own."""

@@ -128,10 +128,11 @@ def test_change_strategy_carries_generation_and_restarts_as_typed_fields() -> No
     assert sig.signal_type == SignalType.CHANGE_STRATEGY and sig.strategy == "recover"
     assert sig.generation == m.signal_seq and sig.restarts == 1 == m.restarts
     params = json.loads(extra_params(sig))
-    assert params == {"generation": sig.generation, "restarts": 1}
+    assert params == {"generation": sig.generation, "restarts": 1, "round": 1} and sig.round == m.round_number
     # built from the fields, not parsed from the uuid
-    odd = Signal(uuid="not-a-number", signal_type=SignalType.CHANGE_STRATEGY, actions=(), generation=12, restarts=2)
-    assert json.loads(extra_params(odd)) == {"generation": 12, "restarts": 2}
+    odd = Signal(uuid="not-a-number", signal_type=SignalType.CHANGE_STRATEGY, actions=(), generation=12, restarts=2,
+                 round=3)
+    assert json.loads(extra_params(odd)) == {"generation": 12, "restarts": 2, "round": 3}
 
 
 def test_the_clock_rule() -> None:

@@ -90,7 +90,7 @@ def test_a_lost_node_opens_a_round_for_its_ranks_and_its_replacement_is_recovere
     (change,) = out.signals
     assert change.signal_type == SignalType.CHANGE_STRATEGY and change.strategy == "recover"
     assert dict(change.faults) == {2: "1", 3: "1"}
-    assert json.loads(extra_params(change)) == {"generation": change.generation, "restarts": 1}
+    assert json.loads(extra_params(change)) == {"generation": change.generation, "restarts": 1, "round": 1}
     assert m.round.participants == {0, 1} and m.restarts == 1
     m.handle(RecoverStatusReported(node_rank=0, host="h", pid=100, strategy="recover"), 16.0)
     assert m.state == S.RECOVERING

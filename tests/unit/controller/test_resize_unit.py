@@ -78,13 +78,13 @@ def test_no_replacement_in_time_scales_in_then_a_new_node_grows_the_job_back() -
     assert change.signal_type == SignalType.CHANGE_STRATEGY and change.strategy == "downgrade"
     assert dict(change.faults) == {4: "1", 5: "1"}
     params = json.loads(extra_params(change))
-    assert params == {"generation": change.generation, "restarts": 1, "world_size": 4,
+    assert params == {"generation": change.generation, "restarts": 1, "round": 1, "world_size": 4,
                       "rank_map": {"0": 0, "1": 1, "2": 2, "3": 3}}
     (resized,) = [r for r in out.records if r.kind == "resized"]
     assert resized.detail["world_size"] == 4 and resized.detail["node_count"] == 2
     assert m.round.participants == {0, 1} and m.restarts == 1  # the node-loss round's one restart
     recovered(m, {0: ("h", 100), 1: ("h", 101)}, "downgrade", 111.0)
-    assert "2 of 3 node(s), world size 4" in m.info or m.info.startswith("recovered")
+    assert "2 of 3 node(s), world size 4" in m.info or m.info.startswith("round 1 ended with downgrade")
     assert m.expected_nodes() == {0, 1}
     # node 2 comes back (`taskd run --node-rank 2` on a new host): its Register is the hand-over
     out = m.handle(AgentRegistered(node_rank=2, host="h3", pid=300, ranks_per_node=2), 120.0)

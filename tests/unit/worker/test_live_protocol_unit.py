@@ -150,9 +150,10 @@ def test_change_strategy_carries_the_generation_every_node_names():
     from taskd.vocabulary import Action, SignalType
 
     change = Signal(uuid="job-with-dashes-2-7", signal_type=SignalType.CHANGE_STRATEGY,
-                    actions=(Action.CHANGE_STRATEGY,), strategy="recover", generation=7, restarts=1)
+                    actions=(Action.CHANGE_STRATEGY,), strategy="recover", generation=7, restarts=1, round=2)
     # from the signal's typed fields, not from its uuid (a job id may hold dashes)
-    assert json.loads(to_message("job-with-dashes", change).extraParams) == {"generation": 7, "restarts": 1}
+    assert json.loads(to_message("job-with-dashes", change).extraParams) == {"generation": 7, "restarts": 1,
+                                                                              "round": 2}
     stop = Signal(uuid="job-2-5", signal_type=SignalType.STOP_TRAIN, actions=(Action.STOP_TRAIN,), reason="why")
     assert json.loads(to_message("job", stop).extraParams) == {"reason": "why"}
 
