@@ -39,8 +39,11 @@ def one_run(k: int, strategy: str, steps: int, step_sleep: float, work: Path, se
                             stderr=subprocess.STDOUT, cwd=ROOT)
     try:
         counter = out / f"rank{VICTIM}.computed"
-        first_ckpt = ckpt / f"rank{VICTIM}"
-        wait_for(lambda: first_ckpt.is_dir() and any(first_ckpt.iterdir()), 60, "rank 1's first checkpoint", 0.01)
+        dirs = [ckpt / f"rank{r}" for r in range(NPROC)]
+        # every rank past its first checkpoint, so every rank has declared it can rejoin (a rank still starting
+        # has not, and then `recover` is rightly not offered: a loaded machine once killed rank 1 that early)
+        wait_for(lambda: all(d.is_dir() and any(d.iterdir()) for d in dirs), 60, "every rank's first checkpoint",
+                 0.01)
         pids = wait_for(lambda: (r := rank_pids(proc.pid)) and len(r) == NPROC and r, 30, "every rank running")
         time.sleep(random.Random(seed).uniform(0, 2 * k * step_sleep))
         os.kill(pids[VICTIM], signal.SIGKILL)
