@@ -43,12 +43,19 @@ def _strings(pairs: Iterable[tuple[str, str]]) -> str:
     return ""
 
 
-@functools.lru_cache(maxsize=16384)
 def check_job_id(job_id: str) -> str:
     """Non-empty, at most 256 bytes of UTF-8, printable: it is shown in logs, consoles and `taskd status`.
-    Cached: every report names its job, and the per-character check was ~10 us a call."""
+    The printable check is cached (every report names its job; it was ~10 us a call), for ids of a valid
+    length only: a peer sending ever new megabyte-long ids must not fill the cache with them."""
     if not job_id:
         return "jobId is empty"
+    if len(job_id) > MAX_JOB_ID_BYTES:  # more characters than bytes allowed: too long whatever its encoding
+        return f"jobId is {len(job_id.encode('utf-8', 'surrogatepass'))} bytes long (max {MAX_JOB_ID_BYTES})"
+    return _check_short_job_id(job_id)
+
+
+@functools.lru_cache(maxsize=16384)
+def _check_short_job_id(job_id: str) -> str:
     size = len(job_id.encode("utf-8", "surrogatepass"))
     if size > MAX_JOB_ID_BYTES:
         return f"jobId is {size} bytes long (max {MAX_JOB_ID_BYTES})"
