@@ -50,7 +50,14 @@ from taskd.worker.torch_facts import (
     stable_ddp_kwargs,
     step_seed,
 )
-from taskd.worker.torch_group import GroupSockets, LeaveWatch, collect, drop_frames, freeze_older_objects
+from taskd.worker.torch_group import (
+    GroupSockets,
+    LeaveWatch,
+    RetiredGroups,
+    collect,
+    drop_frames,
+    freeze_older_objects,
+)
 from taskd.worker.torch_mark import CollectiveMark, marked_allreduce
 from taskd.worker.torch_resize import Resize, ResizeHook
 from taskd.worker.torch_state import LiveUsageError, hand_over, refuse_own_collectives
@@ -134,6 +141,8 @@ class LiveGroup:
         self._sockets = GroupSockets()  # the current generation's connections (live only)
         self._leave_watch: LeaveWatch | None = None  # ends them when the agent says the group is broken
         self._dropped: list[weakref.ref[DistributedDataParallel]] = []  # wrappers a recovery let go of
+        self._retired = RetiredGroups()  # groups left, held while work of theirs may still wait (torch_group)
+        self._group_timeout = self.timeout  # the longest collective timeout the current group had
         if not self.live:
             if not dist.is_initialized():
                 dist.init_process_group(backend, timeout=self.timeout)
@@ -263,6 +272,8 @@ class LiveGroup:
         if dist.is_initialized():
             dist.destroy_process_group()
         self._sockets.release()
+        if self._retired.keep_past_exit():  # freed at interpreter exit, a left group's leftover work held the rank
+            log.debug("rank %d: the groups left in the last %s are kept past exit", self.rank, self._group_timeout)
 
     def _data(self, what: str) -> None:
         for loader in self._loaders:
@@ -413,6 +424,7 @@ class LiveGroup:
         self.mark.forget()
         drop_frames(error)
         if dist.is_initialized():
+            self._retired.hold(dist.distributed_c10d._get_default_group(), self._group_timeout.total_seconds())
             try:
                 dist.destroy_process_group()
             except Exception as exc:  # noqa: BLE001 - a broken group may fail to tear down; it is gone anyway
@@ -434,6 +446,7 @@ class LiveGroup:
         with self._sockets.forming(generation):
             dist.init_process_group(self.backend, store=store, rank=self.rank, world_size=self.world_size,
                                     timeout=forming)
+        self._group_timeout = forming  # what it was formed with bounds work posted then
         if forming != self.timeout and hasattr(dist.distributed_c10d, "_set_pg_timeout"):
             dist.distributed_c10d._set_pg_timeout(self.timeout)
         self._formed_at = collectives_issued()  # what forming the group ran itself (TORCH_DIST_INIT_BARRIER=1)

@@ -21,11 +21,13 @@ connects later and nothing is tracked: leaving then relies on the group being fr
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import logging
 import os
 import socket
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -185,6 +187,50 @@ class LeaveWatch:
                 continue
             if ended and self._on_end is not None and control is not None:
                 self._on_end(ended, control)
+
+
+class RetiredGroups:
+    """Process groups a rank has left, kept until no work of theirs can still be waiting.
+
+    Freeing a ProcessGroupGloo joins its worker threads, and a thread still holding work of the broken
+    step (a send or receive on a connection the shutdown did not end) is held until that work's
+    collective timeout. Freed in a recovery, that wait stalls the rank (``destroy_process_group`` of a group
+    whose allreduce waited on a live peer took the whole 10 s timeout, measured); freed while the interpreter
+    finalizes, after the last step, it held a rank for 20 s and then aborted it (``SIGABRT``, gloo's
+    "Timed out waiting 30000ms for send operation to complete" thrown where nothing catches it), and
+    the finished job failed. So a left group is held until its timeout has passed (`release_expired`),
+    and whatever is still held when training ends is never freed (`keep_past_exit`): the process's
+    exit reclaims it without joining anything.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._held: list[tuple[float, object]] = []  # (when its work has surely ended, the group)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def hold(self, group: object, timeout: float) -> None:
+        """Keep ``group``, left now, for ``timeout`` seconds (its longest collective timeout) and a margin."""
+        self.release_expired()
+        self._held.append((self._clock() + timeout + 5.0, group))
+
+    def release_expired(self) -> int:
+        """Let go of the groups whose work has timed out by now (freeing them no longer waits); the number."""
+        now = self._clock()
+        keep = [(until, group) for until, group in self._held if until > now]
+        released = len(self._held) - len(keep)
+        self._held = keep
+        return released
+
+    def keep_past_exit(self) -> int:
+        """Make the groups still held outlive the interpreter's finalization (one extra reference each)."""
+        self.release_expired()
+        for _, group in self._held:
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
+        kept = len(self._held)
+        self._held.clear()
+        return kept
 
 
 def drop_frames(error: BaseException | None) -> None:
