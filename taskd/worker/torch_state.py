@@ -2,11 +2,12 @@
 
 Apart from `taskd.worker.torch`'s group mechanics. Point to point, from the source to the ranks that lack
 the state; the ranks that hold the same state take no part (a broadcast moved the whole state, ~72 MB for
-the 9 M-parameter example, through every rank of the group, the survivors included). The parameters go as
-one flat tensor when they share a dtype. Everything else (optimizer, ``extra`` objects such as a scheduler,
-each LiveLoader's data position) goes as a small pickled skeleton whose CPU tensors travel apart, one flat
-tensor per dtype: pickling the example's 36 MB of momentum buffers, copying and unpickling them made the
-hand-over take 0.21 s between two ranks, where sending 72 MB as two tensors takes 0.04 s.
+the 9 M-parameter example, through every rank of the group, the survivors included). The parameters travel
+as tensors (`buckets`: a large one alone, received in place; small ones of a dtype flattened together).
+Everything else (optimizer, ``extra`` objects such as a scheduler, each LiveLoader's data position) goes as
+a small pickled skeleton whose CPU tensors travel apart the same way: pickling the example's 36 MB of
+momentum buffers, copying and unpickling them made the hand-over take 0.21 s between two ranks, where
+sending 72 MB as two tensors takes 0.04 s.
 """
 
 from __future__ import annotations
@@ -83,58 +84,78 @@ def join_tensors(obj: Any, tensors: list[torch.Tensor]) -> Any:
     return obj
 
 
-def _by_dtype(slots: list[_Slot]) -> dict[torch.dtype, list[_Slot]]:
-    """The slots of each dtype that has elements to send, in a fixed order both sides compute alike."""
-    groups: dict[torch.dtype, list[_Slot]] = {}
-    for slot in slots:
-        if torch.Size(slot.shape).numel():
-            groups.setdefault(slot.dtype, []).append(slot)
-    return groups
+BUCKET_BYTES = 4 << 20  # a tensor this large travels alone, smaller ones of one dtype together up to it
+
+
+def buckets(tensors: list[torch.Tensor]) -> list[list[int]]:
+    """The indices of ``tensors`` each message carries: alone when large (sent and received in place, no copy),
+    flattened together when small (one message instead of one each). Both sides compute it alike from the
+    shapes and dtypes; empty tensors take no message."""
+    out: list[list[int]] = []
+    filling: dict[torch.dtype, tuple[list[int], int]] = {}
+    for i, t in enumerate(tensors):
+        size = t.numel() * t.element_size()
+        if not size:
+            continue
+        if size >= BUCKET_BYTES:
+            out.append([i])
+            continue
+        group, total = filling.get(t.dtype, ([], 0))
+        group.append(i)
+        filling[t.dtype] = (group, total + size)
+        if total + size >= BUCKET_BYTES:
+            out.append(group)
+            del filling[t.dtype]
+    out.extend(group for group, _ in filling.values())
+    return out
+
+
+def _messages(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [tensors[b[0]].contiguous() if len(b) == 1
+            else torch._utils._flatten_dense_tensors([tensors[i] for i in b]) for b in buckets(tensors)]
+
+
+def _receive(targets: list[torch.Tensor], source: int) -> None:
+    """Fill ``targets`` in place with what `_messages` of the same shapes and dtypes carried."""
+    for b in buckets(targets):
+        if len(b) == 1 and targets[b[0]].is_contiguous():
+            dist.recv(targets[b[0]], source)
+            continue
+        into = torch.empty(sum(targets[i].numel() for i in b), dtype=targets[b[0]].dtype)
+        dist.recv(into, source)
+        if len(b) == 1:
+            targets[b[0]].copy_(into.view(targets[b[0]].shape))
+            continue
+        for i, view in zip(b, torch._utils._unflatten_dense_tensors(into, [targets[i] for i in b]), strict=True):
+            targets[i].copy_(view)
 
 
 def hand_over(source: int, lacking: list[int], model: torch.nn.Module | None,
               optimizer: torch.optim.Optimizer | None, extra: dict[str, Any], loaders: list[LiveLoader]) -> None:
     """Called by ``source`` and by every rank of ``lacking``; afterwards each of them holds ``source``'s state."""
     params = [] if model is None else [t.detach() for t in model.state_dict().values()]
-    one_dtype = bool(params) and all(p.dtype == params[0].dtype for p in params)
-    sending = dist.get_rank() == source
-    flat = None if not one_dtype else torch._utils._flatten_dense_tensors(params) if sending \
-        else torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype)  # to receive into
-    tensors = [flat] if flat is not None else params
-    if sending:
+    if dist.get_rank() == source:
         apart: list[torch.Tensor] = []
         skeleton = split_tensors({"optimizer": None if optimizer is None else optimizer.state_dict(),
                                   "extra": {k: v.state_dict() for k, v in extra.items()},
                                   "data": [loader.handover() for loader in loaders]}, apart)
-        slots = [_Slot(i, tuple(t.shape), t.dtype) for i, t in enumerate(apart)]
         buf = io.BytesIO()
-        torch.save({"skeleton": skeleton, "slots": slots}, buf)
+        torch.save({"skeleton": skeleton, "slots": [_Slot(i, tuple(t.shape), t.dtype) for i, t in enumerate(apart)]},
+                   buf)
         blob = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
-        size = torch.tensor([blob.numel()], dtype=torch.int64)
-        flats = [torch._utils._flatten_dense_tensors([apart[s.index] for s in group])
-                 for group in _by_dtype(slots).values()]
+        messages = [*_messages(params), torch.tensor([blob.numel()], dtype=torch.int64), blob, *_messages(apart)]
         for dst in lacking:  # in order: each pair's messages are matched in the order they were sent
-            for t in (*tensors, size, blob, *flats):
+            for t in messages:
                 dist.send(t, dst)
         return
-    for t in tensors:
-        dist.recv(t, source)
-    if flat is not None:
-        for p, new in zip(params, torch._utils._unflatten_dense_tensors(flat, params), strict=True):
-            p.copy_(new)
+    _receive(params, source)
     size = torch.zeros(1, dtype=torch.int64)
     dist.recv(size, source)
     blob = torch.empty(int(size[0]), dtype=torch.uint8)
     dist.recv(blob, source)
     message = torch.load(io.BytesIO(blob.numpy().tobytes()), weights_only=False)
-    slots: list[_Slot] = message["slots"]
-    received = [torch.empty(s.shape, dtype=s.dtype) for s in slots]
-    for dtype, group in _by_dtype(slots).items():
-        into = torch.empty(sum(torch.Size(s.shape).numel() for s in group), dtype=dtype)
-        dist.recv(into, source)
-        for s, view in zip(group, torch._utils._unflatten_dense_tensors(into, [received[s.index] for s in group]),
-                           strict=True):
-            received[s.index] = view
+    received = [torch.empty(s.shape, dtype=s.dtype) for s in message["slots"]]
+    _receive(received, source)
     state = join_tensors(message["skeleton"], received)
     if optimizer is not None and state["optimizer"] is not None:
         optimizer.load_state_dict(state["optimizer"])

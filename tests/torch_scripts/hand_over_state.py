@@ -23,7 +23,9 @@ class Counters:
         g = torch.Generator().manual_seed(seed)
         shared = torch.randint(0, 1000, (7,), generator=g)
         self.state = {"ints": shared, "again": shared, "empty": torch.zeros(0, 3), "half": torch.rand(5).half(),
-                      "nested": [(seed, "name", torch.rand(2, 2, generator=g))], "step": seed}
+                      "nested": [(seed, "name", torch.rand(2, 2, generator=g))], "step": seed,
+                      "big": torch.rand(1_200_000, generator=g),  # over BUCKET_BYTES: travels alone
+                      "transposed": torch.rand(3, 5, generator=g).t()}  # not contiguous
 
     def state_dict(self) -> dict:
         return self.state
@@ -47,7 +49,7 @@ def main() -> int:
     dist.init_process_group("gloo", store=dist.FileStore(sys.argv[2], 2), rank=rank, world_size=2,
                             timeout=timedelta(seconds=60))
     torch.manual_seed(rank)  # the two ranks start from different weights
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    model = torch.nn.Sequential(torch.nn.Linear(16, 1100), torch.nn.ReLU(), torch.nn.Linear(1100, 1000))  # a 4.4 MB one
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     if rank == 0:  # only the source has optimizer state (Adam's step is a 0-dim tensor)
         for _ in range(3):

@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from taskd.worker.torch_state import join_tensors, split_tensors  # noqa: E402
+from taskd.worker.torch_state import BUCKET_BYTES, buckets, join_tensors, split_tensors  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -39,3 +39,11 @@ def test_split_then_join_gives_back_the_structure_with_the_same_tensors() -> Non
     back = join_tensors(skeleton, tensors)
     assert back["a"][0] is shared and back["a"][1][2] is shared and back["a"][1][:2] == (1, "x")
     assert back["b"]["z"] is tensors[1]
+
+
+def test_large_tensors_travel_alone_and_small_ones_of_a_dtype_together() -> None:
+    big = BUCKET_BYTES // 4  # float32 elements of one full bucket
+    tensors = [torch.zeros(10), torch.zeros(big), torch.zeros(5, dtype=torch.int64), torch.zeros(0),
+               torch.zeros(big - 5), torch.zeros(20), torch.zeros(3, dtype=torch.int64)]
+    # 10 + (big - 5) small floats fill a bucket; the empty one takes no message
+    assert buckets(tensors) == [[1], [0, 4], [2, 6], [5]]
