@@ -167,8 +167,8 @@ class LocalLauncher:
                 kill_group(inc.pid)  # type: ignore[arg-type]
             for inc in live:
                 self._wait_reaped(inc, timeout=10.0)
-            if any(self._table.starts(r) for r in range(self.spec.nproc_per_node)):
-                self._restart_rounds += 1
+            restarted = any(self._table.starts(r) for r in range(self.spec.nproc_per_node))
+            self._restart_rounds += restarted
             try:  # the store child starts with the ranks, not before them: they need it only at init_process_group
                 self._live.start()
             except StoreHostError as exc:
@@ -180,7 +180,7 @@ class LocalLauncher:
             except StoreHostError as exc:
                 log.error("%s", exc)
                 return 1
-            self._spares.fill()
+            self._spares.refill_later() if restarted else self._spares.fill()  # a restart's spare: after it
         return 0 if all(ok) else 1
 
     def start_worker_list(self, ranks: list[int]) -> int:
@@ -211,7 +211,7 @@ class LocalLauncher:
                     log.warning("START_WORKER_LIST: rank %d (pid %d) is still running", current.global_rank,
                                 current.pid)
                 ok = self._start(rank) and ok
-            self._spares.fill()
+            self._spares.refill_later()
         return 0 if ok else 1
 
     def monitor(self, ranks: list[int]) -> dict[int, dict[str, object]]:

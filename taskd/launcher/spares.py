@@ -7,6 +7,11 @@ interpreter, `sys.argv`, `sys.path[0]` = the script's directory, `__name__ == "_
 exit code 1 and a traceback on an exception). Only for `.py` entrypoints; opt-in
 (`taskd run --warm-spares N`). With TASKD_PREIMPORT (set to `torch` for live-recovery jobs) a spare
 imports those modules first (`taskd.worker.live.preimport`), so a replacement skips torch's import.
+
+After a spare becomes a rank the pool is refilled `REFILL_DELAY` seconds later, not at once: the new
+spare's import of torch takes seconds of CPU, and on a 2-core machine it ran alongside the recovery it
+had just made fast (kill -> every rank past its next step, 4 ranks: p50 0.77 s with the refill at once,
+0.59 s with it deferred; BENCHMARKS.md). A second fault within that time gets a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import json
 import logging
 import subprocess
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 
 from taskd.process.spawn import has_exited, kill_group, reap, spawn
@@ -56,16 +62,48 @@ def python_script(entrypoint: Sequence[str]) -> str | None:
     return None
 
 
-class SparePool:
-    """Idle interpreters owned by the launcher; spawned and activated from the launcher's callers' thread."""
+REFILL_DELAY = 5.0  # seconds from a spare becoming a rank to its successor's start
 
-    def __init__(self, size: int, env: Mapping[str, str], cwd: str | None) -> None:
+
+class SparePool:
+    """Idle interpreters owned by the launcher; activated from the launcher's callers' thread, refilled from it
+    or, after an activation, from a timer."""
+
+    def __init__(self, size: int, env: Mapping[str, str], cwd: str | None, refill_delay: float | None = None) -> None:
+        refill_delay = REFILL_DELAY if refill_delay is None else refill_delay
+        if refill_delay < 0:
+            raise ValueError(f"refill_delay must be >= 0 seconds, got {refill_delay}")
         self.size = max(0, size)
         self._env = dict(env)
         self._cwd = cwd
+        self._refill_delay = refill_delay
         self._idle: list[subprocess.Popen[bytes]] = []
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        self._closed = False
 
     def fill(self) -> None:
+        """Start spares until the pool is full (now; a refill already scheduled then finds nothing to do)."""
+        with self._lock:
+            if not self._closed:
+                self._fill()
+
+    def refill_later(self) -> None:
+        """Fill the pool `refill_delay` seconds from now, once the recovery that used a spare is past."""
+        with self._lock:
+            if self._closed or len(self._idle) >= self.size or self._timer is not None:
+                return
+            self._timer = threading.Timer(self._refill_delay, self._scheduled_fill)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _scheduled_fill(self) -> None:
+        with self._lock:
+            self._timer = None
+            if not self._closed:
+                self._fill()
+
+    def _fill(self) -> None:
         while len(self._idle) < self.size:
             try:
                 self._idle.append(spawn([sys.executable, "-u", "-c", SPARE_CODE], self._env, cwd=self._cwd,
@@ -76,6 +114,10 @@ class SparePool:
 
     def activate(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None) -> subprocess.Popen[bytes] | None:
         """Hand a rank's argv and environment to an idle spare; None when none is ready."""
+        with self._lock:
+            return self._activate(argv, env, cwd)
+
+    def _activate(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None) -> subprocess.Popen[bytes] | None:
         while self._idle:
             popen = self._idle.pop(0)
             if has_exited(popen.pid):
@@ -95,6 +137,11 @@ class SparePool:
         return None
 
     def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
         for popen in self._idle:
             kill_group(popen.pid)
         for popen in self._idle:
@@ -102,7 +149,8 @@ class SparePool:
         self._idle.clear()
 
     def pids(self) -> list[int]:
-        return [p.pid for p in self._idle]
+        with self._lock:
+            return [p.pid for p in self._idle]
 
 
 __all__ = ["SPARE_CODE", "SparePool", "python_script"]

@@ -6,13 +6,14 @@ import json
 import os
 import signal
 import textwrap
+import time
 from pathlib import Path
 
 import psutil
 import pytest
 from support import wait_for, written
 
-from taskd.launcher import STATUS_FAILED, STATUS_OK, LocalLauncher, WorkerSpec, command_for
+from taskd.launcher import STATUS_FAILED, STATUS_OK, LocalLauncher, WorkerSpec, command_for, spares
 
 SCRIPT = textwrap.dedent('''
     import json, os, sys, time
@@ -36,7 +37,8 @@ SCRIPT = textwrap.dedent('''
 
 
 @pytest.fixture
-def launcher(tmp_path: Path):
+def launcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(spares, "REFILL_DELAY", 0.5)  # the refill after a restart is deferred; not 5 s here
     made = []
 
     def make(mode: str) -> LocalLauncher:
@@ -72,7 +74,9 @@ def test_restarted_rank_runs_in_the_spare_like_a_fresh_interpreter(launcher, tmp
     for key in ("argv", "name", "file", "path0", "cwd"):
         assert again[key] == first[key], key
     assert again["name"] == "__main__" and again["stdin"] == ""
-    assert len(la._spares.pids()) == 1 and la._spares.pids()[0] != spares[0], "the pool is refilled"
+    assert la._spares.pids() == [], "the pool is refilled only after the restart (REFILL_DELAY)"
+    wait_for(lambda: len(la._spares.pids()) == 1, what="the pool refilled after REFILL_DELAY")
+    assert la._spares.pids()[0] != spares[0]
     log = tmp_path / "logs" / "rank_1.log"  # the line reaches the log through the launcher's I/O thread
     wait_for(lambda: "rank 1 restart 1 up" in log.read_text(), what="the spare-run rank's output in its log")
 
@@ -119,4 +123,18 @@ def test_spare_that_died_idle_is_reaped_and_replaced(launcher, tmp_path: Path) -
     assert la.pid(1) != dead, "a dead spare never becomes a rank"
     assert _record(tmp_path, 1, 1)["pid"] == la.pid(1)
     assert not psutil.pid_exists(dead), "the dead spare is reaped, not left a zombie"
-    assert la._spares.pids() and dead not in la._spares.pids(), "the pool is refilled"
+    wait_for(lambda: len(la._spares.pids()) == 1, what="the pool refilled after REFILL_DELAY")
+    assert dead not in la._spares.pids()
+
+
+def test_a_refill_scheduled_when_the_pool_closes_starts_nothing(tmp_path: Path) -> None:
+    pool = spares.SparePool(1, dict(os.environ), str(tmp_path), refill_delay=0.2)
+    pool.refill_later()
+    pool.close()
+    time.sleep(0.5)  # past the delay: the cancelled timer must not have started a spare
+    assert pool.pids() == []
+
+
+def test_a_negative_refill_delay_is_refused() -> None:
+    with pytest.raises(ValueError, match="refill_delay must be >= 0"):
+        spares.SparePool(1, {}, None, refill_delay=-1)
