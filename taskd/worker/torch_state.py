@@ -5,9 +5,9 @@ the state; the ranks that hold the same state take no part (a broadcast moved th
 the 9 M-parameter example, through every rank of the group, the survivors included). The parameters travel
 as tensors (`buckets`: a large one alone, received in place; small ones of a dtype flattened together).
 Everything else (optimizer, ``extra`` objects such as a scheduler, each LiveLoader's data position) goes as
-a small pickled skeleton whose CPU tensors travel apart the same way: pickling the example's 36 MB of
-momentum buffers, copying and unpickling them made the hand-over take 0.21 s between two ranks, where
-sending 72 MB as two tensors takes 0.04 s.
+a small pickled skeleton whose CPU tensors travel apart the same way. Pickling the example's 36 MB of
+momentum buffers, copying and unpickling them made the hand-over take 0.187 s p50 between two ranks;
+now 0.054 s, where the same 72 MB sent as two plain tensors take 0.03 s (`bench/hand_over.py`, BENCHMARKS.md).
 """
 
 from __future__ import annotations

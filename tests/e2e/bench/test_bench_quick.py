@@ -23,6 +23,7 @@ EXPECTED = {
     "work_lost": ("| recover", {"runs", "summary", "ks"}),
     "controller_scale": ("| N ", {"runs", "sizes", "largest_n_with_fanout_p99_under_1s"}),
     "controller_core": ("| N jobs", {"runs", "machine"}),
+    "hand_over": ("| hand_over", {"hand_over", "two_tensors", "state_equal", "machine"}),
     "overhead": ("| taskd run", {"taskd", "torchrun", "worker_sdk_us_per_call", "taskd_over_torchrun"}),
 }
 
