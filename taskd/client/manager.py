@@ -77,6 +77,7 @@ class RecoverClient:
         self.frame = "pytorch"  # set by start_subscribe; informational only (see there)
         self._stopped = threading.Event()
         self._registered_with: recover_pb2.ClientInfo | None = None
+        self._last_refusal: tuple[int, str] | None = None  # the last Register refused: its repeats log at debug
         self._rpc = RpcClient(address, creds, opts.channel_options, call_timeout=opts.call_timeout,
                               wait_for_ready=opts.wait_for_ready)
         self._dispatcher = Dispatcher(info.jobId)
@@ -121,13 +122,17 @@ class RecoverClient:
             undo()
             raise
         if status.code == Code.OK:
-            self._registered_with = request
+            self._registered_with, self._last_refusal = request, None
             logger.info("registered job %s node %d with %s", request.jobId, request.nodeRank, self.server_addr)
             return status
         undo()
         if status.code == Code.FENCED:
             raise FencedError("Register", status.info)
-        logger.warning("Register of job %s answered %d: %s", request.jobId, status.code, status.info)
+        repeated = self._last_refusal == (status.code, status.info)
+        self._last_refusal = (status.code, status.info)
+        # an agent asking again for a held node (agent/held_node.py) gets the same answer twice a second
+        (logger.debug if repeated else logger.warning)(
+            "Register of job %s answered %d: %s", request.jobId, status.code, status.info)
         return status
 
     def init_clusterd(self) -> bool:
