@@ -11,7 +11,7 @@ imports those modules first (`taskd.worker.live.preimport`), so a replacement sk
 After a spare becomes a rank the pool is refilled `REFILL_DELAY` seconds later, not at once: the new
 spare's import of torch takes seconds of CPU, and on a 2-core machine it ran alongside the recovery it
 had just made fast (kill -> every rank past its next step, 4 ranks: p50 0.77 s with the refill at once,
-0.59 s with it deferred; BENCHMARKS.md). A second fault within that time gets a fresh interpreter.
+0.49 s with it deferred; BENCHMARKS.md). A second fault within that time gets a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import logging
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 
 from taskd.process.spawn import has_exited, kill_group, reap, spawn
@@ -67,7 +68,7 @@ REFILL_DELAY = 5.0  # seconds from a spare becoming a rank to its successor's st
 
 class SparePool:
     """Idle interpreters owned by the launcher; activated from the launcher's callers' thread, refilled from it
-    or, after an activation, from a timer."""
+    or, after an activation, from the pool's own refill thread."""
 
     def __init__(self, size: int, env: Mapping[str, str], cwd: str | None, refill_delay: float | None = None) -> None:
         refill_delay = REFILL_DELAY if refill_delay is None else refill_delay
@@ -79,7 +80,9 @@ class SparePool:
         self._refill_delay = refill_delay
         self._idle: list[subprocess.Popen[bytes]] = []
         self._lock = threading.Lock()
-        self._timer: threading.Timer | None = None
+        self._wake = threading.Condition(self._lock)
+        self._due: float | None = None  # when the deferred refill is to run
+        self._refiller: threading.Thread | None = None
         self._closed = False
 
     def fill(self) -> None:
@@ -91,16 +94,25 @@ class SparePool:
     def refill_later(self) -> None:
         """Fill the pool `refill_delay` seconds from now, once the recovery that used a spare is past."""
         with self._lock:
-            if self._closed or len(self._idle) >= self.size or self._timer is not None:
+            if self._closed or len(self._idle) >= self.size:
                 return
-            self._timer = threading.Timer(self._refill_delay, self._scheduled_fill)
-            self._timer.daemon = True
-            self._timer.start()
+            if self._due is None:
+                self._due = time.monotonic() + self._refill_delay
+            if self._refiller is None:
+                # one thread for the pool's life, not a timer's: a spare's death signal fires when the thread
+                # that spawned it ends (taskd/process/spawn.py), and a timer thread ends right after its fill
+                self._refiller = threading.Thread(target=self._refill_loop, name="taskd-spare-refill", daemon=True)
+                self._refiller.start()
+            self._wake.notify()
 
-    def _scheduled_fill(self) -> None:
+    def _refill_loop(self) -> None:
         with self._lock:
-            self._timer = None
-            if not self._closed:
+            while not self._closed:
+                left = None if self._due is None else self._due - time.monotonic()
+                if left is None or left > 0:
+                    self._wake.wait(60.0 if left is None else left)
+                    continue
+                self._due = None
                 self._fill()
 
     def _fill(self) -> None:
@@ -139,9 +151,7 @@ class SparePool:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
+            self._wake.notify_all()
         for popen in self._idle:
             kill_group(popen.pid)
         for popen in self._idle:

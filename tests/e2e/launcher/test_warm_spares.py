@@ -76,9 +76,17 @@ def test_restarted_rank_runs_in_the_spare_like_a_fresh_interpreter(launcher, tmp
     assert again["name"] == "__main__" and again["stdin"] == ""
     assert la._spares.pids() == [], "the pool is refilled only after the restart (REFILL_DELAY)"
     wait_for(lambda: len(la._spares.pids()) == 1, what="the pool refilled after REFILL_DELAY")
-    assert la._spares.pids()[0] != spares[0]
+    refilled = la._spares.pids()[0]
+    assert refilled != spares[0]
     log = tmp_path / "logs" / "rank_1.log"  # the line reaches the log through the launcher's I/O thread
     wait_for(lambda: "rank 1 restart 1 up" in log.read_text(), what="the spare-run rank's output in its log")
+    # the refilled spare is alive and becomes the next restarted rank: spawned from a thread that ended (a timer's),
+    # its death signal had killed it at once
+    os.kill(la.pid(1), signal.SIGKILL)
+    wait_for(lambda: la.monitor([1])[1]["status"] == STATUS_FAILED, what="rank 1 seen dead again")
+    assert la.start_worker_list([1]) == 0
+    assert la.pid(1) == refilled, "the refilled spare became the rank"
+    assert _record(tmp_path, 1, 2)["pid"] == refilled
 
 
 @pytest.mark.parametrize("mode,code", [("raise", 1), ("exit3", 3)])
