@@ -272,8 +272,9 @@ class LiveGroup:
         if dist.is_initialized():
             dist.destroy_process_group()
         self._sockets.release()
-        if self._retired.keep_past_exit():  # freed at interpreter exit, a left group's leftover work held the rank
-            log.debug("rank %d: the groups left in the last %s are kept past exit", self.rank, self._group_timeout)
+        kept = self._retired.keep_past_exit()  # freed at interpreter exit, a left group's leftover work held the rank
+        if kept:
+            log.debug("rank %d: %d group(s) left less than their timeout ago are kept past exit", self.rank, kept)
 
     def _data(self, what: str) -> None:
         for loader in self._loaders:

@@ -136,12 +136,12 @@ def hand_over(source: int, lacking: list[int], model: torch.nn.Module | None,
     params = [] if model is None else [t.detach() for t in model.state_dict().values()]
     if dist.get_rank() == source:
         apart: list[torch.Tensor] = []
+        slots: dict[int, _Slot] = {}  # in the order of `apart`: what the receiver allocates
         skeleton = split_tensors({"optimizer": None if optimizer is None else optimizer.state_dict(),
                                   "extra": {k: v.state_dict() for k, v in extra.items()},
-                                  "data": [loader.handover() for loader in loaders]}, apart)
+                                  "data": [loader.handover() for loader in loaders]}, apart, slots)
         buf = io.BytesIO()
-        torch.save({"skeleton": skeleton, "slots": [_Slot(i, tuple(t.shape), t.dtype) for i, t in enumerate(apart)]},
-                   buf)
+        torch.save({"skeleton": skeleton, "slots": list(slots.values())}, buf)
         blob = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
         messages = [*_messages(params), torch.tensor([blob.numel()], dtype=torch.int64), blob, *_messages(apart)]
         for dst in lacking:  # in order: each pair's messages are matched in the order they were sent
