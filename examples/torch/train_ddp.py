@@ -72,6 +72,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hang-at-step", type=int, default=None, help="hang (sleep) in the middle of this step")
     p.add_argument("--retryable-error-at-step", type=int, default=None,
                    help="raise taskd.worker.RetryableError in the middle of this step")
+    p.add_argument("--retryable-after-backward", action="store_true",
+                   help="raise it after the step's backward (its gradients reduced) instead of before")
     args = p.parse_args(argv)
     if args.steps < 0 or args.ckpt_every < 0:
         p.error("--steps and --ckpt-every must be >= 0")
@@ -175,9 +177,11 @@ def main(argv: list[str] | None = None) -> int:
                 os.kill(os.getpid(), signal.SIGKILL)
             if once(args, "hang", args.hang_at_step, rank, step):
                 time.sleep(3600)
-            if once(args, "retryable", args.retryable_error_at_step, rank, step):
+            if not args.retryable_after_backward and once(args, "retryable", args.retryable_error_at_step, rank, step):
                 raise RetryableError(f"injected at step {step}")
             loss.backward()
+            if args.retryable_after_backward and once(args, "retryable", args.retryable_error_at_step, rank, step):
+                raise RetryableError(f"injected at step {step}, after backward")
             optimizer.step()
             os.write(counter, b".")
             if progress is not None:

@@ -58,7 +58,7 @@ from taskd.worker.torch_group import (
     drop_frames,
     freeze_older_objects,
 )
-from taskd.worker.torch_mark import CollectiveMark, marked_allreduce
+from taskd.worker.torch_mark import Backward, BackwardMark, CollectiveMark
 from taskd.worker.torch_resize import Resize, ResizeHook
 from taskd.worker.torch_state import LiveUsageError, hand_over, refuse_own_collectives
 
@@ -86,16 +86,18 @@ class _DDPHandle:
             if HAS_INIT_SYNC:
                 kwargs.setdefault("init_sync", False)  # the state was just synced exactly
             freeze_older_objects()  # a rebuild's collection then scans only this wrapper and what is newer
-        self.current = DistributedDataParallel(self.module, **kwargs)
-        if self._group.live:
-            self.current.register_comm_hook(self._group, marked_allreduce)
+        self.current = DistributedDataParallel(self.module, **kwargs)  # DDP's own C++ allreduce: no comm hook
         return self.current
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.current is None:
             self.build()
         self._group._forwards += 1  # a drain must know whether this step's forward-time collectives ran
-        return self.current(*args, **kwargs)  # type: ignore[misc]
+        synced = self.current.require_backward_grad_sync and torch.is_grad_enabled()  # not under no_sync()
+        output = self.current(*args, **kwargs)  # type: ignore[misc]
+        if synced and self._group.live:
+            self._group.backward.attach(output)  # the mark while its gradients are reduced (torch_mark)
+        return output
 
     def __getattr__(self, name: str) -> Any:
         if self.current is None:
@@ -135,8 +137,8 @@ class LiveGroup:
         self._committed = False
         self._in_step = False
         self._forwards = 0  # DDP forwards in this step
-        self._launched = 0  # gradient buckets launched in this step (DDP launches them in bucket order)
         self.mark = CollectiveMark(self.protocol)  # "inside a collective", for the agent
+        self.backward = BackwardMark(self.mark)  # how far this step's backward got (which buckets were launched)
         self._store: dist.TCPStore | None = None
         self._sockets = GroupSockets()  # the current generation's connections (live only)
         self._leave_watch: LeaveWatch | None = None  # ends them when the agent says the group is broken
@@ -230,7 +232,8 @@ class LiveGroup:
         """One attempt at the current step; a recoverable failure inside it rolls it back (see module doc)."""
         step = self.step_no
         self._committed = False
-        self._forwards = self._launched = 0
+        self._forwards = 0
+        self.backward.new_step()
         self._in_step = True
         if self._seed is not None:
             torch.manual_seed(step_seed(self._seed, self.rank, step))
@@ -308,6 +311,8 @@ class LiveGroup:
         if ddp.find_unused_parameters or getattr(ddp, "static_graph", False) \
                 or not hasattr(reducer, "_get_zeros_like_grad_buckets") or not hasattr(reducer, "_reset_state"):
             return False
+        if self.backward.state is Backward.RUNNING:  # raised inside backward: which buckets went out is unknown
+            return False
         t0 = time.time()
         try:
             if not self._forwards:  # the peers' forward rebuilds buckets (after the first backward), syncs buffers
@@ -316,14 +321,15 @@ class LiveGroup:
                 if ddp._check_sync_bufs_pre_fwd():
                     ddp._sync_buffers()
             buckets = reducer._get_zeros_like_grad_buckets()
-            for bucket in buckets[self._launched:]:
+            owed = [] if self.backward.state is Backward.DONE else buckets  # DDP launches them all, in bucket order
+            for bucket in owed:
                 reducer._run_comm_hook(bucket).wait()
             self._vote(ok=False)
         except Exception as exc:  # a peer is gone too: the rebuild path takes over with this error
             log.warning("rank %d: draining step %d failed: %s", self.rank, self.step_no, str(exc).splitlines()[0])
             return False
         log.info("rank %d: step %d abandoned (RetryableError: %s); %d collective(s) drained in %.3fs", self.rank,
-                 self.step_no, str(error).splitlines()[0][:200], len(buckets) - self._launched + 1, time.time() - t0)
+                 self.step_no, str(error).splitlines()[0][:200], len(owed) + 1, time.time() - t0)
         return True
 
     @property

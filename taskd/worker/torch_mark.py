@@ -1,8 +1,16 @@
 """The "inside a collective" mark a LiveGroup rank keeps in its heartbeat file.
 
 A rank waiting on its peers is not hung, and that wait is not its own compute time (the straggler
-comparison): the agent reads the mark for both. DDP's buckets complete on gloo's thread, so the count of
-collectives in flight is kept under a lock and only its 0 <-> >0 edges are written.
+comparison): the agent reads the mark for both. Only its 0 <-> >0 edges are written.
+
+Where the mark is set: DDP's gradient allreduces run on gloo's threads while backward computes, and the rank
+waits for them at the end of backward (the reducer's finalize). So the mark goes on when backward reaches the
+wrapper's output and off when backward has ended (`BackwardMark`): one tensor hook and two autograd-engine
+callbacks per step. It used to be a Python comm hook around every bucket's allreduce, and that hook cost ~7 % of
+a step at 4 ranks (BENCHMARKS.md, "LiveGroup's steady-state cost"); DDP now runs its own C++ allreduce. The
+trade-off: the backward's own compute counts as waiting, so a rank that hangs inside backward is not told apart
+from its waiting peers by the marks (its stacks still tell, taskd.agent.culprit), and a straggler's backward
+compute is not counted against it.
 
 A collective that fails leaves the mark on: ``report_error`` clears it together with the error. Cleared
 at once, the agent would see a rank that is neither in a collective nor reporting, which is what a hang
@@ -11,11 +19,12 @@ looks like (CI, session 13: a peer whose collective had just failed was taken fo
 
 from __future__ import annotations
 
+import enum
 import threading
 from typing import Any
 
 import torch
-import torch.distributed as dist
+from torch.autograd import Variable
 
 from taskd.worker.live import LiveRank
 
@@ -54,22 +63,57 @@ class CollectiveMark:
                 self._protocol.collective(self._in_flight > 0)
 
 
-def marked_allreduce(group, bucket):  # noqa: ANN001, ANN201 - DDP rejects string annotations in a comm hook
-    """DDP's allreduce, the rank marked inside a collective while a bucket is in flight. ``group`` is the
-    LiveGroup: it counts the buckets launched in a step (a drain makes only the rest)."""
-    tensor = bucket.buffer()
-    tensor.div_(dist.get_world_size())
-    group._launched += 1
-    group.mark.enter()
-    return unmark_when_done(group.mark, dist.all_reduce(tensor, async_op=True).get_future())
+class Backward(enum.Enum):
+    """How far this step's synchronised backward got: what a retry's drain must still make (LiveGroup._drain)."""
+
+    NOT_STARTED = "not started"  # no gradient bucket launched yet
+    RUNNING = "running"  # some launched, which ones is not known
+    DONE = "done"  # every bucket launched and completed
 
 
-def unmark_when_done(mark: CollectiveMark, fut: torch.futures.Future[Any]) -> torch.futures.Future[Any]:
-    """Lift the mark when the collective completes, not when it fails (see the module doc)."""
+class BackwardMark:
+    """Marks the rank inside a collective from the moment backward reaches DDP's output until backward has ended."""
 
-    def done(f: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
-        value = f.value()[0]
-        mark.leave()
-        return value
+    def __init__(self, mark: CollectiveMark) -> None:
+        self.mark = mark
+        self.state = Backward.NOT_STARTED
 
-    return fut.then(done)
+    def new_step(self) -> None:
+        self.state = Backward.NOT_STARTED
+
+    def attach(self, output: Any) -> None:
+        """Hook the tensors of a synchronised forward's ``output`` that backward will reach."""
+        for tensor in _grad_tensors(output):
+            tensor.register_hook(self._reached)
+
+    def _reached(self, _grad: torch.Tensor) -> None:
+        if self.state is Backward.RUNNING:  # another output tensor of the same backward
+            return
+        self.state = Backward.RUNNING
+        self.mark.enter()
+        # queued now it would run before DDP's finalize (queued when the last bucket is ready), which waits for
+        # every bucket; queued from a callback it runs after it
+        Variable._execution_engine.queue_callback(self._queue_end)
+
+    def _queue_end(self) -> None:
+        Variable._execution_engine.queue_callback(self._ended)
+
+    def _ended(self) -> None:  # not reached when DDP's finalize raised: the mark stays on (module doc)
+        self.state = Backward.DONE
+        self.mark.leave()
+
+
+def _grad_tensors(output: Any) -> list[torch.Tensor]:
+    """The tensors in ``output`` (nested lists, tuples, dicts) that carry a gradient back through the model."""
+    found: list[torch.Tensor] = []
+    todo = [output]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, torch.Tensor):
+            if item.requires_grad:
+                found.append(item)
+        elif isinstance(item, (list, tuple)):
+            todo.extend(item)
+        elif isinstance(item, dict):
+            todo.extend(item.values())
+    return found

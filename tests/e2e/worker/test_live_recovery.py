@@ -167,8 +167,11 @@ def test_sigkill_of_a_rank_is_recovered_in_place_bit_identically(agent, referenc
         assert status.can_rejoin and status.generation == 1 and status.phase == Phase.COMPLETE  # loop ran out
 
 
-def test_retryable_error_is_retried_in_place_with_no_process_restart(agent, reference):
-    job = agent(["--retryable-error-at-step", "10", "--fault-rank", "1"])
+@pytest.mark.parametrize("where", ["before backward", "after backward"])
+def test_retryable_error_is_retried_in_place_with_no_process_restart(agent, reference, where):
+    # before backward the raising rank drains every gradient bucket its peers reduce; after it, none is owed
+    job = agent(["--retryable-error-at-step", "10", "--fault-rank", "1",
+                 *(["--retryable-after-backward"] if where == "after backward" else [])])
     pids = job.start_all()
     wait_for(lambda: job.status(1).errors > 0, TIMEOUT, "rank 1 to report its retryable error")
     status = job.status(1)
@@ -181,6 +184,7 @@ def test_retryable_error_is_retried_in_place_with_no_process_restart(agent, refe
     assert_identical(torch.load(job.out / "final.pt"), reference)
     assert summary["recomputed"] == {str(r): 0 for r in range(WORLD)}
     assert all(summary["ranks"][str(r)]["recoveries"][0]["action"] == "retry" for r in range(WORLD))
+    assert all(summary["ranks"][str(r)]["recoveries"][0].get("in_place") for r in range(WORLD))  # drained, not rebuilt
 
 
 def test_example_runs_unchanged_under_torchrun(tmp_path):

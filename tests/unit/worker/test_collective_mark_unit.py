@@ -1,7 +1,11 @@
-"""LiveGroup's "inside a collective" mark around DDP's bucket allreduce: lifted on completion, kept on failure.
+"""LiveGroup's "inside a collective" mark around DDP's gradient reduction: on from the moment backward reaches the
+wrapper's output until backward (DDP's finalize, which waits for every bucket, included) has ended; kept on when
+that finalize fails.
 
 A peer whose collective failed must not look hung to the agent in the moment before it reports the error
 (it is then neither in a collective nor reporting): CI saw rank 2 taken for a hang beside the real one.
+Real autograd: the "finalize" below is queued exactly as DDP's reducer queues its own, from a hook that fires
+when the last gradient is ready.
 """
 
 from __future__ import annotations
@@ -10,7 +14,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from taskd.worker.torch_mark import CollectiveMark, unmark_when_done  # noqa: E402
+from torch.autograd import Variable  # noqa: E402
+
+from taskd.worker.torch_mark import Backward, BackwardMark, CollectiveMark  # noqa: E402
 
 
 class _Edges:
@@ -23,38 +29,66 @@ class _Edges:
         self.written.append(inside)
 
 
-def _marked() -> tuple[CollectiveMark, _Edges]:
-    edges = _Edges()
-    mark = CollectiveMark(edges)  # type: ignore[arg-type]
-    mark.enter()  # marked_allreduce marks it before launching
-    return mark, edges
+def _model_with_finalize(seen: list[str], edges: _Edges, fail: bool = False) -> torch.nn.Module:
+    """A model whose first layer's gradient (the last one backward computes) queues a DDP-like finalize."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 1))
+
+    def finalize() -> None:
+        seen.append(f"finalize, marked={edges.written[-1:] == [True]}")
+        if fail:
+            raise RuntimeError("Connection closed by peer")
+
+    def last_grad_ready(_grad: torch.Tensor) -> None:
+        Variable._execution_engine.queue_callback(finalize)
+
+    model[0].weight.register_hook(last_grad_ready)
+    return model
 
 
-def test_a_completed_bucket_lifts_the_mark_and_passes_its_tensor_on() -> None:
-    mark, edges = _marked()
-    fut: torch.futures.Future = torch.futures.Future()
-    out = unmark_when_done(mark, fut)
-    assert edges.written == [True]
-    fut.set_result([torch.ones(2)])
-    assert torch.equal(out.wait(), torch.ones(2))
+def test_the_mark_covers_backward_and_the_reducers_finalize_and_lifts_after() -> None:
+    edges, seen = _Edges(), []
+    model = _model_with_finalize(seen, edges)
+    backward = BackwardMark(CollectiveMark(edges))  # type: ignore[arg-type]
+    out = model(torch.randn(2, 4))
+    backward.attach((out, {"aux": out * 2}, 3))  # nested outputs: one backward marks once
+    assert backward.state is Backward.NOT_STARTED and edges.written == []
+    out.sum().backward()
+    assert seen == ["finalize, marked=True"]
     assert edges.written == [True, False]
+    assert backward.state is Backward.DONE
+    backward.new_step()
+    assert backward.state is Backward.NOT_STARTED
 
 
-def test_a_failed_bucket_keeps_the_mark_until_the_error_is_reported() -> None:
-    mark, edges = _marked()
-    fut: torch.futures.Future = torch.futures.Future()
-    out = unmark_when_done(mark, fut)
-    fut.set_exception(RuntimeError("Timed out waiting 5000ms for send operation to complete"))
-    with pytest.raises(RuntimeError, match="send operation"):
-        out.wait()
+def test_a_failed_finalize_keeps_the_mark_until_the_error_is_reported() -> None:
+    edges, seen = _Edges(), []
+    model = _model_with_finalize(seen, edges, fail=True)
+    mark = CollectiveMark(edges)  # type: ignore[arg-type]
+    backward = BackwardMark(mark)
+    out = model(torch.randn(2, 4))
+    backward.attach(out)
+    with pytest.raises(RuntimeError, match="closed by peer"):
+        out.sum().backward()
     assert edges.written == [True]  # still inside: report_error clears it with the error
+    assert backward.state is Backward.RUNNING  # a drain cannot know which buckets went out
     mark.forget()  # the group is gone; the next collective is an edge again
     mark.enter()
     assert edges.written == [True, True]
 
 
-def test_only_the_edges_are_written_while_buckets_overlap() -> None:
-    mark, edges = _marked()
+def test_an_output_without_gradient_is_not_marked() -> None:
+    edges = _Edges()
+    backward = BackwardMark(CollectiveMark(edges))  # type: ignore[arg-type]
+    with torch.no_grad():
+        out = torch.nn.Linear(4, 1)(torch.randn(2, 4))
+    backward.attach([out, "label"])
+    assert backward.state is Backward.NOT_STARTED and edges.written == []
+
+
+def test_only_the_edges_are_written_while_collectives_overlap() -> None:
+    edges = _Edges()
+    mark = CollectiveMark(edges)  # type: ignore[arg-type]
+    mark.enter()
     mark.enter()
     mark.leave()
     assert edges.written == [True]
