@@ -61,7 +61,7 @@ def main() -> int:
         dist.destroy_process_group()
     else:
         live = LiveGroup(backend="gloo")
-        ddp = live.ddp(model)
+        ddp = live.ddp(model, **json.loads(os.environ.get("BENCH_DDP_KWARGS", "{}")))
         if mode == "live":
             live.track(model=model, optimizer=optimizer, seed=SEED)
         else:
