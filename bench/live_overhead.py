@@ -7,7 +7,9 @@ The same MLP, data and optimizer (bench/live_overhead_rank.py) in four configura
   parameter, so that a rebuilt wrapper sums bit-identically) differs;
 - LiveGroup under `taskd run`: live recovery on, the per-step vote (a one-element allreduce before the
   optimizer step), the heartbeat write, the control-file and leave watches;
-- the same without the vote (the optimizer handed over as an extra object: no optimizer hooks).
+- the same without the vote (the optimizer handed over as an extra object: no optimizer hooks);
+- live with DDP's own bucket layout (`live.ddp(model, bucket_cap_mb_list=None)`): what a user who gives up
+  bit-identity in the first step after a rebuild gets back.
 
 Steps per second are rank 0's, over the steps after the warm-up, median of `--reps` runs; the
 configurations alternate within each repetition so that the machine's drift hits them alike.
@@ -37,6 +39,7 @@ CONFIGS = (  # label, launcher, rank mode
     ("LiveGroup, torchrun (buckets only)", "torchrun", "live"),
     ("LiveGroup, taskd run (live, vote)", "taskd", "live"),
     ("LiveGroup, taskd run (live, no vote)", "taskd", "live-novote"),
+    ("LiveGroup, taskd run, DDP's buckets", "taskd", "live-ddpbuckets"),
 )
 
 
