@@ -3,13 +3,11 @@
 The same MLP, data and optimizer (bench/live_overhead_rank.py) in four configurations, each run alone:
 
 - plain DDP under torchrun (`python -m torch.distributed.run --standalone`): DDP's default 25 MB buckets;
-- LiveGroup under torchrun: no live recovery there, so only `live.ddp`'s bucket layout (one bucket per
-  parameter, so that a rebuilt wrapper sums bit-identically) differs;
+- LiveGroup under torchrun: no live recovery there, so only `live.ddp`'s wrapper differs (its bucket layout
+  fixed at construction, so that a rebuilt wrapper sums bit-identically: taskd/worker/torch_buckets.py);
 - LiveGroup under `taskd run`: live recovery on, the per-step vote (a one-element allreduce before the
   optimizer step), the heartbeat write, the control-file and leave watches;
-- the same without the vote (the optimizer handed over as an extra object: no optimizer hooks);
-- live with DDP's own bucket layout (`live.ddp(model, bucket_cap_mb_list=None)`): what a user who gives up
-  bit-identity in the first step after a rebuild gets back.
+- the same without the vote (the optimizer handed over as an extra object: no optimizer hooks).
 
 Steps per second are rank 0's, over the steps after the warm-up, median of `--reps` runs; the
 configurations alternate within each repetition so that the machine's drift hits them alike.
@@ -39,7 +37,6 @@ CONFIGS = (  # label, launcher, rank mode
     ("LiveGroup, torchrun (buckets only)", "torchrun", "live"),
     ("LiveGroup, taskd run (live, vote)", "taskd", "live"),
     ("LiveGroup, taskd run (live, no vote)", "taskd", "live-novote"),
-    ("LiveGroup, taskd run, DDP's buckets", "taskd", "live-ddpbuckets"),
 )
 
 

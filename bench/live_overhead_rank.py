@@ -2,10 +2,8 @@
 three wirings, timing every step; rank 0 writes OUT/rank0.json with the step times.
 
     plain         dist.init_process_group + DistributedDataParallel(model), DDP's default buckets
-    live          LiveGroup + live.ddp (one bucket per parameter) + track(model, optimizer): the vote
+    live          LiveGroup + live.ddp (DDP's buckets, fixed at construction) + track(model, optimizer): the vote
     live-novote   the same, the optimizer handed over as an extra object: no optimizer hooks, no vote
-    live-ddpbuckets  live, with DDP's own bucket layout (``live.ddp(model, bucket_cap_mb_list=None)``): fewer
-                  collectives, but the first step after a rebuild is no longer bit-identical
 
 argv: MODE OUT STEPS HIDDEN LAYERS
 """
@@ -63,8 +61,8 @@ def main() -> int:
         dist.destroy_process_group()
     else:
         live = LiveGroup(backend="gloo")
-        ddp = live.ddp(model, bucket_cap_mb_list=None) if mode == "live-ddpbuckets" else live.ddp(model)
-        if mode in ("live", "live-ddpbuckets"):
+        ddp = live.ddp(model)
+        if mode == "live":
             live.track(model=model, optimizer=optimizer, seed=SEED)
         else:
             live.track(model=model, seed=SEED, optimizer_state=optimizer)

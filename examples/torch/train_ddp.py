@@ -136,9 +136,10 @@ def main(argv: list[str] | None = None) -> int:
         shard.update(rank=new_rank, batch=max(1, round(args.batch * full_world / world)))
         print(f"rank {rank}: resized to rank {new_rank} of {world}, {shard['batch']} samples a step", flush=True)
 
-    live = LiveGroup(backend="gloo", timeout=args.pg_timeout, on_resize=on_resize)
+    # built before LiveGroup(): a replacement then builds them while the survivors are still re-forming the group
     model = make_model(args)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    live = LiveGroup(backend="gloo", timeout=args.pg_timeout, on_resize=on_resize)
     ddp = live.ddp(model)
     live.track(model=model, optimizer=optimizer, seed=args.seed)
 

@@ -41,6 +41,7 @@ from torch.nn.parallel import DistributedDataParallel
 from taskd.worker import progress
 from taskd.worker.env import Var, rank, world_size
 from taskd.worker.live import STORE_PREFIX, Control, ErrorKind, LiveRank, Phase, RetryableError, classify_error
+from taskd.worker.torch_buckets import stable_ddp
 from taskd.worker.torch_data import LiveLoader
 from taskd.worker.torch_facts import (
     COMM_DIRS,
@@ -86,7 +87,7 @@ class _DDPHandle:
             if HAS_INIT_SYNC:
                 kwargs.setdefault("init_sync", False)  # the state was just synced exactly
             freeze_older_objects()  # a rebuild's collection then scans only this wrapper and what is newer
-        self.current = DistributedDataParallel(self.module, **kwargs)  # DDP's own C++ allreduce: no comm hook
+        self.current = stable_ddp(self.module, **kwargs)  # the same buckets in every wrapper; DDP's C++ allreduce
         return self.current
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -162,8 +163,9 @@ class LiveGroup:
 
     # -- what the script declares ----------------------------------------------------------------
     def ddp(self, module: torch.nn.Module, **kwargs: Any) -> Any:
-        """Wrap ``module`` in DDP (with :func:`stable_ddp_kwargs` unless overridden); call the result like DDP."""
-        handle = _DDPHandle(self, module, {**stable_ddp_kwargs(), **kwargs})
+        """Wrap ``module`` in DDP whose buckets are the same in every wrapper (taskd.worker.torch_buckets); call the
+        result like DDP. ``kwargs`` are DDP's."""
+        handle = _DDPHandle(self, module, dict(kwargs))
         self._handles.append(handle)
         return handle
 

@@ -25,7 +25,8 @@ _HAS_BUCKET_LIST = "bucket_cap_mb_list" in _DDP_ARGS
 
 
 def stable_ddp_kwargs() -> dict[str, Any]:
-    """DDP settings under which a rebuilt wrapper reduces gradients exactly as the long-lived one did.
+    """DDP settings under which a rebuilt wrapper reduces gradients exactly as the long-lived one did, where
+    the layout cannot be fixed at construction (taskd.worker.torch_buckets, which is preferred).
 
     DDP re-buckets its gradients after the first iteration (in the order they became ready), and
     gloo's sum over ranks depends on an element's offset in its bucket: a fresh wrapper would
