@@ -151,9 +151,9 @@ def hand_over(source: int, lacking: list[int], model: torch.nn.Module | None,
     _receive(params, source)
     size = torch.zeros(1, dtype=torch.int64)
     dist.recv(size, source)
-    blob = torch.empty(int(size[0]), dtype=torch.uint8)
-    dist.recv(blob, source)
-    message = torch.load(io.BytesIO(blob.numpy().tobytes()), weights_only=False)
+    raw = bytearray(int(size[0]))  # received in place: no numpy (torch does not need it, and a job may lack it)
+    dist.recv(torch.frombuffer(raw, dtype=torch.uint8), source)
+    message = torch.load(io.BytesIO(raw), weights_only=False)
     received = [torch.empty(s.shape, dtype=s.dtype) for s in message["slots"]]
     _receive(received, source)
     state = join_tensors(message["skeleton"], received)

@@ -67,9 +67,9 @@ def main() -> int:
     else:
         size = torch.zeros(1, dtype=torch.int64)
         dist.recv(size, 0)
-        blob = torch.empty(int(size[0]), dtype=torch.uint8)
-        dist.recv(blob, 0)
-        theirs = torch.load(io.BytesIO(blob.numpy().tobytes()), weights_only=False)
+        raw = bytearray(int(size[0]))
+        dist.recv(torch.frombuffer(raw, dtype=torch.uint8), 0)
+        theirs = torch.load(io.BytesIO(raw), weights_only=False)
         shared = mine["extra"]["ints"] is mine["extra"]["again"]
         print(f"identical: {same(theirs, mine)}; shared tensor still shared: {shared}; "
               f"adam steps: {[float(s['step']) for s in mine['optimizer']['state'].values()]}", flush=True)
