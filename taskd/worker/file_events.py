@@ -11,7 +11,6 @@ returns None and the caller polls as before.
 from __future__ import annotations
 
 import ctypes
-import errno
 import logging
 import os
 import select
@@ -64,11 +63,9 @@ class FileReplaced:
         return cls(fd, os.fsencode(name))
 
     def wait(self, timeout: float) -> bool:
-        """Block until the file is replaced or rewritten (True) or ``timeout`` seconds pass (False)."""
-        try:
-            ready = self._poll.poll(max(0, int(timeout * 1000)))
-        except InterruptedError:  # a signal: the caller checks and waits again
-            return False
+        """Block until the file is replaced or rewritten (True) or ``timeout`` seconds pass (False); OSError if
+        the watch itself fails (the caller then polls)."""
+        ready = self._poll.poll(max(0, int(timeout * 1000)))
         return bool(ready) and self._drain()
 
     def _drain(self) -> bool:
@@ -77,10 +74,8 @@ class FileReplaced:
         while True:
             try:
                 data = os.read(self._fd, 64 * 1024)
-            except OSError as exc:
-                if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR):
-                    return hit
-                raise
+            except BlockingIOError:  # every queued event read
+                return hit
             offset = 0
             while offset + _EVENT.size <= len(data):
                 _, _, _, length = _EVENT.unpack_from(data, offset)

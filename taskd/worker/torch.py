@@ -94,9 +94,8 @@ class _DDPHandle:
         if self.current is None:
             self.build()
         self._group._forwards += 1  # a drain must know whether this step's forward-time collectives ran
-        synced = self.current.require_backward_grad_sync and torch.is_grad_enabled()  # not under no_sync()
         output = self.current(*args, **kwargs)  # type: ignore[misc]
-        if synced and self._group.live:
+        if self._group.live and self.current.require_backward_grad_sync and torch.is_grad_enabled():  # not no_sync()
             self._group.backward.attach(output)  # the mark while its gradients are reduced (torch_mark)
         return output
 
@@ -165,7 +164,7 @@ class LiveGroup:
     def ddp(self, module: torch.nn.Module, **kwargs: Any) -> Any:
         """Wrap ``module`` in DDP whose buckets are the same in every wrapper (taskd.worker.torch_buckets); call the
         result like DDP. ``kwargs`` are DDP's."""
-        handle = _DDPHandle(self, module, dict(kwargs))
+        handle = _DDPHandle(self, module, kwargs)
         self._handles.append(handle)
         return handle
 

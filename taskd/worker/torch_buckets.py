@@ -21,17 +21,16 @@ cost of LiveGroup"). That remains the fallback where the reducer's private calls
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from taskd.worker.torch_facts import stable_ddp_kwargs
 
-log = logging.getLogger(__name__)
-
-_PRIVATE = ("_build_params_for_reducer",)
-_REDUCER = ("_push_all_rebuilt_params", "_rebuild_buckets")
+# the private calls the fixed layout rests on, looked up once: without them, one bucket per parameter
+_CAN_FIX = hasattr(DistributedDataParallel, "_build_params_for_reducer") and all(
+    hasattr(dist.Reducer, name) for name in ("_push_all_rebuilt_params", "_rebuild_buckets"))
 
 
 class StableDDP(DistributedDataParallel):
@@ -50,13 +49,7 @@ class StableDDP(DistributedDataParallel):
 
 def _fixed_layout_possible(kwargs: dict[str, Any]) -> bool:
     """DDP re-buckets once (so the layout can be fixed) only without these; and torch must have the calls."""
-    if kwargs.get("find_unused_parameters") or kwargs.get("static_graph") or kwargs.get("bucket_cap_mb_list"):
-        return False
-    if not all(hasattr(DistributedDataParallel, name) for name in _PRIVATE):
-        return False
-    import torch.distributed as dist  # noqa: PLC0415 - only to look the reducer's calls up
-
-    return all(hasattr(dist.Reducer, name) for name in _REDUCER)
+    return _CAN_FIX and not any(kwargs.get(k) for k in ("find_unused_parameters", "static_graph", "bucket_cap_mb_list"))
 
 
 def stable_ddp(module: Any, **kwargs: Any) -> DistributedDataParallel:

@@ -192,8 +192,13 @@ class LeaveWatch:
                 self._check()
                 if events is None:
                     self._stop.wait(self._interval)
-                else:
+                    continue
+                try:
                     events.wait(self._idle)
+                except OSError:  # the watch broke: the thread must outlive it, so it polls from here on
+                    log.debug("leave watch: inotify failed; polling %s", self._path, exc_info=True)
+                    events.close()
+                    events = None
         finally:
             if events is not None:
                 events.close()

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 from torch.autograd import Variable
+from torch.nn.parallel.distributed import _find_tensors
 
 from taskd.worker.live import LiveRank
 
@@ -82,9 +83,11 @@ class BackwardMark:
         self.state = Backward.NOT_STARTED
 
     def attach(self, output: Any) -> None:
-        """Hook the tensors of a synchronised forward's ``output`` that backward will reach."""
-        for tensor in _grad_tensors(output):
-            tensor.register_hook(self._reached)
+        """Hook the tensors of a synchronised forward's ``output`` that backward will reach (found as DDP finds the
+        ones it prepares its backward for: nested lists, tuples, dicts, dataclasses)."""
+        for tensor in _find_tensors(output):
+            if tensor.requires_grad:
+                tensor.register_hook(self._reached)
 
     def _reached(self, _grad: torch.Tensor) -> None:
         if self.state is Backward.RUNNING:  # another output tensor of the same backward
@@ -102,18 +105,3 @@ class BackwardMark:
         self.state = Backward.DONE
         self.mark.leave()
 
-
-def _grad_tensors(output: Any) -> list[torch.Tensor]:
-    """The tensors in ``output`` (nested lists, tuples, dicts) that carry a gradient back through the model."""
-    found: list[torch.Tensor] = []
-    todo = [output]
-    while todo:
-        item = todo.pop()
-        if isinstance(item, torch.Tensor):
-            if item.requires_grad:
-                found.append(item)
-        elif isinstance(item, (list, tuple)):
-            todo.extend(item)
-        elif isinstance(item, dict):
-            todo.extend(item.values())
-    return found
