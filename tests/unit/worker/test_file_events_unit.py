@@ -51,32 +51,29 @@ def test_a_missing_directory_gives_none_so_the_caller_polls(tmp_path: Path) -> N
     assert FileReplaced.open(str(tmp_path / "gone" / "control.json")) is None
 
 
-def test_the_leave_watch_looks_only_when_woken_or_idle(tmp_path: Path) -> None:
+def _looks(path: Path, seconds: float) -> int:
+    """How many times a real LeaveWatch on ``path`` looks at the control file in ``seconds``."""
     from taskd.worker.torch_group import GroupSockets, LeaveWatch  # standard library only, like FileReplaced
 
-    control = tmp_path / "control.json"
-    watch = LeaveWatch(str(control), GroupSockets(), idle=0.1)
+    watch = LeaveWatch(str(path), GroupSockets(), interval=0.005, idle=0.1)
     checks: list[float] = []
     check = watch._check
     watch._check = lambda: (checks.append(time.monotonic()), check())[1]  # type: ignore[method-assign]
     watch.start()
-    time.sleep(0.5)
+    time.sleep(seconds)
     watch.stop()
-    assert 2 <= len(checks) <= 8, f"{len(checks)} looks in 0.5 s: it polls (every 5 ms would be ~100)"
+    return len(checks)
+
+
+def test_the_leave_watch_looks_only_when_woken_or_idle(tmp_path: Path) -> None:
+    looks = _looks(tmp_path / "control.json", 0.5)
+    assert 2 <= looks <= 8, f"{looks} looks in 0.5 s: it polls (every 5 ms would be ~100)"
 
 
 def test_a_broken_inotify_watch_leaves_the_leave_watch_polling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from taskd.worker.torch_group import GroupSockets, LeaveWatch
-
     def broken(self: FileReplaced, timeout: float) -> bool:
         raise OSError(9, "Bad file descriptor")
 
     monkeypatch.setattr(FileReplaced, "wait", broken)
-    watch = LeaveWatch(str(tmp_path / "control.json"), GroupSockets(), interval=0.005, idle=0.1)
-    checks: list[float] = []
-    check = watch._check
-    watch._check = lambda: (checks.append(time.monotonic()), check())[1]  # type: ignore[method-assign]
-    watch.start()
-    time.sleep(0.3)
-    watch.stop()
-    assert len(checks) > 10, f"{len(checks)} looks in 0.3 s: the watch died with its inotify instead of polling"
+    looks = _looks(tmp_path / "control.json", 0.3)
+    assert looks > 10, f"{looks} looks in 0.3 s: the watch died with its inotify instead of polling"
