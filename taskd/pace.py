@@ -22,7 +22,10 @@ MIN_INTERVALS = 3
 """A rank is judged once its window holds this many intervals (a rank just started or restarted is not)."""
 
 CHANGE = 0.25
-"""A straggler is reported again when its ratio moved by this fraction of the ratio last reported."""
+"""A straggler is reported again when the time it costs its peers per step (its compute seconds over their
+median) moved by this fraction of what it was when last reported. Not the ratio: with peers that compute
+almost nothing outside collectives (backward counts as waiting, taskd/worker/torch_mark.py) a rank 20x as slow
+swings between 16x and 26x on a millisecond of noise in their median, while the seconds it costs stay put."""
 
 CLEAR = 0.8
 """A straggler is one no more when its ratio falls under `CLEAR` x the factor (hysteresis: no flapping)."""
@@ -121,14 +124,15 @@ def peer_medians(values: list[float]) -> list[float]:
 
 
 class StragglerJudge:
-    """Which ranks are stragglers, with hysteresis: a verdict when a rank becomes one, when its ratio moves by
-    `CHANGE`, and when it falls under `CLEAR` x `factor`; nothing while it stays as it was."""
+    """Which ranks are stragglers, with hysteresis: a verdict when a rank becomes one, when what it costs its
+    peers per step moves by `CHANGE`, and when its ratio falls under `CLEAR` x `factor`; nothing while it stays
+    as it was."""
 
     def __init__(self, factor: float) -> None:
         if why := check_factor(factor):
             raise ValueError(f"straggler factor {why}")
         self.factor = factor
-        self.reported: dict[int, float] = {}  # rank -> the ratio last reported for it
+        self.reported: dict[int, float] = {}  # rank -> the seconds per step it cost its peers when last reported
 
     def judge(self, paces: Iterable[RankPace]) -> list[Verdict]:
         """Verdicts for the ranks whose standing changed; ranks not in `paces` are forgotten silently."""
@@ -141,10 +145,11 @@ class StragglerJudge:
             if not median > 0:  # no peers, or peers that spend no time outside collectives
                 continue
             ratio = pace.seconds / median
+            excess = pace.seconds - median
             last = self.reported.get(pace.rank)
             if ratio >= self.factor:
-                if last is None or abs(ratio - last) >= CHANGE * last:
-                    self.reported[pace.rank] = ratio
+                if last is None or abs(excess - last) >= CHANGE * last:
+                    self.reported[pace.rank] = excess
                     out.append(Verdict(pace.rank, pace.host, ratio, pace.seconds, median))
             elif last is not None and ratio < CLEAR * self.factor:
                 del self.reported[pace.rank]

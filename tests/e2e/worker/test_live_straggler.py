@@ -56,7 +56,7 @@ def test_a_rank_slower_per_step_is_reported_as_a_straggler(tmp_path: Path) -> No
     assert {rank for rank, _, _ in lines} == {"1"}, console[-4000:]  # rank 0 waits for it: never named
     rank, host, ratio = lines[0]
     assert host == socket.gethostname() and float(ratio) >= FACTOR
-    assert len(lines) <= 2, lines  # reported once (again only if its ratio moved by a quarter)
+    assert len(lines) <= 2, lines  # reported once (again only if what it costs moved by a quarter)
     [event] = [json.loads(e.detail) for e in job.events if e.kind == "straggler"]
     assert (event["rank"], event["node_rank"], event["host"]) == (1, 0, host) and event["ratio"] >= FACTOR
     assert event["compute_seconds"] >= 0.05 > event["median_seconds"]

@@ -35,7 +35,16 @@ def test_a_rank_slower_than_its_peers_by_the_factor_is_reported_once() -> None:
     assert v.ratio == pytest.approx(3.5) and v.median == pytest.approx(0.1) and v.seconds == pytest.approx(0.35)
     assert "rank 2 on host2" in v.describe(2.0) and "3.50x" in v.describe(2.0)
     assert judge.judge(paces(0.1, 0.1, 0.36)) == []  # the same standing: nothing new
-    assert judge.judge(paces(0.1, 0.1, 0.35 * (1 + CHANGE) + 0.01))[0].rank == 2  # its ratio moved: again
+    assert judge.judge(paces(0.1, 0.1, 0.1 + 0.25 * (1 + CHANGE) + 0.01))[0].rank == 2  # its cost moved: again
+
+
+def test_a_straggler_whose_ratio_swings_on_its_peers_noise_is_not_reported_again() -> None:
+    judge = StragglerJudge(2.0)
+    assert judge.judge(paces(0.002, 0.002, 0.052))[0].ratio == pytest.approx(26.0)
+    assert judge.judge(paces(0.0031, 0.0031, 0.0521)) == []  # 16.8x: the ratio moved by a third, the cost did not
+    assert judge.judge(paces(0.0024, 0.0024, 0.0524)) == []  # 21.8x
+    [v] = judge.judge(paces(0.002, 0.002, 0.082))  # 30 ms more a step than when reported: its cost moved
+    assert v.ratio == pytest.approx(41.0) and not v.cleared
 
 
 def test_hysteresis_clears_only_well_under_the_factor() -> None:
