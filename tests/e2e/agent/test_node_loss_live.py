@@ -138,8 +138,9 @@ def lose(tmp_path: Path, server: str, monkeypatch: pytest.MonkeyPatch):  # noqa:
         kill_all(list(job.procs.values()))
 
 
-@pytest.mark.parametrize(("nodes", "standby"), [(2, False), (3, False), (2, True)],
-                         ids=["2", "3", "2-standby"])
+# Two nodes with a replacement started later is not run on its own: three nodes is that with a node more (30 s
+# of CI's 30 min saved), and two nodes are still run with a standby and by the node-0 test below.
+@pytest.mark.parametrize(("nodes", "standby"), [(3, False), (2, True)], ids=["3", "2-standby"])
 def test_a_lost_node_of_a_live_ddp_job_is_replaced_live(lose, fault_free, nodes: int, standby: bool) -> None:
     """With `standby`, a `taskd run --standby` started with the job takes node 1 over by itself (its agent once
     kept "not live" from before it had a node: its ranks joined generation 0 and the job never resumed)."""

@@ -19,7 +19,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from test_live_e2e import assert_identical, resumed_after, start_pids, summary, taskd_run  # noqa: E402
+from test_live_e2e import SMALL, assert_identical, reference4, resumed_after, start_pids, summary, taskd_run  # noqa: E402
 
 from taskd.worker.live import ErrorKind, write_control  # noqa: E402
 from taskd.worker.torch_group import GroupSockets, LeaveWatch  # noqa: E402
@@ -28,8 +28,7 @@ pytestmark = pytest.mark.torch
 
 WORLD = 4
 PG_TIMEOUT = 60.0  # a far rank that waited for it would report COLLECTIVE_TIMEOUT and resume after it
-ARGS = ["--hidden", "64", "--layers", "2", "--steps", "30", "--ckpt-every", "10", "--step-sleep", "0.05",
-        "--pg-timeout", str(PG_TIMEOUT)]
+ARGS = [*SMALL[:SMALL.index("--pg-timeout")], "--pg-timeout", str(PG_TIMEOUT)]  # the reference's job (reference4)
 
 
 def run(tmp, extra: list[str] = ()) -> tuple[int, str]:  # noqa: ANN001 (a Path)
@@ -37,10 +36,8 @@ def run(tmp, extra: list[str] = ()) -> tuple[int, str]:  # noqa: ANN001 (a Path)
                      nproc=WORLD)
 
 
-def test_sigkill_with_four_ranks_every_survivor_learns_from_a_closed_connection(tmp_path):
-    code, console = run(tmp_path / "reference")
-    assert code == 0, console[-6000:]
-    reference = torch.load(tmp_path / "reference" / "out" / "final.pt")
+def test_sigkill_with_four_ranks_every_survivor_learns_from_a_closed_connection(tmp_path, tmp_path_factory):
+    reference = reference4(tmp_path_factory)
 
     victim = 1  # rank 3 is not its gloo neighbour in a 4-rank ring
     job = tmp_path / "fault"
