@@ -73,6 +73,15 @@ class Launcher(Protocol):
         """The live group generation ranks started from now on join (TASKD_GENERATION)."""
         ...
 
+    def prepare_replacement(self, local_rank: int, after_generation: int) -> bool:
+        """Live: start the dead rank's replacement now, from a warm spare, to join the first generation named above
+        `after_generation`; its START adopts it. False when the launcher cannot (no spare, no live recovery)."""
+        ...
+
+    def discard_prepared(self) -> None:
+        """Kill the prepared replacements: the round starts none of them into a rejoin."""
+        ...
+
     def set_node_rank(self, node_rank: int | None) -> None:
         """A standby's late node rank: every per-rank variable (RANK, GROUP_RANK, ...) is computed for it from now
         on; None: no node rank any more (an agent that became a standby, agent/held_node.py). Raises
@@ -117,6 +126,12 @@ class MsrunLauncher:
         return None
 
     def set_generation(self, generation: int) -> None:
+        return None
+
+    def prepare_replacement(self, local_rank: int, after_generation: int) -> bool:
+        return False
+
+    def discard_prepared(self) -> None:
         return None
 
     def set_node_rank(self, node_rank: int | None) -> None:

@@ -219,11 +219,25 @@ class LiveRanks:
         self._left = generation
         log.debug("live recovery: ranks told to leave generation %d", generation)
 
+    def prepare(self, rank: Rank, configured: list[str]) -> bool:
+        """Have the launcher start a dead rank's replacement now (`Launcher.prepare_replacement`), if a recover
+        could replace it: recover configured, every rank declared it can rejoin, none finished. The round's
+        decision takes ~10 ms a hop on the wire; the replacement's script (imports, model, optimizer) runs
+        meanwhile instead of after it (BENCHMARKS.md). The outcome decides: `begin` of a recover lets it join,
+        anything else discards it."""
+        if not self.enabled or not self._group or Strategy.RECOVER not in configured \
+                or self.table.in_state(RankState.SUCCEEDED) or not self.can("rejoin"):
+            return False
+        joined = [s.generation for s in self.refresh().values() if s.generation is not None]
+        return self.details.prepare_replacement(rank.local_rank, max([self.generation, *joined]))
+
     def begin(self, strategy: str, faults: FaultRanks, started: float, timeout: float, now: float,
               resized: resize.Resize | None = None) -> int:
         """Name the generation of a recover/retry/job-rescheduling/downgrade/upgrade on this node; the caller then
         restarts ranks. `resized`: the group's new size and rank map, kept for every later generation's control
         file (a rank restarted later forms the group at its place in it)."""
+        if strategy != Strategy.RECOVER:  # before any control file names a generation a prepared one could join
+            self.details.discard_prepared()
         generation = self.generation
         if resized is not None:
             self._resize = resized

@@ -108,6 +108,10 @@ class Recovery:
                             action.resize)
         elif isinstance(action, ev.LeaveGroup):
             self.live.leave()
+        elif isinstance(action, ev.PrepareReplacement):
+            rank = self.table.get(action.local_rank)
+            if rank is not None:
+                self.live.prepare(rank, self.link.config.offered_strategies)
         elif isinstance(action, ev.AbandonRebuild):
             self.live.abandon()
         elif isinstance(action, ev.SendReport):

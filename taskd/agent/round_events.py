@@ -185,6 +185,14 @@ class LeaveGroup:
 
 
 @dataclass(frozen=True)
+class PrepareReplacement:
+    """Live: start this dead local rank's replacement now (a warm spare), so that it builds its model while the
+    controller decides; a recover's START adopts it, any other outcome discards it (agent/live.py)."""
+
+    local_rank: int
+
+
+@dataclass(frozen=True)
 class AbandonRebuild:
     """The rebuild in progress will never be confirmed."""
 
@@ -261,5 +269,5 @@ class Finish:
 
 
 Action = (Note | StopRanks | StartRanks | SetRestartCount | Supersede | BeginRebuild | LeaveGroup | AbandonRebuild
-          | SendReport
+          | PrepareReplacement | SendReport
           | OfferStrategies | RecordRestart | TellResumed | Dump | TakeNode | Finish)

@@ -31,6 +31,7 @@ from taskd.agent.round_events import (
     Note,
     OfferStrategies,
     OrderEvent,
+    PrepareReplacement,
     RankFault,
     RecordRestart,
     ReportSettled,
@@ -63,11 +64,14 @@ def _leave_if_broken(m: NodeRound, faults: FaultRanks, out: Out) -> None:
 
 
 def on_fault(m: NodeRound, ev: RankFault, now: float, out: Out) -> NodeState:
-    """Report it (or add it to the report still pending): the controller opens or joins a round."""
+    """Report it (or add it to the report still pending): the controller opens or joins a round. A live rank that
+    is gone gets its replacement prepared meanwhile (only if it could be recovered in place: agent/live.py)."""
     faults = {ev.global_rank: ev.fault_type}
     m.add_faults(faults, now - ev.unseen)  # a hang counts from its last heartbeat, not from its detection
     _leave_if_broken(m, faults, out)
     out.append(SendReport(FAULT, faults, ev.detail))
+    if m.facts.live and ev.fault_type != FaultType.RECOVERABLE:
+        out.append(PrepareReplacement(ev.local_rank))  # after the report: the controller hears of it first
     return S.REPORTING
 
 

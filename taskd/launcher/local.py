@@ -30,19 +30,18 @@ from taskd.callbacks import STATUS_NOT_STARTED
 from taskd.launcher.env import OMP_DEFAULT, OMP_WARNING, omp_default, rank_env
 from taskd.launcher.error_file import RankError, read_error_file
 from taskd.launcher.incarnation import SPAWN_FAILED_CODE, Incarnation, RankTable
-from taskd.launcher.node_files import open_node_files, rank_log_path, remove_old, safe_name
+from taskd.launcher.node_files import fresh_rank_files, open_node_files, rank_log_path, safe_name
 from taskd.launcher.orphans import OrphanKeeper
 from taskd.launcher.output import ERR, OUT, OutputPump, RankOutput
 from taskd.launcher.ports import node_master_port
+from taskd.launcher.reaping import Reaper
 from taskd.launcher.spares import SparePool, python_script
 from taskd.launcher.spec import LIVE_PREIMPORT, WorkerSpec
-from taskd.process.exitcodes import describe_returncode
 from taskd.process.run_dir import make_run_dir
-from taskd.process.spawn import has_exited, kill_group, spawn, wait_exit
+from taskd.process.spawn import has_exited, kill_group, spawn
 from taskd.process.subreaper import escaped_descendants, send_signal
 from taskd.rendezvous import StoreHostError
 from taskd.worker.env import Var
-from taskd.worker.heartbeat_file import HeartbeatFile
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +98,8 @@ class LocalLauncher:
         self._logs = logs
         self._job_restarts: int | None = None  # set by the agent: see set_restart_count
         self._restart_rounds = 0  # START calls that restarted something: the count when nobody sets one
-        self._pump = OutputPump(tick=self._reap_exited_orphans if subreaper else None, tick_interval=orphan_tick)
+        self._pump = OutputPump(tick=(lambda: self._reaper.sweep_exited_orphans()) if subreaper else None,
+                                tick_interval=orphan_tick)
         self._live = live  # node 0 hosts the store that outlives every rank; ranks get the control file
         # any entrypoint (a .py script, -m module, --no-python program) may declare what its ranks can do in
         # place (taskd.worker): the agent offers recover only to ranks that declared it (docs/worker.md), so an
@@ -120,6 +120,7 @@ class LocalLauncher:
                                      | self._live.pids(),
                                      lambda: self._table.running_marks(self.heartbeat_path),
                                      self._pump.add_exit_watch, Var.TASKD_HEARTBEAT_FILE)
+        self._reaper = Reaper(self._lock, self._orphans, lambda: self._closed)
         if subreaper:
             self._orphans.acquire()  # last: close() releases it
 
@@ -165,8 +166,9 @@ class LocalLauncher:
             live = self._table.running()
             for inc in live:
                 kill_group(inc.pid)  # type: ignore[arg-type]
+            self._spares.discard()  # every rank restarts into a fresh group: a prepared replacement joins none
             for inc in live:
-                self._wait_reaped(inc, timeout=10.0)
+                self._reaper.wait(inc, timeout=10.0)
             restarted = any(self._table.starts(r) for r in range(self.spec.nproc_per_node))
             self._restart_rounds += restarted
             try:  # the store child starts with the ranks, not before them: they need it only at init_process_group
@@ -206,8 +208,8 @@ class LocalLauncher:
                     continue
                 current = self._table.current(rank)
                 if current is not None and current.killed:
-                    self._wait_reaped(current, timeout=5.0)  # SIGKILLed a moment ago: it dies within ms
-                if current is not None and current.running and not self._reap(current):
+                    self._reaper.wait(current, timeout=5.0)  # SIGKILLed a moment ago: it dies within ms
+                if current is not None and current.running and not self._reaper.reap(current):
                     log.warning("START_WORKER_LIST: rank %d (pid %d) is still running", current.global_rank,
                                 current.pid)
                 ok = self._start(rank) and ok
@@ -236,7 +238,7 @@ class LocalLauncher:
                     result[rank] = {"pid": None, "status": STATUS_NOT_STARTED, "global_rank": global_rank}
                     continue
                 if inc.running:
-                    self._reap(inc)
+                    self._reaper.reap(inc)
                 result[rank] = {
                     "pid": inc.pid,
                     "status": inc.status,
@@ -254,7 +256,7 @@ class LocalLauncher:
             if inc is None:
                 return None
             if inc.running:
-                self._reap(inc)
+                self._reaper.reap(inc)
             return inc.returncode
 
     def pid(self, local_rank: int) -> int | None:
@@ -374,7 +376,7 @@ class LocalLauncher:
                 orphans.sweep(signal.SIGTERM, everyone=True)
             deadline = time.monotonic() + max(0.0, grace)
             for inc in live:
-                self._wait_reaped(inc, timeout=max(0.0, deadline - time.monotonic()))
+                self._reaper.wait(inc, timeout=max(0.0, deadline - time.monotonic()))
             if orphans.active:  # orphans now include the escapees of the ranks that just died
                 orphans.wait_gone(orphans.sweep(None), deadline)
             for inc in live:
@@ -382,7 +384,7 @@ class LocalLauncher:
                     log.info("rank %d (pid %d) did not stop within %.1fs: SIGKILL", inc.global_rank, inc.pid, grace)
                     kill_group(inc.pid)  # type: ignore[arg-type]
             for inc in live:
-                self._wait_reaped(inc, timeout=10.0)
+                self._reaper.wait(inc, timeout=10.0)
         self._spares.close()
         self._live.close()
         if self._port_hold is not None:
@@ -408,26 +410,56 @@ class LocalLauncher:
         if self._closed:
             raise RuntimeError("the launcher is closed")
 
+    def _env(self, rank: int, job_restarts: int) -> dict[str, str]:
+        """``rank``'s next incarnation's variables; once the agent gives the job-wide restart count, its
+        TASKD_RESTART_COUNT is that count too (the same on every rank)."""
+        own = self._table.starts(rank) if self._job_restarts is None else job_restarts
+        env = rank_env(self.spec, rank, own, self.heartbeat_path(rank), job_restart_count=job_restarts,
+                       error_file=self.error_file_path(rank))
+        env.update(self._live.env(self._generation))
+        return env
+
+    def prepare_replacement(self, local_rank: int, after_generation: int) -> bool:
+        """A warm spare becomes the dead ``local_rank`` now, before the round decides: it runs the script meanwhile
+        and, in `LiveGroup()`, waits for a generation above ``after_generation`` (TASKD_JOIN_AFTER). The rank's START
+        adopts it if its variables are what that START gives (but the generation), else discards it."""
+        with self._lock:
+            current = self._table.current(local_rank) if self._table.valid(local_rank) else None
+            out, err = self.spec.console_streams(local_rank) if current is not None else (None, None)
+            if self._closed or not self._live.enabled or self._standby or current is None or current.running \
+                    or out != err or not self._spares.ready():
+                return False
+            # the count this START will carry: the agent's job-wide count set for the round (one more), else ours
+            job_restarts = self._restart_rounds + 1 if self._job_restarts is None else self._job_restarts + 1
+            env = {**self._env(local_rank, job_restarts), Var.TASKD_JOIN_AFTER: str(after_generation)}
+            fresh_rank_files(self.heartbeat_path(local_rank), self.error_file_path(local_rank))
+            if not self._spares.bind(local_rank, self.spec.entrypoint, env, self.spec.cwd):
+                return False
+        log.info("live recovery: rank %d's replacement prepared from a warm spare", self.spec.global_rank(local_rank))
+        return True
+
+    def discard_prepared(self) -> None:
+        """The round starts no replacement into a rejoin (job-rescheduling, a resize, the end): the prepared ones
+        are killed and reaped now, before any control file could name them a generation."""
+        with self._lock:
+            self._spares.discard()
+
     def _start(self, rank: int) -> bool:
-        """Spawn one incarnation of ``rank``; True if it is running right after."""
+        """Spawn one incarnation of ``rank`` (or adopt the replacement prepared for it); True if it runs right after."""
         spec = self.spec
         global_rank = spec.global_rank(rank)
         restart = self._table.starts(rank)
-        hb_path = self.heartbeat_path(rank)
-        HeartbeatFile(hb_path).create()
-        error_file = self.error_file_path(rank)
-        remove_old(error_file)  # what is found there after the rank dies is then this incarnation's
         job_restarts = self._restart_rounds if self._job_restarts is None else self._job_restarts
-        # once the agent gives the job-wide count, TASKD_RESTART_COUNT is that count too (the same on every rank)
-        own = restart if self._job_restarts is None else self._job_restarts
-        env = rank_env(spec, rank, own, hb_path, job_restart_count=job_restarts, error_file=error_file)
-        env.update(self._live.env(self._generation))
+        env = self._env(rank, job_restarts)
         rank_log = self._logs[rank]
         out, err = spec.console_streams(rank)
         output = RankOutput(rank_log, f"[rank{global_rank}]: ", out, err, split=out != err)
         try:
-            popen = self._spares.activate(spec.entrypoint, env, spec.cwd) \
-                if (restart or self._standby) and not output.split else None
+            popen = self._spares.take(rank, env)
+            if popen is None:
+                fresh_rank_files(self.heartbeat_path(rank), self.error_file_path(rank))
+                popen = self._spares.activate(spec.entrypoint, env, spec.cwd) \
+                    if (restart or self._standby) and not output.split else None
             if popen is None:
                 popen = spawn(spec.entrypoint, env, cwd=spec.cwd, split_stderr=output.split)
         except (OSError, subprocess.SubprocessError) as exc:
@@ -454,45 +486,13 @@ class LocalLauncher:
     def _on_process_exit(self, inc: Incarnation) -> None:
         """I/O thread: the rank's process ended; reap it at once so no zombie stays behind."""
         with self._lock:
-            if not self._reap(inc):
+            if not self._reaper.reap(inc):
                 return
         if self._on_exit is not None and inc.pid is not None and inc.returncode is not None:
             try:
                 self._on_exit(inc.local_rank, inc.pid, inc.returncode)
             except Exception:
                 log.exception("on_exit callback failed")
-
-    def _reap(self, inc: Incarnation) -> bool:
-        """If the incarnation's process has exited: kill what is left of its group, reap it. True if it ended.
-
-        The group is killed *before* reaping, while the leader's zombie still
-        reserves the pgid, so the signal cannot hit an unrelated group.
-        """
-        if not inc.running:
-            return True
-        pid = inc.pid
-        assert pid is not None and inc.popen is not None
-        if not has_exited(pid):
-            return False
-        kill_group(pid)  # processes the rank left in its group
-        inc.returncode = inc.popen.wait()  # a zombie by now (has_exited above): returns at once
-        log.info("rank %d (pid %d) %s", inc.global_rank, pid, describe_returncode(inc.returncode))
-        if self._orphans.active and not self._closed:  # close() deals with orphans itself, with a grace
-            self._orphans.sweep(signal.SIGKILL)
-        return True
-
-    # -- what the orphan keeper needs (subreaper) -----------------------------------------------
-    def _reap_exited_orphans(self) -> None:
-        """I/O thread tick: reap orphans that died by themselves, so no zombie accumulates."""
-        with self._lock:
-            if self._orphans.active and not self._closed:
-                self._orphans.sweep(None)
-
-    def _wait_reaped(self, inc: Incarnation, timeout: float) -> None:
-        """Wait (up to ``timeout``) for a signalled incarnation to end, then reap it."""
-        if inc.running:
-            wait_exit(inc.pid, timeout)  # type: ignore[arg-type]
-            self._reap(inc)
 
 
 def _require_list(name: str, value: object) -> None:

@@ -16,6 +16,7 @@ from taskd.launcher.output import RankLog
 from taskd.launcher.spares import python_script
 from taskd.launcher.spec import WorkerSpec
 from taskd.rendezvous import AgentStore, StoreHostError
+from taskd.worker.heartbeat_file import HeartbeatFile
 
 log = logging.getLogger("taskd.launcher.local")
 
@@ -58,11 +59,18 @@ def remove_old(path: str) -> None:
         log.warning("cannot remove the old error file %s: %s", path, exc)
 
 
+
+def fresh_rank_files(heartbeat: str, error_file: str) -> None:
+    """Before an incarnation starts: a zeroed heartbeat file, and no error file a predecessor left (what is found
+    there after the rank dies is then this incarnation's)."""
+    HeartbeatFile(heartbeat).create()
+    remove_old(error_file)
+
 def safe_name(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:40] or "job"
 
 
-__all__ = ["open_node_files", "rank_log_path", "remove_old", "safe_name"]
+__all__ = ["fresh_rank_files", "open_node_files", "rank_log_path", "remove_old", "safe_name"]
 
 
 def entry_source(entrypoint: Sequence[str], cwd: str | None = None) -> str | None:

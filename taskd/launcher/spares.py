@@ -25,6 +25,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from taskd.process.spawn import has_exited, kill_group, reap, spawn
+from taskd.worker.env import Var
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,8 @@ def python_script(entrypoint: Sequence[str]) -> str | None:
 
 
 REFILL_DELAY = 5.0  # seconds from a spare becoming a rank to its successor's start
+PREPARED_MAY_DIFFER = frozenset({Var.TASKD_GENERATION, Var.TASKD_JOIN_AFTER})
+"""What a prepared replacement's variables may differ in from its START's: the generation, named after it started."""
 
 
 class SparePool:
@@ -79,6 +82,7 @@ class SparePool:
         self._cwd = cwd
         self._refill_delay = refill_delay
         self._idle: list[subprocess.Popen[bytes]] = []
+        self._bound: dict[int, tuple[subprocess.Popen[bytes], dict[str, str]]] = {}  # key -> handed a rank early
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._due: float | None = None  # when the deferred refill is to run
@@ -148,6 +152,53 @@ class SparePool:
             return popen
         return None
 
+    # -- a spare handed a rank before the rank is started (a prepared replacement, taskd.launcher.local) --------
+    def bind(self, key: int, argv: Sequence[str], env: Mapping[str, str], cwd: str | None) -> bool:
+        """Hand an idle spare ``key``'s argv and environment now, before the rank is started; `take` adopts it."""
+        with self._lock:
+            if self._closed or key in self._bound:
+                return False
+            popen = self._activate(argv, env, cwd)
+            if popen is None:
+                return False
+            self._bound[key] = (popen, dict(env))
+            return True
+
+    def take(self, key: int, env: Mapping[str, str], ignore: frozenset[str] = PREPARED_MAY_DIFFER) \
+            -> subprocess.Popen[bytes] | None:
+        """The spare bound to ``key`` if it still runs and was handed ``env`` (but for the ``ignore`` keys), else
+        None (a mismatched or dead one is discarded: the caller starts the rank as usual)."""
+        with self._lock:
+            bound = self._bound.pop(key, None)
+        if bound is None:
+            return None
+        popen, given = bound
+        differs = sorted(k for k in set(given) | set(env) if k not in ignore and given.get(k) != env.get(k))
+        if not differs and not has_exited(popen.pid):
+            return popen
+        log.info("prepared replacement %d not used: %s", popen.pid,
+                 f"its environment differs in {differs}" if differs else "it ended")
+        kill_group(popen.pid)
+        reap(popen, "prepared replacement")
+        return None
+
+    def discard(self) -> int:
+        """Kill and reap every bound spare (a round that starts no replacement for them); the number."""
+        with self._lock:
+            bound, self._bound = list(self._bound.values()), {}
+        for popen, _ in bound:
+            kill_group(popen.pid)
+        for popen, _ in bound:
+            reap(popen, "prepared replacement")
+        if bound:
+            log.info("live recovery: %d prepared replacement(s) discarded", len(bound))
+        return len(bound)
+
+    def ready(self) -> bool:
+        """Whether an idle spare is there to bind or activate (one that died meanwhile is found out then)."""
+        with self._lock:
+            return bool(self._idle) and not self._closed
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
@@ -157,10 +208,11 @@ class SparePool:
         for popen in self._idle:
             reap(popen, "warm spare")
         self._idle.clear()
+        self.discard()
 
     def pids(self) -> list[int]:
         with self._lock:
-            return [p.pid for p in self._idle]
+            return [p.pid for p in self._idle] + [p.pid for p, _ in self._bound.values()]
 
 
 __all__ = ["SPARE_CODE", "SparePool", "python_script"]

@@ -55,6 +55,7 @@ class Var:
     TASKD_HEARTBEAT_DIR = "TASKD_HEARTBEAT_DIR"  # set by an agent for ranks another launcher starts
     TASKD_CONTROL_FILE = "TASKD_CONTROL_FILE"  # live recovery: the agent's per-node control file
     TASKD_GENERATION = "TASKD_GENERATION"  # live recovery: the group generation a rank starts into
+    TASKD_JOIN_AFTER = "TASKD_JOIN_AFTER"  # live: started before its generation was named: the first named above this
     TASKD_REJOIN_TIMEOUT = "TASKD_REJOIN_TIMEOUT"  # live recovery: seconds a rank waits for a generation
     TASKD_PREIMPORT = "TASKD_PREIMPORT"  # warm spares: modules to import before becoming a rank
     MINDX_TASK_ID = "MINDX_TASK_ID"  # TaskD's job id, when the job runs under MindCluster

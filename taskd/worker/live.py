@@ -19,15 +19,24 @@ from __future__ import annotations
 
 import enum
 import importlib
-import json
 import logging
 import os
 import struct
 import time
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from taskd.worker import heartbeat_file as hbf
 from taskd.worker import progress
+from taskd.worker.control_file import (  # the control file is part of this protocol: its names are here too
+    ACTIONS,
+    DEFAULT_REJOIN_TIMEOUT,
+    STORE_PREFIX,
+    Control,
+    ControlWatch,
+    LiveProtocolError,
+    read_control,
+    write_control,
+)
 from taskd.worker.env import Var, env_int
 
 log = logging.getLogger(__name__)
@@ -36,9 +45,6 @@ FLAG_REJOIN = 1  # the rank can rejoin a rebuilt group in place (survivor) or be
 FLAG_RETRY = 2  # the rank can roll back the step in flight and redo it without a restart
 FLAG_DECLARED = 4  # set by every declare(): "neither" is then an answer (sharded state), not "not yet declared"
 FLAG_RESIZE = 8  # the rank has a resize hook (LiveGroup(on_resize=...)): the job may go on at another world size
-DEFAULT_REJOIN_TIMEOUT = 120.0
-STORE_PREFIX = "taskd/gen{generation}"  # key prefix of one generation's group in the rendezvous store
-ACTIONS = ("rejoin", "retry", "abort", "leave")
 
 
 class Phase(enum.IntEnum):
@@ -65,10 +71,6 @@ class RetryableError(Exception):
 
     Only under taskd with live recovery; elsewhere it propagates like any exception.
     """
-
-
-class LiveProtocolError(ValueError):
-    """A control file or value that does not follow the protocol."""
 
 
 # -- ranks -> agent: the heartbeat file's live fields ---------------------------------------------
@@ -148,153 +150,6 @@ def read_rank_status(file: hbf.HeartbeatFile | str | os.PathLike[str], retries: 
             hb.close()
 
 
-# -- agent -> ranks: the control file -------------------------------------------------------------
-class Control(NamedTuple):
-    """What the agent asks of every live rank on its node.
-
-    ``generation``: the group to form next (the controller's round; never reused while one
-    rendezvous store lives). ``action``: ``rejoin`` (a rank was replaced), ``retry`` (same
-    ranks, redo the step) or ``abort`` (give up: ranks exit with their error, for
-    job-rescheduling). ``timeout``: how long a rank may take to form the group before it gives up.
-    ``world_size`` and ``ranks`` (a scale-in or scale-out, issue 17; both or neither): the size of the group
-    to form and the rank in it of each of the node's ranks, by the global rank it was started as (RANK).
-    """
-
-    generation: int
-    action: str = "rejoin"
-    timeout: float = DEFAULT_REJOIN_TIMEOUT
-    time: float = 0.0
-    extra: dict[str, Any] = {}
-    world_size: int | None = None
-    ranks: dict[int, int] = {}
-
-    def rank_of(self, started_as: int) -> int | None:
-        """The group rank of the process started as global rank ``started_as`` (None: no resize, or not named)."""
-        return self.ranks.get(started_as) if self.world_size is not None else None
-
-    @property
-    def store_prefix(self) -> str:
-        return STORE_PREFIX.format(generation=self.generation)
-
-    def ends(self, generation: int) -> bool:
-        """Whether this request means the group of ``generation`` is over: ``leave`` of it (or of a later one,
-        the agent's newest), a ``rejoin`` of a later one, or ``abort``. A ``retry`` keeps the group."""
-        if self.action == "leave":
-            return self.generation >= generation
-        return self.action == "abort" or (self.action == "rejoin" and self.generation > generation)
-
-
-def _check_control(generation: object, action: object, timeout: object) -> None:
-    if not isinstance(generation, int) or isinstance(generation, bool) or generation < 0:
-        raise LiveProtocolError(f"control generation must be an integer >= 0, got {generation!r}")
-    if action not in ACTIONS:
-        raise LiveProtocolError(f"control action must be one of {', '.join(ACTIONS)}, got {action!r}")
-    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
-        raise LiveProtocolError(f"control timeout must be a positive number of seconds, got {timeout!r}")
-
-
-def _check_resize(world_size: object, ranks: object) -> dict[int, int]:
-    """The ``ranks`` of a resize as {started-as rank: group rank}; LiveProtocolError naming what is wrong."""
-    if world_size is None and ranks is None:
-        return {}
-    if world_size is None or ranks is None:
-        raise LiveProtocolError("control world_size and ranks come together (a resize), got only one of them")
-    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
-        raise LiveProtocolError(f"control world_size must be an integer >= 1, got {world_size!r}")
-    if not isinstance(ranks, dict):
-        raise LiveProtocolError(f"control ranks must map a started-as rank to its group rank, got {ranks!r}")
-    out: dict[int, int] = {}
-    for key, value in ranks.items():
-        try:
-            started = int(key)
-        except (TypeError, ValueError):
-            raise LiveProtocolError(f"control ranks key {key!r} is not a rank") from None
-        if started < 0 or isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < world_size:
-            raise LiveProtocolError(f"control ranks {key!r}: {value!r} is not a rank in [0, {world_size})")
-        out[started] = value
-    if len(set(out.values())) != len(out):
-        raise LiveProtocolError(f"control ranks name a group rank twice: {ranks!r}")
-    return out
-
-
-def write_control(path: str | os.PathLike[str], generation: int, action: str = "rejoin",
-                  timeout: float = DEFAULT_REJOIN_TIMEOUT, world_size: int | None = None,
-                  ranks: dict[int, int] | None = None, **extra: Any) -> Control:
-    """Atomically replace the control file (agent side): a rank never reads half a file."""
-    _check_control(generation, action, timeout)
-    resize = _check_resize(world_size, ranks)
-    control = Control(generation, action, float(timeout), time.time(), dict(extra), world_size, resize)
-    body = {"generation": generation, "action": action, "timeout": float(timeout), "time": control.time, **extra}
-    if world_size is not None:
-        body.update(world_size=world_size, ranks={str(k): v for k, v in sorted(resize.items())})
-    path = os.fspath(path)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(body, fh)
-    os.replace(tmp, path)
-    return control
-
-
-def read_control(path: str | os.PathLike[str]) -> Control | None:
-    """The control file's request, or None when there is no file yet; LiveProtocolError if malformed."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            body = json.load(fh)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise LiveProtocolError(f"cannot read control file {os.fspath(path)}: {exc}") from exc
-    if not isinstance(body, dict):
-        raise LiveProtocolError(f"control file {os.fspath(path)} is not a JSON object")
-    body = dict(body)
-    generation, action = body.pop("generation", None), body.pop("action", "rejoin")
-    timeout, when = body.pop("timeout", DEFAULT_REJOIN_TIMEOUT), body.pop("time", 0.0)
-    world_size, ranks = body.pop("world_size", None), body.pop("ranks", None)
-    _check_control(generation, action, timeout)
-    resize = _check_resize(world_size, ranks)
-    return Control(generation, action, float(timeout), float(when or 0.0), body, world_size, resize)
-
-
-class ControlWatch:
-    """Rank side: notices a new control file with one ``os.stat`` per check (~1 µs)."""
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = os.fspath(path)
-        self._seen: tuple[int, int, int] | None = None
-        self._last: Control | None = None
-
-    def latest(self) -> Control | None:
-        """The current request; re-read only when the file changed (rename gives a new inode)."""
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            return None
-        key = (st.st_ino, st.st_mtime_ns, st.st_size)
-        if key != self._seen:
-            try:
-                control = read_control(self.path)
-            except LiveProtocolError as exc:
-                log.warning("%s", exc)
-                return self._last
-            self._seen, self._last = key, control
-        return self._last
-
-    def newer(self, generation: int) -> Control | None:
-        """A request for a generation above ``generation``, else None (``leave`` names none to form)."""
-        control = self.latest()
-        return control if control is not None and control.generation > generation and control.action != "leave" \
-            else None
-
-    def wait(self, generation: int, timeout: float, interval: float = 0.005) -> Control | None:
-        """Wait up to ``timeout`` seconds for a generation above ``generation``; None on timeout."""
-        deadline = time.monotonic() + timeout
-        while True:
-            control = self.newer(generation)
-            if control is not None or time.monotonic() >= deadline:
-                return control
-            time.sleep(interval)
-
-
 # -- the rank side --------------------------------------------------------------------------------
 def start_generation() -> int:
     """The generation this process was started into: 0 at job start, g for a replacement (TASKD_GENERATION)."""
@@ -305,6 +160,18 @@ def start_generation() -> int:
     if generation < 0:
         raise LiveProtocolError(f"{Var.TASKD_GENERATION}={generation} must be >= 0")
     return generation
+
+
+def join_after() -> int | None:
+    """For a replacement started before the controller named its generation (TASKD_JOIN_AFTER, taskd.launcher's
+    prepared replacement): it joins the first generation the control file names above this one; None otherwise."""
+    try:
+        after = env_int(Var.TASKD_JOIN_AFTER, None)
+    except ValueError as exc:
+        raise LiveProtocolError(str(exc)) from None
+    if after is not None and after < 0:
+        raise LiveProtocolError(f"{Var.TASKD_JOIN_AFTER}={after} must be >= 0")
+    return after
 
 
 def rejoin_timeout() -> float:
@@ -331,11 +198,23 @@ class LiveRank:
         self.control_path = control_path or os.environ.get(Var.TASKD_CONTROL_FILE) or None
         self.watch = ControlWatch(self.control_path) if self.control_path else None
         self.generation = start_generation()
+        self.join_after = join_after()  # a prepared replacement: its generation is named after it started
         self.errors = 0
 
     @property
     def enabled(self) -> bool:
         return self.watch is not None
+
+    def await_named(self) -> bool:
+        """A prepared replacement (TASKD_JOIN_AFTER): started the moment its predecessor died, its script (imports,
+        model, optimizer) ran while the controller decided; now it waits for the round to name its generation.
+        False when none comes in time or the agent says anything but rejoin (the rank then gives up)."""
+        assert self.watch is not None and self.join_after is not None
+        control = self.watch.wait(self.join_after, rejoin_timeout())
+        if control is None or control.action != "rejoin":
+            return False
+        self.generation = control.generation
+        return True
 
     def declare(self, rejoin: bool = True, retry: bool = True, resize: bool = False) -> bool:
         """Tell the agent what this rank can do in place; False when there is no heartbeat file."""
@@ -461,3 +340,9 @@ def preimport(modules: str | list[str] | tuple[str, ...] | None = None) -> list[
         except Exception as exc:  # noqa: BLE001 - any import failure is the rank's to report later
             log.warning("preimport of %s failed: %s", name, exc)
     return done
+
+
+__all__ = ["ACTIONS", "DEFAULT_REJOIN_TIMEOUT", "FLAG_DECLARED", "FLAG_REJOIN", "FLAG_RESIZE", "FLAG_RETRY",
+           "STORE_PREFIX", "Control", "ControlWatch", "ErrorKind", "LiveProtocolError", "LiveRank", "Phase",
+           "RankStatus", "RetryableError", "classify_error", "declare_rejoinable", "join_after", "preimport",
+           "read_control", "read_rank_status", "rejoin_timeout", "start_generation", "write_control"]

@@ -51,14 +51,7 @@ from taskd.worker.torch_facts import (
     stable_ddp_kwargs,
     step_seed,
 )
-from taskd.worker.torch_group import (
-    GroupSockets,
-    LeaveWatch,
-    RetiredGroups,
-    collect,
-    drop_frames,
-    freeze_older_objects,
-)
+from taskd.worker.torch_group import GroupSockets, LeaveWatch, RetiredGroups, collect, drop_frames, freeze_older_objects
 from taskd.worker.torch_mark import Backward, BackwardMark, CollectiveMark
 from taskd.worker.torch_resize import Resize, ResizeHook
 from taskd.worker.torch_state import LiveUsageError, hand_over, refuse_own_collectives
@@ -151,6 +144,9 @@ class LiveGroup:
             return
         self.protocol.set_phase(Phase.REJOINING)  # before declaring: a new node's agent then knows it joins a group
         self.protocol.declare(rejoin=True, retry=True, resize=self._resize.declared)
+        if self.protocol.join_after is not None and not self.protocol.await_named():  # a prepared replacement
+            self.protocol.set_phase(Phase.GAVE_UP)
+            raise LiveRecoveryFailed(f"rank {self.rank}: a prepared replacement, but no rejoin was named in time")
         latest = self.protocol.watch.latest() if self.protocol.watch is not None else None
         if latest is not None and latest.generation == self.protocol.generation:  # started into a resized group
             self.rank, self.world_size = self._resize.place(latest, self.rank, self.world_size)

@@ -22,7 +22,7 @@ SCRIPT = textwrap.dedent('''
     rank = os.environ["RANK"]
     record = {"argv": sys.argv, "name": __name__, "file": __file__, "path0": sys.path[0],
               "restart": os.environ["TASKD_RESTART_COUNT"], "pid": os.getpid(), "stdin": sys.stdin.read(),
-              "cwd": os.getcwd()}
+              "cwd": os.getcwd(), "join_after": os.environ.get("TASKD_JOIN_AFTER")}
     final = os.path.join(out, f"rank{rank}-{record['restart']}.json")
     with open(final + ".tmp", "w") as fh:
         json.dump(record, fh)
@@ -146,3 +146,37 @@ def test_a_refill_scheduled_when_the_pool_closes_starts_nothing(tmp_path: Path) 
 def test_a_negative_refill_delay_is_refused() -> None:
     with pytest.raises(ValueError, match="refill_delay must be >= 0"):
         spares.SparePool(1, {}, None, refill_delay=-1)
+
+
+@pytest.mark.parametrize("then", ["restart the rank", "restart every rank"])
+def test_a_prepared_replacement_is_adopted_by_its_rank_start_or_discarded(tmp_path: Path, then: str) -> None:
+    """Live (an agent-hosted store): a spare handed the dead rank 1 before any START runs the script at once, told
+    to join the next generation; START_WORKER_LIST([1]) adopts that process, START_ALL_WORKER kills it first."""
+    pytest.importorskip("torch")  # the agent-hosted store is torch's TCPStore
+    script = tmp_path / "spare_probe.py"
+    script.write_text(SCRIPT)
+    (tmp_path / "out").mkdir()
+    spec = WorkerSpec(command_for(str(script), [str(tmp_path / "out"), "sleep"]), nproc_per_node=2, warm_spares=1,
+                      log_dir=str(tmp_path / "logs"), cwd=str(tmp_path), rdzv_store="agent", preimport="json")
+    launcher = LocalLauncher(spec)
+    try:
+        assert launcher.live_recovery and launcher.start_all_worker() == 0
+        _record(tmp_path, 1, 0)
+        assert not launcher.prepare_replacement(1, 0)  # rank 1 still runs: nothing to replace
+        os.kill(launcher.pid(1), signal.SIGKILL)
+        wait_for(lambda: launcher.monitor([1])[1]["status"] is not None, 10, "rank 1's death to be seen")
+        wait_for(lambda: launcher._spares.ready(), 30, "the warm spare")  # noqa: SLF001
+        assert launcher.prepare_replacement(1, 0)
+        prepared = _record(tmp_path, 1, 1)  # it runs before any START: the script's own first lines are done
+        assert prepared["join_after"] == "0" and launcher.pid(1) != prepared["pid"]
+        if then == "restart the rank":
+            assert launcher.start_worker_list([1]) == 0
+            assert launcher.pid(1) == prepared["pid"] and launcher.monitor([1])[1]["status"] is None  # adopted
+        else:
+            assert launcher.start_all_worker() == 0
+            assert not psutil.pid_exists(prepared["pid"]) or psutil.Process(prepared["pid"]).status() == "zombie"
+            assert launcher.pid(1) != prepared["pid"]  # a fresh incarnation, into the fresh group
+    finally:
+        launcher.close(1.0)
+    if then == "restart the rank":
+        assert not psutil.pid_exists(prepared["pid"])

@@ -53,7 +53,7 @@ class Agent:
     def hb_path(self, rank: int) -> Path:
         return self.tmp / f"rank_{rank}.hb"
 
-    def start(self, rank: int, generation: int = 0) -> subprocess.Popen[bytes]:
+    def start(self, rank: int, generation: int = 0, join_after: int | None = None) -> subprocess.Popen[bytes]:
         HeartbeatFile(self.hb_path(rank)).create()
         env = dict(os.environ)
         env.update(self.store.env())
@@ -61,6 +61,8 @@ class Agent:
                     Var.LOCAL_WORLD_SIZE: str(WORLD), Var.TASKD_HEARTBEAT_FILE: str(self.hb_path(rank)),
                     Var.TASKD_CONTROL_FILE: str(self.control), Var.TASKD_GENERATION: str(generation),
                     Var.TASKD_REJOIN_TIMEOUT: "60", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
+        if join_after is not None:  # a prepared replacement: started before its generation is named
+            env[Var.TASKD_JOIN_AFTER] = str(join_after)
         self.incarnations += 1
         log = open(self.tmp / f"rank{rank}.{self.incarnations}.log", "wb")  # noqa: SIM115 - closed with the test
         proc = subprocess.Popen([sys.executable, "-u", str(EXAMPLE), *self.args], env=env, stdout=log,
@@ -145,8 +147,11 @@ def test_sigkill_of_a_rank_is_recovered_in_place_bit_identically(agent, referenc
     pids = job.start_all()
     job.wait_step(victim, 8)
     job.kill(victim)
+    # prepared, as taskd run's agent does with a warm spare: started at once, told its generation only later
+    job.start(victim, generation=0, join_after=0)
+    wait_for(lambda: job.status(victim).declared, TIMEOUT, "the prepared replacement to declare itself")
+    assert job.status(victim).phase == Phase.REJOINING and job.status(victim).generation is None  # waiting
     write_control(job.control, generation=1, action="rejoin", timeout=60)
-    job.start(victim, generation=1)
     summary = job.finish()
 
     survivors = [r for r in range(WORLD) if r != victim]

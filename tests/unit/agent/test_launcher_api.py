@@ -25,7 +25,8 @@ def _signature(func: object) -> list[tuple[str, object, object]]:
 def test_the_protocol_lists_what_the_agent_reaches() -> None:
     assert {"rank_files", "live_recovery", "rank_declarations"} == set(PROPERTIES)
     assert {"control_path", "returncode", "tail_log", "error_report", "heartbeat_path", "log_path",
-            "set_restart_count", "set_generation", "set_node_rank"} == set(METHODS)
+            "set_restart_count", "set_generation", "set_node_rank", "prepare_replacement",
+            "discard_prepared"} == set(METHODS)
 
 
 @pytest.mark.parametrize("cls", [LocalLauncher, MsrunLauncher], ids=lambda c: c.__name__)
@@ -43,6 +44,7 @@ def test_msrun_null_object_answers_nothing_and_refuses_a_node_rank() -> None:
     assert MSRUN.control_path() is None and MSRUN.returncode(0) is None and MSRUN.error_report(0) is None
     assert MSRUN.tail_log(0) == [] and MSRUN.heartbeat_path(0) is None and MSRUN.log_path(0) is None
     assert MSRUN.set_restart_count(2) is None and MSRUN.set_generation(3) is None
+    assert MSRUN.prepare_replacement(0, 1) is False and MSRUN.discard_prepared() is None  # msrun starts its own ranks
     with pytest.raises(NodeRankFixed, match="--node_rank 1"):
         MSRUN.set_node_rank(1)
 
