@@ -38,6 +38,7 @@ def test_reports_of_one_moment_share_a_transaction_and_are_answered_after_it(tmp
     async def scenario() -> None:
         busy = asyncio.get_running_loop().time()
         core.group._last_flush = busy  # as if a commit just happened: the next reports wait for the window
+        core.group.burst = 0  # ... when they are a burst: here any report (the default, 8, is more than a round sends)
         calls = [asyncio.create_task(core.group.submit(job, fault())) for job in JOBS]
         await asyncio.sleep(0)
         # applied in memory, not answered, not on disk, nobody signalled
@@ -58,6 +59,12 @@ def test_reports_of_one_moment_share_a_transaction_and_are_answered_after_it(tmp
         out = await core.group.submit("a", StopComplete(node_rank=0, code=0, faults={0: "1"}, host="h", pid=1))
         assert out.code == Code.OK and asyncio.get_running_loop().time() - t0 < core.group.window
         assert core.group.transactions == 2
+        # one job's round is no burst: a report right after a commit is committed at once, not after the window
+        core.group.burst = 8
+        core.group._last_flush = t0 = asyncio.get_running_loop().time()
+        out = await core.group.submit("b", StopComplete(node_rank=0, code=0, faults={0: "1"}, host="h", pid=1))
+        assert out.code == Code.OK and asyncio.get_running_loop().time() - t0 < core.group.window / 2
+        assert core.group.transactions == 3
 
     asyncio.run(scenario())
     core.store.close()
