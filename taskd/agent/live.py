@@ -61,6 +61,7 @@ class LiveRanks:
         self._steps: dict[int, int | None] = {}  # local rank -> last completed step seen (before a fault)
         self._group: set[int] = set()  # local ranks seen in a group generation (the rest are independent)
         self._left: int | None = None  # the generation this node last told its ranks to leave
+        self._seen: dict[int, RankStatus] = {}  # what the last refresh() read
 
     @property
     def control_path(self) -> str | None:
@@ -99,7 +100,7 @@ class LiveRanks:
         return rank.local_rank in self._group
 
     def refresh(self) -> dict[int, RankStatus]:
-        statuses = {}
+        self._seen = statuses = {}
         for rank in self.table.all():
             status = self.status(rank) if rank.pid is not None else None
             if status is not None:
@@ -226,9 +227,9 @@ class LiveRanks:
         meanwhile instead of after it (BENCHMARKS.md). The outcome decides: `begin` of a recover lets it join,
         anything else discards it."""
         if not self.enabled or not self._group or Strategy.RECOVER not in configured \
-                or self.table.in_state(RankState.SUCCEEDED) or not self.can("rejoin"):
+                or self.table.in_state(RankState.SUCCEEDED) or not self.can("rejoin"):  # can() refreshes
             return False
-        joined = [s.generation for s in self.refresh().values() if s.generation is not None]
+        joined = [s.generation for s in self._seen.values() if s.generation is not None]
         return self.details.prepare_replacement(rank.local_rank, max([self.generation, *joined]))
 
     def begin(self, strategy: str, faults: FaultRanks, started: float, timeout: float, now: float,

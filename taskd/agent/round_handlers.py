@@ -69,9 +69,10 @@ def on_fault(m: NodeRound, ev: RankFault, now: float, out: Out) -> NodeState:
     faults = {ev.global_rank: ev.fault_type}
     m.add_faults(faults, now - ev.unseen)  # a hang counts from its last heartbeat, not from its detection
     _leave_if_broken(m, faults, out)
-    out.append(SendReport(FAULT, faults, ev.detail))
     if m.facts.live and ev.fault_type != FaultType.RECOVERABLE:
-        out.append(PrepareReplacement(ev.local_rank))  # after the report: the controller hears of it first
+        # before the report: the replacement's script is the longer path (its model built while the round runs)
+        out.append(PrepareReplacement(ev.local_rank))
+    out.append(SendReport(FAULT, faults, ev.detail))
     return S.REPORTING
 
 

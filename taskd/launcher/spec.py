@@ -27,8 +27,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 # The `taskd run` flag each field usually comes from, named in every problem found with it.
 # What a live job's warm spare imports before it becomes a rank: torch, and torch._dynamo, which the first
-# torch.optim optimizer imports (seconds on 2 cores: bench/live_recovery.py's profile in BENCHMARKS.md).
-LIVE_PREIMPORT = "torch,torch._dynamo"
+# torch.optim optimizer imports (seconds on 2 cores: bench/live_recovery.py's profile in BENCHMARKS.md), and
+# LiveGroup's module (17 ms more of a prepared replacement's path before its model is built, otherwise).
+LIVE_PREIMPORT = "torch,torch._dynamo,taskd.worker.torch"
 
 FLAGS = {
     "entrypoint": "SCRIPT [ARGS]", "nproc_per_node": "--nproc-per-node", "nnodes": "--nnodes",

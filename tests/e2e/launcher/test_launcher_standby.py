@@ -75,7 +75,7 @@ def test_a_standby_of_a_live_job_warms_its_spares_with_the_framework_before_any_
         spare = wait_for(lambda: [c for c in me.children() if "-c" in c.cmdline()], 10, "a warm spare")[0]
         # read again until set: in a full run one read came back without it (the spare caught mid-exec)
         preimport = wait_for(lambda: spare.environ().get("TASKD_PREIMPORT"), 10, "the spare's TASKD_PREIMPORT")
-        assert preimport == "torch,torch._dynamo"
+        assert preimport == "torch,torch._dynamo,taskd.worker.torch"
 
 
 def test_node_0_that_becomes_a_standby_stops_listening_on_the_store_port_and_can_take_a_node_again(
