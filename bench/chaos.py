@@ -742,7 +742,7 @@ def report(soak: Soak, seconds: float, judged: dict[str, Any], shutdown_code: in
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="a ~35 s run for the tests (24 s of faults, then a drain)")
+    p.add_argument("--quick", action="store_true", help="a ~30 s run for the tests (18 s of faults, then a drain)")
     p.add_argument("--seed", type=int, default=0, help="seeds the fault plan, its targets and the hostile calls")
     p.add_argument("--duration", type=float, default=None, help="seconds to inject faults and start jobs (300)")
     p.add_argument("--jobs", type=int, default=None, help="run this many jobs instead of a fixed duration")
@@ -770,7 +770,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.duration is not None and args.jobs is not None:
         p.error("give --duration or --jobs, not both")
     if args.quick:
-        args.duration = args.duration if args.duration is not None or args.jobs is not None else 24.0
+        args.duration = args.duration if args.duration is not None or args.jobs is not None else 18.0
         args.steps, args.job_timeout = 150, 90.0
         args.interval = (0.8, 2.0)
         args.replacement_delay = (0.3, 1.0)

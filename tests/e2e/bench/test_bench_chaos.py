@@ -6,7 +6,7 @@ the controller is restarted from its state file, and hostile calls arrive. The s
 nothing left behind, no controller crash, no job lost across a restart, no hostile call accepted,
 every job either correct (bit-identical to a fault-free run) or failed as designed, and every node
 kill of a correct job recorded as a node loss replaced by the bench's process, no round charged more
-than one restart. About 35 s on an idle 2-core machine.
+than one restart. About 30 s on an idle 2-core machine.
 """
 
 from __future__ import annotations

@@ -19,7 +19,9 @@ SCRIPT = ROOT / "tests" / "torch_scripts" / "live_user_error.py"
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize("kind", ["TimeoutError", "ConnectionResetError", "exit3", "exit0"])
+# TimeoutError takes ConnectionResetError's path (both classified in tests/unit/worker/test_live_protocol_unit.py)
+# and a plain non-zero exit is every crash test's: each cost 10 s of CI's 30 min here, so they are not run again
+@pytest.mark.parametrize("kind", ["ConnectionResetError", "exit0"])
 def test_the_scripts_own_timeout_or_reset_is_a_crash_of_its_rank_recovered_live(tmp_path: Path, kind: str) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("MINDX_SERVER_IP", "MINDX_TASK_ID")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
