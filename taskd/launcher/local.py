@@ -426,8 +426,8 @@ class LocalLauncher:
         with self._lock:
             current = self._table.current(local_rank) if self._table.valid(local_rank) else None
             out, err = self.spec.console_streams(local_rank) if current is not None else (None, None)
-            if self._closed or not self._live.enabled or self._standby or current is None or current.running \
-                    or out != err or not self._spares.ready():
+            if self._closed or not self._live.enabled or self._standby or current is None \
+                    or not self._reaper.reap(current) or out != err or not self._spares.ready():  # reap: seen first?
                 return False
             # the count this START will carry: the agent's job-wide count set for the round (one more), else ours
             job_restarts = self._restart_rounds + 1 if self._job_restarts is None else self._job_restarts + 1

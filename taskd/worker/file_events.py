@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import os
 import select
 import struct
+import time
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +67,14 @@ class FileReplaced:
     def wait(self, timeout: float) -> bool:
         """Block until the file is replaced or rewritten (True) or ``timeout`` seconds pass (False); OSError if
         the watch itself fails (the caller then polls)."""
-        ready = self._poll.poll(max(0, int(timeout * 1000)))
-        return bool(ready) and self._drain()
+        deadline = time.monotonic() + timeout
+        while True:  # an event of another file (write_control's temporary one, first) is no answer yet
+            left = deadline - time.monotonic()
+            ready = self._poll.poll(max(0, math.ceil(left * 1000)))
+            if ready and self._drain():
+                return True
+            if not ready or left <= 0:
+                return False
 
     def _drain(self) -> bool:
         """Read the queued events; True if one names the file."""

@@ -32,6 +32,26 @@ def test_a_replaced_control_file_wakes_the_waiter_at_once(tmp_path: Path) -> Non
         events.close()
 
 
+def test_a_neighbours_event_does_not_end_the_wait_early(tmp_path: Path) -> None:
+    """write_control closes a temporary file in the directory before it renames it into place: that first event
+    names another file, and the wait goes on to the rename (it once returned False there, before its timeout)."""
+    control = tmp_path / "control.json"
+    events = FileReplaced.open(str(control))
+    assert events is not None
+    try:
+        neighbour = threading.Timer(0.05, write_control, (tmp_path / "other.json", 1, "leave"))
+        timer = threading.Timer(0.3, write_control, (control, 1, "leave"))
+        t0 = time.monotonic()
+        neighbour.start()
+        timer.start()
+        assert events.wait(10) is True
+        assert 0.25 < time.monotonic() - t0 < 5
+        neighbour.join()
+        timer.join()
+    finally:
+        events.close()
+
+
 def test_other_files_in_the_directory_do_not_wake_it_but_a_rewrite_in_place_does(tmp_path: Path) -> None:
     control = tmp_path / "control.json"
     events = FileReplaced.open(str(control))
