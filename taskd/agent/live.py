@@ -61,7 +61,6 @@ class LiveRanks:
         self._steps: dict[int, int | None] = {}  # local rank -> last completed step seen (before a fault)
         self._group: set[int] = set()  # local ranks seen in a group generation (the rest are independent)
         self._left: int | None = None  # the generation this node last told its ranks to leave
-        self._seen: dict[int, RankStatus] = {}  # what the last refresh() read
 
     @property
     def control_path(self) -> str | None:
@@ -100,7 +99,7 @@ class LiveRanks:
         return rank.local_rank in self._group
 
     def refresh(self) -> dict[int, RankStatus]:
-        self._seen = statuses = {}
+        statuses = {}
         for rank in self.table.all():
             status = self.status(rank) if rank.pid is not None else None
             if status is not None:
@@ -121,26 +120,34 @@ class LiveRanks:
         (a script that has not gets job-rescheduling first), retry only for type-"0" faults of ranks that can;
         downgrade and upgrade when the job `scales` and every rank has a resize hook (agent/resize.py)."""
         offered = [s for s in configured if s != Strategy.RETRY or self.enabled]
-        finished = sorted(r.global_rank for r in self.table.in_state(RankState.SUCCEEDED))
-        if Strategy.RECOVER in offered and self.declarations and finished and self.enabled:
-            # a rank that finished its last step has left the group for good: a replacement would wait for it
-            # to rejoin until the rebuild timed out (issue 21, D3: 150 s), so every rank restarts instead
+        if Strategy.RECOVER in offered and (why := self._recover_refused(faults)):
             offered.remove(Strategy.RECOVER)
-            log.info("live recovery: rank(s) %s already finished and cannot rejoin a rebuilt group: recover not "
-                     "offered", finished)
-        if Strategy.RECOVER in offered and self.declarations and not self.can("rejoin"):
-            offered.remove(Strategy.RECOVER)
-            log.info("live recovery: not every rank declared it can rejoin in place: recover not offered")
-        if Strategy.RECOVER in offered and self.enabled and self.store_host_lost(faults):
-            offered.remove(Strategy.RECOVER)
-            log.info("live recovery: node 0, which hosted the job's rendezvous store, is lost: recover not offered "
-                     "(job-rescheduling restarts every rank against the store of its replacement)")
+            log.info("live recovery: %s", why)
         if Strategy.RETRY in offered and not (faults and set(faults.values()) == {FaultType.RECOVERABLE}
                                               and self.can("retry")):
             offered.remove(Strategy.RETRY)
         # a resize re-forms the group in place as a recover does: only where a recover could
         return resize.offers(offered, scales, self.enabled and self.declarations,
                              scales and Strategy.RECOVER in offered and self.can("resize"))
+
+    def _recover_refused(self, faults: FaultRanks) -> str:
+        """Why recover cannot replace ``faults`` in place ("" when it can): what `offer` says, and what keeps
+        `prepare` from starting a replacement that could never join."""
+        finished = sorted(r.global_rank for r in self.table.in_state(RankState.SUCCEEDED))
+        if self.declarations and finished and self.enabled:
+            # a rank that finished its last step has left the group for good: a replacement would wait for it
+            # to rejoin until the rebuild timed out (issue 21, D3: 150 s), so every rank restarts instead
+            return f"rank(s) {finished} already finished and cannot rejoin a rebuilt group: recover not offered"
+        if self.declarations and not self.can("rejoin"):
+            return "not every rank declared it can rejoin in place: recover not offered"
+        if self.enabled and self.store_host_lost(faults):
+            return ("node 0, which hosted the job's rendezvous store, is lost: recover not offered "
+                    "(job-rescheduling restarts every rank against the store of its replacement)")
+        return ""
+
+    def _newest_generation(self) -> int:
+        """The newest generation named here or joined by a local rank: the one a fault breaks."""
+        return max([self.generation, *(s.generation for s in self.refresh().values() if s.generation is not None)])
 
     def store_host_lost(self, faults: FaultRanks) -> bool:
         """Whether every rank of node 0 is a fault rank, seen from another node: node 0's agent hosts the store the
@@ -212,25 +219,22 @@ class LiveRanks:
         path = self.control_path
         if path is None or not self._group:
             return
-        joined = [s.generation for s in self.refresh().values() if s.generation is not None]
-        generation = max([self.generation, *joined])
+        generation = self._newest_generation()
         if self._left == generation:
             return
         write_control(path, generation, "leave", timeout=RANK_TIMEOUT)
         self._left = generation
         log.debug("live recovery: ranks told to leave generation %d", generation)
 
-    def prepare(self, rank: Rank, configured: list[str]) -> bool:
+    def prepare(self, local_rank: int, configured: list[str], faults: FaultRanks) -> bool:
         """Have the launcher start a dead rank's replacement now (`Launcher.prepare_replacement`), if a recover
-        could replace it: recover configured, every rank declared it can rejoin, none finished. The round's
-        decision takes ~10 ms a hop on the wire; the replacement's script (imports, model, optimizer) runs
-        meanwhile instead of after it (BENCHMARKS.md). The outcome decides: `begin` of a recover lets it join,
-        anything else discards it."""
+        could replace it (configured, and not refused: `_recover_refused`). The round's decision takes several
+        hops on the wire; the replacement's script (imports, model, optimizer) runs meanwhile instead of after it
+        (BENCHMARKS.md). The outcome decides: `begin` of a recover lets it join, anything else discards it."""
         if not self.enabled or not self._group or Strategy.RECOVER not in configured \
-                or self.table.in_state(RankState.SUCCEEDED) or not self.can("rejoin"):  # can() refreshes
+                or self._recover_refused(faults):
             return False
-        joined = [s.generation for s in self._seen.values() if s.generation is not None]
-        return self.details.prepare_replacement(rank.local_rank, max([self.generation, *joined]))
+        return self.details.prepare_replacement(local_rank, self._newest_generation())
 
     def begin(self, strategy: str, faults: FaultRanks, started: float, timeout: float, now: float,
               resized: resize.Resize | None = None) -> int:

@@ -109,9 +109,7 @@ class Recovery:
         elif isinstance(action, ev.LeaveGroup):
             self.live.leave()
         elif isinstance(action, ev.PrepareReplacement):
-            rank = self.table.get(action.local_rank)
-            if rank is not None:
-                self.live.prepare(rank, self.link.config.offered_strategies)
+            self.live.prepare(action.local_rank, self.link.config.offered_strategies, action.faults)
         elif isinstance(action, ev.AbandonRebuild):
             self.live.abandon()
         elif isinstance(action, ev.SendReport):

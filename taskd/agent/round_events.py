@@ -190,6 +190,7 @@ class PrepareReplacement:
     controller decides; a recover's START adopts it, any other outcome discards it (agent/live.py)."""
 
     local_rank: int
+    faults: FaultRanks = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,7 @@ def on_fault(m: NodeRound, ev: RankFault, now: float, out: Out) -> NodeState:
     _leave_if_broken(m, faults, out)
     if m.facts.live and ev.fault_type != FaultType.RECOVERABLE:
         # before the report: the replacement's script is the longer path (its model built while the round runs)
-        out.append(PrepareReplacement(ev.local_rank))
+        out.append(PrepareReplacement(ev.local_rank, faults))
     out.append(SendReport(FAULT, faults, ev.detail))
     return S.REPORTING
 

@@ -59,12 +59,12 @@ def remove_old(path: str) -> None:
         log.warning("cannot remove the old error file %s: %s", path, exc)
 
 
-
 def fresh_rank_files(heartbeat: str, error_file: str) -> None:
     """Before an incarnation starts: a zeroed heartbeat file, and no error file a predecessor left (what is found
     there after the rank dies is then this incarnation's)."""
     HeartbeatFile(heartbeat).create()
     remove_old(error_file)
+
 
 def safe_name(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:40] or "job"

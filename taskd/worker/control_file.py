@@ -13,7 +13,7 @@ import os
 import time
 from typing import Any, NamedTuple
 
-from taskd.worker.file_events import FileReplaced
+from taskd.worker.file_events import FileWatch
 
 log = logging.getLogger(__name__)
 
@@ -162,27 +162,16 @@ class ControlWatch:
         return control if control is not None and control.generation > generation and control.action != "leave" \
             else None
 
-    def wait(self, generation: int, timeout: float, interval: float = 0.005) -> Control | None:
+    def wait(self, generation: int, timeout: float, interval: float = 0.005, idle: float = 0.05) -> Control | None:
         """Wait up to ``timeout`` seconds for a generation above ``generation``; None on timeout.
 
-        Woken by inotify the moment the agent replaces the file (`FileReplaced`; the rank is waiting while its
-        peers wait for it), looking again every ``interval`` regardless; where inotify is missing it polls."""
+        Woken by inotify the moment the agent replaces the file (the rank is waiting while its peers wait for
+        it), looking again every ``idle`` regardless; where inotify is missing it polls every ``interval``."""
         deadline = time.monotonic() + timeout
-        events = FileReplaced.open(self.path)
-        try:
+        with FileWatch(self.path, interval, idle) as watch:
             while True:
                 control = self.newer(generation)
                 left = deadline - time.monotonic()
                 if control is not None or left <= 0:
                     return control
-                if events is None:
-                    time.sleep(min(interval, left))
-                    continue
-                try:
-                    events.wait(min(max(interval, 0.05), left))
-                except OSError:
-                    events.close()
-                    events = None
-        finally:
-            if events is not None:
-                events.close()
+                watch.pause(left)

@@ -100,3 +100,37 @@ class FileReplaced:
             os.close(self._fd)
         except OSError:
             pass
+
+
+class FileWatch:
+    """Sleeping until a file may have changed, for a loop that looks at it each time it wakes: inotify
+    (`FileReplaced`) with a look every ``idle`` seconds regardless, else (no inotify, or the watch failed) a poll
+    every ``interval``. One mechanism for the leave watch's thread and a rank waiting for its generation."""
+
+    def __init__(self, path: str, interval: float, idle: float) -> None:
+        self.path, self.interval, self.idle = path, interval, idle
+        self._events = FileReplaced.open(path)
+
+    def pause(self, limit: float = float("inf")) -> None:
+        """Return when the file was replaced or rewritten, ``idle`` (polling: ``interval``) or ``limit`` s passed."""
+        if self._events is not None:
+            try:
+                self._events.wait(min(self.idle, limit))
+                return
+            except OSError:  # the watch broke: the caller must outlive it, so it polls from here on
+                log.debug("inotify failed; polling %s", self.path, exc_info=True)
+                self._events.close()
+                self._events = None
+        time.sleep(max(0.0, min(self.interval, limit)))
+
+    def close(self) -> None:
+        if self._events is not None:
+            self._events.close()
+            self._events = None
+
+    def __enter__(self) -> FileWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+

@@ -151,27 +151,26 @@ def read_rank_status(file: hbf.HeartbeatFile | str | os.PathLike[str], retries: 
 
 
 # -- the rank side --------------------------------------------------------------------------------
-def start_generation() -> int:
-    """The generation this process was started into: 0 at job start, g for a replacement (TASKD_GENERATION)."""
+def _generation_var(name: str) -> int | None:
+    """A generation in variable ``name`` (None when unset); LiveProtocolError naming the variable otherwise."""
     try:
-        generation = env_int(Var.TASKD_GENERATION, 0) or 0
+        value = env_int(name, None)
     except ValueError as exc:
         raise LiveProtocolError(str(exc)) from None
-    if generation < 0:
-        raise LiveProtocolError(f"{Var.TASKD_GENERATION}={generation} must be >= 0")
-    return generation
+    if value is not None and value < 0:
+        raise LiveProtocolError(f"{name}={value} must be >= 0")
+    return value
+
+
+def start_generation() -> int:
+    """The generation this process was started into: 0 at job start, g for a replacement (TASKD_GENERATION)."""
+    return _generation_var(Var.TASKD_GENERATION) or 0
 
 
 def join_after() -> int | None:
     """For a replacement started before the controller named its generation (TASKD_JOIN_AFTER, taskd.launcher's
     prepared replacement): it joins the first generation the control file names above this one; None otherwise."""
-    try:
-        after = env_int(Var.TASKD_JOIN_AFTER, None)
-    except ValueError as exc:
-        raise LiveProtocolError(str(exc)) from None
-    if after is not None and after < 0:
-        raise LiveProtocolError(f"{Var.TASKD_JOIN_AFTER}={after} must be >= 0")
-    return after
+    return _generation_var(Var.TASKD_JOIN_AFTER)
 
 
 def rejoin_timeout() -> float:

@@ -32,7 +32,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from taskd.worker.file_events import FileReplaced
+from taskd.worker.file_events import FileWatch
 from taskd.worker.live import Control, ControlWatch
 
 log = logging.getLogger(__name__)
@@ -186,22 +186,10 @@ class LeaveWatch:
         self._stop.set()
 
     def _run(self) -> None:
-        events = FileReplaced.open(self._path)
-        try:
+        with FileWatch(self._path, self._interval, self._idle) as watch:
             while not self._stop.is_set():
                 self._check()
-                if events is None:
-                    self._stop.wait(self._interval)
-                    continue
-                try:
-                    events.wait(self._idle)
-                except OSError:  # the watch broke: the thread must outlive it, so it polls from here on
-                    log.debug("leave watch: inotify failed; polling %s", self._path, exc_info=True)
-                    events.close()
-                    events = None
-        finally:
-            if events is not None:
-                events.close()
+                watch.pause()
 
     def _check(self) -> None:
         try:
