@@ -57,7 +57,8 @@ class LiveRanks:
         self._declared: dict[int, tuple[bool, bool, bool]] = {}  # local rank -> (rejoin, retry, resize), last declared
         self._resize: resize.Resize | None = None  # the group's size and rank map since a downgrade or upgrade
         self._errors: dict[tuple[int, int], int] = {}  # (local rank, pid) -> in-place errors already seen
-        self._timed_out: dict[int, int] = {}  # local rank -> pid whose collective timed out waiting (stalled())
+        # local rank -> (pid, generation) whose collective timed out waiting, in that generation (stalled())
+        self._timed_out: dict[int, tuple[int, int | None]] = {}
         self._steps: dict[int, int | None] = {}  # local rank -> last completed step seen (before a fault)
         self._group: set[int] = set()  # local ranks seen in a group generation (the rest are independent)
         self._left: int | None = None  # the generation this node last told its ranks to leave
@@ -171,7 +172,7 @@ class LiveRanks:
                 if status.error_kind == ErrorKind.RETRYABLE:
                     found.append((rank, status))
                 elif status.error_kind == ErrorKind.COLLECTIVE_TIMEOUT:
-                    self._timed_out[rank.local_rank] = rank.pid
+                    self._timed_out[rank.local_rank] = (rank.pid, status.generation)
         return found
 
     def stalled(self) -> list[tuple[Rank, RankStatus]]:
@@ -180,8 +181,11 @@ class LiveRanks:
         --heartbeat-timeout nothing else finds them, and every rank waited 120 s more for a rebuild)."""
         if not self._timed_out:  # the usual case, every poll: nothing to read
             return []
-        waiting = {lr for lr, pid in self._timed_out.items() if lr in self.table.ranks
-                   and self.table[lr].pid == pid and self.table[lr].state is RankState.RUNNING}
+        # a timeout in a generation the rank has left since is stale: a collective of an old group that outlasted
+        # the rebuild (it times out on its own clock) says nothing about the peers of the new one
+        waiting = {lr for lr, (pid, generation) in self._timed_out.items() if lr in self.table.ranks
+                   and self.table[lr].pid == pid and self.table[lr].state is RankState.RUNNING
+                   and (status := self.status(self.table[lr])) is not None and status.generation == generation}
         self._timed_out = {lr: self._timed_out[lr] for lr in waiting}
         if not waiting or self.rebuild is not None:
             return []

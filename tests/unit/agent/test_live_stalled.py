@@ -1,0 +1,84 @@
+"""A rank its peers' timed-out collective waited for is a hang (`LiveRanks.stalled`), but only while the
+waiting rank is still in the generation it timed out in. Seen in a benchmark run: a survivor stuck in the old
+group's collective timed out 60 s later, after the recovery had re-formed the group without waiting for it,
+and the agent then killed a healthy rank of the new group as "hung"."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from taskd.agent.live import LiveRanks
+from taskd.agent.ranks import RankLayout, RankState, RankTable
+from taskd.worker import heartbeat_file as hbf
+from taskd.worker.live import _ERROR, _JOIN, _U32, ErrorKind, Phase
+
+PIDS = {0: 5001, 1: 5002}
+
+
+class Node:
+    live_recovery = True
+    rank_declarations = True
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+
+    def control_path(self) -> str:
+        return str(self.tmp / "control.json")
+
+    def heartbeat_path(self, local_rank: int) -> str:
+        return str(self.tmp / f"rank{local_rank}.hb")
+
+    def set_generation(self, generation: int) -> None:
+        pass
+
+
+def write(path: str, *fields: tuple) -> None:
+    """What a rank writes into its file, under the sequence counter as taskd.worker does."""
+    hb = hbf.HeartbeatFile(path)
+    seq = hbf._SEQ.unpack_from(hb.buffer, hbf.OFF_SEQ)[0]
+    hbf._SEQ.pack_into(hb.buffer, hbf.OFF_SEQ, seq + 1)
+    for layout, offset, values in fields:
+        layout.pack_into(hb.buffer, offset, *values)
+    hbf._SEQ.pack_into(hb.buffer, hbf.OFF_SEQ, seq + 2)
+    hb.close()
+
+
+def joined(node: Node, local: int, generation: int) -> None:
+    write(node.heartbeat_path(local), (hbf._IDENT, hbf.OFF_IDENT, (PIDS[local], 0)),
+          (_JOIN, hbf.OFF_LIVE_JOIN, (generation, 5, time.time())), (_U32, hbf.OFF_LIVE_PHASE, (int(Phase.TRAINING),)))
+
+
+def timed_out(node: Node, local: int) -> None:
+    write(node.heartbeat_path(local),
+          (_ERROR, hbf.OFF_LIVE_ERROR, (1, int(ErrorKind.COLLECTIVE_TIMEOUT), 5, time.time())),
+          (_U32, hbf.OFF_LIVE_PHASE, (int(Phase.PAUSED),)))
+
+
+def two_ranks(tmp: Path) -> tuple[LiveRanks, Node, RankTable]:
+    node = Node(tmp)
+    table = RankTable()
+    table.lay_out(RankLayout(0, 1, (0, 1)))
+    for local, rank in table.ranks.items():
+        hbf.HeartbeatFile(node.heartbeat_path(local)).create().close()
+        rank.pid, rank.state = PIDS[local], RankState.RUNNING
+        joined(node, local, 0)
+    return LiveRanks(table, node), node, table  # type: ignore[arg-type]
+
+
+def test_a_rank_its_peer_timed_out_waiting_for_in_the_current_generation_is_stalled(tmp_path: Path) -> None:
+    live, node, table = two_ranks(tmp_path)
+    timed_out(node, 0)
+    assert live.new_errors() == []  # not a fault of its own: what it waited for is
+    assert [rank.local_rank for rank, _ in live.stalled()] == [1]
+
+
+def test_a_timeout_in_a_generation_the_rank_has_left_since_accuses_nobody(tmp_path: Path) -> None:
+    live, node, table = two_ranks(tmp_path)
+    timed_out(node, 0)  # its old group's collective timed out ...
+    live.new_errors()
+    joined(node, 0, 3)  # ... and it has joined the re-formed group since, as rank 1 has
+    joined(node, 1, 3)
+    assert live.stalled() == []
+    assert live.stalled() == []  # and the stale timeout is forgotten
+    assert not live._timed_out
