@@ -64,11 +64,13 @@ EXAMPLE = ROOT / "examples" / "torch" / "train_ddp.py"
 # (label, launcher family, extra launcher flags)
 CONFIGS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("taskd recover + warm spare", "taskd", ("--strategies", "recover,job-rescheduling,exit", "--warm-spares", "1")),
+    ("taskd recover + script-mode spare", "taskd",
+     ("--strategies", "recover,job-rescheduling,exit", "--warm-spares", "1", "--warm-spare-mode", "script")),
     ("taskd recover", "taskd", ("--strategies", "recover,job-rescheduling,exit")),
     ("taskd job-rescheduling", "taskd", ("--strategies", "job-rescheduling,exit")),
     ("torchrun --max-restarts", "torchrun", ()),
 )
-LIVE = ("taskd recover + warm spare", "taskd recover")
+LIVE = ("taskd recover + warm spare", "taskd recover + script-mode spare", "taskd recover")
 TORCHRUN = "torchrun --max-restarts"
 
 

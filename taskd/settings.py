@@ -19,6 +19,9 @@ from typing import Any
 
 from taskd.doc_block import DocBlock
 
+WARM_SPARE_MODES = ("import", "script")
+"""What a warm spare does before it is a rank (taskd.launcher.spares): import the framework, or also run the script."""
+
 
 @dataclass(frozen=True)
 class Bound:
@@ -135,6 +138,9 @@ SETTINGS: tuple[Setting, ...] = (
     # `taskd run` only (the launcher's)
     Setting("warm_spares", int, 0, "Python interpreters kept ready to become a restarted rank", _NONNEGATIVE,
             flags=("--warm-spares", "--warm_spares"), agent=False),
+    Setting("warm_spare_mode", str, "import", "what a warm spare does before it is a rank: `import` the framework, or "
+            "also run the `script` up to `LiveGroup()` / `taskd.worker.become_rank()` (its model built before the "
+            "fault; docs/worker.md)", flags=("--warm-spare-mode", "--warm_spare_mode"), agent=False),
     Setting("role", str, "default", "the ranks' `ROLE_NAME`", flags=("--role",), agent=False),
     Setting("master_addr", str, "127.0.0.1", "`MASTER_ADDR` for the ranks", flags=("--master-addr", "--master_addr"),
             agent=False),

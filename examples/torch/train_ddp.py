@@ -126,20 +126,22 @@ def once(args: argparse.Namespace, kind: str, at: int | None, rank: int, step: i
 
 
 def main(argv: list[str] | None = None) -> int:
+    script_started = time.time()  # in a warm spare that runs the script: before it was a rank, maybe long before
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    rank = worker.rank()  # the rank this process was started as: its files and checkpoints keep it
-    full_world = worker.world_size()  # the job's size at start: the global batch is args.batch x this
-    shard = {"rank": rank, "batch": args.batch}  # what this rank draws; on_resize re-shards
 
     def on_resize(new_rank: int, world: int) -> None:
         shard.update(rank=new_rank, batch=max(1, round(args.batch * full_world / world)))
         print(f"rank {rank}: resized to rank {new_rank} of {world}, {shard['batch']} samples a step", flush=True)
 
-    # built before LiveGroup(): a replacement then builds them while the survivors are still re-forming the group
+    # Built before LiveGroup() and the same on every rank: a replacement builds them while the survivors re-form the
+    # group, and a warm spare that runs the script (taskd run --warm-spare-mode script) before it is a rank at all.
     model = make_model(args)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     live = LiveGroup(backend="gloo", timeout=args.pg_timeout, on_resize=on_resize)
+    rank = worker.rank()  # the rank this process was started as: its files and checkpoints keep it
+    full_world = worker.world_size()  # the job's size at start: the global batch is args.batch x this
+    shard = {"rank": rank, "batch": args.batch}  # what this rank draws; on_resize re-shards
     ddp = live.ddp(model)
     live.track(model=model, optimizer=optimizer, seed=args.seed)
 
@@ -196,8 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     if progress is not None:
         os.close(progress)
 
-    record = {"rank": rank, "pid": os.getpid(), "first_step": first, "restart_count": worker.restart_count(),
-              "generation": live.protocol.generation, "recoveries": live.events, "seconds": time.time() - started,
+    record = {"rank": rank, "pid": os.getpid(), "script_started": script_started, "first_step": first,
+              "restart_count": worker.restart_count(), "generation": live.protocol.generation,
+              "recoveries": live.events, "seconds": time.time() - started,
               "group_rank": live.rank, "world_size": live.world_size}
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as fh:
         json.dump(record, fh)

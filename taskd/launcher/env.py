@@ -9,6 +9,7 @@ with one role: ROLE_RANK is the global rank and ROLE_WORLD_SIZE the world size.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 
@@ -104,4 +105,26 @@ def rank_env(
             env[name] = value
         else:
             env.pop(name, None)  # an outer launcher's file is not this rank's
+    return env
+
+
+RANK_VARIABLES = frozenset({
+    Var.RANK_ID, Var.RANK_SIZE, Var.DEVICE_ID, Var.MS_WORKER_NUM, Var.MS_NODE_ID, Var.MS_ROLE, Var.MS_SCHED_HOST,
+    Var.MS_SCHED_PORT, Var.RANK, Var.LOCAL_RANK, Var.WORLD_SIZE, Var.LOCAL_WORLD_SIZE, Var.GROUP_RANK,
+    Var.GROUP_WORLD_SIZE, Var.ROLE_RANK, Var.ROLE_WORLD_SIZE, Var.MASTER_ADDR, Var.MASTER_PORT,
+    Var.TORCHELASTIC_RESTART_COUNT, Var.TORCHELASTIC_ERROR_FILE, Var.TORCHELASTIC_USE_AGENT_STORE,
+    Var.TASKD_RESTART_COUNT, Var.TASKD_HEARTBEAT_FILE, Var.TASKD_HEARTBEAT_DIR, Var.TASKD_CONTROL_FILE,
+    Var.TASKD_GENERATION, Var.TASKD_JOIN_AFTER,
+})
+"""What tells a rank who and where it is: a warm spare that runs the script before it is a rank has none of them."""
+
+
+def spare_env(spec: WorkerSpec, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment a script-mode warm spare runs the script in until it becomes a rank: what every rank
+    shares (the user's variables, OMP_NUM_THREADS, ...), none of `RANK_VARIABLES` (an outer launcher's included),
+    so that nothing the script does before `taskd.worker.become_rank()` can take a rank's identity by mistake."""
+    shared = spec if spec.node_rank is not None else dataclasses.replace(spec, node_rank=0)  # a standby's too
+    env = rank_env(shared, 0, 0, None, base)
+    for name in RANK_VARIABLES:
+        env.pop(name, None)
     return env

@@ -35,8 +35,8 @@ from taskd.launcher.orphans import OrphanKeeper
 from taskd.launcher.output import ERR, OUT, OutputPump, RankOutput
 from taskd.launcher.ports import node_master_port
 from taskd.launcher.reaping import Reaper
-from taskd.launcher.spares import SparePool, python_script
-from taskd.launcher.spec import LIVE_PREIMPORT, WorkerSpec
+from taskd.launcher.spares import SparePool
+from taskd.launcher.spec import WorkerSpec
 from taskd.process.run_dir import make_run_dir
 from taskd.process.spawn import has_exited, kill_group, spawn
 from taskd.process.subreaper import escaped_descendants, send_signal
@@ -106,13 +106,7 @@ class LocalLauncher:
         # undeclared DDP script gets job-rescheduling, never a replacement waiting forever for its old peers
         self.rank_declarations = True
         self._generation = 0  # the group generation ranks started from now on join (set_generation)
-        spares = spec.warm_spares if python_script(spec.entrypoint) else 0
-        spare_env = rank_env(self.spec if spec.node_rank is not None else dataclasses.replace(self.spec, node_rank=0),
-                             0, 0, None)  # replaced by the rank's own when a spare becomes one
-        preimport = spec.preimport or (LIVE_PREIMPORT if self._live.enabled else "")
-        if preimport:
-            spare_env[Var.TASKD_PREIMPORT] = preimport
-        self._spares = SparePool(spares, spare_env, spec.cwd)
+        self._spares = SparePool.for_spec(spec, self._live.enabled)
         self._standby = spec.node_rank is None  # a standby's first ranks come from its spares, warmed meanwhile
         if self._standby:
             self._spares.fill()  # pre-import the framework (TASKD_PREIMPORT) before any node is assigned

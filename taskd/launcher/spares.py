@@ -8,6 +8,10 @@ exit code 1 and a traceback on an exception). Only for `.py` entrypoints; opt-in
 (`taskd run --warm-spares N`). With TASKD_PREIMPORT (set to `torch` for live-recovery jobs) a spare
 imports those modules first (`taskd.worker.live.preimport`), so a replacement skips torch's import.
 
+In script mode (`--warm-spare-mode script`, the pool given the script's ``argv``) a spare runs the script
+itself, with no rank variables, until the script calls `taskd.worker.become_rank()` (`LiveGroup()` does)
+and reads the rank there: a replacement's model is then built before the fault (taskd.worker.spare).
+
 After a spare becomes a rank the pool is refilled `REFILL_DELAY` seconds later, not at once: the new
 spare's import of torch takes seconds of CPU, and on a 2-core machine it ran alongside the recovery it
 had just made fast (kill -> every rank past its next step, 4 ranks: p50 0.77 s with the refill at once,
@@ -16,43 +20,28 @@ had just made fast (kill -> every rank past its next step, 4 ranks: p50 0.77 s w
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import os
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
 
+from taskd.launcher.env import rank_env, spare_env
+from taskd.launcher.spec import LIVE_PREIMPORT, WorkerSpec
 from taskd.process.spawn import has_exited, kill_group, reap, spawn
 from taskd.worker.env import Var
 
 log = logging.getLogger(__name__)
 
-# Runs in the spare (`python -u -c`): nothing but the stdlib, nothing imported that the script
-# would not expect, nothing left behind in the namespace the script runs in.
+# Runs in the spare (`python -u -c`): taskd.worker.spare is stdlib only and leaves nothing in the namespace the
+# script runs in.
 SPARE_CODE = r"""
-import json, os, sys
-if os.environ.get("TASKD_PREIMPORT"):  # e.g. torch: the replacement then joins in ms, not after a 1.5 s import
-    from taskd.worker.live import preimport as _preimport
-    _preimport()
-    del _preimport
-_line = sys.stdin.buffer.readline()
-if not _line:
-    sys.exit(0)
-_msg = json.loads(_line)
-_fd = os.open(os.devnull, os.O_RDONLY)
-os.dup2(_fd, 0)
-os.close(_fd)
-os.environ.clear()
-os.environ.update(_msg["env"])
-sys.argv = _msg["argv"]
-sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
-if _msg.get("cwd"):
-    os.chdir(_msg["cwd"])
-del _line, _msg, _fd
-import runpy
-runpy.run_path(sys.argv[0], run_name="__main__")
+from taskd.worker.spare import run_spare
+run_spare()
 """
 
 
@@ -73,12 +62,18 @@ class SparePool:
     """Idle interpreters owned by the launcher; activated from the launcher's callers' thread, refilled from it
     or, after an activation, from the pool's own refill thread."""
 
-    def __init__(self, size: int, env: Mapping[str, str], cwd: str | None, refill_delay: float | None = None) -> None:
+    def __init__(self, size: int, env: Mapping[str, str], cwd: str | None, refill_delay: float | None = None,
+                 script_argv: Sequence[str] | None = None) -> None:
+        """``script_argv`` (script mode): the script and its arguments, which each spare runs until
+        `become_rank`; ``env`` must then hold no rank's variables (taskd.launcher.env.spare_env)."""
         refill_delay = REFILL_DELAY if refill_delay is None else refill_delay
         if refill_delay < 0:
             raise ValueError(f"refill_delay must be >= 0 seconds, got {refill_delay}")
         self.size = max(0, size)
         self._env = dict(env)
+        self._script_argv = None if script_argv is None else list(script_argv)
+        if self._script_argv is not None:
+            self._env.update({Var.TASKD_SPARE: "1", Var.TASKD_SPARE_ARGV: json.dumps(self._script_argv)})
         self._cwd = cwd
         self._refill_delay = refill_delay
         self._idle: list[subprocess.Popen[bytes]] = []
@@ -88,6 +83,20 @@ class SparePool:
         self._due: float | None = None  # when the deferred refill is to run
         self._refiller: threading.Thread | None = None
         self._closed = False
+
+    @classmethod
+    def for_spec(cls, spec: WorkerSpec, live: bool) -> SparePool:
+        """The launcher's pool: ``spec``'s size and mode (only `.py` entrypoints get spares); a live job's spares
+        pre-import torch and LiveGroup (LIVE_PREIMPORT) unless TASKD_PREIMPORT says otherwise."""
+        size = spec.warm_spares if python_script(spec.entrypoint) else 0
+        script_mode = spec.warm_spare_mode == "script"
+        # replaced by the rank's own when a spare becomes one; a script-mode spare runs the script with no rank's
+        env = spare_env(spec) if script_mode else rank_env(
+            spec if spec.node_rank is not None else dataclasses.replace(spec, node_rank=0), 0, 0, None)
+        preimport = spec.preimport or (LIVE_PREIMPORT if live else "")
+        if preimport:
+            env[Var.TASKD_PREIMPORT] = preimport
+        return cls(size, env, spec.cwd, script_argv=spec.entrypoint[2:] if script_mode else None)
 
     def fill(self) -> None:
         """Start spares until the pool is full (now; a refill already scheduled then finds nothing to do)."""
@@ -134,10 +143,19 @@ class SparePool:
             return self._activate(argv, env, cwd)
 
     def _activate(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None) -> subprocess.Popen[bytes] | None:
+        if self._script_argv is not None and list(argv[2:]) != self._script_argv:
+            log.warning("warm spares run %s, not this rank's %s: the rank starts without one", self._script_argv,
+                        list(argv[2:]))
+            return None
         while self._idle:
             popen = self._idle.pop(0)
             if has_exited(popen.pid):
+                said = _last_words(popen) if self._script_argv is not None else ""
                 reap(popen, "warm spare")
+                if self._script_argv is not None:
+                    log.warning("a warm spare ended (exit code %s) before it was given a rank: with --warm-spare-mode "
+                                "script the script must call LiveGroup() or taskd.worker.become_rank() and do nothing "
+                                "rank-specific before; its output: %s", popen.returncode, said or "(none)")
                 continue
             message = json.dumps({"argv": list(argv[2:]), "env": dict(env), "cwd": cwd}).encode() + b"\n"
             try:
@@ -213,6 +231,17 @@ class SparePool:
     def pids(self) -> list[int]:
         with self._lock:
             return [p.pid for p in self._idle] + [p.pid for p, _ in self._bound.values()]
+
+
+def _last_words(popen: subprocess.Popen[bytes], limit: int = 4000) -> str:
+    """The end of what an exited spare wrote (at most a pipe's worth is there), for the warning about it."""
+    try:
+        assert popen.stdout is not None
+        os.set_blocking(popen.stdout.fileno(), False)
+        data = popen.stdout.read(1 << 16) or b""
+    except (OSError, ValueError, AssertionError):
+        return ""
+    return data.decode(errors="replace").strip()[-limit:]
 
 
 __all__ = ["SPARE_CODE", "SparePool", "python_script"]

@@ -8,6 +8,8 @@ import sys
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from taskd.settings import WARM_SPARE_MODES
+
 
 def command_for(script: str, args: Sequence[str] = ()) -> list[str]:
     """The argv that runs ``script``: a ``.py`` file through this interpreter (unbuffered), else the executable."""
@@ -36,7 +38,8 @@ FLAGS = {
     "node_rank": "--node-rank", "master_addr": "--master-addr", "master_port": "--master-port",
     "job_id": "--job-id", "log_dir": "--log-dir", "console": "--quiet", "warm_spares": "--warm-spares",
     "role": "--role", "max_restarts": "--max-restarts", "redirects": "--redirects", "tee": "--tee",
-    "local_ranks_filter": "--local-ranks-filter", "rdzv_store": "TASKD_RDZV_STORE", "preimport": "TASKD_PREIMPORT",
+    "local_ranks_filter": "--local-ranks-filter", "warm_spare_mode": "--warm-spare-mode",
+    "rdzv_store": "TASKD_RDZV_STORE", "preimport": "TASKD_PREIMPORT",
 }
 STD_NONE, STD_OUT, STD_ERR, STD_ALL = 0, 1, 2, 3  # torchrun's Std: which of stdout/stderr a setting covers
 
@@ -83,6 +86,7 @@ class WorkerSpec:
     console: bool = False
     cwd: str | None = None
     warm_spares: int = 0  # idle interpreters kept ready to become a restarted rank (.py entrypoints only)
+    warm_spare_mode: str = "import"  # WARM_SPARE_MODES: "script" runs the script up to become_rank() in each spare
     role: str = "default"  # torchrun's ROLE_NAME
     max_restarts: int = 0  # the job's restart budget, given to ranks as TORCHELASTIC_MAX_RESTARTS
     redirects: Streams = 0  # streams that go to the log file only, not the console
@@ -130,6 +134,8 @@ class WorkerSpec:
             bad("extra_env", "must be a mapping of variable names to values")
         if self.rdzv_store not in ("auto", "agent", "rank"):
             bad("rdzv_store", "must be auto, agent or rank")
+        if self.warm_spare_mode not in WARM_SPARE_MODES:
+            bad("warm_spare_mode", f"must be {' or '.join(WARM_SPARE_MODES)}")
         if not isinstance(self.preimport, str):
             bad("preimport", "must be comma-separated module names")
         for name in ("warm_spares", "max_restarts"):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from taskd.run_config.flags import flag_name
 from taskd.run_config.parse import LAUNCH_MODES, RunConfigError
-from taskd.settings import RUN_SETTINGS, default
+from taskd.settings import RUN_SETTINGS, WARM_SPARE_MODES, default
 
 
 def _find_module(name: str) -> bool:
@@ -79,6 +79,7 @@ class RunConfig:
     straggler_interval: float = default("straggler_interval")
     dump_timeout: float = default("dump_timeout")
     warm_spares: int = default("warm_spares")
+    warm_spare_mode: str = default("warm_spare_mode")
     quiet: bool = default("quiet")
     log_dir: str | None = default("log_dir")
     redirects: Mapping[int, int] = field(default_factory=dict)  # local rank -> 0 none, 1 out, 2 err, 3 both
@@ -115,6 +116,7 @@ class RunConfig:
             check("node_rank", 0 <= self.node_rank < self.nnodes, f"in [0, {self.nnodes - 1}] (nnodes {self.nnodes}"
                   f"{' from ' + self.sources['nnodes'] if 'nnodes' in self.sources else ''})")
         check("master_port", 0 <= self.master_port <= 65535, "in [0, 65535]")
+        check("warm_spare_mode", self.warm_spare_mode in WARM_SPARE_MODES, " or ".join(WARM_SPARE_MODES))
         if self.launch_mode not in LAUNCH_MODES:
             out.append(f"launch_mode must be one of {', '.join(LAUNCH_MODES)}, not {self.launch_mode!r}")
         if not self.entrypoint or not self.job_id:

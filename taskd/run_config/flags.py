@@ -143,6 +143,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     _setting(recovery, "warm_spares", metavar="N",
              help="taskd: Python interpreters kept ready to become a restarted rank (.py scripts; default "
                   f"{_d('warm_spares')})")
+    _setting(recovery, "warm_spare_mode", metavar="import|script",
+             help="taskd: import: a spare has imported the framework; script: it has also run the script up to "
+                  "LiveGroup() / taskd.worker.become_rank(), so a replacement's model is built before the fault "
+                  f"(default {_d('warm_spare_mode')}; docs/worker.md)")
 
     accepted = parser.add_argument_group("accepted for torchrun's command lines (a notice says what taskd does)")
     _flag(accepted, "--start-method", "--start_method", metavar="spawn|fork|forkserver")

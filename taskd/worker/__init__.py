@@ -30,6 +30,7 @@ from taskd.worker.progress import (
     serve_save_request,
 )
 from taskd.worker.serializers import Serializer, register_serializer
+from taskd.worker.spare import become_rank
 
 __all__ = [
     "CheckpointManager",
@@ -39,6 +40,7 @@ __all__ = [
     "HeartbeatState",
     "RetryableError",
     "Serializer",
+    "become_rank",
     "heartbeat",
     "collective",
     "declare_rejoinable",

@@ -58,6 +58,8 @@ class Var:
     TASKD_JOIN_AFTER = "TASKD_JOIN_AFTER"  # live: started before its generation was named: the first named above this
     TASKD_REJOIN_TIMEOUT = "TASKD_REJOIN_TIMEOUT"  # live recovery: seconds a rank waits for a generation
     TASKD_PREIMPORT = "TASKD_PREIMPORT"  # warm spares: modules to import before becoming a rank
+    TASKD_SPARE = "TASKD_SPARE"  # "1": a warm spare running the script before it is a rank (taskd.worker.spare)
+    TASKD_SPARE_ARGV = "TASKD_SPARE_ARGV"  # such a spare's script and arguments (JSON)
     MINDX_TASK_ID = "MINDX_TASK_ID"  # TaskD's job id, when the job runs under MindCluster
 
 
@@ -111,13 +113,25 @@ def _int_env(*names: str, default: int) -> int:
     return default
 
 
+class NotARankYet(RuntimeError):
+    """Asked for the rank in a warm spare that runs the script before it becomes one (taskd.worker.spare)."""
+
+
+def _rank_known(what: str) -> None:
+    if os.environ.get(Var.TASKD_SPARE) == "1":
+        raise NotARankYet(f"taskd.worker.{what}() in a warm spare that is no rank yet (--warm-spare-mode script): "
+                          "call it after LiveGroup() or taskd.worker.become_rank()")
+
+
 def rank() -> int:
     """Global rank: ``RANK`` (torchrun, taskd) or ``RANK_ID`` (msrun); 0 otherwise."""
+    _rank_known("rank")
     return _int_env(Var.RANK, Var.RANK_ID, default=0)
 
 
 def local_rank() -> int:
     """Rank on this node: ``LOCAL_RANK``, or msrun's ``DEVICE_ID`` when running under msrun; 0 otherwise."""
+    _rank_known("local_rank")
     if Var.LOCAL_RANK in os.environ:
         return _int_env(Var.LOCAL_RANK, default=0)
     if Var.MS_WORKER_NUM in os.environ or Var.RANK_ID in os.environ:
@@ -127,11 +141,13 @@ def local_rank() -> int:
 
 def world_size() -> int:
     """Number of ranks in the job: ``WORLD_SIZE``, ``RANK_SIZE`` or ``MS_WORKER_NUM``; 1 otherwise."""
+    _rank_known("world_size")
     return max(1, _int_env(Var.WORLD_SIZE, Var.RANK_SIZE, Var.MS_WORKER_NUM, default=1))
 
 
 def restart_count() -> int:
     """How many times this rank was started before (``TASKD_RESTART_COUNT`` or torchrun's); 0 otherwise."""
+    _rank_known("restart_count")
     return _int_env(Var.TASKD_RESTART_COUNT, Var.TORCHELASTIC_RESTART_COUNT, default=0)
 
 

@@ -213,6 +213,8 @@ def _heartbeat_path() -> str | None:
 def _attach() -> _Beacon | None:
     global _beacon
     with _beacon_lock:
+        if _beacon is None and os.environ.get(Var.TASKD_SPARE) == "1":
+            return None  # a warm spare that is no rank yet: it gets its heartbeat file when it becomes one
         if _beacon is None:
             _beacon = _DISABLED
             path = _heartbeat_path()

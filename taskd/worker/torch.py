@@ -41,6 +41,7 @@ from torch.nn.parallel import DistributedDataParallel
 from taskd.worker import progress
 from taskd.worker.env import Var, rank, world_size
 from taskd.worker.live import STORE_PREFIX, Control, ErrorKind, LiveRank, Phase, RetryableError, classify_error
+from taskd.worker.spare import become_rank
 from taskd.worker.torch_buckets import stable_ddp
 from taskd.worker.torch_data import LiveLoader
 from taskd.worker.torch_facts import (
@@ -108,7 +109,11 @@ class LiveGroup:
     def __init__(self, backend: str = "gloo", timeout: float = 60.0, init_timeout: float = 120.0,
                  on_resize: ResizeHook | None = None) -> None:
         """``on_resize(rank, world_size)``: the job may go on at another size (scale-in/out, taskd.worker.torch_resize);
-        it runs in every rank whose rank or world size changed, before its next step, to re-shard the data."""
+        it runs in every rank whose rank or world size changed, before its next step, to re-shard the data.
+
+        In a warm spare that runs the script (``--warm-spare-mode script``) this is where the spare waits to
+        become a rank (`taskd.worker.become_rank`): what the script did before (its model built) precedes the fault."""
+        become_rank()
         self.backend = backend
         self.timeout = timedelta(seconds=timeout)
         self.protocol = LiveRank()

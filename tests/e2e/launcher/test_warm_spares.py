@@ -180,3 +180,85 @@ def test_a_prepared_replacement_is_adopted_by_its_rank_start_or_discarded(tmp_pa
         launcher.close(1.0)
     if then == "restart the rank":
         assert not psutil.pid_exists(prepared["pid"])
+
+
+STAGED = textwrap.dedent('''
+    import json, os, sys, time
+    from taskd import worker
+    from taskd.worker.env import NotARankYet
+
+    def dump(name, record):
+        with open(name + ".tmp", "w") as fh:
+            json.dump(record, fh)
+        os.replace(name + ".tmp", name)
+
+    out, mode = sys.argv[1], sys.argv[2]
+    before = {"pid": os.getpid(), "time": time.time(), "argv": sys.argv, "spare": os.environ.get("TASKD_SPARE"),
+              "rank_var": os.environ.get("RANK")}
+    try:
+        worker.rank()
+    except NotARankYet as exc:
+        before["rank_error"] = str(exc)
+    dump(os.path.join(out, f"before-{os.getpid()}.json"), before)
+    if mode == "forget" and "TASKD_SPARE" in os.environ:
+        pass  # a script that never calls become_rank(): in a spare it ends here
+    else:
+        worker.become_rank()
+        dump(os.path.join(out, f"rank{os.environ['RANK']}-{os.environ['TASKD_RESTART_COUNT']}.json"),
+             {"pid": os.getpid(), "became": time.time(), "argv": sys.argv, "stdin": sys.stdin.read(),
+              "spare": os.environ.get("TASKD_SPARE"), "rank": worker.rank(), "before": before})
+        time.sleep(60)
+''')
+
+
+def _script_mode(tmp_path: Path, mode: str) -> LocalLauncher:
+    script = tmp_path / "staged_probe.py"
+    script.write_text(STAGED)
+    (tmp_path / "out").mkdir(exist_ok=True)
+    spec = WorkerSpec(command_for(str(script), [str(tmp_path / "out"), mode]), nproc_per_node=2, warm_spares=1,
+                      warm_spare_mode="script", log_dir=str(tmp_path / "logs"), cwd=str(tmp_path))
+    return LocalLauncher(spec)
+
+
+def test_a_script_mode_spare_runs_the_script_up_to_become_rank_before_any_fault(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "7")  # an outer launcher's: a spare that is no rank must not inherit it
+    la = _script_mode(tmp_path, "sleep")
+    try:
+        assert la.start_all_worker() == 0
+        spare = la._spares.pids()[0]  # noqa: SLF001
+        before = json.loads(written(tmp_path / "out" / f"before-{spare}.json"))  # done with no fault yet
+        assert before["spare"] == "1" and before["rank_var"] is None
+        assert "become_rank()" in before["rank_error"], "worker.rank() refuses to answer in a spare"
+        first = _record(tmp_path, 1, 0)
+        assert first["before"]["spare"] is None and "rank_error" not in first["before"]  # a rank: become_rank no-op
+        killed = time.time()
+        os.kill(la.pid(1), signal.SIGKILL)
+        wait_for(lambda: la.monitor([1])[1]["status"] == STATUS_FAILED, what="rank 1 seen dead")
+        assert la.start_worker_list([1]) == 0
+        assert la.pid(1) == spare
+        again = _record(tmp_path, 1, 1)
+        assert again["pid"] == spare and again["before"]["time"] < killed < again["became"]
+        assert again["rank"] == 1 and again["spare"] is None and again["stdin"] == ""
+        assert again["argv"] == first["argv"] == before["argv"]
+    finally:
+        la.close(1.0)
+
+
+def test_a_script_mode_spare_whose_script_never_calls_become_rank_is_replaced_by_a_fresh_start(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    la = _script_mode(tmp_path, "forget")
+    try:
+        assert la.start_all_worker() == 0
+        spare = la._spares.pids()[0]  # noqa: SLF001
+        wait_for(lambda: psutil.Process(spare).status() == psutil.STATUS_ZOMBIE, what="the spare to end")
+        os.kill(la.pid(0), signal.SIGKILL)
+        wait_for(lambda: la.monitor([0])[0]["status"] == STATUS_FAILED, what="rank 0 seen dead")
+        with caplog.at_level("WARNING", logger="taskd.launcher.spares"):
+            assert la.start_worker_list([0]) == 0
+        assert la.pid(0) != spare and _record(tmp_path, 0, 1)["pid"] == la.pid(0)
+        assert "ended (exit code 3) before it was given a rank" in caplog.text
+        assert "ended in a warm spare before it called LiveGroup()" in caplog.text, "its own words are in the warning"
+        assert not psutil.pid_exists(spare), "reaped"
+    finally:
+        la.close(1.0)

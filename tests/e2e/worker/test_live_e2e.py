@@ -159,14 +159,19 @@ def test_a_script_that_did_not_declare_itself_gets_job_rescheduling_first(tmp_pa
 
 
 def test_two_faults_in_a_row_are_each_recovered_in_place(tmp_path, reference):
-    """Rank 2 is killed at step 8; once that recovery has resumed, rank 0 (the first SIGKILL of rank 0, the
-    group's first member, in this file) is killed at step 18. A SIGKILL of rank 2 alone is
-    test_live_recovery.py's, through the protocol."""
-    code, console = taskd_run(tmp_path, ["--crash", "2:8", "--crash", "0:18"])
+    """Rank 2 is killed at step 20; once that recovery has resumed, rank 0 (the first SIGKILL of rank 0, the
+    group's first member, in this file) is killed at step 26. A SIGKILL of rank 2 alone is
+    test_live_recovery.py's, through the protocol. With a warm spare that runs the script up to LiveGroup()
+    before any fault (--warm-spare-mode script), ready long before step 20 (0.3 s a step): it becomes rank 2
+    the moment rank 2 dies. The second fault finds no spare (refilled 5 s after the first): a fresh start."""
+    code, console = taskd_run(tmp_path, ["--crash", "2:20", "--crash", "0:26", "--step-sleep", "0.3"],
+                              flags=["--warm-spares", "1", "--warm-spare-mode", "script"])
     assert code == 0, console[-6000:]
     info = summary(tmp_path)
     pids = start_pids(console)
     assert info["ranks"]["1"]["pid"] == pids[1]  # the survivor of both faults kept its process
+    noticed = info["ranks"]["1"]["recoveries"][0]["time"]  # when the survivor of both saw the first fault
+    assert info["ranks"]["2"]["script_started"] < noticed - 1.0, "rank 2's replacement ran the script before the fault"
     assert info["ranks"]["0"]["pid"] != pids[0] and info["ranks"]["2"]["pid"] != pids[2]
     assert console.index("strategy: recover for rank(s) [2]") < console.index("training resumed") \
         < console.index("strategy: recover for rank(s) [0]"), console[-6000:]

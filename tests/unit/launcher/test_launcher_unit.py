@@ -28,9 +28,10 @@ def test_worker_spec_validation():
 def test_worker_spec_names_every_bad_field_and_its_flag():
     with pytest.raises(WorkerSpecError) as caught:
         WorkerSpec(["x"], nproc_per_node=2, master_port=70000, job_id="", warm_spares=-1, max_restarts=True,
-                   redirects=4, tee={0: 1, 5: 2}, role="a\x00b", node_rank=-1)
+                   redirects=4, tee={0: 1, 5: 2}, role="a\x00b", node_rank=-1, warm_spare_mode="eager")
     problems = caught.value.problems
     expected = {"master_port (--master-port)", "job_id (--job-id)", "warm_spares (--warm-spares)",
+                "warm_spare_mode (--warm-spare-mode)",
                 "max_restarts (--max-restarts)", "redirects (--redirects)", "tee (--tee)", "role (--role)",
                 "node_rank (--node-rank)"}
     assert {p.split(" must")[0].split(" maps")[0] for p in problems} == expected, problems
@@ -49,3 +50,18 @@ def test_worker_spec_streams_follow_torchrun():
     assert WorkerSpec(["x"], redirects=2).console_streams(0) == (False, False)  # no console at all
     assert WorkerSpec(["x"], console=True, redirects=2).console_streams(0) == (True, False)
     assert spec.redirects_any() and not WorkerSpec(["x"]).redirects_any()
+
+
+def test_a_script_mode_spare_gets_what_every_rank_shares_and_nothing_that_names_a_rank():
+    from taskd.launcher.env import RANK_VARIABLES, rank_env, spare_env
+
+    spec = WorkerSpec(["x"], nproc_per_node=2, extra_env={"FOO": "bar"}, job_id="j")
+    outer = {"RANK": "7", "LOCAL_RANK": "3", "TASKD_HEARTBEAT_FILE": "/x.hb", "PATH": "/bin", "TASKD_TOKEN": "s"}
+    env = spare_env(spec, outer)
+    assert env["FOO"] == "bar" and env["PATH"] == "/bin" and env["OMP_NUM_THREADS"] == "1"
+    assert not RANK_VARIABLES & set(env), "no rank's identity, an outer launcher's included"
+    assert "TASKD_TOKEN" not in env, "no credential either"
+    rank = rank_env(spec, 1, 0, "/hb", outer)
+    assert {k for k in rank if k not in env} <= RANK_VARIABLES | {"RANK"}, "all a rank has more names the rank"
+    standby = WorkerSpec(["x"], nproc_per_node=2, nnodes=2, node_rank=None, job_id="j")
+    assert not RANK_VARIABLES & set(spare_env(standby, outer)), "a standby's spares too (no node yet)"
