@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from live_files import FakeNode, running_ranks, write
+
 from taskd.agent.live import LiveRanks
-from taskd.agent.ranks import RankLayout, RankState, RankTable
+from taskd.agent.ranks import RankLayout, RankTable
 from taskd.vocabulary import Strategy
 from taskd.worker import heartbeat_file as hbf
 from taskd.worker.live import _JOIN, _U32, FLAG_REJOIN, Phase
@@ -16,52 +18,15 @@ from taskd.worker.live import _JOIN, _U32, FLAG_REJOIN, Phase
 PIDS = {0: 4001, 1: 4002}
 
 
-class NewNode:
-    """The launcher as the agent sees it: heartbeat files and a control file, live recovery on."""
-
-    live_recovery = True
-    rank_declarations = True
-
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.generation = 0
-
-    def control_path(self) -> str:
-        return str(self.tmp / "control.json")
-
-    def heartbeat_path(self, local_rank: int) -> str:
-        return str(self.tmp / f"rank{local_rank}.hb")
-
-    def set_generation(self, generation: int) -> None:
-        self.generation = generation
-
-
-def write(path: str, *fields: tuple) -> None:
-    """What a rank writes into its file, under the sequence counter as taskd.worker does."""
-    hb = hbf.HeartbeatFile(path)
-    buf = hb.buffer
-    seq = hbf._SEQ.unpack_from(buf, hbf.OFF_SEQ)[0]
-    hbf._SEQ.pack_into(buf, hbf.OFF_SEQ, seq + 1)
-    for layout, offset, values in fields:
-        layout.pack_into(buf, offset, *values)
-    hbf._SEQ.pack_into(buf, hbf.OFF_SEQ, seq + 2)
-    hb.close()
-
-
-def new_node(tmp: Path) -> tuple[LiveRanks, NewNode]:
-    details = NewNode(tmp)
-    table = RankTable()
-    table.lay_out(RankLayout(1, 2, (2, 3)))
-    for local, rank in table.ranks.items():
-        hbf.HeartbeatFile(details.heartbeat_path(local)).create().close()
-        rank.pid, rank.state = PIDS[local], RankState.RUNNING
+def new_node(tmp: Path) -> tuple[LiveRanks, FakeNode]:
+    details, table = running_ranks(tmp, RankLayout(1, 2, (2, 3)), PIDS)
     live = LiveRanks(table, details)  # type: ignore[arg-type]
     live.next_generation(3)
     live.begin(Strategy.RECOVER, {2: "1", 3: "1"}, started=0.0, timeout=60.0, now=0.0)
     return live, details
 
 
-def started(details: NewNode, local: int, phase: Phase) -> None:
+def started(details: FakeNode, local: int, phase: Phase) -> None:
     write(details.heartbeat_path(local), (hbf._IDENT, hbf.OFF_IDENT, (PIDS[local], 0)),
           (_U32, hbf.OFF_LIVE_PHASE, (int(phase),)), (_U32, hbf.OFF_LIVE_FLAGS, (FLAG_REJOIN,)))
 
@@ -107,7 +72,7 @@ def test_a_survivor_does_not_offer_recover_when_node_0_and_its_store_are_lost(tm
     """Node 0's agent hosts the rendezvous store: once node 0 is lost, a survivor's ranks cannot rejoin in place, so
     its node offers job-rescheduling (the replacement node 0 hosts a new store) instead of a recover that would
     wait for its rebuild deadline first."""
-    details = NewNode(tmp_path)
+    details = FakeNode(tmp_path)
     table = RankTable()
     table.lay_out(RankLayout(1, 2, (2, 3)))
     live = LiveRanks(table, details)  # type: ignore[arg-type]
@@ -124,7 +89,7 @@ def test_a_standby_is_live_once_its_launcher_has_a_node_and_a_store(tmp_path: Pa
     """A standby's launcher has no live store until the controller gives it a node rank; the agent asked once, at
     its start, and kept "not live": the standby's ranks then started into generation 0 while the survivors waited
     in the round's generation, and the job never resumed (bench/node_loss.py's standby row)."""
-    node = NewNode(tmp_path)
+    node = FakeNode(tmp_path)
     node.live_recovery = False  # a standby: no node rank, no store yet
     live = LiveRanks(RankTable(), node)
     assert not live.enabled

@@ -8,60 +8,30 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from live_files import FakeNode, running_ranks, write
+
 from taskd.agent.live import LiveRanks
-from taskd.agent.ranks import RankLayout, RankState, RankTable
+from taskd.agent.ranks import RankLayout, RankTable
 from taskd.worker import heartbeat_file as hbf
 from taskd.worker.live import _ERROR, _JOIN, _U32, ErrorKind, Phase
 
 PIDS = {0: 5001, 1: 5002}
 
 
-class Node:
-    live_recovery = True
-    rank_declarations = True
-
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-
-    def control_path(self) -> str:
-        return str(self.tmp / "control.json")
-
-    def heartbeat_path(self, local_rank: int) -> str:
-        return str(self.tmp / f"rank{local_rank}.hb")
-
-    def set_generation(self, generation: int) -> None:
-        pass
-
-
-def write(path: str, *fields: tuple) -> None:
-    """What a rank writes into its file, under the sequence counter as taskd.worker does."""
-    hb = hbf.HeartbeatFile(path)
-    seq = hbf._SEQ.unpack_from(hb.buffer, hbf.OFF_SEQ)[0]
-    hbf._SEQ.pack_into(hb.buffer, hbf.OFF_SEQ, seq + 1)
-    for layout, offset, values in fields:
-        layout.pack_into(hb.buffer, offset, *values)
-    hbf._SEQ.pack_into(hb.buffer, hbf.OFF_SEQ, seq + 2)
-    hb.close()
-
-
-def joined(node: Node, local: int, generation: int) -> None:
+def joined(node: FakeNode, local: int, generation: int) -> None:
     write(node.heartbeat_path(local), (hbf._IDENT, hbf.OFF_IDENT, (PIDS[local], 0)),
           (_JOIN, hbf.OFF_LIVE_JOIN, (generation, 5, time.time())), (_U32, hbf.OFF_LIVE_PHASE, (int(Phase.TRAINING),)))
 
 
-def timed_out(node: Node, local: int) -> None:
+def timed_out(node: FakeNode, local: int) -> None:
     write(node.heartbeat_path(local),
           (_ERROR, hbf.OFF_LIVE_ERROR, (1, int(ErrorKind.COLLECTIVE_TIMEOUT), 5, time.time())),
           (_U32, hbf.OFF_LIVE_PHASE, (int(Phase.PAUSED),)))
 
 
-def two_ranks(tmp: Path) -> tuple[LiveRanks, Node, RankTable]:
-    node = Node(tmp)
-    table = RankTable()
-    table.lay_out(RankLayout(0, 1, (0, 1)))
-    for local, rank in table.ranks.items():
-        hbf.HeartbeatFile(node.heartbeat_path(local)).create().close()
-        rank.pid, rank.state = PIDS[local], RankState.RUNNING
+def two_ranks(tmp: Path) -> tuple[LiveRanks, FakeNode, RankTable]:
+    node, table = running_ranks(tmp, RankLayout(0, 1, (0, 1)), PIDS)
+    for local in PIDS:
         joined(node, local, 0)
     return LiveRanks(table, node), node, table  # type: ignore[arg-type]
 
