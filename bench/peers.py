@@ -268,7 +268,7 @@ def rows(result: dict[str, Any], systems: list[System], sizes: list[int]) -> lis
                         "survivors_kept_processes": s["survivors_kept_pid"],
                         "bit_identical": s["bit_identical"], "compared": s["compared"],
                         "leftovers": s["leftover_processes"], "leftovers_checked": s["leftovers_checked"],
-                        "over_taskd_live_spare": ratio(k["p50"], base)})
+                        "over_taskd_best": ratio(k["p50"], base)})
     return out
 
 
@@ -277,7 +277,7 @@ def print_table(result: dict[str, Any]) -> None:
               f"{_range(r['redone_survivors'])} / {_range(r['redone_killed'])}",
               f"{r['survivors_kept_processes']}/{r['resumed']}", f"{r['bit_identical']}/{r['compared']}",
               f"{_v(r['leftovers'])} ({r['leftovers_checked']})",
-              "-" if r["over_taskd_live_spare"] is None else f"{r['over_taskd_live_spare']:.1f}×"]
+              "-" if r["over_taskd_best"] is None else f"{r['over_taskd_best']:.1f}×"]
              for r in result["rows"]]
     print("\nSIGKILL of one rank of examples/torch/train_ddp.py's DDP job → every rank past its next step")
     print(table(["system", "ranks", "resumed", "kill → resumed p50 s", "min s", "max s",
