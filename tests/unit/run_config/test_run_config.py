@@ -98,12 +98,13 @@ def test_config_is_frozen_and_checked_when_built_directly() -> None:
 
 def test_every_problem_is_reported_at_once_naming_its_flag() -> None:
     found = problems(["--nnodes", "3:1", "--nproc_per_node", "many", "--max_restarts=-1", "--master-port", "70000",
-                      "--monitor-interval", "0", "--strategies", "recover,pray", "--tee", "9", "missing.py"])
+                      "--monitor-interval", "0", "--strategies", "recover,pray", "--tee", "9",
+                      "--warm-spare-mode", "eager", "missing.py"])
     text = "\n".join(found)
     for flag in ("--nnodes", "--nproc-per-node", "--max-restarts", "--master-port", "--monitor-interval",
-                 "--strategies", "-t/--tee", "missing.py"):
+                 "--strategies", "-t/--tee", "--warm-spare-mode must be import or script, not 'eager'", "missing.py"):
         assert flag in text, f"{flag} not named in:\n{text}"
-    assert len(found) == 8, text
+    assert len(found) == 9, text
 
 
 @pytest.mark.parametrize("value", ["cpu", "auto"])
