@@ -1,9 +1,11 @@
 """Live recovery of a real DDP job: SIGKILL of one rank to every rank past its next step.
 
-Runs examples/torch/train_ddp.py (DDP over gloo, ~9 M parameters by default) under four launchers,
+Runs examples/torch/train_ddp.py (DDP over gloo, ~9 M parameters by default) under these configurations,
 one process of this script driving them all:
 
 - taskd live `recover` + warm spare: `taskd run --strategies recover,job-rescheduling,exit --warm-spares 1`
+- taskd live `recover` + script-mode spare: the same with `--warm-spare-mode script` (the spare has run the
+  script up to `LiveGroup()`: its model is built before the kill)
 - taskd live `recover`: the same without a spare (the replacement imports torch itself)
 - taskd `job-rescheduling`: `--strategies job-rescheduling,exit` (every rank restarts from its checkpoint)
 - torchrun `--max-restarts` (`python -m torch.distributed.run --standalone`: the whole group restarts)

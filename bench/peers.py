@@ -5,7 +5,8 @@ checkpoint every 10): under taskd and torchrun the example itself, under torchft
 bench/peer_rank.py, which imports the example's model, data and arguments and uses the peer's own
 API. Systems (a peer that is not installed in this interpreter is skipped with the reason):
 
-- taskd live `recover` with and without a warm spare, and taskd `job-rescheduling`;
+- taskd live `recover` with a spare that has run the script up to `LiveGroup()` (`--warm-spare-mode
+  script`), with a warm spare that has imported torch, without one, and taskd `job-rescheduling`;
 - torchrun 2.13 `--max-restarts 3`, plain and with `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` (the
   fix users apply for pytorch#135712: a new TCPStore per restart, so no rank reads a dead one's address);
 - torchft 0.2.0 (bench/run_torchft.py: a Lighthouse and one `torchrun --nproc-per-node 1` per
