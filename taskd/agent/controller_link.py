@@ -370,6 +370,10 @@ class ControllerLink:
         return self.outbox.wake_at()
 
     def report_stop_complete(self, faults: FaultRanks) -> None:
+        """Strategies still pending answer a collection this stopTrain ended (a fault joined the round): refused (401)
+        until this stop complete is in, they held it back to the deadline. Dropped; the next globalFault re-asks."""
+        if self.outbox.drop("strategies"):
+            log.info("a new stopTrain: the strategies offered for the round's earlier collection are withdrawn")
         self._add("stop complete", "ReportStopComplete", lambda c, _r: c.stop_complete_request(Code.OK, "", faults),
                   time.monotonic())
         self.poll_reports(time.monotonic())

@@ -82,6 +82,22 @@ class Outbox:
     def add(self, report: Report) -> None:
         self._queue.append(report)
 
+    def drop(self, what: str) -> int:
+        """Forget the pending reports of kind ``what`` (one in flight has its call cancelled): a new order made them
+        moot. The number dropped."""
+        kept: deque[Report] = deque()
+        dropped = 0
+        for report in self._queue:
+            if report.what != what:
+                kept.append(report)
+                continue
+            if report.call is not None:
+                report.call.cancel()
+            self._stale.discard(id(report))
+            dropped += 1
+        self._queue = kept
+        return dropped
+
     def fault(self) -> Report | None:
         """The fault report still pending, if any (a new fault joins it)."""
         return next((r for r in self._queue if r.what == FAULT), None)

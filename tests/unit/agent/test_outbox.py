@@ -262,3 +262,21 @@ def test_an_informational_report_is_sent_again_when_the_controller_is_busy_or_un
     client.last.answer = Code.OK
     [settled] = outbox.poll(10.1)
     assert settled.taken and len(client.calls) == 3
+
+
+def test_dropped_reports_leave_the_queue_and_a_call_in_flight_is_cancelled(box: tuple[Outbox, Client]) -> None:
+    """A new stopTrain makes the strategies offered for the round's earlier collection moot (controller_link):
+    refused 401 until the controller has the new stop complete, they held it back until the deadline."""
+    outbox, client = box
+    outbox.add(report("strategies", 0.0))
+    outbox.poll(0.0)
+    client.last.answer = Code.OUT_OF_ORDER
+    outbox.poll(0.1)  # refused: still the head, re-sent on its timer
+    outbox.poll(1.0)
+    in_flight = client.last
+    assert in_flight.method == "Reportstrategies" and not in_flight.done()
+    outbox.add(report("stop complete", 1.1))
+    assert outbox.drop("strategies") == 1 and outbox.drop("strategies") == 0
+    assert in_flight.cancelled and len(outbox) == 1
+    outbox.poll(1.2)
+    assert client.last.method == "Reportstop complete", "the stop complete goes out at once"
