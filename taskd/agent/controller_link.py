@@ -26,7 +26,7 @@ from taskd.agent.finish_report import FinishReport, deliver
 from taskd.agent.held_node import register_held
 from taskd.agent.policy import LossTimer, ReportRetry
 from taskd.agent.ranks import RankLayout
-from taskd.agent.reports import FAULT, Outbox, Report, Settled
+from taskd.agent.reports import FAULT, STRATEGIES, Outbox, Report, Settled
 from taskd.agent.resize import Resize
 from taskd.client import ClientCredentials, ConfigurationError, RecoverClient
 from taskd.client.current import set_manager
@@ -372,7 +372,7 @@ class ControllerLink:
     def report_stop_complete(self, faults: FaultRanks) -> None:
         """Strategies still pending answer a collection this stopTrain ended (a fault joined the round): refused (401)
         until this stop complete is in, they held it back to the deadline. Dropped; the next globalFault re-asks."""
-        if self.outbox.drop("strategies"):
+        if self.outbox.drop(STRATEGIES):
             log.info("a new stopTrain: the strategies offered for the round's earlier collection are withdrawn")
         self._add("stop complete", "ReportStopComplete", lambda c, _r: c.stop_complete_request(Code.OK, "", faults),
                   time.monotonic())
@@ -381,7 +381,7 @@ class ControllerLink:
     def report_strategies(self, faults: FaultRanks, strategies: list[str] | None = None) -> None:
         """What this node offers for the round (default: the configured strategies)."""
         offered = list(self.config.offered_strategies if strategies is None else strategies)
-        self._add("strategies", "ReportRecoverStrategy", lambda c, _r: c.recover_strategy_request(faults, offered),
+        self._add(STRATEGIES, "ReportRecoverStrategy", lambda c, _r: c.recover_strategy_request(faults, offered),
                   time.monotonic())
         self.poll_reports(time.monotonic())
 

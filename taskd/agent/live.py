@@ -179,7 +179,7 @@ class LiveRanks:
         """Ranks that hang, as their peers tell: some local rank's collective timed out waiting, while these
         run on, reported nothing and are not inside a collective themselves (issue 21, D2: without
         --heartbeat-timeout nothing else finds them, and every rank waited 120 s more for a rebuild)."""
-        if not self._timed_out:  # the usual case, every poll: nothing to read
+        if not self._timed_out or self.rebuild is not None:  # the usual case, every poll: nothing to read
             return []
         # a timeout in a generation the rank has left since is stale: a collective of an old group that outlasted
         # the rebuild (it times out on its own clock) says nothing about the peers of the new one
@@ -187,7 +187,7 @@ class LiveRanks:
                    and self.table[lr].pid == pid and self.table[lr].state is RankState.RUNNING
                    and (status := self.status(self.table[lr])) is not None and status.generation == generation}
         self._timed_out = {lr: self._timed_out[lr] for lr in waiting}
-        if not waiting or self.rebuild is not None:
+        if not waiting:
             return []
         found = []
         for rank in self.table.in_state(RankState.RUNNING):

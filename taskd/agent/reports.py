@@ -31,6 +31,7 @@ log = logging.getLogger("taskd.agent")
 RESYNC_TIMEOUT = 1.0  # each of the re-Init and re-Register calls before re-sending a report
 FLUSH_TIMEOUT = 5.0  # the longest the agent's last moments wait for reports still pending
 FAULT = "fault report"
+STRATEGIES = "strategies"  # a node's strategies for a round: a new stopTrain withdraws them (Outbox.drop)
 
 
 @dataclass

@@ -119,12 +119,15 @@ RANK_VARIABLES = frozenset({
 """What tells a rank who and where it is: a warm spare that runs the script before it is a rank has none of them."""
 
 
-def spare_env(spec: WorkerSpec, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment a script-mode warm spare runs the script in until it becomes a rank: what every rank
-    shares (the user's variables, OMP_NUM_THREADS, ...), none of `RANK_VARIABLES` (an outer launcher's included),
-    so that nothing the script does before `taskd.worker.become_rank()` can take a rank's identity by mistake."""
-    shared = spec if spec.node_rank is not None else dataclasses.replace(spec, node_rank=0)  # a standby's too
+def spare_env(spec: WorkerSpec, script: bool, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment a warm spare starts with (a standby's too, which has no node yet). ``script`` False: a
+    placeholder rank's, replaced by the rank's own when the spare becomes one. ``script`` True: a spare that runs
+    the script before it is a rank gets what every rank shares (the user's variables, OMP_NUM_THREADS, ...) and
+    none of `RANK_VARIABLES` (an outer launcher's included), so nothing the script does before
+    `taskd.worker.become_rank()` can take a rank's identity by mistake."""
+    shared = spec if spec.node_rank is not None else dataclasses.replace(spec, node_rank=0)
     env = rank_env(shared, 0, 0, None, base)
-    for name in RANK_VARIABLES:
-        env.pop(name, None)
+    if script:
+        for name in RANK_VARIABLES:
+            env.pop(name, None)
     return env

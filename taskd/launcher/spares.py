@@ -20,7 +20,6 @@ had just made fast (kill -> every rank past its next step, 4 ranks: p50 0.77 s w
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -30,7 +29,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
-from taskd.launcher.env import rank_env, spare_env
+from taskd.launcher.env import spare_env
 from taskd.launcher.spec import LIVE_PREIMPORT, WorkerSpec
 from taskd.process.spawn import has_exited, kill_group, reap, spawn
 from taskd.worker.env import Var
@@ -90,9 +89,7 @@ class SparePool:
         pre-import torch and LiveGroup (LIVE_PREIMPORT) unless TASKD_PREIMPORT says otherwise."""
         size = spec.warm_spares if python_script(spec.entrypoint) else 0
         script_mode = spec.warm_spare_mode == "script"
-        # replaced by the rank's own when a spare becomes one; a script-mode spare runs the script with no rank's
-        env = spare_env(spec) if script_mode else rank_env(
-            spec if spec.node_rank is not None else dataclasses.replace(spec, node_rank=0), 0, 0, None)
+        env = spare_env(spec, script_mode)
         preimport = spec.preimport or (LIVE_PREIMPORT if live else "")
         if preimport:
             env[Var.TASKD_PREIMPORT] = preimport

@@ -117,8 +117,13 @@ class NotARankYet(RuntimeError):
     """Asked for the rank in a warm spare that runs the script before it becomes one (taskd.worker.spare)."""
 
 
+def in_spare() -> bool:
+    """Whether this process is a warm spare running the script before it is a rank (taskd.worker.spare)."""
+    return os.environ.get(Var.TASKD_SPARE) == "1"
+
+
 def _rank_known(what: str) -> None:
-    if os.environ.get(Var.TASKD_SPARE) == "1":
+    if in_spare():
         raise NotARankYet(f"taskd.worker.{what}() in a warm spare that is no rank yet (--warm-spare-mode script): "
                           "call it after LiveGroup() or taskd.worker.become_rank()")
 

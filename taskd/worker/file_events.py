@@ -133,4 +133,3 @@ class FileWatch:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-

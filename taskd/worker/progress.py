@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 from taskd.worker import heartbeat_file as hbf
-from taskd.worker.env import Var, rank
+from taskd.worker.env import Var, in_spare, rank
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +213,7 @@ def _heartbeat_path() -> str | None:
 def _attach() -> _Beacon | None:
     global _beacon
     with _beacon_lock:
-        if _beacon is None and os.environ.get(Var.TASKD_SPARE) == "1":
+        if _beacon is None and in_spare():
             return None  # a warm spare that is no rank yet: it gets its heartbeat file when it becomes one
         if _beacon is None:
             _beacon = _DISABLED

@@ -19,15 +19,10 @@ import runpy
 import sys
 from typing import BinaryIO
 
-from taskd.worker.env import Var
+from taskd.worker.env import Var, in_spare
 
 NOT_A_RANK_EXIT = 3
 """A script-mode spare's exit code when the script ended without calling `become_rank` (it never can be one)."""
-
-
-def in_spare() -> bool:
-    """Whether this process is a script-mode spare that has not become a rank yet (it has no rank to tell)."""
-    return os.environ.get(Var.TASKD_SPARE) == "1"
 
 
 def become_rank() -> None:

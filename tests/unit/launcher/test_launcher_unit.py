@@ -57,11 +57,11 @@ def test_a_script_mode_spare_gets_what_every_rank_shares_and_nothing_that_names_
 
     spec = WorkerSpec(["x"], nproc_per_node=2, extra_env={"FOO": "bar"}, job_id="j")
     outer = {"RANK": "7", "LOCAL_RANK": "3", "TASKD_HEARTBEAT_FILE": "/x.hb", "PATH": "/bin", "TASKD_TOKEN": "s"}
-    env = spare_env(spec, outer)
+    env = spare_env(spec, True, outer)
     assert env["FOO"] == "bar" and env["PATH"] == "/bin" and env["OMP_NUM_THREADS"] == "1"
     assert not RANK_VARIABLES & set(env), "no rank's identity, an outer launcher's included"
     assert "TASKD_TOKEN" not in env, "no credential either"
     rank = rank_env(spec, 1, 0, "/hb", outer)
     assert {k for k in rank if k not in env} <= RANK_VARIABLES | {"RANK"}, "all a rank has more names the rank"
     standby = WorkerSpec(["x"], nproc_per_node=2, nnodes=2, node_rank=None, job_id="j")
-    assert not RANK_VARIABLES & set(spare_env(standby, outer)), "a standby's spares too (no node yet)"
+    assert not RANK_VARIABLES & set(spare_env(standby, True, outer)), "a standby's spares too (no node yet)"
