@@ -189,6 +189,8 @@ def example_args(args: argparse.Namespace, run_dir: Path) -> list[str]:
         out += ["--layers", str(args.layers)]
     if args.step_sleep:
         out += ["--step-sleep", str(args.step_sleep)]
+    if args.ckpt_async:
+        out += ["--ckpt-async"]
     return out
 
 
@@ -395,6 +397,8 @@ def add_job_arguments(p: argparse.ArgumentParser, reps: int, resume_timeout: flo
     p.add_argument("--seed", type=int, default=1, help="seeds the kills (step, rank, point in the step)")
     p.add_argument("--steps", type=int, default=40, help="training steps per job")
     p.add_argument("--ckpt-every", type=int, default=10, help="the example's checkpoint interval (steps)")
+    p.add_argument("--ckpt-async", action="store_true",
+                   help="the example saves its checkpoints in the background (--ckpt-async); the peers' script too")
     p.add_argument("--hidden", type=int, default=0, help="the example's --hidden (0: its default, ~9 M parameters)")
     p.add_argument("--layers", type=int, default=0, help="the example's --layers (0: its default)")
     p.add_argument("--step-sleep", type=float, default=0.0, help="the example's --step-sleep")
@@ -435,7 +439,8 @@ def main() -> int:
     configs = [c for c in CONFIGS if not args.configs or any(c[0].startswith(x) for x in args.configs.split(","))]
     result = header("live_recovery", args)
     result.update({"sizes": sizes, "reps": args.reps, "seed": args.seed, "steps": args.steps,
-                   "ckpt_every": args.ckpt_every, "hidden": args.hidden or None, "layers": args.layers or None,
+                   "ckpt_every": args.ckpt_every, "ckpt_async": args.ckpt_async, "hidden": args.hidden or None,
+                   "layers": args.layers or None,
                    "configs": [c[0] for c in configs], "runs": [], "references": {}, "summary": {}})
     with tempfile.TemporaryDirectory(prefix="taskd-bench-live-") as tmp:
         work = Path(args.keep or tmp)

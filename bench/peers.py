@@ -159,7 +159,8 @@ def main() -> int:
     systems = [s for s in chosen if s.label not in skipped]
     result = header("peers", args)
     result.update({"sizes": sizes, "reps": args.reps, "seed": args.seed, "steps": args.steps,
-                   "ckpt_every": args.ckpt_every, "hidden": args.hidden or None, "layers": args.layers or None,
+                   "ckpt_every": args.ckpt_every, "ckpt_async": args.ckpt_async, "hidden": args.hidden or None,
+                   "layers": args.layers or None,
                    "systems": [s.label for s in systems], "skipped": skipped, "runs": [], "references": {},
                    "summary": {}})
     with tempfile.TemporaryDirectory(prefix="taskd-bench-peers-") as tmp:

@@ -50,6 +50,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, required=True, help="total number of optimizer steps")
     p.add_argument("--ckpt-every", type=int, required=True, help="per-rank checkpoint every K steps (0: never)")
     p.add_argument("--ckpt-dir", required=True, help="checkpoint directory (one subdirectory per rank)")
+    p.add_argument("--ckpt-async", action="store_true",
+                   help="save the periodic checkpoints in the background (CheckpointManager.save_async): the state is "
+                        "copied and training goes on while the file is written")
     p.add_argument("--out", required=True, help="directory for final.pt, summary.json and per-rank records")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step (to watch it run)")
     p.add_argument("--slow", default=None, metavar="RANK:SECONDS",
@@ -153,11 +156,12 @@ def main(argv: list[str] | None = None) -> int:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
 
-    def save(step: int) -> None:
-        with worker.section("checkpoint", timeout=120):
-            ckpt.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, step)
+    def save(step: int, background: bool = False) -> None:
+        with worker.section("checkpoint", timeout=120):  # a background save: its copy (and a wait for the last one)
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+            (ckpt.save_async if background else ckpt.save)(state, step)
 
-    worker.on_save_request(lambda: save(live.step_no))
+    worker.on_save_request(lambda: save(live.step_no))  # the agent asks before a planned stop: on disk when it returns
     # one byte per completed step, appended by every incarnation of this rank: counts recomputed steps
     counter = os.open(os.path.join(args.out, f"rank{rank}.computed"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     progress = None
@@ -190,13 +194,15 @@ def main(argv: list[str] | None = None) -> int:
             if progress is not None:
                 os.write(progress, f"{step} {time.time():.6f} {os.getpid()}\n".encode())
         if args.ckpt_every and live.step_no % args.ckpt_every == 0 and live.step_no > step:
-            save(live.step_no)
+            save(live.step_no, background=args.ckpt_async)
             print(f"rank {rank}: step {live.step_no}/{args.steps} loss {loss.item():.6f}", flush=True)
         if args.step_sleep:
             time.sleep(args.step_sleep)
     os.close(counter)
     if progress is not None:
         os.close(progress)
+    if not ckpt.wait(timeout=120):
+        print(f"rank {rank}: the last background checkpoint is still being written after 120 s", flush=True)
 
     record = {"rank": rank, "pid": os.getpid(), "script_started": script_started, "first_step": first,
               "restart_count": worker.restart_count(), "generation": live.protocol.generation,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -83,3 +84,64 @@ def test_sigkill_during_save_never_leaves_a_corrupt_checkpoint(tmp_path):
         last = step
         assert not [n for n in os.listdir(tmp_path) if n.endswith(".corrupt")]
     assert last > 0
+
+
+SAVE_ASYNC_AND_EXIT = textwrap.dedent(
+    """
+    import sys, time
+    from taskd.worker import CheckpointManager
+
+    class Slow:  # pickle, but the write takes a while: the interpreter reaches its end first
+        name = "pickle"
+        def dump(self, state, file):
+            import pickle
+            time.sleep(0.5)
+            pickle.dump(state, file)
+        def load(self, file):
+            import pickle
+            return pickle.load(file)
+
+    CheckpointManager(sys.argv[1], serializer=Slow()).save_async({"step": 3, "w": list(range(1000))}, 3)
+    print("returned", flush=True)
+    """
+)
+
+
+def test_the_interpreter_waits_for_a_background_save_at_exit(tmp_path):
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-c", SAVE_ASYNC_AND_EXIT, str(tmp_path)], env=env, capture_output=True,
+                          text=True, timeout=TIMEOUT)
+    assert done.returncode == 0 and done.stdout == "returned\n", done.stderr
+    assert CheckpointManager(tmp_path).load_latest() == ({"step": 3, "w": list(range(1000))}, 3)
+
+
+SAVE_ASYNC_PAST_A_FULL_DISK = textwrap.dedent(
+    """
+    import resource, signal, sys
+    import numpy as np
+    from taskd.worker import CheckpointManager
+
+    ckpt = CheckpointManager(sys.argv[1])
+    ckpt.save({"w": np.zeros(10)}, 1)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit then fail with EFBIG, as on a full disk
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))
+    future = ckpt.save_async({"w": np.zeros(1 << 20)}, 2)  # 8 MB
+    error = future.exception(30)
+    print(type(error).__name__, getattr(error, "errno", None), flush=True)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    print(ckpt.save_async({"w": np.ones(10)}, 3).result(30), flush=True)
+    """
+)
+
+
+def test_a_background_save_that_fills_the_disk_fails_in_its_future_and_leaves_nothing(tmp_path):
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-c", SAVE_ASYNC_PAST_A_FULL_DISK, str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    assert done.returncode == 0, done.stderr
+    error_line, saved = done.stdout.splitlines()
+    assert error_line == f"OSError {errno.EFBIG}"
+    assert "background checkpoint of step 2" in done.stderr and "File too large" in done.stderr
+    ckpt = CheckpointManager(tmp_path)
+    assert saved == ckpt.path_for(3) and ckpt.steps() == [1, 3]
+    assert [n for n in os.listdir(tmp_path) if n.startswith(".")] == []  # the failed write's temporary is gone

@@ -22,6 +22,7 @@ torch = pytest.importorskip("torch")
 from support import STARTED, wait_for  # noqa: E402
 
 from taskd.rendezvous import StoreHost  # noqa: E402
+from taskd.worker import CheckpointManager  # noqa: E402
 from taskd.worker.env import Var  # noqa: E402
 from taskd.worker.heartbeat_file import HeartbeatFile  # noqa: E402
 from taskd.worker.live import ErrorKind, Phase, read_rank_status, write_control  # noqa: E402
@@ -198,10 +199,15 @@ def test_example_runs_unchanged_under_torchrun(tmp_path):
     env["OMP_NUM_THREADS"] = "1"
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(EXAMPLE),
-         *SMALL, "--steps", "12", "--ckpt-dir", str(tmp_path / "ckpt"), "--out", str(out)],
+         *SMALL, "--steps", "12", "--ckpt-async", "--ckpt-dir", str(tmp_path / "ckpt"), "--out", str(out)],
         env=env, capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["computed"] == {"0": 12, "1": 12}
     assert summary["generation"] == 0 and summary["ranks"]["0"]["recoveries"] == []
-    assert set(torch.load(out / "final.pt")) == {"0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"}
+    final = torch.load(out / "final.pt")
+    assert set(final) == {"0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"}
+    for rank in (0, 1):  # step 10's checkpoint, saved in the background (--ckpt-async), is on disk and whole
+        ckpt = CheckpointManager(tmp_path / "ckpt" / f"rank{rank}")
+        assert ckpt.latest_step() == 10
+        assert set(ckpt.load(10)["model"]) == set(final)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
+import threading
 
 import pytest
 
@@ -99,3 +101,69 @@ def test_failed_save_leaves_nothing(tmp_path):
     with pytest.raises((TypeError, AttributeError, __import__("pickle").PicklingError)):
         ckpt.save({"bad": lambda: None}, 2)  # cannot be pickled
     assert ckpt.steps() == [1] and [n for n in os.listdir(tmp_path) if n.startswith(".")] == []
+
+
+class _Gate:
+    """A serializer (pickle underneath) whose dump waits until the test opens the gate: the background write
+    then surely happens after whatever the test does first."""
+
+    name = "pickle"
+
+    def __init__(self) -> None:
+        self.open = threading.Event()
+        self.dumping = threading.Event()
+
+    def dump(self, state, file) -> None:
+        self.dumping.set()
+        assert self.open.wait(10), "the test never opened the gate"
+        pickle.dump(state, file)
+
+    def load(self, file):
+        return pickle.load(file)
+
+
+def test_save_async_writes_the_state_as_it_was_at_the_call(tmp_path):
+    gate = _Gate()
+    ckpt = CheckpointManager(tmp_path, serializer=gate)
+    state = {"weights": [1.0, 2.0], "step": 5}
+    future = ckpt.save_async(state, 5)
+    assert gate.dumping.wait(10)
+    state["weights"].append(3.0)  # the next training step changes the state in place while the file is written
+    state["step"] = 6
+    assert ckpt.steps() == []  # not on disk before the write has finished
+    gate.open.set()
+    assert future.result(10) == ckpt.path_for(5)
+    assert ckpt.load(5) == {"weights": [1.0, 2.0], "step": 5}
+    assert ckpt.wait(0) is True
+
+
+def test_save_async_keeps_one_save_in_flight(tmp_path):
+    gate = _Gate()
+    ckpt = CheckpointManager(tmp_path, serializer=gate, keep=2)
+    first = ckpt.save_async({"step": 1}, 1)
+    assert gate.dumping.wait(10)
+    assert ckpt.wait(0.05) is False  # the first is still being written
+    second_returned = threading.Event()
+    caller = threading.Thread(target=lambda: (ckpt.save_async({"step": 2}, 2), second_returned.set()))
+    caller.start()
+    assert not second_returned.wait(0.3)  # it waits for the first rather than holding a second copy
+    gate.open.set()
+    caller.join(10)
+    assert second_returned.is_set() and first.result(10) == ckpt.path_for(1)
+    assert ckpt.wait(10) and ckpt.steps() == [1, 2] and ckpt.load(2) == {"step": 2}
+    ckpt.save_async({"step": 3}, 3).result(10)
+    assert ckpt.steps() == [2, 3]  # pruned to keep=2 as a blocking save would
+
+
+def test_failed_background_save_is_logged_and_held_by_its_future(tmp_path, caplog):
+    ckpt = CheckpointManager(tmp_path)
+    ckpt.save({"ok": 1}, 1)
+    with caplog.at_level(logging.ERROR, logger="taskd.worker.checkpoint"):
+        future = ckpt.save_async({"bad": lambda: None}, 2)  # copied fine, cannot be pickled
+        assert ckpt.wait(10) is True  # does not raise: the error is the future's
+    assert isinstance(future.exception(0), (TypeError, AttributeError, pickle.PicklingError))
+    assert "background checkpoint of step 2" in caplog.text and str(tmp_path) in caplog.text
+    assert ckpt.steps() == [1] and [n for n in os.listdir(tmp_path) if n.startswith(".")] == []
+    assert ckpt.save_async({"ok": 3}, 3).result(10) == ckpt.path_for(3)  # the next one works
+    with pytest.raises(ValueError, match="non-negative integer"):
+        ckpt.save_async({"ok": 4}, -1)
