@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import struct
+import sys
 import threading
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -34,6 +35,9 @@ _HEADER = struct.Struct("<8sIIqQI16s12x")  # magic, version, header size, step, 
 HEADER_SIZE = _HEADER.size  # 64
 VERSION = 1
 _CHUNK = 1 << 20
+WRITER_NICENESS = 10
+"""How much lower the background writer's CPU priority is than the rank's (Linux: per thread): on cores the
+training keeps busy it takes what the training leaves, and a recovery that meets a checkpoint is not slowed."""
 _OPTIONAL_MODULES = {"torch": "torch", "mindspore": "mindspore"}
 
 
@@ -156,7 +160,7 @@ class CheckpointManager:
         snapshot = copy.deepcopy(state)  # before returning: the caller's next step changes the state in place
         with self._lock:
             if self._writer is None:
-                self._writer = ThreadPoolExecutor(1, thread_name_prefix="taskd-checkpoint")
+                self._writer = ThreadPoolExecutor(1, thread_name_prefix="taskd-checkpoint", initializer=_lower_priority)
             future = self._writer.submit(self.save, snapshot, step)
             self._pending = future
         future.add_done_callback(lambda done: _log_failure(done, step, self.directory))
@@ -250,6 +254,17 @@ class CheckpointManager:
 def _check_step(step: Any) -> None:
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise ValueError(f"step must be a non-negative integer, got {step!r}")
+
+
+def _lower_priority() -> None:
+    """Run by the writer thread itself: on Linux, setpriority(2) of a thread id changes that thread only."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + WRITER_NICENESS))
+    except OSError as exc:  # a sandbox without the call: the writer keeps the rank's priority
+        log.debug("checkpoint writer keeps the rank's CPU priority: %s", exc)
 
 
 def _log_failure(done: Future[str], step: int, directory: str) -> None:

@@ -11,12 +11,13 @@ import json
 import logging
 import os
 import pickle
+import sys
 import threading
 
 import pytest
 
 from taskd.worker import CheckpointManager, CorruptCheckpoint
-from taskd.worker.checkpoint import HEADER_SIZE
+from taskd.worker.checkpoint import HEADER_SIZE, WRITER_NICENESS
 
 
 def test_keeps_last_k(tmp_path):
@@ -114,6 +115,7 @@ class _Gate:
         self.dumping = threading.Event()
 
     def dump(self, state, file) -> None:
+        self.niceness = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
         self.dumping.set()
         assert self.open.wait(10), "the test never opened the gate"
         pickle.dump(state, file)
@@ -135,6 +137,10 @@ def test_save_async_writes_the_state_as_it_was_at_the_call(tmp_path):
     assert future.result(10) == ckpt.path_for(5)
     assert ckpt.load(5) == {"weights": [1.0, 2.0], "step": 5}
     assert ckpt.wait(0) is True
+    if sys.platform.startswith("linux"):  # the writer yields the CPU to the training (and a recovery)
+        mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        assert gate.niceness == min(19, mine + WRITER_NICENESS)
+        assert os.getpriority(os.PRIO_PROCESS, 0) == mine  # the rank's own threads keep theirs
 
 
 def test_save_async_keeps_one_save_in_flight(tmp_path):
