@@ -161,10 +161,17 @@ class CheckpointManager:
         with self._lock:
             if self._writer is None:
                 self._writer = ThreadPoolExecutor(1, thread_name_prefix="taskd-checkpoint", initializer=_lower_priority)
-            future = self._writer.submit(self.save, snapshot, step)
+            future = self._writer.submit(self._save_in_background, snapshot, step)
             self._pending = future
-        future.add_done_callback(lambda done: _log_failure(done, step, self.directory))
         return future
+
+    def _save_in_background(self, state: Any, step: int) -> str:
+        try:
+            return self.save(state, step)
+        except Exception as exc:  # logged before the future completes: whoever waits on it finds it logged
+            log.error("background checkpoint of step %d in %s failed: %s: %s", step, self.directory,
+                      type(exc).__name__, exc)
+            raise
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until no background save is in flight; False if one still is after ``timeout`` seconds.
@@ -265,13 +272,6 @@ def _lower_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + WRITER_NICENESS))
     except OSError as exc:  # a sandbox without the call: the writer keeps the rank's priority
         log.debug("checkpoint writer keeps the rank's CPU priority: %s", exc)
-
-
-def _log_failure(done: Future[str], step: int, directory: str) -> None:
-    error = None if done.cancelled() else done.exception()
-    if error is not None:
-        log.error("background checkpoint of step %d in %s failed: %s: %s", step, directory,
-                  type(error).__name__, error)
 
 
 def _fsync_dir(directory: str) -> None:
