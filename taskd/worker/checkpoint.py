@@ -89,6 +89,7 @@ class CheckpointManager:
         self._tmp_re = re.compile(rf"\.{re.escape(prefix)}-\d+\.(\d+)\.[0-9a-f]+\.tmp")
         self._writer: ThreadPoolExecutor | None = None  # save_async's one thread, started by its first call
         self._pending: Future[str] | None = None  # the background save in flight (or the last one)
+        self._writer_pid = 0  # the process that started the writer (a fork's child inherits no thread)
         self._lock = threading.Lock()
         os.makedirs(self.directory, exist_ok=True)
         self._remove_stale_temps()
@@ -159,7 +160,8 @@ class CheckpointManager:
         self.wait()
         snapshot = copy.deepcopy(state)  # before returning: the caller's next step changes the state in place
         with self._lock:
-            if self._writer is None:
+            if self._writer is None or self._writer_pid != os.getpid():  # none yet, or a forked child's copy
+                self._writer_pid = os.getpid()
                 self._writer = ThreadPoolExecutor(1, thread_name_prefix="taskd-checkpoint", initializer=_lower_priority)
             future = self._writer.submit(self._save_in_background, snapshot, step)
             self._pending = future
@@ -179,7 +181,7 @@ class CheckpointManager:
         A failed save does not raise here: its future holds the error, and it was logged."""
         with self._lock:
             future = self._pending
-        if future is None:
+        if future is None or self._writer_pid != os.getpid():  # in a forked child no save of its own is in flight
             return True
         try:
             future.exception(timeout)

@@ -145,3 +145,30 @@ def test_a_background_save_that_fills_the_disk_fails_in_its_future_and_leaves_no
     ckpt = CheckpointManager(tmp_path)
     assert saved == ckpt.path_for(3) and ckpt.steps() == [1, 3]
     assert [n for n in os.listdir(tmp_path) if n.startswith(".")] == []  # the failed write's temporary is gone
+
+
+SAVE_ASYNC_IN_A_FORKED_CHILD = textwrap.dedent(
+    """
+    import os, sys
+    from taskd.worker import CheckpointManager
+
+    ckpt = CheckpointManager(sys.argv[1])
+    ckpt.save_async({"by": "parent"}, 1).result(30)
+    pid = os.fork()
+    if pid == 0:  # the child inherits the manager but not its writer thread
+        ckpt.directory = sys.argv[2]
+        os.makedirs(ckpt.directory)
+        path = ckpt.save_async({"by": "child"}, 2).result(30)
+        os._exit(0 if ckpt.wait(30) and os.path.exists(path) else 1)
+    _, status = os.waitpid(pid, 0)
+    print(os.waitstatus_to_exitcode(status), flush=True)
+    """
+)
+
+
+def test_save_async_in_a_forked_child_starts_a_writer_of_its_own(tmp_path):
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-c", SAVE_ASYNC_IN_A_FORKED_CHILD, str(tmp_path / "a"),
+                           str(tmp_path / "b")], env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert done.returncode == 0 and done.stdout == "0\n", done.stderr
+    assert CheckpointManager(tmp_path / "b").load_latest() == ({"by": "child"}, 2)
