@@ -189,9 +189,13 @@ def example_args(args: argparse.Namespace, run_dir: Path) -> list[str]:
         out += ["--layers", str(args.layers)]
     if args.step_sleep:
         out += ["--step-sleep", str(args.step_sleep)]
-    if args.ckpt_async:
-        out += ["--ckpt-async"]
     return out
+
+
+def taskd_saves(args: argparse.Namespace, family: str) -> list[str]:
+    """The example's --ckpt-async under taskd only: torchrun's (and the peers') jobs restart from their checkpoints,
+    and a background save the fault cut short would make them redo more steps (theirs stay blocking)."""
+    return ["--ckpt-async"] if args.ckpt_async and family == "taskd" else []
 
 
 def launch(family: str, flags: tuple[str, ...], n: int, args: argparse.Namespace, run_dir: Path) -> Launch:
@@ -204,7 +208,7 @@ def launch(family: str, flags: tuple[str, ...], n: int, args: argparse.Namespace
         env = {k: v for k, v in env.items() if not k.startswith("TASKD_")}
         cmd = [sys.executable, str(TORCHRUN_DRIVER), "--standalone", "--nproc-per-node", str(n),
                "--max-restarts", str(args.torchrun_max_restarts), *flags, str(EXAMPLE)]
-    return Launch([*cmd, *example_args(args, run_dir)], env, run_dir / "console.log")
+    return Launch([*cmd, *example_args(args, run_dir), *taskd_saves(args, family)], env, run_dir / "console.log")
 
 
 Starter = Callable[[str, tuple[str, ...], int, argparse.Namespace, Path], Launch]
@@ -398,7 +402,8 @@ def add_job_arguments(p: argparse.ArgumentParser, reps: int, resume_timeout: flo
     p.add_argument("--steps", type=int, default=40, help="training steps per job")
     p.add_argument("--ckpt-every", type=int, default=10, help="the example's checkpoint interval (steps)")
     p.add_argument("--ckpt-async", action="store_true",
-                   help="the example saves its checkpoints in the background (--ckpt-async); the peers' script too")
+                   help="under taskd the example saves its checkpoints in the background (its --ckpt-async); "
+                        "torchrun's and the peers' jobs keep blocking saves")
     p.add_argument("--hidden", type=int, default=0, help="the example's --hidden (0: its default, ~9 M parameters)")
     p.add_argument("--layers", type=int, default=0, help="the example's --layers (0: its default)")
     p.add_argument("--step-sleep", type=float, default=0.0, help="the example's --step-sleep")

@@ -20,11 +20,9 @@ Run by bench/peers.py; not a taskd program (it imports taskd only through the ex
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import sys
-import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -62,35 +60,6 @@ class Records:
         with open(path + ".tmp", "w") as fh:
             json.dump(record, fh)
         os.replace(path + ".tmp", path)
-
-
-class Saver:
-    """The example's checkpoints with plain torch.save, the 3 newest kept; with ``background`` (the example's
-    --ckpt-async) the state is copied and written on a thread, one save at a time, as the example's
-    CheckpointManager.save_async does."""
-
-    def __init__(self, directory: Path, background: bool) -> None:
-        self.directory, self.background = directory, background
-        self.thread: threading.Thread | None = None
-
-    def save(self, state: dict, step: int) -> None:
-        self.wait()
-        if not self.background:
-            self._write(state, step)
-            return
-        self.thread = threading.Thread(target=self._write, args=(copy.deepcopy(state), step), name="checkpoint")
-        self.thread.start()
-
-    def wait(self) -> None:
-        if self.thread is not None:
-            self.thread.join()
-
-    def _write(self, state: dict, step: int) -> None:
-        tmp = self.directory / f"step-{step}.pt.tmp"
-        torch.save(state, tmp)
-        os.replace(tmp, self.directory / f"step-{step}.pt")
-        for old in sorted(self.directory.glob("step-*.pt"), key=lambda p: int(p.stem.split("-")[1]))[:-3]:
-            old.unlink()
 
 
 def write_summary(args, model: nn.Module, world: int, wait: float = 0.0) -> None:
@@ -139,7 +108,6 @@ def run_nvrx(args) -> int:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
     rec = Records(args, rank)
-    saver = Saver(ckpt_dir, args.ckpt_async)
     for step in range(start, args.steps):
         x, y = batch(args, rank, step)
         optimizer.zero_grad(set_to_none=True)
@@ -149,10 +117,13 @@ def run_nvrx(args) -> int:
         monitor.send_heartbeat()
         done = step + 1
         if args.ckpt_every and done % args.ckpt_every == 0 and done < args.steps:
-            saver.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, done)
+            tmp = ckpt_dir / f"step-{done}.pt.tmp"
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, tmp)
+            os.replace(tmp, ckpt_dir / f"step-{done}.pt")
+            for old in sorted(ckpt_dir.glob("step-*.pt"), key=lambda p: int(p.stem.split("-")[1]))[:-3]:
+                old.unlink()
         if args.step_sleep:
             time.sleep(args.step_sleep)
-    saver.wait()
     rec.finish(restarts)
     dist.barrier()
     if rank == 0:

@@ -50,6 +50,7 @@ from live_recovery import (
     print_phases,
     run_once,
     summarize,
+    taskd_saves,
 )
 
 PEER_RANK = BENCH_DIR / "peer_rank.py"
@@ -100,7 +101,7 @@ def start(family: str, flags: tuple[str, ...], n: int, args: argparse.Namespace,
                     **dict(system.env))
     if family != "taskd":
         env = {k: v for k, v in env.items() if not k.startswith("TASKD_")}
-    job_args = example_args(args, run_dir)
+    job_args = [*example_args(args, run_dir), *taskd_saves(args, family)]
     restarts = str(args.torchrun_max_restarts)
     if family == "taskd":
         cmd = [sys.executable, str(TASKD_DRIVER), "--nproc-per-node", str(n), "--max-restarts", "3",
