@@ -21,7 +21,9 @@ import re
 import struct
 import sys
 import threading
+import time
 import zlib
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import IO, Any
@@ -35,6 +37,9 @@ _HEADER = struct.Struct("<8sIIqQI16s12x")  # magic, version, header size, step, 
 HEADER_SIZE = _HEADER.size  # 64
 VERSION = 1
 _CHUNK = 1 << 20
+HOLD_SECONDS = 2.0
+"""How long background writes pause when the rank's group breaks (`hold_background_saves`): a live recovery
+usually completes in well under that, and no pause outlasts it (nor keeps the interpreter from exiting)."""
 WRITER_NICENESS = 10
 """How much lower the background writer's CPU priority is than the rank's (Linux: per thread): on cores the
 training keeps busy it takes what the training leaves, and a recovery that meets a checkpoint is not slowed."""
@@ -45,15 +50,48 @@ class CorruptCheckpoint(Exception):
     """The file is truncated, damaged or not a taskd checkpoint."""
 
 
-class _ChecksummingWriter:
-    """A write-only file wrapper that keeps the CRC-32 and length of what passes through."""
+class _Hold:
+    """Until when background saves wait: set when the rank's group breaks, so that a checkpoint being written
+    takes neither CPU nor the disk from the recovery (on 2 cores it slowed a 4-rank recovery from ~0.4 s to
+    ~1 s; BENCHMARKS.md). It only ever extends, and lapses by itself."""
 
-    def __init__(self, raw: IO[bytes]) -> None:
+    def __init__(self) -> None:
+        self._until = 0.0
+        self._lock = threading.Lock()
+
+    def hold(self, seconds: float) -> None:
+        with self._lock:
+            self._until = max(self._until, time.monotonic() + seconds)
+
+    def wait(self) -> None:
+        while (remaining := self._until - time.monotonic()) > 0:
+            time.sleep(min(remaining, 0.05))
+
+
+_HOLD = _Hold()
+
+
+def hold_background_saves(seconds: float = HOLD_SECONDS) -> None:
+    """Pause this process's background saves (`CheckpointManager.save_async`) for up to ``seconds``.
+
+    `taskd.worker.torch.LiveGroup` calls it the moment the agent says the group is broken. A save pauses
+    between the pieces it writes and before its fsync; blocking saves never pause."""
+    _HOLD.hold(seconds)
+
+
+class _ChecksummingWriter:
+    """A write-only file wrapper that keeps the CRC-32 and length of what passes through; a background save's
+    waits out a hold before each piece."""
+
+    def __init__(self, raw: IO[bytes], gate: Callable[[], None] | None = None) -> None:
         self._raw = raw
+        self._gate = gate
         self.crc = 0
         self.length = 0
 
     def write(self, data: Any) -> int:
+        if self._gate is not None:
+            self._gate()
         view = memoryview(data).cast("B")
         self.crc = zlib.crc32(view, self.crc)
         self.length += view.nbytes
@@ -124,15 +162,20 @@ class CheckpointManager:
         Saving a step again replaces its checkpoint atomically (a rank that
         resumed and recomputed steps saves the same steps again).
         """
+        return self._save(state, step, None)
+
+    def _save(self, state: Any, step: int, gate: Callable[[], None] | None) -> str:
         _check_step(step)
         final = self.path_for(step)
         tmp = os.path.join(self.directory, f".{self.prefix}-{step}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
         try:
             with open(tmp, "xb") as f:
                 f.write(bytes(HEADER_SIZE))  # all zeros: not a checkpoint until the real header lands
-                writer = _ChecksummingWriter(f)
+                writer = _ChecksummingWriter(f, gate)
                 self.serializer.dump(state, writer)  # type: ignore[arg-type]
                 f.flush()
+                if gate is not None:
+                    gate()  # the fsync writes it all to the disk: not during a recovery either
                 header = _HEADER.pack(MAGIC, VERSION, HEADER_SIZE, step, writer.length, writer.crc,
                                       self.serializer.name.encode("ascii"))
                 f.seek(0)
@@ -169,7 +212,7 @@ class CheckpointManager:
 
     def _save_in_background(self, state: Any, step: int) -> str:
         try:
-            return self.save(state, step)
+            return self._save(state, step, _HOLD.wait)
         except Exception as exc:  # logged before the future completes: whoever waits on it finds it logged
             log.error("background checkpoint of step %d in %s failed: %s: %s", step, self.directory,
                       type(exc).__name__, exc)

@@ -32,6 +32,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from taskd.worker.checkpoint import hold_background_saves
 from taskd.worker.file_events import FileWatch
 from taskd.worker.live import Control, ControlWatch
 
@@ -198,6 +199,8 @@ class LeaveWatch:
         except Exception:  # noqa: BLE001 - the watch must never take the rank down; the ring path remains
             log.debug("leave watch", exc_info=True)
             return
+        if ended:
+            hold_background_saves()  # a checkpoint being written in the background waits for the recovery
         if ended and self._on_end is not None and control is not None:
             self._on_end(ended, control)
 

@@ -21,6 +21,8 @@ torch = pytest.importorskip("torch")
 
 from test_live_e2e import SMALL, assert_identical, reference4, resumed_after, start_pids, summary, taskd_run  # noqa: E402
 
+from taskd.worker import CheckpointManager  # noqa: E402
+from taskd.worker.checkpoint import HOLD_SECONDS  # noqa: E402
 from taskd.worker.live import ErrorKind, write_control  # noqa: E402
 from taskd.worker.torch_group import GroupSockets, LeaveWatch  # noqa: E402
 
@@ -115,10 +117,18 @@ def test_leave_watch_ends_the_generation_the_agent_says_is_over_and_nothing_else
         for generation, action in ((2, "leave"), (4, "retry"), (3, "rejoin")):
             write_control(control, generation, action)
             assert not wait_until(lambda: ended, 0.3), f"{action} {generation} must keep generation 3's connections"
+        ckpt = CheckpointManager(tmp_path / "ckpt")
+        assert ckpt.save_async({"step": 1}, 1).result(HOLD_SECONDS / 2)  # nothing held a background save so far
         write_control(control, 3, "leave")
         assert wait_until(lambda: ended, 10), "leave 3 did not end generation 3's connections"
         assert ended == [(1, "leave", 3)] and len(group) == 0
         assert theirs.recv(1) == b"", "the peer must read EOF: its collective fails at once"
+        held = ckpt.save_async({"step": 2}, 2)  # the recovery has begun: a background save waits it out
+        started = time.monotonic()
+        ckpt.save({"step": 3}, 3)  # a blocking save is never held
+        assert time.monotonic() - started < HOLD_SECONDS / 2
+        assert not wait_until(held.done, HOLD_SECONDS / 4), "a background save ran during the recovery"
+        assert held.result(HOLD_SECONDS + 10) == ckpt.path_for(2)  # the hold lapses by itself
         form(4)  # the next generation, while `leave 3` is still the file's word
         assert not wait_until(lambda: len(ended) > 1, 0.3), "leave 3 must not end generation 4"
         write_control(control, 5, "rejoin")  # the agent names the next generation: 4 is over too
