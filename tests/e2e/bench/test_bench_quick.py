@@ -91,13 +91,14 @@ QUICK_SYSTEMS = ("taskd live + warm spare", "torchrun + TORCH_DISABLE_SHARE_RDZV
 @pytest.mark.timeout(200)
 def test_peers_quick_recovers_live_and_under_torchrun(tmp_path: Path) -> None:
     """bench/peers.py --quick: 2 ranks of a small DDP model (train_ddp.py), the same seeded SIGKILL under taskd live
-    with a warm spare and under torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1. Both resume and end bit-identical
+    with a warm spare (its checkpoints saved in the background, --ckpt-async) and under torchrun with
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (blocking saves). Both resume and end bit-identical
     to their fault-free run with nothing left running; taskd's survivors keep their processes and no rank redoes a
     step. The peers not run (torchft, NVRx: not installed, or not part of --quick) are named with the reason."""
     pytest.importorskip("torch")
     env = {**os.environ, "BENCH_RESULTS_DIR": str(tmp_path)}
-    proc = subprocess.run([sys.executable, str(BENCH / "peers.py"), "--quick"], capture_output=True,
-                          text=True, cwd=ROOT, env=env, timeout=180)
+    proc = subprocess.run([sys.executable, str(BENCH / "peers.py"), "--quick", "--ckpt-async"], capture_output=True,
+                          text=True, cwd=ROOT, env=env, timeout=180)  # taskd's job saves in the background
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
     header = next((line for line in proc.stdout.splitlines() if line.startswith("| system")), "")
     for column in PEERS_COLUMNS:
@@ -106,6 +107,7 @@ def test_peers_quick_recovers_live_and_under_torchrun(tmp_path: Path) -> None:
         assert f"skipped: {label}: " in proc.stdout, proc.stdout
     data = json.loads((tmp_path / "peers.json").read_text())
     assert data["quick"] is True and data["benchmark"] == "peers" and data["systems"] == list(QUICK_SYSTEMS)
+    assert data["ckpt_async"] is True
     assert all(r["ok"] for r in data["references"].values()), data["references"]
     rows = {r["system"]: r for r in data["rows"]}
     for label in QUICK_SYSTEMS:
