@@ -19,7 +19,13 @@ seeded point of a seeded step, kill → every rank past its next step; steps red
 summary.json; final.pt against that system's fault-free run). Leftovers: processes of the job still
 running 3 s after its launcher ended by itself (not checked where the benchmark had to stop it).
 
-    python bench/peers.py [--quick] [--ranks 4,8] [--reps 3] [--seed 1] [--systems PREFIX,...] [--keep DIR]
+With `--ckpt-async` taskd's job saves its checkpoints in the background (the example's `--ckpt-async`,
+`CheckpointManager.save_async`, held while a recovery runs); torchrun's and the peers' jobs keep their
+blocking saves, since they restart from those checkpoints and a write the fault cut short would make them
+redo more steps.
+
+    python bench/peers.py [--quick] [--ranks 4,8] [--reps 3] [--seed 1] [--ckpt-async] [--systems PREFIX,...]
+        [--keep DIR]
 
 Install the peers in a venv of their own (never a dependency of taskd): `pip install -e '.[bench]'`.
 """
