@@ -52,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ckpt-dir", required=True, help="checkpoint directory (one subdirectory per rank)")
     p.add_argument("--ckpt-async", action="store_true",
                    help="save the periodic checkpoints in the background (CheckpointManager.save_async): the state is "
-                        "copied and training goes on while the file is written")
+                        "serialized in memory and training goes on while the file is written")
     p.add_argument("--out", required=True, help="directory for final.pt, summary.json and per-rank records")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step (to watch it run)")
     p.add_argument("--slow", default=None, metavar="RANK:SECONDS",

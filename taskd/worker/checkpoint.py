@@ -6,15 +6,15 @@ files or the new one, never a partial file. Each file starts with a fixed
 header (step, payload length, CRC-32, serializer), filled in last, so a
 truncated or damaged file is recognised and skipped on load.
 
-`CheckpointManager.save_async` copies the state and writes it on a background thread, so that the rank
-trains on while the file is written and fsynced (a live recovery that meets a checkpoint is then not held
-up by the disk; BENCHMARKS.md).
+`CheckpointManager.save_async` serializes the state into memory and writes it on a background thread, so
+that the rank trains on while the file is written and fsynced; a live recovery holds that writer
+(`hold_background_saves`) so that the write takes nothing from it (BENCHMARKS.md).
 """
 
 from __future__ import annotations
 
-import copy
 import importlib.util
+import io
 import logging
 import os
 import re
@@ -166,19 +166,17 @@ class CheckpointManager:
         Saving a step again replaces its checkpoint atomically (a rank that
         resumed and recomputed steps saves the same steps again).
         """
-        return self._save(state, step, None)
-
-    def _save(self, state: Any, step: int, gate: Callable[[], None] | None) -> str:
         _check_step(step)
+        return self._save(lambda out: self.serializer.dump(state, out), step, None)
+
+    def _save(self, dump: Callable[[IO[bytes]], None], step: int, gate: Callable[[], None] | None) -> str:
         final = self.path_for(step)
-        if gate is not None:
-            gate()  # not even the serializer's work (torch.save of 72 MB: ~0.1 s of CPU) during a recovery
         tmp = os.path.join(self.directory, f".{self.prefix}-{step}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
         try:
             with open(tmp, "xb") as f:
                 f.write(bytes(HEADER_SIZE))  # all zeros: not a checkpoint until the real header lands
                 writer = _ChecksummingWriter(f, gate)
-                self.serializer.dump(state, writer)  # type: ignore[arg-type]
+                dump(writer)  # type: ignore[arg-type]
                 f.flush()
                 if gate is not None:
                     gate()  # the fsync writes it all to the disk: not during a recovery either
@@ -198,16 +196,19 @@ class CheckpointManager:
         return final
 
     def save_async(self, state: Any, step: int) -> Future[str]:
-        """Copy ``state`` now (``copy.deepcopy``: tensors are cloned) and save the copy on a background thread.
+        """Serialize ``state`` now, in memory, and write and fsync it on a background thread.
 
-        The rank goes on at once while the file is written and fsynced; what the call costs is the copy. One
-        save is in flight at a time: a call while the previous one is still writing waits for it first, so at
-        most one copy is held. The future gives the path, or raises the save's error (which is also logged);
-        the interpreter waits for a save in flight when it exits, and `wait` does before reading it back.
+        The rank goes on at once while the file is written; what the call costs is the serialization (an
+        error of the serializer's raises here). The writing is then only copies, the checksum and the fsync,
+        which a recovery can hold (`hold_background_saves`) between any two 4 MB pieces. One save is in
+        flight at a time: a call while the previous one is still writing waits for it first, so at most one
+        serialized copy is held. The future gives the path, or raises the write's error (which is also
+        logged); the interpreter waits for a save in flight when it exits, and `wait` does before reading.
         """
         _check_step(step)
         self.wait()
-        snapshot = copy.deepcopy(state)  # before returning: the caller's next step changes the state in place
+        snapshot = io.BytesIO()  # before returning: the caller's next step changes the state in place
+        self.serializer.dump(state, snapshot)
         with self._lock:
             if self._writer is None or self._writer_pid != os.getpid():  # none yet, or a forked child's copy
                 self._writer_pid = os.getpid()
@@ -216,9 +217,9 @@ class CheckpointManager:
             self._pending = future
         return future
 
-    def _save_in_background(self, state: Any, step: int) -> str:
+    def _save_in_background(self, snapshot: io.BytesIO, step: int) -> str:
         try:
-            return self._save(state, step, _HOLD.wait)
+            return self._save(lambda out: out.write(snapshot.getbuffer()), step, _HOLD.wait)
         except Exception as exc:  # logged before the future completes: whoever waits on it finds it logged
             log.error("background checkpoint of step %d in %s failed: %s: %s", step, self.directory,
                       type(exc).__name__, exc)

@@ -88,20 +88,12 @@ def test_sigkill_during_save_never_leaves_a_corrupt_checkpoint(tmp_path):
 
 SAVE_ASYNC_AND_EXIT = textwrap.dedent(
     """
-    import sys, time
+    import sys
     from taskd.worker import CheckpointManager
+    from taskd.worker.checkpoint import hold_background_saves
 
-    class Slow:  # pickle, but the write takes a while: the interpreter reaches its end first
-        name = "pickle"
-        def dump(self, state, file):
-            import pickle
-            time.sleep(0.5)
-            pickle.dump(state, file)
-        def load(self, file):
-            import pickle
-            return pickle.load(file)
-
-    CheckpointManager(sys.argv[1], serializer=Slow()).save_async({"step": 3, "w": list(range(1000))}, 3)
+    hold_background_saves(0.5)  # the write starts well after the interpreter has reached its end
+    CheckpointManager(sys.argv[1]).save_async({"step": 3, "w": list(range(1000))}, 3)
     print("returned", flush=True)
     """
 )

@@ -17,7 +17,7 @@ import threading
 import pytest
 
 from taskd.worker import CheckpointManager, CorruptCheckpoint
-from taskd.worker.checkpoint import HEADER_SIZE, WRITER_NICENESS
+from taskd.worker.checkpoint import HEADER_SIZE, WRITER_NICENESS, hold_background_saves
 
 
 def test_keeps_last_k(tmp_path):
@@ -104,56 +104,38 @@ def test_failed_save_leaves_nothing(tmp_path):
     assert ckpt.steps() == [1] and [n for n in os.listdir(tmp_path) if n.startswith(".")] == []
 
 
-class _Gate:
-    """A serializer (pickle underneath) whose dump waits until the test opens the gate: the background write
-    then surely happens after whatever the test does first."""
 
-    name = "pickle"
-
-    def __init__(self) -> None:
-        self.open = threading.Event()
-        self.dumping = threading.Event()
-
-    def dump(self, state, file) -> None:
-        self.niceness = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-        self.dumping.set()
-        assert self.open.wait(10), "the test never opened the gate"
-        pickle.dump(state, file)
-
-    def load(self, file):
-        return pickle.load(file)
+def _writer_thread() -> threading.Thread:
+    return next(t for t in threading.enumerate() if t.name.startswith("taskd-checkpoint"))
 
 
 def test_save_async_writes_the_state_as_it_was_at_the_call(tmp_path):
-    gate = _Gate()
-    ckpt = CheckpointManager(tmp_path, serializer=gate)
+    ckpt = CheckpointManager(tmp_path)
     state = {"weights": [1.0, 2.0], "step": 5}
+    hold_background_saves(0.5)  # the write then surely happens after the state has changed
     future = ckpt.save_async(state, 5)
-    assert gate.dumping.wait(10)
     state["weights"].append(3.0)  # the next training step changes the state in place while the file is written
     state["step"] = 6
-    assert ckpt.steps() == []  # not on disk before the write has finished
-    gate.open.set()
+    assert ckpt.steps() == [] and not future.done()  # not on disk before the write has finished
+    if sys.platform.startswith("linux"):  # the writer yields the CPU to the training (and a recovery)
+        writer = os.getpriority(os.PRIO_PROCESS, _writer_thread().native_id)
+        mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        assert writer == min(19, mine + WRITER_NICENESS)
+        assert os.getpriority(os.PRIO_PROCESS, 0) == mine  # the rank's own threads keep theirs
     assert future.result(10) == ckpt.path_for(5)
     assert ckpt.load(5) == {"weights": [1.0, 2.0], "step": 5}
     assert ckpt.wait(0) is True
-    if sys.platform.startswith("linux"):  # the writer yields the CPU to the training (and a recovery)
-        mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-        assert gate.niceness == min(19, mine + WRITER_NICENESS)
-        assert os.getpriority(os.PRIO_PROCESS, 0) == mine  # the rank's own threads keep theirs
 
 
 def test_save_async_keeps_one_save_in_flight(tmp_path):
-    gate = _Gate()
-    ckpt = CheckpointManager(tmp_path, serializer=gate, keep=2)
+    ckpt = CheckpointManager(tmp_path, keep=2)
+    hold_background_saves(0.6)
     first = ckpt.save_async({"step": 1}, 1)
-    assert gate.dumping.wait(10)
-    assert ckpt.wait(0.05) is False  # the first is still being written
+    assert ckpt.wait(0.05) is False  # the first is still to be written
     second_returned = threading.Event()
     caller = threading.Thread(target=lambda: (ckpt.save_async({"step": 2}, 2), second_returned.set()))
     caller.start()
     assert not second_returned.wait(0.3)  # it waits for the first rather than holding a second copy
-    gate.open.set()
     caller.join(10)
     assert second_returned.is_set() and first.result(10) == ckpt.path_for(1)
     assert ckpt.wait(10) and ckpt.steps() == [1, 2] and ckpt.load(2) == {"step": 2}
@@ -161,15 +143,24 @@ def test_save_async_keeps_one_save_in_flight(tmp_path):
     assert ckpt.steps() == [2, 3]  # pruned to keep=2 as a blocking save would
 
 
-def test_failed_background_save_is_logged_and_held_by_its_future(tmp_path, caplog):
+def test_a_state_that_cannot_be_serialized_fails_at_the_call(tmp_path):
     ckpt = CheckpointManager(tmp_path)
-    ckpt.save({"ok": 1}, 1)
-    with caplog.at_level(logging.ERROR, logger="taskd.worker.checkpoint"):
-        future = ckpt.save_async({"bad": lambda: None}, 2)  # copied fine, cannot be pickled
-        assert ckpt.wait(10) is True  # does not raise: the error is the future's
-    assert isinstance(future.exception(0), (TypeError, AttributeError, pickle.PicklingError))
-    assert "background checkpoint of step 2" in caplog.text and str(tmp_path) in caplog.text
-    assert ckpt.steps() == [1] and [n for n in os.listdir(tmp_path) if n.startswith(".")] == []
-    assert ckpt.save_async({"ok": 3}, 3).result(10) == ckpt.path_for(3)  # the next one works
+    with pytest.raises((TypeError, AttributeError, pickle.PicklingError)):
+        ckpt.save_async({"bad": lambda: None}, 2)
+    assert ckpt.steps() == [] and os.listdir(tmp_path) == [] and ckpt.wait(0)
     with pytest.raises(ValueError, match="non-negative integer"):
         ckpt.save_async({"ok": 4}, -1)
+
+
+def test_failed_background_write_is_logged_and_held_by_its_future(tmp_path, caplog):
+    directory = tmp_path / "ckpt"
+    ckpt = CheckpointManager(directory)
+    hold_background_saves(0.3)
+    with caplog.at_level(logging.ERROR, logger="taskd.worker.checkpoint"):
+        future = ckpt.save_async({"ok": 1}, 1)
+        directory.rmdir()  # gone before the held write begins
+        assert ckpt.wait(10) is True  # does not raise: the error is the future's
+    assert isinstance(future.exception(0), FileNotFoundError)
+    assert "background checkpoint of step 1" in caplog.text and str(directory) in caplog.text
+    directory.mkdir()
+    assert ckpt.save_async({"ok": 2}, 2).result(10) == ckpt.path_for(2)  # the next one works
