@@ -171,6 +171,8 @@ class CheckpointManager:
 
     def _save(self, dump: Callable[[IO[bytes]], None], step: int, gate: Callable[[], None] | None) -> str:
         final = self.path_for(step)
+        if gate is not None:
+            gate()  # held: not even its temporary file yet
         tmp = os.path.join(self.directory, f".{self.prefix}-{step}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
         try:
             with open(tmp, "xb") as f:

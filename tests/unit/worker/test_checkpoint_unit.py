@@ -112,7 +112,7 @@ def _writer_thread() -> threading.Thread:
 def test_save_async_writes_the_state_as_it_was_at_the_call(tmp_path):
     ckpt = CheckpointManager(tmp_path)
     state = {"weights": [1.0, 2.0], "step": 5}
-    hold_background_saves(0.5)  # the write then surely happens after the state has changed
+    hold_background_saves(1.0)  # the write then surely happens after the state has changed
     future = ckpt.save_async(state, 5)
     state["weights"].append(3.0)  # the next training step changes the state in place while the file is written
     state["step"] = 6
@@ -129,7 +129,7 @@ def test_save_async_writes_the_state_as_it_was_at_the_call(tmp_path):
 
 def test_save_async_keeps_one_save_in_flight(tmp_path):
     ckpt = CheckpointManager(tmp_path, keep=2)
-    hold_background_saves(0.6)
+    hold_background_saves(1.5)
     first = ckpt.save_async({"step": 1}, 1)
     assert ckpt.wait(0.05) is False  # the first is still to be written
     second_returned = threading.Event()
@@ -155,7 +155,7 @@ def test_a_state_that_cannot_be_serialized_fails_at_the_call(tmp_path):
 def test_failed_background_write_is_logged_and_held_by_its_future(tmp_path, caplog):
     directory = tmp_path / "ckpt"
     ckpt = CheckpointManager(directory)
-    hold_background_saves(0.3)
+    hold_background_saves(1.0)
     with caplog.at_level(logging.ERROR, logger="taskd.worker.checkpoint"):
         future = ckpt.save_async({"ok": 1}, 1)
         directory.rmdir()  # gone before the held write begins
