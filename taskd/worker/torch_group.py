@@ -132,6 +132,8 @@ class GroupSockets:
             return self._shut_down()
 
     def _shut_down(self) -> int:
+        if self._held:  # the group is broken (the agent said so, or our own collective failed): a recovery follows
+            hold_background_saves()  # and a checkpoint being written in the background waits it out
         ended = 0
         for sock in self._held:
             try:
@@ -199,8 +201,6 @@ class LeaveWatch:
         except Exception:  # noqa: BLE001 - the watch must never take the rank down; the ring path remains
             log.debug("leave watch", exc_info=True)
             return
-        if ended:
-            hold_background_saves()  # a checkpoint being written in the background waits for the recovery
         if ended and self._on_end is not None and control is not None:
             self._on_end(ended, control)
 

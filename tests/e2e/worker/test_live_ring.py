@@ -118,6 +118,7 @@ def test_leave_watch_ends_the_generation_the_agent_says_is_over_and_nothing_else
             write_control(control, generation, action)
             assert not wait_until(lambda: ended, 0.3), f"{action} {generation} must keep generation 3's connections"
         ckpt = CheckpointManager(tmp_path / "ckpt")
+        ckpt.save_async({"step": 0}, 0).result(HOLD_SECONDS + 10)  # past a hold an earlier test may have left
         assert ckpt.save_async({"step": 1}, 1).result(HOLD_SECONDS / 2)  # nothing held a background save so far
         write_control(control, 3, "leave")
         assert wait_until(lambda: ended, 10), "leave 3 did not end generation 3's connections"
@@ -191,3 +192,26 @@ def test_a_rank_blocked_on_a_live_peer_leaves_its_group_when_the_agent_says_so(t
         for p in procs:
             p.kill()
             p.wait(timeout=10)
+
+
+def test_a_rank_that_leaves_on_its_own_holds_background_saves_too(tmp_path):
+    """A survivor whose own collective failed first leaves before the agent's word reaches its watch: ending the
+    group's connections (GroupSockets.shut_down, LiveGroup._leave) holds a background checkpoint write as well."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    group = GroupSockets()
+    with group.forming(generation=1):
+        ours = socket.create_connection(listener.getsockname())
+    theirs, _ = listener.accept()
+    try:
+        ckpt = CheckpointManager(tmp_path / "ckpt")
+        ckpt.save_async({"step": 0}, 0).result(HOLD_SECONDS + 10)  # past a hold an earlier test may have left
+        assert ckpt.save_async({"step": 1}, 1).result(HOLD_SECONDS / 2)  # not held before
+        assert group.shut_down() == 1
+        held = ckpt.save_async({"step": 2}, 2)
+        assert not wait_until(held.done, HOLD_SECONDS / 4), "a background save ran during the recovery"
+        assert held.result(HOLD_SECONDS + 10) == ckpt.path_for(2)
+        group.release()  # an orderly end (LiveGroup.close): nothing is held
+        assert ckpt.save_async({"step": 3}, 3).result(HOLD_SECONDS / 2)
+    finally:
+        for s in (listener, ours, theirs):
+            s.close()
