@@ -75,8 +75,9 @@ _HOLD = _Hold()
 def hold_background_saves(seconds: float = HOLD_SECONDS) -> None:
     """Pause this process's background saves (`CheckpointManager.save_async`) for up to ``seconds``.
 
-    A live rank calls it when it ends a broken group's connections (`taskd.worker.torch_group.GroupSockets`). A save pauses
-    between the pieces it writes and before its fsync; blocking saves never pause."""
+    A live rank calls it when it ends a broken group's connections (`taskd.worker.torch_group.GroupSockets`).
+    A save pauses before its temporary file, between the pieces it writes and before its fsync; blocking saves
+    never pause."""
     _HOLD.hold(seconds)
 
 
