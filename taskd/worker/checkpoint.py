@@ -43,7 +43,7 @@ HOLD_SECONDS = 2.0
 usually completes in well under that, and no pause outlasts it (nor keeps the interpreter from exiting)."""
 WRITER_NICENESS = 10
 """How much lower the background writer's CPU priority is than the rank's (Linux: per thread): on cores the
-training keeps busy it takes what the training leaves, and a recovery that meets a checkpoint is not slowed."""
+training keeps busy it takes what the training leaves (a recovery is protected by the hold, not by this)."""
 _OPTIONAL_MODULES = {"torch": "torch", "mindspore": "mindspore"}
 
 
@@ -82,8 +82,8 @@ def hold_background_saves(seconds: float = HOLD_SECONDS) -> None:
 
 
 class _ChecksummingWriter:
-    """A write-only file wrapper that keeps the CRC-32 and length of what passes through; a background save's
-    waits out a hold before each piece."""
+    """A write-only file wrapper that keeps the CRC-32 and length of what passes through; for a background save
+    it writes in pieces and waits out a hold (`gate`) before each."""
 
     def __init__(self, raw: IO[bytes], gate: Callable[[], None] | None = None) -> None:
         self._raw = raw
