@@ -37,7 +37,6 @@ import contextlib
 import fcntl
 import importlib.util
 import os
-import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -51,6 +50,7 @@ from live_recovery import (
     Launch,
     add_job_arguments,
     checked_sizes,
+    drop_checkpoints,
     example_args,
     final_equal,
     plan,
@@ -226,8 +226,7 @@ def run_kill(n: int, rep: int, systems: list[System], args: argparse.Namespace, 
               f"identical {r['bit_identical']}, leftovers {r.get('leftovers')}, ok {r['ok']}"
               + (f", error: {r['error']}" if r.get("error") else ""), flush=True)
         write_result("peers", result)  # partial results survive an interrupted run
-        if not args.keep:  # up to 12 checkpoints of 72 MB a job: a 7-kill run filled the disk (ENOSPC) with them
-            shutil.rmtree(run_dir / "ckpt", ignore_errors=True)
+        drop_checkpoints(args, run_dir)
 
 
 def summarize_size(n: int, systems: list[System], result: dict[str, Any]) -> None:
