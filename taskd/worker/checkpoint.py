@@ -82,8 +82,8 @@ def hold_background_saves(seconds: float = HOLD_SECONDS) -> None:
 
 
 class _ChecksummingWriter:
-    """A write-only file wrapper that keeps the CRC-32 and length of what passes through; for a background save
-    it writes in pieces and waits out a hold (`gate`) before each."""
+    """A write-only file wrapper that keeps the CRC-32 and length of what passes through, written in pieces; a
+    background save waits out a hold (`gate`) before each."""
 
     def __init__(self, raw: IO[bytes], gate: Callable[[], None] | None = None) -> None:
         self._raw = raw
@@ -93,11 +93,10 @@ class _ChecksummingWriter:
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
-        step = view.nbytes if self._gate is None else _PIECE  # a held save stops within one piece
-        for start in range(0, view.nbytes, step):
+        for start in range(0, view.nbytes, _PIECE):  # a held save stops within one piece
             if self._gate is not None:
                 self._gate()
-            piece = view[start:start + step]
+            piece = view[start:start + _PIECE]
             self.crc = zlib.crc32(piece, self.crc)
             self._raw.write(piece)
         self.length += view.nbytes

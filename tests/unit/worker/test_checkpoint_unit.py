@@ -164,3 +164,18 @@ def test_failed_background_write_is_logged_and_held_by_its_future(tmp_path, capl
     assert "background checkpoint of step 1" in caplog.text and str(directory) in caplog.text
     directory.mkdir()
     assert ckpt.save_async({"ok": 2}, 2).result(10) == ckpt.path_for(2)  # the next one works
+
+
+class _EmptyWritesSerializer(JsonSerializer):
+    """Writes an empty piece first, as a serializer may (a zero-length record)."""
+
+    def dump(self, state, out) -> None:
+        out.write(b"")
+        super().dump(state, out)
+
+
+def test_a_serializer_that_writes_nothing_at_once_is_fine(tmp_path):
+    ckpt = CheckpointManager(tmp_path, serializer=_EmptyWritesSerializer())
+    ckpt.save({"a": 1}, 1)  # blocking
+    assert ckpt.save_async({"a": 2}, 2).result(10) == ckpt.path_for(2)
+    assert ckpt.load(1) == {"a": 1} and ckpt.load(2) == {"a": 2}
