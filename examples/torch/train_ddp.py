@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             optimizer.load_state_dict(state["optimizer"])
 
     def save(step: int, background: bool = False) -> None:
-        with worker.section("checkpoint", timeout=120):  # a background save: its copy (and a wait for the last one)
+        with worker.section("checkpoint", timeout=120):  # a background save: its serialization, and a wait for the last
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
             (ckpt.save_async if background else ckpt.save)(state, step)
 

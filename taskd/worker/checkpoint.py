@@ -65,8 +65,8 @@ class _Hold:
             self._until = max(self._until, time.monotonic() + seconds)
 
     def wait(self) -> None:
-        while (remaining := self._until - time.monotonic()) > 0:
-            time.sleep(min(remaining, 0.05))
+        while (remaining := self._until - time.monotonic()) > 0:  # a hold only extends: sleep it out, look again
+            time.sleep(remaining)
 
 
 _HOLD = _Hold()
