@@ -159,7 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     def save(step: int, background: bool = False) -> None:
         with worker.section("checkpoint", timeout=120):  # a background save: its serialization, and a wait for the last
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
-            (ckpt.save_async if background else ckpt.save)(state, step)
+            if background:
+                ckpt.save_async(state, step, timeout=100)  # within the section's 120 s, with a message of its own
+            else:
+                ckpt.save(state, step)
 
     worker.on_save_request(lambda: save(live.step_no))  # the agent asks before a planned stop: on disk when it returns
     # one byte per completed step, appended by every incarnation of this rank: counts recomputed steps

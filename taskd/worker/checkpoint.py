@@ -197,7 +197,7 @@ class CheckpointManager:
         log.debug("saved checkpoint of step %d to %s", step, final)
         return final
 
-    def save_async(self, state: Any, step: int) -> Future[str]:
+    def save_async(self, state: Any, step: int, timeout: float | None = None) -> Future[str]:
         """Serialize ``state`` now, in memory, and write and fsync it on a background thread.
 
         The rank goes on at once while the file is written; what the call costs is the serialization (an
@@ -206,9 +206,13 @@ class CheckpointManager:
         flight at a time: a call while the previous one is still writing waits for it first, so at most one
         serialized copy is held. The future gives the path, or raises the write's error (which is also
         logged); the interpreter waits for a save in flight when it exits, and `wait` does before reading.
+        ``timeout``: how long to wait for the previous save; TimeoutError past it (nothing of this one is done).
         """
         _check_step(step)
-        self.wait()
+        if not self.wait(timeout):
+            raise TimeoutError(f"checkpoint of step {step} in {self.directory}: the previous background save is still "
+                               f"being written after {timeout} s (a stalled disk?); this one was not taken: retry, "
+                               "or call save() to write it in the foreground")
         snapshot = io.BytesIO()  # before returning: the caller's next step changes the state in place
         self.serializer.dump(state, snapshot)
         with self._lock:

@@ -141,6 +141,11 @@ def test_save_async_keeps_one_save_in_flight(tmp_path):
     assert ckpt.wait(10) and ckpt.steps() == [1, 2] and ckpt.load(2) == {"step": 2}
     ckpt.save_async({"step": 3}, 3).result(10)
     assert ckpt.steps() == [2, 3]  # pruned to keep=2 as a blocking save would
+    hold_background_saves(1.0)
+    ckpt.save_async({"step": 4}, 4)
+    with pytest.raises(TimeoutError, match="previous background save is still being written"):
+        ckpt.save_async({"step": 5}, 5, timeout=0.1)  # a bounded wait for the one before
+    assert ckpt.wait(10) and ckpt.steps() == [3, 4]  # step 5 was not taken
 
 
 def test_a_state_that_cannot_be_serialized_fails_at_the_call(tmp_path):
