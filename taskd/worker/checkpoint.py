@@ -13,7 +13,6 @@ that the rank trains on while the file is written and fsynced; a live recovery h
 
 from __future__ import annotations
 
-import atexit
 import importlib.util
 import io
 import logging
@@ -25,9 +24,8 @@ import threading
 import time
 import zlib
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from concurrent.futures import wait as wait_all
 from typing import IO, Any
 
 from taskd.worker.serializers import Serializer, get_serializer
@@ -43,9 +41,6 @@ _PIECE = 4 << 20  # what a background save writes between two looks at the hold
 HOLD_SECONDS = 2.0
 """How long background writes pause when the rank's group breaks (`hold_background_saves`): a live recovery
 usually completes in well under that, and no pause outlasts it (nor keeps the interpreter from exiting)."""
-EXIT_WAIT = 60.0
-"""How long the interpreter's exit waits for background saves still being written; past it they are left
-unfinished (the previous checkpoint stays the newest) rather than keep a finished rank from exiting."""
 WRITER_NICENESS = 10
 """How much lower the background writer's CPU priority is than the rank's (Linux: per thread): on cores the
 training keeps busy it takes what the training leaves (a recovery is protected by the hold, not by this)."""
@@ -134,8 +129,9 @@ class CheckpointManager:
         self.serializer = get_serializer(serializer)
         self._name_re = re.compile(rf"{re.escape(prefix)}-(\d+)\.tkc")
         self._tmp_re = re.compile(rf"\.{re.escape(prefix)}-\d+\.(\d+)\.[0-9a-f]+\.tmp")
+        self._writer: ThreadPoolExecutor | None = None  # save_async's one thread, started by its first call
         self._pending: Future[str] | None = None  # the background save in flight (or the last one)
-        self._pending_pid = 0  # the process that started it (a fork's child inherits no thread)
+        self._writer_pid = 0  # the process that started the writer (a fork's child inherits no thread)
         self._lock = threading.Lock()
         os.makedirs(self.directory, exist_ok=True)
         self._remove_stale_temps()
@@ -209,8 +205,7 @@ class CheckpointManager:
         which a recovery can hold (`hold_background_saves`) between any two 4 MB pieces. One save is in
         flight at a time: a call while the previous one is still writing waits for it first, so at most one
         serialized copy is held. The future gives the path, or raises the write's error (which is also
-        logged); the interpreter's exit waits for a save in flight (up to `EXIT_WAIT`), and `wait` does before
-        reading.
+        logged); the interpreter waits for a save in flight when it exits, and `wait` does before reading.
         ``timeout``: how long to wait for the previous save; TimeoutError past it (nothing of this one is done).
         """
         _check_step(step)
@@ -220,30 +215,21 @@ class CheckpointManager:
                                "or call save() to write it in the foreground")
         snapshot = io.BytesIO()  # before returning: the caller's next step changes the state in place
         self.serializer.dump(state, snapshot)
-        future: Future[str] = Future()
-        future.set_running_or_notify_cancel()
         with self._lock:
-            self._pending, self._pending_pid = future, os.getpid()
-        with _IN_FLIGHT_LOCK:
-            _IN_FLIGHT.add(future)
-        # a daemon thread, so that a stalled disk cannot keep the interpreter from exiting (_finish_at_exit)
-        threading.Thread(target=self._save_in_background, args=(snapshot, step, future), daemon=True,
-                         name=f"taskd-checkpoint-{step}").start()
+            if self._writer is None or self._writer_pid != os.getpid():  # none yet, or a forked child's copy
+                self._writer_pid = os.getpid()
+                self._writer = ThreadPoolExecutor(1, thread_name_prefix="taskd-checkpoint", initializer=_lower_priority)
+            future = self._writer.submit(self._save_in_background, snapshot, step)
+            self._pending = future
         return future
 
-    def _save_in_background(self, snapshot: io.BytesIO, step: int, future: Future[str]) -> None:
-        _lower_priority()
+    def _save_in_background(self, snapshot: io.BytesIO, step: int) -> str:
         try:
-            path = self._save(lambda out: out.write(snapshot.getbuffer()), step, _HOLD.wait)
+            return self._save(lambda out: out.write(snapshot.getbuffer()), step, _HOLD.wait)
         except Exception as exc:  # logged before the future completes: whoever waits on it finds it logged
             log.error("background checkpoint of step %d in %s failed: %s: %s", step, self.directory,
                       type(exc).__name__, exc)
-            future.set_exception(exc)
-        else:
-            future.set_result(path)
-        finally:
-            with _IN_FLIGHT_LOCK:
-                _IN_FLIGHT.discard(future)
+            raise
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until no background save is in flight; False if one still is after ``timeout`` seconds.
@@ -251,7 +237,7 @@ class CheckpointManager:
         A failed save does not raise here: its future holds the error, and it was logged."""
         with self._lock:
             future = self._pending
-        if future is None or self._pending_pid != os.getpid():  # in a forked child no save of its own is in flight
+        if future is None or self._writer_pid != os.getpid():  # in a forked child no save of its own is in flight
             return True
         try:
             future.exception(timeout)
@@ -333,33 +319,6 @@ class CheckpointManager:
 def _check_step(step: Any) -> None:
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise ValueError(f"step must be a non-negative integer, got {step!r}")
-
-
-_IN_FLIGHT: set[Future[str]] = set()  # every manager's background saves not yet done, for the exit
-_IN_FLIGHT_LOCK = threading.Lock()
-
-
-def _forget_in_flight() -> None:
-    """In a forked child: the parent's saves are not this process's to wait for (and a parent's thread may have
-    held the lock at the fork)."""
-    global _IN_FLIGHT_LOCK
-    _IN_FLIGHT_LOCK = threading.Lock()
-    _IN_FLIGHT.clear()
-
-
-@atexit.register
-def _finish_at_exit() -> None:
-    """The interpreter's exit waits for background saves in flight, up to `EXIT_WAIT` seconds."""
-    with _IN_FLIGHT_LOCK:
-        pending = list(_IN_FLIGHT)
-    unfinished = wait_all(pending, timeout=EXIT_WAIT).not_done if pending else set()
-    if unfinished:
-        log.error("%d background checkpoint(s) still being written after %g s at exit (a stalled disk?): left "
-                  "unfinished; the previous checkpoint stays the newest", len(unfinished), EXIT_WAIT)
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_in_flight)
 
 
 def _lower_priority() -> None:
