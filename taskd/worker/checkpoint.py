@@ -13,6 +13,7 @@ that the rank trains on while the file is written and fsynced; a live recovery h
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import io
 import logging
@@ -22,10 +23,12 @@ import struct
 import sys
 import threading
 import time
+import traceback
 import zlib
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait as wait_all
 from typing import IO, Any
 
 from taskd.worker.serializers import Serializer, get_serializer
@@ -41,6 +44,9 @@ _PIECE = 4 << 20  # what a background save writes between two looks at the hold
 HOLD_SECONDS = 2.0
 """How long background writes pause when the rank's group breaks (`hold_background_saves`): a live recovery
 usually completes in well under that, and no pause outlasts it (nor keeps the interpreter from exiting)."""
+EXIT_WAIT = 60.0
+"""How long the interpreter's exit waits for background saves still being written; past it they are left
+unfinished (the previous checkpoint stays the newest) rather than keep a finished rank from exiting."""
 WRITER_NICENESS = 10
 """How much lower the background writer's CPU priority is than the rank's (Linux: per thread): on cores the
 training keeps busy it takes what the training leaves (a recovery is protected by the hold, not by this)."""
@@ -129,9 +135,8 @@ class CheckpointManager:
         self.serializer = get_serializer(serializer)
         self._name_re = re.compile(rf"{re.escape(prefix)}-(\d+)\.tkc")
         self._tmp_re = re.compile(rf"\.{re.escape(prefix)}-\d+\.(\d+)\.[0-9a-f]+\.tmp")
-        self._writer: ThreadPoolExecutor | None = None  # save_async's one thread, started by its first call
         self._pending: Future[str] | None = None  # the background save in flight (or the last one)
-        self._writer_pid = 0  # the process that started the writer (a fork's child inherits no thread)
+        self._pending_pid = 0  # the process that started it (a fork's child inherits no thread)
         self._lock = threading.Lock()
         os.makedirs(self.directory, exist_ok=True)
         self._remove_stale_temps()
@@ -205,7 +210,8 @@ class CheckpointManager:
         which a recovery can hold (`hold_background_saves`) between any two 4 MB pieces. One save is in
         flight at a time: a call while the previous one is still writing waits for it first, so at most one
         serialized copy is held. The future gives the path, or raises the write's error (which is also
-        logged); the interpreter waits for a save in flight when it exits, and `wait` does before reading.
+        logged); the interpreter's exit waits for a save in flight (up to `EXIT_WAIT`), and `wait` does before
+        reading.
         ``timeout``: how long to wait for the previous save; TimeoutError past it (nothing of this one is done).
         """
         _check_step(step)
@@ -215,21 +221,31 @@ class CheckpointManager:
                                "or call save() to write it in the foreground")
         snapshot = io.BytesIO()  # before returning: the caller's next step changes the state in place
         self.serializer.dump(state, snapshot)
+        future: Future[str] = Future()
+        future.set_running_or_notify_cancel()
         with self._lock:
-            if self._writer is None or self._writer_pid != os.getpid():  # none yet, or a forked child's copy
-                self._writer_pid = os.getpid()
-                self._writer = ThreadPoolExecutor(1, thread_name_prefix="taskd-checkpoint", initializer=_lower_priority)
-            future = self._writer.submit(self._save_in_background, snapshot, step)
-            self._pending = future
+            self._pending, self._pending_pid = future, os.getpid()
+        _IN_FLIGHT.add(future)
+        # a daemon thread, so that a stalled disk cannot keep the interpreter from exiting (_InFlight.finish)
+        threading.Thread(target=self._save_in_background, args=(snapshot, step, future), daemon=True,
+                         name=f"taskd-checkpoint-{step}").start()
         return future
 
-    def _save_in_background(self, snapshot: io.BytesIO, step: int) -> str:
+    def _save_in_background(self, snapshot: io.BytesIO, step: int, future: Future[str]) -> None:
+        _lower_priority()
         try:
-            return self._save(lambda out: out.write(snapshot.getbuffer()), step, _HOLD.wait)
+            path = self._save(lambda out: out.write(snapshot.getbuffer()), step, _HOLD.wait)
         except Exception as exc:  # logged before the future completes: whoever waits on it finds it logged
             log.error("background checkpoint of step %d in %s failed: %s: %s", step, self.directory,
                       type(exc).__name__, exc)
-            raise
+            # the traceback's frames would keep the serialized state alive as long as the future: from where the
+            # write failed, without their variables (this frame, which holds the state, is left out)
+            traceback.clear_frames(exc.__traceback__)
+            future.set_exception(exc.with_traceback(exc.__traceback__.tb_next if exc.__traceback__ else None))
+        else:
+            future.set_result(path)
+        finally:
+            _IN_FLIGHT.discard(future)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until no background save is in flight; False if one still is after ``timeout`` seconds.
@@ -237,7 +253,7 @@ class CheckpointManager:
         A failed save does not raise here: its future holds the error, and it was logged."""
         with self._lock:
             future = self._pending
-        if future is None or self._writer_pid != os.getpid():  # in a forked child no save of its own is in flight
+        if future is None or self._pending_pid != os.getpid():  # in a forked child no save of its own is in flight
             return True
         try:
             future.exception(timeout)
@@ -319,6 +335,42 @@ class CheckpointManager:
 def _check_step(step: Any) -> None:
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise ValueError(f"step must be a non-negative integer, got {step!r}")
+
+
+class _InFlight:
+    """Every manager's background saves not yet done in this process, so that its exit can wait for them
+    (bounded: `EXIT_WAIT`). The exit hook is registered by the first background save, not at import: a process
+    that never saves in the background (an agent, msrun) runs none of this."""
+
+    def __init__(self) -> None:
+        self._futures: set[Future[str]] = set()
+        self._lock = threading.Lock()
+        self._pid = 0  # the process whose saves these are; a forked child starts afresh
+
+    def add(self, future: Future[str]) -> None:
+        if self._pid != os.getpid():  # this process's first save (a forked child's: its parent's are not its own)
+            self._futures, self._lock, self._pid = set(), threading.Lock(), os.getpid()
+            atexit.register(self.finish, os.getpid())
+        with self._lock:
+            self._futures.add(future)
+
+    def discard(self, future: Future[str]) -> None:
+        with self._lock:
+            self._futures.discard(future)
+
+    def finish(self, pid: int) -> None:
+        """At exit: wait for this process's saves in flight, up to `EXIT_WAIT` seconds."""
+        if pid != os.getpid():  # registered by the parent before a fork
+            return
+        with self._lock:
+            pending = list(self._futures)
+        unfinished = wait_all(pending, timeout=EXIT_WAIT).not_done if pending else set()
+        if unfinished:
+            log.error("%d background checkpoint(s) still being written after %g s at exit (a stalled disk?): left "
+                      "unfinished; the previous checkpoint stays the newest", len(unfinished), EXIT_WAIT)
+
+
+_IN_FLIGHT = _InFlight()
 
 
 def _lower_priority() -> None:

@@ -107,6 +107,29 @@ def test_the_interpreter_waits_for_a_background_save_at_exit(tmp_path):
     assert CheckpointManager(tmp_path).load_latest() == ({"step": 3, "w": list(range(1000))}, 3)
 
 
+SAVE_ASYNC_STALLED_AT_EXIT = textwrap.dedent(
+    """
+    import sys
+    from taskd.worker import CheckpointManager, checkpoint
+
+    checkpoint.EXIT_WAIT = 0.5
+    checkpoint.hold_background_saves(60)  # as a stalled disk would: the write does not end
+    CheckpointManager(sys.argv[1]).save_async({"step": 3}, 3)
+    """
+)
+
+
+def test_the_exit_waits_for_a_stalled_background_save_only_so_long(tmp_path):
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", SAVE_ASYNC_STALLED_AT_EXIT, str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    assert done.returncode == 0 and time.monotonic() - started < TIMEOUT, done.stderr
+    assert "1 background checkpoint(s) still being written after 0.5 s at exit" in done.stderr
+    assert "the previous checkpoint stays the newest" in done.stderr
+    assert CheckpointManager(tmp_path).steps() == [] and os.listdir(tmp_path) == []
+
+
 SAVE_ASYNC_PAST_A_FULL_DISK = textwrap.dedent(
     """
     import resource, signal, sys

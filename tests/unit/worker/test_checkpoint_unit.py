@@ -7,6 +7,7 @@ returning a damaged checkpoint.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -167,6 +168,11 @@ def test_failed_background_write_is_logged_and_held_by_its_future(tmp_path, capl
         assert ckpt.wait(10) is True  # does not raise: the error is the future's
     assert isinstance(future.exception(0), FileNotFoundError)
     assert "background checkpoint of step 1" in caplog.text and str(directory) in caplog.text
+    tb = future.exception(0).__traceback__
+    assert tb is not None  # kept, for where it failed, but its frames no longer hold the serialized state
+    while tb is not None:
+        assert not any(isinstance(v, (io.BytesIO, memoryview)) for v in tb.tb_frame.f_locals.values()), tb.tb_frame
+        tb = tb.tb_next
     directory.mkdir()
     assert ckpt.save_async({"ok": 2}, 2).result(10) == ckpt.path_for(2)  # the next one works
 
