@@ -369,11 +369,12 @@ class ControllerLink:
     def wake_at(self) -> float | None:
         return self.outbox.wake_at()
 
-    def report_stop_complete(self, faults: FaultRanks) -> None:
-        """Strategies still pending answer a collection this stopTrain ended (a fault joined the round): refused (401)
-        until this stop complete is in, they held it back to the deadline. Dropped; the next globalFault re-asks."""
+    def withdraw_strategies(self) -> None:
+        """Drop the strategy reports not yet acknowledged (round_events.WithdrawStrategies says when)."""
         if self.outbox.drop(STRATEGIES):
             log.info("a new stopTrain: the strategies offered for the round's earlier collection are withdrawn")
+
+    def report_stop_complete(self, faults: FaultRanks) -> None:
         self._add("stop complete", "ReportStopComplete", lambda c, _r: c.stop_complete_request(Code.OK, "", faults),
                   time.monotonic())
         self.poll_reports(time.monotonic())

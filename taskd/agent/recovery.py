@@ -114,6 +114,8 @@ class Recovery:
             self.live.abandon()
         elif isinstance(action, ev.SendReport):
             self._report(action)
+        elif isinstance(action, ev.WithdrawStrategies):
+            self.link.withdraw_strategies()
         elif isinstance(action, ev.OfferStrategies):
             self.link.report_strategies(action.faults, self.live.offer(self.link.config.offered_strategies,
                                                                        action.scope, self.link.config.scales))

@@ -214,6 +214,13 @@ FAULT, STOP_COMPLETE, STRATEGIES, STATUS = "fault", "stop complete", "strategies
 
 
 @dataclass(frozen=True)
+class WithdrawStrategies:
+    """Strategies still pending answer a collection that a new stopTrain ended (a fault joined the round): the
+    controller refuses them (401) until the stop complete is in, so they would be retried to their deadline.
+    Dropped; the round's next globalFault asks again."""
+
+
+@dataclass(frozen=True)
 class OfferStrategies:
     """Report what this node offers for the round: the configured strategies this node's ranks allow for `scope`
     (recover only if every rank declared it can rejoin, retry only for type-"0" faults), for `faults`."""
@@ -270,5 +277,5 @@ class Finish:
 
 
 Action = (Note | StopRanks | StartRanks | SetRestartCount | Supersede | BeginRebuild | LeaveGroup | AbandonRebuild
-          | PrepareReplacement | SendReport
+          | PrepareReplacement | SendReport | WithdrawStrategies
           | OfferStrategies | RecordRestart | TellResumed | Dump | TakeNode | Finish)

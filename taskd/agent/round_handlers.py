@@ -46,6 +46,7 @@ from taskd.agent.round_events import (
     Supersede,
     TakeNode,
     TellResumed,
+    WithdrawStrategies,
 )
 from taskd.agent.round_state import NodeRound, NodeState, RestartPlan
 from taskd.vocabulary import Code, FaultRanks, FaultType, Strategy
@@ -158,6 +159,7 @@ def on_stop(m: NodeRound, ev: StopOrder, now: float, out: Out) -> NodeState:
     _leave_if_broken(m, faults, out)  # a rank of another node is gone: ours learn it from us, not the ring
     stop = [lr for lr in m.view.local_of(faults) if not m.view.live_fault(lr, faults)]
     out.append(StopRanks(tuple(stop), graceful=False))
+    out.append(WithdrawStrategies())  # offered for a collection this stop ended
     out.append(SendReport(STOP_COMPLETE, faults))
     return m.state if m.state in (S.DEGRADED, S.REJOINING) else S.STOPPING
 

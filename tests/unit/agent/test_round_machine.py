@@ -251,6 +251,8 @@ def test_on_stop_stops_this_nodes_fault_ranks_and_says_so(state: NodeState) -> N
     assert of(actions, ev.Supersede) == [ev.Supersede(restart=False)]
     [report] = of(actions, ev.SendReport)
     assert report.kind == ev.STOP_COMPLETE and report.faults == {0: "0", 1: "1", 7: "1"}
+    # strategies offered for a collection this stop ended are withdrawn before the stop complete is sent
+    assert actions.index(ev.WithdrawStrategies()) < actions.index(report)
     assert of(actions, ev.LeaveGroup) == [ev.LeaveGroup()], "ranks 1 and 7 are gone: the group is broken"
 
 
