@@ -334,6 +334,7 @@ class ControllerLink:
         if self._mgr is not None:
             self.outbox.add(Report(what, method, build, ReportRetry(now + self.config.controller_timeout),
                                    dict(faults or {}), detail))
+        self.poll_reports(now)  # the first attempt goes at once
 
     def report_fault(self, faults: FaultRanks, detail: str, now: float) -> None:
         """Report a fault, or add it to the fault report still pending; `poll_reports` says how it went."""
@@ -341,7 +342,6 @@ class ControllerLink:
             return
         self._add(FAULT, "ReportProcessFault", lambda c, r: c.process_fault_request(r.faults, r.detail), now,
                   faults, detail)
-        self.poll_reports(now)  # the first attempt goes at once
 
     @property
     def fault_pending(self) -> bool:
@@ -369,28 +369,20 @@ class ControllerLink:
     def wake_at(self) -> float | None:
         return self.outbox.wake_at()
 
-    def withdraw_strategies(self) -> None:
-        """Drop the strategy reports not yet acknowledged (round_events.WithdrawStrategies says when)."""
-        if self.outbox.drop(STRATEGIES):
-            log.info("a new stopTrain: the strategies offered for the round's earlier collection are withdrawn")
-
     def report_stop_complete(self, faults: FaultRanks) -> None:
         self._add("stop complete", "ReportStopComplete", lambda c, _r: c.stop_complete_request(Code.OK, "", faults),
                   time.monotonic())
-        self.poll_reports(time.monotonic())
 
     def report_strategies(self, faults: FaultRanks, strategies: list[str] | None = None) -> None:
         """What this node offers for the round (default: the configured strategies)."""
         offered = list(self.config.offered_strategies if strategies is None else strategies)
         self._add(STRATEGIES, "ReportRecoverStrategy", lambda c, _r: c.recover_strategy_request(faults, offered),
                   time.monotonic())
-        self.poll_reports(time.monotonic())
 
     def report_status(self, code: int, msg: str, faults: FaultRanks, strategy: str, rejoined: bool = False) -> None:
         self._add("recover status", "ReportRecoverStatus",
                   lambda c, _r: c.recover_status_request(code, msg, faults, strategy, rejoined=rejoined),
                   time.monotonic())
-        self.poll_reports(time.monotonic())
 
     def report_finished(self, exit_code: int, reason: str) -> None:
         """Tell the controller every local rank ended: sent from a thread of its own until acknowledged, within

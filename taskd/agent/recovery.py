@@ -22,6 +22,7 @@ from taskd.agent.live import LiveRanks
 from taskd.agent.policy import LocalPolicy
 from taskd.agent.rank_control import Adopted, RankControl
 from taskd.agent.ranks import RankState, RankTable
+from taskd.agent.reports import STRATEGIES
 from taskd.agent.resumed_report import report_resumed
 from taskd.agent.resumption import Resumption
 from taskd.agent.summary import SUPERSEDED, JobResult, RecoveryRecord
@@ -115,7 +116,8 @@ class Recovery:
         elif isinstance(action, ev.SendReport):
             self._report(action)
         elif isinstance(action, ev.WithdrawStrategies):
-            self.link.withdraw_strategies()
+            if n := self.link.outbox.drop(STRATEGIES):
+                log.info("a new stopTrain: %d strategies report(s) for the round's earlier collection withdrawn", n)
         elif isinstance(action, ev.OfferStrategies):
             self.link.report_strategies(action.faults, self.live.offer(self.link.config.offered_strategies,
                                                                        action.scope, self.link.config.scales))
