@@ -56,6 +56,7 @@ from taskd.worker.torch_group import GroupSockets, LeaveWatch, RetiredGroups, co
 from taskd.worker.torch_mark import Backward, BackwardMark, CollectiveMark
 from taskd.worker.torch_resize import Resize, ResizeHook
 from taskd.worker.torch_state import LiveUsageError, hand_over, refuse_own_collectives
+from taskd.worker.torch_stuck import stuck_watch
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +138,7 @@ class LiveGroup:
         self._forwards = 0  # DDP forwards in this step
         self.mark = CollectiveMark(self.protocol)  # "inside a collective", for the agent
         self.backward = BackwardMark(self.mark)  # how far this step's backward got (which buckets were launched)
+        self._stuck = stuck_watch(self.mark, self.rank)  # ends the rank if gloo leaves it blocked (torch_stuck)
         self._store: dist.TCPStore | None = None
         self._sockets = GroupSockets()  # the current generation's connections (live only)
         self._leave_watch: LeaveWatch | None = None  # ends them when the agent says the group is broken
@@ -177,12 +179,10 @@ class LiveGroup:
 
     def track(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
               seed: int | None = None, **extra: Any) -> None:
-        """Declare the state a replacement receives: model, optimizer, ``extra`` objects with
-        ``state_dict``/``load_state_dict`` (replicated across ranks).
-
-        ``seed``: torch's RNG is reseeded at each step from (seed, rank, step), so a replacement
-        draws the numbers the dead rank would have; per-rank state must be a function of the step.
-        """
+        """Declare the state a replacement receives: model, optimizer, ``extra`` objects with ``state_dict`` and
+        ``load_state_dict`` (replicated across ranks). ``seed``: torch's RNG is reseeded at each step from (seed,
+        rank, step), so a replacement draws the numbers the dead rank would have; per-rank state must be a function
+        of the step."""
         self._model, self._optimizer, self._seed = model, optimizer, seed
         self._extra = dict(extra)
         why = self._sharded = sharded_state(model) if self.live and model is not None else None
@@ -210,12 +210,11 @@ class LiveGroup:
     def steps(self, start: int, stop: int, load: Callable[[int], object] | None = None) -> Iterator[int]:
         """Yield step numbers from the job's current step to ``stop``; the first call is collective.
 
-        ``start`` is where this rank could start (its newest checkpoint, or 0). If a healthy rank
-        holds live state (this rank is a replacement), everyone takes that state and its step and
-        ``load`` is not called. Otherwise (job start, whole-job restart) the ranks agree on the
-        lowest ``start`` and each calls ``load(step)`` to restore it from its checkpoint. Between
-        steps it honours the agent's requests; after a recovery the abandoned step comes again.
-        """
+        ``start`` is where this rank could start (its newest checkpoint, or 0). If a healthy rank holds live state
+        (this rank is a replacement), everyone takes that state and its step and ``load`` is not called. Otherwise
+        (job start, whole-job restart) the ranks agree on the lowest ``start`` and each calls ``load(step)`` to
+        restore it from its checkpoint. Between steps it honours the agent's requests; after a recovery the
+        abandoned step comes again."""
         self.step_no = start
         self._sync_and_wrap(load)
         while self.step_no < stop:
@@ -288,6 +287,7 @@ class LiveGroup:
     def _told_to_leave(self, ended: int, control: Control) -> None:  # on the leave watch's thread
         log.info("rank %d: the agent says generation %d is over (%s %d): %d connection(s) ended", self.rank,
                  self.protocol.generation, control.action, control.generation, ended)
+        self._stuck.arm()  # its collective now fails in milliseconds, or it is left blocked (torch_stuck)
 
     # -- retry in place: the step is voided on every rank, the group is kept ----------------------
     def _vote(self, ok: bool) -> bool:

@@ -37,6 +37,11 @@ class CollectiveMark:
         self._protocol = protocol
         self._lock = threading.Lock()
         self._in_flight = 0
+        self.epoch = 0  # counts the clearings (step ended, group left): a watcher sees the rank moved on
+
+    @property
+    def in_flight(self) -> bool:
+        return self._in_flight > 0
 
     def enter(self) -> None:
         self._move(+1)
@@ -47,6 +52,7 @@ class CollectiveMark:
     def reset(self) -> None:
         """No collective is in flight any more (the step ended, or was voided on every rank)."""
         with self._lock:
+            self.epoch += 1
             if self._in_flight:
                 self._in_flight = 0
                 self._protocol.collective(False)
@@ -54,6 +60,7 @@ class CollectiveMark:
     def forget(self) -> None:
         """The group is gone and the mark was cleared with the error it reported: count from zero again."""
         with self._lock:
+            self.epoch += 1
             self._in_flight = 0
 
     def _move(self, delta: int) -> None:

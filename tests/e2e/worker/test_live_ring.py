@@ -194,6 +194,60 @@ def test_a_rank_blocked_on_a_live_peer_leaves_its_group_when_the_agent_says_so(t
             p.wait(timeout=10)
 
 
+LEFT_BLOCKED_RANK = """
+import sys, time
+from taskd.worker import torch_stuck
+from taskd.worker.torch import LiveGroup
+torch_stuck.STUCK_AFTER = 1.0
+live = LiveGroup(backend="gloo", timeout=60.0)
+print("READY", flush=True)
+live.mark.enter()  # inside a collective, as in DDP's backward
+if live.rank == 0:
+    time.sleep(30)  # blocked without CPU, as on the receive gloo does not wake when its connection fails
+    print("WOKE", flush=True)
+else:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 4:  # a backward still computing after the group's connections were ended
+        sum(i * i for i in range(10_000))
+    print("COMPUTED", flush=True)
+"""
+
+
+def test_a_rank_left_blocked_in_its_broken_group_exits_and_one_still_computing_does_not(tmp_path):
+    """torch_stuck: after the agent's `leave` has ended the group's connections, a rank whose training thread stays
+    inside its collective without using CPU ends itself with STUCK_EXIT (here after 1 s), where it would wait out
+    the 60 s collective timeout; a rank inside backward that still computes is left to finish."""
+    from taskd.worker.torch_stuck import STUCK_EXIT
+
+    store = torch.distributed.TCPStore("127.0.0.1", 0, world_size=2, is_master=True, wait_for_workers=False)
+    procs = []
+    for r in (0, 1):
+        env = {**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(store.port), "TASKD_CONTROL_FILE": str(tmp_path / f"control{r}.json")}
+        env.pop("TASKD_HEARTBEAT_FILE", None)
+        procs.append(subprocess.Popen([sys.executable, "-c", LEFT_BLOCKED_RANK], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    try:
+        for p in procs:
+            line = p.stdout.readline()
+            assert line.startswith("READY"), line + p.stdout.read() if p.poll() is not None else line
+        told = time.monotonic()
+        for r in (0, 1):
+            write_control(tmp_path / f"control{r}.json", 0, "leave")
+        stuck, _ = procs[0].communicate(timeout=20)
+        took = time.monotonic() - told
+        assert procs[0].returncode == STUCK_EXIT, stuck
+        assert "rank 0: still blocked in a collective" in stuck and "WOKE" not in stuck, stuck
+        assert 1.0 <= took < 10, f"ended {took:.1f}s after the agent's word"
+        computing, _ = procs[1].communicate(timeout=20)
+        assert procs[1].returncode == 0 and "COMPUTED" in computing, computing
+        assert "still blocked" not in computing, computing
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(timeout=10)
+
+
 def test_a_rank_that_leaves_on_its_own_holds_background_saves_too(tmp_path):
     """A survivor whose own collective failed first leaves before the agent's word reaches its watch: ending the
     group's connections (GroupSockets.shut_down, LiveGroup._leave) holds a background checkpoint write as well."""

@@ -1,0 +1,126 @@
+"""A rank left blocked in a collective of a group whose connections it ended exits rather than wait for the timeout.
+
+Once the leave watch has ended the broken group's connections (taskd.worker.torch_group), every collective of that
+group fails within milliseconds: its reads see EOF. Except one: when gloo's TCP pair (torch 2.13) sees its
+connection fail it wakes the operations still queued on it, but not the receive whose message it was reading at
+that moment. That receive is woken only by the collective timeout, and the rank stays in its collective that long
+(60 s in the example, often 30 minutes in real jobs) while every other rank waits for it to rejoin: at 8 ranks,
+1 kill of 10 in one run and 0 of 15 in the next, and 1 of 3 in an earlier one (BENCHMARKS.md, "A survivor left
+blocked in its broken group"). Nothing in torch wakes that wait (``ProcessGroupGloo.abort()`` does not), so the
+rank ends itself with `STUCK_EXIT`, and the agent's recovery takes it from there: a rank that ended during the
+rebuild fails the recover, and the round escalates to job-rescheduling (docs/pytorch.md).
+
+"Blocked" is told apart from "still computing" by the training thread's CPU time: a backward that is still
+computing (the rank's mark is on during all of backward, torch_mark) uses CPU; a thread waiting on a condition
+variable uses none.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+log = logging.getLogger(__name__)
+
+STUCK_AFTER = 5.0
+"""Seconds the training thread may stay inside a collective, using no CPU, after the group's connections were ended."""
+STUCK_EXIT = 75
+"""The exit code of a rank that ended itself because it was left blocked in its broken group."""
+_IDLE_SHARE = 0.1  # under this share of one CPU over a poll, the training thread is waiting, not computing
+
+
+def thread_cpu(thread_id: int) -> Callable[[], float | None]:
+    """The CPU seconds a thread has used so far (None where the platform cannot say: never judged blocked)."""
+    try:
+        clock = time.pthread_getcpuclockid(thread_id)
+    except (AttributeError, OSError):
+        return lambda: None
+
+    def used() -> float | None:
+        try:
+            return time.clock_gettime(clock)
+        except OSError:  # the thread ended
+            return None
+
+    return used
+
+
+class StuckWatch:
+    """Armed when the group's connections are ended; ends the process if the training thread stays blocked.
+
+    ``in_collective()`` says whether the rank is still inside a collective (its mark), ``epoch()`` changes whenever
+    the mark is cleared (the step ended, or the rank left the group): either means it got out.
+    """
+
+    def __init__(self, in_collective: Callable[[], bool], epoch: Callable[[], int], cpu: Callable[[], float | None],
+                 on_stuck: Callable[[float], None], after: float = STUCK_AFTER, poll: float = 0.25) -> None:
+        if after <= 0 or poll <= 0:
+            raise ValueError(f"after and poll must be positive, got {after!r} and {poll!r}")
+        self._in_collective = in_collective
+        self._epoch = epoch
+        self._cpu = cpu
+        self._on_stuck = on_stuck
+        self._after = after
+        self._poll = poll
+        self._lock = threading.Lock()
+        self._armed: threading.Thread | None = None
+
+    def arm(self) -> None:
+        """Start watching (once at a time), from now: called on the leave watch's thread."""
+        with self._lock:
+            if self._armed is not None and self._armed.is_alive():
+                return
+            self._armed = threading.Thread(target=self._watch, args=(self._epoch(),), name="taskd-stuck-watch",
+                                           daemon=True)
+            self._armed.start()
+
+    def _watch(self, epoch: int) -> None:
+        started = idle_since = time.monotonic()
+        last = self._cpu()
+        while True:
+            time.sleep(self._poll)
+            if self._epoch() != epoch or not self._in_collective():
+                return  # out of the broken group's collective: its next one fails at once
+            now, used = time.monotonic(), self._cpu()
+            if used is None or last is None or used - last > _IDLE_SHARE * self._poll:
+                idle_since = now  # computing (or cannot tell): not blocked
+            last = used
+            if now - idle_since >= self._after:
+                self._on_stuck(now - started)
+                return
+
+
+def exit_stuck(rank: int) -> Callable[[float], None]:
+    """What a stuck rank does: say why on its log, then exit with `STUCK_EXIT` (no cleanup: its main thread is
+    blocked in C++, and the group it would wait for is gone)."""
+
+    def end(seconds: float) -> None:
+        log.error("rank %d: still blocked in a collective %.1fs after its broken group's connections were ended "
+                  "(gloo does not wake a receive whose message was arriving when the connection failed): exiting "
+                  "with %d so that the agent's recovery goes on without waiting for the collective timeout",
+                  rank, seconds, STUCK_EXIT)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(STUCK_EXIT)
+
+    return end
+
+
+class _Mark(Protocol):
+    in_flight: bool
+    epoch: int
+
+
+def stuck_watch(mark: _Mark, rank: int) -> StuckWatch:
+    """The watch of a LiveGroup rank, created on its training thread: the mark says where it is, that thread's CPU
+    time whether it computes."""
+    return StuckWatch(lambda: mark.in_flight, lambda: mark.epoch, thread_cpu(threading.get_ident()), exit_stuck(rank),
+                      STUCK_AFTER)

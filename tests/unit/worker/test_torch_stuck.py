@@ -1,0 +1,121 @@
+"""StuckWatch: a rank left blocked in its broken group's collective ends itself; one still computing does not."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from taskd.worker.torch_stuck import StuckWatch, thread_cpu
+
+AFTER, POLL = 0.4, 0.05
+
+
+class Mark:
+    def __init__(self) -> None:
+        self.in_flight = True
+        self.epoch = 0
+
+
+def watch(mark: Mark, cpu, fired: list[float]) -> StuckWatch:  # noqa: ANN001
+    return StuckWatch(lambda: mark.in_flight, lambda: mark.epoch, cpu, fired.append, after=AFTER, poll=POLL)
+
+
+def training_thread(busy: bool, stop: threading.Event) -> tuple[threading.Thread, int]:
+    """A thread that waits without CPU (as gloo's lost receive does) or computes, until ``stop``."""
+    started = threading.Event()
+    ident: list[int] = []
+
+    def run() -> None:
+        ident.append(threading.get_ident())
+        started.set()
+        while not stop.is_set():
+            if busy:
+                sum(i * i for i in range(20_000))  # a backward still computing
+            else:
+                stop.wait()  # a condition variable wait: no CPU
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    started.wait(5)
+    return thread, ident[0]
+
+
+def wait_for(condition, timeout: float) -> bool:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return condition()
+
+
+def test_a_training_thread_blocked_without_cpu_inside_its_collective_is_ended():
+    stop = threading.Event()
+    _, ident = training_thread(busy=False, stop=stop)
+    fired: list[float] = []
+    try:
+        started = time.monotonic()
+        w = watch(Mark(), thread_cpu(ident), fired)
+        w.arm()
+        w.arm()  # armed again by a second word of the agent: still one watcher
+        assert wait_for(lambda: fired, AFTER * 10), "the blocked thread was not judged stuck"
+        assert AFTER <= fired[0] <= time.monotonic() - started
+        time.sleep(3 * POLL)
+        assert len(fired) == 1
+    finally:
+        stop.set()
+
+
+def test_a_training_thread_still_computing_is_left_alone():
+    stop = threading.Event()
+    _, ident = training_thread(busy=True, stop=stop)
+    fired: list[float] = []
+    try:
+        watch(Mark(), thread_cpu(ident), fired).arm()
+        assert not wait_for(lambda: fired, AFTER * 4), "a thread using CPU was taken for a blocked one"
+    finally:
+        stop.set()
+
+
+@pytest.mark.parametrize("moved_on", ["collective ended", "mark cleared"])
+def test_a_rank_that_got_out_of_the_collective_is_not_watched_further(moved_on):
+    stop = threading.Event()
+    _, ident = training_thread(busy=False, stop=stop)
+    fired: list[float] = []
+    mark = Mark()
+    try:
+        w = watch(mark, thread_cpu(ident), fired)
+        w.arm()
+        time.sleep(AFTER / 2)
+        if moved_on == "collective ended":
+            mark.in_flight = False
+        else:
+            mark.epoch += 1  # it left (and may already be in the next generation's collective)
+            time.sleep(2 * POLL)
+            mark.in_flight = True
+        time.sleep(AFTER * 2)
+        assert fired == []
+    finally:
+        stop.set()
+
+
+def test_where_the_cpu_time_cannot_be_read_nothing_is_judged():
+    fired: list[float] = []
+    watch(Mark(), lambda: None, fired).arm()
+    time.sleep(AFTER * 3)
+    assert fired == []
+
+
+def test_thread_cpu_counts_a_busy_thread_and_bad_settings_are_refused():
+    stop = threading.Event()
+    _, ident = training_thread(busy=True, stop=stop)
+    try:
+        cpu = thread_cpu(ident)
+        first = cpu()
+        time.sleep(0.3)
+        assert first is not None and cpu() > first
+    finally:
+        stop.set()
+    with pytest.raises(ValueError, match="positive"):
+        StuckWatch(lambda: True, lambda: 0, lambda: 0.0, print, after=0)
