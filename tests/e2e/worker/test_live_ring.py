@@ -149,6 +149,26 @@ def wait_until(predicate, timeout: float) -> bool:  # noqa: ANN001
     return bool(predicate())
 
 
+def start_two_live_ranks(tmp_path, script: str) -> tuple[object, list[subprocess.Popen]]:  # noqa: ANN001
+    """Two LiveGroup ranks running ``script`` with control files control0/1.json, each past its READY line (the
+    store is returned to be kept alive)."""
+    store = torch.distributed.TCPStore("127.0.0.1", 0, world_size=2, is_master=True, wait_for_workers=False)
+    procs = []
+    for r in (0, 1):
+        env = {**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(store.port), "TASKD_CONTROL_FILE": str(tmp_path / f"control{r}.json")}
+        env.pop("TASKD_HEARTBEAT_FILE", None)
+        procs.append(subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    for p in procs:
+        line = p.stdout.readline()
+        if not line.startswith("READY"):
+            for q in procs:
+                q.kill()
+            raise AssertionError(line + (p.stdout.read() if p.poll() is not None else ""))
+    return store, procs
+
+
 BLOCKED_RANK = """
 import os, sys, time, torch, torch.distributed as dist
 from taskd.worker.torch import LiveGroup
@@ -169,18 +189,8 @@ except Exception as exc:  # noqa: BLE001
 def test_a_rank_blocked_on_a_live_peer_leaves_its_group_when_the_agent_says_so(tmp_path):
     """The far rank's case, with nothing else to wake it: its peer is alive and silent, so no connection
     closes; only the agent's `leave 0` can end rank 0's all_reduce before the 60 s collective timeout."""
-    store = torch.distributed.TCPStore("127.0.0.1", 0, world_size=2, is_master=True, wait_for_workers=False)
-    procs = []
-    for r in (0, 1):
-        env = {**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(store.port), "TASKD_CONTROL_FILE": str(tmp_path / f"control{r}.json")}
-        env.pop("TASKD_HEARTBEAT_FILE", None)
-        procs.append(subprocess.Popen([sys.executable, "-c", BLOCKED_RANK], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
+    store, procs = start_two_live_ranks(tmp_path, BLOCKED_RANK)
     try:
-        for p in procs:
-            line = p.stdout.readline()
-            assert line.startswith("READY"), line + p.stdout.read() if p.poll() is not None else line
         time.sleep(0.5)  # rank 0 is now blocked in its all_reduce (nothing can be awaited from outside it)
         assert procs[0].poll() is None
         write_control(tmp_path / "control0.json", 0, "leave")
@@ -219,18 +229,8 @@ def test_a_rank_left_blocked_in_its_broken_group_exits_and_one_still_computing_d
     the 60 s collective timeout; a rank inside backward that still computes is left to finish."""
     from taskd.worker.torch_stuck import STUCK_EXIT
 
-    store = torch.distributed.TCPStore("127.0.0.1", 0, world_size=2, is_master=True, wait_for_workers=False)
-    procs = []
-    for r in (0, 1):
-        env = {**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(store.port), "TASKD_CONTROL_FILE": str(tmp_path / f"control{r}.json")}
-        env.pop("TASKD_HEARTBEAT_FILE", None)
-        procs.append(subprocess.Popen([sys.executable, "-c", LEFT_BLOCKED_RANK], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
+    store, procs = start_two_live_ranks(tmp_path, LEFT_BLOCKED_RANK)
     try:
-        for p in procs:
-            line = p.stdout.readline()
-            assert line.startswith("READY"), line + p.stdout.read() if p.poll() is not None else line
         told = time.monotonic()
         for r in (0, 1):
             write_control(tmp_path / f"control{r}.json", 0, "leave")
