@@ -10,9 +10,10 @@ blocked in its broken group"). Nothing in torch wakes that wait (``ProcessGroupG
 rank ends itself with `STUCK_EXIT`, and the agent's recovery takes it from there: a rank that ended during the
 rebuild fails the recover, and the round escalates to job-rescheduling (docs/pytorch.md).
 
-"Blocked" is told apart from "still computing" by the training thread's CPU time: a backward that is still
-computing (the rank's mark is on during all of backward, torch_mark) uses CPU; a thread waiting on a condition
-variable uses none.
+"Blocked" is told apart from "still computing" by the process's CPU time: a backward that is still computing
+(the rank's mark is on during all of backward, torch_mark) uses CPU, on the training thread or, for a GPU, on
+autograd's device thread launching kernels; a process whose threads all wait uses next to none. Anything else
+busy in the process (a pin-memory thread) only makes the rank wait for the timeout as before: the safe side.
 """
 
 from __future__ import annotations
@@ -31,23 +32,7 @@ STUCK_AFTER = 5.0
 """Seconds the training thread may stay inside a collective, using no CPU, after the group's connections were ended."""
 STUCK_EXIT = 75
 """The exit code of a rank that ended itself because it was left blocked in its broken group."""
-_IDLE_SHARE = 0.1  # under this share of one CPU over a poll, the training thread is waiting, not computing
-
-
-def thread_cpu(thread_id: int) -> Callable[[], float | None]:
-    """The CPU seconds a thread has used so far (None where the platform cannot say: never judged blocked)."""
-    try:
-        clock = time.pthread_getcpuclockid(thread_id)
-    except (AttributeError, OSError):
-        return lambda: None
-
-    def used() -> float | None:
-        try:
-            return time.clock_gettime(clock)
-        except OSError:  # the thread ended
-            return None
-
-    return used
+_IDLE_SHARE = 0.1  # under this share of one CPU over a poll, the process is waiting, not computing
 
 
 class StuckWatch:
@@ -120,7 +105,5 @@ class _Mark(Protocol):
 
 
 def stuck_watch(mark: _Mark, rank: int) -> StuckWatch:
-    """The watch of a LiveGroup rank, created on its training thread: the mark says where it is, that thread's CPU
-    time whether it computes."""
-    return StuckWatch(lambda: mark.in_flight, lambda: mark.epoch, thread_cpu(threading.get_ident()), exit_stuck(rank),
-                      STUCK_AFTER)
+    """The watch of a LiveGroup rank: the mark says where it is, the process's CPU time whether it computes."""
+    return StuckWatch(lambda: mark.in_flight, lambda: mark.epoch, time.process_time, exit_stuck(rank), STUCK_AFTER)

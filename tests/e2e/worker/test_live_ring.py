@@ -224,8 +224,8 @@ else:
 
 
 def test_a_rank_left_blocked_in_its_broken_group_exits_and_one_still_computing_does_not(tmp_path):
-    """torch_stuck: after the agent's `leave` has ended the group's connections, a rank whose training thread stays
-    inside its collective without using CPU ends itself with STUCK_EXIT (here after 1 s), where it would wait out
+    """torch_stuck: after the agent's `leave` has ended the group's connections, a rank that stays inside its
+    collective while its process uses no CPU ends itself with STUCK_EXIT (here after 1 s), where it would wait out
     the 60 s collective timeout; a rank inside backward that still computes is left to finish."""
     from taskd.worker.torch_stuck import STUCK_EXIT
 
