@@ -56,7 +56,7 @@ from taskd.worker.torch_group import GroupSockets, LeaveWatch, RetiredGroups, co
 from taskd.worker.torch_mark import Backward, BackwardMark, CollectiveMark
 from taskd.worker.torch_resize import Resize, ResizeHook
 from taskd.worker.torch_state import LiveUsageError, hand_over, refuse_own_collectives
-from taskd.worker.torch_stuck import stuck_watch
+from taskd.worker.torch_stuck import StuckWatch, exit_stuck
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class LiveGroup:
         self._forwards = 0  # DDP forwards in this step
         self.mark = CollectiveMark(self.protocol)  # "inside a collective", for the agent
         self.backward = BackwardMark(self.mark)  # how far this step's backward got (which buckets were launched)
-        self._stuck = stuck_watch(self.mark, self.rank)  # ends the rank if gloo leaves it blocked (torch_stuck)
+        self._stuck = StuckWatch(self.mark, exit_stuck(self.rank))  # ends the rank if gloo leaves it blocked
         self._store: dist.TCPStore | None = None
         self._sockets = GroupSockets()  # the current generation's connections (live only)
         self._leave_watch: LeaveWatch | None = None  # ends them when the agent says the group is broken

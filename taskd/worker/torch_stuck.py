@@ -29,51 +29,57 @@ from typing import Protocol
 log = logging.getLogger(__name__)
 
 STUCK_AFTER = 5.0
-"""Seconds the training thread may stay inside a collective, using no CPU, after the group's connections were ended."""
+"""Seconds a rank may stay inside a collective, its process using no CPU, after the group's connections were ended."""
 STUCK_EXIT = 75
 """The exit code of a rank that ended itself because it was left blocked in its broken group."""
 _IDLE_SHARE = 0.1  # under this share of one CPU over a poll, the process is waiting, not computing
 
 
+class Mark(Protocol):
+    """What the watch reads of the rank's collective mark (torch_mark.CollectiveMark)."""
+
+    in_flight: bool  # inside a collective
+    epoch: int  # changes whenever the mark is cleared (the step ended, the rank left its group)
+
+
 class StuckWatch:
-    """Armed when the group's connections are ended; ends the process if the training thread stays blocked.
+    """Armed when the group's connections are ended; calls ``on_stuck`` if the rank stays inside that collective
+    while ``cpu()`` (the process's CPU seconds) does not move for ``after`` seconds."""
 
-    ``in_collective()`` says whether the rank is still inside a collective (its mark), ``epoch()`` changes whenever
-    the mark is cleared (the step ended, or the rank left the group): either means it got out.
-    """
-
-    def __init__(self, in_collective: Callable[[], bool], epoch: Callable[[], int], cpu: Callable[[], float | None],
-                 on_stuck: Callable[[float], None], after: float = STUCK_AFTER, poll: float = 0.25) -> None:
+    def __init__(self, mark: Mark, on_stuck: Callable[[float], None], cpu: Callable[[], float] = time.process_time,
+                 after: float | None = None, poll: float = 0.25) -> None:
+        after = STUCK_AFTER if after is None else after  # read now: a test may set the module's value first
         if after <= 0 or poll <= 0:
             raise ValueError(f"after and poll must be positive, got {after!r} and {poll!r}")
-        self._in_collective = in_collective
-        self._epoch = epoch
-        self._cpu = cpu
+        self._mark = mark
         self._on_stuck = on_stuck
+        self._cpu = cpu
         self._after = after
         self._poll = poll
         self._lock = threading.Lock()
-        self._armed: threading.Thread | None = None
+        self._armed: tuple[int, threading.Thread] | None = None  # the epoch watched, and its watcher
 
     def arm(self) -> None:
-        """Start watching (once at a time), from now: called on the leave watch's thread."""
+        """Watch the collective the rank is in now (called on the leave watch's thread); a second word for the
+        same collective changes nothing."""
         with self._lock:
-            if self._armed is not None and self._armed.is_alive():
+            epoch = self._mark.epoch
+            if self._armed is not None and self._armed[0] == epoch and self._armed[1].is_alive():
                 return
-            self._armed = threading.Thread(target=self._watch, args=(self._epoch(),), name="taskd-stuck-watch",
-                                           daemon=True)
-            self._armed.start()
+            watcher = threading.Thread(target=self._watch, args=(epoch,), name="taskd-stuck-watch", daemon=True)
+            self._armed = (epoch, watcher)
+            watcher.start()
 
     def _watch(self, epoch: int) -> None:
         started = idle_since = time.monotonic()
         last = self._cpu()
         while True:
             time.sleep(self._poll)
-            if self._epoch() != epoch or not self._in_collective():
+            if self._mark.epoch != epoch or not self._mark.in_flight:
                 return  # out of the broken group's collective: its next one fails at once
             now, used = time.monotonic(), self._cpu()
-            if used is None or last is None or used - last > _IDLE_SHARE * self._poll:
-                idle_since = now  # computing (or cannot tell): not blocked
+            if used - last > _IDLE_SHARE * self._poll:
+                idle_since = now  # computing: not blocked
             last = used
             if now - idle_since >= self._after:
                 self._on_stuck(now - started)
@@ -97,13 +103,3 @@ def exit_stuck(rank: int) -> Callable[[float], None]:
         os._exit(STUCK_EXIT)
 
     return end
-
-
-class _Mark(Protocol):
-    in_flight: bool
-    epoch: int
-
-
-def stuck_watch(mark: _Mark, rank: int) -> StuckWatch:
-    """The watch of a LiveGroup rank: the mark says where it is, the process's CPU time whether it computes."""
-    return StuckWatch(lambda: mark.in_flight, lambda: mark.epoch, time.process_time, exit_stuck(rank), STUCK_AFTER)

@@ -333,8 +333,8 @@ def test_lost_msrun_node_is_replaced_by_a_second_msrun_and_the_job_rescheduled(t
     # Slower steps (the sleep changes no weight): node 0 and the orphan train on after the kill, and with 0.1 s
     # steps they could finish the 30 steps left before the controller declares node 1 lost (5 s of grace), which
     # then finds node 0 done and fails the job. That race failed this test on an idle machine; 0.3 s leaves 9 s+.
-    slow = [a if a != "0.1" else "0.3" for a in TRAIN_ARGS]
-    assert slow != TRAIN_ARGS, "TRAIN_ARGS lost its --step-sleep 0.1"
+    slow = list(TRAIN_ARGS)
+    slow[slow.index("--step-sleep") + 1] = "0.3"
     job = two_node_jobs("job", TRAIN_LINGER, slow)
     ckpt = job.base / "ckpt" / "rank_1" / "step10.ckpt"
     deadline = time.monotonic() + 180

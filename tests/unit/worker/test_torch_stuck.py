@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from support import wait_for
 
 from taskd.worker.torch_stuck import StuckWatch
 
@@ -20,8 +21,8 @@ class Mark:
         self.epoch = 0
 
 
-def watch(mark: Mark, cpu, fired: list[float]) -> StuckWatch:  # noqa: ANN001
-    return StuckWatch(lambda: mark.in_flight, lambda: mark.epoch, cpu, fired.append, after=AFTER, poll=POLL)
+def watch(mark: Mark, fired: list[float]) -> StuckWatch:
+    return StuckWatch(mark, fired.append, time.process_time, after=AFTER, poll=POLL)
 
 
 def training_thread(busy: bool, stop: threading.Event) -> threading.Thread:
@@ -41,25 +42,16 @@ def training_thread(busy: bool, stop: threading.Event) -> threading.Thread:
     return thread
 
 
-def wait_for(condition, timeout: float) -> bool:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return condition()
-
-
 def test_a_training_thread_blocked_without_cpu_inside_its_collective_is_ended():
     stop = threading.Event()
     training_thread(busy=False, stop=stop)
     fired: list[float] = []
     try:
         started = time.monotonic()
-        w = watch(Mark(), time.process_time, fired)
+        w = watch(Mark(), fired)
         w.arm()
         w.arm()  # armed again by a second word of the agent: still one watcher
-        assert wait_for(lambda: fired, AFTER * 10), "the blocked thread was not judged stuck"
+        wait_for(lambda: fired, AFTER * 10, "the blocked thread judged stuck")
         assert AFTER <= fired[0] <= time.monotonic() - started
         time.sleep(3 * POLL)
         assert len(fired) == 1
@@ -72,8 +64,9 @@ def test_a_training_thread_still_computing_is_left_alone():
     training_thread(busy=True, stop=stop)
     fired: list[float] = []
     try:
-        watch(Mark(), time.process_time, fired).arm()
-        assert not wait_for(lambda: fired, AFTER * 4), "a thread using CPU was taken for a blocked one"
+        watch(Mark(), fired).arm()
+        time.sleep(AFTER * 4)
+        assert fired == [], "a thread using CPU was taken for a blocked one"
     finally:
         stop.set()
 
@@ -85,7 +78,7 @@ def test_a_rank_that_got_out_of_the_collective_is_not_watched_further(moved_on):
     fired: list[float] = []
     mark = Mark()
     try:
-        w = watch(mark, time.process_time, fired)
+        w = watch(mark, fired)
         w.arm()
         time.sleep(AFTER / 2)
         if moved_on == "collective ended":
@@ -100,13 +93,22 @@ def test_a_rank_that_got_out_of_the_collective_is_not_watched_further(moved_on):
         stop.set()
 
 
-def test_where_the_cpu_time_cannot_be_read_nothing_is_judged():
+def test_a_new_collective_is_watched_even_while_the_old_watcher_still_runs():
+    """Left and rejoined within a poll, then told to leave again: the new collective gets a watcher of its own."""
+    stop = threading.Event()
+    training_thread(busy=False, stop=stop)
     fired: list[float] = []
-    watch(Mark(), lambda: None, fired).arm()
-    time.sleep(AFTER * 3)
-    assert fired == []
+    mark = Mark()
+    try:
+        w = watch(mark, fired)
+        w.arm()
+        mark.epoch += 1  # the old watcher returns at its next poll
+        w.arm()
+        wait_for(lambda: fired, AFTER * 10, "the new collective's watcher to fire")
+    finally:
+        stop.set()
 
 
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="positive"):
-        StuckWatch(lambda: True, lambda: 0, lambda: 0.0, print, after=0)
+        StuckWatch(Mark(), print, after=0)
