@@ -1,4 +1,4 @@
-"""Fixtures shared by several test files (plain helpers live in support.py)."""
+"""Fixtures shared by several test files (plain helpers live in the package support/)."""
 
 from __future__ import annotations
 

@@ -93,7 +93,7 @@ def test_a_controller_lost_in_the_middle_of_a_recovery_does_not_strand_the_agent
     node 1 its next signal. After TASKD_CONTROLLER_TIMEOUT node 1 stops its ranks and exits non-zero with
     the reason: degraded mode is off for multi-node jobs (issue 11 M3), since a node restarting its ranks
     alone would split the job, its peers keeping their old incarnation."""
-    from scripted_agent import ScriptedAgent
+    from support.scripted_agent import ScriptedAgent
 
     script = tmp_path / "crash_once.py"
     script.write_text(CRASH_ONCE)

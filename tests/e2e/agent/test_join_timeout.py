@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from scripted_agent import ScriptedAgent
 from support import free_port, wait_for
+from support.scripted_agent import ScriptedAgent
 from test_run_e2e import ROOT, taskd_run
 
 from taskd.agent.config import AgentConfig

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from scripted_agent import ScriptedAgent
+from support.scripted_agent import ScriptedAgent
 
 from taskd.client import RecoverClient
 from taskd.controller.server import ControllerConfig, EmbeddedController

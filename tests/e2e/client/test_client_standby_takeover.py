@@ -16,8 +16,8 @@ import threading
 import time
 
 import pytest
-from scripted_agent import ScriptedAgent
 from support import wait_until
+from support.scripted_agent import ScriptedAgent
 
 from taskd.client import RecoverClient, RecoverSignal
 from taskd.controller.server import ControllerConfig, EmbeddedController

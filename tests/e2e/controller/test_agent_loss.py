@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from scripted_agent import ScriptedAgent
+from support.scripted_agent import ScriptedAgent
 
 from taskd.controller.server import ControllerConfig, EmbeddedController
 from taskd.proto import recover_pb2

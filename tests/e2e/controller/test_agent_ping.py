@@ -9,8 +9,8 @@ import subprocess
 import sys
 import time
 
-from scripted_agent import ScriptedAgent
 from support import STARTED, wait_for
+from support.scripted_agent import ScriptedAgent
 
 from taskd.controller.server import ControllerConfig, EmbeddedController
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from scripted_agent import CALL_TIMEOUT, ScriptedAgent
+from support.scripted_agent import CALL_TIMEOUT, ScriptedAgent
 
 from taskd.controller.server import ControllerConfig, EmbeddedController
 from taskd.proto import recover_pb2, taskd_pb2

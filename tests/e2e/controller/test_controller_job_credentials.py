@@ -13,7 +13,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from scripted_agent import CALL_TIMEOUT, Bearer, ScriptedAgent, StreamEnded, fault_ranks
+from support.scripted_agent import CALL_TIMEOUT, Bearer, ScriptedAgent, StreamEnded, fault_ranks
 
 from taskd.controller.auth import job_credential
 from taskd.controller.server import ControllerConfig, EmbeddedController

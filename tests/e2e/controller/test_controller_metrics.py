@@ -11,7 +11,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from scripted_agent import ScriptedAgent
+from support.scripted_agent import ScriptedAgent
 
 from taskd.controller.config import ConfigError
 from taskd.controller.server import ControllerConfig, EmbeddedController

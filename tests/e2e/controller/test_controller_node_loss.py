@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from scripted_agent import ScriptedAgent
+from support.scripted_agent import ScriptedAgent
 
 from taskd.client import FencedError, RecoverClient
 from taskd.client.credentials import ClientCredentials

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from scripted_agent import ScriptedAgent, StreamEnded
+from support.scripted_agent import ScriptedAgent, StreamEnded
 
 from taskd.controller.server import ControllerConfig, EmbeddedController
 from taskd.controller.status_view import render_text

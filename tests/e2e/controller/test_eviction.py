@@ -7,8 +7,8 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from scripted_agent import ScriptedAgent
 from support import wait_for
+from support.scripted_agent import ScriptedAgent
 
 from taskd.cli import main as taskd_main
 from taskd.controller.server import ControllerConfig, EmbeddedController

@@ -13,7 +13,7 @@ import grpc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from scripted_agent import ScriptedAgent, StreamEnded
+from support.scripted_agent import ScriptedAgent, StreamEnded
 
 from taskd.controller.server import ControllerConfig, EmbeddedController
 from taskd.proto import recover_pb2, taskd_pb2

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from scripted_agent import ScriptedAgent, StreamEnded
 from support import wait_for
+from support.scripted_agent import ScriptedAgent, StreamEnded
 
 from taskd.controller.server import ControllerConfig, EmbeddedController
 from taskd.vocabulary import Code

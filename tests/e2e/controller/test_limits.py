@@ -16,7 +16,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from scripted_agent import CALL_TIMEOUT, ScriptedAgent, StreamEnded
+from support.scripted_agent import CALL_TIMEOUT, ScriptedAgent, StreamEnded
 
 from taskd.controller.server import ControllerConfig, EmbeddedController
 from taskd.proto import recover_pb2, recover_pb2_grpc

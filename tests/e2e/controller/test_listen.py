@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from scripted_agent import ScriptedAgent
 from support import free_port
+from support.scripted_agent import ScriptedAgent
 
 from taskd.controller.server import ControllerConfig, ControllerServer, EmbeddedController, parse_listen
 from taskd.controller.status_view import fetch_jobs

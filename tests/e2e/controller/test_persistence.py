@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from scripted_agent import ScriptedAgent
+from support.scripted_agent import ScriptedAgent
 
 from taskd.controller.server import ControllerConfig, ControllerServer, EmbeddedController
 from taskd.launcher.spec import free_port

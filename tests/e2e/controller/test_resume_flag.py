@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from scripted_agent import ScriptedAgent
+from support.scripted_agent import ScriptedAgent
 
 from taskd.launcher.spec import free_port
 

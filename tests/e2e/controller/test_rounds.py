@@ -7,7 +7,7 @@ import json
 from collections.abc import Iterator
 
 import pytest
-from scripted_agent import ScriptedAgent
+from support.scripted_agent import ScriptedAgent
 
 from taskd.controller.server import ControllerConfig, EmbeddedController
 from taskd.vocabulary import Code

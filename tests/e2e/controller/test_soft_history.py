@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from scripted_agent import ScriptedAgent
 from support import wait_for
+from support.scripted_agent import ScriptedAgent
 
 from taskd.controller.server import ControllerConfig, EmbeddedController
 from taskd.controller.store import Store

@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterator
 
 import pytest
-from scripted_agent import ScriptedAgent
+from support.scripted_agent import ScriptedAgent
 
 from taskd.cli import main as taskd_main
 from taskd.controller.server import ControllerConfig, EmbeddedController
@@ -114,7 +114,7 @@ def test_taskd_status_pages_past_4_mb(capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def test_a_page_token_the_server_did_not_give_is_refused(server: str) -> None:
-    from scripted_agent import CALL_TIMEOUT
+    from support.scripted_agent import CALL_TIMEOUT
 
     from taskd.proto import taskd_pb2
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from scripted_agent import ScriptedAgent, StreamEnded
+from support.scripted_agent import ScriptedAgent, StreamEnded
 
 from taskd.controller.core import ControllerCore
 from taskd.controller.server import ControllerConfig, EmbeddedController

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from scripted_agent import ScriptedAgent
+from support.scripted_agent import ScriptedAgent
 
 from taskd.controller.server import ControllerConfig, EmbeddedController
 from taskd.controller.status_view import render_text

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from scripted_agent import ScriptedAgent
+from support.scripted_agent import ScriptedAgent
 
 from taskd.controller.server import ControllerConfig, EmbeddedController
 from taskd.controller.status_view import fetch_jobs, read_credentials

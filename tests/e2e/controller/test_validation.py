@@ -12,7 +12,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from scripted_agent import CALL_TIMEOUT, ScriptedAgent, StreamEnded, fault_ranks
+from support.scripted_agent import CALL_TIMEOUT, ScriptedAgent, StreamEnded, fault_ranks
 
 from taskd.controller.config import ConfigError
 from taskd.controller.server import ControllerConfig, EmbeddedController

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from live_files import FakeNode, running_ranks, write
+from support.live_files import FakeNode, running_ranks, write
 
 from taskd.agent.live import LiveRanks
 from taskd.agent.ranks import RankLayout, RankTable

@@ -1,4 +1,8 @@
-"""Helpers shared by the test modules (tests/ is on sys.path: `from support import wait_for`)."""
+"""Helpers shared by the test modules (tests/ is on sys.path: `from support import wait_for`).
+
+A package: helpers of one area live in a module of it (`support.scripted_agent`, `support.live_files`),
+so that a unit test and an e2e test share them without one test module importing another.
+"""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """`ScriptedAgent`: a real gRPC client that plays one agent step by step.
 
 It speaks to the controller with the raw generated stubs, so a test can drive every call of a
-recovery round and read the signals it gets. A test double, so it lives in tests/ (importable as
-`scripted_agent`, like support.py) and not in the shipped package; nothing in taskd/ or bench/ uses it.
+recovery round and read the signals it gets. A test double, so it lives in tests/support/ (importable as
+`support.scripted_agent`) and not in the shipped package; nothing in taskd/ or bench/ uses it.
 """
 
 from __future__ import annotations
