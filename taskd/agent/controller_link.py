@@ -8,7 +8,6 @@ agent's own thread carries them out (see supervisor.py).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue
@@ -16,25 +15,23 @@ import socket
 import threading
 import time
 from collections.abc import Callable, MutableMapping
-from dataclasses import dataclass
-from enum import Enum
 from typing import Any, Protocol
 
 from taskd.agent.config import AgentConfig
 from taskd.agent.fencing import Fencing
 from taskd.agent.finish_report import FinishReport, deliver
 from taskd.agent.held_node import register_held
+from taskd.agent.orders import WIRE_COMMANDS, Command, Order
 from taskd.agent.policy import LossTimer, ReportRetry
 from taskd.agent.ranks import RankLayout
 from taskd.agent.reports import FAULT, STRATEGIES, Outbox, Report, Settled
-from taskd.agent.resize import Resize
 from taskd.client import ClientCredentials, ConfigurationError, RecoverClient
 from taskd.client.current import set_manager
 from taskd.client.errors import AuthenticationError, FencedError, RecoverClientError
 from taskd.client.manager import pace_request
 from taskd.client.rpc import PendingCall, make_channel
 from taskd.proto import recover_pb2, taskd_pb2, taskd_pb2_grpc
-from taskd.vocabulary import Action, Code, FaultRanks, SignalType, fault_ranks
+from taskd.vocabulary import Code, FaultRanks, SignalType
 from taskd.worker.env import is_credential_var
 
 log = logging.getLogger("taskd.agent")
@@ -53,84 +50,6 @@ class LocalController(Protocol):
 
     @property
     def token(self) -> str | None: ...  # handed to this agent in-process only
-
-
-class Command(str, Enum):
-    """What the controller asks of this agent, whatever signal or action carried it."""
-
-    STOP = "stop"  # stop the fault ranks, report stop complete
-    STRATEGIES = "strategies"  # report the strategies this agent offers
-    CHANGE = "change"  # carry out the chosen strategy
-    DUMP = "dump"  # healthy ranks save, then the job ends
-    KILL = "kill"  # the job ends now
-    FENCE = "fence"  # this agent was declared lost and replaced: stop every rank, exit 1 (issue 17)
-    ASSIGN = "assign"  # a standby takes over a lost node's rank (issue 17)
-
-
-# The wire's actions and signal types -> commands (the client dispatches on these names).
-WIRE_COMMANDS = {
-    Action.STOP_TRAIN: Command.STOP, Action.ON_GLOBAL_RANK: Command.STRATEGIES,
-    Action.CHANGE_STRATEGY: Command.CHANGE, Action.SAVE_AND_EXIT: Command.DUMP,
-    Action.FAULT_NODES_EXIT: Command.KILL, SignalType.KILL_MASTER: Command.KILL,
-    SignalType.FENCED: Command.FENCE, SignalType.ASSIGN_NODE: Command.ASSIGN,
-}
-
-
-@dataclass(frozen=True)
-class Order:
-    """One command from the controller, as the agent's handlers read it.
-
-    `generation`, `restarts` and `round` are taskd's controller's (a changeStrategy's extraParams JSON: the live
-    generation every node names, the job's restarts used with this round's charge, the round), parsed once here
-    and None when absent or not a non-negative int (ClusterD sends none)."""
-
-    command: Command
-    uuid: str
-    signal_type: str
-    actions: tuple[str, ...]
-    fault_ranks: FaultRanks
-    strategy: str
-    timeout: float
-    extra_params: str
-    generation: int | None = None
-    restarts: int | None = None
-    node_rank: int | None = None  # an assignNode's (extraParams {"node_rank": R}, issue 17)
-    resize: Resize | None = None  # a downgrade's or upgrade's group (extraParams world_size and rank_map)
-    round: int | None = None  # the controller's round: named when telling it training resumed (ResumedRequest)
-
-    @classmethod
-    def of(cls, command: Command, sig: Any) -> Order:
-        raw = dict(sig.fault_ranks or {})
-        try:
-            faults = fault_ranks(raw)
-        except ValueError as exc:  # a fault type taskd does not know: keep it as the controller sent it
-            log.debug("signal %s: %s", sig.uuid, exc)
-            faults = {int(r): str(t) for r, t in raw.items()}
-        params = _params(sig.extra_params)
-        return cls(command, sig.uuid, sig.signal_type, tuple(sig.actions), faults, sig.strategy,
-                   float(sig.timeout or 0), sig.extra_params, _count(params, "generation"), _count(params, "restarts"),
-                   _count(params, "node_rank"), Resize.parse(params), _count(params, "round"))
-
-    def reason(self) -> str:
-        """taskd's controller says why it ends a job in extraParams {"reason": ...}; ClusterD sends other JSON."""
-        return str(_params(self.extra_params).get("reason", ""))
-
-
-def _params(extra_params: Any) -> dict[str, Any]:
-    """A signal's extraParams as a JSON object; {} for anything else (ClusterD's, malformed, hostile)."""
-    try:
-        params = json.loads(extra_params or "{}")
-    except (TypeError, ValueError, RecursionError):
-        return {}
-    return params if isinstance(params, dict) else {}
-
-
-def _count(params: dict[str, Any], name: str) -> int | None:
-    """A non-negative int field of extraParams, or None (missing, a bool, a float, a string, negative)."""
-    value = params.get(name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        return None
-    return value
 
 
 def forget_credential_vars(environ: MutableMapping[str, str]) -> list[str]:

@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from taskd.agent.config import AgentConfig
-from taskd.agent.controller_link import Command, ControllerLink, Order
+from taskd.agent.controller_link import ControllerLink
 from taskd.agent.launcher_api import Launcher, NodeRankFixed
+from taskd.agent.orders import Command, Order
 from taskd.agent.ranks import RankLayout, RankState, RankTable
 from taskd.vocabulary import FaultType, Strategy
 

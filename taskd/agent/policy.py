@@ -1,9 +1,10 @@
 """What the agent decides on its own, apart from how it carries it out: pure, clock passed in.
 
 The controller decides recoveries; the agent decides only what it must when the controller cannot:
-when to stop waiting for an unreachable or lost controller (degraded mode), how many local restarts
-the job may still use, and how long a dump may take. Nothing here touches a process, a socket or
-the clock, so unit tests drive every decision directly.
+when to re-send a report, and when to stop waiting for a lost controller (degraded mode). The
+degraded-mode budget and the dump's deadline are the round machine's (agent/round_state.py,
+`LocalPolicy`). Nothing here touches a process, a socket or the clock, so unit tests drive every
+decision directly.
 """
 
 from __future__ import annotations
@@ -12,39 +13,6 @@ from dataclasses import dataclass
 
 from taskd.client.retry import MIN_CALL_TIMEOUT, REINIT_CODES, AnswerKind, Decision, classify, meaning
 from taskd.vocabulary import Code
-
-DUMP_SHARE = 0.8  # of the controller's save deadline: leave it time to hear the result
-DUMP_MIN = 1.0  # seconds, however short the controller's deadline
-
-
-@dataclass
-class LocalPolicy:
-    """The degraded-mode budget and the agent's own deadlines for one job."""
-
-    max_restarts: int
-    controller_timeout: float
-    dump_timeout: float
-    restarts_used: int = 0
-    degraded: bool = False  # no controller: faults are recovered locally
-
-    def spend_restart(self) -> int | None:
-        """Take one local restart from the budget: its number (1-based), or None when the budget is spent."""
-        if self.restarts_used >= self.max_restarts:
-            return None
-        self.restarts_used += 1
-        return self.restarts_used
-
-    def dump_budget(self, signal_timeout: float | None) -> float:
-        """How long ranks may take to save: ours, shortened to 80% of the controller's deadline if it sent one."""
-        budget = self.dump_timeout
-        if signal_timeout and signal_timeout > 0:
-            budget = min(budget, max(DUMP_MIN, signal_timeout * DUMP_SHARE))
-        return budget
-
-    def report_retry(self, now: float) -> ReportRetry:
-        """The retry policy of a report made at `now`: re-sent until `controller_timeout` has passed."""
-        return ReportRetry(deadline=now + self.controller_timeout)
-
 
 ATTEMPT_TIMEOUT = 5.0  # one attempt's RPC deadline, however far off the report's own deadline is
 

@@ -19,12 +19,12 @@ from taskd.agent.controller_link import ControllerLink
 from taskd.agent.hang_watch import HangWatch
 from taskd.agent.launcher_api import MSRUN
 from taskd.agent.live import LiveRanks
-from taskd.agent.policy import LocalPolicy
 from taskd.agent.rank_control import Adopted, RankControl
 from taskd.agent.ranks import RankState, RankTable
 from taskd.agent.reports import STRATEGIES
 from taskd.agent.resumed_report import report_resumed
 from taskd.agent.resumption import Resumption
+from taskd.agent.round_state import LocalPolicy
 from taskd.agent.summary import SUPERSEDED, JobResult, RecoveryRecord
 from taskd.vocabulary import Code, FaultRanks, Strategy
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from taskd.agent.controller_link import Command, Order
+from taskd.agent.orders import Command, Order
 from taskd.agent.resize import Resize
 from taskd.vocabulary import FaultRanks
 

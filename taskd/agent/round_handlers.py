@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from taskd.agent.controller_link import Order
+from taskd.agent.orders import Order
 from taskd.agent.round_events import (
     FAULT,
     STATUS,

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
 
-from taskd.agent.policy import LocalPolicy
 from taskd.settings import default
 from taskd.vocabulary import FaultRanks
 
@@ -35,6 +34,35 @@ S = NodeState
 TERMINAL = frozenset({S.FENCED, S.ENDED})
 ANY = frozenset(NodeState) - TERMINAL
 WITH_RANKS = ANY - {S.STANDBY, S.REJOINING}  # states in which this node's ranks have been started
+
+
+DUMP_SHARE = 0.8  # of the controller's save deadline: leave it time to hear the result
+DUMP_MIN = 1.0  # seconds, however short the controller's deadline
+
+
+@dataclass
+class LocalPolicy:
+    """The degraded-mode budget and the agent's own deadlines for one job."""
+
+    max_restarts: int
+    controller_timeout: float
+    dump_timeout: float
+    restarts_used: int = 0
+    degraded: bool = False  # no controller: faults are recovered locally
+
+    def spend_restart(self) -> int | None:
+        """Take one local restart from the budget: its number (1-based), or None when the budget is spent."""
+        if self.restarts_used >= self.max_restarts:
+            return None
+        self.restarts_used += 1
+        return self.restarts_used
+
+    def dump_budget(self, signal_timeout: float | None) -> float:
+        """How long ranks may take to save: ours, shortened to 80% of the controller's deadline if it sent one."""
+        budget = self.dump_timeout
+        if signal_timeout and signal_timeout > 0:
+            budget = min(budget, max(DUMP_MIN, signal_timeout * DUMP_SHARE))
+        return budget
 
 
 class NodeView(Protocol):
@@ -100,5 +128,5 @@ class NodeRound:
         self.charged = False
 
 
-__all__ = ["ANY", "TERMINAL", "WITH_RANKS", "NodeFacts", "NodeRound", "NodeState", "NodeView",
+__all__ = ["ANY", "TERMINAL", "WITH_RANKS", "LocalPolicy", "NodeFacts", "NodeRound", "NodeState", "NodeView",
            "RestartPlan"]

@@ -35,13 +35,12 @@ from taskd.agent.live import POLL, LiveRanks
 from taskd.agent.metrics import NodeMetrics, sample_ranks
 from taskd.agent.msrun_logs import MsrunLogs
 from taskd.agent.node_loss import NodeLoss
-from taskd.agent.policy import LocalPolicy
 from taskd.agent.rank_control import LauncherDetails, RankControl
 from taskd.agent.ranks import Rank, RankLayout, RankState, RankTable, discover_layout
 from taskd.agent.recovery import AgentHooks, Gone, Recovery
 from taskd.agent.round_events import ControllerLost, OrderEvent, RankFault, ReportSettled, order_event
 from taskd.agent.round_machine import RoundMachine
-from taskd.agent.round_state import NodeFacts, NodeState
+from taskd.agent.round_state import LocalPolicy, NodeFacts, NodeState
 from taskd.agent.stragglers import StragglerWatch
 from taskd.agent.summary import FaultRecord, JobResult
 from taskd.callbacks import MONITOR, STATUS_FAILED

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from taskd.agent.controller_link import Command, Order
 from taskd.agent.node_loss import assigned_node, await_assignment, replacement_overdue, standby_step
+from taskd.agent.orders import Command, Order
 from taskd.vocabulary import SignalType, Strategy
 
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from taskd.agent.controller_link import Command, Order
+from taskd.agent.orders import Command, Order
 from taskd.vocabulary import Action, SignalType
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from taskd.agent.policy import LocalPolicy
+from taskd.agent.policy import ReportRetry
 from taskd.agent.reports import FAULT, Outbox, Report
 from taskd.client.errors import ServerUnreachable
 from taskd.vocabulary import Code
@@ -58,12 +58,12 @@ class Client:
 
 
 def fault_report(now: float, faults: dict[int, str] | None = None) -> Report:
-    retry = LocalPolicy(3, TIMEOUT, 30.0).report_retry(now)
+    retry = ReportRetry(now + TIMEOUT)
     return Report(FAULT, "ReportProcessFault", lambda _c, r: dict(r.faults), retry, dict(faults or {1: "1"}), "rank 1")
 
 
 def report(what: str, now: float) -> Report:
-    return Report(what, f"Report{what}", lambda _c, _r: what, LocalPolicy(3, TIMEOUT, 30.0).report_retry(now))
+    return Report(what, f"Report{what}", lambda _c, _r: what, ReportRetry(now + TIMEOUT))
 
 
 @pytest.fixture
@@ -181,7 +181,7 @@ def test_degraded_mode_starts_at_30s_with_the_default_controller_timeout(box: tu
     controller never answers puts a single-node agent in degraded mode at t=130, not before, not later."""
     from taskd.agent import round_events as ev
     from taskd.agent.round_machine import RoundMachine
-    from taskd.agent.round_state import NodeFacts, NodeState
+    from taskd.agent.round_state import LocalPolicy, NodeFacts, NodeState
 
     outbox, client = box
     m = RoundMachine(NodeFacts(node_count=1, controller_timeout=TIMEOUT), view=SimpleNamespace(),
@@ -207,7 +207,7 @@ def test_a_report_that_cannot_be_built_settles_at_once(box: tuple[Outbox, Client
     def bad(_client: object, _report: object) -> None:
         raise ValueError("unknown strategy 'teleport'")
 
-    outbox.add(Report("strategies", "ReportRecoverStrategy", bad, LocalPolicy(3, TIMEOUT, 30.0).report_retry(0.0)))
+    outbox.add(Report("strategies", "ReportRecoverStrategy", bad, ReportRetry(0.0 + TIMEOUT)))
     assert outbox.poll(0.0) == [] and client.calls == []
     [settled] = outbox.poll(0.0)
     assert not settled.taken and len(outbox) == 0
@@ -228,7 +228,7 @@ def test_a_call_completing_after_the_link_closed_wakes_nothing() -> None:
 
 def lossy_report(now: float) -> Report:
     return Report("training resumed", "ReportResumed", lambda _c, _r: "resumed",
-                  LocalPolicy(3, TIMEOUT, 30.0).report_retry(now), lossy=True)
+                  ReportRetry(now + TIMEOUT), lossy=True)
 
 
 def test_an_informational_report_never_holds_back_the_fault_report_behind_it(box: tuple[Outbox, Client]) -> None:

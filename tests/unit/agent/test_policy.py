@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from taskd.agent.policy import LocalPolicy, LossTimer, ReportRetry
+from taskd.agent.policy import LossTimer, ReportRetry
+from taskd.agent.round_state import LocalPolicy
 
 
 def policy(max_restarts: int = 2, controller_timeout: float = 30.0, dump_timeout: float = 30.0) -> LocalPolicy:
@@ -35,7 +36,7 @@ def test_dump_budget(signal_timeout: float | None, expected: float) -> None:
 
 
 def test_report_retry_backs_off_until_the_deadline() -> None:
-    retry = policy(controller_timeout=2.0).report_retry(now=100.0)
+    retry = ReportRetry(deadline=100.0 + 2.0)  # a report made at 100 with a 2 s controller timeout
     assert retry.due(100.0), "the first attempt goes at once"
     gaps = []
     now = 100.0

@@ -9,10 +9,9 @@ from types import SimpleNamespace
 import pytest
 
 from taskd.agent import round_events as ev
-from taskd.agent.controller_link import Command, Order
-from taskd.agent.policy import LocalPolicy
+from taskd.agent.orders import Command, Order
 from taskd.agent.round_machine import RoundMachine
-from taskd.agent.round_state import NodeFacts, NodeState
+from taskd.agent.round_state import LocalPolicy, NodeFacts, NodeState
 from taskd.agent.round_table import RULES, UNCHANGED, Rule, TransitionError, check_target, find_rule, index_rules
 from taskd.vocabulary import Action, Code, FaultType, SignalType, Strategy
 

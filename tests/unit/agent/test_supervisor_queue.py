@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 from taskd.agent import round_events as ev
 from taskd.agent.config import AgentConfig
-from taskd.agent.controller_link import Command, Order
+from taskd.agent.orders import Command, Order
 from taskd.agent.ranks import RankLayout, RankState
 from taskd.agent.round_state import NodeFacts, NodeState
 from taskd.agent.supervisor import Supervisor

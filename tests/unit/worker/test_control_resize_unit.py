@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from taskd.agent.controller_link import Command, Order
+from taskd.agent.orders import Command, Order
 from taskd.agent.resize import Resize, offers
 from taskd.worker.live import FLAG_DECLARED, FLAG_RESIZE, LiveProtocolError, _status, read_control, write_control
 from taskd.worker.torch_resize import Resize as RankResize

@@ -157,8 +157,8 @@ def test_change_strategy_carries_the_generation_every_node_names():
     stop = Signal(uuid="job-2-5", signal_type=SignalType.STOP_TRAIN, actions=(Action.STOP_TRAIN,), reason="why")
     assert json.loads(to_message("job", stop).extraParams) == {"reason": "why"}
 
-    from taskd.agent.controller_link import Command, Order
     from taskd.agent.launcher_api import MSRUN
+    from taskd.agent.orders import Command, Order
     from taskd.client.signals import parse_signal
 
     def generation(extra_params: str) -> int | None:  # as the agent reads it: a typed field of its Order
