@@ -1,13 +1,14 @@
 """The agent's round machine: one node's recovery as a pure state machine over a rule table.
 
 Events go in (with the time, monotonic, passed by the caller) and actions come out; the machine does no
-I/O, reads no clock and touches no process, and it imports only the standard library and its own parts (an
-order is `agent/orders.py`'s, not the gRPC link's: tests/unit/agent/test_machine_imports.py). The parts: `round_events` (what goes in and comes out),
-`round_state` (the states and the machine's data), `round_handlers` and `round_table` (which handler runs
-for which event in which state, and where it may lead). The supervisor sequences it: it pulls events
-(rank exits, orders, timers, signals), feeds them here one at a time, and has `Recovery` carry out the
-actions; whatever those produce (a start's result, the ranks it found already gone) is queued as the next
-events, never handled inside the handler that caused them.
+I/O, reads no clock and touches no process, and it imports only the standard library and its own parts
+(an order is `agent/orders.py`'s, not the gRPC link's: tests/unit/agent/test_machine_imports.py). The
+parts: `round_events` (what goes in and comes out), `round_state` (the states and the machine's data),
+`round_handlers` and `round_table` (which handler runs for which event in which state, and where it may
+lead). The supervisor sequences it: it pulls events (rank exits, orders, timers, signals), feeds them here
+one at a time, and has `Recovery` carry out the actions; whatever those produce (a start's result, the
+ranks it found already gone) is queued as the next events, never handled inside the handler that caused
+them.
 """
 
 from __future__ import annotations
