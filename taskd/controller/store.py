@@ -28,6 +28,8 @@ from taskd.controller.clock import identity
 from taskd.controller.events import Record
 from taskd.controller.job import Job
 from taskd.controller.snapshot import snapshot
+from taskd.controller.stored_rows import agent_problem, snapshot_problem
+from taskd.controller.wal_check import wal_refusal
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +118,12 @@ ADDED_COLUMNS = (("rounds", "training_resumed"), ("node_losses", "seconds_to_tra
 """Columns newer than the tables (REAL NOT NULL DEFAULT 0): added to a state file an older taskd wrote."""
 
 
+STATE_VERSION = 1
+"""The state file's schema version, kept as SQLite's `user_version` (0: written before taskd kept one). Raise it
+whenever a taskd that reads only the versions up to the old one would misread or silently drop what this one
+writes: that taskd then refuses the file instead (docs/controller.md, "Persistence")."""
+
+
 def default_state_path() -> Path:
     """`$XDG_DATA_HOME/taskd/controller.sqlite3`, else `~/.local/share/taskd/controller.sqlite3`."""
     base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
@@ -172,7 +180,14 @@ class Store:
             if target != MEMORY:
                 Path(target).parent.mkdir(parents=True, exist_ok=True)
                 _owner_only(target)
+                if why := wal_refusal(target):  # before SQLite opens it: it would drop those frames for good
+                    raise OSError(why)
             conn = sqlite3.connect(target, check_same_thread=False, isolation_level=None)
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > STATE_VERSION:  # before anything is written to it
+                raise OSError(f"it was written by a newer taskd (state version {version}; this taskd reads versions "
+                              f"up to {STATE_VERSION}, and would misread or drop what it does not know): run that "
+                              "taskd or a newer one")
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA busy_timeout=5000")
@@ -180,6 +195,8 @@ class Store:
             for table, column in ADDED_COLUMNS:
                 if column not in {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}:
                     conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} REAL NOT NULL DEFAULT 0")
+            if version < STATE_VERSION:
+                conn.execute(f"PRAGMA user_version = {STATE_VERSION}")
             self.conn = conn
         except (OSError, sqlite3.Error) as exc:
             if conn is not None:
@@ -349,12 +366,28 @@ class Store:
             "SELECT job_id, node_rank, role, host, pid, ranks_per_node, registered_at, last_seen, finished, exit_code "
             f"FROM agents {where}ORDER BY job_id, node_rank", args
         ):
+            if why := agent_problem(row[1:]):  # the job loads without it: its agent registers again
+                log.error("state file %s: job %r: an agents row not loaded (%s); its agent registers again",
+                          self.path, row[0], why)
+                continue
             agents.setdefault(row[0], []).append(AgentInfo(
                 node_rank=row[1], role=row[2] or "", host=row[3] or "", pid=row[4] or 0, ranks_per_node=row[5] or 0,
                 registered_at=row[6] or 0.0, last_seen=row[7] or 0.0, finished=bool(row[8]), exit_code=row[9],
             ))
-        jobs = self.conn.execute(f"SELECT job_id, snapshot FROM jobs {where}ORDER BY created_at", args)
-        return [(json.loads(snap), agents.get(job, [])) for job, snap in jobs]
+        loaded = []
+        for job, text in self.conn.execute(f"SELECT job_id, snapshot FROM jobs {where}ORDER BY created_at", args):
+            try:
+                snap = json.loads(text)
+            except (TypeError, ValueError, RecursionError) as exc:
+                snap, why = None, f"its snapshot is not JSON ({exc})"
+            else:
+                why = snapshot_problem(snap, job)
+            if why:
+                log.error("state file %s: job %r not loaded: %s; the other jobs load (its agents' next Init creates "
+                          "it afresh)", self.path, job, why)
+                continue
+            loaded.append((snap, agents.get(job, [])))
+        return loaded
 
     def rounds(self, job_id: str) -> list[dict[str, Any]]:
         cols = ("round", "started_at", "ended_at", "faults", "tried", "strategy", "outcome", "duration",
