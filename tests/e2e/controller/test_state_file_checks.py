@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from scripted_agent import ScriptedAgent
+from support.scripted_agent import ScriptedAgent
 
 from taskd.controller.store import STATE_VERSION
 
