@@ -37,6 +37,27 @@ def session_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Certificates for 127.0.0.1 (support/pki.py); the test skips when the cryptography package is missing."""
+    from support.pki import make_pki  # imported here: it skips the test, not the session, without cryptography
+
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture
+def no_current_manager() -> Iterator[None]:
+    """No process-wide client manager before or after the test (the client's unit and e2e tests)."""
+    from taskd.client import current
+    from taskd.client.manager import DLRecoverManager
+
+    current.set_manager(None)
+    DLRecoverManager.reset_instance()
+    yield
+    current.set_manager(None)
+    DLRecoverManager.reset_instance()
+
+
 @pytest.fixture
 def taskd_logging() -> Iterator[None]:
     """`taskd.cli.main` configures the "taskd" logger for a console; undo it for the tests that follow."""

@@ -9,11 +9,15 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import psutil
 
 from taskd.launcher.spec import free_port  # noqa: F401 (re-exported for the tests)
 from taskd.process.tree import rank_pids
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository
+EXAMPLES = ROOT / "examples"
 
 ranks_of = rank_pids  # {global rank: pid} of the live rank processes under an agent
 

@@ -167,3 +167,13 @@ def test_no_test_double_ships_in_the_package() -> None:
     assert shipped == []
     for path in (ROOT / "taskd").rglob("*.py"):
         assert not _imports(path) & {"scripted_agent", "support"}, path
+
+
+def test_no_unit_test_imports_a_test_module() -> None:
+    """The unit tier stands alone: what it shares with tests/e2e/ lives in tests/support/, so importing a unit
+    test never loads an e2e module (nor, through it, the processes and servers that module's helpers start)."""
+    e2e_modules = {p.stem for p in (ROOT / "tests" / "e2e").rglob("*.py")}
+    for path in sorted((ROOT / "tests" / "unit").rglob("*.py")):
+        reached = {name for name in _imports(path) if name in e2e_modules or name.startswith("test_")}
+        assert not reached, (f"{path.relative_to(ROOT)} imports test modules {sorted(reached)}: "
+                             "move what it needs to tests/support/")

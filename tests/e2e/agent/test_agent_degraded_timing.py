@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from support import free_port, leftovers, port_open, wait_for
-from test_run_e2e import ROOT, taskd_run
+from support.run import ROOT, taskd_run
 
 TIMEOUT = 5.0  # TASKD_CONTROLLER_TIMEOUT: short to keep the test fast; the bound below tracks it
 SLACK = 3.0

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from support import free_port, leftovers, port_open, ranks_of, wait_for
-from test_run_e2e import ROOT, taskd_run
+from support.run import ROOT, taskd_run
 
 LOSS_TIMEOUT = 3
 REJOIN_TIMEOUT = 3

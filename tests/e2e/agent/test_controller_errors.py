@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from support import leftovers, wait_for
-from test_run_e2e import taskd_run
+from support.run import taskd_run
 
 from taskd.controller.server import ControllerConfig, EmbeddedController
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from support import free_port, leftovers, port_open, wait_for
-from test_run_e2e import ROOT, taskd_run
+from support.run import ROOT, taskd_run
 
 # above the agent channel's reconnect backoff (at most 3 s, +20% jitter: client/rpc.py): the restarted controller
 # starts its loss clock when it opens the port, and the agent's channel may only try again up to 3.6 s later. At 3 s

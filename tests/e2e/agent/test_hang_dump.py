@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from support import leftovers
-from test_run_e2e import taskd_run
+from support.run import taskd_run
 
 WORKER = textwrap.dedent('''
     import json, os, sys, time

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 from support import free_port, wait_for
+from support.run import ROOT, taskd_run
 from support.scripted_agent import ScriptedAgent
-from test_run_e2e import ROOT, taskd_run
 
 from taskd.agent.config import AgentConfig
 from taskd.agent.controller_link import ControllerLink

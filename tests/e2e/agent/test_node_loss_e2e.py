@@ -23,7 +23,7 @@ import numpy as np
 import psutil
 import pytest
 from support import STARTED, free_port, leftovers, port_open, ranks_of, wait_for
-from test_run_e2e import EXAMPLE, ROOT
+from support.run import EXAMPLE, ROOT
 
 STEPS = 150
 GRACE = "1"  # --agent-loss-grace: the controller declares a node lost this long after its stream ended

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from support import STARTED, free_port, port_open, wait_for
-from test_run_e2e import ROOT, taskd_run
+from support.run import ROOT, taskd_run
 
 
 def test_a_standby_over_the_controllers_bound_exits_1_with_the_controllers_reason(tmp_path: Path) -> None:

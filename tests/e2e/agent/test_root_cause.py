@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from support import leftovers
-from test_run_e2e import taskd_run
+from support.run import taskd_run
 
 pytest.importorskip("torch")
 

@@ -18,13 +18,11 @@ from pathlib import Path
 import grpc
 import pytest
 from support import wait_until
-from test_client import JOB, WAIT, Recorder
+from support.client import JOB, TOKEN, WAIT, Recorder, client
 
 from taskd.client import AuthenticationError, ClientCredentials, RecoverClient, ServerUnreachable
 from taskd.client.manager import DLRecoverManager
 from taskd.proto import recover_pb2, recover_pb2_grpc, taskd_pb2_grpc
-
-TOKEN = "s3cret-token_0123456789"
 
 
 class TokenCheck(grpc.ServerInterceptor):
@@ -60,14 +58,6 @@ def start_server(recorder: Recorder, *, interceptor: TokenCheck | None = None,
         port = server.add_secure_port("127.0.0.1:0", server_credentials)
     server.start()
     return server, port
-
-
-def client(address: str, credentials: ClientCredentials, **kwargs) -> RecoverClient:
-    kwargs.setdefault("call_timeout", 5.0)
-    kwargs.setdefault("backoff_initial", 0.05)
-    kwargs.setdefault("backoff_max", 0.3)
-    info = recover_pb2.ClientInfo(jobId=JOB, role="agent", nodeRank=0, nodeCount=1)
-    return RecoverClient(info, address, credentials=credentials, **kwargs)
 
 
 def subscribe_once(mgr: RecoverClient) -> None:

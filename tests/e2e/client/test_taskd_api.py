@@ -13,7 +13,7 @@ import threading
 
 import pytest
 from support import wait_until
-from test_client import JOB, WAIT, TinyServer
+from support.client import JOB, WAIT, TinyServer, fresh_instance  # noqa: F401 (an autouse fixture)
 
 from taskd.proto import recover_pb2 as pb
 from taskd.python.toolkit.recover_module import recover_manager as rm
@@ -25,18 +25,6 @@ def server():
     srv = TinyServer().start()
     yield srv
     srv.stop()
-
-
-@pytest.fixture(autouse=True)
-def fresh_instance(monkeypatch):
-    for var in ("MINDX_TASK_ID", "MINDX_SERVER_IP", "TASKD_TOKEN_FILE", "TASKD_TLS_CA", "TASKD_TLS_CERT",
-                "TASKD_TLS_KEY", "LOCAL_PROXY_ENABLE"):
-        monkeypatch.delenv(var, raising=False)
-    rm.set_manager(None)
-    rm.DLRecoverManager.reset_instance()
-    yield
-    rm.set_manager(None)
-    rm.DLRecoverManager.reset_instance()
 
 
 def info(node_rank: int = 0) -> pb.ClientInfo:

@@ -3,35 +3,21 @@ controller never fills up."""
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import pytest
 from support import wait_for
+from support.controller import ALL, ok, rows_of
 from support.scripted_agent import ScriptedAgent
 
 from taskd.cli import main as taskd_main
 from taskd.controller.server import ControllerConfig, EmbeddedController
-from taskd.controller.store import JOB_TABLES
 from taskd.vocabulary import Code
-
-ALL = ["retry", "recover", "job-rescheduling", "dump", "exit"]
-
-
-def ok(status) -> None:  # noqa: ANN001
-    assert status.code == 0, f"{status.code}: {status.info}"
 
 
 def config(path: Path, **kw: object) -> ControllerConfig:
     return ControllerConfig(listen="127.0.0.1:0", state_path=str(path), keepalive_interval=0.3, stop_timeout=60,
                             strategy_timeout=60, recover_timeout=60, resume_timeout=60, **kw)  # type: ignore[arg-type]
-
-
-def rows_of(path: Path, job_id: str) -> dict[str, int]:
-    """Rows per table for the job, read from the state file by a second connection."""
-    with sqlite3.connect(path) as conn:
-        return {t: conn.execute(f"SELECT count(*) FROM {t} WHERE job_id=?", (job_id,)).fetchone()[0]
-                for t in JOB_TABLES}
 
 
 def exists(probe: ScriptedAgent, job_id: str) -> bool:

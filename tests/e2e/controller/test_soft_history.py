@@ -6,14 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from support import wait_for
+from support.controller import kinds
 from support.scripted_agent import ScriptedAgent
 
 from taskd.controller.server import ControllerConfig, EmbeddedController
 from taskd.controller.store import Store
-
-
-def kinds(store: Store, job: str) -> list[str]:
-    return [e["kind"] for e in store.events(job, limit=10_000)]
 
 
 def test_shutdown_writes_the_batched_history_but_not_every_closing_stream(tmp_path: Path) -> None:

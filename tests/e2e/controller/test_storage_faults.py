@@ -14,25 +14,18 @@ import logging
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pytest
+from support.controller import ALL, BIG, disk, memory, ok
 from support.scripted_agent import ScriptedAgent, StreamEnded
 
 from taskd.controller.core import ControllerCore
 from taskd.controller.server import ControllerConfig, EmbeddedController
-from taskd.controller.snapshot import snapshot
-from taskd.controller.store import Store
 from taskd.vocabulary import Code
 
-ALL = ["retry", "recover", "job-rescheduling", "dump", "exit"]
-BIG = "x" * 4000  # a text that needs new pages in the events and faults tables
 T = TypeVar("T")
 CORE_LOG = "taskd.controller.core"
-
-
-def ok(status) -> None:  # noqa: ANN001
-    assert status.code == 0, f"{status.code}: {status.info}"
 
 
 def config(path: Path) -> ControllerConfig:
@@ -88,25 +81,6 @@ def broken_wal(ctl: EmbeddedController, state: Path) -> Iterator[None]:
         os.close(saved)
 
 
-def comparable(snap: dict[str, Any], agents: Any) -> tuple[dict[str, Any], list[tuple[Any, ...]]]:
-    """A job as a restart restores it: its snapshot (less the activity stamp, which soft history moves) and
-    its agents' identities and finishes."""
-    snap = {k: v for k, v in snap.items() if k != "updated_at"}
-    return snap, sorted((a.node_rank, a.host, a.pid, a.role, a.finished, a.exit_code) for a in agents)
-
-
-def memory(core: ControllerCore) -> dict[str, Any]:
-    core.flush_soft()
-    return {job_id: comparable(snapshot(m, core.clocks.to_wall), m.agents.values()) for job_id, m in core.jobs.items()}
-
-
-def disk(state: Path) -> dict[str, Any]:
-    """What a restarted controller would load (read through a second connection)."""
-    store = Store(state)
-    try:
-        return {snap["job_id"]: comparable(snap, agents) for snap, agents in store.load_jobs()}
-    finally:
-        store.close()
 
 
 def errors(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from support import free_port, wait_for
-from test_run_e2e import EXAMPLE, taskd_run
+from support.run import EXAMPLE, taskd_run
 
 parser = pytest.importorskip("prometheus_client.parser")
 

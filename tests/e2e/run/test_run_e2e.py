@@ -16,21 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support import STARTED, free_port, leftovers, port_open, ranks_of, wait_for
-
-ROOT = Path(__file__).resolve().parents[3]
-EXAMPLE = ROOT / "examples" / "train_resumable.py"
-
-
-def taskd_run(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    full_env = {**os.environ, **(env or {})}
-    full_env.pop("MINDX_SERVER_IP", None)
-    full_env.pop("MINDX_TASK_ID", None)
-    proc = subprocess.Popen([sys.executable, "-m", "taskd.run", "--monitor-interval", "0.2", *args],
-                            stdout=log.open("wb"), stderr=subprocess.STDOUT, env=full_env, cwd=ROOT)
-    STARTED.append(proc)
-    return proc
-
-
+from support.run import EXAMPLE, ROOT, taskd_run
 
 
 def example_args(tmp: Path, steps: int = 80, sleep: float = 0.04) -> list[str]:

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_run_e2e import ROOT
+from support.run import ROOT
 
 pytest.importorskip("torch")
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from support import wait_for
-from test_run_e2e import ROOT, taskd_run
+from support.run import ROOT, taskd_run
 
 WAIT_FILE = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(0.05)\n"
 

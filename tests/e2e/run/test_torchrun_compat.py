@@ -13,9 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support import STARTED
+from support import EXAMPLES, ROOT, STARTED
 
-ROOT = Path(__file__).resolve().parents[3]
 TIMEOUT = 90
 
 
@@ -127,7 +126,6 @@ def test_bad_flags_print_taskd_runs_usage(tmp_path: Path) -> None:
 
 # --- the cluster examples ------------------------------------------------------------------------
 
-EXAMPLES = ROOT / "examples"
 
 
 def test_slurm_example_is_valid_bash() -> None:

@@ -9,8 +9,9 @@ import json
 import subprocess
 import sys
 
+from support.worker import rank_env_spec
+
 from taskd.launcher.env import rank_env
-from taskd.launcher.spec import WorkerSpec
 from taskd.worker.env import Var
 from taskd.worker.heartbeat_file import HeartbeatFile
 
@@ -30,15 +31,11 @@ def run_rank(env: dict[str, str]) -> dict:
     return json.loads(done.stdout)
 
 
-def spec() -> WorkerSpec:
-    return WorkerSpec(entrypoint=["true"], nproc_per_node=3, nnodes=2, node_rank=1, master_port=29500, job_id="job-e")
-
-
 def test_a_rank_reads_back_what_the_launcher_wrote(tmp_path):
     hb_path = str(tmp_path / "rank_5.hb")
     HeartbeatFile(hb_path).create()
     stale = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "TASKD_RESTART_COUNT": "9", "PATH": "/usr/bin:/bin"}
-    env = rank_env(spec(), local_rank=2, restart_count=4, heartbeat_file=hb_path, base=stale)
+    env = rank_env(rank_env_spec(), local_rank=2, restart_count=4, heartbeat_file=hb_path, base=stale)
     seen = run_rank(env)
     assert seen == {"rank": 5, "local_rank": 2, "world_size": 6, "restart_count": 4, "job_id": "job-e"}
     with HeartbeatFile(hb_path) as hb:  # the rank found its heartbeat file through the launcher's variable
@@ -48,7 +45,7 @@ def test_a_rank_reads_back_what_the_launcher_wrote(tmp_path):
 
 def test_msrun_names_alone_are_enough(tmp_path):
     """A script started by msrun only has msrun's variables: the reader falls back to them."""
-    env = rank_env(spec(), local_rank=1, restart_count=0, heartbeat_file=None, base={"PATH": "/usr/bin:/bin"})
+    env = rank_env(rank_env_spec(), local_rank=1, restart_count=0, heartbeat_file=None, base={"PATH": "/usr/bin:/bin"})
     torchrun_only = (Var.RANK, Var.LOCAL_RANK, Var.WORLD_SIZE, Var.TASKD_JOB_ID, Var.TASKD_RESTART_COUNT,
                      Var.TORCHELASTIC_RESTART_COUNT)
     msrun_env = {k: v for k, v in env.items() if k not in torchrun_only}

@@ -14,16 +14,11 @@ import sys
 import time
 
 import pytest
+from support.worker import seq_of
 
-from taskd.worker import heartbeat_file as hbf
 from taskd.worker.heartbeat_file import HeartbeatFile
 
 WAIT = 20.0  # generous: the suite must pass on a loaded 2-core machine
-
-
-def seq_of(path) -> int:
-    with open(path, "rb") as fh:
-        return hbf._SEQ.unpack_from(fh.read(hbf.SIZE), hbf.OFF_SEQ)[0]
 
 
 BEATER = """

@@ -11,15 +11,13 @@ import time
 
 import pytest
 from support import wait_for
+from support.worker import LAUNCHER_VARS
 
 from taskd.worker import HeartbeatFile, HeartbeatFileError
 from taskd.worker.heartbeat_file import SIZE
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 TIMEOUT = 20.0
-LAUNCHER_VARS = ("RANK", "RANK_ID", "LOCAL_RANK", "DEVICE_ID", "MS_WORKER_NUM", "WORLD_SIZE", "RANK_SIZE",
-                 "TASKD_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", "TASKD_HEARTBEAT_FILE", "TASKD_HEARTBEAT_DIR",
-                 "TASKD_JOB_ID", "MINDX_TASK_ID")
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -5,11 +5,10 @@ Split from it by move_tests.py; its subject: DLRecoverManager against a tiny rea
 loopback port.
 """
 
-# ruff: noqa: F811 (fixtures imported from the e2e part are parameters of these tests)
 from __future__ import annotations
 
 import pytest
-from test_client import JOB, no_current_manager  # noqa: F401 (shared with the e2e part; a fixture is used by its name)
+from support.client import JOB
 
 from taskd.client import current as rm
 from taskd.client.errors import ConfigurationError

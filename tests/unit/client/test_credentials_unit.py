@@ -11,8 +11,7 @@ import logging
 from pathlib import Path
 
 import pytest
-from test_client import JOB
-from test_credentials import TOKEN, client  # noqa: F401 (shared with the e2e part; a fixture is used by its name)
+from support.client import JOB, TOKEN, client
 
 from taskd.client import ClientCredentials, ConfigurationError, RecoverClient
 from taskd.proto import recover_pb2

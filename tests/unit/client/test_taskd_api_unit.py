@@ -8,8 +8,10 @@ DLRecoverManager per process, module functions that find it.
 from __future__ import annotations
 
 import pytest
-from test_client import JOB
-from test_taskd_api import fresh_instance  # noqa: F401 (shared with the e2e part; a fixture is used by its name)
+from support.client import (
+    JOB,
+    fresh_instance,  # noqa: F401 (an autouse fixture)
+)
 
 from taskd.proto import recover_pb2 as pb
 from taskd.python.toolkit.recover_module import recover_manager as rm

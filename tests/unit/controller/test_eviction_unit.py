@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from test_eviction import ok, rows_of  # noqa: F401 (shared with the e2e part; a fixture is used by its name)
+from support.controller import ok, rows_of
 
 from taskd.controller.core import ControllerCore
 from taskd.controller.hub import SignalHub

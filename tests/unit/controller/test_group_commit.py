@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from test_storage_faults import BIG, disk, memory, ok
+from support.controller import BIG, disk, memory, ok
 
 from taskd.controller.core import ControllerCore
 from taskd.controller.hub import SignalHub

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from test_soft_history import kinds  # noqa: F401 (shared with the e2e part; a fixture is used by its name)
+from support.controller import kinds
 
 from taskd.controller.core import ControllerCore
 from taskd.controller.hub import SignalHub

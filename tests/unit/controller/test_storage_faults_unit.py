@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_storage_faults import ALL, BIG, comparable, disk, memory, ok  # noqa: F401 (shared with the e2e part; a fixture is used by its name)
+from support.controller import ALL, BIG, disk, memory, ok
 
 from taskd.controller.checkpoint import Checkpoint
 from taskd.controller.core import STORE_RETRY, ControllerCore

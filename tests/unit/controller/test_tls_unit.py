@@ -5,11 +5,9 @@ Split from it by move_tests.py; its subject: TLS and mTLS with gRPC's own creden
 certificates are made here, for 127.0.0.1.
 """
 
-# ruff: noqa: F811 (fixtures imported from the e2e part are parameters of these tests)
 from __future__ import annotations
 
 import pytest
-from test_tls import _cert, _key, _write, pki, x509  # noqa: F401 (shared with the e2e part; a fixture is used by its name)
 
 from taskd.controller.config import ConfigError
 from taskd.controller.server import ControllerConfig

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_torchrun_compat import EXAMPLES, ROOT  # noqa: F401 (shared with the e2e part; a fixture is used by its name)
+from support import EXAMPLES
 
 from taskd.run_config import RunConfig, add_run_arguments
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from test_heartbeat_file import seq_of  # noqa: F401 (shared with the e2e part; a fixture is used by its name)
+from support.worker import seq_of
 
 from taskd.worker import heartbeat_file as hbf
 from taskd.worker.heartbeat_file import HeartbeatFile

@@ -8,7 +8,7 @@ requests between real processes.
 from __future__ import annotations
 
 import pytest
-from test_worker import LAUNCHER_VARS  # noqa: F401 (shared with the e2e part; a fixture is used by its name)
+from support.worker import LAUNCHER_VARS
 
 from taskd import worker
 
