@@ -44,10 +44,15 @@ class Mark(Protocol):
 
 class StuckWatch:
     """Armed when the group's connections are ended; calls ``on_stuck`` if the rank stays inside that collective
-    while ``cpu()`` (the process's CPU seconds) does not move for ``after`` seconds."""
+    while ``cpu()`` (the process's CPU seconds) does not move for ``after`` seconds.
+
+    ``clock`` and ``sleep`` are the watcher's time (monotonic seconds, and a wait of that many): injectable, so
+    that a test plays minutes of a rank's life in microseconds instead of sleeping through them.
+    """
 
     def __init__(self, mark: Mark, on_stuck: Callable[[float], None], cpu: Callable[[], float] = time.process_time,
-                 after: float | None = None, poll: float = 0.25) -> None:
+                 after: float | None = None, poll: float = 0.25, *, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         after = STUCK_AFTER if after is None else after  # read now: a test may set the module's value first
         if after <= 0 or poll <= 0:
             raise ValueError(f"after and poll must be positive, got {after!r} and {poll!r}")
@@ -56,6 +61,8 @@ class StuckWatch:
         self._cpu = cpu
         self._after = after
         self._poll = poll
+        self._clock = clock
+        self._sleep = sleep
         self._lock = threading.Lock()
         self._armed: tuple[int, threading.Thread] | None = None  # the epoch watched, and its watcher
 
@@ -70,14 +77,20 @@ class StuckWatch:
             self._armed = (epoch, watcher)
             watcher.start()
 
+    @property
+    def watching(self) -> bool:
+        """Whether a watcher is running (it ends when it fires or the rank leaves the collective it watches)."""
+        with self._lock:
+            return self._armed is not None and self._armed[1].is_alive()
+
     def _watch(self, epoch: int) -> None:
-        started = idle_since = time.monotonic()
+        started = idle_since = self._clock()
         last = self._cpu()
         while True:
-            time.sleep(self._poll)
+            self._sleep(self._poll)
             if self._mark.epoch != epoch or not self._mark.in_flight:
                 return  # out of the broken group's collective: its next one fails at once
-            now, used = time.monotonic(), self._cpu()
+            now, used = self._clock(), self._cpu()
             if used - last > _IDLE_SHARE * self._poll:
                 idle_since = now  # computing: not blocked
             last = used
