@@ -208,7 +208,7 @@ class ControllerLink:
         another agent holds is asked for again while its holder's loss may be pending (held_node.py)."""
         try:
             if not mgr.init_clusterd():
-                return ""
+                return mgr.init_refusal  # "" when none answered, or recovery is disabled
             reg = register_held(lambda: mgr.register(info), lambda: record_of(self, mgr), info.nodeRank,
                                 2 * self.config.controller_timeout)
             status, self.taken_by = reg.status, reg.taken_by

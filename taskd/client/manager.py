@@ -78,6 +78,7 @@ class RecoverClient:
         self._stopped = threading.Event()
         self._registered_with: recover_pb2.ClientInfo | None = None
         self._last_refusal: tuple[int, str] | None = None  # the last Register refused: its repeats log at debug
+        self.init_refusal = ""  # "409 why" when the controller refused the Init's content (asking again cannot help)
         self._rpc = RpcClient(address, creds, opts.channel_options, call_timeout=opts.call_timeout,
                               wait_for_ready=opts.wait_for_ready)
         self._dispatcher = Dispatcher(info.jobId)
@@ -163,6 +164,10 @@ class RecoverClient:
                     return True
                 if status.code == Code.RECOVERY_DISABLED:
                     logger.warning("recovery is disabled for job %s: %s", self.info.jobId, status.info)
+                    return False
+                if status.code == Code.INVALID_PARAMS:  # the same request is refused the same way: say it once
+                    self.init_refusal = f"{status.code} {status.info}"
+                    logger.error("Init of job %s refused: %s", self.info.jobId, self.init_refusal)
                     return False
                 logger.warning("Init attempt %d answered %d: %s", attempt, status.code, status.info)
             delay = backoff.next_delay()

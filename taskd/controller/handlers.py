@@ -65,12 +65,40 @@ def on_init(m: Job, ev: JobInit, now: float, out: Outcome) -> Result:
                  policy=list(m.policy))
         out.info = f"job {m.job_id} reset ({reason})"
         return S.RUNNING
+    if why := _per_node_refusal(m, ev.node_rank, ev.ranks_per_node, ev.standby):
+        out.code, out.info = Code.INVALID_PARAMS, why  # joins nothing: the job is as it was
+        return m.state
     m.record(out, "job_joined", node_rank=ev.node_rank, host=ev.host, pid=ev.pid)
     out.info = f"joined job {m.job_id} ({m.state.value})"
     return m.state
 
 
+def _per_node_refusal(m: Job, node_rank: int, given: int, standby: bool) -> str:
+    """Why a node (or standby) may not join with `given` ranks per node ("" if it may): every node of a job runs
+    as many ranks, so a node's ranks are node_rank * ranksPerNode onwards; one that said otherwise would claim
+    another node's ranks (and report their faults). Checked against the job's Init, else against a node already
+    registered; 0 (ClusterD's wire: not said) is never refused."""
+    if given <= 0:
+        return ""
+    expected, source = m.ranks_per_node, "its Init"
+    if expected <= 0:
+        known = [(n, a.ranks_per_node) for n, a in sorted(m.agents.items())
+                 if a.ranks_per_node > 0 and (n != node_rank or standby)]
+        if not known:
+            return ""
+        expected, source = known[0][1], f"node {known[0][0]} registered with it"
+    if given == expected:
+        return ""
+    node = "a standby" if standby else f"node {node_rank}"
+    return (f"{node} says it runs {given} rank(s) per node, but job {m.job_id} has {expected} ({source}): every "
+            "node of a job runs as many ranks (`taskd run --nproc-per-node`), else its ranks overlap another node's. "
+            f"Start it with --nproc-per-node {expected}, or start the job afresh under another job id")
+
+
 def on_register(m: Job, ev: AgentRegistered, now: float, out: Outcome) -> Result:
+    if why := _per_node_refusal(m, ev.node_rank, ev.ranks_per_node, ev.standby):
+        out.code, out.info = Code.INVALID_PARAMS, why  # the node keeps what it had: its ranks, its agent
+        return m.state
     if ev.standby:
         return standby.on_register(m, ev, now, out)
     if ev.node_rank >= m.node_count:

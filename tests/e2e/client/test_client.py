@@ -119,6 +119,14 @@ def test_init_clusterd_recovery_disabled_returns_false(server, make_manager):
     assert server.recorder.names() == ["Init"]
 
 
+def test_init_clusterd_refused_409_asks_once_and_keeps_why(server, make_manager):
+    server.recorder.codes["Init"].extend([Code.INVALID_PARAMS] * 3)  # asking again cannot help (issue 31, F6)
+    manager = make_manager()
+    assert manager.init_clusterd() is False
+    assert server.recorder.names() == ["Init"]
+    assert manager.init_refusal.startswith("409 ")
+
+
 def test_init_clusterd_gives_up_after_bounded_attempts(server, make_manager):
     server.recorder.codes["Init"].extend([Code.TOO_MANY_JOBS] * 10)
     assert make_manager(init_attempts=3).init_clusterd() is False
