@@ -93,6 +93,10 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-connections-per-peer", type=int, default=d.max_connections_per_peer, metavar="N",
                         help=f"connections with a call in flight per client IP (default {d.max_connections_per_peer}; "
                              "0 = no limit; loopback clients are exempt unless --limit-loopback)")
+    parser.add_argument("--max-connections-per-credential", type=int, default=None, metavar="N",
+                        help="connections one credential (a job's, or the admin token) may hold, idle or not "
+                             "(default: a quarter of --max-connections; 0 = no limit); past it its longest-idle one is "
+                             "closed, or the call refused when all have calls in flight")
     parser.add_argument("--max-streams-per-peer", type=int, default=d.max_streams_per_peer, metavar="N",
                         help=f"open signal streams per client IP (default {d.max_streams_per_peer}; 0 = no limit)")
     parser.add_argument("--max-calls-per-second", type=float, default=d.calls_per_second_per_peer, metavar="RATE",

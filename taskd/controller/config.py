@@ -107,6 +107,7 @@ FLAGS = {
     "tls_cert": "--tls-cert", "tls_key": "--tls-key", "tls_client_ca": "--tls-client-ca", "insecure": "--insecure",
     "max_node_count": "--max-node-count", "max_ranks": "--max-ranks",
     "max_connections_per_peer": "--max-connections-per-peer",
+    "max_connections_per_credential": "--max-connections-per-credential",
     "max_streams_per_peer": "--max-streams-per-peer", "calls_per_second_per_peer": "--max-calls-per-second",
     "call_burst_per_peer": "--call-burst", "limit_loopback": "--limit-loopback", "idle_timeout": "--idle-timeout",
     "handshake_timeout": "--handshake-timeout", "max_connections": "--max-connections",
@@ -178,6 +179,9 @@ class ControllerConfig(MachineConfig):
     # connections without one also go first when a peer is past max_connections_per_peer
     auth_timeout: float = 5.0
     max_connections: int | None = None  # None: RLIMIT_NOFILE minus a reserve for the state file and logs
+    # connections one credential (a job's, or the admin token) holds, idle or not (None: a quarter of
+    # max_connections; 0 = no bound): one tenant never holds every slot (controller/tenancy.py)
+    max_connections_per_credential: int | None = None
     # --- Prometheus metrics (controller/metrics.py, the [metrics] extra): HOST:PORT, None = off
     metrics_listen: str | None = None
 
@@ -221,6 +225,10 @@ class ControllerConfig(MachineConfig):
             bad("max_ranks", f" must be an integer 1-{RANK_LIMIT}, got {self.max_ranks!r}")
         if self.max_connections is not None and (not _int(self.max_connections) or self.max_connections < 1):
             bad("max_connections", f" must be an integer > 0 (or unset), got {self.max_connections!r}")
+        if self.max_connections_per_credential is not None and (
+                not _int(self.max_connections_per_credential) or self.max_connections_per_credential < 0):
+            bad("max_connections_per_credential",
+                f" must be an integer >= 0 (or unset), got {self.max_connections_per_credential!r}")
         if self.calls_per_second_per_peer and _int(self.call_burst_per_peer) and self.call_burst_per_peer < 1:
             bad("call_burst_per_peer", " must be >= 1 when calls per second are limited")
         self._auth_problems(host, bad)

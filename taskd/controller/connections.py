@@ -11,14 +11,17 @@ not is closed (`shutdown(2)` on a duplicate of gRPC's descriptor, found in `/pro
 - its IP holds more than `max_per_peer` connections (idle ones count), the oldest unauthenticated first;
 - all connections together pass `soft_budget`, oldest unauthenticated first, so new clients find room.
 
-A connection that authenticated once is never closed here (the idle timeout and keepalive handle
-those). Each closing is logged, rate-limited, with the limit that was hit. Linux only (as the
-launcher is): elsewhere the watch does nothing.
+A connection that authenticated is bound to its credential (tenancy.py) and, when idle, closed when its
+credential is past `--max-connections-per-credential`, its IP past `max_per_peer` (after the unauthenticated
+ones), or the server past `soft_budget` and its tenant above its fair share; one with a call in flight never
+is. Each closing is logged, rate-limited, with the limit that was hit. Linux only (as the launcher is):
+elsewhere the watch does nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import ipaddress
 import logging
@@ -29,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from taskd.controller import sockdiag
+from taskd.controller.tenancy import FAIR_SLACK, Link, Tenants, describe, over_cap, over_fair, over_peer
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +48,7 @@ class WatchConfig:
     budget: int = 0  # gRPC's own cap (grpc.max_allowed_incoming_connections): at it, new connections are refused
     limit_loopback: bool = False  # loopback peers count against max_per_peer (auth_timeout applies to all)
     interval: float = 1.0
+    min_interval: float = 0.2  # a scan asked for early (a credential at its cap) comes no sooner after the last
 
 
 @dataclass
@@ -57,10 +62,11 @@ class _Conn:
 
 @dataclass(frozen=True)
 class _Verdict:
-    doomed: dict[int, str]  # inode -> which limit: "auth", "peer" or "budget"
+    doomed: dict[int, str]  # inode -> which limit: "auth", "peer" or "budget"; "peer-idle", "credential", "fair"
     ips: dict[int, str]  # inode -> client ip, of the doomed ones
     per_ip: dict[str, int]  # every client ip's open connections at the scan
     total: int
+    creds: dict[int, str]  # inode -> credential, of the doomed authenticated ones
 
 
 @functools.lru_cache(maxsize=4096)
@@ -181,26 +187,31 @@ class ConnectionWatch:
     def __init__(self, config: WatchConfig, note: Callable[..., object] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  table: Callable[[int], dict[int, tuple[str, int]]] = established,
-                 closer: Callable[[set[int]], int] = close_sockets) -> None:
+                 closer: Callable[[set[int]], int] = close_sockets, cap: int = 0,
+                 fair: Callable[[str], int] = lambda credential: FAIR_SLACK) -> None:
+        """`cap`: connections one credential may hold (0 = no bound); `fair(credential)`: its fair share."""
         self.config = config
         self.clock = clock
         self._table = table
         self._closer = closer
         self._note = note or (lambda kind, msg, *args: log.warning(msg, *args))
         self._conns: dict[int, _Conn] = {}
-        self._proven: set[tuple[str, int]] = set()  # (ip, port) of calls that passed the token since the last scan
+        self._fair = fair
+        self._wake: asyncio.Event | None = None
+        self.tenants = Tenants(cap, clock, normal_ip, self.poke)
         self.closed_total = 0
 
-    def authenticated(self, peer: str) -> None:
-        """A call from `peer` (`ipv4:1.2.3.4:5678`) passed the token check: its connection is a client's."""
-        kind, _, rest = peer.partition(":")
-        if kind not in ("ipv4", "ipv6"):
-            return
-        host, _, port = rest.rpartition(":")
-        try:
-            self._proven.add((normal_ip(host.strip("[]")), int(port)))
-        except ValueError:
-            pass
+    def poke(self) -> None:
+        """Scan soon (a credential's connection is to be closed); on the loop, or before run() started."""
+        if self._wake is not None:
+            self._wake.set()
+
+    def authenticated(self, peer: str, credential: str | None = None) -> None:
+        """A call from `peer` (`ipv4:1.2.3.4:5678`) passed the token check and ended: its connection is a
+        client's (`credential`'s). The guard goes through `tenants.admit` instead, which may refuse."""
+        _, release = self.tenants.admit(peer, credential)
+        if release is not None:
+            release()
 
     def open_connections(self, ip: str) -> int:
         """Connections of `ip` at the last scan, authenticated or not."""
@@ -209,20 +220,22 @@ class ConnectionWatch:
 
     def scan(self) -> int:
         """Read the table, mark the proven connections, close what must go; returns how many were closed."""
-        verdict = self._decide(self._table(self.config.port))
+        before = self.clock()
+        verdict = self._decide(self._table(self.config.port), before)
         return self._close(verdict, self._closer(set(verdict.doomed))) if verdict.doomed else 0
 
-    def _decide(self, current: dict[int, tuple[str, int]]) -> _Verdict:
-        """Which connections must go, and by which limit; runs on the loop (it shares `_proven` with the guard)."""
-        cfg, now = self.config, self.clock()
+    def _decide(self, current: dict[int, tuple[str, int]], before: float) -> _Verdict:
+        """Which connections must go, and by which limit; runs on the loop (it shares `tenants` with the guard).
+        `before`: when `current` was read."""
+        cfg, now, links = self.config, self.clock(), self.tenants.links
         conns: dict[int, _Conn] = {}
         for inode, (ip, port) in current.items():
             c = self._conns.get(inode) or _Conn(inode, ip, port, now)
-            if (ip, port) in self._proven:
+            if (ip, port) in links:
                 c.authenticated = True
             conns[inode] = c
         self._conns = conns
-        self._proven.clear()
+        self.tenants.forget({(c.ip, c.port) for c in conns.values()}, before)
         doomed: dict[int, str] = {}  # inode -> which limit: "auth", "peer" or "budget"
         suspects = sorted((c for c in conns.values() if not c.authenticated), key=lambda c: c.seen)
         if cfg.auth_timeout:
@@ -250,42 +263,95 @@ class ConnectionWatch:
                 if c.inode not in doomed:
                     doomed[c.inode] = "budget"
                     left -= 1
+        self._tenant_limits(conns, doomed, per_ip)
         if cfg.budget and total >= cfg.budget:
             self._note("conn:full", "%d connections open, at the budget of %d (--max-connections): gRPC closes new "
                        "ones as they arrive", total, cfg.budget)
-        return _Verdict(doomed, {i: conns[i].ip for i in doomed}, per_ip, total)
+        creds = {i: lk.credential or "" for i in doomed if (lk := links.get((conns[i].ip, conns[i].port)))}
+        return _Verdict(doomed, {i: conns[i].ip for i in doomed}, per_ip, total, creds)
+
+    def _tenant_limits(self, conns: dict[int, _Conn], doomed: dict[int, str], per_ip: dict[str, int]) -> None:
+        """Idle authenticated connections past their IP's bound, their credential's cap, or (the server past its
+        soft budget) their tenant's fair share join `doomed`, in that order (tenancy.py)."""
+        cfg, links = self.config, self.tenants.links
+        inode_of = {(c.ip, c.port): c.inode for c in conns.values() if c.authenticated}
+        open_links = [links[a] for a in inode_of if a in links]
+
+        def doom(found: list[Link], kind: str) -> None:
+            for lk in found:
+                lk.doomed = lk.doomed or kind
+                doomed.setdefault(inode_of[lk.addr], kind)
+
+        doom([lk for lk in open_links if lk.doomed], "credential")
+        if cfg.max_per_peer:
+            gone: dict[str, int] = {}
+            for i in doomed:
+                gone[conns[i].ip] = gone.get(conns[i].ip, 0) + 1
+            excess = {ip: n - gone.get(ip, 0) - cfg.max_per_peer for ip, n in per_ip.items()
+                      if not (_loopback(ip) and not cfg.limit_loopback)}
+            doom(over_peer(open_links, excess), "peer-idle")
+        held = {cred: [lk for lk in mine if lk.addr in inode_of] for cred, mine in self.tenants.by_credential().items()}
+        addrs = {(conns[i].ip, conns[i].port) for i in doomed}
+        doom(over_cap(held, self.tenants.cap, addrs), "credential")
+        left = len(conns) - len(doomed)
+        if cfg.soft_budget and left > cfg.soft_budget:
+            addrs = {(conns[i].ip, conns[i].port) for i in doomed}
+            doom(over_fair(held, self._fair, left - cfg.soft_budget, addrs), "fair")
 
     def _close(self, verdict: _Verdict, closed: int) -> int:
         """Forget and log the connections `verdict` doomed, `closed` of which the closer shut down."""
         self.closed_total += closed
         by_kind: dict[str, dict[str, int]] = {}
+        tenants: dict[str, dict[str, int]] = {}
         for inode, kind in verdict.doomed.items():
-            self._conns.pop(inode, None)
+            c = self._conns.pop(inode, None)
+            if c is not None and (lk := self.tenants.links.get((c.ip, c.port))) is not None and not lk.inflight:
+                self.tenants.forget_link(lk)
             ip = verdict.ips[inode]
             by_kind.setdefault(kind, {})[ip] = by_kind.setdefault(kind, {}).get(ip, 0) + 1
+            if cred := verdict.creds.get(inode):
+                tenants.setdefault(kind, {})[cred] = tenants.setdefault(kind, {}).get(cred, 0) + 1
         for kind, ips in by_kind.items():
-            self._note(f"conn:{kind}", "closed %d connection(s) that sent no authenticated call, from %s: %s",
-                       sum(ips.values()), _ips(ips), self._why(kind, verdict.per_ip, verdict.total, ips))
+            whose = tenants.get(kind)
+            self._note(f"conn:{kind}", "closed %d %s, from %s: %s", sum(ips.values()),
+                       "connection(s) that sent no authenticated call" if whose is None else
+                       "idle connection(s) of " + ", ".join(f"{describe(c)} ({n})" for c, n in
+                                                            sorted(whose.items(), key=lambda kv: -kv[1])[:5]),
+                       _ips(ips), self._why(kind, verdict.per_ip, verdict.total, ips))
         return closed
 
     def _why(self, kind: str, per_ip: dict[str, int], total: int, ips: dict[str, int]) -> str:
         cfg = self.config
         if kind == "auth":
             return f"none within {cfg.auth_timeout:g}s of connecting (--auth-timeout)"
-        if kind == "peer":
+        if kind in ("peer", "peer-idle"):
             worst = max(ips, key=lambda ip: per_ip.get(ip, 0))
             return (f"{worst} had {per_ip.get(worst, 0)} open connections (limit {cfg.max_per_peer}, "
-                    "--max-connections-per-peer; those without an authenticated call go first)")
+                    "--max-connections-per-peer; those without an authenticated call go first, then idle ones)")
+        if kind == "credential":
+            return (f"the credential held more than {self.tenants.cap} connections (--max-connections-per-credential;"
+                    " its longest-idle ones go first)")
+        if kind == "fair":
+            return (f"{total} connections were open, above {cfg.soft_budget} (90% of --max-connections): idle ones of "
+                    f"tenants above their fair share (their job's agents and standbys + {FAIR_SLACK}) go next")
         return (f"{total} connections were open, above {cfg.soft_budget} (90% of --max-connections): those without "
                 "an authenticated call go first")
 
     async def run(self) -> None:
         """Reading the kernel's table and /proc/self/fd happens in a worker thread: at 10,000 connections each
         is milliseconds of file reading that would otherwise stall every stream on the loop once a second."""
+        self._wake = asyncio.Event()
+        last = time.monotonic()
         while True:
-            await asyncio.sleep(self.config.interval)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.config.interval)
+            self._wake.clear()
+            # a flood of pokes: one scan per min_interval at most
+            await asyncio.sleep(max(0.0, last + self.config.min_interval - time.monotonic()))
+            last = time.monotonic()
             try:
-                verdict = self._decide(await asyncio.to_thread(self._table, self.config.port))
+                before = self.clock()
+                verdict = self._decide(await asyncio.to_thread(self._table, self.config.port), before)
                 if verdict.doomed:
                     self._close(verdict, await asyncio.to_thread(self._closer, set(verdict.doomed)))
             except Exception:  # a scan that fails must not end the server; the next one tries again

@@ -20,6 +20,7 @@ from grpc import aio
 
 from taskd.controller.auth import authenticate, token_refusal
 from taskd.controller.limits import PeerLimits, peer_ip
+from taskd.controller.tenancy import Tenants, credential_key
 from taskd.vocabulary import Code
 
 log = logging.getLogger(__name__)
@@ -71,16 +72,28 @@ def _safe(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any]
     return deserialize
 
 
+def _both(first: Callable[[], None] | None, second: Callable[[], None] | None) -> Callable[[], None] | None:
+    if first is None or second is None:
+        return first or second
+
+    def release() -> None:
+        first()
+        second()
+
+    return release
+
+
 class Guard(aio.ServerInterceptor):
     """Wraps each method's handler once (cached by method name); the checks run per call."""
 
-    def __init__(self, token: str | None, limits: PeerLimits | None,
-                 on_authenticated: Callable[[str], None] | None = None) -> None:
+    def __init__(self, token: str | None, limits: PeerLimits | None, tenants: Tenants | None = None) -> None:
+        """`tenants`: each authenticated call's connection is bound to its credential there, and refused past
+        the credential's connection cap (tenancy.py)."""
         self._token = token.encode() if token is not None else None
         self._limits = limits
         self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
         self._refusals: dict[tuple[str, bool], grpc.RpcMethodHandler] = {}
-        self._on_authenticated = on_authenticated
+        self._tenants = tenants
         self.note = RateLimitedLog(log)
 
     async def intercept_service(
@@ -100,10 +113,8 @@ class Guard(aio.ServerInterceptor):
         self._wrapped[method] = wrapped
         return wrapped
 
-    def _job_refusal(self, method: str, request: Any, context: aio.ServicerContext) -> str:
+    def _job_refusal(self, method: str, request: Any, job: str | None) -> str:
         """"" for the admin token, or a job credential whose job the request names; else why not."""
-        assert self._token is not None
-        _, job = authenticate(context.invocation_metadata(), self._token)
         if job is None:
             return ""
         named = getattr(request, "jobId", "")
@@ -184,15 +195,22 @@ class Guard(aio.ServerInterceptor):
             if why:
                 self.note("limit", "refused %s from %s: %s", method, peer, why)
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{Code.RATE_LIMITED}: {why}")
-        if self._on_authenticated is not None:
-            self._on_authenticated(context.peer())
+        job = authenticate(context.invocation_metadata(), self._token)[1] if self._token is not None else None
+        if self._tenants is not None:
+            why, held = self._tenants.admit(context.peer(), credential_key(job) if self._token is not None else None)
+            if why:
+                if release is not None:
+                    release()
+                self.note("tenant", "refused %s from %s: %s", method, peer_ip(context.peer()), why)
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{Code.RATE_LIMITED}: {why}")
+            release = _both(release, held)
         try:
             if isinstance(request, Undecodable):
                 self.note("decode", "refused %s from %s: %d bytes that do not decode (%s)", method,
                           peer_ip(context.peer()), request.size, request.error)
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                     f"{Code.INVALID_PARAMS}: the request to {method} does not decode: {request.error}")
-            if self._token is not None and (why := self._job_refusal(method, request, context)):
+            if self._token is not None and (why := self._job_refusal(method, request, job)):
                 self.note("job", "refused %s from %s: %s", method, peer_ip(context.peer()), why)
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
         except BaseException:

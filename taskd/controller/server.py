@@ -41,6 +41,7 @@ from taskd.controller.locator import remove_locator, write_locator
 from taskd.controller.native_log import NativeLogFilter
 from taskd.controller.service import add_services
 from taskd.controller.store import MEMORY, Store
+from taskd.controller.tenancy import ADMIN, FAIR_SLACK, default_cap
 
 if TYPE_CHECKING:
     from taskd.controller.metrics import ControllerMetrics
@@ -82,6 +83,12 @@ class ControllerServer:
 
         return ControllerMetrics(lambda: self.core.jobs.values() if self.core is not None else (), hub.stream_count)
 
+    def _fair_share(self, credential: str) -> int:
+        """A tenant's fair share of connections under pressure: its job's registered agents and standbys plus
+        FAIR_SLACK (a job that does not exist, or the admin token: FAIR_SLACK)."""
+        job = self.core.jobs.get(credential[4:]) if self.core is not None and credential != ADMIN else None
+        return FAIR_SLACK + (len(job.agents) + len(job.standbys) if job is not None else 0)
+
     @property
     def address(self) -> str:
         """Where a client on this host reaches the server (a wildcard listen address -> loopback)."""
@@ -108,12 +115,14 @@ class ControllerServer:
         hub = SignalHub(cfg.subscriber_queue_size)
         metrics = self._metrics(hub)
         watch_note = RateLimitedLog(logging.getLogger("taskd.controller.connections"))
+        cap = default_cap(budget) if cfg.max_connections_per_credential is None else cfg.max_connections_per_credential
         watch = ConnectionWatch(WatchConfig(port=0, auth_timeout=cfg.auth_timeout,
                                             max_per_peer=cfg.max_connections_per_peer,
                                             soft_budget=max(1, budget * 9 // 10), budget=budget,
                                             limit_loopback=cfg.limit_loopback),
-                                note=metrics.counting(watch_note) if metrics is not None else watch_note)
-        guard = Guard(token, limits, on_authenticated=watch.authenticated)
+                                note=metrics.counting(watch_note) if metrics is not None else watch_note,
+                                cap=cap, fair=self._fair_share)
+        guard = Guard(token, limits, watch.tenants)
         if metrics is not None:
             guard.note = metrics.counting(guard.note)
         server = grpc.aio.server(options=cfg.grpc_options(budget), interceptors=[guard])
@@ -170,6 +179,9 @@ class ControllerServer:
                  if host in WILDCARD_HOSTS else "", store.path, len(self.core.jobs),
                  "TLS" if credentials is not None else "plaintext",
                  "token required" if token is not None else "no token", budget)
+        if token is not None:
+            log.info("each credential may hold up to %s connections (--max-connections-per-credential)",
+                     cap or "any number of")
         if token is None and not is_loopback(host):
             log.warning("serving %s without a token (--insecure): anyone who can reach it can read, fail or stop "
                         "every job", join_host_port(host, bound))
