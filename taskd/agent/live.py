@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from taskd.agent import resize
 from taskd.agent.launcher_api import Launcher
 from taskd.agent.ranks import Rank, RankState, RankTable
+from taskd.agent.round_events import GroupFailed, GroupRejoined, Resumed
 from taskd.vocabulary import FaultRanks, FaultType, Strategy
 from taskd.worker.heartbeat_file import HeartbeatFile, HeartbeatFileError
 from taskd.worker.live import ErrorKind, Phase, RankStatus, read_rank_status, write_control
@@ -270,15 +271,16 @@ class LiveRanks:
         self.rebuild = None
 
     # -- confirming the rebuild -----------------------------------------------------------------------
-    def check(self, now: float) -> tuple[str, str] | None:
-        """Where the rebuild stands: ("rejoined", ""), ("failed", why), ("resumed", summary), or None (waiting)."""
+    def check(self, now: float) -> GroupRejoined | GroupFailed | Resumed | None:
+        """Where the rebuild stands, as the round machine's next event: every local rank rejoined, the group failed
+        (why), training resumed; None while it waits."""
         rb = self.rebuild
         if rb is None:
             return None
         ranks = [r for r in self.table.all() if r.state is not RankState.SUCCEEDED]  # finished ranks are fine
         gone = [r.global_rank for r in ranks if not r.state.alive]
         if gone and rb.confirmed is None:
-            return "failed", f"rank(s) {gone} ended before the group of generation {rb.generation} re-formed"
+            return GroupFailed(f"rank(s) {gone} ended before the group of generation {rb.generation} re-formed")
         statuses = {r.local_rank: self.status(r) for r in ranks}
 
         def rejoined(r: Rank) -> bool:  # a rank of no group (independent ranks) only has to be running
@@ -298,11 +300,11 @@ class LiveRanks:
         if rb.confirmed is None:
             if all(rejoined(r) for r in ranks):
                 rb.confirmed = now
-                return "rejoined", ""
+                return GroupRejoined(rb.generation, rb.started)
             if now >= rb.deadline:
                 waiting = sorted(r.global_rank for r in ranks if not rejoined(r))
-                return "failed", (f"rank(s) {waiting} did not rejoin generation {rb.generation} within "
-                                  f"{rb.deadline - rb.started:.0f}s")
+                return GroupFailed(f"rank(s) {waiting} did not rejoin generation {rb.generation} within "
+                                   f"{rb.deadline - rb.started:.0f}s")
             return None
         if gone or not all(resumed(r) for r in ranks):
             return None
@@ -315,7 +317,10 @@ class LiveRanks:
             recomputed[r.global_rank] = max(0, before + 1 - resume) if before is not None and resume is not None \
                 else 0
         self.rebuild = None
-        return "resumed", f"steps recomputed per rank {recomputed}"
+        seconds = now - rb.started
+        log.info("training resumed %.3fs after the fault (generation %d, %s; steps recomputed per rank %s)", seconds,
+                 rb.generation, rb.strategy, recomputed)
+        return Resumed(seconds=seconds, at=now)
 
     def close(self) -> None:
         for hb in self._files.values():

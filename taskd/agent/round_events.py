@@ -1,13 +1,14 @@
 """What goes into the agent's round machine (events) and what comes out (actions), as small named types.
 
 Events are facts the mechanics saw: a rank's fault, an order from the controller, a timer that expired, what
-the launcher or the ranks' files said. Actions are what the machine asks the mechanics to do (`Recovery`
+the launcher or the ranks' files said. Actions are what the machine asks the mechanics to do (agent/executors.py
 carries them out). Neither holds a process, a socket or a clock: the machine is driven by these alone.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import get_args
 
 from taskd.agent.orders import Command, Order
 from taskd.agent.resize import Resize
@@ -279,3 +280,4 @@ class Finish:
 Action = (Note | StopRanks | StartRanks | SetRestartCount | Supersede | BeginRebuild | LeaveGroup | AbandonRebuild
           | PrepareReplacement | SendReport | WithdrawStrategies
           | OfferStrategies | RecordRestart | TellResumed | Dump | TakeNode | Finish)
+ACTION_TYPES: tuple[type, ...] = get_args(Action)  # each has one executor (agent/executors.py, checked at import)

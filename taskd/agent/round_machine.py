@@ -6,9 +6,9 @@ I/O, reads no clock and touches no process, and it imports only the standard lib
 parts: `round_events` (what goes in and comes out), `round_state` (the states and the machine's data),
 `round_handlers` and `round_table` (which handler runs for which event in which state, and where it may
 lead). The supervisor sequences it: it pulls events (rank exits, orders, timers, signals), feeds them here
-one at a time, and has `Recovery` carry out the actions; whatever those produce (a start's result, the
-ranks it found already gone) is queued as the next events, never handled inside the handler that caused
-them.
+one at a time, and has the executors (agent/executors.py) carry out the actions; whatever those produce (a
+start's result, the ranks it found already gone) is queued as the next events, never handled inside the
+handler that caused them.
 """
 
 from __future__ import annotations

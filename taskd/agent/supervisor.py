@@ -6,10 +6,10 @@ fires when the *thread* that spawned a rank exits. The subscriber thread only qu
 
 The parts: `ranks` (the rank table), `rank_control` (the launcher's callbacks and process groups),
 `hang_watch` (heartbeats, stack dumps), `controller_link` and `reports` (the controller), `round_machine`
-(what the node's recovery round does next, a pure rule table), `recovery` (carrying its actions out),
+(what the node's recovery round does next, a pure rule table), `executors` (carrying its actions out),
 `policy` (what the agent decides alone) and `msrun_logs`. This module only sequences them: it pulls
 events (pidfd exits, orders, timers, signals), feeds them to the machine one at a time (`_feed`) and has
-`Recovery` carry out the actions.
+its executors carry out the actions.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from typing import Any
 from taskd.agent.config import AgentConfig, new_job_id
 from taskd.agent.controller_link import ControllerLink, LocalController, start_pace
 from taskd.agent.departure import DepartureWatch
+from taskd.agent.executors import AgentHooks, Executors, Gone
 from taskd.agent.hang_watch import Hang, HangWatch
 from taskd.agent.job_end import await_job_end
 from taskd.agent.join_wait import await_nodes
@@ -37,7 +38,6 @@ from taskd.agent.msrun_logs import MsrunLogs
 from taskd.agent.node_loss import NodeLoss
 from taskd.agent.rank_control import LauncherDetails, RankControl
 from taskd.agent.ranks import Rank, RankLayout, RankState, RankTable, discover_layout
-from taskd.agent.recovery import AgentHooks, Gone, Recovery
 from taskd.agent.round_events import ControllerLost, OrderEvent, RankFault, ReportSettled, order_event
 from taskd.agent.round_machine import RoundMachine
 from taskd.agent.round_state import LocalPolicy, NodeFacts, NodeState
@@ -77,9 +77,9 @@ class Supervisor:
         self.live = LiveRanks(self.table, details)  # live recovery (agent/live.py)
         self.departures = DepartureWatch(self.table)  # a group rank's exit 0 before its loop's end
         hooks = AgentHooks(self._finish, self._failure_code, lambda: self.result.capture_first_failure(self.details))
-        self.recovery = Recovery(self.table, self.control, self.link, self.policy, self.hang, self.result, hooks,
+        self.executors = Executors(self.table, self.control, self.link, self.policy, self.hang, self.result, hooks,
                                  self.live)
-        self.machine = RoundMachine(NodeFacts(), self.recovery.view, budget=self.policy)  # the round (agent/round_*)
+        self.machine = RoundMachine(NodeFacts(), self.executors.view, budget=self.policy)  # the round (agent/round_*)
         self._events: deque[object] = deque()  # what the machine handles next, one at a time (`_feed`)
         self._draining = False
         self.node_loss = NodeLoss(self.config, self.link, self.table, details, self._finish)  # issue 17
@@ -189,7 +189,7 @@ class Supervisor:
         while not self._done:
             report_at = self.link.wake_at()  # a report's re-send or deadline (an answer wakes the loop itself)
             wake_at = next_sweep if report_at is None else min(next_sweep, report_at)
-            if self.recovery.polling:  # in-place errors, a rebuild's progress, a resumption: read from rank files
+            if self.executors.polling:  # in-place errors, a rebuild's progress, a resumption: read from rank files
                 wake_at = min(wake_at, time.monotonic() + POLL)
             for exit_ in self.watch.wait(max(0.0, wake_at - time.monotonic())):
                 self._on_exit(exit_.local_rank, exit_.pid, exit_.returncode)
@@ -236,7 +236,7 @@ class Supervisor:
             self._judge_gone(event)
             return
         try:
-            follow = self.recovery.carry_out(self.machine.handle(event, time.monotonic()))
+            follow = self.executors.carry_out(self.machine.handle(event, time.monotonic()))
         except Exception:
             if not isinstance(event, OrderEvent):
                 raise
@@ -428,9 +428,9 @@ class Supervisor:
     def _poll_live(self) -> None:
         """A restart's resumption, a rebuild's progress; live recovery: a rank's RetryableError is a type-"0"
         fault of a live rank."""
-        if self._done or not self.recovery.polling:
+        if self._done or not self.executors.polling:
             return
-        errors, events = self.recovery.poll(time.monotonic())
+        errors, events = self.executors.poll(time.monotonic())
         self._feed(*events)
         for local_rank, why in errors:
             rank = self.table[local_rank]

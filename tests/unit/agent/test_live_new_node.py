@@ -11,6 +11,7 @@ from support.live_files import FakeNode, running_ranks, write
 
 from taskd.agent.live import LiveRanks
 from taskd.agent.ranks import RankLayout, RankTable
+from taskd.agent.round_events import GroupRejoined
 from taskd.vocabulary import Strategy
 from taskd.worker import heartbeat_file as hbf
 from taskd.worker.live import _JOIN, _U32, FLAG_REJOIN, Phase
@@ -41,7 +42,7 @@ def test_a_new_nodes_group_ranks_have_rejoined_only_once_they_joined_the_generat
     for local in PIDS:
         write(details.heartbeat_path(local), (_JOIN, hbf.OFF_LIVE_JOIN, (3, 6, 1.0)),
               (_U32, hbf.OFF_LIVE_PHASE, (int(Phase.TRAINING),)))
-    assert live.check(0.3) == ("rejoined", "")
+    assert live.check(0.3) == GroupRejoined(3, 0.0)
 
 
 def test_a_new_nodes_independent_ranks_have_rejoined_once_they_declared(tmp_path: Path) -> None:
@@ -49,7 +50,7 @@ def test_a_new_nodes_independent_ranks_have_rejoined_once_they_declared(tmp_path
     assert live.check(0.1) is None
     for local in PIDS:
         started(details, local, Phase.TRAINING)  # worker.declare_rejoinable(): no group
-    assert live.check(0.2) == ("rejoined", "")
+    assert live.check(0.2) == GroupRejoined(3, 0.0)
 
 
 def test_a_replacement_times_its_recovery_from_the_controllers_declaration_of_the_loss() -> None:

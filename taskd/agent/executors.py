@@ -1,0 +1,298 @@
+"""The round machine's actions carried out: one executor per action type (docs/architecture.md, "The agent's round").
+
+The machine (agent/round_machine.py) decides; the executors only do it, through the rank control, the live
+ranks, the resumption watch and the controller link, and the supervisor's finish (`AgentHooks`). `EXECUTORS`
+is the mirror of the machine's rule table: it names the one executor of every action type, and is checked
+when this module loads (an action type with none, or with two, fails the import). `carry_out` returns the
+events the actions produced (a start's result, then the ranks found already gone when it returned, then a
+resumption nothing can see), which the supervisor queues as the next events: a start never judges an exit.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from taskd.agent import round_events as ev
+from taskd.agent.controller_link import ControllerLink
+from taskd.agent.hang_watch import HangWatch
+from taskd.agent.launcher_api import MSRUN
+from taskd.agent.live import LiveRanks
+from taskd.agent.rank_control import Adopted, RankControl
+from taskd.agent.ranks import RankState, RankTable
+from taskd.agent.reports import STRATEGIES
+from taskd.agent.resumed_report import report_resumed
+from taskd.agent.resumption import Resumption
+from taskd.agent.round_state import LocalPolicy
+from taskd.agent.summary import SUPERSEDED, JobResult, RecoveryRecord
+from taskd.vocabulary import Code, FaultRanks, Strategy
+
+log = logging.getLogger("taskd.agent")
+
+
+@dataclass(frozen=True)
+class AgentHooks:
+    """What the supervisor lends the recovery: ending the job, and the failing rank's exit code."""
+
+    finish: Callable[[bool, int, str], None]
+    failure_code: Callable[[], int]
+    capture_first_failure: Callable[[], None]  # before a new incarnation replaces the failed one
+    take_node: Callable[[int | None], None] | None = None  # a standby's assignment (node-loss mechanics)
+
+
+@dataclass(frozen=True)
+class Gone:
+    """A rank found not running when a start returned: the supervisor judges it like any exit, next."""
+
+    adopted: Adopted
+
+
+class TableView:
+    """The machine's read-only view of the node's ranks (round_state.NodeView)."""
+
+    def __init__(self, table: RankTable, live: LiveRanks) -> None:
+        self.table = table
+        self.live = live
+
+    def local_of(self, faults: FaultRanks) -> list[int]:
+        return self.table.local_of(faults)
+
+    def local_ranks(self) -> list[int]:
+        return self.table.local_ranks()
+
+    def live_fault(self, local_rank: int, faults: FaultRanks) -> bool:
+        rank = self.table.get(local_rank)
+        return rank is not None and self.live.live_fault(local_rank, faults.get(rank.global_rank, ""))
+
+
+
+class Executors:
+    """The machine's hands: the node's parts its actions need, and what those actions leave to watch (a restart's
+    resumption, a live rebuild's progress, read from the ranks' files by `poll`)."""
+
+    def __init__(self, table: RankTable, control: RankControl, link: ControllerLink, policy: LocalPolicy,
+                 hang: HangWatch, result: JobResult, hooks: AgentHooks, live: LiveRanks | None = None) -> None:
+        self.table = table
+        self.live = live if live is not None else LiveRanks(table, MSRUN)
+        self.resumed_record: RecoveryRecord | None = None  # a live rebuild's, until its ranks resumed
+        self.resumption = Resumption(table, lambda rank: hang.heartbeat(rank)[1])  # the other restarts'
+        self.control = control
+        self.link = link
+        self.policy = policy
+        self.hang = hang
+        self.result = result
+        self.hooks = hooks
+        self.last_start: tuple[list[int], dict[int, int | None]] = ([], {})  # local ranks, their steps before
+        self.view = TableView(table, self.live)
+
+    def carry_out(self, actions: list[ev.Action]) -> list[object]:
+        """Do each action in order, by its executor; return the events they produced, to be handled next."""
+        follow: list[object] = []
+        for action in actions:
+            follow += EXECUTORS[type(action)](self, action) or []
+        return follow
+
+    @property
+    def polling(self) -> bool:
+        """Whether the ranks' files must be read every ``POLL``: live recovery, or a resumption to see."""
+        return self.live.enabled or self.resumption.pending
+
+    def poll(self, now: float) -> tuple[list[tuple[int, str]], list[object]]:
+        """Every few ms: new retryable errors of live ranks (local rank, why), and the events the ranks' files
+        show: a restart's resumption, a rebuild's progress."""
+        events: list[object] = []
+        seconds = self.resumption.check(now)
+        if seconds is not None:
+            events.append(ev.Resumed(seconds=seconds, at=now))
+        if not self.live.enabled:
+            return [], events
+        errors = [(rank.local_rank, f"RetryableError at step {status.error_step}")
+                  for rank, status in self.live.new_errors()]
+        event = self.live.check(now)
+        if isinstance(event, ev.Resumed) and self.resumed_record is not None:
+            self.resumed_record.resumed_at(event.seconds)  # "spent recovering" is fault -> resumed
+            self.resumed_record = None
+        if event is not None:
+            events.append(event)
+        return errors, events
+
+
+# ------------------------------------------------------------------------------------------------ the executors
+# One function per action type: (the hands, the action) -> the events it produced, or None.
+
+def note(x: Executors, a: ev.Note) -> None:
+    log.log(a.level, "%s", a.text)
+
+
+def stop_ranks(x: Executors, a: ev.StopRanks) -> None:
+    x.control.stop(x.table.all() if a.local is None else [x.table[lr] for lr in a.local], graceful=a.graceful)
+
+
+def start_ranks(x: Executors, a: ev.StartRanks) -> list[object]:
+    """Stop, then start the ranks (every rank: START_ALL_WORKER, msrun's scheduler too); the result and the ranks
+    already gone are returned as events, in that order."""
+    x.hooks.capture_first_failure()
+    every = a.local is None
+    ranks = [r.local_rank for r in x.table.all()] if a.local is None else list(a.local)
+    x.last_start = (ranks, x.resumption.steps(ranks))
+    x.control.stop(x.table.all() if every else [x.table[lr] for lr in ranks], graceful=False)
+    if every:
+        x.control.restart_msrun_scheduler()
+    code, gone = x.control.start(None if every else ranks)
+    if every:
+        log.info("restarted %d rank(s) (rank:pid %s)%s", len(x.table), x.table.pids(),
+                 "" if code == 0 else f"; START_ALL_WORKER returned {code}")
+    msg = "" if code == 0 else (f"START_ALL_WORKER returned {code}" if every else
+                                f"START_WORKER_LIST({ranks}) returned {code}")
+    return [ev.StartResult(code, msg), *(Gone(adopted) for adopted in gone)]
+
+
+def set_restart_count(x: Executors, a: ev.SetRestartCount) -> None:
+    x.control.details.set_restart_count(a.restarts)
+
+
+def supersede(x: Executors, a: ev.Supersede) -> None:
+    """A new fault's order: a rebuild still waiting for its ranks to resume never will; a restart's resumption may
+    still be seen until the next restart replaces its ranks."""
+    if x.resumed_record is not None and x.live.rebuild is not None:
+        x.resumed_record.resumption = SUPERSEDED
+    x.resumed_record = None
+    x.live.abandon()
+    if a.restart:
+        x.resumption.supersede()
+
+
+def begin_rebuild(x: Executors, a: ev.BeginRebuild) -> None:
+    x.live.next_generation(a.generation)
+    x.live.begin(a.strategy, a.faults, a.started, a.timeout, time.monotonic(), a.resize)
+
+
+def leave_group(x: Executors, a: ev.LeaveGroup) -> None:
+    x.live.leave()
+
+
+def prepare_replacement(x: Executors, a: ev.PrepareReplacement) -> None:
+    x.live.prepare(a.local_rank, x.link.config.offered_strategies, a.faults)
+
+
+def abandon_rebuild(x: Executors, a: ev.AbandonRebuild) -> None:
+    x.live.abandon()
+
+
+def send_report(x: Executors, a: ev.SendReport) -> None:
+    if a.kind == ev.FAULT:
+        x.link.report_fault(a.faults, a.detail, time.monotonic())
+    elif a.kind == ev.STOP_COMPLETE:
+        x.link.report_stop_complete(a.faults)
+    else:
+        x.link.report_status(a.code, a.detail, a.faults, a.strategy, a.rejoined)
+
+
+def withdraw_strategies(x: Executors, a: ev.WithdrawStrategies) -> None:
+    if n := x.link.outbox.drop(STRATEGIES):
+        log.info("a new stopTrain: %d strategies report(s) for the round's earlier collection withdrawn", n)
+
+
+def offer_strategies(x: Executors, a: ev.OfferStrategies) -> None:
+    x.link.report_strategies(a.faults, x.live.offer(x.link.config.offered_strategies, a.scope, x.link.config.scales))
+
+
+def record_restart(x: Executors, a: ev.RecordRestart) -> list[object]:
+    """The round's restart is done (ranks replaced, or a live group re-formed): not yet training again.
+
+    Its one console record starts "replaced rank(s) R with STRATEGY" (retry in place: "retried rank(s)"); the
+    round's "spent recovering" waits for "training resumed" (live.py's check, or `Resumption`). Nothing to watch
+    (no rank restarted here, no heartbeats): `Resumed(seen=False)` is the next event."""
+    strategy, ranks, degraded = a.strategy, list(a.ranks), a.degraded
+    seconds = time.monotonic() - a.started
+    if a.generation is not None:  # a live rebuild, reported once every local rank rejoined
+        verb = "retried" if strategy == Strategy.RETRY else "replaced"
+        milestone = "group re-formed"
+        what = f"; the group re-formed (generation {a.generation})"
+    else:
+        verb, milestone = "replaced", "rank(s) replaced"
+        what = ""
+        if strategy == Strategy.JOB_RESCHEDULING:
+            milestone, what = "every rank restarted", " (every rank restarted)"
+    record = RecoveryRecord(strategy, ranks, time.time(), seconds, degraded, milestone)
+    x.result.recoveries.append(record)
+    if x.live.rebuild is not None:
+        x.resumed_record = record
+    else:
+        local, steps = x.last_start if a.generation is None else ([], {})
+        x.resumption.track(record, local, steps, a.started)
+    pids = x.table.pids(ranks) if strategy != Strategy.RETRY else ""
+    log.info("%s rank(s) %s with %s%s%s in %.3fs%s", verb, ranks, strategy, what,
+             " (degraded: no controller)" if degraded else "", seconds, f" (now rank:pid {pids})" if pids else "")
+    watched = x.live.rebuild is not None or x.resumption.pending
+    return [] if watched else [ev.Resumed(seen=False)]
+
+
+def tell_resumed(x: Executors, a: ev.TellResumed) -> None:
+    report_resumed(x.link, a.round, a.seconds, a.at, unseen=not a.seen)
+
+
+def dump(x: Executors, a: ev.Dump) -> None:
+    """Ask every healthy rank to save at its next step boundary, wait (bounded), then stop the job."""
+    budget = x.policy.dump_budget(a.timeout)
+    requests = {}
+    unsaved = []
+    for rank in x.table.in_state(RankState.RUNNING):
+        hb, _ = x.hang.heartbeat(rank)
+        if hb is None:
+            unsaved.append(rank.global_rank)
+            continue
+        requests[rank.global_rank] = (hb, hb.request_save())
+    log.info("dump: asked rank(s) %s to save (up to %.0fs)", sorted(requests), budget)
+    deadline = time.monotonic() + budget
+    saved = []
+    for global_rank, (hb, number) in sorted(requests.items()):
+        state = hb.wait_save(number, max(0.0, deadline - time.monotonic()))
+        (saved if state is not None and state.save_ok else unsaved).append(global_rank)
+    x.control.stop(x.table.all(), graceful=True)
+    msg = f"saved: {sorted(saved)}; not saved: {sorted(unsaved)}"
+    log.info("dump: %s", msg)
+    x.link.report_status(Code.OK if saved and not unsaved else Code.DUMP_FAILED, msg, a.faults, Strategy.DUMP)
+    x.hooks.finish(False, x.hooks.failure_code(), f"dumped ({msg})")
+
+
+def take_node(x: Executors, a: ev.TakeNode) -> None:
+    if x.hooks.take_node is None:
+        log.error("assignNode for node %s: this agent cannot take over a node", a.node_rank)
+    else:
+        x.hooks.take_node(a.node_rank)
+
+
+def finish(x: Executors, a: ev.Finish) -> None:
+    x.hooks.finish(a.succeeded, a.exit_code if a.exit_code is not None else x.hooks.failure_code(), a.reason)
+
+
+Executor = Callable[[Executors, Any], list[object] | None]
+
+
+def executor_table(pairs: tuple[tuple[type, Executor], ...]) -> dict[type, Executor]:
+    """Every action type of round_events.ACTION_TYPES with exactly one executor, nothing else: else TypeError."""
+    types = [kind for kind, _ in pairs]
+    twice = sorted({k.__name__ for k in types if types.count(k) > 1})
+    missing = sorted(k.__name__ for k in ev.ACTION_TYPES if k not in types)
+    foreign = sorted(k.__name__ for k in types if k not in ev.ACTION_TYPES)
+    if twice or missing or foreign:
+        raise TypeError(f"the executor table is wrong: two executors for {twice}, none for {missing}, "
+                        f"not actions: {foreign}")
+    return dict(pairs)
+
+
+EXECUTORS = executor_table((  # checked at import: the mirror of round_table.RULES
+    (ev.Note, note), (ev.StopRanks, stop_ranks), (ev.StartRanks, start_ranks),
+    (ev.SetRestartCount, set_restart_count), (ev.Supersede, supersede), (ev.BeginRebuild, begin_rebuild),
+    (ev.LeaveGroup, leave_group), (ev.PrepareReplacement, prepare_replacement),
+    (ev.AbandonRebuild, abandon_rebuild), (ev.SendReport, send_report),
+    (ev.WithdrawStrategies, withdraw_strategies), (ev.OfferStrategies, offer_strategies),
+    (ev.RecordRestart, record_restart), (ev.TellResumed, tell_resumed), (ev.Dump, dump), (ev.TakeNode, take_node),
+    (ev.Finish, finish),
+))
+
+__all__ = ["EXECUTORS", "AgentHooks", "Executors", "Gone", "TableView", "executor_table"]
