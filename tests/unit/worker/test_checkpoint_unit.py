@@ -14,11 +14,21 @@ import os
 import pickle
 import sys
 import threading
+from collections.abc import Iterator
 
 import pytest
 
 from taskd.worker import CheckpointManager, CorruptCheckpoint
-from taskd.worker.checkpoint import HEADER_SIZE, WRITER_NICENESS, hold_background_saves
+from taskd.worker.checkpoint import HEADER_SIZE, WRITER_NICENESS, hold_background_saves, release_background_saves
+
+HELD = 60.0  # seconds: longer than any test, which releases the hold itself
+
+
+@pytest.fixture(autouse=True)
+def no_hold_outlives_its_test() -> Iterator[None]:
+    """A test that fails while it holds the saves must not leave the next tests' saves paused for a minute."""
+    yield
+    release_background_saves()
 
 
 def test_keeps_last_k(tmp_path):
@@ -113,7 +123,7 @@ def _writer_thread() -> threading.Thread:
 def test_save_async_writes_the_state_as_it_was_at_the_call(tmp_path):
     ckpt = CheckpointManager(tmp_path)
     state = {"weights": [1.0, 2.0], "step": 5}
-    hold_background_saves(1.0)  # the write then surely happens after the state has changed
+    hold_background_saves(HELD)  # the write then surely happens after the state has changed
     future = ckpt.save_async(state, 5)
     state["weights"].append(3.0)  # the next training step changes the state in place while the file is written
     state["step"] = 6
@@ -123,6 +133,7 @@ def test_save_async_writes_the_state_as_it_was_at_the_call(tmp_path):
         mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
         assert writer == min(19, mine + WRITER_NICENESS)
         assert os.getpriority(os.PRIO_PROCESS, 0) == mine  # the rank's own threads keep theirs
+    release_background_saves()
     assert future.result(10) == ckpt.path_for(5)
     assert ckpt.load(5) == {"weights": [1.0, 2.0], "step": 5}
     assert ckpt.wait(0) is True
@@ -130,22 +141,25 @@ def test_save_async_writes_the_state_as_it_was_at_the_call(tmp_path):
 
 def test_save_async_keeps_one_save_in_flight(tmp_path):
     ckpt = CheckpointManager(tmp_path, keep=2)
-    hold_background_saves(1.5)
+    hold_background_saves(HELD)
     first = ckpt.save_async({"step": 1}, 1)
     assert ckpt.wait(0.05) is False  # the first is still to be written
     second_returned = threading.Event()
     caller = threading.Thread(target=lambda: (ckpt.save_async({"step": 2}, 2), second_returned.set()))
     caller.start()
     assert not second_returned.wait(0.3)  # it waits for the first rather than holding a second copy
+    assert not first.done()
+    release_background_saves()
     caller.join(10)
     assert second_returned.is_set() and first.result(10) == ckpt.path_for(1)
     assert ckpt.wait(10) and ckpt.steps() == [1, 2] and ckpt.load(2) == {"step": 2}
     ckpt.save_async({"step": 3}, 3).result(10)
     assert ckpt.steps() == [2, 3]  # pruned to keep=2 as a blocking save would
-    hold_background_saves(1.0)
+    hold_background_saves(HELD)
     ckpt.save_async({"step": 4}, 4)
     with pytest.raises(TimeoutError, match="previous background save is still being written"):
         ckpt.save_async({"step": 5}, 5, timeout=0.1)  # a bounded wait for the one before
+    release_background_saves()
     assert ckpt.wait(10) and ckpt.steps() == [3, 4]  # step 5 was not taken
 
 
@@ -161,10 +175,11 @@ def test_a_state_that_cannot_be_serialized_fails_at_the_call(tmp_path):
 def test_failed_background_write_is_logged_and_held_by_its_future(tmp_path, caplog):
     directory = tmp_path / "ckpt"
     ckpt = CheckpointManager(directory)
-    hold_background_saves(1.0)
+    hold_background_saves(HELD)
     with caplog.at_level(logging.ERROR, logger="taskd.worker.checkpoint"):
         future = ckpt.save_async({"ok": 1}, 1)
         directory.rmdir()  # gone before the held write begins
+        release_background_saves()
         assert ckpt.wait(10) is True  # does not raise: the error is the future's
     assert isinstance(future.exception(0), FileNotFoundError)
     assert "background checkpoint of step 1" in caplog.text and str(directory) in caplog.text
