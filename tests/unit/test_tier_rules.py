@@ -6,6 +6,7 @@ These tests run under tests/unit/conftest.py, so an attempt made here is refused
 from __future__ import annotations
 
 import ast
+import functools
 import multiprocessing
 import os
 import socket
@@ -135,15 +136,17 @@ def test_a_unit_tier_run_fails_each_test_that_breaks_the_rule(pytester: pytest.P
                                         "ERROR test_probe.py*"])
 
 
-def _imports(path: Path) -> set[str]:
-    """The top-level names `path` imports (`support` for `from support.scripted_agent import ...`)."""
+@functools.cache
+def _imports(path: Path) -> frozenset[str]:
+    """The top-level names `path` imports (`support` for `from support.scripted_agent import ...`); each file
+    parsed once for the tests here."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
             names.update(alias.name.partition(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             names.add(node.module.partition(".")[0])
-    return names
+    return frozenset(names)
 
 
 def test_tests_never_reach_into_bench_and_bench_never_into_tests() -> None:
