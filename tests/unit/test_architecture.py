@@ -25,6 +25,7 @@ ALLOWED: dict[str, set[str]] = {
     "taskd.callbacks": set(),
     "taskd.rule_table": set(),  # a transition table as data: the controller's and the agent's are built on it
     "taskd.doc_block": set(),  # a generated Markdown block in a doc (markers, --write/--check)
+    "taskd.module_map": {"taskd.doc_block"},  # docs/architecture.md's map of the agent and the controller (ast only)
     "taskd.pace": set(),  # the straggler judge (pure): the agent and the controller both judge with it
     "taskd.settings": {"taskd.doc_block"},  # the settings table (taskd/settings.py): every config derives from it
     "taskd.worker": set(),  # ranks import it: the standard library only (taskd.worker.torch adds torch)
