@@ -12,21 +12,39 @@ class RecoverClientError(Exception):
 
 
 class ServerUnreachable(RecoverClientError, ConnectionError):
-    """The controller did not answer: refused, unresolvable, or silent past the deadline."""
+    """The controller did not answer: refused, unresolvable, or silent past the deadline.
 
-    def __init__(self, address: str, detail: str = "") -> None:
+    `known`: this client had answers from that address before. Then a closed or refused connection is the
+    controller gone (killed, restarting, the network), said as such: the set-up hints (TLS, a connection
+    limit, not a taskd controller) are for a connection that never worked, or a TLS handshake that failed."""
+
+    def __init__(self, address: str, detail: str = "", known: bool = False) -> None:
         self.address = address
         self.detail = detail
+        self.known = known
+        if known and not _tls_words(detail):
+            how = "closed the connection" if _closed_words(detail) else "is unreachable"
+            super().__init__(f"the controller at {address} {how}" + (f" ({detail})" if detail else ""))
+            return
         message = f"recovery controller at {address} is unreachable"
         if detail:
             message = f"{message}: {detail}"
         super().__init__(f"{message} ({unreachable_hint(detail)})")
 
 
+def _tls_words(detail: str) -> bool:
+    lowered = detail.lower()
+    return any(word in lowered for word in ("handshake", "ssl", "tls", "certificate"))
+
+
+def _closed_words(detail: str) -> bool:
+    lowered = detail.lower()
+    return any(word in lowered for word in ("socket closed", "connection reset", "eof", "stream removed"))
+
+
 def unreachable_hint(detail: str) -> str:
     """What to check, from how the connection failed: nobody listening, or somebody who accepted and hung up."""
-    lowered = detail.lower()
-    if "socket closed" in lowered or "connection reset" in lowered or "handshake" in lowered or "eof" in lowered:
+    if _closed_words(detail) or _tls_words(detail):
         return ("something accepted the connection and closed it: a controller that serves TLS (set TASKD_TLS_CA, "
                 "or --tls-ca, to its CA), one at a connection limit (its log names the limit), or not a taskd "
                 "controller at all")

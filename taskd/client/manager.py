@@ -154,7 +154,7 @@ class RecoverClient:
                                                                                            remaining)))
             except ServerUnreachable as exc:
                 last_error = exc
-                logger.warning("Init attempt %d: %s", attempt, exc)
+                logger.warning("Init attempt %d: %s%s", attempt, exc, "; retrying" if exc.known else "")
             else:
                 answered = True
                 if status.code == Code.FENCED:
@@ -177,6 +177,7 @@ class RecoverClient:
             raise ServerUnreachable(
                 self.server_addr,
                 f"Init failed {attempt} times in {time.monotonic() - started:.1f}s; last: {last_error.detail}",
+                last_error.known,
             )
         logger.error("job %s: Init did not succeed after %d attempts", self.info.jobId, attempt)
         return False

@@ -89,13 +89,14 @@ def make_channel(
     return module.insecure_channel(target, options=list(options.items()))
 
 
-def translate(exc: grpc.RpcError, method: str, target: str) -> RecoverClientError:
-    """A gRPC failure as the client's exception: unreachable, refused credentials, or other."""
+def translate(exc: grpc.RpcError, method: str, target: str, known: bool = False) -> RecoverClientError:
+    """A gRPC failure as the client's exception: unreachable, refused credentials, or other (`known`: the
+    controller there answered this client before; see ServerUnreachable)."""
     code = exc.code() if hasattr(exc, "code") else None
     details = exc.details() if hasattr(exc, "details") else str(exc)
     name = code.name if code is not None else "UNKNOWN"
     if code in UNREACHABLE_CODES:
-        return ServerUnreachable(target, f"{method}: {name}: {details}")
+        return ServerUnreachable(target, f"{method}: {name}: {details}", known)
     if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):  # a job credential for
         return AuthenticationError(target, f"{method}: {details}")  # another job: retrying cannot help either
     return RecoverClientError(f"{method} to {target} failed: {name}: {details}")
@@ -104,10 +105,11 @@ def translate(exc: grpc.RpcError, method: str, target: str) -> RecoverClientErro
 class PendingCall:
     """A unary call in flight (gRPC's future): `done()` never blocks; `result()` once it is done."""
 
-    def __init__(self, future: grpc.Future, method: str, target: str) -> None:
+    def __init__(self, future: grpc.Future, method: str, target: str, owner: RpcClient | None = None) -> None:
         self._future = future
         self.method = method
         self.target = target
+        self._owner = owner  # told of an answer; says whether the controller answered before
 
     def done(self) -> bool:
         return self._future.done()
@@ -115,13 +117,17 @@ class PendingCall:
     def result(self) -> Any:
         """The answer of a completed call; a failed call raises the client's exception (as `RpcClient.call`)."""
         try:
-            return self._future.result(timeout=0)
+            answer = self._future.result(timeout=0)
         except grpc.RpcError as exc:
-            raise translate(exc, self.method, self.target) from None
+            known = self._owner is not None and self._owner.answered
+            raise translate(exc, self.method, self.target, known) from None
         except grpc.FutureCancelledError:
             raise RecoverClientError(f"{self.method} to {self.target} was cancelled") from None
         except grpc.FutureTimeoutError:
             raise RecoverClientError(f"{self.method} to {self.target} is still in flight") from None
+        if self._owner is not None:
+            self._owner.answered = True
+        return answer
 
     def cancel(self) -> None:
         self._future.cancel()
@@ -143,6 +149,7 @@ class RpcClient:
         self._lock = threading.Lock()
         self._channel: grpc.Channel | None = None
         self._stubs: dict[str, Any] = {}
+        self.answered = False  # a call (or the signal stream) got an answer from the controller at least once
         if credentials.token and not credentials.tls and not is_loopback(target):
             logger.warning("sending the taskd token to %s without TLS: anyone on the path can read it "
                            "(set TASKD_TLS_CA, and start the server with --tls-cert/--tls-key)", target)
@@ -164,12 +171,14 @@ class RpcClient:
         """One unary call with a deadline (`call_timeout` unless given); gRPC errors become client errors."""
         rpc = getattr(self._stub(service, reopen), method)
         try:
-            return rpc(request, timeout=timeout or self.call_timeout, metadata=self.metadata,
-                       wait_for_ready=self.wait_for_ready)
+            answer = rpc(request, timeout=timeout or self.call_timeout, metadata=self.metadata,
+                         wait_for_ready=self.wait_for_ready)
         except grpc.RpcError as exc:
-            raise translate(exc, method, self.target) from None
+            raise translate(exc, method, self.target, self.answered) from None
         except ValueError as exc:  # the channel was closed by close() in another thread
             raise RecoverClientError(f"{method} to {self.target} failed: {exc}") from None
+        self.answered = True
+        return answer
 
     def start(self, method: str, request: Any, *, timeout: float, service: str = "recover",
               on_done: Callable[[], None] | None = None) -> PendingCall:
@@ -180,7 +189,7 @@ class RpcClient:
             future = rpc.future(request, timeout=timeout, metadata=self.metadata, wait_for_ready=self.wait_for_ready)
         except ValueError as exc:  # the channel was closed by close() in another thread
             raise RecoverClientError(f"{method} to {self.target} failed: {exc}") from None
-        call = PendingCall(future, method, self.target)
+        call = PendingCall(future, method, self.target, self)
         if on_done is not None:
             future.add_done_callback(lambda _future: on_done())
         return call

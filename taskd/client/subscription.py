@@ -24,7 +24,7 @@ import grpc
 import grpc.aio
 
 from taskd.client.dispatch import Dispatcher
-from taskd.client.errors import FencedError, RecoverClientError
+from taskd.client.errors import FencedError, RecoverClientError, ServerUnreachable
 from taskd.client.retry import Backoff
 from taskd.client.rpc import RpcClient, translate
 from taskd.proto import recover_pb2, recover_pb2_grpc
@@ -197,6 +197,7 @@ class Subscription:
                 if message is grpc.aio.EOF:
                     return self._last_signal_mono is not None
                 if self._last_signal_mono is None:
+                    self._rpc.answered = True
                     logger.info("subscribed to signals of job %s at %s", info.jobId, self._rpc.target)
                     backoff.reset()
                 self._touch(signal=True)
@@ -269,10 +270,14 @@ class Subscription:
                     break
                 except grpc.RpcError as exc:
                     if not self._stopped.is_set():
-                        logger.warning("signal stream from %s broke: %s", target, translate(exc, "Subscribe", target))
+                        why = translate(exc, "Subscribe", target, self._rpc.answered)
+                        if isinstance(why, ServerUnreachable) and why.known:  # the controller went away
+                            logger.warning("signal stream broke: %s; retrying", why)
+                        else:
+                            logger.warning("signal stream from %s broke: %s", target, why)
                 except RecoverClientError as exc:
                     if not self._stopped.is_set():
-                        logger.warning("cannot resubscribe yet: %s", exc)
+                        logger.warning("cannot resubscribe yet: %s; retrying", exc)
                 except Exception:  # a bug must not silently end the agent's only link to the controller
                     if not self._stopped.is_set():
                         logger.exception("signal stream from %s failed unexpectedly; resubscribing", target)
