@@ -64,7 +64,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     _setting(size, "node_rank", metavar="R", help=f"this node's rank, 0..nnodes-1 (default {_d('node_rank')})")
     _setting(size, "standby", action="store_true",
              help="taskd: join the job as a spare node (needs --server): start no rank, take over the node rank of "
-                  "the first node the controller declares lost, and exit 0 if none is (docs/pytorch.md, node loss)")
+                  "the first node the controller declares lost, and exit 0 if none is (docs/node-loss.md)")
 
     where = parser.add_argument_group("where the job meets (torchrun)")
     _flag(where, "--standalone", action="store_true",

@@ -6,7 +6,7 @@ one, the control file of the next generation carries ``world_size`` and each ran
 rank its process was started as (RANK never changes for a process). `Resize` keeps that mapping: the group
 re-forms at the new rank and size, and ``fn(rank, world_size)`` runs in every rank whose rank or world size
 changed, once the group is formed and the state synced, before its next step: that is where the script
-re-shards its data (docs/pytorch.md, "Scale-in and scale-out").
+re-shards its data (docs/node-loss.md, "Scale-in and scale-out").
 """
 
 from __future__ import annotations
