@@ -120,7 +120,8 @@ def run_main(config: RunConfig) -> int:
         agent_config = AgentConfig.from_env(origins, launcher="taskd", **overrides)
         spec = with_rank_rejoin_wait(spec, agent_config.node_rejoin_timeout, agent_config.controller_timeout)
         spec = with_rank_strategies(spec, agent_config.offered_strategies)
-        credentials = _credentials(config) if config.server else None
+        credentials = _credentials(config) if agent_config.server is not None else None
+        _conceal_credentials(config)
         launcher = LocalLauncher(spec)
     except WorkerSpecError as exc:
         return _config_errors(exc.problems)
@@ -135,6 +136,19 @@ def run_main(config: RunConfig) -> int:
     finally:
         launcher.close(config.stop_grace)
     return result.exit_code
+
+
+CREDENTIAL_FLAGS = ("--token-file", "--token_file", "--tls-ca", "--tls_ca", "--tls-cert", "--tls_cert",
+                    "--tls-key", "--tls_key")
+
+
+def _conceal_credentials(config: RunConfig) -> None:
+    """Once read, and before any rank starts: no credential path left in this process's command line or
+    environment, and its memory closed to the ranks (taskd/process/conceal.py, RELIABILITY.md "Ranks")."""
+    from taskd.process.conceal import conceal
+    from taskd.worker.env import is_credential_var
+
+    conceal((config.token_file, config.tls_ca, config.tls_cert, config.tls_key), CREDENTIAL_FLAGS, is_credential_var)
 
 
 def _credentials(config: RunConfig) -> ClientCredentials:

@@ -30,6 +30,7 @@ from taskd.client.current import set_manager
 from taskd.client.errors import AuthenticationError, FencedError, RecoverClientError
 from taskd.client.manager import pace_request
 from taskd.client.rpc import PendingCall, make_channel
+from taskd.process.conceal import conceal
 from taskd.proto import recover_pb2, taskd_pb2, taskd_pb2_grpc
 from taskd.vocabulary import Code, FaultRanks, SignalType
 from taskd.worker.env import is_credential_var
@@ -143,6 +144,8 @@ class ControllerLink:
             credentials = self._credentials if self._credentials is not None else ClientCredentials.from_env()
             if cfg.launcher == "msrun":  # msrun's ranks inherit this process's environment: read, then forget
                 forget_credential_vars(os.environ)
+        if cfg.launcher == "msrun":  # msrun's ranks are its children: no credential's path, variable or memory
+            conceal((), (), is_credential_var)  # in their reach (process/conceal.py; `taskd run` conceals at start)
         mgr = RecoverClient(info, address, init_timeout=max(1.0, cfg.controller_timeout),
                             channel_options=options, credentials=credentials)
         self.refusal = self._register(mgr, info, address)

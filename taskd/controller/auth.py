@@ -5,7 +5,10 @@ Two kinds of bearer (RELIABILITY.md, "Tenants"):
 - the **admin token**, `taskd server --token-file`'s content: every call of every job, the job list,
   and minting job credentials (`taskd token --job ID`);
 - a **job credential**, `tdj1.<job id, base64url>.<HMAC-SHA256 of the job id under the admin token>`:
-  only the calls that name that job (Init, Register, Subscribe, the reports, HealthCheck, ListJobs of it).
+  only the calls that name that job (Init, Register, Subscribe, the reports, HealthCheck, ListJobs of it);
+- the **status credential**, `tds1.<HMAC-SHA256 of a fixed label under the admin token>`: `ListJobs` only.
+  An embedded controller's locator holds it, so that `taskd status` reads a standalone job and whoever
+  else reads the locator (a rank: same user) controls nothing (issue 31, F4).
 
 An HMAC rather than a minted token stored hashed: nothing to store, so a credential survives a
 controller restart, a lost state file and a second controller given the same token file, and the
@@ -37,6 +40,19 @@ SCHEME = "bearer"
 
 JOB_PREFIX = "tdj1."
 _CONTEXT = b"taskd job credential v1\0"
+STATUS_PREFIX = "tds1."
+_STATUS_CONTEXT = b"taskd status credential v1\0"
+STATUS_READER = "\0status"
+"""What `authenticate` names a status credential's bearer by: no job id can be it (ids are printable)."""
+STATUS_METHODS = frozenset({"/taskd.v1.JobStatus/ListJobs"})
+"""The only calls a status credential may make: reading jobs, as `taskd status` does."""
+
+
+def status_credential(admin_token: str | bytes) -> str:
+    """The read-only credential under `admin_token`: `ListJobs` of every job and nothing else. An embedded
+    controller's locator holds it rather than the token its agent calls with (locator.py, issue 31 F4)."""
+    key = admin_token.encode() if isinstance(admin_token, str) else admin_token
+    return STATUS_PREFIX + hmac.new(key, _STATUS_CONTEXT, hashlib.sha256).hexdigest()
 
 
 def job_credential(admin_token: str | bytes, job_id: str) -> str:
@@ -67,7 +83,8 @@ def token_refusal(metadata: Iterable[tuple[str, str | bytes]] | None, token: byt
 
 
 def authenticate(metadata: Iterable[tuple[str, str | bytes]] | None, token: bytes) -> tuple[str, str | None]:
-    """("", None) for the admin token, ("", job id) for a job credential, (why not, None) otherwise."""
+    """("", None) for the admin token, ("", job id) for a job credential, ("", STATUS_READER) for the status
+    credential, (why not, None) otherwise."""
     sent: str | bytes | None = None
     for key, value in metadata or ():
         if key == AUTH_KEY:
@@ -89,6 +106,10 @@ def authenticate(metadata: Iterable[tuple[str, str | bytes]] | None, token: byte
             return "", job
         return ("this job credential was not minted from this controller's token: mint it again with `taskd token "
                 "--job ID` from the token file `taskd server --token-file` was given"), None
+    if credential.startswith(STATUS_PREFIX):
+        if hmac.compare_digest(credential.encode("utf-8", "replace"), status_credential(token).encode()):
+            return "", STATUS_READER
+        return "this status credential was not made from this controller's token", None
     # constant time over the token's bytes: how much of a guess matched is not revealed by timing
     if not hmac.compare_digest(credential.encode("utf-8", "replace"), token):
         return (f"wrong token: the client's {TOKEN_ENV} (or --token-file) must hold the job's credential "

@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from taskd.controller.auth import authenticate, token_refusal
+from taskd.controller.auth import STATUS_METHODS, STATUS_READER, authenticate, token_refusal
 from taskd.controller.limits import PeerLimits, peer_ip
 from taskd.controller.tenancy import Tenants, credential_key
 from taskd.vocabulary import Code
@@ -114,9 +114,14 @@ class Guard(aio.ServerInterceptor):
         return wrapped
 
     def _job_refusal(self, method: str, request: Any, job: str | None) -> str:
-        """"" for the admin token, or a job credential whose job the request names; else why not."""
+        """"" for the admin token, a job credential whose job the request names, or the status credential on
+        `ListJobs`; else why not."""
         if job is None:
             return ""
+        if job == STATUS_READER:
+            return "" if method in STATUS_METHODS else (
+                f"a status credential (an embedded controller's locator holds one) only reads jobs: {method} "
+                "needs the agent's own token or the job's credential")
         named = getattr(request, "jobId", "")
         if named == job:
             return ""

@@ -2,9 +2,11 @@
 
 An embedded controller listens on a free loopback port with a random token that only its agent
 knows, so `taskd status` could neither find nor read a standalone job. Each one therefore leaves a
-locator, `<dir>/<pid>-<port>.json` (address, token, pid and the process's start time), mode 0600 in
-a 0700 directory this user owns: `$XDG_RUNTIME_DIR/taskd`, else `~/.taskd/run`. Only this user
-can read it, and this user could read the token from the process's memory anyway. The locator goes
+locator, `<dir>/<pid>-<port>.json` (address, credential, pid and the process's start time), mode 0600
+in a 0700 directory this user owns: `$XDG_RUNTIME_DIR/taskd`, else `~/.taskd/run`. Only this user can
+read it, but every process of this user can, the ranks of every standalone job included: so the
+credential it holds is the controller's status credential, which reads jobs (`ListJobs`) and nothing
+else (auth.status_credential), never the token its agent calls with (issue 31, F4). The locator goes
 when the controller stops; one left by a SIGKILLed run names a dead process and is pruned by the
 next reader or the next embedded controller.
 """

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from taskd.address import join_host_port
-from taskd.controller.auth import server_credentials
+from taskd.controller.auth import server_credentials, status_credential
 from taskd.controller.config import (
     MAX_MESSAGE,
     METRICS_PORT,
@@ -301,7 +301,8 @@ class EmbeddedController:
 
     Its caller makes the token for the run (`ControllerConfig(token=secrets.token_urlsafe(32))`) and hands
     it to its own agent in-process: it is never printed, never in argv, never in a rank's environment. With
-    `advertise` it is also in a locator only this user can read, for `taskd status` (controller/locator.py).
+    `advertise` a locator only this user can read holds, for `taskd status`, a credential that only reads jobs
+    (auth.status_credential; controller/locator.py): this user's ranks can read it, and control nothing with it.
     A bad config is refused at construction (`ConfigError`), exactly as `taskd server` refuses it.
     """
 
@@ -321,8 +322,8 @@ class EmbeddedController:
     @classmethod
     def for_agent(cls, max_restarts: int, node_rejoin_timeout: float | None = None) -> EmbeddedController:
         """The controller `taskd run` and the msrun plugin run when given none: a free loopback port, state in
-        memory, and a random token that only the agent in this process (and `taskd status` run by the same user on
-        this host, through its locator) learns (`token`). `node_rejoin_timeout`
+        memory, and a random token that only the agent in this process learns (`token`; `taskd status` gets a
+        read-only credential from the locator). `node_rejoin_timeout`
         (default $TASKD_NODE_REJOIN_TIMEOUT, else 300 s): how long a node-loss round waits for a replacement."""
         rejoin = node_rejoin_timeout
         if rejoin is None:
@@ -391,8 +392,11 @@ class EmbeddedController:
         await server.start()
         self.server = server
         self._address = server.address
-        # where `taskd status` on this host finds this run's jobs (controller/locator.py)
-        self._locator = write_locator(self._address, self.config.token) if self.advertise else None
+        # where `taskd status` on this host finds this run's jobs (controller/locator.py): with a credential that
+        # only reads them, since every process of this user, this run's ranks included, can read the locator
+        token = self.config.token
+        self._locator = (write_locator(self._address, status_credential(token) if token else None)
+                         if self.advertise else None)
         self._ready.set()
         try:
             await self._stop.wait()

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 ADMIN = "admin"
+STATUS = "status"  # the status credential an embedded controller's locator holds (auth.status_credential)
 """The key of the admin token's connections; a job credential's is `job:<id>`."""
 FAIR_SLACK = 4
 """Connections a tenant may keep idle beyond its job's nodes under pressure: `taskd status`, a retrying client."""
@@ -42,13 +43,17 @@ CLOSING = {
 
 
 def credential_key(job: str | None) -> str:
-    """"admin" for the admin token, "job:<id>" for a job credential."""
-    return ADMIN if job is None else f"job:{job}"
+    """"admin" for the admin token, "status" for the status credential, "job:<id>" for a job credential."""
+    from taskd.controller.auth import STATUS_READER
+
+    return ADMIN if job is None else STATUS if job == STATUS_READER else f"job:{job}"
 
 
 def describe(credential: str) -> str:
     """"job 'x''s credential" / "the admin token": how a log line or a refusal names a tenant."""
-    return "the admin token" if credential == ADMIN else f"job {credential[4:]!r}'s credential"
+    if credential in (ADMIN, STATUS):
+        return f"the {credential} {'token' if credential == ADMIN else 'credential'}"
+    return f"job {credential[4:]!r}'s credential"
 
 
 def default_cap(budget: int) -> int:

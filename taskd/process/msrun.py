@@ -61,6 +61,8 @@ def stale_msrun_workers(job_id: str, global_ranks: Iterable[int]) -> list[psutil
             if env.get("MINDX_TASK_ID") != job_id:
                 continue
             parent = proc.parent()
+            if parent is not None and _concealed(parent):
+                continue  # its msrun, alive: a taskd agent hides its environment (taskd/process/conceal.py)
             try:
                 parent_env = parent.environ() if parent is not None else None
             except psutil.Error:
@@ -70,6 +72,20 @@ def stale_msrun_workers(job_id: str, global_ranks: Iterable[int]) -> list[psutil
         except psutil.Error:
             continue
     return found
+
+
+def _concealed(proc: psutil.Process) -> bool:
+    """One of this user's live processes that refuses its environment to this user: a taskd agent."""
+    try:
+        proc.environ()
+    except psutil.AccessDenied:
+        try:
+            return proc.uids().real == os.getuid()
+        except psutil.Error:
+            return False
+    except psutil.Error:
+        return False
+    return False
 
 
 @dataclass(frozen=True)
