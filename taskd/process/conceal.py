@@ -101,12 +101,9 @@ def _areas() -> tuple[int, int, int, int] | None:
         return None
 
 
-def _rewrite(start: int, end: int, expected: bytes | None, new: bytes) -> bool:
-    """Write `new` over [start, end) of this process's memory, only if it holds `expected` (None: anything)."""
-    if end <= start or len(new) != end - start:
-        return False
-    current = ctypes.string_at(start, end - start)
-    if expected is not None and current != expected:
+def _rewrite(start: int, current: bytes, new: bytes) -> bool:
+    """Write `new` over `current`, the bytes this process's memory holds at `start` (read just before)."""
+    if len(new) != len(current) or not current:
         return False
     if new != current:
         ctypes.memmove(start, new, len(new))
@@ -133,9 +130,9 @@ def conceal(paths: Iterable[str | None], flags: Iterable[str], is_secret_name: C
             args = ctypes.string_at(arg_start, arg_end - arg_start)
             # the kernel's view and the memory must agree, or these are not the areas we think they are
             if shown == args:
-                argv_done = _rewrite(arg_start, arg_end, args, without_values(args, [p for p in paths if p], flags))
+                argv_done = _rewrite(arg_start, args, without_values(args, [p for p in paths if p], flags))
             envs = ctypes.string_at(env_start, env_end - env_start)
-            environ_done = _rewrite(env_start, env_end, envs, blanked(envs, is_secret_name))
+            environ_done = _rewrite(env_start, envs, blanked(envs, is_secret_name))
         except (OSError, ValueError) as exc:
             log.debug("could not rewrite this process's argument or environment area: %s", exc)
     dumpable = True
