@@ -11,15 +11,36 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from scripted_agent import CALL_TIMEOUT, ScriptedAgent
-from test_controller_job_credentials import VICTIM_CALLS, stubs
+from support.scripted_agent import CALL_TIMEOUT, Bearer, ScriptedAgent, fault_ranks
 
 from taskd.controller.auth import job_credential, status_credential
 from taskd.controller.server import ControllerConfig, EmbeddedController
-from taskd.proto import taskd_pb2
+from taskd.proto import recover_pb2, recover_pb2_grpc, taskd_pb2, taskd_pb2_grpc
 
+R, T = recover_pb2, taskd_pb2
 ADMIN = "admin-token-for-tests-0123456789abcdef"
-CONTROL_CALLS = [name for name in VICTIM_CALLS if not name.startswith("ListJobs")]
+CONTROL_CALLS = {  # every call but ListJobs, each naming the victim as its own agent would
+    "Init": lambda r, a: r.Init(R.ClientInfo(jobId="victim", nodeCount=1, ranksPerNode=1), timeout=CALL_TIMEOUT),
+    "Register": lambda r, a: r.Register(R.ClientInfo(jobId="victim", host="v-host", pid=111), timeout=CALL_TIMEOUT),
+    "HealthCheck": lambda r, a: r.HealthCheck(R.ClientInfo(jobId="victim"), timeout=CALL_TIMEOUT),
+    "ReportProcessFault": lambda r, a: r.ReportProcessFault(
+        R.ProcessFaultRequest(jobId="victim", faultRanks=fault_ranks({0: 1}), host="v-host", pid=111),
+        timeout=CALL_TIMEOUT),
+    "ReportStopComplete": lambda r, a: r.ReportStopComplete(R.StopCompleteRequest(jobId="victim"),
+                                                            timeout=CALL_TIMEOUT),
+    "ReportRecoverStrategy": lambda r, a: r.ReportRecoverStrategy(
+        R.RecoverStrategyRequest(jobId="victim", strategies=["exit"]), timeout=CALL_TIMEOUT),
+    "ReportRecoverStatus": lambda r, a: r.ReportRecoverStatus(R.RecoverStatusRequest(jobId="victim", strategy="exit"),
+                                                              timeout=CALL_TIMEOUT),
+    "ReportFinished": lambda r, a: a.ReportFinished(T.FinishRequest(jobId="victim", exitCode=1), timeout=CALL_TIMEOUT),
+    "SubscribeProcessManageSignal": lambda r, a: next(iter(r.SubscribeProcessManageSignal(
+        R.ClientInfo(jobId="victim", host="v-host", pid=111), timeout=CALL_TIMEOUT))),
+}
+
+
+def stubs(address: str, token: str):  # noqa: ANN201
+    ch = grpc.intercept_channel(grpc.insecure_channel(address), Bearer(token))
+    return ch, recover_pb2_grpc.RecoverStub(ch), taskd_pb2_grpc.AgentReportStub(ch), taskd_pb2_grpc.JobStatusStub(ch)
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +57,9 @@ def ctl() -> Iterator[tuple[str, ScriptedAgent]]:
 def test_a_status_credential_changes_nothing(ctl, name: str) -> None:
     address, victim = ctl
     before = victim.list_jobs("victim")
-    ch, r, a, s = stubs(address, status_credential(ADMIN))
+    ch, r, a, _ = stubs(address, status_credential(ADMIN))
     with ch, pytest.raises(grpc.RpcError) as err:
-        VICTIM_CALLS[name](r, a, s)
+        CONTROL_CALLS[name](r, a)
     assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, err.value
     assert "status credential" in err.value.details() and "only reads jobs" in err.value.details()
     after = victim.list_jobs("victim")
@@ -50,10 +71,10 @@ def test_a_status_credential_lists_every_job_and_one_of_another_controller_is_re
     address, _ = ctl
     ch, _, _, s = stubs(address, status_credential(ADMIN))
     with ch:
-        assert [j.jobId for j in s.ListJobs(taskd_pb2.JobQuery(), timeout=CALL_TIMEOUT).jobs] == ["victim"]
-        assert s.ListJobs(taskd_pb2.JobQuery(jobId="victim"), timeout=CALL_TIMEOUT).jobs[0].state == "RUNNING"
+        assert [j.jobId for j in s.ListJobs(T.JobQuery(), timeout=CALL_TIMEOUT).jobs] == ["victim"]
+        assert s.ListJobs(T.JobQuery(jobId="victim"), timeout=CALL_TIMEOUT).jobs[0].state == "RUNNING"
     ch, _, _, s = stubs(address, status_credential("some-other-token-0123456789abcdef"))
     with ch, pytest.raises(grpc.RpcError) as err:
-        s.ListJobs(taskd_pb2.JobQuery(), timeout=CALL_TIMEOUT)
+        s.ListJobs(T.JobQuery(), timeout=CALL_TIMEOUT)
     assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert "not made from this controller's token" in err.value.details()

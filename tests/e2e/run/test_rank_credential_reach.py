@@ -16,9 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import STARTED, free_port, port_open, wait_for
+from support import ROOT, STARTED, free_port, port_open, wait_for
 
-ROOT = Path(__file__).resolve().parents[3]
 PROBE = Path(__file__).with_name("rank_probe.py")
 ADMIN = "probe-admin-0123456789abcdef0123456789"
 WAIT_FILE = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(0.05)\n"
