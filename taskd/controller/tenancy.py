@@ -27,6 +27,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from taskd.controller.auth import STATUS_READER
+
 ADMIN = "admin"
 STATUS = "status"  # the status credential an embedded controller's locator holds (auth.status_credential)
 """The key of the admin token's connections; a job credential's is `job:<id>`."""
@@ -44,8 +46,6 @@ CLOSING = {
 
 def credential_key(job: str | None) -> str:
     """"admin" for the admin token, "status" for the status credential, "job:<id>" for a job credential."""
-    from taskd.controller.auth import STATUS_READER
-
     return ADMIN if job is None else STATUS if job == STATUS_READER else f"job:{job}"
 
 
