@@ -438,10 +438,8 @@ class ControllerCore:
         """The one `taskd.fenced` signal a subscription from a fenced identity gets before its stream ends
         (None: not fenced)."""
         m = self.jobs.get(job_id)
-        if m is None:
-            return None
-        why = fence_refusal(m, AgentConnected(node_rank=node_rank, host=host, pid=pid), self.clock())
-        if not why:
+        why = fence_refusal(m, AgentConnected(node_rank=node_rank, host=host, pid=pid), self.clock()) if m else ""
+        if m is None or not why:
             return None
         log.warning("job %s: refused the stream of fenced agent %s:%d of node %d", job_id, host, pid, node_rank)
         # not one of the job's numbered signals: the job does not change for a refused stream

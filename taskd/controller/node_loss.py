@@ -13,7 +13,7 @@ The steps, each a handler or helper the table (`taskd.controller.table`) or anot
   awaited).
 - `on_rejoin_timeout`: no replacement within `node_rejoin_timeout`: the job fails, saying how to add one
   (unless it opted in to go on smaller: `taskd.controller.resize` decides first).
-- `fence_refusal`: what any event from a fenced identity is answered (411);
+- `fence_refusal`: what any event from a fenced identity is answered (411), in every job state;
 - `reporter_refusal`: what a report from another process than its node's registered agent is answered (409).
 """
 
@@ -141,10 +141,11 @@ def on_rejoin_timeout(m: Job, ev: RejoinDue, now: float, out: Outcome, scale_in:
 
 def fence_refusal(m: Job, event: Event, now: float) -> str:
     """Why `event` comes from a fenced identity ("" if it does not): an agent the controller declared lost
-    whose node another agent holds, or is awaited. Clients that send no pid are never fenced (nothing tells
-    one of them from another)."""
+    whose node another agent holds, or is awaited. In every state, a finished job's too: a fenced agent that
+    comes back after the job ended must neither reset it (Init), nor take its node back (Register), nor end
+    it again (issue 31, F1). Clients that send no pid are never fenced (nothing tells one from another)."""
     pid = getattr(event, "pid", 0)
-    if not pid or m.state in TERMINAL:  # a finished job's returning agent is told killMaster instead
+    if not pid:
         return ""
     n = getattr(event, "node_rank", 0)
     fence = m.fences.get((n, getattr(event, "host", ""), pid))
@@ -169,6 +170,7 @@ def reporter_refusal(m: Job, event: Event) -> str:
 
 def fence_info(m: Job, fence: Fence, now: float) -> str:
     held = (f"is now held by {fence.by_host}:{fence.by_pid}" + (" (a standby agent)" if fence.standby else "")
-            if fence.by_pid or fence.by_host else "awaits a replacement")
+            if fence.by_pid or fence.by_host else f"the job is {m.state.value}" if m.state in TERMINAL
+            else "awaits a replacement")
     return (f"node {fence.node_rank} of job {m.job_id} was declared lost {now - fence.lost_at:.0f}s ago (its agent "
             f"{fence.host}:{fence.pid}, this process) and {held}: this agent must stop its ranks and exit")

@@ -15,6 +15,7 @@ from taskd.controller import validation as v
 from taskd.controller.core import ControllerCore
 from taskd.controller.events import PaceReported, StandbyConnected, StandbyDisconnected, TrainingResumed
 from taskd.controller.hub import keepalive_wire
+from taskd.controller.node_loss import fence_refusal
 from taskd.controller.state_machine import (
     AgentConnected,
     AgentDisconnected,
@@ -99,6 +100,9 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
         if request.nodeRank not in job.agents:
             return Status(code=Code.NOT_REGISTERED,
                           info=f"node {request.nodeRank} of job {request.jobId} is not registered")
+        fenced = AgentConnected(node_rank=request.nodeRank, host=request.host, pid=request.pid)
+        if why := fence_refusal(job, fenced, self.core.clock()):  # a lost agent that came back, in any job state
+            return Status(code=Code.FENCED, info=why)
         return Status(code=Code.OK, info=job.state.value)
 
     async def SubscribeProcessManageSignal(

@@ -797,19 +797,33 @@ def test_loss_comes_before_a_round_timeout_due_at_the_same_time() -> None:
     assert m.state == S.FAILED and sig_names(fired) == ["changeStrategy:exit"]
 
 
-def test_late_subscriber_to_a_failed_job_gets_kill_master() -> None:
+def test_an_agent_declared_lost_that_comes_back_to_the_job_it_failed_is_fenced() -> None:
     m = new_job()
     m.handle(AgentDisconnected(node_rank=1), 1)
     fire(m, 31)
     assert m.state == S.FAILED
-    # the lost agent comes back: its Init (same host and pid, never finished) joins instead of resetting
-    assert "joined" in m.handle(JobInit(node_count=2, node_rank=1, host="h", pid=101), 40).info
-    assert m.handle(AgentRegistered(node_rank=1, host="h", pid=101), 40).code == 0
-    out = m.handle(AgentConnected(node_rank=1), 40)
-    assert [s.signal_type for s in out.direct] == [SignalType.KILL_MASTER] and out.signals == []
-    assert m.state == S.FAILED and [r.kind for r in out.records] == ["agent_subscribed", "kill_master"]
+    # the lost agent comes back: its Init, Register and stream are refused as fenced (issue 31: in every state),
+    # so it stops its ranks and exits 1, and nothing of the failed job changes
+    for ev in (JobInit(node_count=2, node_rank=1, host="h", pid=101), AgentRegistered(node_rank=1, host="h", pid=101),
+               AgentConnected(node_rank=1, host="h", pid=101)):
+        out = m.handle(ev, 40)
+        assert out.code == Code.FENCED and "the job is FAILED: this agent must stop its ranks" in out.info, out.info
+    assert m.state == S.FAILED and not m.agents[1].subscribed
     # a new run of the job (another process) still starts afresh
     assert "reset" in m.handle(JobInit(node_count=2, host="h", pid=555), 50).info and m.state == S.RUNNING
+
+
+def test_late_subscriber_to_a_failed_job_gets_kill_master() -> None:
+    """An agent the job failed without (its stream was down, never declared lost) learns it from killMaster."""
+    m = new_job()
+    m.handle(AgentDisconnected(node_rank=1), 1)
+    m.handle(AgentFinished(node_rank=0, exit_code=3, message="boom"), 2)
+    assert m.state == S.FAILED
+    assert "joined" in m.handle(JobInit(node_count=2, node_rank=1, host="h", pid=101), 3).info
+    assert m.handle(AgentRegistered(node_rank=1, host="h", pid=101), 3).code == 0
+    out = m.handle(AgentConnected(node_rank=1, host="h", pid=101), 3)
+    assert [s.signal_type for s in out.direct] == [SignalType.KILL_MASTER] and out.signals == []
+    assert m.state == S.FAILED and [r.kind for r in out.records] == ["agent_subscribed", "kill_master"]
 
 
 def test_subscriber_to_a_succeeded_job_gets_nothing() -> None:
