@@ -18,6 +18,7 @@ from collections.abc import Callable, MutableMapping
 from typing import Any, Protocol
 
 from taskd.agent.config import AgentConfig
+from taskd.agent.continued import ContinueWord
 from taskd.agent.fencing import Fencing
 from taskd.agent.finish_report import FinishReport, deliver
 from taskd.agent.held_node import register_held
@@ -100,6 +101,8 @@ class ControllerLink:
             wake_unless_closed()
 
         self.fencing = Fencing(fence_order)
+        # ranks continued after a stop wait for this agent's word, asked of the controller (issue 31)
+        self.continued = ContinueWord(lambda: self._mgr, self.fencing.fence)
         self._standby = False  # joined as a standby and not assigned a node (yet): it has no finish to report
         self.rejoining_at_register: frozenset[int] | None = None  # JobRecord.rejoining as this agent registered
         self.lost_ago: float | None = None  # seconds since the controller declared this node lost (a replacement)

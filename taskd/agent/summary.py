@@ -141,7 +141,8 @@ class JobResult:
     def format_summary(self) -> str:
         lines = self._root_cause() if not self.succeeded else []
         lines += [
-            f"job {'succeeded' if self.succeeded else 'FAILED'}"
+            ("job succeeded" if self.succeeded else "node FENCED, its ranks stopped" if self.reason.startswith("fenced")
+             else "job FAILED")  # a fenced node's job goes on, or ended, without it: not this node's to judge
             + (f" ({self.reason})" if self.reason else "")
             + f": {self.ranks} ranks, {len(self.faults)} fault(s), {self._recovery_accounts()}, "
             f"{max(0.0, self.ended - self.started):.1f}s in all"

@@ -255,6 +255,8 @@ class Supervisor:
         """A round in progress waits on the controller's next signal: if the controller is gone for
         `controller_timeout`, nothing else would ever end that wait, so recover locally (degraded)."""
         self.node_loss.watch(time.monotonic())  # a replacement's bounded wait; was this agent fenced?
+        files = (self.hang.heartbeat(r)[0] for r in self.table.alive())  # ranks continued after a stop (issue 31)
+        self.link.continued.watch(files, time.monotonic(), alone=self.policy.degraded)
         waiting = not self._done and not self.policy.degraded and self.machine.waits_on_controller
         lost_for = self.link.lost_during_round(time.monotonic(), waiting)
         if lost_for is not None:

@@ -64,7 +64,7 @@ class _Hold:
 
     def __init__(self) -> None:
         self._until = 0.0
-        self._changed = threading.Condition()
+        self._changed = threading.Condition()  # an RLock: the SIGCONT hold (worker/continued.py) may re-enter it
 
     def hold(self, seconds: float) -> None:
         with self._changed:

@@ -45,12 +45,18 @@ offset  type  field
 232     f64   compute seconds (rank side): the time between consecutive heartbeats not spent inside a
               collective (``taskd.worker.collective()``, LiveGroup's marks), summed
 240     u64   heartbeat intervals that sum counts
-248     8x    free
+248     f64   continue handshake (both sides, outside the sequence counter): the rank writes -T (T its
+              monotonic time when it was continued after a stop, SIGCONT) to ask whether its node is still its
+              own; the agent answers +S, S the monotonic time it asked the controller (S >= T). 0 = never asked
 ======  ====  ===============================================================
 
 Bytes 152-219 are the live-recovery fields (``taskd.worker.live``); all zero means "not declared".
 A finishing rank is not hung: framework finalisation at exit (MindSpore's takes seconds) sends no
 heartbeats. The agent still bounds how long it waits for such a rank to exit.
+
+Bytes 248-255 hold a rank back after a stop (``taskd.worker.continued``, issue 31): a whole node SIGSTOPped
+until it was declared lost and replaced must not write a step when it is continued, before its agent learns it
+was fenced (CLOCK_MONOTONIC is one clock for every process of the machine).
 
 Bytes 232-247 are a rank's own pace (issue 21, stragglers): in data-parallel training every rank steps
 at the slowest's pace, so the step time cannot name the slow rank, but the time a rank spends *outside*
@@ -85,6 +91,7 @@ _LIVE = struct.Struct("<IIqqddQIqd")  # offset 152: the live-recovery fields, se
 _U32 = struct.Struct("<I")
 _FINISH = struct.Struct("<Id")  # offset 220: finishing state, since (packed: 220 + 4 = 224)
 _COMPUTE = struct.Struct("<dQ")  # offset 232: compute seconds, intervals counted
+_CONTINUE = struct.Struct("<d")  # offset 248: the continue handshake
 
 OFF_SEQ = 8
 OFF_IDENT = 16
@@ -102,6 +109,7 @@ OFF_LIVE_COLLECTIVE = 184
 OFF_LIVE_ERROR = 192  # count, kind, step, time
 OFF_FINISH = 220
 OFF_COMPUTE = 232
+OFF_CONTINUE = 248
 
 FINISHING_NO = 0
 FINISHING_EXIT = 1  # the rank's interpreter is exiting (its atexit handlers run)
@@ -298,6 +306,15 @@ class HeartbeatFile:
         number = _REQUEST.unpack_from(mapping, OFF_REQUEST)[0] + 1
         _REQUEST.pack_into(mapping, OFF_REQUEST, number)
         return number
+
+    def continue_asked(self) -> float | None:
+        """The monotonic time the rank was continued after a stop, while it waits for the agent's word; else None."""
+        value = _CONTINUE.unpack_from(self.buffer, OFF_CONTINUE)[0]
+        return -value if value < 0 else None
+
+    def answer_continue(self, asked_at: float) -> None:
+        """The controller still counted this node's agent as the holder when asked at monotonic `asked_at`."""
+        _CONTINUE.pack_into(self.buffer, OFF_CONTINUE, asked_at)
 
     def wait_save(self, number: int, timeout: float, interval: float = 0.01) -> HeartbeatState | None:
         """Wait until request ``number`` is acknowledged; None on timeout."""

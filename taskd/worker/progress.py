@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
+from taskd.worker import continued
 from taskd.worker import heartbeat_file as hbf
 from taskd.worker.env import Var, in_spare, rank
 
@@ -48,6 +49,7 @@ class _Beacon:
         self.compute = 0.0
         self.intervals = 0
         self.stack_signal = _install_stack_dump()
+        continued.install(self.buf)  # after a stop, no step before the agent's word (issue 31)
         with self.lock:
             self._begin()
             hbf._IDENT.pack_into(self.buf, hbf.OFF_IDENT, os.getpid(), self.stack_signal)
@@ -247,6 +249,7 @@ def _forget_in_child() -> None:
     """A forked child (e.g. a data loader worker) must not beat for its parent rank."""
     global _beacon
     _beacon = _DISABLED
+    continued.forget()
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
