@@ -5,19 +5,20 @@ a node-loss round; without a replacement within the rejoin timeout (short here) 
 from __future__ import annotations
 
 import itertools
-import queue
+import json
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 
 import pytest
 from support.scripted_agent import ScriptedAgent
 
+from taskd.client.errors import FencedError
 from taskd.controller.server import ControllerConfig, EmbeddedController
 from taskd.proto import recover_pb2
 from taskd.toolkit.recover_module.recover_manager import DLRecoverManager
+from taskd.vocabulary import Code
 
 LOSS_TIMEOUT = 2.0
 REJOIN_TIMEOUT = 1.0
@@ -82,11 +83,13 @@ def test_lost_agent_without_replacement_fails_the_job_and_the_others_exit_then_a
     assert '"node_rank": 1' in lost.detail
     assert rec.rounds[-1].outcome == "failed" and rec.rounds[-1].strategy == "exit"
     assert node0.status("exit").code == 0  # the remaining agent confirms as usual
-    # the lost agent comes back (same host and pid): it joins the failed job and is told to stop at once
-    assert "joined" in node1.init().info
-    assert node1.register().code == 0
+    # the lost agent comes back (same host and pid): fenced, in a finished job too (issue 31), so it stops its ranks
+    # and exits 1; nothing of the failed job changes
+    for answer in (node1.init(), node1.register(), node1.health()):
+        assert answer.code == Code.FENCED and "the job is FAILED: this agent must stop its ranks" in answer.info
     node1.subscribe()
-    node1.expect("killMaster")
+    fenced = node1.expect("taskd.fenced")
+    assert "declared lost" in json.loads(fenced.extraParams)["reason"]
     assert record(node0).state == "FAILED"
 
 
@@ -118,27 +121,22 @@ def test_single_agent_job_whose_agent_is_lost_becomes_failed(job) -> None:
     assert "node(s) 0 lost and no replacement joined" in record(node0).info
 
 
-def test_real_client_back_on_a_failed_job_gets_kill_master(server: str, job) -> None:
-    """DLRecoverManager's own reconnect path (Init, Register, Subscribe) after it was declared lost."""
+def test_real_client_back_on_a_failed_job_it_was_declared_lost_from_is_fenced(server: str, job) -> None:
+    """DLRecoverManager's own reconnect path (Init) after it was declared lost: refused as fenced (issue 31)."""
     (node0,) = job(nodes=1)
     info = recover_pb2.ClientInfo(jobId=node0.job_id, role="agent", nodeRank=0, nodeCount=1, ranksPerNode=1,
                                   host=node0.info.host, pid=node0.info.pid)  # the same agent process
     node0.unsubscribe()
     wait_until(lambda: record(node0).state == "FAILED", LOSS_TIMEOUT + REJOIN_TIMEOUT + 30, "the job to fail")
     mgr = DLRecoverManager(info, server, backoff_initial=0.05, backoff_max=0.3, call_timeout=5)
-    killed: queue.Queue = queue.Queue()
-    mgr.register_action_handler("killMaster", killed.put)
-    thread = threading.Thread(target=mgr.start_subscribe, daemon=True)
     try:
-        assert mgr.init_clusterd()
-        assert mgr.register().code == 0
-        thread.start()
-        sig = killed.get(timeout=30)
-        assert sig.signal_type == "killMaster" and sig.job_id == node0.job_id
+        with pytest.raises(FencedError, match="the job is FAILED"):
+            mgr.init_clusterd()
+        with pytest.raises(FencedError, match="declared lost"):
+            mgr.register()
         assert record(node0).state == "FAILED"  # the returning agent did not reset the job
     finally:
         mgr.stop()
-        thread.join(10)
 
 
 @pytest.mark.parametrize("value,needle", [("0", "--agent-loss-timeout must be > 0"),
