@@ -25,7 +25,7 @@ from taskd.agent.held_node import register_held
 from taskd.agent.orders import WIRE_COMMANDS, Command, Order
 from taskd.agent.policy import LossTimer, ReportRetry
 from taskd.agent.ranks import RankLayout
-from taskd.agent.reports import FAULT, STRATEGIES, Outbox, Report, Settled
+from taskd.agent.reports import FAULT, STATUS, STRATEGIES, Outbox, Report, Settled
 from taskd.client import ClientCredentials, ConfigurationError, RecoverClient
 from taskd.client.current import set_manager
 from taskd.client.errors import AuthenticationError, FencedError, RecoverClientError
@@ -305,7 +305,7 @@ class ControllerLink:
                   time.monotonic())
 
     def report_status(self, code: int, msg: str, faults: FaultRanks, strategy: str, rejoined: bool = False) -> None:
-        self._add("recover status", "ReportRecoverStatus",
+        self._add(STATUS, "ReportRecoverStatus",
                   lambda c, _r: c.recover_status_request(code, msg, faults, strategy, rejoined=rejoined),
                   time.monotonic())
 

@@ -23,7 +23,7 @@ from taskd.agent.launcher_api import MSRUN
 from taskd.agent.live import LiveRanks
 from taskd.agent.rank_control import Adopted, RankControl
 from taskd.agent.ranks import RankState, RankTable
-from taskd.agent.reports import STRATEGIES
+from taskd.agent.reports import STATUS, STRATEGIES
 from taskd.agent.resumed_report import report_resumed
 from taskd.agent.resumption import Resumption
 from taskd.agent.round_state import LocalPolicy
@@ -31,6 +31,7 @@ from taskd.agent.summary import SUPERSEDED, JobResult, RecoveryRecord
 from taskd.vocabulary import Code, FaultRanks, Strategy
 
 log = logging.getLogger("taskd.agent")
+_OUTBOX_KINDS = {ev.STRATEGIES: STRATEGIES, ev.STATUS: STATUS}  # a WithdrawReports kind -> the outbox's report
 
 
 @dataclass(frozen=True)
@@ -191,9 +192,10 @@ def send_report(x: Executors, a: ev.SendReport) -> None:
         x.link.report_status(a.code, a.detail, a.faults, a.strategy, a.rejoined)
 
 
-def withdraw_strategies(x: Executors, a: ev.WithdrawStrategies) -> None:
-    if n := x.link.outbox.drop(STRATEGIES):
-        log.info("a new stopTrain: %d strategies report(s) for the round's earlier collection withdrawn", n)
+def withdraw_reports(x: Executors, a: ev.WithdrawReports) -> None:
+    for what in (_OUTBOX_KINDS[kind] for kind in a.kinds):
+        if n := x.link.outbox.drop(what):
+            log.info("a new stopTrain: %d pending %s report(s) withdrawn (the controller moved past them)", n, what)
 
 
 def offer_strategies(x: Executors, a: ev.OfferStrategies) -> None:
@@ -290,7 +292,7 @@ EXECUTORS = executor_table((  # checked at import: the mirror of round_table.RUL
     (ev.SetRestartCount, set_restart_count), (ev.Supersede, supersede), (ev.BeginRebuild, begin_rebuild),
     (ev.LeaveGroup, leave_group), (ev.PrepareReplacement, prepare_replacement),
     (ev.AbandonRebuild, abandon_rebuild), (ev.SendReport, send_report),
-    (ev.WithdrawStrategies, withdraw_strategies), (ev.OfferStrategies, offer_strategies),
+    (ev.WithdrawReports, withdraw_reports), (ev.OfferStrategies, offer_strategies),
     (ev.RecordRestart, record_restart), (ev.TellResumed, tell_resumed), (ev.Dump, dump), (ev.TakeNode, take_node),
     (ev.Finish, finish),
 ))

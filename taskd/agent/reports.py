@@ -32,6 +32,7 @@ RESYNC_TIMEOUT = 1.0  # each of the re-Init and re-Register calls before re-send
 FLUSH_TIMEOUT = 5.0  # the longest the agent's last moments wait for reports still pending
 FAULT = "fault report"
 STRATEGIES = "strategies"  # a node's strategies for a round: a new stopTrain withdraws them (Outbox.drop)
+STATUS = "recover status"  # a node's recover status: a new stopTrain withdraws it too (round_events.WithdrawReports)
 
 
 @dataclass
@@ -225,4 +226,4 @@ class Outbox:
         return settled
 
 
-__all__ = ["FAULT", "Outbox", "Report", "Settled"]
+__all__ = ["FAULT", "STATUS", "STRATEGIES", "Outbox", "Report", "Settled"]

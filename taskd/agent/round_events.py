@@ -215,10 +215,14 @@ FAULT, STOP_COMPLETE, STRATEGIES, STATUS = "fault", "stop complete", "strategies
 
 
 @dataclass(frozen=True)
-class WithdrawStrategies:
-    """Strategies still pending answer a collection that a new stopTrain ended (a fault joined the round): the
-    controller refuses them (401) until the stop complete is in, so they would be retried to their deadline.
-    Dropped; the round's next globalFault asks again."""
+class WithdrawReports:
+    """A stopTrain means the controller is (again) in a round's stop phase, where it takes no strategies and no
+    recover status (401 until the stop complete is in), so reports of either still pending would be retried to
+    their deadline ahead of the new stop complete. Strategies answer a collection that stopTrain ended (a fault
+    joined the round: the next globalFault asks again); a recover status belongs to a round the controller moved
+    past (it re-runs a round a restart caught undecided: issue 31, F2). Both are dropped."""
+
+    kinds: tuple[str, ...] = (STRATEGIES, STATUS)  # SendReport kinds
 
 
 @dataclass(frozen=True)
@@ -278,6 +282,6 @@ class Finish:
 
 
 Action = (Note | StopRanks | StartRanks | SetRestartCount | Supersede | BeginRebuild | LeaveGroup | AbandonRebuild
-          | PrepareReplacement | SendReport | WithdrawStrategies
+          | PrepareReplacement | SendReport | WithdrawReports
           | OfferStrategies | RecordRestart | TellResumed | Dump | TakeNode | Finish)
 ACTION_TYPES: tuple[type, ...] = get_args(Action)  # each has one executor (agent/executors.py, checked at import)

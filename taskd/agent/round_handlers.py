@@ -46,7 +46,7 @@ from taskd.agent.round_events import (
     Supersede,
     TakeNode,
     TellResumed,
-    WithdrawStrategies,
+    WithdrawReports,
 )
 from taskd.agent.round_state import NodeRound, NodeState, RestartPlan
 from taskd.vocabulary import Code, FaultRanks, FaultType, Strategy
@@ -159,7 +159,7 @@ def on_stop(m: NodeRound, ev: StopOrder, now: float, out: Out) -> NodeState:
     _leave_if_broken(m, faults, out)  # a rank of another node is gone: ours learn it from us, not the ring
     stop = [lr for lr in m.view.local_of(faults) if not m.view.live_fault(lr, faults)]
     out.append(StopRanks(tuple(stop), graceful=False))
-    out.append(WithdrawStrategies())  # offered for a collection this stop ended
+    out.append(WithdrawReports())  # strategies and statuses this stop made moot
     out.append(SendReport(STOP_COMPLETE, faults))
     return m.state if m.state in (S.DEGRADED, S.REJOINING) else S.STOPPING
 
@@ -174,6 +174,10 @@ def on_change(m: NodeRound, ev: ChangeOrder, now: float, out: Out) -> NodeState:
     order = ev.order
     strategy = order.strategy
     faults = order.fault_ranks or dict(m.faults)
+    if order.uuid and order.uuid == m.carried_out:  # re-sent: its status is pending or was taken; never redone
+        out.append(Note(INFO, f"strategy: {strategy} ({order.uuid}) again: already carried out, not redone"))
+        return m.state
+    m.carried_out = order.uuid
     out.append(Note(INFO, f"strategy: {strategy} for rank(s) {sorted(faults)}"))
     if strategy in (Strategy.RECOVER, Strategy.JOB_RESCHEDULING) or (strategy == Strategy.RETRY and m.facts.live) \
             or (strategy in Strategy.RESIZE and m.facts.live and order.resize is not None):

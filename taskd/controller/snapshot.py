@@ -1,9 +1,11 @@
 """A job as JSON for the store, and back after a controller restart.
 
 The format is the one taskd has always written (the store keeps it in `jobs.snapshot`); keys added
-later are read with a default, so state files written by older versions still load. Per-agent
-progress of a round is not kept: a job caught mid-round waits in RESUMING for its agents, then
-restarts the round (docs/controller.md, "Persistence").
+later are read with a default, so state files written by older versions still load. What a restart does
+to a round depends on how far it got (docs/controller.md, "Persistence"): a round whose strategy was chosen
+(RECOVERING) resumes where it was, with the agents' statuses already counted and the same changeStrategy
+(its uuid and live generation) re-sent only to the agents that still owe one; an undecided round waits in
+RESUMING for its agents, then runs its stop and collection again, once.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 from taskd.controller import resumed
 from taskd.controller.agents import AgentInfo
 from taskd.controller.clock import identity
-from taskd.controller.events import Outcome, Record
+from taskd.controller.events import Outcome, Record, Signal
 from taskd.controller.job import Job
 from taskd.controller.model import ROUND_STATES, TERMINAL, Fence, JobState, Round, fmt_faults, loss_clock
 from taskd.controller.standby import Standby
@@ -55,6 +57,7 @@ def snapshot(m: Job, to_wall: Times = identity) -> dict[str, Any]:
                     _opt(to_wall, f.replaced_at), f.standby] for f in m.fences.values()],
         "standbys": [[s.host, s.pid, to_wall(s.since), s.assigned, s.role] for s in m.standbys.values()],
         "resume_watch": resumed.to_json(m.resume_watch, to_wall),
+        "last_signal": _signal_json(m.last_signal),
         "round": None if r is None else {
             "number": r.number,
             "started_at": to_wall(r.started_at),
@@ -64,8 +67,40 @@ def snapshot(m: Job, to_wall: Times = identity) -> dict[str, Any]:
             "tried": r.tried,
             "strategy": r.strategy,
             "lost": {str(n): to_wall(t) for n, t in r.lost.items()},
+            # the decided round's progress, so that a restart resumes it instead of running it again
+            "participants": sorted(r.participants),
+            "statuses": sorted(r.statuses),
+            "reports": {str(n): list(s) for n, s in r.reports.items()},  # the offers a next strategy is chosen from
+            "unrejoined": r.unrejoined,
+            "strategy_started_at": to_wall(r.strategy_started_at) if r.strategy_started_at else 0.0,
         },
     }
+
+
+def _signal_json(sig: Signal | None) -> dict[str, Any] | None:
+    if sig is None:
+        return None
+    return {"uuid": sig.uuid, "signal_type": sig.signal_type, "actions": list(sig.actions),
+            "faults": [[r, t] for r, t in sig.faults], "strategy": sig.strategy, "timeout": sig.timeout,
+            "reason": sig.reason, "nodes": list(sig.nodes), "generation": sig.generation, "restarts": sig.restarts,
+            "round": sig.round, "extra": [[k, v] for k, v in sig.extra]}
+
+
+def _signal(d: Mapping[str, Any] | None) -> Signal | None:
+    if not d:
+        return None
+    return Signal(uuid=str(d["uuid"]), signal_type=str(d["signal_type"]), actions=tuple(d["actions"]),
+                  faults=tuple((int(r), str(t)) for r, t in d["faults"]), strategy=str(d["strategy"]),
+                  timeout=int(d["timeout"]), reason=str(d["reason"]), nodes=tuple(int(n) for n in d["nodes"]),
+                  generation=int(d["generation"]), restarts=int(d["restarts"]), round=int(d["round"]),
+                  extra=tuple((str(k), v) for k, v in d.get("extra", ())))
+
+
+def _resumable(m: Job, rs: Mapping[str, Any]) -> bool:
+    """A RECOVERING round stored with its progress and its changeStrategy: it resumes where it was."""
+    sig = m.last_signal
+    return (m.state == JobState.RECOVERING and bool(rs.get("strategy")) and "statuses" in rs and sig is not None
+            and sig.round == rs["number"] and sig.strategy == rs["strategy"])
 
 
 def restore_into(m: Job, snap: Mapping[str, Any], agents: Iterable[AgentInfo], now: float,
@@ -107,6 +142,7 @@ def restore_into(m: Job, snap: Mapping[str, Any], agents: Iterable[AgentInfo], n
         m.agents.set_subscribed(a, False)
         m.agents.set_gone(a, None if a.finished or m.state in TERMINAL or (a.node_rank, a.host, a.pid) in m.fences
                           else now, loss_clock(m.config, "silent"))
+    m.last_signal = _signal(snap.get("last_signal"))
     rs = snap.get("round")
     if rs is not None:
         m.round = Round(
@@ -117,7 +153,9 @@ def restore_into(m: Job, snap: Mapping[str, Any], agents: Iterable[AgentInfo], n
             lost={int(n): from_wall(t) for n, t in rs.get("lost", {}).items()},
         )
     out = Outcome()
-    if m.state in ROUND_STATES and m.round is not None:
+    if m.round is not None and rs is not None and _resumable(m, rs):
+        _resume_in_place(m, rs, now, from_wall, out)
+    elif m.state in ROUND_STATES and m.round is not None:
         out.records.append(Record("state", m.round.number, {"from": m.state.value, "to": JobState.RESUMING.value}))
         m.state = JobState.RESUMING
         m.deadline = now + m.config.resume_timeout
@@ -126,3 +164,20 @@ def restore_into(m: Job, snap: Mapping[str, Any], agents: Iterable[AgentInfo], n
         m.state = JobState.RUNNING if m.state in ROUND_STATES else m.state
         m.deadline = None
     return out
+
+
+def _resume_in_place(m: Job, rs: Mapping[str, Any], now: float, from_wall: Times, out: Outcome) -> None:
+    """RECOVERING goes on: the agents carry out the changeStrategy they have (or get it again as they resubscribe,
+    the same uuid and generation: agent/round_handlers.py does not carry one out twice) and report their statuses,
+    which count with those counted before the restart. A whole recover timeout from now."""
+    r = m.round
+    assert r is not None
+    r.participants = {int(n) for n in rs.get("participants", sorted(r.participants))}
+    r.statuses = {int(n) for n in rs["statuses"]}
+    r.reports = {int(n): tuple(s) for n, s in rs.get("reports", {}).items()}
+    r.unrejoined = bool(rs.get("unrejoined", False))
+    started = rs.get("strategy_started_at") or 0.0
+    r.strategy_started_at = from_wall(started) if started else now
+    m.deadline = now + m.config.recover_timeout
+    m.record(out, "round_restored", state=m.state.value, strategy=r.strategy, statuses=sorted(r.statuses),
+             awaiting=sorted(r.participants - r.statuses))

@@ -217,8 +217,9 @@ def test_second_controller_on_a_taken_port_fails_clearly(tmp_path: Path) -> None
 
 
 def test_sigkill_during_recovering_charges_the_restart_once(tmp_path: Path) -> None:
-    """L4: the controller dies after choosing job-rescheduling (one restart spent); the restarted controller
-    resumes the round from the state file, the same strategy is chosen again, and the budget shows one restart."""
+    """L4, issue 31 F2: the controller dies after choosing job-rescheduling (one restart spent); the restarted
+    controller resumes the round where it was: each agent that owes its status gets the same changeStrategy again,
+    nothing is chosen or charged again, and the budget shows one restart."""
     state = tmp_path / "ctl.sqlite3"
     proc, addr = start_subprocess(state)
     try:
@@ -245,12 +246,14 @@ def test_sigkill_during_recovering_charges_the_restart_once(tmp_path: Path) -> N
             a.subscribe()
         job = agents[0].list_jobs("l4").jobs[0]
         assert job.restarts == 1 and job.maxRestarts == 1
-        # the round restarts once every agent is back; job-rescheduling is paid for already: not dump for a spent
-        # budget
-        answer_round(agents, "job-rescheduling")
+        # the round goes on: the same changeStrategy (not dump for a spent budget), the statuses close it
+        for a in agents:
+            a.expect("changeStrategy", "job-rescheduling")
+        for a in agents:
+            ok(a.status("job-rescheduling"))
         job = agents[0].list_jobs("l4").jobs[0]
         assert (job.state, job.restarts) == ("RUNNING", 1)
-        assert job.rounds[0].strategiesTried == ["job-rescheduling", "job-rescheduling"]
+        assert job.rounds[0].strategiesTried == ["job-rescheduling"]
         assert job.rounds[0].outcome == "recovered"
         for a in agents:
             a.close()

@@ -115,7 +115,7 @@ def test_state_file_of_the_unsplit_state_machine_still_loads(tmp_path: Path) -> 
     assert m.state.value == "RESUMING" and m.restarts == 2 and m.max_restarts == 5 and m.ranks_per_node == 4
     assert m.agents.problems() == [] and sorted(m.agents) == [0, 1] and m.agents.subscribed_count == 0
     # the format written is the format read, plus the keys issue 17 added (read with a default when missing)
-    added = {"rejoining", "fences", "standbys", "min_nodes", "absent", "resume_watch"}
+    added = {"rejoining", "fences", "standbys", "min_nodes", "absent", "resume_watch", "last_signal"}
     assert m.snapshot().keys() - json.loads(OLD_SNAPSHOT).keys() == added
     assert json.loads(OLD_SNAPSHOT).keys() <= m.snapshot().keys()
     for n in (0, 1):

@@ -608,31 +608,28 @@ def test_restore_keeps_settled_state_and_budget() -> None:
     assert r.recover_succeeded_at == m.recover_succeeded_at
 
 
-def _resume_after_a_crash(m: JobMachine, t: float) -> tuple[JobMachine, Any]:
-    """The controller dies in RECOVERING (SIGKILL: only the snapshot is left), comes back, the agents
-    resubscribe and answer the round's signals again; returns the job and the resumed decision's outcome."""
+def _resume_after_a_crash(m: JobMachine, t: float) -> tuple[JobMachine, list[Any]]:
+    """The controller dies in RECOVERING (SIGKILL: only the snapshot is left), comes back, the agents resubscribe;
+    returns the job and the signals each agent got as it resubscribed (the changeStrategy it still owes)."""
     r, _ = JobMachine.restore(m.snapshot(), [a.copy() for a in m.agents.values()], CFG, t)
+    owed = []
     for n in r.agents:
-        r.handle(AgentConnected(node_rank=n), t)
-    for n in r.agents:
-        r.handle(StopComplete(node_rank=n), t)
-    decided = None
-    for n in r.agents:
-        decided = r.handle(StrategiesReported(node_rank=n, strategies=ALL), t)
-    return r, decided
+        owed += r.handle(AgentConnected(node_rank=n), t).direct
+    return r, owed
 
 
 def test_a_restart_interrupted_by_a_controller_crash_is_charged_once() -> None:
-    """L4: the round's strategy spent a restart when chosen; the resumed round chooses it again for free."""
+    """L4, issue 31 F2: the round's strategy spent a restart when chosen; the restored round goes on with it (the
+    same changeStrategy to the agents that owe its status), chosen and charged once."""
     m = new_job(max_restarts=3)
     m.handle(FaultReported(faults={1: "2"}), 1)  # a network fault: job-rescheduling
     for n in (0, 1):
         m.handle(StopComplete(node_rank=n), 1)
     for n in (0, 1):
-        m.handle(StrategiesReported(node_rank=n, strategies=ALL), 1)
+        sent = m.handle(StrategiesReported(node_rank=n, strategies=ALL), 1).signals
     assert m.state == S.RECOVERING and m.round.strategy == "job-rescheduling" and m.restarts == 1
-    r, decided = _resume_after_a_crash(m, 50)
-    assert sig_names(decided) == ["changeStrategy:job-rescheduling"] and r.restarts == 1
+    r, owed = _resume_after_a_crash(m, 50)
+    assert r.state == S.RECOVERING and owed == sent * 2 and r.restarts == 1  # the very signal: its uuid, generation
     for n in (0, 1):
         r.handle(RecoverStatusReported(node_rank=n, strategy="job-rescheduling"), 51)
     assert r.state == S.RUNNING and r.restarts == 1
@@ -654,9 +651,9 @@ def test_a_crash_when_the_budget_was_just_spent_does_not_end_the_job() -> None:
     for n in (0, 1):
         m.handle(StrategiesReported(node_rank=n, strategies=ALL), 1)
     assert m.round.strategy == "job-rescheduling" and m.restarts == 1 == m.max_restarts
-    r, decided = _resume_after_a_crash(m, 50)
-    assert sig_names(decided) == ["changeStrategy:job-rescheduling"]  # not dump
-    assert r.restarts == 1 and r.round.tried == ["job-rescheduling", "job-rescheduling"]
+    r, owed = _resume_after_a_crash(m, 50)
+    assert [s.strategy for s in owed] == ["job-rescheduling"] * 2  # not dump
+    assert r.restarts == 1 and r.round.tried == ["job-rescheduling"]
 
 
 def test_reconnecting_agent_gets_the_signal_it_still_owes() -> None:
