@@ -174,10 +174,6 @@ def on_change(m: NodeRound, ev: ChangeOrder, now: float, out: Out) -> NodeState:
     order = ev.order
     strategy = order.strategy
     faults = order.fault_ranks or dict(m.faults)
-    if order.uuid and order.uuid == m.carried_out:  # re-sent: its status is pending or was taken; never redone
-        out.append(Note(INFO, f"strategy: {strategy} ({order.uuid}) again: already carried out, not redone"))
-        return m.state
-    m.carried_out = order.uuid
     out.append(Note(INFO, f"strategy: {strategy} for rank(s) {sorted(faults)}"))
     if strategy in (Strategy.RECOVER, Strategy.JOB_RESCHEDULING) or (strategy == Strategy.RETRY and m.facts.live) \
             or (strategy in Strategy.RESIZE and m.facts.live and order.resize is not None):

@@ -107,9 +107,6 @@ class NodeRound:
     charged: bool = False  # this round's restart was counted (a failed recover + job-rescheduling: one)
     restarts: int = 0  # the job's restarts used: the controller's count (Order.restarts) when it sends one
     plan: RestartPlan | None = None  # the restart in progress
-    # the uuid of the last changeStrategy carried out: the same one again (re-sent to an agent that still owes its
-    # status, e.g. by a restarted controller resuming the round) is not carried out twice
-    carried_out: str = ""
     budget: LocalPolicy = field(default_factory=lambda: LocalPolicy(3, 0.0, 0.0))  # degraded mode's
 
     @property

@@ -76,7 +76,7 @@ RULES: tuple[NodeRule, ...] = (
          "reports what this node's ranks allow of the configured strategies"),
     Rule(ORDERED | {S.DEGRADED, S.REJOINING}, ChangeOrder, _targets(S.RESTARTING, S.REBUILDING, S.ENDED, UNCHANGED),
          h.on_change, "recover/job-rescheduling: RESTARTING; a live retry: REBUILDING; dump, exit: ENDED; "
-         "another strategy: 406, unchanged; one already carried out (its uuid again): unchanged, not redone"),
+         "another strategy: 406, unchanged"),
     Rule(ANY - {S.STANDBY}, DumpOrder, _targets(S.ENDED), h.on_dump, "healthy ranks save (bounded), then the job ends"),
     Rule(ANY - {S.STANDBY}, KillOrder, _targets(S.ENDED), h.on_kill, "every rank stopped, exit with the failing code"),
     Rule(_states(S.STANDBY), KillOrder, _targets(S.ENDED), h.on_standby_end, "a standby never needed: exit 0"),

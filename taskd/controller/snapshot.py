@@ -108,7 +108,8 @@ def restore_into(m: Job, snap: Mapping[str, Any], agents: Iterable[AgentInfo], n
     """Load `snap` and `agents` into the fresh job `m` (made with the snapshot's id and creation time).
 
     Every stream closed with the old controller: agents come back offline, each with a whole loss timeout
-    to resubscribe; a job caught mid-round waits in RESUMING (the returned outcome records that). Stored
+    to resubscribe; a round caught RECOVERING goes on where it was, one caught undecided waits in RESUMING (the
+    returned outcome records either). Stored
     wall times are re-based to `now`'s clock by `from_wall` (taskd.controller.clock)."""
     m.state = JobState(snap["state"])
     m.updated_at = from_wall(snap["updated_at"]) if "updated_at" in snap else now
@@ -168,8 +169,8 @@ def restore_into(m: Job, snap: Mapping[str, Any], agents: Iterable[AgentInfo], n
 
 def _resume_in_place(m: Job, rs: Mapping[str, Any], now: float, from_wall: Times, out: Outcome) -> None:
     """RECOVERING goes on: the agents carry out the changeStrategy they have (or get it again as they resubscribe,
-    the same uuid and generation: agent/round_handlers.py does not carry one out twice) and report their statuses,
-    which count with those counted before the restart. A whole recover timeout from now."""
+    the same uuid and generation: an agent drops a uuid it already handled, agent/controller_link.py) and report
+    their statuses, which count with those counted before the restart. A whole recover timeout from now."""
     r = m.round
     assert r is not None
     r.participants = {int(n) for n in rs.get("participants", sorted(r.participants))}

@@ -116,7 +116,8 @@ class JobMachine(Job):
         cls, snap: Mapping[str, Any], agents: Iterable[AgentInfo], config: MachineConfig, now: float,
         from_wall: Callable[[float], float] | None = None,
     ) -> tuple[JobMachine, Outcome]:
-        """Rebuild a job after a controller restart; a job caught mid-round waits in RESUMING. `from_wall`
+        """Rebuild a job after a controller restart; a round caught RECOVERING goes on where it was, one caught
+        undecided waits in RESUMING (taskd.controller.snapshot). `from_wall`
         re-bases the stored wall times to the caller's clock (default: they are on it already)."""
         rebase = from_wall or (lambda t: t)
         m = cls(snap["job_id"], config, rebase(snap["created_at"]) if "created_at" in snap else now)

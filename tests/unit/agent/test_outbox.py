@@ -280,3 +280,26 @@ def test_dropped_reports_leave_the_queue_and_a_call_in_flight_is_cancelled(box: 
     assert in_flight.cancelled and len(outbox) == 1
     outbox.poll(1.2)
     assert client.last.method == "Reportstop complete", "the stop complete goes out at once"
+
+
+def test_a_signal_sent_again_with_its_uuid_is_not_carried_out_twice() -> None:
+    """Issue 31, F2: a restarted controller resuming a RECOVERING round sends its changeStrategy again (same uuid)
+    to every agent that still owes its status; an agent already carrying it out (a restart, a live rebuild) must
+    not do it again. A new signal (another uuid: the round's next strategy, the next round) is carried out."""
+    from taskd.agent.config import AgentConfig
+    from taskd.agent.controller_link import Command, ControllerLink
+
+    link = ControllerLink(AgentConfig(launcher="taskd"), lambda: None)
+    change = SimpleNamespace(uuid="j-1-7", signal_type="changeStrategy", actions=["changeStrategy"],
+                             fault_ranks={1: "1"}, strategy="recover", timeout=300,
+                             extra_params='{"generation": 7, "restarts": 1, "round": 1}')
+    handler = link._queue(Command.CHANGE)
+    handler(change)
+    handler(change)  # re-sent as the agent resubscribed
+    first = link.next_order()
+    assert first is not None and (first.uuid, first.generation) == ("j-1-7", 7)
+    assert link.next_order() is None
+    handler(SimpleNamespace(**{**vars(change), "uuid": "j-1-9", "strategy": "job-rescheduling"}))
+    nxt = link.next_order()
+    assert nxt is not None and nxt.strategy == "job-rescheduling"
+    link.close(0, "")
