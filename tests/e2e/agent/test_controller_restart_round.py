@@ -10,21 +10,19 @@ trained on, and the job failed "node(s) 1 finished while round 1 was open").
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from support import STARTED, free_port, leftovers, port_open, wait_for
-from test_run_e2e import EXAMPLE, ROOT
+from support import ROOT, leftovers, wait_for
+from support.restartable import Server, node, server, status
+from support.run import EXAMPLE
 
 STEPS = 300  # rank 0 trains on ~8 s after the crash: through the restart, as a real job would
 CRASH_AT = 30
@@ -35,85 +33,10 @@ CRASH_AT = 30
 KILL_AT = ("crash", "STOPPING COLLECTING", "RECOVERING")
 
 
-class Server:
-    """A `taskd server` that can be SIGKILLed and started again on the same port and state file."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        self.state = tmp / "ctl.sqlite3"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-
-    def start(self) -> None:
-        self.starts += 1
-        log = (self.tmp / f"server{self.starts}.log").open("wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "taskd", "server", "--listen", self.address,
-                                      "--state", str(self.state)], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-        STARTED.append(self.proc)
-        wait_for(lambda: port_open(self.port) or self.proc.poll() is not None, 30, "taskd server to listen")
-        assert self.proc.poll() is None, self.logs()
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=30)
-
-    def stored_state(self, job: str) -> str:
-        """The job's state (and its round's strategy) as the server stored them in its state file."""
-        try:
-            with contextlib.closing(sqlite3.connect(f"file:{self.state}?mode=ro", uri=True, timeout=1)) as db:
-                row = db.execute("SELECT snapshot FROM jobs WHERE job_id = ?", (job,)).fetchone()
-        except sqlite3.Error:
-            return "unreadable"
-        if row is None:
-            return "absent"
-        snap = json.loads(row[0])
-        r = snap.get("round") or {}
-        return f"{snap['state']} {r.get('strategy', '')}".strip()
-
-    def logs(self) -> str:
-        return "\n".join(f"--- server{n}\n{(self.tmp / f'server{n}.log').read_text()}"
-                         for n in range(1, self.starts + 1))
-
-
-@contextlib.contextmanager
-def server(tmp: Path) -> Iterator[Server]:
-    s = Server(tmp)
-    s.start()
-    try:
-        yield s
-    finally:
-        s.stop()
-
-
-def node(tmp: Path, address: str, job: str, rank: int, extra: list[str]) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if k not in ("MINDX_SERVER_IP", "MINDX_TASK_ID")}
-    args = ["--nnodes", "2", "--node-rank", str(rank), "--nproc-per-node", "1", "--job-id", job,
-            "--server", address, "--monitor-interval", "0.2", "--stop-grace", "2", *extra]
-    proc = subprocess.Popen([sys.executable, "-m", "taskd.run", *args], stdout=(tmp / f"node{rank}.log").open("wb"),
-                            stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
-    STARTED.append(proc)
-    return proc
-
-
 def example(tmp: Path, crash: bool, sleep: float = 0.03) -> list[str]:
     crash_args = ["--crash-once-at-step", str(CRASH_AT)] if crash else []
     return [str(EXAMPLE), "--steps", str(STEPS), "--ckpt-every", "5", "--ckpt-dir", str(tmp / "ckpt"),
             "--out", str(tmp / "out"), "--step-sleep", str(sleep), *crash_args]
-
-
-def status(address: str, job: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "taskd", "status", "--server", address, "--job", job, "--json"],
-                         capture_output=True, text=True, timeout=30, cwd=ROOT)
-    jobs = json.loads(out.stdout).get("jobs", []) if out.returncode == 0 else []
-    return jobs[0] if jobs else {}
 
 
 @pytest.fixture(scope="module")
