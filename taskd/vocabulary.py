@@ -116,6 +116,7 @@ class Code(IntEnum):
     INVALID_PARAMS = 409
     RATE_LIMITED = 410
     FENCED = 411  # taskd: the caller is an agent the controller declared lost; its node is another's now
+    QUOTA_EXCEEDED = 413  # taskd: the change would take the job past its stored-bytes quota; nothing changed
     TOO_MANY_REQUESTS = 429
     TOO_MANY_JOBS = 500
     STORAGE_ERROR = 503  # taskd: the controller could not store the change, so nothing changed; send it again later

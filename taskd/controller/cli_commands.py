@@ -87,6 +87,12 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-ranks", type=int, default=d.max_ranks, metavar="N",
                         help=f"refuse jobs with more ranks, and bound the rank ids and list sizes of a job whose Init "
                              f"gives no ranksPerNode (ClusterD-wire clients) by it (default {d.max_ranks})")
+    parser.add_argument("--max-job-bytes", type=int, default=d.max_job_bytes, metavar="BYTES",
+                        help=f"bytes one job may hold in the state file, its snapshot and history (default "
+                             f"{d.max_job_bytes}; 0 = no quota): a change past it is refused (413) and nothing changes")
+    parser.add_argument("--max-job-log-lines", type=int, default=d.max_job_log_lines, metavar="N",
+                        help=f"history log lines per job every 10 s (default {d.max_job_log_lines}; 0 = no limit); "
+                             "the lines held back are counted in the job's next one")
     parser.add_argument("--max-connections", type=int, default=None, metavar="N",
                         help="connections accepted at once (default: the open-file limit, raised to its hard limit, "
                              "minus a reserve)")

@@ -108,6 +108,7 @@ FLAGS = {
     "max_node_count": "--max-node-count", "max_ranks": "--max-ranks",
     "max_connections_per_peer": "--max-connections-per-peer",
     "max_connections_per_credential": "--max-connections-per-credential",
+    "max_job_bytes": "--max-job-bytes", "max_job_log_lines": "--max-job-log-lines",
     "max_streams_per_peer": "--max-streams-per-peer", "calls_per_second_per_peer": "--max-calls-per-second",
     "call_burst_per_peer": "--call-burst", "limit_loopback": "--limit-loopback", "idle_timeout": "--idle-timeout",
     "handshake_timeout": "--handshake-timeout", "max_connections": "--max-connections",
@@ -167,6 +168,11 @@ class ControllerConfig(MachineConfig):
     # ranks of one job; what bounds the rank ids and list sizes of a job whose Init gives no ranksPerNode
     # (ClusterD-wire clients): above the largest jobs run today, small enough that one report stays < 1 MB
     max_ranks: int = 100_000
+    # bytes one job may hold in the state file (its snapshot and history); a change past it is refused 413 and
+    # nothing changes (controller/quota.py). 0 = no quota
+    max_job_bytes: int = 64 * 2**20
+    # history log lines per job every 10 s (the rest counted in its next line); 0 = no limit
+    max_job_log_lines: int = 200
     # --- per peer IP (loopback peers are exempt unless limit_loopback: see RELIABILITY.md); 0 = no limit
     max_connections_per_peer: int = 64  # connections with a call in flight
     max_streams_per_peer: int = 256  # open signal streams
@@ -216,7 +222,7 @@ class ControllerConfig(MachineConfig):
             if not _int(getattr(self, name)) or getattr(self, name) <= 0:
                 bad(name, f" must be an integer > 0, got {getattr(self, name)!r}")
         for name in ("default_max_restarts", "max_standbys", "max_connections_per_peer", "max_streams_per_peer",
-                     "call_burst_per_peer"):
+                     "call_burst_per_peer", "max_job_bytes", "max_job_log_lines"):
             if not _int(getattr(self, name)) or getattr(self, name) < 0:
                 bad(name, f" must be an integer >= 0, got {getattr(self, name)!r}")
         if not _int(self.max_node_count) or not 1 <= self.max_node_count <= RANK_LIMIT:

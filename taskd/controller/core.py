@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-import json
 import logging
 import math
 import sqlite3
@@ -41,6 +40,7 @@ from taskd.controller.hub import SignalHub, Subscriber, to_wire
 from taskd.controller.job_record import job_record
 from taskd.controller.model import TERMINAL, MachineConfig
 from taskd.controller.node_loss import fence_refusal
+from taskd.controller.quota import JobLimits
 from taskd.controller.state_machine import JobMachine
 from taskd.controller.store import Store, StoreError
 from taskd.proto import recover_pb2, taskd_pb2
@@ -73,7 +73,8 @@ class _SoftBatch:
 class ControllerCore:
     def __init__(self, config: MachineConfig, store: Store, hub: SignalHub, max_jobs: int = 10000,
                  clock: Callable[[], float] = time.monotonic, soft_flush_delay: float = 0.2,
-                 finished_job_retention: float = 3600.0, wall: Callable[[], float] = time.time) -> None:
+                 finished_job_retention: float = 3600.0, wall: Callable[[], float] = time.time,
+                 max_job_bytes: int = 0, job_log_lines: int = 0) -> None:
         self.config = config
         self.store = store
         self.hub = hub
@@ -99,12 +100,14 @@ class ControllerCore:
         self.closing = False  # set by the server's stop(): closing streams are not recorded one by one
         self.metrics: ControllerMetrics | None = None  # counts what each stored change records (metrics.py)
         self.group = GroupCommit(self)  # the agents' reports, committed together per loop turn
+        self.limits = JobLimits(max_job_bytes, job_log_lines, store.snapshot_bytes)  # quota.py: bytes, log lines
 
     # ------------------------------------------------------------------ events
 
     def load(self) -> int:
         """Bring persisted jobs back; jobs caught mid-round wait for their agents (RESUMING)."""
         now = self.clock()
+        self.limits.quota.used = self.store.job_bytes()
         for snap, agents in self.store.load_jobs():  # rows that break stored_rows' rules are left out, said so
             try:
                 m, out = JobMachine.restore(snap, agents, self.config, now, self.clocks.from_wall)
@@ -135,6 +138,7 @@ class ControllerCore:
         now = self.clock()
         m = JobMachine(job_id, self.config, now, ev)
         out = Outcome(info=f"job {job_id} created")
+        self.limits.forget(job_id)
         out.records.append(Record("job_created", 0, {"node_count": m.node_count, "ranks_per_node": m.ranks_per_node,
                                                       "max_restarts": m.max_restarts, "policy": list(m.policy),
                                                       "host": ev.host, "pid": ev.pid}))
@@ -158,6 +162,9 @@ class ControllerCore:
         saved = Checkpoint(m, getattr(event, "node_rank", None))
         try:
             out = m.handle(event, now)
+            if (refused := self.limits.refused(job_id, event, out)) is not None:
+                self.undo(m, saved)
+                return refused
             self._store(m, out, now)
         except StoreError as exc:
             self.undo(m, saved)
@@ -203,9 +210,7 @@ class ControllerCore:
         """What a stored change tells: the log, the broadcast signals, the caller's own signals."""
         if self.metrics is not None:
             self.metrics.observe(out.records)
-        for rec in out.records:
-            if rec.kind not in UNLOGGED_KINDS:
-                log.info("job %s round %d: %s %s", m.job_id, rec.round, rec.kind, json.dumps(rec.detail))
+        self.limits.stored(m.job_id, out.records, UNLOGGED_KINDS)  # charged to its quota, logged rate-limited
         if out.signals:
             self.hub.post(m.job_id, out.signals)  # at the end of this loop turn, merged stopTrains coalesced
         if reply_to is not None and out.direct:
@@ -259,6 +264,8 @@ class ControllerCore:
     # ------------------------------------------------------------------ soft history, batched
 
     def _defer_soft(self, m: JobMachine, out: Outcome, now: float) -> None:
+        if not self.limits.keeps_soft(m.job_id):
+            return  # past its quota: a job's stream history is dropped, not written (quota.py)
         batch = self.soft_batches.get(m.job_id)
         if batch is None or batch.job is not m:
             batch = self.soft_batches[m.job_id] = _SoftBatch(m)
@@ -350,6 +357,7 @@ class ControllerCore:
             self._retry_at.pop(job_id, None)
             self.soft_batches.pop(job_id, None)
             self._pushed.pop(job_id, None)
+            self.limits.forget(job_id)
             log.info("job %s (%s) evicted: %s", job_id, m.state.value, why)
 
     def _full_info(self) -> str:

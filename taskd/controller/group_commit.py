@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from taskd.controller.checkpoint import Checkpoint
 from taskd.controller.clock import Clock
 from taskd.controller.events import Event, Outcome, Record
+from taskd.controller.quota import JobLimits
 from taskd.controller.state_machine import JobMachine
 from taskd.controller.store import Store, StoreError
 
@@ -46,6 +47,7 @@ class Core(Protocol):
     clocks: Clock
     clock: Callable[[], float]
     soft_batches: dict[str, Any]  # job id -> its batched stream history, written before its next change
+    limits: JobLimits  # each job's quota of stored bytes (quota.py)
 
     def dispatch(self, job_id: str, event: Event) -> Outcome: ...
     def undo(self, m: JobMachine, saved: Checkpoint) -> None: ...
@@ -97,6 +99,9 @@ class GroupCommit:
         except Exception:
             core.undo(m, saved)  # a bug in a handler must not leave half an event behind
             raise
+        if (refused := core.limits.refused(job_id, event, out)) is not None:  # past the job's quota (quota.py)
+            core.undo(m, saved)
+            return refused
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self._pending.append(_Pending(m, event, out, saved, now, future))
         loop = asyncio.get_running_loop()

@@ -28,6 +28,9 @@ from taskd.controller.strategy import RESTARTING, charged, choose_strategy, unse
 from taskd.vocabulary import Action, FaultRanks, SignalType, Strategy
 
 S = JobState
+BROADCAST_SETS_KEPT = 16
+"""The fault sets a round's stopTrains sent that an answer is recognised as stale by: the last 16, each at most the
+job's ranks (100,000 ints, ~4 MB, without ranksPerNode); before, every merged report kept one more (issue 31, F5)."""
 
 
 def _silent_standbys(m: Job) -> dict[tuple[str, int], float]:
@@ -299,7 +302,9 @@ class Job:
         r.reports = {}
         if not r.participants:  # every agent of the round was lost: nobody to stop or ask
             return self.to_collecting(now, out)
-        r.broadcast_sets.append(frozenset(r.faults))
+        sent = frozenset(r.faults)
+        if not r.broadcast_sets or r.broadcast_sets[-1] != sent:  # a merge that changed only a fault type: same set
+            r.broadcast_sets = [*r.broadcast_sets[-(BROADCAST_SETS_KEPT - 1):], sent]
         out.signals.append(self.signal(SignalType.STOP_TRAIN, (Action.STOP_TRAIN,), r.faults))
         self.deadline = now + self.config.stop_timeout
         return S.STOPPING

@@ -142,7 +142,8 @@ class ControllerServer:
             raise
         try:
             self.core = ControllerCore(cfg.machine_config(), store, hub, max_jobs=cfg.max_jobs,
-                                       finished_job_retention=cfg.finished_job_retention)
+                                       finished_job_retention=cfg.finished_job_retention,
+                                       max_job_bytes=cfg.max_job_bytes, job_log_lines=cfg.max_job_log_lines)
             self.core.metrics = metrics
             self.core.load()
             add_services(server, self.core, cfg.max_node_count, cfg.max_ranks)

@@ -15,7 +15,9 @@ from taskd.controller import validation as v
 from taskd.controller.core import ControllerCore
 from taskd.controller.events import PaceReported, StandbyConnected, StandbyDisconnected, TrainingResumed
 from taskd.controller.hub import keepalive_wire
+from taskd.controller.model import fault_runs
 from taskd.controller.node_loss import fence_refusal
+from taskd.controller.quota import MAX_FAULT_RUNS
 from taskd.controller.state_machine import (
     AgentConnected,
     AgentDisconnected,
@@ -70,6 +72,19 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
             log.info("job %s: refused ranks from node %d: %s", job_id, node_rank if node_rank is not None else -1, why)
             return Status(code=code, info=why)
         return None
+
+    def _runs(self, job_id: str, faults: dict[int, str]) -> Status | None:
+        """409 for a report whose faults, with its job's open round's, form more than MAX_FAULT_RUNS runs of
+        consecutive ranks: what one report costs (its history records, the round's fault text, the log line)
+        grows with the runs, not the ranks (quota.py)."""
+        job = self.core.jobs.get(job_id)
+        merged = {**job.round.faults, **faults} if job is not None and job.round is not None else faults
+        if len(merged) <= MAX_FAULT_RUNS or (n := len(fault_runs(merged))) <= MAX_FAULT_RUNS:
+            return None
+        why = (f"faultRanks names ranks that form {n} separate runs of consecutive ranks (of one fault type) with the "
+               f"job's open round, more than {MAX_FAULT_RUNS}: report them in fewer runs, or give ranksPerNode at Init")
+        log.info("job %s: refused a fault report: %s", job_id, why)
+        return Status(code=Code.INVALID_PARAMS, info=why)
 
     async def Init(self, request: recover_pb2.ClientInfo, context: grpc.aio.ServicerContext) -> Status:
         if why := self._check_client(request):
@@ -218,6 +233,8 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
         # a node reports its own ranks: a fault elsewhere is refused before it opens a round or spends a restart
         ranks = v.rank_list(request.faultRanks)
         if refused := self._ranks(request.jobId, "faultRanks", ranks, node_rank=request.nodeRank):
+            return refused
+        if refused := self._runs(request.jobId, faults):
             return refused
         ev = FaultReported(node_rank=request.nodeRank, faults=faults, detail=request.detail, host=request.host,
                            pid=request.pid)

@@ -27,6 +27,7 @@ from taskd.controller.agents import AgentInfo
 from taskd.controller.clock import identity
 from taskd.controller.events import Record
 from taskd.controller.job import Job
+from taskd.controller.quota import EVENT_ROW, FAULT_ROW, FAULT_ROWS_PER_REPORT
 from taskd.controller.snapshot import snapshot
 from taskd.controller.stored_rows import agent_problem, snapshot_problem
 from taskd.controller.wal_check import wal_refusal
@@ -43,9 +44,12 @@ _UPSERT_JOB = ("INSERT INTO jobs (job_id, state, snapshot, created_at, updated_a
                "updated_at=excluded.updated_at")
 
 
-def _job_row(job: Job, to_wall: Callable[[float], float]) -> tuple[Any, ...]:
-    return (job.job_id, job.state.value, json.dumps(snapshot(job, to_wall)), to_wall(job.created_at),
-            to_wall(job.updated_at))
+def _job_row(job: Job, to_wall: Callable[[float], float], sizes: dict[str, int] | None = None) -> tuple[Any, ...]:
+    """The jobs row; `sizes` learns the snapshot's length (the job's quota counts it)."""
+    text = json.dumps(snapshot(job, to_wall))
+    if sizes is not None:
+        sizes[job.job_id] = len(text)
+    return (job.job_id, job.state.value, text, to_wall(job.created_at), to_wall(job.updated_at))
 
 
 STATE_FILE_MODE = 0o600
@@ -118,10 +122,11 @@ ADDED_COLUMNS = (("rounds", "training_resumed"), ("node_losses", "seconds_to_tra
 """Columns newer than the tables (REAL NOT NULL DEFAULT 0): added to a state file an older taskd wrote."""
 
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 """The state file's schema version, kept as SQLite's `user_version` (0: written before taskd kept one). Raise it
 whenever a taskd that reads only the versions up to the old one would misread or silently drop what this one
-writes: that taskd then refuses the file instead (docs/controller.md, "Persistence")."""
+writes: that taskd then refuses the file instead (docs/controller.md, "Persistence"). 2: fault texts hold
+ranges of ranks (`0-99999:1`), which version 1 cannot parse."""
 
 
 def default_state_path() -> Path:
@@ -130,13 +135,28 @@ def default_state_path() -> Path:
     return Path(base) / "taskd" / "controller.sqlite3"
 
 
-def parse_fault_text(text: str) -> list[tuple[int, str]]:
-    """Inverse of the state machine's "rank:type,rank:type" form."""
+def parse_fault_ranges(text: str) -> list[tuple[int, int, str]]:
+    """(first, last, type) of each item of the state machine's "rank:type,first-last:type" form (model.fmt_faults)."""
     out = []
     for item in filter(None, text.split(",")):
-        rank, _, ftype = item.partition(":")
-        out.append((int(rank), ftype))
+        ranks, _, ftype = item.partition(":")
+        first, _, last = ranks.partition("-")
+        out.append((int(first), int(last or first), ftype))
     return out
+
+
+def parse_fault_text(text: str) -> list[tuple[int, str]]:
+    """Inverse of the state machine's "rank:type,first-last:type" form: one (rank, type) per rank."""
+    return [(r, t) for a, b, t in parse_fault_ranges(text) for r in range(a, b + 1)]
+
+
+def fault_rows(text: str) -> Iterator[tuple[int, str]]:
+    """(rank, type) of each rank of `text`, lazily: the first rows of 100,000 ranks without listing them all."""
+    for a, b, t in parse_fault_ranges(text):
+        for r in range(a, b + 1):
+            yield r, t
+
+
 
 
 def _owner_only(path: str) -> None:
@@ -175,6 +195,7 @@ class Store:
         target = str(default_state_path() if path is None else path)
         self.path = target
         self._events: list[tuple[Any, ...]] | None = None  # a transaction's history rows, inserted before COMMIT
+        self.snapshot_bytes: dict[str, int] = {}  # job id -> its last snapshot's length (controller/quota.py)
         conn: sqlite3.Connection | None = None
         try:
             if target != MEMORY:
@@ -258,10 +279,10 @@ class Store:
             for job, records, agents_changed in batch:
                 jobs[job.job_id] = job
                 self._write_history(job, records, agents_changed, to_wall)
-            self.conn.executemany(_UPSERT_JOB, [_job_row(job, to_wall) for job in jobs.values()])
+            self.conn.executemany(_UPSERT_JOB, [_job_row(job, to_wall, self.snapshot_bytes) for job in jobs.values()])
 
     def _write_job(self, job: Job, to_wall: Callable[[float], float]) -> None:
-        self.conn.execute(_UPSERT_JOB, _job_row(job, to_wall))
+        self.conn.execute(_UPSERT_JOB, _job_row(job, to_wall, self.snapshot_bytes))
 
     def commit_soft(self, batch: Iterable[tuple[Job, Iterable[tuple[Record, float]], Iterable[int]]],
                     to_wall: Callable[[float], float] = identity) -> None:
@@ -290,7 +311,7 @@ class Store:
                 "INSERT INTO faults (job_id, round, time, node_rank, rank, fault_type, action, detail) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 [(job_id, rec.round, now, d.get("node_rank", 0), r, t, d.get("action", ""), d.get("detail", ""))
-                 for r, t in parse_fault_text(d.get("faults", ""))],
+                 for r, t in itertools.islice(fault_rows(d.get("faults", "")), FAULT_ROWS_PER_REPORT)],
             )
         elif rec.kind == "round_started":
             c.execute("INSERT OR REPLACE INTO rounds (job_id, round, started_at, faults) VALUES (?, ?, ?, ?)",
@@ -355,6 +376,23 @@ class Store:
         with self._transaction() as c:
             for table in JOB_TABLES:
                 c.executemany(f"DELETE FROM {table} WHERE job_id=?", rows)
+        for (job_id,) in rows:
+            self.snapshot_bytes.pop(job_id, None)
+
+    def job_bytes(self) -> dict[str, int]:
+        """Bytes each job's history holds (its events, fault rows and rounds' fault texts), counted as
+        controller/quota.py's `record_bytes` counts what a change adds; with `snapshot_bytes`, its quota's use."""
+        out: dict[str, int] = {}
+        for query in (f"SELECT job_id, sum(length(CAST(detail AS BLOB))) + {EVENT_ROW} * count(*) FROM events "
+                      "GROUP BY job_id",
+                      "SELECT job_id, sum(length(CAST(detail AS BLOB)) + length(CAST(action AS BLOB))) + "
+                      f"{FAULT_ROW} * count(*) FROM faults GROUP BY job_id",
+                      "SELECT job_id, sum(length(CAST(faults AS BLOB))) FROM rounds GROUP BY job_id"):
+            for job_id, n in self.conn.execute(query):
+                out[job_id] = out.get(job_id, 0) + (n or 0)
+        for job_id, n in self.conn.execute("SELECT job_id, length(CAST(snapshot AS BLOB)) FROM jobs"):
+            self.snapshot_bytes[job_id] = n or 0  # counted apart: it is rewritten, not added to
+        return out
 
     # ------------------------------------------------------------------ reads
 
