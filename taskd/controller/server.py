@@ -41,7 +41,7 @@ from taskd.controller.locator import remove_locator, write_locator
 from taskd.controller.native_log import NativeLogFilter
 from taskd.controller.service import add_services
 from taskd.controller.store import MEMORY, Store
-from taskd.controller.tenancy import ADMIN, FAIR_SLACK, default_cap
+from taskd.controller.tenancy import default_cap, fair_share
 
 if TYPE_CHECKING:
     from taskd.controller.metrics import ControllerMetrics
@@ -84,10 +84,12 @@ class ControllerServer:
         return ControllerMetrics(lambda: self.core.jobs.values() if self.core is not None else (), hub.stream_count)
 
     def _fair_share(self, credential: str) -> int:
-        """A tenant's fair share of connections under pressure: its job's registered agents and standbys plus
-        FAIR_SLACK (a job that does not exist, or the admin token: FAIR_SLACK)."""
-        job = self.core.jobs.get(credential[4:]) if self.core is not None and credential != ADMIN else None
-        return FAIR_SLACK + (len(job.agents) + len(job.standbys) if job is not None else 0)
+        """A tenant's fair share of connections under pressure (tenancy.fair_share)."""
+        return fair_share(credential, self._job_size)
+
+    def _job_size(self, job_id: str) -> int | None:
+        job = self.core.jobs.get(job_id) if self.core is not None else None
+        return len(job.agents) + len(job.standbys) if job is not None else None
 
     @property
     def address(self) -> str:

@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from taskd.controller.auth import STATUS_READER
 
 ADMIN = "admin"
-STATUS = "status"  # the status credential an embedded controller's locator holds (auth.status_credential)
 """The key of the admin token's connections; a job credential's is `job:<id>`."""
+STATUS = "status"  # the status credential an embedded controller's locator holds (auth.status_credential)
+JOB = "job:"
 FAIR_SLACK = 4
 """Connections a tenant may keep idle beyond its job's nodes under pressure: `taskd status`, a retrying client."""
 
@@ -46,7 +47,7 @@ CLOSING = {
 
 def credential_key(job: str | None) -> str:
     """"admin" for the admin token, "status" for the status credential, "job:<id>" for a job credential."""
-    return ADMIN if job is None else STATUS if job == STATUS_READER else f"job:{job}"
+    return ADMIN if job is None else STATUS if job == STATUS_READER else f"{JOB}{job}"
 
 
 def describe(credential: str) -> str:
@@ -54,6 +55,13 @@ def describe(credential: str) -> str:
     if credential in (ADMIN, STATUS):
         return f"the {credential} {'token' if credential == ADMIN else 'credential'}"
     return f"job {credential[4:]!r}'s credential"
+
+
+def fair_share(credential: str, job_size: Callable[[str], int | None]) -> int:
+    """A tenant's fair share of connections under pressure: FAIR_SLACK plus, for a job credential whose job
+    exists, its registered agents and standbys (`job_size(job id)`; None: no such job)."""
+    size = job_size(credential[len(JOB):]) if credential.startswith(JOB) else None
+    return FAIR_SLACK + (size or 0)
 
 
 def default_cap(budget: int) -> int:

@@ -3,8 +3,8 @@
 A holder of job `evil`'s credential (the job does not exist) opens 230 connections, one authenticated call on
 each, and keeps them idle; the server has `--max-connections 200`. Before, all 200 slots stayed held until
 `--idle-timeout` and every other client got UNAVAILABLE. Now the credential keeps at most its share (a
-quarter of --max-connections: 50), and job `good`'s real `taskd run` connects, recovers a crashed rank and
-succeeds meanwhile; `taskd status` with good's credential answers too.
+quarter of --max-connections: 50), and job `good`'s two nodes (real `taskd run`s) connect, recover a crashed rank
+and succeed meanwhile; `taskd status` with good's credential answers too.
 """
 
 from __future__ import annotations
@@ -78,14 +78,20 @@ def test_one_credentials_idle_connections_leave_room_for_another_jobs_agents_and
         script.write_text(CRASH_ONCE)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TASKD_TOKEN", "MINDX_"))}
         env["TASKD_TOKEN_FILE"] = str(good)
-        run = subprocess.run([sys.executable, "-m", "taskd.run", "--server", f"127.0.0.1:{port}", "--job-id", "good",
-                              "--nproc-per-node", "2", str(script), str(tmp_path)],
-                             capture_output=True, text=True, timeout=90, env=env, cwd=ROOT)
-        assert run.returncode == 0, run.stderr[-3000:]
-        assert "job succeeded" in run.stderr and (tmp_path / "crashed-1").exists()
-        # through the controller: before, the agent's Init timed out 3 times and it ran "degraded (local restarts
-        # only)", and `taskd status` could not connect at all
-        assert "unreachable" not in run.stderr and "degraded" not in run.stderr, run.stderr[-3000:]
+        nodes = [subprocess.Popen([sys.executable, "-m", "taskd.run", "--server", f"127.0.0.1:{port}", "--job-id",
+                                   "good", "--nnodes", "2", "--node-rank", str(r), "--nproc-per-node", "2", str(script),
+                                   str(tmp_path)], stdout=subprocess.DEVNULL, env=env, cwd=ROOT,
+                                  stderr=(tmp_path / f"node{r}.log").open("wb")) for r in range(2)]
+        STARTED.extend(nodes)
+        for r, node in enumerate(nodes):
+            err = tmp_path / f"node{r}.log"
+            assert node.wait(timeout=90) == 0, err.read_text()[-3000:]
+            text = err.read_text()
+            assert "job succeeded" in text
+            # through the controller: before, each agent's Init timed out 3 times and it ran "degraded (local
+            # restarts only)", and `taskd status` could not connect at all
+            assert "unreachable" not in text and "degraded" not in text, text[-3000:]
+        assert (tmp_path / "crashed-1").exists()
         status = subprocess.run([sys.executable, "-m", "taskd", "status", "--server", f"127.0.0.1:{port}",
                                  "--job", "good", "--timeout", "10"], capture_output=True, text=True, timeout=60,
                                 env=env, cwd=ROOT)

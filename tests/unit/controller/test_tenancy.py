@@ -4,7 +4,7 @@ per-peer bound on idle authenticated connections, on a socket table handed to th
 from __future__ import annotations
 
 from taskd.controller.connections import ConnectionWatch, WatchConfig
-from taskd.controller.tenancy import ADMIN, Tenants, credential_key, default_cap
+from taskd.controller.tenancy import ADMIN, FAIR_SLACK, STATUS, Tenants, credential_key, default_cap, fair_share
 
 
 class Clock:
@@ -58,6 +58,14 @@ def test_without_credentials_or_cap_nothing_is_bounded() -> None:
     assert all(t.admit(peer(p), "job:a")[0] == "" for p in range(10))
     assert credential_key(None) == ADMIN and credential_key("x") == "job:x"
     assert default_cap(200) == 50 and default_cap(2) == 1
+
+
+def test_a_fair_share_is_a_jobs_agents_and_standbys_plus_slack_and_only_a_jobs() -> None:
+    sizes = {"big": 12, "us": 1000}
+    assert fair_share("job:big", sizes.get) == 12 + FAIR_SLACK
+    assert fair_share("job:none", sizes.get) == FAIR_SLACK  # a credential whose job does not exist
+    assert fair_share(ADMIN, sizes.get) == FAIR_SLACK
+    assert fair_share(STATUS, sizes.get) == FAIR_SLACK  # not job "us"
 
 
 def watch(table: dict[int, tuple[str, int]], cap: int = 0, fair=None, **cfg: object):  # noqa: ANN001, ANN201
