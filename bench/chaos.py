@@ -13,6 +13,9 @@ time at random intervals:
   it over and a new standby is started (bench/chaos_nodes.py);
 - agent_stop: SIGSTOP of a `taskd run` for a few seconds, then SIGCONT;
 - controller_kill: SIGKILL of `taskd server`, restarted from its state file on the same port;
+- round_controller_kill: SIGKILL of a rank of a job in the first half of its steps, then of `taskd server` 0 to
+  0.3 s later (the round that fault opens is stopping, collecting, recovering or just over), restarted 1 s later
+  (issue 31, F2): the round must be resumed or run again once, never lost or redone;
 - controller_stop: SIGSTOP of `taskd server` for a few seconds, then SIGCONT;
 - hostile: a burst of calls from bench/chaos_hostile.py (forgeries without the token, malformed input).
 
@@ -63,7 +66,9 @@ RANKS_PER_NODE = 2
 # weights of the draws after the first round of every kind; an agent SIGKILL with no replacement ends its job,
 # so it is rare; a node kill fits only a multi-node job early in its steps, so it is drawn often
 KINDS = {"rank_kill": 4.0, "rank_stop": 2.0, "agent_kill": 0.25, "node_kill": 3.0, "agent_stop": 1.0,
-         "controller_kill": 1.0, "controller_stop": 1.0, "hostile": 3.0}
+         "controller_kill": 1.0, "controller_stop": 1.0, "hostile": 3.0, "round_controller_kill": 1.5}
+PLAN_GRACE = 20.0  # seconds the fault window stays open past --duration while a kind of the first plan waits
+ROUND_KILL_DELAYS = (0.0, 0.02, 0.1, 0.3)  # seconds from the rank's SIGKILL to the controller's (round_controller_kill)
 REJOIN_TIMEOUT = 20.0  # --node-rejoin-timeout: a node killed with no replacement fails its job this long after
 SERVER_FLAGS = ["--stop-timeout", "10", "--strategy-timeout", "10", "--recover-timeout", "20",
                 "--resume-timeout", "10", "--agent-loss-timeout", "10", "--keepalive-interval", "2",
@@ -91,6 +96,7 @@ class Job:
     standby: bool = False  # started with a standby (and one more after each it used)
     agent_killed: bool = False
     faults: Counter[str] = field(default_factory=Counter)
+    interrupted: set[int] = field(default_factory=set)  # rounds a round_controller_kill landed in (by number)
     codes: list[int | None] = field(default_factory=list)
     ended: float | None = None
     orphan_check_at: float | None = None
@@ -203,8 +209,9 @@ class Soak:
         self.stalls = 0
         self.orphans: list[dict[str, Any]] = []
         self.stopped_ranks: set[int] = set()
-        self.plan = list(KINDS)
+        self.plan = [k for k in KINDS if k != "round_controller_kill"]
         self.rng.shuffle(self.plan)  # every kind once first (so a short run sees each), then weighted draws
+        self.plan.append("round_controller_kill")  # added last: the earlier kinds keep each seed's order
         self.reference: dict[int, np.ndarray] = {}
         self.hostile_client: Hostile | None = None
         self.left_dirs: list[dict[str, Any]] = []
@@ -431,7 +438,9 @@ class Soak:
             self.start_standby(job)
 
     def _agent_kill(self) -> bool:
-        agents = [(j, a) for j, a in self._live_agents() if not j.standby]  # a standby would take the node over
+        # a standby would take the node over; an agent whose ranks all ended may have reported its finish already
+        # (the job then succeeds, rightly: seed 1 found one killed in its job-end wait, judged a disagreement)
+        agents = [(j, a) for j, a in self._live_agents() if not j.standby and rank_pids(a.pid)]
         if not agents:
             return False
         job, agent = self.rng.choice(agents)
@@ -461,6 +470,38 @@ class Soak:
         self.ctl.mode = "down"
         self.later(self.rng.uniform(0.3, 3.0), "restart the controller", lambda: self.restart_controller(before))
         return True
+
+    def _round_controller_kill(self) -> bool:
+        """SIGKILL a rank of a running job early in its steps (no round open), then the controller while the round
+        that fault opens is in flight; restart it 1 s later. Early: the other node cannot finish during the round
+        unless the round stalls (issue 31, F2: a restart during RECOVERING failed 3 jobs of 4 that way)."""
+        if self.ctl.mode != "up":
+            return False
+        jobs = [j for j in self.running() if not j.agent_killed and self.live_ranks(j)]
+        self.rng.shuffle(jobs)
+        jobs.sort(key=lambda j: -j.nodes)  # a multi-node job first: that is where a stalled round fails a job
+        for job in jobs:
+            ranks = self.live_ranks(job)
+            steps = [step(pid) for _, pid in ranks]
+            if len(steps) < job.nodes * RANKS_PER_NODE or any(s is None or s > self.args.steps * NODE_KILL_BEFORE
+                                                              for s in steps):
+                continue
+            rec = self.ctl.list_jobs(job_id=job.job_id)
+            if not rec or rec[0].state != "RUNNING":
+                continue  # a round already open: this fault would join it
+            self.refresh_known()
+            before = set(self.known)
+            _kill(self.rng.choice(ranks)[1])
+            time.sleep(self.rng.choice(ROUND_KILL_DELAYS))
+            self.ctl.signal(signal.SIGKILL)
+            assert self.ctl.proc is not None
+            self.ctl.proc.wait(10)
+            self.ctl.mode = "down"
+            job.interrupted.add(max((r.round for r in rec[0].rounds), default=0) + 1)
+            job.faults["round_controller_kill"] += 1
+            self.later(1.0, "restart the controller", lambda b=before: self.restart_controller(b))
+            return True
+        return False
 
     def _controller_stop(self) -> bool:
         if self.ctl.mode != "up":
@@ -537,7 +578,9 @@ class Soak:
     def window_open(self, t0: float) -> bool:
         if self.args.jobs is not None:
             return len(self.jobs) < self.args.jobs or bool(self.running())
-        return time.monotonic() - t0 < self.args.duration
+        elapsed = time.monotonic() - t0
+        # a kind of the first plan may wait for a job it fits (a young multi-node job): up to PLAN_GRACE more
+        return elapsed < self.args.duration or (bool(self.plan) and elapsed < self.args.duration + PLAN_GRACE)
 
     def run(self) -> float:
         self.run_reference()
@@ -602,7 +645,21 @@ class Soak:
                                       "info": rec.info, "nodes": job.nodes,
                                       "nodes_registered": sorted(a.nodeRank for a in rec.agents)})
         return {"listed": listed is not None, "disagreements": disagreements,
-                "node_loss": summarize(nodes, self.faults)}
+                "node_loss": summarize(nodes, self.faults), "interrupted": self.interrupted_rounds(records)}
+
+    def interrupted_rounds(self, records: dict[str, taskd_pb2.JobRecord]) -> list[dict[str, Any]]:
+        """Each round a round_controller_kill landed in, as the controller recorded it: `redone` when a strategy
+        was chosen twice in it (F2: the restored round was run again and its recover carried out twice)."""
+        out = []
+        for job in self.jobs:
+            rec = records.get(job.job_id)
+            rounds = {r.round: r for r in rec.rounds} if rec is not None else {}
+            for n in sorted(job.interrupted):
+                r = rounds.get(n)
+                tried = list(r.strategiesTried) if r is not None else []
+                out.append({"job": job.job_id, "round": n, "recorded": r is not None, "tried": tried,
+                            "outcome": r.outcome if r is not None else "", "redone": len(tried) != len(set(tried))})
+        return out
 
     def classify(self, job: Job, rec: taskd_pb2.JobRecord | None) -> tuple[str, str]:
         if all(c == 0 for c in job.codes):
@@ -617,6 +674,10 @@ class Soak:
             return "failed as designed: restart budget spent", f"exit codes {job.codes}"
         # a fault after a node finished, or a node finishing while a round is open (docs/controller.md): both end
         # the job at once, by design ("... had finished: ..." and "... finished while round N was open ...")
+        stalled = {int(n) for n in re.findall(r"finished while round (\d+) was open", events + consoles)}
+        if stalled & job.interrupted:  # picked early in its steps: only a round that stalled lets a node finish
+            return "failed wrongly", f"round(s) {sorted(stalled & job.interrupted)} interrupted by a controller " \
+                                     f"kill stalled until a node finished; exit codes {job.codes}"
         if "no recovery without them" in events or "no recovery without them" in consoles:
             return "failed as designed: fault after a node finished", f"exit codes {job.codes}"
         tail = consoles[-1500:]
@@ -698,6 +759,10 @@ def report(soak: Soak, seconds: float, judged: dict[str, Any], shutdown_code: in
           f"process the bench started: {nl['replaced_as_started']}; node-loss rounds: {nl['rounds']}, charged one "
           f"restart: {nl['charged_once']}")
     print(f"rounds charged more than one restart: {sum(len(c['rounds']) for c in nl['charged_more'])}")
+    cut = judged["interrupted"]
+    print(f"rounds interrupted by a controller kill: {len(cut)} (recorded: {sum(c['recorded'] for c in cut)}, "
+          f"recovered: {sum(c['outcome'] == 'recovered' for c in cut)})")
+    print(f"interrupted rounds redone: {sum(c['redone'] for c in cut)}")
     print(f"node-loss records wrong: {len(nl['problems'])}")
     print(f"faults the agents saw: {sum(f for f, _ in seen)}, recoveries: {sum(r for _, r in seen)} "
           "(summed over the nodes' final summaries: a recovery of 2 nodes counts twice, a SIGKILLed agent prints "
@@ -720,7 +785,8 @@ def report(soak: Soak, seconds: float, judged: dict[str, Any], shutdown_code: in
     for j in soak.jobs:
         if j.outcome in ("failed wrongly", "wrong result", "stuck"):
             print(f"  {j.job_id}: {j.outcome}: {j.detail[:2000]}")
-    for item in soak.lost + orphans + judged["disagreements"] + soak.ctl.crashes + nl["charged_more"] + nl["problems"]:
+    for item in soak.lost + orphans + judged["disagreements"] + soak.ctl.crashes + nl["charged_more"] + nl["problems"] \
+            + [c for c in judged["interrupted"] if c["redone"]]:
         print(f"  {json.dumps(item)[:1500]}")
     for item in soak.hostile_odd:
         print(f"  hostile: {json.dumps(item)}")
@@ -734,6 +800,7 @@ def report(soak: Soak, seconds: float, judged: dict[str, Any], shutdown_code: in
             "controller_restarts": soak.ctl.restarts,
             "controller_tracebacks": tracebacks, "stalls": soak.stalls, "shutdown_code": shutdown_code,
             "lost_jobs": soak.lost, "left_dirs": soak.left_dirs, "disagreements": judged["disagreements"],
+            "interrupted_rounds": judged["interrupted"],
             "jobs": [{"job": j.job_id, "nodes": j.nodes, "outcome": j.outcome, "codes": j.codes,
                       "faults": dict(j.faults), "agent_killed": j.agent_killed, "standby": j.standby,
                       "node_losses": [vars(x) for x in j.nodeset.losses], "detail": j.detail[:2000]}

@@ -50,6 +50,9 @@ def test_quick_chaos_soak_leaves_nothing_behind_and_every_job_is_correct_or_fail
     assert figure(out, "node kills") >= 1, out
     assert figure(out, "rounds charged more than one restart") == 0, out
     assert figure(out, "node-loss records wrong") == 0, out
+    # a controller SIGKILLed while the round a rank's fault opened was in flight (issue 31, F2): no round redone
+    assert figure(out, "rounds interrupted by a controller kill") >= 1, out
+    assert figure(out, "interrupted rounds redone") == 0, out
 
     jobs = re.search(r"^jobs: (\d+) \((\d+) correct, (\d+) failed as designed, (\d+) failed wrongly\)", out, re.M)
     assert jobs, out
@@ -68,4 +71,5 @@ def test_quick_chaos_soak_leaves_nothing_behind_and_every_job_is_correct_or_fail
     assert data["orphans"] == [] and data["controller_crashes"] == [] and data["lost_jobs"] == []
     # each kind of fault was injected at least once (the plan starts with every kind)
     assert set(data["faults"]) == {"rank_kill", "rank_stop", "agent_kill", "node_kill", "agent_stop",
-                                   "controller_kill", "controller_stop", "hostile"}, data["faults"]
+                                   "controller_kill", "controller_stop", "hostile",
+                                   "round_controller_kill"}, data["faults"]
