@@ -1,9 +1,14 @@
-"""A deterministic training loop that survives being killed: checkpoints, resume, heartbeats.
+"""A deterministic training loop that survives being killed: snapshots, checkpoints, resume, heartbeats.
 
 Each rank fits a linear model to its own synthetic data with plain SGD (numpy
 only). The batch of step ``s`` is a pure function of (seed, rank, s), so a rank
 that resumes from a checkpoint recomputes exactly the same updates: the final
 parameters are bit-identical to an uninterrupted run.
+
+Under ``taskd run`` each rank also snapshots its state in memory after every step
+(``worker.Snapshots``, held in /dev/shm by the node's agent): a restarted rank
+resumes from the step it had reached and redoes none. Outside taskd, or when no
+snapshot survives, it resumes from its newest disk checkpoint.
 
     python examples/train_resumable.py --steps 200 --ckpt-every 20 --ckpt-dir /tmp/ckpt --out /tmp/out
     taskd run --nproc-per-node 4 examples/train_resumable.py --steps 200 --ckpt-every 20 \\
@@ -78,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     ckpt = worker.CheckpointManager(os.path.join(args.ckpt_dir, f"rank{rank}"), keep=args.keep)
 
-    found = ckpt.load_latest()
+    # scope "rank": the ranks never exchange state, so each restores its own newest snapshot (no common step)
+    snapshots = worker.Snapshots(scope="rank", fallback=ckpt)
+    found = snapshots.restore()  # memory first, else the newest disk checkpoint, else None
     state = found[0] if found else {"w": np.zeros(args.dim), "step": 0}
     resumed_from = state["step"]
 
@@ -95,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     # the ranks never talk to each other: a restarted rank needs nothing from the others, so the agent
     # may restart just the dead one (recover) instead of the whole job
     worker.declare_rejoinable()
-    print(f"rank {rank}: starting at step {resumed_from}/{args.steps} (restart {worker.restart_count()})",
+    source = f", from {snapshots.restored_from}" if snapshots.restored_from else ""
+    print(f"rank {rank}: starting at step {resumed_from}/{args.steps} (restart {worker.restart_count()}{source})",
           flush=True)
 
     w_true = true_weights(args.seed, rank, args.dim)
@@ -103,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         x, y = batch(args.seed, rank, step, args.dim, args.batch, w_true)
         residual = x @ state["w"] - y
         state = {"w": state["w"] - args.lr * (x.T @ residual) / args.batch, "step": step + 1}
+        snapshots.save(state, state["step"])  # one memory copy; the disk checkpoints below are for after the job
         os.write(counter, b".")
         worker.heartbeat(state["step"])
 
@@ -123,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     np.save(os.path.join(args.out, f"rank{rank}.tmp.npy"), state["w"])
     os.replace(os.path.join(args.out, f"rank{rank}.tmp.npy"), os.path.join(args.out, f"rank{rank}.npy"))
     summary = {"rank": rank, "steps": args.steps, "computed": computed, "resumed_from": resumed_from,
-               "restart_count": worker.restart_count()}
+               "restart_count": worker.restart_count(), "restored_from": snapshots.restored_from}
     write_atomically(os.path.join(args.out, f"rank{rank}.json"), json.dumps(summary).encode())
     print(f"rank {rank}: done, {computed} steps computed, resumed from step {resumed_from}", flush=True)
     return 0

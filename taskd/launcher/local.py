@@ -35,6 +35,7 @@ from taskd.launcher.orphans import OrphanKeeper
 from taskd.launcher.output import ERR, OUT, OutputPump, RankOutput
 from taskd.launcher.ports import node_master_port
 from taskd.launcher.reaping import Reaper
+from taskd.launcher.snapshots import SnapshotArea
 from taskd.launcher.spares import SparePool
 from taskd.launcher.spec import WorkerSpec
 from taskd.process.run_dir import make_run_dir
@@ -77,6 +78,8 @@ class LocalLauncher:
             log.warning("--redirects/--tee without --log-dir: rank logs go to %s", log_dir)
         elif log_dir:
             os.makedirs(log_dir, exist_ok=True)
+        # the job's /dev/shm snapshot directory, before anything to undo: a bad TASKD_SNAPSHOT_MEMORY raises here
+        self._snapshots = SnapshotArea(safe_name(spec.job_id), spec.nproc_per_node, {**os.environ, **spec.extra_env})
         port, self._port_hold = node_master_port(spec)  # node 0 holds it for the job's life (launcher/ports.py)
         run_dir = spec.run_dir or make_run_dir(safe_name(spec.job_id))  # removes those SIGKILLed agents left
         os.makedirs(run_dir, mode=0o700, exist_ok=True)
@@ -85,6 +88,7 @@ class LocalLauncher:
         except (OSError, StoreHostError, ValueError):
             if spec.run_dir is None:
                 shutil.rmtree(run_dir, ignore_errors=True)
+            self._snapshots.close()
             if self._port_hold is not None:
                 self._port_hold.close()
             raise
@@ -392,6 +396,7 @@ class LocalLauncher:
             rank_log.close()
         if self._own_run_dir and self.spec.run_dir:
             shutil.rmtree(self.spec.run_dir, ignore_errors=True)
+        self._snapshots.close()  # every rank is gone: nothing of the job's stays in /dev/shm
 
     def __enter__(self) -> LocalLauncher:
         return self
@@ -411,6 +416,7 @@ class LocalLauncher:
         env = rank_env(self.spec, rank, own, self.heartbeat_path(rank), job_restart_count=job_restarts,
                        error_file=self.error_file_path(rank))
         env.update(self._live.env(self._generation))
+        env.update(self._snapshots.env())
         return env
 
     def prepare_replacement(self, local_rank: int, after_generation: int) -> bool:

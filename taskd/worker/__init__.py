@@ -30,6 +30,8 @@ from taskd.worker.progress import (
     serve_save_request,
 )
 from taskd.worker.serializers import Serializer, register_serializer
+from taskd.worker.snapshot import Snapshots
+from taskd.worker.snapshot_segment import SnapshotError
 from taskd.worker.spare import become_rank
 
 __all__ = [
@@ -40,6 +42,8 @@ __all__ = [
     "HeartbeatState",
     "RetryableError",
     "Serializer",
+    "SnapshotError",
+    "Snapshots",
     "become_rank",
     "heartbeat",
     "collective",

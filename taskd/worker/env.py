@@ -60,6 +60,10 @@ class Var:
     TASKD_PREIMPORT = "TASKD_PREIMPORT"  # warm spares: modules to import before becoming a rank
     TASKD_SPARE = "TASKD_SPARE"  # "1": a warm spare running the script before it is a rank (taskd.worker.spare)
     TASKD_SPARE_ARGV = "TASKD_SPARE_ARGV"  # such a spare's script and arguments (JSON)
+    TASKD_SNAPSHOT_DIR = "TASKD_SNAPSHOT_DIR"  # snapshots: the job's directory in /dev/shm, the node's agent owns it
+    TASKD_SNAPSHOT_BYTES = "TASKD_SNAPSHOT_BYTES"  # snapshots: this rank's share of the job's host-memory cap
+    TASKD_SNAPSHOT_MEMORY = "TASKD_SNAPSHOT_MEMORY"  # snapshots: the cap per job and node (taskd run's environment)
+    TASKD_SNAPSHOT_FAULT = "TASKD_SNAPSHOT_FAULT"  # tests: "kill-in-copy:RANK:STEP", a rank SIGKILLed mid-copy
     MINDX_TASK_ID = "MINDX_TASK_ID"  # TaskD's job id, when the job runs under MindCluster
 
 

@@ -1,0 +1,91 @@
+"""The node's side of in-memory snapshots: the job's directory in /dev/shm, owned, bounded and removed here.
+
+The ranks write their snapshots (`taskd.worker.snapshot`) into segments under one directory per job and node,
+``/dev/shm/taskd-snap-<job>-*``, which this area creates before any rank starts and hands to every rank
+(TASKD_SNAPSHOT_DIR) with its share of the job's cap (TASKD_SNAPSHOT_BYTES). The directory outlives every rank
+(a restarted rank restores from it) and is removed when the launcher closes; it records its owner like a run
+directory (`taskd.process.run_dir`), so a new agent on the node removes those whose agent was SIGKILLed.
+
+The cap, per job and node: TASKD_SNAPSHOT_MEMORY in `taskd run`'s environment (bytes, or with a K/M/G suffix;
+0 turns snapshots off), by default half of /dev/shm's size.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+from collections.abc import Mapping
+
+from taskd.process.run_dir import make_run_dir
+from taskd.worker.env import Var
+
+log = logging.getLogger(__name__)
+
+SHM = "/dev/shm"
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_memory(raw: str) -> int:
+    """Bytes in ``raw`` ("2G", "512M", "1000"); ValueError naming the variable otherwise."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*", raw, re.IGNORECASE)
+    if match is None:
+        raise ValueError(f"{Var.TASKD_SNAPSHOT_MEMORY}={raw!r}: expected bytes, e.g. 2G, 512M or 1000000")
+    return int(match.group(1)) * _UNITS[match.group(2).upper()]
+
+
+class SnapshotArea:
+    """The job's snapshot directory on this node (or none, with the reason logged once)."""
+
+    def __init__(self, name: str, nproc_per_node: int, environ: Mapping[str, str] | None = None,
+                 root: str = SHM) -> None:
+        env = os.environ if environ is None else environ
+        raw = env.get(Var.TASKD_SNAPSHOT_MEMORY, "").strip()
+        self.path: str | None = None
+        self.cap = self.share = 0
+        if not os.path.isdir(root):
+            log.warning("snapshots off: %s does not exist; ranks fall back to their disk checkpoints", root)
+            return
+        st = os.statvfs(root)
+        size, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+        cap = parse_memory(raw) if raw else size // 2
+        if cap == 0:
+            log.info("snapshots off (%s=0); ranks fall back to their disk checkpoints", Var.TASKD_SNAPSHOT_MEMORY)
+            return
+        if cap > free:
+            log.warning("%s=%d is more than the %d bytes free in %s: snapshots get at most what is free, and a rank "
+                        "that finds it full falls back to its disk checkpoints", Var.TASKD_SNAPSHOT_MEMORY, cap,
+                        free, root)
+        self.cap = cap
+        self.share = cap // max(1, nproc_per_node)
+        self.path = make_run_dir(f"snap-{name}", root)  # first removes the directories of agents that died
+
+    def env(self) -> dict[str, str]:
+        """What each rank is given: the directory and its share of the cap."""
+        if self.path is None:
+            return {}
+        return {Var.TASKD_SNAPSHOT_DIR: self.path, Var.TASKD_SNAPSHOT_BYTES: str(self.share)}
+
+    def held_bytes(self) -> int:
+        """Host memory the job's snapshots hold on this node now."""
+        total = 0
+        for folder, _dirs, files in os.walk(self.path or "/nonexistent"):
+            for name in files:
+                try:
+                    total += os.lstat(os.path.join(folder, name)).st_blocks * 512
+                except FileNotFoundError:
+                    continue
+        return total
+
+    def close(self) -> None:
+        """Remove the directory and everything in it (the job has ended on this node); idempotent."""
+        if self.path is None:
+            return
+        held = self.held_bytes()
+        shutil.rmtree(self.path, ignore_errors=True)
+        log.info("removed the job's snapshots from %s (%.1f MB held)", self.path, held / 1e6)
+        self.path = None
+
+
+__all__ = ["SHM", "SnapshotArea", "parse_memory"]

@@ -1,0 +1,363 @@
+"""In-memory snapshots that outlive the rank: a restarted rank restores its newest consistent step without a disk.
+
+    snapshots = worker.Snapshots(fallback=ckpt)     # ckpt: a CheckpointManager, used when no snapshot survives
+    state, start = snapshots.restore() or (init_state(), 0)
+    for step in range(start, steps):
+        state = train_step(state)
+        snapshots.save(state, step + 1)             # about one memory copy of the state
+
+Where a snapshot lives: in a segment (a file in /dev/shm) of the job's snapshot directory, which the node's agent
+(`taskd run`'s launcher, `taskd.launcher.snapshots`) creates, hands to the ranks (TASKD_SNAPSHOT_DIR), accounts
+for and removes when the job ends; a new agent removes the directories of agents that were SIGKILLed. A rank
+writes into its own segments (``<dir>/rank<R>/``): ``save`` copies the state into a free segment and returns; a
+background thread checksums it, writes its header and publishes it by renaming it to its step's name
+(``s<step>.snap``), then frees the oldest beyond ``keep``. A rank killed at any moment therefore leaves its
+published snapshots intact, and what it was writing unpublished (removed by its next incarnation).
+
+On start ``restore`` finds the consistent cut: the newest step every rank of the job has published (scope
+"job"), or this rank's own newest (scope "rank", for ranks that never exchange state). With ``keep`` >= 2 a
+data-parallel job always has one: a rank cannot publish step s+2 before every rank has copied step s+1 (the
+collectives of step s+2 wait for them), and a rank's save waits for its previous publish.
+
+Standard library only; outside `taskd run` (no TASKD_SNAPSHOT_DIR) ``save`` does nothing and ``restore`` goes
+straight to the fallback.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import mmap
+import os
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from taskd.worker.env import Var, env_int, rank, restart_count, world_size
+from taskd.worker.snapshot_segment import SnapshotError, flatten, load, seal, write_body
+
+log = logging.getLogger(__name__)
+
+SCOPES = ("job", "rank")
+PUBLISH_WAIT = 60.0
+"""How long a save (or restore) waits for the previous snapshot's publish (a checksum of the state: well under a
+second for gigabytes); past it SnapshotError, since a publish that takes that long is stuck."""
+_ROUND = 1 << 16  # segments grow in 64 KiB steps, so that a state whose small objects vary keeps its segment
+_NAME = re.compile(r"s(\d{12})\.snap")
+
+
+class Fallback(Protocol):
+    """What ``restore`` falls back to: a `CheckpointManager` (anything with ``load_latest``)."""
+
+    def load_latest(self) -> tuple[Any, int] | None: ...
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def _round(size: int) -> int:
+    return -(-size // _ROUND) * _ROUND
+
+
+class _Segment:
+    """One file of the rank's, mapped once and reused: a later snapshot of the same size copies into pages that
+    are already there instead of faulting in fresh ones."""
+
+    def __init__(self, path: str, free_path: str, step: int | None = None) -> None:
+        self.path = path
+        self.free_path = free_path  # its name while free or being written: never a published name
+        self.step = step  # the step it holds under its published name; None: free (or being written)
+        self._fd = -1
+        self._map: mmap.mmap | None = None
+        self.capacity = 0
+
+    def view(self, size: int) -> memoryview:
+        """A writable view of at least ``size`` bytes; SnapshotError when /dev/shm has no room for it."""
+        need = _round(size)
+        if self._fd < 0:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            self.capacity = os.fstat(self._fd).st_size
+        if not need <= self.capacity <= 2 * need:  # grow, or give back what a much smaller state does not use
+            self._unmap()
+            os.ftruncate(self._fd, need)
+            try:
+                os.posix_fallocate(self._fd, 0, need)  # the room is taken now: no SIGBUS in the middle of a copy
+            except OSError as exc:
+                os.ftruncate(self._fd, 0)
+                self.capacity = 0
+                if exc.errno in (errno.ENOSPC, errno.ENOMEM):
+                    st = os.statvfs(os.path.dirname(self.path))
+                    raise SnapshotError(f"{os.path.dirname(os.path.dirname(self.path))} is full: a snapshot of "
+                                        f"{_mb(need)} does not fit in the {_mb(st.f_bavail * st.f_frsize)} left "
+                                        f"of its {_mb(st.f_blocks * st.f_frsize)}") from exc
+                raise
+            self.capacity = need
+        if self._map is None:
+            self._map = mmap.mmap(self._fd, self.capacity)
+        return memoryview(self._map)
+
+    def _unmap(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+
+    def close(self) -> None:
+        self._unmap()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def remove(self) -> None:
+        self.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+class Snapshots:
+    """A rank's snapshots in the node's memory, and their restore (see the module's doc).
+
+    ``keep``: published snapshots kept (at least 2 for scope "job"); the rank holds at most ``keep`` + 1 segments
+    (one being written), which must fit in its share of the job's cap (TASKD_SNAPSHOT_BYTES). ``scope``: "job"
+    restores the newest step every rank holds; "rank" this rank's own newest (ranks that exchange no state).
+    ``fallback``: what ``restore`` returns when no snapshot can be restored (a `CheckpointManager`), said in
+    the log. ``background``: publish (checksum, header, rename) on a thread, so that ``save`` costs the copy only.
+    ``directory`` and ``cap`` default to the agent's variables.
+    """
+
+    def __init__(self, keep: int = 2, scope: str = "job", fallback: Fallback | None = None, *,
+                 directory: str | None = None, cap: int | None = None, background: bool = True) -> None:
+        if scope not in SCOPES:
+            raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
+        lowest = 2 if scope == "job" else 1
+        if not isinstance(keep, int) or isinstance(keep, bool) or keep < lowest:
+            raise ValueError(f"keep must be an integer >= {lowest} for scope {scope!r} (the consistent cut needs the "
+                             f"step before the newest while the newest is written), got {keep!r}")
+        self.keep, self.scope, self.fallback, self.background = keep, scope, fallback, background
+        self.directory = directory if directory is not None else os.environ.get(Var.TASKD_SNAPSHOT_DIR) or None
+        self.cap = cap if cap is not None else env_int(Var.TASKD_SNAPSHOT_BYTES)
+        self.rank, self.world = rank(), world_size()
+        self.restored_from: str | None = None  # "memory", "disk" or None, once restore() ran
+        self.off: str | None = None  # why snapshots are off (the reason was logged), None while they are on
+        self._segments: list[_Segment] = []
+        self._publisher: threading.Thread | None = None
+        self._fault = _fault_step(self.rank)
+        if self.directory is None:
+            self.off = "no snapshot directory (TASKD_SNAPSHOT_DIR): the script was not started by `taskd run`"
+            return
+        self._own = os.path.join(self.directory, f"rank{self.rank}")
+        os.makedirs(self._own, mode=0o700, exist_ok=True)
+        self._adopt()
+
+    # -- save ------------------------------------------------------------------------------------------------
+    def save(self, state: Any, step: int) -> bool:
+        """Copy ``state`` (a tree of numpy arrays, tensors with an adapter, small objects) as the snapshot of
+        ``step``; returns once it is copied (published in the background), True, or False when snapshots are off.
+        """
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ValueError(f"step must be a non-negative integer, got {step!r}")
+        if self.off is not None:
+            return False
+        self.wait()
+        flat = flatten(state)
+        need = (self.keep + 1) * _round(flat.size)
+        if self.cap is not None and need > self.cap:
+            self._turn_off(f"the snapshot of step {step} is {_mb(flat.size)}, and {self.keep} kept plus one being "
+                           f"written need {_mb(need)}, above this rank's share of the job's snapshot memory, "
+                           f"{_mb(self.cap)} ({Var.TASKD_SNAPSHOT_MEMORY} of `taskd run`, split over the node's ranks)")
+            return False
+        segment = self._free_segment()
+        try:
+            view = segment.view(flat.size)
+        except (SnapshotError, OSError) as exc:
+            self._turn_off(str(exc))
+            return False
+        try:
+            length = write_body(view, flat, self._injected_fault(step, len(flat.buffers)))
+        except BaseException:
+            view.release()
+            raise
+        args = (segment, view, step, length, len(flat.skeleton), len(flat.buffers))
+        if self.background:
+            self._publisher = threading.Thread(target=self._publish, args=args, daemon=True,
+                                               name=f"taskd-snapshot-{step}")
+            self._publisher.start()
+        else:
+            self._publish(*args)
+        return True
+
+    def _publish(self, segment: _Segment, view: memoryview, step: int, length: int, skeleton: int,
+                 count: int) -> None:
+        try:
+            seal(view, step, self.rank, self.world, length, skeleton, count)
+            view.release()
+            final = os.path.join(self._own, f"s{step:012d}.snap")
+            replaced = [s for s in self._segments if s.step == step and s is not segment]
+            os.replace(segment.path, final)  # published: complete and checksummed, or not there at all
+            segment.path, segment.step = final, step
+            for old in replaced:  # a step saved again (after a restore): its old file is gone, its memory too
+                old.close()
+                self._segments.remove(old)
+            published = sorted((s for s in self._segments if s.step is not None), key=lambda s: s.step or 0)
+            for old in published[:-self.keep]:
+                self._free(old)
+        except OSError as exc:  # e.g. the agent removed the directory: the job is ending
+            view.release()
+            log.warning("snapshot of step %d not published: %s", step, exc)
+
+    def _free(self, segment: _Segment) -> None:
+        os.replace(segment.path, segment.free_path)
+        segment.path, segment.step = segment.free_path, None
+
+    def _new_segment(self, path: str | None = None, step: int | None = None) -> _Segment:
+        free = os.path.join(self._own, f".free-{len(self._segments)}-{os.urandom(3).hex()}")
+        segment = _Segment(path or free, free, step)
+        self._segments.append(segment)
+        return segment
+
+    def _free_segment(self) -> _Segment:
+        for segment in self._segments:
+            if segment.step is None:
+                return segment
+        if len(self._segments) > self.keep:  # more published than kept (adopted from a restart): reuse the oldest
+            oldest = min(self._segments, key=lambda s: s.step or 0)
+            self._free(oldest)
+            return oldest
+        return self._new_segment()
+
+    def _injected_fault(self, step: int, count: int) -> Callable[[int], None] | None:
+        if self._fault != step or restart_count() != 0:
+            return None
+
+        def kill(i: int) -> None:
+            if i == count // 2:
+                log.warning("TASKD_SNAPSHOT_FAULT: SIGKILL inside the copy of step %d", step)
+                os.kill(os.getpid(), signal.SIGKILL)
+        return kill
+
+    def wait(self, timeout: float = PUBLISH_WAIT) -> None:
+        """Wait for the snapshot being published; SnapshotError past ``timeout``."""
+        publisher = self._publisher
+        if publisher is None:
+            return
+        publisher.join(timeout)
+        if publisher.is_alive():
+            raise SnapshotError(f"the previous snapshot is still being published after {timeout} s")
+        self._publisher = None
+
+    # -- restore ---------------------------------------------------------------------------------------------
+    def restore(self) -> tuple[Any, int] | None:
+        """``(state, step)`` of the newest consistent snapshot in memory, else what the fallback loads (its
+        newest checkpoint), else None; the log says which, and ``restored_from`` is "memory", "disk" or None."""
+        self.wait()
+        why = self.off
+        if why is None:
+            step, why = self._cut()
+            if step is not None:
+                started = time.perf_counter()
+                try:
+                    state, size = load(os.path.join(self._own, f"s{step:012d}.snap"), step, self.rank)
+                except (SnapshotError, OSError) as exc:
+                    why = f"rank {self.rank}'s snapshot of step {step} cannot be read: {exc}"
+                else:
+                    self._drop_after(step)
+                    self.restored_from = "memory"
+                    log.info("rank %d restored step %d from memory (%s in %.3f s)", self.rank, step, _mb(size),
+                             time.perf_counter() - started)
+                    return state, step
+        if self.fallback is None:
+            log.info("rank %d: no snapshot restored (%s)", self.rank, why)
+            return None
+        found = self.fallback.load_latest()
+        self._drop_after(found[1] if found else -1)
+        self.restored_from = "disk" if found else None
+        level = logging.WARNING if found and self.directory else logging.INFO  # a fresh start is no news
+        log.log(level, "rank %d: no snapshot in memory to restore (%s): falling back to %s: %s", self.rank, why,
+                self._fallback_words(), f"step {found[1]}" if found else "none there, starting afresh")
+        return found
+
+    def _cut(self) -> tuple[int | None, str]:
+        """The step to restore and, without one, why."""
+        if self.scope == "rank":
+            own = self._published(self.rank)
+            return (max(own), "") if own else (None, f"rank {self.rank} holds no snapshot")
+        nodes = env_int(Var.GROUP_WORLD_SIZE, 1) or 1
+        if nodes > 1:
+            return None, (f"the job runs on {nodes} nodes: the cut across nodes (agreed through the agents and the "
+                          "controller) is not built yet")
+        held = {r: self._published(r) for r in range(self.world)}
+        common = set.intersection(*held.values()) if held else set()
+        if common:
+            return max(common), ""
+        empty = [r for r, steps in held.items() if not steps]
+        if empty:
+            return None, f"rank(s) {', '.join(map(str, empty))} hold no snapshot"
+        newest = ", ".join(f"rank {r}: {max(s)}" for r, s in held.items())
+        return None, f"no step is held by every rank (newest {newest})"
+
+    def _published(self, of_rank: int) -> set[int]:
+        try:
+            names = os.listdir(os.path.join(self.directory or "", f"rank{of_rank}"))
+        except FileNotFoundError:
+            return set()
+        return {int(m.group(1)) for m in map(_NAME.fullmatch, names) if m}
+
+    def _drop_after(self, step: int) -> None:
+        """Forget this rank's snapshots past the restored step: they belong to the run the fault ended."""
+        for segment in [s for s in self._segments if s.step is not None and s.step > step]:
+            segment.remove()
+            self._segments.remove(segment)
+
+    def _fallback_words(self) -> str:
+        where = getattr(self.fallback, "directory", None)
+        return f"the disk checkpoints in {where}" if where else f"the fallback's checkpoints ({self.fallback!r})"
+
+    # -- housekeeping ----------------------------------------------------------------------------------------
+    def _adopt(self) -> None:
+        """Take over the segments an earlier incarnation of this rank left: its published ones stay restorable,
+        what it was writing when it died is removed (never restored)."""
+        for name in os.listdir(self._own):
+            path = os.path.join(self._own, name)
+            match = _NAME.fullmatch(name)
+            if match:
+                self._new_segment(path, int(match.group(1)))
+            else:
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+                log.debug("removed %s, left unpublished by an earlier incarnation", path)
+
+    def _turn_off(self, reason: str) -> None:
+        self.off = reason
+        for segment in self._segments:
+            segment.remove()
+        self._segments.clear()
+        then = self._fallback_words() if self.fallback is not None else "the script's own checkpoints"
+        log.error("rank %d: snapshots off: %s; a restart falls back to %s", self.rank, reason, then)
+
+    def close(self) -> None:
+        """Wait for the publish in flight and unmap; the segments stay for a restart (the agent removes them)."""
+        self.wait()
+        for segment in self._segments:
+            segment.close()
+
+
+def _fault_step(of_rank: int) -> int | None:
+    """TASKD_SNAPSHOT_FAULT=kill-in-copy:RANK:STEP (tests): the step at which this rank's first incarnation is
+    SIGKILLed half-way through copying its snapshot."""
+    raw = os.environ.get(Var.TASKD_SNAPSHOT_FAULT, "").strip()
+    if not raw:
+        return None
+    match = re.fullmatch(r"kill-in-copy:(\d+):(\d+)", raw)
+    if match is None:
+        raise ValueError(f"{Var.TASKD_SNAPSHOT_FAULT}={raw!r}: expected kill-in-copy:RANK:STEP")
+    return int(match.group(2)) if int(match.group(1)) == of_rank else None
+
+
+__all__ = ["SCOPES", "Snapshots", "SnapshotError"]
