@@ -1,0 +1,155 @@
+"""In-memory snapshots end to end under `taskd run`: real ranks, real SIGKILLs, the job's /dev/shm directory.
+
+- a plain torch DDP script (no LiveGroup), 4 ranks, a rank SIGKILLed: every rank restored from memory, at most
+  one step redone, parameters bit-identical to a fault-free run;
+- a rank SIGKILLed inside the copy of its snapshot: that snapshot is never restored;
+- `taskd run` SIGKILLed: the next `taskd run` on the node removes the directory it left;
+- a cap too small: snapshots off, the message names the fallback, the ranks resume from their disk checkpoints;
+- every job's end leaves nothing of it in /dev/shm.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+from support import STARTED, wait_for
+
+ROOT = Path(__file__).resolve().parents[3]
+PLAIN = ROOT / "examples" / "torch" / "train_plain.py"
+EXAMPLE = ROOT / "examples" / "train_resumable.py"
+SHM = "/dev/shm"
+
+
+def job_dirs(job: str) -> list[str]:
+    return glob.glob(os.path.join(SHM, f"taskd-snap-{job}-*"))
+
+
+def taskd_run(job: str, args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    for var in ("MINDX_SERVER_IP", "MINDX_TASK_ID", "TASKD_SNAPSHOT_MEMORY", "TASKD_SNAPSHOT_FAULT"):
+        if var not in (env or {}):
+            full_env.pop(var, None)
+    proc = subprocess.Popen([sys.executable, "-m", "taskd.run", "--monitor-interval", "0.2", "--job-id", job, *args],
+                            stdout=log.open("wb"), stderr=subprocess.STDOUT, env=full_env, cwd=ROOT)
+    STARTED.append(proc)
+    return proc
+
+
+def finish(proc: subprocess.Popen[bytes], log: Path, job: str, timeout: float = 240) -> str:
+    assert proc.wait(timeout=timeout) == 0, log.read_text()
+    assert job_dirs(job) == [], "the job's end must leave nothing in /dev/shm"
+    return log.read_text()
+
+
+def new_job(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+# ------------------------------------------------------------------ a plain torch script, 4 ranks
+
+PLAIN_STEPS = 30
+
+
+def plain_run(tmp: Path, name: str, *extra: str) -> tuple[Path, str]:
+    job = new_job(name)
+    out, log = tmp / name, tmp / f"{name}.log"
+    proc = taskd_run(job, ["--nproc-per-node", "4", str(PLAIN), "--steps", str(PLAIN_STEPS), "--out", str(out),
+                           *extra], log)
+    return out, finish(proc, log, job)
+
+
+def test_plain_torch_rank_sigkilled_restores_every_rank_from_memory_bit_identical(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    import torch
+
+    reference, _ = plain_run(tmp_path, "ref")
+    out, text = plain_run(tmp_path, "kill", "--kill-rank", "1", "--kill-at-step", "17")
+    assert "fault: rank 1" in text and "job-rescheduling" in text, text
+    for rank in range(4):
+        summary = json.loads((out / f"rank{rank}.json").read_text())
+        assert summary["restart_count"] == 1 and summary["restored_from"] == "memory", summary
+        assert 16 <= summary["resumed_from"] <= 17, summary
+        redone = summary["computed"] - PLAIN_STEPS
+        assert 0 <= redone <= 1, f"rank {rank} redid {redone} steps (snapshots every step: at most 1)"
+        got = torch.load(out / f"rank{rank}.pt")
+        want = torch.load(reference / f"rank{rank}.pt")
+        for key in want:
+            assert torch.equal(got[key], want[key]), f"rank {rank}: {key} differs from the fault-free run"
+
+
+# ------------------------------------------------------------------ the numpy example, 2 ranks
+
+EXAMPLE_STEPS = 40
+
+
+def example_args(tmp: Path, *extra: str) -> list[str]:
+    return ["--nproc-per-node", "2", str(EXAMPLE), "--steps", str(EXAMPLE_STEPS), "--ckpt-every", "5",
+            "--ckpt-dir", str(tmp / "ckpt"), "--out", str(tmp / "out"), "--step-sleep", "0.01", *extra]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> list[bytes]:
+    """The example's parameters without a fault (each rank alone, plain python: they never talk)."""
+    tmp = tmp_path_factory.mktemp("reference")
+    params = []
+    for rank in (0, 1):
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": str(rank)}
+        env.pop("TASKD_SNAPSHOT_DIR", None)
+        subprocess.run([sys.executable, str(EXAMPLE), "--steps", str(EXAMPLE_STEPS), "--ckpt-every", "5",
+                        "--ckpt-dir", str(tmp / "ckpt"), "--out", str(tmp / "out")], env=env, check=True,
+                       timeout=120)
+        params.append(np.load(tmp / "out" / f"rank{rank}.npy").tobytes())
+    return params
+
+
+def example_result(tmp: Path, rank: int) -> tuple[dict, bytes]:
+    out = tmp / "out"
+    return json.loads((out / f"rank{rank}.json").read_text()), np.load(out / f"rank{rank}.npy").tobytes()
+
+
+def test_a_snapshot_torn_inside_its_copy_is_never_restored(tmp_path: Path, reference: list[bytes]) -> None:
+    job, log = new_job("torn"), tmp_path / "console.log"
+    proc = taskd_run(job, example_args(tmp_path), log, {"TASKD_SNAPSHOT_FAULT": "kill-in-copy:1:12"})
+    text = finish(proc, log, job)
+    assert "SIGKILL inside the copy of step 12" in text and "fault: rank 1" in text, text
+    summary, params = example_result(tmp_path, 1)
+    assert summary["restored_from"] == "memory" and summary["resumed_from"] == 11, summary
+    assert params == reference[1]
+
+
+def test_a_cap_too_small_falls_back_to_disk_and_says_so(tmp_path: Path, reference: list[bytes]) -> None:
+    job, log = new_job("cap"), tmp_path / "console.log"
+    proc = taskd_run(job, example_args(tmp_path, "--crash-once-at-step", "12"), log,
+                     {"TASKD_SNAPSHOT_MEMORY": "1000"})
+    text = finish(proc, log, job)
+    assert "snapshots off: the snapshot of step 1 is" in text, text
+    assert f"a restart falls back to the disk checkpoints in {tmp_path / 'ckpt' / 'rank1'}" in text, text
+    summary, params = example_result(tmp_path, 1)
+    assert summary["restored_from"] == "disk" and summary["resumed_from"] == 10, summary
+    assert params == reference[1]
+
+
+def test_a_sigkilled_agents_segments_are_removed_by_the_next_start(tmp_path: Path) -> None:
+    job, log = new_job("agentkill"), tmp_path / "console.log"
+    proc = taskd_run(job, ["--nproc-per-node", "2", str(EXAMPLE), "--steps", "100000", "--ckpt-every", "1000",
+                           "--ckpt-dir", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out"),
+                           "--step-sleep", "0.01"], log)
+    left = wait_for(lambda: [d for d in job_dirs(job) if glob.glob(os.path.join(d, "rank1", "s*.snap"))], 60,
+                    "rank 1's first published snapshot")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert os.path.isdir(left[0]), "a SIGKILLed agent cannot clean up: its directory stays until the next start"
+    nxt, log2 = new_job("next"), tmp_path / "next.log"
+    proc2 = taskd_run(nxt, ["--nproc-per-node", "1", str(EXAMPLE), "--steps", "2", "--ckpt-every", "1",
+                            "--ckpt-dir", str(tmp_path / "ckpt2"), "--out", str(tmp_path / "out2")], log2)
+    finish(proc2, log2, nxt)
+    assert job_dirs(job) == [], "the next start on the node removes the SIGKILLed agent's snapshots"

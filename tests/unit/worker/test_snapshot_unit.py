@@ -1,0 +1,189 @@
+"""taskd.worker.Snapshots in one process: round trip, bounds, the consistent cut, damaged and unfinished segments,
+the fallback, the torch adapter, and the launcher's snapshot area (no process, no socket)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import numpy as np
+import pytest
+
+from taskd.launcher.snapshots import SnapshotArea, parse_memory
+from taskd.process.run_dir import OWNER_FILE
+from taskd.worker import CheckpointManager, SnapshotError, Snapshots
+from taskd.worker.env import Var
+
+
+@pytest.fixture(autouse=True)
+def _ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in (Var.RANK, Var.WORLD_SIZE, Var.GROUP_WORLD_SIZE, Var.TASKD_SNAPSHOT_DIR, Var.TASKD_SNAPSHOT_BYTES,
+                Var.TASKD_SNAPSHOT_FAULT, Var.RANK_ID, Var.RANK_SIZE, Var.MS_WORKER_NUM):
+        monkeypatch.delenv(var, raising=False)
+
+
+def as_rank(monkeypatch: pytest.MonkeyPatch, rank: int, world: int) -> None:
+    monkeypatch.setenv(Var.RANK, str(rank))
+    monkeypatch.setenv(Var.WORLD_SIZE, str(world))
+
+
+def state(step: int) -> dict:
+    return {"w": np.full(1000, float(step)), "m": np.arange(7, dtype=np.int16) + step, "step": step, "tag": "x"}
+
+
+def files(directory, rank: int = 0) -> list[str]:
+    return sorted(os.listdir(os.path.join(directory, f"rank{rank}")))
+
+
+def test_round_trip_keeps_arrays_and_small_objects_bit_for_bit(tmp_path) -> None:
+    snaps = Snapshots(directory=str(tmp_path), background=False)
+    original = state(3)
+    assert snaps.save(original, 3) is True
+    got, step = Snapshots(directory=str(tmp_path)).restore()
+    assert step == 3 and got["step"] == 3 and got["tag"] == "x"
+    for key in ("w", "m"):
+        assert got[key].dtype == original[key].dtype and got[key].tobytes() == original[key].tobytes()
+    got["w"][0] = -1.0  # restored arrays are the restorer's own (writable, not the segment)
+    assert Snapshots(directory=str(tmp_path)).restore()[0]["w"][0] == 3.0
+
+
+def test_a_rank_holds_at_most_keep_published_plus_one_segment(tmp_path) -> None:
+    snaps = Snapshots(keep=2, directory=str(tmp_path))
+    for step in range(1, 8):
+        snaps.save(state(step), step)
+    snaps.wait()
+    names = files(tmp_path)
+    assert [n for n in names if n.endswith(".snap")] == ["s000000000006.snap", "s000000000007.snap"]
+    assert len(names) == 3  # one free segment, reused by the next save
+
+
+def test_the_cut_is_the_newest_step_every_rank_holds(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for rank, steps in ((0, (4, 5)), (1, (5, 6)), (2, (5, 6))):
+        as_rank(monkeypatch, rank, 3)
+        snaps = Snapshots(directory=str(tmp_path), background=False)
+        for step in steps:
+            snaps.save(state(step), step)
+    as_rank(monkeypatch, 1, 3)
+    restored = Snapshots(directory=str(tmp_path))
+    got, step = restored.restore()
+    assert step == 5 and got["step"] == 5 and restored.restored_from == "memory"
+    assert files(tmp_path, 1) == ["s000000000005.snap"]  # step 6 was past the cut: dropped
+    # scope "rank" takes this rank's own newest instead
+    as_rank(monkeypatch, 2, 3)
+    assert Snapshots(scope="rank", keep=1, directory=str(tmp_path)).restore()[1] == 6
+
+
+def test_no_common_step_restores_nothing_and_says_why(tmp_path, monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+    as_rank(monkeypatch, 0, 2)
+    Snapshots(directory=str(tmp_path), background=False).save(state(1), 1)
+    caplog.set_level(logging.INFO, "taskd.worker.snapshot")
+    assert Snapshots(directory=str(tmp_path)).restore() is None
+    assert "rank(s) 1 hold no snapshot" in caplog.text
+    as_rank(monkeypatch, 1, 2)
+    snaps = Snapshots(directory=str(tmp_path), background=False)
+    snaps.save(state(3), 3)
+    snaps.save(state(4), 4)
+    assert snaps.restore() is None
+    assert "no step is held by every rank (newest rank 0: 1, rank 1: 4)" in caplog.text
+
+
+def test_an_unfinished_segment_is_never_restored_and_is_removed(tmp_path) -> None:
+    Snapshots(directory=str(tmp_path), background=False).save(state(1), 1)
+    own = tmp_path / "rank0"
+    (own / ".free-9-abc").write_bytes(b"\0" * 64 + b"half a copy")  # what a rank killed inside the copy leaves
+    snaps = Snapshots(directory=str(tmp_path))
+    assert files(tmp_path) == ["s000000000001.snap"]
+    assert snaps.restore()[1] == 1
+
+
+def test_a_damaged_segment_falls_back_to_disk_saying_so(tmp_path, caplog) -> None:
+    ckpt = CheckpointManager(tmp_path / "ckpt")
+    ckpt.save(state(2), 2)
+    shm = tmp_path / "shm"
+    Snapshots(directory=str(shm), background=False).save(state(5), 5)
+    segment = shm / "rank0" / "s000000000005.snap"
+    data = bytearray(segment.read_bytes())
+    data[200] ^= 0xFF
+    segment.write_bytes(bytes(data))
+    snaps = Snapshots(directory=str(shm), fallback=ckpt)
+    got, step = snaps.restore()
+    assert step == 2 and got["step"] == 2 and snaps.restored_from == "disk"
+    assert "checksum mismatch" in caplog.text and f"falling back to the disk checkpoints in {ckpt.directory}" \
+        in caplog.text
+
+
+def test_a_cap_too_small_turns_snapshots_off_with_the_fallback_named(tmp_path, caplog) -> None:
+    ckpt = CheckpointManager(tmp_path / "ckpt")
+    Snapshots(directory=str(tmp_path / "shm"), background=False).save(state(1), 1)
+    snaps = Snapshots(directory=str(tmp_path / "shm"), cap=100_000, fallback=ckpt, background=False)
+    assert snaps.save(state(1), 1) is False  # 8 KB, in 64 KiB segments: 2 kept + 1 written = 192 KiB > 100 KB
+    assert snaps.off is not None and "above this rank's share of the job's snapshot memory" in snaps.off
+    assert "TASKD_SNAPSHOT_MEMORY" in caplog.text and f"falls back to the disk checkpoints in {ckpt.directory}" \
+        in caplog.text
+    assert os.listdir(tmp_path / "shm" / "rank0") == []  # what it held is given back
+    assert snaps.save(state(2), 2) is False
+    assert snaps.restore() is None and snaps.restored_from is None  # nothing on disk either: a fresh start
+
+
+def test_outside_taskd_save_does_nothing_and_restore_uses_the_fallback(tmp_path) -> None:
+    ckpt = CheckpointManager(tmp_path / "ckpt")
+    ckpt.save(state(4), 4)
+    snaps = Snapshots(fallback=ckpt)
+    assert snaps.save(state(5), 5) is False and "TASKD_SNAPSHOT_DIR" in (snaps.off or "")
+    assert snaps.restore()[1] == 4 and snaps.restored_from == "disk"
+
+
+def test_bad_arguments_are_refused(tmp_path) -> None:
+    with pytest.raises(ValueError, match="keep must be an integer >= 2"):
+        Snapshots(keep=1, directory=str(tmp_path))
+    with pytest.raises(ValueError, match="scope must be one of job, rank"):
+        Snapshots(scope="node", directory=str(tmp_path))
+    with pytest.raises(ValueError, match="step must be a non-negative integer"):
+        Snapshots(directory=str(tmp_path)).save({}, -1)
+    with pytest.raises(SnapshotError, match="cannot be snapshotted"):
+        Snapshots(directory=str(tmp_path)).save({"f": lambda: 1}, 1)
+
+
+def test_the_torch_adapter_restores_model_and_optimizer_exactly(tmp_path) -> None:
+    torch = pytest.importorskip("torch")
+    from taskd.worker.torch_snapshot import TorchSnapshots
+
+    def make() -> tuple:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 4).to(torch.bfloat16)
+        return model, torch.optim.AdamW(model.parameters())
+
+    model, opt = make()
+    model(torch.ones(2, 8, dtype=torch.bfloat16)).sum().backward()
+    opt.step()
+    TorchSnapshots(model, opt, directory=str(tmp_path), background=False).save(1, extra={"epoch": 3})
+    model2, opt2 = make()
+    snaps = TorchSnapshots(model2, opt2, directory=str(tmp_path))
+    assert snaps.restore() == 1 and snaps.extra == {"epoch": 3}
+    for a, b in zip(model.state_dict().values(), model2.state_dict().values(), strict=True):
+        assert a.dtype == b.dtype == torch.bfloat16 and torch.equal(a, b)
+    state1, state2 = opt.state_dict()["state"][0], opt2.state_dict()["state"][0]
+    assert all(torch.equal(state1[k], state2[k]) for k in state1)
+
+
+def test_parse_memory() -> None:
+    assert parse_memory("1000") == 1000 and parse_memory("2G") == 2 << 30 and parse_memory("512MiB") == 512 << 20
+    with pytest.raises(ValueError, match="TASKD_SNAPSHOT_MEMORY='lots'"):
+        parse_memory("lots")
+
+
+def test_the_area_removes_a_dead_agents_directory_and_its_own_at_close(tmp_path) -> None:
+    stale = tmp_path / "taskd-snap-old-abc"
+    (stale / "rank0").mkdir(parents=True)
+    (stale / "rank0" / "s000000000001.snap").write_bytes(b"x" * 10)
+    area0 = SnapshotArea("probe", 1, {}, root=str(tmp_path))  # an owner record of this host, then its pid made dead
+    owner = json.loads((tmp_path / os.path.basename(area0.path) / OWNER_FILE).read_text())
+    area0.close()
+    (stale / OWNER_FILE).write_text(json.dumps({**owner, "pid": 2 ** 22 + 1}))
+    area = SnapshotArea("job", 4, {Var.TASKD_SNAPSHOT_MEMORY: "4M"}, root=str(tmp_path))
+    assert not stale.exists()
+    assert area.env() == {Var.TASKD_SNAPSHOT_DIR: area.path, Var.TASKD_SNAPSHOT_BYTES: str(1 << 20)}
+    area.close()
+    assert os.listdir(tmp_path) == []
+    assert SnapshotArea("off", 1, {Var.TASKD_SNAPSHOT_MEMORY: "0"}, root=str(tmp_path)).env() == {}
