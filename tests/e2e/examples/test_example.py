@@ -52,7 +52,7 @@ def reference(tmp_path_factory):
         result = run_example(tmp, "ref", rank)
         assert result.returncode == 0, result.stderr
         assert summary(tmp, "ref", rank) == {"rank": rank, "steps": 40, "computed": 40, "resumed_from": 0,
-                                             "restart_count": 0}
+                                             "restart_count": 0, "restored_from": None}
     return {rank: params(tmp, "ref", rank) for rank in (0, 1)}
 
 
@@ -73,6 +73,7 @@ def test_crash_once_then_resume_is_bit_identical(tmp_path, reference):
     assert second.returncode == 0, second.stderr
     assert summary(tmp_path, "crash", 1)["resumed_from"] == 15
     assert summary(tmp_path, "crash", 1)["computed"] == 17 + (40 - 15)
+    assert summary(tmp_path, "crash", 1)["restored_from"] == "disk"  # outside taskd: no snapshots, the disk
     got = params(tmp_path, "crash", 1)
     assert got.dtype == reference[1].dtype and got.tobytes() == reference[1].tobytes()
 
@@ -98,10 +99,12 @@ def test_under_the_launcher_crash_and_restart_one_rank(tmp_path, reference):
                  what="both ranks to finish")
     for rank in (0, 1):
         assert np.load(out / f"rank{rank}.npy").tobytes() == reference[rank].tobytes()
-    assert json.loads((out / "rank1.json").read_text())["restart_count"] == 1
-    assert json.loads((out / "rank1.json").read_text())["resumed_from"] == 10
+    restarted = json.loads((out / "rank1.json").read_text())
+    # the launcher holds the job's snapshots in /dev/shm: the restarted rank takes up at the step it had reached
+    assert restarted["restart_count"] == 1 and restarted["resumed_from"] == 12
+    assert restarted["restored_from"] == "memory" and restarted["computed"] == 40  # no step redone
     log1 = (tmp_path / "logs" / "rank_1.log").read_text()
-    assert "starting at step 0/40 (restart 0)" in log1 and "starting at step 10/40 (restart 1)" in log1
+    assert "starting at step 0/40 (restart 0)" in log1 and "starting at step 12/40 (restart 1, from memory)" in log1
 
 
 def test_save_request_makes_the_example_checkpoint_now(tmp_path):
