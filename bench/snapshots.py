@@ -1,0 +1,202 @@
+"""In-memory snapshots against torch.save to disk, side by side in one run, on one model (issue 33).
+
+One process trains an MLP with AdamW (about 100 MB of model and optimizer state with the defaults) and saves
+its state every k steps, k = 1, 5, 20, with each method:
+
+- ``taskd``: `taskd.worker.torch_snapshot.TorchSnapshots.save` into a directory in /dev/shm (the call copies the
+  state into a shared-memory segment; the checksum and the publish run on a thread);
+- ``torch.save``: ``torch.save`` of the same state dicts to a file on disk, fsynced (what a checkpoint that
+  survives the process costs), blocking.
+
+Measured per method and k: each save's blocking time (the call, as the training loop sees it) and the steady
+state (steps/s over the run against the same steps with no saves, the rounds interleaved so that the machine's
+load moves all alike). Then restore time: from memory (`TorchSnapshots.restore` in a fresh process state, into
+a fresh model and optimizer) against from disk (``torch.load`` + ``load_state_dict``), the file's pages dropped
+from the page cache first (``posix_fadvise(DONTNEED)``, after its fsync) and kept ("warm").
+
+    PYTHONPATH=. python bench/snapshots.py [--hidden 1024 --layers 8 --steps 40 --rounds 2] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import header, stats, table, write_result  # noqa: E402
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from taskd.worker.torch_snapshot import TorchSnapshots  # noqa: E402
+
+KS = (1, 5, 20)
+METHODS = ("taskd", "torch.save")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--steps", type=int, default=40, help="steps per measured run")
+    p.add_argument("--rounds", type=int, default=2, help="rounds, each running every configuration once")
+    p.add_argument("--restores", type=int, default=5)
+    p.add_argument("--disk", default=None, help="directory for torch.save's files (default: a temporary one)")
+    p.add_argument("--quick", action="store_true", help="a small model, few steps (a smoke test)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.hidden, args.layers, args.steps, args.rounds, args.restores = 128, 2, 6, 1, 2
+    return args
+
+
+def build(args: argparse.Namespace) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = nn.Sequential(*[m for _ in range(args.layers) for m in (nn.Linear(args.hidden, args.hidden), nn.Tanh())])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    return model, optimizer
+
+
+def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    tensors = list(model.state_dict().values())
+    tensors += [t for s in optimizer.state_dict()["state"].values() for t in s.values() if torch.is_tensor(t)]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class Disk:
+    """torch.save of the state dicts to a file, fsynced; restore reads it back."""
+
+    def __init__(self, directory: str) -> None:
+        self.path = os.path.join(directory, "state.pt")
+
+    def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> None:
+        tmp = self.path + ".tmp"
+        with open(tmp, "wb") as fh:
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.path)
+
+    def drop_cache(self) -> None:
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+    def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+        saved = torch.load(self.path, weights_only=True)
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        return int(saved["step"])
+
+
+def train(args: argparse.Namespace, method: str | None, k: int, shm: str, disk: Disk) -> dict[str, Any]:
+    """One run of ``args.steps`` steps saving every ``k`` with ``method`` (None: no saves)."""
+    model, optimizer = build(args)
+    snaps = TorchSnapshots(model, optimizer, directory=shm) if method == "taskd" else None
+    x = torch.randn(args.batch, args.hidden, generator=torch.Generator().manual_seed(1))
+    saves: list[float] = []
+    started = time.perf_counter()
+    for step in range(1, args.steps + 1):
+        loss = model(x).square().mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        if method is not None and step % k == 0:
+            t0 = time.perf_counter()
+            if snaps is not None:
+                snaps.save(step)
+            else:
+                disk.save(model, optimizer, step)
+            saves.append(time.perf_counter() - t0)
+    if snaps is not None:
+        snaps.close()  # the last publish: counted in the run's time
+    elapsed = time.perf_counter() - started
+    return {"steps_per_s": args.steps / elapsed, "saves": saves}
+
+
+def measure_restores(args: argparse.Namespace, shm: str, disk: Disk) -> dict[str, list[float]]:
+    model, optimizer = build(args)
+    loss = model(torch.randn(2, args.hidden)).sum()
+    loss.backward()
+    optimizer.step()  # the optimizer has its moments: the state a restore brings back
+    TorchSnapshots(model, optimizer, directory=shm, background=False).save(1)
+    disk.save(model, optimizer, 1)
+    out: dict[str, list[float]] = {"memory": [], "disk (cache dropped)": [], "disk (page cache)": []}
+    for _ in range(args.restores):
+        fresh = build(args)
+        t0 = time.perf_counter()
+        assert TorchSnapshots(*fresh, directory=shm).restore() == 1
+        out["memory"].append(time.perf_counter() - t0)
+        disk.drop_cache()
+        fresh = build(args)
+        t0 = time.perf_counter()
+        disk.restore(*fresh)
+        out["disk (cache dropped)"].append(time.perf_counter() - t0)
+        fresh = build(args)
+        t0 = time.perf_counter()
+        disk.restore(*fresh)
+        out["disk (page cache)"].append(time.perf_counter() - t0)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    os.environ.pop("TASKD_SNAPSHOT_DIR", None)
+    result = header("snapshots", args)
+    model, optimizer = build(args)
+    result["state_bytes"] = state_bytes(model, optimizer)
+    print(f"state: {result['state_bytes'] / 1e6:.1f} MB (model + AdamW moments), {args.steps} steps per run, "
+          f"{args.rounds} round(s)", flush=True)
+    configs: list[tuple[str | None, int]] = [(None, 0)] + [(m, k) for k in KS for m in METHODS]
+    runs: dict[str, list[dict[str, Any]]] = {}
+    disk_dir = tempfile.mkdtemp(prefix="taskd-bench-disk-", dir=args.disk)
+    try:
+        for r in range(args.rounds):
+            for method, k in configs if r % 2 == 0 else configs[::-1]:
+                shm = tempfile.mkdtemp(prefix="taskd-bench-snap-", dir="/dev/shm")
+                try:
+                    name = "none" if method is None else f"{method} k={k}"
+                    runs.setdefault(name, []).append(train(args, method, k, shm, Disk(disk_dir)))
+                    print(f"round {r + 1}: {name}: {runs[name][-1]['steps_per_s']:.2f} steps/s", flush=True)
+                finally:
+                    shutil.rmtree(shm, ignore_errors=True)
+        shm = tempfile.mkdtemp(prefix="taskd-bench-snap-", dir="/dev/shm")
+        try:
+            restores = measure_restores(args, shm, Disk(disk_dir))
+        finally:
+            shutil.rmtree(shm, ignore_errors=True)
+    finally:
+        shutil.rmtree(disk_dir, ignore_errors=True)
+
+    base = statistics.median(r["steps_per_s"] for r in runs["none"])
+    rows, summary = [], {}
+    for name, items in runs.items():
+        rate = statistics.median(r["steps_per_s"] for r in items)
+        blocking = stats([s for r in items for s in r["saves"]], 1e3)
+        cost = 100.0 * (1.0 - rate / base)
+        summary[name] = {"steps_per_s": rate, "cost_pct": cost, "save_ms": blocking}
+        rows.append([name, rate, f"{cost:.1f} %" if name != "none" else "-", blocking["p50"], blocking["max"]])
+    print(table(["method", "steps/s (median)", "cost vs none", "save p50 ms", "save max ms"], rows))
+    rrows = []
+    for name, times in restores.items():
+        s = stats(times, 1e3)
+        summary[f"restore {name}"] = s
+        rrows.append([name, s["p50"], s["max"]])
+    print(table(["restore from", "p50 ms", "max ms"], rrows))
+    result.update({"runs": runs, "restores": restores, "summary": summary})
+    print(f"results: {write_result('snapshots', result)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
