@@ -65,6 +65,9 @@ def build(args: argparse.Namespace) -> tuple[nn.Module, torch.optim.Optimizer]:
 
 
 def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the tensors a save writes, once the optimizer has its moments (after a step)."""
+    model(torch.randn(2, next(model.parameters()).shape[1])).sum().backward()
+    optimizer.step()
     tensors = list(model.state_dict().values())
     tensors += [t for s in optimizer.state_dict()["state"].values() for t in s.values() if torch.is_tensor(t)]
     return sum(t.numel() * t.element_size() for t in tensors)
