@@ -19,6 +19,7 @@ sees a half-written one under a published name, and the checksum catches anythin
 from __future__ import annotations
 
 import io
+import mmap
 import pickle
 import struct
 import zlib
@@ -32,6 +33,8 @@ _HEADER = struct.Struct("<8sIIqiiQQII")  # magic, version, header size, step, ra
 HEADER_SIZE = 64
 _ENTRY = struct.Struct("<QQ")  # a buffer's offset and length in the body
 _ALIGN = 64
+_PIECE = 4 << 20  # what a restore reads, then checksums, at a time
+_ANON = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
 
 Reducer = Callable[[Any], tuple[Any, ...]]
 _REDUCERS: dict[type, Reducer] = {}
@@ -143,19 +146,26 @@ def read_header(raw: bytes, where: str) -> Header:
 
 def load(path: str, expect_step: int, expect_rank: int) -> tuple[Any, int]:
     """The state in the segment at ``path`` and its size in bytes; SnapshotError if it is not the complete,
-    intact snapshot of that step and rank. The state's arrays are views of one buffer read from the segment."""
+    intact snapshot of that step and rank. The state's arrays are views of one private buffer read from the
+    segment (never of the segment itself, which the rank reuses for a later snapshot)."""
     with open(path, "rb") as fh:
         header = read_header(fh.read(HEADER_SIZE), path)
         if (header.step, header.rank) != (expect_step, expect_rank):
             raise SnapshotError(f"{path}: holds step {header.step} of rank {header.rank}, "
                                 f"not step {expect_step} of rank {expect_rank}")
-        body = bytearray(header.length)
-        got = fh.readinto(body)
+        # private memory for the state, its pages faulted in by one call (a bytearray would zero them first)
+        view = memoryview(mmap.mmap(-1, max(1, header.length), flags=_ANON))
+        got = crc = 0
+        while got < header.length:  # the checksum of each piece while it is still in the cache: one pass
+            n = fh.readinto(view[got:got + _PIECE])
+            if not n:
+                break
+            crc = zlib.crc32(view[got:got + n], crc)
+            got += n
     if got != header.length:
         raise SnapshotError(f"{path}: {got} bytes of body, expected {header.length} (truncated?)")
-    if zlib.crc32(body) != header.crc:
+    if crc != header.crc:
         raise SnapshotError(f"{path}: checksum mismatch")
-    view = memoryview(body)
     table = view[:_ENTRY.size * header.count]
     entries = [_ENTRY.unpack_from(table, i * _ENTRY.size) for i in range(header.count)]
     start = len(table)
