@@ -19,7 +19,6 @@ sees a half-written one under a published name, and the checksum catches anythin
 from __future__ import annotations
 
 import io
-import mmap
 import pickle
 import struct
 import zlib
@@ -34,7 +33,6 @@ HEADER_SIZE = 64
 _ENTRY = struct.Struct("<QQ")  # a buffer's offset and length in the body
 _ALIGN = 64
 _PIECE = 4 << 20  # what a restore reads, then checksums, at a time
-_ANON = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
 
 Reducer = Callable[[Any], tuple[Any, ...]]
 _REDUCERS: dict[type, Reducer] = {}
@@ -146,35 +144,51 @@ def read_header(raw: bytes, where: str) -> Header:
 
 def load(path: str, expect_step: int, expect_rank: int) -> tuple[Any, int]:
     """The state in the segment at ``path`` and its size in bytes; SnapshotError if it is not the complete,
-    intact snapshot of that step and rank. The state's arrays are views of one private buffer read from the
-    segment (never of the segment itself, which the rank reuses for a later snapshot)."""
+    intact snapshot of that step and rank. Each array is read into memory of its own (never a view of the
+    segment, which the rank reuses for a later snapshot), checksummed piece by piece as it is read."""
     with open(path, "rb") as fh:
         header = read_header(fh.read(HEADER_SIZE), path)
         if (header.step, header.rank) != (expect_step, expect_rank):
             raise SnapshotError(f"{path}: holds step {header.step} of rank {header.rank}, "
                                 f"not step {expect_step} of rank {expect_rank}")
-        # private memory for the state, its pages faulted in by one call (a bytearray would zero them first)
-        view = memoryview(mmap.mmap(-1, max(1, header.length), flags=_ANON))
-        got = crc = 0
-        while got < header.length:  # the checksum of each piece while it is still in the cache: one pass
-            n = fh.readinto(view[got:got + _PIECE])
-            if not n:
-                break
-            crc = zlib.crc32(view[got:got + n], crc)
-            got += n
-    if got != header.length:
-        raise SnapshotError(f"{path}: {got} bytes of body, expected {header.length} (truncated?)")
-    if crc != header.crc:
+        reader = _Reader(fh, path)
+        head = reader.take(_ENTRY.size * header.count + header.skeleton)
+        entries = [_ENTRY.unpack_from(head, i * _ENTRY.size) for i in range(header.count)]
+        buffers = []
+        for offset, length in entries:
+            reader.take(offset - reader.pos)  # the alignment padding: checksummed, not kept
+            buffers.append(reader.take(length))
+        reader.take(header.length - reader.pos)
+    if reader.crc != header.crc:
         raise SnapshotError(f"{path}: checksum mismatch")
-    table = view[:_ENTRY.size * header.count]
-    entries = [_ENTRY.unpack_from(table, i * _ENTRY.size) for i in range(header.count)]
-    start = len(table)
-    buffers = [view[o:o + n] for o, n in entries]
     try:
-        state = pickle.loads(view[start:start + header.skeleton], buffers=buffers)
+        state = pickle.loads(head[_ENTRY.size * header.count:], buffers=buffers)
     except Exception as exc:
         raise SnapshotError(f"{path}: cannot rebuild the state: {type(exc).__name__}: {exc}") from exc
     return state, HEADER_SIZE + header.length
+
+
+class _Reader:
+    """Reads a segment's body in order into buffers of their own size (memory the allocator can reuse, where
+    one buffer of the whole body would be fresh pages, faulted in one by one), keeping the running CRC-32."""
+
+    def __init__(self, fh: Any, path: str) -> None:
+        self._fh, self._path = fh, path
+        self.pos = self.crc = 0
+
+    def take(self, length: int) -> memoryview:
+        if length < 0:
+            raise SnapshotError(f"{self._path}: its buffer table is not in order (damaged?)")
+        view = memoryview(bytearray(length))
+        got = 0
+        while got < length:  # checksum each piece while it is still in the cache
+            n = self._fh.readinto(view[got:got + _PIECE])
+            if not n:
+                raise SnapshotError(f"{self._path}: ends {length - got} bytes early (truncated?)")
+            self.crc = zlib.crc32(view[got:got + n], self.crc)
+            got += n
+        self.pos += length
+        return view
 
 
 __all__ = ["HEADER_SIZE", "Flat", "SnapshotError", "flatten", "load", "register_reducer", "seal", "write_body"]
