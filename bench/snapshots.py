@@ -9,8 +9,9 @@ its state every k steps, k = 1, 5, 20, with each method:
   survives the process costs), blocking.
 
 Measured per method and k: each save's blocking time (the call, as the training loop sees it) and the steady
-state (steps/s over the run against the same steps with no saves, the rounds interleaved so that the machine's
-load moves all alike). Then restore time: from memory (`TorchSnapshots.restore` in a fresh process state, into
+state: steps/s over the run against the same steps with no saves (the rounds interleaved so that the machine's
+load moves all alike), and the process's CPU time per step (the publishing thread's included), which other
+processes' load does not move. Then restore time: from memory (`TorchSnapshots.restore` in a fresh process state, into
 a fresh model and optimizer) against from disk (``torch.load`` + ``load_state_dict``), the file's pages dropped
 from the page cache first (``posix_fadvise(DONTNEED)``, after its fsync) and kept ("warm").
 
@@ -26,13 +27,11 @@ import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import header, stats, table, write_result  # noqa: E402
-
 import torch  # noqa: E402
+from common import header, stats, table, write_result  # noqa: E402
 from torch import nn  # noqa: E402
 
 from taskd.worker.torch_snapshot import TorchSnapshots  # noqa: E402
@@ -107,7 +106,7 @@ def train(args: argparse.Namespace, method: str | None, k: int, shm: str, disk: 
     snaps = TorchSnapshots(model, optimizer, directory=shm) if method == "taskd" else None
     x = torch.randn(args.batch, args.hidden, generator=torch.Generator().manual_seed(1))
     saves: list[float] = []
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     for step in range(1, args.steps + 1):
         loss = model(x).square().mean()
         optimizer.zero_grad(set_to_none=True)
@@ -122,8 +121,8 @@ def train(args: argparse.Namespace, method: str | None, k: int, shm: str, disk: 
             saves.append(time.perf_counter() - t0)
     if snaps is not None:
         snaps.close()  # the last publish: counted in the run's time
-    elapsed = time.perf_counter() - started
-    return {"steps_per_s": args.steps / elapsed, "saves": saves}
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    return {"steps_per_s": args.steps / elapsed, "cpu_per_step": cpu / args.steps, "saves": saves}
 
 
 def measure_restores(args: argparse.Namespace, shm: str, disk: Disk) -> dict[str, list[float]]:
@@ -182,14 +181,20 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(disk_dir, ignore_errors=True)
 
     base = statistics.median(r["steps_per_s"] for r in runs["none"])
+    base_cpu = statistics.median(r["cpu_per_step"] for r in runs["none"])
     rows, summary = [], {}
     for name, items in runs.items():
         rate = statistics.median(r["steps_per_s"] for r in items)
+        cpu = statistics.median(r["cpu_per_step"] for r in items)
         blocking = stats([s for r in items for s in r["saves"]], 1e3)
-        cost = 100.0 * (1.0 - rate / base)
-        summary[name] = {"steps_per_s": rate, "cost_pct": cost, "save_ms": blocking}
-        rows.append([name, rate, f"{cost:.1f} %" if name != "none" else "-", blocking["p50"], blocking["max"]])
-    print(table(["method", "steps/s (median)", "cost vs none", "save p50 ms", "save max ms"], rows))
+        cost, cpu_cost = 100.0 * (1.0 - rate / base), 100.0 * (cpu / base_cpu - 1.0)
+        summary[name] = {"steps_per_s": rate, "cost_pct": cost, "cpu_per_step": cpu, "cpu_cost_pct": cpu_cost,
+                         "save_ms": blocking}
+        none = name == "none"
+        rows.append([name, rate, "-" if none else f"{cost:.1f} %", cpu * 1e3, "-" if none else f"{cpu_cost:.1f} %",
+                     blocking["p50"], blocking["max"]])
+    print(table(["method", "steps/s (median)", "wall cost vs none", "CPU ms/step (median)", "CPU cost vs none",
+                 "save p50 ms", "save max ms"], rows))
     rrows = []
     for name, times in restores.items():
         s = stats(times, 1e3)
