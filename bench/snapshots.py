@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -152,6 +153,7 @@ def measure_restores(args: argparse.Namespace, shm: str, disk: Disk) -> dict[str
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped run still removes its /dev/shm directory
     torch.set_num_threads(1)
     os.environ.pop("TASKD_SNAPSHOT_DIR", None)
     result = header("snapshots", args)
