@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,13 +46,25 @@ def _modules(root: Path) -> dict[str, Path]:
     return out
 
 
-def _imports(name: str, path: Path, known: dict[str, Path]) -> tuple[set[str], set[str]]:
+def statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """Every statement of `body`, nested ones included (an import inside a function counts); expressions are
+    not walked, where no import can be."""
+    for node in body:
+        yield node
+        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+            for child in getattr(node, field, None) or []:
+                if isinstance(child, ast.stmt):
+                    yield from statements([child])
+                else:  # an except handler, a match case: statements inside
+                    yield from statements(child.body)
+
+
+def _imports(name: str, path: Path, tree: ast.Module, known: dict[str, Path]) -> tuple[set[str], set[str]]:
     """The taskd modules `name` imports (resolved to the longest known name) and the outside packages."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     ours: set[str] = set()
     outside: set[str] = set()
-    for node in ast.walk(tree):
+    for node in statements(tree.body):
         targets: list[str] = []
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
@@ -74,10 +87,9 @@ def _imports(name: str, path: Path, known: dict[str, Path]) -> tuple[set[str], s
     return ours, outside
 
 
-def _summary(path: Path) -> str:
+def _summary(tree: ast.Module) -> str:
     """The docstring's first line; " …" when its sentence goes on to the next line."""
-    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)))
-    lines = (doc or "").strip().splitlines()
+    lines = (ast.get_docstring(tree) or "").strip().splitlines()
     if not lines:
         return ""
     first = lines[0].strip()
@@ -94,10 +106,11 @@ def module_rows(root: Path = PACKAGE, mapped: tuple[str, ...] = MAPPED) -> list[
                 continue
             parts = ["taskd", *path.relative_to(root).with_suffix("").parts]
             name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-            ours, outside = _imports(name, path, known)
+            tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+            ours, outside = _imports(name, path, tree, known)
             shown = sorted(f".{m.removeprefix(f'taskd.{sub}.')}" if m.startswith(f"taskd.{sub}.") else
                            m.removeprefix("taskd.") for m in ours)
-            rows.append(ModuleRow(f"{path.parent.relative_to(root).as_posix()}/", path.name, _summary(path),
+            rows.append(ModuleRow(f"{path.parent.relative_to(root).as_posix()}/", path.name, _summary(tree),
                                   tuple(shown), tuple(sorted(outside))))
     return rows
 

@@ -18,6 +18,8 @@ import grpc
 import pytest
 from tier_guard import RULE, UnitTierViolation, _phase, unit_tier_guard
 
+from taskd.module_map import statements
+
 ROOT = Path(__file__).resolve().parents[2]
 pytest_plugins = ["pytester"]
 
@@ -141,7 +143,7 @@ def _imports(path: Path) -> frozenset[str]:
     """The top-level names `path` imports (`support` for `from support.scripted_agent import ...`); each file
     parsed once for the tests here."""
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in statements(ast.parse(path.read_text(), filename=str(path)).body):  # imports are statements
         if isinstance(node, ast.Import):
             names.update(alias.name.partition(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
