@@ -96,8 +96,10 @@ def _summary(tree: ast.Module) -> str:
     return first + " …" if len(lines) > 1 and lines[1].strip() else first
 
 
-def module_rows(root: Path = PACKAGE, mapped: tuple[str, ...] = MAPPED) -> list[ModuleRow]:
-    """The rows of the map, package by package, folder by folder, file by file."""
+def module_rows(root: Path | None = None, mapped: tuple[str, ...] | None = None) -> list[ModuleRow]:
+    """The rows of the map, package by package, folder by folder, file by file (default: taskd's, `MAPPED`)."""
+    root = PACKAGE if root is None else root
+    mapped = MAPPED if mapped is None else mapped
     known = _modules(root)
     rows = []
     for sub in mapped:

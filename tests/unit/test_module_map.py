@@ -57,11 +57,19 @@ def test_a_row_shows_the_folder_first_line_and_imports(tmp_path: Path) -> None:
     assert "| agent/round/ | `states.py` | States. | (nothing of taskd) |" in text
 
 
-def test_check_fails_while_stale_and_write_refreshes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_check_fails_while_stale_and_write_refreshes(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command on a package of its own (the real map's renders are the tests above)."""
+    (tmp_path / "taskd" / "agent").mkdir(parents=True)
+    (tmp_path / "taskd" / "controller").mkdir()
+    (tmp_path / "taskd" / "agent" / "link.py").write_text('"""The link."""\nfrom taskd.controller import core\n')
+    (tmp_path / "taskd" / "controller" / "core.py").write_text('"""The core."""\n')
+    monkeypatch.setattr(module_map, "PACKAGE", tmp_path / "taskd")
     stale = tmp_path / "architecture.md"
     stale.write_text(f"# x\n\n{module_map.BEGIN}\nold map\n{module_map.END}\n")
     assert module_map.main(["--check", str(stale)]) == 1
     assert "python -m taskd.module_map --write" in capsys.readouterr().err
     assert module_map.main(["--write", str(stale)]) == 0
     assert module_map.main(["--check", str(stale)]) == 0
-    assert "| controller/ | `state_machine.py` |" in stale.read_text()
+    assert "| agent/ | `link.py` | The link. | `controller.core` |" in stale.read_text()
+    assert "| controller/ | `core.py` | The core. | (nothing of taskd) |" in stale.read_text()
