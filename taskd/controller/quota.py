@@ -192,6 +192,12 @@ class JobLimits:
                 history_log.info("job %s round %d: %s %s%s", job_id, rec.round, rec.kind, log_detail(rec.detail),
                                  _held(held))
 
+    def note(self, job_id: str, logger: logging.Logger, msg: str, *args: object) -> None:
+        """An info line about the job (a refused call), within the job's log budget."""
+        ok, held = self.log.allow(job_id)
+        if ok:
+            logger.info(msg + _held(held), *args)
+
     def forget(self, job_id: str) -> None:
         self.quota.forget(job_id)
         self.log.forget(job_id)

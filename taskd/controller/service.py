@@ -17,7 +17,7 @@ from taskd.controller.events import PaceReported, StandbyConnected, StandbyDisco
 from taskd.controller.hub import keepalive_wire
 from taskd.controller.model import fault_runs
 from taskd.controller.node_loss import fence_refusal
-from taskd.controller.quota import MAX_FAULT_RUNS
+from taskd.controller.quota import MAX_FAULT_RUNS, JobLimits
 from taskd.controller.state_machine import (
     AgentConnected,
     AgentDisconnected,
@@ -43,9 +43,11 @@ def _invalid(info: str) -> Status:
     return Status(code=Code.INVALID_PARAMS, info=info)
 
 
-def _answer(out: Outcome, method: str, job_id: str) -> Status:
-    if out.code != Code.OK:
-        log.info("%s for job %s answered %d: %s", method, job_id, out.code, out.info)
+def _answer(out: Outcome, method: str, job_id: str, limits: JobLimits) -> Status:
+    """The wire answer; a refusal is logged, at most --max-job-log-lines per job (quota.py), and a quota's refusal
+    not twice (the core logged it)."""
+    if out.code not in (Code.OK, Code.QUOTA_EXCEEDED):
+        limits.note(job_id, log, "%s for job %s answered %d: %s", method, job_id, out.code, out.info)
     return Status(code=out.code, info=out.info)
 
 
@@ -69,7 +71,8 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
         code, why = v.rank_refusal(ranks, name, v.world_size(job.node_count, job.ranks_per_node), node,
                                    max_ranks=self.max_ranks)
         if code:
-            log.info("job %s: refused ranks from node %d: %s", job_id, node_rank if node_rank is not None else -1, why)
+            self.core.limits.note(job_id, log, "job %s: refused ranks from node %d: %s", job_id,
+                                  node_rank if node_rank is not None else -1, why)
             return Status(code=code, info=why)
         return None
 
@@ -83,7 +86,7 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
             return None
         why = (f"faultRanks names ranks that form {n} separate runs of consecutive ranks (of one fault type) with the "
                f"job's open round, more than {MAX_FAULT_RUNS}: report them in fewer runs, or give ranksPerNode at Init")
-        log.info("job %s: refused a fault report: %s", job_id, why)
+        self.core.limits.note(job_id, log, "job %s: refused a fault report: %s", job_id, why)
         return Status(code=Code.INVALID_PARAMS, info=why)
 
     async def Init(self, request: recover_pb2.ClientInfo, context: grpc.aio.ServicerContext) -> Status:
@@ -95,14 +98,16 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
             strategies=v.unique(request.strategies), node_rank=request.nodeRank, host=request.host, pid=request.pid,
             standby=request.standby, min_nodes=request.minNodes,
         )
-        return _answer(self.core.init_job(request.jobId, ev), "Init", request.jobId)
+        out = self.core.init_job(request.jobId, ev)
+        return _answer(out, "Init", request.jobId, self.core.limits)
 
     async def Register(self, request: recover_pb2.ClientInfo, context: grpc.aio.ServicerContext) -> Status:
         if why := self._check_client(request):
             return _invalid(why)
         ev = AgentRegistered(node_rank=request.nodeRank, role=request.role, host=request.host, pid=request.pid,
                              ranks_per_node=request.ranksPerNode, standby=request.standby)
-        return _answer(await self.core.group.submit(request.jobId, ev), "Register", request.jobId)
+        out = await self.core.group.submit(request.jobId, ev)
+        return _answer(out, "Register", request.jobId, self.core.limits)
 
     async def HealthCheck(self, request: recover_pb2.ClientInfo, context: grpc.aio.ServicerContext) -> Status:
         if why := self._check_client(request):
@@ -201,7 +206,8 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
             return refused
         ev = StopComplete(node_rank=request.nodeRank, code=request.status.code, info=request.status.info,
                           faults=faults, host=request.host, pid=request.pid)
-        return _answer(await self.core.group.submit(request.jobId, ev), "ReportStopComplete", request.jobId)
+        out = await self.core.group.submit(request.jobId, ev)
+        return _answer(out, "ReportStopComplete", request.jobId, self.core.limits)
 
     async def ReportRecoverStrategy(self, request: recover_pb2.RecoverStrategyRequest,
                                     context: grpc.aio.ServicerContext) -> Status:
@@ -212,7 +218,8 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
             return refused
         ev = StrategiesReported(node_rank=request.nodeRank, strategies=v.unique(request.strategies), faults=faults,
                                 host=request.host, pid=request.pid)
-        return _answer(await self.core.group.submit(request.jobId, ev), "ReportRecoverStrategy", request.jobId)
+        out = await self.core.group.submit(request.jobId, ev)
+        return _answer(out, "ReportRecoverStrategy", request.jobId, self.core.limits)
 
     async def ReportRecoverStatus(self, request: recover_pb2.RecoverStatusRequest,
                                   context: grpc.aio.ServicerContext) -> Status:
@@ -223,7 +230,8 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
         ev = RecoverStatusReported(node_rank=request.nodeRank, code=request.status.code, info=request.status.info,
                                    strategy=request.strategy, isolate_ranks=tuple(request.isolateRankIds),
                                    host=request.host, pid=request.pid, rejoined=request.rejoined)
-        return _answer(await self.core.group.submit(request.jobId, ev), "ReportRecoverStatus", request.jobId)
+        out = await self.core.group.submit(request.jobId, ev)
+        return _answer(out, "ReportRecoverStatus", request.jobId, self.core.limits)
 
     async def ReportProcessFault(self, request: recover_pb2.ProcessFaultRequest,
                                  context: grpc.aio.ServicerContext) -> Status:
@@ -238,7 +246,8 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
             return refused
         ev = FaultReported(node_rank=request.nodeRank, faults=faults, detail=request.detail, host=request.host,
                            pid=request.pid)
-        return _answer(await self.core.group.submit(request.jobId, ev), "ReportProcessFault", request.jobId)
+        out = await self.core.group.submit(request.jobId, ev)
+        return _answer(out, "ReportProcessFault", request.jobId, self.core.limits)
 
 
 class AgentReportService(taskd_pb2_grpc.AgentReportServicer):
@@ -251,7 +260,8 @@ class AgentReportService(taskd_pb2_grpc.AgentReportServicer):
             return _invalid(why)
         ev = AgentFinished(node_rank=request.nodeRank, exit_code=request.exitCode, message=request.message,
                            host=request.host, pid=request.pid)
-        return _answer(await self.core.group.submit(request.jobId, ev), "ReportFinished", request.jobId)
+        out = await self.core.group.submit(request.jobId, ev)
+        return _answer(out, "ReportFinished", request.jobId, self.core.limits)
 
     async def ReportResumed(self, request: taskd_pb2.ResumedRequest, context: grpc.aio.ServicerContext) -> Status:
         """A node's ranks train again after a round (controller/resumed.py): stored with the round's history."""
@@ -259,7 +269,8 @@ class AgentReportService(taskd_pb2_grpc.AgentReportServicer):
             return _invalid(why)
         ev = TrainingResumed(node_rank=request.nodeRank, host=request.host, pid=request.pid, round=request.round,
                              seconds=request.seconds, seconds_ago=request.secondsAgo, unseen=request.unseen)
-        return _answer(await self.core.group.submit(request.jobId, ev), "ReportResumed", request.jobId)
+        out = await self.core.group.submit(request.jobId, ev)
+        return _answer(out, "ReportResumed", request.jobId, self.core.limits)
 
     async def ReportPace(self, request: taskd_pb2.PaceRequest, context: grpc.aio.ServicerContext
                          ) -> taskd_pb2.PaceReply:
@@ -275,7 +286,8 @@ class AgentReportService(taskd_pb2_grpc.AgentReportServicer):
                 return taskd_pb2.PaceReply(status=Status(code=code, info=why))
         ev = PaceReported(node_rank=request.nodeRank, host=request.host, pid=request.pid, factor=request.factor,
                           paces=tuple((r.rank, r.computeSeconds, r.steps) for r in request.ranks))
-        status = _answer(self.core.dispatch(request.jobId, ev), "ReportPace", request.jobId)
+        out = self.core.dispatch(request.jobId, ev)
+        status = _answer(out, "ReportPace", request.jobId, self.core.limits)
         if status.code != Code.OK:
             return taskd_pb2.PaceReply(status=status)
         return taskd_pb2.PaceReply(status=status, verdicts=straggler_records(
