@@ -27,13 +27,18 @@ ADMIN = "admin-token-for-tests-0123456789abcdef"
 BUDGET, ATTACK, SHARE = 200, 230, 50
 
 CRASH_ONCE = """\
-import os, sys
+import os, sys, time
 from pathlib import Path
-marker = Path(sys.argv[1]) / ("crashed-" + os.environ["RANK"])
-if os.environ["RANK"] == "1" and not marker.exists():
-    marker.write_text("x")
-    sys.exit(3)
-print("rank", os.environ["RANK"], "ok")
+rank, out = os.environ["RANK"], Path(sys.argv[1])
+if rank == "1":
+    if not (out / "crashed-1").exists():
+        (out / "crashed-1").write_text("x")
+        sys.exit(3)
+    (out / "done-1").write_text("x")
+deadline = time.monotonic() + 60  # every rank stays until rank 1 ran again: no node ends while the round is open
+while not (out / "done-1").exists() and time.monotonic() < deadline:
+    time.sleep(0.05)
+print("rank", rank, "ok")
 """
 
 
