@@ -33,6 +33,7 @@ from taskd.agent.job_end import await_job_end
 from taskd.agent.join_wait import await_nodes
 from taskd.agent.launcher_api import launcher_of
 from taskd.agent.live import POLL, LiveRanks
+from taskd.agent.loss_wait import LossWait
 from taskd.agent.metrics import NodeMetrics, sample_ranks
 from taskd.agent.msrun_logs import MsrunLogs
 from taskd.agent.node_loss import NodeLoss
@@ -83,6 +84,7 @@ class Supervisor:
         self._events: deque[object] = deque()  # what the machine handles next, one at a time (`_feed`)
         self._draining = False
         self.node_loss = NodeLoss(self.config, self.link, self.table, details, self._finish)  # issue 17
+        self.loss_wait = LossWait()  # a survivor's console while its round awaits a replacement
         self._terminate_signal: int | None = None
         self._done = False
         self._old_handlers: dict[int, Any] = {}
@@ -196,6 +198,7 @@ class Supervisor:
             self._run_orders()
             self._poll_live()
             self._watch_controller()
+            self.loss_wait.tick(time.monotonic())
             if self._terminate_signal is not None and not self._done:
                 name = signal.Signals(self._terminate_signal).name
                 log.warning("received %s: stopping every rank", name)
@@ -213,6 +216,8 @@ class Supervisor:
             order = self.link.next_order()
             if order is None:
                 return
+            layout = self.table.layout
+            self.loss_wait.on_order(order, time.monotonic(), layout.node_rank if layout is not None else None)
             self._feed(order_event(order))
 
     # ----------------------------------------------------------------- the round machine

@@ -305,7 +305,8 @@ class Job:
         sent = frozenset(r.faults)
         if not r.broadcast_sets or r.broadcast_sets[-1] != sent:  # a merge that changed only a fault type: same set
             r.broadcast_sets = [*r.broadcast_sets[-(BROADCAST_SETS_KEPT - 1):], sent]
-        out.signals.append(self.signal(SignalType.STOP_TRAIN, (Action.STOP_TRAIN,), r.faults))
+        out.signals.append(self.signal(SignalType.STOP_TRAIN, (Action.STOP_TRAIN,), r.faults,
+                                       extra=awaiting(self, now)))
         self.deadline = now + self.config.stop_timeout
         return S.STOPPING
 
@@ -315,7 +316,8 @@ class Job:
         r.reports = {}
         if not r.participants:
             return self.decide_or_wait(now, out)
-        out.signals.append(self.signal(SignalType.GLOBAL_FAULT, (Action.ON_GLOBAL_RANK,), r.faults))
+        out.signals.append(self.signal(SignalType.GLOBAL_FAULT, (Action.ON_GLOBAL_RANK,), r.faults,
+                                       extra=awaiting(self, now)))
         self.deadline = now + self.config.strategy_timeout
         return S.COLLECTING
 
@@ -405,3 +407,13 @@ class Job:
         if r.strategy in Strategy.TERMINAL or r.strategy in Strategy.RESIZE:  # no other way to that size
             return self.fail(f"{r.strategy} failed: {why}", now, out)
         return self.decide(now, out)
+
+
+def awaiting(m: Job, now: float) -> tuple[tuple[str, object], ...]:
+    """A node-loss round's stopTrain and globalFault tell the survivors what the round waits for, and how long at
+    most (extraParams "awaiting", "rejoin_left", "rejoin_timeout"): their consoles say so (agent/loss_wait.py)."""
+    deadline = m.rejoin_deadline
+    if deadline is None:
+        return ()
+    return (("awaiting", sorted(m.rejoining)), ("rejoin_left", round(max(deadline - now, 0.0), 3)),
+            ("rejoin_timeout", m.config.node_rejoin_timeout))

@@ -252,3 +252,31 @@ def test_a_sigstopped_node_that_comes_back_is_fenced(tmp_path: Path, server: str
         assert_job_done(tmp_path, server, "fence", fault_free)
     finally:
         kill_all(list(procs.values()))
+
+
+def test_a_survivor_says_what_its_round_waits_for_while_it_waits(tmp_path: Path, fault_free: list[np.ndarray]) -> None:
+    """Issue 31, F10: while the round waited for a lost node's replacement (60 s here, 300 s by default) the
+    survivors printed nothing. Node 0 now says, when the wait starts, what it waits for and for how long at most;
+    then every rejoin-timeout/10 s (at least 5) while it lasts; and when it ends."""
+    with node_loss_server(tmp_path, rejoin_timeout="40") as address:  # a "still waiting" line every 5 s
+        slow = example(tmp_path, sleep=0.2)  # node 0's ranks train on while the round waits: 30 s in all
+        procs = {f"node{r}": node([*job_args(address, "wait", r), *slow], tmp_path / f"node{r}.log") for r in range(2)}
+        try:
+            wait_for(lambda: all((tmp_path / "ckpt" / f"rank{r}").is_dir() for r in range(4)), 60, "every checkpoint")
+            os.killpg(procs["node1"].pid, signal.SIGKILL)
+            assert procs["node1"].wait(timeout=10) == -signal.SIGKILL
+            survivor = tmp_path / "node0.log"
+            wait_for(lambda: "node 1 lost: the round waits for a replacement" in survivor.read_text(), 30,
+                     "node 0 to say what it waits for")
+            wait_for(lambda: "still waiting for a replacement of node 1" in survivor.read_text(), 15,
+                     "node 0 to say it still waits")
+            procs["replacement"] = node([*job_args(address, "wait", 1), *slow], tmp_path / "replacement.log")
+            codes = finish({k: v for k, v in procs.items() if k != "node1"}, tmp_path)
+            assert codes == {"node0": 0, "replacement": 0}, logs(tmp_path, "node0", "replacement")
+            text = survivor.read_text()
+            assert "(the controller's --node-rejoin-timeout is 40s)" in text, text
+            assert "the wait for a replacement of node 1 ended after" in text, text
+            assert "waits for a replacement" not in (tmp_path / "replacement.log").read_text()
+            assert_job_done(tmp_path, address, "wait", fault_free)
+        finally:
+            kill_all(list(procs.values()))
