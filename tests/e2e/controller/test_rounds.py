@@ -312,7 +312,7 @@ def test_init_rejoins_and_resets(server: str, agents_factory) -> None:
     # the job's own agent re-Initing after its finish joins (issue 17: it never resets the finished job) ...
     assert "joined" in agents[0].init().info and job_record(agents[0]).state == "FAILED"
     # ... a new run (another process) resets it
-    newcomer = ScriptedAgent(server, agents[0].job_id, node_rank=0, node_count=2, pid=55_555)
+    newcomer = ScriptedAgent(server, agents[0].job_id, node_rank=0, node_count=2, ranks_per_node=2, pid=55_555)
     reset = newcomer.init()
     newcomer.close()
     assert reset.code == 0 and "reset" in reset.info
