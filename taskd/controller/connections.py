@@ -279,7 +279,7 @@ class ConnectionWatch:
 
         def doom(found: list[Link], kind: str) -> None:
             for lk in found:
-                lk.doomed = lk.doomed or kind
+                self.tenants.doom(lk, kind)
                 doomed.setdefault(inode_of[lk.addr], kind)
 
         doom([lk for lk in open_links if lk.doomed], "credential")

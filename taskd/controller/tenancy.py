@@ -108,11 +108,18 @@ class Tenants:
         self._poke = poke or (lambda: None)
         self.links: dict[tuple[str, int], Link] = {}
         self._held: dict[str, set[tuple[str, int]]] = {}  # credential -> its links' addresses
+        self._doomed: dict[str, int] = {}  # credential -> how many of its links are doomed (kept in step: no scan)
         self.refused = 0
 
     def held(self, credential: str) -> int:
         """Connections `credential` holds (those about to be closed not counted)."""
-        return sum(1 for a in self._held.get(credential, ()) if not self.links[a].doomed)
+        return len(self._held.get(credential, ())) - self._doomed.get(credential, 0)
+
+    def doom(self, link: Link, kind: str) -> None:
+        """Mark `link` to be closed at the next scan; no call is taken on it meanwhile."""
+        if not link.doomed and link.credential is not None:
+            self._doomed[link.credential] = self._doomed.get(link.credential, 0) + 1
+        link.doomed = link.doomed or kind
 
     def admit(self, peer: str, credential: str | None) -> tuple[str, Callable[[], None] | None]:
         """(refusal or "", release at the call's end). `credential` None: no token configured, nothing bound."""
@@ -145,16 +152,13 @@ class Tenants:
 
     def _make_room(self, credential: str) -> str:
         """"" when `credential` may open one more connection (its longest-idle one doomed if it is at its cap)."""
-        if not self.cap:
-            return ""
-        mine = [self.links[a] for a in self._held.get(credential, ()) if not self.links[a].doomed]
-        if len(mine) < self.cap:
-            return ""
-        idle = [lk for lk in mine if lk.inflight == 0]
+        if not self.cap or self.held(credential) < self.cap:  # counted, not scanned: a storm of one credential's
+            return ""  # thousands of agents connecting costs O(1) each
+        idle = [lk for a in self._held[credential] if not (lk := self.links[a]).doomed and lk.inflight == 0]
         if not idle:
-            return (f"{describe(credential)} holds {len(mine)} connections, each with a call in flight (limit "
-                    f"{self.cap}, --max-connections-per-credential): close one, or raise the limit")
-        min(idle, key=lambda lk: lk.last).doomed = "credential"
+            return (f"{describe(credential)} holds {self.held(credential)} connections, each with a call in flight "
+                    f"(limit {self.cap}, --max-connections-per-credential): close one, or raise the limit")
+        self.doom(min(idle, key=lambda lk: lk.last), "credential")
         self._poke()
         return ""
 
@@ -170,11 +174,16 @@ class Tenants:
         self._drop(link)
 
     def _drop(self, link: Link) -> None:
-        self.links.pop(link.addr, None)
+        if self.links.get(link.addr) is not link:
+            return
+        del self.links[link.addr]
         if link.credential is not None and (held := self._held.get(link.credential)) is not None:
             held.discard(link.addr)
+            if link.doomed:
+                self._doomed[link.credential] -= 1
             if not held:
                 del self._held[link.credential]
+                self._doomed.pop(link.credential, None)
 
     def by_credential(self) -> dict[str, list[Link]]:
         out: dict[str, list[Link]] = {}

@@ -38,6 +38,20 @@ def test_a_credential_at_its_cap_gives_up_its_longest_idle_connection_for_a_new_
     assert t.admit(peer(9), "job:b")[0] == ""  # another tenant is not touched
 
 
+def test_the_counts_kept_in_step_agree_with_the_links_through_dooms_and_closings() -> None:
+    clock = Clock()
+    t = Tenants(5, clock)
+    for port in range(40):  # 40 connections of one credential, one call each, against a cap of 5
+        clock.now += 1
+        _, release = t.admit(peer(port), "job:a")
+        if release is not None:
+            release()
+        if port % 7 == 0:  # now and then the kernel no longer lists the doomed ones (the scan closed them)
+            t.forget({a for a, lk in t.links.items() if not lk.doomed}, clock.now + 1)
+        live = sum(1 for lk in t.links.values() if lk.credential == "job:a" and not lk.doomed)
+        assert t.held("job:a") == live <= 5
+
+
 def test_a_credential_whose_connections_all_have_calls_in_flight_is_refused_one_more() -> None:
     t = Tenants(2, Clock())
     held = [t.admit(peer(p), "job:a")[1] for p in (1, 2)]  # two long calls (signal streams)
