@@ -36,7 +36,8 @@ def parse_memory(raw: str) -> int:
 
 
 class SnapshotArea:
-    """The job's snapshot directory on this node (or none, with the reason logged once)."""
+    """The job's snapshot directory on this node (or none, with the reason logged once). The launcher makes it
+    first thing, before anything it would have to undo: a bad TASKD_SNAPSHOT_MEMORY raises here."""
 
     def __init__(self, name: str, nproc_per_node: int, environ: Mapping[str, str] | None = None,
                  root: str = SHM) -> None:
