@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # Where a rank that waits on a peer is found in its stacks: inside the framework (a collective, a device sync
 # such as MindSpore's `asnumpy` after an AllReduce, a compiled step). Measured with tests/mindspore_scripts/
@@ -182,4 +182,64 @@ def _ids(suspects: Sequence[Suspect]) -> list[int]:
     return sorted(s.rank for s in suspects)
 
 
-__all__ = ["Suspect", "Verdict", "decide", "waits_in_framework"]
+# The hang timeout msrun jobs get when none is set (issue 37): a rank quiet for FACTOR times the slowest step
+# seen (the first step excluded: TaskdCallback runs it in a section of its own), and never less than FLOOR
+# seconds. Below the collective timeout the ranks run with, so that taskd, not the collective, finds the hang.
+AUTO_FLOOR = 5.0
+AUTO_FACTOR = 10.0
+AUTO_SAMPLES = 2  # step times seen before the derived timeout applies
+STOPPED_AFTER = 2.0  # seconds a rank that beats must stay stopped (state T) before it is a hang: not a race of
+#                      a job-wide SIGSTOP/SIGCONT (`scontrol suspend`) whose SIGCONT reached the agent first
+COLLECTIVE_TIMEOUTS = ("MS_CPU_COMM_OP_TIMEOUT", "HCCL_EXEC_TIMEOUT")
+MS_CPU_COMM_DEFAULT = 30.0  # MindSpore's CPU collectives give up after this many seconds when the variable is unset
+
+
+def collective_timeout(environ: dict[str, str]) -> float | None:
+    """The lowest collective timeout the ranks' environment sets (MindSpore CPU, HCCL), or None when none is set."""
+    found = []
+    for name in COLLECTIVE_TIMEOUTS:
+        try:
+            value = float(environ.get(name, ""))
+        except ValueError:
+            continue
+        if value > 0:
+            found.append(value)
+    return min(found) if found else None
+
+
+@dataclass
+class AutoTimeout:
+    """The hang timeout derived from the job's own step times (module constants above); pure."""
+
+    cap: float | None = None  # half the collective timeout the environment sets, when it does
+    slowest: float = 0.0
+    samples: int = 0
+    _last: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> (step, wall time) last seen
+
+    def observe(self, rank: int, step: int | None, when: float) -> None:
+        """A rank's heartbeat (step, wall time) as a sweep read it: each step advance is a step-time sample."""
+        if step is None or when <= 0:
+            return
+        last = self._last.get(rank)
+        self._last[rank] = (step, when)
+        if last is None or step <= last[0] or last[0] < 1:  # the first step (compilation) is no sample
+            return
+        self.slowest = max(self.slowest, (when - last[1]) / (step - last[0]))
+        self.samples += 1
+
+    def forget(self, rank: int) -> None:
+        """A new incarnation of the rank: its next beat is no step advance of the old one's."""
+        self._last.pop(rank, None)
+
+    @property
+    def value(self) -> float | None:
+        """The timeout, or None until enough steps were seen."""
+        if self.samples < AUTO_SAMPLES:
+            return None
+        derived = max(AUTO_FLOOR, AUTO_FACTOR * self.slowest)
+        if self.cap is not None:
+            derived = min(derived, max(self.cap, 2 * self.slowest))
+        return derived
+
+
+__all__ = ["AutoTimeout", "Suspect", "Verdict", "collective_timeout", "decide", "waits_in_framework"]

@@ -29,15 +29,25 @@ from dataclasses import dataclass, replace
 
 import psutil
 
-from taskd.agent.culprit import Suspect, decide, waits_in_framework
+from taskd.agent.culprit import (
+    MS_CPU_COMM_DEFAULT,
+    STOPPED_AFTER,
+    AutoTimeout,
+    Suspect,
+    collective_timeout,
+    decide,
+    waits_in_framework,
+)
 from taskd.agent.launcher_api import Launcher
 from taskd.agent.ranks import Rank
-from taskd.process.run_dir import make_run_dir, sweep_stale_run_dirs
+from taskd.process.run_dir import make_run_dir
 from taskd.worker.env import Var
 from taskd.worker.heartbeat_file import FINISHING_DONE, HeartbeatFile, HeartbeatFileError, HeartbeatState
 from taskd.worker.live import Phase, read_rank_status
 
 STACKS_BOUND = 5.0  # seconds for taking every stale rank's stacks, in parallel
+IDLE_SHARE = 0.2  # of one CPU: a rank using less since its last step does nothing (derived timeout only)
+EXIT_WAITED = 5.0  # a rank that exits this long after its last heartbeat (and 3 of its steps) waited on a peer
 
 log = logging.getLogger("taskd.agent")
 
@@ -61,27 +71,38 @@ class Hang:
 class HangWatch:
     """The heartbeat files of one node's ranks: read on the sweep, reset for each new incarnation."""
 
-    def __init__(self, details: Launcher, timeout: float | None, worker_log: Callable[[Rank], str | None]) -> None:
+    def __init__(self, details: Launcher, timeout: float | None, worker_log: Callable[[Rank], str | None],
+                 auto: bool = False, environ: dict[str, str] | None = None) -> None:
+        """`auto`: with no `timeout`, derive one from the ranks' step times (msrun: culprit.AutoTimeout)."""
         self.details = details  # taskd's launcher names each rank's file; msrun does not
         self.timeout = timeout
+        environ = dict(os.environ if environ is None else environ)
+        collective = collective_timeout(environ)
+        self.auto = AutoTimeout(cap=collective / 2 if collective else None) if auto and timeout is None else None
+        if auto and timeout is not None and timeout >= (collective or MS_CPU_COMM_DEFAULT):
+            told = f"{collective:.0f}s" if collective else f"{MS_CPU_COMM_DEFAULT:.0f}s on CPU when " \
+                "MS_CPU_COMM_OP_TIMEOUT is unset"
+            log.warning("heartbeat timeout %.0fs is not below the ranks' collective timeout (%s): a hung rank's "
+                        "peers give up in their collective first; taskd then names the hung rank when a peer "
+                        "exits. Leave TASKD_HEARTBEAT_TIMEOUT unset (derived from the step times) or set it "
+                        "lower", timeout, told)
         self._worker_log = worker_log
         self._files: dict[int, HeartbeatFile] = {}
         self._dir: str | None = None
         self._dumps: dict[int, str] = {}  # pid -> its stacks as taken for a hang (each incarnation once)
         self._warned_silent = False
+        self._cpu: dict[int, tuple[int | None, float, float]] = {}  # pid -> (step, CPU seconds, when first seen)
 
-    def export_dir(self, parent: str | None = None, needed: bool = True) -> None:
+    def export_dir(self, parent: str | None = None) -> None:
         """Under msrun, give the ranks (through our environment) a directory to write their heartbeat files in.
 
-        Made only when something reads the files (`needed`: hang detection, save requests), in `parent`
-        (msrun's --log_dir) when given, else the temp directory. It records its owner (msrun's pid), so a
+        Made whatever the settings: the beats are read for hang detection (on by default under msrun), save
+        requests, the metrics and the time training resumed. In `parent` (msrun's --log_dir) when given, else
+        the temp directory. It records its owner (msrun's pid), so a
         later agent removes it should msrun be SIGKILLed; this one first removes those of dead owners.
         """
         if self.details.rank_files or os.environ.get(Var.TASKD_HEARTBEAT_DIR):
             self._dir = None if self.details.rank_files else os.environ.get(Var.TASKD_HEARTBEAT_DIR)
-            return
-        if not needed:
-            sweep_stale_run_dirs(parent or None)
             return
         for where in dict.fromkeys((parent or None, None)):  # msrun's --log_dir, else (or if it fails) $TMPDIR
             try:
@@ -94,8 +115,41 @@ class HangWatch:
         if self._dir is not None:
             os.environ[Var.TASKD_HEARTBEAT_DIR] = self._dir
 
+    @property
+    def effective(self) -> float | None:
+        """The timeout in force: the one set, else the one derived from the step times (None: not yet, or off)."""
+        if self.timeout is not None:
+            return self.timeout
+        return self.auto.value if self.auto is not None else None
+
+    @property
+    def on(self) -> bool:
+        """Hang detection is on: a timeout was set, or one is derived (msrun)."""
+        return self.timeout is not None or self.auto is not None
+
+    def _busy(self, rank: Rank, step: int | None, now: float) -> bool:
+        """Whether the rank used CPU since the sweep that first saw its last step (IDLE_SHARE of the time): a
+        derived timeout (no setting) is only applied to a rank that does nothing, not to one that is busy
+        with a long save outside a section. A hung rank waits (a lock, a socket, a sleep) or is stopped."""
+        try:
+            cpu = sum(rank.proc.cpu_times()[:2]) if rank.proc is not None else None
+        except psutil.Error:
+            return False
+        if cpu is None:
+            return False
+        seen = self._cpu.get(rank.pid)
+        if seen is None or seen[0] != step:
+            self._cpu[rank.pid] = (step, cpu, now)
+            return True
+        return cpu - seen[1] > IDLE_SHARE * (now - seen[2])
+
     def reset(self, ranks: Iterable[Rank]) -> None:
         """A fresh incarnation must not inherit its predecessor's last heartbeat (our launcher does this itself)."""
+        ranks = list(ranks)
+        if self.auto is not None:
+            for rank in ranks:
+                self.auto.forget(rank.global_rank)
+            self._cpu.clear()
         if self._dir is None:
             return
         for rank in ranks:
@@ -133,15 +187,24 @@ class HangWatch:
             log.debug("rank %d: heartbeat file caught mid-write; using its last consistent state", rank.global_rank)
         if state.finishing:  # exiting (framework finalisation sends no heartbeats): bounded by overdue_exits()
             return None
-        deadline = state.deadline(self.timeout)
-        if deadline is None or now <= deadline:
+        busy = False
+        if self.auto is not None:
+            self.auto.observe(rank.global_rank, state.step, state.time)
+            busy = self._busy(rank, state.step, now)
+        timeout = self.effective
+        deadline = state.deadline(timeout)
+        stopped = self.on and state.time > 0 and now - state.time >= STOPPED_AFTER and _stopped(rank)
+        if not stopped and (deadline is None or now <= deadline):
+            return None
+        if busy and not stopped and self.timeout is None and not (state.section_start and state.section_timeout):
+            log.debug("rank %d: quiet past the derived timeout but using CPU: not judged hung", rank.global_rank)
             return None
         try:
             live = read_rank_status(hb)
             # inside a collective, or paused/rejoining while its group is rebuilt: waiting, not hanging
             waiting = live.can_rejoin and (live.collective_since is not None
                                            or live.phase in (Phase.PAUSED, Phase.REJOINING))
-            if self.timeout and live.joined_time and now <= live.joined_time + self.timeout:
+            if not stopped and timeout and live.joined_time and now <= live.joined_time + timeout:
                 return None  # just rejoined a rebuilt group: its progress counts from there
         except (HeartbeatFileError, OSError, ValueError):
             waiting = False
@@ -177,14 +240,50 @@ class HangWatch:
             return [], []
         seen = [(rank, suspect, hang) for rank in ranks if (found := self._suspect(rank, now)) is not None
                 for suspect, hang in (found,)]
-        timeout = self.timeout or 0.0
+        return self._judge(seen, self.effective or STOPPED_AFTER)
+
+    def behind_exit(self, exited: Rank, others: Iterable[Rank], now: float) -> list[tuple[Rank, Hang]]:
+        """The hung peers that a rank's failed exit followed from, named on the console ("the culprit").
+
+        A rank that waited in a collective until the collective gave up (MindSpore's CPU collectives after
+        MS_CPU_COMM_OP_TIMEOUT) exits because a peer hangs: its last heartbeat is several steps old. The peers
+        then judged are those as quiet as half its wait, or stopped, by the same decision as a sweep's (with
+        their stacks). Empty when hang detection is off, the exit was its own (it was beating), or nothing
+        decides: a rank is named only on evidence."""
+        if not self.on:
+            return []
+        _, state = self.heartbeat(exited)
+        if state is None or state.time <= 0:  # (its interpreter's exit marked it finishing: no matter)
+            return []
+        waited = now - max(state.time, state.section_start or 0.0)
+        if waited < max(EXIT_WAITED, 3 * (self.auto.slowest if self.auto is not None else 0.0)):
+            return []
+        seen = []
+        for rank in others:
+            _, peer = self.heartbeat(rank)
+            if peer is None or peer.finishing:
+                continue
+            quiet = now - max(peer.time, peer.section_start or 0.0)
+            stopped = _stopped(rank)
+            seen.append((rank, Suspect(rank=rank.global_rank, stale=stopped or quiet >= waited / 2, step=peer.step,
+                                       quiet=quiet, stopped=stopped, marked=self._declared(rank)),
+                         Hang(quiet, peer.step, peer.section, peer.stack_signal)))
+        culprits, _ = self._judge(seen, waited / 2, guess=False,
+                                  after=f"rank {exited.global_rank} (pid {exited.pid}) exited after waiting "
+                                        f"{waited:.1f}s on it")
+        return culprits
+
+    def _judge(self, seen: list[tuple[Rank, Suspect, Hang]], timeout: float, guess: bool = True,
+               after: str = "") -> tuple[list[tuple[Rank, Hang]], list[tuple[Rank, Hang]]]:
+        """`decide` over what was seen, taking the stacks when they would decide; names the culprits on the
+        console. `guess`: when nothing decides, every stale rank is a culprit ("treating every one as hung")."""
         verdict = decide([s for _, s, _ in seen], timeout)
         if verdict.need_stacks:
             self.record_all([(rank, hang) for rank, s, hang in seen if s.stale])
             seen = [(rank, replace(s, in_framework=waits_in_framework(self._dumps.get(rank.pid, "")))
                      if s.stale else s, hang) for rank, s, hang in seen]
             verdict = decide([s for _, s, _ in seen], timeout, stacks_taken=True)
-        if verdict.defer:
+        if verdict.defer or not (verdict.decided or guess):
             log.debug("hang: %s", verdict.reason)
             return [], []
         by_rank = {rank.global_rank: (rank, hang) for rank, _, hang in seen}
@@ -198,8 +297,8 @@ class HangWatch:
             step = f" at step {hang.step}" if hang.step is not None else ""
             where = f" in section {hang.section!r}" if hang.section else ""
             stopped = " (process stopped)" if _stopped(rank) else ""
-            log.warning("hang: rank %d (pid %d) made no progress for %.1fs%s%s%s: the culprit; %s", rank.global_rank,
-                        rank.pid, hang.quiet, step, where, stopped, verdict.reason)
+            log.warning("hang: rank %d (pid %d) made no progress for %.1fs%s%s%s: the culprit; %s%s", rank.global_rank,
+                        rank.pid, hang.quiet, step, where, stopped, verdict.reason, f"; {after}" if after else "")
         if waiting and culprits:  # without a culprit (it was just killed) they wait on its replacement: no news
             marked = any(hang.waiting for _, hang in waiting)
             log.info("hang: rank(s) %s wait on it%s", sorted(r.global_rank for r, _ in waiting),

@@ -48,7 +48,7 @@ from taskd.callbacks import MONITOR, STATUS_FAILED
 from taskd.client import ClientCredentials, ConfigurationError
 from taskd.process.exitcodes import exit_code_of
 from taskd.process.pidfd import RankWatch
-from taskd.vocabulary import FaultType, Strategy
+from taskd.vocabulary import FaultType
 
 log = logging.getLogger("taskd.agent")
 
@@ -71,7 +71,8 @@ class Supervisor:
         self.policy = LocalPolicy(config.max_restarts, config.controller_timeout, config.dump_timeout)
         self.watch = RankWatch()
         self.logs = MsrunLogs(config.log_dir, enabled=not details.rank_files)
-        self.hang = HangWatch(details, config.heartbeat_timeout, lambda rank: self.logs.worker_log(rank.global_rank))
+        self.hang = HangWatch(details, config.heartbeat_timeout, lambda rank: self.logs.worker_log(rank.global_rank),
+                              auto=config.launcher == "msrun")
         self.table = RankTable()  # laid out from MONITOR when the job starts
         self.control = RankControl(config, callbacks, details, self.table, self.watch, self.hang, self.logs)
         self.link = ControllerLink(config, self.watch.wake, controller, credentials)
@@ -135,9 +136,7 @@ class Supervisor:
             layout = discover_layout(self.config, self.cb[MONITOR]([-1]) or {})
             self.table.lay_out(layout)
             self.result.ranks = len(self.table)
-            needs_heartbeats = (self.config.heartbeat_timeout is not None
-                                or Strategy.DUMP in self.config.offered_strategies)
-            self.hang.export_dir(self.logs.log_dir, needs_heartbeats)
+            self.hang.export_dir(self.logs.log_dir)
             joined = self.link.register_as(layout) if standby else self.link.connect(job_id, layout)
             if joined or not self.node_loss.yield_node(job_id, layout.node_rank):
                 break
@@ -358,15 +357,23 @@ class Supervisor:
                 log.info("rank %d (pid %d) finished", rank.global_rank, pid)
             return
         rank.state = RankState.FAILED
-        self._fault(rank, "exit", FaultType.PROCESS)
+        now = time.time()
+        blamed = self.hang.behind_exit(rank, self.table.in_state(RankState.RUNNING), now) if not self._done else []
+        for culprit, hang in blamed:  # the hang it waited on is the fault; its exit followed from it
+            self.control.stop([culprit], graceful=False)
+            culprit.state, culprit.returncode = RankState.FAILED, None
+            self._fault(culprit, "hang", FaultType.PROCESS, hang.describe(), unseen=hang.quiet + time.time() - now)
+        why = f"it waited on hung rank(s) {sorted(c.global_rank for c, _ in blamed)}" if blamed else ""
+        self._fault(rank, "exit", FaultType.PROCESS, why, say_why=bool(blamed))
 
-    def _fault(self, rank: Rank, reason: str, fault_type: str, why: str = "", unseen: float = 0.0) -> None:
+    def _fault(self, rank: Rank, reason: str, fault_type: str, why: str = "", unseen: float = 0.0,
+               say_why: bool = False) -> None:
         record = FaultRecord(time.time(), rank.global_rank, rank.local_rank, rank.pid, rank.returncode, reason)
         self.result.faults.append(record)
         if self.result.first_failure is None:
             self.result.first_failure = record
-        log.warning("fault: %s", record.describe())
         detail = f"{record.describe()}: {why}" if why else record.describe()
+        log.warning("fault: %s", detail if say_why else record.describe())
         self._feed(RankFault(rank.global_rank, rank.local_rank, fault_type, detail, unseen))
 
     def _poll_reports(self) -> None:

@@ -3,12 +3,15 @@
     ckpt = ModelCheckpoint(prefix="net", directory=ckpt_dir, config=CheckpointConfig(save_checkpoint_steps=10))
     model.train(epochs, dataset, callbacks=[TaskdCallback(ckpt), LossMonitor()], dataset_sink_mode=False)
 
-It beats once per step (`cb_params.cur_step_num`), so `TASKD_HEARTBEAT_TIMEOUT` works without a
-`heartbeat()` in a loop body; the first step (graph compile, communication warm-up) and every save of
-the `ModelCheckpoint` handed to it run inside `taskd.worker.section`s with their own timeouts; a
-save request of the `dump` strategy is served by writing a checkpoint into that `ModelCheckpoint`'s
-directory, at a step end or, when a step raised (a dead peer's collective failed), as `Model.train`
-unwinds; `rejoinable=True` declares the ranks independent (`taskd.worker.declare_rejoinable`).
+It beats once per step with the job's global step (`global_step`: `Model.train` restarts
+`cur_step_num` at 0 on every launch, `initial_epoch` does not add to it), so hang detection works
+without a `heartbeat()` in a loop body and "redoes N steps" counts the steps redone; the first step
+(graph compile, communication warm-up) and every save of the `ModelCheckpoint` handed to it run
+inside `taskd.worker.section`s with their own timeouts; a save request of the `dump` strategy is
+served by writing a checkpoint into that `ModelCheckpoint`'s directory, at a step end or, when a
+step raised (a dead peer's collective failed), as `Model.train` unwinds, named and stamped with the
+global step (`epoch_num`, `step_num` as ModelCheckpoint's `append_info`); `rejoinable=True`
+declares the ranks independent (`taskd.worker.declare_rejoinable`).
 Pass the `ModelCheckpoint` to `TaskdCallback`, not also to `Model.train`: it is driven from here.
 With dataset sink mode, MindSpore calls step callbacks once per sink: the heartbeat then comes per
 sink, so the heartbeat timeout must be longer than one sink.
@@ -74,7 +77,7 @@ class TaskdCallback(Callback):
             _said_dump_limit = True  # once per process, at the start
             log.warning(DUMP_LIMIT)
         self._params = run_context.original_args()
-        self._done = int(getattr(self._params, "cur_step_num", 0) or 0)
+        self._done = global_step(self._params)
         on_save_request(self._save_now)
         self._first = section("first step", timeout=self.first_step_timeout)
         self._first.__enter__()
@@ -84,12 +87,12 @@ class TaskdCallback(Callback):
     def on_train_step_end(self, run_context: Any) -> None:
         params = run_context.original_args()
         self._params = params
-        self._done = int(params.cur_step_num)
+        self._done = global_step(params)
         self._end_first_step()
         if self.checkpoint is not None:
             with section("checkpoint", timeout=self.save_timeout):
                 self.checkpoint.on_train_step_end(run_context)
-        heartbeat(int(params.cur_step_num))  # serves a pending save request, at a step boundary
+        heartbeat(self._done)  # serves a pending save request, at a step boundary
 
     def on_train_epoch_end(self, run_context: Any) -> None:
         if self.checkpoint is not None:
@@ -102,7 +105,7 @@ class TaskdCallback(Callback):
             with section("checkpoint", timeout=self.save_timeout):
                 self.checkpoint.on_train_end(run_context)
         on_save_request(None)
-        heartbeat(int(run_context.original_args().cur_step_num))
+        heartbeat(global_step(run_context.original_args()))
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         """Model.train left its callbacks' context: when a step raised (a collective failed because a peer
@@ -130,10 +133,14 @@ class TaskdCallback(Callback):
         path = os.path.join(directory, f"taskd-dump-{self._prefix()}-step{step}.ckpt")
         tmp = os.path.join(directory, f".tmp-{os.getpid()}-taskd-dump-step{step}.ckpt")  # MindSpore adds .ckpt
         started = time.monotonic()
-        ms.save_checkpoint(params.train_network, tmp, append_dict={"step": step})
+        # epoch_num/step_num as ModelCheckpoint's append_info writes them (step_num here: the global step)
+        stamp = {"step": step, "epoch_num": _param(params, "cur_epoch_num"), "step_num": step}
+        ms.save_checkpoint(params.train_network, tmp, append_dict=stamp)
         os.replace(tmp, path)
         self.dumped.append(path)
-        log.info("taskd: saved %s for a save request in %.2fs", path, time.monotonic() - started)
+        # on the rank's stderr (msrun's console shows warnings): the operator needs the path to resume from it
+        log.warning("taskd: dump saved %s (global step %d, epoch %d) in %.2fs", path, step, stamp["epoch_num"],
+                    time.monotonic() - started)
         return True
 
     def _directory(self) -> str:
@@ -144,8 +151,29 @@ class TaskdCallback(Callback):
         return str(getattr(self.checkpoint, "_prefix", None) or "taskd") if self.checkpoint is not None else "taskd"
 
 
+def global_step(params: Any) -> int:
+    """The job's step count across launches, from `Model.train`'s callback parameters.
+
+    `cur_step_num` restarts at each launch (a resumed `Model.train(initial_epoch=k)` counts from 0, or from
+    MindSpore's own repair step), while `cur_epoch_num` is the global epoch (1-based) and `batch_num` the
+    steps of one epoch (of one sink in sink mode): their product plus the step within the epoch is global.
+    Before the first epoch begins (no `cur_epoch_num` yet) it is `cur_step_num`."""
+    step, epoch, per_epoch = (_param(params, name) for name in ("cur_step_num", "cur_epoch_num", "batch_num"))
+    if step <= 0 or epoch <= 0 or per_epoch <= 0:
+        return step
+    return (epoch - 1) * per_epoch + (step - 1) % per_epoch + 1
+
+
+def _param(params: Any, name: str) -> int:
+    """One of `Model.train`'s callback parameters, 0 when not set yet (they raise KeyError, not AttributeError)."""
+    try:
+        return int(getattr(params, name) or 0)
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return 0
+
+
 def _rank_id() -> str:
     return os.environ.get("RANK_ID", "0")
 
 
-__all__ = ["TaskdCallback"]
+__all__ = ["TaskdCallback", "global_step"]

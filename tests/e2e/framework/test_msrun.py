@@ -520,6 +520,35 @@ def test_hung_rank_of_two_in_lockstep_is_the_one_that_stopped(jobs, msrun_env):
     job.assert_nothing_left()
 
 
+@pytest.mark.timeout(240)
+def test_hung_rank_is_named_when_its_peer_gives_up_first_with_a_timeout_above_the_collectives(jobs, msrun_env):
+    """Issue 37 item 1: TASKD_HEARTBEAT_TIMEOUT=300 (the docs' old advice) is above MindSpore's CPU collective
+    timeout (MS_CPU_COMM_OP_TIMEOUT, 10 s here): taskd warns at the start. Rank 1 sleeps after step 20; rank 0
+    waits in its AllReduce until MindSpore gives up and exits 1. That exit must not be blamed: taskd looks at
+    the peer it waited on, names rank 1 the culprit (its stacks stop in the script), faults it first, and the
+    job-rescheduling finishes the job."""
+    msrun_env["TASKD_HEARTBEAT_TIMEOUT"] = "300"
+    msrun_env["MS_CPU_COMM_OP_TIMEOUT"] = "10"
+    msrun_env["TASKD_MONITOR_INTERVAL"] = "0.5"
+    job = jobs("above", MS_STALL, ["--state-dir", "{dir}/state", "--steps", "5", "--stall-at-step", "20",
+                                   "--stall-how", "sleep"], msrun_env)
+    rc = job.wait(200)
+    job.assert_plugin_in_control()
+    out = job.output()
+    assert "is not below the ranks' collective timeout (10s)" in out, job.logs()
+    culprit = re.findall(r"hang: rank (\d+) \(pid \d+\) made no progress [^\n]*: the culprit; ([^\n]*)", out)
+    assert [r for r, _ in culprit] == ["1"], f"expected rank 1 named the culprit\n{job.logs()}"
+    assert "stacks stop in the script's own code" in culprit[0][1], job.logs()
+    assert "rank 0 (pid" in culprit[0][1] and "exited after waiting" in culprit[0][1], job.logs()
+    faults = re.findall(r"fault: rank (\d+) \(pid \d+\) ([^\n]*)", out)
+    assert [r for r, _ in faults] == ["1", "0"], f"expected rank 1's hang first, then rank 0's exit\n{job.logs()}"
+    assert "waited on hung rank(s) [1]" in faults[1][1], job.logs()
+    assert rc == 0, f"msrun exited {rc}\n{job.logs()}"
+    for rank in (0, 1):
+        assert files(job.dir / "state", f"done-rank{rank}-"), f"rank {rank} never finished\n{job.logs()}"
+    job.assert_nothing_left()
+
+
 TRAIN_MODEL = REPO / "examples" / "mindspore" / "train_model.py"
 
 
@@ -528,14 +557,16 @@ def rank_checkpoints(job: MsrunJob, rank: int) -> list[Path]:
 
 
 @pytest.mark.timeout(420)
-def test_model_train_with_taskd_callback_recovers_from_a_kill_then_a_hang(jobs, msrun_env):
-    """Issue 18 item 5: examples/mindspore/train_model.py (Model.train, sharded GeneratorDataset,
-    ModelCheckpoint every epoch handed to TaskdCallback), one launch, two faults. First rank 1 is
-    SIGKILLed after its first checkpoint; then, in the rescheduled job, it stops in a callback of its own
-    at step 28 with TASKD_HEARTBEAT_TIMEOUT=6, so only TaskdCallback's per-step heartbeats can reveal it.
-    Each fault is one job-rescheduling, both ranks resume from a checkpoint each time, msrun exits 0, and
-    the final weights are equal on both ranks."""
-    msrun_env["TASKD_HEARTBEAT_TIMEOUT"] = "6"
+def test_model_train_with_no_settings_names_a_stopped_then_a_sleeping_rank_with_true_step_counts(jobs, msrun_env):
+    """Issues 18 item 5 and 37: examples/mindspore/train_model.py (Model.train, sharded GeneratorDataset,
+    ModelCheckpoint every epoch handed to TaskdCallback), one launch, two hangs, and no taskd setting at all
+    (hang detection is on by default under msrun, its timeout derived from the step times). First rank 1 is
+    SIGSTOPped after its first checkpoint (a stopped process: a hang at once); then, in the rescheduled job, it
+    sleeps in a callback of its own at its launch's step 28, so only TaskdCallback's per-step heartbeats and its
+    stacks reveal it. Both times rank 1 alone is named and faulted (never rank 0, whose collective would give
+    up after MS_CPU_COMM_OP_TIMEOUT), each fault is one job-rescheduling, the resumption lines count global
+    steps (a resume from epoch k is at step 8k+, and redoes at most the 8 steps since the checkpoint), msrun
+    exits 0, and the final weights are equal on both ranks."""
     msrun_env["TASKD_MONITOR_INTERVAL"] = "0.5"
     args = ["--epochs", "5", "--steps-per-epoch", "8", "--ckpt-dir", "{dir}/ckpt", "--out", "{dir}/out",
             "--step-sleep", "0.15", "--hang-once-at-step", "28", "--fault-rank", "1"]
@@ -543,20 +574,30 @@ def test_model_train_with_taskd_callback_recovers_from_a_kill_then_a_hang(jobs, 
     wait_for("rank 1's first checkpoint", lambda: rank_checkpoints(job, 1), 180, job)
     victim = job.rank_process(1)
     assert victim is not None, job.logs()
-    victim.kill()
+    victim.suspend()
     rc = job.wait(300)
     job.assert_plugin_in_control()
     assert rc == 0, f"msrun exited {rc}\n{job.logs()}"
     counts = {rank: job.spawns(rank) for rank in (0, 1)}
     assert counts == {0: 3, 1: 3}, f"spawns per rank {counts}, expected 3 each (two job-reschedulings)\n{job.logs()}"
     out = job.output()
-    named = re.findall(r"hang: rank (\d+) \(pid \d+\) made no progress [^\n]*: the culprit", out)
-    assert named == ["1"], f"expected rank 1 named the culprit of the hang\n{job.logs()}"
+    named = re.findall(r"hang: rank (\d+) \(pid \d+\) made no progress [^\n]*: the culprit; ([^\n]*)", out)
+    assert [r for r, _ in named] == ["1", "1"], f"expected rank 1 named the culprit twice\n{job.logs()}"
+    assert "process is stopped" in named[0][1], job.logs()
+    assert "stacks stop in the script's own code" in named[1][1], job.logs()
     assert "cannot tell which rank" not in out, job.logs()
+    faults = re.findall(r"fault: rank (\d+) \(pid \d+\)", out)
+    assert faults == ["1", "1"], f"faults reported {faults}, expected only rank 1, once per hang\n{job.logs()}"
+    resumed = re.findall(r"rank (\d) at step (\d+), step (\d+) (?:before the fault|when stopped)"
+                         r"(?:: it redoes at least (\d+) step)?", out)
+    assert len(resumed) == 4, f"expected both ranks' resumption twice\n{job.logs()}"
+    for rank, seen, before, redone in resumed:  # global steps: past the checkpoint resumed from, within one epoch
+        assert int(seen) > 8 and int(before) >= 8, f"rank {rank}: step {seen} (before: {before})\n{job.logs()}"
+        assert not redone or 1 <= int(redone) <= 8, f"rank {rank} redoes {redone} steps\n{job.logs()}"
     for rank in (0, 1):
         log = (job.log_dir / f"worker_{rank}.log").read_text(errors="replace")
         # msrun truncates a rank's log at each spawn: this is the third incarnation's, resumed past the
-        # first checkpoint the kill's restart resumed from
+        # first checkpoint the first restart resumed from
         epochs = [int(e) for e in re.findall(rf"rank {rank} resumed from epoch (\d+)", log)]
         assert epochs and epochs[0] > 1, f"rank {rank} did not resume after the hang ({epochs})\n{job.logs()}"
         assert f"rank {rank} done" in log, job.logs()

@@ -154,3 +154,56 @@ def test_nothing_stale_nothing_to_decide() -> None:
 ])
 def test_where_a_dump_waits(dump: str, expected: bool | None) -> None:
     assert waits_in_framework(dump) is expected
+
+
+# -- the hang timeout derived from the step times (issue 37: on by default under msrun) ------------------------
+
+def test_auto_timeout_needs_two_step_times_and_skips_the_first_step() -> None:
+    from taskd.agent.culprit import AUTO_FLOOR, AutoTimeout
+
+    auto = AutoTimeout()
+    auto.observe(0, 0, 100.0)
+    auto.observe(0, 1, 160.0)  # the first step (compilation): no sample
+    assert auto.value is None and auto.slowest == 0.0
+    auto.observe(0, 2, 160.2)
+    assert auto.value is None  # one sample is not enough
+    auto.observe(0, 4, 160.6)
+    assert auto.samples == 2 and auto.slowest == pytest.approx(0.2)
+    assert auto.value == AUTO_FLOOR  # 10 x 0.2 s is under the floor
+
+
+def test_auto_timeout_grows_with_slow_steps_and_stays_under_the_collective_cap() -> None:
+    from taskd.agent.culprit import AUTO_FACTOR, AutoTimeout
+
+    auto = AutoTimeout()
+    for step, when in ((1, 1.0), (2, 3.0), (3, 5.0)):
+        auto.observe(3, step, when)
+    assert auto.value == pytest.approx(AUTO_FACTOR * 2.0)
+    capped = AutoTimeout(cap=15.0)
+    for step, when in ((1, 1.0), (2, 3.0), (3, 5.0)):
+        capped.observe(3, step, when)
+    assert capped.value == pytest.approx(15.0)
+    slow = AutoTimeout(cap=15.0)  # steps slower than the cap allows: never under two steps
+    for step, when in ((1, 1.0), (2, 11.0), (3, 21.0)):
+        slow.observe(3, step, when)
+    assert slow.value == pytest.approx(20.0)
+
+
+def test_auto_timeout_forgets_a_restarted_rank_and_ignores_repeats() -> None:
+    from taskd.agent.culprit import AutoTimeout
+
+    auto = AutoTimeout()
+    auto.observe(1, 5, 10.0)
+    auto.observe(1, 5, 10.0)  # the same beat read twice in a sweep
+    auto.forget(1)
+    auto.observe(1, 3, 50.0)  # the restarted rank's first beat: no step advance of the old one's
+    assert auto.samples == 0
+
+
+def test_collective_timeout_is_the_lowest_one_set() -> None:
+    from taskd.agent.culprit import collective_timeout
+
+    assert collective_timeout({}) is None
+    assert collective_timeout({"MS_CPU_COMM_OP_TIMEOUT": "12", "HCCL_EXEC_TIMEOUT": "1836"}) == 12.0
+    assert collective_timeout({"HCCL_EXEC_TIMEOUT": "300", "MS_CPU_COMM_OP_TIMEOUT": "junk"}) == 300.0
+    assert collective_timeout({"MS_CPU_COMM_OP_TIMEOUT": "0"}) is None
