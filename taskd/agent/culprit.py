@@ -22,7 +22,7 @@ on another node, whose agent names it first.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 # Where a rank that waits on a peer is found in its stacks: inside the framework (a collective, a device sync
@@ -194,7 +194,7 @@ COLLECTIVE_TIMEOUTS = ("MS_CPU_COMM_OP_TIMEOUT", "HCCL_EXEC_TIMEOUT")
 MS_CPU_COMM_DEFAULT = 30.0  # MindSpore's CPU collectives give up after this many seconds when the variable is unset
 
 
-def collective_timeout(environ: dict[str, str]) -> float | None:
+def collective_timeout(environ: Mapping[str, str]) -> float | None:
     """The lowest collective timeout the ranks' environment sets (MindSpore CPU, HCCL), or None when none is set."""
     found = []
     for name in COLLECTIVE_TIMEOUTS:

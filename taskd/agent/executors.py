@@ -28,6 +28,7 @@ from taskd.agent.resumed_report import report_resumed
 from taskd.agent.resumption import Resumption
 from taskd.agent.round_state import LocalPolicy
 from taskd.agent.summary import SUPERSEDED, JobResult, RecoveryRecord
+from taskd.process.exitcodes import DUMP_INCOMPLETE_EXIT, DUMPED_EXIT
 from taskd.vocabulary import Code, FaultRanks, Strategy
 
 log = logging.getLogger("taskd.agent")
@@ -257,8 +258,9 @@ def dump(x: Executors, a: ev.Dump) -> None:
     x.control.stop(x.table.all(), graceful=True)
     msg = f"saved: {sorted(saved)}; not saved: {sorted(unsaved)}"
     log.info("dump: %s", msg)
-    x.link.report_status(Code.OK if saved and not unsaved else Code.DUMP_FAILED, msg, a.faults, Strategy.DUMP)
-    x.hooks.finish(False, x.hooks.failure_code(), f"dumped ({msg})")
+    complete = bool(saved) and not unsaved
+    x.link.report_status(Code.OK if complete else Code.DUMP_FAILED, msg, a.faults, Strategy.DUMP)
+    x.hooks.finish(False, DUMPED_EXIT if complete else DUMP_INCOMPLETE_EXIT, f"dumped ({msg})")
 
 
 def take_node(x: Executors, a: ev.TakeNode) -> None:

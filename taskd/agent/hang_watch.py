@@ -240,7 +240,8 @@ class HangWatch:
             return [], []
         seen = [(rank, suspect, hang) for rank in ranks if (found := self._suspect(rank, now)) is not None
                 for suspect, hang in (found,)]
-        return self._judge(seen, self.effective or STOPPED_AFTER)
+        # a derived timeout (no setting) never guesses: the ranks may all wait on a busy rank of another node
+        return self._judge(seen, self.effective or STOPPED_AFTER, guess=self.timeout is not None)
 
     def behind_exit(self, exited: Rank, others: Iterable[Rank], now: float) -> list[tuple[Rank, Hang]]:
         """The hung peers that a rank's failed exit followed from, named on the console ("the culprit").

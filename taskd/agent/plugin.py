@@ -14,12 +14,13 @@ import dataclasses
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from taskd.agent.config import AgentConfig
 from taskd.agent.console import setup_console_logging
 from taskd.agent.controller_link import LocalController
+from taskd.agent.culprit import MS_CPU_COMM_DEFAULT, collective_timeout
 from taskd.agent.launcher_api import launcher_of
 from taskd.agent.rank_control import LauncherDetails
 from taskd.agent.summary import JobResult
@@ -27,6 +28,7 @@ from taskd.agent.supervisor import Supervisor
 from taskd.callbacks import CALLBACKS
 from taskd.process.groups import reap_processes
 from taskd.process.msrun import msrun_schedulers
+from taskd.settings import setting
 
 log = logging.getLogger("taskd.agent")
 
@@ -80,6 +82,8 @@ class MSRunPlugin:
             self.config = dataclasses.replace(self.config, log_dir=_msrun_log_dir(sys.argv))
         file_handler = _log_file_handler(self.config.log_dir) if self.config.launcher == "msrun" else None
         if self.config.launcher == "msrun" and "dump" in self.config.offered_strategies:
+            self.config = dataclasses.replace(self.config, dump_timeout=msrun_dump_timeout(
+                self.config.dump_timeout, os.environ))
             log.warning(MSRUN_DUMP_NOTE, self.config.dump_timeout)
         controller = None
         if self.config.server is None and self.controller_factory is not None:
@@ -112,6 +116,18 @@ class MSRunPlugin:
 # Measured (MindSpore 2.10, CPU, docs/mindspore.md "The dump strategy"): a thread cannot save or even read a
 # parameter while the training thread waits in a collective whose peer died; the training thread can, once that
 # collective fails.
+DUMP_SAVE_MARGIN = 15.0  # seconds for the survivor's save after its collective failed (measured: 4-11 ms + ~3 s)
+
+
+def msrun_dump_timeout(configured: float, environ: Mapping[str, str]) -> float:
+    """The dump's wait under msrun. A survivor saves only once its collective fails, the collective timeout
+    after the fault: unless TASKD_DUMP_TIMEOUT is set, the wait covers that timeout (MS_CPU_COMM_OP_TIMEOUT,
+    HCCL_EXEC_TIMEOUT; 30 s unset on CPU) plus the save, so that `dump,exit` saves with the defaults."""
+    if environ.get(setting("dump_timeout").env or ""):
+        return configured
+    return max(configured, (collective_timeout(environ) or MS_CPU_COMM_DEFAULT) + DUMP_SAVE_MARGIN)
+
+
 MSRUN_DUMP_NOTE = ("dump under MindSpore: a rank whose peer died saves only once its collective fails, "
                    "MS_CPU_COMM_OP_TIMEOUT (unset: 30) + about 3 s after the fault; keep that under "
                    "TASKD_DUMP_TIMEOUT (%gs), and wrap the step in taskd.worker.save_on_error() (TaskdCallback does)")

@@ -84,6 +84,19 @@ RANK = textwrap.dedent('''
     seen.update(ack2=state.save_ack, ok2=state.save_ok, dumped2=cb2.dumped,
                 dump2_step=int(saved["step"].asnumpy()) if "step" in saved else None,
                 dump2_weight=saved[weight[0]].asnumpy().tolist() if len(weight) == 1 else sorted(saved))
+
+    class Ask3(Callback):  # a resumed launch (initial_epoch=1): cur_step_num restarts at 0, the global step does not
+        def on_train_step_end(self, run_context):
+            if run_context.original_args().cur_step_num == 2:
+                seen["request3"] = hb.request_save()
+
+    cb3 = TaskdCallback(ModelCheckpoint(prefix="net3", directory=os.path.join(out, "ckpt3")))
+    Model(net, nn.MSELoss(), nn.Momentum(net.trainable_params(), 0.01, 0.9)).train(
+        3, data, callbacks=[cb3, Ask3()], dataset_sink_mode=False, initial_epoch=1)
+    state = hb.read()
+    stamp = ms.load_checkpoint(cb3.dumped[-1]) if cb3.dumped else {}
+    seen.update(step3=state.step, dumped3=cb3.dumped,
+                stamp3={k: int(stamp[k].asnumpy()) for k in ("step", "epoch_num", "step_num") if k in stamp})
     print(json.dumps(seen))
 ''')
 
@@ -113,3 +126,8 @@ def test_taskd_callback_beats_drives_the_checkpoint_in_sections_and_serves_a_sav
     assert seen["ack2"] == seen["request2"] == 2 and seen["ok2"], seen
     assert [os.path.basename(p) for p in seen["dumped2"]] == ["taskd-dump-net2-step2.ckpt"], seen["dumped2"]
     assert seen["dump2_step"] == 2 and seen["dump2_weight"] == seen["weight_at_2"], seen
+    # issue 37: a launch resumed at epoch 1 of 4-step epochs beats global steps 5..12; a dump served at its third
+    # step is named and stamped with global step 7, in epoch 2, as ModelCheckpoint's append_info would
+    assert seen["step3"] == 12, seen
+    assert [os.path.basename(p) for p in seen["dumped3"]] == ["taskd-dump-net3-step7.ckpt"], seen["dumped3"]
+    assert seen["stamp3"] == {"step": 7, "epoch_num": 2, "step_num": 7}, seen

@@ -64,3 +64,13 @@ def test_good_settings_still_build_the_config(monkeypatch: pytest.MonkeyPatch) -
 def test_unknown_keyword_is_still_a_programming_error() -> None:
     with pytest.raises(TypeError, match="scheduler_grac"):
         MSRunPlugin(scheduler_grac=1)
+
+
+def test_msrun_dump_wait_covers_the_collective_timeout_unless_set() -> None:
+    """Issue 37 item 3: a survivor saves only once its collective fails, so the default wait covers it."""
+    from taskd.agent.plugin import DUMP_SAVE_MARGIN, msrun_dump_timeout
+
+    assert msrun_dump_timeout(30.0, {}) == 30.0 + DUMP_SAVE_MARGIN  # MindSpore CPU: 30 s unset
+    assert msrun_dump_timeout(30.0, {"MS_CPU_COMM_OP_TIMEOUT": "10"}) == 30.0  # 10 + margin is under 30
+    assert msrun_dump_timeout(30.0, {"HCCL_EXEC_TIMEOUT": "120"}) == 120.0 + DUMP_SAVE_MARGIN
+    assert msrun_dump_timeout(20.0, {"TASKD_DUMP_TIMEOUT": "20"}) == 20.0  # set: as it is
