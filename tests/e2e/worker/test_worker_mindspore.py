@@ -92,7 +92,8 @@ RANK = textwrap.dedent('''
 
     cb3 = TaskdCallback(ModelCheckpoint(prefix="net3", directory=os.path.join(out, "ckpt3")))
     Model(net, nn.MSELoss(), nn.Momentum(net.trainable_params(), 0.01, 0.9)).train(
-        3, data, callbacks=[cb3, Ask3()], dataset_sink_mode=False, initial_epoch=1)
+        3, ds.NumpySlicesDataset({"x": x, "y": x.copy()}, shuffle=False).batch(4), callbacks=[cb3, Ask3()],
+        dataset_sink_mode=False, initial_epoch=1)
     state = hb.read()
     stamp = ms.load_checkpoint(cb3.dumped[-1]) if cb3.dumped else {}
     seen.update(step3=state.step, dumped3=cb3.dumped,
