@@ -108,8 +108,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("controller_timeout", float, 30.0, "seconds an unreachable controller is retried before the agent "
             "degrades (a single-node job restarts its ranks itself)", _NONNEGATIVE, env="TASKD_CONTROLLER_TIMEOUT"),
     Setting("heartbeat_timeout", float, None, "seconds without `taskd.worker.heartbeat()` after which a rank counts "
-            "as hung", _POSITIVE, True, ("--heartbeat-timeout", "--heartbeat_timeout"), "TASKD_HEARTBEAT_TIMEOUT",
-            shown="unset: no hang detection"),
+            "as hung; under msrun keep it below the collective timeout (MS_CPU_COMM_OP_TIMEOUT, HCCL_EXEC_TIMEOUT)",
+            _POSITIVE, True, ("--heartbeat-timeout", "--heartbeat_timeout"), "TASKD_HEARTBEAT_TIMEOUT",
+            shown="unset: under msrun derived from the step times; under `taskd run` no hang detection"),
     Setting("log_dir", str, None, "where taskd writes its own log file",
             optional=True, flags=("--log-dir", "--log_dir"), env="TASKD_LOG_DIR", shown="msrun's `--log_dir`"),
     Setting("dump_timeout", float, 30.0, "seconds the `dump` strategy waits for ranks to save", _POSITIVE,

@@ -75,12 +75,14 @@ def stale_msrun_workers(job_id: str, global_ranks: Iterable[int]) -> list[psutil
 
 
 def _concealed(proc: psutil.Process) -> bool:
-    """One of this user's live processes that refuses its environment to this user: a taskd agent."""
+    """One of this user's live msruns that refuses its environment to this user: a taskd agent inside it. Its
+    command line must name msrun: init or a subreaper that an orphan was handed to may refuse its environment
+    too (pid 1 did, here), and the orphan is then exactly the stale worker looked for."""
     try:
         proc.environ()
     except psutil.AccessDenied:
         try:
-            return proc.uids().real == os.getuid()
+            return proc.uids().real == os.getuid() and any("msrun" in part for part in proc.cmdline())
         except psutil.Error:
             return False
     except psutil.Error:

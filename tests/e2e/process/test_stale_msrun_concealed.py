@@ -45,7 +45,8 @@ def test_the_workers_of_a_live_concealed_msrun_are_not_stale(tmp_path: Path) -> 
         prefix = [setpriv, "--bounding-set=-all", "--inh-caps=-all", "--"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     pid_file = tmp_path / "worker.pid"
-    parent = subprocess.Popen([*prefix, sys.executable, "-c", PARENT, str(pid_file)], env=env, cwd=ROOT)
+    # "msrun" in its command line, as a real msrun has: a concealed process not named so is not taken for one
+    parent = subprocess.Popen([*prefix, sys.executable, "-c", PARENT, str(pid_file), "msrun"], env=env, cwd=ROOT)
     STARTED.append(parent)
     try:
         worker = int(wait_for(lambda: pid_file.exists() and pid_file.read_text(), 30, "the worker to start"))
