@@ -210,7 +210,7 @@ class ControllerCore:
         """What a stored change tells: the log, the broadcast signals, the caller's own signals."""
         if self.metrics is not None:
             self.metrics.observe(out.records)
-        self.limits.stored(m.job_id, out.records, UNLOGGED_KINDS)  # charged to its quota, logged rate-limited
+        self.limits.stored(m.job_id, out, UNLOGGED_KINDS, SOFT_KINDS)  # charged to its quota, logged rate-limited
         if out.signals:
             self.hub.post(m.job_id, out.signals)  # at the end of this loop turn, merged stopTrains coalesced
         if reply_to is not None and out.direct:

@@ -110,8 +110,8 @@ class JobQuota:
                 f"quota of {self.max_bytes} bytes (--max-job-bytes); nothing changed. Name fewer ranks per report "
                 "(ranges of consecutive ranks cost as one), or run under a new job id")
 
-    def over(self, job_id: str) -> bool:
-        return bool(self.max_bytes) and self.used.get(job_id, 0) >= self.max_bytes
+    def over(self, job_id: str, snapshot: int = 0) -> bool:
+        return bool(self.max_bytes) and self.used.get(job_id, 0) + snapshot >= self.max_bytes
 
     def charge(self, job_id: str, records: Iterable[Record]) -> None:
         self.used[job_id] = self.used.get(job_id, 0) + sum(record_bytes(rec) for rec in records)
@@ -178,12 +178,15 @@ class JobLimits:
 
     def keeps_soft(self, job_id: str) -> bool:
         """Whether the job's stream history is still written (not once it is at its quota)."""
-        return not self.quota.over(job_id)
+        return not self.quota.over(job_id, self._snapshots.get(job_id, 0))
 
-    def stored(self, job_id: str, records: Iterable[Record], unlogged: Collection[str]) -> None:
-        """Charge what was stored, and log it (rate-limited per job, each line's detail bounded)."""
-        records = list(records)
-        self.quota.charge(job_id, records)
+    def stored(self, job_id: str, out: Outcome, unlogged: Collection[str], soft: Collection[str] = ()) -> None:
+        """Charge what was stored, and log it (rate-limited per job, each line's detail bounded). An outcome of
+        `soft` records only, without signals, was dropped rather than batched if the job is at its quota (the core's
+        `_defer_soft` asked `keeps_soft` just before): not charged then."""
+        records = out.records
+        if not (not out.signals and all(rec.kind in soft for rec in records) and not self.keeps_soft(job_id)):
+            self.quota.charge(job_id, records)
         for rec in records:
             if rec.kind in unlogged:
                 continue

@@ -92,5 +92,5 @@ def test_a_huge_detail_is_cut_in_its_log_line(caplog: pytest.LogCaptureFixture) 
     assert len(text) < LOG_DETAIL_CHARS + 40 and text.endswith("characters)")
     limits = JobLimits(0, 2, {})
     with caplog.at_level(logging.INFO, logger="taskd.controller.core"):
-        limits.stored("j", [Record("fault_reported", 1, {"faults": "0:1"})] * 5, frozenset())
+        limits.stored("j", Outcome(records=[Record("fault_reported", 1, {"faults": "0:1"})] * 5), frozenset())
     assert len([r for r in caplog.records if "job j round 1" in r.getMessage()]) == 2

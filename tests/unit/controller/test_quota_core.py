@@ -10,7 +10,15 @@ from support.controller import disk, memory, ok
 
 from taskd.controller.core import ControllerCore
 from taskd.controller.hub import SignalHub
-from taskd.controller.state_machine import AgentFinished, AgentRegistered, FaultReported, JobInit, MachineConfig
+from taskd.controller.state_machine import (
+    AgentConnected,
+    AgentDisconnected,
+    AgentFinished,
+    AgentRegistered,
+    FaultReported,
+    JobInit,
+    MachineConfig,
+)
 from taskd.controller.store import Store
 from taskd.vocabulary import Code
 
@@ -50,6 +58,12 @@ def test_a_job_is_held_to_its_quota_counted_as_the_file_holds_it(tmp_path: Path)
     assert abs(counted - on_disk) <= on_disk // 50, (counted, on_disk)  # within 2 %
     assert memory(core) == disk(state)  # the refused change was undone: memory is what the file holds
     ok(core.dispatch("other", AgentRegistered(node_rank=0, host="o", pid=2)))  # another job is not held back
+    for _ in range(300):  # its agent's stream still opens and closes (never refused), its history stops at the quota
+        ok(core.dispatch("j", AgentConnected(node_rank=0)))
+        ok(core.dispatch("j", AgentDisconnected(node_rank=0)))
+        core.flush_soft()
+    held = core.store.job_bytes()["j"] + core.store.snapshot_bytes["j"]
+    assert 60_000 <= held < 60_000 + 1_000, held  # 600 stream records would be ~90 KB more
     ok(core.dispatch("j", AgentFinished(node_rank=0, exit_code=0, host="h", pid=1)))  # a job at its quota ends
     core.store.close()
 
