@@ -88,6 +88,9 @@ def _resolve_aliases(values: _Values, standalone: bool) -> None:
         if "stop_grace" in raw and raw["stop_grace"][0] != grace:
             values.problems.append(f"{source} and {raw['stop_grace'][1]} disagree; give one")
         raw.setdefault("stop_grace", (grace, source))
+    if standalone and "master_port" in raw:  # torchrun's standalone picks its own port: two such jobs share a host
+        port, source = raw.pop("master_port")
+        values.notices.append(f"{source} {port}: ignored with --standalone (as torchrun does): the job gets a free port")
     if "rdzv_endpoint" in raw:
         endpoint, source = raw.pop("rdzv_endpoint")
         if standalone:
