@@ -23,6 +23,7 @@ from taskd.vocabulary import Code
 log = logging.getLogger("taskd.agent")
 
 CALL_TIMEOUT = 5.0
+BLIND_AFTER = 6  # intervals of running ranks without one compute sample: --straggler-factor says it sees nothing
 
 
 class PaceLink(Protocol):
@@ -42,6 +43,9 @@ class StragglerWatch:
         self.remote = True  # the controller judges; False once it cannot (no taskd.v1) or there is none
         self.next_at = 0.0
         self._call: PendingCall | None = None
+        self._running_since: float | None = None  # the first sweep that found a running rank
+        self._seen = False  # some rank reported a step's compute time: the watch can see
+        self._said_blind = False
 
     def sample(self, ranks: Iterable[Rank], heartbeat: Callable[[Rank], Any]) -> list[RankPace]:
         """Read each running rank's compute sums into its window; the ranks with a judged pace."""
@@ -56,6 +60,7 @@ class StragglerWatch:
             seen.add(rank.global_rank)
             window = self.windows.setdefault(rank.global_rank, PaceWindow())
             window.observe(rank.pid, state.compute, state.compute_intervals)
+            self._seen = self._seen or state.compute_intervals > 0
             seconds = window.seconds()
             if seconds is not None:
                 out.append(RankPace(rank.global_rank, self.host, seconds, window.intervals))
@@ -66,7 +71,9 @@ class StragglerWatch:
     def sweep(self, ranks: Iterable[Rank], heartbeat: Callable[[Rank], Any], link: PaceLink | None,
               now: float) -> list[Verdict]:
         """One sweep: the answer to the report in flight, then (when due) the next report; the verdicts to say."""
+        ranks = list(ranks)
         paces = self.sample(ranks, heartbeat)
+        self._say_if_blind(ranks, now)
         verdicts = self._answer()
         if now < self.next_at or self._call is not None:
             return verdicts
@@ -77,6 +84,20 @@ class StragglerWatch:
             if self._call is not None:
                 return verdicts
         return verdicts + self.local.judge(paces)
+
+    def _say_if_blind(self, ranks: list[Rank], now: float) -> None:
+        """One console line when the ranks have run BLIND_AFTER intervals and none reported a step's compute
+        time (a script that sends no heartbeats): the flag would otherwise do nothing and say nothing."""
+        if self._seen or self._said_blind or not any(r.state is RankState.RUNNING for r in ranks):
+            return
+        if self._running_since is None:
+            self._running_since = now
+        waited = now - self._running_since
+        if waited >= BLIND_AFTER * self.interval:
+            self._said_blind = True
+            log.warning("--straggler-factor %g: no rank reported a step's compute time in the %.0fs since the ranks "
+                        "started (the script sends no heartbeats: call taskd.worker.heartbeat(step) each step, or "
+                        "use LiveGroup), so no straggler can be named", self.factor, waited)
 
     def _answer(self) -> list[Verdict]:
         call = self._call

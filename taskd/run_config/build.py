@@ -90,7 +90,7 @@ def _resolve_aliases(values: _Values, standalone: bool) -> None:
         raw.setdefault("stop_grace", (grace, source))
     if standalone and "master_port" in raw:  # torchrun's standalone picks its own port: two such jobs share a host
         port, source = raw.pop("master_port")
-        values.notices.append(f"{source} {port}: ignored with --standalone (as torchrun does): the job gets a free port")
+        values.notices.append(f"{source} {port}: ignored with --standalone (as torchrun does): a free port")
     if "rdzv_endpoint" in raw:
         endpoint, source = raw.pop("rdzv_endpoint")
         if standalone:

@@ -9,7 +9,6 @@ ranks send no heartbeats. Item 8: a job that failed because a rank was SIGKILLed
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -49,3 +48,26 @@ def test_standalone_ignores_a_busy_master_port_as_torchrun_does(tmp_path: Path) 
     assert f"--master-port {busy}: ignored with --standalone" in done.stdout, done.stdout
     port = int((tmp_path / "port").read_text())
     assert port != busy and port > 0
+
+
+SLEEPER = """
+import sys, time
+from taskd import worker
+for step in range(int(float(sys.argv[2]) / 0.05)):
+    time.sleep(0.05)
+    if sys.argv[1] == "beats":
+        worker.heartbeat(step)
+"""
+
+
+def test_straggler_factor_says_once_when_the_ranks_send_no_heartbeats(tmp_path: Path) -> None:
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    flags = ["--nproc-per-node", "2", "--straggler-factor", "2", "--straggler-interval", "0.5", str(script)]
+    blind, _ = run([*flags, "silent", "4"], tmp_path)
+    assert blind.returncode == 0, blind.stdout
+    said = [ln for ln in blind.stdout.splitlines() if "no straggler can be named" in ln]
+    assert len(said) == 1 and "sends no heartbeats" in said[0], blind.stdout
+    seeing, _ = run([*flags, "beats", "4"], tmp_path)
+    assert seeing.returncode == 0, seeing.stdout
+    assert "no straggler can be named" not in seeing.stdout, seeing.stdout
