@@ -46,7 +46,7 @@ from taskd.agent.stragglers import StragglerWatch
 from taskd.agent.summary import FaultRecord, JobResult
 from taskd.callbacks import MONITOR, STATUS_FAILED
 from taskd.client import ClientCredentials, ConfigurationError
-from taskd.process.exitcodes import exit_code_of
+from taskd.process.exitcodes import job_exit_code
 from taskd.process.pidfd import RankWatch
 from taskd.vocabulary import FaultType
 
@@ -385,7 +385,7 @@ class Supervisor:
 
     def _failure_code(self) -> int:
         first = self.result.first_failure
-        return exit_code_of(first.returncode) if first is not None else 1
+        return job_exit_code(first.returncode) if first is not None else 1
 
     # ----------------------------------------------------------------- the slow sweep
     def _sweep(self) -> None:

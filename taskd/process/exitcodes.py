@@ -28,3 +28,19 @@ def exit_code_of(code: int | None) -> int:
     if code is None:
         return 1
     return 128 - code if code < 0 else code
+
+
+RANK_SIGNAL_BASE = 100  # a failed job whose rank died of signal N exits 100 + N: never 128 + N (see job_exit_code)
+
+
+def job_exit_code(code: int | None) -> int:
+    """`taskd run`'s exit code for a job that failed because a rank ended with Popen returncode `code`.
+
+    A rank's own exit code 1-127 is passed on. A rank killed by signal N (or exiting 128 + N, as a shell reports a
+    killed child) gives 100 + N (109 for SIGKILL, 115 for SIGTERM; 127 for signals above 26), so that 128 + N only
+    ever means `taskd run` itself got signal N: a Kubernetes podFailurePolicy that retries a pod SIGKILLed by the
+    OOM killer (exit 137) must not read a job that taskd failed as one. 1 when the code is unknown (None)."""
+    shell = exit_code_of(code)
+    if shell < 128:
+        return shell or 1
+    return min(RANK_SIGNAL_BASE + shell - 128, 127)

@@ -105,12 +105,14 @@ def test_slurm_step_values_reach_the_ranks(tmp_path: Path) -> None:
     assert {g["MASTER_ADDR"] for g in ranks(tmp_path, 2).values()} == {"localhost"}
 
 
-def test_sigkilled_rank_makes_taskd_exit_137(tmp_path: Path) -> None:
-    """The documented exit-code rule: the failing rank's code, 128 + signal for a signal (torchrun exits 1)."""
+def test_sigkilled_rank_makes_taskd_exit_109_never_137(tmp_path: Path) -> None:
+    """The documented exit-code rule: the failing rank's code, 100 + signal for a signal (torchrun exits 1); 137
+    would read, to a Kubernetes podFailurePolicy, as `taskd run` itself SIGKILLed (issue 32, item 8)."""
     script = tmp_path / "die.py"
     script.write_text("import os, signal\nif os.environ['RANK'] == '1':\n    os.kill(os.getpid(), signal.SIGKILL)\n")
     done = run(["--nproc-per-node", "2", "--max_restarts=0", str(script)], tmp_path)
-    assert done.returncode == 128 + signal.SIGKILL, done.stdout
+    assert done.returncode == 100 + signal.SIGKILL, done.stdout
+    assert "exit code 109" in done.stdout, done.stdout
 
 
 def test_bad_flags_print_taskd_runs_usage(tmp_path: Path) -> None:
