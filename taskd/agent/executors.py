@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from taskd.agent import round_events as ev
+from taskd.agent.bugs import Bug, BugJudge, RankEnd, error_of
 from taskd.agent.controller_link import ControllerLink
 from taskd.agent.hang_watch import HangWatch
 from taskd.agent.launcher_api import MSRUN
@@ -89,6 +90,7 @@ class Executors:
         self.hooks = hooks
         self.last_start: tuple[list[int], dict[int, int | None]] = ([], {})  # local ranks, their steps before
         self.view = TableView(table, self.live)
+        self.bugs = BugJudge()  # errors no restart mends (agent/bugs.py)
 
     def carry_out(self, actions: list[ev.Action]) -> list[object]:
         """Do each action in order, by its executor; return the events they produced, to be handled next."""
@@ -199,8 +201,43 @@ def withdraw_reports(x: Executors, a: ev.WithdrawReports) -> None:
             log.info("a new stopTrain: %d pending %s report(s) withdrawn (the controller moved past them)", n, what)
 
 
+RESTARTS = frozenset({Strategy.RETRY, Strategy.RECOVER, Strategy.JOB_RESCHEDULING, *Strategy.RESIZE})
+
+
 def offer_strategies(x: Executors, a: ev.OfferStrategies) -> None:
-    x.link.report_strategies(a.faults, x.live.offer(x.link.config.offered_strategies, a.scope, x.link.config.scales))
+    offered = x.live.offer(x.link.config.offered_strategies, a.scope, x.link.config.scales)
+    bug = bug_of(x, a.scope)
+    if bug is not None:  # the script's own error: no restart is offered, the controller ends the job (dump, exit)
+        log.error("not restarted: %s", bug.describe())
+        x.hooks.capture_first_failure()
+        offered = [s for s in offered if s not in RESTARTS]
+    x.link.report_strategies(a.faults, offered)
+
+
+def bug_of(x: Executors, faults: FaultRanks) -> Bug | None:
+    """What agent/bugs.py judges of this node's failed fault ranks: their errors, steps and run times, read here."""
+    details = x.control.details
+    states = {r.local_rank: x.hang.heartbeat(r)[1] for r in x.table.all()}
+    any_step = any(s is not None and s.step is not None for s in states.values())
+    ended = {f.pid: f.time for f in x.result.faults}
+    ends = []
+    for local_rank in x.table.local_of(faults):
+        rank = x.table[local_rank]
+        if rank.state is not RankState.FAILED:
+            continue
+        try:
+            recorded = details.error_report(local_rank)
+            tail = details.tail_log(local_rank, 20)
+            started = rank.proc.create_time() if rank.proc is not None else None
+        except Exception as exc:  # a fact that cannot be read judges nothing: the round is a fault
+            log.debug("rank %d's end: %s", rank.global_rank, exc)
+            return None
+        state = states.get(local_rank)
+        error = error_of(rank.returncode, str(getattr(recorded, "exception", "") or ""), tail)
+        ran = ended.get(rank.pid, time.time()) - started if started is not None else float("inf")
+        ends.append(RankEnd(rank.global_rank, rank.pid, error, state.step if state is not None else None, any_step,
+                            ran))
+    return x.bugs.judge(ends)
 
 
 def record_restart(x: Executors, a: ev.RecordRestart) -> list[object]:

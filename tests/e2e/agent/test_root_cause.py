@@ -36,6 +36,8 @@ def main():
     (runs / f"rank{rank}-{os.getpid()}").touch()
     print(f"rank {rank} incarnation {incarnation} says hello", flush=True)
     if rank == 1:
+        from taskd import worker
+        worker.heartbeat(1)  # past its start: an error before any step would not be retried (docs/pytorch.md)
         time.sleep(0.5)
         fail(incarnation)
     time.sleep(60)

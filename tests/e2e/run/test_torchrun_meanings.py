@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from support import ROOT, STARTED
 
 TIMEOUT = 120
@@ -71,3 +72,101 @@ def test_straggler_factor_says_once_when_the_ranks_send_no_heartbeats(tmp_path: 
     seeing, _ = run([*flags, "beats", "4"], tmp_path)
     assert seeing.returncode == 0, seeing.stdout
     assert "no straggler can be named" not in seeing.stdout, seeing.stdout
+
+
+RAISES = """
+import os, sys, time
+from pathlib import Path
+runs = Path(sys.argv[1]); runs.mkdir(exist_ok=True)
+rank, mode = int(os.environ["RANK"]), sys.argv[2]
+(runs / f"rank{rank}-{os.getpid()}").touch()
+if mode == "start":
+    if rank == 1:
+        raise ValueError("bad config: lr must be positive")
+    time.sleep(30)
+    sys.exit(0)
+from taskd import worker
+for step in range(8):
+    worker.heartbeat(step)
+    time.sleep(0.05)
+    if rank == 1 and step == 4:
+        crashes = len(list(runs.glob("crash*")))
+        if mode == "every" or crashes == 0:
+            (runs / f"crash{crashes}").touch()
+            raise RuntimeError("step 4 diverged")
+"""
+
+
+def _bug_lines(console: str) -> list[str]:
+    return [ln for ln in console.splitlines() if "not restarted:" in ln]
+
+
+def _rank_tracebacks(console: str) -> int:
+    """Tracebacks the ranks printed (the job summary's quoted log tail, `  | `, is not one)."""
+    return sum(1 for ln in console.splitlines() if ln.endswith("Traceback (most recent call last):")
+               and "| Traceback" not in ln)
+
+
+def test_a_script_raising_at_start_runs_once_and_fails_at_once(tmp_path: Path) -> None:
+    script = tmp_path / "raises.py"
+    script.write_text(RAISES)
+    done, took = run(["--nproc-per-node", "2", str(script), str(tmp_path / "runs"), "start"], tmp_path)
+    console = done.stdout
+    assert done.returncode == 1, console[-3000:]
+    assert len(list((tmp_path / "runs").glob("rank1-*"))) == 1, console[-3000:]  # one start, no restart
+    bug = _bug_lines(console)
+    assert len(bug) == 1 and "rank 1 raised ValueError: bad config: lr must be positive" in bug[0], console[-3000:]
+    assert "before any rank completed a step" in bug[0], bug
+    assert _rank_tracebacks(console) == 1, console[-3000:]
+    assert "restarted 2 rank(s)" not in console and "with job-rescheduling" not in console, console[-3000:]
+    assert took < 20, f"{took:.1f}s"
+
+
+def test_the_same_error_at_the_same_step_twice_fails_the_job(tmp_path: Path) -> None:
+    script = tmp_path / "raises.py"
+    script.write_text(RAISES)
+    done, _ = run(["--nproc-per-node", "2", str(script), str(tmp_path / "runs"), "every"], tmp_path)
+    console = done.stdout
+    assert done.returncode == 1, console[-3000:]
+    assert len(list((tmp_path / "runs").glob("rank1-*"))) == 2, console[-3000:]  # one restart, not 3
+    bug = _bug_lines(console)
+    assert len(bug) == 1 and "RuntimeError: step 4 diverged (at step 4)" in bug[0], console[-3000:]
+    assert "same error at the same step" in bug[0], bug
+
+
+def test_an_error_after_progress_is_still_restarted(tmp_path: Path) -> None:
+    script = tmp_path / "raises.py"
+    script.write_text(RAISES)
+    done, _ = run(["--nproc-per-node", "2", str(script), str(tmp_path / "runs"), "once"], tmp_path)
+    console = done.stdout
+    assert done.returncode == 0, console[-3000:]
+    assert not _bug_lines(console), console[-3000:]
+    assert len(list((tmp_path / "runs").glob("rank1-*"))) == 2, console[-3000:]
+
+
+LIVE_MISUSE = """\
+import torch, torch.distributed as dist
+from taskd.worker.torch import LiveGroup
+
+live = LiveGroup(backend="gloo")
+model = torch.nn.Linear(4, 1)
+live.track(model=model)
+newest = torch.tensor([0])
+dist.all_reduce(newest, op=dist.ReduceOp.MIN)  # the script's own "newest common step": refused
+for step in live.steps(int(newest), 3):
+    with live.step():
+        pass
+live.close()
+"""
+
+
+def test_a_live_usage_error_fails_the_job_at_once(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    script = tmp_path / "misuse.py"
+    script.write_text(LIVE_MISUSE)
+    done, _ = run(["--nproc-per-node", "2", str(script)], tmp_path, timeout=180)
+    console = done.stdout
+    assert done.returncode == 1, console[-3000:]
+    bug = _bug_lines(console)
+    assert len(bug) == 1 and "LiveUsageError" in bug[0], console[-3000:]
+    assert "restarted 2 rank(s)" not in console and "with recover" not in console, console[-3000:]

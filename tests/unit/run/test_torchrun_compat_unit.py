@@ -125,7 +125,7 @@ def test_k8s_job_brings_a_lost_nodes_pod_back_with_its_index_and_fails_on_taskds
     job = next(d for ds in _manifests().values() for d in ds if d["kind"] == "Job")
     spec, pod = job["spec"], job["spec"]["template"]["spec"]
     rules = spec["podFailurePolicy"]["rules"]
-    assert rules[0] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
+    assert rules[0] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
     fail = rules[1]
     assert fail["action"] == "FailJob" and fail["onExitCodes"]["operator"] == "NotIn"
     assert set(fail["onExitCodes"]["values"]) == {0, 137}

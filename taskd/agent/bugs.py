@@ -1,0 +1,135 @@
+"""A rank's error that no restart can mend: the restart budget is for faults, not for bugs (issue 32, F8).
+
+torchrun restarts whatever failed, and so did taskd: a script that raised at start ran 4 times before the job
+failed, and a `LiveUsageError` (the script misuses `LiveGroup`) was restarted 3 times, its explanation under 4
+tracebacks. Here the agent judges, from what it knows of its own ranks, whether a round's failures are the
+script's own error; then it offers the controller no strategy that restarts a rank (only dump and exit), and the
+job fails at once with one root cause.
+
+What the agent knows of a failed rank (`RankEnd`):
+
+- its error: the exception the rank recorded with torch's ``@record`` (its error file), else, when it exited 1
+  (what Python's interpreter exits with for an uncaught exception) and its last output lines hold Python's
+  ``Traceback (most recent call last):``, the traceback's last line ("ValueError: bad"). A rank killed by a
+  signal, or one that exited with a code of its own (``sys.exit(3)``), raised nothing: that is a fault;
+- its progress: the step of its heartbeat file (``taskd.worker.heartbeat(step)``, `LiveGroup`), and whether any
+  rank of this node has reported a step. A script that sends no heartbeats has no steps to judge by: for it,
+  "before any rank completed a step" is judged by the rank's run time alone (`START_WINDOW`);
+- how long its process ran.
+
+The same error twice needs a step both times: without heartbeats, a survivor's "Connection closed by peer"
+after each of two kills would read as one error repeated.
+
+`BUG_RULES` is the policy, as data: a round is a bug when every failed rank of this node that the round names
+matches a rule (a rank SIGKILLed beside one that raised makes it a fault). Faults of other nodes are their
+agents' to judge. Nothing here touches a process: the facts are read by the caller (agent/executors.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+log = logging.getLogger("taskd.agent")
+
+START_WINDOW = 30.0  # seconds: an error this soon after a rank's start, no step reported, is "at start"
+UNCAUGHT_EXIT = 1  # Python's exit code for an uncaught exception
+_PREFIX = re.compile(r"^\[rank\d+\]:\s?")  # torch's excepthook prefixes each traceback line after init_process_group
+_TRACEBACK = "Traceback (most recent call last):"
+
+
+@dataclass(frozen=True)
+class RankEnd:
+    """What the agent knows of one failed rank when the round's strategies are offered."""
+
+    global_rank: int
+    pid: int | None  # its incarnation: an error counts as seen before only from another one
+    error: str  # "ValueError: bad"; "" when the rank did not end with a Python exception
+    step: int | None  # its heartbeat's last step; None when it reported none
+    any_step: bool  # some rank of this node has reported a step
+    ran: float  # seconds its process ran
+
+    @property
+    def error_type(self) -> str:
+        """The exception's class name, without its module: "LiveUsageError"."""
+        head = self.error.split(":", 1)[0].strip()
+        return head.rsplit(".", 1)[-1]
+
+
+@dataclass(frozen=True)
+class BugRule:
+    """One kind of error a restart cannot mend: its name, when it applies (to the end and the errors seen at
+    earlier rounds, as (error, step) pairs), and what the console says of it."""
+
+    name: str
+    applies: Callable[[RankEnd, frozenset[tuple[str, int | None]]], bool]
+    says: str
+
+
+BUG_RULES: tuple[BugRule, ...] = (
+    BugRule("live-usage", lambda e, seen: e.error_type == "LiveUsageError",
+            "the script misuses LiveGroup (LiveUsageError): a restart runs the same code"),
+    BugRule("before-any-step", lambda e, seen: bool(e.error) and not e.any_step and e.ran < START_WINDOW,
+            "it raised before any rank completed a step"),
+    BugRule("same-error-twice", lambda e, seen: bool(e.error) and e.step is not None and (e.error, e.step) in seen,
+            "it raised the same error at the same step as before a restart"),
+)
+
+
+@dataclass(frozen=True)
+class Bug:
+    """A round's failures judged the script's own: the rank that shows it, and the rule."""
+
+    end: RankEnd
+    rule: BugRule
+
+    def describe(self) -> str:
+        e = self.end
+        where = f"at step {e.step}" if e.step is not None else f"{e.ran:.1f}s after its start, no step reported"
+        return (f"rank {e.global_rank} raised {e.error} ({where}): {self.rule.says}. A bug in the script, not a "
+                "fault: it is not restarted (the restart budget is for faults), the job fails")
+
+
+def error_of(returncode: int | None, recorded: str, tail: Iterable[str]) -> str:
+    """The exception a rank ended with: the @record one (`recorded`), else the last line of a Python traceback
+    that ends its output, when it exited 1; "" when it raised nothing that can be seen."""
+    if recorded:
+        return recorded.strip()
+    if returncode != UNCAUGHT_EXIT:
+        return ""
+    lines = [_PREFIX.sub("", line).rstrip() for line in tail]
+    lines = [line for line in lines if line.strip()]
+    if not any(line.strip() == _TRACEBACK for line in lines) or not lines:
+        return ""
+    last = lines[-1].strip()
+    return "" if last == _TRACEBACK or last.startswith(("File ", "^", "~")) else last
+
+
+class BugJudge:
+    """The errors of earlier incarnations, and the verdict on this round."""
+
+    def __init__(self, rules: tuple[BugRule, ...] = BUG_RULES) -> None:
+        self.rules = rules
+        self._seen: dict[tuple[str, int | None], set[int | None]] = {}  # (error, step) -> the pids that raised it
+
+    def judge(self, ends: list[RankEnd]) -> Bug | None:
+        """A bug when every end matches a rule (the first rule of the first end names it); the ends' errors are
+        remembered for the next rounds either way. A round offered twice judges the same pids twice: no match
+        with itself."""
+        pids = {e.pid for e in ends}
+        seen = frozenset(key for key, raised in self._seen.items() if raised - pids)
+        for e in ends:
+            if e.error:
+                self._seen.setdefault((e.error, e.step), set()).add(e.pid)
+        found = []
+        for end in ends:
+            rule = next((r for r in self.rules if r.applies(end, seen)), None)
+            if rule is None:
+                return None
+            found.append(Bug(end, rule))
+        return found[0] if found else None
+
+
+__all__ = ["BUG_RULES", "START_WINDOW", "Bug", "BugJudge", "BugRule", "RankEnd", "error_of"]
