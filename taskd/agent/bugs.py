@@ -132,4 +132,4 @@ class BugJudge:
         return found[0] if found else None
 
 
-__all__ = ["BUG_RULES", "START_WINDOW", "Bug", "BugJudge", "BugRule", "RankEnd", "error_of"]
+__all__ = ["BUG_RULES", "START_WINDOW", "UNCAUGHT_EXIT", "Bug", "BugJudge", "BugRule", "RankEnd", "error_of"]
