@@ -13,9 +13,9 @@ time at random intervals:
   it over and a new standby is started (bench/chaos_nodes.py);
 - agent_stop: SIGSTOP of a `taskd run` for a few seconds, then SIGCONT;
 - controller_kill: SIGKILL of `taskd server`, restarted from its state file on the same port;
-- round_controller_kill: SIGKILL of a rank of a job in the first half of its steps, then of `taskd server` 0 to
-  0.3 s later (the round that fault opens is stopping, collecting, recovering or just over), restarted 1 s later
-  (issue 31, F2): the round must be resumed or run again once, never lost or redone;
+- round_controller_kill: SIGKILL of a rank of a job in the first half of its steps, then of `taskd server` at once
+  or as soon as its state file holds the round STOPPING, COLLECTING or RECOVERING, restarted 1 s later (issue 31,
+  F2): the round must be resumed or run again once, never lost or redone;
 - controller_stop: SIGSTOP of `taskd server` for a few seconds, then SIGCONT;
 - hostile: a burst of calls from bench/chaos_hostile.py (forgeries without the token, malformed input).
 
@@ -35,6 +35,7 @@ Every wait is bounded; it talks only to 127.0.0.1.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -42,6 +43,7 @@ import re
 import secrets
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -68,7 +70,9 @@ RANKS_PER_NODE = 2
 KINDS = {"rank_kill": 4.0, "rank_stop": 2.0, "agent_kill": 0.25, "node_kill": 3.0, "agent_stop": 1.0,
          "controller_kill": 1.0, "controller_stop": 1.0, "hostile": 3.0, "round_controller_kill": 1.5}
 PLAN_GRACE = 20.0  # seconds the fault window stays open past --duration while a kind of the first plan waits
-ROUND_KILL_DELAYS = (0.0, 0.02, 0.1, 0.3)  # seconds from the rank's SIGKILL to the controller's (round_controller_kill)
+# when round_controller_kill SIGKILLs the controller: at once after the rank's SIGKILL, or as soon as the state file
+# holds the job in this state (polled every 2 ms, for at most 1 s: a phase may be over before it is seen)
+ROUND_KILL_AT = ("fault", "STOPPING", "COLLECTING", "RECOVERING")
 REJOIN_TIMEOUT = 20.0  # --node-rejoin-timeout: a node killed with no replacement fails its job this long after
 SERVER_FLAGS = ["--stop-timeout", "10", "--strategy-timeout", "10", "--recover-timeout", "20",
                 "--resume-timeout", "10", "--agent-loss-timeout", "10", "--keepalive-interval", "2",
@@ -96,7 +100,7 @@ class Job:
     standby: bool = False  # started with a standby (and one more after each it used)
     agent_killed: bool = False
     faults: Counter[str] = field(default_factory=Counter)
-    interrupted: set[int] = field(default_factory=set)  # rounds a round_controller_kill landed in (by number)
+    interrupted: dict[int, str] = field(default_factory=dict)  # round -> its job's state at a round_controller_kill
     codes: list[int | None] = field(default_factory=list)
     ended: float | None = None
     orphan_check_at: float | None = None
@@ -133,6 +137,15 @@ class Controller:
                 raise RuntimeError(f"controller did not come up (exit {self.proc.poll()}); log: {self.log}")
             time.sleep(0.1)
         self.mode = "up"
+
+    def stored_state(self, job_id: str) -> str:
+        """The job's state as the state file holds it (read-only; "" when unreadable or absent)."""
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{self.state}?mode=ro", uri=True, timeout=1)) as db:
+                row = db.execute("SELECT state FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+        except sqlite3.Error:
+            return ""
+        return row[0] if row else ""
 
     def metadata(self) -> list[tuple[str, str]]:
         return [("authorization", f"Bearer {self.token}")] if self.token else []
@@ -491,13 +504,17 @@ class Soak:
                 continue  # a round already open: this fault would join it
             self.refresh_known()
             before = set(self.known)
+            at = self.rng.choice(ROUND_KILL_AT)
             _kill(self.rng.choice(ranks)[1])
-            time.sleep(self.rng.choice(ROUND_KILL_DELAYS))
+            until = time.monotonic() + 1.0
+            while at != "fault" and self.ctl.stored_state(job.job_id) != at and time.monotonic() < until:
+                time.sleep(0.002)
             self.ctl.signal(signal.SIGKILL)
             assert self.ctl.proc is not None
             self.ctl.proc.wait(10)
             self.ctl.mode = "down"
-            job.interrupted.add(max((r.round for r in rec[0].rounds), default=0) + 1)
+            number = max((r.round for r in rec[0].rounds), default=0) + 1
+            job.interrupted[number] = self.ctl.stored_state(job.job_id)
             job.faults["round_controller_kill"] += 1
             self.later(1.0, "restart the controller", lambda b=before: self.restart_controller(b))
             return True
@@ -654,10 +671,10 @@ class Soak:
         for job in self.jobs:
             rec = records.get(job.job_id)
             rounds = {r.round: r for r in rec.rounds} if rec is not None else {}
-            for n in sorted(job.interrupted):
+            for n, stored in sorted(job.interrupted.items()):
                 r = rounds.get(n)
                 tried = list(r.strategiesTried) if r is not None else []
-                out.append({"job": job.job_id, "round": n, "recorded": r is not None, "tried": tried,
+                out.append({"job": job.job_id, "round": n, "stored": stored, "recorded": r is not None, "tried": tried,
                             "outcome": r.outcome if r is not None else "", "redone": len(tried) != len(set(tried))})
         return out
 
@@ -675,9 +692,9 @@ class Soak:
         # a fault after a node finished, or a node finishing while a round is open (docs/controller.md): both end
         # the job at once, by design ("... had finished: ..." and "... finished while round N was open ...")
         stalled = {int(n) for n in re.findall(r"finished while round (\d+) was open", events + consoles)}
-        if stalled & job.interrupted:  # picked early in its steps: only a round that stalled lets a node finish
-            return "failed wrongly", f"round(s) {sorted(stalled & job.interrupted)} interrupted by a controller " \
-                                     f"kill stalled until a node finished; exit codes {job.codes}"
+        if cut := sorted(stalled & job.interrupted.keys()):  # picked early: only a stalled round lets a node finish
+            return "failed wrongly", f"round(s) {cut} interrupted by a controller kill stalled until a node " \
+                                     f"finished; exit codes {job.codes}"
         if "no recovery without them" in events or "no recovery without them" in consoles:
             return "failed as designed: fault after a node finished", f"exit codes {job.codes}"
         tail = consoles[-1500:]
@@ -760,8 +777,10 @@ def report(soak: Soak, seconds: float, judged: dict[str, Any], shutdown_code: in
           f"restart: {nl['charged_once']}")
     print(f"rounds charged more than one restart: {sum(len(c['rounds']) for c in nl['charged_more'])}")
     cut = judged["interrupted"]
+    where = Counter(c["stored"] or "?" for c in cut)
     print(f"rounds interrupted by a controller kill: {len(cut)} (recorded: {sum(c['recorded'] for c in cut)}, "
-          f"recovered: {sum(c['outcome'] == 'recovered' for c in cut)})")
+          f"recovered: {sum(c['outcome'] == 'recovered' for c in cut)}; the job stored as "
+          f"{', '.join(f'{s} {n}' for s, n in sorted(where.items())) or '-'})")
     print(f"interrupted rounds redone: {sum(c['redone'] for c in cut)}")
     print(f"node-loss records wrong: {len(nl['problems'])}")
     print(f"faults the agents saw: {sum(f for f, _ in seen)}, recoveries: {sum(r for _, r in seen)} "

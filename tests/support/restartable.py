@@ -19,8 +19,9 @@ from support import ROOT, STARTED, free_port, port_open, wait_for
 class Server:
     """A `taskd server` that can be SIGKILLed and started again on the same port and state file."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, flags: tuple[str, ...] = ()) -> None:
         self.tmp = tmp
+        self.flags = list(flags)  # more `taskd server` flags, the same at every start
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.state = tmp / "ctl.sqlite3"
@@ -31,7 +32,8 @@ class Server:
         self.starts += 1
         log = (self.tmp / f"server{self.starts}.log").open("wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "taskd", "server", "--listen", self.address,
-                                      "--state", str(self.state)], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+                                      "--state", str(self.state), *self.flags],
+                                     stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
         STARTED.append(self.proc)
         wait_for(lambda: port_open(self.port) or self.proc.poll() is not None, 30, "taskd server to listen")
         assert self.proc.poll() is None, self.logs()
@@ -65,8 +67,8 @@ class Server:
 
 
 @contextlib.contextmanager
-def server(tmp: Path) -> Iterator[Server]:
-    s = Server(tmp)
+def server(tmp: Path, flags: tuple[str, ...] = ()) -> Iterator[Server]:
+    s = Server(tmp, flags)
     s.start()
     try:
         yield s
@@ -74,12 +76,14 @@ def server(tmp: Path) -> Iterator[Server]:
         s.stop()
 
 
-def node(tmp: Path, address: str, job: str, rank: int, extra: list[str]) -> subprocess.Popen[bytes]:
-    """Node `rank` of a 2-node job (one rank each) in a session of its own; its console in `tmp`/node<rank>.log."""
+def node(tmp: Path, address: str, job: str, rank: int, extra: list[str], name: str = "") -> subprocess.Popen[bytes]:
+    """Node `rank` of a 2-node job (one rank each) in a session of its own; its console in `tmp`/`name`.log
+    (default node<rank>)."""
     env = {k: v for k, v in os.environ.items() if k not in ("MINDX_SERVER_IP", "MINDX_TASK_ID")}
     args = ["--nnodes", "2", "--node-rank", str(rank), "--nproc-per-node", "1", "--job-id", job,
             "--server", address, "--monitor-interval", "0.2", "--stop-grace", "2", *extra]
-    proc = subprocess.Popen([sys.executable, "-m", "taskd.run", *args], stdout=(tmp / f"node{rank}.log").open("wb"),
+    log = (tmp / f"{name or f'node{rank}'}.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "taskd.run", *args], stdout=log,
                             stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
     STARTED.append(proc)
     return proc
