@@ -81,6 +81,17 @@ def test_the_purity_scan_sees_a_clock_and_an_import() -> None:
         ["time", "from os", "time.monotonic()"]
 
 
+def test_the_unit_tiers_bound_holds_for_the_cpu_time_readme_measured() -> None:
+    """The design record states the bound; README's development section says what was measured, when and on
+    which commit. Its CPU time is what an idle machine's wall time cannot go under."""
+    bound = re.search(r"`python -m pytest tests/unit` is the fast loop, under (\d+) s", _prose().replace("\n  ", " "))
+    assert bound, "docs/architecture.md no longer states the unit tier's bound"
+    readme = (ROOT / "README.md").read_text()
+    measured = re.search(r"^\s*\| unit tier \|[^|]*\|[^|]*\| *([\d.]+) s", readme, flags=re.M)  # CPU
+    assert measured, "README's development section lost the unit tier's measured time"
+    assert float(measured.group(1)) < int(bound.group(1)), (measured.group(0), bound.group(0))
+
+
 def _standby_assignments(tree: ast.AST) -> list[int]:
     """Lines that set a `...state` to STANDBY."""
     return [node.lineno for node in ast.walk(tree)
