@@ -30,15 +30,16 @@ DEFAULT_STRATEGIES = {
 ENV_NAMES = {s.name: s.env for s in AGENT_SETTINGS if s.env}
 
 
-@dataclass
+@dataclass(frozen=True)
 class AgentConfig:
-    """Everything the agent needs to know; `None` means "derive it when the job starts"."""
+    """Everything the agent needs to know; `None` means "derive it when the job starts". Frozen: what changes while
+    the job runs (the node this agent holds, whether it is a standby) is the round machine's state."""
 
     launcher: str = "msrun"  # "msrun" or "taskd": decides the default strategies
     # every other field is a setting of taskd/settings.py, its default taken from there
     job_id: str | None = default("job_id")
     server: str | None = default("server")  # host[:port]; None = the embedded controller the caller hands in
-    node_rank: int | None = None  # None = from MONITOR's node_id, else 0
+    node_rank: int | None = None  # None = from MONITOR's node_id, else 0; a standby's is the node it is assigned
     node_count: int | None = None  # None = MS_WORKER_NUM / ranks per node, else 1
     ranks_per_node: int | None = None  # None = number of MONITOR entries
     min_nodes: int = default("min_nodes")  # scale-in's MIN (`--nnodes MIN:MAX`): see `scales`
@@ -68,7 +69,7 @@ class AgentConfig:
 
     def __post_init__(self) -> None:
         if isinstance(self.strategies, (str, tuple)):
-            self.strategies = self._parse_strategies(self.strategies)
+            object.__setattr__(self, "strategies", self._parse_strategies(self.strategies))
         self.validate()
 
     @classmethod

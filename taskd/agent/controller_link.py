@@ -103,7 +103,6 @@ class ControllerLink:
         self.fencing = Fencing(fence_order)
         # ranks continued after a stop wait for this agent's word, asked of the controller (issue 31)
         self.continued = ContinueWord(lambda: self._mgr, self.fencing.fence)
-        self._standby = False  # joined as a standby and not assigned a node (yet): it has no finish to report
         self.rejoining_at_register: frozenset[int] | None = None  # JobRecord.rejoining as this agent registered
         self.lost_ago: float | None = None  # seconds since the controller declared this node lost (a replacement)
         self.outbox = Outbox(lambda: self._mgr, wake_unless_closed)
@@ -156,7 +155,6 @@ class ControllerLink:
             mgr.stop()
             return False
         self._mgr = mgr
-        self._standby = as_standby
         set_manager(mgr)  # TaskD's module functions, called in this process, use it
         for name, command in WIRE_COMMANDS.items():
             mgr.register_action_handler(name, self._queue(command))
@@ -194,14 +192,11 @@ class ControllerLink:
             log.error("could not register as node %d: %s", layout.node_rank, exc)
             return False
         status, self.taken_by = reg.status, reg.taken_by
-        if status.code == Code.OK:
-            self._standby = False
-        elif status.code == Code.FENCED:
+        if status.code == Code.FENCED:
             self.fencing.fence(status.info)
-        else:
-            if reg.taken_by is None:
-                log.error("the controller refused this standby as node %d: %d %s", layout.node_rank, status.code,
-                          status.info)
+        elif status.code != Code.OK and reg.taken_by is None:
+            log.error("the controller refused this standby as node %d: %d %s", layout.node_rank, status.code,
+                      status.info)
         return status.code == Code.OK
 
     def probe_fenced(self, now: float) -> None:
@@ -312,7 +307,8 @@ class ControllerLink:
     def report_finished(self, exit_code: int, reason: str) -> None:
         """Tell the controller every local rank ended: sent from a thread of its own until acknowledged, within
         the controller timeout (finish_report.py); `close()` waits for it."""
-        if self._mgr is None or self._finish is not None or self.fencing.fenced is not None or self._standby:
+        if self._mgr is None or self._finish is not None or self.fencing.fenced is not None or self._mgr.info.standby:
+            # registered as a standby (the client's identity: the controller's view): no node, no finish to report
             return
         self.poll_reports(time.monotonic())
         self.outbox.flush()  # the round's reports before the finish
@@ -409,7 +405,7 @@ def start_pace(link: ControllerLink, factor: float, paces: list[tuple[int, float
                ) -> PendingCall | None:
     """One pace report (agent/stragglers.py), started and not waited for; None without a controller to take it."""
     mgr = link._mgr
-    if mgr is None or link.fencing.fenced is not None or link._standby:
+    if mgr is None or link.fencing.fenced is not None or mgr.info.standby:  # a standby has no ranks
         return None
     try:
         return mgr.start_report("ReportPace", pace_request(mgr, factor, paces), timeout=timeout)

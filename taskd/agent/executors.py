@@ -38,12 +38,12 @@ _OUTBOX_KINDS = {ev.STRATEGIES: STRATEGIES, ev.STATUS: STATUS}  # a WithdrawRepo
 
 @dataclass(frozen=True)
 class AgentHooks:
-    """What the supervisor lends the recovery: ending the job, and the failing rank's exit code."""
+    """What the supervisor lends the executors: ending the job, the failing rank's exit code, taking over a node."""
 
     finish: Callable[[bool, int, str], None]
     failure_code: Callable[[], int]
     capture_first_failure: Callable[[], None]  # before a new incarnation replaces the failed one
-    take_node: Callable[[int | None], None] | None = None  # a standby's assignment (node-loss mechanics)
+    take_node: Callable[[int], list[object]]  # a standby's assignment: lay out, register; the events it led to
 
 
 @dataclass(frozen=True)
@@ -302,11 +302,16 @@ def dump(x: Executors, a: ev.Dump) -> None:
     x.hooks.finish(False, DUMPED_EXIT if complete else DUMP_INCOMPLETE_EXIT, f"dumped ({msg})")
 
 
-def take_node(x: Executors, a: ev.TakeNode) -> None:
-    if x.hooks.take_node is None:
-        log.error("assignNode for node %s: this agent cannot take over a node", a.node_rank)
-    else:
-        x.hooks.take_node(a.node_rank)
+def take_node(x: Executors, a: ev.TakeNode) -> list[object]:
+    return x.hooks.take_node(a.node_rank)
+
+
+def start_job(x: Executors, a: ev.StartJob) -> list[object]:
+    """The job's first start; a rank that never started, or already ended, is judged next like any exit."""
+    code, gone = x.control.start(None)
+    log.info("started %d rank(s) (rank:pid %s)%s", len(x.table), x.table.pids(),
+             "" if code == 0 else f"; START_ALL_WORKER returned {code}")
+    return [Gone(adopted) for adopted in gone]
 
 
 def finish(x: Executors, a: ev.Finish) -> None:
@@ -335,7 +340,7 @@ EXECUTORS = executor_table((  # checked at import: the mirror of round_table.RUL
     (ev.AbandonRebuild, abandon_rebuild), (ev.SendReport, send_report),
     (ev.WithdrawReports, withdraw_reports), (ev.OfferStrategies, offer_strategies),
     (ev.RecordRestart, record_restart), (ev.TellResumed, tell_resumed), (ev.Dump, dump), (ev.TakeNode, take_node),
-    (ev.Finish, finish),
+    (ev.StartJob, start_job), (ev.Finish, finish),
 ))
 
 __all__ = ["EXECUTORS", "AgentHooks", "Executors", "Gone", "TableView", "executor_table"]

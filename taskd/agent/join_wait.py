@@ -14,12 +14,14 @@ starts at once, as before.
 from __future__ import annotations
 
 import logging
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from taskd.agent.controller_link import JobStatusUnsupported
+from taskd.agent.round_events import Ended
 
 log = logging.getLogger("taskd.agent")
 
@@ -132,4 +134,22 @@ def await_nodes(source: JobNodesSource, job_id: str, node_count: int, timeout: f
     return join
 
 
-__all__ = ["Join", "JobNodesSource", "await_nodes", "format_nodes", "poll_cap"]
+def join_or_end(source: JobNodesSource, job_id: str, node_count: int, timeout: float,
+                signalled: Callable[[], int | None]) -> Ended | None:
+    """A multi-node job's ranks start once all its nodes joined (a one-node job asks nothing): None then, else how
+    the node's life ends with no rank started (the round machine's `Ended`). `signalled`: SIGTERM/SIGINT's number."""
+    if node_count == 1:
+        return None
+    join = await_nodes(source, job_id, node_count, timeout, lambda: signalled() is not None)
+    signum = signalled()
+    if join.why == "signal" and signum is not None:
+        name = signal.Signals(signum).name
+        log.warning("received %s while the job's nodes were joining: no rank started", name)
+        return Ended(False, 128 + signum, f"agent received {name}")
+    if not join.may_start:
+        log.error("%s: no rank started%s", join.problem(), join.hint)
+        return Ended(False, 1, join.problem())
+    return None
+
+
+__all__ = ["Join", "JobNodesSource", "await_nodes", "format_nodes", "join_or_end", "poll_cap"]

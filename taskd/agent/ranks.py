@@ -55,17 +55,17 @@ class RankLayout:
 
 
 def discover_layout(config: AgentConfig, entries: Mapping[int, Mapping[str, Any]],
-                    environ: Mapping[str, str] | None = None) -> RankLayout:
+                    environ: Mapping[str, str] | None = None, node_rank: int | None = None) -> RankLayout:
     """The layout from MONITOR([-1])'s answer before any rank runs (msrun answers status 200 with global ranks).
 
-    Settings the configuration fixes win; the rest come from MONITOR, then from msrun's or
-    torchrun's world size in the environment, then single-node defaults.
+    Settings the configuration fixes win (`node_rank`: a standby's assigned node, over the configuration's); the
+    rest come from MONITOR, then from msrun's or torchrun's world size in the environment, then single-node defaults.
     """
     count = config.ranks_per_node or len(entries)
     if count <= 0:
         raise RuntimeError("MONITOR([-1]) returned no ranks and ranks_per_node is not set: "
                            "set TASKD_NPROC_PER_NODE to the number of ranks this node runs")
-    node_rank = config.node_rank
+    node_rank = node_rank if node_rank is not None else config.node_rank
     if node_rank is None:
         node_ids = [e.get("node_id") for e in entries.values() if isinstance(e.get("node_id"), int)]
         if node_ids and node_ids[0] >= 0:

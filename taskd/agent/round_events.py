@@ -12,6 +12,7 @@ from typing import get_args
 
 from taskd.agent.orders import Command, Order
 from taskd.agent.resize import Resize
+from taskd.agent.round_state import NodeFacts
 from taskd.vocabulary import FaultRanks
 
 # ------------------------------------------------------------------------------------------------ events
@@ -122,8 +123,74 @@ class Resumed:
     at: float = 0.0  # when it was seen (monotonic)
 
 
+# ------------------------------------------------------------------------------------------------ a node's life
+# How the node's life begins (after it registered, or failed to), and how it ends when no order ends it.
+
+
+@dataclass(frozen=True)
+class Began:
+    """The node joined its job: `facts` what it knows of the job, `node_rank` the node it holds."""
+
+    facts: NodeFacts
+    node_rank: int | None
+
+
+class BeganFirst(Began):
+    """Registered as its node, the job's first start: every rank starts now."""
+
+
+class BeganDegraded(Began):
+    """No controller took this single-node job's agent: it starts its ranks and recovers alone."""
+
+
+@dataclass(frozen=True)
+class BeganReplacement(Began):
+    """Registered for a lost node (or a standby given one): no rank starts before the round's changeStrategy."""
+
+    faults: FaultRanks = field(default_factory=dict)  # every rank of its node: they never ran
+    lost_at: float = 0.0  # when the node was lost (monotonic): the round counts from there
+
+
+class BeganStandby(Began):
+    """Joined as a spare: no node, no rank, until the controller assigns it a lost node's rank."""
+
+
+@dataclass(frozen=True)
+class JobSeen:
+    """A standby asked its job's state: SUCCEEDED or FAILED end its wait, "" says the controller forgot the job."""
+
+    state: str
+    info: str = ""
+
+
+@dataclass(frozen=True)
+class RejoinOverdue:
+    """Timer: a replacement waited `timeout` seconds (TASKD_NODE_REJOIN_TIMEOUT) for its round's strategy."""
+
+    timeout: float
+
+
+@dataclass(frozen=True)
+class Signalled:
+    """The agent received SIGTERM or SIGINT."""
+
+    signum: int
+    name: str
+
+
+@dataclass(frozen=True)
+class Ended:
+    """The job ends on this node for a reason no order gave: every rank succeeded, the agent failed, a setup step
+    failed (no controller, a join timeout, a refusal)."""
+
+    succeeded: bool
+    exit_code: int
+    reason: str
+
+
 EVENT_TYPES: tuple[type, ...] = (RankFault, *ORDER_EVENTS.values(), ReportSettled, ControllerLost, StartResult,
-                                 GroupRejoined, GroupFailed, Resumed)
+                                 GroupRejoined, GroupFailed, Resumed, BeganFirst, BeganDegraded, BeganReplacement,
+                                 BeganStandby, JobSeen, RejoinOverdue, Signalled, Ended)
 
 # ------------------------------------------------------------------------------------------------ actions
 
@@ -267,9 +334,17 @@ class Dump:
 
 @dataclass(frozen=True)
 class TakeNode:
-    """A standby takes over node rank `node_rank` (registers as it); then it waits like a replacement."""
+    """A standby takes over node rank `node_rank`: lays out its ranks and registers as it. What came of it is the
+    next event: began as a replacement, ended (refused), or nothing (another agent took the node first: it
+    waits again)."""
 
-    node_rank: int | None
+    node_rank: int
+
+
+@dataclass(frozen=True)
+class StartJob:
+    """The job's first start on this node: every rank; the ranks that never started, or already ended, are judged
+    next like any exit."""
 
 
 @dataclass(frozen=True)
@@ -283,5 +358,5 @@ class Finish:
 
 Action = (Note | StopRanks | StartRanks | SetRestartCount | Supersede | BeginRebuild | LeaveGroup | AbandonRebuild
           | PrepareReplacement | SendReport | WithdrawReports
-          | OfferStrategies | RecordRestart | TellResumed | Dump | TakeNode | Finish)
+          | OfferStrategies | RecordRestart | TellResumed | Dump | TakeNode | StartJob | Finish)
 ACTION_TYPES: tuple[type, ...] = get_args(Action)  # each has one executor (agent/executors.py, checked at import)

@@ -17,15 +17,20 @@ from taskd.agent.round_events import (
     AbandonRebuild,
     Action,
     AssignOrder,
+    Began,
+    BeganDegraded,
+    BeganReplacement,
     BeginRebuild,
     ChangeOrder,
     ControllerLost,
     Dump,
     DumpOrder,
+    Ended,
     FenceOrder,
     Finish,
     GroupFailed,
     GroupRejoined,
+    JobSeen,
     KillOrder,
     LeaveGroup,
     Note,
@@ -34,10 +39,13 @@ from taskd.agent.round_events import (
     PrepareReplacement,
     RankFault,
     RecordRestart,
+    RejoinOverdue,
     ReportSettled,
     Resumed,
     SendReport,
     SetRestartCount,
+    Signalled,
+    StartJob,
     StartRanks,
     StartResult,
     StopOrder,
@@ -235,7 +243,12 @@ def on_standby_end(m: NodeRound, ev: OrderEvent, now: float, out: Out) -> NodeSt
     if isinstance(ev, ChangeOrder) and ev.order.strategy != Strategy.EXIT:
         out.append(Note(INFO, f"standby: {ev.order.strategy} is not for a node that holds no rank"))
         return m.state
-    out.append(Finish(True, "standby not needed: the job ended", exit_code=0))
+    return _not_needed(ev.order.reason() or ev.order.signal_type, out)
+
+
+def _not_needed(detail: str, out: Out) -> NodeState:
+    out.append(Note(INFO, f"standby not needed: {detail}"))
+    out.append(Finish(True, f"standby, not needed ({detail})", exit_code=0))
     return S.ENDED
 
 
@@ -249,14 +262,93 @@ def on_fence(m: NodeRound, ev: FenceOrder, now: float, out: Out) -> NodeState:
 
 
 def on_assign(m: NodeRound, ev: AssignOrder, now: float, out: Out) -> NodeState:
-    """A standby takes over a lost node's rank, then waits for the round's changeStrategy like a replacement."""
-    out.append(TakeNode(ev.order.node_rank))
-    return S.REJOINING
+    """A standby takes over a lost node's rank: what came of it (began as a replacement, or ended) is the next
+    event; another agent that took the node first leaves it a standby."""
+    node_rank = ev.order.node_rank
+    if node_rank is None:
+        out.append(Note(WARNING, f"taskd.assignNode {ev.order.uuid} names no node rank (extraParams "
+                                 f"{ev.order.extra_params!r}): ignored"))
+    else:
+        out.append(TakeNode(node_rank))
+    return m.state
 
 
 def on_assign_ignored(m: NodeRound, ev: AssignOrder, now: float, out: Out) -> NodeState:
     out.append(Note(WARNING, "assignNode ignored: this agent is not a standby"))
     return m.state
+
+
+# ------------------------------------------------------------------------------------------------ a node's life
+
+def _began(m: NodeRound, ev: Began) -> None:
+    m.facts, m.node_rank = ev.facts, ev.node_rank
+
+
+def on_began_first(m: NodeRound, ev: Began, now: float, out: Out) -> NodeState:
+    _began(m, ev)
+    out.append(StartJob())
+    return S.RUNNING
+
+
+def on_began_degraded(m: NodeRound, ev: BeganDegraded, now: float, out: Out) -> NodeState:
+    """No controller took a single-node job: it runs, and recovers on its own (`local_restart`)."""
+    _began(m, ev)
+    m.budget.degraded = True
+    out.append(StartJob())
+    return S.DEGRADED
+
+
+def on_began_replacement(m: NodeRound, ev: BeganReplacement, now: float, out: Out) -> NodeState:
+    """Its ranks never ran: they are the round's faults, counted from the node's loss, and start with its strategy."""
+    _began(m, ev)
+    m.add_faults(ev.faults, ev.lost_at)
+    m.rejoin_since = now
+    return S.REJOINING
+
+
+def on_began_standby(m: NodeRound, ev: Began, now: float, out: Out) -> NodeState:
+    _began(m, ev)
+    m.node_rank = None
+    return S.STANDBY
+
+
+def on_job_seen(m: NodeRound, ev: JobSeen, now: float, out: Out) -> NodeState:
+    """A standby's job ended (or its controller forgot it) without needing it: exit 0."""
+    if ev.state in ("SUCCEEDED", "FAILED"):
+        return _not_needed(f"the job is {ev.state}", out)
+    if ev.state == "":
+        return _not_needed("the controller no longer knows the job", out)
+    return m.state
+
+
+def on_standby_lost(m: NodeRound, ev: ControllerLost, now: float, out: Out) -> NodeState:
+    """A standby nobody can assign must not wait forever."""
+    out.append(Finish(False, f"standby: no answer from the controller for {m.facts.controller_timeout:.0f}s "
+                             "(TASKD_CONTROLLER_TIMEOUT)", exit_code=1))
+    return S.ENDED
+
+
+def on_rejoin_overdue(m: NodeRound, ev: RejoinOverdue, now: float, out: Out) -> NodeState:
+    out.append(Note(ERROR, f"the controller named no strategy for this replacement node within {ev.timeout:.0f}s "
+                           "(TASKD_NODE_REJOIN_TIMEOUT): no rank started"))
+    out.append(Finish(False, f"no strategy for the replacement within {ev.timeout:.0f}s", exit_code=1))
+    return S.ENDED
+
+
+def on_signalled(m: NodeRound, ev: Signalled, now: float, out: Out) -> NodeState:
+    out.append(Note(WARNING, f"received {ev.name}: stopping every rank"))
+    out.append(Finish(False, f"agent received {ev.name}", exit_code=128 + ev.signum))
+    return S.ENDED
+
+
+def on_standby_signalled(m: NodeRound, ev: Signalled, now: float, out: Out) -> NodeState:
+    out.append(Finish(False, "standby stopped by a signal before it was needed", exit_code=1))
+    return S.ENDED
+
+
+def on_ended(m: NodeRound, ev: Ended, now: float, out: Out) -> NodeState:
+    out.append(Finish(ev.succeeded, ev.reason, exit_code=ev.exit_code))
+    return S.ENDED
 
 
 # ------------------------------------------------------------------------------------------------ mechanics' results

@@ -108,6 +108,13 @@ class NodeRound:
     restarts: int = 0  # the job's restarts used: the controller's count (Order.restarts) when it sends one
     plan: RestartPlan | None = None  # the restart in progress
     budget: LocalPolicy = field(default_factory=lambda: LocalPolicy(3, 0.0, 0.0))  # degraded mode's
+    node_rank: int | None = None  # the node this agent holds; None before it began, and while a standby
+    rejoin_since: float | None = None  # when this replacement began to wait for its round's strategy (monotonic)
+
+    @property
+    def standby(self) -> bool:
+        """A spare holding no node: the one answer to "is this agent a standby?"."""
+        return self.state is NodeState.STANDBY
 
     @property
     def degraded(self) -> bool:

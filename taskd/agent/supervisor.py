@@ -24,13 +24,14 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from taskd.agent import round_events as ev
 from taskd.agent.config import AgentConfig, new_job_id
 from taskd.agent.controller_link import ControllerLink, LocalController, start_pace
 from taskd.agent.departure import DepartureWatch
 from taskd.agent.executors import AgentHooks, Executors, Gone
 from taskd.agent.hang_watch import Hang, HangWatch
 from taskd.agent.job_end import await_job_end
-from taskd.agent.join_wait import await_nodes
+from taskd.agent.join_wait import join_or_end
 from taskd.agent.launcher_api import launcher_of
 from taskd.agent.live import POLL, LiveRanks
 from taskd.agent.loss_wait import LossWait
@@ -39,7 +40,6 @@ from taskd.agent.msrun_logs import MsrunLogs
 from taskd.agent.node_loss import NodeLoss
 from taskd.agent.rank_control import LauncherDetails, RankControl
 from taskd.agent.ranks import Rank, RankLayout, RankState, RankTable, discover_layout
-from taskd.agent.round_events import ControllerLost, OrderEvent, RankFault, ReportSettled, order_event
 from taskd.agent.round_machine import RoundMachine
 from taskd.agent.round_state import LocalPolicy, NodeFacts, NodeState
 from taskd.agent.stragglers import StragglerWatch
@@ -78,13 +78,14 @@ class Supervisor:
         self.link = ControllerLink(config, self.watch.wake, controller, credentials)
         self.live = LiveRanks(self.table, details)  # live recovery (agent/live.py)
         self.departures = DepartureWatch(self.table)  # a group rank's exit 0 before its loop's end
-        hooks = AgentHooks(self._finish, self._failure_code, lambda: self.result.capture_first_failure(self.details))
+        hooks = AgentHooks(self._finish, self._failure_code, lambda: self.result.capture_first_failure(self.details),
+                           self._take_node)
         self.executors = Executors(self.table, self.control, self.link, self.policy, self.hang, self.result, hooks,
                                  self.live)
         self.machine = RoundMachine(NodeFacts(), self.executors.view, budget=self.policy)  # the round (agent/round_*)
         self._events: deque[object] = deque()  # what the machine handles next, one at a time (`_feed`)
         self._draining = False
-        self.node_loss = NodeLoss(self.config, self.link, self.table, details, self._finish)  # issue 17
+        self.node_loss = NodeLoss(self.config, self.link, self.table, details)  # issue 17
         self.loss_wait = LossWait()  # a survivor's console while its round awaits a replacement
         self._terminate_signal: int | None = None
         self._done = False
@@ -105,16 +106,14 @@ class Supervisor:
                                              f"({exc.strerror or exc}): give a free port, or drop the flag") from None
             self._prepare()
             if not self._done:  # a multi-node job that found no controller stops before any rank starts
-                if not self.node_loss.replacement:  # a replacement's ranks start with its round's strategy
-                    self._start_all(first=True)
                 self._invoke_run()
         except ConfigurationError as exc:  # e.g. a malformed MINDX_SERVER_IP: say so, no traceback into msrun
             log.error("taskd cannot start the job: %s", exc)
-            self._finish(False, 2, f"configuration error: {exc}")
+            self._end(False, 2, f"configuration error: {exc}")
         except BaseException as exc:
             if not self._done:
                 log.error("agent failed: %s: %s; stopping every rank", type(exc).__name__, exc)
-                self._finish(False, 1, f"agent error: {exc}")
+                self._end(False, 1, f"agent error: {exc}")
             raise
         finally:
             self._shutdown()
@@ -122,67 +121,61 @@ class Supervisor:
         return self.result
 
     def _prepare(self) -> None:
-        """Ask MONITOR for the layout before any rank runs, then join the controller (or run degraded).
-
-        A standby first waits for a node (agent/node_loss.py), then lays out that node's ranks. An agent whose node
-        a replacement holds already becomes a standby (agent/held_node.py), and so does a standby again whose
-        assigned node another replacement took first."""
+        """Ask MONITOR for the layout before any rank runs, join the controller (or run degraded), and tell the
+        machine how this node's life began: its first start, a replacement, a standby, degraded (the Began*
+        events). An agent whose node a replacement holds already becomes a standby (agent/held_node.py)."""
         job_id = self.config.job_id or new_job_id(self.config.launcher)
-        standby = self.config.standby
-        while True:
-            if standby and not self.node_loss.await_node(job_id, self._standby_layout(), self.watch.wait,
-                                                         lambda: self._terminate_signal is not None):
-                return
-            layout = discover_layout(self.config, self.cb[MONITOR]([-1]) or {})
-            self.table.lay_out(layout)
-            self.result.ranks = len(self.table)
-            self.hang.export_dir(self.logs.log_dir)
-            joined = self.link.register_as(layout) if standby else self.link.connect(job_id, layout)
+        if not self.config.standby:
+            layout = self._lay_out(self.config.node_rank)
+            joined = self.link.connect(job_id, layout)
             if joined or not self.node_loss.yield_node(job_id, layout.node_rank):
-                break
-            standby = True
+                self._feed(*self._began(layout, joined))
+                return
+        facts = NodeFacts(self.config.node_count or 1, self.live.enabled, self.config.controller_timeout)
+        self._feed(self.node_loss.join_as_standby(job_id, facts))  # --standby, or its node held by a replacement
+
+    def _lay_out(self, node_rank: int | None) -> RankLayout:
+        layout = discover_layout(self.config, self.cb[MONITOR]([-1]) or {}, node_rank=node_rank)
+        self.table.lay_out(layout)
+        self.result.ranks = len(self.table)
+        self.hang.export_dir(self.logs.log_dir)
+        return layout
+
+    def _began(self, layout: RankLayout, joined: bool, assigned: bool = False) -> list[object]:
+        """Registered as node `layout.node_rank` (or not): how this node's life begins, as the machine's event."""
+        facts = NodeFacts(layout.node_count, self.live.enabled, self.config.controller_timeout)
         if not joined:
             if layout.node_count > 1:
                 refused = self.link.refusal
                 if not refused:
                     log.error("no controller: a job of %d nodes does not run without one (its nodes could not "
                               "recover together); stopping", layout.node_count)
-                self._finish(False, 1, f"the controller refused this node: {refused}" if refused else
-                             "no controller answered, and a multi-node job does not run without one")
-            else:
-                self.policy.degraded = True
-                self.machine.state = NodeState.DEGRADED
-        else:
-            self._await_nodes()
-            if not self._done:
-                self.control.reap_stale_msrun_workers(job_id, layout.global_ranks)  # registered: the node is ours
-                self.node_loss.check_replacement(layout, time.monotonic(), standby)
-                if self.node_loss.replacement:  # its ranks start with the round's changeStrategy (round_table.py)
-                    self.machine.state = NodeState.REJOINING
-                    self.machine.add_faults(self.node_loss.fault_ranks(), self.node_loss.lost_at(time.monotonic()))
-        self.machine.facts = NodeFacts(node_count=layout.node_count, live=self.live.enabled,
-                                       controller_timeout=self.config.controller_timeout)
+                return [ev.Ended(False, 1, f"the controller refused this node: {refused}" if refused else
+                                 "no controller answered, and a multi-node job does not run without one")]
+            return [ev.BeganDegraded(facts, layout.node_rank)]
+        ended = join_or_end(self.link, self.link.job_id, layout.node_count, self.config.join_timeout,
+                            lambda: self._terminate_signal)  # as after torchrun's rendezvous (join_wait.py)
+        if ended is not None:
+            return [ended]
+        self.control.reap_stale_msrun_workers(self.link.job_id, layout.global_ranks)  # registered: the node is ours
+        if self.node_loss.is_replacement(layout, assigned):  # its ranks start with the round's changeStrategy
+            lost_at = self.node_loss.lost_at(time.monotonic())
+            return [ev.BeganReplacement(facts, layout.node_rank, self.node_loss.fault_ranks(), lost_at)]
+        return [ev.BeganFirst(facts, layout.node_rank)]
 
-    def _standby_layout(self) -> RankLayout:
-        """What a standby tells the controller before it has a node: the job's size, no node rank of its own."""
-        per_node = self.config.ranks_per_node or 1
-        return RankLayout(0, self.config.node_count or 1, tuple(range(per_node)))
-
-    def _await_nodes(self) -> None:
-        """A multi-node job's ranks start once all its nodes joined, as after torchrun's rendezvous (join_wait.py);
-        a one-node job asks nothing."""
-        layout = self.table.layout
-        if layout is None or layout.node_count == 1:
-            return
-        join = await_nodes(self.link, self.link.job_id, layout.node_count, self.config.join_timeout,
-                           lambda: self._terminate_signal is not None)
-        if join.why == "signal" and self._terminate_signal is not None:
-            name = signal.Signals(self._terminate_signal).name
-            log.warning("received %s while the job's nodes were joining: no rank started", name)
-            self._finish(False, 128 + self._terminate_signal, f"agent received {name}")
-        elif not join.may_start:
-            log.error("%s: no rank started%s", join.problem(), join.hint)
-            self._finish(False, 1, join.problem())
+    def _take_node(self, node_rank: int) -> list[object]:
+        """The machine's TakeNode: become node `node_rank` and register as it. Returns what came of it: began as its
+        replacement, ended (refused), or nothing when another replacement took it first (still a standby)."""
+        why = self.node_loss.take(node_rank)
+        if why:
+            return [ev.Ended(False, 2, why)]
+        layout = self._lay_out(node_rank)
+        if self.link.register_as(layout):
+            return self._began(layout, joined=True, assigned=True)
+        if self.node_loss.yield_node(self.link.job_id, node_rank):
+            self.node_loss.wait_again()
+            return []
+        return self._began(layout, joined=False)
 
     def _invoke_run(self) -> None:
         """Until the job ends: rank exits, the controller's orders, our own deadlines, the slow sweep."""
@@ -192,6 +185,8 @@ class Supervisor:
             wake_at = next_sweep if report_at is None else min(next_sweep, report_at)
             if self.executors.polling:  # in-place errors, a rebuild's progress, a resumption: read from rank files
                 wake_at = min(wake_at, time.monotonic() + POLL)
+            if self.node_loss.standby_watch is not None and self.machine.standby:  # its next question
+                wake_at = min(wake_at, self.node_loss.standby_watch.next_poll)
             for exit_ in self.watch.wait(max(0.0, wake_at - time.monotonic())):
                 self._on_exit(exit_.local_rank, exit_.pid, exit_.returncode)
             self._run_orders()
@@ -199,16 +194,15 @@ class Supervisor:
             self._watch_controller()
             self.loss_wait.tick(time.monotonic())
             if self._terminate_signal is not None and not self._done:
-                name = signal.Signals(self._terminate_signal).name
-                log.warning("received %s: stopping every rank", name)
-                self._finish(False, 128 + self._terminate_signal, f"agent received {name}")
+                self._feed(ev.Signalled(self._terminate_signal, signal.Signals(self._terminate_signal).name))
                 break
             self._poll_reports()
             if time.monotonic() >= next_sweep:
-                self._sweep()
+                if not self.machine.standby:  # a standby runs no rank: nothing to sweep
+                    self._sweep()
                 next_sweep = time.monotonic() + self.config.monitor_interval
             if not self._done and self.table.all_succeeded():
-                self._finish(True, 0, "")
+                self._end(True, 0, "")
 
     def _run_orders(self) -> None:
         while not self._done:
@@ -217,7 +211,7 @@ class Supervisor:
                 return
             layout = self.table.layout
             self.loss_wait.on_order(order, time.monotonic(), layout.node_rank if layout is not None else None)
-            self._feed(order_event(order))
+            self._feed(ev.order_event(order))
 
     # ----------------------------------------------------------------- the round machine
     def _feed(self, *events: object) -> None:
@@ -237,41 +231,54 @@ class Supervisor:
 
     def _step(self, event: object) -> None:
         if isinstance(event, Gone):  # judged like any exit; its fault is queued like any other
-            self._judge_gone(event)
+            adopted = event.adopted
+            if adopted.started:
+                self._on_exit(adopted.rank.local_rank, adopted.rank.pid, entry=adopted.entry)
+            else:
+                self._fault(adopted.rank, "exit", FaultType.PROCESS)
             return
         try:
             follow = self.executors.carry_out(self.machine.handle(event, time.monotonic()))
         except Exception:
-            if not isinstance(event, OrderEvent):
+            if not isinstance(event, ev.OrderEvent):
                 raise
             log.exception("handling %s failed", event.order.command.value)
             return
         self._events.extendleft(reversed(follow))  # next, in the order the actions produced them
 
-    def _judge_gone(self, gone: Gone) -> None:
-        adopted = gone.adopted
-        if adopted.started:
-            self._on_exit(adopted.rank.local_rank, adopted.rank.pid, entry=adopted.entry)
-        else:
-            self._fault(adopted.rank, "exit", FaultType.PROCESS)
-
     def _watch_controller(self) -> None:
         """A round in progress waits on the controller's next signal: if the controller is gone for
-        `controller_timeout`, nothing else would ever end that wait, so recover locally (degraded)."""
-        self.node_loss.watch(time.monotonic())  # a replacement's bounded wait; was this agent fenced?
+        `controller_timeout`, nothing else would ever end that wait, so recover locally (degraded). A standby asks
+        its job's state; a replacement's wait for its strategy is bounded."""
+        if self._done:
+            return
+        if self.machine.standby:
+            if (seen := self.node_loss.standby_poll()) is not None:
+                self._feed(seen)
+            return
+        rejoining = self.machine.rejoin_since if self.machine.state is NodeState.REJOINING else None
+        overdue = self.node_loss.watch(time.monotonic(), rejoining)  # and: was this agent fenced?
         files = (self.hang.heartbeat(r)[0] for r in self.table.alive())  # ranks continued after a stop (issue 31)
         self.link.continued.watch(files, time.monotonic(), alone=self.policy.degraded)
+        if overdue is not None:
+            self._feed(overdue)
+            return
         waiting = not self._done and not self.policy.degraded and self.machine.waits_on_controller
         lost_for = self.link.lost_during_round(time.monotonic(), waiting)
         if lost_for is not None:
-            self._feed(ControllerLost(lost_for))
+            self._feed(ev.ControllerLost(lost_for))
+
+    def _end(self, succeeded: bool, exit_code: int, reason: str) -> None:
+        """The job ends here for a reason of the node's own (no order gave it): the machine's `Ended` event."""
+        if not self._draining:
+            self._events.clear()  # left by a handler that raised: the end comes first
+        self._feed(ev.Ended(succeeded, exit_code, reason))
 
     def _finish(self, succeeded: bool, exit_code: int, reason: str) -> None:
+        """The machine's Finish (and a dump's end), carried out: every rank stopped, the result recorded."""
         if self._done:
             return
         self._done = True
-        if self.machine.state not in (NodeState.FENCED, NodeState.ENDED):
-            self.machine.state = NodeState.ENDED
         self.result.succeeded = succeeded
         self.result.exit_code = 0 if succeeded else (exit_code or 1)
         self.result.reason = reason
@@ -327,14 +334,6 @@ class Supervisor:
         self._terminate_signal = signum
         self.watch.wake()
 
-    # ----------------------------------------------------------------- starting
-    def _start_all(self, first: bool = False) -> None:
-        """The job's first start; a rank that never started, or already ended, is judged like any exit."""
-        code, gone = self.control.start(None)
-        log.info("%s %d rank(s) (rank:pid %s)%s", "started" if first else "restarted", len(self.table),
-                 self.table.pids(), "" if code == 0 else f"; START_ALL_WORKER returned {code}")
-        self._feed(*(Gone(adopted) for adopted in gone))
-
     # ----------------------------------------------------------------- rank exits and faults
     def _on_exit(self, local_rank: int, pid: int, returncode: int | None = None,
                  entry: dict[str, Any] | None = None) -> None:
@@ -374,14 +373,14 @@ class Supervisor:
             self.result.first_failure = record
         detail = f"{record.describe()}: {why}" if why else record.describe()
         log.warning("fault: %s", detail if say_why else record.describe())
-        self._feed(RankFault(rank.global_rank, rank.local_rank, fault_type, detail, unseen))
+        self._feed(ev.RankFault(rank.global_rank, rank.local_rank, fault_type, detail, unseen))
 
     def _poll_reports(self) -> None:
         """Answers to the reports in flight, re-sends that are due; a fault report settles as taken, or not within
         the controller timeout (then the machine goes degraded, agent/reports.py)."""
         self.link.poll_reports(time.monotonic())
         for settled in self.link.settled_faults():
-            self._feed(ReportSettled(settled.taken))
+            self._feed(ev.ReportSettled(settled.taken))
 
     def _failure_code(self) -> int:
         first = self.result.first_failure

@@ -106,13 +106,13 @@ def test_an_agent_yields_its_node_only_to_a_replacement_and_only_with_a_launcher
     def node_loss(taken_by: str | None, launcher: object) -> tuple[NodeLoss, SimpleNamespace]:
         link = SimpleNamespace(taken_by=taken_by)
         config = AgentConfig(launcher="taskd", node_rank=1, node_count=2)
-        return NodeLoss(config, link, RankTable(), launcher, lambda *a: None), link  # type: ignore[arg-type]
+        return NodeLoss(config, link, RankTable(), launcher), link  # type: ignore[arg-type]
 
     launcher = Launcher()
     loss, link = node_loss("b:7", launcher)
-    assert loss.yield_node("j", 1) and loss.config.standby and launcher.node_ranks == [None]
+    assert loss.yield_node("j", 1) and launcher.node_ranks == [None]
     assert link.taken_by is None and not loss.yield_node("j", 1)  # asked once: the next refusal is an error
     loss, _ = node_loss(None, launcher)  # a duplicate, or any other refusal: no standby
-    assert not loss.yield_node("j", 1) and not loss.config.standby
+    assert not loss.yield_node("j", 1)
     loss, _ = node_loss("b:7", MSRUN)  # msrun's node rank cannot change: the refusal stands
-    assert not loss.yield_node("j", 1) and not loss.config.standby
+    assert not loss.yield_node("j", 1)

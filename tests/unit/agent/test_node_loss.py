@@ -1,12 +1,15 @@
-"""The agent's node-loss decisions: a standby's wait, an assignment's node rank, a replacement's bound."""
+"""The agent's node-loss mechanics: a standby's questions to its controller, an assignment's node rank, a
+replacement's bound, fencing."""
 
 from __future__ import annotations
 
 import json
 
-from taskd.agent.node_loss import assigned_node, await_assignment, replacement_overdue, standby_step
+import pytest
+
+from taskd.agent.node_loss import StandbyWatch, replacement_overdue
 from taskd.agent.orders import Command, Order
-from taskd.vocabulary import SignalType, Strategy
+from taskd.agent.round_events import ControllerLost, JobSeen
 
 
 class Sig:
@@ -21,59 +24,46 @@ def order(command: Command, extra: object = None, strategy: str = "", signal_typ
 
 
 def test_an_assignment_names_its_node_rank_in_extra_params() -> None:
-    assert assigned_node(order(Command.ASSIGN, {"node_rank": 2})) == 2
+    assert order(Command.ASSIGN, {"node_rank": 2}).node_rank == 2
     for bad in ({}, {"node_rank": -1}, {"node_rank": True}, {"node_rank": "1"}, [1]):
-        assert assigned_node(order(Command.ASSIGN, bad)) is None
-    assert assigned_node(Order.of(Command.ASSIGN, Sig("", "", "{not json"))) is None
-
-
-def test_a_standby_waits_until_assigned_or_the_job_ends() -> None:
-    assert standby_step(None, None) is None and standby_step(None, "RUNNING") is None
-    assert standby_step(order(Command.ASSIGN, {"node_rank": 1}), "RUNNING").node_rank == 1
-    assert standby_step(order(Command.ASSIGN, {}), None) is None  # names no node: keep waiting
-    ended = standby_step(order(Command.CHANGE, {"reason": "job ended"}, Strategy.EXIT), None)
-    assert ended is not None and not ended.needed and ended.why == "job ended" and ended.detail == "job ended"
-    killed = standby_step(order(Command.KILL, signal_type=SignalType.KILL_MASTER), None)
-    assert killed is not None and killed.why == "job ended" and killed.detail == SignalType.KILL_MASTER
-    assert standby_step(None, "SUCCEEDED").why == "job ended" and standby_step(None, "FAILED").why == "job ended"
-    assert standby_step(None, "").detail == "the controller no longer knows the job"
-    fenced = standby_step(order(Command.FENCE, {"reason": "node 1 is now held by h:2"}), None)
-    assert fenced.why == "fenced" and "h:2" in fenced.detail
-    assert standby_step(order(Command.STOP), "RUNNING") is None  # a round's signal is not a standby's
+        assert order(Command.ASSIGN, bad).node_rank is None
+    assert Order.of(Command.ASSIGN, Sig("", "", "{not json")).node_rank is None
 
 
 class FakeLink:
-    def __init__(self, orders: list[Order | None], states: list[str]) -> None:
-        self.orders, self.states, self.asked = list(orders), list(states), 0
-
-    def next_order(self) -> Order | None:
-        return self.orders.pop(0) if self.orders else None
+    def __init__(self, states: list[str | None]) -> None:
+        self.states, self.asked = list(states), 0
 
     def job_state(self, timeout: float = 2.0) -> tuple[str, str] | None:
         self.asked += 1
-        return (self.states.pop(0), "") if self.states else None
+        state = self.states.pop(0) if self.states else None
+        return (state, "") if state is not None else None
 
 
-def test_await_assignment_asks_the_job_state_once_a_second_and_reads_every_order() -> None:
+def test_a_standby_asks_its_jobs_state_once_a_second() -> None:
     now = [0.0]
-    link = FakeLink([None, None, order(Command.STOP), order(Command.ASSIGN, {"node_rank": 3})], ["RUNNING"] * 10)
-    end = await_assignment(link, lambda s: now.__setitem__(0, now[0] + max(s, 0.5)), lambda: False, lambda: now[0])
-    assert end.node_rank == 3 and link.asked <= 3
-    now[0] = 0.0
-    end = await_assignment(FakeLink([], ["RUNNING", "RUNNING", "SUCCEEDED"]),
-                           lambda s: now.__setitem__(0, now[0] + s), lambda: False, lambda: now[0])
-    assert end.why == "job ended" and now[0] >= 2.0
-    end = await_assignment(FakeLink([], ["RUNNING"] * 5), lambda s: None, lambda: True, lambda: 0.0)
-    assert end.why == "signal"
+    link = FakeLink(["RUNNING", "RUNNING", "SUCCEEDED"])
+    watch = StandbyWatch(30.0, now[0])
+    seen = []
+    while now[0] < 5.0:
+        if (event := watch.poll(link, lambda: now[0])) is not None:
+            seen.append(event)
+        now[0] += 0.25
+    assert seen[:3] == [JobSeen("RUNNING"), JobSeen("RUNNING"), JobSeen("SUCCEEDED")]
+    assert link.asked == 5 and watch.next_poll == pytest.approx(5.0), "asked at 0, 1, 2, 3, 4 s: no more often"
 
 
 def test_a_standby_whose_controller_stops_answering_gives_up_after_the_controller_timeout() -> None:
     now = [0.0]
-    link = FakeLink([], ["RUNNING", "RUNNING"])  # two answers, then silence
-    end = await_assignment(link, lambda s: now.__setitem__(0, now[0] + max(s, 0.5)), lambda: False, lambda: now[0],
-                           silence=30.0)
-    assert end.why == "controller lost" and not end.needed and "30s" in end.detail
-    assert 30.0 <= now[0] <= 33.0  # counted from the last answer (at ~1 s), on the passed-in clock
+    watch = StandbyWatch(30.0, now[0])
+    link = FakeLink(["RUNNING", "RUNNING"])  # two answers (at 0 and 1 s), then silence
+    lost = None
+    while lost is None and now[0] < 60.0:
+        event = watch.poll(link, lambda: now[0])
+        lost = event if isinstance(event, ControllerLost) else None
+        now[0] += 0.5
+    assert lost is not None and lost.lost_for == pytest.approx(30.0)
+    assert 31.0 <= now[0] <= 32.0  # counted from the last answer, on the passed-in clock
 
 
 def test_a_replacement_gives_up_after_the_rejoin_timeout() -> None:

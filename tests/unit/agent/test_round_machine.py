@@ -4,71 +4,14 @@ a number passed in."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
+from support.round_machine import NOW, S, change, covers, fault, machine, of, order
 
 from taskd.agent import round_events as ev
-from taskd.agent.orders import Command, Order
-from taskd.agent.round_machine import RoundMachine
-from taskd.agent.round_state import LocalPolicy, NodeFacts, NodeState
+from taskd.agent.orders import Command
+from taskd.agent.round_state import NodeState
 from taskd.agent.round_table import RULES, UNCHANGED, Rule, TransitionError, check_target, find_rule, index_rules
-from taskd.vocabulary import Action, Code, FaultType, SignalType, Strategy
-
-S = NodeState
-NOW = 100.0
-
-
-class View:
-    """Node 0 of the job: global ranks 0 and 1 are its local ranks 0 and 1; `paused` are live ranks paused in
-    place (a type-"0" fault of a running rank)."""
-
-    def __init__(self, paused: tuple[int, ...] = ()) -> None:
-        self.paused = paused
-
-    def local_of(self, faults: dict[int, str]) -> list[int]:
-        return sorted(g for g in faults if g in (0, 1))
-
-    def local_ranks(self) -> list[int]:
-        return [0, 1]
-
-    def live_fault(self, local_rank: int, faults: dict[int, str]) -> bool:
-        return local_rank in self.paused and faults.get(local_rank) == FaultType.RECOVERABLE
-
-
-def machine(state: NodeState = S.RUNNING, *, nodes: int = 1, live: bool = False, max_restarts: int = 3,
-            paused: tuple[int, ...] = ()) -> RoundMachine:
-    m = RoundMachine(NodeFacts(node_count=nodes, live=live, controller_timeout=30.0), View(paused),
-                     budget=LocalPolicy(max_restarts, 30.0, 30.0))
-    m.state = state
-    if state is S.DEGRADED:
-        m.budget.degraded = True
-    return m
-
-
-def order(command: Command, strategy: str = "", faults: dict[int, str] | None = None, extra: str = "",
-          signal_type: str = SignalType.CHANGE_STRATEGY) -> Order:
-    sig = SimpleNamespace(uuid="u", signal_type=signal_type, actions=[Action.CHANGE_STRATEGY],
-                          fault_ranks={1: "1"} if faults is None else faults, strategy=strategy, timeout=30,
-                          extra_params=extra)
-    return Order.of(command, sig)
-
-
-def change(strategy: str, faults: dict[int, str] | None = None, extra: str = "") -> ev.ChangeOrder:
-    return ev.ChangeOrder(order(Command.CHANGE, strategy, faults, extra))
-
-
-def of(actions: list, kind: type) -> list:
-    return [a for a in actions if isinstance(a, kind)]
-
-
-def fault(rank: int = 1, fault_type: str = FaultType.PROCESS) -> ev.RankFault:
-    return ev.RankFault(rank, rank, fault_type, f"rank {rank} exited with code 1")
-
-
-def covers(rule_handler: str) -> str:
-    return rule_handler  # marks the rule a test covers (test_every_rule_has_a_test reads these)
-
+from taskd.vocabulary import Code, FaultType, SignalType, Strategy
 
 # ------------------------------------------------------------------------------------------------ the table
 
@@ -341,13 +284,14 @@ def test_on_kill_ends_the_job() -> None:
 def test_on_standby_end_exits_0_when_the_job_ends() -> None:
     covers("on_standby_end")
     m = machine(S.STANDBY)
-    [finish] = m.handle(ev.KillOrder(order(Command.KILL, signal_type=SignalType.KILL_MASTER)), NOW)
-    assert finish == ev.Finish(True, "standby not needed: the job ended", exit_code=0) and m.state is S.ENDED
+    [note, finish] = m.handle(ev.KillOrder(order(Command.KILL, signal_type=SignalType.KILL_MASTER)), NOW)
+    assert note.text == "standby not needed: killMaster"
+    assert finish == ev.Finish(True, "standby, not needed (killMaster)", exit_code=0) and m.state is S.ENDED
     m = machine(S.STANDBY)
     m.handle(change(Strategy.RECOVER), NOW)
     assert m.state is S.STANDBY
-    m.handle(change(Strategy.EXIT), NOW)
-    assert m.state is S.ENDED
+    actions = m.handle(change(Strategy.EXIT, extra='{"reason": "job ended"}'), NOW)
+    assert m.state is S.ENDED and of(actions, ev.Finish)[0].reason == "standby, not needed (job ended)"
 
 
 @pytest.mark.parametrize("state", [S.RUNNING, S.REBUILDING, S.STANDBY, S.DEGRADED])
@@ -361,11 +305,14 @@ def test_on_fence_kills_every_rank_and_exits_1(state: NodeState) -> None:
     assert m.handle(fault(), NOW) == [], "fenced is terminal"
 
 
-def test_on_assign_makes_a_standby_a_replacement() -> None:
+def test_on_assign_has_a_standby_take_the_node_and_waits_for_how_that_went() -> None:
     covers("on_assign")
     m = machine(S.STANDBY)
     assert m.handle(ev.AssignOrder(order(Command.ASSIGN, extra='{"node_rank": 1}')), NOW) == [ev.TakeNode(1)]
-    assert m.state is S.REJOINING
+    assert m.state is S.STANDBY, "the registration's outcome (BeganReplacement, Ended, nothing) is the next event"
+    for extra in ("{}", '{"node_rank": -1}', '{"node_rank": true}', "{not json"):
+        [note] = m.handle(ev.AssignOrder(order(Command.ASSIGN, extra=extra)), NOW)
+        assert "names no node rank" in note.text and m.state is S.STANDBY
 
 
 def test_on_assign_ignored_when_not_a_standby() -> None:
@@ -498,7 +445,8 @@ def test_a_rank_gone_when_the_start_returned_is_a_new_round_after_the_restart() 
 def test_every_rule_has_a_test() -> None:
     import inspect
     import sys
-    source = inspect.getsource(sys.modules[__name__])
+    from pathlib import Path
+    source = inspect.getsource(sys.modules[__name__]) + (Path(__file__).parent / "test_node_life.py").read_text()
     missing = [r.handler.__name__ for r in RULES if f'covers("{r.handler.__name__}")' not in source]
     assert missing == []
 
