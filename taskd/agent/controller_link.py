@@ -412,3 +412,16 @@ def start_pace(link: ControllerLink, factor: float, paces: list[tuple[int, float
     except (RecoverClientError, ValueError) as exc:
         log.debug("pace report not sent: %s", exc)
         return None
+
+
+def report_restarts(link: ControllerLink, restarts: int) -> None:
+    """The job's restarts counted here (degraded mode's local restarts): every later Register carries the count (the
+    client re-registers with it when the controller is back), and one is sent now (the controller may be up:
+    degraded mode only means it did not take a fault report in time)."""
+    mgr = link._mgr
+    if mgr is None or link._standby:
+        return
+    for info in (mgr.info, mgr._registered_with):
+        if info is not None:
+            info.restartsUsed = restarts
+    link._add("restart count", "Register", lambda c, _r: c._registered_with or c.info, time.monotonic())

@@ -18,7 +18,7 @@ from typing import Any
 
 from taskd.agent import round_events as ev
 from taskd.agent.bugs import UNCAUGHT_EXIT, Bug, BugJudge, RankEnd, error_of
-from taskd.agent.controller_link import ControllerLink
+from taskd.agent.controller_link import ControllerLink, report_restarts
 from taskd.agent.hang_watch import HangWatch
 from taskd.agent.launcher_api import MSRUN
 from taskd.agent.live import LiveRanks
@@ -156,6 +156,8 @@ def start_ranks(x: Executors, a: ev.StartRanks) -> list[object]:
 
 def set_restart_count(x: Executors, a: ev.SetRestartCount) -> None:
     x.control.details.set_restart_count(a.restarts)
+    if x.policy.degraded:  # a restart no controller counted: the controller hears of it (now, or at re-Register)
+        report_restarts(x.link, a.restarts)
 
 
 def supersede(x: Executors, a: ev.Supersede) -> None:

@@ -36,6 +36,7 @@ class AgentRegistered:
     pid: int = 0
     ranks_per_node: int = 0
     standby: bool = False  # a spare agent (node_rank ignored), or a standby taking the node it was assigned
+    restarts_used: int = 0  # the job's restarts the agent counts (its degraded local restarts included)
 
 
 @dataclass(frozen=True)

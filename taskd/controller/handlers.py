@@ -130,6 +130,9 @@ def on_register(m: Job, ev: AgentRegistered, now: float, out: Outcome) -> Result
         table.set_gone(a, now, loss_clock(m.config, "silent"))
     out.agents_changed.add(ev.node_rank)
     m.record(out, "agent_registered", node_rank=ev.node_rank, role=ev.role, host=ev.host, pid=ev.pid)
+    if ev.restarts_used > m.restarts:  # restarts its agent made alone (degraded: no controller) count for the job
+        m.record(out, "restarts_reported", node_rank=ev.node_rank, restarts=ev.restarts_used, counted=m.restarts)
+        m.restarts = ev.restarts_used
     return m.state
 
 

@@ -105,7 +105,8 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
         if why := self._check_client(request):
             return _invalid(why)
         ev = AgentRegistered(node_rank=request.nodeRank, role=request.role, host=request.host, pid=request.pid,
-                             ranks_per_node=request.ranksPerNode, standby=request.standby)
+                             ranks_per_node=request.ranksPerNode, standby=request.standby,
+                             restarts_used=request.restartsUsed)
         out = await self.core.group.submit(request.jobId, ev)
         return _answer(out, "Register", request.jobId, self.core.limits)
 

@@ -119,7 +119,7 @@ def check_client(info: recover_pb2.ClientInfo, max_node_count: int = 65536, max_
         check_job_id(info.jobId)
         or _strings([("role", info.role), ("host", info.host)])
         or _non_negative([("nodeRank", info.nodeRank), ("nodeCount", info.nodeCount),
-                          ("ranksPerNode", info.ranksPerNode), ("pid", info.pid)]
+                          ("ranksPerNode", info.ranksPerNode), ("pid", info.pid), ("restartsUsed", info.restartsUsed)]
                          + ([("maxRestarts", info.maxRestarts)] if info.HasField("maxRestarts") else []))
         or _sizes(info, max_node_count, max_ranks)
         or check_strategies(info.strategies)
@@ -137,6 +137,8 @@ def _min_nodes(info: recover_pb2.ClientInfo) -> str:
 def _sizes(info: recover_pb2.ClientInfo, max_node_count: int, max_ranks: int = RANK_LIMIT) -> str:
     if info.HasField("maxRestarts") and info.maxRestarts > MAX_RESTART_BUDGET:
         return f"maxRestarts {info.maxRestarts} is above {MAX_RESTART_BUDGET}"
+    if info.restartsUsed > MAX_RESTART_BUDGET:
+        return f"restartsUsed {info.restartsUsed} is above {MAX_RESTART_BUDGET}"
     if info.nodeCount > max_node_count:
         return f"nodeCount {info.nodeCount} is above this controller's limit of {max_node_count} (--max-node-count)"
     if info.nodeRank >= max_node_count:

@@ -14,7 +14,7 @@ class Status(_message.Message):
     def __init__(self, code: _Optional[int] = ..., info: _Optional[str] = ...) -> None: ...
 
 class ClientInfo(_message.Message):
-    __slots__ = ("jobId", "role", "nodeRank", "nodeCount", "ranksPerNode", "maxRestarts", "host", "pid", "strategies", "standby", "minNodes")
+    __slots__ = ("jobId", "role", "nodeRank", "nodeCount", "ranksPerNode", "maxRestarts", "host", "pid", "strategies", "standby", "minNodes", "restartsUsed")
     JOBID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     NODERANK_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,7 @@ class ClientInfo(_message.Message):
     STRATEGIES_FIELD_NUMBER: _ClassVar[int]
     STANDBY_FIELD_NUMBER: _ClassVar[int]
     MINNODES_FIELD_NUMBER: _ClassVar[int]
+    RESTARTSUSED_FIELD_NUMBER: _ClassVar[int]
     jobId: str
     role: str
     nodeRank: int
@@ -37,7 +38,8 @@ class ClientInfo(_message.Message):
     strategies: _containers.RepeatedScalarFieldContainer[str]
     standby: bool
     minNodes: int
-    def __init__(self, jobId: _Optional[str] = ..., role: _Optional[str] = ..., nodeRank: _Optional[int] = ..., nodeCount: _Optional[int] = ..., ranksPerNode: _Optional[int] = ..., maxRestarts: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., strategies: _Optional[_Iterable[str]] = ..., standby: bool = ..., minNodes: _Optional[int] = ...) -> None: ...
+    restartsUsed: int
+    def __init__(self, jobId: _Optional[str] = ..., role: _Optional[str] = ..., nodeRank: _Optional[int] = ..., nodeCount: _Optional[int] = ..., ranksPerNode: _Optional[int] = ..., maxRestarts: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., strategies: _Optional[_Iterable[str]] = ..., standby: bool = ..., minNodes: _Optional[int] = ..., restartsUsed: _Optional[int] = ...) -> None: ...
 
 class FaultRank(_message.Message):
     __slots__ = ("rankId", "faultType")
