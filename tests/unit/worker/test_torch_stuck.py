@@ -75,8 +75,9 @@ def ended(w: StuckWatch) -> None:
     wait_for(lambda: not w.watching, 10, "the watcher to end")
 
 
-def watchers() -> int:
-    return sum(t.name == "taskd-stuck-watch" and t.is_alive() for t in threading.enumerate())
+def watchers() -> set[threading.Thread]:
+    """The watcher threads alive now (by identity: one a previous test left may end at any moment)."""
+    return {t for t in threading.enumerate() if t.name == "taskd-stuck-watch" and t.is_alive()}
 
 
 def test_a_rank_blocked_without_cpu_inside_its_collective_is_ended_after_the_setting() -> None:
@@ -86,7 +87,7 @@ def test_a_rank_blocked_without_cpu_inside_its_collective_is_ended_after_the_set
     before = watchers()
     w.arm()
     w.arm()  # armed again by a second word of the agent: still one watcher
-    assert watchers() == before + 1
+    assert len(watchers() - before) == 1
     scene.gate.set()
     ended(w)
     assert fired == [AFTER] and scene.now == AFTER  # on the first poll past the setting, and once
@@ -135,9 +136,11 @@ def test_a_new_collective_is_watched_even_while_the_old_watcher_still_runs() -> 
     w.arm()
     scene.mark.epoch += 1  # the old watcher returns at its next poll
     w.arm()
-    assert watchers() == before + 2
+    mine = watchers() - before
+    assert len(mine) == 2
     scene.gate.set()
     ended(w)
+    wait_for(lambda: not any(t.is_alive() for t in mine), 10, "the old watcher to end too")
     assert len(fired) == 1 and AFTER <= fired[0] < SAFETY
 
 
