@@ -1,9 +1,10 @@
 """A Markdown block that a doc embeds and the code generates: two marker lines, the text between them refreshed.
 
 The controller's transition table (docs/controller.md), the agent's round table and the map of the agent's and
-the controller's modules (docs/architecture.md), and msrun's settings table (docs/mindspore.md) are such blocks. Each generator owns its text and keeps its own
-`python -m <module> --write DOC` / `--check DOC` command; this module owns the markers, the replacement and
-that command line, so that a doc is refreshed and checked the same way whichever table it holds.
+the controller's modules (docs/architecture.md), and msrun's settings table (docs/mindspore.md) are such
+blocks. Each generator owns its text and keeps its own `python -m <module> --write DOC` / `--check DOC`
+command; this module owns the markers, the replacement and that command line, so that a doc is refreshed and
+checked the same way whichever table it holds.
 """
 
 from __future__ import annotations
