@@ -10,7 +10,8 @@ What the agent knows of a failed rank (`RankEnd`):
 
 - its error: the exception the rank recorded with torch's ``@record`` (its error file), else, when it exited 1
   (what Python's interpreter exits with for an uncaught exception) and its last output lines hold Python's
-  ``Traceback (most recent call last):``, the traceback's last line ("ValueError: bad"). A rank killed by a
+  ``Traceback (most recent call last):``, the traceback's exception line ("ValueError: bad"); a rank that
+  printed one and then aborted (SIGABRT: torch's gloo teardown at interpreter exit) raised it too. A rank killed by a
   signal, or one that exited with a code of its own (``sys.exit(3)``), raised nothing: that is a fault;
 - its progress: the step of its heartbeat file (``taskd.worker.heartbeat(step)``, `LiveGroup`), and whether any
   rank of this node has reported a step. A script that sends no heartbeats has no steps to judge by: for it,
@@ -29,13 +30,16 @@ from __future__ import annotations
 
 import logging
 import re
+import signal
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 log = logging.getLogger("taskd.agent")
 
 START_WINDOW = 30.0  # seconds: an error this soon after a rank's start, no step reported, is "at start"
-UNCAUGHT_EXIT = 1  # Python's exit code for an uncaught exception
+# Python exits 1 after an uncaught exception; torch 2.13's gloo teardown can abort the interpreter after it printed
+# the traceback (docs/pytorch.md, "Ending a DDP script"), so a SIGABRT after a traceback raised too
+UNCAUGHT_EXITS = frozenset({1, -signal.SIGABRT})
 _PREFIX = re.compile(r"^\[rank\d+\]:\s?")  # torch's excepthook prefixes each traceback line after init_process_group
 _TRACEBACK = "Traceback (most recent call last):"
 
@@ -93,18 +97,21 @@ class Bug:
 
 
 def error_of(returncode: int | None, recorded: str, tail: Iterable[str]) -> str:
-    """The exception a rank ended with: the @record one (`recorded`), else the last line of a Python traceback
-    that ends its output, when it exited 1; "" when it raised nothing that can be seen."""
+    """The exception a rank ended with: the @record one (`recorded`), else, when it exited as an uncaught exception
+    leaves Python (`UNCAUGHT_EXITS`), the exception line of the last Python traceback in its output (the first
+    unindented line after the header); "" when it raised nothing that can be seen."""
     if recorded:
         return recorded.strip()
-    if returncode != UNCAUGHT_EXIT:
+    if returncode not in UNCAUGHT_EXITS:
         return ""
     lines = [_PREFIX.sub("", line).rstrip() for line in tail]
-    lines = [line for line in lines if line.strip()]
-    if not any(line.strip() == _TRACEBACK for line in lines) or not lines:
+    heads = [i for i, line in enumerate(lines) if line.strip() == _TRACEBACK]
+    if not heads:
         return ""
-    last = lines[-1].strip()
-    return "" if last == _TRACEBACK or last.startswith(("File ", "^", "~")) else last
+    for line in lines[heads[-1] + 1:]:
+        if line and not line[0].isspace():
+            return line.strip()
+    return ""
 
 
 class BugJudge:
@@ -132,4 +139,4 @@ class BugJudge:
         return found[0] if found else None
 
 
-__all__ = ["BUG_RULES", "START_WINDOW", "UNCAUGHT_EXIT", "Bug", "BugJudge", "BugRule", "RankEnd", "error_of"]
+__all__ = ["BUG_RULES", "START_WINDOW", "UNCAUGHT_EXITS", "Bug", "BugJudge", "BugRule", "RankEnd", "error_of"]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from taskd.agent import round_events as ev
-from taskd.agent.bugs import UNCAUGHT_EXIT, Bug, BugJudge, RankEnd, error_of
+from taskd.agent.bugs import UNCAUGHT_EXITS, Bug, BugJudge, RankEnd, error_of
 from taskd.agent.controller_link import ControllerLink, report_restarts
 from taskd.agent.hang_watch import HangWatch
 from taskd.agent.launcher_api import MSRUN
@@ -227,7 +227,7 @@ def bug_of(x: Executors, faults: FaultRanks) -> Bug | None:
         rank = x.table[local_rank]
         if rank.state is not RankState.FAILED:
             continue
-        if rank.returncode != UNCAUGHT_EXIT:  # a signal, a code of its own: a fault, and nothing to read
+        if rank.returncode not in UNCAUGHT_EXITS:  # a kill, a code of its own: a fault, and nothing to read
             return None
         try:
             recorded = details.error_report(local_rank)

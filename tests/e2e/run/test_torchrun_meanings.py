@@ -9,6 +9,7 @@ ranks send no heartbeats. Item 8: a job that failed because a rank was SIGKILLed
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -166,7 +167,8 @@ def test_a_live_usage_error_fails_the_job_at_once(tmp_path: Path) -> None:
     script.write_text(LIVE_MISUSE)
     done, _ = run(["--nproc-per-node", "2", str(script)], tmp_path, timeout=180)
     console = done.stdout
-    assert done.returncode == 1, console[-3000:]
+    # 106: the rank printed its traceback, then torch's gloo teardown aborted it (docs/pytorch.md)
+    assert done.returncode in (1, 100 + signal.SIGABRT), console[-3000:]
     bug = _bug_lines(console)
     assert len(bug) == 1 and "LiveUsageError" in bug[0], console[-3000:]
     assert "restarted 2 rank(s)" not in console and "with recover" not in console, console[-3000:]

@@ -20,6 +20,9 @@ def test_the_error_is_the_recorded_one_else_a_traceback_that_ends_an_exit_1() ->
     assert error_of(-9, "", TB) == ""  # a signal is a fault
     assert error_of(1, "", ["bye"]) == ""  # sys.exit("bye"): no traceback
     assert error_of(1, "", TB[:2]) == ""  # a traceback cut off: no exception line
+    aborted = [*TB, "terminate called without an active exception"]  # torch's gloo teardown, after the traceback
+    assert error_of(-6, "", aborted) == "ValueError: bad"
+    assert error_of(-6, "", ["terminate called without an active exception"]) == ""  # an abort alone: a fault
 
 
 def test_an_error_at_start_is_a_bug_and_a_signal_beside_it_makes_the_round_a_fault() -> None:
