@@ -122,7 +122,28 @@ ROUND: Mapping[str, tuple[Check, bool]] = {
     "tried": (_list_of(_str), False),
     "strategy": (_str, False),
     "lost": (_node_map(_time), False),
+    "participants": (_list_of(_count), False),
+    "statuses": (_list_of(_count), False),
+    "reports": (_node_map(_list_of(_str)), False),
+    "unrejoined": (_bool, False),
+    "strategy_started_at": (_time, False),
 }
+
+SIGNAL: Mapping[str, tuple[Check, bool]] = {
+    "uuid": (_str, True),
+    "signal_type": (_str, True),
+    "actions": (_list_of(_str), True),
+    "faults": (_list_of(_tuple(_count, _str)), True),
+    "strategy": (_str, True),
+    "timeout": (_int, True),
+    "reason": (_str, True),
+    "nodes": (_list_of(_count), True),
+    "generation": (_count, True),
+    "restarts": (_count, True),
+    "round": (_count, True),
+    "extra": (_list_of(_tuple(_str, lambda v: "")), False),
+}
+"""The job's last signal (re-sent to an agent that owes an answer to it after a restart)."""
 
 RESUME_WATCH: Mapping[str, tuple[Check, bool]] = {
     "round": (_count, True),
@@ -159,6 +180,7 @@ SNAPSHOT: Mapping[str, tuple[Check, bool]] = {
     "fences": (_list_of(FENCE), False),
     "standbys": (_list_of(STANDBY), False),
     "resume_watch": (_opt(_object(RESUME_WATCH, "resume_watch")), False),
+    "last_signal": (_opt(_object(SIGNAL, "last_signal")), False),
     "round": (_opt(_object(ROUND, "round")), False),
 }
 """The job row's snapshot (taskd/controller/snapshot.py writes it)."""

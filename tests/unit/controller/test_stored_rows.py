@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from taskd.controller.clock import identity
+from taskd.controller.events import Outcome
 from taskd.controller.model import MachineConfig
 from taskd.controller.snapshot import snapshot
 from taskd.controller.state_machine import JobInit, JobMachine
@@ -25,6 +26,10 @@ def a_snapshot(job_id: str = "j") -> dict:
 
 def test_a_snapshot_taskd_writes_passes() -> None:
     assert snapshot_problem(a_snapshot(), "j") == ""
+    m = JobMachine("r", MachineConfig(), 100.0, JobInit(node_count=2, ranks_per_node=2, max_restarts=3))
+    m.state = m.open_round({1: "1"}, 101.0, Outcome())  # a round open, its stopTrain the last signal
+    snap = json.loads(json.dumps(snapshot(m, identity)))
+    assert snap["round"] and snap["last_signal"] and snapshot_problem(snap, "r") == ""
 
 
 @pytest.mark.parametrize(("field", "value", "said"), [
@@ -37,6 +42,8 @@ def test_a_snapshot_taskd_writes_passes() -> None:
     ("rejoining", {"x": 1.0}, "key 'x' is not"),
     ("round", {"number": 1, "started_at": 1.0, "faults": {"0": 3}}, "an object whose field round.faults"),
     ("job_id", "other", "not the row's key 'j'"),
+    ("last_signal", {"uuid": 5}, "an object whose field last_signal.uuid is 5, not a string"),
+    ("round", {"number": 1, "started_at": 1.0, "faults": {}, "statuses": ["x"]}, "field round.statuses"),
 ])
 def test_a_field_of_the_wrong_kind_is_named(field: str, value: object, said: str) -> None:
     snap = a_snapshot()
