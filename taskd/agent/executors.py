@@ -91,6 +91,7 @@ class Executors:
         self.last_start: tuple[list[int], dict[int, int | None]] = ([], {})  # local ranks, their steps before
         self.view = TableView(table, self.live)
         self.bugs = BugJudge()  # errors no restart mends (agent/bugs.py)
+        self.bug: Bug | None = None  # the last round's, when it was one: the job's end names it
 
     def carry_out(self, actions: list[ev.Action]) -> list[object]:
         """Do each action in order, by its executor; return the events they produced, to be handled next."""
@@ -208,7 +209,7 @@ RESTARTS = frozenset({Strategy.RETRY, Strategy.RECOVER, Strategy.JOB_RESCHEDULIN
 
 def offer_strategies(x: Executors, a: ev.OfferStrategies) -> None:
     offered = x.live.offer(x.link.config.offered_strategies, a.scope, x.link.config.scales)
-    bug = bug_of(x, a.scope)
+    x.bug = bug = bug_of(x, a.scope)
     if bug is not None:  # the script's own error: no restart is offered, the controller ends the job (dump, exit)
         log.error("not restarted: %s", bug.describe())
         x.hooks.capture_first_failure()
@@ -317,7 +318,10 @@ def start_job(x: Executors, a: ev.StartJob) -> list[object]:
 
 
 def finish(x: Executors, a: ev.Finish) -> None:
-    x.hooks.finish(a.succeeded, a.exit_code if a.exit_code is not None else x.hooks.failure_code(), a.reason)
+    reason = a.reason
+    if not a.succeeded and x.bug is not None:  # the controller's exit only followed this node's verdict
+        reason = f"the script's own error, not restarted: rank {x.bug.end.global_rank} raised {x.bug.end.error}"
+    x.hooks.finish(a.succeeded, a.exit_code if a.exit_code is not None else x.hooks.failure_code(), reason)
 
 
 Executor = Callable[[Executors, Any], list[object] | None]

@@ -99,7 +99,7 @@ for step in range(8):
 
 
 def _bug_lines(console: str) -> list[str]:
-    return [ln for ln in console.splitlines() if "not restarted:" in ln]
+    return [ln for ln in console.splitlines() if "] not restarted:" in ln]
 
 
 def _rank_tracebacks(console: str) -> int:
@@ -118,6 +118,7 @@ def test_a_script_raising_at_start_runs_once_and_fails_at_once(tmp_path: Path) -
     bug = _bug_lines(console)
     assert len(bug) == 1 and "rank 1 raised ValueError: bad config: lr must be positive" in bug[0], console[-3000:]
     assert "before any rank completed a step" in bug[0], bug
+    assert "job FAILED (the script's own error, not restarted: rank 1 raised ValueError: bad config" in console
     assert _rank_tracebacks(console) == 1, console[-3000:]
     assert "restarted 2 rank(s)" not in console and "with job-rescheduling" not in console, console[-3000:]
     assert took < 20, f"{took:.1f}s"
