@@ -419,7 +419,7 @@ def report_restarts(link: ControllerLink, restarts: int) -> None:
     client re-registers with it when the controller is back), and one is sent now (the controller may be up:
     degraded mode only means it did not take a fault report in time)."""
     mgr = link._mgr
-    if mgr is None or link._standby:
+    if mgr is None or mgr.info.standby:  # a standby has no restarts of its own
         return
     for info in (mgr.info, mgr._registered_with):
         if info is not None:
