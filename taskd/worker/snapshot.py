@@ -251,9 +251,12 @@ class Snapshots:
         self._publisher = None
 
     # -- restore ---------------------------------------------------------------------------------------------
-    def restore(self) -> tuple[Any, int] | None:
+    def restore(self, use: Callable[[Any], Any] | None = None) -> tuple[Any, int] | None:
         """``(state, step)`` of the newest consistent snapshot in memory, else what the fallback loads (its
-        newest checkpoint), else None; the log says which, and ``restored_from`` is "memory", "disk" or None."""
+        newest checkpoint), else None; the log says which, and ``restored_from`` is "memory", "disk" or None.
+
+        With ``use``: ``(use(state), step)``, the state from memory being views of the mapped segment, valid
+        only inside ``use`` (which copies what it keeps: one copy instead of two; see `load`)."""
         self.wait()
         why = self.off
         if why is None:
@@ -261,7 +264,7 @@ class Snapshots:
             if step is not None:
                 started = time.perf_counter()
                 try:
-                    state, size = load(os.path.join(self._own, f"s{step:012d}.snap"), step, self.rank)
+                    state, size = load(os.path.join(self._own, f"s{step:012d}.snap"), step, self.rank, use)
                 except (SnapshotError, OSError) as exc:
                     why = f"rank {self.rank}'s snapshot of step {step} cannot be read: {exc}"
                 else:
@@ -274,6 +277,8 @@ class Snapshots:
             log.info("rank %d: no snapshot restored (%s)", self.rank, why)
             return None
         found = self.fallback.load_latest()
+        if found is not None and use is not None:
+            found = use(found[0]), found[1]
         self._drop_after(found[1] if found else -1)
         self.restored_from = "disk" if found else None
         level = logging.WARNING if found and self.directory else logging.INFO  # a fresh start is no news

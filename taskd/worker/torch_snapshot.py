@@ -9,12 +9,14 @@
         snapshots.save(step + 1)                      # state out: one memory copy of model and optimizer
 
 Tensors go into the snapshot as raw bytes (any dtype, bfloat16 included), out of band: a CPU tensor is copied
-once, straight into the shared-memory segment; a GPU tensor is first copied to the host. They come back as CPU
-tensors, which ``load_state_dict`` copies onto the objects' devices. See `taskd.worker.snapshot`.
+once, straight into the shared-memory segment; a GPU tensor is first copied to the host. On restore a module's
+``load_state_dict`` copies them straight from the mapped segment into its parameters (one copy, nothing
+allocated); other objects (optimizers keep what they are given) get copies of their own. See `taskd.worker.snapshot`.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -79,14 +81,16 @@ class TorchSnapshots:
     def restore(self) -> int:
         """Load the newest consistent snapshot (or the fallback's checkpoint) into the objects; the step to
         start from, 0 when there is none."""
-        found = self.snapshots.restore()
-        if found is None:
-            return 0
-        state, step = found
+        found = self.snapshots.restore(use=self._load_into)
+        return 0 if found is None else found[1]
+
+    def _load_into(self, state: dict[str, Any]) -> None:
+        """Load ``state`` (views of the snapshot's mapped segment) into the objects, copying each tensor once: a
+        module copies into its own parameters and buffers (no allocation); anything else (an optimizer keeps
+        the tensors it is given) gets its own copies first."""
         for obj, saved in zip(self.objects, state["objects"], strict=True):
-            obj.load_state_dict(saved)
-        self.extra = state.get("extra")
-        return step
+            obj.load_state_dict(saved if isinstance(obj, torch.nn.Module) else copy.deepcopy(saved))
+        self.extra = copy.deepcopy(state.get("extra"))
 
     def close(self) -> None:
         self.snapshots.close()

@@ -113,6 +113,29 @@ def test_a_damaged_segment_falls_back_to_disk_saying_so(tmp_path, caplog) -> Non
         in caplog.text
 
 
+def test_a_truncated_segment_is_never_restored(tmp_path, caplog) -> None:
+    Snapshots(directory=str(tmp_path), background=False).save(state(5), 5)
+    segment = tmp_path / "rank0" / "s000000000005.snap"
+    os.truncate(segment, 4000)  # the body (8 KB of arrays) cut in half
+    caplog.set_level(logging.INFO, "taskd.worker.snapshot")
+    assert Snapshots(directory=str(tmp_path)).restore() is None
+    assert "bytes early (truncated?)" in caplog.text
+
+
+def test_restore_with_use_hands_it_views_of_the_segment_that_never_write_back(tmp_path) -> None:
+    Snapshots(directory=str(tmp_path), background=False).save(state(3), 3)
+    seen = []
+
+    def use(got: dict) -> str:
+        seen.append(got["w"].tobytes())
+        got["w"][:] = -1.0  # a private mapping: the segment keeps what was saved
+        return "used"
+
+    assert Snapshots(directory=str(tmp_path)).restore(use=use) == ("used", 3)
+    assert seen == [state(3)["w"].tobytes()]
+    assert Snapshots(directory=str(tmp_path)).restore()[0]["w"].tobytes() == state(3)["w"].tobytes()
+
+
 def test_a_cap_too_small_turns_snapshots_off_with_the_fallback_named(tmp_path, caplog) -> None:
     ckpt = CheckpointManager(tmp_path / "ckpt")
     Snapshots(directory=str(tmp_path / "shm"), background=False).save(state(1), 1)
@@ -165,6 +188,13 @@ def test_the_torch_adapter_restores_model_and_optimizer_exactly(tmp_path) -> Non
         assert a.dtype == b.dtype == torch.bfloat16 and torch.equal(a, b)
     state1, state2 = opt.state_dict()["state"][0], opt2.state_dict()["state"][0]
     assert all(torch.equal(state1[k], state2[k]) for k in state1)
+    # what the objects hold is their own: the segment zeroed (as its reuse by a later snapshot would) moves nothing
+    segment = tmp_path / "rank0" / "s000000000001.snap"
+    segment.write_bytes(b"\0" * segment.stat().st_size)
+    state2 = opt2.state_dict()["state"][0]
+    assert all(torch.equal(state1[k], state2[k]) for k in state1)
+    pairs = zip(model.state_dict().values(), model2.state_dict().values(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)
 
 
 def test_parse_memory() -> None:
