@@ -142,6 +142,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("warm_spare_mode", str, "import", "what a warm spare does before it is a rank: `import` the framework, or "
             "also run the `script` up to `LiveGroup()` / `taskd.worker.become_rank()` (its model built before the "
             "fault; docs/worker.md)", flags=("--warm-spare-mode", "--warm_spare_mode"), agent=False),
+    Setting("snapshot_memory", str, None, "memory for the ranks' in-memory snapshots on this node, per job: bytes "
+            "or `512M`/`2G`, `0` off (docs/worker.md)", optional=True,
+            flags=("--snapshot-memory", "--snapshot_memory"), env="TASKD_SNAPSHOT_MEMORY", agent=False, run_env=True,
+            shown="half of /dev/shm"),
     Setting("role", str, "default", "the ranks' `ROLE_NAME`", flags=("--role",), agent=False),
     Setting("master_addr", str, "127.0.0.1", "`MASTER_ADDR` for the ranks", flags=("--master-addr", "--master_addr"),
             agent=False),

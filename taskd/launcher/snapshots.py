@@ -6,8 +6,8 @@ The ranks write their snapshots (`taskd.worker.snapshot`) into segments under on
 (a restarted rank restores from it) and is removed when the launcher closes; it records its owner like a run
 directory (`taskd.process.run_dir`), so a new agent on the node removes those whose agent was SIGKILLed.
 
-The cap, per job and node: TASKD_SNAPSHOT_MEMORY in `taskd run`'s environment (bytes, or with a K/M/G suffix;
-0 turns snapshots off), by default half of /dev/shm's size.
+The cap, per job and node: `taskd run --snapshot-memory`, else TASKD_SNAPSHOT_MEMORY in its environment
+(bytes, or a K/M/G suffix; 0 turns snapshots off), by default half of /dev/shm's size.
 """
 
 from __future__ import annotations
@@ -35,14 +35,23 @@ def parse_memory(raw: str) -> int:
     return int(match.group(1)) * _UNITS[match.group(2).upper()]
 
 
+def is_memory(raw: object) -> bool:
+    """Whether ``raw`` is what `parse_memory` takes (the configs check it where they are built)."""
+    try:
+        return isinstance(raw, str) and parse_memory(raw) >= 0
+    except ValueError:
+        return False
+
+
 class SnapshotArea:
     """The job's snapshot directory on this node (or none, with the reason logged once). The launcher makes it
-    first thing, before anything it would have to undo: a bad TASKD_SNAPSHOT_MEMORY raises here."""
+    first thing, before anything it would have to undo: a bad TASKD_SNAPSHOT_MEMORY raises here. ``memory``
+    (`taskd run --snapshot-memory`) goes before the variable."""
 
     def __init__(self, name: str, nproc_per_node: int, environ: Mapping[str, str] | None = None,
-                 root: str = SHM) -> None:
+                 root: str = SHM, memory: str | None = None) -> None:
         env = os.environ if environ is None else environ
-        raw = env.get(Var.TASKD_SNAPSHOT_MEMORY, "").strip()
+        raw = (memory if memory is not None else env.get(Var.TASKD_SNAPSHOT_MEMORY, "")).strip()
         self.path: str | None = None
         self.cap = self.share = 0
         if not os.path.isdir(root):

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from taskd.launcher.snapshots import is_memory
 from taskd.settings import WARM_SPARE_MODES
 
 
@@ -39,6 +40,7 @@ FLAGS = {
     "job_id": "--job-id", "log_dir": "--log-dir", "console": "--quiet", "warm_spares": "--warm-spares",
     "role": "--role", "max_restarts": "--max-restarts", "redirects": "--redirects", "tee": "--tee",
     "local_ranks_filter": "--local-ranks-filter", "warm_spare_mode": "--warm-spare-mode",
+    "snapshot_memory": "--snapshot-memory",
     "rdzv_store": "TASKD_RDZV_STORE", "preimport": "TASKD_PREIMPORT",
 }
 STD_NONE, STD_OUT, STD_ERR, STD_ALL = 0, 1, 2, 3  # torchrun's Std: which of stdout/stderr a setting covers
@@ -86,6 +88,7 @@ class WorkerSpec:
     console: bool = False
     cwd: str | None = None
     warm_spares: int = 0  # idle interpreters kept ready to become a restarted rank (.py entrypoints only)
+    snapshot_memory: str | None = None  # the snapshots' cap on this node (None: TASKD_SNAPSHOT_MEMORY or its default)
     warm_spare_mode: str = "import"  # WARM_SPARE_MODES: "script" runs the script up to become_rank() in each spare
     role: str = "default"  # torchrun's ROLE_NAME
     max_restarts: int = 0  # the job's restart budget, given to ranks as TORCHELASTIC_MAX_RESTARTS
@@ -136,6 +139,8 @@ class WorkerSpec:
             bad("rdzv_store", "must be auto, agent or rank")
         if self.warm_spare_mode not in WARM_SPARE_MODES:
             bad("warm_spare_mode", f"must be {' or '.join(WARM_SPARE_MODES)}")
+        if self.snapshot_memory is not None and not is_memory(self.snapshot_memory):
+            bad("snapshot_memory", "must be bytes, e.g. 2G, 512M or 1000000")
         if not isinstance(self.preimport, str):
             bad("preimport", "must be comma-separated module names")
         for name in ("warm_spares", "max_restarts"):

@@ -80,6 +80,7 @@ class RunConfig:
     dump_timeout: float = default("dump_timeout")
     warm_spares: int = default("warm_spares")
     warm_spare_mode: str = default("warm_spare_mode")
+    snapshot_memory: str | None = default("snapshot_memory")  # None: TASKD_SNAPSHOT_MEMORY's default, half of /dev/shm
     quiet: bool = default("quiet")
     log_dir: str | None = default("log_dir")
     redirects: Mapping[int, int] = field(default_factory=dict)  # local rank -> 0 none, 1 out, 2 err, 3 both
@@ -117,6 +118,10 @@ class RunConfig:
                   f"{' from ' + self.sources['nnodes'] if 'nnodes' in self.sources else ''})")
         check("master_port", 0 <= self.master_port <= 65535, "in [0, 65535]")
         check("warm_spare_mode", self.warm_spare_mode in WARM_SPARE_MODES, " or ".join(WARM_SPARE_MODES))
+        from taskd.launcher.snapshots import is_memory  # the launcher's package, only once a config is checked
+
+        check("snapshot_memory", self.snapshot_memory is None or is_memory(self.snapshot_memory),
+              "bytes, e.g. 2G, 512M or 1000000")
         if self.launch_mode not in LAUNCH_MODES:
             out.append(f"launch_mode must be one of {', '.join(LAUNCH_MODES)}, not {self.launch_mode!r}")
         if not self.entrypoint or not self.job_id:

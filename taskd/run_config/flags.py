@@ -148,6 +148,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                   "LiveGroup() / taskd.worker.become_rank(), so a replacement's model is built before the fault "
                   f"(default {_d('warm_spare_mode')}; docs/worker.md)")
 
+    _setting(recovery, "snapshot_memory", metavar="BYTES",
+             help="taskd: memory for the ranks' in-memory snapshots on this node (512M, 2G; 0: off; default: half of "
+                  "/dev/shm; docs/worker.md)")
+
     accepted = parser.add_argument_group("accepted for torchrun's command lines (a notice says what taskd does)")
     _flag(accepted, "--start-method", "--start_method", metavar="spawn|fork|forkserver")
     _flag(accepted, "--event-log-handler", "--event_log_handler", metavar="NAME")

@@ -217,3 +217,15 @@ def test_the_area_removes_a_dead_agents_directory_and_its_own_at_close(tmp_path)
     area.close()
     assert os.listdir(tmp_path) == []
     assert SnapshotArea("off", 1, {Var.TASKD_SNAPSHOT_MEMORY: "0"}, root=str(tmp_path)).env() == {}
+
+
+def test_the_run_flags_memory_goes_before_the_variable_and_a_bad_one_is_refused(tmp_path) -> None:
+    from taskd.launcher import WorkerSpec
+
+    area = SnapshotArea("job", 4, {Var.TASKD_SNAPSHOT_MEMORY: "1G"}, root=str(tmp_path), memory="8M")
+    assert area.env()[Var.TASKD_SNAPSHOT_BYTES] == str(2 << 20)
+    area.close()
+    assert SnapshotArea("off", 1, {Var.TASKD_SNAPSHOT_MEMORY: "1G"}, root=str(tmp_path), memory="0").env() == {}
+    assert WorkerSpec(["true"], snapshot_memory="2G").snapshot_memory == "2G"
+    with pytest.raises(ValueError, match=r"snapshot_memory \(--snapshot-memory\) must be bytes"):
+        WorkerSpec(["true"], snapshot_memory="lots")
