@@ -19,7 +19,9 @@ Why CRC-32 (zlib's), and over the whole body: the checksum is two thirds of a sa
 restore's, so cheaper ones were measured (100 MB, this project's 2-core machine, zlib 1.2.13): ``zlib.adler32``
 is no faster here (25-34 ms of CPU against 24-26 ms for ``crc32``, whose braided code is as quick), and weaker
 (its sums mod 65521 detect fewer short or structured changes), so it is not used; computing the CRC of each
-piece while copying it (cache-hot) saved nothing measurable either (35-56 ms both ways). What did pay off is
+piece while copying it (cache-hot) saved nothing measurable either (35-56 ms both ways), nor did splitting
+the check over 2-4 threads (zlib releases the GIL; the parts' CRCs combine into the whole body's) on 2 shared
+cores: 30-43 ms of wall time either way, more CPU. What did pay off is
 on restore: the segment is mapped with its pages populated in one call and checksummed in place, then each
 buffer copied once (see `load`), instead of read into fresh memory, checksummed, and copied again.
 """
