@@ -256,7 +256,8 @@ class Snapshots:
         newest checkpoint), else None; the log says which, and ``restored_from`` is "memory", "disk" or None.
 
         With ``use``: ``(use(state), step)``, the state from memory being views of the mapped segment, valid
-        only inside ``use`` (which copies what it keeps: one copy instead of two; see `load`)."""
+        only inside ``use`` (which copies what it keeps: one copy instead of two; see `load`). An error of ``use`` is
+        raised as it is, never taken for a damaged snapshot (no fallback loaded over a half-applied state)."""
         self.wait()
         why = self.off
         if why is None:
@@ -264,7 +265,10 @@ class Snapshots:
             if step is not None:
                 started = time.perf_counter()
                 try:
-                    state, size = load(os.path.join(self._own, f"s{step:012d}.snap"), step, self.rank, use)
+                    state, size = load(os.path.join(self._own, f"s{step:012d}.snap"), step, self.rank,
+                                       _guarded(use))
+                except _InUse as exc:  # the caller's own error, not a damaged snapshot: no fallback over it
+                    raise exc.__cause__ from None  # type: ignore[misc]
                 except (SnapshotError, OSError) as exc:
                     why = f"rank {self.rank}'s snapshot of step {step} cannot be read: {exc}"
                 else:
@@ -351,6 +355,22 @@ class Snapshots:
         self.wait()
         for segment in self._segments:
             segment.close()
+
+
+class _InUse(Exception):
+    """An error raised by restore's ``use`` (its cause), kept apart from a segment that cannot be read."""
+
+
+def _guarded(use: Callable[[Any], Any] | None) -> Callable[[Any], Any] | None:
+    if use is None:
+        return None
+
+    def run(state: Any) -> Any:
+        try:
+            return use(state)
+        except (SnapshotError, OSError) as exc:
+            raise _InUse() from exc
+    return run
 
 
 def _fault_step(of_rank: int) -> int | None:

@@ -132,6 +132,19 @@ def test_restore_with_use_hands_it_views_of_the_segment_that_never_write_back(tm
         return "used"
 
     assert Snapshots(directory=str(tmp_path)).restore(use=use) == ("used", 3)
+
+    calls = []
+
+    def fails(got: dict) -> None:  # its error passes through: never taken for a damaged segment (no fallback)
+        calls.append(got["step"])
+        if len(calls) == 1:
+            raise OSError("the caller's own")
+
+    ckpt = CheckpointManager(tmp_path / "ckpt")
+    ckpt.save(state(1), 1)
+    with pytest.raises(OSError, match="the caller's own"):
+        Snapshots(directory=str(tmp_path), fallback=ckpt).restore(use=fails)
+    assert calls == [3]
     assert seen == [state(3)["w"].tobytes()]
     assert Snapshots(directory=str(tmp_path)).restore()[0]["w"].tobytes() == state(3)["w"].tobytes()
 
