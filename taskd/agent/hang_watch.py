@@ -24,13 +24,12 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 import psutil
 
 from taskd.agent.culprit import (
-    MS_CPU_COMM_DEFAULT,
     STOPPED_AFTER,
     AutoTimeout,
     Suspect,
@@ -72,26 +71,18 @@ class HangWatch:
     """The heartbeat files of one node's ranks: read on the sweep, reset for each new incarnation."""
 
     def __init__(self, details: Launcher, timeout: float | None, worker_log: Callable[[Rank], str | None],
-                 auto: bool = False, environ: dict[str, str] | None = None) -> None:
+                 auto: bool = False, environ: Mapping[str, str] = os.environ) -> None:
         """`auto`: with no `timeout`, derive one from the ranks' step times (msrun: culprit.AutoTimeout)."""
         self.details = details  # taskd's launcher names each rank's file; msrun does not
         self.timeout = timeout
-        environ = dict(os.environ if environ is None else environ)
         collective = collective_timeout(environ)
         self.auto = AutoTimeout(cap=collective / 2 if collective else None) if auto and timeout is None else None
-        if auto and timeout is not None and timeout >= (collective or MS_CPU_COMM_DEFAULT):
-            told = f"{collective:.0f}s" if collective else f"{MS_CPU_COMM_DEFAULT:.0f}s on CPU when " \
-                "MS_CPU_COMM_OP_TIMEOUT is unset"
-            log.warning("heartbeat timeout %.0fs is not below the ranks' collective timeout (%s): a hung rank's "
-                        "peers give up in their collective first; taskd then names the hung rank when a peer "
-                        "exits. Leave TASKD_HEARTBEAT_TIMEOUT unset (derived from the step times) or set it "
-                        "lower", timeout, told)
         self._worker_log = worker_log
         self._files: dict[int, HeartbeatFile] = {}
         self._dir: str | None = None
         self._dumps: dict[int, str] = {}  # pid -> its stacks as taken for a hang (each incarnation once)
         self._warned_silent = False
-        self._cpu: dict[int, tuple[int | None, float, float]] = {}  # pid -> (step, CPU seconds, when first seen)
+        self._cpu: dict[int, tuple[int | None, float | None, float]] = {}  # pid -> (step, CPU s, when) (_busy)
 
     def export_dir(self, parent: str | None = None) -> None:
         """Under msrun, give the ranks (through our environment) a directory to write their heartbeat files in.
@@ -128,17 +119,21 @@ class HangWatch:
         return self.timeout is not None or self.auto is not None
 
     def _busy(self, rank: Rank, step: int | None, now: float) -> bool:
-        """Whether the rank used CPU since the sweep that first saw its last step (IDLE_SHARE of the time): a
-        derived timeout (no setting) is only applied to a rank that does nothing, not to one that is busy
-        with a long save outside a section. A hung rank waits (a lock, a socket, a sleep) or is stopped."""
+        """Whether the rank used CPU (IDLE_SHARE of the time) since the first sweep that found it still at its
+        last step: a derived timeout (no setting) is only applied to a rank that does nothing, not to one busy
+        with a long save outside a section. A hung rank waits (a lock, a socket, a sleep) or is stopped. A rank
+        that advances between sweeps costs no CPU read; the baseline is taken one sweep after its last step."""
+        seen = self._cpu.get(rank.pid)
+        if seen is None or seen[0] != step:
+            self._cpu[rank.pid] = (step, None, now)
+            return True
         try:
             cpu = sum(rank.proc.cpu_times()[:2]) if rank.proc is not None else None
         except psutil.Error:
             return False
         if cpu is None:
             return False
-        seen = self._cpu.get(rank.pid)
-        if seen is None or seen[0] != step:
+        if seen[1] is None:
             self._cpu[rank.pid] = (step, cpu, now)
             return True
         return cpu - seen[1] > IDLE_SHARE * (now - seen[2])
@@ -259,16 +254,8 @@ class HangWatch:
         waited = now - max(state.time, state.section_start or 0.0)
         if waited < max(EXIT_WAITED, 3 * (self.auto.slowest if self.auto is not None else 0.0)):
             return []
-        seen = []
-        for rank in others:
-            _, peer = self.heartbeat(rank)
-            if peer is None or peer.finishing:
-                continue
-            quiet = now - max(peer.time, peer.section_start or 0.0)
-            stopped = _stopped(rank)
-            seen.append((rank, Suspect(rank=rank.global_rank, stale=stopped or quiet >= waited / 2, step=peer.step,
-                                       quiet=quiet, stopped=stopped, marked=self._declared(rank)),
-                         Hang(quiet, peer.step, peer.section, peer.stack_signal)))
+        seen = [(rank, suspect, hang) for rank in others
+                if (found := self._suspect(rank, now, quiet_for=waited / 2)) is not None for suspect, hang in (found,)]
         culprits, _ = self._judge(seen, waited / 2, guess=False,
                                   after=f"rank {exited.global_rank} (pid {exited.pid}) exited after waiting "
                                         f"{waited:.1f}s on it")
@@ -322,18 +309,21 @@ class HangWatch:
                     "since they started, so none can be found hung: call taskd.worker.heartbeat(step) once per "
                     "step, or pass taskd.worker.mindspore.TaskdCallback to Model.train", self.timeout, now - started)
 
-    def _suspect(self, rank: Rank, now: float) -> tuple[Suspect, Hang] | None:
-        """What the decision needs of one running rank with a heartbeat file: stale or not, step, quiet."""
+    def _suspect(self, rank: Rank, now: float, quiet_for: float | None = None) -> tuple[Suspect, Hang] | None:
+        """What the decision needs of one running rank with a heartbeat file: stale or not, step, quiet. Stale
+        means past its deadline (`check`), or, with `quiet_for`, stopped or quiet that long (`behind_exit`)."""
         hb, state = self.heartbeat(rank)
         if hb is None or state is None or state.finishing:
             return None
-        hang = self.check(rank, now)
+        stopped = _stopped(rank)
+        hang = self.check(rank, now) if quiet_for is None else None
         stale = hang is not None
         if hang is None:  # not past its deadline (yet): described all the same, it may be the stopped culprit
             hang = Hang(now - max(state.time, state.section_start or 0.0), state.step, state.section,
                         state.stack_signal)
+            stale = quiet_for is not None and (stopped or hang.quiet >= quiet_for)
         return Suspect(rank=rank.global_rank, stale=stale, step=state.step, quiet=hang.quiet,
-                       stopped=_stopped(rank), marked=self._declared(rank), waiting=hang.waiting), hang
+                       stopped=stopped, marked=self._declared(rank), waiting=hang.waiting), hang
 
     def _declared(self, rank: Rank) -> bool:
         hb, _ = self.heartbeat(rank)

@@ -81,6 +81,8 @@ class MSRunPlugin:
         if self.config.launcher == "msrun" and not self.config.log_dir:
             self.config = dataclasses.replace(self.config, log_dir=_msrun_log_dir(sys.argv))
         file_handler = _log_file_handler(self.config.log_dir) if self.config.launcher == "msrun" else None
+        if self.config.launcher == "msrun":
+            warn_above_collectives(self.config.heartbeat_timeout, os.environ)
         if self.config.launcher == "msrun" and "dump" in self.config.offered_strategies:
             self.config = dataclasses.replace(self.config, dump_timeout=msrun_dump_timeout(
                 self.config.dump_timeout, os.environ))
@@ -117,6 +119,19 @@ class MSRunPlugin:
 # parameter while the training thread waits in a collective whose peer died; the training thread can, once that
 # collective fails.
 DUMP_SAVE_MARGIN = 15.0  # seconds for the survivor's save after its collective failed (measured: 4-11 ms + ~3 s)
+
+
+def warn_above_collectives(timeout: float | None, environ: Mapping[str, str]) -> None:
+    """A TASKD_HEARTBEAT_TIMEOUT at or above the ranks' collective timeout is never reached in a data-parallel
+    job (the peers give up first): say so once, at the start, with what to do."""
+    collective = collective_timeout(environ)
+    if timeout is None or timeout < (collective or MS_CPU_COMM_DEFAULT):
+        return
+    told = f"{collective:.0f}s" if collective else \
+        f"{MS_CPU_COMM_DEFAULT:.0f}s on CPU when MS_CPU_COMM_OP_TIMEOUT is unset"
+    log.warning("heartbeat timeout %.0fs is not below the ranks' collective timeout (%s): a hung rank's peers give "
+                "up in their collective first; taskd then names the hung rank when a peer exits. Leave "
+                "TASKD_HEARTBEAT_TIMEOUT unset (derived from the step times) or set it lower", timeout, told)
 
 
 def msrun_dump_timeout(configured: float, environ: Mapping[str, str]) -> float:
