@@ -54,6 +54,9 @@ def on_init(m: Job, ev: JobInit, now: float, out: Outcome) -> Result:
     # the replacement of a node an open node-loss round awaits joins it, even while no survivor is connected
     # (after a controller restart, before they resubscribe): a reset would abandon the round
     known = known or (ev.node_rank in m.rejoining and m.state in LIVE and not ev.standby)
+    # a job another node's Init created a moment ago, no agent registered yet: the nodes of one start race to
+    # Init, and a reset would only record a "job_reset" of a run that has not begun (same shape: nothing to redo)
+    known = known or (_unstarted(m) and _same_shape(m, ev))
     online = m.agents.online_count > 0
     if (m.state in TERMINAL and not known) or (not online and not known):
         reason = f"job was {m.state.value}" if m.state in TERMINAL else "no agent of the job is connected"
@@ -71,6 +74,19 @@ def on_init(m: Job, ev: JobInit, now: float, out: Outcome) -> Result:
     m.record(out, "job_joined", node_rank=ev.node_rank, host=ev.host, pid=ev.pid)
     out.info = f"joined job {m.job_id} ({m.state.value})"
     return m.state
+
+
+def _unstarted(m: Job) -> bool:
+    """Created by an Init and nothing since: no agent registered, no round, no restart, no fence."""
+    return (m.state is S.RUNNING and len(m.agents) == 0 and m.round is None and m.restarts == 0
+            and not m.fences and not m.queued)
+
+
+def _same_shape(m: Job, ev: JobInit) -> bool:
+    """The Init asks for the job as it is (nodes, ranks per node, budget, policy, minimum size)."""
+    budget = ev.max_restarts if ev.max_restarts is not None else m.config.default_max_restarts
+    return ((ev.node_count if ev.node_count > 0 else 1) == m.node_count and ev.ranks_per_node == m.ranks_per_node
+            and budget == m.max_restarts and tuple(ev.strategies) == m.policy and ev.min_nodes == m.min_nodes)
 
 
 def _per_node_refusal(m: Job, node_rank: int, given: int, standby: bool) -> str:

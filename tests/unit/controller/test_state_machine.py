@@ -534,6 +534,23 @@ def test_init_joins_or_resets(finished: bool, online: bool, pid: int, expect: st
         assert 0 in m.agents
 
 
+def test_the_nodes_of_one_start_racing_to_init_join_the_job_the_first_created() -> None:
+    """Node 1's Init arriving before node 0 registered is the same start, not a new run: no job_reset (CI saw
+    one in every 2-node start on a loaded machine, and an operator reads it as a lost run)."""
+    m = JobMachine("j", CFG, 0.0, JobInit(node_count=2, ranks_per_node=2, host="a", pid=1))
+    out = m.handle(JobInit(node_count=2, ranks_per_node=2, node_rank=1, host="b", pid=2), 0.1)
+    assert out.code == 0 and [r.kind for r in out.records] == ["job_joined"], out.records
+    # the same race with another shape is a new run asked for: it takes the new shape
+    other = m.handle(JobInit(node_count=3, ranks_per_node=2, node_rank=1, host="b", pid=2), 0.2)
+    assert [r.kind for r in other.records] == ["job_reset"] and m.node_count == 3, other.records
+    # once an agent registered, an unknown Init while it is online joins; the race rule no longer applies
+    m.handle(AgentRegistered(node_rank=0, host="a", pid=1), 0.3)
+    m.handle(AgentDisconnected(node_rank=0), 0.4)
+    m.agents.set_online(m.agents[0], False)
+    late = m.handle(JobInit(node_count=3, ranks_per_node=2, node_rank=1, host="c", pid=3), 0.5)
+    assert [r.kind for r in late.records] == ["job_reset"], late.records
+
+
 # ------------------------------------------------------------------ the decision alone (pure)
 
 
