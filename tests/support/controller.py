@@ -1,5 +1,5 @@
-"""Helpers the controller's unit and e2e tests share: a call's status checked, a job as a restart restores it,
-what the state file holds."""
+"""Helpers the controller's unit and e2e tests share: a running job's machine, its due timers fired, a call's
+status checked, a job as a restart restores it, what the state file holds."""
 
 from __future__ import annotations
 
@@ -9,10 +9,28 @@ from typing import Any
 
 from taskd.controller.core import ControllerCore
 from taskd.controller.snapshot import snapshot
+from taskd.controller.state_machine import AgentConnected, AgentRegistered, JobInit, JobMachine, MachineConfig
 from taskd.controller.store import JOB_TABLES, Store
 
 ALL = ["retry", "recover", "job-rescheduling", "dump", "exit"]  # every strategy, in the controller's order
 BIG = "x" * 4000  # a text that needs new pages in the events and faults tables
+# a round's waits short and each different, so that a test reads which one ran out off the time it fired at
+ROUND_CFG = MachineConfig(stop_timeout=10, strategy_timeout=10, recover_timeout=50, resume_timeout=20,
+                          agent_loss_timeout=30, agent_loss_grace=5, node_rejoin_timeout=100)
+
+
+def running_job(nodes: int = 2, per_node: int = 1, cfg: MachineConfig = ROUND_CFG, **init: Any) -> JobMachine:
+    """Job "j" RUNNING at t=0: node n's agent h:(100+n) registered with `per_node` ranks and subscribed."""
+    m = JobMachine("j", cfg, 0.0, JobInit(node_count=nodes, ranks_per_node=per_node, **init))
+    for n in range(nodes):
+        assert m.handle(AgentRegistered(node_rank=n, host="h", pid=100 + n, ranks_per_node=per_node), 0.0).code == 0
+        m.handle(AgentConnected(node_rank=n, host="h", pid=100 + n), 0.0)
+    return m
+
+
+def fire(m: JobMachine, t: float) -> list[Any]:
+    """Deliver the timer events due at `t`, as the controller's timer does; their outcomes."""
+    return [m.handle(ev, t) for ev in m.due_events(t)]
 
 
 def ok(status) -> None:  # noqa: ANN001 (a proto Status)

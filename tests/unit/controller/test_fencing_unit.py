@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support.controller import ROUND_CFG, fire, running_job
 
 from taskd.controller.core import ControllerCore
 from taskd.controller.events import PaceReported, TrainingResumed
@@ -28,7 +29,6 @@ from taskd.controller.state_machine import (
     JobInit,
     JobMachine,
     JobState,
-    MachineConfig,
     RecoverStatusReported,
     StopComplete,
     StrategiesReported,
@@ -37,8 +37,6 @@ from taskd.controller.store import Store
 from taskd.vocabulary import Code
 
 S = JobState
-CFG = MachineConfig(stop_timeout=10, strategy_timeout=10, recover_timeout=50, resume_timeout=20,
-                    agent_loss_timeout=30, agent_loss_grace=5, node_rejoin_timeout=100)
 OLD = {"node_rank": 1, "host": "h", "pid": 101}  # the lost agent's identity
 HELD = "is now held by h2:201"  # what every refusal names
 
@@ -53,18 +51,21 @@ def fenced_events() -> list[Event]:
             TrainingResumed(round=1, **OLD)]
 
 
-def replaced() -> JobMachine:
-    """Node 1 lost at t=10 and replaced by h2:201, the round recovered: RUNNING."""
-    m = JobMachine("j", CFG, 0.0, JobInit(node_count=2, ranks_per_node=2))
-    for n in range(2):
-        m.handle(AgentRegistered(node_rank=n, host="h", pid=100 + n, ranks_per_node=2), 0.0)
-        m.handle(AgentConnected(node_rank=n, host="h", pid=100 + n), 0.0)
+def awaiting_replacement() -> JobMachine:
+    """Node 1's agent (h:101) lost at t=10, fenced; node 0 stopped and offered recover: REJOINING."""
+    m = running_job(per_node=2)
     m.handle(AgentDisconnected(node_rank=1), 5.0)
-    for ev in m.due_events(10.0):
-        m.handle(ev, 10.0)
+    fire(m, 10.0)
     assert m.state == S.STOPPING and (1, "h", 101) in m.fences
     m.handle(StopComplete(node_rank=0, host="h", pid=100, faults={2: "1", 3: "1"}), 11.0)
     m.handle(StrategiesReported(node_rank=0, strategies=("recover", "exit"), host="h", pid=100), 12.0)
+    assert m.state == S.REJOINING
+    return m
+
+
+def replaced() -> JobMachine:
+    """Node 1 lost at t=10 and replaced by h2:201, the round recovered: RUNNING."""
+    m = awaiting_replacement()
     assert m.handle(AgentRegistered(node_rank=1, host="h2", pid=201, ranks_per_node=2), 13.0).code == 0
     m.handle(AgentConnected(node_rank=1, host="h2", pid=201), 13.0)
     assert m.state == S.RECOVERING
@@ -94,7 +95,7 @@ def _recovering(m: JobMachine) -> JobMachine:
 
 
 def _restored(m: JobMachine) -> JobMachine:
-    r, _ = JobMachine.restore(_fault(m).snapshot(), list(m.agents.values()), CFG, 30.0)
+    r, _ = JobMachine.restore(_fault(m).snapshot(), list(m.agents.values()), ROUND_CFG, 30.0)
     return r
 
 
@@ -137,16 +138,7 @@ def test_a_fenced_identity_is_refused_in_every_job_state_naming_the_holder(state
 
 
 def test_a_fenced_identity_is_refused_while_its_node_awaits_a_replacement() -> None:
-    m = JobMachine("j", CFG, 0.0, JobInit(node_count=2, ranks_per_node=2))
-    for n in range(2):
-        m.handle(AgentRegistered(node_rank=n, host="h", pid=100 + n, ranks_per_node=2), 0.0)
-        m.handle(AgentConnected(node_rank=n, host="h", pid=100 + n), 0.0)
-    m.handle(AgentDisconnected(node_rank=1), 5.0)
-    for ev in m.due_events(10.0):
-        m.handle(ev, 10.0)
-    m.handle(StopComplete(node_rank=0, host="h", pid=100, faults={2: "1", 3: "1"}), 11.0)
-    m.handle(StrategiesReported(node_rank=0, strategies=("recover", "exit"), host="h", pid=100), 12.0)
-    assert m.state == S.REJOINING
+    m = awaiting_replacement()
     for ev in fenced_events():
         out = m.handle(ev, 13.0)
         assert out.code == Code.FENCED and "awaits a replacement" in out.info, (type(ev).__name__, out.info)
@@ -181,7 +173,7 @@ def test_fences_are_stored_and_a_restarted_controller_refuses_the_fenced_stream_
     after a restart, with the fence's time re-based to the new clock."""
     state = tmp_path / "ctl.sqlite3"
     mono, wall = Fake(1000.0), Fake(1_700_000_000.0)
-    core = ControllerCore(CFG, Store(state), SignalHub(), clock=mono, wall=wall)
+    core = ControllerCore(ROUND_CFG, Store(state), SignalHub(), clock=mono, wall=wall)
     m = replaced()
     core.jobs["j"] = m  # the machine, driven above, handed to the core to store: its next event commits it all
     assert core.dispatch("j", AgentFinished(node_rank=0, exit_code=0, host="h", pid=100)).code == 0
@@ -190,7 +182,7 @@ def test_fences_are_stored_and_a_restarted_controller_refuses_the_fenced_stream_
     core.group.flush()
     core.store.close()
     wall.now += 100.0  # down 100 s; the new process's monotonic clock starts elsewhere
-    restarted = ControllerCore(CFG, Store(state), SignalHub(), clock=Fake(7.0), wall=wall)
+    restarted = ControllerCore(ROUND_CFG, Store(state), SignalHub(), clock=Fake(7.0), wall=wall)
     assert restarted.load() == 1
     r = restarted.jobs["j"]
     assert r.state == S.SUCCEEDED and (1, "h", 101) in r.fences

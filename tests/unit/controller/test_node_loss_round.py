@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import Any
+
+from support.controller import ROUND_CFG, fire, running_job
 
 from taskd.controller.hub import extra_params
 from taskd.controller.state_machine import (
@@ -14,7 +17,6 @@ from taskd.controller.state_machine import (
     JobInit,
     JobMachine,
     JobState,
-    MachineConfig,
     RecoverStatusReported,
     StopComplete,
     StrategiesReported,
@@ -22,21 +24,10 @@ from taskd.controller.state_machine import (
 from taskd.vocabulary import Code, SignalType
 
 S = JobState
-CFG = MachineConfig(stop_timeout=10, strategy_timeout=10, recover_timeout=50, resume_timeout=20,
-                    agent_loss_timeout=30, agent_loss_grace=5, node_rejoin_timeout=100)
 BOTH = ("recover", "job-rescheduling", "dump", "exit")
 
 
-def job(nodes: int = 2, per_node: int = 2) -> JobMachine:
-    m = JobMachine("j", CFG, 0.0, JobInit(node_count=nodes, ranks_per_node=per_node))
-    for n in range(nodes):
-        assert m.handle(AgentRegistered(node_rank=n, host="h", pid=100 + n, ranks_per_node=per_node), 0.0).code == 0
-        m.handle(AgentConnected(node_rank=n, host="h", pid=100 + n), 0.0)
-    return m
-
-
-def fire(m: JobMachine, t: float) -> list[Any]:
-    return [m.handle(ev, t) for ev in m.due_events(t)]
+job = partial(running_job, per_node=2)
 
 
 def kinds(outs: list[Any]) -> list[str]:
@@ -152,7 +143,7 @@ def test_a_stream_that_ended_has_the_grace_a_silent_agent_the_loss_timeout() -> 
     m = job()
     m.handle(AgentRegistered(node_rank=1, host="h", pid=101, ranks_per_node=2), 1.0)  # re-register, no stream
     m.handle(AgentDisconnected(node_rank=1), 1.0)  # (already without its stream)
-    m2 = JobMachine("j2", CFG, 0.0, JobInit(node_count=2, ranks_per_node=1))
+    m2 = JobMachine("j2", ROUND_CFG, 0.0, JobInit(node_count=2, ranks_per_node=1))
     m2.handle(AgentRegistered(node_rank=0, host="h", pid=1, ranks_per_node=1), 0.0)
     m2.handle(AgentConnected(node_rank=0), 0.0)
     m2.handle(AgentRegistered(node_rank=1, host="h", pid=2, ranks_per_node=1), 2.0)  # never subscribes
@@ -188,7 +179,7 @@ def test_a_restart_mid_round_keeps_the_awaited_node_and_the_fence() -> None:
     lose_node_1(m)
     m.handle(StopComplete(node_rank=0), 11.0)
     m.handle(StrategiesReported(node_rank=0, strategies=BOTH), 12.0)
-    r, _ = JobMachine.restore(m.snapshot(), list(m.agents.values()), CFG, 20.0)
+    r, _ = JobMachine.restore(m.snapshot(), list(m.agents.values()), ROUND_CFG, 20.0)
     assert r.state == S.RESUMING and r.rejoining == {1: 10.0} and r.round.lost == {1: 10.0}
     assert r.handle(AgentRegistered(node_rank=1, host="h", pid=101), 21.0).code == Code.FENCED
     out = r.handle(AgentConnected(node_rank=0, host="h", pid=100), 21.0)  # every agent not awaited is back

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from functools import partial
 
 import pytest
+from support.controller import ROUND_CFG, fire, running_job
 
 from taskd.controller import resize
 from taskd.controller.hub import extra_params
@@ -15,10 +16,8 @@ from taskd.controller.state_machine import (
     AgentDisconnected,
     AgentFinished,
     AgentRegistered,
-    JobInit,
     JobMachine,
     JobState,
-    MachineConfig,
     RecoverStatusReported,
     StopComplete,
     StrategiesReported,
@@ -26,22 +25,11 @@ from taskd.controller.state_machine import (
 from taskd.vocabulary import SignalType
 
 S = JobState
-CFG = MachineConfig(stop_timeout=10, strategy_timeout=10, recover_timeout=50, resume_timeout=20,
-                    agent_loss_timeout=30, agent_loss_grace=5, node_rejoin_timeout=100)
 ELASTIC = ("retry", "recover", "job-rescheduling", "exit", "downgrade", "upgrade")
 FIXED = ("recover", "job-rescheduling", "exit")
 
 
-def job(nodes: int = 3, per_node: int = 2, min_nodes: int = 2) -> JobMachine:
-    m = JobMachine("j", CFG, 0.0, JobInit(node_count=nodes, ranks_per_node=per_node, min_nodes=min_nodes))
-    for n in range(nodes):
-        assert m.handle(AgentRegistered(node_rank=n, host="h", pid=100 + n, ranks_per_node=per_node), 0.0).code == 0
-        m.handle(AgentConnected(node_rank=n, host="h", pid=100 + n), 0.0)
-    return m
-
-
-def fire(m: JobMachine, t: float) -> list[Any]:
-    return [m.handle(ev, t) for ev in m.due_events(t)]
+job = partial(running_job, nodes=3, per_node=2, min_nodes=2)
 
 
 def lose(m: JobMachine, node: int, offers: dict[int, tuple[str, ...]], t: float = 5.0) -> None:
@@ -151,7 +139,7 @@ def test_a_scaled_in_job_survives_a_controller_restart() -> None:
     fire(m, 110.0)
     recovered(m, {0: ("h", 100), 1: ("h", 101)}, "downgrade", 111.0)
     snap = json.loads(json.dumps(snapshot(m)))
-    fresh = JobMachine("j", CFG, 0.0)
+    fresh = JobMachine("j", ROUND_CFG, 0.0)
     restore_into(fresh, snap, list(m.agents.values()), 200.0)
     assert fresh.absent == {2: 110.0} and fresh.min_nodes == 2 and fresh.expected_nodes() == {0, 1}
 

@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 import pytest
+from support.controller import ROUND_CFG, running_job
 
 from taskd.controller.hub import extra_params
 from taskd.controller.state_machine import (
@@ -19,10 +20,8 @@ from taskd.controller.state_machine import (
     AgentDisconnected,
     AgentRegistered,
     FaultReported,
-    JobInit,
     JobMachine,
     JobState,
-    MachineConfig,
     RecoverStatusReported,
     StopComplete,
     StrategiesReported,
@@ -30,17 +29,7 @@ from taskd.controller.state_machine import (
 )
 
 S = JobState
-CFG = MachineConfig(stop_timeout=10, strategy_timeout=10, recover_timeout=50, resume_timeout=20,
-                    agent_loss_timeout=30, agent_loss_grace=5, node_rejoin_timeout=100)
 OFFERED = ("recover", "job-rescheduling", "exit")
-
-
-def job(nodes: int = 2) -> JobMachine:
-    m = JobMachine("j", CFG, 0.0, JobInit(node_count=nodes, ranks_per_node=1))
-    for n in range(nodes):
-        assert m.handle(AgentRegistered(node_rank=n, host="h", pid=100 + n, ranks_per_node=1), 0.0).code == 0
-        m.handle(AgentConnected(node_rank=n, host="h", pid=100 + n), 0.0)
-    return m
 
 
 def to(m: JobMachine, state: S) -> list[Any]:
@@ -63,7 +52,7 @@ def to(m: JobMachine, state: S) -> list[Any]:
 def restart(m: JobMachine, now: float) -> tuple[JobMachine, Any]:
     """SIGKILL and restart: the snapshot as the store keeps it (JSON), the agents offline."""
     snap = json.loads(json.dumps(m.snapshot()))
-    return JobMachine.restore(snap, [a.copy() for a in m.agents.values()], CFG, now)
+    return JobMachine.restore(snap, [a.copy() for a in m.agents.values()], ROUND_CFG, now)
 
 
 def back(m: JobMachine, now: float, nodes: tuple[int, ...] = (0, 1)) -> dict[int, list[Any]]:
@@ -78,13 +67,13 @@ def back(m: JobMachine, now: float, nodes: tuple[int, ...] = (0, 1)) -> dict[int
 
 @pytest.mark.parametrize("reported", [(), (0,), (1,)])
 def test_recovering_resumes_where_it_was(reported: tuple[int, ...]) -> None:
-    m = job()
+    m = running_job()
     (change,) = to(m, S.RECOVERING)
     for n in reported:
         m.handle(RecoverStatusReported(node_rank=n, strategy="recover"), 2.0)
     r, out = restart(m, 40.0)
     assert r.state == S.RECOVERING and r.round.strategy == "recover" and r.round.statuses == set(reported)
-    assert r.deadline == 40.0 + CFG.recover_timeout  # a whole recover timeout from the restart
+    assert r.deadline == 40.0 + ROUND_CFG.recover_timeout  # a whole recover timeout from the restart
     (restored,) = [x for x in out.records if x.kind == "round_restored"]
     assert restored.detail["awaiting"] == sorted({0, 1} - set(reported))
     got = back(r, 41.0)
@@ -100,7 +89,7 @@ def test_recovering_resumes_where_it_was(reported: tuple[int, ...]) -> None:
 
 def test_a_status_sent_before_its_agent_resubscribed_counts() -> None:
     """The agent's outbox re-sends its pending status as soon as it re-registered, before its stream is back."""
-    m = job()
+    m = running_job()
     to(m, S.RECOVERING)
     r, _ = restart(m, 40.0)
     assert r.handle(AgentRegistered(node_rank=0, host="h", pid=100, ranks_per_node=1), 40.5).code == 0
@@ -112,7 +101,7 @@ def test_a_status_sent_before_its_agent_resubscribed_counts() -> None:
 
 
 def test_a_second_restart_still_resumes_in_place_and_charges_once() -> None:
-    m = job()
+    m = running_job()
     (change,) = to(m, S.RECOVERING)
     r, _ = restart(m, 40.0)
     back(r, 41.0)
@@ -125,18 +114,18 @@ def test_a_second_restart_still_resumes_in_place_and_charges_once() -> None:
 
 
 def test_a_restored_recovering_round_still_times_out_to_the_next_strategy() -> None:
-    m = job()
+    m = running_job()
     to(m, S.RECOVERING)
     r, _ = restart(m, 40.0)
     back(r, 41.0)
     r.handle(RecoverStatusReported(node_rank=0, strategy="recover"), 42.0)
-    out = r.handle(Tick(), 40.0 + CFG.recover_timeout)
+    out = r.handle(Tick(), 40.0 + ROUND_CFG.recover_timeout)
     assert r.state == S.RECOVERING and [s.strategy for s in out.signals] == ["job-rescheduling"]
     assert r.round.tried == ["recover", "job-rescheduling"] and r.restarts == 1  # one round: one restart
 
 
 def test_a_fault_while_restored_recovering_is_queued_for_the_next_round() -> None:
-    m = job()
+    m = running_job()
     to(m, S.RECOVERING)
     r, _ = restart(m, 40.0)
     back(r, 41.0)
@@ -148,7 +137,7 @@ def test_a_fault_while_restored_recovering_is_queued_for_the_next_round() -> Non
 
 @pytest.mark.parametrize("state", [S.STOPPING, S.COLLECTING])
 def test_an_undecided_round_is_run_again_once(state: S) -> None:
-    m = job()
+    m = running_job()
     to(m, state)
     r, _ = restart(m, 40.0)
     assert r.state == S.RESUMING
@@ -168,7 +157,7 @@ def test_an_undecided_round_is_run_again_once(state: S) -> None:
 
 
 def test_a_restart_while_resuming_runs_the_round_again_once() -> None:
-    m = job()
+    m = running_job()
     to(m, S.COLLECTING)
     r, _ = restart(m, 40.0)
     r.handle(AgentConnected(node_rank=0, host="h", pid=100), 41.0)
@@ -180,7 +169,7 @@ def test_a_restart_while_resuming_runs_the_round_again_once() -> None:
 
 def test_a_node_loss_round_restored_recovering_keeps_the_replacement_as_a_participant() -> None:
     """The live node-loss round of F2: the replacement's ranks already rejoined; a restart must not recover again."""
-    m = job()
+    m = running_job()
     m.handle(AgentDisconnected(node_rank=1), 5.0)
     for ev in m.due_events(10.0):
         m.handle(ev, 10.0)

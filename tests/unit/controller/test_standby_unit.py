@@ -4,7 +4,11 @@ lost node longest-waiting first, dropped when they go, bounded, released when th
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from functools import partial
 from typing import Any
+
+from support.controller import ROUND_CFG, fire, running_job
 
 from taskd.controller.checkpoint import Checkpoint
 from taskd.controller.events import StandbyConnected, StandbyDisconnected
@@ -17,22 +21,13 @@ from taskd.controller.state_machine import (
     JobInit,
     JobMachine,
     JobState,
-    MachineConfig,
     RecoverStatusReported,
 )
 from taskd.vocabulary import Code, SignalType
 
 S = JobState
-CFG = MachineConfig(stop_timeout=10, strategy_timeout=10, recover_timeout=50, resume_timeout=20,
-                    agent_loss_timeout=30, agent_loss_grace=5, node_rejoin_timeout=100, max_standbys=2)
-
-
-def job(nodes: int = 2) -> JobMachine:
-    m = JobMachine("j", CFG, 0.0, JobInit(node_count=nodes, ranks_per_node=1))
-    for n in range(nodes):
-        m.handle(AgentRegistered(node_rank=n, host="h", pid=100 + n, ranks_per_node=1), 0.0)
-        m.handle(AgentConnected(node_rank=n, host="h", pid=100 + n), 0.0)
-    return m
+CFG = replace(ROUND_CFG, max_standbys=2)
+job = partial(running_job, cfg=CFG)
 
 
 def spare(m: JobMachine, pid: int, t: float) -> Any:
@@ -44,7 +39,7 @@ def spare(m: JobMachine, pid: int, t: float) -> Any:
 
 def lose(m: JobMachine, node: int, t: float) -> list[Any]:
     m.handle(AgentDisconnected(node_rank=node), t)
-    return [m.handle(ev, t + 5) for ev in m.due_events(t + 5)]
+    return fire(m, t + 5)
 
 
 def assigned(outs: list[Any]) -> list[tuple[tuple[str, int], int]]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.controller import ROUND_CFG
 
 from taskd.controller.core import ControllerCore
 from taskd.controller.events import TrainingResumed
@@ -22,7 +23,6 @@ from taskd.controller.state_machine import (
     AgentRegistered,
     FaultReported,
     JobInit,
-    MachineConfig,
     RecoverStatusReported,
     StopComplete,
     StrategiesReported,
@@ -33,8 +33,6 @@ from taskd.controller.validation import check_resumed
 from taskd.proto import taskd_pb2
 from taskd.vocabulary import Code
 
-CFG = MachineConfig(stop_timeout=10, strategy_timeout=10, recover_timeout=50, resume_timeout=20,
-                    agent_loss_timeout=30, agent_loss_grace=5, node_rejoin_timeout=100)
 BOTH = ("recover", "job-rescheduling", "dump", "exit")
 T0 = 1000.0
 
@@ -48,7 +46,7 @@ class Clock:
 
 
 def make_core(path: Path, clock: Clock) -> ControllerCore:
-    return ControllerCore(CFG, Store(path), SignalHub(), clock=clock, wall=clock)
+    return ControllerCore(ROUND_CFG, Store(path), SignalHub(), clock=clock, wall=clock)
 
 
 def at(core: ControllerCore, clock: Clock, t: float, ev: Any, code: int = Code.OK) -> Any:
