@@ -47,6 +47,17 @@ def wait_for(pred: Callable[[], object], timeout: float = WAIT, what: str = "con
 wait_until = wait_for
 
 
+class ManualClock:
+    """A clock the test moves by hand (`clock.now += 5`): the time a unit under test reads, passed in where it
+    would call time.monotonic or time.time."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def written(path, timeout: float = WAIT) -> str:  # noqa: ANN001 (a Path)
     """The text another process writes into `path`, once there is some.
 

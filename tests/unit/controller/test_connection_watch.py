@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
+from support import ManualClock
+
 from taskd.controller.connections import ConnectionWatch, WatchConfig, _hex_ip, normal_ip
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def watch(table: dict[int, tuple[str, int]], **cfg: object) -> tuple[ConnectionWatch, Clock, list[set[int]], list]:
-    clock, closed, notes = Clock(), [], []
+def watch(table: dict[int, tuple[str, int]],
+          **cfg: object) -> tuple[ConnectionWatch, ManualClock, list[set[int]], list]:
+    clock, closed, notes = ManualClock(100.0), [], []
 
     def closer(inodes: set[int]) -> int:
         closed.append(set(inodes))

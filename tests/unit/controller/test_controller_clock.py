@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from support import ManualClock
+
 from taskd.controller.clock import Clock
 from taskd.controller.core import ControllerCore
 from taskd.controller.events import Signal
@@ -29,17 +31,7 @@ from taskd.vocabulary import SignalType
 S = JobState
 
 
-class Fake:
-    """A clock the test moves by hand."""
-
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def two_node_core(state: str | Path, mono: Fake, wall: Fake, loss: float = 30.0) -> ControllerCore:
+def two_node_core(state: str | Path, mono: ManualClock, wall: ManualClock, loss: float = 30.0) -> ControllerCore:
     cfg = MachineConfig(agent_loss_timeout=loss, agent_loss_grace=loss)
     return ControllerCore(cfg, Store(state), SignalHub(), clock=mono, wall=wall)
 
@@ -52,7 +44,7 @@ def start_job(core: ControllerCore, job: str = "j") -> None:
 
 
 def test_a_wall_clock_stepped_back_an_hour_does_not_delay_an_agents_loss() -> None:
-    mono, wall = Fake(5000.0), Fake(1_700_000_000.0)
+    mono, wall = ManualClock(5000.0), ManualClock(1_700_000_000.0)
     core = two_node_core(":memory:", mono, wall)
     start_job(core)
     core.dispatch("j", AgentDisconnected(node_rank=1))  # node 1's agent was SIGKILLed: its stream ended
@@ -70,7 +62,7 @@ def test_a_wall_clock_stepped_back_an_hour_does_not_delay_an_agents_loss() -> No
 
 def test_stored_times_are_wall_times_and_come_back_rebased_never_in_the_future(tmp_path: Path) -> None:
     state = tmp_path / "ctl.sqlite3"
-    mono, wall = Fake(100.0), Fake(1_700_000_000.0)
+    mono, wall = ManualClock(100.0), ManualClock(1_700_000_000.0)
     core = ControllerCore(MachineConfig(join_timeout=600), Store(state), SignalHub(), clock=mono, wall=wall)
     assert core.init_job("j", JobInit(node_count=2)).code == 0
     core.dispatch("j", AgentRegistered(node_rank=0, host="h", pid=1))  # node 1 never comes: the join clock runs
@@ -80,8 +72,8 @@ def test_stored_times_are_wall_times_and_come_back_rebased_never_in_the_future(t
     assert snap["created_at"] == 1_700_000_000.0  # the record holds wall time
 
     # the controller is down 100 s; the new process's monotonic clock starts elsewhere
-    restarted = ControllerCore(MachineConfig(join_timeout=600), Store(state), SignalHub(), clock=Fake(7.0),
-                               wall=Fake(1_700_000_100.0))
+    restarted = ControllerCore(MachineConfig(join_timeout=600), Store(state), SignalHub(), clock=ManualClock(7.0),
+                               wall=ManualClock(1_700_000_100.0))
     restarted.load()
     m = restarted.jobs["j"]
     assert m.created_at == -93.0 and m.join_deadline == 507.0  # 100 s of the 600 s are gone, on the new clock
@@ -89,8 +81,8 @@ def test_stored_times_are_wall_times_and_come_back_rebased_never_in_the_future(t
 
     # a wall clock stepped back while the controller was down: stamps do not lie ahead, deadlines keep at most
     # their whole timeout
-    stepped = ControllerCore(MachineConfig(join_timeout=600), Store(state), SignalHub(), clock=Fake(7.0),
-                             wall=Fake(1_700_000_000.0 - 3600))
+    stepped = ControllerCore(MachineConfig(join_timeout=600), Store(state), SignalHub(), clock=ManualClock(7.0),
+                             wall=ManualClock(1_700_000_000.0 - 3600))
     stepped.load()
     assert stepped.jobs["j"].created_at == 7.0 and stepped.jobs["j"].join_deadline == 607.0
     stepped.store.close()
@@ -136,6 +128,6 @@ def test_change_strategy_carries_generation_and_restarts_as_typed_fields() -> No
 
 
 def test_the_clock_rule() -> None:
-    c = Clock(monotonic=Fake(10.0), wall=Fake(1000.0))
+    c = Clock(monotonic=ManualClock(10.0), wall=ManualClock(1000.0))
     assert c.to_wall(4.0) == 994.0 and c.from_wall(994.0) == 4.0
     assert c.from_wall(2000.0) == 10.0  # a stamp "in the future" (a wall clock stepped back) is now

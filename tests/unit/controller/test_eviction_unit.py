@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from support import ManualClock
 from support.controller import ok, rows_of
 
 from taskd.controller.core import ControllerCore
@@ -18,15 +19,7 @@ from taskd.controller.store import Store
 from taskd.vocabulary import Code
 
 
-class Clock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def make_core(state: Path, clock: Clock, max_jobs: int = 10000) -> ControllerCore:
+def make_core(state: Path, clock: ManualClock, max_jobs: int = 10000) -> ControllerCore:
     cfg = MachineConfig(unregistered_job_timeout=300, agent_loss_timeout=3600)
     return ControllerCore(cfg, Store(state), SignalHub(), max_jobs=max_jobs, clock=clock, wall=clock,
                           finished_job_retention=3600)
@@ -34,7 +27,7 @@ def make_core(state: Path, clock: Clock, max_jobs: int = 10000) -> ControllerCor
 
 def test_a_job_no_agent_registers_for_is_dropped_and_stays_gone(tmp_path: Path) -> None:
     state = tmp_path / "ctl.sqlite3"
-    clock = Clock()
+    clock = ManualClock()
     core = make_core(state, clock)
     ok(core.init_job("idle", JobInit(node_count=2)))
     ok(core.init_job("live", JobInit(node_count=2)))
@@ -55,7 +48,7 @@ def test_a_job_no_agent_registers_for_is_dropped_and_stays_gone(tmp_path: Path) 
 
 def test_an_agentless_job_keeps_its_clock_across_a_restart(tmp_path: Path) -> None:
     state = tmp_path / "ctl.sqlite3"
-    clock = Clock()
+    clock = ManualClock()
     core = make_core(state, clock)
     ok(core.init_job("idle", JobInit()))
     core.store.close()
@@ -71,7 +64,7 @@ def test_an_agentless_job_keeps_its_clock_across_a_restart(tmp_path: Path) -> No
 
 def test_a_full_table_evicts_jobs_without_agents_first(tmp_path: Path) -> None:
     state = tmp_path / "ctl.sqlite3"
-    clock = Clock()
+    clock = ManualClock()
     core = make_core(state, clock, max_jobs=4)
     ok(core.init_job("done", JobInit()))
     ok(core.dispatch("done", AgentRegistered(node_rank=0, host="h", pid=1)))
@@ -99,7 +92,7 @@ def test_a_full_table_evicts_jobs_without_agents_first(tmp_path: Path) -> None:
 def test_ten_thousand_inits_without_agents_do_not_lock_out_a_real_job(tmp_path: Path) -> None:
     """The chaos probe's table filler: the Inits evict one another, a real job still gets in and keeps its place."""
     state = tmp_path / "ctl.sqlite3"
-    clock = Clock()
+    clock = ManualClock()
     core = make_core(state, clock, max_jobs=100)
     ok(core.init_job("real", JobInit()))
     ok(core.dispatch("real", AgentRegistered(node_rank=0, host="h", pid=1)))

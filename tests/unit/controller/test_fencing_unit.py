@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support import ManualClock
 from support.controller import ROUND_CFG, fire, running_job
 
 from taskd.controller.core import ControllerCore
@@ -159,20 +160,12 @@ def test_init_from_a_fenced_identity_never_resets_a_finished_job(end: Callable[[
     assert fresh.code == 0 and "reset" in fresh.info and m.state == S.RUNNING  # an operator's new run
 
 
-class Fake:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_fences_are_stored_and_a_restarted_controller_refuses_the_fenced_stream_of_a_finished_job(
         tmp_path: Path) -> None:
     """Through the core: the `taskd.fenced` answer to a Subscribe, Init and Register refused, from the state file
     after a restart, with the fence's time re-based to the new clock."""
     state = tmp_path / "ctl.sqlite3"
-    mono, wall = Fake(1000.0), Fake(1_700_000_000.0)
+    mono, wall = ManualClock(1000.0), ManualClock(1_700_000_000.0)
     core = ControllerCore(ROUND_CFG, Store(state), SignalHub(), clock=mono, wall=wall)
     m = replaced()
     core.jobs["j"] = m  # the machine, driven above, handed to the core to store: its next event commits it all
@@ -182,7 +175,7 @@ def test_fences_are_stored_and_a_restarted_controller_refuses_the_fenced_stream_
     core.group.flush()
     core.store.close()
     wall.now += 100.0  # down 100 s; the new process's monotonic clock starts elsewhere
-    restarted = ControllerCore(ROUND_CFG, Store(state), SignalHub(), clock=Fake(7.0), wall=wall)
+    restarted = ControllerCore(ROUND_CFG, Store(state), SignalHub(), clock=ManualClock(7.0), wall=wall)
     assert restarted.load() == 1
     r = restarted.jobs["j"]
     assert r.state == S.SUCCEEDED and (1, "h", 101) in r.fences

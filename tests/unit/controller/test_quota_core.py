@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from support import ManualClock
 from support.controller import disk, memory, ok
 
 from taskd.controller.core import ControllerCore
@@ -23,16 +24,8 @@ from taskd.controller.store import Store
 from taskd.vocabulary import Code
 
 
-class Clock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def make_core(state: Path, quota: int) -> ControllerCore:
-    clock = Clock()
+    clock = ManualClock()
     return ControllerCore(MachineConfig(stop_timeout=3600, agent_loss_timeout=3600, join_timeout=3600),
                           Store(state), SignalHub(), clock=clock, wall=clock, max_job_bytes=quota)
 

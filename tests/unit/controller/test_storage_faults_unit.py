@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import ManualClock
 from support.controller import ALL, BIG, disk, memory, ok
 
 from taskd.controller.checkpoint import Checkpoint
@@ -39,15 +40,7 @@ from taskd.controller.store import Store, StoreError
 from taskd.vocabulary import Code
 
 
-class Clock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def make_core(state: Path, clock: Clock) -> ControllerCore:
+def make_core(state: Path, clock: ManualClock) -> ControllerCore:
     # agents here never open a stream: a loss timeout longer than the test keeps them from being lost
     return ControllerCore(MachineConfig(stop_timeout=60, agent_loss_timeout=3600), Store(state), SignalHub(),
                           clock=clock, wall=clock)
@@ -56,7 +49,7 @@ def make_core(state: Path, clock: Clock) -> ControllerCore:
 def test_a_rank_sqlite_cannot_hold_is_refused_with_memory_unchanged(tmp_path: Path) -> None:
     """Validation bounds rank ids at the service; the store must still not be left behind memory if one passed."""
     state = tmp_path / "ctl.sqlite3"
-    core = make_core(state, Clock())
+    core = make_core(state, ManualClock())
     ok(core.init_job("j", JobInit(node_count=1)))
     ok(core.dispatch("j", AgentRegistered(node_rank=0, host="h", pid=1)))
     m = core.jobs["j"]
@@ -91,7 +84,7 @@ def test_store_error_names_the_cause_not_the_failed_rollback(tmp_path: Path) -> 
 
 def test_a_timer_event_that_cannot_be_stored_is_retried_later_not_spun_on(tmp_path: Path) -> None:
     state = tmp_path / "ctl.sqlite3"
-    clock = Clock()
+    clock = ManualClock()
     core = make_core(state, clock)
     ok(core.init_job("j", JobInit(node_count=2)))
     for n in range(2):
@@ -128,7 +121,7 @@ def memory_of(core: ControllerCore, store: Store) -> dict[str, Any]:
 
 def test_a_new_job_that_cannot_be_stored_does_not_exist(tmp_path: Path) -> None:
     state = tmp_path / "ctl.sqlite3"
-    core = make_core(state, Clock())
+    core = make_core(state, ManualClock())
     good, core.store = core.store, Store(state)
     core.store.conn.close()
     out = core.init_job("j", JobInit(node_count=1))
@@ -143,7 +136,7 @@ def test_an_inexact_undo_reloads_the_job_from_the_state_file(tmp_path: Path, mon
     """The safety net: were a handler ever to change a per-agent set in place away from the event's node, the
     checkpoint says so and the core takes the job from the state file rather than keep a memory that differs."""
     state = tmp_path / "ctl.sqlite3"
-    core = make_core(state, Clock())
+    core = make_core(state, ManualClock())
     ok(core.init_job("j", JobInit(node_count=1)))
     ok(core.dispatch("j", AgentRegistered(node_rank=0, host="h", pid=1)))
     before = memory(core)

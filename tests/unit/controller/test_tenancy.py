@@ -3,16 +3,10 @@ per-peer bound on idle authenticated connections, on a socket table handed to th
 
 from __future__ import annotations
 
+from support import ManualClock
+
 from taskd.controller.connections import ConnectionWatch, WatchConfig
 from taskd.controller.tenancy import ADMIN, FAIR_SLACK, STATUS, Tenants, credential_key, default_cap, fair_share
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def peer(port: int, ip: str = "10.0.0.1") -> str:
@@ -20,7 +14,7 @@ def peer(port: int, ip: str = "10.0.0.1") -> str:
 
 
 def test_a_credential_at_its_cap_gives_up_its_longest_idle_connection_for_a_new_one() -> None:
-    clock, pokes = Clock(), []
+    clock, pokes = ManualClock(100.0), []
     t = Tenants(3, clock, poke=lambda: pokes.append(1))
     for port in (1, 2, 3):
         clock.now += 1
@@ -39,7 +33,7 @@ def test_a_credential_at_its_cap_gives_up_its_longest_idle_connection_for_a_new_
 
 
 def test_the_counts_kept_in_step_agree_with_the_links_through_dooms_and_closings() -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     t = Tenants(5, clock)
     for port in range(40):  # 40 connections of one credential, one call each, against a cap of 5
         clock.now += 1
@@ -53,7 +47,7 @@ def test_the_counts_kept_in_step_agree_with_the_links_through_dooms_and_closings
 
 
 def test_a_credential_whose_connections_all_have_calls_in_flight_is_refused_one_more() -> None:
-    t = Tenants(2, Clock())
+    t = Tenants(2, ManualClock(100.0))
     held = [t.admit(peer(p), "job:a")[1] for p in (1, 2)]  # two long calls (signal streams)
     why, release = t.admit(peer(3), "job:a")
     assert release is None
@@ -66,9 +60,9 @@ def test_a_credential_whose_connections_all_have_calls_in_flight_is_refused_one_
 
 
 def test_without_credentials_or_cap_nothing_is_bounded() -> None:
-    t = Tenants(1, Clock())
+    t = Tenants(1, ManualClock(100.0))
     assert all(t.admit(peer(p), None)[0] == "" for p in range(10))
-    t = Tenants(0, Clock())
+    t = Tenants(0, ManualClock(100.0))
     assert all(t.admit(peer(p), "job:a")[0] == "" for p in range(10))
     assert credential_key(None) == ADMIN and credential_key("x") == "job:x"
     assert default_cap(200) == 50 and default_cap(2) == 1
@@ -83,7 +77,7 @@ def test_a_fair_share_is_a_jobs_agents_and_standbys_plus_slack_and_only_a_jobs()
 
 
 def watch(table: dict[int, tuple[str, int]], cap: int = 0, fair=None, **cfg: object):  # noqa: ANN001, ANN201
-    clock, closed, notes = Clock(), [], []
+    clock, closed, notes = ManualClock(100.0), [], []
 
     def closer(inodes: set[int]) -> int:
         closed.append(set(inodes))

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import ManualClock
 from support.controller import ROUND_CFG
 
 from taskd.controller.core import ControllerCore
@@ -37,19 +38,11 @@ BOTH = ("recover", "job-rescheduling", "dump", "exit")
 T0 = 1000.0
 
 
-class Clock:
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def make_core(path: Path, clock: Clock) -> ControllerCore:
+def make_core(path: Path, clock: ManualClock) -> ControllerCore:
     return ControllerCore(ROUND_CFG, Store(path), SignalHub(), clock=clock, wall=clock)
 
 
-def at(core: ControllerCore, clock: Clock, t: float, ev: Any, code: int = Code.OK) -> Any:
+def at(core: ControllerCore, clock: ManualClock, t: float, ev: Any, code: int = Code.OK) -> Any:
     clock.now = T0 + t
     out = core.dispatch("j", ev)
     assert out.code == code, (ev, out.code, out.info)
@@ -60,14 +53,14 @@ def records(out: Any, kind: str) -> list[dict[str, Any]]:
     return [r.detail for r in out.records if r.kind == kind]
 
 
-def two_nodes(core: ControllerCore, clock: Clock) -> None:
+def two_nodes(core: ControllerCore, clock: ManualClock) -> None:
     assert core.init_job("j", JobInit(node_count=2, ranks_per_node=2)).code == Code.OK
     for n in (0, 1):
         at(core, clock, 0, AgentRegistered(node_rank=n, host="h", pid=100 + n, ranks_per_node=2))
         at(core, clock, 0, AgentConnected(node_rank=n, host="h", pid=100 + n))
 
 
-def lose_and_replace_node_1(core: ControllerCore, clock: Clock) -> None:
+def lose_and_replace_node_1(core: ControllerCore, clock: ManualClock) -> None:
     """Node 1's agent is lost at +10 s (its stream ended at +5, the grace is 5 s) and replaced; the round
     recovers live; the last recover status arrives at +17 s."""
     two_nodes(core, clock)
@@ -91,7 +84,7 @@ def resumed(node: int, pid: int, host: str = "h", round_: int = 1, seconds: floa
 
 
 def test_a_node_loss_round_keeps_the_time_from_the_loss_to_the_last_node_training_again(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = ManualClock(T0)
     core = make_core(tmp_path / "ctl.sqlite3", clock)
     lose_and_replace_node_1(core, clock)
     # node 0's ranks train again before node 1 reported its status: counted, nothing final yet
@@ -130,7 +123,7 @@ def test_a_node_loss_round_keeps_the_time_from_the_loss_to_the_last_node_trainin
 
 
 def test_a_restart_between_two_nodes_reports_loses_neither(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = ManualClock(T0)
     core = make_core(tmp_path / "ctl.sqlite3", clock)
     lose_and_replace_node_1(core, clock)
     at(core, clock, 17, RecoverStatusReported(node_rank=1, host="h2", pid=201, strategy="recover", rejoined=True))
@@ -147,7 +140,7 @@ def test_a_restart_between_two_nodes_reports_loses_neither(tmp_path: Path) -> No
 
 
 def test_reports_that_do_not_fit_the_job_are_refused_and_change_nothing(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = ManualClock(T0)
     core = make_core(tmp_path / "ctl.sqlite3", clock)
     lose_and_replace_node_1(core, clock)
     m = core.jobs["j"]
@@ -186,7 +179,7 @@ def test_malformed_reports_are_refused_naming_the_field(field: str, value: Any, 
 
 
 def test_an_ordinary_round_counts_the_nodes_that_can_tell_and_a_failed_strategy_resets_them(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = ManualClock(T0)
     core = make_core(tmp_path / "ctl.sqlite3", clock)
     two_nodes(core, clock)
     at(core, clock, 1, FaultReported(node_rank=1, faults={2: "1"}, host="h", pid=101))
@@ -214,7 +207,7 @@ def test_an_ordinary_round_counts_the_nodes_that_can_tell_and_a_failed_strategy_
 
 
 def test_a_round_no_node_can_see_resume_records_no_time(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = ManualClock(T0)
     core = make_core(tmp_path / "ctl.sqlite3", clock)
     assert core.init_job("j", JobInit(node_count=1, ranks_per_node=1)).code == Code.OK
     at(core, clock, 0, AgentRegistered(node_rank=0, host="h", pid=100, ranks_per_node=1))
