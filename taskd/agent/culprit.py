@@ -121,6 +121,14 @@ def decide(suspects: Sequence[Suspect], timeout: float, stacks_taken: bool = Fal
     return Verdict(culprits=tuple(s.rank for s in stale), reason=_undecided(stale, framework, own), decided=False)
 
 
+def stall_in_sight(suspects: Sequence[Suspect], timeout: float) -> bool:
+    """What a derived timeout (no setting) needs before it judges: a stopped rank, or a second rank of this
+    node quiet too (waiting on the first). A rank quiet alone may be past its last step, writing results or
+    lingering while its peers have exited (the CI saw a 2-node msrun job failed so): only a heartbeat timeout
+    the user set judges that, or `taskd.worker.finished()` says it."""
+    return any(s.stopped for s in suspects) or sum(s.quiet >= timeout / 2 for s in suspects) >= 2
+
+
 def _by_markers(stale: list[Suspect]) -> Verdict:
     """Ranks that mark their collectives say themselves whether they wait; a stopped one hangs regardless."""
     culprits = [s for s in stale if not s.waiting or s.stopped]
@@ -242,4 +250,4 @@ class AutoTimeout:
         return derived
 
 
-__all__ = ["AutoTimeout", "Suspect", "Verdict", "collective_timeout", "decide", "waits_in_framework"]
+__all__ = ["AutoTimeout", "Suspect", "Verdict", "collective_timeout", "decide", "stall_in_sight", "waits_in_framework"]

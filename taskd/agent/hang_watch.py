@@ -35,6 +35,7 @@ from taskd.agent.culprit import (
     Suspect,
     collective_timeout,
     decide,
+    stall_in_sight,
     waits_in_framework,
 )
 from taskd.agent.launcher_api import Launcher
@@ -235,8 +236,12 @@ class HangWatch:
             return [], []
         seen = [(rank, suspect, hang) for rank in ranks if (found := self._suspect(rank, now)) is not None
                 for suspect, hang in (found,)]
+        timeout = self.effective or STOPPED_AFTER
+        if self.timeout is None and not stall_in_sight([s for _, s, _ in seen], timeout):
+            log.debug("hang: a lone quiet rank under the derived timeout: not judged (it may be finishing)")
+            return [], []
         # a derived timeout (no setting) never guesses: the ranks may all wait on a busy rank of another node
-        return self._judge(seen, self.effective or STOPPED_AFTER, guess=self.timeout is not None)
+        return self._judge(seen, timeout, guess=self.timeout is not None)
 
     def behind_exit(self, exited: Rank, others: Iterable[Rank], now: float) -> list[tuple[Rank, Hang]]:
         """The hung peers that a rank's failed exit followed from, named on the console ("the culprit").

@@ -713,6 +713,30 @@ def test_rank_finishing_slowly_after_its_work_is_not_called_hung(jobs, msrun_env
     job.assert_nothing_left()
 
 
+TRAIN_LINGER = REPO / "tests" / "mindspore_scripts" / "train_dp_linger.py"
+
+
+@pytest.mark.timeout(240)
+def test_rank_lingering_after_its_peer_exited_is_not_called_hung_by_the_derived_timeout(jobs, msrun_env):
+    """No hang setting (the derived timeout: 10x the slowest step, at least 5 s). Rank 0 finishes and exits;
+    rank 1 sleeps 10 s after its last step (writing results, a slow teardown) with no peer waiting on it. CI
+    saw the 2-node form of this failed as a hang ("no recovery without them"): the derived timeout judges a
+    stall only when it sees one (a stopped rank, or a second quiet rank). msrun exits 0, no fault."""
+    msrun_env.pop("TASKD_HEARTBEAT_TIMEOUT", None)
+    msrun_env["TASKD_MONITOR_INTERVAL"] = "0.5"
+    args = ["--linger-rank", "1", "--linger", "10", "--steps", "12", "--ckpt-every", "6", "--ckpt-dir", "{dir}/ckpt",
+            "--out", "{dir}/out", "--step-sleep", "0.05"]
+    job = jobs("linger", TRAIN_LINGER, args, msrun_env)
+    rc = job.wait(180)
+    job.assert_plugin_in_control()
+    out = job.output()
+    assert rc == 0, f"msrun exited {rc}\n{job.logs()}"
+    assert "rank 1 lingers" in (job.log_dir / "worker_1.log").read_text(errors="replace"), job.logs()
+    assert "hang:" not in out and "fault:" not in out, f"the lingering rank was taken for hung\n{job.logs()}"
+    assert job.spawns(1) == 1, f"rank 1 was restarted\n{job.logs()}"
+    job.assert_nothing_left()
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("finished", [True, False], ids=["said-finished", "exit-only"])
 def test_rank_stuck_finishing_is_killed_at_the_bound_and_said_so(jobs, msrun_env, finished: bool):

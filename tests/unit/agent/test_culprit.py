@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from taskd.agent.culprit import Suspect, decide, waits_in_framework
+from taskd.agent.culprit import Suspect, decide, stall_in_sight, waits_in_framework
 
 SITE = "/work/main/.venv/lib/python3.11/site-packages"
 WAITING_DUMP = f"""rank 0 pid 27659 started (first incarnation)
@@ -207,3 +207,12 @@ def test_collective_timeout_is_the_lowest_one_set() -> None:
     assert collective_timeout({"MS_CPU_COMM_OP_TIMEOUT": "12", "HCCL_EXEC_TIMEOUT": "1836"}) == 12.0
     assert collective_timeout({"HCCL_EXEC_TIMEOUT": "300", "MS_CPU_COMM_OP_TIMEOUT": "junk"}) == 300.0
     assert collective_timeout({"MS_CPU_COMM_OP_TIMEOUT": "0"}) is None
+
+
+def test_a_derived_timeout_judges_only_a_stall_in_sight() -> None:
+    """A rank quiet alone (its peers exited or on other nodes) may be finishing: not judged without a setting."""
+    lone = Suspect(rank=1, stale=True, step=40, quiet=6.0)
+    assert not stall_in_sight([lone], 5.0)
+    assert stall_in_sight([lone, Suspect(rank=0, stale=True, step=41, quiet=5.8)], 5.0)  # rank 0 waits on it
+    assert not stall_in_sight([lone, Suspect(rank=0, stale=False, step=41, quiet=0.3)], 5.0)  # rank 0 trains on
+    assert stall_in_sight([Suspect(rank=1, stale=False, step=40, quiet=2.1, stopped=True)], 5.0)  # SIGSTOP
