@@ -57,6 +57,38 @@ class Bearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor
         return continuation(self._details(client_call_details), request)
 
 
+def bearer_stubs(address: str, token: str) -> tuple[grpc.Channel, recover_pb2_grpc.RecoverStub,
+                                                    taskd_pb2_grpc.AgentReportStub, taskd_pb2_grpc.JobStatusStub]:
+    """A channel whose every call carries `token`, and the controller's three stubs on it (the caller closes it)."""
+    ch = grpc.intercept_channel(grpc.insecure_channel(address), Bearer(token))
+    return ch, recover_pb2_grpc.RecoverStub(ch), taskd_pb2_grpc.AgentReportStub(ch), taskd_pb2_grpc.JobStatusStub(ch)
+
+
+_R, _T = recover_pb2, taskd_pb2
+# Every call a credential can make against job `victim` (its agent v-host:111), each as that agent would; a call
+# takes the Recover, AgentReport and JobStatus stubs (credential tests: what another job's credential is refused).
+VICTIM_CALLS = {
+    "Init": lambda r, a, s: r.Init(_R.ClientInfo(jobId="victim", nodeCount=1, ranksPerNode=1), timeout=CALL_TIMEOUT),
+    "Register": lambda r, a, s: r.Register(_R.ClientInfo(jobId="victim", host="v-host", pid=111),
+                                           timeout=CALL_TIMEOUT),
+    "HealthCheck": lambda r, a, s: r.HealthCheck(_R.ClientInfo(jobId="victim"), timeout=CALL_TIMEOUT),
+    "ReportProcessFault": lambda r, a, s: r.ReportProcessFault(
+        _R.ProcessFaultRequest(jobId="victim", faultRanks=fault_ranks({0: 1}), host="v-host", pid=111),
+        timeout=CALL_TIMEOUT),
+    "ReportStopComplete": lambda r, a, s: r.ReportStopComplete(_R.StopCompleteRequest(jobId="victim"),
+                                                               timeout=CALL_TIMEOUT),
+    "ReportRecoverStrategy": lambda r, a, s: r.ReportRecoverStrategy(
+        _R.RecoverStrategyRequest(jobId="victim", strategies=["exit"]), timeout=CALL_TIMEOUT),
+    "ReportRecoverStatus": lambda r, a, s: r.ReportRecoverStatus(
+        _R.RecoverStatusRequest(jobId="victim", strategy="exit"), timeout=CALL_TIMEOUT),
+    "ReportFinished": lambda r, a, s: a.ReportFinished(_T.FinishRequest(jobId="victim", exitCode=1),
+                                                       timeout=CALL_TIMEOUT),
+    "ListJobs of the victim": lambda r, a, s: s.ListJobs(_T.JobQuery(jobId="victim"), timeout=CALL_TIMEOUT),
+    "SubscribeProcessManageSignal": lambda r, a, s: next(iter(r.SubscribeProcessManageSignal(
+        _R.ClientInfo(jobId="victim", host="v-host", pid=111), timeout=CALL_TIMEOUT))),
+}
+
+
 class ScriptedAgent:
     def __init__(self, address: str, job_id: str, node_rank: int = 0, node_count: int = 1, ranks_per_node: int = 1,
                  host: str = "localhost", pid: int = 0, role: str = "agent", token: str | None = None) -> None:

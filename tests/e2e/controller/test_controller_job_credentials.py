@@ -13,11 +13,11 @@ from pathlib import Path
 
 import grpc
 import pytest
-from support.scripted_agent import CALL_TIMEOUT, Bearer, ScriptedAgent, StreamEnded, fault_ranks
+from support.scripted_agent import CALL_TIMEOUT, VICTIM_CALLS, ScriptedAgent, StreamEnded, bearer_stubs
 
 from taskd.controller.auth import job_credential
 from taskd.controller.server import ControllerConfig, EmbeddedController
-from taskd.proto import recover_pb2, recover_pb2_grpc, taskd_pb2, taskd_pb2_grpc
+from taskd.proto import recover_pb2, taskd_pb2
 
 R, T = recover_pb2, taskd_pb2
 ADMIN = "admin-token-for-tests-0123456789abcdef"
@@ -37,37 +37,11 @@ def ctl() -> Iterator[tuple[str, ScriptedAgent, ScriptedAgent]]:
         tenant.close()
 
 
-def stubs(address: str, token: str):  # noqa: ANN201
-    ch = grpc.intercept_channel(grpc.insecure_channel(address), Bearer(token))
-    return ch, recover_pb2_grpc.RecoverStub(ch), taskd_pb2_grpc.AgentReportStub(ch), taskd_pb2_grpc.JobStatusStub(ch)
-
-
-VICTIM_CALLS = {
-    "Init": lambda r, a, s: r.Init(R.ClientInfo(jobId="victim", nodeCount=1, ranksPerNode=1), timeout=CALL_TIMEOUT),
-    "Register": lambda r, a, s: r.Register(R.ClientInfo(jobId="victim", host="v-host", pid=111),
-                                           timeout=CALL_TIMEOUT),
-    "HealthCheck": lambda r, a, s: r.HealthCheck(R.ClientInfo(jobId="victim"), timeout=CALL_TIMEOUT),
-    "ReportProcessFault": lambda r, a, s: r.ReportProcessFault(
-        R.ProcessFaultRequest(jobId="victim", faultRanks=fault_ranks({0: 1})), timeout=CALL_TIMEOUT),
-    "ReportStopComplete": lambda r, a, s: r.ReportStopComplete(R.StopCompleteRequest(jobId="victim"),
-                                                               timeout=CALL_TIMEOUT),
-    "ReportRecoverStrategy": lambda r, a, s: r.ReportRecoverStrategy(
-        R.RecoverStrategyRequest(jobId="victim", strategies=["exit"]), timeout=CALL_TIMEOUT),
-    "ReportRecoverStatus": lambda r, a, s: r.ReportRecoverStatus(
-        R.RecoverStatusRequest(jobId="victim", strategy="exit"), timeout=CALL_TIMEOUT),
-    "ReportFinished": lambda r, a, s: a.ReportFinished(T.FinishRequest(jobId="victim", exitCode=1),
-                                                       timeout=CALL_TIMEOUT),
-    "ListJobs of the victim": lambda r, a, s: s.ListJobs(T.JobQuery(jobId="victim"), timeout=CALL_TIMEOUT),
-    "SubscribeProcessManageSignal": lambda r, a, s: next(iter(r.SubscribeProcessManageSignal(
-        R.ClientInfo(jobId="victim", host="v-host", pid=111), timeout=CALL_TIMEOUT))),
-}
-
-
 @pytest.mark.parametrize("name", VICTIM_CALLS)
 def test_a_job_credential_cannot_read_or_change_another_job(ctl, name: str) -> None:
     address, victim, _ = ctl
     before = victim.list_jobs("victim")
-    ch, r, a, s = stubs(address, job_credential(ADMIN, "tenant"))
+    ch, r, a, s = bearer_stubs(address, job_credential(ADMIN, "tenant"))
     with ch, pytest.raises(grpc.RpcError) as err:
         VICTIM_CALLS[name](r, a, s)
     assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, err.value
@@ -79,7 +53,7 @@ def test_a_job_credential_cannot_read_or_change_another_job(ctl, name: str) -> N
 
 def test_a_job_credential_cannot_list_every_job(ctl) -> None:
     address, _, _ = ctl
-    ch, _, _, s = stubs(address, job_credential(ADMIN, "tenant"))
+    ch, _, _, s = bearer_stubs(address, job_credential(ADMIN, "tenant"))
     with ch, pytest.raises(grpc.RpcError) as err:
         s.ListJobs(T.JobQuery(), timeout=CALL_TIMEOUT)
     assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
@@ -97,13 +71,13 @@ def test_a_job_credential_does_its_own_job(ctl) -> None:
 
 def test_the_admin_token_reads_and_changes_every_job_and_a_forged_credential_is_refused(ctl) -> None:
     address, _, _ = ctl
-    ch, r, _, s = stubs(address, ADMIN)
+    ch, r, _, s = bearer_stubs(address, ADMIN)
     with ch:
         assert {j.jobId for j in s.ListJobs(T.JobQuery(), timeout=CALL_TIMEOUT).jobs} >= {"victim", "tenant"}
         assert r.HealthCheck(R.ClientInfo(jobId="victim"), timeout=CALL_TIMEOUT).code == 0
         assert r.Init(R.ClientInfo(jobId="admin-made", nodeCount=1, ranksPerNode=1), timeout=CALL_TIMEOUT).code == 0
     forged = job_credential("some-other-token-0123456789abcdef", "victim")
-    ch, r, _, _ = stubs(address, forged)
+    ch, r, _, _ = bearer_stubs(address, forged)
     with ch, pytest.raises(grpc.RpcError) as err:
         r.HealthCheck(R.ClientInfo(jobId="victim"), timeout=CALL_TIMEOUT)
     assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED and "not minted from this controller" in \

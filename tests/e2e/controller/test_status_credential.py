@@ -11,36 +11,15 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from support.scripted_agent import CALL_TIMEOUT, Bearer, ScriptedAgent, fault_ranks
+from support.scripted_agent import CALL_TIMEOUT, VICTIM_CALLS, ScriptedAgent, bearer_stubs
 
 from taskd.controller.auth import job_credential, status_credential
 from taskd.controller.server import ControllerConfig, EmbeddedController
-from taskd.proto import recover_pb2, recover_pb2_grpc, taskd_pb2, taskd_pb2_grpc
+from taskd.proto import recover_pb2, taskd_pb2
 
 R, T = recover_pb2, taskd_pb2
 ADMIN = "admin-token-for-tests-0123456789abcdef"
-CONTROL_CALLS = {  # every call but ListJobs, each naming the victim as its own agent would
-    "Init": lambda r, a: r.Init(R.ClientInfo(jobId="victim", nodeCount=1, ranksPerNode=1), timeout=CALL_TIMEOUT),
-    "Register": lambda r, a: r.Register(R.ClientInfo(jobId="victim", host="v-host", pid=111), timeout=CALL_TIMEOUT),
-    "HealthCheck": lambda r, a: r.HealthCheck(R.ClientInfo(jobId="victim"), timeout=CALL_TIMEOUT),
-    "ReportProcessFault": lambda r, a: r.ReportProcessFault(
-        R.ProcessFaultRequest(jobId="victim", faultRanks=fault_ranks({0: 1}), host="v-host", pid=111),
-        timeout=CALL_TIMEOUT),
-    "ReportStopComplete": lambda r, a: r.ReportStopComplete(R.StopCompleteRequest(jobId="victim"),
-                                                            timeout=CALL_TIMEOUT),
-    "ReportRecoverStrategy": lambda r, a: r.ReportRecoverStrategy(
-        R.RecoverStrategyRequest(jobId="victim", strategies=["exit"]), timeout=CALL_TIMEOUT),
-    "ReportRecoverStatus": lambda r, a: r.ReportRecoverStatus(R.RecoverStatusRequest(jobId="victim", strategy="exit"),
-                                                              timeout=CALL_TIMEOUT),
-    "ReportFinished": lambda r, a: a.ReportFinished(T.FinishRequest(jobId="victim", exitCode=1), timeout=CALL_TIMEOUT),
-    "SubscribeProcessManageSignal": lambda r, a: next(iter(r.SubscribeProcessManageSignal(
-        R.ClientInfo(jobId="victim", host="v-host", pid=111), timeout=CALL_TIMEOUT))),
-}
-
-
-def stubs(address: str, token: str):  # noqa: ANN201
-    ch = grpc.intercept_channel(grpc.insecure_channel(address), Bearer(token))
-    return ch, recover_pb2_grpc.RecoverStub(ch), taskd_pb2_grpc.AgentReportStub(ch), taskd_pb2_grpc.JobStatusStub(ch)
+CONTROL_CALLS = {name: call for name, call in VICTIM_CALLS.items() if name != "ListJobs of the victim"}  # it may read
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +36,9 @@ def ctl() -> Iterator[tuple[str, ScriptedAgent]]:
 def test_a_status_credential_changes_nothing(ctl, name: str) -> None:
     address, victim = ctl
     before = victim.list_jobs("victim")
-    ch, r, a, _ = stubs(address, status_credential(ADMIN))
+    ch, r, a, s = bearer_stubs(address, status_credential(ADMIN))
     with ch, pytest.raises(grpc.RpcError) as err:
-        CONTROL_CALLS[name](r, a)
+        CONTROL_CALLS[name](r, a, s)
     assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, err.value
     assert "status credential" in err.value.details() and "only reads jobs" in err.value.details()
     after = victim.list_jobs("victim")
@@ -69,11 +48,11 @@ def test_a_status_credential_changes_nothing(ctl, name: str) -> None:
 
 def test_a_status_credential_lists_every_job_and_one_of_another_controller_is_refused(ctl) -> None:
     address, _ = ctl
-    ch, _, _, s = stubs(address, status_credential(ADMIN))
+    ch, _, _, s = bearer_stubs(address, status_credential(ADMIN))
     with ch:
         assert [j.jobId for j in s.ListJobs(T.JobQuery(), timeout=CALL_TIMEOUT).jobs] == ["victim"]
         assert s.ListJobs(T.JobQuery(jobId="victim"), timeout=CALL_TIMEOUT).jobs[0].state == "RUNNING"
-    ch, _, _, s = stubs(address, status_credential("some-other-token-0123456789abcdef"))
+    ch, _, _, s = bearer_stubs(address, status_credential("some-other-token-0123456789abcdef"))
     with ch, pytest.raises(grpc.RpcError) as err:
         s.ListJobs(T.JobQuery(), timeout=CALL_TIMEOUT)
     assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
