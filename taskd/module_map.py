@@ -33,7 +33,7 @@ class ModuleRow:
     outside: tuple[str, ...]  # packages from outside taskd and the standard library, sorted
 
 
-def _modules(root: Path) -> dict[str, Path]:
+def module_files(root: Path) -> dict[str, Path]:
     """Every module under `root`'s package (taskd/), by dotted name; a package by its own name."""
     out = {}
     for path in sorted(root.rglob("*.py")):
@@ -59,7 +59,7 @@ def statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
                     yield from statements(child.body)
 
 
-def _imports(name: str, path: Path, tree: ast.Module, known: dict[str, Path]) -> tuple[set[str], set[str]]:
+def module_imports(name: str, path: Path, tree: ast.Module, known: dict[str, Path]) -> tuple[set[str], set[str]]:
     """The taskd modules `name` imports (resolved to the longest known name) and the outside packages."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     ours: set[str] = set()
@@ -100,7 +100,7 @@ def module_rows(root: Path | None = None, mapped: tuple[str, ...] | None = None)
     """The rows of the map, package by package, folder by folder, file by file (default: taskd's, `MAPPED`)."""
     root = PACKAGE if root is None else root
     mapped = MAPPED if mapped is None else mapped
-    known = _modules(root)
+    known = module_files(root)
     rows = []
     for sub in mapped:
         for path in sorted((root / sub).rglob("*.py"), key=lambda p: (p.parent.relative_to(root).parts, p.name)):
@@ -109,7 +109,7 @@ def module_rows(root: Path | None = None, mapped: tuple[str, ...] | None = None)
             parts = ["taskd", *path.relative_to(root).with_suffix("").parts]
             name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
             tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-            ours, outside = _imports(name, path, tree, known)
+            ours, outside = module_imports(name, path, tree, known)
             shown = sorted(f".{m.removeprefix(f'taskd.{sub}.')}" if m.startswith(f"taskd.{sub}.") else
                            m.removeprefix("taskd.") for m in ours)
             rows.append(ModuleRow(f"{path.parent.relative_to(root).as_posix()}/", path.name, _summary(tree),

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from taskd.module_map import module_files, module_imports
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "taskd"
 
@@ -38,54 +40,14 @@ ALLOWED: dict[str, set[str]] = {
 }
 COMPOSITION_ROOTS = ("taskd.run", "taskd.run_config", "taskd.cli", "taskd.__main__", "taskd.console",
                      "taskd.framework", "taskd.python", "taskd.toolkit", "taskd.api")
-GENERATED = ("_pb2.py", "_pb2_grpc.py", "_pb2.pyi", "_pb2_grpc.pyi")
 MAX_LINES = 500
 MAX_METHODS = 25
 
 
-def _modules() -> dict[str, Path]:
-    out = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        if path.name.endswith(GENERATED):
-            continue
-        parts = list(path.relative_to(ROOT).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts.pop()
-        out[".".join(parts)] = path
-    return out
-
-
-MODULES = _modules()
-
-
-def _imports(name: str, path: Path) -> set[str]:
-    """Every taskd module `name` imports, resolved to the longest known module name."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        targets: list[str] = []
-        if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")
-                anchor = anchor[: len(anchor) - (node.level - 1)]
-                base = ".".join([*anchor, base] if base else anchor)
-            # `from pkg import submodule` imports the submodule; `from pkg import name` the package.
-            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
-        for target in targets:
-            if not target.startswith("taskd"):
-                continue
-            while target and target not in MODULES:
-                target = target.rpartition(".")[0]
-            if target and target != name:
-                found.add(target)
-    return found
-
-
-GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+MODULES = module_files(PACKAGE)
+# what each module imports of taskd, read as docs/architecture.md's module map reads it
+GRAPH = {name: module_imports(name, path, ast.parse(path.read_text(), filename=str(path)), MODULES)[0]
+         for name, path in MODULES.items()}
 
 
 def _part(module: str) -> str | None:
