@@ -73,6 +73,13 @@ def written(path, timeout: float = WAIT) -> str:  # noqa: ANN001 (a Path)
     return str(wait_for(text, timeout, f"{path} to be written"))
 
 
+def secret_file(path: Path, text: str) -> Path:
+    """`text` in `path`, readable by its owner only: taskd refuses a token or credential file others can read."""
+    path.write_text(text)
+    path.chmod(0o600)
+    return path
+
+
 def leftovers(marker: str) -> list[int]:
     """Live (non-zombie) processes whose command line mentions `marker`."""
     out = []

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from support import free_port, port_open, wait_for
+from support import free_port, port_open, secret_file, wait_for
 from test_node_loss_e2e import (
     GRACE,
     JOB_RESCHEDULING,
@@ -48,9 +48,7 @@ BACK_WITHIN = 10.0  # seconds from SIGCONT to the old agent's exit ("within seco
 def guarded_server(tmp: Path) -> Iterator[tuple[str, Path]]:
     """A `taskd server --token-file` with the node-loss tests' short loss settings and a state file; yields its
     address and the admin token's file."""
-    admin = tmp / "admin.token"
-    admin.write_text(ADMIN + "\n")
-    admin.chmod(0o600)
+    admin = secret_file(tmp / "admin.token", ADMIN + "\n")
     port = free_port()
     address = f"127.0.0.1:{port}"
     proc = subprocess.Popen([sys.executable, "-m", "taskd", "server", "--listen", address,
@@ -72,9 +70,7 @@ def job_credential(tmp: Path, admin: Path, job: str) -> Path:
     out = subprocess.run([sys.executable, "-m", "taskd", "token", "--job", job, "--token-file", str(admin)],
                          capture_output=True, text=True, timeout=30, cwd=ROOT)
     assert out.returncode == 0, out.stderr
-    cred = tmp / f"{job}.cred"
-    cred.write_text(out.stdout)
-    cred.chmod(0o600)
+    cred = secret_file(tmp / f"{job}.cred", out.stdout)
     return cred
 
 

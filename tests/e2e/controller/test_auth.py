@@ -13,6 +13,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from support import secret_file
 from support.scripted_agent import CALL_TIMEOUT, ScriptedAgent
 
 from taskd.controller.server import ControllerConfig, EmbeddedController
@@ -170,9 +171,7 @@ def test_insecure_serves_clusterd_wire_clients_without_a_token() -> None:
 
 
 def test_token_file_from_the_environment_guards_the_server_and_taskd_status_sends_it(tmp_path: Path) -> None:
-    token_file = tmp_path / "token"
-    token_file.write_text(TOKEN + "\n")
-    token_file.chmod(0o600)
+    token_file = secret_file(tmp_path / "token", TOKEN + "\n")
     proc, address = start(["--listen", "0.0.0.0:0"], env={"TASKD_TOKEN_FILE": str(token_file)})
     try:
         bare = ScriptedAgent(address, "envjob", 0, 1)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from support import secret_file
 from support.scripted_agent import CALL_TIMEOUT, VICTIM_CALLS, ScriptedAgent, StreamEnded, bearer_stubs
 
 from taskd.controller.auth import job_credential
@@ -98,9 +99,7 @@ def test_a_job_credential_cannot_take_over_another_jobs_node_stream(ctl) -> None
 
 
 def test_taskd_token_mints_what_the_controller_accepts(tmp_path: Path) -> None:
-    admin = tmp_path / "admin"
-    admin.write_text(ADMIN + "\n")
-    admin.chmod(0o600)
+    admin = secret_file(tmp_path / "admin", ADMIN + "\n")
     out = subprocess.run([sys.executable, "-m", "taskd", "token", "--job", "victim", "--token-file", str(admin)],
                          capture_output=True, text=True, cwd=REPO, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from support import STARTED, free_port, port_open, wait_for
+from support import STARTED, free_port, port_open, secret_file, wait_for
 
 from taskd.proto import recover_pb2, recover_pb2_grpc
 
@@ -38,9 +38,7 @@ h2 = _probe()
 
 class Server:
     def __init__(self, tmp_path: Path, *flags: str) -> None:
-        token = tmp_path / "token"
-        token.write_text(TOKEN)
-        token.chmod(0o600)
+        token = secret_file(tmp_path / "token", TOKEN)
         self.port = free_port()
         self.log = tmp_path / "server.log"
         self.proc = subprocess.Popen(

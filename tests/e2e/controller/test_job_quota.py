@@ -15,7 +15,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from support import STARTED, free_port, port_open, wait_for
+from support import STARTED, free_port, port_open, secret_file, wait_for
 
 from taskd.controller.auth import job_credential
 from taskd.proto import recover_pb2 as R
@@ -29,9 +29,7 @@ MB = 2**20
 
 class Server:
     def __init__(self, tmp_path: Path, *flags: str) -> None:
-        token = tmp_path / "token"
-        token.write_text(ADMIN)
-        token.chmod(0o600)
+        token = secret_file(tmp_path / "token", ADMIN)
         self.port = free_port()
         self.state = tmp_path / "state.sqlite3"
         self.log = tmp_path / "server.log"

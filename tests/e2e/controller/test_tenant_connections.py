@@ -17,7 +17,7 @@ from pathlib import Path
 
 import grpc
 import psutil
-from support import STARTED, free_port, port_open, wait_for
+from support import STARTED, free_port, port_open, secret_file, wait_for
 
 from taskd.controller.auth import job_credential
 from taskd.proto import taskd_pb2, taskd_pb2_grpc
@@ -50,12 +50,8 @@ def established(pid: int, port: int, local: bool) -> int:
 
 
 def test_one_credentials_idle_connections_leave_room_for_another_jobs_agents_and_status(tmp_path: Path) -> None:
-    token = tmp_path / "token"
-    token.write_text(ADMIN)
-    token.chmod(0o600)
-    good = tmp_path / "good.cred"
-    good.write_text(job_credential(ADMIN, "good"))
-    good.chmod(0o600)
+    token = secret_file(tmp_path / "token", ADMIN)
+    good = secret_file(tmp_path / "good.cred", job_credential(ADMIN, "good"))
     port = free_port()
     log = tmp_path / "server.log"
     server = subprocess.Popen([sys.executable, "-m", "taskd", "server", "--listen", f"127.0.0.1:{port}",

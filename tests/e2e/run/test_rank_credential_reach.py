@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import ROOT, STARTED, free_port, port_open, wait_for
+from support import ROOT, STARTED, secret_file, wait_for
+from support.restartable import server
 
 PROBE = Path(__file__).with_name("rank_probe.py")
 ADMIN = "probe-admin-0123456789abcdef0123456789"
@@ -72,16 +73,9 @@ def assert_found_nothing(result: dict, agent_pid: int, secret_paths: list[str]) 
 def test_a_rank_under_a_server_finds_no_credential_and_controls_nothing(tmp_path: Path) -> None:
     """The worst case the probe found: the agent holds the admin token, given by --token-file and
     TASKD_TOKEN_FILE both. Its rank finds neither the path nor the token, and is refused."""
-    token_file = tmp_path / "admin.token"
-    token_file.write_text(ADMIN + "\n")
-    token_file.chmod(0o600)
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "taskd", "server", "--listen", f"127.0.0.1:{port}",
-                               "--state", ":memory:", "--token-file", str(token_file)],
-                              stdout=(tmp_path / "server.log").open("wb"), stderr=subprocess.STDOUT, cwd=ROOT)
-    STARTED.append(server)
-    try:
-        wait_for(lambda: port_open(port), 30, "taskd server to listen")
+    token_file = secret_file(tmp_path / "admin.token", ADMIN + "\n")
+    with server(tmp_path, ("--token-file", str(token_file))) as srv:
+        port = srv.port
         result_file = tmp_path / "probe.json"
         run = taskd_run(["--server", f"127.0.0.1:{port}", "--token-file", str(token_file), "--job-id", "probed",
                          "--nproc-per-node", "1", str(PROBE), str(result_file), f"127.0.0.1:{port}"],
@@ -94,9 +88,6 @@ def test_a_rank_under_a_server_finds_no_credential_and_controls_nothing(tmp_path
         assert tried == [("ListJobs", "nothing", "UNAUTHENTICATED"),
                          ("ReportProcessFault", "nothing", "UNAUTHENTICATED")], tried
         assert "job succeeded" in (tmp_path / "run.log").read_text()
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def test_a_standalone_rank_reads_the_locators_and_controls_no_job(tmp_path: Path) -> None:

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import STARTED, free_port, port_open, wait_for
+from support import STARTED, secret_file, wait_for
+from support.restartable import server
 
 ROOT = Path(__file__).resolve().parents[3]
 TOKEN = "a-token-for-tests-0123456789abcdef"
@@ -16,20 +17,9 @@ TOKEN = "a-token-for-tests-0123456789abcdef"
 
 @pytest.fixture()
 def guarded_server(tmp_path: Path):  # noqa: ANN201 (a generator fixture)
-    token_file = tmp_path / "token"
-    token_file.write_text(TOKEN + "\n")
-    token_file.chmod(0o600)
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "taskd", "server", "--listen", f"127.0.0.1:{port}",
-                               "--state", ":memory:", "--token-file", str(token_file)],
-                              stdout=(tmp_path / "server.log").open("wb"), stderr=subprocess.STDOUT, cwd=ROOT)
-    STARTED.append(server)
-    try:
-        wait_for(lambda: port_open(port), 30, "taskd server to listen")
-        yield port, token_file
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    token_file = secret_file(tmp_path / "token", TOKEN + "\n")
+    with server(tmp_path, ("--token-file", str(token_file))) as srv:
+        yield srv.port, token_file
 
 
 def run(tmp_path: Path, port: int, *flags: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
