@@ -7,6 +7,8 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from support import ManualClock
+from taskd.controller.connections import ConnectionWatch, WatchConfig
 from taskd.controller.core import ControllerCore
 from taskd.controller.snapshot import snapshot
 from taskd.controller.state_machine import AgentConnected, AgentRegistered, JobInit, JobMachine, MachineConfig
@@ -26,6 +28,25 @@ def running_job(nodes: int = 2, per_node: int = 1, cfg: MachineConfig = ROUND_CF
         assert m.handle(AgentRegistered(node_rank=n, host="h", pid=100 + n, ranks_per_node=per_node), 0.0).code == 0
         m.handle(AgentConnected(node_rank=n, host="h", pid=100 + n), 0.0)
     return m
+
+
+def connection_watch(table: dict[int, tuple[str, int]], cap: int = 0, fair: Any = None,
+                     **cfg: Any) -> tuple[ConnectionWatch, ManualClock, list[set[int]], list[str]]:
+    """A ConnectionWatch over `table` ({inode: (ip, port)}, the test's socket table: what it closes leaves it),
+    with `cap` and `fair` as the server passes them and `cfg` its WatchConfig; its clock (at 100), the inode sets
+    it closed, its notes."""
+    clock, closed, notes = ManualClock(100.0), [], []
+
+    def closer(inodes: set[int]) -> int:
+        closed.append(set(inodes))
+        for i in inodes:
+            table.pop(i, None)
+        return len(inodes)
+
+    kw = {"fair": fair} if fair is not None else {}
+    w = ConnectionWatch(WatchConfig(port=8899, **cfg), note=lambda kind, msg, *a: notes.append(msg % a),
+                        clock=clock, table=lambda port: dict(table), closer=closer, cap=cap, **kw)
+    return w, clock, closed, notes
 
 
 def fire(m: JobMachine, t: float) -> list[Any]:

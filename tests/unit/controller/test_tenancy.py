@@ -3,9 +3,11 @@ per-peer bound on idle authenticated connections, on a socket table handed to th
 
 from __future__ import annotations
 
-from support import ManualClock
+from functools import partial
 
-from taskd.controller.connections import ConnectionWatch, WatchConfig
+from support import ManualClock
+from support.controller import connection_watch
+
 from taskd.controller.tenancy import ADMIN, FAIR_SLACK, STATUS, Tenants, credential_key, default_cap, fair_share
 
 
@@ -76,20 +78,8 @@ def test_a_fair_share_is_a_jobs_agents_and_standbys_plus_slack_and_only_a_jobs()
     assert fair_share(STATUS, sizes.get) == FAIR_SLACK  # not job "us"
 
 
-def watch(table: dict[int, tuple[str, int]], cap: int = 0, fair=None, **cfg: object):  # noqa: ANN001, ANN201
-    clock, closed, notes = ManualClock(100.0), [], []
-
-    def closer(inodes: set[int]) -> int:
-        closed.append(set(inodes))
-        for i in inodes:
-            table.pop(i, None)
-        return len(inodes)
-
-    kw = {"fair": fair} if fair is not None else {}
-    w = ConnectionWatch(WatchConfig(port=8899, **{"auth_timeout": 0, "max_per_peer": 0, **cfg}),
-                        note=lambda kind, msg, *a: notes.append(msg % a), clock=clock, table=lambda port: dict(table),
-                        closer=closer, cap=cap, **kw)
-    return w, clock, closed, notes
+# the tenancy tests set only the limits they test
+watch = partial(connection_watch, auth_timeout=0, max_per_peer=0)
 
 
 def test_the_watch_closes_a_credentials_idle_connections_beyond_its_cap_never_one_in_flight() -> None:
