@@ -147,6 +147,8 @@ class RankControl:
             returncode = self.details.returncode(rank.local_rank)
         except Exception:
             returncode = None
+        if returncode is None and rank.pid is not None:
+            returncode = popen_returncode(self.cb[MONITOR], rank.local_rank, rank.pid)
         if returncode is None:
             returncode = 0 if status == 0 else None
         return status, returncode
@@ -223,4 +225,21 @@ class RankControl:
         (self.scheduler or MsrunScheduler(None)).reap(self.config.stop_grace)
 
 
-__all__ = ["Adopted", "LauncherDetails", "RankControl"]
+__all__ = ["Adopted", "LauncherDetails", "RankControl", "popen_returncode"]
+
+
+def popen_returncode(monitor: object, local_rank: int, pid: int) -> int | None:
+    """The exit code msrun's own Popen of the rank holds, when the agent could not read it itself.
+
+    The agent peeks at a rank's exit with waitid(WNOWAIT) as the pidfd wakes it; msrun 2.10's MONITOR
+    reaps with poll() and then answers only 300 ("failed"), so a MONITOR call that came first left the
+    agent "exit status unknown" (1 dump run in 14). The MONITOR callback msrun hands over is a bound
+    method of its process manager, whose `proc_rank_map` keeps each local rank's Popen, reaped code and
+    all. Read only for the rank's own pid (a newer incarnation's Popen answers nothing); None otherwise.
+    """
+    procs = getattr(getattr(monitor, "__self__", None), "proc_rank_map", None)
+    proc = procs.get(local_rank) if isinstance(procs, dict) else None
+    if proc is None or getattr(proc, "pid", None) != pid:
+        return None
+    code = getattr(proc, "returncode", None)
+    return code if isinstance(code, int) else None

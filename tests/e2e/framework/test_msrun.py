@@ -266,6 +266,8 @@ def test_dummy_rank_sigkilled_mid_run_is_recovered(killed_dummy):
     job.assert_plugin_in_control()
     assert killed_dummy.rc == 0, f"msrun exited {killed_dummy.rc} after a recoverable fault\n{job.logs()}"
     job.assert_one_job_rescheduling()
+    out = job.output()  # the code is read whoever reaped the rank (the agent's peek or msrun's MONITOR poll)
+    assert f"(pid {victim}) killed by SIGKILL" in out and "status unknown" not in out, job.logs()
     for rank in (0, 1):  # every spawn reached the script (a child can die between fork and exec)
         assert len(started(state, rank)) == 2, f"rank {rank}: 2 spawns but {len(started(state, rank))} runs"
         done = [pid_of(p) for p in files(state, f"done-rank{rank}-")]
