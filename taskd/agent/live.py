@@ -124,7 +124,10 @@ class LiveRanks:
         offered = [s for s in configured if s != Strategy.RETRY or self.enabled]
         if Strategy.RECOVER in offered and (why := self._recover_refused(faults)):
             offered.remove(Strategy.RECOVER)
-            log.info("live recovery: %s", why)
+            # said only to a job that could have been live: a script that never used LiveGroup (no store was
+            # hosted for it, no rank declared anything) was never promised it (issue 32, F10)
+            said = self.enabled or any(any(d) for d in self._declared.values())
+            log.log(logging.INFO if said else logging.DEBUG, "live recovery: %s", why)
         if Strategy.RETRY in offered and not (faults and set(faults.values()) == {FaultType.RECOVERABLE}
                                               and self.can("retry")):
             offered.remove(Strategy.RETRY)

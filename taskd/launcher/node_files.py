@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from taskd.launcher.output import RankLog
 from taskd.launcher.spares import python_script
 from taskd.launcher.spec import WorkerSpec
-from taskd.rendezvous import AgentStore, StoreHostError
+from taskd.rendezvous import AgentStore, StoreHostError, wrapped_python
 from taskd.worker.heartbeat_file import HeartbeatFile
 
 log = logging.getLogger("taskd.launcher.local")
@@ -31,13 +31,13 @@ def open_node_files(spec: WorkerSpec) -> tuple[dict[int, RankLog], AgentStore]:
     """
     if spec.node_rank is None:
         return {}, AgentStore.decide(spec.rdzv_store, entry_source(spec.entrypoint, spec.cwd), -1,
-                                     spec.master_addr, spec.master_port, spec.run_dir or "")
+                                     spec.master_addr, spec.master_port, spec.run_dir or "", cwd=spec.cwd)
     logs: dict[int, RankLog] = {}
     try:
         for r in range(spec.nproc_per_node):
             logs[r] = RankLog(rank_log_path(spec.log_dir, spec, r))
         live = AgentStore.decide(spec.rdzv_store, entry_source(spec.entrypoint, spec.cwd), spec.node_rank,
-                                 spec.master_addr, spec.master_port, spec.run_dir or "")
+                                 spec.master_addr, spec.master_port, spec.run_dir or "", cwd=spec.cwd)
     except (OSError, StoreHostError, ValueError):
         for rank_log in logs.values():
             rank_log.close()
@@ -74,17 +74,30 @@ __all__ = ["fresh_rank_files", "open_node_files", "rank_log_path", "remove_old",
 
 
 def entry_source(entrypoint: Sequence[str], cwd: str | None = None) -> str | None:
-    """The file the ranks run first: a `.py` script, or the source of `-m MODULE` (issue 21, D4: `-m` lost live
-    recovery because only scripts were read). Found as the ranks' `python -m` would find it, `cwd` first, without
+    """The file the ranks run first: a `.py` script, the source of `-m MODULE` (issue 21, D4: `-m` lost live
+    recovery because only scripts were read), or what a `--no-python` command's Python runs (issue 32, F3:
+    `numactl ... python -u train.py` lost it). Found as the ranks' `python -m` would find it, `cwd` first, without
     importing anything (a package's `__init__.py` is never run here); None when it cannot be found."""
     script = python_script(entrypoint)
     if script is not None:
         return script
-    if len(entrypoint) < 4 or entrypoint[0] != sys.executable or tuple(entrypoint[1:3]) != ("-u", "-m"):
+    if len(entrypoint) >= 4 and entrypoint[0] == sys.executable and tuple(entrypoint[1:3]) == ("-u", "-m"):
+        return module_source(entrypoint[3], cwd)
+    wrapped = wrapped_python(entrypoint)
+    if wrapped is None:
         return None
+    kind, name = wrapped
+    if kind == "module":
+        return module_source(name, cwd)
+    path = name if os.path.isabs(name) else os.path.join(cwd or os.getcwd(), name)
+    return path if os.path.isfile(path) else None
+
+
+def module_source(name: str, cwd: str | None = None) -> str | None:
+    """The source `python -m name` runs, found from `cwd` first then this interpreter's path; None if not found."""
     path = [cwd or os.getcwd(), *sys.path[1:]]
     found = None
-    for part in entrypoint[3].split("."):
+    for part in name.split("."):
         found = importlib.machinery.PathFinder.find_spec(part, path) if path else None
         if found is None:
             return None

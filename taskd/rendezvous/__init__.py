@@ -7,8 +7,9 @@ clients (``TORCHELASTIC_USE_AGENT_STORE=True``, see :func:`store_env`). :class:`
 whether a node's ranks get one and restarts it for each whole-job start.
 """
 
-from taskd.rendezvous.host import MODES, AgentStore, torch_importable, uses_live_binding
+from taskd.rendezvous.host import MODES, AgentStore, torch_importable
+from taskd.rendezvous.live_binding import uses_live_binding, wrapped_python
 from taskd.rendezvous.store import StoreHost, StoreHostError, listen, store_env
 
 __all__ = ["MODES", "AgentStore", "StoreHost", "StoreHostError", "listen", "store_env", "torch_importable",
-           "uses_live_binding"]
+           "uses_live_binding", "wrapped_python"]

@@ -2,8 +2,9 @@
 
 Live recovery needs a store that outlives rank 0, so node 0's ``taskd run`` hosts the
 ``MASTER_ADDR:MASTER_PORT`` store, as torchrun's agent does, when the entry script uses taskd's
-live binding: a ``.py`` entrypoint or ``-m`` module that imports ``taskd.worker.torch`` (a static look at its
-imports) and torch importable in the ranks' interpreter (mode ``auto``). Any other script (a plain
+live binding: the entry script, ``-m`` module or ``--no-python`` command's script imports ``taskd.worker.torch``,
+itself or through modules of its own (a static look, live_binding.py, which says why plain scripts must not get
+this store), and torch is importable in the ranks' interpreter (mode ``auto``). Any other script (a plain
 env:// DDP script, a MindSpore script) keeps MASTER_PORT to itself: rank 0 hosts the store, as under
 plain ``init_process_group``. ``TASKD_RDZV_STORE=agent`` forces the agent store, ``rank`` turns it off.
 
@@ -14,7 +15,6 @@ multi-node job's other nodes could race. Every group forms under a key prefix of
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import logging
 import os
@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 
+from taskd.rendezvous.live_binding import uses_live_binding
 from taskd.rendezvous.store import StoreHost, listen, store_env
 from taskd.worker.env import Var
 
@@ -42,33 +43,6 @@ def torch_importable(python: str | None = None) -> bool:
     except (OSError, subprocess.TimeoutExpired):
         return False
     return probe.returncode == 0
-
-
-LIVE_BINDING = "taskd.worker.torch"
-MAX_SCRIPT = 4 << 20  # bytes of a script read for its imports
-
-
-def uses_live_binding(script: str | os.PathLike[str]) -> bool:
-    """Whether ``script`` imports taskd's torch binding (``taskd.worker.torch``), read with ``ast``, not run.
-
-    Only the entry script (or ``-m`` module's source) is read: a script that imports the binding through a
-    module of its own needs ``TASKD_RDZV_STORE=agent``. An unreadable or unparsable script counts as not using it.
-    """
-    try:
-        with open(script, "rb") as fh:
-            tree = ast.parse(fh.read(MAX_SCRIPT))
-    except (OSError, SyntaxError, ValueError):
-        return False
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import) and any(a.name == LIVE_BINDING or a.name.startswith(LIVE_BINDING + ".")
-                                                for a in node.names):
-            return True
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            if node.module == LIVE_BINDING or node.module.startswith(LIVE_BINDING + "."):
-                return True
-            if node.module == "taskd.worker" and any(a.name == "torch" for a in node.names):
-                return True
-    return False
 
 
 def check_mode(mode: str) -> str:
@@ -101,10 +75,11 @@ class AgentStore:
 
     @classmethod
     def decide(cls, mode: str, script: str | None, node_rank: int, addr: str, port: int, run_dir: str,
-               python: str | None = None) -> AgentStore:
-        """``script``: the entry ``.py`` file, or the source of a ``-m`` module (None for ``--no-python``)."""
+               python: str | None = None, cwd: str | None = None) -> AgentStore:
+        """``script``: the file the ranks' Python runs first (a ``.py``, a ``-m`` module's source, the script a
+        ``--no-python`` command runs), None when unknown; its own modules are looked for beside it and in ``cwd``."""
         mode = check_mode(mode)
-        enabled = mode == "agent" or (mode == "auto" and script is not None and uses_live_binding(script)
+        enabled = mode == "agent" or (mode == "auto" and script is not None and uses_live_binding(script, cwd)
                                       and torch_importable(python))
         return cls(enabled, node_rank, addr, port, run_dir, python)
 

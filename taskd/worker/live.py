@@ -309,6 +309,23 @@ def _raised_through(exc: BaseException, dirs: tuple[str, ...]) -> bool:
     return False
 
 
+def why_not_live() -> str:
+    """What a LiveGroup under `taskd run` without live recovery tells the user ("" elsewhere: torchrun, python).
+
+    taskd run hosts the store that outlives rank 0 only for code it can see using this binding
+    (taskd/rendezvous/live_binding.py); a script started in a way it cannot read (a shell wrapper) would otherwise
+    learn only at its first fault that every rank restarts (issue 32, F3)."""
+    if not os.environ.get(Var.TASKD_HEARTBEAT_FILE):
+        return ""
+    if os.environ.get("TASKD_RDZV_STORE", "").strip() == "rank":
+        return ("live recovery is off for this job (TASKD_RDZV_STORE=rank): a fault restarts every rank from its "
+                "checkpoint (job-rescheduling); unset it to recover in place")
+    return ("live recovery is off for this job: taskd run did not see that its ranks use LiveGroup (it reads the "
+            "entry script, the modules of its own it imports, and the script of a --no-python command's python), so "
+            "rank 0 hosts the rendezvous store and a fault restarts every rank from its checkpoint; set "
+            "TASKD_RDZV_STORE=agent for this job to recover in place")
+
+
 def declare_rejoinable(retry: bool = False) -> bool:
     """For scripts whose ranks never talk to each other: a restarted rank needs nothing from the others.
 
@@ -344,4 +361,4 @@ def preimport(modules: str | list[str] | tuple[str, ...] | None = None) -> list[
 __all__ = ["ACTIONS", "DEFAULT_REJOIN_TIMEOUT", "FLAG_DECLARED", "FLAG_REJOIN", "FLAG_RESIZE", "FLAG_RETRY",
            "STORE_PREFIX", "Control", "ControlWatch", "ErrorKind", "LiveProtocolError", "LiveRank", "Phase",
            "RankStatus", "RetryableError", "classify_error", "declare_rejoinable", "join_after", "preimport",
-           "read_control", "read_rank_status", "rejoin_timeout", "start_generation", "write_control"]
+           "read_control", "read_rank_status", "rejoin_timeout", "start_generation", "why_not_live", "write_control"]

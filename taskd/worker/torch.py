@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from taskd.worker import live as live_protocol
 from taskd.worker import progress
 from taskd.worker.env import Var, rank, world_size
 from taskd.worker.live import STORE_PREFIX, Control, ErrorKind, LiveRank, Phase, RetryableError, classify_error
@@ -146,6 +147,8 @@ class LiveGroup:
         self._retired = RetiredGroups()  # groups left, held while work of theirs may still wait (torch_group)
         self._group_timeout = self.timeout  # the longest collective timeout the current group had
         if not self.live:
+            if self.rank == 0 and (why := live_protocol.why_not_live()):
+                log.warning("%s", why)
             if not dist.is_initialized():
                 dist.init_process_group(backend, timeout=self.timeout)
             return
@@ -300,12 +303,9 @@ class LiveGroup:
 
     def _drain(self, error: BaseException) -> bool:
         """Make, with zeros, the collectives the peers wait on in this step, then vote "not ok"; False when
-        that cannot be done exactly (the slower rebuild then follows).
-
-        The peers' collectives until the vote are DDP's: forward-time bucket rebuild and buffer
-        broadcast, then one allreduce per gradient bucket in bucket order (as DDP's own Join does for a
-        joined rank, ``_match_all_reduce_for_bwd_pass``).
-        """
+        that cannot be done exactly (the slower rebuild then follows). The peers' collectives until the vote are
+        DDP's: forward-time bucket rebuild and buffer broadcast, then one allreduce per gradient bucket in bucket
+        order (as DDP's own Join does for a joined rank, ``_match_all_reduce_for_bwd_pass``)."""
         if not self._voting or len(self._handles) != 1 or self._handles[0].current is None:
             return False
         ddp = self._handles[0].current
@@ -342,8 +342,7 @@ class LiveGroup:
         """Every rank drops the voided step (no optimizer update happened), waits for the agent's word, redoes it.
 
         ``retry``: same group, same processes. ``rejoin`` (the controller chose recover): the group is
-        rebuilt first. ``abort`` or no word in time: LiveRecoveryFailed.
-        """
+        rebuilt first. ``abort`` or no word in time: LiveRecoveryFailed."""
         t0 = time.time()
         for handle in self._handles:  # the raising rank's reducer is mid-iteration; every rank resets alike
             if handle.current is not None:

@@ -1,0 +1,79 @@
+"""Live recovery does not depend on how the script is started (issue 32, F3).
+
+A training script reached through a helper entry (`import lm_live; lm_live.main()`, as most repositories do) or
+run by a `--no-python` wrapper (`nice -n 1 python -u lm_live.py`, the form docs/pytorch.md gives for NUMA
+binding) recovers a killed rank in place, its survivors keeping their processes, as the script itself does.
+Before, both got job-rescheduling (every rank restarted) and the console blamed the script.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from support import STARTED  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+ROOT = Path(__file__).resolve().parents[3]
+EXAMPLE = ROOT / "examples" / "torch" / "train_ddp.py"
+ARGS = ["--hidden", "32", "--layers", "2", "--steps", "16", "--ckpt-every", "8", "--step-sleep", "0.05",
+        "--pg-timeout", "30", "--crash", "1:6"]
+TIMEOUT = 150.0
+
+
+def run(tmp: Path, command: list[str], flags: list[str] = ()) -> tuple[int, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MINDX_", "TASKD_"))}
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])})
+    argv = [sys.executable, "-m", "taskd.run", "--monitor-interval", "0.2", "--nproc-per-node", "2", *flags,
+            *command, *ARGS, "--ckpt-dir", str(tmp / "ckpt"), "--out", str(tmp / "out")]
+    console = tmp / "console.log"
+    with console.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp)
+        STARTED.append(proc)
+        try:
+            code = proc.wait(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+            pytest.fail(f"taskd run did not finish in {TIMEOUT:.0f}s:\n{console.read_text()[-6000:]}")
+    return code, console.read_text()
+
+
+def assert_recovered_in_place(tmp: Path, code: int, console: str) -> None:
+    assert code == 0, console[-6000:]
+    assert "strategy: recover for rank(s) [1]" in console, console[-6000:]
+    assert "job-rescheduling" not in console and "not every rank declared" not in console, console[-6000:]
+    found = re.search(r"started \d+ rank\(s\) \(rank:pid ([0-9:, ]+)\)", console)
+    assert found, console[-3000:]
+    started = {int(r): int(p) for r, p in (item.split(":") for item in found.group(1).split(", "))}
+    info = json.loads((tmp / "out" / "summary.json").read_text())
+    assert info["ranks"]["0"]["pid"] == started[0], console[-6000:]  # the survivor kept its process
+    assert info["recomputed"]["0"] == 0
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A repository's layout: the training code in a module of its own, the entry a two-line file."""
+    shutil.copy(EXAMPLE, tmp_path / "lm_live.py")
+    (tmp_path / "train_entry.py").write_text("import sys\nimport lm_live\n\nsys.exit(lm_live.main())\n")
+    return tmp_path
+
+
+def test_a_helper_module_entry_recovers_in_place(project: Path) -> None:
+    code, console = run(project, [str(project / "train_entry.py")])
+    assert_recovered_in_place(project, code, console)
+
+
+def test_a_no_python_wrapper_recovers_in_place(project: Path) -> None:
+    code, console = run(project, ["nice", "-n", "1", sys.executable, "-u", "lm_live.py"], ["--no-python"])
+    assert_recovered_in_place(project, code, console)
