@@ -12,6 +12,11 @@ Tensors go into the snapshot as raw bytes (any dtype, bfloat16 included), out of
 once, straight into the shared-memory segment; a GPU tensor is first copied to the host. On restore a module's
 ``load_state_dict`` copies them straight from the mapped segment into its parameters (one copy, nothing
 allocated); other objects (optimizers keep what they are given) get copies of their own. See `taskd.worker.snapshot`.
+
+FSDP2 (``fully_shard``) and other DTensor state: `ShardedSnapshots(model, optimizer)`, same two lines. Each rank
+snapshots its own shards, what ``torch.distributed.checkpoint``'s ``get_model_state_dict`` and
+``get_optimizer_state_dict`` give (a DTensor goes in as its local shard, its placements and global shape), and
+restores them into DTensors on the mesh of the model it is handed (``set_*_state_dict``): nothing is gathered.
 """
 
 from __future__ import annotations
@@ -50,6 +55,10 @@ def _rebuild_tensor(data: Any, dtype: str, shape: tuple[int, ...]) -> torch.Tens
 register_reducer(torch.Tensor, _reduce_tensor)
 
 
+def _is_sharded(obj: Any) -> bool:
+    return isinstance(obj, torch.nn.Module) and any(type(p).__name__ == "DTensor" for p in obj.parameters())
+
+
 class TorchSnapshots:
     """The snapshots of ``objects`` (modules, optimizers, LR schedulers: whatever has ``state_dict``) under
     one step. ``keep``, ``scope``, ``fallback`` as `taskd.worker.Snapshots`; the fallback here is a
@@ -62,6 +71,9 @@ class TorchSnapshots:
         for obj in objects:
             if not callable(getattr(obj, "state_dict", None)) or not callable(getattr(obj, "load_state_dict", None)):
                 raise TypeError(f"{type(obj).__name__} has no state_dict()/load_state_dict()")
+            if _is_sharded(obj):
+                raise TypeError(f"{type(obj).__name__} holds DTensor shards (FSDP2, tensor parallel): snapshot it "
+                                "with ShardedSnapshots(model, optimizer)")
         self.objects = objects
         self.snapshots = Snapshots(keep=keep, scope=scope, fallback=fallback, **options)
         self.extra: Any = None  # what the restored snapshot carried besides the objects (save's ``extra``)
@@ -96,4 +108,97 @@ class TorchSnapshots:
         self.snapshots.close()
 
 
-__all__ = ["TorchSnapshots"]
+class _Shard:
+    """A DTensor in a snapshot: this rank's local shard, and where it sits in the whole (checked on restore)."""
+
+    def __init__(self, local: torch.Tensor, placements: tuple[Any, ...], shape: tuple[int, ...]) -> None:
+        self.local, self.placements, self.shape = local, placements, shape
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _Shard, (self.local, self.placements, self.shape)
+
+
+def _reduce_dtensor(tensor: Any) -> tuple[Any, ...]:
+    return _Shard, (tensor.to_local(), tuple(tensor.placements), tuple(tensor.shape))
+
+
+def _rebuild(saved: Any, template: Any, own: bool, where: str) -> Any:
+    """``saved`` with each `_Shard` a DTensor again, on the mesh and placements of the same entry of ``template``
+    (the live model's or optimizer's state dict); ``own``: copies of the snapshot's memory (an optimizer keeps
+    what it is given), else views of it (a model copies them into its parameters)."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(saved, _Shard):
+        if not isinstance(template, DTensor) or tuple(template.placements) != saved.placements \
+                or tuple(template.shape) != saved.shape:
+            now = (f"{list(template.placements)} of shape {tuple(template.shape)}" if isinstance(template, DTensor)
+                   else type(template).__name__)
+            raise SnapshotError(f"{where}: the snapshot holds a shard {list(saved.placements)} of shape "
+                                f"{saved.shape}, the model now {now}: not the model (or mesh) it was taken from")
+        local = saved.local.clone() if own else saved.local
+        return DTensor.from_local(local, template.device_mesh, template.placements, shape=template.shape,
+                                  stride=template.stride())
+    if isinstance(saved, dict):
+        return {k: _rebuild(v, template.get(k) if isinstance(template, dict) else None, own, f"{where}.{k}")
+                for k, v in saved.items()}
+    if isinstance(saved, (list, tuple)):
+        same = isinstance(template, (list, tuple)) and len(template) == len(saved)
+        return type(saved)(_rebuild(v, template[i] if same else None, own, f"{where}[{i}]")
+                           for i, v in enumerate(saved))
+    return copy.deepcopy(saved) if own else saved
+
+
+class ShardedSnapshots:
+    """The snapshots of a sharded model (FSDP2's ``fully_shard``, DTensor parameters) and its optimizer: each rank
+    its own shards, through ``torch.distributed.checkpoint.state_dict``. ``keep``, ``fallback`` and the options
+    as `TorchSnapshots` (scope "job": the ranks of a sharded model always restore one step together)."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *, keep: int = 2,
+                 fallback: Fallback | None = None, **options: Any) -> None:
+        from torch.distributed.tensor import DTensor
+
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"ShardedSnapshots needs the model (a torch.nn.Module), not {type(model).__name__}")
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"optimizer must be a torch.optim.Optimizer, not {type(optimizer).__name__}")
+        register_reducer(DTensor, _reduce_dtensor)  # before torch.Tensor's: a DTensor's own type comes first
+        self.model, self.optimizer = model, optimizer
+        self.snapshots = Snapshots(keep=keep, scope="job", fallback=fallback, **options)
+        self.extra: Any = None
+
+    @property
+    def restored_from(self) -> str | None:
+        return self.snapshots.restored_from
+
+    def state(self, extra: Any = None) -> dict[str, Any]:
+        """This rank's shards of the model's and the optimizer's state (DTensors), keyed by parameter name."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        optim = get_optimizer_state_dict(self.model, self.optimizer) if self.optimizer is not None else None
+        return {"model": get_model_state_dict(self.model), "optimizer": optim, "extra": extra}
+
+    def save(self, step: int, extra: Any = None) -> bool:
+        """Snapshot this rank's shards (and ``extra``, small and picklable) as ``step``; False when off."""
+        return self.snapshots.save(self.state(extra), step)
+
+    def restore(self) -> int:
+        """Load the newest step every rank holds (or the fallback's checkpoint) into the model and optimizer; the
+        step to start from, 0 when there is none."""
+        found = self.snapshots.restore(use=self._load_into)
+        return 0 if found is None else found[1]
+
+    def _load_into(self, saved: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+        now = self.state()  # the live DTensors (and an optimizer's state, initialised): the mesh to rebuild on
+        set_model_state_dict(self.model, _rebuild(saved["model"], now["model"], False, "model"))
+        if self.optimizer is not None:
+            set_optimizer_state_dict(self.model, self.optimizer,
+                                     _rebuild(saved["optimizer"], now["optimizer"], True, "optimizer"))
+        self.extra = copy.deepcopy(saved.get("extra"))
+
+    def close(self) -> None:
+        self.snapshots.close()
+
+
+__all__ = ["ShardedSnapshots", "TorchSnapshots"]
