@@ -20,20 +20,18 @@ from typing import Any, Protocol
 from taskd.agent.config import AgentConfig
 from taskd.agent.continued import ContinueWord
 from taskd.agent.fencing import Fencing
-from taskd.agent.finish_report import FinishReport, deliver
 from taskd.agent.held_node import register_held
 from taskd.agent.orders import WIRE_COMMANDS, Command, Order
-from taskd.agent.policy import LossTimer, ReportRetry
+from taskd.agent.policy import LossTimer
 from taskd.agent.ranks import RankLayout
-from taskd.agent.reports import FAULT, STATUS, STRATEGIES, Outbox, Report, Settled
+from taskd.agent.reports import Reporter
 from taskd.client import ClientCredentials, ConfigurationError, RecoverClient
 from taskd.client.current import set_manager
 from taskd.client.errors import AuthenticationError, FencedError, RecoverClientError
-from taskd.client.manager import pace_request
-from taskd.client.rpc import PendingCall, make_channel
+from taskd.client.rpc import make_channel
 from taskd.process.conceal import conceal
 from taskd.proto import recover_pb2, taskd_pb2, taskd_pb2_grpc
-from taskd.vocabulary import Code, FaultRanks, SignalType
+from taskd.vocabulary import Code, SignalType
 from taskd.worker.env import is_credential_var
 
 log = logging.getLogger("taskd.agent")
@@ -86,8 +84,6 @@ class ControllerLink:
         self._subscriber: threading.Thread | None = None
         self._orders: queue.Queue[Order] = queue.Queue()
         self._seen: set[tuple[Command, str]] = set()
-        self._finish: FinishReport | None = None  # this node's finish report, once the job ended here
-        self._finish_thread: threading.Thread | None = None
         self._status_channel: Any = None
         self.loss = LossTimer(config.controller_timeout)
         self._closed = False  # after close(), a late RPC completion must not wake a loop (its fd) that is gone
@@ -105,10 +101,10 @@ class ControllerLink:
         self.continued = ContinueWord(lambda: self._mgr, self.fencing.fence)
         self.rejoining_at_register: frozenset[int] | None = None  # JobRecord.rejoining as this agent registered
         self.lost_ago: float | None = None  # seconds since the controller declared this node lost (a replacement)
-        self.outbox = Outbox(lambda: self._mgr, wake_unless_closed)
+        # every report to the controller, past the same checks, through one outbox (agent/reports.py)
+        self.reports = Reporter(lambda: self._mgr, self.fencing, config.controller_timeout, wake_unless_closed)
         self.refusal: str | None = None  # why connect() failed: the controller's refusal, "" when none answered
         self.taken_by: str | None = None  # refused: the replacement (host:pid) holding this node (held_node.py)
-        self._settled_faults: list[Settled] = []
 
     @property
     def active(self) -> bool:
@@ -248,77 +244,6 @@ class ControllerLink:
         """Seconds the controller has been gone while a round waits on it, once that reaches the timeout."""
         return self.loss.expired(now, self.active and round_open and not self.connected)
 
-    # -- reports (each a no-op without a controller): pending items the loop polls (agent/reports.py) ----------
-    def _add(self, what: str, method: str, build: Callable[[RecoverClient, Report], Any], now: float,
-             faults: FaultRanks | None = None, detail: str = "") -> None:
-        if self._mgr is not None:
-            self.outbox.add(Report(what, method, build, ReportRetry(now + self.config.controller_timeout),
-                                   dict(faults or {}), detail))
-        self.poll_reports(now)  # the first attempt goes at once
-
-    def report_fault(self, faults: FaultRanks, detail: str, now: float) -> None:
-        """Report a fault, or add it to the fault report still pending; `poll_reports` says how it went."""
-        if self._mgr is None or self.outbox.join_fault(faults, detail):
-            return
-        self._add(FAULT, "ReportProcessFault", lambda c, r: c.process_fault_request(r.faults, r.detail), now,
-                  faults, detail)
-
-    @property
-    def fault_pending(self) -> bool:
-        """A fault report the controller has not taken yet."""
-        return self.outbox.fault() is not None
-
-    def poll_reports(self, now: float) -> list[Settled]:
-        """Answers read, re-sends started, reports past their deadline settled. A fault report's settling is the
-        caller's to act on (not taken: degraded mode); the others' failures are logged, and the round's own timers
-        (the controller's deadlines, the agent's loss timer) decide what happens next."""
-        settled = self.outbox.poll(now)
-        if self.outbox.fenced is not None:  # a report answered 411: this agent was declared lost and replaced
-            self.fencing.fence(self.outbox.fenced)
-        for s in settled:
-            if not s.taken and s.report.what != FAULT:
-                log.warning("%s not taken by the controller: %s", s.report.what, s.why)
-        self._settled_faults.extend(s for s in settled if s.report.what == FAULT)
-        return settled
-
-    def settled_faults(self) -> list[Settled]:
-        """Fault reports settled since last asked (taken, or not within the controller timeout)."""
-        out, self._settled_faults = self._settled_faults, []
-        return out
-
-    def wake_at(self) -> float | None:
-        return self.outbox.wake_at()
-
-    def report_stop_complete(self, faults: FaultRanks) -> None:
-        self._add("stop complete", "ReportStopComplete", lambda c, _r: c.stop_complete_request(Code.OK, "", faults),
-                  time.monotonic())
-
-    def report_strategies(self, faults: FaultRanks, strategies: list[str] | None = None) -> None:
-        """What this node offers for the round (default: the configured strategies)."""
-        offered = list(self.config.offered_strategies if strategies is None else strategies)
-        self._add(STRATEGIES, "ReportRecoverStrategy", lambda c, _r: c.recover_strategy_request(faults, offered),
-                  time.monotonic())
-
-    def report_status(self, code: int, msg: str, faults: FaultRanks, strategy: str, rejoined: bool = False) -> None:
-        self._add(STATUS, "ReportRecoverStatus",
-                  lambda c, _r: c.recover_status_request(code, msg, faults, strategy, rejoined=rejoined),
-                  time.monotonic())
-
-    def report_finished(self, exit_code: int, reason: str) -> None:
-        """Tell the controller every local rank ended: sent from a thread of its own until acknowledged, within
-        the controller timeout (finish_report.py); `close()` waits for it."""
-        if self._mgr is None or self._finish is not None or self.fencing.fenced is not None or self._mgr.info.standby:
-            # registered as a standby (the client's identity: the controller's view): no node, no finish to report
-            return
-        self.poll_reports(time.monotonic())
-        self.outbox.flush()  # the round's reports before the finish
-        self._finish = FinishReport(exit_code, reason, time.monotonic(), max(1.0, self.config.controller_timeout))
-        mgr = self._mgr
-        self._finish_thread = threading.Thread(
-            target=deliver, args=(self._finish, lambda r, t: mgr.report_finished(r.exit_code, r.reason, timeout=t)),
-            name="taskd-finish", daemon=True)
-        self._finish_thread.start()
-
     @property
     def job_id(self) -> str:
         return self._mgr.info.jobId if self._mgr is not None else ""
@@ -379,9 +304,8 @@ class ControllerLink:
         """Tell the controller the job ended here (unless done), stop listening, stop the embedded controller."""
         self._closed = True  # the loop is over: its last reports are flushed by polling, not by wake-ups
         if self._mgr is not None:
-            self.report_finished(exit_code, reason)
-            if self._finish_thread is not None and self._finish is not None:  # still pending: wait, to its deadline
-                self._finish_thread.join(max(0.0, self._finish.deadline - time.monotonic()) + 1.0)
+            self.reports.finished(exit_code, reason)
+            self.reports.wait_finished()  # still pending: wait, to its deadline
             self._mgr.stop()
         if self._status_channel is not None:
             self._status_channel.close()
@@ -399,29 +323,3 @@ def record_of(link: ControllerLink, mgr: RecoverClient | None, timeout: float = 
     except JobStatusUnsupported:
         return None
     return None if isinstance(record, str) else record
-
-
-def start_pace(link: ControllerLink, factor: float, paces: list[tuple[int, float, int]], timeout: float
-               ) -> PendingCall | None:
-    """One pace report (agent/stragglers.py), started and not waited for; None without a controller to take it."""
-    mgr = link._mgr
-    if mgr is None or link.fencing.fenced is not None or mgr.info.standby:  # a standby has no ranks
-        return None
-    try:
-        return mgr.start_report("ReportPace", pace_request(mgr, factor, paces), timeout=timeout)
-    except (RecoverClientError, ValueError) as exc:
-        log.debug("pace report not sent: %s", exc)
-        return None
-
-
-def report_restarts(link: ControllerLink, restarts: int) -> None:
-    """The job's restarts counted here (degraded mode's local restarts): every later Register carries the count (the
-    client re-registers with it when the controller is back), and one is sent now (the controller may be up:
-    degraded mode only means it did not take a fault report in time)."""
-    mgr = link._mgr
-    if mgr is None or mgr.info.standby:  # a standby has no restarts of its own
-        return
-    for info in (mgr.info, mgr._registered_with):
-        if info is not None:
-            info.restartsUsed = restarts
-    link._add("restart count", "Register", lambda c, _r: c._registered_with or c.info, time.monotonic())

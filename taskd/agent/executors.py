@@ -18,14 +18,13 @@ from typing import Any
 
 from taskd.agent import round_events as ev
 from taskd.agent.bugs import UNCAUGHT_EXITS, Bug, BugJudge, RankEnd, error_of
-from taskd.agent.controller_link import ControllerLink, report_restarts
+from taskd.agent.controller_link import ControllerLink
 from taskd.agent.hang_watch import HangWatch
 from taskd.agent.launcher_api import MSRUN
 from taskd.agent.live import LiveRanks
 from taskd.agent.rank_control import Adopted, RankControl
 from taskd.agent.ranks import RankState, RankTable
-from taskd.agent.reports import STATUS, STRATEGIES
-from taskd.agent.resumed_report import report_resumed
+from taskd.agent.report_policy import STATUS, STRATEGIES
 from taskd.agent.resumption import Resumption
 from taskd.agent.round_state import LocalPolicy
 from taskd.agent.summary import SUPERSEDED, JobResult, RecoveryRecord
@@ -158,7 +157,7 @@ def start_ranks(x: Executors, a: ev.StartRanks) -> list[object]:
 def set_restart_count(x: Executors, a: ev.SetRestartCount) -> None:
     x.control.details.set_restart_count(a.restarts)
     if x.policy.degraded:  # a restart no controller counted: the controller hears of it (now, or at re-Register)
-        report_restarts(x.link, a.restarts)
+        x.link.reports.restarts(a.restarts)
 
 
 def supersede(x: Executors, a: ev.Supersede) -> None:
@@ -191,17 +190,18 @@ def abandon_rebuild(x: Executors, a: ev.AbandonRebuild) -> None:
 
 def send_report(x: Executors, a: ev.SendReport) -> None:
     if a.kind == ev.FAULT:
-        x.link.report_fault(a.faults, a.detail, time.monotonic())
+        x.link.reports.fault(a.faults, a.detail, time.monotonic())
     elif a.kind == ev.STOP_COMPLETE:
-        x.link.report_stop_complete(a.faults)
+        x.link.reports.stop_complete(a.faults)
     else:
-        x.link.report_status(a.code, a.detail, a.faults, a.strategy, a.rejoined)
+        x.link.reports.status(a.code, a.detail, a.faults, a.strategy, a.rejoined)
 
 
 def withdraw_reports(x: Executors, a: ev.WithdrawReports) -> None:
-    for what in (_OUTBOX_KINDS[kind] for kind in a.kinds):
-        if n := x.link.outbox.drop(what):
-            log.info("a new stopTrain: %d pending %s report(s) withdrawn (the controller moved past them)", n, what)
+    for kind in (_OUTBOX_KINDS[k] for k in a.kinds):
+        if n := x.link.reports.outbox.drop(kind):
+            log.info("a new stopTrain: %d pending %s report(s) withdrawn (the controller moved past them)", n,
+                     kind.what)
 
 
 RESTARTS = frozenset({Strategy.RETRY, Strategy.RECOVER, Strategy.JOB_RESCHEDULING, *Strategy.RESIZE})
@@ -214,7 +214,7 @@ def offer_strategies(x: Executors, a: ev.OfferStrategies) -> None:
         log.error("not restarted: %s", bug.describe())
         x.hooks.capture_first_failure()
         offered = [s for s in offered if s not in RESTARTS]
-    x.link.report_strategies(a.faults, offered)
+    x.link.reports.strategies(a.faults, offered)
 
 
 def bug_of(x: Executors, faults: FaultRanks) -> Bug | None:
@@ -277,7 +277,7 @@ def record_restart(x: Executors, a: ev.RecordRestart) -> list[object]:
 
 
 def tell_resumed(x: Executors, a: ev.TellResumed) -> None:
-    report_resumed(x.link, a.round, a.seconds, a.at, unseen=not a.seen)
+    x.link.reports.resumed(a.round, a.seconds, a.at, unseen=not a.seen)
 
 
 def dump(x: Executors, a: ev.Dump) -> None:
@@ -301,7 +301,7 @@ def dump(x: Executors, a: ev.Dump) -> None:
     msg = f"saved: {sorted(saved)}; not saved: {sorted(unsaved)}"
     log.info("dump: %s", msg)
     complete = bool(saved) and not unsaved
-    x.link.report_status(Code.OK if complete else Code.DUMP_FAILED, msg, a.faults, Strategy.DUMP)
+    x.link.reports.status(Code.OK if complete else Code.DUMP_FAILED, msg, a.faults, Strategy.DUMP)
     x.hooks.finish(False, DUMPED_EXIT if complete else DUMP_INCOMPLETE_EXIT, f"dumped ({msg})")
 
 

@@ -1,7 +1,8 @@
 """This node's side of straggler detection (`--straggler-factor`, issue 21 item 5; the judge is taskd/pace.py).
 
 On each sweep the agent reads its ranks' running compute sums from their heartbeat files into a window per
-rank; every `--straggler-interval` it sends the windows' averages to the controller (`ReportPace`), which
+rank; every `--straggler-interval` it sends the windows' averages to the controller (`ReportPace`, a report
+of the outbox sent once, beside the others: agent/report_policy.py), which
 compares every rank of the job with the median of the others and answers with the verdicts about this
 node's ranks, each once: they become console lines here. Without a controller that judges (degraded mode,
 a ClusterD controller without taskd.v1) the agent judges its own node's ranks with the same judge. Nothing
@@ -15,20 +16,17 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from taskd.agent.ranks import Rank, RankState
-from taskd.client.errors import RecoverClientError
-from taskd.client.rpc import PendingCall
+from taskd.agent.reports import Report
 from taskd.pace import PaceWindow, RankPace, StragglerJudge, Verdict
-from taskd.vocabulary import Code
 
 log = logging.getLogger("taskd.agent")
 
-CALL_TIMEOUT = 5.0
 BLIND_AFTER = 6  # intervals of running ranks without one compute sample: --straggler-factor says it sees nothing
 
 
 class PaceLink(Protocol):
     def __call__(self, factor: float, paces: list[tuple[int, float, int]], timeout: float
-                 ) -> PendingCall | None: ...
+                 ) -> Report | None: ...  # None: no controller to report to
 
 
 class StragglerWatch:
@@ -42,7 +40,7 @@ class StragglerWatch:
         self.local = StragglerJudge(factor)
         self.remote = True  # the controller judges; False once it cannot (no taskd.v1) or there is none
         self.next_at = 0.0
-        self._call: PendingCall | None = None
+        self._report: Report | None = None  # the pace report not settled yet (its `outcome` then holds the answer)
         self._running_since: float | None = None  # the first sweep that found a running rank
         self._seen = False  # some rank reported a step's compute time: the watch can see
         self._said_blind = False
@@ -75,13 +73,12 @@ class StragglerWatch:
         paces = self.sample(ranks, heartbeat)
         self._say_if_blind(ranks, now)
         verdicts = self._answer()
-        if now < self.next_at or self._call is not None:
+        if now < self.next_at or self._report is not None:
             return verdicts
         self.next_at = now + self.interval
         if self.remote and link is not None:
-            self._call = link(self.factor, [(p.rank, p.seconds, p.intervals) for p in paces],
-                                         min(CALL_TIMEOUT, self.interval))
-            if self._call is not None:
+            self._report = link(self.factor, [(p.rank, p.seconds, p.intervals) for p in paces], self.interval)
+            if self._report is not None:
                 return verdicts
         return verdicts + self.local.judge(paces)
 
@@ -100,26 +97,20 @@ class StragglerWatch:
                         "use LiveGroup), so no straggler can be named", self.factor, waited)
 
     def _answer(self) -> list[Verdict]:
-        call = self._call
-        if call is None or not call.done():
+        outcome = self._report.outcome if self._report is not None else None
+        if outcome is None:
             return []
-        self._call = None
-        try:
-            reply = call.result()
-        except RecoverClientError as exc:
-            if "UNIMPLEMENTED" in str(exc):
+        self._report = None
+        if not outcome.taken:
+            if "UNIMPLEMENTED" in outcome.why:
                 self.remote = False
                 log.info("the controller does not judge stragglers (no taskd.v1 ReportPace): this node's ranks are "
                          "compared among themselves")
             else:
-                log.debug("pace report: %s", exc)
+                log.debug("pace report: %s", outcome.why)
             return []
-        if reply.status.code != Code.OK:
-            log.debug("pace report answered %d: %s", reply.status.code, reply.status.info)
-            return []
-        return [Verdict(v.rank, v.host, v.ratio, v.computeSeconds, v.medianSeconds, v.cleared) for v in reply.verdicts]
+        return [Verdict(v.rank, v.host, v.ratio, v.computeSeconds, v.medianSeconds, v.cleared)
+                for v in outcome.reply.verdicts]
 
     def close(self) -> None:
-        if self._call is not None:
-            self._call.cancel()
-            self._call = None
+        self._report = None  # the outbox drops a pace report still pending when the ranks end (Reporter.finished)

@@ -14,7 +14,6 @@ its executors carry out the actions.
 
 from __future__ import annotations
 
-import functools
 import logging
 import signal
 import socket
@@ -26,7 +25,7 @@ from typing import Any
 
 from taskd.agent import round_events as ev
 from taskd.agent.config import AgentConfig, new_job_id
-from taskd.agent.controller_link import ControllerLink, LocalController, start_pace
+from taskd.agent.controller_link import ControllerLink, LocalController
 from taskd.agent.departure import DepartureWatch
 from taskd.agent.executors import AgentHooks, Executors, Gone
 from taskd.agent.hang_watch import Hang, HangWatch
@@ -181,7 +180,7 @@ class Supervisor:
         """Until the job ends: rank exits, the controller's orders, our own deadlines, the slow sweep."""
         next_sweep = time.monotonic() + self.config.monitor_interval
         while not self._done:
-            report_at = self.link.wake_at()  # a report's re-send or deadline (an answer wakes the loop itself)
+            report_at = self.link.reports.wake_at()  # a report's re-send or deadline (an answer wakes the loop itself)
             wake_at = next_sweep if report_at is None else min(next_sweep, report_at)
             if self.executors.polling:  # in-place errors, a rebuild's progress, a resumption: read from rank files
                 wake_at = min(wake_at, time.monotonic() + POLL)
@@ -292,7 +291,7 @@ class Supervisor:
             self.control.stop(alive, graceful=True)
         self.control.ensure_all_gone()
         self.logs.finish()
-        self.link.report_finished(0 if self.result.succeeded else self.result.exit_code, self.result.reason)
+        self.link.reports.finished(0 if self.result.succeeded else self.result.exit_code, self.result.reason)
         self._await_job_end()
         self.control.reap_msrun_scheduler()
         self.link.close(0 if self.result.succeeded else self.result.exit_code, self.result.reason)
@@ -378,8 +377,8 @@ class Supervisor:
     def _poll_reports(self) -> None:
         """Answers to the reports in flight, re-sends that are due; a fault report settles as taken, or not within
         the controller timeout (then the machine goes degraded, agent/reports.py)."""
-        self.link.poll_reports(time.monotonic())
-        for settled in self.link.settled_faults():
+        self.link.reports.poll(time.monotonic())
+        for settled in self.link.reports.settled_faults():
             self._feed(ev.ReportSettled(settled.taken))
 
     def _failure_code(self) -> int:
@@ -396,8 +395,7 @@ class Supervisor:
             ranks = sample_ranks(self.table.all(), beat, self.metrics.clock)
             self.metrics.publish(ranks, len(self.result.faults), len(self.result.recoveries))
         if self.stragglers is not None and not self._done:
-            pace = functools.partial(start_pace, self.link)
-            for verdict in self.stragglers.sweep(self.table.all(), beat, pace, time.monotonic()):
+            for verdict in self.stragglers.sweep(self.table.all(), beat, self.link.reports.pace, time.monotonic()):
                 (log.info if verdict.cleared else log.warning)("%s", verdict.describe(self.stragglers.factor))
         suspects = []
         for rank, pid, entry in self.control.sweep():

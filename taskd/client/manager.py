@@ -1,8 +1,9 @@
 """`DLRecoverManager`: an agent's link to the recovery controller, as a facade over the client's parts.
 
 Drop-in for TaskD's class of the same name. The parts: `RpcClient` (channel, deadlines, credentials),
-`ReportRetryPolicy` (when to re-send a report), `Subscription` (the signal stream and its
-reconnects), `Dispatcher` (action -> handler) and `arguments` (every check of what callers pass).
+`ReportRetryPolicy` (when the blocking `report_*` methods, for TaskD-API callers only, re-send a
+report), `Subscription` (the signal stream and its reconnects), `Dispatcher` (action -> handler) and
+`arguments` (every check of what callers pass).
 `RecoverClient` is the plain class; `DLRecoverManager` adds TaskD's one-instance-per-process rule.
 """
 

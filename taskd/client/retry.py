@@ -123,6 +123,10 @@ class ReportRetryPolicy:
     and one re-send in the whole report (a later "other" answer ends it); 409 is never re-sent.
     The pause comes before every re-send: immediate re-sends would hit a restarted controller in
     the same burst again. A pause that would not leave room for one more call ends the report.
+
+    For TaskD-API callers only (the blocking `report_*` methods of `DLRecoverManager`, `taskd.api`): they
+    may sleep between re-sends. taskd's agent, whose loop must not, never uses it: its reports go through
+    its outbox with the one policy of taskd/agent/report_policy.py (table in docs/client.md).
     """
 
     budget: float

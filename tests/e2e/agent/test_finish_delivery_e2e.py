@@ -64,7 +64,7 @@ def test_a_node_that_finishes_while_the_controller_is_down_is_finished_not_lost(
         (tmp_path / "go0").touch()  # node 0's rank finishes while the controller is down
         # a first attempt failed (after up to 5 s: longer than the old single 3 s one), so the controller is down
         # for longer than that when it comes back
-        wait_for(lambda: "has not acknowledged this node's finish yet" in (tmp_path / "node0.log").read_text(), 30,
+        wait_for(lambda: "finish report not taken" in (tmp_path / "node0.log").read_text(), 30,
                  "node 0 to re-send its finish report")
         server = _server(address, state, tmp_path / "server.log")
         assert nodes[0].wait(timeout=40) == 0, (tmp_path / "node0.log").read_text()

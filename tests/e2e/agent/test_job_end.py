@@ -38,14 +38,14 @@ def node(address: str, job_id: str, rank: int) -> ControllerLink:
 def test_the_wait_ends_when_the_last_node_finishes(address: str) -> None:
     links = [node(address, "two-nodes", r) for r in (0, 1)]
     try:
-        links[0].report_finished(0, "")
+        links[0].reports.finished(0, "")
         assert links[0].job_state()[0] == "RUNNING"  # node 1 still runs: node 0 must keep waiting
         seen = []
 
         def sleep(seconds: float) -> None:  # node 1 finishes while node 0 waits
             seen.append(seconds)
             if len(seen) == 2:
-                links[1].report_finished(0, "")
+                links[1].reports.finished(0, "")
             time.sleep(seconds)
 
         end = await_job_end(links[0], 30.0, lambda: True, lambda: False, sleep=sleep)
@@ -59,8 +59,8 @@ def test_the_wait_ends_when_the_last_node_finishes(address: str) -> None:
 def test_a_job_that_failed_on_another_node_fails_here_too(address: str) -> None:
     links = [node(address, "one-fails", r) for r in (0, 1)]
     try:
-        links[0].report_finished(0, "")
-        links[1].report_finished(3, "rank 1 exited with code 3")
+        links[0].reports.finished(0, "")
+        links[1].reports.finished(3, "rank 1 exited with code 3")
         end = await_job_end(links[0], 30.0, None, lambda: False)
         assert end.failed and end.why == "controller"
         assert "node 1 finished with exit code 3" in end.info
@@ -72,7 +72,7 @@ def test_a_job_that_failed_on_another_node_fails_here_too(address: str) -> None:
 def test_the_wait_is_bounded_and_ends_early_on_the_schedulers_exit_or_a_signal(address: str) -> None:
     links = [node(address, "never-ends", r) for r in (0, 1)]
     try:
-        links[0].report_finished(0, "")
+        links[0].reports.finished(0, "")
         assert await_job_end(links[0], 0.5, None, lambda: False).why == "grace"
         end = await_job_end(links[0], 30.0, lambda: False, lambda: False)  # every rank left the scheduler
         assert (end.state, end.why) == ("RUNNING", "scheduler exited")

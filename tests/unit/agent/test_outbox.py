@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from taskd.agent.policy import ReportRetry
-from taskd.agent.reports import FAULT, Outbox, Report
+from taskd.agent.report_policy import FAULT, RESUMED, STOP_COMPLETE, STRATEGIES, ReportKind, ReportRetry
+from taskd.agent.reports import Outbox, Report
 from taskd.client.errors import ServerUnreachable
 from taskd.vocabulary import Code
 
@@ -59,11 +59,11 @@ class Client:
 
 def fault_report(now: float, faults: dict[int, str] | None = None) -> Report:
     retry = ReportRetry(now + TIMEOUT)
-    return Report(FAULT, "ReportProcessFault", lambda _c, r: dict(r.faults), retry, dict(faults or {1: "1"}), "rank 1")
+    return Report(FAULT, lambda _c, r: dict(r.faults), retry, dict(faults or {1: "1"}), "rank 1")
 
 
-def report(what: str, now: float) -> Report:
-    return Report(what, f"Report{what}", lambda _c, _r: what, ReportRetry(now + TIMEOUT))
+def report(kind: ReportKind, now: float) -> Report:
+    return Report(kind, lambda _c, _r: kind.what, ReportRetry(now + TIMEOUT))
 
 
 @pytest.fixture
@@ -80,7 +80,7 @@ def test_a_report_is_sent_at_once_and_settles_when_taken(box: tuple[Outbox, Clie
     assert outbox.poll(0.5) == [], "no answer yet: nothing settles, nothing is re-sent"
     client.last.answer = Code.OK
     [settled] = outbox.poll(0.6)
-    assert settled.taken and settled.report.what == FAULT and len(outbox) == 0
+    assert settled.taken and settled.report.kind is FAULT and len(outbox) == 0
 
 
 def test_an_unreachable_controller_settles_the_fault_report_at_the_controller_timeout(
@@ -158,13 +158,13 @@ def test_a_fault_joins_the_pending_report_and_is_sent_again_if_the_attempt_in_fl
 
 def test_reports_go_out_one_at_a_time_in_order(box: tuple[Outbox, Client]) -> None:
     outbox, client = box
-    outbox.add(report("StopComplete", 0.0))
-    outbox.add(report("RecoverStrategy", 0.0))
+    outbox.add(report(STOP_COMPLETE, 0.0))
+    outbox.add(report(STRATEGIES, 0.0))
     outbox.poll(0.0)
     assert [c.method for c in client.calls] == ["ReportStopComplete"], "strategies wait for the stop-complete"
     client.last.answer = Code.OK
     [settled] = outbox.poll(0.1)
-    assert settled.report.what == "StopComplete"
+    assert settled.report.what == "stop complete"
     assert [c.method for c in client.calls] == ["ReportStopComplete", "ReportRecoverStrategy"]
 
 
@@ -207,7 +207,7 @@ def test_a_report_that_cannot_be_built_settles_at_once(box: tuple[Outbox, Client
     def bad(_client: object, _report: object) -> None:
         raise ValueError("unknown strategy 'teleport'")
 
-    outbox.add(Report("strategies", "ReportRecoverStrategy", bad, ReportRetry(0.0 + TIMEOUT)))
+    outbox.add(Report(STRATEGIES, bad, ReportRetry(0.0 + TIMEOUT)))
     assert outbox.poll(0.0) == [] and client.calls == []
     [settled] = outbox.poll(0.0)
     assert not settled.taken and len(outbox) == 0
@@ -220,15 +220,14 @@ def test_a_call_completing_after_the_link_closed_wakes_nothing() -> None:
 
     woken: list[int] = []
     link = ControllerLink(AgentConfig(launcher="taskd"), lambda: woken.append(1))
-    link.outbox._wake()
+    link.reports.outbox._wake()
     link.close(0, "")
-    link.outbox._wake()
+    link.reports.outbox._wake()
     assert woken == [1]
 
 
 def lossy_report(now: float) -> Report:
-    return Report("training resumed", "ReportResumed", lambda _c, _r: "resumed",
-                  ReportRetry(now + TIMEOUT), lossy=True)
+    return Report(RESUMED, lambda _c, _r: "resumed", ReportRetry(now + TIMEOUT))
 
 
 def test_an_informational_report_never_holds_back_the_fault_report_behind_it(box: tuple[Outbox, Client]) -> None:
@@ -240,12 +239,12 @@ def test_an_informational_report_never_holds_back_the_fault_report_behind_it(box
         outbox.poll(0.0)
         client.last.answer, client.last.error = answer, error
         [settled] = outbox.poll(0.1)
-        assert not settled.taken and settled.report.lossy
+        assert not settled.taken and settled.report.kind.lossy
         assert settled.why == ("answered 401: info of 401" if error is None else str(error))
         assert client.last.method == "ReportProcessFault", "the fault report is sent at once"
         client.last.answer = Code.OK
         [settled] = outbox.poll(0.2)
-        assert settled.taken and settled.report.what == FAULT
+        assert settled.taken and settled.report.kind is FAULT
 
 
 def test_an_informational_report_is_sent_again_when_the_controller_is_busy_or_unreachable(
@@ -268,18 +267,18 @@ def test_dropped_reports_leave_the_queue_and_a_call_in_flight_is_cancelled(box: 
     """A new stopTrain makes the strategies offered for the round's earlier collection moot (controller_link):
     refused 401 until the controller has the new stop complete, they held it back until the deadline."""
     outbox, client = box
-    outbox.add(report("strategies", 0.0))
+    outbox.add(report(STRATEGIES, 0.0))
     outbox.poll(0.0)
     client.last.answer = Code.OUT_OF_ORDER
     outbox.poll(0.1)  # refused: still the head, re-sent on its timer
     outbox.poll(1.0)
     in_flight = client.last
-    assert in_flight.method == "Reportstrategies" and not in_flight.done()
-    outbox.add(report("stop complete", 1.1))
-    assert outbox.drop("strategies") == 1 and outbox.drop("strategies") == 0
+    assert in_flight.method == "ReportRecoverStrategy" and not in_flight.done()
+    outbox.add(report(STOP_COMPLETE, 1.1))
+    assert outbox.drop(STRATEGIES) == 1 and outbox.drop(STRATEGIES) == 0
     assert in_flight.cancelled and len(outbox) == 1
     outbox.poll(1.2)
-    assert client.last.method == "Reportstop complete", "the stop complete goes out at once"
+    assert client.last.method == "ReportStopComplete", "the stop complete goes out at once"
 
 
 def test_a_signal_sent_again_with_its_uuid_is_not_carried_out_twice() -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from taskd.agent.policy import LossTimer, ReportRetry
+from taskd.agent.policy import LossTimer
+from taskd.agent.report_policy import ReportRetry
 from taskd.agent.round_state import LocalPolicy
 
 

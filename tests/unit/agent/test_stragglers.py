@@ -87,18 +87,11 @@ def test_window_averages_the_newest_intervals_and_restarts_with_a_new_process() 
     assert w.seconds() is None and w.pid == 11
 
 
-class FakeCall:
+class FakeReport:
+    """A pace report the outbox settled at once, taken (agent/reports.py's `Report.outcome`)."""
+
     def __init__(self, reply: object) -> None:
-        self.reply = reply
-
-    def done(self) -> bool:
-        return True
-
-    def result(self) -> object:
-        return self.reply
-
-    def cancel(self) -> None:
-        pass
+        self.outcome = SimpleNamespace(taken=True, why="", reply=reply)
 
 
 def ranks_and_beats(compute: dict[int, float], intervals: int):  # noqa: ANN201
@@ -115,9 +108,9 @@ def test_the_watch_reports_every_interval_and_says_what_the_controller_answered(
     replies = [taskd_pb2.PaceReply(status=recover_pb2.Status(code=0)),
                taskd_pb2.PaceReply(status=recover_pb2.Status(code=0), verdicts=[verdict])]
 
-    def link(factor: float, p: list[tuple[int, float, int]], timeout: float) -> FakeCall:
+    def link(factor: float, p: list[tuple[int, float, int]], timeout: float) -> FakeReport:
         sent.append((factor, p))
-        return FakeCall(replies.pop(0))
+        return FakeReport(replies.pop(0))
 
     for n, now in ((1, 0.0), (2, 1.0), (6, 2.0)):
         ranks, beat = ranks_and_beats({0: 0.1, 1: 0.4}, n)
@@ -130,6 +123,16 @@ def test_the_watch_reports_every_interval_and_says_what_the_controller_answered(
     [v] = watch.sweep(ranks, beat, link, 6.0)  # its answer, said once
     assert (v.rank, v.host, v.ratio, v.cleared) == (1, "nodeA", 4.0, False)
     assert watch.sweep(ranks, beat, link, 7.0) == [] and len(sent) == 2
+
+
+def test_a_controller_without_report_pace_leaves_the_node_to_judge_its_own_ranks() -> None:
+    watch = StragglerWatch(2.0, interval=1.0, host="nodeA")
+    unknown = SimpleNamespace(outcome=SimpleNamespace(taken=False, why="ReportPace: UNIMPLEMENTED", reply=None))
+    out = []
+    for n, now in ((1, 0.0), (5, 1.0), (9, 2.0)):
+        ranks, beat = ranks_and_beats({0: 0.1, 1: 0.1, 2: 0.5}, n)
+        out += watch.sweep(ranks, beat, lambda *a: unknown, now)
+    assert not watch.remote and [(v.rank, round(v.ratio, 2)) for v in out] == [(2, 5.0)]
 
 
 def test_without_a_controller_the_node_judges_its_own_ranks() -> None:
