@@ -8,16 +8,18 @@ code (0, or the first failing rank's code; 128 + signal for a signal).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from taskd.agent.console import EVENT_LOGGERS, setup_console_logging  # noqa: F401 (taskd run's console)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from taskd.agent.config import AgentConfig
     from taskd.client.credentials import ClientCredentials
     from taskd.launcher import WorkerSpec
     from taskd.run_config import RunConfig
@@ -108,10 +110,13 @@ def run_main(config: RunConfig) -> int:
     import taskd.client  # noqa: F401 (first: its import switches gRPC fork support off while grpc is not loaded)
     from taskd.agent.config import AgentConfig
     from taskd.agent.supervisor import Supervisor
-    from taskd.controller.server import EmbeddedController
     from taskd.launcher import LocalLauncher, WorkerSpecError
     from taskd.launcher.output import RankLogError
 
+    hosted = config.hosted_controller
+    hosts = hosted is not None and not config.standby and config.node_rank == 0
+    if hosted is not None and not hosts:  # the job's controller is node 0's (run_config/build.py)
+        config = dataclasses.replace(config, server=hosted)
     try:
         spec = _worker_spec(config)
         overrides, origins = agent_settings(config)
@@ -120,7 +125,8 @@ def run_main(config: RunConfig) -> int:
         agent_config = AgentConfig.from_env(origins, launcher="taskd", **overrides)
         spec = with_rank_rejoin_wait(spec, agent_config.node_rejoin_timeout, agent_config.controller_timeout)
         spec = with_rank_strategies(spec, agent_config.offered_strategies)
-        credentials = _credentials(config) if agent_config.server is not None else None
+        credentials = _credentials(config) if agent_config.server is not None or hosts else None
+        controller = _controller(config, agent_config, credentials if hosts else None)
         _conceal_credentials(config)
         launcher = LocalLauncher(spec)
     except WorkerSpecError as exc:
@@ -130,12 +136,28 @@ def run_main(config: RunConfig) -> int:
     except (ValueError, OSError) as exc:
         return _config_errors([str(exc)])
     try:
-        controller = EmbeddedController.for_agent(agent_config.max_restarts) if agent_config.server is None else None
         result = Supervisor(agent_config, launcher.callbacks(), details=launcher, controller=controller,
                             credentials=credentials).run()
     finally:
         launcher.close(config.stop_grace)
     return result.exit_code
+
+
+def _controller(config: RunConfig, agent_config: AgentConfig, hosting: ClientCredentials | None) -> Any:
+    """The controller this process runs: none with --server; node 0's for the whole job with a hosted controller
+    (`hosting`: the secret every node has), listening where the others reach it; else this node's own."""
+    from taskd.controller.server import EmbeddedController
+
+    if agent_config.server is not None:
+        return None
+    if hosting is None:
+        return EmbeddedController.for_agent(agent_config.max_restarts)
+    from taskd.address import parse_host_port
+
+    assert config.hosted_controller is not None and hosting.token is not None
+    _, port = parse_host_port(config.hosted_controller, 0, what="controller", forms="HOST:PORT")
+    return EmbeddedController.for_job(f"0.0.0.0:{port}", hosting.token, agent_config.max_restarts,
+                                      agent_config.node_rejoin_timeout)
 
 
 CREDENTIAL_FLAGS = ("--token-file", "--token_file", "--tls-ca", "--tls_ca", "--tls-cert", "--tls_cert",
@@ -161,7 +183,7 @@ def _credentials(config: RunConfig) -> ClientCredentials:
     paths = [flag_value or os.environ.get(var, "").strip() or None for flag_value, _, var in given]
     names = tuple(flag if flag_value else var for flag_value, flag, var in given)
     credentials = ClientCredentials.from_files(*paths, names=names)  # type: ignore[arg-type]
-    if credentials.token is not None and not credentials.token.startswith("tdj1."):
+    if credentials.token is not None and not credentials.token.startswith("tdj1.") and not config.hosted_controller:
         logging.getLogger("taskd").warning(
             "%s holds the controller's shared admin token, which can read and change every job on it: give this job "
             "its own credential (`taskd token --job %s > FILE`, RELIABILITY.md)", names[0], config.job_id)

@@ -16,6 +16,7 @@ import os
 import secrets
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,7 @@ from taskd.controller.guard import Guard, RateLimitedLog
 from taskd.controller.hub import SignalHub
 from taskd.controller.limits import PeerLimitConfig, PeerLimits, connection_budget, raise_nofile
 from taskd.controller.locator import remove_locator, write_locator
+from taskd.controller.model import TERMINAL
 from taskd.controller.native_log import NativeLogFilter
 from taskd.controller.service import add_services
 from taskd.controller.store import MEMORY, Store
@@ -299,6 +301,10 @@ def run_server(config: ControllerConfig, ready: Any = None) -> int:
     return 0
 
 
+JOB_LINGER = 60.0
+"""Seconds node 0's hosted controller waits, after node 0's run ended, for the other nodes to report theirs."""
+
+
 class EmbeddedController:
     """A controller running on its own event loop in a daemon thread of this process.
 
@@ -321,6 +327,9 @@ class EmbeddedController:
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._address = ""
+        # at stop, seconds to keep serving until every job has ended: other nodes' finish reports still come in
+        # after this node's run ended (a node 0 that stopped at once left node 1 retrying for 30 s)
+        self.linger = 0.0
 
     @classmethod
     def for_agent(cls, max_restarts: int, node_rejoin_timeout: float | None = None) -> EmbeddedController:
@@ -333,6 +342,16 @@ class EmbeddedController:
             rejoin = rejoin_timeout_from_env()
         return cls(ControllerConfig(listen="127.0.0.1:0", state_path=MEMORY, default_max_restarts=max_restarts,
                                     token=secrets.token_urlsafe(32), node_rejoin_timeout=rejoin), advertise=True)
+
+    @classmethod
+    def for_job(cls, listen: str, token: str, max_restarts: int, node_rejoin_timeout: float) -> EmbeddedController:
+        """The controller node 0's `taskd run` hosts for a whole multi-node job (torchrun's line without --server):
+        on `listen`, where the other nodes connect, with the secret every node read from TASKD_TOKEN_FILE as its
+        admin token; state in memory (it lives as long as node 0's run)."""
+        hosted = cls(ControllerConfig(listen=listen, state_path=MEMORY, default_max_restarts=max_restarts,
+                                      token=token, node_rejoin_timeout=node_rejoin_timeout), advertise=True)
+        hosted.linger = JOB_LINGER
+        return hosted
 
     @property
     def address(self) -> str:
@@ -361,12 +380,27 @@ class EmbeddedController:
         thread, loop, stop = self._thread, self._loop, self._stop
         if thread is None or loop is None or stop is None:
             return
+        if self.linger > 0 and not self._jobs_ended():
+            log.info("keeping the job's controller up until every node has reported its end (at most %.0fs)",
+                     self.linger)
+            deadline = time.monotonic() + self.linger
+            while not self._jobs_ended() and time.monotonic() < deadline:
+                time.sleep(0.05)
         with contextlib.suppress(RuntimeError):  # loop already closed
             loop.call_soon_threadsafe(stop.set)
         thread.join(timeout)
         if thread.is_alive():
             log.warning("embedded controller did not stop within %ss", timeout)
         self._thread = None
+
+    def _jobs_ended(self) -> bool:
+        """No job still has an agent online that has not reported its end (one gone or never come is not waited on)."""
+        core = self.server.core if self.server is not None else None
+        for job in list(core.jobs.values()) if core is not None else ():
+            agents = [job.agents.get(n) for n in list(job.agents)]
+            if job.state not in TERMINAL and any(a is not None and a.online and not a.finished for a in agents):
+                return False
+        return True
 
     def __enter__(self) -> EmbeddedController:
         self.start()

@@ -24,6 +24,7 @@ from taskd.run_config.parse import (
 )
 from taskd.settings import RUN_SETTINGS
 
+TOKEN_FILE_VAR = "TASKD_TOKEN_FILE"  # taskd.client.credentials's, not imported: run_config stays light
 T = TypeVar("T")
 C = TypeVar("C")
 NOT_FLAGS = frozenset({"command", "verbose", "script", "script_args"})
@@ -165,10 +166,7 @@ def build(cls: type[C], args: argparse.Namespace, environ: Mapping[str, str]) ->
             values.problems.append(f"{values.raw[dest][1]}: {values.raw[dest][0]!r} is not one of {', '.join(choices)}")
     values.notices += [f"{values.raw[d][1]}: {text}" for d, text in NOTICES.items() if d in values]
     server = values.parse("server", str, None)
-    if nnodes > 1 and not server and not standalone:
-        values.problems.append(f"{values.sources.get('nnodes', '--nnodes')}: a job of {nnodes} nodes needs one "
-                               "controller for all its nodes: run `taskd server` on one host and pass --server "
-                               "HOST:PORT (or set MINDX_SERVER_IP); see docs/pytorch.md")
+    hosted = _hosted_controller(values, nnodes, environ) if nnodes > 1 and not server and not standalone else None
     redirects = values.parse("redirects", lambda t: parse_std(str(t), nproc), {})
     tee = values.parse("tee", lambda t: parse_std(str(t), nproc), {})
     log_dir = values.parse("log_dir", str, None)
@@ -182,7 +180,7 @@ def build(cls: type[C], args: argparse.Namespace, environ: Mapping[str, str]) ->
         entrypoint=tuple(entrypoint), script=script, script_args=tuple(script_args), launch_mode=launch_mode,
         nproc_per_node=nproc, nnodes=nnodes, min_nnodes=min_nnodes, standalone=standalone,
         job_id=_job_id(values, nnodes, standalone),
-        server=server,
+        server=server, hosted_controller=hosted,
         **{name: values.parse(name, str, None) for name in ("token_file", "tls_ca", "tls_cert", "tls_key")},
         master_port=values.parse("master_port", _int, 0 if nnodes == 1 else DEFAULT_MASTER_PORT),
         log_dir=log_dir, redirects=redirects, tee=tee,
@@ -200,6 +198,39 @@ def build(cls: type[C], args: argparse.Namespace, environ: Mapping[str, str]) ->
     if problems:
         raise RunConfigError(problems)
     return config
+
+
+def _hosted_controller(values: _Values, nnodes: int, environ: Mapping[str, str]) -> str | None:
+    """Where node 0's `taskd run` hosts a multi-node job's controller when no --server is given: next to the
+    rendezvous endpoint (torchrun's unchanged `--rdzv-endpoint HOST:PORT` line, issue 32 F5), on PORT + 1, every
+    node authenticated by the secret in TASKD_TOKEN_FILE (or --token-file). None, with a problem saying exactly
+    what to add, when the line has no endpoint or no secret."""
+    nodes = f"{values.sources.get('nnodes', '--nnodes')} {nnodes}"
+    if "master_addr" not in values:
+        values.problems.append(
+            f"{nodes}: a job of several nodes needs one controller for all of them: add --rdzv-endpoint HOST:PORT "
+            "(node 0's address; node 0's taskd run then hosts the controller, and every node needs "
+            f"{TOKEN_FILE_VAR}, see docs/pytorch.md), or run `taskd server` on one host and pass --server HOST:PORT "
+            "(or set MINDX_SERVER_IP)")
+        return None
+    host = str(values.raw["master_addr"][0])
+    port = values.parse("master_port", _int, DEFAULT_MASTER_PORT)
+    where = values.raw["master_addr"][1]
+    if not 0 < port < 65535:
+        values.problems.append(f"{values.sources.get('master_port', where)} {port}: node 0 hosts the job's "
+                               "controller on the next port, so the port must be 1..65534")
+        return None
+    from taskd.address import join_host_port
+
+    address = join_host_port(host, port + 1)
+    if "token_file" not in values and not environ.get(TOKEN_FILE_VAR, "").strip():
+        values.problems.append(
+            f"{nodes} with {where} and no --server: node 0's taskd run hosts the job's controller at {address}, and "
+            f"every node must prove it belongs to the job: put one secret in a file every node can read "
+            f"(`openssl rand -hex 32 > FILE; chmod 600 FILE`, or a Slurm/Kubernetes secret) and set "
+            f"{TOKEN_FILE_VAR}=FILE on every node (or pass --token-file FILE); or run `taskd server` and pass --server")
+        return None
+    return address
 
 
 def _job_id(values: _Values, nnodes: int, standalone: bool) -> str:

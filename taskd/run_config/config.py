@@ -62,6 +62,9 @@ class RunConfig:
     metrics_listen: str | None = default("metrics_listen")  # this node's Prometheus metrics (agent/metrics.py)
     job_id: str = "default"
     server: str | None = default("server")  # None = an embedded controller
+    # a multi-node job without --server: node 0 hosts its controller here, next to the rendezvous endpoint (PORT + 1),
+    # and the other nodes connect to it, each with the secret of TASKD_TOKEN_FILE (run_config/build.py)
+    hosted_controller: str | None = None
     # how this agent authenticates to --server (paths; None: the TASKD_TOKEN_FILE / TASKD_TLS_* variable)
     token_file: str | None = None
     tls_ca: str | None = None
@@ -128,9 +131,9 @@ class RunConfig:
             out.append("entrypoint and job_id must not be empty")
         if self.standalone and self.server:
             out.append(f"{self._src('server')}: --standalone runs the job's own embedded controller; drop one")
-        if self.standby and not self.server:
+        if self.standby and not self.server and not self.hosted_controller:
             out.append("--standby joins a running job as a spare node: it needs the job's controller (--server "
-                       "HOST:PORT or MINDX_SERVER_IP)")
+                       "HOST:PORT or MINDX_SERVER_IP, or node 0's beside --rdzv-endpoint)")
         if self.standalone and self.nnodes != 1:
             out.append(f"{self._src('nnodes')}: --standalone is a one-node job, not {self.nnodes} nodes")
         for name in ("redirects", "tee"):

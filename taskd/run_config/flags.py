@@ -13,8 +13,8 @@ from taskd.settings import setting
 
 # One line each for flags that have no effect under taskd; printed when such a flag is given.
 NOTICES = {
-    "rdzv_backend": "taskd has no rendezvous: nodes join through the controller (--server), so the backend "
-                    "is not used",
+    "rdzv_backend": "taskd has no rendezvous backend: nodes join through the job's controller (node 0's, on the "
+                    "port after --rdzv-endpoint's, or --server), so the backend is not used",
     "rdzv_conf": "taskd has no rendezvous: of its settings only join_timeout is used (how long a node waits "
                  "for the job's other nodes); the others are not (timeouts: --heartbeat-timeout, --stop-grace)",
     "start_method": "taskd always starts each rank as a new process (as torchrun's spawn)",

@@ -132,8 +132,23 @@ def test_nnodes_min_max_starts_with_max_and_may_scale_in_to_min_with_a_notice() 
 
 
 def test_a_multi_node_job_needs_a_shared_controller() -> None:
-    assert "needs one controller" in problems(["--nnodes", "2", SCRIPT])[0]
+    no_endpoint = problems(["--nnodes", "2", SCRIPT])[0]
+    assert "needs one controller" in no_endpoint and "add --rdzv-endpoint HOST:PORT" in no_endpoint
     assert parse(["--nnodes", "2", SCRIPT], {"MINDX_SERVER_IP": "10.0.0.1:8899"}).server == "10.0.0.1:8899"
+
+
+def test_a_multi_node_torchrun_line_gets_node_zeros_controller_beside_the_endpoint() -> None:
+    """issue 32, F5: the unchanged line, with the secret every node has; without it, what to add."""
+    line = ["--nnodes", "2", "--node-rank", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "head:29400", SCRIPT]
+    cfg = parse(line, {"TASKD_TOKEN_FILE": "/run/secrets/taskd"})
+    assert (cfg.hosted_controller, cfg.server, cfg.master_port) == ("head:29401", None, 29400)
+    assert parse([*line[:-1], "--token-file", "t", SCRIPT]).hosted_controller == "head:29401"
+    assert parse([*line[:-1], "--server", "ctl:1", SCRIPT]).hosted_controller is None  # a server given: that one
+    missing = problems(line)
+    assert len(missing) == 1 and "node 0's taskd run hosts the job's controller at head:29401" in missing[0]
+    assert "set TASKD_TOKEN_FILE=FILE on every node" in missing[0] and "--rdzv-endpoint" in missing[0]
+    assert "1..65534" in problems(["--nnodes", "2", "--rdzv-endpoint", "head:65535", SCRIPT],
+                                  {"TASKD_TOKEN_FILE": "t"})[0]
 
 
 def test_rdzv_endpoint_is_node_zeros_master_addr_and_port() -> None:
