@@ -323,3 +323,18 @@ def record_of(link: ControllerLink, mgr: RecoverClient | None, timeout: float = 
     except JobStatusUnsupported:
         return None
     return None if isinstance(record, str) else record
+
+
+def report_snapshots(link: ControllerLink, fields: dict[str, Any], timeout: float
+                     ) -> tuple[taskd_pb2.SnapshotReply | None, str]:
+    """One snapshot report (agent/replication.py) from this agent's registered identity, and the controller's
+    address: (None, "") with no controller to take it or no answer."""
+    mgr = link._mgr
+    if mgr is None or link.fencing.fenced is not None or mgr.info.standby:
+        return None, ""
+    try:
+        request = taskd_pb2.SnapshotReport(**fields, **mgr._identity())
+        return mgr._rpc.call("ReportSnapshots", request, timeout=timeout, service="agent"), mgr._rpc.target
+    except (RecoverClientError, ValueError) as exc:
+        log.debug("snapshot report not sent: %s", exc)
+        return None, ""

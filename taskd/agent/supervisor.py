@@ -39,6 +39,7 @@ from taskd.agent.msrun_logs import MsrunLogs
 from taskd.agent.node_loss import NodeLoss
 from taskd.agent.rank_control import LauncherDetails, RankControl
 from taskd.agent.ranks import Rank, RankLayout, RankState, RankTable, discover_layout
+from taskd.agent.replication import Replication
 from taskd.agent.round_machine import RoundMachine
 from taskd.agent.round_state import LocalPolicy, NodeFacts, NodeState
 from taskd.agent.stragglers import StragglerWatch
@@ -61,7 +62,8 @@ class Supervisor:
 
     def __init__(self, config: AgentConfig, callbacks: dict[str, Callable[..., Any]],
                  details: LauncherDetails | None = None, controller: LocalController | None = None,
-                 credentials: ClientCredentials | None = None) -> None:
+                 credentials: ClientCredentials | None = None, snapshot_dir: str | None = None) -> None:
+        """`snapshot_dir`: the job's snapshot directory on this node (`taskd run`'s), replicated to a buddy node."""
         self.config = config
         self.cb = callbacks
         self.details = details = launcher_of(details)  # msrun's: a null object (agent/launcher_api.py)
@@ -85,6 +87,7 @@ class Supervisor:
         self._events: deque[object] = deque()  # what the machine handles next, one at a time (`_feed`)
         self._draining = False
         self.node_loss = NodeLoss(self.config, self.link, self.table, details)  # issue 17
+        self.replication = Replication(snapshot_dir, self.link) if snapshot_dir else None  # issue 33, item 3
         self.loss_wait = LossWait()  # a survivor's console while its round awaits a replacement
         self._terminate_signal: int | None = None
         self._done = False
@@ -157,7 +160,11 @@ class Supervisor:
         if ended is not None:
             return [ended]
         self.control.reap_stale_msrun_workers(self.link.job_id, layout.global_ranks)  # registered: the node is ours
+        if self.replication is not None and layout.node_count > 1:
+            self.replication.start()
         if self.node_loss.is_replacement(layout, assigned):  # its ranks start with the round's changeStrategy
+            if self.replication is not None and layout.node_count > 1:  # the lost node's snapshots, from its buddy
+                log.warning("%s", self.replication.restore_node(layout.node_rank))
             lost_at = self.node_loss.lost_at(time.monotonic())
             return [ev.BeganReplacement(facts, layout.node_rank, self.node_loss.fault_ranks(), lost_at)]
         return [ev.BeganFirst(facts, layout.node_rank)]
@@ -293,6 +300,8 @@ class Supervisor:
         self.logs.finish()
         self.link.reports.finished(0 if self.result.succeeded else self.result.exit_code, self.result.reason)
         self._await_job_end()
+        if self.replication is not None:
+            self.replication.close()
         self.control.reap_msrun_scheduler()
         self.link.close(0 if self.result.succeeded else self.result.exit_code, self.result.reason)
         self.watch.close()

@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_ROLE = "master agent"  # what TaskD's agent registers as
 
 
-AGENT_REPORTS = frozenset({"ReportFinished", "ReportPace", "ReportResumed"})
+AGENT_REPORTS = frozenset({"ReportFinished", "ReportPace", "ReportResumed", "ReportSnapshots"})
 """Methods of taskd's own taskd.v1.AgentReport service (the rest are ClusterD's Recover)."""
 
 

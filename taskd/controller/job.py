@@ -84,6 +84,7 @@ class Job:
         self.min_nodes = 0
         self.absent: dict[int, float] = {}
         self.paces: Any = None  # the agents' pace reports and straggler verdicts (controller/stragglers.py); soft
+        self.replicas: Any = None  # each node's snapshot replication and its buddy (controller/replicas.py); soft
         self.resume_watch: Any = None  # the last round's nodes saying training resumed (controller/resumed.py)
         self.apply_init(init or JobInit())
 
@@ -234,6 +235,7 @@ class Job:
         self.unsettled_recovers = 0
         self.recover_banned = False
         self.paces = None
+        self.replicas = None
         self.resume_watch = None
         self.deadline = None
         self.last_signal = None

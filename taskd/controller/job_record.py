@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from taskd.controller.clock import Clock
 from taskd.controller.hub import SignalHub
+from taskd.controller.replicas import snapshot_records
 from taskd.controller.state_machine import JobMachine
 from taskd.controller.store import Store
 from taskd.controller.stragglers import straggler_records
@@ -50,4 +51,5 @@ def job_record(m: JobMachine, store: Store, hub: SignalHub, clocks: Clock) -> ta
         agents=agents, rounds=rounds, events=events, info=m.info, rejoining=sorted(m.rejoining),
         stragglers=straggler_records(m, clocks.to_wall), absent=sorted(m.absent),
         worldSize=(m.node_count - len(m.absent)) * m.ranks_per_node,
+        snapshots=snapshot_records(m, clocks.to_wall, clocks.now()),
     )

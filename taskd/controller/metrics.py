@@ -128,4 +128,15 @@ class _Gauges:
             if board is not None:
                 stragglers.add_metric([j.job_id], len(board.current))
         yield stragglers
+        lag = GaugeMetricFamily("taskd_snapshot_replication_lag_seconds", "From a node's newest replicated snapshot's "
+                                "publish until its buddy held it (issue 33)", labels=["job", "node"])
+        behind = GaugeMetricFamily("taskd_snapshot_replication_steps_behind", "A node's newest snapshot step minus "
+                                   "the newest its buddy holds", labels=["job", "node"])
+        for j in jobs:
+            board = getattr(j, "replicas", None)
+            for node, r in sorted(board.reports.items()) if board is not None else ():
+                lag.add_metric([j.job_id, str(node)], r.lag)
+                behind.add_metric([j.job_id, str(node)], max(0, r.newest - r.replicated))
+        yield lag
+        yield behind
         yield GaugeMetricFamily("taskd_streams_open", "Agents' signal streams open now", value=self._m._streams())

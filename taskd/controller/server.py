@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import gc
 import logging
 import os
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from taskd.address import join_host_port
-from taskd.controller.auth import server_credentials, status_credential
+from taskd.controller.auth import job_credential, server_credentials, status_credential
 from taskd.controller.config import (
     MAX_MESSAGE,
     METRICS_PORT,
@@ -150,7 +151,8 @@ class ControllerServer:
                                        max_job_bytes=cfg.max_job_bytes, job_log_lines=cfg.max_job_log_lines)
             self.core.metrics = metrics
             self.core.load()
-            add_services(server, self.core, cfg.max_node_count, cfg.max_ranks)
+            add_services(server, self.core, cfg.max_node_count, cfg.max_ranks,
+                         functools.partial(job_credential, token) if token is not None else None)
         except BaseException:
             await _release(server)
             store.close()

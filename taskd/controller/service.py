@@ -7,7 +7,7 @@ event, hand it to the core, answer with the outcome's code and info.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
@@ -18,6 +18,7 @@ from taskd.controller.hub import keepalive_wire
 from taskd.controller.model import fault_runs
 from taskd.controller.node_loss import fence_refusal
 from taskd.controller.quota import MAX_FAULT_RUNS, JobLimits
+from taskd.controller.replicas import on_report
 from taskd.controller.state_machine import (
     AgentConnected,
     AgentDisconnected,
@@ -252,9 +253,23 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
 
 
 class AgentReportService(taskd_pb2_grpc.AgentReportServicer):
-    def __init__(self, core: ControllerCore, max_ranks: int = v.RANK_LIMIT) -> None:
+    def __init__(self, core: ControllerCore, max_ranks: int = v.RANK_LIMIT,
+                 credential: Callable[[str], str] | None = None) -> None:
         self.core = core
         self.max_ranks = max_ranks
+        self.credential = credential  # a job's credential under the admin token (None: the controller has none)
+
+    async def ReportSnapshots(self, request: taskd_pb2.SnapshotReport, context: grpc.aio.ServicerContext
+                              ) -> taskd_pb2.SnapshotReply:
+        """A node's snapshot replication (controller/replicas.py); the answer names its buddy and its copy's holder."""
+        if why := v.check_snapshots(request):
+            return taskd_pb2.SnapshotReply(status=_invalid(why))
+        job = self.core.jobs.get(request.jobId)
+        if job is None:
+            return taskd_pb2.SnapshotReply(status=Status(code=Code.JOB_NOT_EXIST, info=f"no job {request.jobId!r}"))
+        reply = on_report(job, request, self.core.clocks.now(), self.credential)
+        reply.status.code = Code.OK
+        return reply
 
     async def ReportFinished(self, request: taskd_pb2.FinishRequest, context: grpc.aio.ServicerContext) -> Status:
         if why := v.check_finish(request.jobId, request.nodeRank, request.message):
@@ -367,7 +382,7 @@ def recover_handler(svc: RecoverService) -> grpc.GenericRpcHandler:
 
 
 def add_services(server: grpc.aio.Server, core: ControllerCore, max_node_count: int = 65536,
-                 max_ranks: int = v.RANK_LIMIT) -> None:
+                 max_ranks: int = v.RANK_LIMIT, credential: Callable[[str], str] | None = None) -> None:
     server.add_generic_rpc_handlers((recover_handler(RecoverService(core, max_node_count, max_ranks)),))
-    taskd_pb2_grpc.add_AgentReportServicer_to_server(AgentReportService(core, max_ranks), server)
+    taskd_pb2_grpc.add_AgentReportServicer_to_server(AgentReportService(core, max_ranks, credential), server)
     taskd_pb2_grpc.add_JobStatusServicer_to_server(JobStatusService(core), server)

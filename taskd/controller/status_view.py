@@ -144,6 +144,7 @@ def render_text(job_list: taskd_pb2.JobList, events: int = 20) -> str:
                        "(`taskd status --json` lists them)")
         out += _node_losses(job)
         out += _stragglers(job)
+        out += _snapshots(job)
         if events and job.events:
             out.append(f"  last {min(events, len(job.events))} events:")
             for e in job.events[-events:]:
@@ -216,6 +217,20 @@ def _stragglers(job) -> list[str]:  # noqa: ANN001 - JobRecord
     for s in job.stragglers:
         out.append(f"    rank {s.rank} (node {s.nodeRank}, {s.host or '?'}): {s.ratio:.2f}x, "
                    f"{s.computeSeconds:.3f}s vs {s.medianSeconds:.3f}s, since {_ts(s.since)}")
+    return out
+
+
+def _snapshots(job) -> list[str]:  # noqa: ANN001 - JobRecord
+    """Each node's snapshot replication to its buddy (issue 33): how far the buddy's copy is behind."""
+    if not job.snapshots:
+        return []
+    out = ["  snapshots (each node's newest step, and its buddy's copy):"]
+    for s in job.snapshots:
+        buddy = f"node {s.buddyNodeRank}" if s.buddyNodeRank >= 0 else "no buddy"
+        held = (f"step {s.replicatedStep} (copied {s.lagSeconds:.3f}s after its publish)" if s.replicatedStep >= 0
+                else "none")
+        out.append(f"    node {s.nodeRank}: newest step {s.newestStep}; {buddy} holds {held} "
+                   f"(reported {_ts(s.reportedAt)})")
     return out
 
 

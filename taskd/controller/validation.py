@@ -189,6 +189,20 @@ def check_finish(job_id: str, node_rank: int, message: str) -> str:
     return check_job_id(job_id) or _non_negative([("nodeRank", node_rank)]) or _str("message", message)
 
 
+def check_snapshots(req: taskd_pb2.SnapshotReport) -> str:
+    """A snapshot report: its job, node and identity, an address, steps >= -1 and a finite lag >= 0."""
+    why = (check_job_id(req.jobId) or _non_negative([("nodeRank", req.nodeRank), ("pid", req.pid)])
+           or _str("host", req.host) or _str("address", req.address))
+    if why:
+        return why
+    for name in ("newestStep", "replicatedStep", "wardNodeRank", "wardStep"):
+        if getattr(req, name) < -1:
+            return f"{name} must be >= -1, got {getattr(req, name)}"
+    if not math.isfinite(req.lagSeconds) or req.lagSeconds < 0:
+        return f"lagSeconds must be finite and >= 0, got {req.lagSeconds}"
+    return ""
+
+
 def check_pace(req: taskd_pb2.PaceRequest, max_ranks: int = RANK_LIMIT) -> str:
     """A pace report: its job, node and identity, a factor above 1, and per rank a non-negative finite compute
     time and step count, each rank once (whether the ranks are the node's own is `rank_refusal`'s)."""

@@ -78,7 +78,7 @@ class LocalLauncher:
             log.warning("--redirects/--tee without --log-dir: rank logs go to %s", log_dir)
         elif log_dir:
             os.makedirs(log_dir, exist_ok=True)
-        self._snapshots = SnapshotArea(safe_name(spec.job_id), spec.nproc_per_node, {**os.environ, **spec.extra_env},
+        self.snapshots = SnapshotArea(safe_name(spec.job_id), spec.nproc_per_node, {**os.environ, **spec.extra_env},
                                        memory=spec.snapshot_memory)
         port, self._port_hold = node_master_port(spec)  # node 0 holds it for the job's life (launcher/ports.py)
         run_dir = spec.run_dir or make_run_dir(safe_name(spec.job_id))  # removes those SIGKILLed agents left
@@ -88,7 +88,7 @@ class LocalLauncher:
         except (OSError, StoreHostError, ValueError):
             if spec.run_dir is None:
                 shutil.rmtree(run_dir, ignore_errors=True)
-            self._snapshots.close()
+            self.snapshots.close()
             if self._port_hold is not None:
                 self._port_hold.close()
             raise
@@ -396,7 +396,7 @@ class LocalLauncher:
             rank_log.close()
         if self._own_run_dir and self.spec.run_dir:
             shutil.rmtree(self.spec.run_dir, ignore_errors=True)
-        self._snapshots.close()  # every rank is gone: nothing of the job's stays in /dev/shm
+        self.snapshots.close()  # every rank is gone: nothing of the job's stays in /dev/shm
 
     def __enter__(self) -> LocalLauncher:
         return self
@@ -416,7 +416,7 @@ class LocalLauncher:
         env = rank_env(self.spec, rank, own, self.heartbeat_path(rank), job_restart_count=job_restarts,
                        error_file=self.error_file_path(rank))
         env.update(self._live.env(self._generation))
-        env.update(self._snapshots.env())
+        env.update(self.snapshots.env())
         return env
 
     def prepare_replacement(self, local_rank: int, after_generation: int) -> bool:

@@ -96,6 +96,88 @@ class ResumedRequest(_message.Message):
     unseen: bool
     def __init__(self, jobId: _Optional[str] = ..., nodeRank: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., round: _Optional[int] = ..., seconds: _Optional[float] = ..., secondsAgo: _Optional[float] = ..., unseen: bool = ...) -> None: ...
 
+class SnapshotReport(_message.Message):
+    __slots__ = ("jobId", "nodeRank", "host", "pid", "address", "newestStep", "replicatedStep", "lagSeconds", "wardNodeRank", "wardStep")
+    JOBID_FIELD_NUMBER: _ClassVar[int]
+    NODERANK_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    NEWESTSTEP_FIELD_NUMBER: _ClassVar[int]
+    REPLICATEDSTEP_FIELD_NUMBER: _ClassVar[int]
+    LAGSECONDS_FIELD_NUMBER: _ClassVar[int]
+    WARDNODERANK_FIELD_NUMBER: _ClassVar[int]
+    WARDSTEP_FIELD_NUMBER: _ClassVar[int]
+    jobId: str
+    nodeRank: int
+    host: str
+    pid: int
+    address: str
+    newestStep: int
+    replicatedStep: int
+    lagSeconds: float
+    wardNodeRank: int
+    wardStep: int
+    def __init__(self, jobId: _Optional[str] = ..., nodeRank: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., address: _Optional[str] = ..., newestStep: _Optional[int] = ..., replicatedStep: _Optional[int] = ..., lagSeconds: _Optional[float] = ..., wardNodeRank: _Optional[int] = ..., wardStep: _Optional[int] = ...) -> None: ...
+
+class SnapshotReply(_message.Message):
+    __slots__ = ("status", "buddyNodeRank", "buddyAddress", "holderNodeRank", "holderAddress", "holderStep", "key")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    BUDDYNODERANK_FIELD_NUMBER: _ClassVar[int]
+    BUDDYADDRESS_FIELD_NUMBER: _ClassVar[int]
+    HOLDERNODERANK_FIELD_NUMBER: _ClassVar[int]
+    HOLDERADDRESS_FIELD_NUMBER: _ClassVar[int]
+    HOLDERSTEP_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    status: _recover_pb2.Status
+    buddyNodeRank: int
+    buddyAddress: str
+    holderNodeRank: int
+    holderAddress: str
+    holderStep: int
+    key: str
+    def __init__(self, status: _Optional[_Union[_recover_pb2.Status, _Mapping]] = ..., buddyNodeRank: _Optional[int] = ..., buddyAddress: _Optional[str] = ..., holderNodeRank: _Optional[int] = ..., holderAddress: _Optional[str] = ..., holderStep: _Optional[int] = ..., key: _Optional[str] = ...) -> None: ...
+
+class SnapshotRecord(_message.Message):
+    __slots__ = ("nodeRank", "buddyNodeRank", "newestStep", "replicatedStep", "lagSeconds", "reportedAt")
+    NODERANK_FIELD_NUMBER: _ClassVar[int]
+    BUDDYNODERANK_FIELD_NUMBER: _ClassVar[int]
+    NEWESTSTEP_FIELD_NUMBER: _ClassVar[int]
+    REPLICATEDSTEP_FIELD_NUMBER: _ClassVar[int]
+    LAGSECONDS_FIELD_NUMBER: _ClassVar[int]
+    REPORTEDAT_FIELD_NUMBER: _ClassVar[int]
+    nodeRank: int
+    buddyNodeRank: int
+    newestStep: int
+    replicatedStep: int
+    lagSeconds: float
+    reportedAt: float
+    def __init__(self, nodeRank: _Optional[int] = ..., buddyNodeRank: _Optional[int] = ..., newestStep: _Optional[int] = ..., replicatedStep: _Optional[int] = ..., lagSeconds: _Optional[float] = ..., reportedAt: _Optional[float] = ...) -> None: ...
+
+class SnapshotChunk(_message.Message):
+    __slots__ = ("jobId", "nodeRank", "rank", "step", "data", "last")
+    JOBID_FIELD_NUMBER: _ClassVar[int]
+    NODERANK_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    jobId: str
+    nodeRank: int
+    rank: int
+    step: int
+    data: bytes
+    last: bool
+    def __init__(self, jobId: _Optional[str] = ..., nodeRank: _Optional[int] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., data: _Optional[bytes] = ..., last: bool = ...) -> None: ...
+
+class FetchRequest(_message.Message):
+    __slots__ = ("jobId", "nodeRank")
+    JOBID_FIELD_NUMBER: _ClassVar[int]
+    NODERANK_FIELD_NUMBER: _ClassVar[int]
+    jobId: str
+    nodeRank: int
+    def __init__(self, jobId: _Optional[str] = ..., nodeRank: _Optional[int] = ...) -> None: ...
+
 class JobQuery(_message.Message):
     __slots__ = ("jobId", "pageSize", "pageToken")
     JOBID_FIELD_NUMBER: _ClassVar[int]
@@ -193,7 +275,7 @@ class EventRecord(_message.Message):
     def __init__(self, time: _Optional[float] = ..., kind: _Optional[str] = ..., round: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class JobRecord(_message.Message):
-    __slots__ = ("jobId", "state", "nodeCount", "ranksPerNode", "restarts", "maxRestarts", "createdAt", "updatedAt", "agents", "rounds", "events", "info", "rejoining", "stragglers", "absent", "worldSize")
+    __slots__ = ("jobId", "state", "nodeCount", "ranksPerNode", "restarts", "maxRestarts", "createdAt", "updatedAt", "agents", "rounds", "events", "info", "rejoining", "stragglers", "absent", "worldSize", "snapshots")
     JOBID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     NODECOUNT_FIELD_NUMBER: _ClassVar[int]
@@ -210,6 +292,7 @@ class JobRecord(_message.Message):
     STRAGGLERS_FIELD_NUMBER: _ClassVar[int]
     ABSENT_FIELD_NUMBER: _ClassVar[int]
     WORLDSIZE_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
     jobId: str
     state: str
     nodeCount: int
@@ -226,7 +309,8 @@ class JobRecord(_message.Message):
     stragglers: _containers.RepeatedCompositeFieldContainer[StragglerRecord]
     absent: _containers.RepeatedScalarFieldContainer[int]
     worldSize: int
-    def __init__(self, jobId: _Optional[str] = ..., state: _Optional[str] = ..., nodeCount: _Optional[int] = ..., ranksPerNode: _Optional[int] = ..., restarts: _Optional[int] = ..., maxRestarts: _Optional[int] = ..., createdAt: _Optional[float] = ..., updatedAt: _Optional[float] = ..., agents: _Optional[_Iterable[_Union[AgentRecord, _Mapping]]] = ..., rounds: _Optional[_Iterable[_Union[RoundRecord, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[EventRecord, _Mapping]]] = ..., info: _Optional[str] = ..., rejoining: _Optional[_Iterable[int]] = ..., stragglers: _Optional[_Iterable[_Union[StragglerRecord, _Mapping]]] = ..., absent: _Optional[_Iterable[int]] = ..., worldSize: _Optional[int] = ...) -> None: ...
+    snapshots: _containers.RepeatedCompositeFieldContainer[SnapshotRecord]
+    def __init__(self, jobId: _Optional[str] = ..., state: _Optional[str] = ..., nodeCount: _Optional[int] = ..., ranksPerNode: _Optional[int] = ..., restarts: _Optional[int] = ..., maxRestarts: _Optional[int] = ..., createdAt: _Optional[float] = ..., updatedAt: _Optional[float] = ..., agents: _Optional[_Iterable[_Union[AgentRecord, _Mapping]]] = ..., rounds: _Optional[_Iterable[_Union[RoundRecord, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[EventRecord, _Mapping]]] = ..., info: _Optional[str] = ..., rejoining: _Optional[_Iterable[int]] = ..., stragglers: _Optional[_Iterable[_Union[StragglerRecord, _Mapping]]] = ..., absent: _Optional[_Iterable[int]] = ..., worldSize: _Optional[int] = ..., snapshots: _Optional[_Iterable[_Union[SnapshotRecord, _Mapping]]] = ...) -> None: ...
 
 class JobList(_message.Message):
     __slots__ = ("status", "jobs", "nextPageToken")

@@ -50,6 +50,11 @@ class AgentReportStub(object):
                 request_serializer=taskd__pb2.ResumedRequest.SerializeToString,
                 response_deserializer=recover__pb2.Status.FromString,
                 _registered_method=True)
+        self.ReportSnapshots = channel.unary_unary(
+                '/taskd.v1.AgentReport/ReportSnapshots',
+                request_serializer=taskd__pb2.SnapshotReport.SerializeToString,
+                response_deserializer=taskd__pb2.SnapshotReply.FromString,
+                _registered_method=True)
 
 
 class AgentReportServicer(object):
@@ -73,6 +78,12 @@ class AgentReportServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportSnapshots(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentReportServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -90,6 +101,11 @@ def add_AgentReportServicer_to_server(servicer, server):
                     servicer.ReportResumed,
                     request_deserializer=taskd__pb2.ResumedRequest.FromString,
                     response_serializer=recover__pb2.Status.SerializeToString,
+            ),
+            'ReportSnapshots': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportSnapshots,
+                    request_deserializer=taskd__pb2.SnapshotReport.FromString,
+                    response_serializer=taskd__pb2.SnapshotReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -173,6 +189,148 @@ class AgentReport(object):
             '/taskd.v1.AgentReport/ReportResumed',
             taskd__pb2.ResumedRequest.SerializeToString,
             recover__pb2.Status.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportSnapshots(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/taskd.v1.AgentReport/ReportSnapshots',
+            taskd__pb2.SnapshotReport.SerializeToString,
+            taskd__pb2.SnapshotReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class SnapshotPeerStub(object):
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Push = channel.stream_unary(
+                '/taskd.v1.SnapshotPeer/Push',
+                request_serializer=taskd__pb2.SnapshotChunk.SerializeToString,
+                response_deserializer=recover__pb2.Status.FromString,
+                _registered_method=True)
+        self.Fetch = channel.unary_stream(
+                '/taskd.v1.SnapshotPeer/Fetch',
+                request_serializer=taskd__pb2.FetchRequest.SerializeToString,
+                response_deserializer=taskd__pb2.SnapshotChunk.FromString,
+                _registered_method=True)
+
+
+class SnapshotPeerServicer(object):
+    """Missing associated documentation comment in .proto file."""
+
+    def Push(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Fetch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_SnapshotPeerServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Push': grpc.stream_unary_rpc_method_handler(
+                    servicer.Push,
+                    request_deserializer=taskd__pb2.SnapshotChunk.FromString,
+                    response_serializer=recover__pb2.Status.SerializeToString,
+            ),
+            'Fetch': grpc.unary_stream_rpc_method_handler(
+                    servicer.Fetch,
+                    request_deserializer=taskd__pb2.FetchRequest.FromString,
+                    response_serializer=taskd__pb2.SnapshotChunk.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'taskd.v1.SnapshotPeer', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('taskd.v1.SnapshotPeer', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class SnapshotPeer(object):
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Push(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/taskd.v1.SnapshotPeer/Push',
+            taskd__pb2.SnapshotChunk.SerializeToString,
+            recover__pb2.Status.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Fetch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/taskd.v1.SnapshotPeer/Fetch',
+            taskd__pb2.FetchRequest.SerializeToString,
+            taskd__pb2.SnapshotChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,276 @@
+"""A node's snapshots copied to its buddy's agent, and a lost node's copy fetched back (issue 33, item 3).
+
+Each agent of a multi-node job serves taskd.v1 `SnapshotPeer` on the address that reaches its controller (port
+0) and runs one thread: every `TICK` it looks for the newest step every local rank published and pushes those
+segments, as files, to its buddy's agent; every `REPORT` it tells the controller what it holds (`ReportSnapshots`)
+and learns its buddy, the holder of its own node's copy and the job's peer key (controller/replicas.py). The
+thread never touches a rank: a training step never waits for it. Its lag, from a step's publish here until the
+buddy acknowledged its copy, goes into the report (`taskd status`, the controller's metrics).
+
+A replacement or a standby taking a lost node calls `restore_node` before its ranks start: it fetches the node's
+copy from its holder into the node's own snapshot directory, where the ranks' `Snapshots.restore` finds it as
+their own. With no copy anywhere it says so, and the ranks fall back to their disk checkpoints.
+
+Every call between agents carries ``authorization: Bearer <key>``, the job's credential (a random key per job
+when the controller has no token): a peer presenting another job's is refused, UNAUTHENTICATED.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from typing import BinaryIO
+
+import grpc
+
+from taskd.agent import snapshot_copies as sc
+from taskd.agent.controller_link import ControllerLink, report_snapshots
+from taskd.proto import recover_pb2, taskd_pb2, taskd_pb2_grpc
+from taskd.worker.snapshot_segment import SnapshotError, read_header
+
+log = logging.getLogger("taskd.agent")
+
+TICK = 0.1  # seconds between two looks for a newer published step
+REPORT = 1.0  # seconds between two reports to the controller
+PUSH_TIMEOUT = 60.0
+FETCH_TIMEOUT = 60.0
+_AUTH = "authorization"
+
+
+def _reach(target: str) -> str:
+    """The local address that reaches ``target`` (host:port): the interface peers reach this agent on too."""
+    host = target.rpartition(":")[0].strip("[]") or "127.0.0.1"
+    try:
+        family = socket.getaddrinfo(host, None)[0][0]
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect((host, 9))
+            return str(s.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"
+
+
+class PeerService(taskd_pb2_grpc.SnapshotPeerServicer):
+    """What a buddy serves: copies pushed to it (kept under ``<dir>/peer/node<N>/``), fetched back by a replacement."""
+
+    def __init__(self, directory: str, job_id: Callable[[], str], key: Callable[[], str | None]) -> None:
+        self.directory, self.job_id, self.key = directory, job_id, key
+        self.ward: tuple[int, int] = (-1, -1)  # (node, newest step) of the copy held here
+
+    def _refusal(self, context: grpc.ServicerContext, job_id: str) -> None:
+        key = self.key()
+        sent = dict(context.invocation_metadata()).get(_AUTH, "")
+        if key is None or not hmac.compare_digest(sent.encode(), f"Bearer {key}".encode()):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "not this job's snapshot key (another job's credential?)")
+        if job_id != self.job_id():
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, f"this agent serves job {self.job_id()!r}, not {job_id!r}")
+
+    def _root(self, node: int) -> str:
+        return os.path.join(self.directory, "peer", f"node{node}")
+
+    def Push(self, request_iterator: Iterator[taskd_pb2.SnapshotChunk], context: grpc.ServicerContext
+             ) -> recover_pb2.Status:
+        incoming: sc.Incoming | None = None
+        done: list[tuple[int, int]] = []
+        try:
+            for chunk in request_iterator:
+                if incoming is None:
+                    self._refusal(context, chunk.jobId)
+                    if self.ward[0] not in (-1, chunk.nodeRank):  # a new ward: the old one's copy goes
+                        sc.remove(self._root(self.ward[0]))
+                    incoming = sc.Incoming(self._root(chunk.nodeRank), chunk.rank, chunk.step)
+                    node = chunk.nodeRank
+                incoming.write(chunk.data)
+                if chunk.last:
+                    incoming.finish()
+                    done.append((chunk.rank, chunk.step))
+                    incoming = None
+        except (SnapshotError, OSError) as exc:
+            if incoming is not None:
+                incoming.abandon()
+            return recover_pb2.Status(code=409, info=str(exc))
+        finally:
+            if incoming is not None:
+                incoming.abandon()
+        if done:
+            self.ward = (node, min(step for _rank, step in done))
+        return recover_pb2.Status(code=0, info=f"{len(done)} segment(s)")
+
+    def Fetch(self, request: taskd_pb2.FetchRequest, context: grpc.ServicerContext
+              ) -> Iterator[taskd_pb2.SnapshotChunk]:
+        self._refusal(context, request.jobId)
+        for rank, step, path in sc.copies(self._root(request.nodeRank)):
+            yield from _chunks(request.jobId, request.nodeRank, rank, step, open(path, "rb"))  # noqa: SIM115
+
+
+def _chunks(job_id: str, node: int, rank: int, step: int, fh: BinaryIO) -> Iterator[taskd_pb2.SnapshotChunk]:
+    """The open segment ``fh`` as chunks, its header and body only (not the padding of its reuse), the last one
+    marked; read as they are sent, so one chunk is in memory. SnapshotError when it holds no finished segment."""
+    with fh:
+        head = fh.read(sc.HEADER_SIZE)
+        left = sc.HEADER_SIZE + read_header(head, fh.name).length
+        part, left = head, left - len(head)
+        while True:
+            after = fh.read(min(sc.CHUNK, left)) if left > 0 else b""
+            left -= len(after)
+            yield taskd_pb2.SnapshotChunk(jobId=job_id, nodeRank=node, rank=rank, step=step, data=part, last=not after)
+            if not after:
+                return
+            part = after
+
+
+class Replication:
+    """This node's side: the peer service, the push thread, and the restore of a lost node's copy."""
+
+    def __init__(self, directory: str, link: ControllerLink) -> None:
+        self.directory, self.link = directory, link
+        self.key: str | None = None
+        self.buddy: tuple[int, str] = (-1, "")
+        self.replicated, self.lag = -1, 0.0
+        self.service = PeerService(directory, lambda: self._job_id(), lambda: self.key)
+        self._server: grpc.Server | None = None
+        self._address = ""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._reported = 0.0
+        self._pushed: tuple[int, float] = (-1, 0.0)  # (step, publish time) the buddy acknowledged last
+
+    def _job_id(self) -> str:
+        mgr = self.link._mgr
+        return mgr.info.jobId if mgr is not None else ""
+
+    def start(self) -> None:
+        """Serve and push, from now until `close` (a no-op without a controller: one node replicates to no one)."""
+        _reply, target = report_snapshots(self.link, {"newestStep": -1, "replicatedStep": -1, "wardNodeRank": -1,
+                                                      "wardStep": -1}, timeout=2.0)
+        if not target:
+            return
+        host = _reach(target)
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="taskd-peer"))
+        taskd_pb2_grpc.add_SnapshotPeerServicer_to_server(self.service, self._server)
+        port = self._server.add_insecure_port(f"{host}:0" if ":" not in host else f"[{host}]:0")
+        self._server.start()
+        self._address = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
+        self._thread = threading.Thread(target=self._run, name="taskd-replication", daemon=True)
+        self._thread.start()
+        log.debug("snapshot peer service on %s", self._address)
+
+    def _report(self) -> taskd_pb2.SnapshotReply | None:
+        ward, ward_step = self.service.ward
+        reply, _target = report_snapshots(self.link, {
+            "address": self._address, "newestStep": sc.newest_common(self.directory),
+            "replicatedStep": self.replicated, "lagSeconds": self.lag, "wardNodeRank": ward, "wardStep": ward_step,
+        }, timeout=2.0)
+        if reply is None or reply.status.code != 0:
+            return None
+        self.key = reply.key or None
+        buddy = (reply.buddyNodeRank, reply.buddyAddress)
+        if buddy != self.buddy:
+            if buddy[0] >= 0:
+                log.info("snapshots of this node are copied to node %d's agent (%s)", *buddy)
+            self.buddy, self.replicated, self._pushed = buddy, -1, (-1, 0.0)  # a new buddy holds nothing yet
+        return reply
+
+    def _run(self) -> None:
+        while not self._stop.wait(TICK):
+            now = time.monotonic()
+            if now - self._reported >= REPORT:
+                self._reported = now
+                self._report()
+            newest = sc.newest_common(self.directory)
+            if self.buddy[0] >= 0 and self.key and newest >= 0:
+                self._push(newest)
+
+    def _push(self, step: int) -> None:
+        """Push every local rank's segment of ``step`` (opened first: a segment a rank reuses meanwhile fails its
+        check at the buddy, and the next tick pushes a newer step)."""
+        files: list[tuple[int, BinaryIO]] = []
+        try:
+            for rank, folder in sorted(sc.rank_dirs(self.directory).items()):
+                files.append((rank, open(os.path.join(folder, sc.segment_name(step)), "rb")))  # noqa: SIM115
+            published = max(os.fstat(fh.fileno()).st_ctime for _rank, fh in files)  # the publish: its rename
+        except OSError:  # a rank freed it meanwhile: a newer step is there
+            for _rank, fh in files:
+                fh.close()
+            return
+        if (step, published) == self._pushed:
+            for _rank, fh in files:
+                fh.close()
+            return
+        node = self.link._mgr.info.nodeRank if self.link._mgr is not None else -1
+        chunks = (c for rank, fh in files for c in _chunks(self._job_id(), node, rank, step, fh))
+        try:
+            with grpc.insecure_channel(self.buddy[1]) as channel:
+                status = taskd_pb2_grpc.SnapshotPeerStub(channel).Push(
+                    chunks, timeout=PUSH_TIMEOUT, metadata=((_AUTH, f"Bearer {self.key}"),))
+        except (grpc.RpcError, SnapshotError) as exc:
+            log.debug("snapshot push of step %d to %s failed: %s", step, self.buddy[1], exc)
+            return
+        finally:
+            for _rank, fh in files:
+                fh.close()
+        if status.code == 0:
+            self.replicated, self.lag, self._pushed = step, max(0.0, time.time() - published), (step, published)
+        else:
+            log.debug("node %d's agent refused step %d: %s", self.buddy[0], step, status.info)
+
+    def restore_node(self, node: int) -> str:
+        """Fetch node ``node``'s copy from its holder into this node's directory (a replacement, before its ranks
+        start); returns the console line saying what the ranks restore from."""
+        started = time.monotonic()
+        reply = self._report()
+        if reply is None or reply.holderNodeRank < 0:
+            why = "no agent holds a copy of it" if reply is not None else "the controller did not answer"
+            return (f"no buddy copy of node {node}'s snapshots survives ({why}): its ranks fall back to their disk "
+                    "checkpoints")
+        try:
+            got = self._fetch(node, reply.holderAddress)
+        except (grpc.RpcError, SnapshotError, OSError) as exc:
+            return (f"node {node}'s snapshots could not be fetched from node {reply.holderNodeRank} ({exc}): its "
+                    "ranks fall back to their disk checkpoints")
+        if not got:
+            return f"node {reply.holderNodeRank} holds no snapshot of node {node}: its ranks fall back to their disk " \
+                   "checkpoints"
+        size = sum(n for _r, _s, n in got)
+        steps = sorted({s for _r, s, _n in got})
+        return (f"fetched node {node}'s snapshots (steps {', '.join(map(str, steps))}, {len(got)} segments, "
+                f"{size / 1e6:.1f} MB) from node {reply.holderNodeRank}'s agent in {time.monotonic() - started:.2f}s: "
+                "its ranks restore from memory")
+
+    def _fetch(self, node: int, address: str) -> list[tuple[int, int, int]]:
+        got: list[tuple[int, int, int]] = []
+        incoming: sc.Incoming | None = None
+        size = 0
+        with grpc.insecure_channel(address) as channel:
+            stream = taskd_pb2_grpc.SnapshotPeerStub(channel).Fetch(
+                taskd_pb2.FetchRequest(jobId=self._job_id(), nodeRank=node), timeout=FETCH_TIMEOUT,
+                metadata=((_AUTH, f"Bearer {self.key}"),))
+            try:
+                for chunk in stream:
+                    if incoming is None:
+                        incoming, size = sc.Incoming(self.directory, chunk.rank, chunk.step), 0
+                    incoming.write(chunk.data)
+                    size += len(chunk.data)
+                    if chunk.last:
+                        incoming.finish(keep=None)
+                        got.append((chunk.rank, chunk.step, size))
+                        incoming = None
+            finally:
+                if incoming is not None:
+                    incoming.abandon()
+        return got
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=PUSH_TIMEOUT + 5)
+        if self._server is not None:
+            self._server.stop(grace=None)
+
+
+__all__ = ["PeerService", "Replication"]

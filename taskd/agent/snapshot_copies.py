@@ -1,0 +1,124 @@
+"""Snapshot segments as files an agent copies: what a node has published, and a copy received, checked, kept.
+
+The ranks of a node publish ``<dir>/rank<R>/s<step>.snap`` (`taskd.worker.snapshot`). This module reads those
+(the newest step every local rank published, each segment in chunks) and writes received copies under a root
+laid out the same way: ``<dir>/peer/node<N>/rank<R>/`` for a buddy's copy of node N, or the node's own
+``<dir>/rank<R>/`` for a replacement restoring a lost node's. A copy is written under a name no reader takes
+(``.in-*``), checked against its header (step, rank, CRC-32 of the body; a segment the rank reused while it was
+read fails here) and only then renamed to its step's name, so a restorable name always holds an intact segment.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import zlib
+from collections.abc import Iterator
+
+from taskd.worker.snapshot_segment import HEADER_SIZE, SnapshotError, read_header
+
+CHUNK = 1 << 20
+KEEP = 2
+"""Copies a buddy keeps per rank: the newest two received (a cut across nodes needs the step before the newest)."""
+_SEGMENT = re.compile(r"s(\d{12})\.snap")
+_RANK = re.compile(r"rank(\d+)")
+
+
+def segment_name(step: int) -> str:
+    return f"s{step:012d}.snap"
+
+
+def published(rank_dir: str) -> set[int]:
+    try:
+        names = os.listdir(rank_dir)
+    except FileNotFoundError:
+        return set()
+    return {int(m.group(1)) for m in map(_SEGMENT.fullmatch, names) if m}
+
+
+def rank_dirs(root: str) -> dict[int, str]:
+    """The ``rank<R>`` folders under ``root``, by global rank."""
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return {}
+    return {int(m.group(1)): os.path.join(root, m.group(0)) for m in map(_RANK.fullmatch, names) if m}
+
+
+def newest_common(root: str) -> int:
+    """The newest step every rank under ``root`` published (-1: none)."""
+    held = [published(d) for d in rank_dirs(root).values()]
+    common = set.intersection(*held) if held else set()
+    return max(common) if common else -1
+
+
+class Incoming:
+    """One segment being received into ``root``/rank<R>/: written, checked, then published under its step's name."""
+
+    def __init__(self, root: str, rank: int, step: int) -> None:
+        self.folder = os.path.join(root, f"rank{rank}")
+        os.makedirs(self.folder, mode=0o700, exist_ok=True)
+        self.rank, self.step = rank, step
+        self.path = os.path.join(self.folder, f".in-{step}-{os.urandom(3).hex()}")
+        self._fh = open(self.path, "wb")  # noqa: SIM115 - closed in finish/abandon
+
+    def write(self, data: bytes) -> None:
+        self._fh.write(data)
+
+    def finish(self, keep: int | None = KEEP) -> None:
+        """Check the copy and publish it (SnapshotError, and nothing published, when it is not intact); then keep
+        the newest ``keep`` received, dropping any newer step (left by a run the fault ended)."""
+        self._fh.close()
+        try:
+            check(self.path, self.step, self.rank)
+        except (SnapshotError, OSError):
+            self.abandon()
+            raise
+        os.replace(self.path, os.path.join(self.folder, segment_name(self.step)))
+        if keep is None:
+            return
+        steps = sorted(published(self.folder))
+        stale = [s for s in steps if s > self.step] + [s for s in steps if s <= self.step][:-keep]
+        for s in stale:
+            _unlink(os.path.join(self.folder, segment_name(s)))
+
+    def abandon(self) -> None:
+        self._fh.close()
+        _unlink(self.path)
+
+
+def check(path: str, step: int, rank: int) -> None:
+    """SnapshotError unless ``path`` is the complete, intact segment of ``step`` of ``rank``."""
+    with open(path, "rb") as fh:
+        header = read_header(fh.read(HEADER_SIZE), path)
+        if (header.step, header.rank) != (step, rank):
+            raise SnapshotError(f"{path}: holds step {header.step} of rank {header.rank}, not {step} of {rank}")
+        crc, left = 0, header.length
+        while left > 0 and (chunk := fh.read(min(CHUNK, left))):
+            crc = zlib.crc32(chunk, crc)
+            left -= len(chunk)
+    if left or crc != header.crc:
+        raise SnapshotError(f"{path}: {'truncated' if left else 'checksum mismatch'} (the rank reused it while "
+                            "it was copied?)")
+
+
+def copies(root: str) -> Iterator[tuple[int, int, str]]:
+    """(rank, step, path) of every published segment under ``root``, oldest step first."""
+    for rank, folder in sorted(rank_dirs(root).items()):
+        for step in sorted(published(folder)):
+            yield rank, step, os.path.join(folder, segment_name(step))
+
+
+def remove(root: str) -> None:
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+__all__ = ["CHUNK", "HEADER_SIZE", "KEEP", "Incoming", "check", "copies", "newest_common", "published", "rank_dirs"]

@@ -1,0 +1,108 @@
+"""Snapshot replication across nodes (issue 33, item 3): each node's buddy, chosen here, and what each node holds.
+
+An agent reports every second (taskd.v1 `ReportSnapshots`) where it serves its node's snapshots, the newest step
+its ranks published, how far its buddy's copy lags, and whose copy it holds itself (its ward). The answer names
+its buddy (`buddy_ring`, the policy: the next live node in ring order, rechosen as nodes are lost and replaced),
+the live agent that holds the reporting node's own copy (where a replacement fetches it from) and the key the
+job's agents present to each other: the job's credential under the admin token, else (a controller without
+one) a random key per job, so that another job's agents are refused either way.
+
+Soft state, like the pace board: nothing is stored or snapshotted; after a controller restart the reports
+rebuild it within a second (a random key changes then, and the agents take the new one with their next answer).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from taskd.controller.job import Job
+from taskd.proto import taskd_pb2
+
+STALE = 10.0
+"""A node whose last report is older than this (seconds) is no one's buddy: its agent is likely gone."""
+
+
+def buddy_ring(live: Iterable[int]) -> dict[int, int]:
+    """Each live node's buddy: the next live node in ring order (node ranks ascending, the last one's is the
+    first); a node alone has none. Pure: the whole policy."""
+    ring = sorted(set(live))
+    if len(ring) < 2:
+        return {}
+    return {node: ring[(i + 1) % len(ring)] for i, node in enumerate(ring)}
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    """A node's last report, and when it came (the controller's monotonic clock)."""
+
+    host: str
+    pid: int
+    address: str
+    newest: int
+    replicated: int
+    lag: float
+    ward: int
+    ward_step: int
+    at: float
+
+
+@dataclass
+class ReplicaBoard:
+    """One job's latest report per node and its peer key."""
+
+    key: str
+    reports: dict[int, NodeReport] = field(default_factory=dict)
+
+    def live(self, m: Job, now: float) -> dict[int, NodeReport]:
+        """The nodes whose report is fresh and comes from the agent the job now has for that node (a lost node's
+        old agent, or one gone from its stream, is not live)."""
+        out = {}
+        for node, r in self.reports.items():
+            agent = m.agents.get(node)
+            if (agent is not None and (agent.host, agent.pid) == (r.host, r.pid) and agent.gone_since is None
+                    and now - r.at <= STALE and r.address):
+                out[node] = r
+        return out
+
+    def answer(self, m: Job, node: int, now: float) -> taskd_pb2.SnapshotReply:
+        live = self.live(m, now)
+        buddy = buddy_ring(live).get(node, -1) if node in live else -1
+        holders = [(r.ward_step, n) for n, r in live.items() if r.ward == node and r.ward_step >= 0 and n != node]
+        step, holder = max(holders) if holders else (-1, -1)
+        return taskd_pb2.SnapshotReply(buddyNodeRank=buddy, buddyAddress=live[buddy].address if buddy >= 0 else "",
+                                       holderNodeRank=holder, holderAddress=live[holder].address if holder >= 0 else "",
+                                       holderStep=step, key=self.key)
+
+
+def board_of(m: Job, credential: Callable[[str], str] | None) -> ReplicaBoard:
+    """The job's board, made at its first report; ``credential(job_id)`` gives the job's credential (None: no
+    admin token, a random key)."""
+    board: ReplicaBoard | None = m.replicas
+    if board is None:
+        board = ReplicaBoard(credential(m.job_id) if credential is not None else secrets.token_urlsafe(32))
+        m.replicas = board
+    return board
+
+
+def on_report(m: Job, req: taskd_pb2.SnapshotReport, now: float,
+              credential: Callable[[str], str] | None) -> taskd_pb2.SnapshotReply:
+    board = board_of(m, credential)
+    board.reports[req.nodeRank] = NodeReport(req.host, req.pid, req.address, req.newestStep, req.replicatedStep,
+                                             req.lagSeconds, req.wardNodeRank, req.wardStep, now)
+    return board.answer(m, req.nodeRank, now)
+
+
+def snapshot_records(m: Job, to_wall: Callable[[float], float], now: float) -> list[taskd_pb2.SnapshotRecord]:
+    """Each node's replication as its last report said (`taskd status`), its buddy as chosen now."""
+    board: ReplicaBoard | None = m.replicas
+    if board is None:
+        return []
+    ring = buddy_ring(board.live(m, now))
+    return [taskd_pb2.SnapshotRecord(nodeRank=n, buddyNodeRank=ring.get(n, -1), newestStep=r.newest,
+                                     replicatedStep=r.replicated, lagSeconds=r.lag, reportedAt=to_wall(r.at))
+            for n, r in sorted(board.reports.items())]
+
+
+__all__ = ["ReplicaBoard", "board_of", "buddy_ring", "on_report", "snapshot_records"]

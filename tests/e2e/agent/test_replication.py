@@ -1,0 +1,158 @@
+"""A lost node's ranks restore from its buddy's copy of their snapshots (issue 33, item 3), end to end.
+
+One `taskd server` with a token, two `taskd run` nodes each with the job's credential, examples/train_resumable.py
+(snapshots every step, disk checkpoints only every 50): once node 1's snapshots are replicated to node 0's agent
+(`taskd status` shows it), node 1's whole `taskd run` is SIGKILLed and a replacement started. The replacement
+fetches node 1's snapshots from node 0's agent before its ranks start, they restore from memory (a few steps
+redone, not the 50 since a checkpoint), and every rank's final parameters equal a fault-free run's. Another job's
+credential reads nothing from an agent's snapshot service; the job leaves nothing in /dev/shm.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from support import STARTED, free_port, port_open, wait_for
+from support.run import EXAMPLE, ROOT
+
+from taskd.controller.auth import job_credential
+from taskd.proto import taskd_pb2, taskd_pb2_grpc
+
+STEPS = 600
+CKPT_EVERY = 50
+ADMIN = "buddy-admin-token-0123456789"
+JOB = "buddy"
+
+
+def example(tmp: Path, sleep: float = 0.1) -> list[str]:
+    return [str(EXAMPLE), "--steps", str(STEPS), "--ckpt-every", str(CKPT_EVERY), "--ckpt-dir", str(tmp / "ckpt"),
+            "--out", str(tmp / "out"), "--step-sleep", str(sleep)]
+
+
+def node(args: list[str], log: Path, **env: str) -> subprocess.Popen[bytes]:
+    environ = {k: v for k, v in os.environ.items() if k not in ("MINDX_SERVER_IP", "MINDX_TASK_ID")} | env
+    proc = subprocess.Popen([sys.executable, "-m", "taskd.run", "--monitor-interval", "0.2", *args],
+                            stdout=log.open("wb"), stderr=subprocess.STDOUT, env=environ, cwd=ROOT,
+                            start_new_session=True)
+    STARTED.append(proc)
+    return proc
+
+
+def status(address: str, token: Path) -> dict:
+    out = subprocess.run([sys.executable, "-m", "taskd", "status", "--server", address, "--job", JOB, "--json",
+                          "--token-file", str(token)], capture_output=True, text=True, timeout=30, cwd=ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(out.stdout)["jobs"][0]
+
+
+def copied(node_rank: int) -> int:
+    """The newest step of node ``node_rank``'s copy another agent holds in /dev/shm (-1: none)."""
+    steps = [int(os.path.basename(p)[1:13]) for p in glob.glob(f"/dev/shm/taskd-snap-{JOB}-*/peer/node{node_rank}/"
+                                                                 "rank*/s*.snap")]
+    return max(steps, default=-1)
+
+
+def buddy_address(log: Path, node_rank: int) -> str:
+    """The address of node ``node_rank``'s snapshot service, as its buddy's console named it."""
+    found = re.findall(rf"copied to node {node_rank}'s agent \((\S+)\)", log.read_text())
+    assert found, log.read_text()
+    return found[-1]
+
+
+def fetch(address: str, node_rank: int, key: str) -> tuple[grpc.StatusCode | None, int]:
+    """A Fetch of node ``node_rank``'s copy from the agent serving ``address``: (error code or None, bytes)."""
+    with grpc.insecure_channel(address) as channel:
+        stream = taskd_pb2_grpc.SnapshotPeerStub(channel).Fetch(
+            taskd_pb2.FetchRequest(jobId=JOB, nodeRank=node_rank), timeout=10,
+            metadata=(("authorization", f"Bearer {key}"),))
+        try:
+            return None, sum(len(c.data) for c in stream)
+        except grpc.RpcError as exc:
+            return exc.code(), 0
+
+
+def shm_left() -> list[str]:
+    return glob.glob(f"/dev/shm/taskd-snap-{JOB}-*")
+
+
+@pytest.fixture(scope="module")
+def fault_free(tmp_path_factory: pytest.TempPathFactory) -> list[np.ndarray]:
+    tmp = tmp_path_factory.mktemp("buddy-baseline")
+    proc = node(["--nproc-per-node", "4", "--quiet", *example(tmp, sleep=0.0)], tmp / "console.log")
+    assert proc.wait(timeout=120) == 0, (tmp / "console.log").read_text()
+    return [np.load(tmp / "out" / f"rank{r}.npy") for r in range(4)]
+
+
+def test_a_replacement_restores_a_lost_nodes_ranks_from_its_buddys_copy(tmp_path: Path,
+                                                                         fault_free: list[np.ndarray]) -> None:
+    admin = tmp_path / "admin.token"
+    admin.write_text(ADMIN)
+    cred = tmp_path / "job.token"
+    cred.write_text(job_credential(ADMIN, JOB))
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-m", "taskd", "server", "--listen", address, "--state", ":memory:",
+                               "--token-file", str(admin), "--agent-loss-grace", "1", "--agent-loss-timeout", "4",
+                               "--agent-ping-interval", "1", "--agent-ping-timeout", "1"],
+                              stdout=(tmp_path / "server.log").open("wb"), stderr=subprocess.STDOUT, cwd=ROOT)
+    STARTED.append(server)
+
+    def job_args(rank: int) -> list[str]:
+        return ["--nnodes", "2", "--node-rank", str(rank), "--nproc-per-node", "2", "--job-id", JOB, "--server",
+                address, "--token-file", str(cred), "--stop-grace", "2", "--strategies", "job-rescheduling,exit",
+                *example(tmp_path)]
+
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        wait_for(lambda: port_open(port) or server.poll() is not None, 30, "taskd server to listen")
+        procs = {f"node{r}": node(job_args(r), tmp_path / f"node{r}.log") for r in range(2)}
+        wait_for(lambda: copied(1) >= 20, 60, "node 1's snapshots copied to node 0 past step 20")
+        record = status(address, admin)
+        node1 = [s for s in record.get("snapshots", []) if s.get("nodeRank") == 1]
+        assert node1 and int(node1[0]["replicatedStep"]) >= 0 and node1[0]["buddyNodeRank"] == 0, record
+
+        # another job's credential reads nothing; this job's reads node 1's copy (the same call, the right key)
+        peer = buddy_address(tmp_path / "node1.log", 0)
+        assert fetch(peer, 1, job_credential(ADMIN, "another-job")) == (grpc.StatusCode.UNAUTHENTICATED, 0)
+        code, size = fetch(peer, 1, job_credential(ADMIN, JOB))
+        assert code is None and size > 0, (code, size)
+
+        assert procs["node1"].poll() is None, "the job ended before its node was lost: give it more steps"
+        os.killpg(procs["node1"].pid, signal.SIGKILL)  # the whole node: agent, ranks, its /dev/shm copy
+        assert procs["node1"].wait(timeout=10) == -signal.SIGKILL
+        reached = {r: os.path.getsize(tmp_path / "out" / f"rank{r}.computed") for r in (2, 3)}
+        time.sleep(1)
+        procs["replacement"] = node(job_args(1), tmp_path / "replacement.log")
+        for name in ("node0", "replacement"):
+            assert procs[name].wait(timeout=120) == 0, (tmp_path / f"{name}.log").read_text()
+        log = (tmp_path / "replacement.log").read_text()
+        assert "fetched node 1's snapshots" in log and "its ranks restore from memory" in log, log
+        for rank, (got, want) in enumerate(zip([np.load(tmp_path / "out" / f"rank{r}.npy") for r in range(4)],
+                                               fault_free, strict=True)):
+            assert np.array_equal(got, want), f"rank {rank}'s final parameters differ from the fault-free run's"
+        for rank in (2, 3):
+            summary = json.loads((tmp_path / "out" / f"rank{rank}.json").read_text())
+            assert summary["restored_from"] == "memory", summary
+            redone = reached[rank] - summary["resumed_from"]
+            assert 0 <= redone <= 5, (rank, reached[rank], summary)  # a disk checkpoint is up to 50 steps back
+        wait_for(lambda: shm_left() == [], 15, "the job's snapshots gone from /dev/shm")
+    finally:
+        for proc in [*procs.values(), server]:
+            if proc.poll() is None:
+                with_group = proc is not server
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL) if with_group else proc.kill()
+                except ProcessLookupError:
+                    pass
+                proc.wait(timeout=10)

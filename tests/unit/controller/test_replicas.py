@@ -1,0 +1,61 @@
+"""The buddy policy (controller/replicas.py): each live node's buddy is the next live node in ring order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from taskd.controller.replicas import buddy_ring, on_report
+from taskd.proto import taskd_pb2
+
+
+@pytest.mark.parametrize(("live", "expected"), [
+    ([], {}),
+    ([0], {}),  # alone: no one to copy to
+    ([0, 1], {0: 1, 1: 0}),
+    ([0, 1, 2, 3], {0: 1, 1: 2, 2: 3, 3: 0}),
+    ([0, 2, 3], {0: 2, 2: 3, 3: 0}),  # node 1 lost: node 0's buddy is rechosen, the others keep theirs
+    ([3, 0, 2, 2], {0: 2, 2: 3, 3: 0}),  # order and repeats do not matter
+])
+def test_buddy_ring(live: list[int], expected: dict[int, int]) -> None:
+    assert buddy_ring(live) == expected
+
+
+@dataclass
+class _Agent:
+    host: str
+    pid: int
+    gone_since: float | None = None
+
+
+@dataclass
+class _Job:
+    job_id: str = "j"
+    agents: dict[int, _Agent] = field(default_factory=dict)
+    replicas: object = None
+
+
+def _report(node: int, pid: int, ward: int = -1, ward_step: int = -1) -> taskd_pb2.SnapshotReport:
+    return taskd_pb2.SnapshotReport(jobId="j", nodeRank=node, host="h", pid=pid, address=f"10.0.0.{node}:1",
+                                    newestStep=5, replicatedStep=4, wardNodeRank=ward, wardStep=ward_step)
+
+
+def test_a_replacement_is_told_who_holds_its_nodes_copy_and_a_lost_node_is_no_ones_buddy() -> None:
+    job = _Job(agents={0: _Agent("h", 10), 1: _Agent("h", 11)})
+    on_report(job, _report(1, 11, ward=0, ward_step=4), 0.0, lambda j: f"cred-{j}")  # type: ignore[arg-type]
+    reply = on_report(job, _report(0, 10, ward=1, ward_step=4), 0.0, None)  # type: ignore[arg-type]
+    assert (reply.buddyNodeRank, reply.buddyAddress, reply.key) == (1, "10.0.0.1:1", "cred-j")
+    job.agents[1] = _Agent("h", 11, gone_since=1.0)  # node 1's agent is gone
+    reply = on_report(job, _report(0, 10, ward=1, ward_step=4), 1.0, None)  # type: ignore[arg-type]
+    assert reply.buddyNodeRank == -1 and reply.buddyAddress == ""
+    job.agents[1] = _Agent("h", 99)  # its replacement registered: node 0 holds its copy
+    reply = on_report(job, _report(1, 99), 2.0, None)  # type: ignore[arg-type]
+    assert (reply.holderNodeRank, reply.holderAddress, reply.holderStep, reply.buddyNodeRank) == (0, "10.0.0.0:1", 4, 0)
+    assert on_report(job, _report(0, 10, ward=1, ward_step=4), 2.0, None).buddyNodeRank == 1  # type: ignore[arg-type]
+
+
+def test_a_stale_report_makes_no_buddy() -> None:
+    job = _Job(agents={0: _Agent("h", 10), 1: _Agent("h", 11)})
+    on_report(job, _report(1, 11), 0.0, None)  # type: ignore[arg-type]
+    assert on_report(job, _report(0, 10), 60.0, None).buddyNodeRank == -1  # type: ignore[arg-type]
