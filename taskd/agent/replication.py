@@ -38,7 +38,7 @@ log = logging.getLogger("taskd.agent")
 
 TICK = 0.1  # seconds between two looks for a newer published step
 REPORT = 1.0  # seconds between two reports to the controller
-PUSH_TIMEOUT = 60.0
+PUSH_TIMEOUT = 30.0
 FETCH_TIMEOUT = 60.0
 _AUTH = "authorization"
 
@@ -267,8 +267,8 @@ class Replication:
 
     def close(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=PUSH_TIMEOUT + 5)
+        if self._thread is not None:  # a push to a buddy that stopped answering is not waited for (a daemon thread)
+            self._thread.join(timeout=2.0)
         if self._server is not None:
             self._server.stop(grace=None)
 
