@@ -2,7 +2,8 @@
 
 `AgentConfig` (its field defaults, the TASKD_* variables `from_env` reads, its bounds), `RunConfig`
 (its defaults, `taskd run`'s flag names, the bounds it checks), the `taskd server` fields holding the
-same setting and docs/mindspore.md's table are derived from `SETTINGS`; tests/unit/test_settings.py
+same setting and docs/mindspore.md's table are derived from `SETTINGS` (`taskd server`'s own rows are
+taskd/server_settings.py's); tests/unit/test_settings.py
 checks the rest against it (the README's tables, argparse, no default written anywhere else).
 
 Adding a setting is one `Setting(...)` line here plus its field in the config that uses it:

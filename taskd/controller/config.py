@@ -16,6 +16,7 @@ from typing import Any
 
 from taskd.address import parse_host_port
 from taskd.controller.state_machine import MachineConfig
+from taskd.server_settings import FLAGS, TOKEN_ENV, server_default
 from taskd.vocabulary import DEFAULT_PORT
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,6 @@ MAX_SEND_MESSAGE = 64 * 1024 * 1024
 """Largest answer: one job's status page may be bigger than a request ever is."""
 LISTEN_FORMS = "expected HOST:PORT, [IPV6]:PORT, a bare IPv6 address or a bare HOST (port 0 = any free port)"
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})
-TOKEN_ENV = "TASKD_TOKEN_FILE"
 MIN_TOKEN_LENGTH = 16
 TOKEN_HINT = f"e.g. `openssl rand -hex 32 > token; chmod 600 token`, then --token-file token (or {TOKEN_ENV}=token)"
 RANK_LIMIT = 2**31 - 1
@@ -91,29 +91,7 @@ def token_problem(token: str) -> str:
     return ""
 
 
-# field -> the `taskd server` flag (or variable) it comes from; fields missing here are programmatic only
 METRICS_PORT = 9464  # where --metrics-listen serves without a port (the OpenTelemetry Prometheus exporter's)
-
-FLAGS = {
-    "listen": "--listen", "state_path": "--state", "keepalive_interval": "--keepalive-interval",
-    "stop_timeout": "--stop-timeout", "strategy_timeout": "--strategy-timeout",
-    "recover_timeout": "--recover-timeout", "resume_timeout": "--resume-timeout", "settle_window": "--settle-window",
-    "default_max_restarts": "--max-restarts", "agent_loss_timeout": "--agent-loss-timeout",
-    "agent_loss_grace": "--agent-loss-grace", "node_rejoin_timeout": "--node-rejoin-timeout",
-    "join_timeout": "--join-timeout", "max_jobs": "--max-jobs", "max_standbys": "--max-standbys",
-    "agent_ping_interval": "--agent-ping-interval", "agent_ping_timeout": "--agent-ping-timeout",
-    "finished_job_retention": "--finished-job-retention",
-    "unregistered_job_timeout": "--unregistered-job-timeout", "token_file": f"--token-file or {TOKEN_ENV}",
-    "tls_cert": "--tls-cert", "tls_key": "--tls-key", "tls_client_ca": "--tls-client-ca", "insecure": "--insecure",
-    "max_node_count": "--max-node-count", "max_ranks": "--max-ranks",
-    "max_connections_per_peer": "--max-connections-per-peer",
-    "max_connections_per_credential": "--max-connections-per-credential",
-    "max_job_bytes": "--max-job-bytes", "max_job_log_lines": "--max-job-log-lines",
-    "max_streams_per_peer": "--max-streams-per-peer", "calls_per_second_per_peer": "--max-calls-per-second",
-    "call_burst_per_peer": "--call-burst", "limit_loopback": "--limit-loopback", "idle_timeout": "--idle-timeout",
-    "handshake_timeout": "--handshake-timeout", "max_connections": "--max-connections",
-    "auth_timeout": "--auth-timeout", "metrics_listen": "--metrics-listen",
-}
 
 
 def problem(name: str, what: str) -> str:
@@ -129,67 +107,70 @@ class ControllerConfig(MachineConfig):
     timeouts and policy defaults are `MachineConfig`'s fields, inherited rather than repeated.
     Construction raises `ConfigError` naming every bad field and its flag."""
 
-    listen: str = f"127.0.0.1:{DEFAULT_PORT}"
-    state_path: str | None = None  # None = default_state_path(); ":memory:" keeps nothing
-    keepalive_interval: float = 5.0
+    listen: str = server_default("listen")
+    state_path: str | None = server_default("state_path")  # None = default_state_path(); ":memory:" keeps nothing
+    keepalive_interval: float = server_default("keepalive_interval")
     # HTTP/2 PINGs the server sends on a connection it has heard nothing on for `agent_ping_interval`; one not
     # answered within `agent_ping_timeout` closes the connection, which ends its signal streams (then
     # --agent-loss-grace). What finds a SIGSTOPped or partitioned agent: its kernel still ACKs TCP, but its
     # gRPC cannot answer a PING. A busy agent answers (gRPC's own threads, not Python's, answer PINGs).
     # Bound: interval + timeout + grace after the agent's last word (docs/controller.md, "A lost node").
-    agent_ping_interval: float = 5.0
-    agent_ping_timeout: float = 10.0
-    max_jobs: int = 10000
+    agent_ping_interval: float = server_default("agent_ping_interval")
+    agent_ping_timeout: float = server_default("agent_ping_timeout")
+    max_jobs: int = server_default("max_jobs")
     # a finished (SUCCEEDED/FAILED) job with no agent streaming or calling for this long is forgotten,
     # in memory and in the state file; a full table evicts the longest idle finished job early
-    finished_job_retention: float = 3600.0
-    subscriber_queue_size: int = 1024
+    finished_job_retention: float = server_default("finished_job_retention")
+    subscriber_queue_size: int = server_default("subscriber_queue_size")
     # Calls gRPC core has received but the event loop has not picked up yet: above the soft limit some
     # are refused, above the hard limit all (defaults 1000/3000), and one left waiting longer than
     # `max_unrequested_seconds` (default 30) is cancelled. The agent sees CANCELLED for all three (grpcio
     # 1.71, checked with a blocked loop). A controller restart makes every agent reconnect at once
     # (one call in flight per agent), so keep the limits above the agent count and let a queued call
     # wait rather than be cancelled and retried after a backoff.
-    max_pending_requests: int = 20000
-    max_pending_requests_hard_limit: int = 60000
-    max_unrequested_seconds: int = 300
-    grace: float = 5.0
+    max_pending_requests: int = server_default("max_pending_requests")
+    max_pending_requests_hard_limit: int = server_default("max_pending_requests_hard_limit")
+    max_unrequested_seconds: int = server_default("max_unrequested_seconds")
+    grace: float = server_default("grace")
     extra_options: list[tuple[str, Any]] = field(default_factory=list)
     # --- who may call (RELIABILITY.md, "Threat model")
-    token_file: str | None = None
+    token_file: str | None = server_default("token_file")
     # the token itself, for a caller that made it (the embedded controller's per-run token): never logged
     token: str | None = field(default=None, repr=False)
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    tls_client_ca: str | None = None  # mTLS: clients must present a certificate signed by this CA
-    insecure: bool = False  # serve a non-loopback address without a token (ClusterD-wire clients send none)
+    tls_cert: str | None = server_default("tls_cert")
+    tls_key: str | None = server_default("tls_key")
+    tls_client_ca: str | None = server_default("tls_client_ca")  # mTLS: clients present a certificate it signed
+    # serve a non-loopback address without a token (ClusterD-wire clients send none)
+    insecure: bool = server_default("insecure")
     # --- bounds on what callers may ask for
-    max_node_count: int = 65536
+    max_node_count: int = server_default("max_node_count")
     # ranks of one job; what bounds the rank ids and list sizes of a job whose Init gives no ranksPerNode
     # (ClusterD-wire clients): above the largest jobs run today, small enough that one report stays < 1 MB
-    max_ranks: int = 100_000
+    max_ranks: int = server_default("max_ranks")
     # bytes one job may hold in the state file (its snapshot and history); a change past it is refused 413 and
     # nothing changes (controller/quota.py). 0 = no quota
-    max_job_bytes: int = 64 * 2**20
+    max_job_bytes: int = server_default("max_job_bytes")
     # history log lines per job every 10 s (the rest counted in its next line); 0 = no limit
-    max_job_log_lines: int = 200
+    max_job_log_lines: int = server_default("max_job_log_lines")
     # --- per peer IP (loopback peers are exempt unless limit_loopback: see RELIABILITY.md); 0 = no limit
-    max_connections_per_peer: int = 64  # connections with a call in flight
-    max_streams_per_peer: int = 256  # open signal streams
-    calls_per_second_per_peer: float = 200.0  # token bucket refill
-    call_burst_per_peer: int = 400  # token bucket size
-    limit_loopback: bool = False
-    idle_timeout: float = 600.0  # an HTTP/2 connection without a call for this long is closed
-    handshake_timeout: float = 10.0  # a TCP connection that has not finished its HTTP/2 (or TLS) handshake
+    max_connections_per_peer: int = server_default("max_connections_per_peer")  # connections with a call in flight
+    max_streams_per_peer: int = server_default("max_streams_per_peer")  # open signal streams
+    calls_per_second_per_peer: float = server_default("calls_per_second_per_peer")  # token bucket refill
+    call_burst_per_peer: int = server_default("call_burst_per_peer")  # token bucket size
+    limit_loopback: bool = server_default("limit_loopback")
+    idle_timeout: float = server_default("idle_timeout")  # an HTTP/2 connection without a call this long is closed
+    # a TCP connection that has not finished its HTTP/2 (or TLS) handshake
+    handshake_timeout: float = server_default("handshake_timeout")
     # a connection that carried no call with the token this long after it opened is closed (0 = never);
     # connections without one also go first when a peer is past max_connections_per_peer
-    auth_timeout: float = 5.0
-    max_connections: int | None = None  # None: RLIMIT_NOFILE minus a reserve for the state file and logs
+    auth_timeout: float = server_default("auth_timeout")
+    # None: RLIMIT_NOFILE minus a reserve for the state file and logs
+    max_connections: int | None = server_default("max_connections")
     # connections one credential (a job's, or the admin token) holds, idle or not (None: a quarter of
     # max_connections; 0 = no bound): one tenant never holds every slot (controller/tenancy.py)
-    max_connections_per_credential: int | None = None
+    max_connections_per_credential: int | None = server_default("max_connections_per_credential")
     # --- Prometheus metrics (controller/metrics.py, the [metrics] extra): HOST:PORT, None = off
-    metrics_listen: str | None = None
+    metrics_listen: str | None = server_default("metrics_listen")
 
     def __post_init__(self) -> None:
         problems = self.problems()

@@ -19,7 +19,7 @@ PACKAGE = ROOT / "taskd"
 # Composition roots (taskd.run, taskd.cli, the TaskD compatibility shims) are not listed: they wire the rest.
 # Base modules import nothing of taskd, or only other base modules.
 BASE = {"taskd.vocabulary", "taskd.address", "taskd.proto", "taskd.callbacks", "taskd.settings", "taskd.rule_table",
-        "taskd.doc_block", "taskd.pace"}
+        "taskd.doc_block", "taskd.pace", "taskd.server_settings"}
 ALLOWED: dict[str, set[str]] = {
     "taskd.vocabulary": set(),
     "taskd.address": set(),
@@ -30,6 +30,7 @@ ALLOWED: dict[str, set[str]] = {
     "taskd.module_map": {"taskd.doc_block"},  # docs/architecture.md's map of the agent and the controller (ast only)
     "taskd.pace": set(),  # the straggler judge (pure): the agent and the controller both judge with it
     "taskd.settings": {"taskd.doc_block"},  # the settings table (taskd/settings.py): every config derives from it
+    "taskd.server_settings": {"taskd.settings", "taskd.vocabulary"},  # `taskd server`'s rows of the settings table
     "taskd.worker": set(),  # ranks import it: the standard library only (taskd.worker.torch adds torch)
     "taskd.process": {"taskd.worker"},
     "taskd.rendezvous": {"taskd.process", "taskd.worker"},
