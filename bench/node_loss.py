@@ -60,7 +60,7 @@ WORLD = NODES * PER_NODE
 LOST = 1  # the node killed
 LOST_RANKS = tuple(range(LOST * PER_NODE, (LOST + 1) * PER_NODE))
 REPLACEMENT_DELAY = 2.0  # the scenario: a replacement started 2 s after the loss
-GRACE = 1.0  # --agent-loss-grace: a stream ended this long ago is a lost node
+GRACE = 5.0  # --agent-loss-grace, taskd server's default: a stream ended this long ago is a lost node (--grace)
 
 # (label, family, extra launcher flags)
 CONFIGS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -89,7 +89,7 @@ class Job:
             port = free_port()
             self.address = f"127.0.0.1:{port}"
             self.controller = start_controller(port, log=run_dir / "server.log", extra=[
-                "--agent-loss-grace", str(GRACE), "--node-rejoin-timeout", "120"])
+                "--agent-loss-grace", str(args.grace), "--node-rejoin-timeout", "120"])
         self.nodes: dict[str, Launch] = {}
 
     def start(self, name: str, node_rank: int | None) -> Launch:
@@ -290,7 +290,8 @@ def print_tables(result: dict[str, Any]) -> None:
     for label, s in result["summary"].items():
         k = s["kill_to_resumed_s"]
         per_rank = ", ".join(f"{r}: {'/'.join(map(str, v))}" for r, v in s["recomputed_per_rank"].items())
-        rows.append([label, f"{s['resumed']}/{s['runs']}", k["p50"], k["min"], k["max"], per_rank or "-",
+        grace = "-" if label.startswith("torchrun") else result.get("grace", GRACE)
+        rows.append([label, grace, f"{s['resumed']}/{s['runs']}", k["p50"], k["min"], k["max"], per_rank or "-",
                      f"{s['survivors_kept_pid']}/{s['resumed']}", f"{s['bit_identical']}/{s['compared']}",
                      f"{s['completed']}/{s['runs']}", s["leftovers"]])
         ph = s["phases_p50_s"]
@@ -298,7 +299,7 @@ def print_tables(result: dict[str, Any]) -> None:
                                                         "replacement_first_step"))])
     print(f"\nNode loss, {NODES} nodes x {PER_NODE} ranks of examples/torch/train_ddp.py: SIGKILL of node {LOST}'s "
           "launcher to every rank past its next step")
-    print(table(["configuration", "resumed", "kill → resumed p50 s", "min s", "max s",
+    print(table(["configuration", "loss grace s", "resumed", "kill → resumed p50 s", "min s", "max s",
                  "steps recomputed per rank (each kill)", "survivors kept pids", "bit-identical",
                  "every node exit 0", "processes left"], rows, 2))
     print("\nPhases, seconds after the kill (p50; the controller's events, the new ranks' progress files)")
@@ -324,6 +325,8 @@ def main() -> int:
     p.add_argument("--run-timeout", type=float, default=150.0, help="seconds one job may take in all")
     p.add_argument("--resume-timeout", type=float, default=90.0, help="seconds from the kill to resumed")
     p.add_argument("--keep", default="", help="keep every job's files under this directory")
+    p.add_argument("--grace", type=float, default=GRACE,
+                   help="taskd server's --agent-loss-grace (s): the default is the controller's own")
     args = p.parse_args()
     if args.quick:
         args.reps = 1
@@ -335,6 +338,7 @@ def main() -> int:
     configs = [c for c in CONFIGS if not args.configs or any(c[0].startswith(x) for x in args.configs.split(","))]
     result = header("node_loss", args)
     result.update({"nodes": NODES, "ranks_per_node": PER_NODE, "reps": args.reps, "steps": args.steps,
+                   "grace": args.grace,
                    "configs": [c[0] for c in configs], "runs": [], "references": {}, "summary": {}, "notes": []})
     rng = random.Random(args.seed)
     # a kill never right after a checkpoint (a restart from it would then recompute nothing, by luck)
