@@ -8,6 +8,7 @@ agent's own thread carries them out (see supervisor.py).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import queue
@@ -63,11 +64,23 @@ def forget_credential_vars(environ: MutableMapping[str, str]) -> list[str]:
 
 
 def lost_ago(record: taskd_pb2.JobRecord, node_rank: int, now: float) -> float | None:
-    """Seconds since the controller declared `node_rank` lost, by its newest node-loss record (wall clocks of
-    the controller's host and this one); None if it never was. A replacement's recovery is timed from then,
-    as the survivors' is from the stopTrain that followed."""
+    """Seconds since `node_rank`'s fault, by its newest node-loss record (wall clocks of the controller's host and
+    this one): its declaration, plus how long its agent had been without a stream then (the newest `node_lost`
+    event's `seconds`); None if it never was lost. A replacement's recovery is timed from the fault, as the
+    survivors' is (their stopTrain's "fault_ago"), not from the declaration a grace later (issue 32, F6)."""
     lost = [x.lostAt for r in record.rounds for x in r.nodeLosses if x.nodeRank == node_rank and x.lostAt > 0]
-    return max(0.0, now - max(lost)) if lost else None
+    if not lost:
+        return None
+    unseen = 0.0
+    for event in record.events:
+        if event.kind == "node_lost":
+            try:
+                detail = json.loads(event.detail or "{}")
+                if int(detail["node_rank"]) == node_rank:
+                    unseen = min(max(float(detail["seconds"]), 0.0), 86400.0)
+            except (ValueError, KeyError, TypeError):
+                continue
+    return max(0.0, now - max(lost)) + unseen
 
 
 class ControllerLink:

@@ -147,11 +147,11 @@ class NodeLoss:
         ago = self.link.lost_ago
         log.info("node %d replaces a lost node: its ranks start with the round's strategy (waiting up to %.0fs, "
                  "TASKD_NODE_REJOIN_TIMEOUT)%s", layout.node_rank, self.config.node_rejoin_timeout,
-                 f"; the controller declared it lost {ago:.1f}s ago" if ago is not None else "")
+                 f"; it was lost {ago:.1f}s ago" if ago is not None else "")
         return True
 
     def lost_at(self, now: float) -> float:
-        """When this replacement's node was lost (monotonic; the controller's declaration), else `now`: its
+        """When this replacement's node was lost (monotonic; its fault, as the controller saw it), else `now`: its
         "training resumed N s after the fault" counts from there, as the survivors' does."""
         ago = self.link.lost_ago
         return now - ago if ago is not None else now

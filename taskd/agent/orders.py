@@ -60,6 +60,9 @@ class Order:
     node_rank: int | None = None  # an assignNode's (extraParams {"node_rank": R}, issue 17)
     resize: Resize | None = None  # a downgrade's or upgrade's group (extraParams world_size and rank_map)
     round: int | None = None  # the controller's round: named when telling it training resumed (ResumedRequest)
+    # a node-loss round's stopTrain: seconds from the lost node's fault (its stream's end, or last word) to the
+    # signal, so that "training resumed N s after the fault" counts from the fault, not from its declaration
+    fault_ago: float | None = None
 
     @classmethod
     def of(cls, command: Command, sig: Any) -> Order:
@@ -72,7 +75,8 @@ class Order:
         params = _params(sig.extra_params)
         return cls(command, sig.uuid, sig.signal_type, tuple(sig.actions), faults, sig.strategy,
                    float(sig.timeout or 0), sig.extra_params, _count(params, "generation"), _count(params, "restarts"),
-                   _count(params, "node_rank"), Resize.parse(params), _count(params, "round"))
+                   _count(params, "node_rank"), Resize.parse(params), _count(params, "round"),
+                   _seconds(params, "fault_ago"))
 
     def reason(self) -> str:
         """taskd's controller says why it ends a job in extraParams {"reason": ...}; ClusterD sends other JSON."""
@@ -94,6 +98,14 @@ def _count(params: dict[str, Any], name: str) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         return None
     return value
+
+
+def _seconds(params: dict[str, Any], name: str, most: float = 86400.0) -> float | None:
+    """A number of seconds in [0, most] from extraParams, or None (missing, a bool, out of range, not finite)."""
+    value = params.get(name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= most:
+        return None
+    return float(value)
 
 
 __all__ = ["WIRE_COMMANDS", "Command", "Order"]

@@ -162,7 +162,7 @@ def _charge(m: NodeRound, order: Order | None, out: Out) -> None:
 def on_stop(m: NodeRound, ev: StopOrder, now: float, out: Out) -> NodeState:
     """stopTrain: stop this node's fault ranks (a live rank paused in place stays), then say so."""
     faults = ev.order.fault_ranks
-    m.add_faults(faults, now, keep_known=True)
+    m.add_faults(faults, now - (ev.order.fault_ago or 0.0), keep_known=True)  # a lost node: from its fault
     out.append(Supersede(restart=False))
     _leave_if_broken(m, faults, out)  # a rank of another node is gone: ours learn it from us, not the ring
     stop = [lr for lr in m.view.local_of(faults) if not m.view.live_fault(lr, faults)]

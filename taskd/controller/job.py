@@ -272,9 +272,10 @@ class Job:
 
     def open_round(self, faults: FaultRanks, now: float, out: Outcome, lost: dict[int, float] | None = None
                    ) -> JobState:
-        """A new round for `faults`; `lost`: the nodes whose agents were lost (not asked, awaited for replacement)."""
+        """A new round for `faults`; `lost`: the nodes whose agents were lost (not asked, awaited for replacement),
+        each with the time of its fault, which the round counts from (its declaration came a grace later)."""
         self.round_counter += 1
-        r = Round(number=self.round_counter, started_at=now, faults=dict(faults),
+        r = Round(number=self.round_counter, started_at=min([now, *(lost or {}).values()]), faults=dict(faults),
                   participants=self.expected_nodes() - set(lost or ()) - set(self.rejoining), lost=dict(lost or {}))
         self.round = r
         self.info = f"round {r.number}: faults {fmt_faults(r.faults)}"
@@ -413,9 +414,12 @@ class Job:
 
 def awaiting(m: Job, now: float) -> tuple[tuple[str, object], ...]:
     """A node-loss round's stopTrain and globalFault tell the survivors what the round waits for, and how long at
-    most (extraParams "awaiting", "rejoin_left", "rejoin_timeout"): their consoles say so (agent/loss_wait.py)."""
+    most (extraParams "awaiting", "rejoin_left", "rejoin_timeout"): their consoles say so (agent/loss_wait.py);
+    and "fault_ago", the seconds since the lost node's fault, which their recovery is timed from."""
     deadline = m.rejoin_deadline
     if deadline is None:
         return ()
+    r = m.round
+    since = (("fault_ago", round(max(now - min(r.lost.values()), 0.0), 3)),) if r is not None and r.lost else ()
     return (("awaiting", sorted(m.rejoining)), ("rejoin_left", round(max(deadline - now, 0.0), 3)),
-            ("rejoin_timeout", m.config.node_rejoin_timeout))
+            ("rejoin_timeout", m.config.node_rejoin_timeout), *since)

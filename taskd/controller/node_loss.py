@@ -77,14 +77,17 @@ def on_agent_lost(m: Job, ev: Event, now: float, out: Outcome) -> JobState:
         return m.fail(f"{who} lost for {seconds:.0f}s: {why}", now, out,
                       notify=any(not a.finished for n, a in m.agents.items() if n not in lost))
     standby.assign_waiting(m, now, out)  # the longest-waiting standby takes each lost node
+    # the round counts from each node's fault (its stream's end, or its last word), not from this declaration a
+    # grace later: the survivors' "training resumed N s after the fault" then says what it names (issue 32, F6)
+    fault_at = {n: now - seconds for n, (_, seconds) in lost.items()}
     if m.state == S.RUNNING:
-        state = m.open_round(faults, now, out, lost={n: now for n in nodes})
+        state = m.open_round(faults, now, out, lost=fault_at)
         _record_losses(m, lost, out)
         return state
     r = m.round
     assert r is not None  # every ACTIVE state but RUNNING has a round open
     r.faults.update(faults)
-    r.lost = {**r.lost, **{n: now for n in nodes if n not in r.lost}}
+    r.lost = {**r.lost, **{n: fault_at[n] for n in nodes if n not in r.lost}}
     r.participants = r.participants - set(nodes)  # replaced, never changed in place (checkpoint.py)
     r.statuses = set()
     _record_losses(m, lost, out)

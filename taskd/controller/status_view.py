@@ -179,8 +179,8 @@ def _node_losses(job) -> list[str]:  # noqa: ANN001 - JobRecord
             before = unseen.get((x.nodeRank, x.oldPid))
             gone = (f"; its agent had been without a signal stream for {before:.3f}s when declared lost"
                     if before is not None else "")
-            took = (f"; lost -> round ended {x.secondsToRoundEnd:.3f}s (from the controller declaring the agent lost "
-                    "to the last agent's recover status)" if x.secondsToRoundEnd else "")
+            took = (f"; lost -> round ended {x.secondsToRoundEnd:.3f}s (from the node's fault, its agent's stream "
+                    "ending or its last word, to the last agent's recover status)" if x.secondsToRoundEnd else "")
             took += (f"; lost -> training resumed {x.secondsToTrainingResumed:.3f}s (to the last node's ranks "
                      "training again, as its agent reported)" if x.secondsToTrainingResumed else "")
             took += gone

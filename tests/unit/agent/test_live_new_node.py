@@ -67,6 +67,14 @@ def test_a_replacement_times_its_recovery_from_the_controllers_declaration_of_th
     assert lost_ago(record, 1, 163.5) == 3.5
     assert lost_ago(record, 2, 163.5) is None  # never lost
     assert lost_ago(record, 1, 150.0) == 0.0  # a clock behind the controller's: no negative duration
+    # issue 32, F6: from the fault, not the declaration: plus the seconds its agent had been gone when declared
+    record.events.extend([
+        taskd_pb2.EventRecord(kind="node_lost", detail='{"node_rank": 1, "pid": 7, "seconds": 2.0}'),
+        taskd_pb2.EventRecord(kind="node_lost", detail='{"node_rank": 0, "pid": 8, "seconds": 9.0}'),
+        taskd_pb2.EventRecord(kind="node_lost", detail='{"node_rank": 1, "pid": 9, "seconds": 5.0}'),
+        taskd_pb2.EventRecord(kind="node_lost", detail="not json"),
+    ])
+    assert lost_ago(record, 1, 163.5) == 8.5  # the newest loss of node 1: 3.5 s since declared, 5 s gone before
 
 
 def test_a_survivor_does_not_offer_recover_when_node_0_and_its_store_are_lost(tmp_path: Path) -> None:

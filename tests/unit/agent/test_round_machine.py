@@ -200,6 +200,18 @@ def test_on_stop_stops_this_nodes_fault_ranks_and_says_so(state: NodeState) -> N
     assert of(actions, ev.LeaveGroup) == [ev.LeaveGroup()], "ranks 1 and 7 are gone: the group is broken"
 
 
+def test_a_node_loss_stop_counts_the_round_from_the_fault_not_its_declaration() -> None:
+    """issue 32, F6: "training resumed N s after the fault" counted from the loss's declaration, a grace late."""
+    covers("on_stop")
+    m = machine(S.RUNNING, live=True)
+    m.handle(ev.StopOrder(order(Command.STOP, faults={7: "1"}, extra='{"fault_ago": 5.0, "awaiting": [1]}')), NOW)
+    assert m.started == NOW - 5.0
+    for bad in ('{"fault_ago": -1}', '{"fault_ago": true}', '{"fault_ago": "5"}', '{"fault_ago": 1e9}', "{}", "x"):
+        other = machine(S.RUNNING, live=True)
+        other.handle(ev.StopOrder(order(Command.STOP, faults={7: "1"}, extra=bad)), NOW)
+        assert other.started == NOW, bad
+
+
 def test_on_stop_for_a_retryable_error_elsewhere_keeps_the_group() -> None:
     covers("on_stop")
     m = machine(S.RUNNING, live=True)

@@ -50,6 +50,7 @@ def test_a_lost_node_opens_a_round_for_its_ranks_and_its_replacement_is_recovere
     assert m.state == S.STOPPING and m.rejoining == {1: 10.0}
     (stop,) = signals(outs)
     assert stop.signal_type == SignalType.STOP_TRAIN and dict(stop.faults) == {2: "1", 3: "1"} and stop.nodes == (1,)
+    assert json.loads(extra_params(stop))["fault_ago"] == 5.0  # the survivors time their recovery from the fault
     (lost,) = [r for o in outs for r in o.records if r.kind == "node_lost"]
     assert lost.detail["node_rank"] == 1 and lost.detail["host"] == "h" and lost.detail["pid"] == 101
     assert "agent_lost" not in kinds(outs) and "job_failed" not in kinds(outs)
@@ -88,7 +89,8 @@ def test_a_lost_node_opens_a_round_for_its_ranks_and_its_replacement_is_recovere
     out = m.handle(RecoverStatusReported(node_rank=1, host="h2", pid=201, strategy="recover"), 17.0)
     assert m.state == S.RUNNING and m.restarts == 1
     (ended,) = [r for r in out.records if r.kind == "round_ended"]
-    assert ended.detail["outcome"] == "recovered" and ended.detail["since_loss"] == {"1": 7.0}
+    # counted from the fault (the stream's end at 5.0), not from the declaration a grace later (issue 32, F6)
+    assert ended.detail["outcome"] == "recovered" and ended.detail["since_loss"] == {"1": 12.0}
     assert m.agents[1].host == "h2" and m.agents.problems() == []
 
 
@@ -180,7 +182,7 @@ def test_a_restart_mid_round_keeps_the_awaited_node_and_the_fence() -> None:
     m.handle(StopComplete(node_rank=0), 11.0)
     m.handle(StrategiesReported(node_rank=0, strategies=BOTH), 12.0)
     r, _ = JobMachine.restore(m.snapshot(), list(m.agents.values()), ROUND_CFG, 20.0)
-    assert r.state == S.RESUMING and r.rejoining == {1: 10.0} and r.round.lost == {1: 10.0}
+    assert r.state == S.RESUMING and r.rejoining == {1: 10.0} and r.round.lost == {1: 5.0}
     assert r.handle(AgentRegistered(node_rank=1, host="h", pid=101), 21.0).code == Code.FENCED
     out = r.handle(AgentConnected(node_rank=0, host="h", pid=100), 21.0)  # every agent not awaited is back
     assert r.state == S.STOPPING and [s.signal_type for s in out.signals] == [SignalType.STOP_TRAIN]

@@ -82,7 +82,7 @@ def test_a_standby_that_goes_is_dropped_and_its_node_goes_to_the_next() -> None:
     out = m.handle(StandbyDisconnected(host="s", pid=1), 9.0)
     assert ("s", 1) not in m.standbys and "standby_dropped" in [r.kind for r in out.records]
     assert assigned([out]) == [(("s", 2), 1)]
-    assert m.state != S.FAILED and m.round is not None and m.round.lost == {1: 8.0}  # no loss round of its own
+    assert m.state != S.FAILED and m.round is not None and m.round.lost == {1: 3.0}  # no round of its own
 
 
 def test_a_replacement_registering_before_the_assigned_standby_takes_the_node_and_frees_the_standby() -> None:

@@ -90,34 +90,34 @@ def test_a_node_loss_round_keeps_the_time_from_the_loss_to_the_last_node_trainin
     # node 0's ranks train again before node 1 reported its status: counted, nothing final yet
     out = at(core, clock, 16.5, resumed(0, 100, seconds=6.2, ago=0.1))
     assert records(out, "training_resumed") == [{"node_rank": 0, "seconds": 6.2, "unseen": False,
-                                                 "since_fault": pytest.approx(6.4)}]
+                                                 "since_fault": pytest.approx(11.4)}]  # from the fault at +5
     assert records(out, "round_training_resumed") == []
     out = at(core, clock, 17, RecoverStatusReported(node_rank=1, host="h2", pid=201, strategy="recover",
                                                     rejoined=True))
     assert core.jobs["j"].state.value == "RUNNING" and records(out, "round_training_resumed") == []
-    assert core.jobs["j"].info == "round 1 ended with recover 7.00s after its fault"  # not "recovered": not yet
+    assert core.jobs["j"].info == "round 1 ended with recover 12.00s after its fault"  # not "recovered": not yet
     # the replacement's ranks, last: resumed 0.5 s before its report went out (a re-sent report is not late)
     out = at(core, clock, 19.5, resumed(1, 201, host="h2", seconds=2.1, ago=0.5))
     (done,) = records(out, "round_training_resumed")
-    assert done == {"nodes": [0, 1], "unseen": [], "seconds": pytest.approx(9.0), "last_node": 1,
-                    "since_loss": {"1": pytest.approx(9.0)}}  # the round opened at the loss
-    assert core.jobs["j"].info == "recovered round 1: training resumed 9.00s after its fault"
+    assert done == {"nodes": [0, 1], "unseen": [], "seconds": pytest.approx(14.0), "last_node": 1,
+                    "since_loss": {"1": pytest.approx(14.0)}}  # from the fault (+5), not the declaration (+10)
+    assert core.jobs["j"].info == "recovered round 1: training resumed 14.00s after its fault"
     # a duplicate (a client retry) is fine and changes nothing
     assert records(at(core, clock, 20, resumed(1, 201, host="h2", seconds=2.1, ago=0.5)), "training_resumed") == []
     (job,) = core.job_list("j").jobs
     (loss,) = job.rounds[0].nodeLosses
-    assert loss.secondsToRoundEnd == pytest.approx(7.0) and loss.secondsToTrainingResumed == pytest.approx(9.0)
-    assert job.rounds[0].durationSeconds == pytest.approx(7.0)
-    assert job.rounds[0].secondsToTrainingResumed == pytest.approx(9.0)
+    assert loss.secondsToRoundEnd == pytest.approx(12.0) and loss.secondsToTrainingResumed == pytest.approx(14.0)
+    assert job.rounds[0].durationSeconds == pytest.approx(12.0)
+    assert job.rounds[0].secondsToTrainingResumed == pytest.approx(14.0)
     text = render_text(core.job_list("j"))
-    assert "lost -> round ended 7.000s" in text and "lost -> training resumed 9.000s" in text, text
-    assert json.loads(render_json(core.job_list("j")))["jobs"][0]["rounds"][0]["secondsToTrainingResumed"] == 9.0
+    assert "lost -> round ended 12.000s" in text and "lost -> training resumed 14.000s" in text, text
+    assert json.loads(render_json(core.job_list("j")))["jobs"][0]["rounds"][0]["secondsToTrainingResumed"] == 14.0
     core.store.close()
     # a controller restart keeps it (the store), and what the round still waited for (the snapshot)
     again = make_core(tmp_path / "ctl.sqlite3", clock)
     again.load()
     (loss,) = again.job_list("j").jobs[0].rounds[0].nodeLosses
-    assert loss.secondsToTrainingResumed == pytest.approx(9.0)
+    assert loss.secondsToTrainingResumed == pytest.approx(14.0)
     assert again.jobs["j"].resume_watch == core.jobs["j"].resume_watch
     again.store.close()
 
@@ -134,8 +134,8 @@ def test_a_restart_between_two_nodes_reports_loses_neither(tmp_path: Path) -> No
     again.load()
     at(again, clock, 31, AgentRegistered(node_rank=1, host="h2", pid=201, ranks_per_node=2))
     (done,) = records(at(again, clock, 32, resumed(1, 201, host="h2", ago=1.0)), "round_training_resumed")
-    assert done["seconds"] == pytest.approx(21.0) and done["last_node"] == 1  # node 1 at +31, the round at +10
-    assert again.job_list("j").jobs[0].rounds[0].nodeLosses[0].secondsToTrainingResumed == pytest.approx(21.0)
+    assert done["seconds"] == pytest.approx(26.0) and done["last_node"] == 1  # node 1 at +31, the fault at +5
+    assert again.job_list("j").jobs[0].rounds[0].nodeLosses[0].secondsToTrainingResumed == pytest.approx(26.0)
     again.store.close()
 
 
