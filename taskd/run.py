@@ -55,14 +55,15 @@ def _worker_spec(config: RunConfig) -> WorkerSpec:
     from dataclasses import fields
 
     from taskd.launcher import WorkerSpec
+    from taskd.settings import default, env_text
 
     shared = {f.name for f in fields(WorkerSpec)} & {f.name for f in fields(config)}
     return WorkerSpec(
         **{name: getattr(config, name) for name in shared if name != "node_rank"}, console=not config.quiet,
         node_rank=None if config.standby else config.node_rank,  # a standby's comes later: set_node_rank
         # live recovery: node 0 hosts the rendezvous store, as torchrun's agent does (docs/pytorch.md)
-        rdzv_store=os.environ.get("TASKD_RDZV_STORE", "").strip() or "auto",
-        preimport=os.environ.get("TASKD_PREIMPORT", "").strip(),
+        rdzv_store=env_text("rdzv_store") or default("rdzv_store"),
+        preimport=env_text("preimport"),
     )
 
 

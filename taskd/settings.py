@@ -14,6 +14,7 @@ Adding a setting is one `Setting(...)` line here plus its field in the config th
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -151,6 +152,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("master_addr", str, "127.0.0.1", "`MASTER_ADDR` for the ranks", flags=("--master-addr", "--master_addr"),
             agent=False),
     Setting("quiet", bool, False, "do not echo rank output on the console", flags=("--quiet",), agent=False),
+    # a variable alone (no flag, no AgentConfig field): read with `env_text` where it is used
+    Setting("rdzv_store", str, "auto", "where a live-recovery job's rendezvous store runs: `auto` (node 0's agent "
+            "hosts it, as torchrun's does), `agent` (always), `rank` (rank 0's `init_process_group`)",
+            env="TASKD_RDZV_STORE", agent=False),
+    Setting("preimport", str, "", "modules a warm spare imports before it becomes a rank (comma-separated; a live "
+            "job's default: torch and taskd.worker.torch)", env="TASKD_PREIMPORT", agent=False),
+    Setting("pyspy", str, "1", "`0`: a hung rank's stacks are never taken with py-spy, even when it is installed "
+            "(faulthandler's are)", env="TASKD_PYSPY", agent=False),
 )
 
 BY_NAME: Mapping[str, Setting] = {s.name: s for s in SETTINGS}
@@ -176,6 +185,15 @@ def setting(name: str) -> Setting:
 def default(name: str) -> Any:
     """A setting's default, for a config's field (`max_restarts: int = default("max_restarts")`)."""
     return setting(name).default
+
+
+def env_text(name: str, environ: Mapping[str, str] | None = None) -> str:
+    """The text of a setting's variable, stripped ("" when unset): the table's reader for a TASKD_*/MINDX_* variable
+    read outside a config's `from_env` (each caller parses it as it documents)."""
+    var = setting(name).env
+    if not var:
+        raise KeyError(f"setting {name!r} has no variable in taskd/settings.py")
+    return (os.environ if environ is None else environ).get(var, "").strip()
 
 
 def _check(settings: tuple[Setting, ...]) -> None:

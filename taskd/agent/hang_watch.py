@@ -41,6 +41,7 @@ from taskd.agent.culprit import (
 from taskd.agent.launcher_api import Launcher
 from taskd.agent.ranks import Rank
 from taskd.process.run_dir import make_run_dir
+from taskd.settings import default, env_text
 from taskd.worker.env import Var
 from taskd.worker.heartbeat_file import FINISHING_DONE, HeartbeatFile, HeartbeatFileError, HeartbeatState
 from taskd.worker.live import Phase, read_rank_status
@@ -362,7 +363,7 @@ class HangWatch:
     def record_stacks(self, rank: Rank, stack_signal: int, limit: float = 3.0) -> bool:
         """Put the hung rank's Python stacks in its log: py-spy when installed, else faulthandler; True if taken."""
         log_path = self.details.log_path(rank.local_rank)
-        pyspy = shutil.which("py-spy") if os.environ.get("TASKD_PYSPY", "1") != "0" else None
+        pyspy = shutil.which("py-spy") if (env_text("pyspy") or default("pyspy")) != "0" else None
         if pyspy and log_path and (dump := _pyspy_dump(pyspy, rank, log_path)):
             self._dumps[rank.pid] = dump
             return True

@@ -11,6 +11,7 @@ import grpc
 
 from taskd.controller.config import TOKEN_ENV
 from taskd.server_settings import add_server_flags, flag_dest
+from taskd.settings import env_text
 from taskd.vocabulary import DEFAULT_PORT
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ def token_main(args: argparse.Namespace) -> int:
 
 
 def add_status_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--server", default=os.environ.get("MINDX_SERVER_IP") or None, metavar="ADDR",
+    parser.add_argument("--server", default=env_text("server") or None, metavar="ADDR",
                         help="controller address host[:port] (default $MINDX_SERVER_IP; else every `taskd run` of "
                              f"this user on this host that runs its own controller, else 127.0.0.1:{DEFAULT_PORT})")
     parser.add_argument("--job", default=None, metavar="ID", help="only this job")

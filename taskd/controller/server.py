@@ -13,7 +13,6 @@ import dataclasses
 import functools
 import gc
 import logging
-import os
 import secrets
 import signal
 import threading
@@ -45,6 +44,7 @@ from taskd.controller.native_log import NativeLogFilter
 from taskd.controller.service import add_services
 from taskd.controller.store import MEMORY, Store
 from taskd.controller.tenancy import default_cap, fair_share
+from taskd.settings import env_text, setting
 
 if TYPE_CHECKING:
     from taskd.controller.metrics import ControllerMetrics
@@ -238,13 +238,13 @@ async def _release(server: grpc.aio.Server) -> None:
     await server.stop(None)
 
 
-REJOIN_ENV = "TASKD_NODE_REJOIN_TIMEOUT"
+REJOIN_ENV = setting("node_rejoin_timeout").env
 
 
 def rejoin_timeout_from_env() -> float:
     """$TASKD_NODE_REJOIN_TIMEOUT in seconds (the agent reads the same bound), else ControllerConfig's default;
     ConfigError naming the variable for one that is not a number."""
-    text = os.environ.get(REJOIN_ENV, "").strip()
+    text = env_text("node_rejoin_timeout")
     if not text:
         return ControllerConfig.node_rejoin_timeout
     try:

@@ -1,11 +1,10 @@
 """`taskd server`'s settings are rows of the table (taskd/server_settings.py): ControllerConfig's and MachineConfig's
 defaults, the argparse flags (default, type, metavar, help) and the flag names errors give all come from the rows,
-and no module of the controller reads a TASKD_*/MINDX_* variable for `taskd server` outside the table's reader."""
+and `taskd server` reads its one variable (TASKD_TOKEN_FILE) through the table."""
 
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
 from pathlib import Path
 
@@ -90,37 +89,3 @@ def test_the_table_refuses_a_contradiction_at_import() -> None:
                  (ServerSetting("a", "--a", int, 1.5),), (ServerSetting("", "", int, 1),)):
         with pytest.raises(AssertionError):
             _check(rows)
-
-
-# the variables read outside the table's readers, by module, that are still to move into it (issue 35 item 3)
-NOT_YET = {"taskd/controller/cli_commands.py": {"MINDX_SERVER_IP", "TASKD_TLS_CA", "TASKD_TLS_CERT", "TASKD_TLS_KEY",
-                                                "TOKEN_ENV"}}
-
-
-def _env_reads(text: str) -> set[str]:
-    """Names of variables read through os.environ[...], os.environ.get, os.getenv or env.get (a constant, or the
-    name of one)."""
-    found = set()
-    for node in ast.walk(ast.parse(text)):
-        arg = None
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
-            owner = ast.unparse(node.func.value)
-            if node.func.attr == "getenv" or (node.func.attr == "get" and (owner == "env" or "environ" in owner)):
-                arg = node.args[0]
-        elif isinstance(node, ast.Subscript) and "environ" in ast.unparse(node.value):
-            arg = node.slice
-        if arg is not None:
-            found.add(arg.value if isinstance(arg, ast.Constant) else ast.unparse(arg))
-    return {n for n in found if isinstance(n, str) and (n.startswith(("TASKD_", "MINDX_")) or n == "TOKEN_ENV")}
-
-
-def test_no_controller_module_reads_a_taskd_variable_outside_the_table() -> None:
-    found = {str(p.relative_to(ROOT)): reads for p in sorted((ROOT / "taskd" / "controller").rglob("*.py"))
-             if (reads := _env_reads(p.read_text(encoding="utf-8")))}
-    assert found == NOT_YET
-
-
-def test_the_scan_finds_a_variable_read() -> None:
-    text = ("import os\nos.environ.get('TASKD_X')\nos.getenv('MINDX_Y')\nenv.get(TOKEN_ENV)\n"
-            "os.environ.get('HOME')\nd.get('TASKD_Z')\nos.environ['TASKD_W']\n")
-    assert _env_reads(text) == {"TASKD_X", "MINDX_Y", "TOKEN_ENV", "TASKD_W"}
