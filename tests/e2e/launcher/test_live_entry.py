@@ -77,3 +77,20 @@ def test_a_helper_module_entry_recovers_in_place(project: Path) -> None:
 def test_a_no_python_wrapper_recovers_in_place(project: Path) -> None:
     code, console = run(project, ["nice", "-n", "1", sys.executable, "-u", "lm_live.py"], ["--no-python"])
     assert_recovered_in_place(project, code, console)
+
+
+def test_a_script_taskd_run_cannot_read_is_told_by_live_group_why_it_is_not_live(project: Path) -> None:
+    """A shell script that runs Python is past what taskd run reads: LiveGroup says so on rank 0, with the fix."""
+    wrapper = project / "train.sh"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" -u lm_live.py "$@"\n')
+    wrapper.chmod(0o755)
+    argv = ["--hidden", "32", "--layers", "2", "--steps", "4", "--ckpt-every", "8", "--pg-timeout", "30"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MINDX_", "TASKD_"))}
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])})
+    proc = subprocess.run([sys.executable, "-m", "taskd.run", "--nproc-per-node", "2", "--no-python", str(wrapper),
+                           *argv, "--ckpt-dir", str(project / "ckpt"), "--out", str(project / "out")],
+                          capture_output=True, text=True, timeout=TIMEOUT, cwd=project, env=env)
+    console = proc.stdout + proc.stderr
+    assert proc.returncode == 0, console[-6000:]
+    assert console.count("live recovery is off for this job: taskd run did not see") == 1, console[-6000:]
+    assert "set TASKD_RDZV_STORE=agent" in console
