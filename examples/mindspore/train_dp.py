@@ -8,6 +8,11 @@ directory; at start it resumes from the newest step that every rank has. The dat
 only on the step number, so a run interrupted and resumed ends with the same weights, bit for bit,
 as an uninterrupted one.
 
+``--snapshot-every K`` also keeps network and optimizer in the node's memory every K steps
+(`taskd.worker.mindspore.SnapshotCallback`, held by taskd's msrun plugin outside the ranks): a rescheduled job
+then restores the newest step every rank holds from memory and redoes at most K steps, not the steps since the
+last checkpoint; the disk checkpoints are the fallback.
+
 msrun runs this script a third time as the scheduler (``MS_ROLE=MS_SCHED``); there
 ``mindspore.communication.init()`` runs the scheduler itself and the script ends after it.
 
@@ -57,6 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", required=True, help="final weights go to <out>/rank_<r>.npy")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step (to slow it down)")
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--snapshot-every", type=int, default=0, help="in-memory snapshot every K steps (0: none)")
     p.add_argument("--crash-once-at-step", type=int, default=-1, help="rank 1 exits with code 13 at this step, once")
     p.add_argument("--crash-rank", type=int, default=1, help="which rank --crash-once-at-step crashes")
     p.add_argument("--marker", default="", help="file that records the crash (default <ckpt-dir>/crashed_once)")
@@ -182,12 +188,25 @@ def main(argv: list[str] | None = None) -> int:
     state = nn.CellList([net, optimizer])  # what a checkpoint holds: weights and momentum
 
     rank_dir = os.path.join(args.ckpt_dir, f"rank_{rank}")
+    snapshots = None
+    start = 0
+    if args.snapshot_every > 0:
+        from taskd.worker.mindspore import SnapshotCallback
+
+        snapshots = SnapshotCallback(net, optimizer, every=args.snapshot_every)
+        start = snapshots.restore()  # the newest step every rank holds in memory, loaded; 0: none
+        restored = np.zeros(size, dtype=np.float32)
+        restored[rank] = start
+        steps = ops.AllReduce()(ms.Tensor(restored)).asnumpy()
+        if steps.min() != steps.max():
+            raise SystemExit(f"rank {rank}: restored step {start} from memory, the ranks {steps.tolist()}: not one cut")
+        if start:
+            print(f"rank {rank} resumed from step {start} ({snapshots.restored_from})", flush=True)
     mine = list_checkpoints(rank_dir)
     # The newest step every rank has. CPU AllReduce only sums float32: each rank fills its own slot.
     latest = np.zeros(size, dtype=np.float32)
     latest[rank] = mine[-1] if mine else 0
-    common = int(ops.AllReduce()(ms.Tensor(latest)).asnumpy().min())
-    start = 0
+    common = int(ops.AllReduce()(ms.Tensor(latest)).asnumpy().min()) if start == 0 else 0
     if common > 0:
         params = ms.load_checkpoint(os.path.join(rank_dir, f"step{common}.ckpt"))
         start = int(params.pop("step").asnumpy())
@@ -219,9 +238,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rank {rank} step {done} loss {float(loss.asnumpy()):.6f}", flush=True)
         if done % args.ckpt_every == 0 or done == args.steps:
             save_atomically(ms, state, rank_dir, done)
+        if snapshots is not None and done % args.snapshot_every == 0:
+            snapshots.save(done)  # a copy of weights and momentum into the node's memory, published in background
         if args.step_sleep > 0:
             time.sleep(args.step_sleep)
 
+    if snapshots is not None:
+        snapshots.snapshots.close()
     os.makedirs(args.out, exist_ok=True)
     flat = np.concatenate([p.asnumpy().ravel() for _, p in sorted(net.parameters_and_names())])
     save_npy_atomically(os.path.join(args.out, f"rank_{rank}.npy"), flat)

@@ -13,6 +13,10 @@ step raised (a dead peer's collective failed), as `Model.train` unwinds, named a
 global step (`epoch_num`, `step_num` as ModelCheckpoint's `append_info`); `rejoinable=True`
 declares the ranks independent (`taskd.worker.declare_rejoinable`).
 Pass the `ModelCheckpoint` to `TaskdCallback`, not also to `Model.train`: it is driven from here.
+
+`SnapshotCallback(net, optimizer, every=k)` keeps the cells' parameters (the optimizer's state is parameters
+too) in the node's memory every k steps (`taskd.worker.snapshot`): its ``restore()``, before training, loads
+the newest step every rank holds and returns it, so that a rescheduled job redoes at most k steps.
 With dataset sink mode, MindSpore calls step callbacks once per sink: the heartbeat then comes per
 sink, so the heartbeat timeout must be longer than one sink.
 """
@@ -30,6 +34,7 @@ from mindspore.train import Callback
 
 from taskd.worker.live import declare_rejoinable
 from taskd.worker.progress import heartbeat, on_save_request, section, serve_after_error
+from taskd.worker.snapshot import Fallback, SnapshotError, Snapshots
 
 log = logging.getLogger("taskd.worker")
 
@@ -151,6 +156,55 @@ class TaskdCallback(Callback):
         return str(getattr(self.checkpoint, "_prefix", None) or "taskd") if self.checkpoint is not None else "taskd"
 
 
+class SnapshotCallback(Callback):
+    """In-memory snapshots of ``cells``' parameters (network and optimizer: moments, step, learning rate are
+    parameters) every ``every`` global steps, as a `Model.train` callback or through ``save`` in a loop of one's
+    own; ``restore()`` before training loads the newest consistent step. ``keep``, ``fallback`` and the options
+    as `taskd.worker.Snapshots`."""
+
+    def __init__(self, *cells: Any, every: int = 1, keep: int = 2, fallback: Fallback | None = None,
+                 **options: Any) -> None:
+        super().__init__()
+        if not cells or not all(callable(getattr(c, "parameters_and_names", None)) for c in cells):
+            raise TypeError("SnapshotCallback needs the cells to snapshot (network, optimizer): MindSpore Cells")
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"SnapshotCallback: every must be a positive number of steps, not {every!r}")
+        self.cells, self.every = cells, every
+        self.snapshots = Snapshots(keep=keep, scope="job", fallback=fallback, **options)
+
+    @property
+    def restored_from(self) -> str | None:
+        return self.snapshots.restored_from
+
+    def _parameters(self) -> dict[str, Any]:
+        return {param.name: param for cell in self.cells for _, param in cell.parameters_and_names()}
+
+    def save(self, step: int) -> bool:
+        """Snapshot every parameter of the cells as ``step`` (a copy each; published in the background)."""
+        return self.snapshots.save({name: p.asnumpy() for name, p in self._parameters().items()}, step)
+
+    def restore(self) -> int:
+        """Load the newest step every rank holds (else the fallback's) into the cells; that step, 0 if none."""
+        found = self.snapshots.restore(use=self._load_into)
+        return 0 if found is None else found[1]
+
+    def _load_into(self, saved: dict[str, Any]) -> None:
+        params = self._parameters()
+        if set(saved) != set(params):
+            raise SnapshotError(f"the snapshot's parameters are not the cells': missing "
+                                f"{sorted(set(params) - set(saved))}, unknown {sorted(set(saved) - set(params))}")
+        for name, param in params.items():
+            param.set_data(ms.Tensor(saved[name].copy()))  # its own memory: the snapshot's is the segment's
+
+    def on_train_step_end(self, run_context: Any) -> None:
+        step = global_step(run_context.original_args())
+        if step % self.every == 0:
+            self.save(step)
+
+    def on_train_end(self, run_context: Any) -> None:
+        self.snapshots.close()
+
+
 def global_step(params: Any) -> int:
     """The job's step count across launches, from `Model.train`'s callback parameters.
 
@@ -176,4 +230,4 @@ def _rank_id() -> str:
     return os.environ.get("RANK_ID", "0")
 
 
-__all__ = ["TaskdCallback", "global_step"]
+__all__ = ["SnapshotCallback", "TaskdCallback", "global_step"]

@@ -1,11 +1,15 @@
 """TaskD's import path of `MSRunPlugin`, with taskd's embedded controller bound in.
 
 The plugin itself is `taskd.agent.plugin.MSRunPlugin`; this shim is a composition root: when no
-MINDX_SERVER_IP is set, `MSRunPlugin()` (as msrun builds it) runs an embedded controller.
+MINDX_SERVER_IP is set, `MSRunPlugin()` (as msrun builds it) runs an embedded controller, and the
+job's snapshot directory (`taskd.launcher.snapshots`) is made here, as `taskd run` makes it: msrun's
+ranks inherit msrun's environment, so TASKD_SNAPSHOT_DIR set here reaches every rank it spawns.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
 
 import taskd.client  # noqa: F401 (first: its import switches gRPC fork support off before grpc loads)
@@ -13,6 +17,8 @@ from taskd.agent.config import AgentConfig
 from taskd.agent.plugin import CALLBACKS, ControllerFactory
 from taskd.agent.plugin import MSRunPlugin as AgentPlugin
 from taskd.agent.rank_control import LauncherDetails
+from taskd.agent.summary import JobResult
+from taskd.launcher.snapshots import SnapshotArea
 
 
 def embedded_controller(config: AgentConfig) -> Any:
@@ -29,5 +35,35 @@ class MSRunPlugin(AgentPlugin):
                  controller_factory: ControllerFactory | None = embedded_controller, **settings: Any) -> None:
         super().__init__(details, controller_factory, **settings)
 
+    def run(self) -> JobResult:
+        """The job, with its snapshot directory in msrun's environment while it runs, removed when it ends
+        (every rank is gone then); a bad TASKD_SNAPSHOT_MEMORY fails the job with exit 2 naming it."""
+        area = None
+        if self.config is not None:
+            try:
+                area = SnapshotArea(f"msrun-{self.config.job_id or os.getpid()}", local_workers(sys.argv))
+            except ValueError as exc:
+                self.config, self.config_error = None, str(exc)
+        added = area.env() if area is not None else {}
+        os.environ.update(added)
+        try:
+            return super().run()
+        finally:
+            for name in added:
+                os.environ.pop(name, None)
+            if area is not None:
+                area.close()
 
-__all__ = ["CALLBACKS", "MSRunPlugin", "embedded_controller"]
+
+def local_workers(argv: list[str]) -> int:
+    """msrun's --local_worker_num (else --worker_num) in its own argv: the ranks that share the node's cap."""
+    for flag in ("--local_worker_num", "--worker_num"):
+        for i, arg in enumerate(argv):
+            raw = argv[i + 1] if arg == flag and i + 1 < len(argv) else arg.partition("=")[2] \
+                if arg.startswith(flag + "=") else ""
+            if raw.isdigit() and int(raw) > 0:
+                return int(raw)
+    return 1
+
+
+__all__ = ["CALLBACKS", "MSRunPlugin", "embedded_controller", "local_workers"]
