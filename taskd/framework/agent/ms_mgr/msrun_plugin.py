@@ -18,6 +18,7 @@ from taskd.agent.plugin import CALLBACKS, ControllerFactory
 from taskd.agent.plugin import MSRunPlugin as AgentPlugin
 from taskd.agent.rank_control import LauncherDetails
 from taskd.agent.summary import JobResult
+from taskd.launcher.node_files import safe_name
 from taskd.launcher.snapshots import SnapshotArea
 
 
@@ -41,7 +42,7 @@ class MSRunPlugin(AgentPlugin):
         area = None
         if self.config is not None:
             try:
-                area = SnapshotArea(f"msrun-{self.config.job_id or os.getpid()}", local_workers(sys.argv))
+                area = SnapshotArea(safe_name(f"msrun-{self.config.job_id or os.getpid()}"), local_workers(sys.argv))
             except ValueError as exc:
                 self.config, self.config_error = None, str(exc)
         added = area.env() if area is not None else {}
