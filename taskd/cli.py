@@ -20,7 +20,12 @@ class _CommandParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from taskd.controller.cli_commands import add_server_arguments, add_status_arguments, add_token_arguments
+    from taskd.controller.cli_commands import (
+        add_migrate_arguments,
+        add_server_arguments,
+        add_status_arguments,
+        add_token_arguments,
+    )
     from taskd.run import add_run_arguments
 
     parser = argparse.ArgumentParser(prog="taskd", description="Fault-tolerant supervision for distributed training")
@@ -30,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_arguments(sub.add_parser("server", help="run the recovery controller"))
     add_status_arguments(sub.add_parser("status", help="show jobs, faults and recoveries of a controller"))
     add_token_arguments(sub.add_parser("token", help="mint a job's credential from the controller's token file"))
+    add_migrate_arguments(sub.add_parser("migrate", help="move a rank of a live job to a warm spare, training on"))
     sub.add_parser("version", help="print the version")
     return parser
 
@@ -54,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         from taskd.controller.cli_commands import status_main
 
         return status_main(args)
+    if args.command == "migrate":
+        from taskd.controller.cli_commands import migrate_main
+
+        return migrate_main(args)
     if args.command == "token":
         from taskd.controller.cli_commands import token_main
 

@@ -50,6 +50,7 @@ class SignalType:
     # standby agent is given the node rank of a lost node
     FENCED = "taskd.fenced"
     ASSIGN_NODE = "taskd.assignNode"
+    MIGRATE = "taskd.migrate"  # `taskd migrate`: move a rank to a warm spare (extraParams rank, generation)
 
 
 class Action:

@@ -155,6 +155,12 @@ class HangWatch:
             except OSError as exc:
                 log.debug("cannot reset heartbeat file of rank %d: %s", rank.local_rank, exc)
 
+    def forget(self, local_rank: int) -> None:
+        """Drop the rank's cached mapping: its heartbeat file was replaced by another (a migration's successor's)."""
+        cached = self._files.pop(local_rank, None)
+        if cached is not None:
+            cached.close()
+
     def heartbeat(self, rank: Rank) -> tuple[HeartbeatFile | None, HeartbeatState | None]:
         """(the rank's heartbeat file, its current state), or (None, None) when it has none it attached to."""
         if self.details.rank_files:

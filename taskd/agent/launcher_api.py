@@ -82,6 +82,19 @@ class Launcher(Protocol):
         """Kill the prepared replacements: the round starts none of them into a rejoin."""
         ...
 
+    def prepare_successor(self, local_rank: int, after_generation: int) -> str | None:
+        """A planned migration: a warm spare becomes the running rank's successor, joining the first generation
+        named above `after_generation`; the path of the heartbeat file it writes until adopted. None: cannot."""
+        ...
+
+    def adopt_successor(self, local_rank: int) -> int | None:
+        """The successor becomes the rank's current process (its heartbeat file moved to the rank's); its pid."""
+        ...
+
+    def discard_successor(self, local_rank: int) -> None:
+        """Kill the successor of a migration called off."""
+        ...
+
     def set_node_rank(self, node_rank: int | None) -> None:
         """A standby's late node rank: every per-rank variable (RANK, GROUP_RANK, ...) is computed for it from now
         on; None: no node rank any more (an agent that became a standby, agent/held_node.py). Raises
@@ -132,6 +145,15 @@ class MsrunLauncher:
         return False
 
     def discard_prepared(self) -> None:
+        return None
+
+    def prepare_successor(self, local_rank: int, after_generation: int) -> str | None:
+        return None
+
+    def adopt_successor(self, local_rank: int) -> int | None:
+        return None
+
+    def discard_successor(self, local_rank: int) -> None:
         return None
 
     def set_node_rank(self, node_rank: int | None) -> None:

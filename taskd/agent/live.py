@@ -96,6 +96,12 @@ class LiveRanks:
             self._group.add(rank.local_rank)
         return status
 
+    def forget(self, local_rank: int) -> None:
+        """Drop the rank's cached mapping: its heartbeat file was replaced by another (a migration's successor's)."""
+        hb = self._files.pop(local_rank, None)
+        if hb is not None:
+            hb.close()
+
     def grouped(self, rank: Rank) -> bool:
         """Whether the rank was seen in a group generation (the rest are independent ranks)."""
         return rank.local_rank in self._group

@@ -28,6 +28,7 @@ class Command(str, Enum):
     KILL = "kill"  # the job ends now
     FENCE = "fence"  # this agent was declared lost and replaced: stop every rank, exit 1 (issue 17)
     ASSIGN = "assign"  # a standby takes over a lost node's rank (issue 17)
+    MIGRATE = "migrate"  # move a rank to a warm spare at the next step boundary (`taskd migrate`; agent/migration.py)
 
 
 # The wire's actions and signal types -> commands (the client dispatches on these names).
@@ -35,7 +36,7 @@ WIRE_COMMANDS = {
     Action.STOP_TRAIN: Command.STOP, Action.ON_GLOBAL_RANK: Command.STRATEGIES,
     Action.CHANGE_STRATEGY: Command.CHANGE, Action.SAVE_AND_EXIT: Command.DUMP,
     Action.FAULT_NODES_EXIT: Command.KILL, SignalType.KILL_MASTER: Command.KILL,
-    SignalType.FENCED: Command.FENCE, SignalType.ASSIGN_NODE: Command.ASSIGN,
+    SignalType.FENCED: Command.FENCE, SignalType.ASSIGN_NODE: Command.ASSIGN, SignalType.MIGRATE: Command.MIGRATE,
 }
 
 
@@ -63,6 +64,7 @@ class Order:
     # a node-loss round's stopTrain: seconds from the lost node's fault (its stream's end, or last word) to the
     # signal, so that "training resumed N s after the fault" counts from the fault, not from its declaration
     fault_ago: float | None = None
+    rank: int | None = None  # a taskd.migrate's rank to move (extraParams {"rank": R})
 
     @classmethod
     def of(cls, command: Command, sig: Any) -> Order:
@@ -76,7 +78,7 @@ class Order:
         return cls(command, sig.uuid, sig.signal_type, tuple(sig.actions), faults, sig.strategy,
                    float(sig.timeout or 0), sig.extra_params, _count(params, "generation"), _count(params, "restarts"),
                    _count(params, "node_rank"), Resize.parse(params), _count(params, "round"),
-                   _seconds(params, "fault_ago"))
+                   _seconds(params, "fault_ago"), _count(params, "rank"))
 
     def reason(self) -> str:
         """taskd's controller says why it ends a job in extraParams {"reason": ...}; ClusterD sends other JSON."""

@@ -97,6 +97,14 @@ class RankControl:
                 gone.append(Adopted(rank, entry, started=True))
         return gone
 
+    def take_over(self, rank: Rank) -> bool:
+        """A migration's successor is the rank's process now (the launcher adopted it): watch it, not its
+        predecessor, whose exit is then no event of the rank's. False when the successor is not running."""
+        if rank.pid is not None:
+            self.watch.unwatch(rank.local_rank, rank.pid)
+        self.hang.forget(rank.local_rank)
+        return not self._adopt([rank.local_rank])
+
     def stop(self, ranks: list[Rank], graceful: bool) -> None:
         """Stop ranks and every process of their groups; confirm with psutil before returning."""
         live = [r for r in ranks if r.pid is not None and r.state.alive]

@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_ROLE = "master agent"  # what TaskD's agent registers as
 
 
-AGENT_REPORTS = frozenset({"ReportFinished", "ReportPace", "ReportResumed", "ReportSnapshots"})
+AGENT_REPORTS = frozenset({"ReportFinished", "ReportPace", "ReportResumed", "ReportSnapshots", "ReportMigration"})
 """Methods of taskd's own taskd.v1.AgentReport service (the rest are ClusterD's Recover)."""
 
 
@@ -471,6 +471,11 @@ def resumed_request(client: RecoverClient, round_: int, seconds: float, seconds_
     after its fault, `seconds_ago` before now (`unseen`: nothing here can tell), from the registered identity."""
     return taskd_pb2.ResumedRequest(round=arguments.int32(round_, "round"), seconds=float(seconds),
                                     secondsAgo=float(seconds_ago), unseen=bool(unseen), **client._identity())
+
+
+def migration_request(client: RecoverClient, **fields: object) -> taskd_pb2.MigrationReport:
+    """taskd.v1 `ReportMigration`: how a planned migration of this node's rank ended, from the registered identity."""
+    return taskd_pb2.MigrationReport(**fields, **client._identity())
 
 
 def _arguments_key(info: object, server_addr: str, secure_conn: bool, cert_path: str,

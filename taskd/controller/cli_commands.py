@@ -167,3 +167,60 @@ def _embedded_jobs(args: argparse.Namespace):  # noqa: ANN202 - a taskd_pb2.JobL
         merged.status.code = Code.JOB_NOT_EXIST  # what one controller answers for an unknown job id
         merged.status.info = f"no job {args.job!r} in the {len(locators)} `taskd run`(s) of this user on this host"
     return merged
+
+
+def add_migrate_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--job", required=True, metavar="ID", help="the job (its --job-id / MINDX_TASK_ID)")
+    parser.add_argument("--rank", required=True, type=int, metavar="R", help="the global rank to move to a warm spare "
+                        "on its node, at the job's next step boundary")
+    parser.add_argument("--server", default=os.environ.get("MINDX_SERVER_IP") or None, metavar="ADDR",
+                        help=f"controller host[:port] (default $MINDX_SERVER_IP, else 127.0.0.1:{DEFAULT_PORT})")
+    parser.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
+                        help="how long to wait for the migration's outcome (default 120)")
+    env = os.environ
+    parser.add_argument("--token-file", default=env.get(TOKEN_ENV) or None, metavar="PATH",
+                        help=f"the admin token or the job's credential (`taskd token --job ID`) (default ${TOKEN_ENV})")
+    parser.add_argument("--tls-ca", default=env.get("TASKD_TLS_CA") or None, metavar="PEM")
+    parser.add_argument("--tls-cert", default=env.get("TASKD_TLS_CERT") or None, metavar="PEM")
+    parser.add_argument("--tls-key", default=env.get("TASKD_TLS_KEY") or None, metavar="PEM")
+
+
+def migrate_main(args: argparse.Namespace) -> int:
+    """`taskd migrate --job J --rank R`: 0 once the rank runs in its successor, 1 (with the reason) when the
+    migration was refused or called off (the job then runs as it was), 2 for bad arguments."""
+    from taskd.controller.status_view import normalize_address, read_credentials
+    from taskd.controller.validation import check_job_id
+    from taskd.proto import taskd_pb2, taskd_pb2_grpc
+
+    if why := check_job_id(args.job):
+        sys.stderr.write(f"taskd migrate: --job: {why}\n")
+        return 2
+    if args.rank < 0 or not 0 < args.timeout <= 3600:
+        sys.stderr.write("taskd migrate: --rank must be >= 0 and --timeout in (0, 3600] seconds\n")
+        return 2
+    server = args.server or f"127.0.0.1:{DEFAULT_PORT}"
+    try:
+        token, credentials = read_credentials(args.token_file, args.tls_ca, args.tls_cert, args.tls_key)
+        target = normalize_address(server)
+    except ValueError as exc:
+        sys.stderr.write(f"taskd migrate: {exc}\n")
+        return 2
+    metadata = (("authorization", f"Bearer {token}"),) if token else None
+    channel = grpc.secure_channel(target, credentials) if credentials is not None else grpc.insecure_channel(target)
+    try:
+        with channel:
+            reply = taskd_pb2_grpc.JobControlStub(channel).Migrate(
+                taskd_pb2.MigrateRequest(jobId=args.job, rank=args.rank, timeout=args.timeout),
+                timeout=args.timeout + 10.0, metadata=metadata)
+    except grpc.RpcError as exc:
+        sys.stderr.write(f"taskd migrate: the controller at {target} did not migrate rank {args.rank}: "
+                         f"{exc.code().name}: {exc.details()}\n")
+        return 1
+    report = reply.report
+    if reply.status.code != 0:
+        sys.stderr.write(f"taskd migrate: rank {args.rank} of job {args.job} not migrated ({reply.status.code}): "
+                         f"{reply.status.info}\n")
+        return 1
+    sys.stdout.write(f"migrated rank {report.rank} of job {args.job} (pid {report.oldPid} -> {report.newPid}) at "
+                     f"step {report.step}: training paused {report.pauseSeconds:.3f}s\n")
+    return 0

@@ -145,6 +145,32 @@ class TrainingResumed:
 
 
 @dataclass(frozen=True)
+class MigrationRequested:
+    """`taskd migrate --job J --rank R` (taskd.v1 `JobControl.Migrate`)."""
+
+    rank: int = 0
+
+
+@dataclass(frozen=True)
+class MigrationReported:
+    """The holding agent's account of a migration (taskd.v1 `ReportMigration`)."""
+
+    node_rank: int = 0
+    host: str = ""
+    pid: int = 0
+    migration: str = ""
+    migrated: bool = False
+    reason: str = ""
+    rank: int = 0
+    old_pid: int = 0
+    new_pid: int = 0
+    step: int = 0
+    pause_seconds: float = 0.0
+    resumed_seconds: float = 0.0
+    generation: int = 0
+
+
+@dataclass(frozen=True)
 class Tick:
     """Time passed; the machine acts if its deadline is due."""
 
@@ -178,7 +204,7 @@ Event = (
 EVENT_TYPES: tuple[type, ...] = (
     JobInit, AgentRegistered, AgentConnected, AgentDisconnected, FaultReported, StopComplete, StrategiesReported,
     RecoverStatusReported, AgentFinished, Tick, AgentLossDue, JoinDue, StreamEndedDue, RejoinDue, StandbyConnected,
-    StandbyDisconnected, PaceReported, TrainingResumed,
+    StandbyDisconnected, PaceReported, TrainingResumed, MigrationRequested, MigrationReported,
 )
 
 FIRE_AND_FORGET = (Tick, AgentLossDue, JoinDue, StreamEndedDue, RejoinDue, AgentDisconnected, StandbyDisconnected)
@@ -186,7 +212,7 @@ FIRE_AND_FORGET = (Tick, AgentLossDue, JoinDue, StreamEndedDue, RejoinDue, Agent
 
 NEEDS_REGISTERED = frozenset({
     AgentConnected, FaultReported, StopComplete, StrategiesReported, RecoverStatusReported, AgentFinished,
-    PaceReported, TrainingResumed,
+    PaceReported, TrainingResumed, MigrationReported,
 })
 """Reports that must come from an agent the job knows (Register), else 400."""
 

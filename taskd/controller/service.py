@@ -6,6 +6,7 @@ event, hand it to the core, answer with the outcome's code and info.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 
@@ -13,8 +14,16 @@ import grpc
 
 from taskd.controller import validation as v
 from taskd.controller.core import ControllerCore
-from taskd.controller.events import PaceReported, StandbyConnected, StandbyDisconnected, TrainingResumed
+from taskd.controller.events import (
+    MigrationReported,
+    MigrationRequested,
+    PaceReported,
+    StandbyConnected,
+    StandbyDisconnected,
+    TrainingResumed,
+)
 from taskd.controller.hub import keepalive_wire
+from taskd.controller.migration import MigrationWaits
 from taskd.controller.model import fault_runs
 from taskd.controller.node_loss import fence_refusal
 from taskd.controller.quota import MAX_FAULT_RUNS, JobLimits
@@ -254,10 +263,25 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):
 
 class AgentReportService(taskd_pb2_grpc.AgentReportServicer):
     def __init__(self, core: ControllerCore, max_ranks: int = v.RANK_LIMIT,
-                 credential: Callable[[str], str] | None = None) -> None:
+                 credential: Callable[[str], str] | None = None, migrations: MigrationWaits | None = None) -> None:
         self.core = core
         self.max_ranks = max_ranks
         self.credential = credential  # a job's credential under the admin token (None: the controller has none)
+        self.migrations = migrations or MigrationWaits()
+
+    async def ReportMigration(self, request: taskd_pb2.MigrationReport, context: grpc.aio.ServicerContext) -> Status:
+        """How a planned migration ended (controller/migration.py): recorded, and the waiting `Migrate` answered."""
+        if why := v.check_job_id(request.jobId):
+            return _invalid(why)
+        ev = MigrationReported(
+            node_rank=request.nodeRank, host=request.host, pid=request.pid, migration=request.migration,
+            migrated=request.migrated, reason=request.reason, rank=request.rank, old_pid=request.oldPid,
+            new_pid=request.newPid, step=request.step, pause_seconds=request.pauseSeconds,
+            resumed_seconds=request.resumedSeconds, generation=request.generation)
+        out = self.core.dispatch(request.jobId, ev)
+        if out.code == Code.OK:
+            self.migrations.settle(ev)
+        return _answer(out, "ReportMigration", request.jobId, self.core.limits)
 
     async def ReportSnapshots(self, request: taskd_pb2.SnapshotReport, context: grpc.aio.ServicerContext
                               ) -> taskd_pb2.SnapshotReply:
@@ -357,6 +381,47 @@ class JobStatusService(taskd_pb2_grpc.JobStatusServicer):
         return out
 
 
+MIGRATE_TIMEOUT = 120.0  # how long `Migrate` waits for the agent's account when the call names no timeout
+MIGRATE_TIMEOUT_MAX = 3600.0
+
+
+class JobControlService(taskd_pb2_grpc.JobControlServicer):
+    """`taskd migrate` (controller/migration.py): ask the rank's agent, then wait for its account."""
+
+    def __init__(self, core: ControllerCore, migrations: MigrationWaits) -> None:
+        self.core = core
+        self.migrations = migrations
+
+    async def Migrate(self, request: taskd_pb2.MigrateRequest, context: grpc.aio.ServicerContext
+                      ) -> taskd_pb2.MigrateReply:
+        if why := v.check_job_id(request.jobId):
+            return taskd_pb2.MigrateReply(status=_invalid(why))
+        if not 0 <= request.timeout <= MIGRATE_TIMEOUT_MAX:
+            return taskd_pb2.MigrateReply(status=_invalid(f"timeout must be 0..{MIGRATE_TIMEOUT_MAX:g} seconds, got "
+                                                          f"{request.timeout:g}"))
+        out = self.core.dispatch(request.jobId, MigrationRequested(rank=request.rank))
+        if out.code != Code.OK:
+            return taskd_pb2.MigrateReply(status=Status(code=out.code, info=out.info))
+        migration = out.info
+        waiting = self.migrations.expect(migration)
+        timeout = request.timeout or MIGRATE_TIMEOUT
+        try:
+            report = await asyncio.wait_for(waiting, timeout)
+        except asyncio.TimeoutError:
+            return taskd_pb2.MigrateReply(status=Status(code=Code.REPORT_TIMEOUT, info=(
+                f"rank {request.rank}'s agent did not say within {timeout:g}s how migration {migration} ended "
+                "(`taskd status --job` shows it once it does)")))
+        finally:
+            self.migrations.forget(migration)
+        account = taskd_pb2.MigrationReport(
+            jobId=request.jobId, nodeRank=report.node_rank, host=report.host, pid=report.pid, migration=migration,
+            migrated=report.migrated, reason=report.reason, rank=report.rank, oldPid=report.old_pid,
+            newPid=report.new_pid, step=report.step, pauseSeconds=report.pause_seconds,
+            resumedSeconds=report.resumed_seconds, generation=report.generation)
+        code = Code.OK if report.migrated else Code.PROCESS_NOT_READY
+        return taskd_pb2.MigrateReply(status=Status(code=code, info=report.reason), report=account)
+
+
 def _passthrough(data: bytes) -> bytes:
     return data
 
@@ -384,5 +449,8 @@ def recover_handler(svc: RecoverService) -> grpc.GenericRpcHandler:
 def add_services(server: grpc.aio.Server, core: ControllerCore, max_node_count: int = 65536,
                  max_ranks: int = v.RANK_LIMIT, credential: Callable[[str], str] | None = None) -> None:
     server.add_generic_rpc_handlers((recover_handler(RecoverService(core, max_node_count, max_ranks)),))
-    taskd_pb2_grpc.add_AgentReportServicer_to_server(AgentReportService(core, max_ranks, credential), server)
+    migrations = MigrationWaits()
+    taskd_pb2_grpc.add_AgentReportServicer_to_server(AgentReportService(core, max_ranks, credential, migrations),
+                                                     server)
+    taskd_pb2_grpc.add_JobControlServicer_to_server(JobControlService(core, migrations), server)
     taskd_pb2_grpc.add_JobStatusServicer_to_server(JobStatusService(core), server)

@@ -18,6 +18,7 @@ from typing import Any
 
 from taskd import rule_table
 from taskd.controller import handlers as h
+from taskd.controller import migration as mg
 from taskd.controller import node_loss as nl
 from taskd.controller import resize as rz
 from taskd.controller import resumed as rs
@@ -33,6 +34,8 @@ from taskd.controller.events import (
     FaultReported,
     JobInit,
     JoinDue,
+    MigrationReported,
+    MigrationRequested,
     Outcome,
     PaceReported,
     RecoverStatusReported,
@@ -104,6 +107,11 @@ RULES: tuple[Rule, ...] = (
     Rule(ANY, TrainingResumed, _targets(UNCHANGED), rs.on_training_resumed,
          "counted for the round recovering or last recovered (401 for another); `round_training_resumed` once "
          "its last node said so; no action taken"),
+    Rule(ANY, MigrationRequested, _targets(UNCHANGED), mg.on_migrate,
+         "`taskd migrate`: `taskd.migrate` to the rank's agent if the job is RUNNING on one node and its agent is "
+         "connected, else refused (nothing sent); no round, no restart charged"),
+    Rule(ANY, MigrationReported, _targets(UNCHANGED), mg.on_migrated,
+         "the agent's account: `migrated` (pids, step, pause) or `migration_failed` (why) recorded; no action"),
     # an agent lost (silent past the loss timeout, or its stream ended past the grace) opens a node-loss round
     Rule(ACTIVE, AgentLossDue, _targets(S.STOPPING, S.COLLECTING, S.REJOINING, S.FAILED, UNCHANGED),
          nl.on_agent_lost, "fences it; opens (or widens) a node-loss round for its node's ranks; FAILED when a "

@@ -38,6 +38,7 @@ from taskd.launcher.reaping import Reaper
 from taskd.launcher.snapshots import SnapshotArea
 from taskd.launcher.spares import SparePool
 from taskd.launcher.spec import WorkerSpec
+from taskd.launcher.successors import Successors
 from taskd.process.run_dir import make_run_dir
 from taskd.process.spawn import has_exited, kill_group, spawn
 from taskd.process.subreaper import escaped_descendants, send_signal
@@ -51,7 +52,7 @@ ORPHAN_TICK = 5.0  # seconds between looks for orphans that exited by themselves
 __all__ = ["SPAWN_FAILED_CODE", "Incarnation", "LocalLauncher", "ORPHAN_TICK"]
 
 
-class LocalLauncher:
+class LocalLauncher(Successors):
     """Starts, watches and stops the ranks of one node; see :meth:`callbacks` for the msrun contract.
 
     Beyond the callbacks it is the agent's `Launcher` (taskd/agent/launcher_api.py, checked by
@@ -129,8 +130,7 @@ class LocalLauncher:
             "KILL_WORKER": self.kill_worker,
             "START_ALL_WORKER": self.start_all_worker,
             "START_WORKER_LIST": self.start_worker_list,
-            "MONITOR": self.monitor,
-        }
+            "MONITOR": self.monitor}
 
     def kill_worker(self, pids: list[int]) -> int:
         """SIGKILL the process group of each listed worker pid (``[-1]``: every live worker); returns 0.
@@ -439,8 +439,8 @@ class LocalLauncher:
         return True
 
     def discard_prepared(self) -> None:
-        """The round starts no replacement into a rejoin (job-rescheduling, a resize, the end): the prepared ones
-        are killed and reaped now, before any control file could name them a generation."""
+        """The round starts no replacement into a rejoin (job-rescheduling, a resize, the end): the prepared ones (and
+        a migration's successor) are killed and reaped now, before any control file names them a generation."""
         with self._lock:
             self._spares.discard()
 

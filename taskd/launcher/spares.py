@@ -53,8 +53,9 @@ def python_script(entrypoint: Sequence[str]) -> str | None:
 
 
 REFILL_DELAY = 5.0  # seconds from a spare becoming a rank to its successor's start
-PREPARED_MAY_DIFFER = frozenset({Var.TASKD_GENERATION, Var.TASKD_JOIN_AFTER})
-"""What a prepared replacement's variables may differ in from its START's: the generation, named after it started."""
+PREPARED_MAY_DIFFER = frozenset({Var.TASKD_GENERATION, Var.TASKD_JOIN_AFTER, Var.TASKD_HEARTBEAT_FILE})
+"""What a prepared replacement's variables may differ in from its START's: the generation, named after it started,
+and (a migration's successor) the heartbeat file it wrote while its predecessor still ran, moved at its START."""
 
 
 class SparePool:

@@ -154,6 +154,56 @@ class SnapshotRecord(_message.Message):
     reportedAt: float
     def __init__(self, nodeRank: _Optional[int] = ..., buddyNodeRank: _Optional[int] = ..., newestStep: _Optional[int] = ..., replicatedStep: _Optional[int] = ..., lagSeconds: _Optional[float] = ..., reportedAt: _Optional[float] = ...) -> None: ...
 
+class MigrationReport(_message.Message):
+    __slots__ = ("jobId", "nodeRank", "host", "pid", "migration", "migrated", "reason", "rank", "oldPid", "newPid", "step", "pauseSeconds", "resumedSeconds", "generation")
+    JOBID_FIELD_NUMBER: _ClassVar[int]
+    NODERANK_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    MIGRATION_FIELD_NUMBER: _ClassVar[int]
+    MIGRATED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    OLDPID_FIELD_NUMBER: _ClassVar[int]
+    NEWPID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    PAUSESECONDS_FIELD_NUMBER: _ClassVar[int]
+    RESUMEDSECONDS_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    jobId: str
+    nodeRank: int
+    host: str
+    pid: int
+    migration: str
+    migrated: bool
+    reason: str
+    rank: int
+    oldPid: int
+    newPid: int
+    step: int
+    pauseSeconds: float
+    resumedSeconds: float
+    generation: int
+    def __init__(self, jobId: _Optional[str] = ..., nodeRank: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., migration: _Optional[str] = ..., migrated: bool = ..., reason: _Optional[str] = ..., rank: _Optional[int] = ..., oldPid: _Optional[int] = ..., newPid: _Optional[int] = ..., step: _Optional[int] = ..., pauseSeconds: _Optional[float] = ..., resumedSeconds: _Optional[float] = ..., generation: _Optional[int] = ...) -> None: ...
+
+class MigrateRequest(_message.Message):
+    __slots__ = ("jobId", "rank", "timeout")
+    JOBID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    jobId: str
+    rank: int
+    timeout: float
+    def __init__(self, jobId: _Optional[str] = ..., rank: _Optional[int] = ..., timeout: _Optional[float] = ...) -> None: ...
+
+class MigrateReply(_message.Message):
+    __slots__ = ("status", "report")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    status: _recover_pb2.Status
+    report: MigrationReport
+    def __init__(self, status: _Optional[_Union[_recover_pb2.Status, _Mapping]] = ..., report: _Optional[_Union[MigrationReport, _Mapping]] = ...) -> None: ...
+
 class SnapshotChunk(_message.Message):
     __slots__ = ("jobId", "nodeRank", "rank", "step", "data", "last")
     JOBID_FIELD_NUMBER: _ClassVar[int]

@@ -55,6 +55,11 @@ class AgentReportStub(object):
                 request_serializer=taskd__pb2.SnapshotReport.SerializeToString,
                 response_deserializer=taskd__pb2.SnapshotReply.FromString,
                 _registered_method=True)
+        self.ReportMigration = channel.unary_unary(
+                '/taskd.v1.AgentReport/ReportMigration',
+                request_serializer=taskd__pb2.MigrationReport.SerializeToString,
+                response_deserializer=recover__pb2.Status.FromString,
+                _registered_method=True)
 
 
 class AgentReportServicer(object):
@@ -84,6 +89,12 @@ class AgentReportServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportMigration(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentReportServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -106,6 +117,11 @@ def add_AgentReportServicer_to_server(servicer, server):
                     servicer.ReportSnapshots,
                     request_deserializer=taskd__pb2.SnapshotReport.FromString,
                     response_serializer=taskd__pb2.SnapshotReply.SerializeToString,
+            ),
+            'ReportMigration': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportMigration,
+                    request_deserializer=taskd__pb2.MigrationReport.FromString,
+                    response_serializer=recover__pb2.Status.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -216,6 +232,105 @@ class AgentReport(object):
             '/taskd.v1.AgentReport/ReportSnapshots',
             taskd__pb2.SnapshotReport.SerializeToString,
             taskd__pb2.SnapshotReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportMigration(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/taskd.v1.AgentReport/ReportMigration',
+            taskd__pb2.MigrationReport.SerializeToString,
+            recover__pb2.Status.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class JobControlStub(object):
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Migrate = channel.unary_unary(
+                '/taskd.v1.JobControl/Migrate',
+                request_serializer=taskd__pb2.MigrateRequest.SerializeToString,
+                response_deserializer=taskd__pb2.MigrateReply.FromString,
+                _registered_method=True)
+
+
+class JobControlServicer(object):
+    """Missing associated documentation comment in .proto file."""
+
+    def Migrate(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_JobControlServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Migrate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Migrate,
+                    request_deserializer=taskd__pb2.MigrateRequest.FromString,
+                    response_serializer=taskd__pb2.MigrateReply.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'taskd.v1.JobControl', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('taskd.v1.JobControl', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class JobControl(object):
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Migrate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/taskd.v1.JobControl/Migrate',
+            taskd__pb2.MigrateRequest.SerializeToString,
+            taskd__pb2.MigrateReply.FromString,
             options,
             channel_credentials,
             insecure,

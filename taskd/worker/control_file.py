@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_REJOIN_TIMEOUT = 120.0
 STORE_PREFIX = "taskd/gen{generation}"  # key prefix of one generation's group in the rendezvous store
-ACTIONS = ("rejoin", "retry", "abort", "leave")
+ACTIONS = ("rejoin", "retry", "abort", "leave", "migrate", "release")  # the last two: taskd.worker.migration
 
 
 class LiveProtocolError(ValueError):

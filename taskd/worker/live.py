@@ -210,7 +210,7 @@ class LiveRank:
         False when none comes in time or the agent says anything but rejoin (the rank then gives up)."""
         assert self.watch is not None and self.join_after is not None
         control = self.watch.wait(self.join_after, rejoin_timeout())
-        if control is None or control.action != "rejoin":
+        if control is None or control.action not in ("rejoin", "migrate"):  # a migration's successor: "migrate"
             return False
         self.generation = control.generation
         return True

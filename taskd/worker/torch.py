@@ -55,6 +55,7 @@ from taskd.worker.torch_facts import (
 )
 from taskd.worker.torch_group import GroupSockets, LeaveWatch, RetiredGroups, collect, drop_frames, freeze_older_objects
 from taskd.worker.torch_mark import Backward, BackwardMark, CollectiveMark
+from taskd.worker.torch_migrate import Migrating
 from taskd.worker.torch_resize import Resize, ResizeHook
 from taskd.worker.torch_state import LiveUsageError, hand_over, refuse_own_collectives
 from taskd.worker.torch_stuck import StuckWatch, exit_stuck
@@ -105,7 +106,7 @@ class _StepVoided(RuntimeError):
     """A rank abandoned this step (RetryableError): every rank drops it together, before the optimizer step."""
 
 
-class LiveGroup:
+class LiveGroup(Migrating):
     """The default process group of a job that can rebuild it in place; see the module docstring."""
 
     def __init__(self, backend: str = "gloo", timeout: float = 60.0, init_timeout: float = 120.0,
@@ -222,9 +223,8 @@ class LiveGroup:
         self._sync_and_wrap(load)
         while self.step_no < stop:
             if self.live:
-                control = self.protocol.requested()  # one os.stat
-                if control is not None:
-                    self._recover(None, control)
+                if (control := self.protocol.requested()) is not None and self._due(control):  # one os.stat
+                    self._act_on(control)  # a recovery, or a planned migration at its agreed boundary
                     continue
                 self._resize.run(self.rank, self.world_size)  # the group changed size: the script re-shards
             yield self.step_no
