@@ -55,6 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "serialized in memory and training goes on while the file is written")
     p.add_argument("--out", required=True, help="directory for final.pt, summary.json and per-rank records")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step (to watch it run)")
+    p.add_argument("--sleep-while", default=None, metavar="FILE",
+                   help="sleep --step-sleep per step only while FILE exists (a test paces the job while it acts on it)")
     p.add_argument("--slow", default=None, metavar="RANK:SECONDS",
                    help="rank RANK sleeps SECONDS more in every step, before its forward pass (outside collectives): "
                         "a straggler, for --straggler-factor")
@@ -199,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.ckpt_every and live.step_no % args.ckpt_every == 0 and live.step_no > step:
             save(live.step_no, background=args.ckpt_async)
             print(f"rank {rank}: step {live.step_no}/{args.steps} loss {loss.item():.6f}", flush=True)
-        if args.step_sleep:
+        if args.step_sleep and (args.sleep_while is None or os.path.exists(args.sleep_while)):
             time.sleep(args.step_sleep)
     os.close(counter)
     if progress is not None:

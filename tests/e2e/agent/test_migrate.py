@@ -28,15 +28,19 @@ pytestmark = pytest.mark.torch
 
 EXAMPLE = ROOT / "examples" / "torch" / "train_ddp.py"
 WORLD = 4
-STEPS = 400
+STEPS = 300
 ADMIN = "migrate-test-admin-token-0123456789"
 
 
 def job_args(tmp: Path, name: str) -> list[str]:
+    """The job, paced (0.2 s a step, 60 s in all) while `tmp`/`name`.pace exists: the test acts on it meanwhile,
+    and removes the file to let it finish at full speed."""
+    (tmp / f"{name}.pace").touch()
     return ["--nproc-per-node", str(WORLD), "--job-id", name, "--stop-grace", "2", str(EXAMPLE), "--hidden", "32",
             "--layers", "2", "--inputs", "32", "--batch", "8", "--steps", str(STEPS), "--ckpt-every", "0",
-            "--step-sleep", "0.02", "--pg-timeout", "30", "--ckpt-dir", str(tmp / name / "ckpt"),
-            "--out", str(tmp / name / "out"), "--progress-dir", str(tmp / name / "progress")]
+            "--step-sleep", "0.2", "--sleep-while", str(tmp / f"{name}.pace"), "--pg-timeout", "30",
+            "--ckpt-dir", str(tmp / name / "ckpt"), "--out", str(tmp / name / "out"),
+            "--progress-dir", str(tmp / name / "progress")]
 
 
 def progress(tmp: Path, name: str, rank: int) -> list[tuple[int, int]]:
@@ -94,6 +98,7 @@ def test_migrate_a_rank_of_a_live_ddp_job(tmp_path: Path) -> None:
         assert refused.returncode == 1 and "UNAUTHENTICATED" in refused.stderr, refused
         refused = migrate(srv.address, "ref", WORLD, admin)
         assert refused.returncode == 1 and f"rank {WORLD} is not a rank of job ref" in refused.stderr, refused
+        (tmp_path / "ref.pace").unlink()
         finish(ref, ref_log)
         for r in range(WORLD):
             steps = progress(tmp_path, "ref", r)
@@ -111,6 +116,7 @@ def test_migrate_a_rank_of_a_live_ddp_job(tmp_path: Path) -> None:
         moved = migrate(srv.address, "mig", 2, credential)
         assert moved.returncode == 0, f"{moved}\n{log.read_text()[-6000:]}"
         assert f"(pid {pids[2]} -> " in moved.stdout, moved.stdout
+        (tmp_path / "mig.pace").unlink()
         wait_for(lambda: not _alive(pids[2]), 30, "the migrated rank's old process to exit")
         finish(job, log)
         console = log.read_text()
