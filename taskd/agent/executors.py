@@ -22,6 +22,7 @@ from taskd.agent.controller_link import ControllerLink
 from taskd.agent.hang_watch import HangWatch
 from taskd.agent.launcher_api import MSRUN
 from taskd.agent.live import LiveRanks
+from taskd.agent.migration import Migrations, Outcome, report_migration
 from taskd.agent.rank_control import Adopted, RankControl
 from taskd.agent.ranks import RankState, RankTable
 from taskd.agent.report_policy import STATUS, STRATEGIES
@@ -90,6 +91,8 @@ class Executors:
         self.last_start: tuple[list[int], dict[int, int | None]] = ([], {})  # local ranks, their steps before
         self.view = TableView(table, self.live)
         self.bugs = BugJudge()  # errors no restart mends (agent/bugs.py)
+        self.migrations = Migrations(table, self.live, self.live.details, control.take_over,  # `taskd migrate`
+                                     lambda outcome: report_migration(link, outcome))
         self.bug: Bug | None = None  # the last round's, when it was one: the job's end names it
 
     def carry_out(self, actions: list[ev.Action]) -> list[object]:
@@ -102,7 +105,7 @@ class Executors:
     @property
     def polling(self) -> bool:
         """Whether the ranks' files must be read every ``POLL``: live recovery, or a resumption to see."""
-        return self.live.enabled or self.resumption.pending
+        return self.live.enabled or self.resumption.pending or self.migrations.active is not None
 
     def poll(self, now: float) -> tuple[list[tuple[int, str]], list[object]]:
         """Every few ms: new retryable errors of live ranks (local rank, why), and the events the ranks' files
@@ -309,6 +312,13 @@ def take_node(x: Executors, a: ev.TakeNode) -> list[object]:
     return x.hooks.take_node(a.node_rank)
 
 
+def start_migration(x: Executors, a: ev.StartMigration) -> None:
+    if a.refused:
+        x.migrations.report(Outcome(a.order.uuid, a.order.rank or 0, False, a.refused))
+    else:
+        x.migrations.start(a.order.uuid, a.order.rank, a.order.generation, time.monotonic())
+
+
 def start_job(x: Executors, a: ev.StartJob) -> list[object]:
     """The job's first start; a rank that never started, or already ended, is judged next like any exit."""
     code, gone = x.control.start(None)
@@ -346,7 +356,7 @@ EXECUTORS = executor_table((  # checked at import: the mirror of round_table.RUL
     (ev.AbandonRebuild, abandon_rebuild), (ev.SendReport, send_report),
     (ev.WithdrawReports, withdraw_reports), (ev.OfferStrategies, offer_strategies),
     (ev.RecordRestart, record_restart), (ev.TellResumed, tell_resumed), (ev.Dump, dump), (ev.TakeNode, take_node),
-    (ev.StartJob, start_job), (ev.Finish, finish),
+    (ev.StartMigration, start_migration), (ev.StartJob, start_job), (ev.Finish, finish),
 ))
 
 __all__ = ["EXECUTORS", "AgentHooks", "Executors", "Gone", "TableView", "executor_table"]

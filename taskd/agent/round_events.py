@@ -65,9 +65,14 @@ class AssignOrder(OrderEvent):
     """taskd.assignNode: a standby takes over a lost node's rank."""
 
 
+class MigrateOrder(OrderEvent):
+    """taskd.migrate: move a rank of this node to a warm spare at the next step boundary (`taskd migrate`)."""
+
+
 ORDER_EVENTS: dict[Command, type[OrderEvent]] = {
     Command.STOP: StopOrder, Command.STRATEGIES: StrategiesOrder, Command.CHANGE: ChangeOrder,
     Command.DUMP: DumpOrder, Command.KILL: KillOrder, Command.FENCE: FenceOrder, Command.ASSIGN: AssignOrder,
+    Command.MIGRATE: MigrateOrder,
 }
 
 
@@ -342,6 +347,14 @@ class TakeNode:
 
 
 @dataclass(frozen=True)
+class StartMigration:
+    """Start a planned migration beside the round machine (agent/migration.py), or, with `refused`, say why not."""
+
+    order: Order
+    refused: str = ""
+
+
+@dataclass(frozen=True)
 class StartJob:
     """The job's first start on this node: every rank; the ranks that never started, or already ended, are judged
     next like any exit."""
@@ -358,5 +371,5 @@ class Finish:
 
 Action = (Note | StopRanks | StartRanks | SetRestartCount | Supersede | BeginRebuild | LeaveGroup | AbandonRebuild
           | PrepareReplacement | SendReport | WithdrawReports
-          | OfferStrategies | RecordRestart | TellResumed | Dump | TakeNode | StartJob | Finish)
+          | OfferStrategies | RecordRestart | TellResumed | Dump | TakeNode | StartMigration | StartJob | Finish)
 ACTION_TYPES: tuple[type, ...] = get_args(Action)  # each has one executor (agent/executors.py, checked at import)

@@ -33,6 +33,7 @@ from taskd.agent.round_events import (
     JobSeen,
     KillOrder,
     LeaveGroup,
+    MigrateOrder,
     Note,
     OfferStrategies,
     OrderEvent,
@@ -46,6 +47,7 @@ from taskd.agent.round_events import (
     SetRestartCount,
     Signalled,
     StartJob,
+    StartMigration,
     StartRanks,
     StartResult,
     StopOrder,
@@ -270,6 +272,18 @@ def on_assign(m: NodeRound, ev: AssignOrder, now: float, out: Out) -> NodeState:
                                  f"{ev.order.extra_params!r}): ignored"))
     else:
         out.append(TakeNode(node_rank))
+    return m.state
+
+
+def on_migrate(m: NodeRound, ev: MigrateOrder, now: float, out: Out) -> NodeState:
+    """No round here: the migration runs beside the machine (agent/migration.py polls it); a fault ends it."""
+    out.append(StartMigration(ev.order))
+    return m.state
+
+
+def on_migrate_refused(m: NodeRound, ev: MigrateOrder, now: float, out: Out) -> NodeState:
+    out.append(StartMigration(ev.order, refused=f"this node is {m.state.value}, not RUNNING: a recovery or the "
+                                               "job's end is under way"))
     return m.state
 
 

@@ -30,6 +30,7 @@ from taskd.agent.round_events import (
     GroupRejoined,
     JobSeen,
     KillOrder,
+    MigrateOrder,
     RankFault,
     RejoinOverdue,
     ReportSettled,
@@ -95,6 +96,10 @@ RULES: tuple[NodeRule, ...] = (
     Rule(_states(S.STANDBY), AssignOrder, _targets(UNCHANGED), h.on_assign,
          "takes over the lost node's rank (TakeNode); its registration's outcome is the next event"),
     Rule(ANY - {S.STANDBY}, AssignOrder, _targets(UNCHANGED), h.on_assign_ignored, "not a standby: ignored"),
+    Rule(_states(S.RUNNING), MigrateOrder, _targets(UNCHANGED), h.on_migrate,
+         "a planned migration starts beside the round machine (StartMigration; agent/migration.py)"),
+    Rule(ANY - {S.RUNNING}, MigrateOrder, _targets(UNCHANGED), h.on_migrate_refused,
+         "refused: a round or the job's end is under way here (reported to the controller)"),
     # a node's life: how it begins (after registering, or failing to), how it ends when no order ends it
     Rule(_states(S.RUNNING), BeganFirst, _targets(S.RUNNING), h.on_began_first,
          "registered as its node: every rank starts (StartJob)"),

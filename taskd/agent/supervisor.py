@@ -35,10 +35,8 @@ from taskd.agent.launcher_api import launcher_of
 from taskd.agent.live import POLL, LiveRanks
 from taskd.agent.loss_wait import LossWait
 from taskd.agent.metrics import NodeMetrics, sample_ranks
-from taskd.agent.migration import Migrations, report_migration
 from taskd.agent.msrun_logs import MsrunLogs
 from taskd.agent.node_loss import NodeLoss
-from taskd.agent.orders import Command
 from taskd.agent.rank_control import LauncherDetails, RankControl
 from taskd.agent.ranks import Rank, RankLayout, RankState, RankTable, discover_layout
 from taskd.agent.replication import Replication
@@ -81,8 +79,6 @@ class Supervisor:
         self.link = ControllerLink(config, self.watch.wake, controller, credentials)
         self.live = LiveRanks(self.table, details)  # live recovery (agent/live.py)
         self.departures = DepartureWatch(self.table)  # a group rank's exit 0 before its loop's end
-        self.migrations = Migrations(self.table, self.live, details, self.control.take_over,  # `taskd migrate`
-                                     lambda outcome: report_migration(self.link, outcome))
         hooks = AgentHooks(self._finish, self._failure_code, lambda: self.result.capture_first_failure(self.details),
                            self._take_node)
         self.executors = Executors(self.table, self.control, self.link, self.policy, self.hang, self.result, hooks,
@@ -193,14 +189,14 @@ class Supervisor:
         while not self._done:
             report_at = self.link.reports.wake_at()  # a report's re-send or deadline (an answer wakes the loop itself)
             wake_at = next_sweep if report_at is None else min(next_sweep, report_at)
-            if self.executors.polling or self.migrations.active:  # in-place errors, a rebuild's or a migration's
-                wake_at = min(wake_at, time.monotonic() + POLL)  # progress, a resumption: read from rank files
+            if self.executors.polling:  # in-place errors, a rebuild's or a migration's progress, a resumption: read
+                wake_at = min(wake_at, time.monotonic() + POLL)  # from rank files
             if self.node_loss.standby_watch is not None and self.machine.standby:  # its next question
                 wake_at = min(wake_at, self.node_loss.standby_watch.next_poll)
             for exit_ in self.watch.wait(max(0.0, wake_at - time.monotonic())):
                 self._on_exit(exit_.local_rank, exit_.pid, exit_.returncode)
             self._run_orders()
-            self.migrations.poll(time.monotonic())
+            self.executors.migrations.poll(time.monotonic())
             self._poll_live()
             self._watch_controller()
             self.loss_wait.tick(time.monotonic())
@@ -220,9 +216,6 @@ class Supervisor:
             order = self.link.next_order()
             if order is None:
                 return
-            if order.command is Command.MIGRATE:  # no round: the migration runs beside the round machine
-                self.migrations.start(order.uuid, order.rank, order.generation, time.monotonic())
-                continue
             layout = self.table.layout
             self.loss_wait.on_order(order, time.monotonic(), layout.node_rank if layout is not None else None)
             self._feed(ev.order_event(order))

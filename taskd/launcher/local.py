@@ -52,7 +52,7 @@ ORPHAN_TICK = 5.0  # seconds between looks for orphans that exited by themselves
 __all__ = ["SPAWN_FAILED_CODE", "Incarnation", "LocalLauncher", "ORPHAN_TICK"]
 
 
-class LocalLauncher(Successors):
+class LocalLauncher:
     """Starts, watches and stops the ranks of one node; see :meth:`callbacks` for the msrun contract.
 
     Beyond the callbacks it is the agent's `Launcher` (taskd/agent/launcher_api.py, checked by
@@ -60,6 +60,9 @@ class LocalLauncher(Successors):
     """
 
     rank_files = True  # each rank's heartbeat and log file is named here (heartbeat_path, log_path)
+    # a planned migration's successor (launcher/successors.py): a warm spare bound to a running rank, then adopted
+    prepare_successor, adopt_successor = Successors.prepare_successor, Successors.adopt_successor
+    discard_successor = Successors.discard_successor
 
     def __init__(self, spec: WorkerSpec, on_exit: Callable[[int, int, int], None] | None = None, *,
                  subreaper: bool = True, orphan_tick: float = ORPHAN_TICK) -> None:
@@ -237,13 +240,8 @@ class LocalLauncher(Successors):
                     continue
                 if inc.running:
                     self._reaper.reap(inc)
-                result[rank] = {
-                    "pid": inc.pid,
-                    "status": inc.status,
-                    "global_rank": global_rank,
-                    "local_rank": rank,
-                    "node_id": self.spec.node_rank,
-                }
+                result[rank] = {"pid": inc.pid, "status": inc.status, "global_rank": global_rank, "local_rank": rank,
+                                "node_id": self.spec.node_rank}
             return result
 
     # -- accessors for the agent -------------------------------------------------------------

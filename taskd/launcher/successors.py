@@ -16,7 +16,8 @@ log = logging.getLogger("taskd.launcher")
 
 
 class Successors:
-    """Mixed into `LocalLauncher` (taskd.launcher.local), whose lock, rank table, spares and `_start` it uses."""
+    """Methods of `LocalLauncher` (taskd.launcher.local, which names them), kept here: they use its lock, rank table,
+    spares and `_start`."""
 
     _lock: threading.RLock
     _closed: bool

@@ -26,7 +26,7 @@ def test_the_protocol_lists_what_the_agent_reaches() -> None:
     assert {"rank_files", "live_recovery", "rank_declarations"} == set(PROPERTIES)
     assert {"control_path", "returncode", "tail_log", "error_report", "heartbeat_path", "log_path",
             "set_restart_count", "set_generation", "set_node_rank", "prepare_replacement",
-            "discard_prepared"} == set(METHODS)
+            "discard_prepared", "prepare_successor", "adopt_successor", "discard_successor"} == set(METHODS)
 
 
 @pytest.mark.parametrize("cls", [LocalLauncher, MsrunLauncher], ids=lambda c: c.__name__)

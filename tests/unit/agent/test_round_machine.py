@@ -334,6 +334,21 @@ def test_on_assign_ignored_when_not_a_standby() -> None:
     assert "not a standby" in note.text and m.state is S.RUNNING
 
 
+def test_on_migrate_starts_the_migration_beside_the_round_machine() -> None:
+    covers("on_migrate")
+    m = machine(S.RUNNING)
+    migrate = order(Command.MIGRATE, extra='{"rank": 1, "generation": 4}')
+    assert migrate.rank == 1 and migrate.generation == 4
+    assert m.handle(ev.MigrateOrder(migrate), NOW) == [ev.StartMigration(migrate)] and m.state is S.RUNNING
+
+
+def test_on_migrate_refused_while_a_round_is_under_way() -> None:
+    covers("on_migrate_refused")
+    m = machine(S.STOPPING)
+    [start] = m.handle(ev.MigrateOrder(order(Command.MIGRATE, extra='{"rank": 1, "generation": 4}')), NOW)
+    assert "this node is STOPPING, not RUNNING" in start.refused and m.state is S.STOPPING
+
+
 # ------------------------------------------------------------------------------------------------ results
 
 def test_on_started_reports_records_and_waits_for_the_resumption() -> None:
