@@ -20,17 +20,13 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from taskd.agent.controller_link import ControllerLink
 from taskd.agent.launcher_api import Launcher
 from taskd.agent.live import RANK_TIMEOUT, LiveRanks
-from taskd.agent.policy import ReportRetry
 from taskd.agent.ranks import Rank, RankState, RankTable
-from taskd.agent.reports import Report
-from taskd.client.manager import migration_request
 from taskd.worker.live import Phase, RankStatus, read_rank_status, write_control
 
 log = logging.getLogger("taskd.agent")
@@ -230,20 +226,12 @@ class Migrations:
 
 
 def report_migration(link: ControllerLink, outcome: Outcome) -> bool:
-    """Tell the controller how the migration ended (taskd.v1 `ReportMigration`, through the node's report queue, re-sent
-    until the controller timeout); False without a controller to tell."""
-    if not link.active or link.fencing.fenced is not None:
-        return False
-    fields = {"migration": outcome.migration, "migrated": outcome.migrated, "reason": outcome.reason,
-              "rank": outcome.rank, "oldPid": outcome.old_pid, "newPid": outcome.new_pid, "step": outcome.step,
-              "pauseSeconds": outcome.pause_seconds, "resumedSeconds": outcome.resumed_seconds,
-              "generation": outcome.generation}
-    now = time.monotonic()
-    link.outbox.add(Report("migration report", "ReportMigration",
-                           lambda client, _r: migration_request(client, **fields),
-                           ReportRetry(now + link.config.controller_timeout), lossy=True))
-    link.poll_reports(now)
-    return True
+    """Tell the controller how the migration ended (taskd.v1 `ReportMigration`, through the node's reports);
+    False without a controller to tell."""
+    return link.reports.migration(
+        migration=outcome.migration, migrated=outcome.migrated, reason=outcome.reason, rank=outcome.rank,
+        oldPid=outcome.old_pid, newPid=outcome.new_pid, step=outcome.step, pauseSeconds=outcome.pause_seconds,
+        resumedSeconds=outcome.resumed_seconds, generation=outcome.generation)
 
 
 __all__ = ["FORM_TIMEOUT", "READY_TIMEOUT", "Migration", "Migrations", "Outcome", "pause_seconds", "refusal",

@@ -73,7 +73,10 @@ FINISH = ReportKind("finish report", "ReportFinished", "every rank of this node 
                     final=frozenset({Code.FENCED, Code.INVALID_PARAMS}), min_budget=1.0)
 PACE = ReportKind("pace report", "ReportPace", "every --straggler-interval, the ranks' compute time per step",
                   lossy=True, in_order=False, resend=False, until=Until.CALL)
-KINDS = (FAULT, STOP_COMPLETE, STRATEGIES, STATUS, RESUMED, RESTARTS, FINISH, PACE)
+MIGRATION = ReportKind("migration report", "ReportMigration",
+                       "a planned migration of a rank of this node ended (`taskd migrate`): done, or why not",
+                       lossy=True)
+KINDS = (FAULT, STOP_COMPLETE, STRATEGIES, STATUS, RESUMED, RESTARTS, FINISH, PACE, MIGRATION)
 
 
 def check_kinds(kinds: tuple[ReportKind, ...]) -> None:
@@ -173,8 +176,8 @@ DOC = DocBlock("agent-reports", "taskd.agent.report_policy", "docs/client.md", "
                describe_kinds, description=__doc__.splitlines()[0])
 main = DOC.main
 
-__all__ = ["ATTEMPT_TIMEOUT", "FAULT", "FINISH", "KINDS", "PACE", "RESTARTS", "RESUMED", "STATUS", "STOP_COMPLETE",
-           "STRATEGIES", "ReportKind", "ReportRetry", "Until", "check_kinds", "describe_kinds", "main"]
+__all__ = ["ATTEMPT_TIMEOUT", "FAULT", "FINISH", "KINDS", "MIGRATION", "PACE", "RESTARTS", "RESUMED", "STATUS",
+           "STOP_COMPLETE", "STRATEGIES", "ReportKind", "ReportRetry", "Until", "check_kinds", "describe_kinds", "main"]
 
 if __name__ == "__main__":
     raise SystemExit(main())

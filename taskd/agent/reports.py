@@ -27,6 +27,7 @@ from taskd.agent.report_policy import (
     ATTEMPT_TIMEOUT,
     FAULT,
     FINISH,
+    MIGRATION,
     PACE,
     RESTARTS,
     RESUMED,
@@ -38,7 +39,7 @@ from taskd.agent.report_policy import (
 )
 from taskd.client import RecoverClient
 from taskd.client.errors import FencedError, RecoverClientError
-from taskd.client.manager import pace_request, resumed_request
+from taskd.client.manager import migration_request, pace_request, resumed_request
 from taskd.vocabulary import Code, FaultRanks
 
 log = logging.getLogger("taskd.agent")
@@ -341,6 +342,10 @@ class Reporter:
             return resumed_request(client, round_, seconds, max(0.0, clock() - at), unseen)
 
         return self.add(RESUMED, build, now) is not None
+
+    def migration(self, **fields: Any) -> bool:
+        """How a planned migration of a rank of this node ended (agent/migration.py; taskd.v1 `ReportMigration`)."""
+        return self.add(MIGRATION, lambda c, _r: migration_request(c, **fields), time.monotonic()) is not None
 
     def restarts(self, restarts: int) -> None:
         """The job's restarts counted here (degraded mode's local restarts): every later Register carries the count

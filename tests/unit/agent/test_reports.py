@@ -165,7 +165,8 @@ def test_a_pace_report_is_sent_once_beside_the_queue_and_carries_its_verdicts() 
 
 def test_the_policy_is_one_for_all_kinds_and_the_table_checks_itself() -> None:
     assert [k.what for k in KINDS] == ["fault report", "stop complete", "strategies", "recover status",
-                                       "training resumed", "restart count", "finish report", "pace report"]
+                                       "training resumed", "restart count", "finish report", "pace report",
+                                       "migration report"]
     assert FINISH.settles(Code.INVALID_PARAMS) and not FAULT.settles(Code.INVALID_PARAMS)
     assert RESUMED.settles(Code.OUT_OF_ORDER) and not RESUMED.settles(Code.STORAGE_ERROR)
     assert RESUMED.settles(None, "UNIMPLEMENTED") and not RESUMED.settles(None, "UNAVAILABLE")
