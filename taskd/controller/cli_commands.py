@@ -173,7 +173,7 @@ def add_migrate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job", required=True, metavar="ID", help="the job (its --job-id / MINDX_TASK_ID)")
     parser.add_argument("--rank", required=True, type=int, metavar="R", help="the global rank to move to a warm spare "
                         "on its node, at the job's next step boundary")
-    parser.add_argument("--server", default=os.environ.get("MINDX_SERVER_IP") or None, metavar="ADDR",
+    parser.add_argument("--server", default=env_text("server") or None, metavar="ADDR",
                         help=f"controller host[:port] (default $MINDX_SERVER_IP, else 127.0.0.1:{DEFAULT_PORT})")
     parser.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
                         help="how long to wait for the migration's outcome (default 120)")
