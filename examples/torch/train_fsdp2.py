@@ -10,7 +10,7 @@ optimizer from the newest step all ranks snapshotted, from /dev/shm: nothing is 
         --kill-rank 1 --kill-at-step 17
 
 Outputs per rank: OUT/rank<R>.pt (its final shards) and OUT/rank<R>.json (steps computed including redone ones,
-the step resumed from and where it came from, the restore's and the snapshots' time).
+the step resumed from and where it came from, the restore's time, a save's and a step's, the save included).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     counter_path = os.path.join(args.out, f"rank{rank}.computed")
     counter = os.open(counter_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     marker = os.path.join(args.out, "killed_once")
-    saving = 0.0
+    saving, looping = 0.0, time.perf_counter()
     for step in range(start, args.steps):
         g = torch.Generator().manual_seed(args.seed * 1_000_003 + rank * 10_007 + step)
         x = torch.randn(args.batch, args.hidden, generator=g)
@@ -103,13 +103,15 @@ def main(argv: list[str] | None = None) -> int:
             with open(marker, "w") as fh:
                 fh.write(str(step + 1))
             os.kill(os.getpid(), signal.SIGKILL)
+    looping = time.perf_counter() - looping
     snapshots.close()
     os.close(counter)
     shards = {k: v.to_local().clone() for k, v in model.state_dict().items()}
     torch.save(shards, os.path.join(args.out, f"rank{rank}.pt"))
     summary = {"rank": rank, "computed": os.path.getsize(counter_path), "resumed_from": start,
                "restored_from": snapshots.restored_from, "restart_count": worker.restart_count(),
-               "restore_s": round(restore_s, 4), "save_s_per_step": round(saving / max(1, args.steps - start), 5)}
+               "restore_s": round(restore_s, 4), "save_s_per_step": round(saving / max(1, args.steps - start), 5),
+               "step_s": round(looping / max(1, args.steps - start), 5)}
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as fh:
         json.dump(summary, fh)
     dist.destroy_process_group()
