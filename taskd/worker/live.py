@@ -270,23 +270,25 @@ _PEER_MARKERS = ("connection closed", "connection reset", "broken pipe", "connec
                  "socket", "peer", "nccl", "hccl", "process group", "processgroup", "aborted")
 
 
-def classify_error(exc: BaseException, comm_dirs: tuple[str, ...] = ()) -> ErrorKind | None:
-    """Which in-place error ``exc`` is, or None when it is a bug of the script's own (it must propagate).
+def classify_error(exc: BaseException, from_collective: bool | None = None) -> ErrorKind | None:
+    """Which in-place error ``exc`` is, or None when it is an error of the script's own (it must propagate).
 
-    Framework-neutral on purpose: torch's gloo errors are plain RuntimeErrors, so besides the
-    exception types (``RetryableError``, ``torch.distributed.DistError`` by name) the message decides.
-    ``comm_dirs``: the framework's communication code (for torch: distributed, DDP, autograd). Given,
-    an error of no framework type counts only if it was raised through one of them: a TimeoutError
-    or ConnectionResetError of the script's own (a remote data read) propagates, and its rank exits
-    and is replaced like any crashed rank, instead of every rank pausing for a rebuild nobody asked
-    for (issue 21, D1: 132 s).
+    ``from_collective``: the framework binding's word on where ``exc`` was raised (for torch,
+    taskd.worker.torch_origin marks it at the collectives' call sites). False: the script raised it, in
+    its step body, a module's ``forward``, a backward hook or a data read, so it propagates whatever its
+    type and text, and its rank exits and is replaced like any crashed rank (issue 32, F1: a
+    ``TimeoutError`` in a ``forward`` stalled every rank 2 minutes). Only the framework's own
+    distributed error types (``DistError``...) count without a mark. None (no binding's word): the
+    type and the message decide, as they must for a collective's error too (torch's gloo errors are
+    plain RuntimeErrors): an error raised by a collective but reading like no fault of a peer (a
+    usage error) still propagates.
     """
     if isinstance(exc, RetryableError):
         return ErrorKind.RETRYABLE
     if not isinstance(exc, RuntimeError | OSError | TimeoutError | ConnectionError):
         return None
     names = {cls.__name__ for cls in type(exc).__mro__}
-    if comm_dirs and not names & _DIST_ERRORS and not _raised_through(exc, comm_dirs):
+    if from_collective is False and not names & _DIST_ERRORS:
         return None
     text = str(exc).lower()
     if isinstance(exc, TimeoutError) or any(m in text for m in _TIMEOUT_MARKERS):
@@ -297,16 +299,6 @@ def classify_error(exc: BaseException, comm_dirs: tuple[str, ...] = ()) -> Error
 
 
 _DIST_ERRORS = frozenset({"DistError", "DistBackendError", "DistNetworkError", "DistStoreError"})
-
-
-def _raised_through(exc: BaseException, dirs: tuple[str, ...]) -> bool:
-    """Whether a frame of ``exc``'s traceback runs code under one of ``dirs``."""
-    tb = exc.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename.startswith(dirs):
-            return True
-        tb = tb.tb_next
-    return False
 
 
 def why_not_live() -> str:

@@ -43,19 +43,18 @@ from taskd.worker import progress
 from taskd.worker.env import Var, rank, world_size
 from taskd.worker.live import STORE_PREFIX, Control, ErrorKind, LiveRank, Phase, RetryableError, classify_error
 from taskd.worker.spare import become_rank
-from taskd.worker.torch_buckets import stable_ddp
+from taskd.worker.torch_buckets import DDPHandle
 from taskd.worker.torch_data import LiveLoader
 from taskd.worker.torch_facts import (
-    COMM_DIRS,
-    HAS_INIT_SYNC,
     collectives_issued,
     sharded_state,
     stable_ddp_kwargs,
     step_seed,
 )
-from taskd.worker.torch_group import GroupSockets, LeaveWatch, RetiredGroups, collect, drop_frames, freeze_older_objects
+from taskd.worker.torch_group import GroupSockets, LeaveWatch, RetiredGroups, collect, drop_frames
 from taskd.worker.torch_mark import Backward, BackwardMark, CollectiveMark
 from taskd.worker.torch_migrate import Migrating
+from taskd.worker.torch_origin import collective, raised_by, watch_torch_collectives
 from taskd.worker.torch_resize import Resize, ResizeHook
 from taskd.worker.torch_state import LiveUsageError, hand_over, refuse_own_collectives
 from taskd.worker.torch_stuck import StuckWatch, exit_stuck
@@ -67,39 +66,6 @@ __all__ = ["LiveGroup", "LiveLoader", "LiveRecoveryFailed", "LiveUsageError", "R
 
 class LiveRecoveryFailed(RuntimeError):
     """The agent named no new generation in time, or asked to abort: the rank exits so the job restarts."""
-
-
-class _DDPHandle:
-    """Stands for the current DDP wrapper (it is rebuilt with every new group)."""
-
-    def __init__(self, group: LiveGroup, module: torch.nn.Module, kwargs: dict[str, Any]) -> None:
-        self._group = group
-        self.module = module
-        self.kwargs = kwargs
-        self.current: DistributedDataParallel | None = None
-
-    def build(self) -> DistributedDataParallel:
-        kwargs = dict(self.kwargs)
-        if self._group.live:
-            if HAS_INIT_SYNC:
-                kwargs.setdefault("init_sync", False)  # the state was just synced exactly
-            freeze_older_objects()  # a rebuild's collection then scans only this wrapper and what is newer
-        self.current = stable_ddp(self.module, **kwargs)  # the same buckets in every wrapper; DDP's C++ allreduce
-        return self.current
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.current is None:
-            self.build()
-        self._group._forwards += 1  # a drain must know whether this step's forward-time collectives ran
-        output = self.current(*args, **kwargs)  # type: ignore[misc]
-        if self._group.live and self.current.require_backward_grad_sync and torch.is_grad_enabled():  # not no_sync()
-            self._group.backward.attach(output)  # the mark while its gradients are reduced (torch_mark)
-        return output
-
-    def __getattr__(self, name: str) -> Any:
-        if self.current is None:
-            self.build()
-        return getattr(self.current, name)
 
 
 class _StepVoided(RuntimeError):
@@ -127,7 +93,7 @@ class LiveGroup(Migrating):
         self.step_no = 0
         self.has_state = False  # a replacement has none until the first sync
         self.events: list[dict[str, Any]] = []  # one per recovery: what happened and how long it took
-        self._handles: list[_DDPHandle] = []
+        self._handles: list[DDPHandle] = []
         self._model: torch.nn.Module | None = None
         self._optimizer: torch.optim.Optimizer | None = None
         self._seed: int | None = None
@@ -153,6 +119,7 @@ class LiveGroup(Migrating):
             if not dist.is_initialized():
                 dist.init_process_group(backend, timeout=self.timeout)
             return
+        watch_torch_collectives()  # an error only a collective raised makes the ranks leave their group (torch_origin)
         self.protocol.set_phase(Phase.REJOINING)  # before declaring: a new node's agent then knows it joins a group
         self.protocol.declare(rejoin=True, retry=True, resize=self._resize.declared)
         if self.protocol.join_after is not None and not self.protocol.await_named():  # a prepared replacement
@@ -171,7 +138,7 @@ class LiveGroup(Migrating):
     def ddp(self, module: torch.nn.Module, **kwargs: Any) -> Any:
         """Wrap ``module`` in DDP whose buckets are the same in every wrapper (taskd.worker.torch_buckets); call the
         result like DDP. ``kwargs`` are DDP's."""
-        handle = _DDPHandle(self, module, kwargs)
+        handle = DDPHandle(self, module, kwargs)
         self._handles.append(handle)
         return handle
 
@@ -250,8 +217,11 @@ class LiveGroup(Migrating):
             return
         except Exception as exc:
             self._in_step = False
-            kind = classify_error(exc, COMM_DIRS) if self.live else None
+            kind = classify_error(exc, self._from_collective(exc)) if self.live else None
             if kind is None:
+                if self.live:  # the step's own error: this rank exits with it and is replaced (torch_origin)
+                    log.error("rank %d: step %d raised %s of the script's own (no collective raised it): the rank "
+                              "exits with it and is replaced", self.rank, step, type(exc).__name__)
                 raise
             self._data("commit" if self._committed else "rollback")
             if kind == ErrorKind.RETRYABLE and not self._committed and self._drain(exc):
@@ -268,6 +238,10 @@ class LiveGroup(Migrating):
         self._data("commit")
         self.has_state = True
         progress.heartbeat(step)
+
+    def _from_collective(self, exc: BaseException) -> bool:
+        """Whether a collective raised ``exc``: marked where it was raised, or left backward from DDP's finalize."""
+        return raised_by(exc) is not None or self.backward.state is Backward.FINALIZING
 
     def close(self) -> None:
         """Leave the group at the end of training."""
@@ -297,7 +271,8 @@ class LiveGroup(Migrating):
         """One-element allreduce of "not ok" before the optimizer step; True when every rank's step is intact."""
         flag = torch.tensor([0 if ok else 1], dtype=torch.int32)
         self.mark.enter()
-        dist.all_reduce(flag)  # a failed one leaves the mark on until report_error clears it with the error
+        with collective("the step's vote"):
+            dist.all_reduce(flag)  # a failed one leaves the mark on until report_error clears it with the error
         self.mark.leave()
         return int(flag[0]) == 0
 
@@ -313,7 +288,7 @@ class LiveGroup(Migrating):
         if ddp.find_unused_parameters or getattr(ddp, "static_graph", False) \
                 or not hasattr(reducer, "_get_zeros_like_grad_buckets") or not hasattr(reducer, "_reset_state"):
             return False
-        if self.backward.state is Backward.RUNNING:  # raised inside backward: which buckets went out is unknown
+        if self.backward.state in (Backward.RUNNING, Backward.FINALIZING):  # inside backward: which buckets went out?
             return False
         t0 = time.time()
         try:
@@ -403,7 +378,7 @@ class LiveGroup(Migrating):
                 self._sync_and_wrap()
                 break
             except Exception as exc:  # a fault during the rebuild: wait for the next generation
-                kind = classify_error(exc, COMM_DIRS)
+                kind = classify_error(exc, raised_by(exc) is not None)
                 if kind is None:
                     raise
                 log.warning("rank %d: forming generation %d failed: %s", self.rank, control.generation,
@@ -451,7 +426,7 @@ class LiveGroup(Migrating):
         # collective until its timeout); the group's collectives then get the script's timeout back
         forming = max(self.timeout, timedelta(seconds=timeout))
         self._sockets.release()  # a failed earlier attempt's, already ended
-        with self._sockets.forming(generation):
+        with self._sockets.forming(generation), collective("forming the group"):
             dist.init_process_group(self.backend, store=store, rank=self.rank, world_size=self.world_size,
                                     timeout=forming)
         self._group_timeout = forming  # what it was formed with bounds work posted then
@@ -468,7 +443,8 @@ class LiveGroup(Migrating):
         try:
             mine = torch.tensor([1 if self.has_state else 0, self.step_no], dtype=torch.int64)
             table = [torch.zeros(2, dtype=torch.int64) for _ in range(self.world_size)]
-            dist.all_gather(table, mine)
+            with collective("the state sync"):
+                dist.all_gather(table, mine)
             rows = [(int(t[0]), int(t[1])) for t in table]
             holders = [r for r, (has, _) in enumerate(rows) if has]
             if holders:

@@ -23,17 +23,33 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from taskd.worker.torch_facts import stable_ddp_kwargs
+from taskd.worker.torch_facts import HAS_INIT_SYNC, stable_ddp_kwargs
+from taskd.worker.torch_group import freeze_older_objects
+from taskd.worker.torch_origin import collective
 
 # the private calls the fixed layout rests on, looked up once: without them, one bucket per parameter
 _CAN_FIX = hasattr(DistributedDataParallel, "_build_params_for_reducer") and all(
     hasattr(dist.Reducer, name) for name in ("_push_all_rebuilt_params", "_rebuild_buckets"))
 
 
-class StableDDP(DistributedDataParallel):
+class MarkedDDP(DistributedDataParallel):
+    """DDP whose own forward-time collectives (bucket rebuild, buffer broadcast) mark their errors as a collective's
+    (taskd.worker.torch_origin); what the wrapped module's ``forward`` raises stays the script's."""
+
+    def _pre_forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        with collective("DDP's forward-time collectives"):
+            return super()._pre_forward(*inputs, **kwargs)
+
+    def _post_forward(self, output: Any) -> Any:
+        with collective("DDP's post-forward buffer sync"):
+            return super()._post_forward(output)
+
+
+class StableDDP(MarkedDDP):
     """DistributedDataParallel whose bucket layout is fixed at construction (see the module doc)."""
 
     def __init__(self, module: Any, **kwargs: Any) -> None:
@@ -63,4 +79,38 @@ def stable_ddp(module: Any, **kwargs: Any) -> DistributedDataParallel:
         return StableDDP(module, **kwargs)
     if "bucket_cap_mb_list" not in kwargs:
         kwargs = {**stable_ddp_kwargs(), **kwargs}
-    return DistributedDataParallel(module, **kwargs)
+    return MarkedDDP(module, **kwargs)
+
+
+class DDPHandle:
+    """Stands for a LiveGroup's current DDP wrapper (it is rebuilt with every new group); made by ``live.ddp()``."""
+
+    def __init__(self, group: Any, module: torch.nn.Module, kwargs: dict[str, Any]) -> None:
+        self._group = group  # the LiveGroup: whether it is live, its step's forward count and backward mark
+        self.module = module
+        self.kwargs = kwargs
+        self.current: DistributedDataParallel | None = None
+
+    def build(self) -> DistributedDataParallel:
+        kwargs = dict(self.kwargs)
+        if self._group.live:
+            if HAS_INIT_SYNC:
+                kwargs.setdefault("init_sync", False)  # the state was just synced exactly
+            freeze_older_objects()  # a rebuild's collection then scans only this wrapper and what is newer
+        with collective("DDP's construction (parameter check and broadcast)"):
+            self.current = stable_ddp(self.module, **kwargs)  # the same buckets in every wrapper; DDP's C++ allreduce
+        return self.current
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.current is None:
+            self.build()
+        self._group._forwards += 1  # a drain must know whether this step's forward-time collectives ran
+        output = self.current(*args, **kwargs)  # type: ignore[misc]
+        if self._group.live and self.current.require_backward_grad_sync and torch.is_grad_enabled():  # not no_sync()
+            self._group.backward.attach(output)  # the mark while its gradients are reduced (torch_mark)
+        return output
+
+    def __getattr__(self, name: str) -> Any:
+        if self.current is None:
+            self.build()
+        return getattr(self.current, name)

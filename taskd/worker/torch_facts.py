@@ -1,23 +1,16 @@
-"""What a live PyTorch job can hand over, and where torch raises a collective's errors from.
+"""What a live PyTorch job can hand over, and facts about torch it rests on.
 
-Apart from `taskd.worker.torch`'s group mechanics: these are facts about torch (its DDP arguments, its
-package layout, which modules shard their state), each checked once.
+Apart from `taskd.worker.torch`'s group mechanics: these are facts about torch (its DDP arguments,
+which modules shard their state), each checked once.
 """
 
 from __future__ import annotations
 
 import inspect
-import os
 from typing import Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
-
-_TORCH = os.path.dirname(torch.__file__)
-COMM_DIRS = tuple(os.path.join(_TORCH, sub) for sub in ("distributed", os.path.join("nn", "parallel"), "autograd",
-                                                          "_tensor.py"))
-"""Where torch's collectives (and DDP's, run by backward) raise from: an error raised through none of them is the
-script's own (taskd.worker.live.classify_error). Not the DataLoader's, which re-raises its workers' errors."""
 
 _DDP_ARGS = inspect.signature(DistributedDataParallel.__init__).parameters
 HAS_INIT_SYNC = "init_sync" in _DDP_ARGS

@@ -76,6 +76,7 @@ class Backward(enum.Enum):
 
     NOT_STARTED = "not started"  # no gradient bucket launched yet
     RUNNING = "running"  # some launched, which ones is not known
+    FINALIZING = "finalizing"  # the graph has run (every bucket launched); DDP's finalize waits for them
     DONE = "done"  # every bucket launched and completed
 
 
@@ -97,7 +98,7 @@ class BackwardMark:
                 tensor.register_hook(self._reached)
 
     def _reached(self, _grad: torch.Tensor) -> None:
-        if self.state is Backward.RUNNING:  # another output tensor of the same backward
+        if self.state in (Backward.RUNNING, Backward.FINALIZING):  # another output tensor of the same backward
             return
         self.state = Backward.RUNNING
         self.mark.enter()
@@ -106,6 +107,9 @@ class BackwardMark:
         Variable._execution_engine.queue_callback(self._queue_end)
 
     def _queue_end(self) -> None:
+        # the first final callback (queued before DDP's finalize): final callbacks run only once the graph has run
+        # without error, so an error raised from here on is DDP's finalize's, its allreduce's (torch_origin)
+        self.state = Backward.FINALIZING
         Variable._execution_engine.queue_callback(self._ended)
 
     def _ended(self) -> None:  # not reached when DDP's finalize raised: the mark stays on (module doc)

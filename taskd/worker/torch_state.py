@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from taskd.worker.torch_data import LiveLoader
+from taskd.worker.torch_origin import collective
 
 
 class LiveUsageError(RuntimeError):
@@ -144,18 +145,21 @@ def hand_over(source: int, lacking: list[int], model: torch.nn.Module | None,
         torch.save({"skeleton": skeleton, "slots": list(slots.values())}, buf)
         blob = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
         messages = [*_messages(params), torch.tensor([blob.numel()], dtype=torch.int64), blob, *_messages(apart)]
-        for dst in lacking:  # in order: each pair's messages are matched in the order they were sent
-            for t in messages:
-                dist.send(t, dst)
+        with collective("the hand-over"):
+            for dst in lacking:  # in order: each pair's messages are matched in the order they were sent
+                for t in messages:
+                    dist.send(t, dst)
         return
-    _receive(params, source)
-    size = torch.zeros(1, dtype=torch.int64)
-    dist.recv(size, source)
-    raw = bytearray(int(size[0]))  # received in place: no numpy (torch does not need it, and a job may lack it)
-    dist.recv(torch.frombuffer(raw, dtype=torch.uint8), source)
+    with collective("the hand-over"):
+        _receive(params, source)
+        size = torch.zeros(1, dtype=torch.int64)
+        dist.recv(size, source)
+        raw = bytearray(int(size[0]))  # received in place: no numpy (torch does not need it, and a job may lack it)
+        dist.recv(torch.frombuffer(raw, dtype=torch.uint8), source)
     message = torch.load(io.BytesIO(raw), weights_only=False)
     received = [torch.empty(s.shape, dtype=s.dtype) for s in message["slots"]]
-    _receive(received, source)
+    with collective("the hand-over"):
+        _receive(received, source)
     state = join_tensors(message["skeleton"], received)
     if optimizer is not None and state["optimizer"] is not None:
         optimizer.load_state_dict(state["optimizer"])

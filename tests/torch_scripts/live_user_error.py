@@ -2,6 +2,8 @@
 
 argv: STEPS OUT EXC, with EXC one of TimeoutError, ConnectionResetError, ValueError, exit3 (sys.exit(3)) or exit0
 (sys.exit(0): the rank leaves its group early, its peers train on); or
+inside-model: four errors of the script's own raised inside the model, each once (`INSIDE`: a TimeoutError and a
+ConnectionResetError in the module's forward, called through DDP, and in a backward hook, issue 32 F1); or
 abort-after-end:
 rank 1 aborts (once) after its last step, once rank 0 has finished (torch's gloo teardown abort, issue
 21 D3). Each rank writes OUT/rank<R>.pids (its pid at every start) and rank 0 OUT/final.pt.
@@ -20,17 +22,38 @@ steps, out, kind = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 live = LiveGroup(backend="gloo", timeout=60)
 with open(os.path.join(out, f"rank{live.rank}.pids"), "a") as fh:
     fh.write(f"{os.getpid()}\n")
+INSIDE = {4: (1, "forward", TimeoutError), 8: (2, "forward", ConnectionResetError),
+          12: (1, "hook", TimeoutError), 16: (0, "hook", ConnectionResetError)}  # step: (rank, where, error)
+
+
+def raise_once(step: int, where: str) -> None:
+    """The script's own error (a remote feature read, say), raised in `where` once: its replacement goes on."""
+    rank_, at, exc = INSIDE.get(step, (None, None, None))
+    flag = os.path.join(out, f"raised-{step}")
+    if kind == "inside-model" and rank_ == live.rank and at == where and not os.path.exists(flag):
+        open(flag, "w").close()
+        raise exc(f"the script's own error in {where} at step {step} (a remote read, say)")
+
+
+class Model(nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # called through DDP's forward
+        raise_once(step, "forward")
+        return super().forward(x)
+
+
 torch.manual_seed(0)
-model = nn.Linear(8, 1)
+model = Model(8, 1)
+model.weight.register_hook(lambda grad: raise_once(step, "hook"))  # runs inside DDP's backward
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 ddp = live.ddp(model)
 live.track(model=model, optimizer=optimizer, seed=0)
 marker = os.path.join(out, "raised")
+KINDS = ("TimeoutError", "ConnectionResetError", "ValueError", "exit3", "exit0")
 for step in live.steps(0, steps):
     with live.step():
         g = torch.Generator().manual_seed(step * 10 + live.rank)
         x = torch.randn(4, 8, generator=g)
-        if live.rank == 1 and step == 5 and kind != "abort-after-end" and not os.path.exists(marker):
+        if live.rank == 1 and step == 5 and kind in KINDS and not os.path.exists(marker):
             open(marker, "w").close()
             if kind in ("exit3", "exit0"):
                 sys.exit(int(kind[-1]))  # SystemExit is no Exception: it leaves live.step() untouched

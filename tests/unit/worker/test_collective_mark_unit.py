@@ -70,10 +70,29 @@ def test_a_failed_finalize_keeps_the_mark_until_the_error_is_reported() -> None:
     with pytest.raises(RuntimeError, match="closed by peer"):
         out.sum().backward()
     assert edges.written == [True]  # still inside: report_error clears it with the error
-    assert backward.state is Backward.RUNNING  # a drain cannot know which buckets went out
+    assert backward.state is Backward.FINALIZING  # the graph ran: the error is the finalize's (torch_origin)
     mark.forget()  # the group is gone; the next collective is an edge again
     mark.enter()
     assert edges.written == [True, True]
+
+
+@pytest.mark.parametrize("exc", [TimeoutError("feature store read timed out"), ConnectionResetError("reset")])
+def test_an_error_of_a_backward_hook_leaves_backward_before_the_finalize_stage(exc: Exception) -> None:
+    """Issue 32 F1: what a backward hook (or an autograd Function) raises is the script's: the graph errs, no final
+    callback runs, and the state stays RUNNING, which LiveGroup does not take for the reducer's collective."""
+    edges, seen = _Edges(), []
+    model = _model_with_finalize(seen, edges)
+    backward = BackwardMark(CollectiveMark(edges))  # type: ignore[arg-type]
+
+    def hook(_grad: torch.Tensor) -> None:
+        raise exc
+
+    model[0].bias.register_hook(hook)
+    out = model(torch.randn(2, 4))
+    backward.attach(out)
+    with pytest.raises(type(exc)):
+        out.sum().backward()
+    assert seen == [] and backward.state is Backward.RUNNING
 
 
 def test_an_output_without_gradient_is_not_marked() -> None:
