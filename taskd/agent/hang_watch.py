@@ -214,6 +214,11 @@ class HangWatch:
         return Hang(now - max(state.time, state.section_start or 0.0), state.step, state.section, state.stack_signal,
                     waiting)
 
+    def said_done(self, rank: Rank) -> bool:
+        """Whether the rank's script said its work was done (``taskd.worker.finished()``, ``LiveGroup.close()``)."""
+        _, state = self.heartbeat(rank)
+        return state is not None and state.finishing == FINISHING_DONE
+
     def overdue_exits(self, ranks: Iterable[Rank], now: float, grace: float) -> list[tuple[Rank, bool, float]]:
         """Ranks marked finishing (taskd.worker.finished(), or their interpreter's exit) more than the heartbeat
         timeout plus `grace` seconds ago and still running: (rank, whether the script said it was done, seconds).

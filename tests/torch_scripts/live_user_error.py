@@ -4,12 +4,14 @@ argv: STEPS OUT EXC, with EXC one of TimeoutError, ConnectionResetError, ValueEr
 (sys.exit(0): the rank leaves its group early, its peers train on); or
 inside-model: four errors of the script's own raised inside the model, each once (`INSIDE`: a TimeoutError and a
 ConnectionResetError in the module's forward, called through DDP, and in a backward hook, issue 32 F1); or
-abort-after-end:
-rank 1 aborts (once) after its last step, once rank 0 has finished (torch's gloo teardown abort, issue
-21 D3). Each rank writes OUT/rank<R>.pids (its pid at every start) and rank 0 OUT/final.pt.
+abort-after-end: rank 1 aborts (once) after live.close(), once rank 0 has finished (torch's gloo teardown abort,
+issue 21 D3, issue 32 F2); or abort-at-exit: rank 1 is SIGKILLed at step 6 and its replacement aborts after
+live.close(), and so does rank 2 (issue 32 F2).
+Each rank writes OUT/rank<R>.pids (its pid at every start) and rank 0 OUT/final.pt.
 """
 
 import os
+import signal
 import sys
 import time
 
@@ -59,12 +61,19 @@ for step in live.steps(0, steps):
                 sys.exit(int(kind[-1]))  # SystemExit is no Exception: it leaves live.step() untouched
             raise {"TimeoutError": TimeoutError, "ConnectionResetError": ConnectionResetError,
                    "ValueError": ValueError}[kind]("the script's own error (a remote read, say)")
+        if kind == "abort-at-exit" and live.rank == 1 and step == 6 and not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
         optimizer.zero_grad()
         ddp(x).sum().backward()
         optimizer.step()
 if live.rank == 0:
     torch.save(model.state_dict(), os.path.join(out, "final.pt"))
 live.close()
+if kind == "abort-at-exit":
+    if live.rank == 0:
+        os._exit(0)
+    os.abort()  # the replacement of rank 1, and rank 2: what torch's gloo teardown does now and then
 if kind != "abort-after-end":
     # what docs/pytorch.md ("Ending a DDP script") advises: torch 2.13's gloo can abort the interpreter's
     # finalization (SIGABRT, "terminate called without an active exception"; a replacement rank did, once, in a
