@@ -44,6 +44,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, required=True, help="total optimizer steps (epochs follow from the data)")
     p.add_argument("--out", required=True, help="directory for final.pt, summary.json and checkpoints")
     p.add_argument("--ckpt-every", type=int, default=0, help="per-rank checkpoint every K steps (0: never)")
+    p.add_argument("--save-in-step", action="store_true",
+                   help="write the checkpoint inside `with live.step():`, right after the optimizer step (where a "
+                        "torchrun script writes it), instead of after the block")
     p.add_argument("--samples", type=int, default=96, help="sequences in the data set")
     p.add_argument("--seq", type=int, default=16)
     p.add_argument("--vocab", type=int, default=64)
@@ -155,7 +158,12 @@ def main(argv: list[str] | None = None) -> int:
             mean = loss.detach().reshape(1) / live.world_size
             dist.all_reduce(mean)              # the logging all-reduce, after the commit
             loss_sum += mean
-        if args.ckpt_every and live.step_no % args.ckpt_every == 0 and live.step_no > step:
+            if args.save_in_step and args.ckpt_every and (step + 1) % args.ckpt_every == 0:
+                # after optimizer.step() the step is committed: data.state_dict() is its position too
+                ckpt.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                           "scheduler": scheduler.state_dict(), "data": data.state_dict()}, step + 1)
+        if not args.save_in_step and args.ckpt_every and live.step_no % args.ckpt_every == 0 \
+                and live.step_no > step:
             ckpt.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                        "scheduler": scheduler.state_dict(), "data": data.state_dict()}, live.step_no)
         if rank == 0 and live.step_no % 10 == 0:

@@ -176,6 +176,8 @@ class LiveGroup(Migrating):
 
     def _on_optimizer_step(self, *_: Any) -> None:
         self._committed = True  # the step's update is applied: a failure after this commits it
+        if self._in_step:  # and its batches are consumed: a checkpoint taken from here on holds both (issue 32, F4)
+            self._data("commit")
 
     # -- the training loop -------------------------------------------------------------------------
     def steps(self, start: int, stop: int, load: Callable[[int], object] | None = None) -> Iterator[int]:

@@ -152,7 +152,13 @@ class LiveLoader:
         return self.position.index
 
     def state_dict(self) -> dict[str, Any]:
-        """The position as of the last committed step (and a StatefulDataLoader's state there), for checkpoints."""
+        """The position as of the last committed step (and a StatefulDataLoader's state there), for checkpoints.
+
+        A step is committed by its optimizer step: taken anywhere after it, inside ``with live.step():`` or after
+        the block, this is the position the model and the optimizer stand at (issue 32, F4: taken inside the
+        block it held the step before's, and every restart from it repeated a batch)."""
+        if not self._taken:
+            self._capture()  # the loader stands at the commit now: its own state there, while it is exact
         return {"epoch": self._mark.epoch, "index": self._mark.index, "loader": self._mark_state}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

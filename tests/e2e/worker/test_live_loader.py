@@ -88,6 +88,31 @@ def test_a_rank_killed_mid_epoch_is_replaced_live_at_its_data_position_bit_ident
         assert torch.equal(final[key], reference[key]), f"{key} differs by {(final[key] - reference[key]).abs().max()}"
 
 
+def test_a_checkpoint_written_inside_the_step_resumes_a_job_rescheduling_bit_identically(
+        tmp_path: Path, reference: dict) -> None:
+    """Issue 32 F4: a checkpoint written inside `with live.step():` right after optimizer.step() (where a torchrun
+    script writes it) held the data position of the step before: every restart from it repeated a batch, and the
+    final parameters differed from a fault-free run. Live recovery off (TASKD_RDZV_STORE=rank): rank 1's SIGKILL at
+    step 8 restarts every rank from the step-5 checkpoint, mid-epoch (6 steps to an epoch)."""
+    argv = [sys.executable, "-m", "taskd.run", "--monitor-interval", "0.2", "--nproc-per-node", "2", str(EXAMPLE),
+            "--steps", str(STEPS), "--out", str(tmp_path / "out"), "--crash", f"1:{CRASH_STEP}", "--ckpt-every", "5",
+            "--save-in-step"]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT, env={**env(),
+                              "TASKD_RDZV_STORE": "rank"}, cwd=tmp_path)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"did not finish in {TIMEOUT:.0f}s:\n{exc.stdout}\n{exc.stderr}")
+    console = proc.stdout + proc.stderr
+    assert proc.returncode == 0, console[-6000:]
+    assert "strategy: job-rescheduling" in console, console[-4000:]
+    assert (tmp_path / "out" / "ckpt" / "rank0").exists()
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["ranks"]["0"]["position"] == [2, 2]  # where a fault-free run ends
+    final = torch.load(tmp_path / "out" / "final.pt")
+    for key in final:  # no batch seen twice, none skipped: torchrun's fault-free run exactly
+        assert torch.equal(final[key], reference[key]), f"{key} differs by {(final[key] - reference[key]).abs().max()}"
+
+
 NEWEST_COMMON_STEP = """\
 import torch, torch.distributed as dist
 from taskd.worker.torch import LiveGroup
