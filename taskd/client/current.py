@@ -18,6 +18,7 @@ from taskd.client.arguments import env_int
 from taskd.client.errors import ConfigurationError
 from taskd.client.manager import DEFAULT_ROLE, DLRecoverManager, RecoverClient
 from taskd.proto import recover_pb2
+from taskd.settings import env_text
 
 logger = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -34,8 +35,7 @@ def manager_from_env(environ: Mapping[str, str] | None = None, **kwargs: Any) ->
     (which must still be set).
     """
     env = os.environ if environ is None else environ
-    job_id = env.get("MINDX_TASK_ID", "").strip()
-    server = env.get("MINDX_SERVER_IP", "").strip()
+    job_id, server = env_text("job_id", env), env_text("server", env)  # the agent's variables (taskd/settings.py)
     if server and local_proxy_enabled(env):
         logger.info("LOCAL_PROXY_ENABLE=on: the recover client talks to the local proxy %s, not MINDX_SERVER_IP %s",
                     LOCAL_PROXY_ADDRESS, server)

@@ -12,8 +12,6 @@ ROOT = Path(__file__).resolve().parents[2]
 RANK_SIDE = ROOT / "taskd" / "worker"
 
 NOT_YET = {
-    # the TaskD API's own reader of the two variables TaskD documents (the client's scope, next)
-    "taskd/client/current.py": {"MINDX_SERVER_IP", "MINDX_TASK_ID"},
     # `taskd status` / `taskd token`: the client's credential variables (client/credentials.py holds them)
     "taskd/controller/cli_commands.py": {"TOKEN_ENV", "TASKD_TLS_CA", "TASKD_TLS_CERT", "TASKD_TLS_KEY"},
     # `taskd run`'s check that a multi-node line without --server has the job's secret: the same variable
