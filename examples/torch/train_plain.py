@@ -24,6 +24,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -45,6 +46,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ckpt-dir", default=None, help="disk checkpoints every --ckpt-every steps: the fallback")
     p.add_argument("--ckpt-every", type=int, default=0)
     p.add_argument("--snapshot-every", type=int, default=1, help="snapshot every K steps (0: never)")
+    p.add_argument("--snapshot-keep", type=int, default=2, help="snapshots kept per rank (on several nodes: more "
+                   "than the steps a buddy's copy lags, so that the ranks still share a step with it)")
+    p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step (to watch it run)")
     p.add_argument("--kill-rank", type=int, default=None, help="this rank SIGKILLs itself once, after --kill-at-step")
     p.add_argument("--kill-at-step", type=int, default=None)
     p.add_argument("--hidden", type=int, default=64)
@@ -76,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     ckpt = worker.CheckpointManager(os.path.join(args.ckpt_dir, f"rank{rank}")) if args.ckpt_dir else None
 
-    snapshots = TorchSnapshots(model, optimizer, fallback=ckpt)  # snapshot: what to keep
+    snapshots = TorchSnapshots(model, optimizer, keep=args.snapshot_keep, fallback=ckpt)  # snapshot: what to keep
     start = snapshots.restore()  # snapshot: state in (the newest step every rank holds in memory, else disk, else 0)
     steps = torch.tensor([start])
     dist.all_reduce(steps, op=dist.ReduceOp.MAX)
@@ -101,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         if ckpt is not None and args.ckpt_every and (step + 1) % args.ckpt_every == 0:
             ckpt.save(snapshots.state(), step + 1)
         worker.heartbeat(step + 1)
+        if args.step_sleep > 0:
+            time.sleep(args.step_sleep)
         if rank == args.kill_rank and step + 1 == args.kill_at_step and not os.path.exists(marker):
             with open(marker, "w") as fh:
                 fh.write(str(step + 1))

@@ -131,7 +131,8 @@ class Snapshots:
     """
 
     def __init__(self, keep: int = 2, scope: str = "job", fallback: Fallback | None = None, *,
-                 directory: str | None = None, cap: int | None = None, background: bool = True) -> None:
+                 directory: str | None = None, cap: int | None = None, background: bool = True,
+                 agree: Callable[[set[int]], set[int]] | None = None) -> None:
         if scope not in SCOPES:
             raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
         lowest = 2 if scope == "job" else 1
@@ -139,6 +140,7 @@ class Snapshots:
             raise ValueError(f"keep must be an integer >= {lowest} for scope {scope!r} (the consistent cut needs the "
                              f"step before the newest while the newest is written), got {keep!r}")
         self.keep, self.scope, self.fallback, self.background = keep, scope, fallback, background
+        self.agree = agree  # a job on several nodes: the steps every rank holds, from this rank's (a collective)
         self.directory = directory if directory is not None else os.environ.get(Var.TASKD_SNAPSHOT_DIR) or None
         self.cap = cap if cap is not None else env_int(Var.TASKD_SNAPSHOT_BYTES)
         self.rank, self.world = rank(), world_size()
@@ -260,6 +262,8 @@ class Snapshots:
         raised as it is, never taken for a damaged snapshot (no fallback loaded over a half-applied state)."""
         self.wait()
         why = self.off
+        if why is not None and self.scope == "job" and self._nodes() > 1 and self.agree is not None:
+            self.agree(set())  # the other ranks agree on a cut: take part, holding nothing
         if why is None:
             step, why = self._cut()
             if step is not None:
@@ -295,10 +299,17 @@ class Snapshots:
         if self.scope == "rank":
             own = self._published(self.rank)
             return (max(own), "") if own else (None, f"rank {self.rank} holds no snapshot")
-        nodes = env_int(Var.GROUP_WORLD_SIZE, 1) or 1
-        if nodes > 1:
-            return None, (f"the job runs on {nodes} nodes: the cut across nodes (agreed through the agents and the "
-                          "controller) is not built yet")
+        nodes = self._nodes()
+        if nodes > 1:  # each node sees its own ranks only (a lost node's, fetched from its buddy, among them)
+            if self.agree is None:
+                return None, (f"the job runs on {nodes} nodes and nothing agrees on a step across them (`agree`: "
+                              "TorchSnapshots passes one once torch.distributed is initialized)")
+            try:
+                common = self.agree(self._published(self.rank))
+            except SnapshotError as exc:
+                return None, str(exc)
+            return (max(common), "") if common else (None, f"no step is held by every rank of the job's {nodes} "
+                                                          "nodes (a buddy's copy further behind than `keep` steps?)")
         held = {r: self._published(r) for r in range(self.world)}
         common = set.intersection(*held.values()) if held else set()
         if common:
@@ -308,6 +319,10 @@ class Snapshots:
             return None, f"rank(s) {', '.join(map(str, empty))} hold no snapshot"
         newest = ", ".join(f"rank {r}: {max(s)}" for r, s in held.items())
         return None, f"no step is held by every rank (newest {newest})"
+
+    @staticmethod
+    def _nodes() -> int:
+        return env_int(Var.GROUP_WORLD_SIZE, 1) or 1
 
     def _published(self, of_rank: int) -> set[int]:
         try:

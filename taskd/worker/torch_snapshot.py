@@ -59,6 +59,20 @@ def _is_sharded(obj: Any) -> bool:
     return isinstance(obj, torch.nn.Module) and any(type(p).__name__ == "DTensor" for p in obj.parameters())
 
 
+def common_steps(steps: set[int]) -> set[int]:
+    """The steps every rank of the job holds, from each rank's own: the cut across nodes (`Snapshots`'s ``agree``).
+    A collective of the default group, which every rank's ``restore`` calls; SnapshotError before
+    ``init_process_group``."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise SnapshotError("the job runs on several nodes and torch.distributed is not initialized: call "
+                            "init_process_group before restore, so that the ranks agree on one step")
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, sorted(steps))
+    return set.intersection(*(set(g) for g in gathered))
+
+
 class TorchSnapshots:
     """The snapshots of ``objects`` (modules, optimizers, LR schedulers: whatever has ``state_dict``) under
     one step. ``keep``, ``scope``, ``fallback`` as `taskd.worker.Snapshots`; the fallback here is a
@@ -75,7 +89,7 @@ class TorchSnapshots:
                 raise TypeError(f"{type(obj).__name__} holds DTensor shards (FSDP2, tensor parallel): snapshot it "
                                 "with ShardedSnapshots(model, optimizer)")
         self.objects = objects
-        self.snapshots = Snapshots(keep=keep, scope=scope, fallback=fallback, **options)
+        self.snapshots = Snapshots(keep=keep, scope=scope, fallback=fallback, **{"agree": common_steps, **options})
         self.extra: Any = None  # what the restored snapshot carried besides the objects (save's ``extra``)
 
     @property
@@ -163,7 +177,7 @@ class ShardedSnapshots:
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, not {type(optimizer).__name__}")
         register_reducer(DTensor, _reduce_dtensor)  # before torch.Tensor's: a DTensor's own type comes first
         self.model, self.optimizer = model, optimizer
-        self.snapshots = Snapshots(keep=keep, scope="job", fallback=fallback, **options)
+        self.snapshots = Snapshots(keep=keep, scope="job", fallback=fallback, **{"agree": common_steps, **options})
         self.extra: Any = None
 
     @property
@@ -201,4 +215,4 @@ class ShardedSnapshots:
         self.snapshots.close()
 
 
-__all__ = ["ShardedSnapshots", "TorchSnapshots"]
+__all__ = ["ShardedSnapshots", "TorchSnapshots", "common_steps"]

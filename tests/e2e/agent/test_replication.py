@@ -18,11 +18,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
+import torch
 from support import STARTED, free_port, port_open, wait_for
 from support.run import EXAMPLE, ROOT
 
@@ -30,6 +32,8 @@ from taskd.controller.auth import job_credential
 from taskd.proto import taskd_pb2, taskd_pb2_grpc
 
 STEPS = 600
+PLAIN_STEPS = 400
+PLAIN = ROOT / "examples" / "torch" / "train_plain.py"
 CKPT_EVERY = 50
 ADMIN = "buddy-admin-token-0123456789"
 JOB = "buddy"
@@ -86,6 +90,45 @@ def shm_left() -> list[str]:
     return glob.glob(f"/dev/shm/taskd-snap-{JOB}-*")
 
 
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[tuple[str, Path, Path]]:
+    """A `taskd server` with an admin token that declares a silent node lost within seconds: (address, the admin
+    token's file, the job's credential's file)."""
+    admin = tmp_path / "admin.token"
+    admin.write_text(ADMIN)
+    cred = tmp_path / "job.token"
+    cred.write_text(job_credential(ADMIN, JOB))
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "taskd", "server", "--listen", address, "--state", ":memory:",
+                             "--token-file", str(admin), "--agent-loss-grace", "1", "--agent-loss-timeout", "4",
+                             "--agent-ping-interval", "1", "--agent-ping-timeout", "1"],
+                            stdout=(tmp_path / "server.log").open("wb"), stderr=subprocess.STDOUT, cwd=ROOT)
+    STARTED.append(proc)
+    try:
+        wait_for(lambda: port_open(port) or proc.poll() is not None, 30, "taskd server to listen")
+        yield address, admin, cred
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def job_args(address: str, cred: Path, rank: int | None) -> list[str]:
+    where = ["--standby"] if rank is None else ["--node-rank", str(rank)]
+    return ["--nnodes", "2", *where, "--nproc-per-node", "2", "--job-id", JOB, "--server", address,
+            "--token-file", str(cred), "--stop-grace", "2", "--strategies", "job-rescheduling,exit"]
+
+
+def kill_all(procs: dict[str, subprocess.Popen[bytes]]) -> None:
+    for proc in procs.values():
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=10)
+
+
 @pytest.fixture(scope="module")
 def fault_free(tmp_path_factory: pytest.TempPathFactory) -> list[np.ndarray]:
     tmp = tmp_path_factory.mktemp("buddy-baseline")
@@ -94,29 +137,12 @@ def fault_free(tmp_path_factory: pytest.TempPathFactory) -> list[np.ndarray]:
     return [np.load(tmp / "out" / f"rank{r}.npy") for r in range(4)]
 
 
-def test_a_replacement_restores_a_lost_nodes_ranks_from_its_buddys_copy(tmp_path: Path,
-                                                                         fault_free: list[np.ndarray]) -> None:
-    admin = tmp_path / "admin.token"
-    admin.write_text(ADMIN)
-    cred = tmp_path / "job.token"
-    cred.write_text(job_credential(ADMIN, JOB))
-    port = free_port()
-    address = f"127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "taskd", "server", "--listen", address, "--state", ":memory:",
-                               "--token-file", str(admin), "--agent-loss-grace", "1", "--agent-loss-timeout", "4",
-                               "--agent-ping-interval", "1", "--agent-ping-timeout", "1"],
-                              stdout=(tmp_path / "server.log").open("wb"), stderr=subprocess.STDOUT, cwd=ROOT)
-    STARTED.append(server)
-
-    def job_args(rank: int) -> list[str]:
-        return ["--nnodes", "2", "--node-rank", str(rank), "--nproc-per-node", "2", "--job-id", JOB, "--server",
-                address, "--token-file", str(cred), "--stop-grace", "2", "--strategies", "job-rescheduling,exit",
-                *example(tmp_path)]
-
-    procs: dict[str, subprocess.Popen[bytes]] = {}
+def test_a_replacement_restores_a_lost_nodes_ranks_from_its_buddys_copy(
+        tmp_path: Path, server: tuple[str, Path, Path], fault_free: list[np.ndarray]) -> None:
+    address, admin, cred = server
+    procs = {f"node{r}": node([*job_args(address, cred, r), *example(tmp_path)], tmp_path / f"node{r}.log")
+             for r in range(2)}
     try:
-        wait_for(lambda: port_open(port) or server.poll() is not None, 30, "taskd server to listen")
-        procs = {f"node{r}": node(job_args(r), tmp_path / f"node{r}.log") for r in range(2)}
         wait_for(lambda: copied(1) >= 20, 60, "node 1's snapshots copied to node 0 past step 20")
         record = status(address, admin)
         node1 = [s for s in record.get("snapshots", []) if s.get("nodeRank") == 1]
@@ -133,7 +159,7 @@ def test_a_replacement_restores_a_lost_nodes_ranks_from_its_buddys_copy(tmp_path
         assert procs["node1"].wait(timeout=10) == -signal.SIGKILL
         reached = {r: os.path.getsize(tmp_path / "out" / f"rank{r}.computed") for r in (2, 3)}
         time.sleep(1)
-        procs["replacement"] = node(job_args(1), tmp_path / "replacement.log")
+        procs["replacement"] = node([*job_args(address, cred, 1), *example(tmp_path)], tmp_path / "replacement.log")
         for name in ("node0", "replacement"):
             assert procs[name].wait(timeout=120) == 0, (tmp_path / f"{name}.log").read_text()
         log = (tmp_path / "replacement.log").read_text()
@@ -148,11 +174,44 @@ def test_a_replacement_restores_a_lost_nodes_ranks_from_its_buddys_copy(tmp_path
             assert 0 <= redone <= 5, (rank, reached[rank], summary)  # a disk checkpoint is up to 50 steps back
         wait_for(lambda: shm_left() == [], 15, "the job's snapshots gone from /dev/shm")
     finally:
-        for proc in [*procs.values(), server]:
-            if proc.poll() is None:
-                with_group = proc is not server
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL) if with_group else proc.kill()
-                except ProcessLookupError:
-                    pass
-                proc.wait(timeout=10)
+        kill_all(procs)
+
+
+def plain(tmp: Path, steps: int, sleep: float) -> list[str]:
+    return [str(PLAIN), "--steps", str(steps), "--out", str(tmp / "out"), "--ckpt-dir", str(tmp / "ckpt"),
+            "--ckpt-every", "100", "--snapshot-keep", "6", "--step-sleep", str(sleep)]
+
+
+def test_a_standby_taking_a_lost_node_restores_a_ddp_jobs_cut_from_memory(tmp_path: Path,
+                                                                         server: tuple[str, Path, Path]) -> None:
+    """examples/torch/train_plain.py (DDP over gloo, scope "job"): every rank restores the newest step all four
+    hold, node 1's from the copy the standby fetched from node 0; final parameters equal a fault-free run's."""
+    base = tmp_path / "baseline"
+    proc = node(["--nproc-per-node", "4", "--nnodes", "1", "--quiet", *plain(base, PLAIN_STEPS, 0.0)],
+                tmp_path / "baseline.log")
+    assert proc.wait(timeout=180) == 0, (tmp_path / "baseline.log").read_text()
+    address, _admin, cred = server
+    procs = {f"node{r}": node([*job_args(address, cred, r), *plain(tmp_path, PLAIN_STEPS, 0.05)],
+                              tmp_path / f"node{r}.log") for r in range(2)}
+    procs["standby"] = node([*job_args(address, cred, None), *plain(tmp_path, PLAIN_STEPS, 0.05)],
+                            tmp_path / "standby.log")
+    try:
+        wait_for(lambda: copied(1) >= 20, 90, "node 1's snapshots copied to node 0 past step 20")
+        assert procs["node1"].poll() is None, "the job ended before its node was lost: give it more steps"
+        os.killpg(procs["node1"].pid, signal.SIGKILL)
+        assert procs["node1"].wait(timeout=10) == -signal.SIGKILL
+        reached = os.path.getsize(tmp_path / "out" / "rank2.computed")
+        for name in ("node0", "standby"):
+            assert procs[name].wait(timeout=180) == 0, (tmp_path / f"{name}.log").read_text()
+        log = (tmp_path / "standby.log").read_text()
+        assert "this standby takes over node 1" in log and "fetched node 1's snapshots" in log, log
+        summaries = [json.loads((tmp_path / "out" / f"rank{r}.json").read_text()) for r in range(4)]
+        assert {s["restored_from"] for s in summaries} == {"memory"}, summaries
+        assert len({s["resumed_from"] for s in summaries}) == 1, summaries  # one cut
+        assert 0 <= reached - summaries[2]["resumed_from"] <= 6, (reached, summaries)  # disk: back to 0 or 100
+        for r in range(4):
+            got, want = torch.load(tmp_path / "out" / f"rank{r}.pt"), torch.load(base / "out" / f"rank{r}.pt")
+            assert all(torch.equal(got[k], want[k]) for k in want), f"rank {r}'s parameters differ"
+        wait_for(lambda: shm_left() == [], 15, "the job's snapshots gone from /dev/shm")
+    finally:
+        kill_all(procs)

@@ -74,6 +74,32 @@ def test_the_cut_is_the_newest_step_every_rank_holds(tmp_path, monkeypatch: pyte
     assert Snapshots(scope="rank", keep=1, directory=str(tmp_path)).restore()[1] == 6
 
 
+def test_across_nodes_the_cut_is_what_agree_says_every_rank_holds(tmp_path, monkeypatch: pytest.MonkeyPatch,
+                                                                  caplog) -> None:
+    """A rank on one of several nodes sees its own node only: the step comes from ``agree`` (the collective)."""
+    as_rank(monkeypatch, 2, 4)
+    monkeypatch.setenv(Var.GROUP_WORLD_SIZE, "2")
+    snaps = Snapshots(keep=3, directory=str(tmp_path), background=False)
+    for step in (4, 5, 6):
+        snaps.save(state(step), step)
+    asked: list[set[int]] = []
+
+    def agree(steps: set[int]) -> set[int]:
+        asked.append(steps)
+        return steps & {3, 4, 5}  # the other node's ranks (or the buddy's copy of them) hold 3-5
+    restored = Snapshots(keep=3, directory=str(tmp_path), agree=agree)
+    assert restored.restore()[1] == 5 and asked == [{4, 5, 6}]
+    assert files(tmp_path, 2) == ["s000000000004.snap", "s000000000005.snap"]
+    caplog.set_level(logging.INFO, "taskd.worker.snapshot")
+    assert Snapshots(directory=str(tmp_path), agree=lambda steps: set()).restore() is None
+    assert "no step is held by every rank of the job's 2 nodes" in caplog.text
+    assert Snapshots(directory=str(tmp_path)).restore() is None  # nothing to agree with: never a guess
+    assert "the job runs on 2 nodes and nothing agrees on a step across them" in caplog.text
+    off: list[set[int]] = []
+    Snapshots(directory=None, agree=lambda steps: off.append(steps) or set()).restore()
+    assert off == [set()]  # a rank whose snapshots are off still takes part in the others' collective
+
+
 def test_no_common_step_restores_nothing_and_says_why(tmp_path, monkeypatch: pytest.MonkeyPatch, caplog) -> None:
     as_rank(monkeypatch, 0, 2)
     Snapshots(directory=str(tmp_path), background=False).save(state(1), 1)
