@@ -31,9 +31,10 @@ import mmap
 import os
 import re
 import signal
-import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Protocol
 
 from taskd.worker.env import Var, env_int, rank, restart_count, world_size
@@ -147,7 +148,8 @@ class Snapshots:
         self.restored_from: str | None = None  # "memory", "disk" or None, once restore() ran
         self.off: str | None = None  # why snapshots are off (the reason was logged), None while they are on
         self._segments: list[_Segment] = []
-        self._publisher: threading.Thread | None = None
+        self._pool: ThreadPoolExecutor | None = None  # one publisher thread for the rank's life: no start per save
+        self._pending: Future[None] | None = None
         self._fault = _fault_step(self.rank)
         if self.directory is None:
             self.off = "no snapshot directory (TASKD_SNAPSHOT_DIR): the script was not started by `taskd run`"
@@ -186,9 +188,9 @@ class Snapshots:
             raise
         args = (segment, view, step, length, len(flat.skeleton), len(flat.buffers))
         if self.background:
-            self._publisher = threading.Thread(target=self._publish, args=args, daemon=True,
-                                               name=f"taskd-snapshot-{step}")
-            self._publisher.start()
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="taskd-snapshot")
+            self._pending = self._pool.submit(self._publish, *args)
         else:
             self._publish(*args)
         return True
@@ -244,13 +246,14 @@ class Snapshots:
 
     def wait(self, timeout: float = PUBLISH_WAIT) -> None:
         """Wait for the snapshot being published; SnapshotError past ``timeout``."""
-        publisher = self._publisher
-        if publisher is None:
+        pending = self._pending
+        if pending is None:
             return
-        publisher.join(timeout)
-        if publisher.is_alive():
-            raise SnapshotError(f"the previous snapshot is still being published after {timeout} s")
-        self._publisher = None
+        try:
+            pending.result(timeout)
+        except FutureTimeout:
+            raise SnapshotError(f"the previous snapshot is still being published after {timeout} s") from None
+        self._pending = None
 
     # -- restore ---------------------------------------------------------------------------------------------
     def restore(self, use: Callable[[Any], Any] | None = None) -> tuple[Any, int] | None:
