@@ -82,9 +82,9 @@ class Launcher(Protocol):
         """Kill the prepared replacements: the round starts none of them into a rejoin."""
         ...
 
-    def prepare_successor(self, local_rank: int, after_generation: int) -> str | None:
+    def prepare_successor(self, local_rank: int, after_generation: int) -> tuple[str, int] | None:
         """A planned migration: a warm spare becomes the running rank's successor, joining the first generation
-        named above `after_generation`; the path of the heartbeat file it writes until adopted. None: cannot."""
+        named above `after_generation`; (the heartbeat file it writes until adopted, its pid). None: cannot."""
         ...
 
     def adopt_successor(self, local_rank: int) -> int | None:
@@ -147,7 +147,7 @@ class MsrunLauncher:
     def discard_prepared(self) -> None:
         return None
 
-    def prepare_successor(self, local_rank: int, after_generation: int) -> str | None:
+    def prepare_successor(self, local_rank: int, after_generation: int) -> tuple[str, int] | None:
         return None
 
     def adopt_successor(self, local_rank: int) -> int | None:

@@ -19,9 +19,10 @@ The decision of whether to start at all is `refusal` (pure).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import psutil
 
 from taskd.agent.controller_link import ControllerLink
 from taskd.agent.launcher_api import Launcher
@@ -115,13 +116,14 @@ class Migrations:
         if why:
             return self._end(Outcome(migration, rank, False, why, generation=generation))
         assert local is not None and local.pid is not None
-        path = self.details.prepare_successor(local.local_rank, generation - 1)
-        if path is None:
+        prepared = self.details.prepare_successor(local.local_rank, generation - 1)
+        if prepared is None:
             return self._end(Outcome(migration, rank, False, "no warm spare is ready on this node to take the rank "
                                      "(taskd run --warm-spares N; a spare used by a recovery is refilled 5 s later)",
                                      generation=generation))
-        self.active = Migration(migration, local, generation, path, now + READY_TIMEOUT, local.pid)
-        log.info("migration of rank %d (pid %d): successor starting from a warm spare", rank, local.pid)
+        path, pid = prepared
+        self.active = Migration(migration, local, generation, path, now + READY_TIMEOUT, local.pid, new_pid=pid)
+        log.info("migration of rank %d (pid %d): successor pid %d starting from a warm spare", rank, local.pid, pid)
 
     def poll(self, now: float) -> None:
         m = self.active
@@ -144,15 +146,15 @@ class Migrations:
         return status
 
     def _successor_gone(self, m: Migration) -> bool:
+        """Whether the successor's process ended (a zombie too: a bound spare is reaped only when discarded)."""
         if not m.new_pid:
             return False
         try:
-            os.kill(m.new_pid, 0)
-        except ProcessLookupError:
+            return psutil.Process(m.new_pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
             return True
-        except PermissionError:
+        except psutil.Error:
             return False
-        return False
 
     def _prepare(self, m: Migration, now: float) -> None:
         status = self._successor(m)

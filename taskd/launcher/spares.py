@@ -180,6 +180,12 @@ class SparePool:
             self._bound[key] = (popen, dict(env))
             return True
 
+    def bound_pid(self, key: int) -> int | None:
+        """The pid of the spare bound to ``key`` (None: none)."""
+        with self._lock:
+            bound = self._bound.get(key)
+            return bound[0].pid if bound is not None else None
+
     def take(self, key: int, env: Mapping[str, str], ignore: frozenset[str] = PREPARED_MAY_DIFFER) \
             -> subprocess.Popen[bytes] | None:
         """The spare bound to ``key`` if it still runs and was handed ``env`` (but for the ``ignore`` keys), else

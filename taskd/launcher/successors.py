@@ -29,11 +29,11 @@ class Successors:
     _live: Any
     spec: Any
 
-    def prepare_successor(self, local_rank: int, after_generation: int) -> str | None:
+    def prepare_successor(self, local_rank: int, after_generation: int) -> tuple[str, int] | None:
         """A warm spare becomes ``local_rank``'s successor while the rank still runs (a planned migration,
         docs/worker.md): it runs the script into `LiveGroup()` and waits there for a generation above
-        ``after_generation``, writing the heartbeat file whose path this returns (its own until `adopt_successor`);
-        None when no spare is ready (or no live job, or the rank is not running)."""
+        ``after_generation``, writing a heartbeat file of its own until `adopt_successor`: (its path, the successor's
+        pid); None when no spare is ready (or no live job, or the rank is not running)."""
         with self._lock:
             current = self._table.current(local_rank) if self._table.valid(local_rank) else None
             out, err = self.spec.console_streams(local_rank) if current is not None else (None, None)
@@ -48,8 +48,9 @@ class Successors:
             if not self._spares.bind(local_rank, self.spec.entrypoint, env, self.spec.cwd):
                 remove_old(path)
                 return None
+            pid = self._spares.bound_pid(local_rank)
         log.info("migration: rank %d's successor started from a warm spare", self.spec.global_rank(local_rank))
-        return path
+        return path, pid or 0
 
     def adopt_successor(self, local_rank: int) -> int | None:
         """The prepared successor becomes ``local_rank``'s current incarnation (its heartbeat file moved to the
@@ -70,6 +71,7 @@ class Successors:
         """A migration called off: its successor is killed and reaped, its heartbeat file removed."""
         with self._lock:
             self._spares.discard()
+            self._spares.refill_later()  # the spare it was is replaced
             remove_old(self.heartbeat_path(local_rank) + ".next")
 
 

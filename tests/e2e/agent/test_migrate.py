@@ -3,17 +3,21 @@
 
 One job without a warm spare is the fault-free reference: `taskd migrate` is refused there (no spare, a bad
 credential, an unknown rank), each time with its reason and a non-zero exit, and nothing changes (every rank keeps
-its pid, no step is recomputed). The same job with `--warm-spares 1` migrates rank 2 with the job's own credential:
-the old process is gone, the other ranks keep their pids, no step is recomputed or lost, the final parameters are
-bit-identical to the reference, the pause is in the job's events, and nothing is left running.
+its pid, no step is recomputed). The same job with `--warm-spares 1`: a first `taskd migrate` of rank 2 whose
+successor is SIGKILLed before it is ready is called off (exit 1, nothing changed); the next, with the job's own
+credential, moves it: the old process is gone, the other ranks keep their pids, no step is recomputed or lost, the
+final parameters are bit-identical to the reference, the pause is in the job's events, and nothing is left running.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -28,12 +32,12 @@ pytestmark = pytest.mark.torch
 
 EXAMPLE = ROOT / "examples" / "torch" / "train_ddp.py"
 WORLD = 4
-STEPS = 300
+STEPS = 400
 ADMIN = "migrate-test-admin-token-0123456789"
 
 
 def job_args(tmp: Path, name: str) -> list[str]:
-    """The job, paced (0.2 s a step, 60 s in all) while `tmp`/`name`.pace exists: the test acts on it meanwhile,
+    """The job, paced (0.2 s a step, 80 s in all) while `tmp`/`name`.pace exists: the test acts on it meanwhile,
     and removes the file to let it finish at full speed."""
     (tmp / f"{name}.pace").touch()
     return ["--nproc-per-node", str(WORLD), "--job-id", name, "--stop-grace", "2", str(EXAMPLE), "--hidden", "32",
@@ -53,11 +57,27 @@ def progress(tmp: Path, name: str, rank: int) -> list[tuple[int, int]]:
     return [(int(s), int(p)) for s, _, p in (line.split() for line in lines if line.count(" ") == 2)]
 
 
-def migrate(address: str, job: str, rank: int, token: Path) -> subprocess.CompletedProcess[str]:
+def migrate_call(address: str, job: str, rank: int, token: Path) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("MINDX_SERVER_IP", "TASKD_TOKEN_FILE")}
-    return subprocess.run([sys.executable, "-m", "taskd", "migrate", "--server", address, "--job", job, "--rank",
-                           str(rank), "--token-file", str(token), "--timeout", "100"],
-                          capture_output=True, text=True, timeout=150, cwd=ROOT, env=env)
+    return subprocess.Popen([sys.executable, "-m", "taskd", "migrate", "--server", address, "--job", job, "--rank",
+                             str(rank), "--token-file", str(token), "--timeout", "100"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+
+
+def migrate(address: str, job: str, rank: int, token: Path) -> subprocess.CompletedProcess[str]:
+    call = migrate_call(address, job, rank, token)
+    out, err = call.communicate(timeout=150)
+    return subprocess.CompletedProcess(call.args, call.returncode, out, err)
+
+
+def migrated(address: str, job: str, rank: int, token: Path, log: Path) -> subprocess.CompletedProcess[str] | None:
+    """A `taskd migrate` that moved the rank; None while the node has no warm spare ready; else the test fails."""
+    moved = migrate(address, job, rank, token)
+    if moved.returncode == 0:
+        return moved
+    assert "no warm spare is ready" in moved.stderr, f"{moved}\n{log.read_text()[-4000:]}"
+    time.sleep(0.5)
+    return None
 
 
 def started(tmp: Path, name: str) -> dict[int, int]:
@@ -113,7 +133,14 @@ def test_migrate_a_rank_of_a_live_ddp_job(tmp_path: Path) -> None:
         log = tmp_path / "mig.log"
         job = taskd_run([*base, "--warm-spares", "1", *job_args(tmp_path, "mig")], log)
         pids = started(tmp_path, "mig")
-        moved = migrate(srv.address, "mig", 2, credential)
+        # the successor dies before it is ready: the migration is called off and the job runs as it was
+        call = migrate_call(srv.address, "mig", 2, credential)
+        line = wait_for(lambda: re.search(r"successor pid (\d+) starting", log.read_text()), 60, "a successor")
+        os.kill(int(line.group(1)), signal.SIGKILL)
+        out, err = call.communicate(timeout=150)
+        assert call.returncode == 1 and f"called off: the successor (pid {line.group(1)}) ended" in err, (out, err)
+        # then, once the pool has a spare again (refilled 5 s later), the rank moves
+        moved = wait_for(lambda: migrated(srv.address, "mig", 2, credential, log), 90, "a migration with a new spare")
         assert moved.returncode == 0, f"{moved}\n{log.read_text()[-6000:]}"
         assert f"(pid {pids[2]} -> " in moved.stdout, moved.stdout
         (tmp_path / "mig.pace").unlink()
@@ -122,6 +149,8 @@ def test_migrate_a_rank_of_a_live_ddp_job(tmp_path: Path) -> None:
         console = log.read_text()
         done = events(srv.address, "mig", "migrated", admin)
         assert len(done) == 1 and done[0]["old_pid"] == pids[2] and done[0]["pause_seconds"] > 0, done
+        failed = events(srv.address, "mig", "migration_failed", admin)
+        assert "ended before it was ready" in failed[0]["reason"], failed
 
     for r in range(WORLD):
         steps = progress(tmp_path, "mig", r)
