@@ -85,6 +85,11 @@ def test_with_nobody_listening_the_agent_runs_degraded_after_the_controller_time
     state.mkdir()
     (state / "crashed").touch()  # the ranks just finish
     console = tmp_path / "console.log"
+    # what the end-to-end figure below includes besides the timeout: an interpreter and taskd.run's imports,
+    # measured now (11.2 s against a fixed 9 s bound at load average 23)
+    begun = time.monotonic()
+    subprocess.run([sys.executable, "-c", "import taskd.run"], cwd=ROOT, check=True, timeout=60)
+    startup = time.monotonic() - begun
     started = time.monotonic()
     proc = taskd_run(["--nproc-per-node", "1", "--server", f"127.0.0.1:{free_port()}", "--job-id", "nobody",
                       str(script), str(state)], console, env={"TASKD_CONTROLLER_TIMEOUT": str(TIMEOUT)})
@@ -96,5 +101,8 @@ def test_with_nobody_listening_the_agent_runs_degraded_after_the_controller_time
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
-    # includes the interpreter's start and taskd's imports (~1 s on a loaded machine)
-    assert TIMEOUT <= seen <= TIMEOUT + SLACK + 1.0, f"degraded {seen:.2f}s after the start\n{console.read_text()}"
+    text = console.read_text(errors="replace")
+    said = re.search(r"Init failed \d+ times in ([0-9.]+)s", text)  # the agent's own clock: no start-up in it
+    assert said and TIMEOUT <= float(said.group(1)) <= TIMEOUT + SLACK, text
+    assert TIMEOUT <= seen <= TIMEOUT + SLACK + 2 * startup + 0.5, (
+        f"degraded {seen:.2f}s after the start ({startup:.2f}s to start an interpreter and import taskd.run)\n{text}")
