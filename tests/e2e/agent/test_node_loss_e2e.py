@@ -225,8 +225,11 @@ def test_a_standby_never_needed_exits_0_when_the_job_ends(tmp_path: Path, server
 
 def test_a_sigstopped_node_that_comes_back_is_fenced(tmp_path: Path, server: str,
                                                      fault_free: list[np.ndarray]) -> None:
-    procs = {f"node{r}": node([*job_args(server, "fence", r), *example(tmp_path)], tmp_path / f"node{r}.log")
-             for r in range(2)}
+    # node 0's ranks train on while node 1 is stopped, declared lost and replaced: with 0.04 s steps they
+    # finished the 150 before the replacement joined under load (then no round can recover node 1's ranks);
+    # 0.2 s steps leave 30 s for up to 20 s of detection and the replacement's start
+    slow = example(tmp_path, sleep=0.2)
+    procs = {f"node{r}": node([*job_args(server, "fence", r), *slow], tmp_path / f"node{r}.log") for r in range(2)}
     try:
         wait_for(lambda: all((tmp_path / "ckpt" / f"rank{r}").is_dir() for r in range(4)), 60, "every checkpoint")
         old = procs["node1"]
@@ -238,8 +241,7 @@ def test_a_sigstopped_node_that_comes_back_is_fenced(tmp_path: Path, server: str
         # its connection answers no PING: closed within ping interval + timeout, then the loss grace
         wait_for(lambda: events(server, "fence", "node_lost"), 20, "the controller to declare node 1 lost")
         print(f"SIGSTOPped node declared lost after {time.monotonic() - stopped:.1f}s")
-        procs["replacement"] = node([*job_args(server, "fence", 1), *example(tmp_path)],
-                                    tmp_path / "replacement.log")
+        procs["replacement"] = node([*job_args(server, "fence", 1), *slow], tmp_path / "replacement.log")
         wait_for(lambda: len(ranks_of(procs["replacement"].pid)) == 2, 60, "the replacement's ranks")
         signal_node(frozen, signal.SIGCONT)
         assert old.wait(timeout=30) == 1, (tmp_path / "node1.log").read_text()
