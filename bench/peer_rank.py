@@ -13,9 +13,12 @@ computed per rank). Only the fault-tolerance API differs, selected by `--api`:
   parameter, and a step is committed (as `torchft.Optimizer` does) only if every replica's allreduce
   succeeded;
   a restarted replica receives the live state from a peer (torchft's checkpoint transport);
-- `torchft-ddp`: the same with torchft's `DistributedDataParallel` wrapper doing the allreduce.
+- `torchft-ddp`: the same with torchft's `DistributedDataParallel` wrapper doing the allreduce;
+- `snapshots`: taskd's in-memory snapshots in a plain DDP script (no `LiveGroup`), under `taskd run
+  --strategies job-rescheduling,exit`: `TorchSnapshots.save` every K steps (`--snapshot-every=K` right after
+  `--api`, default 1), and a restarted group resumes from the newest step every rank holds in memory.
 
-Run by bench/peers.py; not a taskd program (it imports taskd only through the example's module).
+Run by bench/peers.py and bench/goodput.py; a taskd program only with `--api=snapshots`.
 """
 
 from __future__ import annotations
@@ -175,12 +178,58 @@ def run_torchft(args, wrapper: bool) -> int:
     return 0
 
 
+def run_snapshots(args, every: int) -> int:
+    """The plain-DDP job with `TorchSnapshots` (examples/torch/train_plain.py's two lines) and a heartbeat a step."""
+    from taskd import worker
+    from taskd.worker.torch_buckets import stable_ddp
+    from taskd.worker.torch_snapshot import TorchSnapshots
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = make_model(args)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    ddp = stable_ddp(model)  # one bucket layout in every wrapper: a restarted group sums as the fault-free one
+    snapshots = TorchSnapshots(model, optimizer)
+    start = snapshots.restore()  # the newest step every rank holds in memory, 0 if none
+    steps = torch.tensor([start])
+    dist.all_reduce(steps, op=dist.ReduceOp.MAX)
+    if int(steps) != start:
+        raise SystemExit(f"rank {rank}: restored step {start}, another rank step {int(steps)}: not one cut")
+    rec = Records(args, rank)
+    for step in range(start, args.steps):
+        x, y = batch(args, rank, step)
+        optimizer.zero_grad(set_to_none=True)
+        nn.functional.mse_loss(ddp(x), y).backward()
+        optimizer.step()
+        rec.step_done(step)
+        if every and (step + 1) % every == 0:
+            snapshots.save(step + 1)
+        worker.heartbeat(step + 1)
+        if args.step_sleep:
+            time.sleep(args.step_sleep)
+    snapshots.close()
+    rec.finish(worker.restart_count())
+    dist.barrier()
+    if rank == 0:
+        write_summary(args, model, world)
+    dist.destroy_process_group()
+    return 0
+
+
+APIS = ("nvrx", "torchft", "torchft-ddp", "snapshots")
+
+
 def main() -> int:
     argv = sys.argv[1:]
-    if not argv[:1] or argv[0] not in ("--api=nvrx", "--api=torchft", "--api=torchft-ddp"):
-        sys.exit("usage: peer_rank.py --api={nvrx,torchft,torchft-ddp} TRAIN_DDP_ARGS...")
-    api = argv[0].split("=", 1)[1]
-    args = parse_args(argv[1:])
+    if not argv[:1] or argv[0].removeprefix("--api=") not in APIS or not argv[0].startswith("--api="):
+        sys.exit(f"usage: peer_rank.py --api={{{','.join(APIS)}}} [--snapshot-every=K] TRAIN_DDP_ARGS...")
+    api = argv.pop(0).split("=", 1)[1]
+    every = 1
+    if argv[:1] and argv[0].startswith("--snapshot-every="):
+        every = int(argv.pop(0).split("=", 1)[1])
+    args = parse_args(argv)
+    if api == "snapshots":
+        return run_snapshots(args, every)
     if api == "nvrx":
         return run_nvrx(args)
     return run_torchft(args, wrapper=api == "torchft-ddp")

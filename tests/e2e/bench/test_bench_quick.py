@@ -125,3 +125,45 @@ def test_peers_quick_recovers_live_and_under_torchrun(tmp_path: Path) -> None:
     assert live["over_taskd_best"] == pytest.approx(1.0)
     [kill] = {json.dumps(r["kill"]) for r in data["runs"]}  # the same seeded kill for both systems
     assert json.loads(kill)["victim"] in (0, 1)
+
+
+GOODPUT_COLUMNS = ("| system", "fault-free s", "with faults s", "faults (kills/hangs)", "goodput",
+                   "goodput vs fastest fault-free", "lost s per fault", "fault → resumed p50 s",
+                   "steps redone (all ranks)", "bit-identical", "leftovers", "lost / best peer's")
+GOODPUT_QUICK = ("taskd live + script-mode spare", "torchrun + TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1")
+
+
+@pytest.mark.timeout(300)
+def test_goodput_quick_same_fault_under_taskd_live_and_torchrun(tmp_path: Path) -> None:
+    """bench/goodput.py --quick: 2 ranks of a small train_ddp.py job, each system run fault-free and then under the
+    same seeded schedule (one SIGKILL): both finish bit-identical to their fault-free run with nothing left running,
+    the fault is timed to every rank past its next step, taskd live redoes no step, and the goodput, the lost time
+    and the ratio to the best peer (torchrun here) are the ones the two runs' times give."""
+    pytest.importorskip("torch")
+    env = {**os.environ, "BENCH_RESULTS_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, str(BENCH / "goodput.py"), "--quick"], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=280)  # ~40 s alone on 2 cores; 160 s seen at load 11
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+    header = next((line for line in proc.stdout.splitlines() if line.startswith("| system")), "")
+    for column in GOODPUT_COLUMNS:
+        assert column in header, f"column {column!r} missing from {header!r}"
+    data = json.loads((tmp_path / "goodput.json").read_text())
+    assert data["quick"] is True and data["benchmark"] == "goodput" and data["systems"] == list(GOODPUT_QUICK)
+    [fault] = data["schedule"]
+    assert fault["kind"] == "kill" and fault["rank"] in (0, 1)
+    rows = {r["system"]: r for r in data["rows"]}
+    for label in GOODPUT_QUICK:
+        row = rows[label]
+        assert row["ok"] and (row["faults"], row["kills"], row["unresumed"]) == (1, 1, 0), row
+        assert row["bit_identical"] is True and row["leftovers"] == [], row
+        assert row["goodput"] == pytest.approx(row["fault_free_s"] / row["with_faults_s"])
+        assert row["lost_s"] == pytest.approx(row["with_faults_s"] - row["fault_free_s"])
+        assert 0 < row["fault_to_resumed_s"]["p50"] < 30, row
+    faulted = [r for r in data["runs"] if r["faulted"]]
+    assert [(f["kind"], f["rank"], f["at"]) for r in faulted for f in r["faults"]] == \
+        [(fault["kind"], fault["rank"], fault["at"])] * 2  # the same fault for both systems
+    assert rows[GOODPUT_QUICK[0]]["redone_steps"] == 0 and rows[GOODPUT_QUICK[1]]["redone_steps"] > 0
+    assert data["best_peer"] == GOODPUT_QUICK[1] and rows[GOODPUT_QUICK[1]]["lost_over_best_peer"] == 1.0
+    assert rows[GOODPUT_QUICK[0]]["lost_over_best_peer"] == pytest.approx(
+        rows[GOODPUT_QUICK[0]]["lost_s"] / rows[GOODPUT_QUICK[1]]["lost_s"])
+    assert "taskd's best: " in proc.stdout and "skipped: taskd + in-memory snapshots: not run by --quick" in proc.stdout

@@ -1,0 +1,360 @@
+"""Goodput under a fault rate, side by side: the same job, the same seeded fault schedule, several systems, one run.
+
+The job is bench/peers.py's (examples/torch/train_ddp.py: DDP over gloo, ~9 M parameters by default; a
+checkpoint every --ckpt-every steps where the system restarts from disk). Faults arrive in wall time, from a
+seeded schedule counted from the launch of the job: gaps of mean --mtbf seconds, drawn uniformly from 0.5 to 1.5
+times it (`--arrivals uniform`: in one job of a few minutes, exponential gaps would make the number of faults
+itself the largest noise; `--arrivals exponential` draws them so). Each fault is a SIGKILL of a seeded rank, or
+(a --hang-share of them) a SIGSTOP of it: a hang, which a
+system notices only by a missing heartbeat or a collective's timeout. Every system gets the same schedule, so a
+system that runs longer meets more faults, as on a cluster. A fault that falls due while the job is not
+training (starting, or not yet past the step after the previous fault) waits until every rank has completed a
+step after the previous fault; one due after a rank completed the last step is dropped (the job is ending).
+
+Systems (one not installed in this interpreter is skipped, with the reason):
+
+- taskd live: `LiveGroup`'s `recover` with a warm spare that ran the script up to `LiveGroup()`;
+- taskd with in-memory snapshots: the job as a plain DDP script (bench/peer_rank.py `--api=snapshots`, no
+  `LiveGroup`), `TorchSnapshots.save` every --snapshot-every steps, `taskd run --snapshot-memory`, every rank
+  restarted (`job-rescheduling`) from the newest step all ranks hold in memory;
+- taskd job-rescheduling: every rank restarted from its newest common checkpoint on disk;
+- torchrun with disk checkpoints and `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` (bench/peers.py's fixed torchrun);
+- torchft's live mode (`Manager.allreduce`, bench/run_torchft.py), where torchft is installed.
+
+taskd's systems run with `--heartbeat-timeout` (a stopped rank is found by its missing heartbeat); torchrun and
+torchft find it by the collectives' timeout (--pg-timeout; torchft's own --torchft-timeout).
+
+Per system, from two runs made back to back in this process: the time to --steps steps without faults and with
+the schedule's faults (launch to the launcher's exit), goodput (fault-free / with faults; also against the
+fastest fault-free run of any system, which charges a system's steady-state cost), seconds lost per fault,
+fault → every rank past its next step (each fault), steps redone (summed over the ranks, from the job's
+summary.json), final parameters against the same system's fault-free run, and leftovers (processes of the job
+still running 3 s after its launcher ended by itself). Ratios: each system's lost seconds against the best peer's
+(the non-taskd system that lost least) measured in the same run.
+
+    python bench/goodput.py [--quick] [--ranks 4] [--steps 150] [--mtbf 30] [--hang-share 0.25] [--seed 1]
+        [--systems PREFIX,...] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from common import TASKD_DRIVER, TORCHRUN_DRIVER, bench_env, has_torch, header, ratio, stats, table, write_result
+from live_recovery import EXAMPLE, Launch, Progress, drop_checkpoints, example_args, final_equal
+from peers import PEER_RANK, TASKD_LIVE, TORCHFT_DRIVER, System, missing
+
+LIVE = "taskd live + script-mode spare"
+SNAPSHOTS = "taskd + in-memory snapshots"
+TORCHRUN = "torchrun + TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"
+SYSTEMS: tuple[System, ...] = (
+    System(LIVE, "taskd", (*TASKD_LIVE, "--warm-spares", "1", "--warm-spare-mode", "script"), quick=True),
+    System(SNAPSHOTS, "snapshots", ("--strategies", "job-rescheduling,exit")),
+    System("taskd job-rescheduling (disk)", "taskd", ("--strategies", "job-rescheduling,exit")),
+    System(TORCHRUN, "torchrun", env=(("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"),), quick=True),
+    System("torchft, Manager.allreduce", "torchft", ("--api=torchft",), needs="torchft"),
+)
+GOAL_GOODPUT = 0.97  # issue 36: taskd's best configuration loses at most 3 % of the fault-free time
+
+
+@dataclass(frozen=True)
+class Fault:
+    at: float  # seconds after the job's launch
+    kind: str  # "kill" (SIGKILL) or "hang" (SIGSTOP)
+    rank: int
+
+
+def fault_schedule(seed: int, n: int, mtbf: float, hang_share: float, horizon: float, limit: int,
+                   arrivals: str = "uniform") -> list[Fault]:
+    """The seeded schedule every system gets: gaps of mean `mtbf` s (uniform in [0.5, 1.5] x mtbf, or exponential)
+    up to `horizon` s, at most `limit` faults."""
+    rng = random.Random(f"goodput/{seed}/{n}")
+    out: list[Fault] = []
+    t = 0.0
+    while len(out) < limit:
+        t += rng.expovariate(1.0 / mtbf) if arrivals == "exponential" else rng.uniform(0.5, 1.5) * mtbf
+        if t > horizon:
+            break
+        out.append(Fault(round(t, 3), "hang" if rng.random() < hang_share else "kill", rng.randrange(n)))
+    return out
+
+
+def is_peer(system: System) -> bool:
+    return system.family not in ("taskd", "snapshots")
+
+
+def start(system: System, n: int, args: argparse.Namespace, run_dir: Path) -> Launch:
+    """Launch `system`'s job of `n` ranks; every system gets the same job arguments."""
+    run_dir.mkdir(parents=True)
+    env = bench_env(BENCH_EVENTS=str(run_dir / "agent.jsonl"), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+                    **dict(system.env))
+    job = example_args(args, run_dir)
+    restarts = str(args.max_restarts)
+    if not is_peer(system):
+        script = [str(EXAMPLE)] if system.family == "taskd" else \
+            ["--snapshot-memory", args.snapshot_memory, str(PEER_RANK), "--api=snapshots",
+             f"--snapshot-every={args.snapshot_every}"]
+        cmd = [sys.executable, str(TASKD_DRIVER), "--nproc-per-node", str(n), "--max-restarts", restarts,
+               "--heartbeat-timeout", str(args.heartbeat_timeout), "--stop-grace", str(args.stop_grace),
+               "--log-dir", str(run_dir / "logs"), *system.flags, *script, *job]
+        return Launch(cmd, env, run_dir / "console.log")
+    env = {k: v for k, v in env.items() if not k.startswith("TASKD_")}
+    if system.family == "torchrun":
+        cmd = [sys.executable, str(TORCHRUN_DRIVER), "--standalone", "--nproc-per-node", str(n),
+               "--max-restarts", restarts, str(EXAMPLE), *job]
+    else:
+        cmd = [sys.executable, str(TORCHFT_DRIVER), "--replicas", str(n), "--max-restarts", restarts,
+               "--timeout", str(args.torchft_timeout), str(PEER_RANK), *system.flags, *job]
+    return Launch(cmd, env, run_dir / "console.log")
+
+
+class Injector:
+    """Fires a schedule's faults into a running job (see the module's docstring for when) and times each one's
+    recovery: fault → every rank past a step beyond the highest step any rank had completed at the fault."""
+
+    def __init__(self, job: Launch, prog: Progress, n: int, steps: int, faults: list[Fault], t0: float) -> None:
+        self.job, self.prog, self.n, self.steps, self.t0 = job, prog, n, steps, t0
+        self.pending = list(faults)
+        self.fired: list[dict[str, Any]] = []
+        self.dropped = 0
+
+    def tick(self) -> None:
+        recs = self.prog.poll()
+        last = self.fired[-1] if self.fired else None
+        if last is not None and "resumed_s" not in last:
+            firsts = [next((t for s, t, _ in recs.get(r, []) if s > last["done_before"] and t > last["t_abs"]),
+                           None) for r in range(self.n)]
+            if None in firsts:
+                return
+            last["resumed_s"] = max(firsts) - last["t_abs"]  # type: ignore[operator]
+        if not self.pending or time.time() - self.t0 < self.pending[0].at or len(recs) < self.n:
+            return
+        if any(rs[-1][0] >= self.steps - 1 for rs in recs.values()):
+            self.dropped += len(self.pending)  # the job is ending
+            self.pending.clear()
+            return
+        self._fire(self.pending.pop(0), recs)
+
+    def _fire(self, fault: Fault, recs: dict[int, list[tuple[int, float, int]]]) -> None:
+        for rs in recs.values():
+            self.job.remember(rs[-1][2])
+        pid = recs[fault.rank][-1][2]
+        t = time.time()
+        try:
+            os.kill(pid, signal.SIGSTOP if fault.kind == "hang" else signal.SIGKILL)
+        except ProcessLookupError:  # it ended between its record and now: the fault waits for the next tick
+            self.pending.insert(0, fault)
+            return
+        done = max(s for rs in self.prog.poll().values() for s, ts, _ in rs if ts <= t)
+        self.fired.append({**asdict(fault), "pid": pid, "t_abs": t, "t": t - self.t0, "delay_s": t - self.t0 - fault.at,
+                           "done_before": done})
+
+
+def run_job(system: System, n: int, args: argparse.Namespace, run_dir: Path, faults: list[Fault]) -> dict[str, Any]:
+    """One job from launch to its launcher's exit under the schedule `faults`; every wait is bounded."""
+    t0 = time.time()
+    job = start(system, n, args, run_dir)
+    inj = Injector(job, Progress(run_dir / "progress", n), n, args.steps, faults, t0)
+    res: dict[str, Any] = {"system": system.label, "ranks": n, "faulted": bool(faults), "ok": False}
+    try:
+        while job.proc.poll() is None:
+            if time.time() - t0 > args.run_timeout:
+                raise TimeoutError(f"the job did not end within --run-timeout {args.run_timeout} s")
+            job.look()
+            inj.tick()
+            time.sleep(0.01)
+        res["seconds"] = time.time() - t0
+        inj.tick()
+        res["rc"] = job.proc.returncode
+        res["ok"] = job.proc.returncode == 0 and (run_dir / "out" / "final.pt").exists()
+        res["leftovers"] = job.leftovers()
+    except TimeoutError as exc:
+        res["error"] = str(exc)
+    finally:
+        job.close()
+    res["faults"] = [{k: v for k, v in f.items() if k != "t_abs"} for f in inj.fired]
+    res["faults_dropped"] = inj.dropped + len(inj.pending)
+    summary = run_dir / "out" / "summary.json"
+    if summary.exists():
+        redone = json.loads(summary.read_text())["recomputed"]
+        res["redone"] = {int(r): v for r, v in redone.items()}
+    return res
+
+
+def measure(system: System, n: int, args: argparse.Namespace, work: Path, faults: list[Fault],
+            result: dict[str, Any]) -> dict[str, Any]:
+    """The system's fault-free run, then its run under `faults`, and the row that compares them."""
+    run_dir = work / f"{system.family}-{len(result['rows'])}"
+    ref_dir = run_dir.with_name(run_dir.name + "-ref")
+    ref = run_job(system, n, args, ref_dir, [])
+    print(f"{system.label}: fault-free {ref.get('seconds', float('nan')):.1f} s, ok {ref['ok']}"
+          + (f", error: {ref['error']}" if ref.get("error") else ""), flush=True)
+    run = run_job(system, n, args, run_dir, faults)
+    run["bit_identical"] = final_equal(run_dir / "out" / "final.pt", ref_dir / "out" / "final.pt")
+    print(f"{system.label}: with faults {run.get('seconds', float('nan')):.1f} s, "
+          f"{len(run['faults'])} faults {[(f['kind'], f['rank'], _r(f.get('resumed_s'))) for f in run['faults']]}, "
+          f"redone {run.get('redone')}, identical {run['bit_identical']}, leftovers {run.get('leftovers')}, "
+          f"ok {run['ok']}" + (f", error: {run['error']}" if run.get("error") else ""), flush=True)
+    result["runs"] += [ref, run]
+    for d in (ref_dir, run_dir):
+        drop_checkpoints(args, d)
+    return row(system, ref, run)
+
+
+def row(system: System, ref: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
+    free, faulted = ref.get("seconds") if ref["ok"] else None, run.get("seconds") if run["ok"] else None
+    fired = run["faults"]
+    lost = None if free is None or faulted is None else faulted - free
+    resumed = [f["resumed_s"] for f in fired if f.get("resumed_s") is not None]
+    return {"system": system.label, "peer": is_peer(system), "fault_free_s": free, "with_faults_s": faulted,
+            "goodput": ratio(free, faulted), "faults": len(fired),
+            "kills": sum(1 for f in fired if f["kind"] == "kill"),
+            "hangs": sum(1 for f in fired if f["kind"] == "hang"),
+            "lost_s": lost, "lost_per_fault_s": ratio(lost, len(fired)) if fired else None,
+            "fault_to_resumed_s": stats(resumed), "fault_to_resumed_sum_s": sum(resumed) if resumed else None,
+            "unresumed": len(fired) - len(resumed), "redone_steps": None if "redone" not in run else
+            sum(run["redone"].values()), "bit_identical": run.get("bit_identical"), "leftovers": run.get("leftovers"),
+            "ok": bool(free is not None and faulted is not None)}
+
+
+def compare(result: dict[str, Any]) -> None:
+    """Ratios against the peers of the same run, and the goal's verdict for taskd's best configuration."""
+    rows = result["rows"]
+    fastest = min((r["fault_free_s"] for r in rows if r["fault_free_s"]), default=None)
+    peers = [r for r in rows if r["peer"] and r["lost_s"] is not None]
+    best_peer = min(peers, key=lambda r: r["lost_s"], default=None)
+    for r in rows:
+        r["goodput_vs_fastest"] = ratio(fastest, r["with_faults_s"])
+        r["lost_over_best_peer"] = ratio(r["lost_s"], best_peer["lost_s"]) if best_peer else None
+    result["best_peer"] = best_peer["system"] if best_peer else None
+    ours = [r for r in rows if not r["peer"] and r["goodput"] is not None]
+    best = max(ours, key=lambda r: r["goodput"], default=None)
+    result["taskd_best"] = best["system"] if best else None
+    if best is None:
+        result["verdict"] = "no taskd system completed both runs"
+        return
+    lines = [f"taskd's best: {best['system']}, goodput {best['goodput']:.3f} (goal >= {GOAL_GOODPUT}: "
+             + ("met" if best["goodput"] >= GOAL_GOODPUT else
+                f"missed by {100 * (GOAL_GOODPUT - best['goodput']):.1f} points") + ")"]
+    if best_peer is not None and best["lost_s"] is not None and best_peer["lost_s"]:
+        share = best["lost_s"] / best_peer["lost_s"]
+        lines.append(f"lost {best['lost_s']:.1f} s against {best_peer['system']}'s {best_peer['lost_s']:.1f} s: "
+                     f"{share:.2f}x (goal <= 0.5: {'met' if share <= 0.5 else 'missed'})")
+    if best["lost_s"] is not None:
+        in_recovery = best["fault_to_resumed_sum_s"] or 0.0
+        lines.append(f"where {best['system']}'s {best['lost_s']:.1f} s went: {in_recovery:.1f} s from its faults to "
+                     f"every rank past its next step ({best['kills']} kills, {best['hangs']} hangs: a hang's includes "
+                     f"the --heartbeat-timeout before it is noticed), {best['lost_s'] - in_recovery:.1f} s elsewhere "
+                     "(the steps that ran during those recoveries' fault-free share, noise between the two runs)")
+    result["verdict"] = "\n".join(lines)
+
+
+def print_table(result: dict[str, Any]) -> None:
+    lines = [[r["system"], r["fault_free_s"], r["with_faults_s"], f"{r['faults']} ({r['kills']}/{r['hangs']})",
+              _pct(r["goodput"]), _pct(r["goodput_vs_fastest"]), r["lost_per_fault_s"], r["fault_to_resumed_s"]["p50"],
+              r["fault_to_resumed_s"]["max"], r["redone_steps"], _v(r["bit_identical"]),
+              _v(None if r["leftovers"] is None else len(r["leftovers"])),
+              "-" if r["lost_over_best_peer"] is None else f"{r['lost_over_best_peer']:.2f}×"]
+             for r in result["rows"]]
+    s = result["settings"]
+    print(f"\nGoodput: {s['ranks']} ranks of train_ddp.py, {s['steps']} steps, faults every {s['mtbf']} s on average "
+          f"(seed {s['seed']}, {s['hang_share']:.0%} hangs)")
+    print(table(["system", "fault-free s", "with faults s", "faults (kills/hangs)", "goodput",
+                 "goodput vs fastest fault-free", "lost s per fault", "fault → resumed p50 s", "max s",
+                 "steps redone (all ranks)", "bit-identical", "leftovers", "lost / best peer's"], lines, 2))
+    for label, why in result["skipped"].items():
+        print(f"skipped: {label}: {why}")
+    print(result["verdict"])
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.1f} %"
+
+
+def _r(v: float | None) -> str | None:
+    return None if v is None else f"{v:.2f}s"
+
+
+def _v(v: Any) -> str:
+    return "-" if v is None else str(v)
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="2 ranks, a small model, one kill, taskd live and torchrun")
+    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--steps", type=int, default=150, help="training steps per job")
+    p.add_argument("--ckpt-every", type=int, default=10, help="disk checkpoint interval (steps) of train_ddp.py")
+    p.add_argument("--hidden", type=int, default=0, help="the example's --hidden (0: its default, ~9 M parameters)")
+    p.add_argument("--layers", type=int, default=0, help="the example's --layers (0: its default)")
+    p.add_argument("--step-sleep", type=float, default=0.0, help="the example's --step-sleep")
+    p.add_argument("--seed", type=int, default=1, help="seeds the fault schedule and the job")
+    p.add_argument("--mtbf", type=float, default=30.0, help="mean seconds between faults")
+    p.add_argument("--arrivals", choices=("uniform", "exponential"), default="uniform",
+                   help="how the gaps between faults are drawn (mean --mtbf either way)")
+    p.add_argument("--hang-share", type=float, default=0.25, help="share of the faults that are SIGSTOP hangs")
+    p.add_argument("--max-faults", type=int, default=1000, help="at most this many faults per job")
+    p.add_argument("--pg-timeout", type=float, default=30.0, help="the collectives' timeout (s), every system")
+    p.add_argument("--heartbeat-timeout", type=float, default=5.0, help="taskd's --heartbeat-timeout (s)")
+    p.add_argument("--stop-grace", type=float, default=5.0, help="taskd's --stop-grace (s)")
+    p.add_argument("--snapshot-every", type=int, default=1, help="the snapshots system's interval (steps)")
+    p.add_argument("--snapshot-memory", default="2G", help="taskd run --snapshot-memory of the snapshots system")
+    p.add_argument("--max-restarts", type=int, default=100, help="every launcher's restart budget")
+    p.add_argument("--torchft-timeout", type=int, default=5, help="torchft's collective and Manager timeout (s)")
+    p.add_argument("--run-timeout", type=float, default=900.0, help="seconds one job may take in all")
+    p.add_argument("--systems", default="", help="only these systems (comma-separated label prefixes)")
+    p.add_argument("--keep", default="", help="keep every job's files under this directory")
+    args = p.parse_args()
+    if args.quick:
+        args.ranks, args.hidden, args.layers, args.steps, args.ckpt_every = 2, 64, 2, 30, 5
+        args.step_sleep, args.mtbf, args.hang_share, args.max_faults = 0.05, 0.5, 0.0, 1
+        args.run_timeout = min(args.run_timeout, 120.0)
+    if args.ranks < 2 or args.steps < 8 or args.ckpt_every < 1 or args.mtbf <= 0 or not 0 <= args.hang_share <= 1:
+        p.error("--ranks >= 2, --steps >= 8, --ckpt-every >= 1, --mtbf > 0 and 0 <= --hang-share <= 1")
+    return args
+
+
+def main() -> int:
+    args = parse_args()
+    if not has_torch():
+        print("torch is not installed: this benchmark needs it (`pip install torch==2.13.0`, a CPU build)")
+        return 2
+    chosen = [s for s in SYSTEMS if not args.systems or any(s.label.startswith(x) for x in args.systems.split(","))]
+    skipped = {s.label: why for s in chosen if (why := missing(s))}
+    if args.quick and not args.systems:
+        skipped.update({s.label: "not run by --quick (name it with --systems)" for s in chosen
+                        if not s.quick and s.label not in skipped})
+    systems = [s for s in chosen if s.label not in skipped]
+    faults = fault_schedule(args.seed, args.ranks, args.mtbf, args.hang_share, args.run_timeout, args.max_faults,
+                            args.arrivals)
+    result = header("goodput", args)
+    result.update({"settings": {k: getattr(args, k) for k in (
+        "ranks", "steps", "ckpt_every", "hidden", "layers", "step_sleep", "seed", "mtbf", "arrivals", "hang_share",
+        "pg_timeout", "heartbeat_timeout", "stop_grace", "snapshot_every", "snapshot_memory", "max_restarts",
+        "torchft_timeout")},
+        "schedule": [asdict(f) for f in faults], "systems": [s.label for s in systems], "skipped": skipped,
+        "runs": [], "rows": []})
+    with tempfile.TemporaryDirectory(prefix="taskd-bench-goodput-") as tmp:
+        work = Path(args.keep or tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        for system in systems:
+            result["rows"].append(measure(system, args.ranks, args, work, faults, result))
+            write_result("goodput", result)  # partial results survive an interrupted run
+    compare(result)
+    print_table(result)
+    write_result("goodput", result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
