@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from common import TASKD_DRIVER, TORCHRUN_DRIVER, bench_env, has_torch, header, ratio, stats, table, write_result
+from common import TASKD_DRIVER, TORCHRUN_DRIVER, bench_env, fmt, has_torch, header, ratio, stats, table, write_result
 from live_recovery import EXAMPLE, Launch, Progress, drop_checkpoints, example_args, final_equal
 from peers import PEER_RANK, TASKD_LIVE, TORCHFT_DRIVER, System, missing
 
@@ -64,6 +64,7 @@ SYSTEMS: tuple[System, ...] = (
     System(TORCHRUN, "torchrun", env=(("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"),), quick=True),
     System("torchft, Manager.allreduce", "torchft", ("--api=torchft",), needs="torchft"),
 )
+OURS = {s.label for s in SYSTEMS if s.family in ("taskd", "snapshots")}
 GOAL_GOODPUT = 0.97  # issue 36: taskd's best configuration loses at most 3 % of the fault-free time
 
 
@@ -89,10 +90,6 @@ def fault_schedule(seed: int, n: int, mtbf: float, hang_share: float, horizon: f
     return out
 
 
-def is_peer(system: System) -> bool:
-    return system.family not in ("taskd", "snapshots")
-
-
 def start(system: System, n: int, args: argparse.Namespace, run_dir: Path) -> Launch:
     """Launch `system`'s job of `n` ranks; every system gets the same job arguments."""
     run_dir.mkdir(parents=True)
@@ -100,7 +97,7 @@ def start(system: System, n: int, args: argparse.Namespace, run_dir: Path) -> La
                     **dict(system.env))
     job = example_args(args, run_dir)
     restarts = str(args.max_restarts)
-    if not is_peer(system):
+    if system.label in OURS:
         script = [str(EXAMPLE)] if system.family == "taskd" else \
             ["--snapshot-memory", args.snapshot_memory, str(PEER_RANK), "--api=snapshots",
              f"--snapshot-every={args.snapshot_every}"]
@@ -169,6 +166,7 @@ def run_job(system: System, n: int, args: argparse.Namespace, run_dir: Path, fau
     try:
         while job.proc.poll() is None:
             if time.time() - t0 > args.run_timeout:
+                res["stopped_at_s"] = time.time() - t0  # with faults it took longer than this: a bound
                 raise TimeoutError(f"the job did not end within --run-timeout {args.run_timeout} s")
             job.look()
             inj.tick()
@@ -208,23 +206,28 @@ def measure(system: System, n: int, args: argparse.Namespace, work: Path, faults
     result["runs"] += [ref, run]
     for d in (ref_dir, run_dir):
         drop_checkpoints(args, d)
-    return row(system, ref, run)
+    return row(system.label, ref, run, args.run_timeout)
 
 
-def row(system: System, ref: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
+def row(label: str, ref: dict[str, Any], run: dict[str, Any], run_timeout: float) -> dict[str, Any]:
+    """The comparison of a system's two runs. A run with faults stopped at --run-timeout gives bounds: it takes
+    longer than that ("bound": true; with_faults_s and lost_s are lower bounds, goodput an upper one)."""
     free, faulted = ref.get("seconds") if ref["ok"] else None, run.get("seconds") if run["ok"] else None
+    bound = faulted is None and "did not end within --run-timeout" in run.get("error", "")
+    if bound:
+        faulted = run.get("stopped_at_s", run_timeout)
     fired = run["faults"]
     lost = None if free is None or faulted is None else faulted - free
     resumed = [f["resumed_s"] for f in fired if f.get("resumed_s") is not None]
-    return {"system": system.label, "peer": is_peer(system), "fault_free_s": free, "with_faults_s": faulted,
-            "goodput": ratio(free, faulted), "faults": len(fired),
+    return {"system": label, "peer": label not in OURS, "fault_free_s": free, "with_faults_s": faulted,
+            "bound": bound, "goodput": ratio(free, faulted), "faults": len(fired),
             "kills": sum(1 for f in fired if f["kind"] == "kill"),
             "hangs": sum(1 for f in fired if f["kind"] == "hang"),
             "lost_s": lost, "lost_per_fault_s": ratio(lost, len(fired)) if fired else None,
             "fault_to_resumed_s": stats(resumed), "fault_to_resumed_sum_s": sum(resumed) if resumed else None,
             "unresumed": len(fired) - len(resumed), "redone_steps": None if "redone" not in run else
             sum(run["redone"].values()), "bit_identical": run.get("bit_identical"), "leftovers": run.get("leftovers"),
-            "ok": bool(free is not None and faulted is not None)}
+            "ok": bool(free is not None and faulted is not None and not bound)}
 
 
 def compare(result: dict[str, Any]) -> None:
@@ -232,12 +235,12 @@ def compare(result: dict[str, Any]) -> None:
     rows = result["rows"]
     fastest = min((r["fault_free_s"] for r in rows if r["fault_free_s"]), default=None)
     peers = [r for r in rows if r["peer"] and r["lost_s"] is not None]
-    best_peer = min(peers, key=lambda r: r["lost_s"], default=None)
+    best_peer = min(peers, key=lambda r: r["lost_s"], default=None)  # a bounded peer by its lower bound
     for r in rows:
         r["goodput_vs_fastest"] = ratio(fastest, r["with_faults_s"])
         r["lost_over_best_peer"] = ratio(r["lost_s"], best_peer["lost_s"]) if best_peer else None
     result["best_peer"] = best_peer["system"] if best_peer else None
-    ours = [r for r in rows if not r["peer"] and r["goodput"] is not None]
+    ours = [r for r in rows if not r["peer"] and r["goodput"] is not None and not r["bound"]]
     best = max(ours, key=lambda r: r["goodput"], default=None)
     result["taskd_best"] = best["system"] if best else None
     if best is None:
@@ -247,9 +250,10 @@ def compare(result: dict[str, Any]) -> None:
              + ("met" if best["goodput"] >= GOAL_GOODPUT else
                 f"missed by {100 * (GOAL_GOODPUT - best['goodput']):.1f} points") + ")"]
     if best_peer is not None and best["lost_s"] is not None and best_peer["lost_s"]:
-        share = best["lost_s"] / best_peer["lost_s"]
-        lines.append(f"lost {best['lost_s']:.1f} s against {best_peer['system']}'s {best_peer['lost_s']:.1f} s: "
-                     f"{share:.2f}x (goal <= 0.5: {'met' if share <= 0.5 else 'missed'})")
+        share, over = best["lost_s"] / best_peer["lost_s"], best_peer["bound"]
+        verdict = "met" if share <= 0.5 else "not established (the peer's loss is a lower bound)" if over else "missed"
+        lines.append(f"lost {best['lost_s']:.1f} s against {best_peer['system']}'s {'> ' * over}"
+                     f"{best_peer['lost_s']:.1f} s: {'< ' * over}{share:.2f}x (goal <= 0.5: {verdict})")
     if best["lost_s"] is not None:
         in_recovery = best["fault_to_resumed_sum_s"] or 0.0
         lines.append(f"where {best['system']}'s {best['lost_s']:.1f} s went: {in_recovery:.1f} s from its faults to "
@@ -260,12 +264,17 @@ def compare(result: dict[str, Any]) -> None:
 
 
 def print_table(result: dict[str, Any]) -> None:
-    lines = [[r["system"], r["fault_free_s"], r["with_faults_s"], f"{r['faults']} ({r['kills']}/{r['hangs']})",
-              _pct(r["goodput"]), _pct(r["goodput_vs_fastest"]), r["lost_per_fault_s"], r["fault_to_resumed_s"]["p50"],
-              r["fault_to_resumed_s"]["max"], r["redone_steps"], _v(r["bit_identical"]),
-              _v(None if r["leftovers"] is None else len(r["leftovers"])),
-              "-" if r["lost_over_best_peer"] is None else f"{r['lost_over_best_peer']:.2f}×"]
-             for r in result["rows"]]
+    lines = []
+    for r in result["rows"]:
+        over, peer_bound = ("> ", "< ") if r["bound"] else ("", ""), next(
+            (p["bound"] for p in result["rows"] if p["system"] == result.get("best_peer")), False)
+        lines.append([r["system"], r["fault_free_s"], over[0] + fmt(r["with_faults_s"]),
+                      f"{r['faults']} ({r['kills']}/{r['hangs']})", over[1] + _pct(r["goodput"]),
+                      over[1] + _pct(r["goodput_vs_fastest"]), over[0] + fmt(r["lost_per_fault_s"]),
+                      r["fault_to_resumed_s"]["p50"], r["fault_to_resumed_s"]["max"], r["redone_steps"],
+                      _v(r["bit_identical"]), _v(None if r["leftovers"] is None else len(r["leftovers"])),
+                      "-" if r["lost_over_best_peer"] is None else
+                      f"{'< ' if peer_bound and not r['bound'] else ''}{r['lost_over_best_peer']:.2f}×"])
     s = result["settings"]
     print(f"\nGoodput: {s['ranks']} ranks of train_ddp.py, {s['steps']} steps, faults every {s['mtbf']} s on average "
           f"(seed {s['seed']}, {s['hang_share']:.0%} hangs)")
@@ -314,6 +323,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--run-timeout", type=float, default=900.0, help="seconds one job may take in all")
     p.add_argument("--systems", default="", help="only these systems (comma-separated label prefixes)")
     p.add_argument("--keep", default="", help="keep every job's files under this directory")
+    p.add_argument("--table", default="", metavar="RESULTS_JSON",
+                   help="only print the table of a stored result (bench/results/goodput.json) and exit")
     args = p.parse_args()
     if args.quick:
         args.ranks, args.hidden, args.layers, args.steps, args.ckpt_every = 2, 64, 2, 30, 5
@@ -326,6 +337,8 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> int:
     args = parse_args()
+    if args.table:
+        return reprint(Path(args.table))
     if not has_torch():
         print("torch is not installed: this benchmark needs it (`pip install torch==2.13.0`, a CPU build)")
         return 2
@@ -341,7 +354,7 @@ def main() -> int:
     result.update({"settings": {k: getattr(args, k) for k in (
         "ranks", "steps", "ckpt_every", "hidden", "layers", "step_sleep", "seed", "mtbf", "arrivals", "hang_share",
         "pg_timeout", "heartbeat_timeout", "stop_grace", "snapshot_every", "snapshot_memory", "max_restarts",
-        "torchft_timeout")},
+        "torchft_timeout", "run_timeout")},
         "schedule": [asdict(f) for f in faults], "systems": [s.label for s in systems], "skipped": skipped,
         "runs": [], "rows": []})
     with tempfile.TemporaryDirectory(prefix="taskd-bench-goodput-") as tmp:
@@ -353,6 +366,18 @@ def main() -> int:
     compare(result)
     print_table(result)
     write_result("goodput", result)
+    return 0
+
+
+def reprint(path: Path) -> int:
+    """The table of a stored result, its rows made again by this version of the script (each system's runs are
+    stored in order: fault-free, then with faults)."""
+    result = json.loads(path.read_text())
+    runs = result["runs"]
+    result["rows"] = [row(ref["system"], ref, run, result["settings"].get("run_timeout", 900.0))
+                      for ref, run in zip(runs[::2], runs[1::2], strict=True)]
+    compare(result)
+    print_table(result)
     return 0
 
 
