@@ -19,6 +19,9 @@ Every rank appends `STEP TIME PID` to a progress file at each completed step (th
 - **resumed**: S is the highest step any rank had completed at the kill; resumed is when the last
   rank completes a step > S (its own timestamp). Recomputed steps (replayed from a checkpoint) do
   not count as progress, so a whole-group restart pays for them here;
+- **beyond one step**: kill → resumed minus one fault-free step of the same job (the median time between two
+  consecutive steps of one process, over every rank's last 8 steps before the kill): what the recovery costs
+  beyond redoing the step it cut, so that a figure means the same on a 2-core machine and on a GPU node;
 - **recomputed**: the example's summary.json (steps computed - steps), survivors and the killed rank apart;
 - **bit-identical**: final.pt equals a fault-free run of the same launcher family and size.
 
@@ -37,6 +40,7 @@ import random
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -280,15 +284,27 @@ def _kill_and_watch(job: Launch, prog: Progress, kill: Kill, n: int, args: argpa
                 first[r] = after[0]
         return first if len(first) == n else None
 
+    step_s = step_time(prog.records, t_kill)
     first = wait_for(resumed, args.resume_timeout, "every rank past its next step", 0.01)
     new_pid = first[kill.victim][2]
     created = _create_time(new_pid)
+    resumed_s = max(t for _, t, _ in first.values()) - t_kill
     return {"t_kill": t_kill, "victim_pid": pid, "done_before_kill": done_before,
-            "resumed_s": max(t for _, t, _ in first.values()) - t_kill,
+            "resumed_s": resumed_s, "step_s": step_s, "beyond_step_s": None if step_s is None else resumed_s - step_s,
             "survivors_kept_pid": all(first[r][2] == prog.records[r][0][2] for r in range(n) if r != kill.victim),
             "replacement_pid": new_pid,
             "replacement_created_s": None if created is None else created - t_kill,
             "replacement_first_step_s": min(t for s, t, p in prog.records[kill.victim] if p == new_pid) - t_kill}
+
+
+def step_time(records: dict[int, list[tuple[int, float, int]]], before: float, last: int = 8) -> float | None:
+    """The job's fault-free step time just before `before`: the median gap between two consecutive steps of one
+    process, over every rank's `last` steps completed by then (None with fewer than two)."""
+    gaps = []
+    for recs in records.values():
+        done = [r for r in recs if r[1] <= before][-(last + 1):]
+        gaps += [b[1] - a[1] for a, b in zip(done, done[1:], strict=False) if b[0] == a[0] + 1 and b[2] == a[2]]
+    return statistics.median(gaps) if gaps else None
 
 
 def _create_time(pid: int) -> float | None:
@@ -383,6 +399,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "runs": len(runs), "resumed": len(ok), "completed": sum(1 for r in runs if r["ok"]),
         "kill_to_resumed_s": stats([r["resumed_s"] for r in ok]),
+        "step_s": stats([r["step_s"] for r in ok if r.get("step_s") is not None]),
+        "beyond_step_s": stats([r["beyond_step_s"] for r in ok if r.get("beyond_step_s") is not None]),
         "recomputed_survivors_max": max((r["recomputed_survivors_max"] for r in runs
                                          if r.get("recomputed_survivors_max") is not None), default=None),
         "recomputed_survivors_mean": _mean([r.get("recomputed_survivors_max") for r in runs]),
@@ -518,7 +536,30 @@ def print_tables(result: dict[str, Any], configs: list[tuple[str, str, tuple[str
     print(table(["configuration", "ranks", "resumed", "kill → resumed p50 s", "kill → resumed p99 s",
                  "recomputed survivors mean / max", "recomputed killed rank mean / max", "bit-identical",
                  "strategies used", "restarts per kill", "torchrun / this (p50)"], rows, 2))
+    print_beyond_step(result, [c[0] for c in configs], sizes)
     print_phases(result, [c[0] for c in configs], sizes)
+
+
+GOAL_BEYOND_STEP_S = 0.2  # issue 36: at 8 ranks, the recovery's cost beyond the redone step
+
+
+def print_beyond_step(result: dict[str, Any], labels: list[str], sizes: list[int]) -> None:
+    """Kill → resumed minus one fault-free step of the same job (see the module's docstring), and the goal's verdict
+    at the largest size for the live configurations."""
+    rows = []
+    for n in sizes:
+        for label in labels:
+            s = result["summary"][f"{label}/{n}"]
+            b, st = s["beyond_step_s"], s["step_s"]
+            verdict = "-"
+            if label in LIVE and n >= 8 and b["p50"] is not None:
+                verdict = "met" if b["p50"] <= GOAL_BEYOND_STEP_S else \
+                    f"missed by {b['p50'] - GOAL_BEYOND_STEP_S:.2f} s"
+            rows.append([label, n, st["p50"], s["kill_to_resumed_s"]["p50"], b["p50"], b["max"], verdict])
+    print("\nThe recovery beyond the redone step: kill → every rank past its next step, minus one fault-free step "
+          "(the median step just before the kill, same job)")
+    print(table(["configuration", "ranks", "fault-free step p50 s", "kill → resumed p50 s", "beyond one step p50 s",
+                 "max s", f"goal ≤ {GOAL_BEYOND_STEP_S} s at 8 ranks"], rows, 3))
 
 
 def print_phases(result: dict[str, Any], labels: list[str], sizes: list[int]) -> None:

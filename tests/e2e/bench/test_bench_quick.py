@@ -120,6 +120,8 @@ def test_peers_quick_recovers_live_and_under_torchrun(tmp_path: Path) -> None:
         assert (row["resumed"], row["runs"], row["bit_identical"], row["leftovers"], row["leftovers_checked"]) == \
             (1, 1, 1, 0, 1), row
         assert 0 < row["min_s"] <= row["p50_s"] <= row["max_s"], row
+    for run in data["runs"]:  # live_recovery's cost beyond the redone step: kill → resumed minus one fault-free step
+        assert run["step_s"] > 0 and run["beyond_step_s"] == pytest.approx(run["resumed_s"] - run["step_s"]), run
     live = rows["taskd live + warm spare"]
     assert (live["redone_survivors_max"], live["redone_killed_max"], live["survivors_kept_processes"]) == (0, 0, 1)
     assert live["over_taskd_best"] == pytest.approx(1.0)
