@@ -238,7 +238,8 @@ def compare(result: dict[str, Any]) -> None:
     best_peer = min(peers, key=lambda r: r["lost_s"], default=None)  # a bounded peer by its lower bound
     for r in rows:
         r["goodput_vs_fastest"] = ratio(fastest, r["with_faults_s"])
-        r["lost_over_best_peer"] = ratio(r["lost_s"], best_peer["lost_s"]) if best_peer else None
+        both_bounds = best_peer is not None and best_peer["bound"] and r["bound"] and r is not best_peer
+        r["lost_over_best_peer"] = ratio(r["lost_s"], best_peer["lost_s"]) if best_peer and not both_bounds else None
     result["best_peer"] = best_peer["system"] if best_peer else None
     ours = [r for r in rows if not r["peer"] and r["goodput"] is not None and not r["bound"]]
     best = max(ours, key=lambda r: r["goodput"], default=None)
@@ -274,7 +275,8 @@ def print_table(result: dict[str, Any]) -> None:
                       r["fault_to_resumed_s"]["p50"], r["fault_to_resumed_s"]["max"], r["redone_steps"],
                       _v(r["bit_identical"]), _v(None if r["leftovers"] is None else len(r["leftovers"])),
                       "-" if r["lost_over_best_peer"] is None else
-                      f"{'< ' if peer_bound and not r['bound'] else ''}{r['lost_over_best_peer']:.2f}×"])
+                      f"{'< ' if peer_bound and not r['bound'] else '> ' if r['bound'] and not peer_bound else ''}"
+                      f"{r['lost_over_best_peer']:.2f}×"])
     s = result["settings"]
     print(f"\nGoodput: {s['ranks']} ranks of train_ddp.py, {s['steps']} steps, faults every {s['mtbf']} s on average "
           f"(seed {s['seed']}, {s['hang_share']:.0%} hangs)")

@@ -55,5 +55,5 @@ def test_every_readme_figure_is_in_the_table_it_cites() -> None:
 def test_every_benchmark_script_has_a_table_with_its_command() -> None:
     text = (ROOT / "BENCHMARKS.md").read_text()
     for name in ("detection", "recovery", "live_recovery", "peers", "work_lost", "controller_scale", "overhead",
-                 "chaos"):
+                 "chaos", "goodput"):
         assert f"python bench/{name}.py" in text, f"BENCHMARKS.md has no command for bench/{name}.py"
