@@ -18,7 +18,7 @@ import re
 import shutil
 from collections.abc import Mapping
 
-from taskd.process.run_dir import make_run_dir
+from taskd.process.run_dir import make_run_dir, sweep_stale_run_dirs
 from taskd.worker.env import Var
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,7 @@ class SnapshotArea:
         env = os.environ if environ is None else environ
         raw = (memory if memory is not None else env.get(Var.TASKD_SNAPSHOT_MEMORY, "")).strip()
         self.path: str | None = None
+        self.root = root
         self.cap = self.share = 0
         if not os.path.isdir(root):
             log.warning("snapshots off: %s does not exist; ranks fall back to their disk checkpoints", root)
@@ -89,13 +90,16 @@ class SnapshotArea:
         return total
 
     def close(self) -> None:
-        """Remove the directory and everything in it (the job has ended on this node); idempotent."""
+        """Remove the directory and everything in it (the job has ended on this node), and those of agents that
+        died on this host (a whole `taskd run` SIGKILLed, replaced by a standby started before it died: no agent
+        starts after it to sweep them, and the job would end leaving them); idempotent."""
         if self.path is None:
             return
         held = self.held_bytes()
         shutil.rmtree(self.path, ignore_errors=True)
         log.info("removed the job's snapshots from %s (%.1f MB held)", self.path, held / 1e6)
         self.path = None
+        sweep_stale_run_dirs(self.root)  # it says what it removed
 
 
 __all__ = ["SHM", "SnapshotArea", "parse_memory"]

@@ -258,6 +258,18 @@ def test_the_area_removes_a_dead_agents_directory_and_its_own_at_close(tmp_path)
     assert SnapshotArea("off", 1, {Var.TASKD_SNAPSHOT_MEMORY: "0"}, root=str(tmp_path)).env() == {}
 
 
+def test_a_directory_whose_agent_died_after_this_area_was_made_is_removed_at_its_close(tmp_path) -> None:
+    """A node's whole `taskd run` SIGKILLed while a standby on the same host (started before it) took its place:
+    no agent starts after the death, so the job's end must sweep its directory (the replication e2e saw it left)."""
+    area = SnapshotArea("job", 1, {Var.TASKD_SNAPSHOT_MEMORY: "4M"}, root=str(tmp_path))
+    owner = json.loads((tmp_path / os.path.basename(area.path) / OWNER_FILE).read_text())
+    dead = tmp_path / "taskd-snap-job-dead"
+    (dead / "rank0").mkdir(parents=True)
+    (dead / OWNER_FILE).write_text(json.dumps({**owner, "pid": 2 ** 22 + 1}))  # made after the area's start sweep
+    area.close()
+    assert os.listdir(tmp_path) == []
+
+
 def test_the_run_flags_memory_goes_before_the_variable_and_a_bad_one_is_refused(tmp_path) -> None:
     from taskd.launcher import WorkerSpec
 
