@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from support import ROOT, STARTED
 
 EXAMPLE = ROOT / "examples" / "train_resumable.py"
@@ -22,3 +24,19 @@ def taskd_run(args: list[str], log: Path, env: dict[str, str] | None = None) -> 
                             stdout=log.open("wb"), stderr=subprocess.STDOUT, env=full_env, cwd=ROOT)
     STARTED.append(proc)
     return proc
+
+
+def run_to_end(argv: list[str], console: Path, timeout: float, env: dict[str, str] | None = None,
+               cwd: Path = ROOT) -> tuple[int, str]:
+    """Run `argv` (a `taskd run` line) with its console in `console` until it exits: (code, console text).
+    Past `timeout` it is killed and the test fails with the console's tail."""
+    with console.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+        STARTED.append(proc)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+            pytest.fail(f"{' '.join(argv[1:4])} did not finish in {timeout:.0f}s:\n{console.read_text()[-6000:]}")
+    return code, console.read_text()

@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from support import STARTED  # noqa: E402
+from support.run import run_to_end  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -36,17 +36,7 @@ def run(tmp: Path, command: list[str], flags: list[str] = ()) -> tuple[int, str]
     env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])})
     argv = [sys.executable, "-m", "taskd.run", "--monitor-interval", "0.2", "--nproc-per-node", "2", *flags,
             *command, *ARGS, "--ckpt-dir", str(tmp / "ckpt"), "--out", str(tmp / "out")]
-    console = tmp / "console.log"
-    with console.open("wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp)
-        STARTED.append(proc)
-        try:
-            code = proc.wait(timeout=TIMEOUT)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-            pytest.fail(f"taskd run did not finish in {TIMEOUT:.0f}s:\n{console.read_text()[-6000:]}")
-    return code, console.read_text()
+    return run_to_end(argv, tmp / "console.log", TIMEOUT, env=env, cwd=tmp)
 
 
 def assert_recovered_in_place(tmp: Path, code: int, console: str) -> None:

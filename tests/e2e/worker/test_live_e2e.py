@@ -23,6 +23,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from support import STARTED, free_port, wait_for  # noqa: E402
+from support.run import run_to_end  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -43,17 +44,7 @@ def taskd_run(tmp: Path, extra: list[str] = (), flags: list[str] = (), env: dict
             *flags, str(script)]
     argv += args if args is not None else [*SMALL, "--ckpt-dir", str(tmp / "ckpt"), "--out", str(tmp / "out"),
                                            *extra]
-    console = tmp / "console.log"
-    with console.open("wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT)
-        STARTED.append(proc)
-        try:
-            code = proc.wait(timeout=TIMEOUT)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-            pytest.fail(f"taskd run did not finish in {TIMEOUT:.0f}s:\n{console.read_text()[-6000:]}")
-    return code, console.read_text()
+    return run_to_end(argv, tmp / "console.log", TIMEOUT, env=full_env, cwd=ROOT)
 
 
 def summary(tmp: Path) -> dict:
