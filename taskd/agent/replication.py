@@ -124,6 +124,11 @@ def _chunks(job_id: str, node: int, rank: int, step: int, fh: BinaryIO) -> Itera
             part = after
 
 
+def _fallback(why: str) -> bool:
+    log.warning("%s: its ranks fall back to their disk checkpoints", why)
+    return False
+
+
 class Replication:
     """This node's side: the peer service, the push thread, and the restore of a lost node's copy."""
 
@@ -219,28 +224,26 @@ class Replication:
         else:
             log.debug("node %d's agent refused step %d: %s", self.buddy[0], step, status.info)
 
-    def restore_node(self, node: int) -> str:
+    def restore_node(self, node: int) -> bool:
         """Fetch node ``node``'s copy from its holder into this node's directory (a replacement, before its ranks
-        start); returns the console line saying what the ranks restore from."""
+        start), and say on the console what its ranks restore from: True when they restore from memory."""
         started = time.monotonic()
         reply = self._report()
         if reply is None or reply.holderNodeRank < 0:
             why = "no agent holds a copy of it" if reply is not None else "the controller did not answer"
-            return (f"no buddy copy of node {node}'s snapshots survives ({why}): its ranks fall back to their disk "
-                    "checkpoints")
+            return _fallback(f"no buddy copy of node {node}'s snapshots survives ({why})")
         try:
             got = self._fetch(node, reply.holderAddress)
         except (grpc.RpcError, SnapshotError, OSError) as exc:
-            return (f"node {node}'s snapshots could not be fetched from node {reply.holderNodeRank} ({exc}): its "
-                    "ranks fall back to their disk checkpoints")
+            return _fallback(f"node {node}'s snapshots could not be fetched from node {reply.holderNodeRank} ({exc})")
         if not got:
-            return f"node {reply.holderNodeRank} holds no snapshot of node {node}: its ranks fall back to their disk " \
-                   "checkpoints"
+            return _fallback(f"node {reply.holderNodeRank} holds no snapshot of node {node}")
         size = sum(n for _r, _s, n in got)
         steps = sorted({s for _r, s, _n in got})
-        return (f"fetched node {node}'s snapshots (steps {', '.join(map(str, steps))}, {len(got)} segments, "
-                f"{size / 1e6:.1f} MB) from node {reply.holderNodeRank}'s agent in {time.monotonic() - started:.2f}s: "
-                "its ranks restore from memory")
+        log.info("fetched node %d's snapshots (steps %s, %d segments, %.1f MB) from node %d's agent in %.2fs: its "
+                 "ranks restore from memory", node, ", ".join(map(str, steps)), len(got), size / 1e6,
+                 reply.holderNodeRank, time.monotonic() - started)
+        return True
 
     def _fetch(self, node: int, address: str) -> list[tuple[int, int, int]]:
         got: list[tuple[int, int, int]] = []

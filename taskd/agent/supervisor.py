@@ -160,11 +160,12 @@ class Supervisor:
         if ended is not None:
             return [ended]
         self.control.reap_stale_msrun_workers(self.link.job_id, layout.global_ranks)  # registered: the node is ours
-        if self.replication is not None and layout.node_count > 1:
-            self.replication.start()
+        replication = self.replication if layout.node_count > 1 else None
+        if replication is not None:
+            replication.start()
         if self.node_loss.is_replacement(layout, assigned):  # its ranks start with the round's changeStrategy
-            if self.replication is not None and layout.node_count > 1:  # the lost node's snapshots, from its buddy
-                log.warning("%s", self.replication.restore_node(layout.node_rank))
+            if replication is not None:  # the lost node's snapshots, from its buddy (it says what they restore from)
+                replication.restore_node(layout.node_rank)
             lost_at = self.node_loss.lost_at(time.monotonic())
             return [ev.BeganReplacement(facts, layout.node_rank, self.node_loss.fault_ranks(), lost_at)]
         return [ev.BeganFirst(facts, layout.node_rank)]
