@@ -46,7 +46,7 @@ from taskd.agent.stragglers import StragglerWatch
 from taskd.agent.summary import FaultRecord, JobResult
 from taskd.callbacks import MONITOR, STATUS_FAILED
 from taskd.client import ClientCredentials, ConfigurationError
-from taskd.process.exitcodes import describe_returncode, job_exit_code
+from taskd.process.exitcodes import describe_returncode, job_exit_code, killed_by_signal
 from taskd.process.pidfd import RankWatch
 from taskd.vocabulary import FaultType
 
@@ -365,7 +365,7 @@ class Supervisor:
             if not watched:
                 log.info("rank %d (pid %d) finished", rank.global_rank, pid)
             return
-        if _killed(returncode) and self.hang.said_done(rank):  # the end of a script is not a fault (issue 32, F2)
+        if killed_by_signal(returncode) and self.hang.said_done(rank):  # a script's end is no fault (32, F2)
             rank.state = RankState.SUCCEEDED
             log.warning("rank %d (pid %d) %s after it said its work was done (live.close() or taskd.worker.finished()"
                         "): its work counts as finished", rank.global_rank, pid, describe_returncode(returncode))
@@ -491,10 +491,6 @@ class Supervisor:
             log.warning("rank %d (pid %d) left its group early: %s", rank.global_rank, departure.pid, why)
             rank.state = RankState.FAILED
             self._fault(rank, "left", FaultType.PROCESS, why)
-
-def _killed(returncode: int | None) -> bool:
-    """Ended by a signal (Popen's -N, or 128 + N as a wrapper's shell reports it): torch's teardown abort, say."""
-    return returncode is not None and (returncode < 0 or 128 < returncode <= 128 + 64)
 
 
 __all__ = ["LauncherDetails", "Supervisor"]

@@ -30,6 +30,11 @@ def exit_code_of(code: int | None) -> int:
     return 128 - code if code < 0 else code
 
 
+def killed_by_signal(code: int | None) -> bool:
+    """Whether a Popen returncode says a signal ended the process: -N, or 128 + N as a wrapper's shell reports it."""
+    return code is not None and 128 < exit_code_of(code) <= 128 + 64
+
+
 RANK_SIGNAL_BASE = 100  # a failed job whose rank died of signal N exits 100 + N: never 128 + N (see job_exit_code)
 
 
