@@ -67,6 +67,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--pg-timeout", type=float, default=60.0, help="collective timeout in seconds")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where the model trains (cuda: the GPU LOCAL_RANK modulo the GPUs seen)")
+    p.add_argument("--backend", default="gloo",
+                   help="the process group's backend (live recovery needs gloo; nccl: every rank restarts)")
     p.add_argument("--progress-dir", default=None,
                    help="append 'STEP TIME PID' to DIR/rank<R>.progress at every completed step (for benchmarks)")
     # fault injection, each once per job (a marker file in --out remembers it), on --fault-rank
@@ -141,9 +145,13 @@ def main(argv: list[str] | None = None) -> int:
 
     # Built before LiveGroup() and the same on every rank: a replacement builds them while the survivors re-form the
     # group, and a warm spare that runs the script (taskd run --warm-spare-mode script) before it is a rank at all.
-    model = make_model(args)
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    model = make_model(args).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    live = LiveGroup(backend="gloo", timeout=args.pg_timeout, on_resize=on_resize)
+    live = LiveGroup(backend=args.backend, timeout=args.pg_timeout, on_resize=on_resize)
     rank = worker.rank()  # the rank this process was started as: its files and checkpoints keep it
     full_world = worker.world_size()  # the job's size at start: the global batch is args.batch x this
     shard = {"rank": rank, "batch": args.batch}  # what this rank draws; on_resize re-shards
@@ -181,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         with live.step():
             if rank == args.slow_rank:
                 time.sleep(args.slow_seconds)
-            x, y = batch(args, shard["rank"], step, shard["batch"])
+            x, y = (t.to(device) for t in batch(args, shard["rank"], step, shard["batch"]))
             optimizer.zero_grad(set_to_none=True)
             loss = nn.functional.mse_loss(ddp(x), y)
             if once(args, "crash", args.crash_at_step, rank, step) or \
@@ -224,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_summary(args: argparse.Namespace, model: nn.Module) -> None:
-    torch.save(model.state_dict(), os.path.join(args.out, "final.pt.tmp"))
+    torch.save({k: v.cpu() for k, v in model.state_dict().items()}, os.path.join(args.out, "final.pt.tmp"))
     os.replace(os.path.join(args.out, "final.pt.tmp"), os.path.join(args.out, "final.pt"))
     ranks = {}
     started_as = sorted(int(name[4:-5]) for name in os.listdir(args.out)  # every rank that finished (rank<R>.json)

@@ -40,12 +40,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 from taskd.worker import live as live_protocol
 from taskd.worker import progress
-from taskd.worker.env import Var, rank, world_size
+from taskd.worker.env import Var, rank, restart_count, world_size
 from taskd.worker.live import STORE_PREFIX, Control, ErrorKind, LiveRank, Phase, RetryableError, classify_error
 from taskd.worker.spare import become_rank
 from taskd.worker.torch_buckets import DDPHandle
 from taskd.worker.torch_data import LiveLoader
 from taskd.worker.torch_facts import (
+    backend_not_live,
     collectives_issued,
     sharded_state,
     stable_ddp_kwargs,
@@ -113,6 +114,9 @@ class LiveGroup(Migrating):
         self._dropped: list[weakref.ref[DistributedDataParallel]] = []  # wrappers a recovery let go of
         self._retired = RetiredGroups()  # groups left, held while work of theirs may still wait (torch_group)
         self._group_timeout = self.timeout  # the longest collective timeout the current group had
+        if self.live and (off := backend_not_live(backend)):
+            self._form_static(off, init_timeout)
+            return
         if not self.live:
             if self.rank == 0 and (why := live_protocol.why_not_live()):
                 log.warning("%s", why)
@@ -133,6 +137,20 @@ class LiveGroup(Migrating):
         self._store = dist.TCPStore(os.environ[Var.MASTER_ADDR], int(os.environ[Var.MASTER_PORT]),
                                     is_master=False, timeout=timedelta(seconds=init_timeout))
         self._join(self.protocol.generation, init_timeout)
+
+    def _form_static(self, why: str, init_timeout: float) -> None:
+        """A group taskd cannot rebuild (NCCL): declared not rejoinable, formed once on the agent's store under a
+        prefix of its own per start (the store outlives whole-job restarts; torch adds no prefix of its own)."""
+        self.live = False
+        self.protocol.declare(rejoin=False, retry=False)
+        if self.rank == 0:
+            log.warning("live recovery is off for this job: %s; a fault restarts every rank from its snapshot or "
+                        "checkpoint (job-rescheduling)", why)
+        store = dist.TCPStore(os.environ[Var.MASTER_ADDR], int(os.environ[Var.MASTER_PORT]), is_master=False,
+                              timeout=timedelta(seconds=init_timeout))
+        prefix = f"{STORE_PREFIX.format(generation=self.protocol.generation)}static/{restart_count()}/"
+        dist.init_process_group(self.backend, store=dist.PrefixStore(prefix, store), rank=self.rank,
+                                world_size=self.world_size, timeout=self.timeout)
 
     # -- what the script declares ----------------------------------------------------------------
     def ddp(self, module: torch.nn.Module, **kwargs: Any) -> Any:

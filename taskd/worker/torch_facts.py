@@ -50,6 +50,20 @@ def sharded_state(model: torch.nn.Module) -> str | None:
     return None
 
 
+def backend_not_live(backend: str) -> str | None:
+    """Why a group of ``backend`` cannot be rebuilt in place around a lost rank, or None (gloo).
+
+    The live path leaves a broken group by ending its sockets and re-forms it on the store under a new
+    generation: gloo's connections are ours to end. An NCCL communicator with a dead peer can only be
+    aborted (or killed by torch's watchdog, TORCH_NCCL_ASYNC_ERROR_HANDLING), and MPI/UCC keep their own
+    membership: those jobs restart every rank instead (issue 34, item 5)."""
+    parts = [part.split(":")[-1].strip().lower() for part in backend.split(",") if part.strip()]
+    if parts and all(part == "gloo" for part in parts):
+        return None
+    return (f"backend {backend!r}: taskd rebuilds a group around a lost rank over gloo only (an NCCL "
+            f"communicator with a dead peer can only be aborted)")
+
+
 def collectives_issued() -> int:
     """Collectives run on the default group since it formed (0 where the backend keeps no count)."""
     try:

@@ -112,14 +112,15 @@ def buckets(tensors: list[torch.Tensor]) -> list[list[int]]:
 
 
 def _messages(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    return [tensors[b[0]].contiguous() if len(b) == 1
-            else torch._utils._flatten_dense_tensors([tensors[i] for i in b]) for b in buckets(tensors)]
+    """What is sent, on the host: gloo's send and recv take CPU tensors only (a CUDA model's state is staged)."""
+    return [(tensors[b[0]].contiguous() if len(b) == 1
+             else torch._utils._flatten_dense_tensors([tensors[i] for i in b])).cpu() for b in buckets(tensors)]
 
 
 def _receive(targets: list[torch.Tensor], source: int) -> None:
     """Fill ``targets`` in place with what `_messages` of the same shapes and dtypes carried."""
     for b in buckets(targets):
-        if len(b) == 1 and targets[b[0]].is_contiguous():
+        if len(b) == 1 and targets[b[0]].is_contiguous() and targets[b[0]].device.type == "cpu":
             dist.recv(targets[b[0]], source)
             continue
         into = torch.empty(sum(targets[i].numel() for i in b), dtype=targets[b[0]].dtype)
