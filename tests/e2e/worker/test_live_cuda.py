@@ -67,7 +67,9 @@ def reference(tmp_path_factory) -> dict:
 @pytest.mark.parametrize("spare", [False, True], ids=["fresh", "warm-spare"])
 def test_a_cuda_model_over_gloo_loses_a_rank_and_is_recovered_live(tmp_path, reference, spare):
     flags = ["--warm-spares", "1", "--warm-spare-mode", "script"] if spare else []
-    _, console, info = taskd_run(tmp_path, 2, ["--crash", "1:12"], flags)
+    # the spare starts after the ranks and imports torch and builds its CUDA model before the fault: 0.5 s steps
+    fault = ["--crash", "1:25", "--step-sleep", "0.5"] if spare else ["--crash", "1:12"]
+    _, console, info = taskd_run(tmp_path, 2, fault, flags)
     assert "strategy: recover for rank(s) [1]" in console and "job-rescheduling" not in console, console[-6000:]
     assert info["ranks"]["0"]["pid"] == start_pids(console)[0]  # the survivor kept its process (and its CUDA state)
     assert info["recomputed"] == {"0": 0, "1": 0}
