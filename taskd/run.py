@@ -121,7 +121,7 @@ def run_main(config: RunConfig) -> int:
     try:
         spec = _worker_spec(config)
         overrides, origins = agent_settings(config)
-        if config.standby:  # no node rank until the controller assigns one (agent/node_loss.py)
+        if config.standby:  # no node rank until the controller assigns one (agent/link/node_loss.py)
             overrides["node_rank"] = None
         agent_config = AgentConfig.from_env(origins, launcher="taskd", **overrides)
         spec = with_rank_rejoin_wait(spec, agent_config.node_rejoin_timeout, agent_config.controller_timeout)

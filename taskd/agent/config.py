@@ -61,7 +61,7 @@ class AgentConfig:
     # bounds the round on its side); a standby joins with no node and waits for one to be assigned to it
     node_rejoin_timeout: float = default("node_rejoin_timeout")
     standby: bool = default("standby")
-    metrics_listen: str | None = default("metrics_listen")  # HOST[:PORT] of this node's metrics (agent/metrics.py)
+    metrics_listen: str | None = default("metrics_listen")  # HOST[:PORT] of this node's metrics (watches/metrics.py)
     straggler_factor: float | None = default("straggler_factor")  # None = no straggler reports (taskd/pace.py)
     straggler_interval: float = default("straggler_interval")
     # field -> the variable or flag that set it, named by a validation error (not part of the settings)
@@ -138,7 +138,7 @@ class AgentConfig:
         if why := check_factor(self.straggler_factor):  # the table's bound lets inf through
             raise ValueError(f"straggler_factor{self._origin('straggler_factor')} {why}")
         if self.metrics_listen is not None:
-            from taskd.agent.metrics import check_listen
+            from taskd.agent.watches.metrics import check_listen
 
             if why := check_listen(self.metrics_listen):
                 raise ValueError(f"metrics_listen{self._origin('metrics_listen')}: {why}")

@@ -19,12 +19,12 @@ from typing import Any
 
 from taskd.agent.config import AgentConfig
 from taskd.agent.console import setup_console_logging
-from taskd.agent.controller_link import LocalController
-from taskd.agent.culprit import MS_CPU_COMM_DEFAULT, collective_timeout
-from taskd.agent.launcher_api import launcher_of
-from taskd.agent.rank_control import LauncherDetails
+from taskd.agent.link.controller import LocalController
+from taskd.agent.ranks.control import LauncherDetails
+from taskd.agent.ranks.launcher import launcher_of
 from taskd.agent.summary import JobResult
 from taskd.agent.supervisor import Supervisor
+from taskd.agent.watches.culprit import MS_CPU_COMM_DEFAULT, collective_timeout
 from taskd.callbacks import CALLBACKS
 from taskd.process.groups import reap_processes
 from taskd.process.msrun import msrun_schedulers

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from taskd.process.exitcodes import describe_returncode
 
 if TYPE_CHECKING:
-    from taskd.agent.launcher_api import Launcher
+    from taskd.agent.ranks.launcher import Launcher
 
 log = logging.getLogger("taskd.agent")
 
@@ -102,7 +102,7 @@ class JobResult:
 
         Called before any restart (which starts a new incarnation, and removes the error file) and
         at the end of the job; only the first call reads. `details` is the launcher (msrun's null
-        object answers nothing): its `tail_log` and `error_report` (agent/launcher_api.py).
+        object answers nothing): its `tail_log` and `error_report` (agent/ranks/launcher.py).
         """
         first = self.first_failure
         if first is None or self.first_failure_captured:

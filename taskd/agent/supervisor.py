@@ -4,10 +4,10 @@ Everything that touches rank processes runs on the thread that called `run()` (m
 thread, or `taskd run`'s): the launcher's callbacks are not thread-safe, and PR_SET_PDEATHSIG
 fires when the *thread* that spawned a rank exits. The subscriber thread only queues orders.
 
-The parts: `ranks` (the rank table), `rank_control` (the launcher's callbacks and process groups),
-`hang_watch` (heartbeats, stack dumps), `controller_link` and `reports` (the controller), `round_machine`
-(what the node's recovery round does next, a pure rule table), `executors` (carrying its actions out),
-`policy` (what the agent decides alone) and `msrun_logs`. This module only sequences them: it pulls
+The parts: `ranks.table` (the rank table), `ranks.control` (the launcher's callbacks and process groups),
+`watches.hangs` (heartbeats, stack dumps), `link.controller` and `link.reports` (the controller), `round.machine`
+(what the node's recovery round does next, a pure rule table), `round.actions` (carrying its actions out),
+`link.policy` (what the agent decides alone) and `ranks.msrun_logs`. This module only sequences them: it pulls
 events (pidfd exits, orders, timers, signals), feeds them to the machine one at a time (`_feed`) and has
 its executors carry out the actions.
 """
@@ -23,27 +23,27 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from taskd.agent import round_events as ev
 from taskd.agent.config import AgentConfig, new_job_id
-from taskd.agent.controller_link import ControllerLink, LocalController
-from taskd.agent.departure import DepartureWatch
-from taskd.agent.executors import AgentHooks, Executors, Gone
-from taskd.agent.hang_watch import Hang, HangWatch
-from taskd.agent.job_end import await_job_end
-from taskd.agent.join_wait import join_or_end
-from taskd.agent.launcher_api import launcher_of
-from taskd.agent.live import POLL, LiveRanks
-from taskd.agent.loss_wait import LossWait
-from taskd.agent.metrics import NodeMetrics, sample_ranks
-from taskd.agent.msrun_logs import MsrunLogs
-from taskd.agent.node_loss import NodeLoss
-from taskd.agent.rank_control import LauncherDetails, RankControl
-from taskd.agent.ranks import Rank, RankLayout, RankState, RankTable, discover_layout
-from taskd.agent.replication import Replication
-from taskd.agent.round_machine import RoundMachine
-from taskd.agent.round_state import LocalPolicy, NodeFacts, NodeState
-from taskd.agent.stragglers import StragglerWatch
+from taskd.agent.link.controller import ControllerLink, LocalController
+from taskd.agent.link.job_end import await_job_end
+from taskd.agent.link.join_wait import join_or_end
+from taskd.agent.link.loss_wait import LossWait
+from taskd.agent.link.node_loss import NodeLoss
+from taskd.agent.ranks.control import LauncherDetails, RankControl
+from taskd.agent.ranks.launcher import launcher_of
+from taskd.agent.ranks.live import POLL, LiveRanks
+from taskd.agent.ranks.msrun_logs import MsrunLogs
+from taskd.agent.ranks.table import Rank, RankLayout, RankState, RankTable, discover_layout
+from taskd.agent.round import events as ev
+from taskd.agent.round.actions import AgentHooks, Executors, Gone
+from taskd.agent.round.machine import RoundMachine
+from taskd.agent.round.states import LocalPolicy, NodeFacts, NodeState
+from taskd.agent.snapshots.replication import Replication
 from taskd.agent.summary import FaultRecord, JobResult
+from taskd.agent.watches.departures import DepartureWatch
+from taskd.agent.watches.hangs import Hang, HangWatch
+from taskd.agent.watches.metrics import NodeMetrics, sample_ranks
+from taskd.agent.watches.stragglers import StragglerWatch
 from taskd.callbacks import MONITOR, STATUS_FAILED
 from taskd.client import ClientCredentials, ConfigurationError
 from taskd.process.exitcodes import describe_returncode, job_exit_code, killed_by_signal
@@ -66,7 +66,7 @@ class Supervisor:
         """`snapshot_dir`: the job's snapshot directory on this node (`taskd run`'s), replicated to a buddy node."""
         self.config = config
         self.cb = callbacks
-        self.details = details = launcher_of(details)  # msrun's: a null object (agent/launcher_api.py)
+        self.details = details = launcher_of(details)  # msrun's: a null object (agent/ranks/launcher.py)
         self.controller = controller
         self.result = JobResult()
         self.policy = LocalPolicy(config.max_restarts, config.controller_timeout, config.dump_timeout)
@@ -77,7 +77,7 @@ class Supervisor:
         self.table = RankTable()  # laid out from MONITOR when the job starts
         self.control = RankControl(config, callbacks, details, self.table, self.watch, self.hang, self.logs)
         self.link = ControllerLink(config, self.watch.wake, controller, credentials)
-        self.live = LiveRanks(self.table, details)  # live recovery (agent/live.py)
+        self.live = LiveRanks(self.table, details)  # live recovery (agent/ranks/live.py)
         self.departures = DepartureWatch(self.table)  # a group rank's exit 0 before its loop's end
         hooks = AgentHooks(self._finish, self._failure_code, lambda: self.result.capture_first_failure(self.details),
                            self._take_node)
@@ -92,9 +92,9 @@ class Supervisor:
         self._terminate_signal: int | None = None
         self._done = False
         self._old_handlers: dict[int, Any] = {}
-        self.metrics = NodeMetrics() if config.metrics_listen else None  # --metrics-listen (agent/metrics.py)
+        self.metrics = NodeMetrics() if config.metrics_listen else None  # --metrics-listen (agent/watches/metrics.py)
         self.stragglers = (StragglerWatch(config.straggler_factor, config.straggler_interval, socket.gethostname())
-                           if config.straggler_factor else None)  # --straggler-factor (agent/stragglers.py)
+                           if config.straggler_factor else None)  # --straggler-factor (agent/watches/stragglers.py)
 
     # ----------------------------------------------------------------- lifecycle
     def run(self) -> JobResult:
@@ -125,7 +125,7 @@ class Supervisor:
     def _prepare(self) -> None:
         """Ask MONITOR for the layout before any rank runs, join the controller (or run degraded), and tell the
         machine how this node's life began: its first start, a replacement, a standby, degraded (the Began*
-        events). An agent whose node a replacement holds already becomes a standby (agent/held_node.py)."""
+        events). An agent whose node a replacement holds already becomes a standby (agent/link/held_node.py)."""
         job_id = self.config.job_id or new_job_id(self.config.launcher)
         if not self.config.standby:
             layout = self._lay_out(self.config.node_rank)
@@ -392,7 +392,7 @@ class Supervisor:
 
     def _poll_reports(self) -> None:
         """Answers to the reports in flight, re-sends that are due; a fault report settles as taken, or not within
-        the controller timeout (then the machine goes degraded, agent/reports.py)."""
+        the controller timeout (then the machine goes degraded, agent/link/reports.py)."""
         self.link.reports.poll(time.monotonic())
         for settled in self.link.reports.settled_faults():
             self._feed(ev.ReportSettled(settled.taken))
@@ -469,7 +469,7 @@ class Supervisor:
     def _peers_tell(self) -> None:
         """The faults only the peers give away. A rank their timed-out collective waited for, neither waiting
         itself nor reporting: it hangs. A group rank that exited 0 before its loop's end, then its peers' group
-        broke: it left early (agent/departure.py). Either is replaced like a crashed rank."""
+        broke: it left early (agent/watches/departures.py). Either is replaced like a crashed rank."""
         now = time.time()
         stalled = self.live.stalled()
         hangs = [(rank, Hang(now - st.heartbeat.time if st.heartbeat.time else 0.0, st.heartbeat.step,

@@ -126,7 +126,7 @@ class ReportRetryPolicy:
 
     For TaskD-API callers only (the blocking `report_*` methods of `DLRecoverManager`, `taskd.api`): they
     may sleep between re-sends. taskd's agent, whose loop must not, never uses it: its reports go through
-    its outbox with the one policy of taskd/agent/report_policy.py (table in docs/client.md).
+    its outbox with the one policy of taskd/agent/link/report_policy.py (table in docs/client.md).
     """
 
     budget: float

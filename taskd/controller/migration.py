@@ -1,7 +1,7 @@
 """Planned migration on the controller (`taskd migrate`, docs/controller.md "Planned migration"): the request
 checked against the job and handed to the agent that holds the rank, and that agent's account recorded.
 
-The agent does the migration (taskd/agent/migration.py); the controller only decides whether to ask, names the
+The agent does the migration (taskd/agent/ranks/migration.py); the controller only decides whether to ask, names the
 generation (the job's signal number, like a round's) and keeps the outcome in the job's events. Nothing here
 changes the job's state: a migration is no round and charges no restart.
 """

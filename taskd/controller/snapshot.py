@@ -169,7 +169,7 @@ def restore_into(m: Job, snap: Mapping[str, Any], agents: Iterable[AgentInfo], n
 
 def _resume_in_place(m: Job, rs: Mapping[str, Any], now: float, from_wall: Times, out: Outcome) -> None:
     """RECOVERING goes on: the agents carry out the changeStrategy they have (or get it again as they resubscribe,
-    the same uuid and generation: an agent drops a uuid it already handled, agent/controller_link.py) and report
+    the same uuid and generation: an agent drops a uuid it already handled, agent/link/controller.py) and report
     their statuses, which count with those counted before the restart. A whole recover timeout from now."""
     r = m.round
     assert r is not None

@@ -55,7 +55,7 @@ __all__ = ["SPAWN_FAILED_CODE", "Incarnation", "LocalLauncher", "ORPHAN_TICK"]
 class LocalLauncher:
     """Starts, watches and stops the ranks of one node; see :meth:`callbacks` for the msrun contract.
 
-    Beyond the callbacks it is the agent's `Launcher` (taskd/agent/launcher_api.py, checked by
+    Beyond the callbacks it is the agent's `Launcher` (taskd/agent/ranks/launcher.py, checked by
     tests/unit/agent/test_launcher_api.py): keep the two in step.
     """
 

@@ -59,7 +59,7 @@ class RunConfig:
     min_nnodes: int = default("min_nodes")
     node_rank: int = default("node_rank")
     standby: bool = default("standby")  # a spare node: no node rank until the controller assigns it a lost one's
-    metrics_listen: str | None = default("metrics_listen")  # this node's Prometheus metrics (agent/metrics.py)
+    metrics_listen: str | None = default("metrics_listen")  # this node's Prometheus metrics (agent/watches/metrics.py)
     job_id: str = "default"
     server: str | None = default("server")  # None = an embedded controller
     # a multi-node job without --server: node 0 hosts its controller here, next to the rendezvous endpoint (PORT + 1),

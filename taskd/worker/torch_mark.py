@@ -9,7 +9,7 @@ wrapper's output and off when backward has ended (`BackwardMark`): one tensor ho
 callbacks per step. It used to be a Python comm hook around every bucket's allreduce, and that hook cost ~7 % of
 a step at 4 ranks (BENCHMARKS.md, "LiveGroup's steady-state cost"); DDP now runs its own C++ allreduce. The
 trade-off: the backward's own compute counts as waiting, so a rank that hangs inside backward is not told apart
-from its waiting peers by the marks (its stacks still tell, taskd.agent.culprit), and a straggler's backward
+from its waiting peers by the marks (its stacks still tell, taskd.agent.watches.culprit), and a straggler's backward
 compute is not counted against it.
 
 A collective that fails leaves the mark on: ``report_error`` clears it together with the error. Cleared

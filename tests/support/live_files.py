@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from taskd.agent.ranks import RankLayout, RankState, RankTable
+from taskd.agent.ranks.table import RankLayout, RankState, RankTable
 from taskd.worker import heartbeat_file as hbf
 
 

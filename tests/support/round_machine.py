@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from taskd.agent import round_events as ev
-from taskd.agent.orders import Command, Order
-from taskd.agent.round_machine import RoundMachine
-from taskd.agent.round_state import LocalPolicy, NodeFacts, NodeState
+from taskd.agent.link.orders import Command, Order
+from taskd.agent.round import events as ev
+from taskd.agent.round.machine import RoundMachine
+from taskd.agent.round.states import LocalPolicy, NodeFacts, NodeState
 from taskd.vocabulary import Action, FaultType, SignalType
 
 S = NodeState

@@ -11,8 +11,8 @@ import ast
 import re
 from pathlib import Path
 
-from taskd.agent.round_state import NodeState
-from taskd.agent.round_table import RULES
+from taskd.agent.round.rules import RULES
+from taskd.agent.round.states import NodeState
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "architecture.md"
@@ -26,7 +26,7 @@ def _prose() -> str:
 
 
 def test_every_file_the_doc_names_exists() -> None:
-    """A path (`agent/policy.py`, `tests/unit/conftest.py`) exists from the repository or from taskd/; a bare
+    """A path (`agent/link/policy.py`, `tests/unit/conftest.py`) exists from the repository or from taskd/; a bare
     module name (`checkpoint.py`, named in its package's row) is some module of taskd."""
     text = _prose()
     names = set(re.findall(r"(?<![\w./-])([\w-]+(?:/[\w.-]+)*\.(?:py|md|proto))\b", text))
@@ -44,10 +44,10 @@ def test_every_file_the_doc_names_exists() -> None:
 
 
 # "The state machines are pure" and "Clocks are passed in": these modules do no I/O and read no clock.
-PURE = ("taskd.agent.policy", "taskd.agent.report_policy", "taskd.client.retry", "taskd.controller.strategy",
+PURE = ("taskd.agent.link.policy", "taskd.agent.link.report_policy", "taskd.client.retry", "taskd.controller.strategy",
         "taskd.controller.state_machine", "taskd.controller.table", "taskd.controller.handlers",
-        "taskd.agent.round_machine", "taskd.agent.round_handlers", "taskd.agent.round_table", "taskd.agent.round_state",
-        "taskd.agent.round_events")
+        "taskd.agent.round.machine", "taskd.agent.round.handlers", "taskd.agent.round.rules",
+        "taskd.agent.round.states", "taskd.agent.round.events")
 IMPURE = {"time", "datetime", "threading", "socket", "grpc", "sqlite3", "subprocess", "os", "asyncio", "select"}
 CLOCK = re.compile(r"(^|\.)(monotonic|time|sleep|perf_counter|process_time|now|utcnow)$")
 

@@ -23,7 +23,7 @@ def _exported() -> set[str]:
 
 
 def _node_exported() -> set[str]:
-    from taskd.agent.metrics import NodeMetrics
+    from taskd.agent.watches.metrics import NodeMetrics
 
     metrics = NodeMetrics()
     metrics.publish([], 0, 0)

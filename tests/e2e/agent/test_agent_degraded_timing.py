@@ -1,7 +1,7 @@
 """Degraded mode starts at TASKD_CONTROLLER_TIMEOUT, measured end to end (issue 16 item 4).
 
 A real `taskd server` is SIGKILLed under a running one-node `taskd run`; nobody listens on its port any more.
-A rank then crashes: the agent's fault report is a pending item its loop polls (agent/reports.py), so the
+A rank then crashes: the agent's fault report is a pending item its loop polls (agent/link/reports.py), so the
 agent goes degraded when the timeout has passed, not after a blocking client retry on top of its own (the
 agent took 10.0 s for a 5 s timeout before, 51.7 s for 30 s), and a rank that finishes meanwhile is
 logged when it finishes. With nobody listening from the start, the agent runs degraded after the timeout too.

@@ -1,9 +1,9 @@
-"""The agent's pure decisions of a planned migration (agent/migration.py): whether to start, and the pause."""
+"""The agent's pure decisions of a planned migration (agent/ranks/migration.py): whether to start, and the pause."""
 
 from __future__ import annotations
 
-from taskd.agent.migration import pause_seconds, refusal
-from taskd.agent.ranks import Rank, RankState
+from taskd.agent.ranks.migration import pause_seconds, refusal
+from taskd.agent.ranks.table import Rank, RankState
 
 
 def rank(state: RankState = RankState.RUNNING) -> Rank:

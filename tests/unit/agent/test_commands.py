@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from taskd.agent.orders import WIRE_COMMANDS, Command, Order
-from taskd.agent.round_events import ORDER_EVENTS
-from taskd.agent.round_table import RULES
+from taskd.agent.link.orders import WIRE_COMMANDS, Command, Order
+from taskd.agent.round.events import ORDER_EVENTS
+from taskd.agent.round.rules import RULES
 from taskd.vocabulary import Action, SignalType
 
 

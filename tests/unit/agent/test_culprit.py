@@ -1,4 +1,4 @@
-"""Which stale rank hung (taskd.agent.culprit): the decision alone, on the cases issue 18 measured.
+"""Which stale rank hung (taskd.agent.watches.culprit): the decision alone, on the cases issue 18 measured.
 
 The dumps are faulthandler's as real MindSpore 2.10 ranks wrote them (tests/mindspore_scripts/ms_stall.py,
 rank 1 stalled after its step-20 heartbeat, rank 0 waiting in the next AllReduce).
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from taskd.agent.culprit import Suspect, decide, stall_in_sight, waits_in_framework
+from taskd.agent.watches.culprit import Suspect, decide, stall_in_sight, waits_in_framework
 
 SITE = "/work/main/.venv/lib/python3.11/site-packages"
 WAITING_DUMP = f"""rank 0 pid 27659 started (first incarnation)
@@ -159,7 +159,7 @@ def test_where_a_dump_waits(dump: str, expected: bool | None) -> None:
 # -- the hang timeout derived from the step times (issue 37: on by default under msrun) ------------------------
 
 def test_auto_timeout_needs_two_step_times_and_skips_the_first_step() -> None:
-    from taskd.agent.culprit import AUTO_FLOOR, AutoTimeout
+    from taskd.agent.watches.culprit import AUTO_FLOOR, AutoTimeout
 
     auto = AutoTimeout()
     auto.observe(0, 0, 100.0)
@@ -173,7 +173,7 @@ def test_auto_timeout_needs_two_step_times_and_skips_the_first_step() -> None:
 
 
 def test_auto_timeout_grows_with_slow_steps_and_stays_under_the_collective_cap() -> None:
-    from taskd.agent.culprit import AUTO_FACTOR, AutoTimeout
+    from taskd.agent.watches.culprit import AUTO_FACTOR, AutoTimeout
 
     auto = AutoTimeout()
     for step, when in ((1, 1.0), (2, 3.0), (3, 5.0)):
@@ -190,7 +190,7 @@ def test_auto_timeout_grows_with_slow_steps_and_stays_under_the_collective_cap()
 
 
 def test_auto_timeout_forgets_a_restarted_rank_and_ignores_repeats() -> None:
-    from taskd.agent.culprit import AutoTimeout
+    from taskd.agent.watches.culprit import AutoTimeout
 
     auto = AutoTimeout()
     auto.observe(1, 5, 10.0)
@@ -201,7 +201,7 @@ def test_auto_timeout_forgets_a_restarted_rank_and_ignores_repeats() -> None:
 
 
 def test_collective_timeout_is_the_lowest_one_set() -> None:
-    from taskd.agent.culprit import collective_timeout
+    from taskd.agent.watches.culprit import collective_timeout
 
     assert collective_timeout({}) is None
     assert collective_timeout({"MS_CPU_COMM_OP_TIMEOUT": "12", "HCCL_EXEC_TIMEOUT": "1836"}) == 12.0

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from taskd.agent.departure import HOLD, WATCH, DepartureWatch
-from taskd.agent.ranks import RankLayout, RankState, RankTable
+from taskd.agent.ranks.table import RankLayout, RankState, RankTable
+from taskd.agent.watches.departures import HOLD, WATCH, DepartureWatch
 from taskd.worker import heartbeat_file as hbf
 from taskd.worker.live import Phase, RankStatus, read_rank_status
 

@@ -1,12 +1,12 @@
-"""The executor table (agent/executors.py) mirrors the round machine's rules: every action type the machine can
+"""The executor table (agent/round/actions.py) mirrors the round machine's rules: every action type the machine can
 emit has exactly one executor, checked when the module loads; a table with a gap, a double or a stranger fails."""
 
 from __future__ import annotations
 
 import pytest
 
-from taskd.agent import round_events as ev
-from taskd.agent.executors import EXECUTORS, executor_table
+from taskd.agent.round import events as ev
+from taskd.agent.round.actions import EXECUTORS, executor_table
 
 
 def test_every_action_type_has_exactly_one_executor() -> None:

@@ -1,4 +1,4 @@
-"""A Register refused because another agent holds the node rank (agent/held_node.py): the agent yields to a
+"""A Register refused because another agent holds the node rank (agent/link/held_node.py): the agent yields to a
 replacement at once (a standby then), asks again while the holder is the node's own agent, and gives up after
 its wait (a duplicate); a controller without JobStatus is asked again as before."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from taskd.agent.held_node import HELD, held, register_held, replacement_holder
+from taskd.agent.link.held_node import HELD, held, register_held, replacement_holder
 from taskd.proto import taskd_pb2
 from taskd.vocabulary import Code
 
@@ -92,9 +92,9 @@ def test_a_duplicate_is_refused_once_its_wait_is_over_and_without_jobstatus_too(
 
 def test_an_agent_yields_its_node_only_to_a_replacement_and_only_with_a_launcher_that_can_drop_its_node_rank() -> None:
     from taskd.agent.config import AgentConfig
-    from taskd.agent.launcher_api import MSRUN
-    from taskd.agent.node_loss import NodeLoss
-    from taskd.agent.ranks import RankTable
+    from taskd.agent.link.node_loss import NodeLoss
+    from taskd.agent.ranks.launcher import MSRUN
+    from taskd.agent.ranks.table import RankTable
 
     class Launcher:
         def __init__(self) -> None:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from support.live_files import FakeNode, running_ranks, write
 
-from taskd.agent.live import LiveRanks
-from taskd.agent.ranks import RankLayout, RankTable
-from taskd.agent.round_events import GroupRejoined
+from taskd.agent.ranks.live import LiveRanks
+from taskd.agent.ranks.table import RankLayout, RankTable
+from taskd.agent.round.events import GroupRejoined
 from taskd.vocabulary import Strategy
 from taskd.worker import heartbeat_file as hbf
 from taskd.worker.live import _JOIN, _U32, FLAG_REJOIN, Phase
@@ -56,7 +56,7 @@ def test_a_new_nodes_independent_ranks_have_rejoined_once_they_declared(tmp_path
 def test_a_replacement_times_its_recovery_from_the_controllers_declaration_of_the_loss() -> None:
     """The replacement's "training resumed N s after the fault" counts from the loss, as the survivors' does, not
     from its own start: the newest node-loss record of its node rank says when."""
-    from taskd.agent.controller_link import lost_ago
+    from taskd.agent.link.controller import lost_ago
     from taskd.proto import taskd_pb2
 
     record = taskd_pb2.JobRecord(rounds=[

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from support.live_files import FakeNode, running_ranks, write
 
-from taskd.agent.live import LiveRanks
-from taskd.agent.ranks import RankLayout, RankTable
+from taskd.agent.ranks.live import LiveRanks
+from taskd.agent.ranks.table import RankLayout, RankTable
 from taskd.worker import heartbeat_file as hbf
 from taskd.worker.live import _ERROR, _JOIN, _U32, ErrorKind, Phase
 

@@ -8,8 +8,8 @@ import logging
 
 import pytest
 
-from taskd.agent.loss_wait import LossWait, awaited, every
-from taskd.agent.orders import Command, Order
+from taskd.agent.link.loss_wait import LossWait, awaited, every
+from taskd.agent.link.orders import Command, Order
 
 
 def order(command: Command, params: dict | None = None, strategy: str = "") -> Order:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from taskd.agent.rank_control import popen_returncode
+from taskd.agent.ranks.control import popen_returncode
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""A node's whole life through the round machine (agent/round_table.py's lifecycle rules): how it began (first,
+"""A node's whole life through the round machine (agent/round/rules.py's lifecycle rules): how it began (first,
 degraded, replacement, standby), a standby's wait and its take-over, and how it ends when no order ends it. The
 supervisor only tells the machine what happened; what the node does next, and its state, are the machine's."""
 
@@ -9,10 +9,10 @@ import dataclasses
 import pytest
 from support.round_machine import NOW, S, change, covers, machine, of, order
 
-from taskd.agent import round_events as ev
 from taskd.agent.config import AgentConfig
-from taskd.agent.orders import Command
-from taskd.agent.round_state import NodeFacts
+from taskd.agent.link.orders import Command
+from taskd.agent.round import events as ev
+from taskd.agent.round.states import NodeFacts
 from taskd.vocabulary import SignalType, Strategy
 
 FACTS = NodeFacts(node_count=2, live=False, controller_timeout=30.0)

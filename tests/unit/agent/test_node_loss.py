@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from taskd.agent.node_loss import StandbyWatch, replacement_overdue
-from taskd.agent.orders import Command, Order
-from taskd.agent.round_events import ControllerLost, JobSeen
+from taskd.agent.link.node_loss import StandbyWatch, replacement_overdue
+from taskd.agent.link.orders import Command, Order
+from taskd.agent.round.events import ControllerLost, JobSeen
 
 
 class Sig:
@@ -81,7 +81,7 @@ class FakeClient:
 
 
 def test_a_cut_off_agent_asks_whether_it_was_fenced_and_fences_once() -> None:
-    from taskd.agent.fencing import PROBE_AFTER, Fencing
+    from taskd.agent.link.fencing import PROBE_AFTER, Fencing
     from taskd.vocabulary import Code
 
     orders: list[str] = []
@@ -99,7 +99,7 @@ def test_a_cut_off_agent_asks_whether_it_was_fenced_and_fences_once() -> None:
 
 
 def test_an_agent_that_was_stopped_asks_at_once_and_a_healthy_one_stays() -> None:
-    from taskd.agent.fencing import Fencing
+    from taskd.agent.link.fencing import Fencing
     from taskd.vocabulary import Code
 
     orders: list[str] = []

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from taskd.agent.orders import Command, Order
+from taskd.agent.link.orders import Command, Order
 from taskd.vocabulary import Action, SignalType
 
 

@@ -1,4 +1,4 @@
-"""The agent's reports as pending items its loop polls (agent/reports.py): one attempt at a time, never a wait,
+"""The agent's reports as pending items its loop polls (agent/link/reports.py): one attempt at a time, never a wait,
 re-sent on the retry policy's timer, settled at their deadline; the clock is passed in. The client is a stand-in
 that records what it was asked and answers when the test says (the real RPC path runs in the e2e tests)."""
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from taskd.agent.report_policy import FAULT, RESUMED, STOP_COMPLETE, STRATEGIES, ReportKind, ReportRetry
-from taskd.agent.reports import Outbox, Report
+from taskd.agent.link.report_policy import FAULT, RESUMED, STOP_COMPLETE, STRATEGIES, ReportKind, ReportRetry
+from taskd.agent.link.reports import Outbox, Report
 from taskd.client.errors import ServerUnreachable
 from taskd.vocabulary import Code
 
@@ -179,9 +179,9 @@ def test_without_a_client_nothing_is_sent_and_the_deadline_still_ends_it() -> No
 def test_degraded_mode_starts_at_30s_with_the_default_controller_timeout(box: tuple[Outbox, Client]) -> None:
     """The outbox and the round machine together, on one passed-in clock: a fault at t=100 whose report the
     controller never answers puts a single-node agent in degraded mode at t=130, not before, not later."""
-    from taskd.agent import round_events as ev
-    from taskd.agent.round_machine import RoundMachine
-    from taskd.agent.round_state import LocalPolicy, NodeFacts, NodeState
+    from taskd.agent.round import events as ev
+    from taskd.agent.round.machine import RoundMachine
+    from taskd.agent.round.states import LocalPolicy, NodeFacts, NodeState
 
     outbox, client = box
     m = RoundMachine(NodeFacts(node_count=1, controller_timeout=TIMEOUT), view=SimpleNamespace(),
@@ -216,7 +216,7 @@ def test_a_report_that_cannot_be_built_settles_at_once(box: tuple[Outbox, Client
 def test_a_call_completing_after_the_link_closed_wakes_nothing() -> None:
     """The loop's wake-up pipe is closed after the link: a late completion must not write to a reused fd."""
     from taskd.agent.config import AgentConfig
-    from taskd.agent.controller_link import ControllerLink
+    from taskd.agent.link.controller import ControllerLink
 
     woken: list[int] = []
     link = ControllerLink(AgentConfig(launcher="taskd"), lambda: woken.append(1))
@@ -264,7 +264,7 @@ def test_an_informational_report_is_sent_again_when_the_controller_is_busy_or_un
 
 
 def test_dropped_reports_leave_the_queue_and_a_call_in_flight_is_cancelled(box: tuple[Outbox, Client]) -> None:
-    """A new stopTrain makes the strategies offered for the round's earlier collection moot (controller_link):
+    """A new stopTrain makes the strategies offered for the round's earlier collection moot (link/controller.py):
     refused 401 until the controller has the new stop complete, they held it back until the deadline."""
     outbox, client = box
     outbox.add(report(STRATEGIES, 0.0))
@@ -286,7 +286,7 @@ def test_a_signal_sent_again_with_its_uuid_is_not_carried_out_twice() -> None:
     to every agent that still owes its status; an agent already carrying it out (a restart, a live rebuild) must
     not do it again. A new signal (another uuid: the round's next strategy, the next round) is carried out."""
     from taskd.agent.config import AgentConfig
-    from taskd.agent.controller_link import Command, ControllerLink
+    from taskd.agent.link.controller import Command, ControllerLink
 
     link = ControllerLink(AgentConfig(launcher="taskd"), lambda: None)
     change = SimpleNamespace(uuid="j-1-7", signal_type="changeStrategy", actions=["changeStrategy"],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from taskd.agent.config import AgentConfig
-from taskd.agent.ranks import RankLayout, RankState, RankTable, discover_layout
+from taskd.agent.ranks.table import RankLayout, RankState, RankTable, discover_layout
 
 
 def config(**kw: object) -> AgentConfig:

@@ -1,5 +1,5 @@
-"""The agent's one place to report (agent/reports.py's `Reporter`, agent/report_policy.py's table): every kind past
-the same checks into the outbox, one retry policy, kinds differing by data. The client is a stand-in that records
+"""The agent's one place to report (agent/link/reports.py's `Reporter`, agent/link/report_policy.py's table): every kind
+past the same checks into the outbox, one retry policy, kinds differing by data. The client is a stand-in that records
 the requests (the real RPC path runs in tests/e2e/agent: test_finish_delivery_e2e.py, test_node_loss_live.py)."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from taskd.agent import report_policy
-from taskd.agent.fencing import Fencing
-from taskd.agent.report_policy import FAULT, FINISH, KINDS, PACE, RESUMED, ReportKind, check_kinds
-from taskd.agent.reports import Reporter
+from taskd.agent.link import report_policy
+from taskd.agent.link.fencing import Fencing
+from taskd.agent.link.report_policy import FAULT, FINISH, KINDS, PACE, RESUMED, ReportKind, check_kinds
+from taskd.agent.link.reports import Reporter
 from taskd.client.errors import ServerUnreachable
 from taskd.proto import recover_pb2, taskd_pb2
 from taskd.vocabulary import Code
@@ -183,7 +183,7 @@ def test_the_policy_is_one_for_all_kinds_and_the_table_checks_itself() -> None:
 def test_docs_client_table_is_current(tmp_path: Path) -> None:
     doc = ROOT / "docs" / "client.md"
     assert report_policy.DOC.update(doc.read_text()) == doc.read_text(), (
-        "docs/client.md's report table is stale: run python -m taskd.agent.report_policy --write docs/client.md")
+        "docs/client.md's report table is stale: run python -m taskd.agent.link.report_policy --write docs/client.md")
     stale = tmp_path / "client.md"
     stale.write_text(doc.read_text().replace("| finish report", "| the finish"))
     assert report_policy.main(["--check", str(stale)]) == 1

@@ -1,11 +1,11 @@
-"""When "training resumed" is said after a restart that is not a live rebuild (agent/resumption.py), and what
+"""When "training resumed" is said after a restart that is not a live rebuild (agent/ranks/resumption.py), and what
 the summary then prints (agent/summary.py): only what was read from the ranks' heartbeat files, never the
 restart itself passed off as the recovery."""
 
 from __future__ import annotations
 
-from taskd.agent.ranks import Rank, RankLayout, RankTable
-from taskd.agent.resumption import Resumption
+from taskd.agent.ranks.resumption import Resumption
+from taskd.agent.ranks.table import Rank, RankLayout, RankTable
 from taskd.agent.summary import ELSEWHERE, NO_HEARTBEATS, PENDING, RESUMED, SUPERSEDED, RecoveryRecord
 from taskd.worker.heartbeat_file import HeartbeatState
 

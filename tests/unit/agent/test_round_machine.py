@@ -1,4 +1,4 @@
-"""The agent's round machine (agent/round_machine.py over round_table.py): one test per rule, the table's checks,
+"""The agent's round machine (agent/round/machine.py over rules.py): one test per rule, the table's checks,
 and the paths that used to be nested calls. No process, no network: the node is a stand-in `NodeView`, the clock
 a number passed in."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 from support.round_machine import NOW, S, change, covers, fault, machine, of, order
 
-from taskd.agent import round_events as ev
-from taskd.agent.orders import Command
-from taskd.agent.round_state import NodeState
-from taskd.agent.round_table import RULES, UNCHANGED, Rule, TransitionError, check_target, find_rule, index_rules
+from taskd.agent.link.orders import Command
+from taskd.agent.round import events as ev
+from taskd.agent.round.rules import RULES, UNCHANGED, Rule, TransitionError, check_target, find_rule, index_rules
+from taskd.agent.round.states import NodeState
 from taskd.vocabulary import Code, FaultType, SignalType, Strategy
 
 # ------------------------------------------------------------------------------------------------ the table
@@ -31,7 +31,7 @@ def test_a_handler_landing_outside_its_rules_targets_raises(monkeypatch: pytest.
         check_target(rule, S.RUNNING, S.ENDED)
     m = machine()
     bad = Rule(frozenset({S.RUNNING}), ev.RankFault, frozenset({S.REPORTING}), lambda *_: S.ENDED)
-    monkeypatch.setattr("taskd.agent.round_machine.find_rule", lambda *_: bad)
+    monkeypatch.setattr("taskd.agent.round.machine.find_rule", lambda *_: bad)
     with pytest.raises(TransitionError, match="moved RUNNING to ENDED, table allows REPORTING"):
         m.handle(fault(), NOW)
     assert m.state is S.RUNNING, "a refused transition changes nothing"
@@ -481,10 +481,10 @@ def test_every_rule_has_a_test() -> None:
 def test_the_docs_table_is_generated_from_the_current_rules(tmp_path) -> None:  # noqa: ANN001
     from pathlib import Path
 
-    from taskd.agent import round_table
+    from taskd.agent.round import rules as round_table
     doc = Path(__file__).resolve().parents[3] / "docs" / "architecture.md"
     text = doc.read_text(encoding="utf-8")
-    assert round_table.update_doc(text) == text, "run: python -m taskd.agent.round_table --write docs/architecture.md"
+    assert round_table.update_doc(text) == text, "run: python -m taskd.agent.round.rules --write docs/architecture.md"
     stale = tmp_path / "architecture.md"
     stale.write_text(text.replace("on_fault_degraded", "on_something_else"), encoding="utf-8")
     assert round_table.main(["--check", str(stale)]) == 1

@@ -7,9 +7,9 @@ import os
 
 import psutil
 
-from taskd.agent.hang_watch import HangWatch
-from taskd.agent.launcher_api import MSRUN
-from taskd.agent.ranks import Rank, RankState
+from taskd.agent.ranks.launcher import MSRUN
+from taskd.agent.ranks.table import Rank, RankState
+from taskd.agent.watches.hangs import HangWatch
 
 
 def this_process_as_a_rank() -> Rank:

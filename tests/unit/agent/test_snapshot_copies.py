@@ -1,4 +1,4 @@
-"""A received snapshot copy (agent/snapshot_copies.py) is published only when intact; older copies are pruned."""
+"""A received snapshot copy (agent/snapshots/copies.py) is published only when intact; older copies are pruned."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from taskd.agent import snapshot_copies as sc
+from taskd.agent.snapshots import copies as sc
 from taskd.worker.snapshot import Snapshots
 from taskd.worker.snapshot_segment import SnapshotError
 

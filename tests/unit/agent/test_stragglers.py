@@ -1,4 +1,4 @@
-"""Straggler judging (taskd/pace.py) and the node's side of it (agent/stragglers.py): pure, no processes."""
+"""Straggler judging (taskd/pace.py) and the node's side of it (agent/watches/stragglers.py): pure, no processes."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from taskd.agent.ranks import RankState
-from taskd.agent.stragglers import StragglerWatch
+from taskd.agent.ranks.table import RankState
+from taskd.agent.watches.stragglers import StragglerWatch
 from taskd.pace import CHANGE, CLEAR, MIN_INTERVALS, PaceWindow, RankPace, StragglerJudge, check_factor, peer_medians
 from taskd.proto import recover_pb2, taskd_pb2
 
@@ -88,7 +88,7 @@ def test_window_averages_the_newest_intervals_and_restarts_with_a_new_process() 
 
 
 class FakeReport:
-    """A pace report the outbox settled at once, taken (agent/reports.py's `Report.outcome`)."""
+    """A pace report the outbox settled at once, taken (agent/link/reports.py's `Report.outcome`)."""
 
     def __init__(self, reply: object) -> None:
         self.outcome = SimpleNamespace(taken=True, why="", reply=reply)

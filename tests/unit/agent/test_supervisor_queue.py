@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from taskd.agent import round_events as ev
 from taskd.agent.config import AgentConfig
-from taskd.agent.orders import Command, Order
-from taskd.agent.ranks import RankLayout, RankState
-from taskd.agent.round_state import NodeFacts, NodeState
+from taskd.agent.link.orders import Command, Order
+from taskd.agent.ranks.table import RankLayout, RankState
+from taskd.agent.round import events as ev
+from taskd.agent.round.states import NodeFacts, NodeState
 from taskd.agent.supervisor import Supervisor
 from taskd.callbacks import KILL_WORKER, MONITOR, START_ALL_WORKER, START_WORKER_LIST, STATUS_FAILED
 from taskd.vocabulary import Action, SignalType, Strategy

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from taskd.agent.controller_link import forget_credential_vars
+from taskd.agent.link.controller import forget_credential_vars
 from taskd.launcher.env import rank_env
 from taskd.launcher.spec import WorkerSpec
 

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from taskd.agent.orders import Command, Order
-from taskd.agent.resize import Resize, offers
+from taskd.agent.link.orders import Command, Order
+from taskd.agent.ranks.resize import Resize, offers
 from taskd.worker.live import FLAG_DECLARED, FLAG_RESIZE, LiveProtocolError, _status, read_control, write_control
 from taskd.worker.torch_resize import Resize as RankResize
 

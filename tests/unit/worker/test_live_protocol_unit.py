@@ -135,8 +135,8 @@ def test_change_strategy_carries_the_generation_every_node_names():
     there (same on every node), never lower than one it named, and counts for itself without one (ClusterD)."""
     import json
 
-    from taskd.agent.live import LiveRanks
-    from taskd.agent.ranks import RankTable
+    from taskd.agent.ranks.live import LiveRanks
+    from taskd.agent.ranks.table import RankTable
     from taskd.controller.events import Signal
     from taskd.controller.hub import to_message
     from taskd.vocabulary import Action, SignalType
@@ -149,8 +149,8 @@ def test_change_strategy_carries_the_generation_every_node_names():
     stop = Signal(uuid="job-2-5", signal_type=SignalType.STOP_TRAIN, actions=(Action.STOP_TRAIN,), reason="why")
     assert json.loads(to_message("job", stop).extraParams) == {"reason": "why"}
 
-    from taskd.agent.launcher_api import MSRUN
-    from taskd.agent.orders import Command, Order
+    from taskd.agent.link.orders import Command, Order
+    from taskd.agent.ranks.launcher import MSRUN
     from taskd.client.signals import parse_signal
 
     def generation(extra_params: str) -> int | None:  # as the agent reads it: a typed field of its Order

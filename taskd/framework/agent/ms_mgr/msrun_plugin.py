@@ -16,7 +16,7 @@ import taskd.client  # noqa: F401 (first: its import switches gRPC fork support 
 from taskd.agent.config import AgentConfig
 from taskd.agent.plugin import CALLBACKS, ControllerFactory
 from taskd.agent.plugin import MSRunPlugin as AgentPlugin
-from taskd.agent.rank_control import LauncherDetails
+from taskd.agent.ranks.control import LauncherDetails
 from taskd.agent.summary import JobResult
 from taskd.launcher.node_files import safe_name
 from taskd.launcher.snapshots import SnapshotArea

@@ -8,7 +8,7 @@ stopped. The agent polls the files (`Supervisor` wakes every ``POLL`` while one 
 time it prints is when it saw the heartbeat, within ~one poll of it, and the step it names may be
 later than the first one the rank completed. Ranks that never wrote a heartbeat cannot say they
 resumed: the record then says so instead of pretending the restart was the end of the recovery.
-Live rebuilds confirm their own resumption (agent/live.py).
+Live rebuilds confirm their own resumption (agent/ranks/live.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from taskd.agent.ranks import Rank, RankTable
+from taskd.agent.ranks.table import Rank, RankTable
 from taskd.agent.summary import ELSEWHERE, NO_HEARTBEATS, PENDING, SUPERSEDED, RecoveryRecord
 from taskd.worker.heartbeat_file import HeartbeatState
 

@@ -1,7 +1,7 @@
 """The agent's round: the states a node goes through in a recovery, and the data the machine keeps.
 
-Pure data: what the handlers (agent/round_handlers.py) read and change. The rank table is read through
-`NodeView`, never changed here: processes are the mechanics' (agent/executors.py).
+Pure data: what the handlers (agent/round/handlers.py) read and change. The rank table is read through
+`NodeView`, never changed here: processes are the mechanics' (agent/round/actions.py).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ recovery really happened before telling the controller so.
 
 The launcher says whether a job has live recovery (it hosts the store and gives ranks a control
 file: ``details.control_path()``); the agent only reads that, through the declared launcher
-interface (agent/launcher_api.py), so it needs neither torch nor the launcher package. Everything
+interface (agent/ranks/launcher.py), so it needs neither torch nor the launcher package. Everything
 here runs on the agent's thread; the supervisor calls :meth:`LiveRanks.poll` every ``POLL`` seconds
 while live recovery is on.
 """
@@ -14,10 +14,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from taskd.agent import resize
-from taskd.agent.launcher_api import Launcher
-from taskd.agent.ranks import Rank, RankState, RankTable
-from taskd.agent.round_events import GroupFailed, GroupRejoined, Resumed
+from taskd.agent.ranks import resize
+from taskd.agent.ranks.launcher import Launcher
+from taskd.agent.ranks.table import Rank, RankState, RankTable
+from taskd.agent.round.events import GroupFailed, GroupRejoined, Resumed
 from taskd.vocabulary import FaultRanks, FaultType, Strategy
 from taskd.worker.heartbeat_file import HeartbeatFile, HeartbeatFileError
 from taskd.worker.live import ErrorKind, Phase, RankStatus, read_rank_status, write_control
@@ -126,7 +126,7 @@ class LiveRanks:
     def offer(self, configured: list[str], faults: FaultRanks, scales: bool = False) -> list[str]:
         """What this node offers for the round: recover only if every rank declared it can rejoin
         (a script that has not gets job-rescheduling first), retry only for type-"0" faults of ranks that can;
-        downgrade and upgrade when the job `scales` and every rank has a resize hook (agent/resize.py)."""
+        downgrade and upgrade when the job `scales` and every rank has a resize hook (agent/ranks/resize.py)."""
         offered = [s for s in configured if s != Strategy.RETRY or self.enabled]
         if Strategy.RECOVER in offered and (why := self._recover_refused(faults)):
             offered.remove(Strategy.RECOVER)

@@ -1,6 +1,6 @@
 """The round machine's actions carried out: one executor per action type (docs/architecture.md, "The agent's round").
 
-The machine (agent/round_machine.py) decides; the executors only do it, through the rank control, the live
+The machine (agent/round/machine.py) decides; the executors only do it, through the rank control, the live
 ranks, the resumption watch and the controller link, and the supervisor's finish (`AgentHooks`). `EXECUTORS`
 is the mirror of the machine's rule table: it names the one executor of every action type, and is checked
 when this module loads (an action type with none, or with two, fails the import). `carry_out` returns the
@@ -16,19 +16,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from taskd.agent import round_events as ev
-from taskd.agent.bugs import UNCAUGHT_EXITS, Bug, BugJudge, RankEnd, error_of
-from taskd.agent.controller_link import ControllerLink
-from taskd.agent.hang_watch import HangWatch
-from taskd.agent.launcher_api import MSRUN
-from taskd.agent.live import LiveRanks
-from taskd.agent.migration import Migrations, Outcome, report_migration
-from taskd.agent.rank_control import Adopted, RankControl
-from taskd.agent.ranks import RankState, RankTable
-from taskd.agent.report_policy import STATUS, STRATEGIES
-from taskd.agent.resumption import Resumption
-from taskd.agent.round_state import LocalPolicy
+from taskd.agent.link.controller import ControllerLink
+from taskd.agent.link.report_policy import STATUS, STRATEGIES
+from taskd.agent.ranks.control import Adopted, RankControl
+from taskd.agent.ranks.launcher import MSRUN
+from taskd.agent.ranks.live import LiveRanks
+from taskd.agent.ranks.migration import Migrations, Outcome, report_migration
+from taskd.agent.ranks.resumption import Resumption
+from taskd.agent.ranks.table import RankState, RankTable
+from taskd.agent.round import events as ev
+from taskd.agent.round.states import LocalPolicy
 from taskd.agent.summary import SUPERSEDED, JobResult, RecoveryRecord
+from taskd.agent.watches.bugs import UNCAUGHT_EXITS, Bug, BugJudge, RankEnd, error_of
+from taskd.agent.watches.hangs import HangWatch
 from taskd.process.exitcodes import DUMP_INCOMPLETE_EXIT, DUMPED_EXIT
 from taskd.vocabulary import Code, FaultRanks, Strategy
 
@@ -54,7 +54,7 @@ class Gone:
 
 
 class TableView:
-    """The machine's read-only view of the node's ranks (round_state.NodeView)."""
+    """The machine's read-only view of the node's ranks (states.NodeView)."""
 
     def __init__(self, table: RankTable, live: LiveRanks) -> None:
         self.table = table
@@ -90,7 +90,7 @@ class Executors:
         self.hooks = hooks
         self.last_start: tuple[list[int], dict[int, int | None]] = ([], {})  # local ranks, their steps before
         self.view = TableView(table, self.live)
-        self.bugs = BugJudge()  # errors no restart mends (agent/bugs.py)
+        self.bugs = BugJudge()  # errors no restart mends (agent/watches/bugs.py)
         self.migrations = Migrations(table, self.live, self.live.details, control.take_over,  # `taskd migrate`
                                      lambda outcome: report_migration(link, outcome))
         self.bug: Bug | None = None  # the last round's, when it was one: the job's end names it
@@ -221,7 +221,7 @@ def offer_strategies(x: Executors, a: ev.OfferStrategies) -> None:
 
 
 def bug_of(x: Executors, faults: FaultRanks) -> Bug | None:
-    """What agent/bugs.py judges of this node's failed fault ranks: their errors, steps and run times, read here."""
+    """What watches/bugs.py judges of this node's failed fault ranks: their errors, steps and run times, read here."""
     details = x.control.details
     states = {r.local_rank: x.hang.heartbeat(r)[1] for r in x.table.all()}
     any_step = any(s is not None and s.step is not None for s in states.values())
@@ -338,7 +338,7 @@ Executor = Callable[[Executors, Any], list[object] | None]
 
 
 def executor_table(pairs: tuple[tuple[type, Executor], ...]) -> dict[type, Executor]:
-    """Every action type of round_events.ACTION_TYPES with exactly one executor, nothing else: else TypeError."""
+    """Every action type of events.ACTION_TYPES with exactly one executor, nothing else: else TypeError."""
     types = [kind for kind, _ in pairs]
     twice = sorted({k.__name__ for k in types if types.count(k) > 1})
     missing = sorted(k.__name__ for k in ev.ACTION_TYPES if k not in types)
@@ -349,7 +349,7 @@ def executor_table(pairs: tuple[tuple[type, Executor], ...]) -> dict[type, Execu
     return dict(pairs)
 
 
-EXECUTORS = executor_table((  # checked at import: the mirror of round_table.RULES
+EXECUTORS = executor_table((  # checked at import: the mirror of rules.RULES
     (ev.Note, note), (ev.StopRanks, stop_ranks), (ev.StartRanks, start_ranks),
     (ev.SetRestartCount, set_restart_count), (ev.Supersede, supersede), (ev.BeginRebuild, begin_rebuild),
     (ev.LeaveGroup, leave_group), (ev.PrepareReplacement, prepare_replacement),

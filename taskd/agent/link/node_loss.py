@@ -18,7 +18,7 @@ Three ways an agent meets a node loss, each apart from the recovery round it the
   when cut off), it stops every rank first, so none acts for the node again, and exits 1 with the
   controller's words naming what replaced it (the round machine's FenceOrder rule).
 
-What each of these does next is the round machine's (agent/round_table.py: the Began* events, STANDBY's and
+What each of these does next is the round machine's (agent/round/rules.py: the Began* events, STANDBY's and
 REJOINING's rules); `NodeLoss` and `StandbyWatch` are the mechanics that tell it what they saw.
 """
 
@@ -30,11 +30,11 @@ from collections.abc import Callable
 from typing import Protocol
 
 from taskd.agent.config import AgentConfig
-from taskd.agent.controller_link import ControllerLink
-from taskd.agent.launcher_api import Launcher, NodeRankFixed
-from taskd.agent.ranks import RankLayout, RankTable
-from taskd.agent.round_events import BeganStandby, ControllerLost, Ended, JobSeen, RejoinOverdue
-from taskd.agent.round_state import NodeFacts
+from taskd.agent.link.controller import ControllerLink
+from taskd.agent.ranks.launcher import Launcher, NodeRankFixed
+from taskd.agent.ranks.table import RankLayout, RankTable
+from taskd.agent.round.events import BeganStandby, ControllerLost, Ended, JobSeen, RejoinOverdue
+from taskd.agent.round.states import NodeFacts
 from taskd.vocabulary import FaultType
 
 log = logging.getLogger("taskd.agent")
@@ -78,8 +78,8 @@ class StandbyWatch:
 class NodeLoss:
     """The node-loss mechanics with the agent's parts (the supervisor sequences the calls, the machine decides).
 
-    The fence order itself is the round machine's (round_table.py: any state, FenceOrder -> FENCED: every rank
-    SIGKILLed first, then exit 1); what turns a 411 or a `taskd.fenced` into that order is controller_link.py's."""
+    The fence order itself is the round machine's (round/rules.py: any state, FenceOrder -> FENCED: every rank
+    SIGKILLed first, then exit 1); what turns a 411 or a `taskd.fenced` into that order is link/controller.py's."""
 
     def __init__(self, config: AgentConfig, link: ControllerLink, table: RankTable, launcher: Launcher) -> None:
         self.config = config
@@ -162,7 +162,7 @@ class NodeLoss:
 
     def watch(self, now: float, rejoining_since: float | None) -> RejoinOverdue | None:
         """Each turn of the loop: a replacement that waited too long for its strategy gives up; and an agent cut
-        off from its controller asks whether it was fenced (controller_link.py)."""
+        off from its controller asks whether it was fenced (link/controller.py)."""
         if replacement_overdue(rejoining_since, now, self.config.node_rejoin_timeout):
             return RejoinOverdue(self.config.node_rejoin_timeout)
         self.link.probe_fenced(now)

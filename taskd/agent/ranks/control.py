@@ -17,10 +17,10 @@ from typing import Any
 import psutil
 
 from taskd.agent.config import AgentConfig
-from taskd.agent.hang_watch import HangWatch
-from taskd.agent.launcher_api import Launcher
-from taskd.agent.msrun_logs import MsrunLogs
-from taskd.agent.ranks import Rank, RankState, RankTable, own_group
+from taskd.agent.ranks.launcher import Launcher
+from taskd.agent.ranks.msrun_logs import MsrunLogs
+from taskd.agent.ranks.table import Rank, RankState, RankTable, own_group
+from taskd.agent.watches.hangs import HangWatch
 from taskd.callbacks import KILL_WORKER, MONITOR, START_ALL_WORKER, START_WORKER_LIST, STATUS_FAILED, STATUS_RUNNING
 from taskd.process.groups import process_group, stop_groups, wait_groups_gone
 from taskd.process.msrun import MsrunScheduler, stale_msrun_workers
@@ -31,7 +31,7 @@ log = logging.getLogger("taskd.agent")
 Entry = dict[str, Any]  # one rank's MONITOR answer: pid, status, global_rank, ...
 
 
-LauncherDetails = Launcher  # the name embedders import (TaskD's shim): the declared interface, launcher_api.py
+LauncherDetails = Launcher  # the name embedders import (TaskD's shim): the declared interface, ranks/launcher.py
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from taskd.agent.controller_link import ControllerLink
-from taskd.agent.launcher_api import Launcher
-from taskd.agent.live import RANK_TIMEOUT, LiveRanks
-from taskd.agent.ranks import Rank, RankState, RankTable
+from taskd.agent.link.controller import ControllerLink
+from taskd.agent.ranks.launcher import Launcher
+from taskd.agent.ranks.live import RANK_TIMEOUT, LiveRanks
+from taskd.agent.ranks.table import Rank, RankState, RankTable
 from taskd.worker.live import Phase, RankStatus, read_rank_status, write_control
 
 log = logging.getLogger("taskd.agent")

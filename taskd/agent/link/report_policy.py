@@ -1,11 +1,11 @@
 """Every report the agent sends, as data: one retry policy for all, and a table of what differs between kinds.
 
-The agent has one way to tell the controller anything: a report in its outbox (agent/reports.py), sent one
+The agent has one way to tell the controller anything: a report in its outbox (agent/link/reports.py), sent one
 attempt at a time from its loop, re-sent by `ReportRetry` until the controller takes it or its deadline
 passes. Kinds differ only by the data of `KINDS` (which answers end a report at once, whether the first
 answer settles it, whether it waits its turn behind the node's earlier reports, how long it may take), so
 there is one policy to read, and the table in docs/client.md is generated from the same rows
-(`python -m taskd.agent.report_policy --write docs/client.md`). Pure: no clock, no I/O, no grpc.
+(`python -m taskd.agent.link.report_policy --write docs/client.md`). Pure: no clock, no I/O, no grpc.
 
 The blocking re-sends of `taskd.client.retry.ReportRetryPolicy` are for TaskD-API callers only (the
 `DLRecoverManager` methods and taskd.api); the agent never uses them.
@@ -172,7 +172,7 @@ def describe_kinds(kinds: tuple[ReportKind, ...] = KINDS) -> str:
     return "\n".join(rows)
 
 
-DOC = DocBlock("agent-reports", "taskd.agent.report_policy", "docs/client.md", "the agent's report table",
+DOC = DocBlock("agent-reports", "taskd.agent.link.report_policy", "docs/client.md", "the agent's report table",
                describe_kinds, description=__doc__.splitlines()[0])
 main = DOC.main
 

@@ -8,7 +8,7 @@ apart by its job's record (taskd.v1 JobStatus), by typed fields rather than the 
   holder's host and pid as the new ones): a standby, or a replacement started by hand, took the node before
   this agent came. Under Kubernetes this is the lost pod that the indexed Job or JobSet recreated with the same
   index. Nothing is wrong, and a non-zero exit would be counted against the Job (its podFailurePolicy,
-  backoffLimit): the agent joins the job as a standby instead (`Registration.taken_by`; agent/node_loss.py),
+  backoffLimit): the agent joins the job as a standby instead (`Registration.taken_by`; agent/link/node_loss.py),
   takes over the next node lost, and exits 0 if the job ends without needing it. This is the default, as
   torchrun's elastic agent keeps a node beyond the job's size waiting for the next rendezvous; under msrun,
   whose node rank cannot change, it is the refusal as before.

@@ -2,7 +2,7 @@
 hung rank's Python stacks put in its log before it is killed (py-spy when installed, else faulthandler).
 
 In a collective job every rank stops beating when one hangs: the others wait for it inside a
-collective. Only the *culprit* is flagged (`HangWatch.culprits`, deciding with `taskd.agent.culprit`):
+collective. Only the *culprit* is flagged (`HangWatch.culprits`, deciding with `taskd.agent.watches.culprit`):
 a stopped process (SIGSTOP), a stale rank not inside a collective by its markers (taskd.worker.live),
 one whose last heartbeat is at an earlier step than the others', or, when all stopped at the same step,
 the one whose stacks stop in the script's own code while the others' stop inside the framework;
@@ -29,7 +29,9 @@ from dataclasses import dataclass, replace
 
 import psutil
 
-from taskd.agent.culprit import (
+from taskd.agent.ranks.launcher import Launcher
+from taskd.agent.ranks.table import Rank
+from taskd.agent.watches.culprit import (
     STOPPED_AFTER,
     AutoTimeout,
     Suspect,
@@ -38,8 +40,6 @@ from taskd.agent.culprit import (
     stall_in_sight,
     waits_in_framework,
 )
-from taskd.agent.launcher_api import Launcher
-from taskd.agent.ranks import Rank
 from taskd.process.run_dir import make_run_dir
 from taskd.settings import default, env_text
 from taskd.worker.env import Var
@@ -237,7 +237,7 @@ class HangWatch:
     def culprits(self, ranks: Iterable[Rank], now: float) -> tuple[list[tuple[Rank, Hang]], list[tuple[Rank, Hang]]]:
         """(culprits, waiting) among `ranks`: culprits are named on the console first, then killed by the caller.
 
-        The decision is `taskd.agent.culprit.decide` (stopped process, collective markers, the step of the
+        The decision is `taskd.agent.watches.culprit.decide` (stopped process, collective markers, the step of the
         last heartbeat, then the stacks, which are taken here when they would decide). When nothing
         decides, every stale rank is returned as a culprit and the console says it cannot tell which.
         Nothing is returned while a peer at the same step still beats: the next sweep judges.

@@ -2,7 +2,7 @@
 
 The loop never waits on the controller. Each attempt is one RPC started and not waited for (the client's
 `start_report`: a gRPC future whose completion wakes the loop); the loop reads the answer on its next turn
-and `ReportRetry` (agent/report_policy.py, pure, clock passed in) says when to send again and why; the kinds
+and `ReportRetry` (agent/link/report_policy.py, pure, clock passed in) says when to send again and why; the kinds
 differ only by the data of its table (`KINDS`). Reports go out one at a time in the order they were made (the
 controller expects a node's stop-complete before its strategies, its strategies before its status); a pace
 report goes beside them, never holding one back. A report the controller has not taken by its deadline
@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from taskd.agent.fencing import Fencing
-from taskd.agent.report_policy import (
+from taskd.agent.link.fencing import Fencing
+from taskd.agent.link.report_policy import (
     ATTEMPT_TIMEOUT,
     FAULT,
     FINISH,
@@ -181,7 +181,7 @@ class Outbox:
             code, error = Code.FENCED, str(exc)
         except RecoverClientError as exc:
             code, error = None, str(exc)
-        if code == Code.FENCED:  # declared lost, its node another agent's: no re-send can help (agent/node_loss.py)
+        if code == Code.FENCED:  # declared lost, its node another agent's: no re-send can help (link/node_loss.py)
             self.fenced = self.fenced or (error or f"{report.what} refused (411): {status.info if status else ''}")
             return Settled(report, False, f"fenced: {self.fenced}", answer)
         if code == Code.OK and id(report) in self._stale:  # taken, but a later fault was not in it: send again
@@ -344,7 +344,7 @@ class Reporter:
         return self.add(RESUMED, build, now) is not None
 
     def migration(self, **fields: Any) -> bool:
-        """How a planned migration of a rank of this node ended (agent/migration.py; taskd.v1 `ReportMigration`)."""
+        """How a planned migration of a rank of this node ended (ranks/migration.py; taskd.v1 `ReportMigration`)."""
         return self.add(MIGRATION, lambda c, _r: migration_request(c, **fields), time.monotonic()) is not None
 
     def restarts(self, restarts: int) -> None:
@@ -360,7 +360,7 @@ class Reporter:
         self.add(RESTARTS, lambda c, _r: c._registered_with or c.info, time.monotonic())
 
     def pace(self, factor: float, paces: list[tuple[int, float, int]], timeout: float) -> Report | None:
-        """One pace report (agent/stragglers.py): its `outcome` holds the controller's verdicts once settled."""
+        """One pace report (agent/watches/stragglers.py): its `outcome` holds the controller's verdicts once settled."""
         return self.add(PACE, lambda c, _r: pace_request(c, factor, paces), time.monotonic(), call=timeout)
 
     def finished(self, exit_code: int, reason: str) -> None:

@@ -19,13 +19,13 @@ from collections.abc import Callable, MutableMapping
 from typing import Any, Protocol
 
 from taskd.agent.config import AgentConfig
-from taskd.agent.continued import ContinueWord
-from taskd.agent.fencing import Fencing
-from taskd.agent.held_node import register_held
-from taskd.agent.orders import WIRE_COMMANDS, Command, Order
-from taskd.agent.policy import LossTimer
-from taskd.agent.ranks import RankLayout
-from taskd.agent.reports import Reporter
+from taskd.agent.link.continued import ContinueWord
+from taskd.agent.link.fencing import Fencing
+from taskd.agent.link.held_node import register_held
+from taskd.agent.link.orders import WIRE_COMMANDS, Command, Order
+from taskd.agent.link.policy import LossTimer
+from taskd.agent.link.reports import Reporter
+from taskd.agent.ranks.table import RankLayout
 from taskd.client import ClientCredentials, ConfigurationError, RecoverClient
 from taskd.client.current import set_manager
 from taskd.client.errors import AuthenticationError, FencedError, RecoverClientError
@@ -114,7 +114,7 @@ class ControllerLink:
         self.continued = ContinueWord(lambda: self._mgr, self.fencing.fence)
         self.rejoining_at_register: frozenset[int] | None = None  # JobRecord.rejoining as this agent registered
         self.lost_ago: float | None = None  # seconds since the controller declared this node lost (a replacement)
-        # every report to the controller, past the same checks, through one outbox (agent/reports.py)
+        # every report to the controller, past the same checks, through one outbox (agent/link/reports.py)
         self.reports = Reporter(lambda: self._mgr, self.fencing, config.controller_timeout, wake_unless_closed)
         self.refusal: str | None = None  # why connect() failed: the controller's refusal, "" when none answered
         self.taken_by: str | None = None  # refused: the replacement (host:pid) holding this node (held_node.py)
@@ -168,7 +168,7 @@ class ControllerLink:
         for name, command in WIRE_COMMANDS.items():
             mgr.register_action_handler(name, self._queue(command))
         # right after Register, before the stream opens: once this agent subscribes the controller may act on it
-        # (a node-loss round's strategy), and stop listing the node as one it waits for (agent/node_loss.py)
+        # (a node-loss round's strategy), and stop listing the node as one it waits for (agent/link/node_loss.py)
         self.rejoining_at_register = self.rejoining() if layout.node_count > 1 else frozenset()
         frame = "mindspore" if cfg.launcher == "msrun" else "pytorch"  # TaskD's default otherwise
         self._subscriber = threading.Thread(target=mgr.start_subscribe, args=(frame,), name="taskd-subscriber",
@@ -340,7 +340,7 @@ def record_of(link: ControllerLink, mgr: RecoverClient | None, timeout: float = 
 
 def report_snapshots(link: ControllerLink, fields: dict[str, Any], timeout: float
                      ) -> tuple[taskd_pb2.SnapshotReply | None, str]:
-    """One snapshot report (agent/replication.py) from this agent's registered identity, and the controller's
+    """One snapshot report (agent/snapshots/replication.py) from this agent's registered identity, and the controller's
     address: (None, "") with no controller to take it or no answer."""
     mgr = link._mgr
     if mgr is None or link.fencing.fenced is not None or mgr.info.standby:

@@ -29,8 +29,8 @@ from typing import BinaryIO
 
 import grpc
 
-from taskd.agent import snapshot_copies as sc
-from taskd.agent.controller_link import ControllerLink, report_snapshots
+from taskd.agent.link.controller import ControllerLink, report_snapshots
+from taskd.agent.snapshots import copies as sc
 from taskd.proto import recover_pb2, taskd_pb2, taskd_pb2_grpc
 from taskd.worker.snapshot_segment import SnapshotError, read_header
 

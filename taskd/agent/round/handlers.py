@@ -1,4 +1,4 @@
-"""The agent's round handlers: one function per rule of agent/round_table.py.
+"""The agent's round handlers: one function per rule of agent/round/rules.py.
 
 Each takes the machine's data, the event, the time (monotonic, passed in) and the list to append actions
 to, and returns the state the node lands in; the table checks that state against the rule's targets. No
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 
-from taskd.agent.orders import Order
-from taskd.agent.round_events import (
+from taskd.agent.link.orders import Order
+from taskd.agent.round.events import (
     FAULT,
     STATUS,
     STOP_COMPLETE,
@@ -58,7 +58,7 @@ from taskd.agent.round_events import (
     TellResumed,
     WithdrawReports,
 )
-from taskd.agent.round_state import NodeRound, NodeState, RestartPlan
+from taskd.agent.round.states import NodeRound, NodeState, RestartPlan
 from taskd.vocabulary import Code, FaultRanks, FaultType, Strategy
 
 S = NodeState
@@ -76,7 +76,7 @@ def _leave_if_broken(m: NodeRound, faults: FaultRanks, out: Out) -> None:
 
 def on_fault(m: NodeRound, ev: RankFault, now: float, out: Out) -> NodeState:
     """Report it (or add it to the report still pending): the controller opens or joins a round. A live rank that
-    is gone gets its replacement prepared meanwhile (only if it could be recovered in place: agent/live.py)."""
+    is gone gets its replacement prepared meanwhile (only if it could be recovered in place: agent/ranks/live.py)."""
     faults = {ev.global_rank: ev.fault_type}
     m.add_faults(faults, now - ev.unseen)  # a hang counts from its last heartbeat, not from its detection
     _leave_if_broken(m, faults, out)
@@ -276,7 +276,7 @@ def on_assign(m: NodeRound, ev: AssignOrder, now: float, out: Out) -> NodeState:
 
 
 def on_migrate(m: NodeRound, ev: MigrateOrder, now: float, out: Out) -> NodeState:
-    """No round here: the migration runs beside the machine (agent/migration.py polls it); a fault ends it."""
+    """No round here: the migration runs beside the machine (agent/ranks/migration.py polls it); a fault ends it."""
     out.append(StartMigration(ev.order))
     return m.state
 

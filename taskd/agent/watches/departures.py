@@ -15,7 +15,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from taskd.agent.ranks import Rank, RankState, RankTable
+from taskd.agent.ranks.table import Rank, RankState, RankTable
 from taskd.worker.live import Phase, RankStatus
 
 log = logging.getLogger(__name__)

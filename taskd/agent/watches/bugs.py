@@ -23,7 +23,7 @@ after each of two kills would read as one error repeated.
 
 `BUG_RULES` is the policy, as data: a round is a bug when every failed rank of this node that the round names
 matches a rule (a rank SIGKILLed beside one that raised makes it a fault). Faults of other nodes are their
-agents' to judge. Nothing here touches a process: the facts are read by the caller (agent/executors.py).
+agents' to judge. Nothing here touches a process: the facts are read by the caller (agent/round/actions.py).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Rules mean what taskd/rule_table.py says, as in the controller's table (taskd/co
 machine.
 
 docs/architecture.md embeds `describe_table(markdown=True)`; refresh it with
-`python -m taskd.agent.round_table --write docs/architecture.md` (a test fails when it is stale).
+`python -m taskd.agent.round.rules --write docs/architecture.md` (a test fails when it is stale).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from taskd.agent import round_handlers as h
-from taskd.agent.round_events import (
+from taskd.agent.round import handlers as h
+from taskd.agent.round.events import (
     EVENT_TYPES,
     AssignOrder,
     BeganDegraded,
@@ -40,7 +40,7 @@ from taskd.agent.round_events import (
     StopOrder,
     StrategiesOrder,
 )
-from taskd.agent.round_state import ANY, WITH_RANKS, NodeRound, NodeState
+from taskd.agent.round.states import ANY, WITH_RANKS, NodeRound, NodeState
 from taskd.doc_block import DocBlock
 from taskd.rule_table import UNCHANGED, Rule, RuleTable, TransitionError, Unchanged, check_target
 
@@ -97,7 +97,7 @@ RULES: tuple[NodeRule, ...] = (
          "takes over the lost node's rank (TakeNode); its registration's outcome is the next event"),
     Rule(ANY - {S.STANDBY}, AssignOrder, _targets(UNCHANGED), h.on_assign_ignored, "not a standby: ignored"),
     Rule(_states(S.RUNNING), MigrateOrder, _targets(UNCHANGED), h.on_migrate,
-         "a planned migration starts beside the round machine (StartMigration; agent/migration.py)"),
+         "a planned migration starts beside the round machine (StartMigration; agent/ranks/migration.py)"),
     Rule(ANY - {S.RUNNING}, MigrateOrder, _targets(UNCHANGED), h.on_migrate_refused,
          "refused: a round or the job's end is under way here (reported to the controller)"),
     # a node's life: how it begins (after registering, or failing to), how it ends when no order ends it
@@ -150,7 +150,7 @@ index_rules, find_rule, describe_table = TABLE.index_rules, TABLE.find, TABLE.de
 
 # ---------------------------------------------------------------------------- the table in the docs
 
-DOC = DocBlock("agent-table", "taskd.agent.round_table", "docs/architecture.md", "the agent's rule table",
+DOC = DocBlock("agent-table", "taskd.agent.round.rules", "docs/architecture.md", "the agent's rule table",
                lambda: describe_table(markdown=True), description=__doc__.splitlines()[0], show=describe_table)
 BEGIN, END, update_doc, main = DOC.begin, DOC.end, DOC.update, DOC.main
 

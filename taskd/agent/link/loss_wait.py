@@ -14,7 +14,7 @@ import json
 import logging
 from dataclasses import dataclass
 
-from taskd.agent.orders import Command, Order
+from taskd.agent.link.orders import Command, Order
 
 log = logging.getLogger("taskd.agent")
 

@@ -2,11 +2,11 @@
 
 Events go in (with the time, monotonic, passed by the caller) and actions come out; the machine does no
 I/O, reads no clock and touches no process, and it imports only the standard library and its own parts
-(an order is `agent/orders.py`'s, not the gRPC link's: tests/unit/agent/test_machine_imports.py). The
-parts: `round_events` (what goes in and comes out), `round_state` (the states and the machine's data),
-`round_handlers` and `round_table` (which handler runs for which event in which state, and where it may
+(an order is `agent/link/orders.py`'s, not the gRPC link's: tests/unit/agent/test_machine_imports.py). The
+parts: `events` (what goes in and comes out), `states` (the states and the machine's data),
+`handlers` and `rules` (which handler runs for which event in which state, and where it may
 lead). The supervisor sequences it: it pulls events (rank exits, orders, timers, signals), feeds them here
-one at a time, and has the executors (agent/executors.py) carry out the actions; whatever those produce (a
+one at a time, and has the executors (agent/round/actions.py) carry out the actions; whatever those produce (a
 start's result, the ranks it found already gone) is queued as the next events, never handled inside the
 handler that caused them.
 """
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import logging
 
-from taskd.agent.round_events import Action, Note
-from taskd.agent.round_state import TERMINAL, NodeRound, NodeState
-from taskd.agent.round_table import check_target, find_rule
+from taskd.agent.round.events import Action, Note
+from taskd.agent.round.rules import check_target, find_rule
+from taskd.agent.round.states import TERMINAL, NodeRound, NodeState
 
 
 class RoundMachine(NodeRound):

@@ -1,6 +1,6 @@
 """The controller's orders as the agent reads them: one `Command` per signal or action, and its `Order`.
 
-Apart from the link (agent/controller_link.py) so that the round machine, which reads orders, imports no
+Apart from the link (agent/link/controller.py) so that the round machine, which reads orders, imports no
 gRPC: an `Order` is built from a signal's fields alone (`Order.of` takes any object that has them).
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from taskd.agent.resize import Resize
+from taskd.agent.ranks.resize import Resize
 from taskd.vocabulary import Action, FaultRanks, SignalType, fault_ranks
 
 log = logging.getLogger("taskd.agent")
@@ -28,7 +28,7 @@ class Command(str, Enum):
     KILL = "kill"  # the job ends now
     FENCE = "fence"  # this agent was declared lost and replaced: stop every rank, exit 1 (issue 17)
     ASSIGN = "assign"  # a standby takes over a lost node's rank (issue 17)
-    MIGRATE = "migrate"  # move a rank to a warm spare at the next step boundary (`taskd migrate`; agent/migration.py)
+    MIGRATE = "migrate"  # move a rank to a warm spare at the next step boundary (`taskd migrate`; ranks/migration.py)
 
 
 # The wire's actions and signal types -> commands (the client dispatches on these names).

@@ -2,7 +2,7 @@
 
 On each sweep the agent reads its ranks' running compute sums from their heartbeat files into a window per
 rank; every `--straggler-interval` it sends the windows' averages to the controller (`ReportPace`, a report
-of the outbox sent once, beside the others: agent/report_policy.py), which
+of the outbox sent once, beside the others: agent/link/report_policy.py), which
 compares every rank of the job with the median of the others and answers with the verdicts about this
 node's ranks, each once: they become console lines here. Without a controller that judges (degraded mode,
 a ClusterD controller without taskd.v1) the agent judges its own node's ranks with the same judge. Nothing
@@ -15,8 +15,8 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from taskd.agent.ranks import Rank, RankState
-from taskd.agent.reports import Report
+from taskd.agent.link.reports import Report
+from taskd.agent.ranks.table import Rank, RankState
 from taskd.pace import PaceWindow, RankPace, StragglerJudge, Verdict
 
 log = logging.getLogger("taskd.agent")

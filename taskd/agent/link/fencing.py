@@ -5,7 +5,7 @@ Register, a `FencedError` from the client, or one `taskd.fenced` signal on a new
 was SIGSTOPped or cut off may hear none of them at once (its stream is gone), so while it has no stream
 it asks for itself: a Register in the background, which a fenced identity gets refused with 411. Any
 of these becomes one FENCE order on the agent's queue, carried out by the round machine (every rank
-SIGKILLed first, then exit 1: round_table.py).
+SIGKILLed first, then exit 1: round/rules.py).
 """
 
 from __future__ import annotations

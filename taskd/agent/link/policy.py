@@ -2,8 +2,8 @@
 
 The controller decides recoveries; the agent decides only what it must when the controller cannot:
 when to stop waiting for a lost controller (degraded mode). When to re-send a report is
-agent/report_policy.py's; the degraded-mode budget and the dump's deadline are the round machine's
-(agent/round_state.py, `LocalPolicy`). Nothing here touches a process, a socket or the clock, so unit
+agent/link/report_policy.py's; the degraded-mode budget and the dump's deadline are the round machine's
+(agent/round/states.py, `LocalPolicy`). Nothing here touches a process, a socket or the clock, so unit
 tests drive every decision directly.
 """
 

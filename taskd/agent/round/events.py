@@ -1,7 +1,7 @@
 """What goes into the agent's round machine (events) and what comes out (actions), as small named types.
 
 Events are facts the mechanics saw: a rank's fault, an order from the controller, a timer that expired, what
-the launcher or the ranks' files said. Actions are what the machine asks the mechanics to do (agent/executors.py
+the launcher or the ranks' files said. Actions are what the machine asks the mechanics to do (agent/round/actions.py
 carries them out). Neither holds a process, a socket or a clock: the machine is driven by these alone.
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import get_args
 
-from taskd.agent.orders import Command, Order
-from taskd.agent.resize import Resize
-from taskd.agent.round_state import NodeFacts
+from taskd.agent.link.orders import Command, Order
+from taskd.agent.ranks.resize import Resize
+from taskd.agent.round.states import NodeFacts
 from taskd.vocabulary import FaultRanks
 
 # ------------------------------------------------------------------------------------------------ events
@@ -260,7 +260,7 @@ class LeaveGroup:
 @dataclass(frozen=True)
 class PrepareReplacement:
     """Live: start this dead local rank's replacement now (a warm spare), so that it builds its model while the
-    controller decides; a recover's START adopts it, any other outcome discards it (agent/live.py)."""
+    controller decides; a recover's START adopts it, any other outcome discards it (agent/ranks/live.py)."""
 
     local_rank: int
     faults: FaultRanks = field(default_factory=dict)
@@ -273,7 +273,7 @@ class AbandonRebuild:
 
 @dataclass(frozen=True)
 class SendReport:
-    """One report to the controller (each a pending item its loop polls, agent/reports.py)."""
+    """One report to the controller (each a pending item its loop polls, agent/link/reports.py)."""
 
     kind: str  # FAULT, STOP_COMPLETE, STRATEGIES, STATUS
     faults: FaultRanks = field(default_factory=dict)
@@ -348,7 +348,7 @@ class TakeNode:
 
 @dataclass(frozen=True)
 class StartMigration:
-    """Start a planned migration beside the round machine (agent/migration.py), or, with `refused`, say why not."""
+    """Start a planned migration beside the round machine (ranks/migration.py), or, with `refused`, say why not."""
 
     order: Order
     refused: str = ""
@@ -372,4 +372,4 @@ class Finish:
 Action = (Note | StopRanks | StartRanks | SetRestartCount | Supersede | BeginRebuild | LeaveGroup | AbandonRebuild
           | PrepareReplacement | SendReport | WithdrawReports
           | OfferStrategies | RecordRestart | TellResumed | Dump | TakeNode | StartMigration | StartJob | Finish)
-ACTION_TYPES: tuple[type, ...] = get_args(Action)  # each has one executor (agent/executors.py, checked at import)
+ACTION_TYPES: tuple[type, ...] = get_args(Action)  # each has one executor (agent/round/actions.py, checked at import)

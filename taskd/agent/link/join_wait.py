@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from taskd.agent.controller_link import JobStatusUnsupported
-from taskd.agent.round_events import Ended
+from taskd.agent.link.controller import JobStatusUnsupported
+from taskd.agent.round.events import Ended
 
 log = logging.getLogger("taskd.agent")
 

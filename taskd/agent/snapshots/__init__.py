@@ -1,0 +1,1 @@
+"""A node's snapshots as files: copied to its buddy's agent, and fetched back for a lost node."""
