@@ -48,6 +48,7 @@ from taskd.worker.torch_data import LiveLoader
 from taskd.worker.torch_facts import (
     backend_not_live,
     collectives_issued,
+    group_device,
     sharded_state,
     stable_ddp_kwargs,
     step_seed,
@@ -84,7 +85,7 @@ class LiveGroup(Migrating):
         In a warm spare that runs the script (``--warm-spare-mode script``) this is where the spare waits to
         become a rank (`taskd.worker.become_rank`): what the script did before (its model built) precedes the fault."""
         become_rank()
-        self.backend = backend
+        self.backend, self._device = backend, group_device(backend)  # where the state sync's table goes
         self.timeout = timedelta(seconds=timeout)
         self.protocol = LiveRank()
         self.live = self.protocol.enabled
@@ -464,8 +465,8 @@ class LiveGroup(Migrating):
             refuse_own_collectives(self.rank, collectives_issued() - self._formed_at)
         self.mark.enter()
         try:
-            mine = torch.tensor([1 if self.has_state else 0, self.step_no], dtype=torch.int64)
-            table = [torch.zeros(2, dtype=torch.int64) for _ in range(self.world_size)]
+            mine = torch.tensor([1 if self.has_state else 0, self.step_no], dtype=torch.int64, device=self._device)
+            table = [torch.zeros(2, dtype=torch.int64, device=self._device) for _ in range(self.world_size)]
             with collective("the state sync"):
                 dist.all_gather(table, mine)
             rows = [(int(t[0]), int(t[1])) for t in table]

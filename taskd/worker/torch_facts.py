@@ -64,6 +64,15 @@ def backend_not_live(backend: str) -> str | None:
             f"communicator with a dead peer can only be aborted)")
 
 
+def group_device(backend: str) -> torch.device:
+    """Where a group's own small tensors (the state sync's table) go: the host, unless every part of the backend
+    serves CUDA tensors only (``nccl``), then the device the script chose (``torch.cuda.set_device``)."""
+    parts = [part.strip().lower() for part in backend.split(",") if part.strip()]
+    if parts and all(part.split(":")[-1] == "nccl" for part in parts) and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def collectives_issued() -> int:
     """Collectives run on the default group since it formed (0 where the backend keeps no count)."""
     try:
