@@ -44,8 +44,9 @@ def job_exit_code(code: int | None) -> int:
     A rank's own exit code 1-127 is passed on. A rank killed by signal N (or exiting 128 + N, as a shell reports a
     killed child) gives 100 + N (109 for SIGKILL, 115 for SIGTERM; 127 for signals above 26), so that 128 + N only
     ever means `taskd run` itself got signal N: a Kubernetes podFailurePolicy that retries a pod SIGKILLed by the
-    OOM killer (exit 137) must not read a job that taskd failed as one. 1 when the code is unknown (None)."""
+    OOM killer (exit 137) must not read a job that taskd failed as one. A code `killed_by_signal` does not read as a
+    signal (128, 193-255) is the rank's own and passed on. 1 when the code is unknown (None)."""
     shell = exit_code_of(code)
-    if shell < 128:
+    if not killed_by_signal(code):
         return shell or 1
     return min(RANK_SIGNAL_BASE + shell - 128, 127)
