@@ -148,6 +148,17 @@ SETTINGS: tuple[Setting, ...] = (
             "or `512M`/`2G`, `0` off (docs/worker.md)", optional=True,
             flags=("--snapshot-memory", "--snapshot_memory"), env="TASKD_SNAPSHOT_MEMORY", agent=False, run_env=True,
             shown="half of /dev/shm"),
+    Setting("snapshot_persist_dir", str, None, "the agent copies the ranks' snapshots to this directory in the "
+            "background (the durable copies a job keeps after it ends; a restore falls back to them; docs/worker.md)",
+            optional=True, flags=("--snapshot-persist-dir", "--snapshot_persist_dir"), env="TASKD_SNAPSHOT_PERSIST_DIR",
+            agent=False, run_env=True, shown="unset: off"),
+    Setting("snapshot_persist_every", int, 100, "with `--snapshot-persist-dir`: persist the snapshot of every Nth "
+            "step (and the newest when the job ends)", Bound(1),
+            flags=("--snapshot-persist-every", "--snapshot_persist_every"), env="TASKD_SNAPSHOT_PERSIST_EVERY",
+            agent=False, run_env=True),
+    Setting("snapshot_persist_keep", int, 3, "with `--snapshot-persist-dir`: persisted steps kept per rank", Bound(1),
+            flags=("--snapshot-persist-keep", "--snapshot_persist_keep"), env="TASKD_SNAPSHOT_PERSIST_KEEP",
+            agent=False, run_env=True),
     Setting("role", str, "default", "the ranks' `ROLE_NAME`", flags=("--role",), agent=False),
     Setting("master_addr", str, "127.0.0.1", "`MASTER_ADDR` for the ranks", flags=("--master-addr", "--master_addr"),
             agent=False),

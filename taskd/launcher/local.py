@@ -35,7 +35,7 @@ from taskd.launcher.orphans import OrphanKeeper
 from taskd.launcher.output import ERR, OUT, OutputPump, RankOutput
 from taskd.launcher.ports import node_master_port
 from taskd.launcher.reaping import Reaper
-from taskd.launcher.snapshots import SnapshotArea
+from taskd.launcher.snapshots import Persistence, SnapshotArea
 from taskd.launcher.spares import SparePool
 from taskd.launcher.spec import WorkerSpec
 from taskd.launcher.successors import Successors
@@ -82,8 +82,10 @@ class LocalLauncher:
             log.warning("--redirects/--tee without --log-dir: rank logs go to %s", log_dir)
         elif log_dir:
             os.makedirs(log_dir, exist_ok=True)
+        persist = Persistence(os.fspath(spec.snapshot_persist_dir), spec.snapshot_persist_every,
+                              spec.snapshot_persist_keep) if spec.snapshot_persist_dir else None
         self.snapshots = SnapshotArea(safe_name(spec.job_id), spec.nproc_per_node, {**os.environ, **spec.extra_env},
-                                       memory=spec.snapshot_memory)
+                                       memory=spec.snapshot_memory, persist=persist)
         port, self._port_hold = node_master_port(spec)  # node 0 holds it for the job's life (launcher/ports.py)
         run_dir = spec.run_dir or make_run_dir(safe_name(spec.job_id))  # removes those SIGKILLed agents left
         os.makedirs(run_dir, mode=0o700, exist_ok=True)

@@ -8,6 +8,10 @@ directory (`taskd.process.run_dir`), so a new agent on the node removes those wh
 
 The cap, per job and node: `taskd run --snapshot-memory`, else TASKD_SNAPSHOT_MEMORY in its environment
 (bytes, or a K/M/G suffix; 0 turns snapshots off), by default half of /dev/shm's size.
+
+With a persist directory (`taskd run --snapshot-persist-dir`) the area also runs the node's `Persister`, which
+copies the ranks' snapshots there every N steps and once more when the job ends on the node, and hands the
+directory to the ranks (TASKD_SNAPSHOT_PERSIST_DIR): their restore falls back to it when memory holds none.
 """
 
 from __future__ import annotations
@@ -16,8 +20,11 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
+from taskd.launcher.snapshot_persist import Persister
 from taskd.process.run_dir import make_run_dir, sweep_stale_run_dirs
 from taskd.worker.env import Var
 
@@ -43,18 +50,33 @@ def is_memory(raw: object) -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class Persistence:
+    """Where and how often the node's snapshots are persisted (`taskd run --snapshot-persist-*`)."""
+
+    directory: str
+    every: int
+    keep: int
+
+    def __post_init__(self) -> None:
+        if not self.directory or self.every < 1 or self.keep < 1:
+            raise ValueError(f"snapshot persistence needs a directory, every >= 1 and keep >= 1, got {self!r}")
+
+
 class SnapshotArea:
     """The job's snapshot directory on this node (or none, with the reason logged once). The launcher makes it
     first thing, before anything it would have to undo: a bad TASKD_SNAPSHOT_MEMORY raises here. ``memory``
-    (`taskd run --snapshot-memory`) goes before the variable."""
+    (`taskd run --snapshot-memory`) goes before the variable; ``persist``: see the module's doc."""
 
     def __init__(self, name: str, nproc_per_node: int, environ: Mapping[str, str] | None = None,
-                 root: str = SHM, memory: str | None = None) -> None:
+                 root: str = SHM, memory: str | None = None, persist: Persistence | None = None) -> None:
         env = os.environ if environ is None else environ
         raw = (memory if memory is not None else env.get(Var.TASKD_SNAPSHOT_MEMORY, "")).strip()
         self.path: str | None = None
         self.root = root
         self.cap = self.share = 0
+        self.persist_dir = os.path.abspath(persist.directory) if persist is not None else None
+        self.persister: Persister | None = None
         if not os.path.isdir(root):
             log.warning("snapshots off: %s does not exist; ranks fall back to their disk checkpoints", root)
             return
@@ -71,12 +93,16 @@ class SnapshotArea:
         self.cap = cap
         self.share = cap // max(1, nproc_per_node)
         self.path = make_run_dir(f"snap-{name}", root)  # first removes the directories of agents that died
+        if persist is not None and self.persist_dir is not None:
+            self.persister = Persister(self.path, self.persist_dir, nproc_per_node, persist.every, persist.keep,
+                                       _slow_disk(env))
 
     def env(self) -> dict[str, str]:
-        """What each rank is given: the directory and its share of the cap."""
+        """What each rank is given: the directory and its share of the cap, and the persisted copies'."""
+        persisted = {Var.TASKD_SNAPSHOT_PERSIST_DIR: self.persist_dir} if self.persist_dir else {}
         if self.path is None:
-            return {}
-        return {Var.TASKD_SNAPSHOT_DIR: self.path, Var.TASKD_SNAPSHOT_BYTES: str(self.share)}
+            return persisted
+        return {Var.TASKD_SNAPSHOT_DIR: self.path, Var.TASKD_SNAPSHOT_BYTES: str(self.share), **persisted}
 
     def held_bytes(self) -> int:
         """Host memory the job's snapshots hold on this node now."""
@@ -93,6 +119,9 @@ class SnapshotArea:
         """Remove the directory and everything in it (the job has ended on this node), and those of agents that
         died on this host (a whole `taskd run` SIGKILLed, replaced by a standby started before it died: no agent
         starts after it to sweep them, and the job would end leaving them); idempotent."""
+        if self.persister is not None:
+            self.persister.close()
+            self.persister = None
         if self.path is None:
             return
         held = self.held_bytes()
@@ -102,4 +131,16 @@ class SnapshotArea:
         sweep_stale_run_dirs(self.root)  # it says what it removed
 
 
-__all__ = ["SHM", "SnapshotArea", "parse_memory"]
+def _slow_disk(env: Mapping[str, str]) -> Callable[[], None] | None:
+    """TASKD_SNAPSHOT_PERSIST_FAULT=slow-disk:SECONDS (tests): each persisted copy's fsync waits that long first."""
+    raw = env.get(Var.TASKD_SNAPSHOT_PERSIST_FAULT, "").strip()
+    if not raw:
+        return None
+    match = re.fullmatch(r"slow-disk:(\d+(?:\.\d+)?)", raw)
+    if match is None:
+        raise ValueError(f"{Var.TASKD_SNAPSHOT_PERSIST_FAULT}={raw!r}: expected slow-disk:SECONDS")
+    seconds = float(match.group(1))
+    return lambda: time.sleep(seconds)
+
+
+__all__ = ["SHM", "Persistence", "SnapshotArea", "parse_memory"]

@@ -40,7 +40,8 @@ FLAGS = {
     "job_id": "--job-id", "log_dir": "--log-dir", "console": "--quiet", "warm_spares": "--warm-spares",
     "role": "--role", "max_restarts": "--max-restarts", "redirects": "--redirects", "tee": "--tee",
     "local_ranks_filter": "--local-ranks-filter", "warm_spare_mode": "--warm-spare-mode",
-    "snapshot_memory": "--snapshot-memory",
+    "snapshot_memory": "--snapshot-memory", "snapshot_persist_dir": "--snapshot-persist-dir",
+    "snapshot_persist_every": "--snapshot-persist-every", "snapshot_persist_keep": "--snapshot-persist-keep",
     "rdzv_store": "TASKD_RDZV_STORE", "preimport": "TASKD_PREIMPORT",
 }
 STD_NONE, STD_OUT, STD_ERR, STD_ALL = 0, 1, 2, 3  # torchrun's Std: which of stdout/stderr a setting covers
@@ -89,6 +90,9 @@ class WorkerSpec:
     cwd: str | None = None
     warm_spares: int = 0  # idle interpreters kept ready to become a restarted rank (.py entrypoints only)
     snapshot_memory: str | None = None  # the snapshots' cap on this node (None: TASKD_SNAPSHOT_MEMORY or its default)
+    snapshot_persist_dir: str | None = None  # where the agent persists the snapshots (None: memory only)
+    snapshot_persist_every: int = 100  # persist every Nth step's snapshot
+    snapshot_persist_keep: int = 3  # persisted steps kept per rank
     warm_spare_mode: str = "import"  # WARM_SPARE_MODES: "script" runs the script up to become_rank() in each spare
     role: str = "default"  # torchrun's ROLE_NAME
     max_restarts: int = 0  # the job's restart budget, given to ranks as TORCHELASTIC_MAX_RESTARTS
@@ -146,6 +150,12 @@ class WorkerSpec:
         for name in ("warm_spares", "max_restarts"):
             if not _is_int(getattr(self, name)) or getattr(self, name) < 0:
                 bad(name, "must be an integer >= 0")
+        for name in ("snapshot_persist_every", "snapshot_persist_keep"):
+            if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
+                bad(name, "must be an integer >= 1")
+        if self.snapshot_persist_dir is not None and (not isinstance(self.snapshot_persist_dir, (str, os.PathLike))
+                                                      or not os.fspath(self.snapshot_persist_dir)):
+            bad("snapshot_persist_dir", "must be a directory path or None")
         for name in ("redirects", "tee"):
             why = self._streams_problem(getattr(self, name))
             if why:

@@ -84,6 +84,9 @@ class RunConfig:
     warm_spares: int = default("warm_spares")
     warm_spare_mode: str = default("warm_spare_mode")
     snapshot_memory: str | None = default("snapshot_memory")  # None: TASKD_SNAPSHOT_MEMORY's default, half of /dev/shm
+    snapshot_persist_dir: str | None = default("snapshot_persist_dir")  # None: snapshots stay in memory only
+    snapshot_persist_every: int = default("snapshot_persist_every")
+    snapshot_persist_keep: int = default("snapshot_persist_keep")
     quiet: bool = default("quiet")
     log_dir: str | None = default("log_dir")
     redirects: Mapping[int, int] = field(default_factory=dict)  # local rank -> 0 none, 1 out, 2 err, 3 both

@@ -151,6 +151,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     _setting(recovery, "snapshot_memory", metavar="BYTES",
              help="taskd: memory for the ranks' in-memory snapshots on this node (512M, 2G; 0: off; default: half of "
                   "/dev/shm; docs/worker.md)")
+    _setting(recovery, "snapshot_persist_dir", metavar="DIR",
+             help="taskd: the agent copies the snapshots here in the background, every --snapshot-persist-every "
+                  "steps and at the job's end; a restore falls back to them (default: off)")
+    _setting(recovery, "snapshot_persist_every", metavar="N",
+             help=f"taskd: persist every Nth step's snapshot (default {_d('snapshot_persist_every')})")
+    _setting(recovery, "snapshot_persist_keep", metavar="K",
+             help=f"taskd: persisted steps kept per rank (default {_d('snapshot_persist_keep')})")
 
     accepted = parser.add_argument_group("accepted for torchrun's command lines (a notice says what taskd does)")
     _flag(accepted, "--start-method", "--start_method", metavar="spawn|fork|forkserver")

@@ -37,6 +37,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Protocol
 
+from taskd.worker import snapshot_persist as persisted
 from taskd.worker.env import Var, env_int, rank, restart_count, world_size
 from taskd.worker.snapshot_segment import SnapshotError, flatten, load, seal, write_body
 
@@ -133,7 +134,7 @@ class Snapshots:
 
     def __init__(self, keep: int = 2, scope: str = "job", fallback: Fallback | None = None, *,
                  directory: str | None = None, cap: int | None = None, background: bool = True,
-                 agree: Callable[[set[int]], set[int]] | None = None) -> None:
+                 agree: Callable[[set[int]], set[int]] | None = None, persist_dir: str | None = None) -> None:
         if scope not in SCOPES:
             raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
         lowest = 2 if scope == "job" else 1
@@ -145,7 +146,9 @@ class Snapshots:
         self.directory = directory if directory is not None else os.environ.get(Var.TASKD_SNAPSHOT_DIR) or None
         self.cap = cap if cap is not None else env_int(Var.TASKD_SNAPSHOT_BYTES)
         self.rank, self.world = rank(), world_size()
-        self.restored_from: str | None = None  # "memory", "disk" or None, once restore() ran
+        self.restored_from: str | None = None  # "memory", "persisted", "disk" or None, once restore() ran
+        self.persist_dir = persist_dir if persist_dir is not None else \
+            os.environ.get(Var.TASKD_SNAPSHOT_PERSIST_DIR) or None
         self.off: str | None = None  # why snapshots are off (the reason was logged), None while they are on
         self._segments: list[_Segment] = []
         self._pool: ThreadPoolExecutor | None = None  # one publisher thread for the rank's life: no start per save
@@ -225,14 +228,28 @@ class Snapshots:
         return segment
 
     def _free_segment(self) -> _Segment:
-        for segment in self._segments:
-            if segment.step is None:
+        for segment in [s for s in self._segments if s.step is None]:
+            if not self._pinned(segment):
                 return segment
         if len(self._segments) > self.keep:  # more published than kept (adopted from a restart): reuse the oldest
             oldest = min(self._segments, key=lambda s: s.step or 0)
             self._free(oldest)
-            return oldest
+            if not self._pinned(oldest):
+                return oldest
         return self._new_segment()
+
+    def _pinned(self, segment: _Segment) -> bool:
+        """Whether the agent holds a link to the free ``segment`` (it is copying it to disk,
+        `taskd.launcher.snapshot_persist`): then it is never written again; this rank lets its own name go and
+        takes another, and the agent's link keeps the copy's bytes until it is done."""
+        try:
+            linked = os.stat(segment.path).st_nlink > 1
+        except FileNotFoundError:
+            linked = True  # gone from under us: not reusable either
+        if linked:
+            segment.remove()
+            self._segments.remove(segment)
+        return linked
 
     def _injected_fault(self, step: int, count: int) -> Callable[[int], None] | None:
         if self._fault != step or restart_count() != 0:
@@ -257,14 +274,15 @@ class Snapshots:
 
     # -- restore ---------------------------------------------------------------------------------------------
     def restore(self, use: Callable[[Any], Any] | None = None) -> tuple[Any, int] | None:
-        """``(state, step)`` of the newest consistent snapshot in memory, else what the fallback loads (its
-        newest checkpoint), else None; the log says which, and ``restored_from`` is "memory", "disk" or None.
+        """``(state, step)`` of the newest consistent snapshot in memory, else of the agent's persisted copies
+        (TASKD_SNAPSHOT_PERSIST_DIR), else what the fallback loads (its newest checkpoint), else None; the log
+        says which, and ``restored_from`` is "memory", "persisted", "disk" or None.
 
         With ``use``: ``(use(state), step)``, the state from memory being views of the mapped segment, valid
         only inside ``use`` (which copies what it keeps: one copy instead of two; see `load`). An error of ``use`` is
         raised as it is, never taken for a damaged snapshot (no fallback loaded over a half-applied state)."""
         self.wait()
-        why = self.off
+        why, damaged = self.off, False
         if why is not None and self.scope == "job" and self._nodes() > 1 and self.agree is not None:
             self.agree(set())  # the other ranks agree on a cut: take part, holding nothing
         if why is None:
@@ -277,13 +295,17 @@ class Snapshots:
                 except _InUse as exc:  # the caller's own error, not a damaged snapshot: no fallback over it
                     raise exc.__cause__ from None  # type: ignore[misc]
                 except (SnapshotError, OSError) as exc:
-                    why = f"rank {self.rank}'s snapshot of step {step} cannot be read: {exc}"
+                    why, damaged = f"rank {self.rank}'s snapshot of step {step} cannot be read: {exc}", True
                 else:
                     self._drop_after(step)
                     self.restored_from = "memory"
                     log.info("rank %d restored step %d from memory (%s in %.3f s)", self.rank, step, _mb(size),
                              time.perf_counter() - started)
                     return state, step
+        if self.persist_dir is not None and not damaged:
+            found = self._restore_persisted(use, why)  # no cut in memory (the same on every rank): the copies
+            if found is not None:
+                return found
         if self.fallback is None:
             log.info("rank %d: no snapshot restored (%s)", self.rank, why)
             return None
@@ -296,6 +318,36 @@ class Snapshots:
         log.log(level, "rank %d: no snapshot in memory to restore (%s): falling back to %s: %s", self.rank, why,
                 self._fallback_words(), f"step {found[1]}" if found else "none there, starting afresh")
         return found
+
+    def _restore_persisted(self, use: Callable[[Any], Any] | None, why: str) -> tuple[Any, int] | None:
+        """The newest step every rank has whole in the agent's persisted copies (TASKD_SNAPSHOT_PERSIST_DIR), said
+        in one line; None when there is none, or this rank's copy of it is damaged (set aside, never used)."""
+        root = self.persist_dir or ""
+        multi = self.scope == "job" and self._nodes() > 1 and self.agree is not None
+        try:
+            step = persisted.cut(root, self.world, self.agree if multi else None, self.rank) \
+                if self.scope == "job" else _own_newest(root, self.rank)
+        except SnapshotError as exc:
+            log.warning("rank %d: the persisted snapshots in %s cannot be agreed on: %s", self.rank, root, exc)
+            return None
+        if step is None:
+            return None
+        path = os.path.join(root, f"rank{self.rank}", persisted.segment_name(step))
+        started = time.perf_counter()
+        try:
+            state, size = load(path, step, self.rank, _guarded(use))
+        except _InUse as exc:
+            raise exc.__cause__ from None  # type: ignore[misc]
+        except (SnapshotError, OSError) as exc:
+            persisted.quarantine(path)
+            log.error("rank %d: its persisted snapshot of step %d is damaged, set aside as %s.corrupt: %s", self.rank,
+                      step, path, exc)
+            return None
+        self._drop_after(step)
+        self.restored_from = "persisted"
+        log.warning("rank %d restored step %d from the persisted snapshots in %s (%s in %.3f s): no snapshot in "
+                    "memory (%s)", self.rank, step, root, _mb(size), time.perf_counter() - started, why)
+        return state, step
 
     def _cut(self) -> tuple[int | None, str]:
         """The step to restore and, without one, why."""
@@ -373,6 +425,15 @@ class Snapshots:
         self.wait()
         for segment in self._segments:
             segment.close()
+
+
+def _own_newest(root: str, of_rank: int) -> int | None:
+    """Scope "rank": this rank's own newest whole persisted copy."""
+    folder = os.path.join(root, f"rank{of_rank}")
+    for step in sorted(persisted.steps_in(folder), reverse=True):
+        if persisted.complete(os.path.join(folder, persisted.segment_name(step)), step, of_rank):
+            return step
+    return None
 
 
 class _InUse(Exception):

@@ -177,10 +177,12 @@ def test_taskd_run_hands_the_agent_every_setting_it_has_a_flag_for_naming_its_so
 
 
 def test_taskd_run_reads_the_variables_the_table_gives_it() -> None:
-    env = {s.env: f"value-of-{s.name}" for s in RUN_SETTINGS if s.run_env}
+    env = {s.env: f"value-of-{s.name}" if s.kind is str else "7" for s in RUN_SETTINGS if s.run_env}
     config = RunConfig.from_args(_run_parser().parse_args(["--no-python", "true"]),
                                  {**env, "MINDX_SERVER_IP": "10.0.0.1:8899", "TASKD_SNAPSHOT_MEMORY": "2G"})
     assert (config.job_id, config.server, config.snapshot_memory) == ("value-of-job_id", "10.0.0.1:8899", "2G")
+    assert (config.snapshot_persist_dir, config.snapshot_persist_every, config.snapshot_persist_keep) == \
+        ("value-of-snapshot_persist_dir", 7, 7)
     assert config.sources["job_id"] == "MINDX_TASK_ID"
     with pytest.raises(RunConfigError, match="TASKD_SNAPSHOT_MEMORY must be bytes, e.g. 2G"):
         RunConfig.from_args(_run_parser().parse_args(["--no-python", "true"]), {"TASKD_SNAPSHOT_MEMORY": "lots"})

@@ -1,0 +1,107 @@
+"""Snapshots persisted by the agent (issue 33, item 5), under real `taskd run`s with 2 ranks:
+
+- every N steps (and the newest at the job's end) each rank's copy is on disk, intact and loadable, no temporary
+  file is left, nothing of the job stays in /dev/shm; a disk that takes 2 s per fsync never slows a save();
+- a new `taskd run` of the job after its end starts from the persisted copies, skipping a torn one and the
+  temporary file a killed agent left, and ends bit-identical to a run that never stopped.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import numpy as np
+from support import STARTED
+
+from taskd.worker.snapshot_segment import load
+
+ROOT = Path(__file__).resolve().parents[3]
+JOB = Path(__file__).resolve().parent / "persist_job.py"
+sys.path.insert(0, str(JOB.parent))
+from persist_job import SIZE, update  # noqa: E402
+
+
+def run_job(tmp: Path, name: str, steps: int, *flags: str, env: dict[str, str] | None = None) -> str:
+    job = f"{name}-{uuid.uuid4().hex[:8]}"
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    for var in ("MINDX_SERVER_IP", "MINDX_TASK_ID", "TASKD_SNAPSHOT_MEMORY", "TASKD_SNAPSHOT_PERSIST_DIR",
+                "TASKD_SNAPSHOT_PERSIST_EVERY", "TASKD_SNAPSHOT_PERSIST_KEEP", "TASKD_SNAPSHOT_PERSIST_FAULT"):
+        if var not in (env or {}):
+            full_env.pop(var, None)
+    log = tmp / f"{name}.log"
+    proc = subprocess.Popen([sys.executable, "-m", "taskd.run", "--monitor-interval", "0.2", "--job-id", job,
+                             "--nproc-per-node", "2", *flags, str(JOB), "--steps", str(steps), "--out",
+                             str(tmp / name)], stdout=log.open("wb"), stderr=subprocess.STDOUT, env=full_env, cwd=ROOT)
+    STARTED.append(proc)
+    assert proc.wait(timeout=60) == 0, log.read_text()
+    assert glob.glob(f"/dev/shm/taskd-snap-{job}-*") == [], "the job's end must leave nothing in /dev/shm"
+    return log.read_text()
+
+
+def summary(tmp: Path, name: str, rank: int) -> dict:
+    return json.loads((tmp / name / f"rank{rank}.json").read_text())
+
+
+def expected(rank: int, steps: int) -> bytes:
+    w = np.zeros(SIZE)
+    for step in range(steps):
+        w = update(w, rank, step)
+    return w.tobytes()
+
+
+def persisted(where: Path, rank: int) -> list[int]:
+    return sorted(int(p.name[1:13]) for p in (where / f"rank{rank}").glob("s*.snap"))
+
+
+def test_persisted_every_n_steps_intact_and_a_save_never_waits_on_the_disk(tmp_path: Path) -> None:
+    where = tmp_path / "persist"
+    text = run_job(tmp_path, "slow", 40, "--snapshot-persist-dir", str(where), "--snapshot-persist-every", "10",
+                   "--snapshot-persist-keep", "5", env={"TASKD_SNAPSHOT_PERSIST_FAULT": "slow-disk:2"})
+    assert "persisted the snapshots of step 40 (2 ranks, 16.8 MB)" in text, text
+    for rank in (0, 1):
+        steps = persisted(where, rank)  # one per 10 steps: the multiple, or the first step after it the agent saw
+        assert 10 <= steps[0] and steps[-1] == 40 and len({s // 10 for s in steps}) == len(steps) >= 2, steps
+        for step in steps:
+            state, _size = load(str(where / f"rank{rank}" / f"s{step:012d}.snap"), step, rank)
+            assert state["step"] == step and state["w"].tobytes() == expected(rank, step)
+        assert [p.name for p in (where / f"rank{rank}").iterdir() if not p.name.endswith(".snap")] == []
+        saves = summary(tmp_path, "slow", rank)["saves"]
+        assert len(saves) == 40 and max(saves) < 1.0, f"a save() waited on the 2 s fsyncs: {max(saves):.3f} s"
+
+
+def test_save_costs_the_same_with_the_agent_persisting_every_step(tmp_path: Path) -> None:
+    run_job(tmp_path, "without", 40)
+    run_job(tmp_path, "with", 40, "--snapshot-persist-dir", str(tmp_path / "p2"), "--snapshot-persist-every", "1")
+    medians = {name: statistics.median(summary(tmp_path, name, 0)["saves"] + summary(tmp_path, name, 1)["saves"])
+               for name in ("without", "with")}
+    print(f"save() median of an 8 MB state, 2 ranks: {medians['without'] * 1e3:.1f} ms without persistence, "
+          f"{medians['with'] * 1e3:.1f} ms persisting every step")
+    assert medians["with"] < 2 * medians["without"] + 0.02, medians
+
+
+def test_a_new_run_after_the_job_ended_starts_from_the_persisted_copies_never_a_torn_one(tmp_path: Path) -> None:
+    where = tmp_path / "persist"
+    flags = ("--snapshot-persist-dir", str(where), "--snapshot-persist-every", "10")
+    run_job(tmp_path, "first", 30, *flags)
+    steps = persisted(where, 0)
+    assert persisted(where, 1) == steps and len(steps) == 3 and steps[-1] == 30, steps  # the job's end: its newest
+    torn = where / "rank1" / f"s{30:012d}.snap"
+    os.truncate(torn, torn.stat().st_size // 2)  # a copy cut short under its step's name: never restored
+    killed = where / "rank0" / f".s40.{2 ** 22 + 7}.deadbeef.tmp"  # what an agent SIGKILLed mid-copy leaves
+    killed.write_bytes(b"half a copy")
+
+    text = run_job(tmp_path, "again", 40, *flags)
+    for rank in (0, 1):
+        got = summary(tmp_path, "again", rank)
+        assert got["resumed_from"] == steps[-2] and got["restored_from"] == "persisted", got  # not the torn 30
+        assert np.load(tmp_path / "again" / f"rank{rank}.npy").tobytes() == expected(rank, 40)
+    assert f"rank 1 restored step {steps[-2]} from the persisted snapshots in {where}" in text, text
+    assert not killed.exists(), "the next agent removes a dead agent's temporary copy"
+    assert persisted(where, 0)[-1] == persisted(where, 1)[-1] == 40
