@@ -1,0 +1,67 @@
+"""Persisted snapshots in one process: the pin that keeps a copied segment's bytes, the step that is due, a copy
+of a reused segment refused, and restore's fallback to the persisted copies (no process, no socket)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from taskd.launcher.snapshot_persist import Persister, _Pins
+from taskd.worker import SnapshotError, Snapshots
+from taskd.worker import snapshot_persist as sp
+from taskd.worker.env import Var
+
+
+@pytest.fixture(autouse=True)
+def _ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in (Var.RANK, Var.WORLD_SIZE, Var.GROUP_WORLD_SIZE, Var.TASKD_SNAPSHOT_DIR, Var.TASKD_SNAPSHOT_BYTES,
+                Var.TASKD_SNAPSHOT_FAULT, Var.TASKD_SNAPSHOT_PERSIST_DIR, Var.RANK_ID, Var.RANK_SIZE):
+        monkeypatch.delenv(var, raising=False)
+
+
+def state(step: int) -> dict:
+    return {"w": np.full(5000, float(step)), "step": step}
+
+
+def test_a_pinned_segment_is_never_written_again_so_its_copy_holds_its_step(tmp_path) -> None:
+    shm = str(tmp_path / "shm")
+    snaps = Snapshots(directory=shm, background=False)
+    for step in (1, 2):
+        snaps.save(state(step), step)
+    with _Pins(shm, 1) as pins:
+        for step in (3, 4, 5):  # step 1's segment is freed, and would be reused without the pin
+            snaps.save(state(step), step)
+        tmp = sp.write_copy(pins[0], str(tmp_path / "disk" / "rank0"), 0, 1)
+    sp.publish(tmp, 1)
+    assert not os.listdir(os.path.join(shm, ".persist")), "the pins go once copied"
+    fresh = Snapshots(directory=str(tmp_path / "empty"), background=False, persist_dir=str(tmp_path / "disk"))
+    found = fresh.restore()
+    assert found is not None and found[1] == 1 and found[0]["w"].tobytes() == state(1)["w"].tobytes()
+    assert fresh.restored_from == "persisted"
+
+
+def test_a_copy_of_a_segment_changed_while_read_is_refused_and_leaves_nothing(tmp_path) -> None:
+    shm = str(tmp_path / "shm")
+    snaps = Snapshots(directory=shm, background=False)
+    snaps.save(state(1), 1)
+    path = os.path.join(shm, "rank0", sp.segment_name(1))
+    with open(path, "r+b") as fh:  # what a rank reusing it would do: new bytes under the old header
+        fh.seek(200)
+        fh.write(b"\xff" * 8)
+    with pytest.raises(SnapshotError, match="checksum mismatch"):
+        sp.write_copy(path, str(tmp_path / "disk" / "rank0"), 0, 1)
+    assert os.listdir(tmp_path / "disk" / "rank0") == []
+
+
+def test_the_step_due_is_the_multiple_else_the_first_seen_past_it(tmp_path) -> None:
+    persister = Persister(str(tmp_path / "shm"), str(tmp_path / "disk"), 1, every=10, keep=2)
+    try:
+        assert persister.due({8, 9}) is None
+        assert persister.due({10, 11}) == 10
+        persister.last = 10
+        assert persister.due({19}) is None and persister.due({23, 24}) == 24
+        assert persister.due({3, 4}) is None and persister.last == 4  # the ranks went back: counted from there
+    finally:
+        persister.close()
