@@ -91,7 +91,7 @@ def test_a_new_run_after_the_job_ended_starts_from_the_persisted_copies_never_a_
     flags = ("--snapshot-persist-dir", str(where), "--snapshot-persist-every", "10")
     run_job(tmp_path, "first", 30, *flags)
     steps = persisted(where, 0)
-    assert persisted(where, 1) == steps and len(steps) == 3 and steps[-1] == 30, steps  # the job's end: its newest
+    assert persisted(where, 1) == steps and len(steps) >= 2 and steps[-1] == 30, steps  # the end: its newest
     torn = where / "rank1" / f"s{30:012d}.snap"
     os.truncate(torn, torn.stat().st_size // 2)  # a copy cut short under its step's name: never restored
     killed = where / "rank0" / f".s40.{2 ** 22 + 7}.deadbeef.tmp"  # what an agent SIGKILLed mid-copy leaves
