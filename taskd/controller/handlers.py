@@ -27,7 +27,7 @@ from taskd.controller.events import (
     StrategiesReported,
     Tick,
 )
-from taskd.controller.job import Job
+from taskd.controller.job import Job, rerun_refusal
 from taskd.controller.model import DECLINED, LIVE, TERMINAL, Declined, JobState, fmt_faults, loss_clock
 from taskd.controller.strategy import IN_PLACE
 from taskd.vocabulary import Code, FaultRanks, SignalType, Strategy
@@ -58,6 +58,10 @@ def on_init(m: Job, ev: JobInit, now: float, out: Outcome) -> Result:
     # Init, and a reset would only record a "job_reset" of a run that has not begun (same shape: nothing to redo)
     known = known or (_unstarted(m) and _same_shape(m, ev))
     online = m.agents.online_count > 0
+    if not known and (why := rerun_refusal(m, ev.node_rank, ev.standby)):
+        out.code, out.info = Code.INVALID_PARAMS, why  # the failed job stays as it ended (docs/controller.md)
+        m.record(out, "rerun_refused", node_rank=ev.node_rank, host=ev.host, pid=ev.pid)
+        return m.state
     if (m.state in TERMINAL and not known) or (not online and not known):
         reason = f"job was {m.state.value}" if m.state in TERMINAL else "no agent of the job is connected"
         if m.round is not None and m.state not in TERMINAL:

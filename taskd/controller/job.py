@@ -423,3 +423,18 @@ def awaiting(m: Job, now: float) -> tuple[tuple[str, object], ...]:
     since = (("fault_ago", round(max(now - min(r.lost.values()), 0.0), 3)),) if r is not None and r.lost else ()
     return (("awaiting", sorted(m.rejoining)), ("rejoin_left", round(max(deadline - now, 0.0), 3)),
             ("rejoin_timeout", m.config.node_rejoin_timeout), *since)
+
+
+def rerun_refusal(m: Job, node_rank: int, standby: bool) -> str:
+    """Why an Init from an unknown caller may not start this FAILED job again ("" if it may): node `node_rank`'s
+    agent of the failed run died without finishing (no finish report, its stream gone), so the caller is taken
+    for that node's pod or process started again (Kubernetes recreates a killed pod under the same job id). A
+    reset would run a one-node job that waits `join_timeout` for nodes that ended long ago. A new run is every
+    node started again: a node whose agent finished (killMaster) or is still online resets the job as before."""
+    a = m.agents.get(node_rank)
+    if m.state is not S.FAILED or standby or a is None or a.finished or a.online or a.subscribed:
+        return ""
+    return (f"job {m.job_id} FAILED ({m.info[:300]}), and node {node_rank}'s agent of that run (host "
+            f"{a.host[:64]!r}, pid {a.pid}) died without finishing: this is taken for its pod started again, and a "
+            "failed job is not restarted from one node. Start the whole job under a new job id (--job-id, "
+            "--rdzv-id or MINDX_TASK_ID)")

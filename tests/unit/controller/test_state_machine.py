@@ -827,6 +827,23 @@ def test_an_agent_declared_lost_that_comes_back_to_the_job_it_failed_is_fenced()
     assert "reset" in m.handle(JobInit(node_count=2, host="h", pid=555), 50).info and m.state == S.RUNNING
 
 
+def test_a_failed_jobs_node_that_died_is_refused_to_its_pod_started_again() -> None:
+    """Issue 32, item 8: node 1's agent died without finishing and the job FAILED; a new process Initing as node 1
+    is its pod recreated (Kubernetes), not a new run: refused 409, the job stays as it ended. A node whose agent
+    finished (node 0, after killMaster) still starts a new run, which node 1 then joins."""
+    m = new_job()
+    m.handle(AgentDisconnected(node_rank=1), 1)
+    fire(m, 31)
+    assert m.state == S.FAILED
+    m.handle(AgentFinished(node_rank=0, exit_code=1), 32)
+    out = m.handle(JobInit(node_count=2, node_rank=1, host="h", pid=555), 40)
+    assert out.code == Code.INVALID_PARAMS and m.state == S.FAILED, out
+    assert out.info.startswith("job j1 FAILED (") and "a new job id" in out.info, out.info
+    assert [r.kind for r in out.records] == ["rerun_refused"] and 1 in m.agents and m.agents[0].finished
+    assert "reset" in m.handle(JobInit(node_count=2, node_rank=0, host="h", pid=556), 41).info
+    assert "joined" in m.handle(JobInit(node_count=2, node_rank=1, host="h", pid=555), 42).info
+
+
 def test_late_subscriber_to_a_failed_job_gets_kill_master() -> None:
     """An agent the job failed without (its stream was down, never declared lost) learns it from killMaster."""
     m = new_job()
