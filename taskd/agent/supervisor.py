@@ -5,9 +5,9 @@ thread, or `taskd run`'s): the launcher's callbacks are not thread-safe, and PR_
 fires when the *thread* that spawned a rank exits. The subscriber thread only queues orders.
 
 The parts: `ranks.table` (the rank table), `ranks.control` (the launcher's callbacks and process groups),
-`watches.hangs` (heartbeats, stack dumps), `link.controller` and `link.reports` (the controller), `round.machine`
+`watches.hangs` (heartbeats, stack dumps), `link.controller` and `link.reports` (the controller), `round.rules`
 (what the node's recovery round does next, a pure rule table), `round.actions` (carrying its actions out),
-`link.policy` (what the agent decides alone) and `ranks.msrun_logs`. This module only sequences them: it pulls
+`round.states` (what the agent decides alone: `LocalPolicy`, `LossTimer`). This module only sequences them: it pulls
 events (pidfd exits, orders, timers, signals), feeds them to the machine one at a time (`_feed`) and has
 its executors carry out the actions.
 """
@@ -25,22 +25,19 @@ from typing import Any
 
 from taskd.agent.config import AgentConfig, new_job_id
 from taskd.agent.link.controller import ControllerLink, LocalController
-from taskd.agent.link.job_end import await_job_end
-from taskd.agent.link.join_wait import join_or_end
-from taskd.agent.link.loss_wait import LossWait
-from taskd.agent.link.node_loss import NodeLoss
-from taskd.agent.ranks.control import LauncherDetails, RankControl
+from taskd.agent.link.job_status import await_job_end, join_or_end
+from taskd.agent.link.node_loss import LossWait, NodeLoss
+from taskd.agent.ranks.control import LauncherDetails, MsrunLogs, RankControl
 from taskd.agent.ranks.launcher import launcher_of
 from taskd.agent.ranks.live import POLL, LiveRanks
-from taskd.agent.ranks.msrun_logs import MsrunLogs
 from taskd.agent.ranks.table import Rank, RankLayout, RankState, RankTable, discover_layout
 from taskd.agent.round import events as ev
 from taskd.agent.round.actions import AgentHooks, Executors, Gone
-from taskd.agent.round.machine import RoundMachine
+from taskd.agent.round.rules import RoundMachine
 from taskd.agent.round.states import LocalPolicy, NodeFacts, NodeState
 from taskd.agent.snapshots.replication import Replication
 from taskd.agent.summary import FaultRecord, JobResult
-from taskd.agent.watches.departures import DepartureWatch
+from taskd.agent.watches.exits import DepartureWatch
 from taskd.agent.watches.hangs import Hang, HangWatch
 from taskd.agent.watches.metrics import NodeMetrics, sample_ranks
 from taskd.agent.watches.stragglers import StragglerWatch
@@ -125,7 +122,7 @@ class Supervisor:
     def _prepare(self) -> None:
         """Ask MONITOR for the layout before any rank runs, join the controller (or run degraded), and tell the
         machine how this node's life began: its first start, a replacement, a standby, degraded (the Began*
-        events). An agent whose node a replacement holds already becomes a standby (agent/link/held_node.py)."""
+        events). An agent whose node a replacement holds already becomes a standby (agent/link/registration.py)."""
         job_id = self.config.job_id or new_job_id(self.config.launcher)
         if not self.config.standby:
             layout = self._lay_out(self.config.node_rank)
@@ -156,7 +153,7 @@ class Supervisor:
                                  "no controller answered, and a multi-node job does not run without one")]
             return [ev.BeganDegraded(facts, layout.node_rank)]
         ended = join_or_end(self.link, self.link.job_id, layout.node_count, self.config.join_timeout,
-                            lambda: self._terminate_signal)  # as after torchrun's rendezvous (join_wait.py)
+                            lambda: self._terminate_signal)  # as after torchrun's rendezvous (link/job_status.py)
         if ended is not None:
             return [ended]
         self.control.reap_stale_msrun_workers(self.link.job_id, layout.global_ranks)  # registered: the node is ours
@@ -318,7 +315,7 @@ class Supervisor:
         self.result.ended = time.time()
 
     def _await_job_end(self) -> None:
-        """Multi-node msrun: our ranks succeeded; keep the scheduler (node 0) until the job ends (job_end.py)."""
+        """Multi-node msrun: our ranks succeeded; keep the scheduler (node 0) until the job ends (job_status.py)."""
         if not (self.result.succeeded and self.link.active and self.config.launcher == "msrun"
                 and self.config.scheduler_grace > 0 and self.table.layout is not None
                 and self.table.layout.node_count > 1):
@@ -469,7 +466,7 @@ class Supervisor:
     def _peers_tell(self) -> None:
         """The faults only the peers give away. A rank their timed-out collective waited for, neither waiting
         itself nor reporting: it hangs. A group rank that exited 0 before its loop's end, then its peers' group
-        broke: it left early (agent/watches/departures.py). Either is replaced like a crashed rank."""
+        broke: it left early (agent/watches/exits.py). Either is replaced like a crashed rank."""
         now = time.time()
         stalled = self.live.stalled()
         hangs = [(rank, Hang(now - st.heartbeat.time if st.heartbeat.time else 0.0, st.heartbeat.step,

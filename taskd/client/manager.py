@@ -132,7 +132,7 @@ class RecoverClient:
             raise FencedError("Register", status.info)
         repeated = self._last_refusal == (status.code, status.info)
         self._last_refusal = (status.code, status.info)
-        # an agent asking again for a held node (agent/link/held_node.py) gets the same answer twice a second
+        # an agent asking again for a held node (agent/link/registration.py) gets the same answer twice a second
         (logger.debug if repeated else logger.warning)(
             "Register of job %s answered %d: %s", request.jobId, status.code, status.info)
         return status

@@ -414,7 +414,7 @@ class Job:
 
 def awaiting(m: Job, now: float) -> tuple[tuple[str, object], ...]:
     """A node-loss round's stopTrain and globalFault tell the survivors what the round waits for, and how long at
-    most (extraParams "awaiting", "rejoin_left", "rejoin_timeout"): their consoles say so (agent/link/loss_wait.py);
+    most (extraParams "awaiting", "rejoin_left", "rejoin_timeout"): their consoles say so (agent/link/node_loss.py);
     and "fault_ago", the seconds since the lost node's fault, which their recovery is timed from."""
     deadline = m.rejoin_deadline
     if deadline is None:

@@ -169,7 +169,7 @@ def take(m: Job, ev: AgentRegistered, out: Outcome) -> Standby | None:
 def unassign(m: Job, node_rank: int) -> None:
     """Node `node_rank` was taken by another replacement than the standby assigned it (one that registered first,
     e.g. the lost node's recreated pod): that standby waits again, free for the next node lost. Its own Register
-    as the node is refused 409, and its agent goes back to waiting (agent/link/held_node.py)."""
+    as the node is refused 409, and its agent goes back to waiting (agent/link/registration.py)."""
     for key, s in list(m.standbys.items()):
         if s.assigned == node_rank:
             _put(m, key, replace(s, assigned=None, assigned_at=None))

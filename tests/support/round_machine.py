@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from taskd.agent.link.orders import Command, Order
 from taskd.agent.round import events as ev
-from taskd.agent.round.machine import RoundMachine
+from taskd.agent.round.rules import RoundMachine
 from taskd.agent.round.states import LocalPolicy, NodeFacts, NodeState
 from taskd.vocabulary import Action, FaultType, SignalType
 

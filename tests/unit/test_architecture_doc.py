@@ -26,7 +26,7 @@ def _prose() -> str:
 
 
 def test_every_file_the_doc_names_exists() -> None:
-    """A path (`agent/link/policy.py`, `tests/unit/conftest.py`) exists from the repository or from taskd/; a bare
+    """A path (`agent/round/states.py`, `tests/unit/conftest.py`) exists from the repository or from taskd/; a bare
     module name (`checkpoint.py`, named in its package's row) is some module of taskd."""
     text = _prose()
     names = set(re.findall(r"(?<![\w./-])([\w-]+(?:/[\w.-]+)*\.(?:py|md|proto))\b", text))
@@ -44,9 +44,9 @@ def test_every_file_the_doc_names_exists() -> None:
 
 
 # "The state machines are pure" and "Clocks are passed in": these modules do no I/O and read no clock.
-PURE = ("taskd.agent.link.policy", "taskd.agent.link.report_policy", "taskd.client.retry", "taskd.controller.strategy",
+PURE = ("taskd.agent.link.report_policy", "taskd.client.retry", "taskd.controller.strategy",
         "taskd.controller.state_machine", "taskd.controller.table", "taskd.controller.handlers",
-        "taskd.agent.round.machine", "taskd.agent.round.handlers", "taskd.agent.round.rules",
+        "taskd.agent.round.handlers", "taskd.agent.round.rules",
         "taskd.agent.round.states", "taskd.agent.round.events")
 IMPURE = {"time", "datetime", "threading", "socket", "grpc", "sqlite3", "subprocess", "os", "asyncio", "select"}
 CLOCK = re.compile(r"(^|\.)(monotonic|time|sleep|perf_counter|process_time|now|utcnow)$")

@@ -19,13 +19,11 @@ from collections.abc import Callable, MutableMapping
 from typing import Any, Protocol
 
 from taskd.agent.config import AgentConfig
-from taskd.agent.link.continued import ContinueWord
-from taskd.agent.link.fencing import Fencing
-from taskd.agent.link.held_node import register_held
 from taskd.agent.link.orders import WIRE_COMMANDS, Command, Order
-from taskd.agent.link.policy import LossTimer
+from taskd.agent.link.registration import ContinueWord, Fencing, register_held
 from taskd.agent.link.reports import Reporter
 from taskd.agent.ranks.table import RankLayout
+from taskd.agent.round.states import LossTimer
 from taskd.client import ClientCredentials, ConfigurationError, RecoverClient
 from taskd.client.current import set_manager
 from taskd.client.errors import AuthenticationError, FencedError, RecoverClientError
@@ -105,7 +103,7 @@ class ControllerLink:
             if not self._closed:
                 self._wake()
 
-        def fence_order(reason: str) -> None:  # one FENCE order, queued like the controller's (fencing.py)
+        def fence_order(reason: str) -> None:  # one FENCE order, queued like the controller's (registration.py)
             self._orders.put(Order(Command.FENCE, "", SignalType.FENCED, (), {}, "", 0.0, reason))
             wake_unless_closed()
 
@@ -117,7 +115,7 @@ class ControllerLink:
         # every report to the controller, past the same checks, through one outbox (agent/link/reports.py)
         self.reports = Reporter(lambda: self._mgr, self.fencing, config.controller_timeout, wake_unless_closed)
         self.refusal: str | None = None  # why connect() failed: the controller's refusal, "" when none answered
-        self.taken_by: str | None = None  # refused: the replacement (host:pid) holding this node (held_node.py)
+        self.taken_by: str | None = None  # refused: the replacement (host:pid) holding this node (registration.py)
 
     @property
     def active(self) -> bool:
@@ -209,13 +207,13 @@ class ControllerLink:
         return status.code == Code.OK
 
     def probe_fenced(self, now: float) -> None:
-        """Cut off from the controller: ask, in the background, whether this agent was fenced (fencing.py)."""
+        """Cut off from the controller: ask, in the background, whether this agent was fenced (registration.py)."""
         last = self._mgr.last_signal_time if self._mgr is not None else None
         self.fencing.probe(self._mgr, self.connected, now, time.time() - last if last else 0.0)
 
     def _register(self, mgr: RecoverClient, info: recover_pb2.ClientInfo, address: str) -> str | None:
         """None once registered; else why not: the controller's refusal, or "" when none answered. A node rank
-        another agent holds is asked for again while its holder's loss may be pending (held_node.py)."""
+        another agent holds is asked for again while its holder's loss may be pending (registration.py)."""
         try:
             if not mgr.init_clusterd():
                 return mgr.init_refusal  # "" when none answered, or recovery is disabled

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from taskd.agent.link.fencing import Fencing
+from taskd.agent.link.registration import Fencing
 from taskd.agent.link.report_policy import (
     ATTEMPT_TIMEOUT,
     FAULT,

@@ -97,7 +97,7 @@ class Launcher(Protocol):
 
     def set_node_rank(self, node_rank: int | None) -> None:
         """A standby's late node rank: every per-rank variable (RANK, GROUP_RANK, ...) is computed for it from now
-        on; None: no node rank any more (an agent that became a standby, agent/link/held_node.py). Raises
+        on; None: no node rank any more (an agent that became a standby, agent/link/registration.py). Raises
         `NodeRankFixed` on a launcher whose node rank cannot change (msrun's is its --node_rank)."""
         ...
 

@@ -1,6 +1,6 @@
 """The round machine's actions carried out: one executor per action type (docs/architecture.md, "The agent's round").
 
-The machine (agent/round/machine.py) decides; the executors only do it, through the rank control, the live
+The machine (agent/round/rules.py) decides; the executors only do it, through the rank control, the live
 ranks, the resumption watch and the controller link, and the supervisor's finish (`AgentHooks`). `EXECUTORS`
 is the mirror of the machine's rule table: it names the one executor of every action type, and is checked
 when this module loads (an action type with none, or with two, fails the import). `carry_out` returns the
@@ -27,7 +27,7 @@ from taskd.agent.ranks.table import RankState, RankTable
 from taskd.agent.round import events as ev
 from taskd.agent.round.states import LocalPolicy
 from taskd.agent.summary import SUPERSEDED, JobResult, RecoveryRecord
-from taskd.agent.watches.bugs import UNCAUGHT_EXITS, Bug, BugJudge, RankEnd, error_of
+from taskd.agent.watches.exits import UNCAUGHT_EXITS, Bug, BugJudge, RankEnd, error_of
 from taskd.agent.watches.hangs import HangWatch
 from taskd.process.exitcodes import DUMP_INCOMPLETE_EXIT, DUMPED_EXIT
 from taskd.vocabulary import Code, FaultRanks, Strategy
@@ -90,7 +90,7 @@ class Executors:
         self.hooks = hooks
         self.last_start: tuple[list[int], dict[int, int | None]] = ([], {})  # local ranks, their steps before
         self.view = TableView(table, self.live)
-        self.bugs = BugJudge()  # errors no restart mends (agent/watches/bugs.py)
+        self.bugs = BugJudge()  # errors no restart mends (agent/watches/exits.py)
         self.migrations = Migrations(table, self.live, self.live.details, control.take_over,  # `taskd migrate`
                                      lambda outcome: report_migration(link, outcome))
         self.bug: Bug | None = None  # the last round's, when it was one: the job's end names it
@@ -221,7 +221,7 @@ def offer_strategies(x: Executors, a: ev.OfferStrategies) -> None:
 
 
 def bug_of(x: Executors, faults: FaultRanks) -> Bug | None:
-    """What watches/bugs.py judges of this node's failed fault ranks: their errors, steps and run times, read here."""
+    """What watches/exits.py judges of this node's failed fault ranks: their errors, steps and run times, read here."""
     details = x.control.details
     states = {r.local_rank: x.hang.heartbeat(r)[1] for r in x.table.all()}
     any_step = any(s is not None and s.step is not None for s in states.values())

@@ -2,7 +2,17 @@
 
 Rules mean what taskd/rule_table.py says, as in the controller's table (taskd/controller/table.py), and
 `RULES` is checked when this module loads. An event no rule takes in a state is dropped (and logged) by the
-machine.
+machine, `RoundMachine`, here too: one node's recovery as a pure state machine over the table.
+
+Events go in (with the time, monotonic, passed by the caller) and actions come out; the machine does no
+I/O, reads no clock and touches no process, and it imports only the standard library and its own parts
+(an order is `agent/link/orders.py`'s, not the gRPC link's: tests/unit/agent/test_machine_imports.py). The
+parts: `events` (what goes in and comes out), `states` (the states and the machine's data), `handlers`
+(one function per rule) and this table (which handler runs for which event in which state, and where it
+may lead). The supervisor sequences it: it pulls events (rank exits, orders, timers, signals), feeds them
+here one at a time, and has the executors (agent/round/actions.py) carry out the actions; whatever those
+produce (a start's result, the ranks it found already gone) is queued as the next events, never handled
+inside the handler that caused them.
 
 docs/architecture.md embeds `describe_table(markdown=True)`; refresh it with
 `python -m taskd.agent.round.rules --write docs/architecture.md` (a test fails when it is stale).
@@ -10,12 +20,14 @@ docs/architecture.md embeds `describe_table(markdown=True)`; refresh it with
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from taskd.agent.round import handlers as h
 from taskd.agent.round.events import (
     EVENT_TYPES,
+    Action,
     AssignOrder,
     BeganDegraded,
     BeganFirst,
@@ -31,6 +43,7 @@ from taskd.agent.round.events import (
     JobSeen,
     KillOrder,
     MigrateOrder,
+    Note,
     RankFault,
     RejoinOverdue,
     ReportSettled,
@@ -40,7 +53,7 @@ from taskd.agent.round.events import (
     StopOrder,
     StrategiesOrder,
 )
-from taskd.agent.round.states import ANY, WITH_RANKS, NodeRound, NodeState
+from taskd.agent.round.states import ANY, TERMINAL, WITH_RANKS, NodeRound, NodeState
 from taskd.doc_block import DocBlock
 from taskd.rule_table import UNCHANGED, Rule, RuleTable, TransitionError, Unchanged, check_target
 
@@ -155,7 +168,35 @@ DOC = DocBlock("agent-table", "taskd.agent.round.rules", "docs/architecture.md",
 BEGIN, END, update_doc, main = DOC.begin, DOC.end, DOC.update, DOC.main
 
 __all__ = ["BEGIN", "END", "INDEX", "RULES", "UNCHANGED", "NodeRule", "Rule", "TransitionError", "check_target",
-           "describe_table", "find_rule", "index_rules", "main", "update_doc"]
+           "describe_table", "find_rule", "index_rules", "main", "update_doc", "RoundMachine"]
+
+
+class RoundMachine(NodeRound):
+    """One node's recovery state. Drive it with `handle(event, now)`."""
+
+    def handle(self, event: object, now: float) -> list[Action]:
+        """Apply the table's rule for this event in the current state, check where it led, return the actions."""
+        if self.state in TERMINAL:
+            return []
+        rule = find_rule(type(event), self.state)
+        if rule is None:
+            return [Note(logging.DEBUG, f"{type(event).__name__} in {self.state.value}: no rule, dropped")]
+        out: list[Action] = []
+        source = self.state
+        target = rule.handler(self, event, now, out)
+        check_target(rule, source, target)
+        self.state = target
+        return out
+
+    @property
+    def waits_on_controller(self) -> bool:
+        """A round waits on the controller's next signal, which a lost controller never sends (the loss timer
+        runs). A pending fault report has its own deadline instead."""
+        return self.state in (NodeState.STOPPING, NodeState.REBUILDING)
+
+
+__all__ = ["RoundMachine"]
+
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -2,6 +2,11 @@
 
 Pure data: what the handlers (agent/round/handlers.py) read and change. The rank table is read through
 `NodeView`, never changed here: processes are the mechanics' (agent/round/actions.py).
+
+What the agent decides on its own, apart from how it carries it out, is here too, pure, clock passed in:
+the controller decides recoveries; the agent decides only what it must when the controller cannot: when
+to stop waiting for a lost controller (`LossTimer`, degraded mode), the degraded-mode budget and the
+dump's deadline (`LocalPolicy`). When to re-send a report is agent/link/report_policy.py's.
 """
 
 from __future__ import annotations
@@ -135,5 +140,27 @@ class NodeRound:
         self.charged = False
 
 
-__all__ = ["ANY", "TERMINAL", "WITH_RANKS", "LocalPolicy", "NodeFacts", "NodeRound", "NodeState", "NodeView",
-           "RestartPlan"]
+@dataclass
+class LossTimer:
+    """A recovery round waits on the controller's next signal; a controller gone for `timeout` never sends it."""
+
+    timeout: float
+    lost_since: float | None = None
+
+    def expired(self, now: float, waiting_on_lost_controller: bool) -> float | None:
+        """Seconds the controller has been lost once that reaches `timeout` (then the timer restarts), else None."""
+        if not waiting_on_lost_controller:
+            self.lost_since = None
+            return None
+        if self.lost_since is None:
+            self.lost_since = now
+            return None
+        lost_for = now - self.lost_since
+        if lost_for < self.timeout:
+            return None
+        self.lost_since = None
+        return lost_for
+
+
+__all__ = ["ANY", "TERMINAL", "WITH_RANKS", "LocalPolicy", "LossTimer", "NodeFacts", "NodeRound", "NodeState",
+           "NodeView", "RestartPlan"]

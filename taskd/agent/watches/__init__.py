@@ -1,1 +1,1 @@
-"""What the agent watches in its ranks: hangs and their culprit, departures, bugs, stragglers, metrics."""
+"""What the agent watches in its ranks: hangs and their culprit, how a rank ended, stragglers, metrics."""

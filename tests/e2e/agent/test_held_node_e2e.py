@@ -1,4 +1,4 @@
-"""A node rank given to two live agents (issue 17, agent/link/held_node.py): the second is refused, waits (twice
+"""A node rank given to two live agents (issue 17, agent/link/registration.py): the second is refused, waits (twice
 TASKD_CONTROLLER_TIMEOUT) for a loss of the first that never comes, and exits 1 saying so. It does not become a
 standby (only an agent whose node a replacement holds does: test_node_loss_e2e's standby test) and leaves the job
 and its node 1 as they were."""

@@ -1,4 +1,4 @@
-"""How an agent of a multi-node job waits for the job's end (taskd/agent/link/job_end.py), against a real controller.
+"""How an agent of a multi-node job waits for the job's end (taskd/agent/link/job_status.py), against a real controller.
 
 The controller is a real `taskd server` core in this process (EmbeddedController, loopback); the two
 "nodes" are ControllerLinks registered for one job of two nodes, as the agents register. The wait
@@ -15,7 +15,7 @@ import pytest
 
 from taskd.agent.config import AgentConfig
 from taskd.agent.link.controller import ControllerLink
-from taskd.agent.link.job_end import await_job_end
+from taskd.agent.link.job_status import await_job_end
 from taskd.agent.ranks.table import RankLayout
 from taskd.controller.server import ControllerConfig, EmbeddedController
 

@@ -1,7 +1,7 @@
 """A multi-node job waits for all its nodes, bounded by a join timeout (torchrun's rendezvous join_timeout).
 
 The controller's rule with a controlled clock (JobMachine), then over real gRPC (an EmbeddedController and
-ScriptedAgents); the agent's wait (taskd/agent/link/join_wait.py) against a real controller; and real `taskd run`
+ScriptedAgents); the agent's wait (taskd/agent/link/job_status.py) against a real controller; and real `taskd run`
 processes: a node whose peer never comes exits 1 naming it with no rank started, a node whose peer comes
 late starts its ranks only then, a one-node job never asks.
 """
@@ -22,7 +22,7 @@ from support.scripted_agent import ScriptedAgent
 
 from taskd.agent.config import AgentConfig
 from taskd.agent.link.controller import ControllerLink
-from taskd.agent.link.join_wait import await_nodes
+from taskd.agent.link.job_status import await_nodes
 from taskd.agent.ranks.table import RankLayout
 from taskd.controller.config import ControllerConfig
 from taskd.controller.server import EmbeddedController

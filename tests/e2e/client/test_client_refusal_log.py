@@ -1,7 +1,7 @@
 """A Register the controller keeps refusing with the same answer is logged once as a warning (real gRPC, port 0).
 
 An agent whose node rank another live agent holds asks again twice a second while it waits for that agent
-to be declared lost (agent/link/held_node.py); each refusal logged at WARNING made ~120 lines a minute.
+to be declared lost (agent/link/registration.py); each refusal logged at WARNING made ~120 lines a minute.
 """
 
 from __future__ import annotations

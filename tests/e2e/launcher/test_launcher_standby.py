@@ -80,7 +80,7 @@ def test_a_standby_of_a_live_job_warms_its_spares_with_the_framework_before_any_
 
 def test_node_0_that_becomes_a_standby_stops_listening_on_the_store_port_and_can_take_a_node_again(
         tmp_path: Path) -> None:
-    """An agent whose node a replacement holds becomes a standby (agent/link/held_node.py): as node 0 its launcher
+    """An agent whose node a replacement holds becomes a standby (agent/link/registration.py): as node 0 its launcher
     listened on the store's port from the start; it must stop, or a port probe (Kubernetes' train-rdzv Service) would
     count it as the job's rendezvous beside the standby that took node 0 over."""
     import socket

@@ -1,8 +1,8 @@
-"""agent/watches/bugs.py: which failures a restart cannot mend (issue 32 F8), judged from facts alone."""
+"""agent/watches/exits.py: which failures a restart cannot mend (issue 32 F8), judged from facts alone."""
 
 from __future__ import annotations
 
-from taskd.agent.watches.bugs import START_WINDOW, BugJudge, RankEnd, error_of
+from taskd.agent.watches.exits import START_WINDOW, BugJudge, RankEnd, error_of
 
 TB = ["[rank1]: Traceback (most recent call last):", '[rank1]:   File "x.py", line 3, in <module>',
       "[rank1]: ValueError: bad"]

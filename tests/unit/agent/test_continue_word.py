@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from taskd.agent.link.continued import ContinueWord
+from taskd.agent.link.registration import ContinueWord
 from taskd.proto import recover_pb2
 from taskd.vocabulary import Code
 from taskd.worker.heartbeat_file import _CONTINUE, OFF_CONTINUE, HeartbeatFile

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from taskd.agent.ranks.table import RankLayout, RankState, RankTable
-from taskd.agent.watches.departures import HOLD, WATCH, DepartureWatch
+from taskd.agent.watches.exits import HOLD, WATCH, DepartureWatch
 from taskd.worker import heartbeat_file as hbf
 from taskd.worker.live import Phase, RankStatus, read_rank_status
 

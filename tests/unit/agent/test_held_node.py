@@ -1,4 +1,4 @@
-"""A Register refused because another agent holds the node rank (agent/link/held_node.py): the agent yields to a
+"""A Register refused because another agent holds the node rank (agent/link/registration.py): the agent yields to a
 replacement at once (a standby then), asks again while the holder is the node's own agent, and gives up after
 its wait (a duplicate); a controller without JobStatus is asked again as before."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from taskd.agent.link.held_node import HELD, held, register_held, replacement_holder
+from taskd.agent.link.registration import HELD, held, register_held, replacement_holder
 from taskd.proto import taskd_pb2
 from taskd.vocabulary import Code
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from taskd.agent.link.join_wait import format_nodes
+from taskd.agent.link.job_status import format_nodes
 from taskd.controller.cli_commands import add_server_arguments, server_config
 from taskd.controller.config import ConfigError
 from taskd.controller.events import AgentConnected, AgentFinished, AgentRegistered, JobInit, JoinDue

@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from taskd.agent.link.loss_wait import LossWait, awaited, every
+from taskd.agent.link.node_loss import LossWait, awaited, every
 from taskd.agent.link.orders import Command, Order
 
 

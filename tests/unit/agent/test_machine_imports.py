@@ -1,6 +1,6 @@
 """The agent's round machine is pure: importing it loads no gRPC, no client, no process mechanics.
 
-The unit tier starts no process, so `python -c "import taskd.agent.round.machine, sys; assert 'grpc' not in
+The unit tier starts no process, so `python -c "import taskd.agent.round.rules, sys; assert 'grpc' not in
 sys.modules"` is checked here from the source: every module the machine imports, and every package
 `__init__` those imports run, read with `ast` (an import inside a function counts too).
 """
@@ -64,8 +64,8 @@ def _closure(start: str) -> tuple[set[str], set[str]]:
 
 
 def test_the_round_machine_imports_no_grpc_and_no_mechanics() -> None:
-    loaded, outside = _closure("taskd.agent.round.machine")
-    assert "taskd.agent.round.machine" in loaded and "taskd.agent.round.rules" in loaded
+    loaded, outside = _closure("taskd.agent.round.rules")
+    assert "taskd.agent.round.rules" in loaded and "taskd.agent.round.handlers" in loaded
     foreign = sorted(outside - set(sys.stdlib_module_names))
     assert foreign == [], f"the round machine imports {foreign}: it must need the standard library only"
     mechanics = sorted(m for m in loaded if m.startswith(("taskd.client", "taskd.proto", "taskd.process"))

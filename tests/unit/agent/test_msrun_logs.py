@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from taskd.agent.ranks.msrun_logs import MsrunLogs
+from taskd.agent.ranks.control import MsrunLogs
 
 WALL = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d{4}"
 

@@ -81,7 +81,7 @@ class FakeClient:
 
 
 def test_a_cut_off_agent_asks_whether_it_was_fenced_and_fences_once() -> None:
-    from taskd.agent.link.fencing import PROBE_AFTER, Fencing
+    from taskd.agent.link.registration import PROBE_AFTER, Fencing
     from taskd.vocabulary import Code
 
     orders: list[str] = []
@@ -99,7 +99,7 @@ def test_a_cut_off_agent_asks_whether_it_was_fenced_and_fences_once() -> None:
 
 
 def test_an_agent_that_was_stopped_asks_at_once_and_a_healthy_one_stays() -> None:
-    from taskd.agent.link.fencing import Fencing
+    from taskd.agent.link.registration import Fencing
     from taskd.vocabulary import Code
 
     orders: list[str] = []

@@ -180,7 +180,7 @@ def test_degraded_mode_starts_at_30s_with_the_default_controller_timeout(box: tu
     """The outbox and the round machine together, on one passed-in clock: a fault at t=100 whose report the
     controller never answers puts a single-node agent in degraded mode at t=130, not before, not later."""
     from taskd.agent.round import events as ev
-    from taskd.agent.round.machine import RoundMachine
+    from taskd.agent.round.rules import RoundMachine
     from taskd.agent.round.states import LocalPolicy, NodeFacts, NodeState
 
     outbox, client = box

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from taskd.agent.link.policy import LossTimer
 from taskd.agent.link.report_policy import ReportRetry
-from taskd.agent.round.states import LocalPolicy
+from taskd.agent.round.states import LocalPolicy, LossTimer
 
 
 def policy(max_restarts: int = 2, controller_timeout: float = 30.0, dump_timeout: float = 30.0) -> LocalPolicy:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from taskd.agent.link import report_policy
-from taskd.agent.link.fencing import Fencing
+from taskd.agent.link.registration import Fencing
 from taskd.agent.link.report_policy import FAULT, FINISH, KINDS, PACE, RESUMED, ReportKind, check_kinds
 from taskd.agent.link.reports import Reporter
 from taskd.client.errors import ServerUnreachable

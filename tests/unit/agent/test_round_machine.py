@@ -1,4 +1,4 @@
-"""The agent's round machine (agent/round/machine.py over rules.py): one test per rule, the table's checks,
+"""The agent's round machine (agent/round/rules.py: RoundMachine over RULES): one test per rule, the table's checks,
 and the paths that used to be nested calls. No process, no network: the node is a stand-in `NodeView`, the clock
 a number passed in."""
 
@@ -31,7 +31,7 @@ def test_a_handler_landing_outside_its_rules_targets_raises(monkeypatch: pytest.
         check_target(rule, S.RUNNING, S.ENDED)
     m = machine()
     bad = Rule(frozenset({S.RUNNING}), ev.RankFault, frozenset({S.REPORTING}), lambda *_: S.ENDED)
-    monkeypatch.setattr("taskd.agent.round.machine.find_rule", lambda *_: bad)
+    monkeypatch.setattr("taskd.agent.round.rules.find_rule", lambda *_: bad)
     with pytest.raises(TransitionError, match="moved RUNNING to ENDED, table allows REPORTING"):
         m.handle(fault(), NOW)
     assert m.state is S.RUNNING, "a refused transition changes nothing"
