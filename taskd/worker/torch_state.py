@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from taskd.worker.torch_data import LiveLoader
+from taskd.worker.torch_hsdp import from_local, local, to_local
 from taskd.worker.torch_origin import collective
 
 
@@ -133,13 +134,18 @@ def _receive(targets: list[torch.Tensor], source: int) -> None:
 
 
 def hand_over(source: int, lacking: list[int], model: torch.nn.Module | None,
-              optimizer: torch.optim.Optimizer | None, extra: dict[str, Any], loaders: list[LiveLoader]) -> None:
-    """Called by ``source`` and by every rank of ``lacking``; afterwards each of them holds ``source``'s state."""
-    params = [] if model is None else [t.detach() for t in model.state_dict().values()]
+              optimizer: torch.optim.Optimizer | None, extra: dict[str, Any], loaders: list[LiveLoader],
+              mesh: Any = None) -> None:
+    """Called by ``source`` and by every rank of ``lacking``; afterwards each of them holds ``source``'s state.
+
+    ``mesh``: HSDP's (taskd.worker.torch_hsdp): DTensor state travels as its local shards, to the rank at the same
+    shard coordinate, and is rebuilt on the receiver's mesh."""
+    params = [] if model is None else [local(t.detach()) for t in model.state_dict().values()]
     if dist.get_rank() == source:
         apart: list[torch.Tensor] = []
         slots: dict[int, _Slot] = {}  # in the order of `apart`: what the receiver allocates
-        skeleton = split_tensors({"optimizer": None if optimizer is None else optimizer.state_dict(),
+        opt = None if optimizer is None else optimizer.state_dict()
+        skeleton = split_tensors({"optimizer": opt if mesh is None else to_local(opt),
                                   "extra": {k: v.state_dict() for k, v in extra.items()},
                                   "data": [loader.handover() for loader in loaders]}, apart, slots)
         buf = io.BytesIO()
@@ -163,7 +169,7 @@ def hand_over(source: int, lacking: list[int], model: torch.nn.Module | None,
         _receive(received, source)
     state = join_tensors(message["skeleton"], received)
     if optimizer is not None and state["optimizer"] is not None:
-        optimizer.load_state_dict(state["optimizer"])
+        optimizer.load_state_dict(state["optimizer"] if mesh is None else from_local(state["optimizer"], mesh))
     for key, value in state["extra"].items():
         extra[key].load_state_dict(value)
     for loader, position in zip(loaders, state["data"], strict=True):
