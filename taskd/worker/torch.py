@@ -58,7 +58,7 @@ from taskd.worker.torch_mark import Backward, BackwardMark, CollectiveMark
 from taskd.worker.torch_migrate import Migrating
 from taskd.worker.torch_origin import collective, raised_by, watch_torch_collectives
 from taskd.worker.torch_resize import Resize, ResizeHook
-from taskd.worker.torch_state import LiveUsageError, hand_over, refuse_own_collectives
+from taskd.worker.torch_state import LiveUsageError, hand_over, refuse_own_collectives, whole_copy
 from taskd.worker.torch_stuck import StuckWatch, exit_stuck
 
 log = logging.getLogger(__name__)
@@ -102,8 +102,6 @@ class LiveGroup(Migrating, HsdpLive):
         self._extra: dict[str, Any] = {}
         self._loaders: list[LiveLoader] = []
         self._sharded: str | None = None  # why no peer holds a copy of a rank's state (pure FSDP2), if so
-        self._meshes: list[Any] = []  # made by init_device_mesh: re-formed with each generation (torch_hsdp_live)
-        self._hsdp: Any = None  # an HSDP model's mesh: shards come from a peer replica (torch_hsdp)
         self._formed_at = 0  # the group's collective count once formed
         self._committed = False
         self._in_step = False
@@ -475,13 +473,8 @@ class LiveGroup(Migrating, HsdpLive):
                 dist.all_gather(table, mine)
             rows = [(int(t[0]), int(t[1])) for t in table]
             holders = [r for r, (has, _) in enumerate(rows) if has]
-            if holders and self._hsdp is not None:
-                self._hsdp_hand_over(rows)
-            elif holders:
-                source = max(holders, key=lambda r: (rows[r][1], -r))
-                lacking = [r for r, row in enumerate(rows) if row != rows[source]]
-                if lacking:
-                    self._hand_over(source, lacking, rows[source][1])
+            if holders:  # HSDP: each shard coordinate's from a peer replica; else the most advanced rank's
+                self._hand_over(*(self._hsdp.sources(rows) if self._hsdp is not None else whole_copy(rows)))
             else:  # nobody holds live state: start from the newest checkpoint every rank has
                 self.step_no = min(step for _, step in rows)
                 for loader in self._loaders:
@@ -499,7 +492,9 @@ class LiveGroup(Migrating, HsdpLive):
         if self.live:
             self.protocol.joined(self.protocol.generation, self.step_no)
 
-    def _hand_over(self, source: int, lacking: list[int], step: int) -> None:
+    def _hand_over(self, step: int, pairs: list[tuple[int, list[int]]]) -> None:
         self.step_no = step
-        if self.rank == source or self.rank in lacking:  # the ranks that hold the same state take no part
-            hand_over(source, lacking, self._model, self._optimizer, self._extra, self._loaders)
+        mesh = None if self._hsdp is None else self._hsdp.mesh
+        for source, lacking in pairs:
+            if self.rank == source or self.rank in lacking:  # the ranks that hold the same state take no part
+                hand_over(source, lacking, self._model, self._optimizer, self._extra, self._loaders, mesh=mesh)

@@ -109,7 +109,7 @@ def set_timeout(mesh: DeviceMesh, timeout: Any) -> None:
         dist.distributed_c10d._set_pg_timeout(timeout, dist.distributed_c10d._resolve_process_group(name))
 
 
-def hsdp_layout(model: torch.nn.Module, meshes: list[DeviceMesh]) -> Hsdp | str | None:
+def hsdp_layout(model: torch.nn.Module, meshes: tuple[DeviceMesh, ...]) -> Hsdp | str | None:
     """What ``model``'s sharding is to live recovery: None (no shards: whole copies, DDP's path), an `Hsdp` (a 2-D
     mesh, Replicate x Shard, >= 2 replicas, made by ``LiveGroup.init_device_mesh``), or why neither (a string):
     pure FSDP2 (no peer holds a copy of a rank's shards), one replica group, tensor parallelism, a foreign mesh."""

@@ -11,7 +11,6 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from taskd.worker.torch_hsdp import Hsdp, hsdp_layout, reset_step, set_timeout
-from taskd.worker.torch_state import hand_over
 
 log = logging.getLogger(__name__)
 
@@ -22,17 +21,13 @@ class HsdpLive:
     live: bool
     rank: int
     timeout: Any
-    step_no: int
     protocol: Any
     _sockets: Any
     _retired: Any
     _group_timeout: Any
     _model: torch.nn.Module | None
-    _optimizer: torch.optim.Optimizer | None
-    _extra: dict[str, Any]
-    _loaders: list[Any]
-    _meshes: list[DeviceMesh]
-    _hsdp: Hsdp | None
+    _meshes: tuple[DeviceMesh, ...] = ()  # made by init_device_mesh: their groups re-form with each generation
+    _hsdp: Hsdp | None = None  # an HSDP model's mesh: a lost rank's shards come from a peer replica
 
     def init_device_mesh(self, device_type: str, mesh_shape: Sequence[int],
                          mesh_dim_names: Sequence[str] | None = None) -> DeviceMesh:
@@ -43,7 +38,7 @@ class HsdpLive:
         with self._sockets.forming(self.protocol.generation):  # its connections end with the default group's
             mesh = init_device_mesh(device_type, tuple(mesh_shape), mesh_dim_names=names)
         set_timeout(mesh, self.timeout)
-        self._meshes.append(mesh)
+        self._meshes = (*self._meshes, mesh)
         return mesh
 
     def _path(self, model: torch.nn.Module) -> str | None:
@@ -71,14 +66,3 @@ class HsdpLive:
         reset_step(self._model)
         for group in self._hsdp.groups():
             self._retired.hold(group, self._group_timeout.total_seconds())
-
-    def _hsdp_hand_over(self, rows: list[tuple[int, int]]) -> None:
-        """Each shard coordinate's ranks that lack the newest step take it from a peer replica that holds it."""
-        assert self._hsdp is not None
-        self.step_no, pairs = self._hsdp.sources(rows)
-        for source, lacking in pairs:
-            if self.rank == source or self.rank in lacking:
-                hand_over(source, lacking, self._model, self._optimizer, self._extra, self._loaders,
-                          mesh=self._hsdp.mesh)
-                log.info("rank %d: shards of step %d handed over from rank %d to %s", self.rank, self.step_no,
-                         source, lacking)

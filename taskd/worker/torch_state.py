@@ -133,6 +133,14 @@ def _receive(targets: list[torch.Tensor], source: int) -> None:
             targets[i].copy_(view)
 
 
+def whole_copy(rows: list[tuple[int, int]]) -> tuple[int, list[tuple[int, list[int]]]]:
+    """(step, [(source, lacking ranks)]) from the state-sync table ((has state, step) per rank), where every rank
+    holds a whole copy (DDP): the most advanced holder (the lowest rank among equals) to every rank that differs."""
+    source = max((r for r, (has, _) in enumerate(rows) if has), key=lambda r: (rows[r][1], -r))
+    lacking = [r for r, row in enumerate(rows) if row != rows[source]]
+    return rows[source][1], [(source, lacking)] if lacking else []
+
+
 def hand_over(source: int, lacking: list[int], model: torch.nn.Module | None,
               optimizer: torch.optim.Optimizer | None, extra: dict[str, Any], loaders: list[LiveLoader],
               mesh: Any = None) -> None:
