@@ -54,6 +54,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="save the periodic checkpoints in the background (CheckpointManager.save_async): the state is "
                         "serialized in memory and training goes on while the file is written")
     p.add_argument("--out", required=True, help="directory for final.pt, summary.json and per-rank records")
+    p.add_argument("--snapshot-every", type=int, default=0,
+                   help="snapshot the state in memory every K steps (LiveGroup(snapshot_every=K)): a restart of every "
+                        "rank (node 0 lost, job-rescheduling) restores from memory, not from --ckpt-dir (0: off)")
+    p.add_argument("--snapshot-keep", type=int, default=4,
+                   help="snapshots kept per rank: more than the steps a buddy node's copy lags (taskd status)")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step (to watch it run)")
     p.add_argument("--sleep-while", default=None, metavar="FILE",
                    help="sleep --step-sleep per step only while FILE exists (a test paces the job while it acts on it)")
@@ -151,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.set_device(device)
     model = make_model(args).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    live = LiveGroup(backend=args.backend, timeout=args.pg_timeout, on_resize=on_resize)
+    live = LiveGroup(backend=args.backend, timeout=args.pg_timeout, on_resize=on_resize,
+                     snapshot_every=args.snapshot_every, snapshot_keep=args.snapshot_keep)
     rank = worker.rank()  # the rank this process was started as: its files and checkpoints keep it
     full_world = worker.world_size()  # the job's size at start: the global batch is args.batch x this
     shard = {"rank": rank, "batch": args.batch}  # what this rank draws; on_resize re-shards
@@ -220,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     record = {"rank": rank, "pid": os.getpid(), "script_started": script_started, "first_step": first,
               "restart_count": worker.restart_count(), "generation": live.protocol.generation,
               "recoveries": live.events, "seconds": time.time() - started,
+              "restored_from": live.memory.restored_from,
               "group_rank": live.rank, "world_size": live.world_size}
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as fh:
         json.dump(record, fh)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from taskd.process.exitcodes import describe_returncode
+from taskd.worker.snapshot_account import Restored
 
 if TYPE_CHECKING:
     from taskd.agent.ranks.launcher import Launcher
@@ -59,6 +60,7 @@ class RecoveryRecord:
     milestone: str = "rank(s) replaced"  # what had happened `restart_seconds` after the fault
     resumption: str = PENDING
     resumed_seconds: float | None = None  # fault -> training resumed, once RESUMED
+    restored: str = ""  # where the restarted ranks restored from, as they told (`describe_restores`)
 
     @property
     def resumed(self) -> bool:
@@ -74,9 +76,30 @@ class RecoveryRecord:
     def describe(self) -> str:
         head = f"{self.strategy} of rank(s) {self.ranks}{' (degraded: no controller)' if self.degraded else ''}"
         if self.resumed:
-            return f"{head}: {self.resumed_seconds:.3f}s from the fault to training resumed"
+            said = f"; {self.restored}" if self.restored else ""
+            return f"{head}: {self.resumed_seconds:.3f}s from the fault to training resumed{said}"
         return (f"{head}: {self.restart_seconds:.3f}s from the fault to {self.milestone}; "
                 f"training's resumption {self.why_unresumed}")
+
+
+_SOURCE_WORDS = {"memory": "this node's memory", "buddy": "the buddy's copy", "persisted": "the persisted snapshots",
+                 "disk": "disk",
+                 "none": "nothing (a fresh start)"}
+
+
+def describe_restores(restores: list[Restored]) -> str:
+    """"rank(s) 0, 1 restored step 9 from the buddy's copy (node 1's agent), 1 step redone; ..." ("" for none)."""
+    parts = []
+    for source in ("buddy", "memory", "persisted", "disk", "none"):
+        mine = [r for r in restores if r.source == source]
+        for step in sorted({r.step for r in mine}):
+            at = [r for r in mine if r.step == step]
+            where = _SOURCE_WORDS[source] + (f" (node {at[0].holder}'s agent)" if source == "buddy" else "")
+            what = f"step {step} from {where}" if step >= 0 else f"from {where}"
+            redone = [r.redone for r in at if r.redone is not None]
+            tail = f", redoing the {max(redone)} newer step(s) it held in memory" if redone and source != "none" else ""
+            parts.append(f"rank(s) {', '.join(str(r.rank) for r in at)} restored {what}{tail}")
+    return "; ".join(parts)
 
 
 @dataclass

@@ -79,7 +79,7 @@ class Supervisor:
         hooks = AgentHooks(self._finish, self._failure_code, lambda: self.result.capture_first_failure(self.details),
                            self._take_node)
         self.executors = Executors(self.table, self.control, self.link, self.policy, self.hang, self.result, hooks,
-                                 self.live)
+                                 self.live, snapshot_dir)
         self.machine = RoundMachine(NodeFacts(), self.executors.view, budget=self.policy)  # the round (agent/round_*)
         self._events: deque[object] = deque()  # what the machine handles next, one at a time (`_feed`)
         self._draining = False

@@ -465,12 +465,16 @@ def pace_request(client: RecoverClient, factor: float, paces: Iterable[tuple[int
                            steps=arguments.int32(n, "steps")) for r, s, n in paces], **client._identity())
 
 
-def resumed_request(client: RecoverClient, round_: int, seconds: float, seconds_ago: float, unseen: bool = False
-                    ) -> taskd_pb2.ResumedRequest:
+def resumed_request(client: RecoverClient, round_: int, seconds: float, seconds_ago: float, unseen: bool = False,
+                    restores: Iterable[Any] = ()) -> taskd_pb2.ResumedRequest:
     """taskd.v1 `ReportResumed`: this node's ranks train again after the controller's round `round_`, `seconds`
-    after its fault, `seconds_ago` before now (`unseen`: nothing here can tell), from the registered identity."""
+    after its fault, `seconds_ago` before now (`unseen`: nothing here can tell), where each restarted rank restored
+    from (`restores`: rank, source, step, redone), from the registered identity."""
     return taskd_pb2.ResumedRequest(round=arguments.int32(round_, "round"), seconds=float(seconds),
-                                    secondsAgo=float(seconds_ago), unseen=bool(unseen), **client._identity())
+                                    secondsAgo=float(seconds_ago), unseen=bool(unseen), restores=[taskd_pb2.RankRestore(
+                                        rank=r.rank, source=r.source, step=r.step,
+                                        stepsRedone=-1 if r.redone is None else r.redone) for r in restores],
+                                    **client._identity())
 
 
 def migration_request(client: RecoverClient, **fields: object) -> taskd_pb2.MigrationReport:

@@ -142,6 +142,7 @@ class TrainingResumed:
     seconds: float = 0.0  # the agent's own measure: its first sight of the fault -> training resumed
     seconds_ago: float = 0.0  # how long before the report was sent it resumed (a re-sent report is not late)
     unseen: bool = False  # nothing on that node can show it (no rank restarted there, no heartbeat steps)
+    restores: tuple[tuple[int, str, int, int], ...] = ()  # (rank, source, step, steps redone or -1): issue 33
 
 
 @dataclass(frozen=True)

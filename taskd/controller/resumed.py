@@ -88,9 +88,14 @@ def on_training_resumed(m: Job, ev: TrainingResumed, now: float, out: Outcome) -
                     "strategy was chosen: not counted")
         return m.state
     w = replace(w, resumed={**w.resumed, n: at})
-    out.records.append(Record("training_resumed", w.round, {
-        "node_rank": n, "seconds": round(ev.seconds, 6), "unseen": ev.unseen,
-        "since_fault": None if at is None else round(at - w.started_at, 6)}))
+    detail: dict[str, Any] = {"node_rank": n, "seconds": round(ev.seconds, 6), "unseen": ev.unseen,
+                              "since_fault": None if at is None else round(at - w.started_at, 6)}
+    if ev.restores:  # where its restarted ranks restored from, and the steps they redo (issue 33)
+        detail["restored_from"] = {str(rank): source for rank, source, _step, _redone in ev.restores}
+        detail["restored_step"] = {str(rank): step for rank, _source, step, _redone in ev.restores}
+        redone = [r for *_rest, r in ev.restores if r >= 0]
+        detail["steps_redone"] = max(redone) if redone else None
+    out.records.append(Record("training_resumed", w.round, detail))
     m.resume_watch = _finish(m, w, out)
     return m.state
 

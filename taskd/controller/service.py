@@ -308,7 +308,8 @@ class AgentReportService(taskd_pb2_grpc.AgentReportServicer):
         if why := v.check_resumed(request):
             return _invalid(why)
         ev = TrainingResumed(node_rank=request.nodeRank, host=request.host, pid=request.pid, round=request.round,
-                             seconds=request.seconds, seconds_ago=request.secondsAgo, unseen=request.unseen)
+                             seconds=request.seconds, seconds_ago=request.secondsAgo, unseen=request.unseen,
+                             restores=tuple((r.rank, r.source, r.step, r.stepsRedone) for r in request.restores))
         out = await self.core.group.submit(request.jobId, ev)
         return _answer(out, "ReportResumed", request.jobId, self.core.limits)
 

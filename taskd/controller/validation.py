@@ -25,6 +25,7 @@ MAX_RESTART_BUDGET = setting("max_restarts").bound.high  # the agent refuses mor
 """The largest `maxRestarts` a job may ask for: a restart costs seconds at least, so 10,000 outlasts any
 real run, while 2^31-1 is an unbounded budget dressed as a number."""
 MAX_STRATEGY_NAMES = 16
+RESTORE_SOURCES = ("memory", "buddy", "persisted", "disk", "none")  # as taskd.worker.snapshot_account.SOURCES
 """Entries in a strategy list: there are five strategies; a few repeats are tolerated (and dropped)."""
 _UNPRINTABLE = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 """Control, format (bidi overrides, zero-width), surrogate, private-use, unassigned, line/paragraph separators."""
@@ -238,6 +239,10 @@ def check_resumed(req: taskd_pb2.ResumedRequest) -> str:
     for name, value in (("seconds", req.seconds), ("secondsAgo", req.secondsAgo)):
         if not (0.0 <= value < math.inf):
             return f"{name} must be finite and >= 0, got {value!r}"
+    for r in req.restores:
+        if r.source not in RESTORE_SOURCES or r.rank < 0 or r.step < -1 or r.stepsRedone < -1:
+            return (f"restores: rank {r.rank} source {r.source!r} step {r.step} stepsRedone {r.stepsRedone}: the "
+                    f"source must be one of {', '.join(RESTORE_SOURCES)}, the rank >= 0, the steps >= -1")
     return ""
 
 

@@ -77,7 +77,7 @@ class PaceReply(_message.Message):
     def __init__(self, status: _Optional[_Union[_recover_pb2.Status, _Mapping]] = ..., verdicts: _Optional[_Iterable[_Union[StragglerRecord, _Mapping]]] = ...) -> None: ...
 
 class ResumedRequest(_message.Message):
-    __slots__ = ("jobId", "nodeRank", "host", "pid", "round", "seconds", "secondsAgo", "unseen")
+    __slots__ = ("jobId", "nodeRank", "host", "pid", "round", "seconds", "secondsAgo", "unseen", "restores")
     JOBID_FIELD_NUMBER: _ClassVar[int]
     NODERANK_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -86,6 +86,7 @@ class ResumedRequest(_message.Message):
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     SECONDSAGO_FIELD_NUMBER: _ClassVar[int]
     UNSEEN_FIELD_NUMBER: _ClassVar[int]
+    RESTORES_FIELD_NUMBER: _ClassVar[int]
     jobId: str
     nodeRank: int
     host: str
@@ -94,7 +95,20 @@ class ResumedRequest(_message.Message):
     seconds: float
     secondsAgo: float
     unseen: bool
-    def __init__(self, jobId: _Optional[str] = ..., nodeRank: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., round: _Optional[int] = ..., seconds: _Optional[float] = ..., secondsAgo: _Optional[float] = ..., unseen: bool = ...) -> None: ...
+    restores: _containers.RepeatedCompositeFieldContainer[RankRestore]
+    def __init__(self, jobId: _Optional[str] = ..., nodeRank: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., round: _Optional[int] = ..., seconds: _Optional[float] = ..., secondsAgo: _Optional[float] = ..., unseen: bool = ..., restores: _Optional[_Iterable[_Union[RankRestore, _Mapping]]] = ...) -> None: ...
+
+class RankRestore(_message.Message):
+    __slots__ = ("rank", "source", "step", "stepsRedone")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    STEPSREDONE_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    source: str
+    step: int
+    stepsRedone: int
+    def __init__(self, rank: _Optional[int] = ..., source: _Optional[str] = ..., step: _Optional[int] = ..., stepsRedone: _Optional[int] = ...) -> None: ...
 
 class SnapshotReport(_message.Message):
     __slots__ = ("jobId", "nodeRank", "host", "pid", "address", "newestStep", "replicatedStep", "lagSeconds", "wardNodeRank", "wardStep")

@@ -39,6 +39,7 @@ from typing import Any, Protocol
 
 from taskd.worker import snapshot_persist as persisted
 from taskd.worker.env import Var, env_int, rank, restart_count, world_size
+from taskd.worker.snapshot_account import Fetched, Restored, take_fetched, write_restored
 from taskd.worker.snapshot_segment import SnapshotError, flatten, load, seal, write_body
 
 log = logging.getLogger(__name__)
@@ -146,7 +147,7 @@ class Snapshots:
         self.directory = directory if directory is not None else os.environ.get(Var.TASKD_SNAPSHOT_DIR) or None
         self.cap = cap if cap is not None else env_int(Var.TASKD_SNAPSHOT_BYTES)
         self.rank, self.world = rank(), world_size()
-        self.restored_from: str | None = None  # "memory", "persisted", "disk" or None, once restore() ran
+        self.restored_from: str | None = None  # "memory", "buddy", "persisted", "disk" or None, once restore() ran
         self.persist_dir = persist_dir if persist_dir is not None else \
             os.environ.get(Var.TASKD_SNAPSHOT_PERSIST_DIR) or None
         self.off: str | None = None  # why snapshots are off (the reason was logged), None while they are on
@@ -276,7 +277,8 @@ class Snapshots:
     def restore(self, use: Callable[[Any], Any] | None = None) -> tuple[Any, int] | None:
         """``(state, step)`` of the newest consistent snapshot in memory, else of the agent's persisted copies
         (TASKD_SNAPSHOT_PERSIST_DIR), else what the fallback loads (its newest checkpoint), else None; the log
-        says which, and ``restored_from`` is "memory", "persisted", "disk" or None.
+        says which, and ``restored_from`` is "memory" (this node's), "buddy" (a lost node's copy its replacement
+        fetched from the buddy), "persisted", "disk" or None; the agent is told too (`snapshot_account`).
 
         With ``use``: ``(use(state), step)``, the state from memory being views of the mapped segment, valid
         only inside ``use`` (which copies what it keeps: one copy instead of two; see `load`). An error of ``use`` is
@@ -285,6 +287,8 @@ class Snapshots:
         why, damaged = self.off, False
         if why is not None and self.scope == "job" and self._nodes() > 1 and self.agree is not None:
             self.agree(set())  # the other ranks agree on a cut: take part, holding nothing
+        fetched = take_fetched(self.directory, self.rank) if self.directory else None
+        newest = max(self._published(self.rank), default=-1) if why is None else -1
         if why is None:
             step, why = self._cut()
             if step is not None:
@@ -298,26 +302,38 @@ class Snapshots:
                     why, damaged = f"rank {self.rank}'s snapshot of step {step} cannot be read: {exc}", True
                 else:
                     self._drop_after(step)
-                    self.restored_from = "memory"
-                    log.info("rank %d restored step %d from memory (%s in %.3f s)", self.rank, step, _mb(size),
-                             time.perf_counter() - started)
+                    buddy = fetched is not None and step in fetched.steps
+                    self.restored_from = "buddy" if buddy else "memory"
+                    self._account(step, newest, fetched if buddy else None)
+                    where = (f"node {fetched.node}'s copy, fetched from node {fetched.holder}'s agent"
+                             if buddy and fetched is not None else "this node's memory")
+                    log.info("rank %d restored step %d from memory: %s (%s in %.3f s)", self.rank, step, where,
+                             _mb(size), time.perf_counter() - started)
                     return state, step
         if self.persist_dir is not None and not damaged:
             found = self._restore_persisted(use, why)  # no cut in memory (the same on every rank): the copies
             if found is not None:
+                self._account(found[1], newest, None)
                 return found
         if self.fallback is None:
             log.info("rank %d: no snapshot restored (%s)", self.rank, why)
+            self._account(-1, newest, None)
             return None
         found = self.fallback.load_latest()
         if found is not None and use is not None:
             found = use(found[0]), found[1]
         self._drop_after(found[1] if found else -1)
         self.restored_from = "disk" if found else None
+        self._account(found[1] if found else -1, newest, None)
         level = logging.WARNING if found and self.directory else logging.INFO  # a fresh start is no news
         log.log(level, "rank %d: no snapshot in memory to restore (%s): falling back to %s: %s", self.rank, why,
                 self._fallback_words(), f"step {found[1]}" if found else "none there, starting afresh")
         return found
+
+    def _account(self, step: int, newest: int, fetched: Fetched | None) -> None:
+        """Tell the agent where this restore came from (`snapshot_account`): its console and the round's account."""
+        write_restored(self.directory, Restored(self.rank, os.getpid(), self.restored_from or "none", step, newest,
+                                                fetched.holder if fetched is not None else -1))
 
     def _restore_persisted(self, use: Callable[[Any], Any] | None, why: str) -> tuple[Any, int] | None:
         """The newest step every rank has whole in the agent's persisted copies (TASKD_SNAPSHOT_PERSIST_DIR), said

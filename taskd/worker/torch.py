@@ -54,6 +54,7 @@ from taskd.worker.torch_facts import (
 )
 from taskd.worker.torch_group import GroupSockets, LeaveWatch, RetiredGroups, collect, drop_frames
 from taskd.worker.torch_hsdp_live import HsdpLive
+from taskd.worker.torch_live_snapshot import LiveSnapshots, start_afresh
 from taskd.worker.torch_mark import Backward, BackwardMark, CollectiveMark
 from taskd.worker.torch_migrate import Migrating
 from taskd.worker.torch_origin import collective, raised_by, watch_torch_collectives
@@ -78,12 +79,15 @@ class LiveGroup(Migrating, HsdpLive):
     """The default process group of a job that can rebuild it in place; see the module docstring."""
 
     def __init__(self, backend: str = "gloo", timeout: float = 60.0, init_timeout: float = 120.0,
-                 on_resize: ResizeHook | None = None) -> None:
+                 on_resize: ResizeHook | None = None, snapshot_every: int = 0, snapshot_keep: int = 4) -> None:
         """``on_resize(rank, world_size)``: the job may go on at another size (scale-in/out, taskd.worker.torch_resize);
         it runs in every rank whose rank or world size changed, before its next step, to re-shard the data.
+        ``snapshot_every`` k > 0: the tracked state is snapshotted in memory every k steps, ``snapshot_keep`` kept, and
+        a restart of every rank restores from there (taskd.worker.torch_live_snapshot), not from ``load``.
 
         In a warm spare that runs the script (``--warm-spare-mode script``) this is where the spare waits to
         become a rank (`taskd.worker.become_rank`): what the script did before (its model built) precedes the fault."""
+        self.memory = LiveSnapshots(snapshot_every, snapshot_keep)  # on at steps(), once the state is tracked
         become_rank()
         self.backend, self._device = backend, group_device(backend)  # where the state sync's table goes
         self.timeout = timedelta(seconds=timeout)
@@ -208,6 +212,7 @@ class LiveGroup(Migrating, HsdpLive):
         restore it from its checkpoint. Between steps it honours the agent's requests; after a recovery the
         abandoned step comes again."""
         self.step_no = start
+        self.memory.start([self._model, self._optimizer, *self._extra.values(), *self._loaders], self._sharded)
         self._sync_and_wrap(load)
         while self.step_no < stop:
             if self.live:
@@ -258,6 +263,7 @@ class LiveGroup(Migrating, HsdpLive):
         self.step_no = step + 1
         self._data("commit")
         self.has_state = True
+        self.memory.save(self.step_no)
         progress.heartbeat(step)
 
     def _from_collective(self, exc: BaseException) -> bool:
@@ -269,6 +275,7 @@ class LiveGroup(Migrating, HsdpLive):
         for handle in self._handles:
             handle.current = None
         self._data("close")
+        self.memory.close()  # the publish in flight; the segments stay for the agent to remove
         if self._leave_watch is not None:
             self._leave_watch.stop()
         if dist.is_initialized():
@@ -475,15 +482,8 @@ class LiveGroup(Migrating, HsdpLive):
             holders = [r for r, (has, _) in enumerate(rows) if has]
             if holders:  # HSDP: each shard coordinate's from a peer replica; else the most advanced rank's
                 self._hand_over(*(self._hsdp.sources(rows) if self._hsdp is not None else whole_copy(rows)))
-            else:  # nobody holds live state: start from the newest checkpoint every rank has
-                self.step_no = min(step for _, step in rows)
-                for loader in self._loaders:
-                    loader.derive(self.step_no)  # load() may then restore a position of its own
-                if load is not None:
-                    load(self.step_no)
-                elif any(step != self.step_no for _, step in rows):
-                    raise RuntimeError(f"ranks would start at different steps {[s for _, s in rows]}: pass "
-                                       "load= to LiveGroup.steps() to restore the common one")
+            else:  # nobody holds live state: the newest step every rank holds in memory, else the newest checkpoint
+                self.step_no = start_afresh(self.memory, self.rank, rows, self._loaders, load)
         finally:
             self.mark.reset()
         for handle in self._handles:

@@ -331,15 +331,16 @@ class Reporter:
                  time.monotonic())
 
     def resumed(self, round_: int, seconds: float, at: float, unseen: bool = False,
-                clock: Callable[[], float] = time.monotonic) -> bool:
+                clock: Callable[[], float] = time.monotonic, restores: tuple[Any, ...] = ()) -> bool:
         """This node's ranks train again (`seconds` after the round's stop, at monotonic `at`); each attempt says
-        how long ago, so that one re-sent through a controller outage is not counted late (issue 17)."""
+        how long ago, so that one re-sent through a controller outage is not counted late (issue 17), and where the
+        restarted ranks restored from (issue 33)."""
         now = clock()
         if unseen:
             seconds, at = 0.0, now
 
         def build(client: RecoverClient, _report: Report) -> Any:
-            return resumed_request(client, round_, seconds, max(0.0, clock() - at), unseen)
+            return resumed_request(client, round_, seconds, max(0.0, clock() - at), unseen, restores)
 
         return self.add(RESUMED, build, now) is not None
 

@@ -18,8 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from taskd.agent.ranks.table import Rank, RankTable
-from taskd.agent.summary import ELSEWHERE, NO_HEARTBEATS, PENDING, SUPERSEDED, RecoveryRecord
+from taskd.agent.summary import ELSEWHERE, NO_HEARTBEATS, PENDING, SUPERSEDED, RecoveryRecord, describe_restores
 from taskd.worker.heartbeat_file import HeartbeatState
+from taskd.worker.snapshot_account import Restored
 
 log = logging.getLogger("taskd.agent")
 
@@ -35,9 +36,12 @@ class _Pending:
 class Resumption:
     """Watch one restart at a time until every restarted rank reports a step (or the next restart)."""
 
-    def __init__(self, table: RankTable, heartbeat: Callable[[Rank], HeartbeatState | None]) -> None:
+    def __init__(self, table: RankTable, heartbeat: Callable[[Rank], HeartbeatState | None],
+                 restored: Callable[[Rank], Restored | None] = lambda _rank: None) -> None:
         self.table = table
         self._heartbeat = heartbeat  # the rank's heartbeat state, None unless its current pid wrote it
+        self._restored = restored  # where the rank's restore came from, as it told (taskd.worker.snapshot_account)
+        self.restores: list[Restored] = []  # the last resumption's, for the controller's account
         self._beats = False  # some rank of this node has written a heartbeat: resumption can be seen
         self._pending: _Pending | None = None
 
@@ -91,10 +95,19 @@ class Resumption:
         self._pending = None
         seconds = now - p.started
         p.record.resumed_at(seconds)
-        log.info("training resumed %.3fs after the fault (%s; %s)", seconds, p.record.strategy,
+        self.restores = self.restored_since(p.pids, p.record.started - p.record.restart_seconds)
+        p.record.restored = describe_restores(self.restores)
+        log.info("training resumed %.3fs after the fault (%s; %s)%s", seconds, p.record.strategy,
                  "; ".join(self._describe(lr, seen[lr], p.steps_before.get(lr), p.record.ranks)
-                           for lr in sorted(seen)))
+                           for lr in sorted(seen)), f"; {p.record.restored}" if p.record.restored else "")
         return seconds
+
+    def restored_since(self, pids: dict[int, int | None], since: float) -> list[Restored]:
+        """The restores the ranks ``pids`` (local rank -> the incarnation's pid) recorded after wall time ``since``
+        (the round's fault): where each took its state from, as it told (taskd.worker.snapshot_account)."""
+        found = [self._restored(self.table[lr]) for lr in sorted(pids)]
+        return [r for r, pid in zip(found, (pids[lr] for lr in sorted(pids)), strict=True)
+                if r is not None and r.pid == pid and r.at >= since]
 
     def _describe(self, local_rank: int, state: HeartbeatState, before: int | None, faulty: list[int]) -> str:
         """What was read, and only that: the step seen (maybe later than its first) and the last step of the

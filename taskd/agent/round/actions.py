@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from taskd.agent.link.controller import ControllerLink
@@ -26,11 +26,12 @@ from taskd.agent.ranks.resumption import Resumption
 from taskd.agent.ranks.table import RankState, RankTable
 from taskd.agent.round import events as ev
 from taskd.agent.round.states import LocalPolicy
-from taskd.agent.summary import SUPERSEDED, JobResult, RecoveryRecord
+from taskd.agent.summary import SUPERSEDED, JobResult, RecoveryRecord, describe_restores
 from taskd.agent.watches.exits import UNCAUGHT_EXITS, Bug, BugJudge, RankEnd, error_of
 from taskd.agent.watches.hangs import HangWatch
 from taskd.process.exitcodes import DUMP_INCOMPLETE_EXIT, DUMPED_EXIT
 from taskd.vocabulary import Code, FaultRanks, Strategy
+from taskd.worker.snapshot_account import read_restored
 
 log = logging.getLogger("taskd.agent")
 _OUTBOX_KINDS = {ev.STRATEGIES: STRATEGIES, ev.STATUS: STATUS}  # a WithdrawReports kind -> the outbox's report
@@ -77,11 +78,13 @@ class Executors:
     resumption, a live rebuild's progress, read from the ranks' files by `poll`)."""
 
     def __init__(self, table: RankTable, control: RankControl, link: ControllerLink, policy: LocalPolicy,
-                 hang: HangWatch, result: JobResult, hooks: AgentHooks, live: LiveRanks | None = None) -> None:
+                 hang: HangWatch, result: JobResult, hooks: AgentHooks, live: LiveRanks | None = None,
+                 snapshot_dir: str | None = None) -> None:
         self.table = table
         self.live = live if live is not None else LiveRanks(table, MSRUN)
         self.resumed_record: RecoveryRecord | None = None  # a live rebuild's, until its ranks resumed
-        self.resumption = Resumption(table, lambda rank: hang.heartbeat(rank)[1])  # the other restarts'
+        self.resumption = Resumption(table, lambda rank: hang.heartbeat(rank)[1],  # the other restarts'
+                                     lambda rank: read_restored(snapshot_dir, rank.global_rank))
         self.control = control
         self.link = link
         self.policy = policy
@@ -113,13 +116,20 @@ class Executors:
         events: list[object] = []
         seconds = self.resumption.check(now)
         if seconds is not None:
-            events.append(ev.Resumed(seconds=seconds, at=now))
+            events.append(ev.Resumed(seconds=seconds, at=now, restores=tuple(self.resumption.restores)))
         if not self.live.enabled:
             return [], events
         errors = [(rank.local_rank, f"RetryableError at step {status.error_step}")
                   for rank, status in self.live.new_errors()]
         event = self.live.check(now)
-        if isinstance(event, ev.Resumed) and self.resumed_record is not None:
+        if isinstance(event, ev.Resumed) and self.resumed_record is not None:  # where the ranks restored from
+            record = self.resumed_record
+            restores = self.resumption.restored_since({r.local_rank: r.pid for r in self.table.all()},
+                                                      record.started - record.restart_seconds)
+            record.restored = describe_restores(restores)
+            if restores:
+                log.info("%s", record.restored)
+                event = replace(event, restores=tuple(restores))
             self.resumed_record.resumed_at(event.seconds)  # "spent recovering" is fault -> resumed
             self.resumed_record = None
         if event is not None:
@@ -280,7 +290,7 @@ def record_restart(x: Executors, a: ev.RecordRestart) -> list[object]:
 
 
 def tell_resumed(x: Executors, a: ev.TellResumed) -> None:
-    x.link.reports.resumed(a.round, a.seconds, a.at, unseen=not a.seen)
+    x.link.reports.resumed(a.round, a.seconds, a.at, unseen=not a.seen, restores=a.restores)
 
 
 def dump(x: Executors, a: ev.Dump) -> None:

@@ -126,6 +126,7 @@ class Resumed:
     seen: bool = True
     seconds: float = 0.0  # from the round's fault to training resumed, as the agent's line says
     at: float = 0.0  # when it was seen (monotonic)
+    restores: tuple[object, ...] = ()  # where the restarted ranks restored from (snapshot_account.Restored each)
 
 
 # ------------------------------------------------------------------------------------------------ a node's life
@@ -327,6 +328,7 @@ class TellResumed:
     seconds: float
     at: float  # monotonic: the report says how long before it was sent
     seen: bool = True
+    restores: tuple[object, ...] = ()  # the restarted ranks' sources, for the round's account (as Resumed's)
 
 
 @dataclass(frozen=True)

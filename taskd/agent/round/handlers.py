@@ -426,5 +426,5 @@ def on_resumed(m: NodeRound, ev: Resumed, now: float, out: Out) -> NodeState:
         return m.state
     plan = m.plan
     if plan is not None and plan.round is not None and not plan.degraded:
-        out.append(TellResumed(plan.round, ev.seconds, ev.at, ev.seen))
+        out.append(TellResumed(plan.round, ev.seconds, ev.at, ev.seen, ev.restores))
     return S.RUNNING

@@ -32,6 +32,7 @@ import grpc
 from taskd.agent.link.controller import ControllerLink, report_snapshots
 from taskd.agent.snapshots import copies as sc
 from taskd.proto import recover_pb2, taskd_pb2, taskd_pb2_grpc
+from taskd.worker.snapshot_account import Fetched, mark_fetched
 from taskd.worker.snapshot_segment import SnapshotError, read_header
 
 log = logging.getLogger("taskd.agent")
@@ -234,12 +235,17 @@ class Replication:
             return _fallback(f"no buddy copy of node {node}'s snapshots survives ({why})")
         try:
             got = self._fetch(node, reply.holderAddress)
-        except (grpc.RpcError, SnapshotError, OSError) as exc:
-            return _fallback(f"node {node}'s snapshots could not be fetched from node {reply.holderNodeRank} ({exc})")
+        except (grpc.RpcError, SnapshotError, OSError) as exc:  # its holder lost too, not yet known to be
+            said = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.Call) else str(exc)
+            return _fallback(f"node {node}'s snapshots could not be fetched from node {reply.holderNodeRank}'s agent "
+                             f"({said})")
         if not got:
             return _fallback(f"node {reply.holderNodeRank} holds no snapshot of node {node}")
         size = sum(n for _r, _s, n in got)
         steps = sorted({s for _r, s, _n in got})
+        for rank in sorted({r for r, _s, _n in got}):  # so that its restore says "buddy" (snapshot_account)
+            mark_fetched(self.directory, rank, Fetched(node, reply.holderNodeRank,
+                                                       tuple(sorted(s for r, s, _n in got if r == rank))))
         log.info("fetched node %d's snapshots (steps %s, %d segments, %.1f MB) from node %d's agent in %.2fs: its "
                  "ranks restore from memory", node, ", ".join(map(str, steps)), len(got), size / 1e6,
                  reply.holderNodeRank, time.monotonic() - started)

@@ -6,11 +6,14 @@ later. The survivors' ranks keep their processes and wait, out of their broken g
 generation; the replacement's ranks start as joiners of it and receive the state from them in memory.
 Every node exits 0, final.pt is bit-identical to a fault-free run's, the survivors recompute no step and
 the replacement's ranks at most one, and no process of the job is left behind. Node 0 is the exception:
-its agent hosts the store the group re-forms on, so its loss is recovered by job-rescheduling.
+its agent hosts the store the group re-forms on, so its loss is recovered by job-rescheduling, which restores
+every rank from memory (`--snapshot-every 1`): node 1's ranks from their node's, node 0's from the copy its
+replacement fetched from node 1's agent (issue 33, item 4).
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -18,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -72,10 +76,12 @@ def fault_free(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict]:
 class Lost:
     """A job whose node `lost` was SIGKILLed (agent and ranks) and replaced 2 s later, run to its end."""
 
-    def __init__(self, tmp: Path, address: str, nodes: int, lost: int, standby: bool = False) -> None:
+    def __init__(self, tmp: Path, address: str, nodes: int, lost: int, standby: bool = False,
+                 extra: tuple[str, ...] = ()) -> None:
         self.tmp, self.server, self.nodes, self.lost, self.standby = tmp, address, nodes, lost, standby
+        self.extra = extra  # more arguments of the script (the last of an option wins)
         self.world = nodes * PER_NODE
-        self.job_id = f"live{nodes}-{lost}"
+        self.job_id = f"live{nodes}-{lost}-{os.getpid()}"  # its own /dev/shm names: another run may share the host
         self.master = free_port()
         self.procs = {f"node{r}": node(self.args(r), tmp / f"node{r}.log") for r in range(nodes)}
         if standby:  # started with the job: it takes the lost node over by itself, nothing is started later
@@ -87,11 +93,12 @@ class Lost:
         where = ["--standby"] if rank is None else ["--node-rank", str(rank)]
         return ["--nnodes", str(self.nodes), *where, "--nproc-per-node", str(PER_NODE),
                 "--job-id", self.job_id, "--server", self.server, "--master-addr", "127.0.0.1", "--master-port",
-                str(self.master), "--stop-grace", "2", *ddp_args(self.tmp)]
+                str(self.master), "--stop-grace", "2", *ddp_args(self.tmp), *self.extra]
 
-    def run(self) -> tuple[str, dict, dict[int, int]]:
-        """Kill, replace, finish: (every surviving node's console, summary.json, the first pids by rank)."""
-        wait_for(lambda: all(computed(self.tmp, r) >= KILL_AT for r in range(self.world)), 90,
+    def run(self, ready: Callable[[], bool] = lambda: True) -> tuple[str, dict, dict[int, int]]:
+        """Kill once ``ready`` too, replace, finish: (every surviving node's console, summary.json, the first pids
+        by rank)."""
+        wait_for(lambda: all(computed(self.tmp, r) >= KILL_AT for r in range(self.world)) and ready(), 90,
                  "every rank's first steps")
         self.old = self.procs[f"node{self.lost}"]
         pids = {r: p for n in range(self.nodes)
@@ -129,8 +136,8 @@ def lose(tmp_path: Path, server: str, monkeypatch: pytest.MonkeyPatch):  # noqa:
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the nodes' environment (2 cores for up to 6 ranks)
     jobs: list[Lost] = []
 
-    def make(nodes: int, lost: int, standby: bool = False) -> Lost:
-        jobs.append(Lost(tmp_path, server, nodes, lost, standby))
+    def make(nodes: int, lost: int, standby: bool = False, extra: tuple[str, ...] = ()) -> Lost:
+        jobs.append(Lost(tmp_path, server, nodes, lost, standby, extra))
         return jobs[-1]
 
     yield make
@@ -174,12 +181,36 @@ def test_a_lost_node_of_a_live_ddp_job_is_replaced_live(lose, fault_free, nodes:
     assert told == list(range(nodes)), record["events"]  # every node, the replacement included
 
 
-def test_a_lost_node_0_takes_the_store_along_so_the_job_is_rescheduled(lose, fault_free) -> None:
+def snapshot_steps(job_id: str, where: str) -> set[int]:
+    """The steps held in /dev/shm under ``where`` of job ``job_id``'s snapshot directories (every node's)."""
+    return {int(os.path.basename(p)[1:13]) for p in glob.glob(f"/dev/shm/taskd-snap-{job_id}-*/{where}/s*.snap")}
+
+
+def test_a_lost_node_0_takes_the_store_along_so_every_rank_restores_from_memory(lose, fault_free) -> None:
     """Node 0's agent hosts the rendezvous store the live group re-forms on: without it the survivors cannot
-    rejoin in place, so they offer no recover and every rank restarts against the replacement's new store."""
-    job = lose(2, 0)
-    text, info, pids = job.run()
+    rejoin in place, so they offer no recover and every rank restarts against the replacement's new store. With
+    snapshots every step (k = 1) each restores from memory, node 0's ranks from the buddy's copy: <= 1 step redone.
+    The kill waits for node 1's agent to hold node 0's newest step (replication lags each publish by ~0.1 s, a
+    tick; at a random moment a lost node may cost those steps more), and the steps are 0.3 s apart."""
+    job = lose(2, 0, extra=("--snapshot-every", "1", "--snapshot-keep", "6", "--step-sleep", "0.3"))
+
+    def copy_current() -> bool:  # node 1's agent holds node 0's newest published step
+        held = snapshot_steps(job.job_id, "rank0")  # node 0's own (rank 0's), and node 1's copy of it
+        return bool(held) and max(held) in snapshot_steps(job.job_id, "peer/node0/rank0")
+    text, info, pids = job.run(copy_current)
     assert "node 0, which hosted the job's rendezvous store, is lost: recover not offered" in text, text
     assert "strategy: job-rescheduling for rank(s) [0, 1]" in text and "strategy: recover" not in text, text
     assert all(info["ranks"][str(r)]["pid"] != pids[r] for r in range(job.world))
+    assert "fetched node 0's snapshots" in text and "its ranks restore from memory" in text, text
+    sources = {r: info["ranks"][str(r)]["restored_from"] for r in range(job.world)}
+    assert sources == {0: "buddy", 1: "buddy", 2: "memory", 3: "memory"}, (sources, text)
+    assert all(0 <= info["recomputed"][str(r)] <= 1 for r in range(job.world)), info["recomputed"]  # k = 1
     job.assert_done(fault_free(job.world))
+    # the account: each agent's console and summary, and the controller's events of the round
+    assert re.search(r"rank\(s\) 0, 1 restored step \d+ from the buddy's copy \(node 1's agent\)", text), text
+    assert re.search(r"rank\(s\) 2, 3 restored step \d+ from this node's memory", text), text
+    said = {e["detail"]["node_rank"]: e["detail"] for e in status(job.server, job.job_id)["events"]
+            if e["kind"] == "training_resumed"}
+    assert said[0]["restored_from"] == {"0": "buddy", "1": "buddy"}, said
+    assert said[1]["restored_from"] == {"2": "memory", "3": "memory"}, said
+    assert all(d["steps_redone"] is not None and d["steps_redone"] <= 1 for d in said.values()), said

@@ -216,3 +216,44 @@ def test_a_standby_taking_a_lost_node_restores_a_ddp_jobs_cut_from_memory(tmp_pa
         wait_for(lambda: shm_left() == [], 15, "the job's snapshots gone from /dev/shm")
     finally:
         kill_all(procs)
+
+
+def test_both_copies_lost_falls_back_to_disk_saying_so(tmp_path: Path, server: tuple[str, Path, Path]) -> None:
+    """Both nodes of a 2-node job, each the other's buddy, SIGKILLed at once: no copy of either survives, so each
+    replacement says so in one line and every rank restores its disk checkpoint, bit-identical all the same.
+    train_plain.py (DDP: its ranks publish in step, so each node's copy keeps up), 120 steps 0.05 s apart,
+    checkpoints every 20, killed once both copies are past step 25."""
+    base = tmp_path / "baseline"
+    short = ["--steps", "120", "--ckpt-every", "20"]  # the last of an option wins
+    proc = node(["--nproc-per-node", "4", "--nnodes", "1", "--quiet", *plain(base, 120, 0.0), *short],
+                tmp_path / "baseline.log")
+    assert proc.wait(timeout=180) == 0, (tmp_path / "baseline.log").read_text()
+    address, _admin, cred = server
+    procs = {f"node{r}": node([*job_args(address, cred, r), *plain(tmp_path, 120, 0.05), *short],
+                              tmp_path / f"node{r}.log") for r in range(2)}
+    try:
+        wait_for(lambda: min(copied(0), copied(1)) >= 25, 90, "each node's snapshots copied to the other")
+        assert all(p.poll() is None for p in procs.values()), "the job ended before its nodes were lost"
+        for name in ("node0", "node1"):  # both at once: each held the other's copy
+            os.killpg(procs[name].pid, signal.SIGKILL)
+        for name in ("node0", "node1"):
+            assert procs[name].wait(timeout=10) == -signal.SIGKILL
+        for r in range(2):
+            procs[f"replacement{r}"] = node([*job_args(address, cred, r), *plain(tmp_path, 120, 0.0), *short],
+                                            tmp_path / f"replacement{r}.log")
+        for r in range(2):
+            assert procs[f"replacement{r}"].wait(timeout=120) == 0, (tmp_path / f"replacement{r}.log").read_text()
+            log = (tmp_path / f"replacement{r}.log").read_text()
+            # the controller names no holder, or one whose report is still fresh: its agent refuses the connection
+            assert re.search(rf"(no buddy copy of node {r}'s snapshots survives \(no agent holds a copy of it\)|"
+                             rf"node {r}'s snapshots could not be "
+                             rf"fetched from node {1 - r}'s agent \(UNAVAILABLE: [^\n]*\)): its ranks fall back to "
+                             "their disk checkpoints", log), log
+        for r in range(4):
+            summary = json.loads((tmp_path / "out" / f"rank{r}.json").read_text())
+            assert summary["restored_from"] == "disk" and 20 <= summary["resumed_from"] < 120, summary
+            got, want = torch.load(tmp_path / "out" / f"rank{r}.pt"), torch.load(base / "out" / f"rank{r}.pt")
+            assert all(torch.equal(got[k], want[k]) for k in want), f"rank {r}'s parameters differ"
+        wait_for(lambda: shm_left() == [], 15, "the job's snapshots gone from /dev/shm")
+    finally:
+        kill_all(procs)

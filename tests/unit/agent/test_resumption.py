@@ -77,3 +77,28 @@ def test_a_restart_elsewhere_and_a_superseded_one_are_said_as_such() -> None:
     watch.track(first, [1], watch.steps([1]), started=1.0)
     watch.supersede()  # the next restart replaces its ranks before they beat
     assert first.resumption == SUPERSEDED and not watch.pending
+
+
+def test_the_resumption_says_where_each_restarted_rank_restored_from(caplog) -> None:
+    """What each rank's restore wrote (taskd.worker.snapshot_account), read from its current pid only, goes in the
+    "training resumed" line, the summary's record and the controller's report (`restores`)."""
+    from taskd.worker.snapshot_account import Restored
+
+    table, files = two_ranks(), Files()
+    files.states = {0: beat(10, 40), 1: beat(11, 40)}
+    said = {0: Restored(0, 20, "buddy", 9, 9, holder=1), 1: Restored(1, 11, "memory", 9, 10)}  # 1: the old pid's
+    watch = Resumption(table, files, lambda rank: said.get(rank.local_rank))
+    before = watch.steps([0, 1])
+    table[0].pid, table[1].pid = 20, 21
+    rec = RecoveryRecord("job-rescheduling", [0, 1], 0.0, 0.01)
+    watch.track(rec, [0, 1], before, started=1.0)
+    files.states = {0: beat(20, 10), 1: beat(21, 10)}
+    with caplog.at_level("INFO", logger="taskd.agent"):
+        assert watch.check(now=2.0) == 1.0
+    assert [r.rank for r in watch.restores] == [0]  # rank 1's record is its previous incarnation's: not counted
+    words = "rank(s) 0 restored step 9 from the buddy's copy (node 1's agent), redoing the 0 newer step(s)"
+    assert words in caplog.text and words in rec.describe()
+    said[1] = Restored(1, 21, "memory", 9, 10)
+    watch.track(rec, [0, 1], before, started=1.0)
+    watch.check(now=2.0)
+    assert "rank(s) 1 restored step 9 from this node's memory, redoing the 1 newer step(s)" in rec.describe()

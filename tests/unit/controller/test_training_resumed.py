@@ -243,3 +243,24 @@ def test_a_state_file_without_the_new_columns_gets_them(tmp_path: Path) -> None:
     assert store.rounds("old")[0]["training_resumed"] == 0.0
     assert store.node_losses("old")[0]["seconds_to_training_resumed"] == 0.0
     store.close()
+
+
+def test_the_round_account_says_where_each_node_restored_from_and_the_steps_redone(tmp_path: Path) -> None:
+    """Issue 33: a node's report carries its restarted ranks' restore sources (`restores`), kept with its
+    `training_resumed` event; a source outside the vocabulary is refused naming the field."""
+    clock = ManualClock(T0)
+    core = make_core(tmp_path / "ctl.sqlite3", clock)
+    lose_and_replace_node_1(core, clock)
+    at(core, clock, 17, RecoverStatusReported(node_rank=1, host="h2", pid=201, strategy="recover", rejoined=True))
+    ev = TrainingResumed(node_rank=1, host="h2", pid=201, round=1, seconds=2.0, seconds_ago=0.0,
+                         restores=((2, "buddy", 9, 1), (3, "buddy", 9, 0)))
+    out = at(core, clock, 18, ev)
+    (said,) = records(out, "training_resumed")
+    assert said["restored_from"] == {"2": "buddy", "3": "buddy"} and said["restored_step"] == {"2": 9, "3": 9}
+    assert said["steps_redone"] == 1
+    good = taskd_pb2.ResumedRequest(jobId="j", nodeRank=0, host="h", pid=1, round=1, seconds=1.0, restores=[
+        taskd_pb2.RankRestore(rank=0, source="memory", step=4, stepsRedone=0)])
+    assert check_resumed(good) == ""
+    good.restores[0].source = "tape"
+    assert "restores: rank 0 source 'tape'" in check_resumed(good)
+    core.store.close()

@@ -280,3 +280,45 @@ def test_the_run_flags_memory_goes_before_the_variable_and_a_bad_one_is_refused(
     assert WorkerSpec(["true"], snapshot_memory="2G").snapshot_memory == "2G"
     with pytest.raises(ValueError, match=r"snapshot_memory \(--snapshot-memory\) must be bytes"):
         WorkerSpec(["true"], snapshot_memory="lots")
+
+
+def test_a_step_fetched_from_the_buddy_restores_as_buddy_and_the_agent_is_told(tmp_path) -> None:
+    """A replacement's agent marks what it fetched (snapshot_account): the rank's restore of that step says
+    "buddy", in `restored_from` and in the record its agent reads; the mark is taken, so its next restore, from
+    the node's own memory, says "memory"."""
+    from taskd.worker.snapshot_account import Fetched, mark_fetched, read_restored
+
+    snaps = Snapshots(directory=str(tmp_path), background=False)
+    for step in (3, 4):
+        snaps.save(state(step), step)
+    mark_fetched(str(tmp_path), 0, Fetched(node=0, holder=1, steps=(3, 4)))
+    again = Snapshots(directory=str(tmp_path))
+    assert again.restore()[1] == 4 and again.restored_from == "buddy"
+    said = read_restored(str(tmp_path), 0)
+    assert (said.source, said.step, said.newest, said.holder, said.pid) == ("buddy", 4, 4, 1, os.getpid())
+    assert said.redone == 0
+    later = Snapshots(directory=str(tmp_path))
+    assert later.restore()[1] == 4 and later.restored_from == "memory"
+    assert read_restored(str(tmp_path), 0).source == "memory"
+
+
+def test_the_record_counts_the_steps_past_the_cut_and_a_disk_fallback(tmp_path, monkeypatch: pytest.MonkeyPatch
+                                                                      ) -> None:
+    from taskd.worker.snapshot_account import read_restored
+
+    for rank, steps in ((0, (4, 5, 6)), (1, (3, 4))):
+        as_rank(monkeypatch, rank, 2)
+        snaps = Snapshots(keep=3, directory=str(tmp_path), background=False)
+        for step in steps:
+            snaps.save(state(step), step)
+    as_rank(monkeypatch, 0, 2)
+    assert Snapshots(keep=3, directory=str(tmp_path)).restore()[1] == 4
+    said = read_restored(str(tmp_path), 0)
+    assert (said.source, said.step, said.newest, said.redone) == ("memory", 4, 6, 2)
+    ckpt = CheckpointManager(str(tmp_path / "ckpt"))
+    ckpt.save(state(2), 2)
+    as_rank(monkeypatch, 1, 2)
+    (tmp_path / "rank1" / "s000000000004.snap").unlink()  # no common step any more
+    (tmp_path / "rank1" / "s000000000003.snap").unlink()
+    assert Snapshots(directory=str(tmp_path), fallback=ckpt).restore()[1] == 2
+    assert read_restored(str(tmp_path), 1).source == "disk"

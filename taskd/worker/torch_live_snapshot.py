@@ -1,0 +1,122 @@
+"""A `LiveGroup`'s in-memory snapshots: what a whole-job restart of a live job restores, instead of a checkpoint.
+
+A live job's faults are mostly recovered in place (the survivors keep their state, a replacement receives it),
+but some restart every rank: node 0 lost (its agent hosted the store the group re-forms on), job-rescheduling
+after a failed recover, the degraded local restart. ``LiveGroup(snapshot_every=k)`` then snapshots the state it
+tracks (model, optimizer, the ``track``-ed objects, the `LiveLoader` positions) every k committed steps, into the
+node's memory (`taskd.worker.snapshot`, copied to the buddy node by the agent), and a start where no rank holds
+live state restores the newest step every rank holds in memory: the survivors' from their node, a lost node's
+from the copy its replacement fetched from the buddy. Nothing is loaded until every rank said it holds that
+step; otherwise every rank falls back to the script's ``load`` (its disk checkpoints), and the log says why.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from taskd.worker.snapshot_account import Restored, read_restored, write_restored
+from taskd.worker.torch_snapshot import Stateful, TorchSnapshots
+
+log = logging.getLogger(__name__)
+
+
+class LiveSnapshots:
+    """A live group's snapshots every ``every`` committed steps (0: none), ``keep`` kept (more than the steps a
+    buddy's copy lags, for a lost node: `taskd status` shows the lag). Off until `start` names the objects."""
+
+    def __init__(self, every: int = 0, keep: int = 4) -> None:
+        self.every, self.keep = checked_snapshot_options(every, keep)
+        self.objects: list[Stateful] = []
+        self.store: TorchSnapshots | None = None
+        self.restored_from: str | None = None
+
+    def start(self, objects: list[Any], sharded: str | None) -> None:
+        """Once, at the group's first steps(): the tracked objects (None left out); nothing for a sharded model
+        (its ranks use `ShardedSnapshots`)."""
+        if self.store is not None or self.every <= 0:
+            return
+        if sharded is not None:
+            log.warning("LiveGroup(snapshot_every=...) is off for a sharded model (%s): snapshot its shards with "
+                        "taskd.worker.torch_snapshot.ShardedSnapshots", sharded)
+            self.every = 0
+            return
+        self.objects = [o for o in objects if o is not None]
+        self.store = TorchSnapshots(*self.objects, keep=self.keep)
+
+    def save(self, step: int) -> None:
+        """After a committed step: a snapshot every ``every`` steps (one memory copy, published in the background)."""
+        if self.store is not None and step % self.every == 0:
+            self.store.save(step)
+
+    def restore(self, rank: int, disk_step: int) -> int | None:
+        """Collective (every rank of the group calls it, all alike on or off): the step restored from memory into
+        the objects, or None when the ranks fall back to ``disk_step`` (the newest checkpoint every rank has), said in
+        the log."""
+        if self.store is None:
+            return None
+        snapshots = self.store.snapshots
+        found = snapshots.restore()  # no fallback: own copies, nothing loaded yet
+        mine = torch.tensor([found[1] if found is not None else -1], dtype=torch.int64)
+        table = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
+        dist.all_gather(table, mine)
+        steps = [int(t[0]) for t in table]
+        if found is not None and len(set(steps)) == 1 and found[1] >= disk_step:
+            for obj, saved in zip(self.objects, found[0]["objects"], strict=True):
+                obj.load_state_dict(saved)
+            self.restored_from = snapshots.restored_from
+            return found[1]
+        if min(steps) < 0:
+            lacking = [r for r, s in enumerate(steps) if s < 0]
+            why = f"rank(s) {', '.join(map(str, lacking))} of the group restore no snapshot"
+        elif len(set(steps)) > 1:
+            why = f"the ranks' snapshots are of different steps ({steps})"
+        else:
+            why = f"the snapshots' step {steps[0]} is older than the disk checkpoints' {disk_step}"
+        self.restored_from = "disk" if disk_step > 0 else None
+        log.log(logging.WARNING if disk_step > 0 or max(steps) >= 0 else logging.INFO,
+                "rank %d: no step restored from memory (%s): falling back to the disk checkpoints: %s", rank, why,
+                f"step {disk_step}" if disk_step > 0 else "none, starting afresh")
+        said = read_restored(snapshots.directory, snapshots.rank)  # what the snapshots' restore told the agent
+        write_restored(snapshots.directory, Restored(snapshots.rank, os.getpid(), self.restored_from or "none",
+                                                     disk_step, said.newest if said is not None else -1))
+        return None
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+
+
+def checked_snapshot_options(every: object, keep: object) -> tuple[int, int]:
+    """``LiveGroup``'s ``snapshot_every`` and ``snapshot_keep``, or ValueError naming them."""
+    if not (isinstance(every, int) and every >= 0 and isinstance(keep, int) and keep >= 2):
+        raise ValueError(f"snapshot_every must be an integer >= 0 and snapshot_keep one >= 2, got {every!r} and "
+                         f"{keep!r}")
+    return every, keep
+
+
+def start_afresh(memory: LiveSnapshots, rank: int, rows: Sequence[tuple[int, int]],
+                             loaders: Sequence[Any], load: Callable[[int], object] | None) -> int:
+    """No rank holds live state (job start, whole-job restart): the step to start from, collectively. The newest step
+    every rank holds in memory, loaded (the loaders' positions with it), else the lowest of the ranks' ``rows``
+    (has state, step: their newest checkpoints), which ``load`` restores."""
+    step = min(s for _, s in rows)
+    restored = memory.restore(rank, step)
+    if restored is not None:
+        return restored
+    for loader in loaders:
+        loader.derive(step)  # load() may then restore a position of its own
+    if load is not None:
+        load(step)
+    elif any(s != step for _, s in rows):
+        raise RuntimeError(f"ranks would start at different steps {[s for _, s in rows]}: pass load= to "
+                           "LiveGroup.steps() to restore the common one")
+    return step
+
+
+__all__ = ["LiveSnapshots", "checked_snapshot_options", "start_afresh"]
