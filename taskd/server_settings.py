@@ -21,7 +21,7 @@ from typing import Any
 from taskd.settings import setting
 from taskd.vocabulary import DEFAULT_PORT
 
-TOKEN_ENV = "TASKD_TOKEN_FILE"
+TOKEN_ENV = setting("token_file").env  # the same variable as the clients' (taskd/settings.py)
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,13 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from taskd.client.errors import ConfigurationError
 from taskd.client.retry import check_backoff
 from taskd.proto import recover_pb2
+from taskd.settings import default
 from taskd.vocabulary import Action, FaultRanks, SignalType, Strategy, fault_ranks, parse_strategies
 from taskd.worker.env import env_int as worker_env_int
 
@@ -33,17 +34,18 @@ class BadArgument(ValueError):
 
 @dataclass(frozen=True)
 class ClientOptions:
-    """The constructor's tuning knobs, checked together (see docs/client.md for each)."""
+    """The constructor's tuning knobs, checked together; rows of taskd/settings.py (scope "client"), whose table
+    docs/client.md shows."""
 
-    call_timeout: float = 10.0
-    init_attempts: int = 30
-    init_timeout: float = 120.0
-    backoff_initial: float = 0.5
-    backoff_max: float = 10.0
-    liveness_timeout: float = 15.0
-    report_timeout: float = 30.0
-    wait_for_ready: bool = True
-    channel_options: tuple[tuple[str, int | str], ...] = ()
+    call_timeout: float = default("call_timeout")
+    init_attempts: int = default("init_attempts")
+    init_timeout: float = default("init_timeout")
+    backoff_initial: float = default("backoff_initial")
+    backoff_max: float = default("backoff_max")
+    liveness_timeout: float = default("liveness_timeout")
+    report_timeout: float = default("report_timeout")
+    wait_for_ready: bool = default("wait_for_ready")
+    channel_options: tuple[tuple[str, int | str], ...] = field(default_factory=tuple)  # gRPC's (name, value) pairs
 
     def __post_init__(self) -> None:
         bad = [f"{name}={getattr(self, name)!r} (must be > 0)"

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 import grpc
 
 from taskd.client.errors import ConfigurationError
+from taskd.settings import env_text, setting
 
-TOKEN_FILE_VAR = "TASKD_TOKEN_FILE"
-TLS_CA_VAR = "TASKD_TLS_CA"
-TLS_CERT_VAR = "TASKD_TLS_CERT"
-TLS_KEY_VAR = "TASKD_TLS_KEY"
+# rows of taskd/settings.py (`taskd run`'s --token-file, --tls-*), read with env_text
+CREDENTIAL_SETTINGS = ("token_file", "tls_ca", "tls_cert", "tls_key")
+TOKEN_FILE_VAR, TLS_CA_VAR, TLS_CERT_VAR, TLS_KEY_VAR = (setting(name).env for name in CREDENTIAL_SETTINGS)
 AUTH_HEADER = "authorization"
 _PEM = b"-----BEGIN "
 
@@ -106,9 +106,8 @@ class ClientCredentials:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ClientCredentials:
         """TASKD_TOKEN_FILE (its content, stripped), TASKD_TLS_CA, TASKD_TLS_CERT, TASKD_TLS_KEY (paths)."""
-        env = os.environ if environ is None else environ
         names = (TOKEN_FILE_VAR, TLS_CA_VAR, TLS_CERT_VAR, TLS_KEY_VAR)
-        paths = [env.get(name, "").strip() or None for name in names]
+        paths = [env_text(name, environ) or None for name in CREDENTIAL_SETTINGS]
         return cls.from_files(*paths, names=names)
 
     def metadata(self) -> tuple[tuple[str, str], ...]:

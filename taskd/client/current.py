@@ -18,7 +18,7 @@ from taskd.client.arguments import env_int
 from taskd.client.errors import ConfigurationError
 from taskd.client.manager import DEFAULT_ROLE, DLRecoverManager, RecoverClient
 from taskd.proto import recover_pb2
-from taskd.settings import env_text
+from taskd.settings import env_item, env_text
 
 logger = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -49,15 +49,21 @@ def manager_from_env(environ: Mapping[str, str] | None = None, **kwargs: Any) ->
     info = recover_pb2.ClientInfo(
         jobId=job_id,
         role=DEFAULT_ROLE,
-        nodeRank=env_int(env, "TASKD_NODE_RANK", 0),
-        nodeCount=env_int(env, "TASKD_NNODES", env_int(env, "TASKD_NODE_COUNT", 0)),
-        ranksPerNode=env_int(env, "TASKD_NPROC_PER_NODE", env_int(env, "TASKD_RANKS_PER_NODE", 0)),
+        nodeRank=_count(env, "node_rank"),
+        nodeCount=_count(env, "node_count"),
+        ranksPerNode=_count(env, "ranks_per_node"),
     )
     if environ is not None and "credentials" not in kwargs:
         from taskd.client.credentials import ClientCredentials
 
         kwargs["credentials"] = ClientCredentials.from_env(environ)
     return DLRecoverManager(info, server, **kwargs)
+
+
+def _count(env: Mapping[str, str], name: str) -> int:
+    """A ClientInfo count from the agent's variable for setting `name` (or its older name); 0 when unset."""
+    var, text = env_item(name, env)
+    return env_int({var: text}, var, 0) if var else 0
 
 
 def set_manager(manager: RecoverClient | None) -> None:

@@ -20,6 +20,7 @@ from taskd.address import CONTROLLER_FORMS, controller_target
 from taskd.client.credentials import NO_CREDENTIALS, ClientCredentials
 from taskd.client.errors import AuthenticationError, ConfigurationError, RecoverClientError, ServerUnreachable
 from taskd.proto import recover_pb2_grpc, taskd_pb2_grpc
+from taskd.settings import default
 from taskd.vocabulary import DEFAULT_PORT
 
 logger = logging.getLogger(__name__)
@@ -138,8 +139,8 @@ class RpcClient:
     work after a manager's stop()); any thread may call."""
 
     def __init__(self, target: str, credentials: ClientCredentials = NO_CREDENTIALS,
-                 channel_options: ChannelOptions = (), *, call_timeout: float = 10.0,
-                 wait_for_ready: bool = True) -> None:
+                 channel_options: ChannelOptions = (), *, call_timeout: float = default("call_timeout"),
+                 wait_for_ready: bool = default("wait_for_ready")) -> None:
         self.target = target
         self.credentials = credentials
         self.metadata = credentials.metadata()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 
 import grpc
@@ -57,7 +56,7 @@ def server_main(args: argparse.Namespace) -> int:
 def add_token_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job", required=True, metavar="ID", help="the job the credential is for (its --run-id / "
                         "MINDX_TASK_ID, what its agents send as jobId)")
-    parser.add_argument("--token-file", default=os.environ.get(TOKEN_ENV) or None, metavar="PATH",
+    parser.add_argument("--token-file", default=env_text("token_file") or None, metavar="PATH",
                         help=f"the controller's admin token, as given to `taskd server --token-file` (default "
                              f"${TOKEN_ENV})")
 
@@ -96,14 +95,13 @@ def add_status_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job", default=None, metavar="ID", help="only this job")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS")
-    env = os.environ
-    parser.add_argument("--token-file", default=env.get(TOKEN_ENV) or None, metavar="PATH",
+    parser.add_argument("--token-file", default=env_text("token_file") or None, metavar="PATH",
                         help=f"send the token in this file (default ${TOKEN_ENV})")
-    parser.add_argument("--tls-ca", default=env.get("TASKD_TLS_CA") or None, metavar="PEM",
+    parser.add_argument("--tls-ca", default=env_text("tls_ca") or None, metavar="PEM",
                         help="connect with TLS, trusting this CA (default $TASKD_TLS_CA)")
-    parser.add_argument("--tls-cert", default=env.get("TASKD_TLS_CERT") or None, metavar="PEM",
+    parser.add_argument("--tls-cert", default=env_text("tls_cert") or None, metavar="PEM",
                         help="client certificate for mTLS (default $TASKD_TLS_CERT)")
-    parser.add_argument("--tls-key", default=env.get("TASKD_TLS_KEY") or None, metavar="PEM",
+    parser.add_argument("--tls-key", default=env_text("tls_key") or None, metavar="PEM",
                         help="its private key (default $TASKD_TLS_KEY)")
 
 
@@ -177,12 +175,11 @@ def add_migrate_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"controller host[:port] (default $MINDX_SERVER_IP, else 127.0.0.1:{DEFAULT_PORT})")
     parser.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
                         help="how long to wait for the migration's outcome (default 120)")
-    env = os.environ
-    parser.add_argument("--token-file", default=env.get(TOKEN_ENV) or None, metavar="PATH",
+    parser.add_argument("--token-file", default=env_text("token_file") or None, metavar="PATH",
                         help=f"the admin token or the job's credential (`taskd token --job ID`) (default ${TOKEN_ENV})")
-    parser.add_argument("--tls-ca", default=env.get("TASKD_TLS_CA") or None, metavar="PEM")
-    parser.add_argument("--tls-cert", default=env.get("TASKD_TLS_CERT") or None, metavar="PEM")
-    parser.add_argument("--tls-key", default=env.get("TASKD_TLS_KEY") or None, metavar="PEM")
+    parser.add_argument("--tls-ca", default=env_text("tls_ca") or None, metavar="PEM")
+    parser.add_argument("--tls-cert", default=env_text("tls_cert") or None, metavar="PEM")
+    parser.add_argument("--tls-key", default=env_text("tls_key") or None, metavar="PEM")
 
 
 def migrate_main(args: argparse.Namespace) -> int:

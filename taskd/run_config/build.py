@@ -22,9 +22,9 @@ from taskd.run_config.parse import (
     parse_rdzv_conf,
     parse_std,
 )
-from taskd.settings import RUN_SETTINGS
+from taskd.settings import RUN_SETTINGS, env_text, setting
 
-TOKEN_FILE_VAR = "TASKD_TOKEN_FILE"  # taskd.client.credentials's, not imported: run_config stays light
+TOKEN_FILE_VAR = setting("token_file").env  # the client's (client/credentials.py), read through the table
 T = TypeVar("T")
 C = TypeVar("C")
 NOT_FLAGS = frozenset({"command", "verbose", "script", "script_args"})
@@ -181,7 +181,6 @@ def build(cls: type[C], args: argparse.Namespace, environ: Mapping[str, str]) ->
         nproc_per_node=nproc, nnodes=nnodes, min_nnodes=min_nnodes, standalone=standalone,
         job_id=_job_id(values, nnodes, standalone),
         server=server, hosted_controller=hosted,
-        **{name: values.parse(name, str, None) for name in ("token_file", "tls_ca", "tls_cert", "tls_key")},
         master_port=values.parse("master_port", _int, 0 if nnodes == 1 else DEFAULT_MASTER_PORT),
         log_dir=log_dir, redirects=redirects, tee=tee,
         local_ranks_filter=values.parse("local_ranks_filter", lambda t: parse_rank_set(str(t)), None),
@@ -223,7 +222,7 @@ def _hosted_controller(values: _Values, nnodes: int, environ: Mapping[str, str])
     from taskd.address import join_host_port
 
     address = join_host_port(host, port + 1)
-    if "token_file" not in values and not environ.get(TOKEN_FILE_VAR, "").strip():
+    if "token_file" not in values and not env_text("token_file", environ):
         values.problems.append(
             f"{nodes} with {where} and no --server: node 0's taskd run hosts the job's controller at {address}, and "
             f"every node must prove it belongs to the job: put one secret in a file every node can read "
@@ -272,4 +271,4 @@ def _strategies(text: Any) -> tuple[str, ...]:
 
 PARSERS: dict[type, Callable[[Any], Any]] = {int: _int, float: _float, str: str, bool: _switch, tuple: _strategies}
 # settings parsed above with torchrun's forms (N|MIN:MAX, auto|cpu|gpu) or from two flags (join_timeout)
-SPECIAL = frozenset({"job_id", "server", "nnodes", "nproc_per_node", "log_dir", "join_timeout"})
+SPECIAL = frozenset({"job_id", "server", "nnodes", "nproc_per_node", "log_dir", "join_timeout", "master_port"})

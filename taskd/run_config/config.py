@@ -66,13 +66,13 @@ class RunConfig:
     # and the other nodes connect to it, each with the secret of TASKD_TOKEN_FILE (run_config/build.py)
     hosted_controller: str | None = None
     # how this agent authenticates to --server (paths; None: the TASKD_TOKEN_FILE / TASKD_TLS_* variable)
-    token_file: str | None = None
-    tls_ca: str | None = None
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    standalone: bool = False
+    token_file: str | None = default("token_file")
+    tls_ca: str | None = default("tls_ca")
+    tls_cert: str | None = default("tls_cert")
+    tls_key: str | None = default("tls_key")
+    standalone: bool = default("standalone")
     master_addr: str = default("master_addr")
-    master_port: int = 0  # 0 = a free port (one-node jobs)
+    master_port: int = default("master_port")  # 0 = a free port (one-node jobs)
     max_restarts: int = default("max_restarts")
     strategies: tuple[str, ...] = default("strategies")  # empty = the agent's default
     monitor_interval: float = default("monitor_interval")

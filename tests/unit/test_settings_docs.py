@@ -49,8 +49,10 @@ def _rows(path: Path) -> list[list[str]]:
 def _agrees(s: Setting, cell: str) -> bool:
     """Whether a doc's default cell says the table's default."""
     cell = cell.strip().strip("`")
+    if s.shown and cell == s.shown:
+        return True
     if s.default is None:
-        return cell in ("off", "none") or (s.run_env and f"${s.env}" in cell)
+        return cell in ("off", "none") or bool(s.env and f"${s.env}" in cell)
     if isinstance(s.default, bool):
         return cell == ("on" if s.default else "off")
     if isinstance(s.default, int | float):
