@@ -1,15 +1,16 @@
-"""Every setting of the agent and of `taskd run`, once: name, type, default, flags, variable, bound, doc line.
+"""Every setting of `taskd run`, the agent and the client, once: name, scope, type, default, flags, variable, help.
 
-`AgentConfig` (its field defaults, the TASKD_* variables `from_env` reads, its bounds), `RunConfig`
-(its defaults, `taskd run`'s flag names, the bounds it checks), the `taskd server` fields holding the
-same setting and docs/mindspore.md's table are derived from `SETTINGS` (`taskd server`'s own rows are
-taskd/server_settings.py's); tests/unit/test_settings.py
-checks the rest against it (the README's tables, argparse, no default written anywhere else).
+From `SETTINGS`: `AgentConfig` (its field defaults, the TASKD_* variables `from_env` reads, its bounds), `RunConfig`
+(its defaults and bounds), `taskd run`'s argparse (run_config/flags.py lays the rows out: spellings, metavars,
+--help lines, torchrun's notices), `ClientOptions`' defaults, the `taskd server` fields holding the same setting,
+and three docs' tables (docs/mindspore.md's variables here; README's flags, run_config/flag_table.py;
+docs/client.md's options, client/option_table.py). `taskd server`'s own rows are taskd/server_settings.py's.
+tests/unit/test_settings.py checks the rest against it (no default written anywhere else, no config dataclass
+with a literal default), tests/unit/test_settings_readers.py that no TASKD_*/MINDX_* variable is read elsewhere.
 
-Adding a setting is one `Setting(...)` line here plus its field in the config that uses it:
-`AgentConfig` (``name: T = default("name")``) for `agent=True`, `RunConfig` for a `taskd run` flag
-(with its `add_argument` in run_config/flags.py, whose names come from `flags`), then
-`python -m taskd.settings --write docs/mindspore.md`. Validation stays where each config is built.
+Adding a setting is one `Setting(...)` line here plus its field in its scope's config (``name: T =
+default("name")``), a `taskd run` flag's row in one of run_config/flags.py's `GROUPS`, then the docs' `--write`.
+Validation stays where each config is built.
 """
 
 from __future__ import annotations
@@ -108,12 +109,16 @@ class Setting:
 
 
 _POSITIVE, _NONNEGATIVE = Bound(0, inclusive=False), Bound(0)
+LAUNCHERS = ("msrun", "taskd")
+"""Who runs an agent: msrun (which loads it as a plugin, configured by the TASKD_* variables) or `taskd run`."""
 # agent: an AgentConfig field (and, with flags, a RunConfig one); run: a RunConfig field alone; flag: a `taskd run`
 # flag with no field of its own (torchrun's, read by run_config/build.py); client: a ClientOptions field (taskd.client);
 # variable: a variable alone, read with `env_text` where it is used
 SCOPES = ("agent", "run", "flag", "client", "variable")
 
 SETTINGS: tuple[Setting, ...] = (
+    Setting("launcher", str, LAUNCHERS[0], "who runs this agent: `msrun` (its plugin) or `taskd` (`taskd run`); it "
+            "decides the default strategies"),
     Setting("job_id", str, None, "job id; every node of a job uses the same", optional=True,
             flags=("--job-id", "--job_id"), env="MINDX_TASK_ID", run_env=True, shown="generated", metavar="ID",
             help="taskd: job id shared by every node (default: ${env}, $SLURM_JOB_ID or a generated one)"),
@@ -310,20 +315,19 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("shutdown_timeout", float, None, "torchrun's name for --stop-grace", optional=True,
             flags=("--shutdown-timeout", "--shutdown_timeout"), scope="flag", metavar="S"),
     # taskd.client's options (ClientOptions, the `DLRecoverManager`/`RecoverClient` constructor; docs/client.md)
-    Setting("call_timeout", float, 10.0, "deadline of every unary call", _POSITIVE, scope="client", shown="10 s"),
+    Setting("call_timeout", float, 10.0, "deadline of every unary call", _POSITIVE, scope="client"),
     Setting("init_attempts", int, 30, "bound of `init_clusterd`'s retries (with `init_timeout`, whichever comes "
             "first)", Bound(1), scope="client"),
     Setting("init_timeout", float, 120.0, "bound of `init_clusterd`'s retries in seconds (with `init_attempts`)",
-            _POSITIVE, scope="client", shown="120 s"),
+            _POSITIVE, scope="client"),
     Setting("backoff_initial", float, 0.5, "first pause of the capped exponential backoff, with jitter, between Init "
-            "retries, report re-sends and stream reconnects", _POSITIVE, scope="client", shown="0.5 s"),
-    Setting("backoff_max", float, 10.0, "the backoff's cap (at least `backoff_initial`)", _POSITIVE, scope="client",
-            shown="10 s"),
+            "retries, report re-sends and stream reconnects", _POSITIVE, scope="client"),
+    Setting("backoff_max", float, 10.0, "the backoff's cap (at least `backoff_initial`)", _POSITIVE, scope="client"),
     Setting("report_timeout", float, 30.0, "overall deadline of one `report_*` call, its re-sends and pauses included "
-            "(see [Reports](#reports))", _POSITIVE, scope="client", shown="30 s"),
+            "(see [Reports](#reports))", _POSITIVE, scope="client"),
     Setting("liveness_timeout", float, 15.0, "a stream with no signal (the controller sends a keep-alive every 5 s) "
             "for this long is reopened; 0 disables. Time spent in a handler does not count as silence: the timeout "
-            "restarts when the handler returns", _NONNEGATIVE, scope="client", shown="15 s"),
+            "restarts when the handler returns", _NONNEGATIVE, scope="client"),
     Setting("wait_for_ready", bool, True, "calls wait (within their deadline) for a reconnecting channel instead of "
             "failing at once; so a report made while the controller restarts goes through", scope="client"),
     # a variable alone (no flag, no config field): read with `env_text` where it is used

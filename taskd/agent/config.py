@@ -35,15 +35,16 @@ class AgentConfig:
     """Everything the agent needs to know; `None` means "derive it when the job starts". Frozen: what changes while
     the job runs (the node this agent holds, whether it is a standby) is the round machine's state."""
 
-    launcher: str = "msrun"  # "msrun" or "taskd": decides the default strategies
-    # every other field is a setting of taskd/settings.py, its default taken from there
+    # every field is a setting of taskd/settings.py, its default taken from there
+    launcher: str = default("launcher")  # "msrun" or "taskd": decides the default strategies
     job_id: str | None = default("job_id")
     server: str | None = default("server")  # host[:port]; None = the embedded controller the caller hands in
-    node_rank: int | None = None  # None = from MONITOR's node_id, else 0; a standby's is the node it is assigned
-    node_count: int | None = None  # None = MS_WORKER_NUM / ranks per node, else 1
-    ranks_per_node: int | None = None  # None = number of MONITOR entries
+    # None: derived when the job starts (taskd/settings.py's `derived`), e.g. node_rank from MONITOR's node_id
+    node_rank: int | None = setting("node_rank").agent_default  # a standby's is the node it is assigned
+    node_count: int | None = setting("node_count").agent_default  # MS_WORKER_NUM / ranks per node, else 1
+    ranks_per_node: int | None = setting("ranks_per_node").agent_default  # the number of MONITOR entries
     min_nodes: int = default("min_nodes")  # scale-in's MIN (`--nnodes MIN:MAX`): see `scales`
-    strategies: list[str] = field(default_factory=list)  # empty = DEFAULT_STRATEGIES[launcher]
+    strategies: list[str] = field(default_factory=lambda: list(default("strategies")))  # empty: DEFAULT_STRATEGIES
     max_restarts: int = default("max_restarts")
     monitor_interval: float = default("monitor_interval")  # slow sweep; exits are seen at once through pidfds
     stop_grace: float = default("stop_grace")  # SIGTERM to SIGKILL when the agent stops ranks itself

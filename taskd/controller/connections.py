@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from taskd.controller import sockdiag
 from taskd.controller.tenancy import FAIR_SLACK, Link, Tenants, describe, over_cap, over_fair, over_peer
+from taskd.server_settings import server_default
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +43,11 @@ ESTABLISHED = "01"
 @dataclass(frozen=True)
 class WatchConfig:
     port: int
-    auth_timeout: float = 5.0  # 0 = never close for that
-    max_per_peer: int = 64  # 0 = no per-IP bound
-    soft_budget: int = 0  # 0 = no global bound
+    auth_timeout: float = server_default("auth_timeout")  # 0 = never close for that
+    max_per_peer: int = server_default("max_connections_per_peer")  # 0 = no per-IP bound
+    soft_budget: int = 0  # 0 = no global bound (server.py computes both from the open-file limit)
     budget: int = 0  # gRPC's own cap (grpc.max_allowed_incoming_connections): at it, new connections are refused
-    limit_loopback: bool = False  # loopback peers count against max_per_peer (auth_timeout applies to all)
+    limit_loopback: bool = server_default("limit_loopback")  # loopback peers count against max_per_peer
     interval: float = 1.0
     min_interval: float = 0.2  # a scan asked for early (a credential at its cap) comes no sooner after the last
 

@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from taskd.server_settings import server_default
+
 log = logging.getLogger(__name__)
 
 FD_RESERVE_MIN = 64
@@ -72,11 +74,13 @@ def _loopback(ip: str) -> bool:
 
 @dataclass(frozen=True)
 class PeerLimitConfig:
-    max_connections: int = 64  # 0 = no limit
-    max_streams: int = 256
-    calls_per_second: float = 200.0
-    burst: int = 400
-    limit_loopback: bool = False
+    """Per client IP, `taskd server`'s flags (rows of taskd/server_settings.py); 0 = no limit."""
+
+    max_connections: int = server_default("max_connections_per_peer")
+    max_streams: int = server_default("max_streams_per_peer")
+    calls_per_second: float = server_default("calls_per_second_per_peer")
+    burst: int = server_default("call_burst_per_peer")
+    limit_loopback: bool = server_default("limit_loopback")
 
 
 class _Peer:

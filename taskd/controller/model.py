@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from taskd.server_settings import server_default
 from taskd.settings import default
 from taskd.vocabulary import FaultRanks
 
@@ -47,18 +48,18 @@ DECLINED = Declined.DECLINED
 class MachineConfig:
     """Timeouts (seconds) and policy defaults; every wait of a round is bounded by one of them."""
 
-    stop_timeout: float = 60.0
-    strategy_timeout: float = 60.0
-    recover_timeout: float = 300.0
-    resume_timeout: float = 120.0
-    settle_window: float = 30.0
+    stop_timeout: float = server_default("stop_timeout")
+    strategy_timeout: float = server_default("strategy_timeout")
+    recover_timeout: float = server_default("recover_timeout")
+    resume_timeout: float = server_default("resume_timeout")
+    settle_window: float = server_default("settle_window")
     default_max_restarts: int = default("max_restarts")  # the agent's setting (taskd/settings.py)
     # an agent without a signal stream (registered and never subscribed, or every agent after a controller
     # restart) that neither subscribed nor finished within this is lost
-    agent_loss_timeout: float = 30.0
+    agent_loss_timeout: float = server_default("agent_loss_timeout")
     # an agent whose stream ended and that did not resubscribe within this is lost (at most agent_loss_timeout):
     # a killed `taskd run` closes its stream at once, and its client resubscribes within ~1 s after a blip
-    agent_loss_grace: float = 5.0
+    agent_loss_grace: float = server_default("agent_loss_grace")
     # a node-loss round waits this long for a replacement agent of the lost node (a restarted pod, a Slurm
     # step, an operator's `taskd run --node-rank R`); then the job fails. Long enough for Kubernetes to
     # reschedule a pod and pull its image, short enough that the survivors do not sit idle for long
@@ -68,9 +69,9 @@ class MachineConfig:
     join_timeout: float = default("join_timeout")
     # a job with no agent this long after its Init (no Register followed, or all forgotten by a reset) is
     # dropped, from memory and the state file (the controller's core applies it, not the machine)
-    unregistered_job_timeout: float = 300.0
+    unregistered_job_timeout: float = server_default("unregistered_job_timeout")
     # standby agents (`taskd run --standby`) one job may have waiting at once; one more is refused 409
-    max_standbys: int = 64
+    max_standbys: int = server_default("max_standbys")
 
 
 def loss_clock(config: MachineConfig, reason: str) -> float:

@@ -50,8 +50,8 @@ class RunConfig:
 
     entrypoint: tuple[str, ...]  # a rank's full argv
     script: str
-    script_args: tuple[str, ...] = ()
-    launch_mode: str = "script"  # script | module (-m) | no-python | run-path
+    script_args: tuple[str, ...]
+    launch_mode: str  # script | module (-m) | no-python | run-path
     nproc_per_node: int = default("ranks_per_node")
     nnodes: int = default("node_count")
     # torchrun's MIN of MIN:MAX: the job starts with nnodes, and may go on with MIN after a node loss (scale-in,
@@ -60,7 +60,7 @@ class RunConfig:
     node_rank: int = default("node_rank")
     standby: bool = default("standby")  # a spare node: no node rank until the controller assigns it a lost one's
     metrics_listen: str | None = default("metrics_listen")  # this node's Prometheus metrics (agent/watches/metrics.py)
-    job_id: str = "default"
+    job_id: str  # given, else generated (run_config/build.py)
     server: str | None = default("server")  # None = an embedded controller
     # a multi-node job without --server: node 0 hosts its controller here, next to the rendezvous endpoint (PORT + 1),
     # and the other nodes connect to it, each with the secret of TASKD_TOKEN_FILE (run_config/build.py)
@@ -96,8 +96,9 @@ class RunConfig:
     rdzv_conf: Mapping[str, str] = field(default_factory=dict)
     # --rdzv-conf join_timeout: the agent's wait for every node (None: TASKD_JOIN_TIMEOUT, else its default)
     join_timeout: float | None = None
-    notices: tuple[str, ...] = ()  # one line each, for flags that mean less under taskd than under torchrun
-    from_environment: tuple[str, ...] = ()  # "nnodes=2 (SLURM_NNODES)"
+    # one line each, for flags that mean less under taskd than under torchrun
+    notices: tuple[str, ...] = field(default_factory=tuple)
+    from_environment: tuple[str, ...] = field(default_factory=tuple)  # "nnodes=2 (SLURM_NNODES)"
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

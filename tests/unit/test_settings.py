@@ -73,7 +73,7 @@ def test_agent_config_defaults_are_the_tables(s: Setting) -> None:
 
 
 def test_agent_config_has_a_field_for_every_agent_setting_and_no_other() -> None:
-    fields = {f.name for f in dataclasses.fields(AgentConfig)} - {"launcher", "origins"}
+    fields = {f.name for f in dataclasses.fields(AgentConfig)} - {"origins"}
     assert fields == {s.name for s in AGENT_SETTINGS}
     assert ENV_NAMES == {s.name: s.env for s in WITH_ENV}
 
@@ -113,8 +113,8 @@ def test_the_agent_refuses_a_variable_that_is_no_number_naming_it(monkeypatch: p
 def test_run_config_defaults_are_the_tables(s: Setting) -> None:
     """None on `taskd run` = not given: the agent decides (its variable, else the table's default)."""
     got = _field_default(RunConfig, s.run)
-    if s.run == "job_id":  # build always sets it (given, else generated); "default" is for a RunConfig built in code
-        assert got == "default"
+    if s.run == "job_id":  # build always sets it (given, else generated): a RunConfig built in code names it
+        assert got is dataclasses.MISSING
         return
     assert got == s.default or (got is None and s.agent and s.env), f"RunConfig.{s.run} = {got!r}"
 
@@ -215,7 +215,8 @@ def test_every_taskd_server_flag_reaches_its_controller_config_field() -> None:
 # Names whose literal 0 / "" / () elsewhere is a protobuf message's "unset" (ClientInfo, the controller's
 # events), not a copy of a default: scanning them would only find the wire.
 WIRE = {"node_rank", "node_count", "ranks_per_node", "role", "job_id", "strategies", "quiet", "server", "log_dir",
-        "standby"}  # ClientInfo.standby / AgentRecord.standby: False is the wire's unset
+        "standby",  # ClientInfo.standby / AgentRecord.standby: False is the wire's unset
+        "launcher"}  # who runs an agent: each caller says (`AgentConfig.from_env(launcher="taskd")`), not a default
 # (file, class): literal defaults that are not taskd run's or the agent's, and why.
 ELSEWHERE = {
     ("taskd/launcher/spec.py", "WorkerSpec"): "the launcher's programmatic API, torchrun's defaults "
@@ -315,3 +316,67 @@ def test_a_bound_refuses_nan_as_every_config_does() -> None:
         AgentConfig(stop_grace=float("nan"))
     with pytest.raises(RunConfigError, match=r"--stop-grace must be >= 0, not nan"):
         _run(["--stop-grace", "nan"])
+
+
+# ------------------------------------------------------------------ no config dataclass with a literal default
+
+def _configs() -> list[type]:
+    from taskd.client.arguments import ClientOptions
+    from taskd.controller.connections import WatchConfig
+    from taskd.controller.limits import PeerLimitConfig
+    from taskd.controller.model import MachineConfig
+
+    return [AgentConfig, RunConfig, MachineConfig, ControllerConfig, ClientOptions, PeerLimitConfig, WatchConfig]
+
+
+# (class, field): literal defaults that are not a setting, and why
+NOT_SETTINGS = {
+    ("WatchConfig", "soft_budget"): "0 = no bound; server.py computes it from the open-file limit",
+    ("WatchConfig", "budget"): "0 = no bound; server.py computes it from the open-file limit",
+    ("WatchConfig", "interval"): "the connection scan's period, a mechanism's constant",
+    ("WatchConfig", "min_interval"): "the shortest time between two scans, a mechanism's constant",
+}
+
+
+def literal_defaults(cls: type) -> list[str]:
+    """The fields of `cls` (its own body, inherited ones in theirs) whose default is written there as a literal:
+    a constant other than None, or a tuple/list/number expression, rather than taken from a row of the table."""
+    import inspect
+
+    tree = ast.parse(inspect.getsource(cls).lstrip())
+    found = []
+    for item in tree.body[0].body:  # type: ignore[attr-defined]
+        if not (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and item.value is not None):
+            continue
+        value = item.value
+        literal = isinstance(value, ast.Constant) and value.value is not None or \
+            isinstance(value, ast.Tuple | ast.List | ast.Dict | ast.BinOp | ast.UnaryOp)
+        if literal and (cls.__name__, item.target.id) not in NOT_SETTINGS:
+            found.append(f"{cls.__name__}.{item.target.id} = {ast.unparse(value)}")
+    return found
+
+
+def test_no_config_dataclass_has_a_literal_default() -> None:
+    """Every config's defaults come from the table (taskd/settings.py, taskd/server_settings.py): issue 35 item 3."""
+    found = [hit for cls in _configs() for hit in literal_defaults(cls)]
+    assert found == [], "take these defaults from the settings table (default(...), server_default(...))"
+
+
+def test_the_literal_default_scan_finds_one() -> None:
+    class Options:
+        a: int = 3
+        b: str | None = None
+        c: tuple[int, ...] = ()
+        d: float = default("stop_grace")
+        e: int = 64 * 2
+
+    assert literal_defaults(Options) == ["Options.a = 3", "Options.c = ()", "Options.e = 64 * 2"]
+
+
+def test_client_options_defaults_are_the_tables() -> None:
+    from taskd.client.arguments import ClientOptions
+
+    rows = {s.name: s for s in SETTINGS if s.scope == "client"}
+    fields = {f.name for f in dataclasses.fields(ClientOptions)} - {"channel_options"}  # gRPC's pairs: no row
+    assert fields == set(rows)
+    assert all(_field_default(ClientOptions, name) == s.default for name, s in rows.items())

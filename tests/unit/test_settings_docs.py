@@ -3,12 +3,14 @@ README's and docs/pytorch.md's `taskd run` rows are checked against it. No proce
 
 from __future__ import annotations
 
+import importlib
 import re
 from pathlib import Path
 
 import pytest
 
 import taskd.settings as settings_module
+from taskd.run_config.flags import GROUPS, RUN_FLAGS
 from taskd.settings import AGENT_SETTINGS, OTHER_VARIABLES, RUN_SETTINGS, Setting, describe_settings, update_doc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,17 +62,32 @@ def _agrees(s: Setting, cell: str) -> bool:
     return cell == s.default
 
 
-def test_the_readmes_taskd_run_table_says_the_tables_defaults() -> None:
-    checked = set()
-    for first, value, *_ in _rows(ROOT / "README.md"):
-        flags = re.findall(r"`(--[\w-]+)", first)
-        values = value.split(", ") if len(value.split(", ")) == len(flags) else [value]
-        for flag, cell in zip(flags, values, strict=False):
-            s = BY_FLAG.get(flag)
-            if s is not None and s.kind is not tuple:
-                assert _agrees(s, cell), f"README.md: {flag} says default {cell!r}, taskd/settings.py {s.default!r}"
-                checked.add(s.name)
-    assert checked == {s.name for s in RUN_SETTINGS if s.flags and s.kind is not tuple}, "rows missing from README"
+@pytest.mark.parametrize("module, doc, row", [
+    ("taskd.run_config.flag_table", "README.md", "| `--stop-grace S` |"),
+    ("taskd.client.option_table", "docs/client.md", "| `call_timeout` |"),
+], ids=["README", "client"])
+def test_a_flag_table_is_generated_from_the_current_settings(module: str, doc: str, row: str, tmp_path: Path) -> None:
+    """README's `taskd run` flags and docs/client.md's client options are blocks generated from the table's rows."""
+    generator = importlib.import_module(module)
+    text = (ROOT / doc).read_text(encoding="utf-8")
+    assert generator.update_doc(text) == text, f"run: python -m {module} --write {doc}"
+    assert row in text
+    stale = tmp_path / "doc.md"
+    stale.write_text(text.replace(row, row.replace("`", "", 1)), encoding="utf-8")
+    assert generator.main(["--check", str(stale)]) == 1
+    assert generator.main(["--write", str(stale)]) == 0 and stale.read_text(encoding="utf-8") == text
+
+
+def test_the_readmes_flag_table_has_a_line_for_every_flag_but_torchruns_notices() -> None:
+    from taskd.run_config.flag_table import SHOWN, describe_flags
+
+    table = describe_flags()
+    for s in RUN_FLAGS:
+        dash = next(f for f in s.flags if "_" not in f)
+        assert (f"`{dash}" in table) == (s in SHOWN), dash
+        if s in SHOWN:
+            assert (s.help_text() or "").replace("|", "\\|").replace("<", "\\<") in table
+    assert {s.name for s in RUN_FLAGS} - {s.name for s in SHOWN} == set(GROUPS[-1][1])
 
 
 def test_docs_pytorch_names_the_tables_defaults() -> None:

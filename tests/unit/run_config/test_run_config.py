@@ -93,7 +93,8 @@ def test_config_is_frozen_and_checked_when_built_directly() -> None:
     with pytest.raises(AttributeError):
         cfg.nnodes = 2  # type: ignore[misc]
     with pytest.raises(RunConfigError, match=r"--node-rank must be in \[0, 1\]"):
-        RunConfig(entrypoint=("true",), script="true", nnodes=2, node_rank=2)
+        RunConfig(entrypoint=("true",), script="true", script_args=(), launch_mode="no-python", job_id="j", nnodes=2,
+                  node_rank=2)
 
 
 def test_every_problem_is_reported_at_once_naming_its_flag() -> None:
