@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+from taskd.settings import default
 from taskd.vocabulary import Code
 
 # The controller does not (or no longer) know this agent: re-register (and re-Init) first.
@@ -130,8 +131,8 @@ class ReportRetryPolicy:
     """
 
     budget: float
-    initial: float = 0.5
-    maximum: float = 10.0
+    initial: float = default("backoff_initial")  # the client's options (taskd/settings.py), as the manager passes
+    maximum: float = default("backoff_max")
     multiplier: float = 2.0
     jitter: float = 0.3
 

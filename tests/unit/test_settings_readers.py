@@ -1,7 +1,7 @@
 """No module of taskd reads a TASKD_*/MINDX_* variable of its own process outside the settings table's readers
-(taskd/settings.py's `env_text`, `AgentConfig.from_env`, `taskd run`'s environment step, taskd/server_settings.py),
-the rank side aside (taskd/worker/, whose `Var` is its own table). What is still read elsewhere is listed here,
-each with why: only another process's environment (issue 35, item 3)."""
+(taskd/settings.py's `env_text`/`env_item`, `AgentConfig.from_env`, `taskd run`'s environment step,
+taskd/server_settings.py), the rank side aside (taskd/worker/, whose `Var` is its own table). What is still read
+elsewhere is listed here, each with why: only another process's environment (issue 35, item 3)."""
 
 from __future__ import annotations
 
