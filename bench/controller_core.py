@@ -28,11 +28,11 @@ from common import header, table, write_result
 
 from taskd.controller.config import ControllerConfig
 from taskd.controller.core import ControllerCore
-from taskd.controller.hub import SignalHub, Subscriber
-from taskd.controller.server import GC_THRESHOLDS
-from taskd.controller.service import RecoverService
-from taskd.controller.state_machine import AgentConnected
-from taskd.controller.store import Store
+from taskd.controller.machine.state_machine import AgentConnected
+from taskd.controller.service.hub import SignalHub, Subscriber
+from taskd.controller.service.server import GC_THRESHOLDS
+from taskd.controller.service.servicers import RecoverService
+from taskd.controller.storage.store import Store
 from taskd.proto import recover_pb2 as P
 
 STRATEGIES = ["recover", "job-rescheduling", "exit"]

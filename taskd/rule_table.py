@@ -5,7 +5,7 @@ A rule is (source states, event type, target states, handler, note). At most one
 means nothing. After a handler ran, its result must be one of its rule's targets, where `UNCHANGED` allows
 the state the machine was in: `check_target` raises `TransitionError` for anything else.
 
-The controller's job table (controller/table.py) and the agent's round table (agent/round/rules.py) are
+The controller's job table (controller/machine/table.py) and the agent's round table (agent/round/rules.py) are
 built on this: each keeps its own states, events, rules, named state sets and notes, and its own machine
 that looks a rule up, runs the handler and checks where it landed. What a rule means, and how a table is
 checked and printed, is written once, here.

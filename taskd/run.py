@@ -147,7 +147,7 @@ def run_main(config: RunConfig) -> int:
 def _controller(config: RunConfig, agent_config: AgentConfig, hosting: ClientCredentials | None) -> Any:
     """The controller this process runs: none with --server; node 0's for the whole job with a hosted controller
     (`hosting`: the secret every node has), listening where the others reach it; else this node's own."""
-    from taskd.controller.server import EmbeddedController
+    from taskd.controller.service.server import EmbeddedController
 
     if agent_config.server is not None:
         return None

@@ -149,7 +149,7 @@ SETTINGS: tuple[Setting, ...] = (
             flags=("--strategies",), env="TASKD_STRATEGIES", shown="`job-rescheduling,exit` under msrun",
             metavar="LIST",
             help="taskd: recovery strategies offered, in order (default recover,job-rescheduling,exit)"),
-    # at most 10,000: the controller refuses a larger budget (controller/validation.py, MAX_RESTART_BUDGET)
+    # at most 10,000: the controller refuses a larger budget (controller/service/validation.py, MAX_RESTART_BUDGET)
     Setting("max_restarts", int, 3, "restart budget of the job", Bound(0, high=10_000),
             flags=("--max-restarts", "--max_restarts"), env="TASKD_MAX_RESTARTS",
             server_field="default_max_restarts", server_flag="--max-restarts", metavar="K",

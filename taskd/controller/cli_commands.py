@@ -31,7 +31,7 @@ def server_config(args: argparse.Namespace):  # noqa: ANN201 - ControllerConfig,
 
 def server_main(args: argparse.Namespace) -> int:
     from taskd.controller.config import ConfigError
-    from taskd.controller.server import run_server
+    from taskd.controller.service.server import run_server
 
     if not logging.getLogger().handlers:
         logging.basicConfig(level=getattr(logging, args.log_level),
@@ -64,9 +64,9 @@ def add_token_arguments(parser: argparse.ArgumentParser) -> None:
 def token_main(args: argparse.Namespace) -> int:
     """Print the job's credential: `taskd token --job j1 > j1.cred; chmod 600 j1.cred`. Only the token file is
     needed (no controller call): the credential is an HMAC of the job id under the admin token."""
-    from taskd.controller.auth import JOB_PREFIX, job_credential
     from taskd.controller.config import read_token
-    from taskd.controller.validation import check_job_id
+    from taskd.controller.service.auth import JOB_PREFIX, job_credential
+    from taskd.controller.service.validation import check_job_id
 
     if args.token_file is None:
         sys.stderr.write(f"taskd token: give --token-file (or {TOKEN_ENV}): the admin token the controller was "
@@ -185,8 +185,8 @@ def add_migrate_arguments(parser: argparse.ArgumentParser) -> None:
 def migrate_main(args: argparse.Namespace) -> int:
     """`taskd migrate --job J --rank R`: 0 once the rank runs in its successor, 1 (with the reason) when the
     migration was refused or called off (the job then runs as it was), 2 for bad arguments."""
+    from taskd.controller.service.validation import check_job_id
     from taskd.controller.status_view import normalize_address, read_credentials
-    from taskd.controller.validation import check_job_id
     from taskd.proto import taskd_pb2, taskd_pb2_grpc
 
     if why := check_job_id(args.job):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from taskd.address import parse_host_port
-from taskd.controller.state_machine import MachineConfig
+from taskd.controller.machine.state_machine import MachineConfig
 from taskd.server_settings import FLAGS, TOKEN_ENV, server_default
 from taskd.vocabulary import DEFAULT_PORT
 
@@ -148,7 +148,7 @@ class ControllerConfig(MachineConfig):
     # (ClusterD-wire clients): above the largest jobs run today, small enough that one report stays < 1 MB
     max_ranks: int = server_default("max_ranks")
     # bytes one job may hold in the state file (its snapshot and history); a change past it is refused 413 and
-    # nothing changes (controller/quota.py). 0 = no quota
+    # nothing changes (controller/storage/quota.py). 0 = no quota
     max_job_bytes: int = server_default("max_job_bytes")
     # history log lines per job every 10 s (the rest counted in its next line); 0 = no limit
     max_job_log_lines: int = server_default("max_job_log_lines")
@@ -167,7 +167,7 @@ class ControllerConfig(MachineConfig):
     # None: RLIMIT_NOFILE minus a reserve for the state file and logs
     max_connections: int | None = server_default("max_connections")
     # connections one credential (a job's, or the admin token) holds, idle or not (None: a quarter of
-    # max_connections; 0 = no bound): one tenant never holds every slot (controller/tenancy.py)
+    # max_connections; 0 = no bound): one tenant never holds every slot (controller/service/tenancy.py)
     max_connections_per_credential: int | None = server_default("max_connections_per_credential")
     # --- Prometheus metrics (controller/metrics.py, the [metrics] extra): HOST:PORT, None = off
     metrics_listen: str | None = server_default("metrics_listen")

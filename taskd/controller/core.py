@@ -32,17 +32,17 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from taskd.controller.checkpoint import Checkpoint
 from taskd.controller.clock import Clock
-from taskd.controller.events import AgentConnected, Event, JobInit, Outcome, Record, Signal
-from taskd.controller.group_commit import GroupCommit
-from taskd.controller.hub import SignalHub, Subscriber, to_wire
-from taskd.controller.job_record import job_record
-from taskd.controller.model import TERMINAL, MachineConfig
-from taskd.controller.node_loss import fence_refusal
-from taskd.controller.quota import JobLimits
-from taskd.controller.state_machine import JobMachine
-from taskd.controller.store import Store, StoreError
+from taskd.controller.machine.events import AgentConnected, Event, JobInit, Outcome, Record, Signal
+from taskd.controller.machine.model import TERMINAL, MachineConfig
+from taskd.controller.machine.state_machine import JobMachine
+from taskd.controller.nodes.node_loss import fence_refusal
+from taskd.controller.service.hub import SignalHub, Subscriber, to_wire
+from taskd.controller.storage.checkpoint import Checkpoint
+from taskd.controller.storage.group_commit import GroupCommit
+from taskd.controller.storage.job_record import job_record
+from taskd.controller.storage.quota import JobLimits
+from taskd.controller.storage.store import Store, StoreError
 from taskd.proto import recover_pb2, taskd_pb2
 from taskd.vocabulary import Code, SignalType
 

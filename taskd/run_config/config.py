@@ -55,7 +55,7 @@ class RunConfig:
     nproc_per_node: int = default("ranks_per_node")
     nnodes: int = default("node_count")
     # torchrun's MIN of MIN:MAX: the job starts with nnodes, and may go on with MIN after a node loss (scale-in,
-    # taskd.controller.resize) if its ranks declared a resize hook; 0 (or nnodes) = a fixed-size job
+    # taskd.controller.nodes.resize) if its ranks declared a resize hook; 0 (or nnodes) = a fixed-size job
     min_nnodes: int = default("min_nodes")
     node_rank: int = default("node_rank")
     standby: bool = default("standby")  # a spare node: no node rank until the controller assigns it a lost one's

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from support import ManualClock
-from taskd.controller.connections import ConnectionWatch, WatchConfig
 from taskd.controller.core import ControllerCore
-from taskd.controller.snapshot import snapshot
-from taskd.controller.state_machine import AgentConnected, AgentRegistered, JobInit, JobMachine, MachineConfig
-from taskd.controller.store import JOB_TABLES, Store
+from taskd.controller.machine.state_machine import AgentConnected, AgentRegistered, JobInit, JobMachine, MachineConfig
+from taskd.controller.service.connections import ConnectionWatch, WatchConfig
+from taskd.controller.storage.snapshot import snapshot
+from taskd.controller.storage.store import JOB_TABLES, Store
 
 ALL = ["retry", "recover", "job-rescheduling", "dump", "exit"]  # every strategy, in the controller's order
 BIG = "x" * 4000  # a text that needs new pages in the events and faults tables

@@ -44,8 +44,8 @@ def test_every_file_the_doc_names_exists() -> None:
 
 
 # "The state machines are pure" and "Clocks are passed in": these modules do no I/O and read no clock.
-PURE = ("taskd.agent.link.report_policy", "taskd.client.retry", "taskd.controller.strategy",
-        "taskd.controller.state_machine", "taskd.controller.table", "taskd.controller.handlers",
+PURE = ("taskd.agent.link.report_policy", "taskd.client.retry", "taskd.controller.machine.strategy",
+        "taskd.controller.machine.state_machine", "taskd.controller.machine.table", "taskd.controller.machine.handlers",
         "taskd.agent.round.handlers", "taskd.agent.round.rules",
         "taskd.agent.round.states", "taskd.agent.round.events")
 IMPURE = {"time", "datetime", "threading", "socket", "grpc", "sqlite3", "subprocess", "os", "asyncio", "select"}

@@ -1,5 +1,5 @@
 """taskd/doc_block.py on a doc of its own: the markers, the replacement and the `--write`/`--check` command that
-the three generators (controller/table.py, agent/round/rules.py, settings.py) share. No process, no network."""
+the three generators (controller/machine/table.py, agent/round/rules.py, settings.py) share. No process, no network."""
 
 from __future__ import annotations
 

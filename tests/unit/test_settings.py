@@ -322,9 +322,9 @@ def test_a_bound_refuses_nan_as_every_config_does() -> None:
 
 def _configs() -> list[type]:
     from taskd.client.arguments import ClientOptions
-    from taskd.controller.connections import WatchConfig
-    from taskd.controller.limits import PeerLimitConfig
-    from taskd.controller.model import MachineConfig
+    from taskd.controller.machine.model import MachineConfig
+    from taskd.controller.service.connections import WatchConfig
+    from taskd.controller.service.limits import PeerLimitConfig
 
     return [AgentConfig, RunConfig, MachineConfig, ControllerConfig, ClientOptions, PeerLimitConfig, WatchConfig]
 

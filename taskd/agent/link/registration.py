@@ -11,7 +11,7 @@ SIGKILLed first, then exit 1: round/rules.py).
 
 A node rank another agent holds when this one registers (issue 17): wait for it, yield to it, or fail.
 
-The controller refuses a Register for node R with 409 while another live agent holds R (controller/job.py,
+The controller refuses a Register for node R with 409 while another live agent holds R (controller/machine/job.py,
 `holder_refusal`; an agent it declared lost holds nothing). Three cases get that answer; the agent tells them
 apart by its job's record (taskd.v1 JobStatus), by typed fields rather than the refusal's words:
 
@@ -110,7 +110,7 @@ class Fencing:
                 self.fence(status.info)
 
 
-# the words of the controller's refusal of a node rank another live agent holds (controller/job.py)
+# the words of the controller's refusal of a node rank another live agent holds (controller/machine/job.py)
 HELD = "is held by a live agent"
 POLL = 0.5  # seconds between a held Register's attempts (set-up only: no rank runs yet)
 

@@ -149,7 +149,7 @@ def local_restart(m: NodeRound, now: float, out: Out) -> NodeState:
 
 def _charge(m: NodeRound, order: Order | None, out: Out) -> None:
     """The job's restarts used, this round's included: the controller's count when its order carries one (it
-    charges one restart per round, controller/strategy.py), else one more per round counted here (ClusterD,
+    charges one restart per round, controller/machine/strategy.py), else one more per round counted here (ClusterD,
     degraded mode). Degraded mode's budget counts on from it."""
     if order is not None and order.restarts is not None:
         m.restarts = order.restarts

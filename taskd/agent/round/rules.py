@@ -1,6 +1,6 @@
 """The agent's round as a rule table: for each event type and node state, the one rule that handles it.
 
-Rules mean what taskd/rule_table.py says, as in the controller's table (taskd/controller/table.py), and
+Rules mean what taskd/rule_table.py says, as in the controller's table (taskd/controller/machine/table.py), and
 `RULES` is checked when this module loads. An event no rule takes in a state is dropped (and logged) by the
 machine, `RoundMachine`, here too: one node's recovery as a pure state machine over the table.
 

@@ -3,7 +3,7 @@
 Each agent of a multi-node job serves taskd.v1 `SnapshotPeer` on the address that reaches its controller (port
 0) and runs one thread: every `TICK` it looks for the newest step every local rank published and pushes those
 segments, as files, to its buddy's agent; every `REPORT` it tells the controller what it holds (`ReportSnapshots`)
-and learns its buddy, the holder of its own node's copy and the job's peer key (controller/replicas.py). The
+and learns its buddy, the holder of its own node's copy and the job's peer key (controller/nodes/replicas.py). The
 thread never touches a rank: a training step never waits for it. Its lag, from a step's publish here until the
 buddy acknowledged its copy, goes into the report (`taskd status`, the controller's metrics).
 

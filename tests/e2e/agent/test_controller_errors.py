@@ -16,7 +16,7 @@ import pytest
 from support import leftovers, wait_for
 from support.run import taskd_run
 
-from taskd.controller.server import ControllerConfig, EmbeddedController
+from taskd.controller.service.server import ControllerConfig, EmbeddedController
 
 SCRIPT = '''
 import os, sys, time

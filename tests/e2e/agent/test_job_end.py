@@ -17,7 +17,7 @@ from taskd.agent.config import AgentConfig
 from taskd.agent.link.controller import ControllerLink
 from taskd.agent.link.job_status import await_job_end
 from taskd.agent.ranks.table import RankLayout
-from taskd.controller.server import ControllerConfig, EmbeddedController
+from taskd.controller.service.server import ControllerConfig, EmbeddedController
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from taskd.agent.link.controller import ControllerLink
 from taskd.agent.link.job_status import await_nodes
 from taskd.agent.ranks.table import RankLayout
 from taskd.controller.config import ControllerConfig
-from taskd.controller.server import EmbeddedController
+from taskd.controller.service.server import EmbeddedController
 
 # ------------------------------------------------------------------ the rule, clock passed in
 

@@ -28,7 +28,7 @@ import torch
 from support import STARTED, free_port, port_open, wait_for
 from support.run import EXAMPLE, ROOT
 
-from taskd.controller.auth import job_credential
+from taskd.controller.service.auth import job_credential
 from taskd.proto import taskd_pb2, taskd_pb2_grpc
 
 STEPS = 600

@@ -16,7 +16,7 @@ from support import wait_until
 
 import taskd
 from taskd.client import RecoverClient, RecoverSignal, ServerUnreachable
-from taskd.controller.server import ControllerConfig, EmbeddedController
+from taskd.controller.service.server import ControllerConfig, EmbeddedController
 from taskd.proto import recover_pb2, taskd_pb2, taskd_pb2_grpc
 from taskd.vocabulary import Code
 

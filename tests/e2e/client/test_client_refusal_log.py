@@ -12,7 +12,7 @@ import pytest
 from support.scripted_agent import ScriptedAgent
 
 from taskd.client import RecoverClient
-from taskd.controller.server import ControllerConfig, EmbeddedController
+from taskd.controller.service.server import ControllerConfig, EmbeddedController
 from taskd.proto import recover_pb2
 
 

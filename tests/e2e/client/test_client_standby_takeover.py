@@ -20,7 +20,7 @@ from support import wait_until
 from support.scripted_agent import ScriptedAgent
 
 from taskd.client import RecoverClient, RecoverSignal
-from taskd.controller.server import ControllerConfig, EmbeddedController
+from taskd.controller.service.server import ControllerConfig, EmbeddedController
 from taskd.proto import recover_pb2
 from taskd.vocabulary import Code
 

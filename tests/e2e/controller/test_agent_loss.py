@@ -15,7 +15,7 @@ import pytest
 from support.scripted_agent import ScriptedAgent
 
 from taskd.client.errors import FencedError
-from taskd.controller.server import ControllerConfig, EmbeddedController
+from taskd.controller.service.server import ControllerConfig, EmbeddedController
 from taskd.proto import recover_pb2
 from taskd.toolkit.recover_module.recover_manager import DLRecoverManager
 from taskd.vocabulary import Code

@@ -12,7 +12,7 @@ import time
 from support import STARTED, wait_for
 from support.scripted_agent import ScriptedAgent
 
-from taskd.controller.server import ControllerConfig, EmbeddedController
+from taskd.controller.service.server import ControllerConfig, EmbeddedController
 
 AGENT = """
 import os, socket, sys, threading, time

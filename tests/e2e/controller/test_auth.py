@@ -16,7 +16,7 @@ import pytest
 from support import secret_file
 from support.scripted_agent import CALL_TIMEOUT, ScriptedAgent
 
-from taskd.controller.server import ControllerConfig, EmbeddedController
+from taskd.controller.service.server import ControllerConfig, EmbeddedController
 from taskd.proto import recover_pb2, taskd_pb2
 
 REPO = Path(__file__).resolve().parents[3]
@@ -121,7 +121,7 @@ def test_the_refusal_is_logged_once_and_never_shows_the_token(caplog) -> None:
         call_all(c.address, [("authorization", "Bearer wrong-token-0123456789abcdef")])
         call_all(c.address, [("authorization", f"Bearer {TOKEN}")])
     assert all(TOKEN not in r.getMessage() for r in caplog.records)
-    refused = [r for r in caplog.records if r.name == "taskd.controller.guard" and "refused" in r.getMessage()]
+    refused = [r for r in caplog.records if r.name == "taskd.controller.service.guard" and "refused" in r.getMessage()]
     assert len(refused) == 1 and "wrong token" in refused[0].getMessage()  # one line for a burst of 10
 
 

@@ -16,8 +16,8 @@ import pytest
 from support import secret_file
 from support.scripted_agent import CALL_TIMEOUT, VICTIM_CALLS, ScriptedAgent, StreamEnded, bearer_stubs
 
-from taskd.controller.auth import job_credential
-from taskd.controller.server import ControllerConfig, EmbeddedController
+from taskd.controller.service.auth import job_credential
+from taskd.controller.service.server import ControllerConfig, EmbeddedController
 from taskd.proto import recover_pb2, taskd_pb2
 
 R, T = recover_pb2, taskd_pb2

@@ -14,7 +14,7 @@ import pytest
 from support.scripted_agent import ScriptedAgent
 
 from taskd.controller.config import ConfigError
-from taskd.controller.server import ControllerConfig, EmbeddedController
+from taskd.controller.service.server import ControllerConfig, EmbeddedController
 
 parser = pytest.importorskip("prometheus_client.parser")
 ROOT = Path(__file__).resolve().parents[3]

@@ -17,7 +17,7 @@ from support.scripted_agent import ScriptedAgent
 
 from taskd.client import FencedError, RecoverClient
 from taskd.client.credentials import ClientCredentials
-from taskd.controller.server import ControllerConfig, EmbeddedController
+from taskd.controller.service.server import ControllerConfig, EmbeddedController
 from taskd.controller.status_view import render_text
 from taskd.launcher.spec import free_port
 from taskd.proto import recover_pb2

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from support.scripted_agent import ScriptedAgent, StreamEnded
 
-from taskd.controller.server import ControllerConfig, EmbeddedController
+from taskd.controller.service.server import ControllerConfig, EmbeddedController
 from taskd.controller.status_view import render_text
 from taskd.launcher.spec import free_port
 

@@ -14,7 +14,7 @@ import grpc
 import pytest
 from support import STARTED, wait_for
 
-from taskd.controller.server import EmbeddedController
+from taskd.controller.service.server import EmbeddedController
 from taskd.proto import taskd_pb2, taskd_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[3]

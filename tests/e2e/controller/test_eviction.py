@@ -11,7 +11,7 @@ from support.controller import ALL, ok, rows_of
 from support.scripted_agent import ScriptedAgent
 
 from taskd.cli import main as taskd_main
-from taskd.controller.server import ControllerConfig, EmbeddedController
+from taskd.controller.service.server import ControllerConfig, EmbeddedController
 from taskd.vocabulary import Code
 
 

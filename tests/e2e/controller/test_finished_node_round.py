@@ -12,7 +12,7 @@ import time
 import pytest
 from support.scripted_agent import ScriptedAgent
 
-from taskd.controller.server import ControllerConfig, EmbeddedController
+from taskd.controller.service.server import ControllerConfig, EmbeddedController
 
 WAIT = 5.0
 

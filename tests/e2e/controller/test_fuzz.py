@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.scripted_agent import ScriptedAgent, StreamEnded
 
-from taskd.controller.server import ControllerConfig, EmbeddedController
+from taskd.controller.service.server import ControllerConfig, EmbeddedController
 from taskd.proto import recover_pb2, taskd_pb2
 from taskd.vocabulary import Strategy
 

@@ -15,7 +15,7 @@ import pytest
 from support import wait_for
 from support.scripted_agent import ScriptedAgent, StreamEnded
 
-from taskd.controller.server import ControllerConfig, EmbeddedController
+from taskd.controller.service.server import ControllerConfig, EmbeddedController
 from taskd.vocabulary import Code
 
 

@@ -17,7 +17,7 @@ import grpc
 import pytest
 from support import STARTED, free_port, port_open, secret_file, wait_for
 
-from taskd.controller.auth import job_credential
+from taskd.controller.service.auth import job_credential
 from taskd.proto import recover_pb2 as R
 from taskd.proto import recover_pb2_grpc, taskd_pb2, taskd_pb2_grpc
 from taskd.vocabulary import Code

@@ -18,7 +18,7 @@ import grpc
 import pytest
 from support.scripted_agent import CALL_TIMEOUT, ScriptedAgent, StreamEnded
 
-from taskd.controller.server import ControllerConfig, EmbeddedController
+from taskd.controller.service.server import ControllerConfig, EmbeddedController
 from taskd.proto import recover_pb2, recover_pb2_grpc
 
 REPO = Path(__file__).resolve().parents[3]

@@ -14,7 +14,7 @@ import pytest
 from support import free_port
 from support.scripted_agent import ScriptedAgent
 
-from taskd.controller.server import ControllerConfig, ControllerServer, EmbeddedController, parse_listen
+from taskd.controller.service.server import ControllerConfig, ControllerServer, EmbeddedController, parse_listen
 from taskd.controller.status_view import fetch_jobs
 from taskd.vocabulary import DEFAULT_PORT
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from support.scripted_agent import ScriptedAgent
 
-from taskd.controller.server import ControllerConfig, ControllerServer, EmbeddedController
+from taskd.controller.service.server import ControllerConfig, ControllerServer, EmbeddedController
 from taskd.launcher.spec import free_port
 
 REPO = Path(__file__).resolve().parents[3]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from support.scripted_agent import ScriptedAgent
 
-from taskd.controller.server import ControllerConfig, EmbeddedController
+from taskd.controller.service.server import ControllerConfig, EmbeddedController
 
 
 def controller(tmp_path: Path) -> EmbeddedController:

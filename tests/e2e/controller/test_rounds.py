@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from support.scripted_agent import ScriptedAgent
 
-from taskd.controller.server import ControllerConfig, EmbeddedController
+from taskd.controller.service.server import ControllerConfig, EmbeddedController
 from taskd.vocabulary import Code
 
 ALL = ["retry", "recover", "job-rescheduling", "dump", "exit"]

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from taskd.controller import connections, sockdiag
+from taskd.controller.service import connections, sockdiag
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ from support import wait_for
 from support.controller import kinds
 from support.scripted_agent import ScriptedAgent
 
-from taskd.controller.server import ControllerConfig, EmbeddedController
-from taskd.controller.store import Store
+from taskd.controller.service.server import ControllerConfig, EmbeddedController
+from taskd.controller.storage.store import Store
 
 
 def test_shutdown_writes_the_batched_history_but_not_every_closing_stream(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from support.scripted_agent import ScriptedAgent
 
-from taskd.controller.store import STATE_VERSION
+from taskd.controller.storage.store import STATE_VERSION
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -9,7 +9,7 @@ import pytest
 from support.scripted_agent import ScriptedAgent
 
 from taskd.cli import main as taskd_main
-from taskd.controller.server import ControllerConfig, EmbeddedController
+from taskd.controller.service.server import ControllerConfig, EmbeddedController
 from taskd.controller.status_view import fetch_jobs, render_json, render_text
 
 ALL = ["retry", "recover", "job-rescheduling", "dump", "exit"]

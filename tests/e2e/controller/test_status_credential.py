@@ -13,8 +13,8 @@ import grpc
 import pytest
 from support.scripted_agent import CALL_TIMEOUT, VICTIM_CALLS, ScriptedAgent, bearer_stubs
 
-from taskd.controller.auth import job_credential, status_credential
-from taskd.controller.server import ControllerConfig, EmbeddedController
+from taskd.controller.service.auth import job_credential, status_credential
+from taskd.controller.service.server import ControllerConfig, EmbeddedController
 from taskd.proto import recover_pb2, taskd_pb2
 
 R, T = recover_pb2, taskd_pb2

@@ -21,7 +21,7 @@ from support.controller import ALL, BIG, disk, memory, ok
 from support.scripted_agent import ScriptedAgent, StreamEnded
 
 from taskd.controller.core import ControllerCore
-from taskd.controller.server import ControllerConfig, EmbeddedController
+from taskd.controller.service.server import ControllerConfig, EmbeddedController
 from taskd.vocabulary import Code
 
 T = TypeVar("T")

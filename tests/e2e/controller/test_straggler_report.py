@@ -7,7 +7,7 @@ import grpc
 import pytest
 from support.scripted_agent import ScriptedAgent
 
-from taskd.controller.server import ControllerConfig, EmbeddedController
+from taskd.controller.service.server import ControllerConfig, EmbeddedController
 from taskd.controller.status_view import render_text
 from taskd.proto import taskd_pb2, taskd_pb2_grpc
 from taskd.vocabulary import Code

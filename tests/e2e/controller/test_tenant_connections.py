@@ -19,7 +19,7 @@ import grpc
 import psutil
 from support import STARTED, free_port, port_open, secret_file, wait_for
 
-from taskd.controller.auth import job_credential
+from taskd.controller.service.auth import job_credential
 from taskd.proto import taskd_pb2, taskd_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -9,7 +9,7 @@ import grpc
 import pytest
 from support.scripted_agent import ScriptedAgent
 
-from taskd.controller.server import ControllerConfig, EmbeddedController
+from taskd.controller.service.server import ControllerConfig, EmbeddedController
 from taskd.controller.status_view import fetch_jobs, read_credentials
 from taskd.proto import recover_pb2, recover_pb2_grpc, taskd_pb2_grpc
 

@@ -15,7 +15,7 @@ import pytest
 from support.scripted_agent import CALL_TIMEOUT, ScriptedAgent, StreamEnded, fault_ranks
 
 from taskd.controller.config import ConfigError
-from taskd.controller.server import ControllerConfig, EmbeddedController
+from taskd.controller.service.server import ControllerConfig, EmbeddedController
 from taskd.proto import recover_pb2, recover_pb2_grpc, taskd_pb2, taskd_pb2_grpc
 from taskd.vocabulary import Code
 
@@ -205,7 +205,7 @@ def test_out_of_bounds_input_is_refused_and_changes_neither_memory_nor_disk(disk
 
 
 def test_undecodable_bytes_get_invalid_argument_and_one_log_line(env, caplog) -> None:
-    caplog.set_level(logging.WARNING, logger="taskd.controller.guard")
+    caplog.set_level(logging.WARNING, logger="taskd.controller.service.guard")
     with grpc.insecure_channel(env[0]) as ch:
         for method in ("/Recover/ReportProcessFault", "/Recover/Init", "/taskd.v1.JobStatus/ListJobs"):
             call = ch.unary_unary(method)  # raw bytes: no serializer

@@ -109,7 +109,7 @@ def test_ranks_see_no_credential_in_their_environment_or_open_files(tmp_path: Pa
 
 
 def test_a_job_credential_file_runs_its_job_and_not_another(tmp_path: Path, guarded_server) -> None:
-    from taskd.controller.auth import job_credential
+    from taskd.controller.service.auth import job_credential
 
     port, _ = guarded_server
     own, other = tmp_path / "own.cred", tmp_path / "other.cred"

@@ -12,9 +12,9 @@ import pytest
 from taskd.agent.link.job_status import format_nodes
 from taskd.controller.cli_commands import add_server_arguments, server_config
 from taskd.controller.config import ConfigError
-from taskd.controller.events import AgentConnected, AgentFinished, AgentRegistered, JobInit, JoinDue
-from taskd.controller.model import JobState, MachineConfig
-from taskd.controller.state_machine import JobMachine
+from taskd.controller.machine.events import AgentConnected, AgentFinished, AgentRegistered, JobInit, JoinDue
+from taskd.controller.machine.model import JobState, MachineConfig
+from taskd.controller.machine.state_machine import JobMachine
 
 S = JobState
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from support.controller import connection_watch
 
-from taskd.controller.connections import _hex_ip, normal_ip
+from taskd.controller.service.connections import _hex_ip, normal_ip
 
 
 def test_a_connection_without_an_authenticated_call_is_closed_after_the_auth_timeout() -> None:

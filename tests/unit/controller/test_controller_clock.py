@@ -10,9 +10,8 @@ from support import ManualClock
 
 from taskd.controller.clock import Clock
 from taskd.controller.core import ControllerCore
-from taskd.controller.events import Signal
-from taskd.controller.hub import SignalHub, extra_params
-from taskd.controller.state_machine import (
+from taskd.controller.machine.events import Signal
+from taskd.controller.machine.state_machine import (
     AgentConnected,
     AgentDisconnected,
     AgentFinished,
@@ -25,7 +24,8 @@ from taskd.controller.state_machine import (
     StopComplete,
     StrategiesReported,
 )
-from taskd.controller.store import Store
+from taskd.controller.service.hub import SignalHub, extra_params
+from taskd.controller.storage.store import Store
 from taskd.vocabulary import SignalType
 
 S = JobState

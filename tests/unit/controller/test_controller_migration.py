@@ -1,4 +1,4 @@
-"""`taskd migrate` on the controller's machine (controller/migration.py): who may be asked, what is sent and
+"""`taskd migrate` on the controller's machine (controller/nodes/migration.py): who may be asked, what is sent and
 recorded, and that a refusal sends nothing and changes nothing."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import json
 
 from support.controller import running_job
 
-from taskd.controller.events import MigrationReported, MigrationRequested
-from taskd.controller.hub import extra_params
-from taskd.controller.state_machine import FaultReported
+from taskd.controller.machine.events import MigrationReported, MigrationRequested
+from taskd.controller.machine.state_machine import FaultReported
+from taskd.controller.service.hub import extra_params
 from taskd.vocabulary import Code, SignalType
 
 

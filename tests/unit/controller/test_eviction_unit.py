@@ -13,9 +13,9 @@ from support import ManualClock
 from support.controller import ok, rows_of
 
 from taskd.controller.core import ControllerCore
-from taskd.controller.hub import SignalHub
-from taskd.controller.state_machine import AgentFinished, AgentRegistered, JobInit, MachineConfig
-from taskd.controller.store import Store
+from taskd.controller.machine.state_machine import AgentFinished, AgentRegistered, JobInit, MachineConfig
+from taskd.controller.service.hub import SignalHub
+from taskd.controller.storage.store import Store
 from taskd.vocabulary import Code
 
 

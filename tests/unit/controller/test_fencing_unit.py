@@ -17,10 +17,8 @@ from support import ManualClock
 from support.controller import ROUND_CFG, fire, running_job
 
 from taskd.controller.core import ControllerCore
-from taskd.controller.events import PaceReported, TrainingResumed
-from taskd.controller.hub import SignalHub
-from taskd.controller.node_loss import fence_refusal
-from taskd.controller.state_machine import (
+from taskd.controller.machine.events import PaceReported, TrainingResumed
+from taskd.controller.machine.state_machine import (
     AgentConnected,
     AgentDisconnected,
     AgentFinished,
@@ -34,7 +32,9 @@ from taskd.controller.state_machine import (
     StopComplete,
     StrategiesReported,
 )
-from taskd.controller.store import Store
+from taskd.controller.nodes.node_loss import fence_refusal
+from taskd.controller.service.hub import SignalHub
+from taskd.controller.storage.store import Store
 from taskd.vocabulary import Code
 
 S = JobState

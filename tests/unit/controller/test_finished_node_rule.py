@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from taskd.controller.model import JobState, MachineConfig
-from taskd.controller.state_machine import (
+from taskd.controller.machine.model import JobState, MachineConfig
+from taskd.controller.machine.state_machine import (
     AgentConnected,
     AgentFinished,
     AgentRegistered,

@@ -1,4 +1,4 @@
-"""Group commit (controller/group_commit.py): reports of a busy moment share one SQLite transaction, and each
+"""Group commit (controller/storage/group_commit.py): reports of a busy moment share one SQLite transaction, and each
 is answered, and its signals go out, only once that transaction committed; a transaction the disk refuses
 undoes every report in it and signals nothing."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 from support.controller import BIG, disk, memory, ok
 
 from taskd.controller.core import ControllerCore
-from taskd.controller.hub import SignalHub
-from taskd.controller.state_machine import AgentRegistered, FaultReported, JobInit, MachineConfig, StopComplete
-from taskd.controller.store import Store
+from taskd.controller.machine.state_machine import AgentRegistered, FaultReported, JobInit, MachineConfig, StopComplete
+from taskd.controller.service.hub import SignalHub
+from taskd.controller.storage.store import Store
 from taskd.vocabulary import Code
 
 JOBS = ("a", "b", "c")

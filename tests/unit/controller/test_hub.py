@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-from taskd.controller.events import Signal
-from taskd.controller.hub import SignalHub
-from taskd.controller.service import RecoverService, recover_handler
+from taskd.controller.machine.events import Signal
+from taskd.controller.service.hub import SignalHub
+from taskd.controller.service.servicers import RecoverService, recover_handler
 from taskd.proto import recover_pb2
 
 SIG = Signal(uuid="u1", signal_type="stopTrain", actions=("stop_train",), faults=((1, "1"),))

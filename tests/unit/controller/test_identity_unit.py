@@ -7,7 +7,7 @@ agent is not replaced by another (host, pid).
 
 from __future__ import annotations
 
-from taskd.controller.state_machine import (
+from taskd.controller.machine.state_machine import (
     AgentConnected,
     AgentDisconnected,
     AgentLossDue,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from taskd.controller.native_log import NativeLogFilter
+from taskd.controller.service.native_log import NativeLogFilter
 
 
 def test_handshake_failures_pass_once_per_interval_with_a_count_and_other_lines_always() -> None:

@@ -8,8 +8,7 @@ from typing import Any
 
 from support.controller import ROUND_CFG, fire, running_job
 
-from taskd.controller.hub import extra_params
-from taskd.controller.state_machine import (
+from taskd.controller.machine.state_machine import (
     AgentConnected,
     AgentDisconnected,
     AgentRegistered,
@@ -21,6 +20,7 @@ from taskd.controller.state_machine import (
     StopComplete,
     StrategiesReported,
 )
+from taskd.controller.service.hub import extra_params
 from taskd.vocabulary import Code, SignalType
 
 S = JobState

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from taskd.controller.state_machine import (
+from taskd.controller.machine.state_machine import (
     AgentConnected,
     AgentRegistered,
     FaultReported,
@@ -25,7 +25,7 @@ from taskd.controller.state_machine import (
     StopComplete,
     StrategiesReported,
 )
-from taskd.controller.store import Store, default_state_path
+from taskd.controller.storage.store import Store, default_state_path
 
 
 def test_store_tables_and_reload(tmp_path: Path) -> None:

@@ -7,9 +7,9 @@ import logging
 
 import pytest
 
-from taskd.controller.events import AgentFinished, FaultReported, Outcome, Record, Tick
-from taskd.controller.model import fault_runs, fmt_faults
-from taskd.controller.quota import (
+from taskd.controller.machine.events import AgentFinished, FaultReported, Outcome, Record, Tick
+from taskd.controller.machine.model import fault_runs, fmt_faults
+from taskd.controller.storage.quota import (
     FAULT_ROWS_PER_REPORT,
     LOG_DETAIL_CHARS,
     JobLimits,
@@ -18,7 +18,7 @@ from taskd.controller.quota import (
     log_detail,
     record_bytes,
 )
-from taskd.controller.store import parse_fault_ranges, parse_fault_text
+from taskd.controller.storage.store import parse_fault_ranges, parse_fault_text
 from taskd.vocabulary import Code
 
 

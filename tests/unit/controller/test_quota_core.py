@@ -10,8 +10,7 @@ from support import ManualClock
 from support.controller import disk, memory, ok
 
 from taskd.controller.core import ControllerCore
-from taskd.controller.hub import SignalHub
-from taskd.controller.state_machine import (
+from taskd.controller.machine.state_machine import (
     AgentConnected,
     AgentDisconnected,
     AgentFinished,
@@ -20,7 +19,8 @@ from taskd.controller.state_machine import (
     JobInit,
     MachineConfig,
 )
-from taskd.controller.store import Store
+from taskd.controller.service.hub import SignalHub
+from taskd.controller.storage.store import Store
 from taskd.vocabulary import Code
 
 

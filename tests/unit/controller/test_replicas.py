@@ -1,4 +1,4 @@
-"""The buddy policy (controller/replicas.py): each live node's buddy is the next live node in ring order."""
+"""The buddy policy (controller/nodes/replicas.py): each live node's buddy is the next live node in ring order."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from taskd.controller.replicas import buddy_ring, on_report
+from taskd.controller.nodes.replicas import buddy_ring, on_report
 from taskd.proto import taskd_pb2
 
 

@@ -8,10 +8,7 @@ from functools import partial
 import pytest
 from support.controller import ROUND_CFG, fire, running_job
 
-from taskd.controller import resize
-from taskd.controller.hub import extra_params
-from taskd.controller.snapshot import restore_into, snapshot
-from taskd.controller.state_machine import (
+from taskd.controller.machine.state_machine import (
     AgentConnected,
     AgentDisconnected,
     AgentFinished,
@@ -22,6 +19,9 @@ from taskd.controller.state_machine import (
     StopComplete,
     StrategiesReported,
 )
+from taskd.controller.nodes import resize
+from taskd.controller.service.hub import extra_params
+from taskd.controller.storage.snapshot import restore_into, snapshot
 from taskd.vocabulary import SignalType
 
 S = JobState
@@ -145,7 +145,7 @@ def test_a_scaled_in_job_survives_a_controller_restart() -> None:
 
 
 def test_a_standby_that_comes_while_the_job_is_scaled_in_takes_the_absent_node_and_grows_it_back() -> None:
-    from taskd.controller.events import StandbyConnected
+    from taskd.controller.machine.events import StandbyConnected
 
     m = job()
     lose(m, 1, {0: ELASTIC, 2: ELASTIC})
@@ -163,7 +163,7 @@ def test_a_standby_that_comes_while_the_job_is_scaled_in_takes_the_absent_node_a
 
 
 def test_a_node_that_comes_back_during_another_round_grows_the_job_once_that_round_closes() -> None:
-    from taskd.controller.state_machine import FaultReported
+    from taskd.controller.machine.state_machine import FaultReported
 
     m = job()
     lose(m, 1, {0: ELASTIC, 2: ELASTIC})
@@ -186,7 +186,7 @@ def test_a_node_that_comes_back_during_another_round_grows_the_job_once_that_rou
 
 def test_min_nodes_is_checked_where_the_init_and_the_agent_config_are_built() -> None:
     from taskd.agent.config import AgentConfig
-    from taskd.controller.validation import check_client
+    from taskd.controller.service.validation import check_client
     from taskd.proto import recover_pb2
 
     def info(min_nodes: int, nodes: int = 3) -> recover_pb2.ClientInfo:

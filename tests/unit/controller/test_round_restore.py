@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 from support.controller import ROUND_CFG, running_job
 
-from taskd.controller.hub import extra_params
-from taskd.controller.state_machine import (
+from taskd.controller.machine.state_machine import (
     AgentConnected,
     AgentDisconnected,
     AgentRegistered,
@@ -27,6 +26,7 @@ from taskd.controller.state_machine import (
     StrategiesReported,
     Tick,
 )
+from taskd.controller.service.hub import extra_params
 
 S = JobState
 OFFERED = ("recover", "job-rescheduling", "exit")

@@ -13,8 +13,7 @@ from pathlib import Path
 from support.controller import kinds
 
 from taskd.controller.core import ControllerCore
-from taskd.controller.hub import SignalHub
-from taskd.controller.state_machine import (
+from taskd.controller.machine.state_machine import (
     AgentConnected,
     AgentDisconnected,
     AgentRegistered,
@@ -22,7 +21,8 @@ from taskd.controller.state_machine import (
     JobInit,
     MachineConfig,
 )
-from taskd.controller.store import Store
+from taskd.controller.service.hub import SignalHub
+from taskd.controller.storage.store import Store
 
 N = 50
 

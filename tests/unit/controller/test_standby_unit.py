@@ -10,10 +10,8 @@ from typing import Any
 
 from support.controller import ROUND_CFG, fire, running_job
 
-from taskd.controller.checkpoint import Checkpoint
-from taskd.controller.events import StandbyConnected, StandbyDisconnected
-from taskd.controller.hub import extra_params
-from taskd.controller.state_machine import (
+from taskd.controller.machine.events import StandbyConnected, StandbyDisconnected
+from taskd.controller.machine.state_machine import (
     AgentConnected,
     AgentDisconnected,
     AgentFinished,
@@ -23,6 +21,8 @@ from taskd.controller.state_machine import (
     JobState,
     RecoverStatusReported,
 )
+from taskd.controller.service.hub import extra_params
+from taskd.controller.storage.checkpoint import Checkpoint
 from taskd.vocabulary import Code, SignalType
 
 S = JobState

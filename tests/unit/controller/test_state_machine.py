@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from taskd.controller import handlers, table
-from taskd.controller.model import Round
-from taskd.controller.state_machine import (
+from taskd.controller.machine import handlers, table
+from taskd.controller.machine.model import Round
+from taskd.controller.machine.state_machine import (
     RULES,
     UNCHANGED,
     AgentConnected,
@@ -145,7 +145,7 @@ def test_stop_train_goes_to_every_agent_with_all_fault_ranks() -> None:
 
 
 def test_signals_name_the_nodes_of_the_fault_ranks_as_node_rank_ids() -> None:
-    from taskd.controller.hub import to_message
+    from taskd.controller.service.hub import to_message
 
     m = new_job(nodes=3, ranks_per_node=4)
     (sig,) = m.handle(FaultReported(node_rank=1, faults={5: "1", 9: "1", 6: "1"}), 1).signals
@@ -979,7 +979,7 @@ def test_late_answer_rules_decline_the_rest_as_if_no_rule_took_it() -> None:
 def test_docs_table_is_generated_from_the_current_rules(tmp_path: Path) -> None:
     doc = Path(__file__).resolve().parents[3] / "docs" / "controller.md"
     text = doc.read_text(encoding="utf-8")
-    assert table.update_doc(text) == text, "run: python -m taskd.controller.table --write docs/controller.md"
+    assert table.update_doc(text) == text, "run: python -m taskd.controller.machine.table --write docs/controller.md"
     stale = tmp_path / "controller.md"
     stale.write_text(text.replace("on_agent_lost", "on_something_else"), encoding="utf-8")
     assert table.main(["--check", str(stale)]) == 1

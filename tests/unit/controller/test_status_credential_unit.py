@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from taskd.controller.auth import STATUS_READER, authenticate, job_credential, status_credential
+from taskd.controller.service.auth import STATUS_READER, authenticate, job_credential, status_credential
 
 
 def test_the_status_credential_is_its_own_kind_and_bound_to_its_token() -> None:

@@ -16,11 +16,8 @@ import pytest
 from support import ManualClock
 from support.controller import ALL, BIG, disk, memory, ok
 
-from taskd.controller.checkpoint import Checkpoint
 from taskd.controller.core import STORE_RETRY, ControllerCore
-from taskd.controller.hub import SignalHub
-from taskd.controller.snapshot import snapshot
-from taskd.controller.state_machine import (
+from taskd.controller.machine.state_machine import (
     AgentConnected,
     AgentDisconnected,
     AgentFinished,
@@ -36,7 +33,10 @@ from taskd.controller.state_machine import (
     StrategiesReported,
     Tick,
 )
-from taskd.controller.store import Store, StoreError
+from taskd.controller.service.hub import SignalHub
+from taskd.controller.storage.checkpoint import Checkpoint
+from taskd.controller.storage.snapshot import snapshot
+from taskd.controller.storage.store import Store, StoreError
 from taskd.vocabulary import Code
 
 

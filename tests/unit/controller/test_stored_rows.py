@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from taskd.controller.clock import identity
-from taskd.controller.events import Outcome
-from taskd.controller.model import MachineConfig
-from taskd.controller.snapshot import snapshot
-from taskd.controller.state_machine import JobInit, JobMachine
-from taskd.controller.store import STATE_VERSION, Store
-from taskd.controller.stored_rows import agent_problem, snapshot_problem
-from taskd.controller.wal_check import check_wal, wal_refusal
+from taskd.controller.machine.events import Outcome
+from taskd.controller.machine.model import MachineConfig
+from taskd.controller.machine.state_machine import JobInit, JobMachine
+from taskd.controller.storage.snapshot import snapshot
+from taskd.controller.storage.store import STATE_VERSION, Store
+from taskd.controller.storage.stored_rows import agent_problem, snapshot_problem
+from taskd.controller.storage.wal_check import check_wal, wal_refusal
 
 
 def a_snapshot(job_id: str = "j") -> dict:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from taskd.controller.validation import MAX_STRATEGY_NAMES, check_strategies, unique
+from taskd.controller.service.validation import MAX_STRATEGY_NAMES, check_strategies, unique
 
 
 def test_repeats_are_dropped_and_the_order_kept() -> None:

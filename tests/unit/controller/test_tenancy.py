@@ -8,7 +8,7 @@ from functools import partial
 from support import ManualClock
 from support.controller import connection_watch
 
-from taskd.controller.tenancy import ADMIN, FAIR_SLACK, STATUS, Tenants, credential_key, default_cap, fair_share
+from taskd.controller.service.tenancy import ADMIN, FAIR_SLACK, STATUS, Tenants, credential_key, default_cap, fair_share
 
 
 def peer(port: int, ip: str = "10.0.0.1") -> str:

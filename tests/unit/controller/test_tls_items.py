@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from taskd.client.errors import ServerUnreachable, unreachable_hint
-from taskd.controller.auth import warn_expiry
+from taskd.controller.service.auth import warn_expiry
 
 x509 = pytest.importorskip("cryptography.x509")
 from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402

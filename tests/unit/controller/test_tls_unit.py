@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from taskd.controller.config import ConfigError
-from taskd.controller.server import ControllerConfig
+from taskd.controller.service.server import ControllerConfig
 
 
 def test_an_open_address_needs_a_token_or_client_certificates(pki) -> None:

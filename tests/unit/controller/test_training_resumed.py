@@ -16,9 +16,8 @@ from support import ManualClock
 from support.controller import ROUND_CFG
 
 from taskd.controller.core import ControllerCore
-from taskd.controller.events import TrainingResumed
-from taskd.controller.hub import SignalHub, extra_params
-from taskd.controller.state_machine import (
+from taskd.controller.machine.events import TrainingResumed
+from taskd.controller.machine.state_machine import (
     AgentConnected,
     AgentDisconnected,
     AgentRegistered,
@@ -28,9 +27,10 @@ from taskd.controller.state_machine import (
     StopComplete,
     StrategiesReported,
 )
+from taskd.controller.service.hub import SignalHub, extra_params
+from taskd.controller.service.validation import check_resumed
 from taskd.controller.status_view import render_json, render_text
-from taskd.controller.store import Store
-from taskd.controller.validation import check_resumed
+from taskd.controller.storage.store import Store
 from taskd.proto import taskd_pb2
 from taskd.vocabulary import Code
 

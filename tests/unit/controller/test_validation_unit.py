@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from taskd.controller.config import ConfigError
-from taskd.controller.server import ControllerConfig
+from taskd.controller.service.server import ControllerConfig
 
 BAD_CONFIGS = {
     # fields: words the problem must contain (the flag, and the field)

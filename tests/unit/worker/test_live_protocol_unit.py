@@ -137,8 +137,8 @@ def test_change_strategy_carries_the_generation_every_node_names():
 
     from taskd.agent.ranks.live import LiveRanks
     from taskd.agent.ranks.table import RankTable
-    from taskd.controller.events import Signal
-    from taskd.controller.hub import to_message
+    from taskd.controller.machine.events import Signal
+    from taskd.controller.service.hub import to_message
     from taskd.vocabulary import Action, SignalType
 
     change = Signal(uuid="job-with-dashes-2-7", signal_type=SignalType.CHANGE_STRATEGY,

@@ -24,7 +24,7 @@ from taskd.launcher.snapshots import SnapshotArea
 
 def embedded_controller(config: AgentConfig) -> Any:
     """A controller on a free loopback port, in memory, with a per-run token, living as long as the agent."""
-    from taskd.controller.server import EmbeddedController
+    from taskd.controller.service.server import EmbeddedController
 
     return EmbeddedController.for_agent(config.max_restarts)
 

@@ -18,9 +18,9 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from taskd.controller.auth import STATUS_METHODS, STATUS_READER, authenticate, token_refusal
-from taskd.controller.limits import PeerLimits, peer_ip
-from taskd.controller.tenancy import Tenants, credential_key
+from taskd.controller.service.auth import STATUS_METHODS, STATUS_READER, authenticate, token_refusal
+from taskd.controller.service.limits import PeerLimits, peer_ip
+from taskd.controller.service.tenancy import Tenants, credential_key
 from taskd.vocabulary import Code
 
 log = logging.getLogger(__name__)

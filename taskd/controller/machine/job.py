@@ -1,16 +1,16 @@
 """One job's recovery state, and the steps a round is made of (open, stop, collect, decide, fail).
 
-`Job` holds data and the steps the handlers of `taskd.controller.handlers` compose; which handler
-runs for which event is the table's business (`taskd.controller.table`), and `JobMachine`
-(`taskd.controller.state_machine`) is the entry point that applies it. No I/O, no clock: `now` is passed in.
+`Job` holds data and the steps the handlers of `taskd.controller.machine.handlers` compose; which handler
+runs for which event is the table's business (`taskd.controller.machine.table`), and `JobMachine`
+(`taskd.controller.machine.state_machine`) is the entry point that applies it. No I/O, no clock: `now` is passed in.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from taskd.controller.agents import AgentInfo, AgentTable
-from taskd.controller.events import (
+from taskd.controller.machine.agents import AgentInfo, AgentTable
+from taskd.controller.machine.events import (
     AgentLossDue,
     Event,
     JobInit,
@@ -23,8 +23,8 @@ from taskd.controller.events import (
     StreamEndedDue,
     Tick,
 )
-from taskd.controller.model import ACTIVE, TERMINAL, Fence, JobState, MachineConfig, Round, fmt_faults
-from taskd.controller.strategy import RESTARTING, charged, choose_strategy, unsettled
+from taskd.controller.machine.model import ACTIVE, TERMINAL, Fence, JobState, MachineConfig, Round, fmt_faults
+from taskd.controller.machine.strategy import RESTARTING, charged, choose_strategy, unsettled
 from taskd.vocabulary import Action, FaultRanks, SignalType, Strategy
 
 S = JobState
@@ -77,15 +77,15 @@ class Job:
         self.rejoining: dict[int, float] = {}
         # identities declared lost, by (node rank, host, pid): whatever they send is refused (411)
         self.fences: dict[tuple[int, str, int], Fence] = {}
-        # standby agents by (host, pid) (taskd.controller.standby); kept across a reset: they wait on the job id
+        # standby agents by (host, pid) (taskd.controller.nodes.standby); kept across a reset: they wait on the job id
         self.standbys: dict[tuple[str, int], Any] = {}
-        # scale-in (taskd.controller.resize): the fewest nodes the job may go on with (0: fixed size), and the
+        # scale-in (taskd.controller.nodes.resize): the fewest nodes the job may go on with (0: fixed size), and the
         # node ranks it runs without since a downgrade -> since when (a later Register for one grows it back)
         self.min_nodes = 0
         self.absent: dict[int, float] = {}
-        self.paces: Any = None  # the agents' pace reports and straggler verdicts (controller/stragglers.py); soft
-        self.replicas: Any = None  # each node's snapshot replication and its buddy (controller/replicas.py); soft
-        self.resume_watch: Any = None  # the last round's nodes saying training resumed (controller/resumed.py)
+        self.paces: Any = None  # the agents' pace reports and straggler verdicts (controller/nodes/stragglers.py); soft
+        self.replicas: Any = None  # each node's snapshot replication and its buddy (controller/nodes/replicas.py); soft
+        self.resume_watch: Any = None  # the last round's nodes saying training resumed (controller/machine/resumed.py)
         self.apply_init(init or JobInit())
 
     # ------------------------------------------------------------------ queries
@@ -301,7 +301,7 @@ class Job:
     def broadcast_stop(self, now: float, out: Outcome) -> JobState:
         r = self.round
         assert r is not None
-        r.acks = set()  # the per-agent sets are replaced, never cleared (see taskd.controller.checkpoint)
+        r.acks = set()  # the per-agent sets are replaced, never cleared (see taskd.controller.storage.checkpoint)
         r.reports = {}
         if not r.participants:  # every agent of the round was lost: nobody to stop or ask
             return self.to_collecting(now, out)

@@ -7,7 +7,7 @@ here is not loaded (the store says which file, job and field); the other jobs lo
 
 Keys a snapshot does not have take their defaults (older taskd versions wrote fewer); keys this table
 does not know are ignored (a newer taskd that adds one that must not be dropped raises the state
-file's version instead: taskd/controller/store.py, STATE_VERSION).
+file's version instead: taskd/controller/storage/store.py, STATE_VERSION).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from taskd.controller.model import JobState
+from taskd.controller.machine.model import JobState
 
 INT32_MAX = 2**31 - 1
 Check = Callable[[Any], str]
@@ -183,7 +183,7 @@ SNAPSHOT: Mapping[str, tuple[Check, bool]] = {
     "last_signal": (_opt(_object(SIGNAL, "last_signal")), False),
     "round": (_opt(_object(ROUND, "round")), False),
 }
-"""The job row's snapshot (taskd/controller/snapshot.py writes it)."""
+"""The job row's snapshot (taskd/controller/storage/snapshot.py writes it)."""
 
 AGENT_COLUMNS: Sequence[tuple[str, Check]] = (
     ("node_rank", _count), ("role", _opt(_str)), ("host", _opt(_str)), ("pid", _opt(_int)),

@@ -22,11 +22,12 @@ docs/architecture.md, "Scale-in and scale-out", has the wire.
 
 from __future__ import annotations
 
-from taskd.controller import handlers, node_loss
-from taskd.controller.events import AgentConnected, Outcome, RecoverStatusReported, RejoinDue
-from taskd.controller.job import Job
-from taskd.controller.model import Declined, JobState, Round, fmt_faults
-from taskd.controller.strategy import RESTARTING
+from taskd.controller.machine import handlers
+from taskd.controller.machine.events import AgentConnected, Outcome, RecoverStatusReported, RejoinDue
+from taskd.controller.machine.job import Job
+from taskd.controller.machine.model import Declined, JobState, Round, fmt_faults
+from taskd.controller.machine.strategy import RESTARTING
+from taskd.controller.nodes import node_loss
 from taskd.vocabulary import Action, FaultType, SignalType, Strategy
 
 S = JobState

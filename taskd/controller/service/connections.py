@@ -31,8 +31,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from taskd.controller import sockdiag
-from taskd.controller.tenancy import FAIR_SLACK, Link, Tenants, describe, over_cap, over_fair, over_peer
+from taskd.controller.service import sockdiag
+from taskd.controller.service.tenancy import FAIR_SLACK, Link, Tenants, describe, over_cap, over_fair, over_peer
 from taskd.server_settings import server_default
 
 log = logging.getLogger(__name__)

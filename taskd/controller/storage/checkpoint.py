@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from taskd.controller.agents import AgentInfo
-from taskd.controller.job import Job
-from taskd.controller.model import Round
+from taskd.controller.machine.agents import AgentInfo
+from taskd.controller.machine.job import Job
+from taskd.controller.machine.model import Round
 
 _SMALL_JOB = ("queued", "rejoining", "absent", "fences", "standbys")
 _SMALL_ROUND = ("faults", "excluded", "failed", "tried", "broadcast_sets", "lost")

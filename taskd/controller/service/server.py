@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from taskd.address import join_host_port
-from taskd.controller.auth import job_credential, server_credentials, status_credential
 from taskd.controller.config import (
     MAX_MESSAGE,
     METRICS_PORT,
@@ -33,17 +32,18 @@ from taskd.controller.config import (
     is_loopback,
     parse_listen,
 )
-from taskd.controller.connections import ConnectionWatch, WatchConfig
 from taskd.controller.core import ControllerCore
-from taskd.controller.guard import Guard, RateLimitedLog
-from taskd.controller.hub import SignalHub
-from taskd.controller.limits import PeerLimitConfig, PeerLimits, connection_budget, raise_nofile
 from taskd.controller.locator import remove_locator, write_locator
-from taskd.controller.model import TERMINAL
-from taskd.controller.native_log import NativeLogFilter
-from taskd.controller.service import add_services
-from taskd.controller.store import MEMORY, Store
-from taskd.controller.tenancy import default_cap, fair_share
+from taskd.controller.machine.model import TERMINAL
+from taskd.controller.service.auth import job_credential, server_credentials, status_credential
+from taskd.controller.service.connections import ConnectionWatch, WatchConfig
+from taskd.controller.service.guard import Guard, RateLimitedLog
+from taskd.controller.service.hub import SignalHub
+from taskd.controller.service.limits import PeerLimitConfig, PeerLimits, connection_budget, raise_nofile
+from taskd.controller.service.native_log import NativeLogFilter
+from taskd.controller.service.servicers import add_services
+from taskd.controller.service.tenancy import default_cap, fair_share
+from taskd.controller.storage.store import MEMORY, Store
 from taskd.settings import env_text, setting
 
 if TYPE_CHECKING:
@@ -119,7 +119,7 @@ class ControllerServer:
         budget = cfg.max_connections or max_connections or connection_budget()
         hub = SignalHub(cfg.subscriber_queue_size)
         metrics = self._metrics(hub)
-        watch_note = RateLimitedLog(logging.getLogger("taskd.controller.connections"))
+        watch_note = RateLimitedLog(logging.getLogger("taskd.controller.service.connections"))
         cap = default_cap(budget) if cfg.max_connections_per_credential is None else cfg.max_connections_per_credential
         watch = ConnectionWatch(WatchConfig(port=0, auth_timeout=cfg.auth_timeout,
                                             max_per_peer=cfg.max_connections_per_peer,

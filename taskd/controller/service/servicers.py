@@ -12,9 +12,8 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
-from taskd.controller import validation as v
 from taskd.controller.core import ControllerCore
-from taskd.controller.events import (
+from taskd.controller.machine.events import (
     MigrationReported,
     MigrationRequested,
     PaceReported,
@@ -22,13 +21,8 @@ from taskd.controller.events import (
     StandbyDisconnected,
     TrainingResumed,
 )
-from taskd.controller.hub import keepalive_wire
-from taskd.controller.migration import MigrationWaits
-from taskd.controller.model import fault_runs
-from taskd.controller.node_loss import fence_refusal
-from taskd.controller.quota import MAX_FAULT_RUNS, JobLimits
-from taskd.controller.replicas import on_report
-from taskd.controller.state_machine import (
+from taskd.controller.machine.model import fault_runs
+from taskd.controller.machine.state_machine import (
     AgentConnected,
     AgentDisconnected,
     AgentFinished,
@@ -40,7 +34,13 @@ from taskd.controller.state_machine import (
     StopComplete,
     StrategiesReported,
 )
-from taskd.controller.stragglers import straggler_records
+from taskd.controller.nodes.migration import MigrationWaits
+from taskd.controller.nodes.node_loss import fence_refusal
+from taskd.controller.nodes.replicas import on_report
+from taskd.controller.nodes.stragglers import straggler_records
+from taskd.controller.service import validation as v
+from taskd.controller.service.hub import keepalive_wire
+from taskd.controller.storage.quota import MAX_FAULT_RUNS, JobLimits
 from taskd.proto import recover_pb2, recover_pb2_grpc, taskd_pb2, taskd_pb2_grpc
 from taskd.vocabulary import Code
 
@@ -270,7 +270,7 @@ class AgentReportService(taskd_pb2_grpc.AgentReportServicer):
         self.migrations = migrations or MigrationWaits()
 
     async def ReportMigration(self, request: taskd_pb2.MigrationReport, context: grpc.aio.ServicerContext) -> Status:
-        """How a planned migration ended (controller/migration.py): recorded, and the waiting `Migrate` answered."""
+        """How a planned migration ended (nodes/migration.py): recorded, and the waiting `Migrate` answered."""
         if why := v.check_job_id(request.jobId):
             return _invalid(why)
         ev = MigrationReported(
@@ -285,7 +285,7 @@ class AgentReportService(taskd_pb2_grpc.AgentReportServicer):
 
     async def ReportSnapshots(self, request: taskd_pb2.SnapshotReport, context: grpc.aio.ServicerContext
                               ) -> taskd_pb2.SnapshotReply:
-        """A node's snapshot replication (controller/replicas.py); the answer names its buddy and its copy's holder."""
+        """A node's snapshot replication (nodes/replicas.py); the answer names its buddy and its copy's holder."""
         if why := v.check_snapshots(request):
             return taskd_pb2.SnapshotReply(status=_invalid(why))
         job = self.core.jobs.get(request.jobId)
@@ -304,7 +304,7 @@ class AgentReportService(taskd_pb2_grpc.AgentReportServicer):
         return _answer(out, "ReportFinished", request.jobId, self.core.limits)
 
     async def ReportResumed(self, request: taskd_pb2.ResumedRequest, context: grpc.aio.ServicerContext) -> Status:
-        """A node's ranks train again after a round (controller/resumed.py): stored with the round's history."""
+        """A node's ranks train again after a round (controller/machine/resumed.py): stored with the round's history."""
         if why := v.check_resumed(request):
             return _invalid(why)
         ev = TrainingResumed(node_rank=request.nodeRank, host=request.host, pid=request.pid, round=request.round,
@@ -315,7 +315,7 @@ class AgentReportService(taskd_pb2_grpc.AgentReportServicer):
 
     async def ReportPace(self, request: taskd_pb2.PaceRequest, context: grpc.aio.ServicerContext
                          ) -> taskd_pb2.PaceReply:
-        """An agent's ranks' pace (controller/stragglers.py); the answer carries the verdicts about its ranks."""
+        """An agent's ranks' pace (controller/nodes/stragglers.py); the answer carries the verdicts about its ranks."""
         if why := v.check_pace(request, self.max_ranks):
             return taskd_pb2.PaceReply(status=_invalid(why))
         job = self.core.jobs.get(request.jobId)
@@ -387,7 +387,7 @@ MIGRATE_TIMEOUT_MAX = 3600.0
 
 
 class JobControlService(taskd_pb2_grpc.JobControlServicer):
-    """`taskd migrate` (controller/migration.py): ask the rank's agent, then wait for its account."""
+    """`taskd migrate` (controller/nodes/migration.py): ask the rank's agent, then wait for its account."""
 
     def __init__(self, core: ControllerCore, migrations: MigrationWaits) -> None:
         self.core = core

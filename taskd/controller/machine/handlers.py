@@ -1,4 +1,4 @@
-"""The handlers the transition table (`taskd.controller.table`) names: one per (states, event) rule.
+"""The handlers the transition table (`taskd.controller.machine.table`) names: one per (states, event) rule.
 
 A handler gets the job, the event, the time and the `Outcome` to fill, and returns the job's next
 state (checked against its rule's targets), or `DECLINED` when a duplicate-only rule is given
@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from taskd.controller import node_loss, resumed, standby
-from taskd.controller.agents import AgentInfo
-from taskd.controller.events import (
+from taskd.controller.machine import resumed
+from taskd.controller.machine.agents import AgentInfo
+from taskd.controller.machine.events import (
     AgentConnected,
     AgentDisconnected,
     AgentFinished,
@@ -27,9 +27,10 @@ from taskd.controller.events import (
     StrategiesReported,
     Tick,
 )
-from taskd.controller.job import Job, rerun_refusal
-from taskd.controller.model import DECLINED, LIVE, TERMINAL, Declined, JobState, fmt_faults, loss_clock
-from taskd.controller.strategy import IN_PLACE
+from taskd.controller.machine.job import Job, rerun_refusal
+from taskd.controller.machine.model import DECLINED, LIVE, TERMINAL, Declined, JobState, fmt_faults, loss_clock
+from taskd.controller.machine.strategy import IN_PLACE
+from taskd.controller.nodes import node_loss, standby
 from taskd.vocabulary import Code, FaultRanks, SignalType, Strategy
 
 S = JobState
@@ -405,7 +406,7 @@ def on_recover_status(m: Job, ev: RecoverStatusReported, now: float, out: Outcom
         m.recover_succeeded_at = now
         m.recover_ranks = frozenset(r.faults)
         m.recover_rejoined = not r.unrejoined
-    # not "recovered" yet: training resumes after this, as the agents then say (controller/resumed.py)
+    # not "recovered" yet: training resumes after this, as the agents then say (controller/machine/resumed.py)
     m.info = f"round {r.number} ended with {r.strategy} {now - r.started_at:.2f}s after its fault"
     m.round = None
     m.deadline = None

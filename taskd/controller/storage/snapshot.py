@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from taskd.controller import resumed
-from taskd.controller.agents import AgentInfo
 from taskd.controller.clock import identity
-from taskd.controller.events import Outcome, Record, Signal
-from taskd.controller.job import Job
-from taskd.controller.model import ROUND_STATES, TERMINAL, Fence, JobState, Round, fmt_faults, loss_clock
-from taskd.controller.standby import Standby
+from taskd.controller.machine import resumed
+from taskd.controller.machine.agents import AgentInfo
+from taskd.controller.machine.events import Outcome, Record, Signal
+from taskd.controller.machine.job import Job
+from taskd.controller.machine.model import ROUND_STATES, TERMINAL, Fence, JobState, Round, fmt_faults, loss_clock
+from taskd.controller.nodes.standby import Standby
 
 Times = Callable[[float], float]
 

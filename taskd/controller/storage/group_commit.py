@@ -29,12 +29,12 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from taskd.controller.checkpoint import Checkpoint
 from taskd.controller.clock import Clock
-from taskd.controller.events import Event, Outcome, Record
-from taskd.controller.quota import JobLimits
-from taskd.controller.state_machine import JobMachine
-from taskd.controller.store import Store, StoreError
+from taskd.controller.machine.events import Event, Outcome, Record
+from taskd.controller.machine.state_machine import JobMachine
+from taskd.controller.storage.checkpoint import Checkpoint
+from taskd.controller.storage.quota import JobLimits
+from taskd.controller.storage.store import Store, StoreError
 
 log = logging.getLogger(__name__)
 

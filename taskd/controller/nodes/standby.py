@@ -28,9 +28,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from taskd.controller.events import AgentRegistered, Outcome, Signal, StandbyConnected, StandbyDisconnected
-from taskd.controller.job import Job
-from taskd.controller.model import LIVE, TERMINAL, JobState
+from taskd.controller.machine.events import AgentRegistered, Outcome, Signal, StandbyConnected, StandbyDisconnected
+from taskd.controller.machine.job import Job
+from taskd.controller.machine.model import LIVE, TERMINAL, JobState
 from taskd.vocabulary import Action, Code, SignalType, Strategy
 
 Key = tuple[str, int]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from taskd.controller.model import Round
+from taskd.controller.machine.model import Round
 from taskd.vocabulary import FaultType, Strategy
 
 RESTARTING = frozenset({Strategy.RECOVER, Strategy.JOB_RESCHEDULING})

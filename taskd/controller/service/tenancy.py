@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from taskd.controller.auth import STATUS_READER
+from taskd.controller.service.auth import STATUS_READER
 
 ADMIN = "admin"
 """The key of the admin token's connections; a job credential's is `job:<id>`."""

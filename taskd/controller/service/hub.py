@@ -20,7 +20,7 @@ import logging
 import uuid as uuidlib
 from collections import deque
 
-from taskd.controller.events import Signal
+from taskd.controller.machine.events import Signal
 from taskd.proto import recover_pb2
 from taskd.vocabulary import SignalType
 

@@ -1,6 +1,6 @@
 """The words the state machine is written in: a job's states, the machine's timeouts, and a round.
 
-Everything here is data; the behaviour is in `taskd.controller.table` (which handler runs for which
+Everything here is data; the behaviour is in `taskd.controller.machine.table` (which handler runs for which
 event in which state) and the modules it names. See docs/controller.md for the protocol.
 """
 

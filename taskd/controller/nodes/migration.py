@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 
-from taskd.controller.events import MigrationReported, MigrationRequested, Outcome
-from taskd.controller.job import Job
-from taskd.controller.model import JobState
+from taskd.controller.machine.events import MigrationReported, MigrationRequested, Outcome
+from taskd.controller.machine.job import Job
+from taskd.controller.machine.model import JobState
 from taskd.vocabulary import Code, SignalType
 
 

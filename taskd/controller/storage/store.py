@@ -5,7 +5,7 @@ answer goes out, so whatever was answered 0 survives a SIGKILL of the controller
 synchronous=NORMAL: the commit is in the OS page cache when `commit()` returns; only a power
 loss could drop it). Soft history (an agent's stream opened or closed: nothing a restart needs)
 is batched by the core and written with the job's next commit or by `commit_soft`.
-The job row holds a JSON snapshot of the state machine (`taskd.controller.snapshot`); the other
+The job row holds a JSON snapshot of the state machine (`taskd.controller.storage.snapshot`); the other
 tables are the history that `taskd status` shows. The file (and SQLite's -wal and -shm files, which
 take its mode) is readable by its owner only: it names every job's hosts, pids and faults.
 """
@@ -23,14 +23,14 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from taskd.controller.agents import AgentInfo
 from taskd.controller.clock import identity
-from taskd.controller.events import Record
-from taskd.controller.job import Job
-from taskd.controller.quota import EVENT_ROW, FAULT_ROW, FAULT_ROWS_PER_REPORT
-from taskd.controller.snapshot import snapshot
-from taskd.controller.stored_rows import agent_problem, snapshot_problem
-from taskd.controller.wal_check import wal_refusal
+from taskd.controller.machine.agents import AgentInfo
+from taskd.controller.machine.events import Record
+from taskd.controller.machine.job import Job
+from taskd.controller.storage.quota import EVENT_ROW, FAULT_ROW, FAULT_ROWS_PER_REPORT
+from taskd.controller.storage.snapshot import snapshot
+from taskd.controller.storage.stored_rows import agent_problem, snapshot_problem
+from taskd.controller.storage.wal_check import wal_refusal
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +195,7 @@ class Store:
         target = str(default_state_path() if path is None else path)
         self.path = target
         self._events: list[tuple[Any, ...]] | None = None  # a transaction's history rows, inserted before COMMIT
-        self.snapshot_bytes: dict[str, int] = {}  # job id -> its last snapshot's length (controller/quota.py)
+        self.snapshot_bytes: dict[str, int] = {}  # job id -> its last snapshot's length (controller/storage/quota.py)
         conn: sqlite3.Connection | None = None
         try:
             if target != MEMORY:
@@ -381,7 +381,7 @@ class Store:
 
     def job_bytes(self) -> dict[str, int]:
         """Bytes each job's history holds (its events, fault rows and rounds' fault texts), counted as
-        controller/quota.py's `record_bytes` counts what a change adds; with `snapshot_bytes`, its quota's use."""
+        storage/quota.py's `record_bytes` counts what a change adds; with `snapshot_bytes`, its quota's use."""
         out: dict[str, int] = {}
         for query in (f"SELECT job_id, sum(length(CAST(detail AS BLOB))) + {EVENT_ROW} * count(*) FROM events "
                       "GROUP BY job_id",

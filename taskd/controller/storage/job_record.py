@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from taskd.controller.clock import Clock
-from taskd.controller.hub import SignalHub
-from taskd.controller.replicas import snapshot_records
-from taskd.controller.state_machine import JobMachine
-from taskd.controller.store import Store
-from taskd.controller.stragglers import straggler_records
+from taskd.controller.machine.state_machine import JobMachine
+from taskd.controller.nodes.replicas import snapshot_records
+from taskd.controller.nodes.stragglers import straggler_records
+from taskd.controller.service.hub import SignalHub
+from taskd.controller.storage.store import Store
 from taskd.proto import recover_pb2, taskd_pb2
 
 

@@ -1,7 +1,7 @@
 """A lost node is survived: the rules that turn an agent's loss into a node-loss round, take in its
 replacement, and fence the lost identity (issue 17; docs/controller.md, "A lost node").
 
-The steps, each a handler or helper the table (`taskd.controller.table`) or another handler calls:
+The steps, each a handler or helper the table (`taskd.controller.machine.table`) or another handler calls:
 
 - `on_agent_lost`: agents past their loss deadline are declared lost, their identity (node rank, host,
   pid) fenced, and a round opened (or the open one widened) whose faults are every rank of those nodes;
@@ -12,7 +12,7 @@ The steps, each a handler or helper the table (`taskd.controller.table`) or anot
 - `rejoined`: the replacement subscribed (`handlers.on_connected_rejoining` then decides once no node is
   awaited).
 - `on_rejoin_timeout`: no replacement within `node_rejoin_timeout`: the job fails, saying how to add one
-  (unless it opted in to go on smaller: `taskd.controller.resize` decides first).
+  (unless it opted in to go on smaller: `taskd.controller.nodes.resize` decides first).
 - `fence_refusal`: what any event from a fenced identity is answered (411), in every job state;
 - `reporter_refusal`: what a report from another process than its node's registered agent is answered (409).
 """
@@ -21,11 +21,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from taskd.controller import standby
-from taskd.controller.agents import AgentInfo
-from taskd.controller.events import AgentConnected, AgentRegistered, Event, Outcome, RejoinDue
-from taskd.controller.job import Job
-from taskd.controller.model import TERMINAL, Fence, JobState, fmt_faults
+from taskd.controller.machine.agents import AgentInfo
+from taskd.controller.machine.events import AgentConnected, AgentRegistered, Event, Outcome, RejoinDue
+from taskd.controller.machine.job import Job
+from taskd.controller.machine.model import TERMINAL, Fence, JobState, fmt_faults
+from taskd.controller.nodes import standby
 from taskd.vocabulary import FaultRanks, FaultType
 
 S = JobState
@@ -127,7 +127,7 @@ def rejoined(m: Job, ev: AgentConnected, now: float, out: Outcome) -> None:
 def on_rejoin_timeout(m: Job, ev: RejoinDue, now: float, out: Outcome, scale_in: str = "") -> JobState:
     """No replacement registered (and subscribed) within `node_rejoin_timeout` of the loss: the job cannot
     get its ranks back, so it fails, and the survivors are told to exit with how to add a node. `scale_in`: why
-    an opted-in job could not go on with fewer nodes instead (taskd.controller.resize, which calls this)."""
+    an opted-in job could not go on with fewer nodes instead (taskd.controller.nodes.resize, which calls this)."""
     deadline = m.rejoin_deadline
     if deadline is None or now < deadline:
         return m.state

@@ -24,7 +24,7 @@ class JobInit:
     host: str = ""
     pid: int = 0
     standby: bool = False  # a standby's Init: joins (or creates) the job, never resets it
-    # the fewest nodes it may go on with after a node loss (`--nnodes MIN:MAX`, taskd.controller.resize); 0 = fixed size
+    # the fewest nodes it may go on with after a node loss (`--nnodes MIN:MAX`, nodes/resize.py); 0 = fixed size
     min_nodes: int = default("min_nodes")
 
 
@@ -133,7 +133,7 @@ class PaceReported:
 
 @dataclass(frozen=True)
 class TrainingResumed:
-    """An agent's ranks train again after round `round` (`ResumedRequest`; taskd.controller.resumed)."""
+    """An agent's ranks train again after round `round` (`ResumedRequest`; taskd.controller.machine.resumed)."""
 
     node_rank: int = 0
     host: str = ""

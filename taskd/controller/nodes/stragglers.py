@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from taskd.controller.events import Outcome, PaceReported
-from taskd.controller.job import Job
-from taskd.controller.model import TERMINAL, JobState
+from taskd.controller.machine.events import Outcome, PaceReported
+from taskd.controller.machine.job import Job
+from taskd.controller.machine.model import TERMINAL, JobState
 from taskd.pace import RankPace, StragglerJudge, Verdict
 from taskd.proto import taskd_pb2
 

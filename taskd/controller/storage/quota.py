@@ -5,7 +5,7 @@ bound: `Init` without `ranksPerNode`, then fault reports naming ranks 0..99,999,
 and WAL and a ~790 KB log line, all answered 0. Now a fault text names runs of ranks as ranges
 (model.fmt_faults), a report writes at most `FAULT_ROWS_PER_REPORT` fault rows (store.py), and:
 
-- **per report**: at most `MAX_FAULT_RUNS` runs of consecutive ranks, with the open round's (service.py);
+- **per report**: at most `MAX_FAULT_RUNS` runs of consecutive ranks, with the open round's (service/servicers.py);
 - **quota**: the bytes a job holds in the state file (its snapshot, its events, fault rows and rounds' fault
   texts, as `Store.job_bytes` counts them) are counted; a call whose change would take the job past
   `--max-job-bytes` is refused (`QUOTA_EXCEEDED`, 413, naming the flag and the figures) and undone, so nothing
@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Callable, Collection, Iterable
 
-from taskd.controller.events import (
+from taskd.controller.machine.events import (
     AgentConnected,
     AgentDisconnected,
     AgentFinished,
@@ -53,7 +53,7 @@ FAULT_ROWS_PER_REPORT = 256
 """`faults` rows one fault report writes at most (one per rank, lowest first, store.py); the report's event holds
 every rank, as ranges. 100,000 ranks in one report wrote 100,000 rows, ~7 MB of the state file (issue 31, F5)."""
 MAX_FAULT_RUNS = 4096
-"""Runs of consecutive ranks one fault report may name, with its job's open round (service.py; 409 past it): what a
+"""Runs of consecutive ranks one fault report may name, with its job's open round (servicers.py; 409 past it): what a
 report costs grows with the runs, so this bounds it (~40 KB of fault text) whatever the ranks' count. A node's
 report names its own ranks, so any node of up to 4096 ranks is within it."""
 ROUND_TEXT_KINDS = frozenset({"round_started"})

@@ -17,7 +17,7 @@ import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from taskd.controller.job import Job
+from taskd.controller.machine.job import Job
 from taskd.proto import taskd_pb2
 
 STALE = 10.0

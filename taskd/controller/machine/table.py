@@ -7,7 +7,7 @@ or `TransitionError` is raised. `RULES` is checked when this module loads. An ev
 not named).
 
 docs/controller.md embeds `describe_table(markdown=True)`; refresh it with
-`python -m taskd.controller.table --write docs/controller.md` (a test fails when it is stale).
+`python -m taskd.controller.machine.table --write docs/controller.md` (a test fails when it is stale).
 """
 
 from __future__ import annotations
@@ -17,14 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from taskd import rule_table
-from taskd.controller import handlers as h
-from taskd.controller import migration as mg
-from taskd.controller import node_loss as nl
-from taskd.controller import resize as rz
-from taskd.controller import resumed as rs
-from taskd.controller import standby as sb
-from taskd.controller import stragglers as st
-from taskd.controller.events import (
+from taskd.controller.machine import handlers as h
+from taskd.controller.machine import resumed as rs
+from taskd.controller.machine.events import (
     EVENT_TYPES,
     AgentConnected,
     AgentDisconnected,
@@ -48,8 +43,13 @@ from taskd.controller.events import (
     Tick,
     TrainingResumed,
 )
-from taskd.controller.job import Job
-from taskd.controller.model import ACTIVE, ANY, LIVE, TERMINAL, Declined, JobState
+from taskd.controller.machine.job import Job
+from taskd.controller.machine.model import ACTIVE, ANY, LIVE, TERMINAL, Declined, JobState
+from taskd.controller.nodes import migration as mg
+from taskd.controller.nodes import node_loss as nl
+from taskd.controller.nodes import resize as rz
+from taskd.controller.nodes import standby as sb
+from taskd.controller.nodes import stragglers as st
 from taskd.doc_block import DocBlock
 from taskd.rule_table import UNCHANGED, RuleTable, TransitionError, Unchanged, check_target
 
@@ -94,7 +94,7 @@ RULES: tuple[Rule, ...] = (
     Rule(LIVE, AgentDisconnected, _targets(UNCHANGED), h.on_disconnected_live,
          "starts its loss clock unless it finished"),
     Rule(TERMINAL, AgentDisconnected, _targets(UNCHANGED), h.on_disconnected, "recorded; the job is over"),
-    # standby agents (no node rank; taskd.controller.standby)
+    # standby agents (no node rank; taskd.controller.nodes.standby)
     Rule(ANY, StandbyConnected, _targets(UNCHANGED), sb.on_connected,
          "waits; takes an awaited node at once (`taskd.assignNode`); `changeStrategy exit` if the job ended"),
     Rule(ANY, StandbyDisconnected, _targets(UNCHANGED), sb.on_disconnected,
@@ -182,7 +182,7 @@ def refusal_info(job_id: str, state: JobState, event_type: type) -> str:
 
 # ---------------------------------------------------------------------------- the table in the docs
 
-DOC = DocBlock("table", "taskd.controller.table", "docs/controller.md", "the transition table",
+DOC = DocBlock("table", "taskd.controller.machine.table", "docs/controller.md", "the transition table",
                lambda: describe_table(markdown=True), description=__doc__.splitlines()[0], show=describe_table)
 BEGIN, END, update_doc, main = DOC.begin, DOC.end, DOC.update, DOC.main
 

@@ -18,10 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from taskd.controller import snapshot as _snapshot
-from taskd.controller import standby as _standby
-from taskd.controller.agents import AgentInfo, AgentTable
-from taskd.controller.events import (
+from taskd.controller.machine.agents import AgentInfo, AgentTable
+from taskd.controller.machine.events import (
     FIRE_AND_FORGET,
     NEEDS_REGISTERED,
     AgentConnected,
@@ -40,11 +38,10 @@ from taskd.controller.events import (
     StrategiesReported,
     Tick,
 )
-from taskd.controller.job import Job
-from taskd.controller.model import DECLINED, TERMINAL, JobState, MachineConfig, Round
-from taskd.controller.node_loss import fence_refusal, reporter_refusal
-from taskd.controller.strategy import choose_strategy
-from taskd.controller.table import (
+from taskd.controller.machine.job import Job
+from taskd.controller.machine.model import DECLINED, TERMINAL, JobState, MachineConfig, Round
+from taskd.controller.machine.strategy import choose_strategy
+from taskd.controller.machine.table import (
     RULES,
     UNCHANGED,
     Rule,
@@ -54,6 +51,9 @@ from taskd.controller.table import (
     find_rule,
     refusal_info,
 )
+from taskd.controller.nodes import standby as _standby
+from taskd.controller.nodes.node_loss import fence_refusal, reporter_refusal
+from taskd.controller.storage import snapshot as _snapshot
 from taskd.vocabulary import Code
 
 
@@ -108,7 +108,7 @@ class JobMachine(Job):
         return out
 
     def snapshot(self) -> dict[str, Any]:
-        """JSON-able state to persist (see `taskd.controller.snapshot`)."""
+        """JSON-able state to persist (see `taskd.controller.storage.snapshot`)."""
         return _snapshot.snapshot(self)
 
     @classmethod
@@ -117,7 +117,7 @@ class JobMachine(Job):
         from_wall: Callable[[float], float] | None = None,
     ) -> tuple[JobMachine, Outcome]:
         """Rebuild a job after a controller restart; a round caught RECOVERING goes on where it was, one caught
-        undecided waits in RESUMING (taskd.controller.snapshot). `from_wall`
+        undecided waits in RESUMING (taskd.controller.storage.snapshot). `from_wall`
         re-bases the stored wall times to the caller's clock (default: they are on it already)."""
         rebase = from_wall or (lambda t: t)
         m = cls(snap["job_id"], config, rebase(snap["created_at"]) if "created_at" in snap else now)

@@ -21,9 +21,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from taskd.controller.events import Outcome, Record, TrainingResumed
-from taskd.controller.job import Job
-from taskd.controller.model import JobState, Round
+from taskd.controller.machine.events import Outcome, Record, TrainingResumed
+from taskd.controller.machine.job import Job
+from taskd.controller.machine.model import JobState, Round
 from taskd.vocabulary import Code
 
 S = JobState
