@@ -10,6 +10,10 @@ of (seed, rank, s), so a run with faults ends with shards bit-identical to a run
     taskd run --nproc-per-node 4 examples/torch/train_hsdp.py --replicas 2 --steps 40 --out /tmp/hsdp/out \\
         --kill-rank 1 --kill-at-step 17
 
+Under torchrun (``torchrun --standalone --nproc-per-node 4 ...``) it is an ordinary HSDP script: LiveGroup is
+``init_process_group`` and ``live.init_device_mesh`` is ``init_device_mesh``; its shards end bit-identical to a
+fault-free run under taskd.
+
 Outputs per rank (the rank it was started as): OUT/rank<R>.pt (its final local shards), OUT/rank<R>.json (pid,
 first step, recoveries with their timings) and OUT/rank<R>.computed (a line "step time pid" per completed step, by
 every process that was rank R: its lines minus --steps are the steps redone).

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -35,7 +36,8 @@ class HsdpLive:
         HSDP model (``fully_shard(model, mesh=mesh)`` over (replicas, shards)). Call it in the same order on every
         rank, after LiveGroup(): a replacement makes it in the new generation, the survivors re-make its groups."""
         names = tuple(mesh_dim_names) if mesh_dim_names is not None else None
-        with self._sockets.forming(self.protocol.generation):  # its connections end with the default group's
+        tracked = self._sockets.forming(self.protocol.generation) if self.live else nullcontext()
+        with tracked:  # live: its connections end with the default group's when the agent says it is broken
             mesh = init_device_mesh(device_type, tuple(mesh_shape), mesh_dim_names=names)
         set_timeout(mesh, self.timeout)
         self._meshes = (*self._meshes, mesh)
