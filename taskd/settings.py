@@ -67,7 +67,9 @@ class Setting:
     server_field: str = ""  # the ControllerConfig field holding the same setting for `taskd server`
     server_flag: str = ""
     shown: str = ""  # the default as the docs print it, when not the value itself
-    help: str = ""  # `taskd run --help`'s line when it is not `doc`; may name {default}, {env}, {s[other].env}
+    # `taskd run --help`'s line, for an agent setting whose `doc` says what its variable means under msrun (rows
+    # without one print `doc`); either may name {default}, {env}, {s[other].env}
+    help: str = ""
     metavar: str = ""  # `taskd run --help`'s name of the value
     notice: str = ""  # a torchrun flag that means less under taskd: the line printed when it is given
 
@@ -183,10 +185,9 @@ SETTINGS: tuple[Setting, ...] = (
             "strategy before it gives up, no rank started (the controller's --node-rejoin-timeout bounds the round)",
             _POSITIVE, env="TASKD_NODE_REJOIN_TIMEOUT", server_field="node_rejoin_timeout",
             server_flag="--node-rejoin-timeout"),
-    Setting("standby", bool, False, "join as a spare node: no rank until the controller assigns a lost node's rank; "
-            "exit 0 if none is", flags=("--standby",),
-            help="taskd: join the job as a spare node (needs --server): start no rank, take over the node rank of "
-                 "the first node the controller declares lost, and exit 0 if none is (docs/node-loss.md)"),
+    Setting("standby", bool, False, "taskd: join the job as a spare node (needs --server): start no rank, take over "
+            "the node rank of the first node the controller declares lost, and exit 0 if none is (docs/node-loss.md)",
+            flags=("--standby",)),
     Setting("metrics_listen", str, None, "serve this node's Prometheus metrics at `HOST[:PORT]` (port 9465 if none; "
             "the `[metrics]` extra; docs/operations.md)", optional=True, flags=("--metrics-listen",),
             env="TASKD_METRICS_LISTEN", shown="unset: off", metavar="HOST[:PORT]",
@@ -203,44 +204,34 @@ SETTINGS: tuple[Setting, ...] = (
             env="TASKD_STRAGGLER_INTERVAL", metavar="S",
             help="taskd: seconds between pace reports with --straggler-factor (default {default})"),
     # `taskd run` only (the launcher's)
-    Setting("warm_spares", int, 0, "Python interpreters kept ready to become a restarted rank", _NONNEGATIVE,
-            flags=("--warm-spares", "--warm_spares"), scope="run", metavar="N",
-            help="taskd: Python interpreters kept ready to become a restarted rank (.py scripts; default {default})"),
-    Setting("warm_spare_mode", str, "import", "what a warm spare does before it is a rank: `import` the framework, or "
-            "also run the `script` up to `LiveGroup()` / `taskd.worker.become_rank()` (its model built before the "
-            "fault; docs/worker.md)", flags=("--warm-spare-mode", "--warm_spare_mode"), scope="run",
-            metavar="import|script", help="taskd: import: a spare has imported the framework; script: it has also "
+    Setting("warm_spares", int, 0, "taskd: Python interpreters kept ready to become a restarted rank (.py scripts; "
+            "default {default})", _NONNEGATIVE, flags=("--warm-spares", "--warm_spares"), scope="run", metavar="N"),
+    Setting("warm_spare_mode", str, "import", "taskd: import: a spare has imported the framework; script: it has also "
             "run the script up to LiveGroup() / taskd.worker.become_rank(), so a replacement's model is built before "
-            "the fault (default {default}; docs/worker.md)"),
-    Setting("snapshot_memory", str, None, "memory for the ranks' in-memory snapshots on this node, per job: bytes "
-            "or `512M`/`2G`, `0` off (docs/worker.md)", optional=True,
+            "the fault (default {default}; docs/worker.md)", flags=("--warm-spare-mode", "--warm_spare_mode"),
+            scope="run", metavar="import|script"),
+    Setting("snapshot_memory", str, None, "taskd: memory for the ranks' in-memory snapshots on this node (512M, 2G; "
+            "0: off; default: half of /dev/shm; docs/worker.md)", optional=True,
             flags=("--snapshot-memory", "--snapshot_memory"), env="TASKD_SNAPSHOT_MEMORY", scope="run", run_env=True,
-            shown="half of /dev/shm", metavar="BYTES", help="taskd: memory for the ranks' in-memory snapshots on this "
-            "node (512M, 2G; 0: off; default: half of /dev/shm; docs/worker.md)"),
-    Setting("snapshot_persist_dir", str, None, "the agent copies the ranks' snapshots to this directory in the "
-            "background (the durable copies a job keeps after it ends; a restore falls back to them; docs/worker.md)",
+            shown="half of /dev/shm", metavar="BYTES"),
+    Setting("snapshot_persist_dir", str, None, "taskd: the agent copies the snapshots here in the background, every "
+            "--snapshot-persist-every steps and at the job's end; a restore falls back to them (default: off)",
             optional=True, flags=("--snapshot-persist-dir", "--snapshot_persist_dir"), env="TASKD_SNAPSHOT_PERSIST_DIR",
-            scope="run", run_env=True, shown="unset: off", metavar="DIR",
-            help="taskd: the agent copies the snapshots here in the background, every --snapshot-persist-every "
-                 "steps and at the job's end; a restore falls back to them (default: off)"),
-    Setting("snapshot_persist_every", int, 100, "with `--snapshot-persist-dir`: persist the snapshot of every Nth "
-            "step (and the newest when the job ends)", Bound(1),
-            flags=("--snapshot-persist-every", "--snapshot_persist_every"), env="TASKD_SNAPSHOT_PERSIST_EVERY",
-            scope="run", run_env=True, metavar="N",
-            help="taskd: persist every Nth step's snapshot (default {default})"),
-    Setting("snapshot_persist_keep", int, 3, "with `--snapshot-persist-dir`: persisted steps kept per rank", Bound(1),
+            scope="run", run_env=True, shown="unset: off", metavar="DIR"),
+    Setting("snapshot_persist_every", int, 100, "taskd: persist every Nth step's snapshot (default {default})",
+            Bound(1), flags=("--snapshot-persist-every", "--snapshot_persist_every"),
+            env="TASKD_SNAPSHOT_PERSIST_EVERY", scope="run", run_env=True, metavar="N"),
+    Setting("snapshot_persist_keep", int, 3, "taskd: persisted steps kept per rank (default {default})", Bound(1),
             flags=("--snapshot-persist-keep", "--snapshot_persist_keep"), env="TASKD_SNAPSHOT_PERSIST_KEEP",
-            scope="run", run_env=True, metavar="K", help="taskd: persisted steps kept per rank (default {default})"),
-    Setting("role", str, "default", "the ranks' `ROLE_NAME`", flags=("--role",), scope="run", metavar="NAME",
-            help="the ranks' role, ROLE_NAME (default '{default}')"),
-    Setting("master_addr", str, "127.0.0.1", "`MASTER_ADDR` for the ranks", flags=("--master-addr", "--master_addr"),
-            scope="run", metavar="HOST",
-            help="MASTER_ADDR for the ranks (default {default}, or node 0's host under Slurm/Kubernetes)"),
-    Setting("master_port", int, 0, "`MASTER_PORT` for the ranks", flags=("--master-port", "--master_port"),
-            scope="run", metavar="PORT", shown="a free port (29500 with several nodes)",
-            help="MASTER_PORT for the ranks (default: a free port on a one-node job, 29500 otherwise)"),
-    Setting("quiet", bool, False, "do not echo rank output on the console", flags=("--quiet",), scope="run",
-            help="taskd: do not echo rank output on the console"),
+            scope="run", run_env=True, metavar="K"),
+    Setting("role", str, "default", "the ranks' role, ROLE_NAME (default '{default}')", flags=("--role",), scope="run",
+            metavar="NAME"),
+    Setting("master_addr", str, "127.0.0.1", "MASTER_ADDR for the ranks (default {default}, or node 0's host under "
+            "Slurm/Kubernetes)", flags=("--master-addr", "--master_addr"), scope="run", metavar="HOST"),
+    Setting("master_port", int, 0, "MASTER_PORT for the ranks (default: a free port on a one-node job, 29500 "
+            "otherwise)", flags=("--master-port", "--master_port"), scope="run", metavar="PORT",
+            shown="a free port (29500 with several nodes)"),
+    Setting("quiet", bool, False, "taskd: do not echo rank output on the console", flags=("--quiet",), scope="run"),
     # how this node proves itself to --server: paths, read by run.py and taskd.client (client/credentials.py)
     Setting("token_file", str, None, "taskd: the controller's token, sent with every call (default ${env}; see "
             "RELIABILITY.md)", optional=True, flags=("--token-file", "--token_file"), env="TASKD_TOKEN_FILE",
@@ -403,6 +394,7 @@ def _check(settings: tuple[Setting, ...]) -> None:
         assert s.scope != "flag" or not s.env, f"{s.name}: a flag with a variable is a setting of a config"
         assert s.scope not in ("client", "variable") or not s.flags, f"{s.name}: {s.scope} settings have no flag"
         assert not s.flags or s.help or s.doc or s.notice, f"{s.name}: a flag needs its help line"
+        assert not s.help or s.env and s.agent, f"{s.name}: one text (doc) unless msrun's table shows the variable's"
 
 
 _check(SETTINGS)

@@ -54,7 +54,8 @@ def test_the_table_refuses_a_contradiction_at_import() -> None:
            Setting("z", float, 1, "doc"), Setting("w", int, 0, "doc", flags=("w",)),
            Setting("v", int, 0, "doc", scope="anywhere"),
            Setting("u", int, 0, "doc", flags=("--u",), env="U", scope="flag"),
-           Setting("t", int, 0, "", flags=("--t",), scope="run")]
+           Setting("t", int, 0, "", flags=("--t",), scope="run"),
+           Setting("s", int, 0, "doc", flags=("--s",), scope="run", help="a second text")]
     for entry in bad:
         with pytest.raises(AssertionError):
             _check((entry,))
