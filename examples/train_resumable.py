@@ -42,6 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ckpt-dir", required=True, help="checkpoint directory (one subdirectory per rank)")
     p.add_argument("--out", required=True, help="directory for the final parameters and run summary")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step (to watch it run)")
+    p.add_argument("--sleep-while", default=None, metavar="FILE",
+                   help="sleep --step-sleep per step only while FILE exists (a test paces the job while it acts on it)")
     p.add_argument("--crash-once-at-step", type=int, default=None,
                    help="rank 1 crashes once after computing this step (a marker file in --out remembers it)")
     p.add_argument("--ckpt-timeout", type=float, default=60.0, help="section timeout of a checkpoint save")
@@ -124,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             save_now()
             loss = float(np.mean(residual**2))
             print(f"rank {rank}: step {state['step']}/{args.steps} loss {loss:.6f}", flush=True)
-        if args.step_sleep > 0:
+        if args.step_sleep > 0 and (args.sleep_while is None or os.path.exists(args.sleep_while)):
             time.sleep(args.step_sleep)
 
     os.close(counter)

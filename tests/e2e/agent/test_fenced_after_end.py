@@ -24,7 +24,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from support import free_port, port_open, secret_file, wait_for
+from support import free_port, port_open, ranks_of, secret_file, wait_for
 from test_node_loss_e2e import (
     GRACE,
     JOB_RESCHEDULING,
@@ -34,6 +34,7 @@ from test_node_loss_e2e import (
     kill_all,
     logs,
     node,
+    rescheduled,
     signal_node,
     whole_node,
 )
@@ -102,8 +103,11 @@ def alive(pids: list[int]) -> list[int]:
     return [p for p in pids if running(p)]
 
 
-def fenced_after_the_end(tmp: Path, job: str, workload: list[str], started: object, extra: list[str]) -> None:
-    """The scenario; `started()` says node 1's ranks have taken enough steps (checkpoints) to be SIGSTOPped."""
+def fenced_after_the_end(tmp: Path, job: str, workload: list[str], started: object, extra: list[str],
+                         paced: bool = False) -> None:
+    """The scenario; `started()` says node 1's ranks have taken enough steps (checkpoints) to be SIGSTOPped.
+    `paced`: the workload sleeps per step while tmp/pace exists; it is removed once the round restarted node 0's
+    ranks and started the replacement's (test_node_loss_e2e.rescheduled)."""
     with guarded_server(tmp) as (address, admin):
         cred = job_credential(tmp, admin, job)
         env = {"TASKD_TOKEN_FILE": str(cred), "OMP_NUM_THREADS": "1"}
@@ -115,6 +119,7 @@ def fenced_after_the_end(tmp: Path, job: str, workload: list[str], started: obje
         procs = {f"node{r}": node(args(r), tmp / f"node{r}.log", **env) for r in range(2)}
         try:
             wait_for(started, 90, "node 1's ranks' first steps")  # type: ignore[arg-type]
+            node0_ranks = set(ranks_of(procs["node0"].pid).values())
             old = procs["node1"]
             frozen = whole_node(old)
             old_pids = [p.pid for p in frozen]
@@ -125,6 +130,8 @@ def fenced_after_the_end(tmp: Path, job: str, workload: list[str], started: obje
                      30, "the controller to declare node 1 lost")
             print(f"node 1 SIGSTOPped, declared lost {time.monotonic() - stopped:.1f}s later")
             procs["replacement"] = node(args(1), tmp / "replacement.log", **env)
+            if paced:
+                rescheduled(tmp, procs["node0"], node0_ranks, procs["replacement"])
             for name in ("node0", "replacement"):
                 try:
                     code = procs[name].wait(timeout=120)
@@ -171,9 +178,9 @@ def fenced_after_the_end(tmp: Path, job: str, workload: list[str], started: obje
 def test_a_fenced_node_of_a_checkpoint_job_back_after_the_end_exits_non_zero_and_writes_nothing(
         tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
-    fenced_after_the_end(tmp_path, "fence-ckpt", example(tmp_path, steps=300),
+    fenced_after_the_end(tmp_path, "fence-ckpt", example(tmp_path, steps=300, paced=True),
                          lambda: all((ckpt / f"rank{r}").is_dir() and any((ckpt / f"rank{r}").iterdir())
-                                     for r in range(4)), list(JOB_RESCHEDULING))
+                                     for r in range(4)), list(JOB_RESCHEDULING), paced=True)
 
 
 @pytest.mark.torch

@@ -32,9 +32,27 @@ PING = "1"  # --agent-ping-interval and --agent-ping-timeout: a SIGSTOPped node'
 JOB_RESCHEDULING = ("--strategies", "job-rescheduling,exit")
 
 
-def example(tmp: Path, steps: int = STEPS, sleep: float = 0.04) -> list[str]:
+def example(tmp: Path, steps: int = STEPS, sleep: float = 0.04, paced: bool = False) -> list[str]:
+    """The job's script; `paced`: it sleeps `sleep` per step only while tmp/pace exists (see rescheduled())."""
+    pace = ["--sleep-while", str(tmp / "pace")] if paced else []
+    if paced:
+        (tmp / "pace").touch()
     return [str(EXAMPLE), "--steps", str(steps), "--ckpt-every", "5", "--ckpt-dir", str(tmp / "ckpt"),
-            "--out", str(tmp / "out"), "--step-sleep", str(sleep)]
+            "--out", str(tmp / "out"), "--step-sleep", str(sleep), *pace]
+
+
+def rescheduled(tmp: Path, survivor: subprocess.Popen[bytes], old: set[int],
+                replacement: subprocess.Popen[bytes]) -> None:
+    """Wait until the round's job-rescheduling restarted the survivor's ranks (none of `old` left among them) and
+    started the replacement's, then stop pacing the job: the slow steps only had to outlast the fault's detection
+    and the replacement's start, and the rest of the run (from a checkpoint, every rank restarted) goes at full
+    speed. Un-paced earlier, the survivor's old ranks could finish before the round restarts them."""
+    def restarted() -> bool:
+        now = set(ranks_of(survivor.pid).values())
+        return len(now) == 2 and not now & old and len(ranks_of(replacement.pid)) == 2
+
+    wait_for(restarted, 60, "the round to restart node 0's ranks and start the replacement's")
+    (tmp / "pace").unlink()
 
 
 def params(tmp: Path, world: int = 4) -> list[np.ndarray]:
@@ -228,10 +246,11 @@ def test_a_sigstopped_node_that_comes_back_is_fenced(tmp_path: Path, server: str
     # node 0's ranks train on while node 1 is stopped, declared lost and replaced: with 0.04 s steps they
     # finished the 150 before the replacement joined under load (then no round can recover node 1's ranks);
     # 0.2 s steps leave 30 s for up to 20 s of detection and the replacement's start
-    slow = example(tmp_path, sleep=0.2)
+    slow = example(tmp_path, sleep=0.2, paced=True)
     procs = {f"node{r}": node([*job_args(server, "fence", r), *slow], tmp_path / f"node{r}.log") for r in range(2)}
     try:
         wait_for(lambda: all((tmp_path / "ckpt" / f"rank{r}").is_dir() for r in range(4)), 60, "every checkpoint")
+        node0_ranks = set(ranks_of(procs["node0"].pid).values())
         old = procs["node1"]
         frozen = whole_node(old)
         old_ranks = set(ranks_of(old.pid).values())
@@ -242,7 +261,7 @@ def test_a_sigstopped_node_that_comes_back_is_fenced(tmp_path: Path, server: str
         wait_for(lambda: events(server, "fence", "node_lost"), 20, "the controller to declare node 1 lost")
         print(f"SIGSTOPped node declared lost after {time.monotonic() - stopped:.1f}s")
         procs["replacement"] = node([*job_args(server, "fence", 1), *slow], tmp_path / "replacement.log")
-        wait_for(lambda: len(ranks_of(procs["replacement"].pid)) == 2, 60, "the replacement's ranks")
+        rescheduled(tmp_path, procs["node0"], node0_ranks, procs["replacement"])
         signal_node(frozen, signal.SIGCONT)
         assert old.wait(timeout=30) == 1, (tmp_path / "node1.log").read_text()
         text1 = (tmp_path / "node1.log").read_text()
@@ -261,10 +280,11 @@ def test_a_survivor_says_what_its_round_waits_for_while_it_waits(tmp_path: Path,
     survivors printed nothing. Node 0 now says, when the wait starts, what it waits for and for how long at most;
     then every rejoin-timeout/10 s (at least 5) while it lasts; and when it ends."""
     with node_loss_server(tmp_path, rejoin_timeout="40") as address:  # a "still waiting" line every 5 s
-        slow = example(tmp_path, sleep=0.2)  # node 0's ranks train on while the round waits: 30 s in all
+        slow = example(tmp_path, sleep=0.2, paced=True)  # node 0's ranks train on while the round waits: 30 s
         procs = {f"node{r}": node([*job_args(address, "wait", r), *slow], tmp_path / f"node{r}.log") for r in range(2)}
         try:
             wait_for(lambda: all((tmp_path / "ckpt" / f"rank{r}").is_dir() for r in range(4)), 60, "every checkpoint")
+            node0_ranks = set(ranks_of(procs["node0"].pid).values())
             os.killpg(procs["node1"].pid, signal.SIGKILL)
             assert procs["node1"].wait(timeout=10) == -signal.SIGKILL
             survivor = tmp_path / "node0.log"
@@ -273,6 +293,7 @@ def test_a_survivor_says_what_its_round_waits_for_while_it_waits(tmp_path: Path,
             wait_for(lambda: "still waiting for a replacement of node 1" in survivor.read_text(), 15,
                      "node 0 to say it still waits")
             procs["replacement"] = node([*job_args(address, "wait", 1), *slow], tmp_path / "replacement.log")
+            rescheduled(tmp_path, procs["node0"], node0_ranks, procs["replacement"])
             codes = finish({k: v for k, v in procs.items() if k != "node1"}, tmp_path)
             assert codes == {"node0": 0, "replacement": 0}, logs(tmp_path, "node0", "replacement")
             text = survivor.read_text()
