@@ -34,9 +34,17 @@ KILL_AT = ("crash", "STOPPING COLLECTING", "RECOVERING")
 
 
 def example(tmp: Path, crash: bool, sleep: float = 0.03) -> list[str]:
-    crash_args = ["--crash-once-at-step", str(CRASH_AT)] if crash else []
+    """The job; the crashing one sleeps per step only while tmp/pace exists (see run_killing_the_server)."""
+    crash_args = ["--crash-once-at-step", str(CRASH_AT), "--sleep-while", str(tmp / "pace")] if crash else []
     return [str(EXAMPLE), "--steps", str(STEPS), "--ckpt-every", "5", "--ckpt-dir", str(tmp / "ckpt"),
             "--out", str(tmp / "out"), "--step-sleep", str(sleep), *crash_args]
+
+
+def round_closed(ctl: Server, tmp: Path, job: str) -> bool:
+    """Rank 1 was replaced and the server (the restarted one) stored the job RUNNING again: its round is closed
+    and stored so, and nothing can re-run it."""
+    return "replaced rank(s)" in (tmp / "node1.log").read_text(errors="replace") and \
+        ctl.stored_state(job).split(" ")[0] == "RUNNING"
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +63,10 @@ def crashed(tmp: Path, procs: list[subprocess.Popen[bytes]]) -> bool:
 
 def run_killing_the_server(ctl: Server, tmp: Path, job: str, kill_at: str, script: list[str]) -> tuple[str, dict]:
     """Run a 2-node job whose rank 1 crashes; SIGKILL the server at `kill_at`, restart it 1 s later. Returns the
-    job's state as the killed server stored it, and its record once both nodes exited (asserted 0)."""
+    job's state as the killed server stored it, and its record once both nodes exited (asserted 0). The job is
+    paced (tmp/pace) until the restarted server closed the round: rank 0 trains on through the kill and the
+    restart, as a real job would; after the round the rest of the run goes at full speed."""
+    (tmp / "pace").touch()
     procs = [node(tmp, ctl.address, job, r, script) for r in range(2)]
     try:
         wait_for(lambda: crashed(tmp, procs), 60, "rank 1 to crash", interval=0.005)
@@ -66,6 +77,10 @@ def run_killing_the_server(ctl: Server, tmp: Path, job: str, kill_at: str, scrip
         stored = ctl.stored_state(job)
         time.sleep(1.0)
         ctl.start()
+        # a job whose round never closes ends paced, failing as before (a node finished while the round was open)
+        wait_for(lambda: round_closed(ctl, tmp, job) or any(p.poll() is not None for p in procs), 80,
+                 "the restarted server to close the round")
+        (tmp / "pace").unlink()
         codes = [p.wait(timeout=80) for p in procs]
         logs = "\n".join(f"--- node{r}\n{(tmp / f'node{r}.log').read_text()}" for r in range(2))
         record = status(ctl.address, job)
