@@ -94,12 +94,15 @@ def finish(proc: subprocess.Popen[bytes], log: Path) -> None:
     assert proc.returncode == 0, log.read_text()[-6000:]
 
 
-def events(address: str, job: str, kind: str, token: Path) -> list[dict]:
-    """The job's events of `kind` (their details), as `taskd status --json` shows them."""
+def events(address: str, job: str, token: Path) -> dict[str, list[dict]]:
+    """The job's migration events by kind (their details), as one `taskd status --json` shows them."""
     out = subprocess.run([sys.executable, "-m", "taskd", "status", "--server", address, "--job", job, "--json",
                           "--token-file", str(token)], capture_output=True, text=True, timeout=30, cwd=ROOT)
     assert out.returncode == 0, out
-    return [e["detail"] for e in json.loads(out.stdout)["jobs"][0]["events"] if e["kind"] == kind]
+    found: dict[str, list[dict]] = {"migrated": [], "migration_failed": []}
+    for e in json.loads(out.stdout)["jobs"][0]["events"]:
+        found.setdefault(e["kind"], []).append(e["detail"])
+    return found
 
 
 def test_migrate_a_rank_of_a_live_ddp_job(tmp_path: Path) -> None:
@@ -107,10 +110,16 @@ def test_migrate_a_rank_of_a_live_ddp_job(tmp_path: Path) -> None:
     wrong = secret_file(tmp_path / "wrong.token", "not-the-token\n")
     with server(tmp_path, ("--token-file", str(admin))) as srv:
         base = ["--server", srv.address, "--token-file", str(admin)]
-
-        # the reference: no warm spare, so every migration is refused and the job runs as it was
+        # both jobs run at once (paced, each acted on in turn): the reference's run is the mig job's wait to start
         ref_log = tmp_path / "ref.log"
         ref = taskd_run([*base, *job_args(tmp_path, "ref")], ref_log)
+        credential = secret_file(tmp_path / "job.cred", subprocess.run(
+            [sys.executable, "-m", "taskd", "token", "--job", "mig", "--token-file", str(admin)],
+            capture_output=True, text=True, timeout=30, cwd=ROOT, check=True).stdout)
+        log = tmp_path / "mig.log"
+        job = taskd_run([*base, "--warm-spares", "1", *job_args(tmp_path, "mig")], log)
+
+        # the reference: no warm spare, so every migration is refused and the job runs as it was
         before = started(tmp_path, "ref")
         refused = migrate(srv.address, "ref", 1, admin)
         assert refused.returncode == 1 and "no warm spare is ready" in refused.stderr, refused
@@ -119,19 +128,8 @@ def test_migrate_a_rank_of_a_live_ddp_job(tmp_path: Path) -> None:
         refused = migrate(srv.address, "ref", WORLD, admin)
         assert refused.returncode == 1 and f"rank {WORLD} is not a rank of job ref" in refused.stderr, refused
         (tmp_path / "ref.pace").unlink()
-        finish(ref, ref_log)
-        for r in range(WORLD):
-            steps = progress(tmp_path, "ref", r)
-            assert [s for s, _ in steps] == list(range(STEPS)) and {p for _, p in steps} == {before[r]}
-        failed = events(srv.address, "ref", "migration_failed", admin)
-        assert [e["rank"] for e in failed] == [1] and not events(srv.address, "ref", "migrated", admin), failed
 
         # the same job with a warm spare: rank 2 moves, with the job's own credential
-        credential = secret_file(tmp_path / "job.cred", subprocess.run(
-            [sys.executable, "-m", "taskd", "token", "--job", "mig", "--token-file", str(admin)],
-            capture_output=True, text=True, timeout=30, cwd=ROOT, check=True).stdout)
-        log = tmp_path / "mig.log"
-        job = taskd_run([*base, "--warm-spares", "1", *job_args(tmp_path, "mig")], log)
         pids = started(tmp_path, "mig")
         # the successor dies before it is ready: the migration is called off and the job runs as it was
         call = migrate_call(srv.address, "mig", 2, credential)
@@ -145,11 +143,18 @@ def test_migrate_a_rank_of_a_live_ddp_job(tmp_path: Path) -> None:
         assert f"(pid {pids[2]} -> " in moved.stdout, moved.stdout
         (tmp_path / "mig.pace").unlink()
         wait_for(lambda: not _alive(pids[2]), 30, "the migrated rank's old process to exit")
+        finish(ref, ref_log)
         finish(job, log)
+        for r in range(WORLD):
+            steps = progress(tmp_path, "ref", r)
+            assert [s for s, _ in steps] == list(range(STEPS)) and {p for _, p in steps} == {before[r]}
+        ref_events = events(srv.address, "ref", admin)
+        assert [e["rank"] for e in ref_events["migration_failed"]] == [1] and not ref_events["migrated"], ref_events
         console = log.read_text()
-        done = events(srv.address, "mig", "migrated", admin)
+        mig_events = events(srv.address, "mig", admin)
+        done = mig_events["migrated"]
         assert len(done) == 1 and done[0]["old_pid"] == pids[2] and done[0]["pause_seconds"] > 0, done
-        failed = events(srv.address, "mig", "migration_failed", admin)
+        failed = mig_events["migration_failed"]
         assert "ended before it was ready" in failed[0]["reason"], failed
 
     for r in range(WORLD):
