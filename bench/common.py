@@ -55,6 +55,62 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b == 0 else a / b
 
 
+# Student's t, 97.5th percentile, by degrees of freedom; a df between two entries takes the lower one's (wider)
+_T975 = ((1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776), (5, 2.571), (6, 2.447), (7, 2.365), (8, 2.306),
+         (9, 2.262), (10, 2.228), (12, 2.179), (15, 2.131), (20, 2.086), (25, 2.060), (30, 2.042), (40, 2.021),
+         (60, 2.000), (120, 1.980))
+
+
+def interval95(values: list[float]) -> dict[str, Any]:
+    """Mean of `values` (one per repetition, e.g. a configuration's paired cost against the baseline of the same
+    repetition) and the half-width of its 95 % confidence interval (Student's t); half is None below 2 values.
+    An interval, not a median: it says how far the noise of the repetitions leaves the mean uncertain."""
+    n = len(values)
+    if n == 0:
+        return {"n": 0, "mean": None, "half": None}
+    mean = sum(values) / n
+    if n < 2:
+        return {"n": n, "mean": mean, "half": None}
+    sd = (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5
+    t = [t for df, t in _T975 if df <= n - 1][-1]
+    return {"n": n, "mean": mean, "half": t * sd / n ** 0.5}
+
+
+def narrow_enough(intervals: Iterable[dict[str, Any]], target: float) -> bool:
+    """Every interval's half-width is known and below `target` (the repetitions can stop)."""
+    return all(i["half"] is not None and i["half"] < target for i in intervals)
+
+
+def fmt_interval(i: dict[str, Any], digits: int = 1) -> str:
+    """"mean ± half" (or the mean alone with one value, "-" with none)."""
+    if i["mean"] is None:
+        return "-"
+    return f"{i['mean']:.{digits}f}" + ("" if i["half"] is None else f" ± {i['half']:.{digits}f}")
+
+
+def job_cpu_seconds(root_parent: int) -> float | None:
+    """CPU seconds (user + system, every thread) used so far by the job this process belongs to: the ancestor
+    whose parent is `root_parent` (the benchmark that started the job's launcher) and every process under it,
+    ranks and agent alike. None when no ancestor has that parent. A difference of two readings is the job's CPU
+    cost of what ran between them, which other processes' load moves far less than wall time."""
+    try:
+        root = psutil.Process()
+        while root.ppid() != root_parent:
+            root = root.parent()
+            if root is None or root.pid <= 1:
+                return None
+        total = 0.0
+        for proc in [root, *root.children(recursive=True)]:
+            try:
+                t = proc.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                continue  # gone meanwhile: none of the steady state's processes
+        return total
+    except psutil.Error:
+        return None
+
+
 # ----------------------------------------------------------------------------- output
 
 def fmt(value: Any, digits: int = 2) -> str:

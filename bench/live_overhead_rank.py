@@ -1,11 +1,13 @@
 """One rank of bench/live_overhead.py: the same MLP and data as examples/torch/train_ddp.py, in one of
-three wirings, timing every step; rank 0 writes OUT/rank0.json with the step times.
+three wirings, timing every step; rank 0 writes OUT/rank0.json with the step times and the job's CPU seconds
+(every process of it, ranks and launcher: bench/common.job_cpu_seconds under $BENCH_PID) after step WARMUP and
+after the last step.
 
     plain         dist.init_process_group + DistributedDataParallel(model), DDP's default buckets
     live          LiveGroup + live.ddp (DDP's buckets, fixed at construction) + track(model, optimizer): the vote
     live-novote   the same, the optimizer handed over as an extra object: no optimizer hooks, no vote
 
-argv: MODE OUT STEPS HIDDEN LAYERS
+argv: MODE OUT STEPS HIDDEN LAYERS [WARMUP]
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common import job_cpu_seconds  # noqa: E402 (bench/: this script's own directory)
+
 from taskd.worker.torch import LiveGroup  # noqa: E402
 
 INPUTS, BATCH, SEED = 256, 32, 1234
@@ -48,16 +52,26 @@ def train_step(ddp: nn.Module, optimizer: torch.optim.Optimizer, rank: int, step
 
 def main() -> int:
     mode, out, steps, hidden, layers = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    warmup = int(sys.argv[6]) if len(sys.argv) > 6 else 0
+    bench = int(os.environ.get("BENCH_PID", "0"))
     model = build(hidden, layers)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     times: list[float] = []
+    cpu: list[float | None] = []
+
+    def stepped(rank: int) -> None:
+        """After every step: its time; rank 0 reads the job's CPU after step `warmup` and after the last."""
+        times.append(time.perf_counter())
+        if bench and rank == 0 and len(times) in (warmup + 1, steps):
+            cpu.append(job_cpu_seconds(bench))
+
     if mode == "plain":
         dist.init_process_group("gloo")
         ddp = DistributedDataParallel(model)
         rank = dist.get_rank()
         for step in range(steps):
             train_step(ddp, optimizer, rank, step)
-            times.append(time.perf_counter())
+            stepped(rank)
         dist.destroy_process_group()
     else:
         live = LiveGroup(backend="gloo")
@@ -70,12 +84,12 @@ def main() -> int:
         for step in live.steps(0, steps):
             with live.step():
                 train_step(ddp, optimizer, rank, step)
-            times.append(time.perf_counter())
+            stepped(rank)
         live.close()
     if rank == 0:
         params = sum(p.numel() for p in model.parameters())
         with open(os.path.join(out, "rank0.json"), "w") as fh:
-            json.dump({"mode": mode, "times": times, "params": params}, fh)
+            json.dump({"mode": mode, "times": times, "params": params, "cpu": cpu}, fh)
     return 0
 
 

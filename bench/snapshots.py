@@ -11,11 +11,16 @@ its state every k steps, k = 1, 5, 20, with each method:
 Measured per method and k: each save's blocking time (the call, as the training loop sees it) and the steady
 state: steps/s over the run against the same steps with no saves (the rounds interleaved so that the machine's
 load moves all alike), and the process's CPU time per step (the publishing thread's included), which other
-processes' load does not move. Then restore time: from memory (`TorchSnapshots.restore` in a fresh process state, into
-a fresh model and optimizer) against from disk (``torch.load`` + ``load_state_dict``), the file's pages dropped
-from the page cache first (``posix_fadvise(DONTNEED)``, after its fsync) and kept ("warm").
+processes' load does not move. Each round runs every configuration once (in alternating order); a
+configuration's costs are paired with the no-save run of the same round, and rounds go on until every CPU
+cost's 95 % interval (Student's t over the rounds) is narrower than ±--target points, from --min-rounds up to
+--max-rounds; the table prints the intervals (mean ± half-width), not a median. Then restore time: from memory
+(`TorchSnapshots.restore` in a fresh process state, into a fresh model and optimizer) against from disk
+(``torch.load`` + ``load_state_dict``), the file's pages dropped from the page cache first
+(``posix_fadvise(DONTNEED)``, after its fsync) and kept ("warm").
 
-    PYTHONPATH=. python bench/snapshots.py [--hidden 1024 --layers 8 --steps 40 --rounds 2] [--quick]
+    PYTHONPATH=. python bench/snapshots.py [--hidden 1024 --layers 8 --steps 40] [--target 1.5]
+        [--min-rounds 3] [--max-rounds 20] [--quick]
 """
 
 from __future__ import annotations
@@ -24,7 +29,6 @@ import argparse
 import os
 import shutil
 import signal
-import statistics
 import sys
 import tempfile
 import time
@@ -32,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
-from common import header, stats, table, write_result  # noqa: E402
+from common import fmt_interval, header, interval95, narrow_enough, stats, table, write_result  # noqa: E402
 from torch import nn  # noqa: E402
 
 from taskd.worker.torch_snapshot import TorchSnapshots  # noqa: E402
@@ -47,13 +51,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--steps", type=int, default=40, help="steps per measured run")
-    p.add_argument("--rounds", type=int, default=2, help="rounds, each running every configuration once")
+    p.add_argument("--target", type=float, default=1.5,
+                   help="stop once every CPU cost's 95 %% interval is narrower than ± this many points")
+    p.add_argument("--min-rounds", type=int, default=3, help="rounds, each running every configuration once, at least")
+    p.add_argument("--max-rounds", type=int, default=20, help="... and at most (the cap when noise stays wide)")
+    p.add_argument("--rounds", type=int, default=0, help="exactly this many rounds (sets both bounds)")
     p.add_argument("--restores", type=int, default=5)
     p.add_argument("--disk", default=None, help="directory for torch.save's files (default: a temporary one)")
     p.add_argument("--quick", action="store_true", help="a small model, few steps (a smoke test)")
     args = p.parse_args(argv)
     if args.quick:
-        args.hidden, args.layers, args.steps, args.rounds, args.restores = 128, 2, 6, 1, 2
+        args.hidden, args.layers, args.steps, args.rounds, args.restores = 128, 2, 6, 2, 2
+    if args.rounds:
+        args.min_rounds = args.max_rounds = args.rounds
+    if not 2 <= args.min_rounds <= args.max_rounds or args.target <= 0:
+        p.error("2 <= --min-rounds <= --max-rounds (an interval needs 2 rounds) and --target > 0")
     return args
 
 
@@ -151,6 +163,16 @@ def measure_restores(args: argparse.Namespace, shm: str, disk: Disk) -> dict[str
     return out
 
 
+def paired_costs(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, list[float]]]:
+    """Per configuration, its wall and CPU cost (%) in each round against that round's no-save run."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for name, items in runs.items():
+        pairs = list(zip(items, runs["none"], strict=False))
+        out[name] = {"cost": [100.0 * (1.0 - r["steps_per_s"] / b["steps_per_s"]) for r, b in pairs],
+                     "cpu_cost": [100.0 * (r["cpu_per_step"] / b["cpu_per_step"] - 1.0) for r, b in pairs]}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped run still removes its /dev/shm directory
@@ -160,12 +182,13 @@ def main(argv: list[str] | None = None) -> int:
     model, optimizer = build(args)
     result["state_bytes"] = state_bytes(model, optimizer)
     print(f"state: {result['state_bytes'] / 1e6:.1f} MB (model + AdamW moments), {args.steps} steps per run, "
-          f"{args.rounds} round(s)", flush=True)
+          f"{args.min_rounds}-{args.max_rounds} rounds (until every CPU cost is known within ±{args.target} points)",
+          flush=True)
     configs: list[tuple[str | None, int]] = [(None, 0)] + [(m, k) for k in KS for m in METHODS]
     runs: dict[str, list[dict[str, Any]]] = {}
     disk_dir = tempfile.mkdtemp(prefix="taskd-bench-disk-", dir=args.disk)
     try:
-        for r in range(args.rounds):
+        for r in range(args.max_rounds):
             for method, k in configs if r % 2 == 0 else configs[::-1]:
                 shm = tempfile.mkdtemp(prefix="taskd-bench-snap-", dir="/dev/shm")
                 try:
@@ -174,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"round {r + 1}: {name}: {runs[name][-1]['steps_per_s']:.2f} steps/s", flush=True)
                 finally:
                     shutil.rmtree(shm, ignore_errors=True)
+            costs = paired_costs(runs)
+            if r + 1 >= args.min_rounds and narrow_enough(
+                    [interval95(c["cpu_cost"]) for name, c in costs.items() if name != "none"], args.target):
+                break
         shm = tempfile.mkdtemp(prefix="taskd-bench-snap-", dir="/dev/shm")
         try:
             restores = measure_restores(args, shm, Disk(disk_dir))
@@ -182,20 +209,23 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(disk_dir, ignore_errors=True)
 
-    base = statistics.median(r["steps_per_s"] for r in runs["none"])
-    base_cpu = statistics.median(r["cpu_per_step"] for r in runs["none"])
+    costs = paired_costs(runs)
     rows, summary = [], {}
     for name, items in runs.items():
-        rate = statistics.median(r["steps_per_s"] for r in items)
-        cpu = statistics.median(r["cpu_per_step"] for r in items)
+        rate, cpu = interval95([r["steps_per_s"] for r in items]), interval95([r["cpu_per_step"] for r in items])
+        cost, cpu_cost = interval95(costs[name]["cost"]), interval95(costs[name]["cpu_cost"])
         blocking = stats([s for r in items for s in r["saves"]], 1e3)
-        cost, cpu_cost = 100.0 * (1.0 - rate / base), 100.0 * (cpu / base_cpu - 1.0)
-        summary[name] = {"steps_per_s": rate, "cost_pct": cost, "cpu_per_step": cpu, "cpu_cost_pct": cpu_cost,
-                         "save_ms": blocking}
+        summary[name] = {"rounds": len(items), "steps_per_s": rate["mean"], "cost_pct": cost["mean"],
+                         "cpu_per_step": cpu["mean"], "cpu_cost_pct": cpu_cost["mean"], "save_ms": blocking,
+                         "steps_per_s_interval": rate, "cost_pct_interval": cost, "cpu_per_step_interval": cpu,
+                         "cpu_cost_pct_interval": cpu_cost}
         none = name == "none"
-        rows.append([name, rate, "-" if none else f"{cost:.1f} %", cpu * 1e3, "-" if none else f"{cpu_cost:.1f} %",
-                     blocking["p50"], blocking["max"]])
-    print(table(["method", "steps/s (median)", "wall cost vs none", "CPU ms/step (median)", "CPU cost vs none",
+        cpu_ms = {**cpu, "mean": cpu["mean"] * 1e3, "half": cpu["half"] and cpu["half"] * 1e3}
+        rows.append([name, len(items), fmt_interval(rate, 2), "-" if none else f"{fmt_interval(cost)} %",
+                     fmt_interval(cpu_ms, 2), "-" if none else f"{fmt_interval(cpu_cost)} %", blocking["p50"],
+                     blocking["max"]])
+    print("steady state: mean ± 95 % interval over the rounds; costs paired with the same round's no-save run")
+    print(table(["method", "rounds", "steps/s", "wall cost vs none", "CPU ms/step", "CPU cost vs none",
                  "save p50 ms", "save max ms"], rows))
     rrows = []
     for name, times in restores.items():
