@@ -118,7 +118,10 @@ def fenced_after_the_end(tmp: Path, job: str, workload: list[str], started: obje
 
         procs = {f"node{r}": node(args(r), tmp / f"node{r}.log", **env) for r in range(2)}
         try:
-            wait_for(started, 90, "node 1's ranks' first steps")  # type: ignore[arg-type]
+            # a node that exits before the fault (its store's port taken, a bad flag) fails the test at once, with why
+            wait_for(lambda: started() or any(p.poll() is not None for p in procs.values()), 90,  # type: ignore
+                     "node 1's ranks' first steps")
+            assert all(p.poll() is None for p in procs.values()), logs(tmp, "node0", "node1")
             node0_ranks = set(ranks_of(procs["node0"].pid).values())
             old = procs["node1"]
             frozen = whole_node(old)
@@ -178,9 +181,11 @@ def fenced_after_the_end(tmp: Path, job: str, workload: list[str], started: obje
 def test_a_fenced_node_of_a_checkpoint_job_back_after_the_end_exits_non_zero_and_writes_nothing(
         tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
+    # its own rendezvous port, as the live job's: on the default 29500 another job on the machine made node 0 exit
+    master = ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
     fenced_after_the_end(tmp_path, "fence-ckpt", example(tmp_path, steps=300, paced=True),
                          lambda: all((ckpt / f"rank{r}").is_dir() and any((ckpt / f"rank{r}").iterdir())
-                                     for r in range(4)), list(JOB_RESCHEDULING), paced=True)
+                                     for r in range(4)), [*JOB_RESCHEDULING, *master], paced=True)
 
 
 @pytest.mark.torch

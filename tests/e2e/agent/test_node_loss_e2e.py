@@ -69,10 +69,17 @@ def node(args: list[str], log: Path, **extra_env: str) -> subprocess.Popen[bytes
     return proc
 
 
+MASTER_PORTS: dict[str, int] = {}  # job id -> its rendezvous port, the same for every node of the job
+
+
 def job_args(address: str, job: str, rank: int | None) -> list[str]:
+    """A node of `job`. Every node of a job (replacements and standbys too) gets the job's own free rendezvous port:
+    on the default 29500, a job elsewhere on the machine holding it made node 0 exit at once ("port 29500 is already
+    in use") and the test wait its whole timeout for checkpoints that could never come."""
     where = ["--standby"] if rank is None else ["--node-rank", str(rank)]
+    port = MASTER_PORTS.setdefault(job, free_port())
     return ["--nnodes", "2", *where, "--nproc-per-node", "2", "--job-id", job, "--server", address,
-            "--stop-grace", "2", *JOB_RESCHEDULING]
+            "--master-addr", "127.0.0.1", "--master-port", str(port), "--stop-grace", "2", *JOB_RESCHEDULING]
 
 
 def status(address: str, job: str) -> dict:
