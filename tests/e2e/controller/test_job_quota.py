@@ -6,6 +6,7 @@ nothing changed) and its log lines by `--max-job-log-lines`."""
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 import subprocess
 import sys
@@ -80,9 +81,20 @@ def servers() -> Iterator[list[Server]]:
         s.stop()
 
 
-def fault(job: str, ranks: range, ftype: str, n: int) -> R.ProcessFaultRequest:
-    return R.ProcessFaultRequest(jobId=job, nodeRank=0, host="h", pid=7, detail=f"report {n}",
+@functools.cache
+def _ranks_fault(job: str, ranks: range, ftype: str) -> R.ProcessFaultRequest:
+    return R.ProcessFaultRequest(jobId=job, nodeRank=0, host="h", pid=7,
                                  faultRanks=[R.FaultRank(rankId=str(r), faultType=ftype) for r in ranks])
+
+
+def fault(job: str, ranks: range, ftype: str, n: int) -> R.ProcessFaultRequest:
+    """Report n of the job's fault on `ranks`. The FaultRank messages of a (job, ranks, type) are built once and
+    copied: building 100,000 of them for each of 6 reports took 10.5 s of the test's client at load 16, against
+    3.7 s built once per type and copied."""
+    req = R.ProcessFaultRequest()
+    req.CopyFrom(_ranks_fault(job, ranks, ftype))
+    req.detail = f"report {n}"
+    return req
 
 
 def test_reports_naming_100000_ranks_each_grow_the_state_file_and_log_by_little(
