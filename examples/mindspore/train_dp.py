@@ -61,6 +61,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ckpt-dir", required=True, help="checkpoints go to <ckpt-dir>/rank_<r>/")
     p.add_argument("--out", required=True, help="final weights go to <out>/rank_<r>.npy")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step (to slow it down)")
+    p.add_argument("--sleep-while", default="", metavar="FILE",
+                   help="sleep --step-sleep per step only while FILE exists (a test paces the job while it acts on it)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--snapshot-every", type=int, default=0, help="in-memory snapshot every K steps (0: none)")
     p.add_argument("--crash-once-at-step", type=int, default=-1, help="rank 1 exits with code 13 at this step, once")
@@ -240,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             save_atomically(ms, state, rank_dir, done)
         if snapshots is not None and done % args.snapshot_every == 0:
             snapshots.save(done)  # a copy of weights and momentum into the node's memory, published in background
-        if args.step_sleep > 0:
+        if args.step_sleep > 0 and (not args.sleep_while or os.path.exists(args.sleep_while)):
             time.sleep(args.step_sleep)
 
     if snapshots is not None:

@@ -318,7 +318,7 @@ def fault_free_weights(two_node_jobs) -> np.ndarray:
 
 
 @pytest.mark.timeout(420)
-def test_lost_msrun_node_is_replaced_by_a_second_msrun_and_the_job_rescheduled(two_node_jobs) -> None:
+def test_lost_msrun_node_is_replaced_by_a_second_msrun_and_the_job_rescheduled(two_node_jobs, tmp_path: Path) -> None:
     """Issue 17: node 1's msrun, with the taskd agent inside it, is SIGKILLed after rank 1's step-10 checkpoint;
     its worker lives on (msrun gives its workers no death signal), as after `kill -9` of msrun or an OOM kill;
     a second msrun for node 1 starts 2 s later. The controller declares node 1 lost (its stream ended,
@@ -333,8 +333,11 @@ def test_lost_msrun_node_is_replaced_by_a_second_msrun_and_the_job_rescheduled(t
     # Slower steps (the sleep changes no weight): node 0 and the orphan train on after the kill, and with 0.1 s
     # steps they could finish the 30 steps left before the controller declares node 1 lost (5 s of grace), which
     # then finds node 0 done and fails the job. That race failed this test on an idle machine; 0.3 s leaves 9 s+.
-    slow = list(TRAIN_ARGS)
+    # Paced only until the round restarted both ranks (job.base/pace removed below): the rest runs at 0 s a step.
+    slow = [*TRAIN_ARGS, "--sleep-while", "{dir}/pace"]
     slow[slow.index("--step-sleep") + 1] = "0.3"
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "pace").touch()  # before the ranks start: they check it every step
     job = two_node_jobs("job", TRAIN_LINGER, slow)
     ckpt = job.base / "ckpt" / "rank_1" / "step10.ckpt"
     deadline = time.monotonic() + 180
@@ -349,6 +352,14 @@ def test_lost_msrun_node_is_replaced_by_a_second_msrun_and_the_job_rescheduled(t
     time.sleep(2.0)  # the replacement comes 2 s later, as a restarted pod or an operator would
     assert worker.is_running(), "the old worker died with its msrun: nothing left to clean up"
     replacement = job.replace_node(1)
+    deadline = time.monotonic() + 180  # until the job-rescheduling spawned rank 0 again and the replacement's rank 1
+    while time.monotonic() < deadline and not (
+            job.nodes[0].output().count("Start worker process with rank id:0,") == 2
+            and replacement.output().count("Start worker process with rank id:1,") == 1):
+        if any(n.proc.poll() is not None for n in job.nodes):
+            break  # job.wait() below says how it ended
+        time.sleep(0.1)
+    (job.base / "pace").unlink()
     job.wait(300)
     for node in job.nodes:
         assert FALLBACK_MARK not in node.output(), f"node {node.rank}: msrun did not hand control over\n{job.logs()}"
