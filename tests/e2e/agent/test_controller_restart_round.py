@@ -24,7 +24,11 @@ from support import ROOT, leftovers, wait_for
 from support.restartable import Server, node, server, status
 from support.run import EXAMPLE
 
-STEPS = 300  # rank 0 trains on ~8 s after the crash: through the restart, as a real job would
+# rank 0 trains on through the server's restart, as a real job would: paced (0.03 s a step) until the round closed,
+# up to ~26 s after the crash. With 300 steps (~8 s) a restarted server that took over 10 s to answer at load 22
+# found node 0 finished and failed the job ("node(s) 0 finished while round 1 was open"); unpaced, the steps
+# left take about a second.
+STEPS = 900
 CRASH_AT = 30
 # when the server is SIGKILLed, job by job: the moment rank 1's crash is printed (the round not open yet, or just
 # opened), the round stored as open but undecided, the round stored as RECOVERING (its strategy chosen; here the
