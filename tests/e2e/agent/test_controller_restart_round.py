@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import ROOT, leftovers, wait_for
+from support import ROOT, free_port, leftovers, wait_for
 from support.restartable import Server, node, server, status
 from support.run import EXAMPLE
 
@@ -71,7 +71,10 @@ def run_killing_the_server(ctl: Server, tmp: Path, job: str, kill_at: str, scrip
     paced (tmp/pace) until the restarted server closed the round: rank 0 trains on through the kill and the
     restart, as a real job would; after the round the rest of the run goes at full speed."""
     (tmp / "pace").touch()
-    procs = [node(tmp, ctl.address, job, r, script) for r in range(2)]
+    # the job's own rendezvous port: on the default 29500, a job elsewhere on the machine holding it made node 0 exit
+    # at once ("port 29500 is already in use") and node 1 wait for it until the test's timeout
+    master = ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
+    procs = [node(tmp, ctl.address, job, r, [*master, *script]) for r in range(2)]
     try:
         wait_for(lambda: crashed(tmp, procs), 60, "rank 1 to crash", interval=0.005)
         if kill_at != "crash":
