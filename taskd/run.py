@@ -158,7 +158,7 @@ def _controller(config: RunConfig, agent_config: AgentConfig, hosting: ClientCre
     assert config.hosted_controller is not None and hosting.token is not None
     _, port = parse_host_port(config.hosted_controller, 0, what="controller", forms="HOST:PORT")
     return EmbeddedController.for_job(f"0.0.0.0:{port}", hosting.token, agent_config.max_restarts,
-                                      agent_config.node_rejoin_timeout)
+                                      agent_config.node_rejoin_timeout, agent_config.last_call_timeout)
 
 
 CREDENTIAL_FLAGS = ("--token-file", "--token_file", "--tls-ca", "--tls_ca", "--tls-cert", "--tls_cert",

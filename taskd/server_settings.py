@@ -90,6 +90,9 @@ SERVER_SETTINGS: tuple[ServerSetting, ...] = (
     _shared("join_timeout", "join_timeout", "--join-timeout", "a job whose nodes have not all registered this long "
             "after its first agent did fails (naming the missing nodes) and the agents that joined are told to exit; "
             "torchrun's rendezvous join_timeout (default {default})", "SECONDS"),
+    _shared("last_call_timeout", "last_call_timeout", "--last-call-timeout", "a `--nnodes MIN:MAX` job whose first "
+            "MIN nodes registered starts this long after with the nodes present, and grows when more arrive; "
+            "torchrun's rendezvous last_call_timeout (default {default})", "SECONDS"),
     _shared("default_max_restarts", "max_restarts", "--max-restarts", "restart budget of a job that does not send its "
             "own", "N"),
     S("max_jobs", "--max-jobs", int, 10000, "jobs kept at once (default {default}); a full table evicts the finished "

@@ -134,10 +134,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("node_count", int, 1, "nodes in the job", Bound(1), True, ("--nnodes",), "TASKD_NNODES",
             env_aliases=("TASKD_NODE_COUNT",), run_field="nnodes", derived="MS_WORKER_NUM / ranks per node, else 1",
             metavar="N|MIN:MAX",
-            help="nodes in the job (default {default}). The job starts when MAX nodes have joined; with MIN < MAX, "
-                 "a lost node not replaced within the controller's --node-rejoin-timeout lets it go on with the rest "
-                 "(at least MIN; scale-in, if every rank passes LiveGroup(on_resize=...)), and it grows back when a "
-                 "node joins again (docs/pytorch.md)"),
+            help="nodes in the job (default {default}). With MIN < MAX, once nodes 0..MIN-1 joined the job starts "
+                 "after a last call (--rdzv-conf last_call_timeout) with the nodes present, and each node that joins "
+                 "later restarts every rank at the new size; a lost node not replaced within the controller's "
+                 "--node-rejoin-timeout lets it go on with the rest (at least MIN; scale-in, if every rank passes "
+                 "LiveGroup(on_resize=...)), and it grows back when a node joins again (docs/pytorch.md)"),
     Setting("min_nodes", int, 0, "the fewest nodes the job goes on with when a lost node is not replaced in time "
             "(scale-in; opt-in, with `LiveGroup(on_resize=...)`); 0 or nnodes = a fixed-size job", Bound(0),
             env="TASKD_MIN_NODES", run_field="min_nnodes", label="--nnodes MIN:MAX"),
@@ -181,6 +182,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("join_timeout", float, 600.0, "seconds a node of a multi-node job waits, before starting any rank, for "
             "every node to join (torchrun's rendezvous join_timeout)", _POSITIVE, env="TASKD_JOIN_TIMEOUT",
             label="--rdzv-conf join_timeout", server_field="join_timeout", server_flag="--join-timeout"),
+    Setting("last_call_timeout", float, 30.0, "seconds a `--nnodes MIN:MAX` job waits for more nodes once MIN have "
+            "joined, before it starts with the nodes present (torchrun's rendezvous last_call_timeout); the job's "
+            "controller applies it: node 0's under the torchrun line, else `taskd server --last-call-timeout`",
+            _NONNEGATIVE, env="TASKD_LAST_CALL_TIMEOUT", label="--rdzv-conf last_call_timeout",
+            server_field="last_call_timeout", server_flag="--last-call-timeout"),
     Setting("node_rejoin_timeout", float, 300.0, "seconds a replacement node waits for its node-loss round's "
             "strategy before it gives up, no rank started (the controller's --node-rejoin-timeout bounds the round)",
             _POSITIVE, env="TASKD_NODE_REJOIN_TIMEOUT", server_field="node_rejoin_timeout",
@@ -250,10 +256,13 @@ SETTINGS: tuple[Setting, ...] = (
                    "after --rdzv-endpoint's, or --server), so the backend is not used"),
     Setting("rdzv_conf", str, None, "join_timeout=SECONDS: how long a node of a multi-node job waits for the others "
             "to join before it gives up, starting no rank (default ${s[join_timeout].env}, else "
-            "{s[join_timeout].value_text}, as torchrun); other keys are accepted and not used", optional=True,
+            "{s[join_timeout].value_text}, as torchrun); last_call_timeout=SECONDS: how long a --nnodes MIN:MAX job "
+            "waits for more nodes once MIN joined (default ${s[last_call_timeout].env}, else "
+            "{s[last_call_timeout].value_text}, as torchrun); other keys are accepted and not used", optional=True,
             flags=("--rdzv-conf", "--rdzv_conf"), scope="flag", metavar="K=V,...",
-            notice="taskd has no rendezvous: of its settings only join_timeout is used (how long a node waits for "
-                   "the job's other nodes); the others are not (timeouts: --heartbeat-timeout, --stop-grace)"),
+            notice="taskd has no rendezvous: of its settings only join_timeout (how long a node waits for the job's "
+                   "other nodes) and last_call_timeout (a MIN:MAX job's wait for more once MIN joined) are used; the "
+                   "others are not (timeouts: --heartbeat-timeout, --stop-grace)"),
     Setting("start_method", str, None, "", optional=True, flags=("--start-method", "--start_method"), scope="flag",
             metavar="spawn|fork|forkserver",
             notice="taskd always starts each rank as a new process (as torchrun's spawn)"),

@@ -58,6 +58,9 @@ class AgentConfig:
     # multi-node: how long an agent waits, before starting any rank, for every node of the job to register
     # with the controller (torchrun's rendezvous join_timeout, 600 s); then it exits 1 naming the missing nodes
     join_timeout: float = default("join_timeout")
+    # `--nnodes MIN:MAX`: the wait for more nodes once MIN joined (torchrun's last_call_timeout); node 0's hosted
+    # controller applies it (a `taskd server` has its own --last-call-timeout)
+    last_call_timeout: float = default("last_call_timeout")
     # node loss: a replacement waits this long for the round's strategy (the controller's --node-rejoin-timeout
     # bounds the round on its side); a standby joins with no node and waits for one to be assigned to it
     node_rejoin_timeout: float = default("node_rejoin_timeout")

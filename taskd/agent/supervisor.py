@@ -30,6 +30,7 @@ from taskd.agent.link.node_loss import LossWait, NodeLoss
 from taskd.agent.ranks.control import LauncherDetails, MsrunLogs, RankControl
 from taskd.agent.ranks.launcher import launcher_of
 from taskd.agent.ranks.live import POLL, LiveRanks
+from taskd.agent.ranks.resize import present_nodes
 from taskd.agent.ranks.table import Rank, RankLayout, RankState, RankTable, discover_layout
 from taskd.agent.round import events as ev
 from taskd.agent.round.actions import AgentHooks, Executors, Gone
@@ -74,6 +75,9 @@ class Supervisor:
         self.table = RankTable()  # laid out from MONITOR when the job starts
         self.control = RankControl(config, callbacks, details, self.table, self.watch, self.hang, self.logs)
         self.link = ControllerLink(config, self.watch.wake, controller, credentials)
+        if config.scales:  # MIN:MAX: ranks start with the nodes the job runs on now (controller/nodes/resize.py)
+            self.control.node_count_now = lambda: None if (a := self.link.absent()) is None else present_nodes(
+                config.node_count or 1, a)
         self.live = LiveRanks(self.table, details)  # live recovery (agent/ranks/live.py)
         self.departures = DepartureWatch(self.table)  # a group rank's exit 0 before its loop's end
         hooks = AgentHooks(self._finish, self._failure_code, lambda: self.result.capture_first_failure(self.details),

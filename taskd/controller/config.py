@@ -195,7 +195,8 @@ class ControllerConfig(MachineConfig):
                      "unregistered_job_timeout"):
             if not _number(getattr(self, name)) or getattr(self, name) <= 0:
                 bad(name, f" must be > 0, got {getattr(self, name)!r}")
-        for name in ("settle_window", "finished_job_retention", "calls_per_second_per_peer", "auth_timeout"):
+        for name in ("settle_window", "finished_job_retention", "last_call_timeout", "calls_per_second_per_peer",
+                     "auth_timeout"):
             if not _number(getattr(self, name)) or getattr(self, name) < 0:
                 bad(name, f" must be >= 0, got {getattr(self, name)!r}")
         for name in ("max_jobs", "subscriber_queue_size", "max_pending_requests", "max_pending_requests_hard_limit",

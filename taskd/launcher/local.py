@@ -30,7 +30,7 @@ from taskd.callbacks import STATUS_NOT_STARTED
 from taskd.launcher.env import OMP_DEFAULT, OMP_WARNING, omp_default, rank_env
 from taskd.launcher.error_file import RankError, read_error_file
 from taskd.launcher.incarnation import SPAWN_FAILED_CODE, Incarnation, RankTable
-from taskd.launcher.node_files import fresh_rank_files, open_node_files, rank_log_path, safe_name
+from taskd.launcher.node_files import fresh_rank_files, open_node_files, rank_log_path, safe_name, set_node_count
 from taskd.launcher.orphans import OrphanKeeper
 from taskd.launcher.output import ERR, OUT, OutputPump, RankOutput
 from taskd.launcher.ports import node_master_port
@@ -63,6 +63,7 @@ class LocalLauncher:
     # a planned migration's successor (launcher/successors.py): a warm spare bound to a running rank, then adopted
     prepare_successor, adopt_successor = Successors.prepare_successor, Successors.adopt_successor
     discard_successor = Successors.discard_successor
+    set_node_count = set_node_count  # a `--nnodes MIN:MAX` job's nodes now: the next ranks' WORLD_SIZE (node_files.py)
 
     def __init__(self, spec: WorkerSpec, on_exit: Callable[[int, int, int], None] | None = None, *,
                  subreaper: bool = True, orphan_tick: float = ORPHAN_TICK) -> None:
@@ -280,10 +281,8 @@ class LocalLauncher:
         with self._lock:
             self._job_restarts = count
 
-    @property
-    def live_recovery(self) -> bool:
-        """Whether ranks run with live recovery (an agent-side store, a control file): see taskd.rendezvous."""
-        return self._live.enabled
+    # whether ranks run with live recovery (an agent-side store, a control file): see taskd.rendezvous
+    live_recovery = property(lambda self: self._live.enabled)
 
     def control_path(self) -> str | None:
         """The node's live-recovery control file (TASKD_CONTROL_FILE), None when live recovery is off."""

@@ -6,11 +6,13 @@ again for the node rank the controller assigns it (LocalLauncher.set_node_rank).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.machinery
 import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from taskd.launcher.output import RankLog
 from taskd.launcher.spares import python_script
@@ -70,7 +72,20 @@ def safe_name(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:40] or "job"
 
 
-__all__ = ["fresh_rank_files", "open_node_files", "rank_log_path", "remove_old", "safe_name"]
+__all__ = ["fresh_rank_files", "open_node_files", "rank_log_path", "remove_old", "safe_name", "set_node_count"]
+
+
+def set_node_count(self: Any, count: int) -> None:
+    """`LocalLauncher.set_node_count`: the nodes a `--nnodes MIN:MAX` job runs on now (nodes 0..count-1, the
+    controller's `start_smaller`; all of them again once the others joined). The ranks started next get WORLD_SIZE
+    and GROUP_WORLD_SIZE for `count` nodes; their global ranks do not change, so this node is one of them."""
+    node = self.spec.node_rank
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1 or (node is not None and node >= count):
+        raise ValueError(f"set_node_count takes a node count >= 1 that includes node {node}, got {count!r}")
+    with self._lock:
+        self._check_open()
+        if count != self.spec.nnodes:
+            self.spec = dataclasses.replace(self.spec, nnodes=count)
 
 
 def entry_source(entrypoint: Sequence[str], cwd: str | None = None) -> str | None:

@@ -154,9 +154,10 @@ def build(cls: type[C], args: argparse.Namespace, environ: Mapping[str, str]) ->
     if min_nnodes == nnodes:
         min_nnodes = 0  # a fixed-size job (RunConfig.min_nnodes)
     else:
-        values.notices.append(f"{values.sources['nnodes']} {min_nnodes}:{nnodes}: the job starts when all {nnodes} "
-                              f"nodes have joined; after a node loss it may go on with {min_nnodes} (scale-in, if "
-                              "every rank has LiveGroup(on_resize=...))")
+        values.notices.append(f"{values.sources['nnodes']} {min_nnodes}:{nnodes}: once nodes 0..{min_nnodes - 1} "
+                              "joined, the job starts after a last call (--rdzv-conf last_call_timeout) with the "
+                              f"nodes present and grows when more arrive; after a node loss it may go on with "
+                              f"{min_nnodes} (scale-in, if every rank has LiveGroup(on_resize=...))")
     nproc, how = values.parse("nproc_per_node", lambda t: parse_nproc(str(t), environ), (1, ""))
     if how:
         values.notices.append(f"{values.sources['nproc_per_node']} {values.raw['nproc_per_node'][0]}: "
@@ -184,7 +185,8 @@ def build(cls: type[C], args: argparse.Namespace, environ: Mapping[str, str]) ->
         master_port=values.parse("master_port", _int, 0 if nnodes == 1 else DEFAULT_MASTER_PORT),
         log_dir=log_dir, redirects=redirects, tee=tee,
         local_ranks_filter=values.parse("local_ranks_filter", lambda t: parse_rank_set(str(t)), None),
-        rdzv_conf=rdzv_conf, join_timeout=_join_timeout(values, rdzv_conf),
+        rdzv_conf=rdzv_conf, join_timeout=_rdzv_seconds(values, rdzv_conf, "join_timeout"),
+        last_call_timeout=_rdzv_seconds(values, rdzv_conf, "last_call_timeout"),
     )
     if "job_id" in values.raw:
         values.sources.setdefault("job_id", values.raw["job_id"][1])
@@ -249,17 +251,18 @@ def _job_id(values: _Values, nnodes: int, standalone: bool) -> str:
 TORCHRUN_RDZV_ID = "none"
 
 
-def _join_timeout(values: _Values, rdzv_conf: Mapping[str, str]) -> float | None:
-    """torchrun's `--rdzv-conf join_timeout=N`: how long a node waits for the others (None: not given)."""
-    if "join_timeout" not in rdzv_conf:
+def _rdzv_seconds(values: _Values, rdzv_conf: Mapping[str, str], key: str) -> float | None:
+    """torchrun's `--rdzv-conf join_timeout=N` (how long a node waits for the others) or `last_call_timeout=N`
+    (a MIN:MAX job's wait for more once MIN joined): None when not given."""
+    if key not in rdzv_conf:
         return None
-    source = f"{values.sources.get('rdzv_conf', '--rdzv-conf')} join_timeout"
+    source = f"{values.sources.get('rdzv_conf', '--rdzv-conf')} {key}"
     try:
-        seconds = _float(rdzv_conf["join_timeout"])
+        seconds = _float(rdzv_conf[key])
     except ValueError as exc:
         values.problems.append(f"{source}: {exc}")
         return None
-    values.sources["join_timeout"] = source
+    values.sources[key] = source
     return seconds
 
 
@@ -270,5 +273,6 @@ def _strategies(text: Any) -> tuple[str, ...]:
 
 
 PARSERS: dict[type, Callable[[Any], Any]] = {int: _int, float: _float, str: str, bool: _switch, tuple: _strategies}
-# settings parsed above with torchrun's forms (N|MIN:MAX, auto|cpu|gpu) or from two flags (join_timeout)
-SPECIAL = frozenset({"job_id", "server", "nnodes", "nproc_per_node", "log_dir", "join_timeout", "master_port"})
+# settings parsed above with torchrun's forms (N|MIN:MAX, auto|cpu|gpu) or from two flags (--rdzv-conf's)
+SPECIAL = frozenset({"job_id", "server", "nnodes", "nproc_per_node", "log_dir", "join_timeout", "master_port",
+                     "last_call_timeout"})

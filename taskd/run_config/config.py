@@ -96,6 +96,8 @@ class RunConfig:
     rdzv_conf: Mapping[str, str] = field(default_factory=dict)
     # --rdzv-conf join_timeout: the agent's wait for every node (None: TASKD_JOIN_TIMEOUT, else its default)
     join_timeout: float | None = None
+    # --rdzv-conf last_call_timeout: a MIN:MAX job's wait for more nodes once MIN joined (None: its default)
+    last_call_timeout: float | None = None
     # one line each, for flags that mean less under taskd than under torchrun
     notices: tuple[str, ...] = field(default_factory=tuple)
     from_environment: tuple[str, ...] = field(default_factory=tuple)  # "nnodes=2 (SLURM_NNODES)"

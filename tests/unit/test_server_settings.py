@@ -46,7 +46,7 @@ def test_every_controller_config_field_has_a_row() -> None:
 
 def test_a_setting_shared_with_the_agent_has_one_default() -> None:
     shared = [s for s in SERVER_SETTINGS if s.same]
-    assert {s.same for s in shared} == {"max_restarts", "join_timeout", "node_rejoin_timeout"}
+    assert {s.same for s in shared} == {"max_restarts", "join_timeout", "node_rejoin_timeout", "last_call_timeout"}
     for s in shared:
         assert s.default == setting(s.same).default and setting(s.same).server_flag == s.flag
 

@@ -303,13 +303,21 @@ class ControllerLink:
         self.lost_ago = lost_ago(record, self._mgr.info.nodeRank if self._mgr is not None else -1, time.time())
         return frozenset(record.rejoining) | frozenset(record.absent)  # absent: a downgrade's, the job grows back
 
-    def job_nodes(self, timeout: float = 2.0) -> tuple[str, str, frozenset[int]] | None:
-        """(state, info, node ranks registered: standbys hold none) of this job on the controller; state "" when it
+    def absent(self, timeout: float = 2.0) -> frozenset[int] | None:
+        """The nodes the job runs without now (JobRecord.absent: a MIN:MAX start's or a scale-in's); None when the
+        controller did not answer or cannot say."""
+        record = record_of(self, self._mgr, timeout)
+        return None if record is None else frozenset(record.absent)
+
+    def job_nodes(self, timeout: float = 2.0) -> tuple[str, str, frozenset[int], frozenset[int]] | None:
+        """(state, info, node ranks registered: standbys hold none, node ranks absent: JobRecord.absent) of this job
+        on the controller; state "" when it
         no longer knows the job; None when it did not answer. Raises `JobStatusUnsupported` (see `_job_record`)."""
         record = self._job_record(timeout)
         if record is None or isinstance(record, str):
-            return None if record is None else ("", record, frozenset())
-        return record.state, record.info, frozenset(a.nodeRank for a in record.agents if not a.standby)
+            return None if record is None else ("", record, frozenset(), frozenset())
+        return (record.state, record.info, frozenset(a.nodeRank for a in record.agents if not a.standby),
+                frozenset(record.absent))
 
     def close(self, exit_code: int, reason: str) -> None:
         """Tell the controller the job ended here (unless done), stop listening, stop the embedded controller."""

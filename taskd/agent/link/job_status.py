@@ -43,7 +43,7 @@ SHOWN = 20  # missing nodes named in a line; the rest are counted
 
 
 class JobNodesSource(Protocol):
-    def job_nodes(self, timeout: float = 2.0) -> tuple[str, str, frozenset[int]] | None: ...
+    def job_nodes(self, timeout: float = 2.0) -> tuple[str, str, frozenset[int], frozenset[int]] | None: ...
 
 
 def poll_cap(node_count: int) -> float:
@@ -101,11 +101,13 @@ class Join:
 def await_nodes(source: JobNodesSource, job_id: str, node_count: int, timeout: float,
                 interrupted: Callable[[], bool], sleep: Callable[[float], None] = time.sleep,
                 clock: Callable[[], float] = time.monotonic) -> Join:
-    """Ask the controller until every node 0..node_count-1 registered; bounded by `timeout` seconds."""
+    """Ask the controller until every node 0..node_count-1 registered, or is absent (a `--nnodes MIN:MAX` job the
+    controller started without it after the last call); bounded by `timeout` seconds."""
     started = clock()
     deadline = started + timeout
     interval, cap = FIRST_POLL, poll_cap(node_count)
     joined: frozenset[int] = frozenset()
+    absent: frozenset[int] = frozenset()
     info = ""
     logged = False
     while True:
@@ -116,14 +118,14 @@ def await_nodes(source: JobNodesSource, job_id: str, node_count: int, timeout: f
             why = "unsupported"
             break
         if answer is not None:
-            state, info, joined = answer
+            state, info, joined, absent = answer
             if state == "":
                 why = "unknown job"
                 break
             if state in ("SUCCEEDED", "FAILED"):
                 why = "failed"
                 break
-            if all(n in joined for n in range(node_count)):
+            if all(n in joined or n in absent for n in range(node_count)):
                 why = "joined"
                 break
             if not logged:
@@ -141,7 +143,11 @@ def await_nodes(source: JobNodesSource, job_id: str, node_count: int, timeout: f
         sleep(min(interval, left))
         interval = min(cap, interval * 2)
     join = Join(why, job_id, node_count, joined, clock() - started, timeout, info)
-    if logged and why == "joined":
+    if logged and why == "joined" and absent:
+        log.info("job %s starts with %d of %d node(s) after %.1fs (the last call of --nnodes MIN:MAX): node(s) %s "
+                 "grow it when they join", job_id, node_count - len(absent), node_count, join.waited,
+                 format_nodes(sorted(absent)))
+    elif logged and why == "joined":
         log.info("all %d nodes of job %s joined after %.1fs", node_count, job_id, join.waited)
     return join
 

@@ -64,6 +64,9 @@ class RankControl:
         self.hang = hang
         self.logs = logs
         self.sweeps = 0
+        # a `--nnodes MIN:MAX` job: the nodes it runs on now, asked before every start of all ranks (None: not
+        # elastic, or no answer): the supervisor sets it (agent/ranks/resize.py `present_nodes`)
+        self.node_count_now: Callable[[], int | None] | None = None
         # msrun's scheduler, read now (it runs before any rank): a fresh one can be started from this record
         # even after it exited, on the node whose msrun started it
         self.scheduler = MsrunScheduler.find() if config.launcher == "msrun" and not details.rank_files else None
@@ -76,6 +79,13 @@ class RankControl:
         local_ranks = self.table.local_ranks() if local is None else local
         if not local_ranks:
             return 0, []
+        if local is None and self.node_count_now is not None:
+            count = self.node_count_now()
+            if count is not None:
+                if count != self.config.node_count:
+                    log.info("ranks start with WORLD_SIZE for the %d of %d node(s) the job runs on now", count,
+                             self.config.node_count)
+                self.details.set_node_count(count)
         self.logs.before_start({lr: self.table[lr].global_rank for lr in local_ranks})
         self.hang.reset(self.table[lr] for lr in local_ranks)
         code = self.cb[START_ALL_WORKER]() if local is None else self.cb[START_WORKER_LIST](local)

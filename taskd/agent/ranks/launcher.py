@@ -102,6 +102,12 @@ class Launcher(Protocol):
         ...
 
 
+    def set_node_count(self, count: int) -> None:
+        """The nodes the job runs on now (a `--nnodes MIN:MAX` job started with nodes 0..count-1): the next ranks
+        started get WORLD_SIZE and GROUP_WORLD_SIZE for `count` nodes; their global ranks do not change."""
+        ...
+
+
 class NodeRankFixed(RuntimeError):
     """The launcher cannot take a node rank late (msrun): a standby needs taskd run."""
 
@@ -155,6 +161,9 @@ class MsrunLauncher:
 
     def discard_successor(self, local_rank: int) -> None:
         return None
+
+    def set_node_count(self, count: int) -> None:
+        return None  # msrun sets its ranks' world size itself
 
     def set_node_rank(self, node_rank: int | None) -> None:
         raise NodeRankFixed(f"msrun's node rank is fixed by its --node_rank: to take over node {node_rank}, start "

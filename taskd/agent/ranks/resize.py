@@ -59,6 +59,15 @@ class Resize:
         return cls(world, out)
 
 
+def present_nodes(node_count: int, absent: Iterable[int]) -> int:
+    """The nodes a job runs on now, for its ranks' WORLD_SIZE: K when the absent nodes are K..node_count-1 (a
+    `--nnodes MIN:MAX` job started with the nodes present, controller/nodes/resize.py `start_smaller`); else all of
+    them (a scale-in's gaps are the live ranks' rank map, not their start environment)."""
+    gone = set(absent)
+    k = node_count - len(gone)
+    return k if k >= 1 and gone == set(range(k, node_count)) else node_count
+
+
 def offers(configured: list[str], scales: bool, live: bool, every_rank_resizes: bool) -> list[str]:
     """`configured` plus downgrade and upgrade when this node may take part in a resize."""
     if not (scales and live and every_rank_resizes):
@@ -66,4 +75,4 @@ def offers(configured: list[str], scales: bool, live: bool, every_rank_resizes: 
     return [*configured, *(s for s in Strategy.RESIZE if s not in configured)]
 
 
-__all__ = ["Resize", "offers"]
+__all__ = ["Resize", "offers", "present_nodes"]

@@ -192,20 +192,25 @@ class RejoinDue:
 
 
 @dataclass(frozen=True)
+class LastCallDue:
+    """Time passed; a `--nnodes MIN:MAX` job's nodes 0..MIN-1 registered `last_call_timeout` ago: it starts."""
+
+
+@dataclass(frozen=True)
 class JoinDue:
     """Time passed; nodes still unregistered `join_timeout` after the first agent registered never joined."""
 
 
 Event = (
     JobInit | AgentRegistered | AgentConnected | AgentDisconnected | FaultReported | StopComplete
-    | StrategiesReported | RecoverStatusReported | AgentFinished | Tick | AgentLossDue | JoinDue | StreamEndedDue
-    | RejoinDue | StandbyConnected | StandbyDisconnected | PaceReported | TrainingResumed
+    | StrategiesReported | RecoverStatusReported | AgentFinished | Tick | AgentLossDue | JoinDue | LastCallDue
+    | StreamEndedDue | RejoinDue | StandbyConnected | StandbyDisconnected | PaceReported | TrainingResumed
 )
 
 EVENT_TYPES: tuple[type, ...] = (
     JobInit, AgentRegistered, AgentConnected, AgentDisconnected, FaultReported, StopComplete, StrategiesReported,
-    RecoverStatusReported, AgentFinished, Tick, AgentLossDue, JoinDue, StreamEndedDue, RejoinDue, StandbyConnected,
-    StandbyDisconnected, PaceReported, TrainingResumed, MigrationRequested, MigrationReported,
+    RecoverStatusReported, AgentFinished, Tick, AgentLossDue, JoinDue, LastCallDue, StreamEndedDue, RejoinDue,
+    StandbyConnected, StandbyDisconnected, PaceReported, TrainingResumed, MigrationRequested, MigrationReported,
 )
 
 FIRE_AND_FORGET = (Tick, AgentLossDue, JoinDue, StreamEndedDue, RejoinDue, AgentDisconnected, StandbyDisconnected)

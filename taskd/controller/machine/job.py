@@ -15,6 +15,7 @@ from taskd.controller.machine.events import (
     Event,
     JobInit,
     JoinDue,
+    LastCallDue,
     Outcome,
     Record,
     RejoinDue,
@@ -129,8 +130,8 @@ class Job:
         """When the nodes still missing count as never joining: `join_timeout` after the first agent registered.
         None once every node registered, before any did, or while the job is not ACTIVE. O(1)."""
         agents = self.agents
-        if self.state not in ACTIVE or not len(agents) or len(agents) >= self.node_count:
-            return None
+        if self.state not in ACTIVE or not len(agents) or len(agents) + len(self.absent) >= self.node_count:
+            return None  # absent: a MIN:MAX job that started without them (last_call_deadline) or scaled in
         if self.first_registered_at is None:  # restored after a controller restart: from the stored agents
             stamps = [a.registered_at for a in agents.values() if a.registered_at > 0]
             self.first_registered_at = min(stamps) if stamps else self.created_at
@@ -141,6 +142,7 @@ class Job:
         """When the caller must next deliver `due_events` (the round's deadline, an agent's loss, the join timeout,
         a standby without a stream)."""
         times = [t for t in (self.deadline, self.loss_deadline, self.join_deadline, self.rejoin_deadline,
+                             last_call_deadline(self),
                              min(_silent_standbys(self).values(), default=None)) if t is not None]
         return min(times) if times else None
 
@@ -158,6 +160,9 @@ class Job:
         join = self.join_deadline
         if join is not None and join <= now:
             due.append(JoinDue())
+        last_call = last_call_deadline(self)
+        if last_call is not None and last_call <= now:
+            due.append(LastCallDue())
         if self.deadline is not None and self.deadline <= now:
             due.append(Tick())
         for (host, pid), at in sorted(_silent_standbys(self).items()):
@@ -423,6 +428,20 @@ def awaiting(m: Job, now: float) -> tuple[tuple[str, object], ...]:
     since = (("fault_ago", round(max(now - min(r.lost.values()), 0.0), 3)),) if r is not None and r.lost else ()
     return (("awaiting", sorted(m.rejoining)), ("rejoin_left", round(max(deadline - now, 0.0), 3)),
             ("rejoin_timeout", m.config.node_rejoin_timeout), *since)
+
+
+def last_call_deadline(m: Job) -> float | None:
+    """When a `--nnodes MIN:MAX` job starts with the nodes present: `last_call_timeout` after its nodes
+    0..MIN-1 all registered, while it has not started yet (no node absent, no round, nothing restarted), some
+    node is missing and the nodes present are 0..K-1 (the ranks keep their global ranks, node 0 hosts the
+    rendezvous: a gap waits for its node or the join timeout). None otherwise. O(nodes registered) while it
+    may apply, O(1) once the job runs."""
+    agents, low = m.agents, m.min_nodes
+    if (m.state is not S.RUNNING or not 0 < low < m.node_count or m.absent or m.round is not None
+            or m.restarts or len(agents) >= m.node_count or len(agents) < low
+            or any(n not in agents for n in range(len(agents)))):
+        return None
+    return max(agents[n].registered_at for n in range(low)) + m.config.last_call_timeout
 
 
 def rerun_refusal(m: Job, node_rank: int, standby: bool) -> str:

@@ -67,6 +67,9 @@ class MachineConfig:
     # nodes still unregistered this long after the job's first agent registered fail the job (torchrun's
     # rendezvous join_timeout): without it, the nodes that came would wait for the missing ones forever
     join_timeout: float = default("join_timeout")
+    # a `--nnodes MIN:MAX` job whose nodes 0..MIN-1 registered starts this long after with the nodes present
+    # (torchrun's rendezvous last_call_timeout; controller/nodes/resize.py `start_smaller`)
+    last_call_timeout: float = default("last_call_timeout")
     # a job with no agent this long after its Init (no Register followed, or all forgotten by a reset) is
     # dropped, from memory and the state file (the controller's core applies it, not the machine)
     unregistered_job_timeout: float = server_default("unregistered_job_timeout")

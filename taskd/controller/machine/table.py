@@ -29,6 +29,7 @@ from taskd.controller.machine.events import (
     FaultReported,
     JobInit,
     JoinDue,
+    LastCallDue,
     MigrationReported,
     MigrationRequested,
     Outcome,
@@ -87,8 +88,9 @@ RULES: tuple[Rule, ...] = (
     Rule(_states(S.REJOINING), AgentConnected, _targets(S.REJOINING, S.RECOVERING, S.FAILED),
          h.on_connected_rejoining, "decides once the last awaited replacement subscribed: `changeStrategy` to "
          "every agent, the replacements included"),
-    Rule(_states(S.RUNNING), AgentConnected, _targets(UNCHANGED, S.RECOVERING), rz.on_connected_running,
-         "as below; the agent of a node a downgrade left out grows the job back: `changeStrategy upgrade` to all"),
+    Rule(_states(S.RUNNING), AgentConnected, _targets(UNCHANGED, S.RECOVERING, S.STOPPING), rz.on_connected_running,
+         "as below; the agent of a node a downgrade left out grows the job back: `changeStrategy upgrade` to all; "
+         "one absent since a MIN:MAX start opens a round that restarts every rank at the new size"),
     Rule(ANY - {S.RUNNING, S.RESUMING, S.FAILED, S.REJOINING}, AgentConnected, _targets(UNCHANGED), h.on_connected,
          "re-sends the signal the agent still owes; stops its loss clock; a node's replacement is awaited no more"),
     Rule(LIVE, AgentDisconnected, _targets(UNCHANGED), h.on_disconnected_live,
@@ -124,6 +126,9 @@ RULES: tuple[Rule, ...] = (
     # nodes that never registered within the join timeout of the first agent fail the job
     Rule(ACTIVE, JoinDue, _targets(S.FAILED, UNCHANGED), h.on_join_timeout,
          "FAILED (`changeStrategy exit` to the agents that joined); unchanged once every node registered"),
+    # a `--nnodes MIN:MAX` job's last call: it starts with the nodes present
+    Rule(_states(S.RUNNING), LastCallDue, _targets(UNCHANGED), rz.start_smaller,
+         "the missing nodes become absent; each that joins later grows the job (job-rescheduling, uncharged)"),
     # a fault opens a round, joins an undecided one, or waits for the next
     Rule(_states(S.RUNNING), FaultReported, _targets(S.STOPPING, S.FAILED), h.on_fault_running,
          "opens a round; FAILED when a node already finished"),

@@ -15,6 +15,14 @@ strategies only if every local rank did. The rules, each a pure function of the 
   with a round of its own, `changeStrategy upgrade` to every agent, the rank map the identity again; the new
   node starts its ranks as joiners of the order's generation and takes the state from its peers in memory.
 
+- `start_smaller`: the job's nodes 0..MIN-1 registered `last_call_timeout` ago and some are still missing
+  (`job.last_call_deadline`, torchrun's last call): the missing nodes become `Job.absent` and the job runs with
+  the nodes present (their agents' join wait ends: every node is registered or absent, and each starts its ranks
+  with WORLD_SIZE for the nodes present, agent/ranks/resize.py `present_nodes`);
+- a node absent since the start (no fence: never lost) that subscribes later grows the job by a round of its
+  own that restarts every rank at the new size (`job-rescheduling`, as torchrun restarts its workers when a node
+  arrives; in-place strategies excluded, and not charged to the restart budget).
+
 A downgrade is its node-loss round's one restart; an upgrade restarts nothing and is not charged. Each round
 ends when every agent of the new size reported its status; a failed one fails the job (`Job.strategy_failed`).
 docs/architecture.md, "Scale-in and scale-out", has the wire.
@@ -23,10 +31,10 @@ docs/architecture.md, "Scale-in and scale-out", has the wire.
 from __future__ import annotations
 
 from taskd.controller.machine import handlers
-from taskd.controller.machine.events import AgentConnected, Outcome, RecoverStatusReported, RejoinDue
-from taskd.controller.machine.job import Job
+from taskd.controller.machine.events import AgentConnected, LastCallDue, Outcome, RecoverStatusReported, RejoinDue
+from taskd.controller.machine.job import Job, last_call_deadline
 from taskd.controller.machine.model import Declined, JobState, Round, fmt_faults
-from taskd.controller.machine.strategy import RESTARTING
+from taskd.controller.machine.strategy import IN_PLACE, RESTARTING
 from taskd.controller.nodes import node_loss
 from taskd.vocabulary import Action, FaultType, SignalType, Strategy
 
@@ -114,6 +122,8 @@ def scale_in(m: Job, now: float, out: Outcome) -> JobState:
 def on_connected_running(m: Job, ev: AgentConnected, now: float, out: Outcome) -> JobState:
     """RUNNING: as any agent's subscribe; an absent node's new agent grows the job back at once."""
     handlers.on_connected(m, ev, now, out)
+    if ev.node_rank in m.absent and _late(m, ev.node_rank):
+        return _grow_late(m, ev.node_rank, now, out)
     if ev.node_rank not in m.absent or not _replaced(m, ev.node_rank):
         return m.state
     return _grow(m, ev.node_rank, now, out)
@@ -125,6 +135,9 @@ def on_recover_status(m: Job, ev: RecoverStatusReported, now: float, out: Outcom
     state = handlers.on_recover_status(m, ev, now, out)
     if state is not S.RUNNING:
         return state
+    late = [n for n in sorted(m.absent) if _late(m, n) and m.agents[n].subscribed]
+    if late:
+        return _grow_late(m, late[0], now, out)
     waiting = [n for n in sorted(m.absent) if _replaced(m, n) and m.agents[n].subscribed]
     return _grow(m, waiting[0], now, out) if waiting else state
 
@@ -142,6 +155,46 @@ def _grow(m: Job, n: int, now: float, out: Outcome) -> JobState:
     return _change(m, r, Strategy.UPGRADE, set(m.absent), now, out)
 
 
+def start_smaller(m: Job, ev: LastCallDue, now: float, out: Outcome) -> JobState:
+    """The last call of a `--nnodes MIN:MAX` job: it runs with the nodes present (0..K-1, K >= MIN); the others
+    are absent, and each one that registers later grows the job (`_grow_late`)."""
+    deadline = last_call_deadline(m)
+    if deadline is None or now < deadline:
+        return m.state
+    present = len(m.agents)
+    missing = [n for n in range(m.node_count) if n not in m.agents]
+    m.absent = {n: now for n in missing}  # replaced, never changed in place (checkpoint.py)
+    world = present * m.ranks_per_node
+    m.record(out, "started_smaller", nodes=present, node_count=m.node_count, absent=missing, world_size=world,
+             last_call_timeout=m.config.last_call_timeout)
+    m.info = (f"started with {present} of {m.node_count} node(s) after the last call "
+              f"({m.config.last_call_timeout:g}s, --rdzv-conf last_call_timeout); node(s) "
+              f"{', '.join(map(str, missing))} grow the job when they join")
+    return S.RUNNING
+
+
+def _late(m: Job, n: int) -> bool:
+    """Node `n` was absent from the start (`start_smaller`: never lost, so never fenced) and its agent is here."""
+    return n in m.agents and not any(k[0] == n for k in m.fences)
+
+
+def _grow_late(m: Job, n: int, now: float, out: Outcome) -> JobState:
+    """Node `n` joins a job that started without it: every rank restarts at the new size (job-rescheduling: the
+    ranks' WORLD_SIZE changes), as torchrun restarts its workers when a node arrives, uncharged like torchrun's."""
+    since = m.absent[n]
+    m.absent = {k: t for k, t in m.absent.items() if k != n}
+    m.record(out, "node_joined_late", node_rank=n, seconds_since_start=round(now - since, 3),
+             node_count=m.node_count - len(m.absent))
+    faults = {rank: FaultType.PROCESS for rank in node_loss.node_ranks(m, m.agents[n])}  # its ranks start
+    state = m.open_round(faults, now, out)
+    r = m.round
+    assert r is not None
+    why = f"node {n} joins: every rank restarts at the new size"
+    r.excluded.update({s: why for s in IN_PLACE})
+    r.tried.append(Strategy.JOB_RESCHEDULING)  # a node arriving is not a fault: no restart charged (`charged`)
+    return state
+
+
 def _replaced(m: Job, n: int) -> bool:
     """Node `n`'s holder is the one that replaced its lost agent (not the lost agent itself)."""
     a = m.agents.get(n)
@@ -149,4 +202,4 @@ def _replaced(m: Job, n: int) -> bool:
 
 
 __all__ = ["OPT_IN", "on_connected_running", "on_recover_status", "on_rejoin_timeout", "rank_map", "refusal",
-           "scale_in"]
+           "scale_in", "start_smaller"]

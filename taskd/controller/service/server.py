@@ -346,12 +346,14 @@ class EmbeddedController:
                                     token=secrets.token_urlsafe(32), node_rejoin_timeout=rejoin), advertise=True)
 
     @classmethod
-    def for_job(cls, listen: str, token: str, max_restarts: int, node_rejoin_timeout: float) -> EmbeddedController:
+    def for_job(cls, listen: str, token: str, max_restarts: int, node_rejoin_timeout: float,
+                last_call_timeout: float = setting("last_call_timeout").default) -> EmbeddedController:
         """The controller node 0's `taskd run` hosts for a whole multi-node job (torchrun's line without --server):
         on `listen`, where the other nodes connect, with the secret every node read from TASKD_TOKEN_FILE as its
         admin token; state in memory (it lives as long as node 0's run)."""
         hosted = cls(ControllerConfig(listen=listen, state_path=MEMORY, default_max_restarts=max_restarts,
-                                      token=token, node_rejoin_timeout=node_rejoin_timeout), advertise=True)
+                                      token=token, node_rejoin_timeout=node_rejoin_timeout,
+                                      last_call_timeout=last_call_timeout), advertise=True)
         hosted.linger = JOB_LINGER
         return hosted
 

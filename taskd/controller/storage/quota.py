@@ -29,6 +29,7 @@ from taskd.controller.machine.events import (
     AgentFinished,
     AgentLossDue,
     JoinDue,
+    LastCallDue,
     Outcome,
     Record,
     RejoinDue,
@@ -41,7 +42,7 @@ from taskd.vocabulary import Code
 history_log = logging.getLogger("taskd.controller.core")  # the job history lines, where they always were
 
 NEVER_REFUSED = (AgentFinished, AgentConnected, AgentDisconnected, StandbyDisconnected, Tick, AgentLossDue,
-                 StreamEndedDue, RejoinDue, JoinDue)
+                 StreamEndedDue, RejoinDue, JoinDue, LastCallDue)
 """Events a job past its quota still takes (and is charged for): what ends a job, tells it an agent is gone,
 or opens the stream its signals go out on. Every other event is refused when its change would pass the quota."""
 

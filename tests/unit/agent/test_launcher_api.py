@@ -25,7 +25,7 @@ def _signature(func: object) -> list[tuple[str, object, object]]:
 def test_the_protocol_lists_what_the_agent_reaches() -> None:
     assert {"rank_files", "live_recovery", "rank_declarations"} == set(PROPERTIES)
     assert {"control_path", "returncode", "tail_log", "error_report", "heartbeat_path", "log_path",
-            "set_restart_count", "set_generation", "set_node_rank", "prepare_replacement",
+            "set_restart_count", "set_generation", "set_node_rank", "set_node_count", "prepare_replacement",
             "discard_prepared", "prepare_successor", "adopt_successor", "discard_successor"} == set(METHODS)
 
 

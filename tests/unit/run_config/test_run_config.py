@@ -123,10 +123,14 @@ def test_nproc_gpu_counts_cuda_visible_devices() -> None:
     assert "no GPU found" in problems(["--nproc-per-node", "gpu", SCRIPT], {"CUDA_VISIBLE_DEVICES": ""})[0]
 
 
-def test_nnodes_min_max_starts_with_max_and_may_scale_in_to_min_with_a_notice() -> None:
+def test_nnodes_min_max_starts_after_a_last_call_and_may_scale_in_to_min_with_a_notice() -> None:
     cfg = parse(["--nnodes", "2:4", *SERVER, SCRIPT])
-    assert (cfg.min_nnodes, cfg.nnodes, cfg.master_port) == (2, 4, 29500)
-    assert any("all 4 nodes" in n and "go on with 2 (scale-in" in n for n in cfg.notices)
+    assert (cfg.min_nnodes, cfg.nnodes, cfg.master_port, cfg.last_call_timeout) == (2, 4, 29500, None)
+    assert any("once nodes 0..1 joined" in n and "last call" in n and "go on with 2 (scale-in" in n
+               for n in cfg.notices)
+    assert parse(["--nnodes", "2:4", "--rdzv-conf", "last_call_timeout=2", *SERVER, SCRIPT]).last_call_timeout == 2
+    assert "last_call_timeout" in problems(["--nnodes", "1:2", "--rdzv-conf", "last_call_timeout=x", *SERVER,
+                                            SCRIPT])[0]
     fixed = parse(["--nnodes", "3:3", *SERVER, SCRIPT])
     assert fixed.min_nnodes == 0 and not any("scale-in" in n for n in fixed.notices)  # MIN == MAX: fixed-size
     assert parse(["--nnodes", "3", *SERVER, SCRIPT]).min_nnodes == 0
