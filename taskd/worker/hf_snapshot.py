@@ -1,0 +1,110 @@
+"""In-memory snapshots of a Hugging Face `Trainer` job: a callback in, a resume path out (the `[hf]` extra).
+
+    from taskd.worker.hf_snapshot import SnapshotCallback
+
+    snapshots = SnapshotCallback(every=1)                  # a snapshot every step (or every k)
+    trainer = Trainer(model, args, train_dataset=data, callbacks=[snapshots])
+    trainer.train(resume_from_checkpoint=snapshots.resume())   # None: nothing to restore, a fresh start
+
+After each k-th optimizer step the callback snapshots what a Trainer checkpoint holds (the model's and the
+optimizer's state dicts, the LR scheduler's, the `TrainerState`, the RNG states) into the node's memory
+(`taskd.worker.Snapshots`, one memory copy, no disk). ``resume()`` restores the newest step every rank holds
+(from memory, else the agent's persisted copies) and lays it out as a Trainer checkpoint folder in the job's
+snapshot directory (tmpfs), so that the Trainer's own resume restores it exactly: weights, optimizer, scheduler,
+RNG, and the data loader fast-forwarded past the batches already trained on. The folder is removed once the
+first step after it has run (and with the job's snapshot directory anyway).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import random
+import shutil
+import tempfile
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from taskd.worker.env import Var, rank, world_size
+from taskd.worker.snapshot import Snapshots
+from taskd.worker.torch_snapshot import common_steps
+
+log = logging.getLogger(__name__)
+
+# the Trainer's checkpoint file names (transformers.trainer's constants, stable across 4.x and 5.x)
+WEIGHTS, OPTIMIZER, SCHEDULER, STATE = "pytorch_model.bin", "optimizer.pt", "scheduler.pt", "trainer_state.json"
+
+
+class SnapshotCallback(TrainerCallback):
+    """Snapshots the Trainer's state every ``every`` optimizer steps; ``resume()`` gives the folder to resume
+    from. ``keep``, ``fallback`` and the other options as `taskd.worker.Snapshots` (scope "job": every rank
+    resumes the same step)."""
+
+    def __init__(self, every: int = 1, keep: int = 2, **options: Any) -> None:
+        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+            raise ValueError(f"every must be an integer >= 1, got {every!r}")
+        self.every = every
+        self.snapshots = Snapshots(keep=keep, scope="job", **{"agree": common_steps, **options})
+        self._objects: tuple[Any, Any, Any] | None = None
+        self._resume_dir: str | None = None
+
+    @property
+    def restored_from(self) -> str | None:
+        return self.snapshots.restored_from
+
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       model: Any = None, optimizer: Any = None, lr_scheduler: Any = None, **kwargs: Any) -> None:
+        self._objects = (model, optimizer, lr_scheduler)
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> None:
+        if self._resume_dir is not None:  # the Trainer has read it all (the RNG states last, at its first epoch)
+            shutil.rmtree(self._resume_dir, ignore_errors=True)
+            self._resume_dir = None
+        if self._objects is None or state.global_step % self.every:
+            return
+        model, optimizer, scheduler = self._objects
+        self.snapshots.save({
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict() if optimizer is not None else None,
+            "scheduler": scheduler.state_dict() if scheduler is not None else None,
+            "trainer_state": dataclasses.asdict(state),
+            "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()},
+        }, state.global_step)
+
+    def resume(self) -> str | None:
+        """The newest consistent snapshot as a Trainer checkpoint folder (for ``resume_from_checkpoint``), None
+        when there is none. Call it after the Trainer is built (a job on several nodes agrees on the step
+        through torch.distributed, which `TrainingArguments` initialises)."""
+        found = self.snapshots.restore()
+        if found is None:
+            return None
+        saved, step = found
+        root = os.environ.get(Var.TASKD_SNAPSHOT_DIR) or None
+        if root is not None:
+            os.makedirs(os.path.join(root, "resume"), mode=0o700, exist_ok=True)
+        folder = tempfile.mkdtemp(prefix=f"rank{rank()}-checkpoint-{step}-",
+                                  dir=os.path.join(root, "resume") if root else None)
+        torch.save(saved["model"], os.path.join(folder, WEIGHTS))
+        if saved["optimizer"] is not None:
+            torch.save(saved["optimizer"], os.path.join(folder, OPTIMIZER))
+        if saved["scheduler"] is not None:
+            torch.save(saved["scheduler"], os.path.join(folder, SCHEDULER))
+        with open(os.path.join(folder, STATE), "w") as fh:
+            json.dump(saved["trainer_state"], fh)
+        rng = f"rng_state_{rank()}.pth" if world_size() > 1 else "rng_state.pth"  # the Trainer's names for them
+        torch.save(saved["rng"], os.path.join(folder, rng))
+        self._resume_dir = folder
+        log.info("rank %d resumes the Trainer at step %d from %s", rank(), step, self.snapshots.restored_from)
+        return folder
+
+    def close(self) -> None:
+        self.snapshots.close()
+
+
+__all__ = ["SnapshotCallback"]
