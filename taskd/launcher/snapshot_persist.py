@@ -43,6 +43,8 @@ class Persister:
         self.source, self.target, self.ranks, self.every, self.keep = source, target, ranks, every, keep
         self.before_sync = before_sync  # tests: a slow disk
         os.makedirs(target, exist_ok=True)
+        if not os.access(target, os.W_OK | os.X_OK):
+            raise PermissionError(f"not writable by this agent (uid {os.getuid()})")
         for folder in sp.rank_folders(target).values():
             sp.remove_stale_temps(folder)
         newest = [max(steps) for steps in map(sp.steps_in, sp.rank_folders(target).values()) if steps]

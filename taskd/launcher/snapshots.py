@@ -94,8 +94,13 @@ class SnapshotArea:
         self.share = cap // max(1, nproc_per_node)
         self.path = make_run_dir(f"snap-{name}", root)  # first removes the directories of agents that died
         if persist is not None and self.persist_dir is not None:
-            self.persister = Persister(self.path, self.persist_dir, nproc_per_node, persist.every, persist.keep,
-                                       _slow_disk(env))
+            try:
+                self.persister = Persister(self.path, self.persist_dir, nproc_per_node, persist.every, persist.keep,
+                                           _slow_disk(env))
+            except (OSError, ValueError) as exc:  # nothing of the job's stays behind: its directory goes too
+                shutil.rmtree(self.path, ignore_errors=True)
+                self.path = None
+                raise ValueError(f"--snapshot-persist-dir {persist.directory}: {exc}") from exc
 
     def env(self) -> dict[str, str]:
         """What each rank is given: the directory and its share of the cap, and the persisted copies'."""

@@ -65,3 +65,15 @@ def test_the_step_due_is_the_multiple_else_the_first_seen_past_it(tmp_path) -> N
         assert persister.due({3, 4}) is None and persister.last == 4  # the ranks went back: counted from there
     finally:
         persister.close()
+
+
+def test_a_persist_directory_that_cannot_be_made_is_refused_and_leaves_nothing(tmp_path) -> None:
+    from taskd.launcher.snapshots import Persistence, SnapshotArea
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    with pytest.raises(ValueError, match=f"--snapshot-persist-dir {blocked / 'ckpt'}: "):
+        SnapshotArea("job", 1, {}, root=str(shm), persist=Persistence(str(blocked / "ckpt"), 10, 3))
+    assert os.listdir(shm) == [], "the job's snapshot directory goes with the refusal"
