@@ -1,4 +1,4 @@
-"""In-memory snapshots against torch.save to disk, side by side in one run, on one model (issue 33).
+"""In-memory snapshots against torch.save, DCP's async_save and DLRover's Flash Checkpoint, in one run (issue 33).
 
 One process trains an MLP with AdamW (about 100 MB of model and optimizer state with the defaults) and saves
 its state every k steps, k = 1, 5, 20, with each method:
@@ -6,43 +6,66 @@ its state every k steps, k = 1, 5, 20, with each method:
 - ``taskd``: `taskd.worker.torch_snapshot.TorchSnapshots.save` into a directory in /dev/shm (the call copies the
   state into a shared-memory segment; the checksum and the publish run on a thread);
 - ``torch.save``: ``torch.save`` of the same state dicts to a file on disk, fsynced (what a checkpoint that
-  survives the process costs), blocking.
+  survives the process costs), blocking;
+- ``dcp.async_save``: `torch.distributed.checkpoint.async_save` of ``get_state_dict(model, optimizer)`` to a
+  directory on disk, one process (``no_dist=True``: no process group needed): the call stages a copy, a thread
+  writes it; the next save first waits for the previous write (one in flight, as DCP's docs do), the run's last
+  write is waited for at its end;
+- DLRover's Flash Checkpoint (``dlrover memory``/``dlrover storage``), when its venv exists (``--dlrover-python``):
+  bench/dlrover_peer.py under that venv's python (torch 2.7), same model, steps and k; its rows are labelled with
+  its torch version. Its docstring says how it runs without its launcher.
 
 Measured per method and k: each save's blocking time (the call, as the training loop sees it) and the steady
 state: steps/s over the run against the same steps with no saves (the rounds interleaved so that the machine's
-load moves all alike), and the process's CPU time per step (the publishing thread's included), which other
-processes' load does not move. Each round runs every configuration once (in alternating order); a
-configuration's costs are paired with the no-save run of the same round, and rounds go on until every CPU
-cost's 95 % interval (Student's t over the rounds) is narrower than ±--target points, from --min-rounds up to
---max-rounds; the table prints the intervals (mean ± half-width), not a median. Then restore time: from memory
-(`TorchSnapshots.restore` in a fresh process state, into a fresh model and optimizer) against from disk
-(``torch.load`` + ``load_state_dict``), the file's pages dropped from the page cache first
-(``posix_fadvise(DONTNEED)``, after its fsync) and kept ("warm").
+load moves all alike), and the process's CPU time per step (its threads', and DLRover's saver process's,
+included), which other processes' load does not move. Each round runs every configuration once (in alternating
+order); a configuration's costs are paired with the no-save run of the same round, and rounds go on until every
+CPU cost's 95 % interval (Student's t over the rounds) is narrower than ±--target points, from --min-rounds up
+to --max-rounds; the table prints the intervals (mean ± half-width), not a median. DLRover's process then runs
+as many rounds as this one did, its costs paired with its own no-save runs. Then restore time into a fresh model
+and optimizer: from local memory (`TorchSnapshots.restore`), from the buddy's copy (fetched over the agents'
+`SnapshotPeer` gRPC channel on loopback, as a replacement node's agent does, then restored), from disk
+(``torch.load`` + ``load_state_dict``; ``dcp.load`` + ``set_state_dict``), the files' pages dropped from the page
+cache first (``posix_fadvise(DONTNEED)``, after their fsync) and kept ("warm").
 
     PYTHONPATH=. python bench/snapshots.py [--hidden 1024 --layers 8 --steps 40] [--target 1.5]
-        [--min-rounds 3] [--max-rounds 20] [--quick]
+        [--min-rounds 3] [--max-rounds 20] [--rounds N] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import grpc  # noqa: E402
 import torch  # noqa: E402
+import torch.distributed.checkpoint as dcp  # noqa: E402
 from common import fmt_interval, header, interval95, narrow_enough, stats, table, write_result  # noqa: E402
+from snapshot_model import build, drop_cache, first_step, state_bytes  # noqa: E402
 from torch import nn  # noqa: E402
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # noqa: E402
 
+from taskd.agent.snapshots import copies  # noqa: E402
+from taskd.agent.snapshots.replication import PeerService, _chunks  # noqa: E402
+from taskd.proto import taskd_pb2, taskd_pb2_grpc  # noqa: E402
 from taskd.worker.torch_snapshot import TorchSnapshots  # noqa: E402
 
 KS = (1, 5, 20)
-METHODS = ("taskd", "torch.save")
+METHODS = ("taskd", "torch.save", "dcp.async_save")
+DLROVER_PYTHON = os.environ.get("TASKD_BENCH_DLROVER_PYTHON", "/work/venv-dlrover/bin/python")
+DLROVER_TIMEOUT = 1800.0
+BUDDY_KEY, BUDDY_JOB = "bench-key", "bench-job"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -57,32 +80,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-rounds", type=int, default=20, help="... and at most (the cap when noise stays wide)")
     p.add_argument("--rounds", type=int, default=0, help="exactly this many rounds (sets both bounds)")
     p.add_argument("--restores", type=int, default=5)
-    p.add_argument("--disk", default=None, help="directory for torch.save's files (default: a temporary one)")
-    p.add_argument("--quick", action="store_true", help="a small model, few steps (a smoke test)")
+    p.add_argument("--disk", default=None, help="directory for the on-disk files (default: a temporary one)")
+    p.add_argument("--dlrover-python", default=DLROVER_PYTHON,
+                   help="python of a venv with dlrover[torch]==0.6.1 and torch 2.7 (absent: its rows are skipped)")
+    p.add_argument("--ks", default=",".join(map(str, KS)), help="the save intervals, comma-separated")
+    p.add_argument("--quick", action="store_true", help="a small model, few steps, k = 1 and 5 (a smoke test)")
     args = p.parse_args(argv)
     if args.quick:
-        args.hidden, args.layers, args.steps, args.rounds, args.restores = 128, 2, 6, 2, 2
+        args.hidden, args.layers, args.steps, args.rounds, args.restores, args.ks = 128, 2, 6, 2, 1, "1,5"
     if args.rounds:
         args.min_rounds = args.max_rounds = args.rounds
     if not 2 <= args.min_rounds <= args.max_rounds or args.target <= 0:
         p.error("2 <= --min-rounds <= --max-rounds (an interval needs 2 rounds) and --target > 0")
+    try:
+        args.ks = tuple(int(k) for k in args.ks.split(","))
+    except ValueError:
+        p.error(f"--ks takes whole numbers separated by commas, not {args.ks!r}")
+    if not args.ks or min(args.ks) < 1:
+        p.error("--ks: every save interval is at least 1")
     return args
-
-
-def build(args: argparse.Namespace) -> tuple[nn.Module, torch.optim.Optimizer]:
-    torch.manual_seed(0)
-    model = nn.Sequential(*[m for _ in range(args.layers) for m in (nn.Linear(args.hidden, args.hidden), nn.Tanh())])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    return model, optimizer
-
-
-def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
-    """Bytes of the tensors a save writes, once the optimizer has its moments (after a step)."""
-    model(torch.randn(2, next(model.parameters()).shape[1])).sum().backward()
-    optimizer.step()
-    tensors = list(model.state_dict().values())
-    tensors += [t for s in optimizer.state_dict()["state"].values() for t in s.values() if torch.is_tensor(t)]
-    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 class Disk:
@@ -100,11 +116,7 @@ class Disk:
         os.replace(tmp, self.path)
 
     def drop_cache(self) -> None:
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+        drop_cache(self.path)
 
     def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
         saved = torch.load(self.path, weights_only=True)
@@ -113,10 +125,49 @@ class Disk:
         return int(saved["step"])
 
 
-def train(args: argparse.Namespace, method: str | None, k: int, shm: str, disk: Disk) -> dict[str, Any]:
+class AsyncDcp:
+    """`dcp.async_save` into one directory, one write in flight: a save first waits for the previous write."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = os.path.join(directory, "dcp")
+        self.pending: Future[Any] | None = None
+
+    def save(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.wait()
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        self.pending = dcp.async_save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=self.directory,
+                                      no_dist=True)
+
+    def wait(self) -> None:
+        if self.pending is not None:
+            self.pending.result(timeout=300)
+            self.pending = None
+
+    def fsync(self) -> None:
+        """DCP's writer fsyncs its files; the directory too, so that a drop of the page cache drops them all."""
+        for name in os.listdir(self.directory):
+            fd = os.open(os.path.join(self.directory, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def drop_cache(self) -> None:
+        for name in os.listdir(self.directory):
+            drop_cache(os.path.join(self.directory, name))
+
+    def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        loaded = {"model": model_sd, "optimizer": optim_sd}
+        dcp.load(loaded, checkpoint_id=self.directory, no_dist=True)
+        set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optimizer"])
+
+
+def train(args: argparse.Namespace, method: str | None, k: int, shm: str, disk_dir: str) -> dict[str, Any]:
     """One run of ``args.steps`` steps saving every ``k`` with ``method`` (None: no saves)."""
     model, optimizer = build(args)
     snaps = TorchSnapshots(model, optimizer, directory=shm) if method == "taskd" else None
+    disk, adcp = Disk(disk_dir), AsyncDcp(disk_dir)
     x = torch.randn(args.batch, args.hidden, generator=torch.Generator().manual_seed(1))
     saves: list[float] = []
     started, cpu_started = time.perf_counter(), time.process_time()
@@ -129,38 +180,134 @@ def train(args: argparse.Namespace, method: str | None, k: int, shm: str, disk: 
             t0 = time.perf_counter()
             if snaps is not None:
                 snaps.save(step)
-            else:
+            elif method == "torch.save":
                 disk.save(model, optimizer, step)
+            else:
+                adcp.save(model, optimizer)
             saves.append(time.perf_counter() - t0)
     if snaps is not None:
         snaps.close()  # the last publish: counted in the run's time
+    adcp.wait()  # the last write, likewise
     elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     return {"steps_per_s": args.steps / elapsed, "cpu_per_step": cpu / args.steps, "saves": saves}
 
 
-def measure_restores(args: argparse.Namespace, shm: str, disk: Disk) -> dict[str, list[float]]:
+class Buddy:
+    """A buddy agent's `SnapshotPeer` service on loopback holding a copy of this node's snapshots, and the fetch a
+    replacement node's agent makes of it (replication.py's `Replication._fetch`, over the same wire)."""
+
+    def __init__(self, directory: str) -> None:
+        self.service = PeerService(directory, lambda: BUDDY_JOB, lambda: BUDDY_KEY)
+        self.server = grpc.server(ThreadPoolExecutor(max_workers=2))
+        taskd_pb2_grpc.add_SnapshotPeerServicer_to_server(self.service, self.server)
+        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+        self.server.start()
+        self.auth = (("authorization", f"Bearer {BUDDY_KEY}"),)
+
+    def push(self, own: str, step: int) -> None:
+        """What this node's agent pushes: every local rank's segment of ``step``."""
+        files = [(rank, open(os.path.join(folder, copies.segment_name(step)), "rb"))  # noqa: SIM115
+                 for rank, folder in sorted(copies.rank_dirs(own).items())]
+        chunks = (c for rank, fh in files for c in _chunks(BUDDY_JOB, 0, rank, step, fh))
+        with grpc.insecure_channel(self.address) as channel:
+            status = taskd_pb2_grpc.SnapshotPeerStub(channel).Push(chunks, timeout=60, metadata=self.auth)
+        if status.code != 0:
+            raise RuntimeError(f"the buddy refused the copy: {status.info}")
+
+    def fetch(self, into: str) -> int:
+        """Fetch node 0's copy into ``into`` as a replacement's agent does; the bytes received."""
+        size, incoming = 0, None
+        with grpc.insecure_channel(self.address) as channel:
+            stream = taskd_pb2_grpc.SnapshotPeerStub(channel).Fetch(
+                taskd_pb2.FetchRequest(jobId=BUDDY_JOB, nodeRank=0), timeout=60, metadata=self.auth)
+            for chunk in stream:
+                if incoming is None:
+                    incoming = copies.Incoming(into, chunk.rank, chunk.step)
+                incoming.write(chunk.data)
+                size += len(chunk.data)
+                if chunk.last:
+                    incoming.finish(keep=None)
+                    incoming = None
+        return size
+
+    def close(self) -> None:
+        self.server.stop(grace=None)
+
+
+def timed(fn: Any) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def measure_restores(args: argparse.Namespace, shm: str, disk_dir: str) -> dict[str, list[float]]:
     model, optimizer = build(args)
-    loss = model(torch.randn(2, args.hidden)).sum()
-    loss.backward()
-    optimizer.step()  # the optimizer has its moments: the state a restore brings back
+    first_step(model, optimizer, args.hidden)
     TorchSnapshots(model, optimizer, directory=shm, background=False).save(1)
+    disk, adcp = Disk(disk_dir), AsyncDcp(disk_dir)
     disk.save(model, optimizer, 1)
-    out: dict[str, list[float]] = {"memory": [], "disk (cache dropped)": [], "disk (page cache)": []}
-    for _ in range(args.restores):
-        fresh = build(args)
-        t0 = time.perf_counter()
-        assert TorchSnapshots(*fresh, directory=shm).restore() == 1
-        out["memory"].append(time.perf_counter() - t0)
-        disk.drop_cache()
-        fresh = build(args)
-        t0 = time.perf_counter()
-        disk.restore(*fresh)
-        out["disk (cache dropped)"].append(time.perf_counter() - t0)
-        fresh = build(args)
-        t0 = time.perf_counter()
-        disk.restore(*fresh)
-        out["disk (page cache)"].append(time.perf_counter() - t0)
+    adcp.save(model, optimizer)
+    adcp.wait()
+    adcp.fsync()
+    buddy_dir = tempfile.mkdtemp(prefix="taskd-bench-buddy-", dir="/dev/shm")
+    buddy = Buddy(buddy_dir)
+    names = ("taskd: local memory", "taskd: buddy's copy (fetch + restore)", "taskd: buddy's copy (fetch only)",
+             "torch.load: disk (cache dropped)", "torch.load: disk (page cache)", "dcp.load: disk (cache dropped)",
+             "dcp.load: disk (page cache)")
+    out: dict[str, list[float]] = {k: [] for k in names}
+    try:
+        buddy.push(shm, 1)
+        for _ in range(args.restores):
+            fresh = build(args)
+            out["taskd: local memory"].append(timed(lambda f=fresh: TorchSnapshots(*f, directory=shm).restore()))
+            replacement = tempfile.mkdtemp(prefix="taskd-bench-replacement-", dir="/dev/shm")
+            try:
+                fresh = build(args)
+                t0 = time.perf_counter()
+                buddy.fetch(replacement)
+                fetched = time.perf_counter() - t0
+                if TorchSnapshots(*fresh, directory=replacement).restore() != 1:
+                    raise RuntimeError("the buddy's copy did not restore step 1")
+                out["taskd: buddy's copy (fetch + restore)"].append(time.perf_counter() - t0)
+                out["taskd: buddy's copy (fetch only)"].append(fetched)
+                if not torch.equal(fresh[0][0].weight, model[0].weight):
+                    raise RuntimeError("the buddy's copy did not bring the saved weights back")
+            finally:
+                shutil.rmtree(replacement, ignore_errors=True)
+            for name, method in (("torch.load", disk), ("dcp.load", adcp)):
+                method.drop_cache()
+                fresh = build(args)
+                out[f"{name}: disk (cache dropped)"].append(timed(lambda m=method, f=fresh: m.restore(*f)))
+                fresh = build(args)
+                out[f"{name}: disk (page cache)"].append(timed(lambda m=method, f=fresh: m.restore(*f)))
+    finally:
+        buddy.close()
+        shutil.rmtree(buddy_dir, ignore_errors=True)
     return out
+
+
+def run_dlrover(args: argparse.Namespace, rounds: int) -> dict[str, Any] | str:
+    """DLRover's rows from bench/dlrover_peer.py under its own venv; a string saying why not when it cannot run."""
+    if not os.path.exists(args.dlrover_python):
+        return (f"no DLRover venv at {args.dlrover_python} (build one outside the repo: python3 -m venv DIR && "
+                f"DIR/bin/pip install 'dlrover[torch]==0.6.1' 'torch==2.7.*' grpcio protobuf; "
+                f"then --dlrover-python DIR/bin/python)")
+    cmd = [args.dlrover_python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "dlrover_peer.py"),
+           "--hidden", str(args.hidden), "--layers", str(args.layers), "--batch", str(args.batch),
+           "--steps", str(args.steps), "--rounds", str(rounds), "--restores", str(args.restores),
+           "--ks", ",".join(map(str, args.ks)),
+           "--storage-ks", ",".join(str(k) for k in args.ks if k > 1)] + (["--disk", args.disk] if args.disk else [])
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    print(f"DLRover: {' '.join(cmd)}", flush=True)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=DLROVER_TIMEOUT, env=env)
+    except subprocess.TimeoutExpired:
+        return f"bench/dlrover_peer.py did not finish within {DLROVER_TIMEOUT:.0f} s"
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return f"bench/dlrover_peer.py exited {proc.returncode}: {tail}"
+    return json.loads(lines[-1][len("RESULT "):])
 
 
 def paired_costs(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, list[float]]]:
@@ -173,18 +320,43 @@ def paired_costs(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, l
     return out
 
 
+def summarize(runs: dict[str, list[dict[str, Any]]], label: str = "") -> tuple[list[list[Any]], dict[str, Any]]:
+    """Table rows and summary of one process's runs, each paired with that process's own no-save runs."""
+    costs = paired_costs(runs)
+    rows, summary = [], {}
+    for name, items in runs.items():
+        rate, cpu = interval95([r["steps_per_s"] for r in items]), interval95([r["cpu_per_step"] for r in items])
+        cost, cpu_cost = interval95(costs[name]["cost"]), interval95(costs[name]["cpu_cost"])
+        blocking = stats([s for r in items for s in r["saves"]], 1e3)
+        skipped = sum(r.get("skipped", 0) for r in items)
+        summary[f"{label}{name}"] = {
+            "rounds": len(items), "steps_per_s": rate["mean"], "cost_pct": cost["mean"], "cpu_per_step": cpu["mean"],
+            "cpu_cost_pct": cpu_cost["mean"], "save_ms": blocking, "skipped": skipped, "steps_per_s_interval": rate,
+            "cost_pct_interval": cost, "cpu_per_step_interval": cpu, "cpu_cost_pct_interval": cpu_cost}
+        none = name == "none"
+        cpu_ms = {**cpu, "mean": cpu["mean"] * 1e3, "half": cpu["half"] and cpu["half"] * 1e3}
+        full = f"{label}{name}" + (f" ({skipped} of {blocking['n']} skipped)" if skipped else "")
+        rows.append([full, len(items), fmt_interval(rate, 2), "-" if none else f"{fmt_interval(cost)} %",
+                     fmt_interval(cpu_ms, 2), "-" if none else f"{fmt_interval(cpu_cost)} %", blocking["p50"],
+                     blocking["max"]])
+    return rows, summary
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped run still removes its /dev/shm directory
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # DCP's one-process notice
+    warnings.filterwarnings("ignore", message="Detected an existing checkpoint")  # each save replaces the last
     torch.set_num_threads(1)
     os.environ.pop("TASKD_SNAPSHOT_DIR", None)
     result = header("snapshots", args)
     model, optimizer = build(args)
+    first_step(model, optimizer, args.hidden)
     result["state_bytes"] = state_bytes(model, optimizer)
     print(f"state: {result['state_bytes'] / 1e6:.1f} MB (model + AdamW moments), {args.steps} steps per run, "
-          f"{args.min_rounds}-{args.max_rounds} rounds (until every CPU cost is known within ±{args.target} points)",
-          flush=True)
-    configs: list[tuple[str | None, int]] = [(None, 0)] + [(m, k) for k in KS for m in METHODS]
+          f"{args.min_rounds}-{args.max_rounds} rounds (until every CPU cost is known within ±{args.target} points); "
+          f"torch {torch.__version__}", flush=True)
+    configs: list[tuple[str | None, int]] = [(None, 0)] + [(m, k) for k in args.ks for m in METHODS]
     runs: dict[str, list[dict[str, Any]]] = {}
     disk_dir = tempfile.mkdtemp(prefix="taskd-bench-disk-", dir=args.disk)
     try:
@@ -193,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
                 shm = tempfile.mkdtemp(prefix="taskd-bench-snap-", dir="/dev/shm")
                 try:
                     name = "none" if method is None else f"{method} k={k}"
-                    runs.setdefault(name, []).append(train(args, method, k, shm, Disk(disk_dir)))
+                    runs.setdefault(name, []).append(train(args, method, k, shm, disk_dir))
                     print(f"round {r + 1}: {name}: {runs[name][-1]['steps_per_s']:.2f} steps/s", flush=True)
                 finally:
                     shutil.rmtree(shm, ignore_errors=True)
@@ -203,37 +375,34 @@ def main(argv: list[str] | None = None) -> int:
                 break
         shm = tempfile.mkdtemp(prefix="taskd-bench-snap-", dir="/dev/shm")
         try:
-            restores = measure_restores(args, shm, Disk(disk_dir))
+            restores = measure_restores(args, shm, disk_dir)
         finally:
             shutil.rmtree(shm, ignore_errors=True)
     finally:
         shutil.rmtree(disk_dir, ignore_errors=True)
+    flash = run_dlrover(args, len(runs["none"]))
 
-    costs = paired_costs(runs)
-    rows, summary = [], {}
-    for name, items in runs.items():
-        rate, cpu = interval95([r["steps_per_s"] for r in items]), interval95([r["cpu_per_step"] for r in items])
-        cost, cpu_cost = interval95(costs[name]["cost"]), interval95(costs[name]["cpu_cost"])
-        blocking = stats([s for r in items for s in r["saves"]], 1e3)
-        summary[name] = {"rounds": len(items), "steps_per_s": rate["mean"], "cost_pct": cost["mean"],
-                         "cpu_per_step": cpu["mean"], "cpu_cost_pct": cpu_cost["mean"], "save_ms": blocking,
-                         "steps_per_s_interval": rate, "cost_pct_interval": cost, "cpu_per_step_interval": cpu,
-                         "cpu_cost_pct_interval": cpu_cost}
-        none = name == "none"
-        cpu_ms = {**cpu, "mean": cpu["mean"] * 1e3, "half": cpu["half"] and cpu["half"] * 1e3}
-        rows.append([name, len(items), fmt_interval(rate, 2), "-" if none else f"{fmt_interval(cost)} %",
-                     fmt_interval(cpu_ms, 2), "-" if none else f"{fmt_interval(cpu_cost)} %", blocking["p50"],
-                     blocking["max"]])
+    rows, summary = summarize(runs)
+    if isinstance(flash, dict):
+        more, extra = summarize(flash["runs"], f"dlrover {flash['dlrover']} (torch {flash['torch']}) ")
+        rows += more
+        summary.update(extra)
     print("steady state: mean ± 95 % interval over the rounds; costs paired with the same round's no-save run")
     print(table(["method", "rounds", "steps/s", "wall cost vs none", "CPU ms/step", "CPU cost vs none",
                  "save p50 ms", "save max ms"], rows))
+    all_restores = dict(restores)
+    if isinstance(flash, dict):
+        all_restores.update({f"dlrover (torch {flash['torch']}): {k}": v for k, v in flash["restores"].items()})
     rrows = []
-    for name, times in restores.items():
+    for name, times in all_restores.items():
         s = stats(times, 1e3)
         summary[f"restore {name}"] = s
         rrows.append([name, s["p50"], s["max"]])
     print(table(["restore from", "p50 ms", "max ms"], rrows))
-    result.update({"runs": runs, "restores": restores, "summary": summary})
+    if isinstance(flash, str):
+        print(f"skipped: DLRover Flash Checkpoint: {flash}")
+    result.update({"runs": runs, "restores": restores, "summary": summary,
+                   "dlrover": flash if isinstance(flash, dict) else {"skipped": flash}})
     print(f"results: {write_result('snapshots', result)}")
     return 0
 

@@ -25,7 +25,7 @@ EXPECTED = {
     "controller_core": ("| N jobs", {"runs", "machine"}),
     "hand_over": ("| hand_over", {"hand_over", "two_tensors", "state_equal", "machine"}),
     "overhead": ("| taskd run", {"taskd", "torchrun", "worker_sdk_us_per_call", "taskd_over_torchrun"}),
-    "snapshots": ("| taskd k=1", {"runs", "restores", "summary", "state_bytes"}),
+    "snapshots": ("| dcp.async_save k=1", {"runs", "restores", "summary", "state_bytes", "dlrover"}),
 }
 NEEDS_TORCH = {"snapshots"}
 
@@ -36,7 +36,8 @@ def test_quick_run_prints_table_and_writes_json(name: str, tmp_path: Path) -> No
     if name in NEEDS_TORCH:
         pytest.importorskip("torch")
     result = tmp_path / f"{name}.json"
-    env = {**os.environ, "BENCH_RESULTS_DIR": str(tmp_path)}
+    # DLRover's rows need a venv of their own (bench/dlrover_peer.py): not here, so the run says it skipped them
+    env = {**os.environ, "BENCH_RESULTS_DIR": str(tmp_path), "TASKD_BENCH_DLROVER_PYTHON": str(tmp_path / "absent")}
     proc = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), "--quick"], capture_output=True, text=True,
                           cwd=ROOT, env=env, timeout=120)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
@@ -54,6 +55,11 @@ def test_quick_run_prints_table_and_writes_json(name: str, tmp_path: Path) -> No
                 pairs = zip(data["runs"][label], data["runs"]["none"], strict=True)
                 assert_interval(row["cpu_cost_pct_interval"],
                                 [100.0 * (r["cpu_per_step"] / b["cpu_per_step"] - 1.0) for r, b in pairs])
+        for row in ("| taskd k=5", "| torch.save k=5", "| dcp.async_save k=5", "| taskd: local memory",
+                    "| taskd: buddy's copy (fetch + restore)", "| torch.load: disk (cache dropped)",
+                    "| dcp.load: disk (cache dropped)"):  # every method's rows, and each restore source
+            assert row in proc.stdout, proc.stdout
+        assert "skipped: DLRover Flash Checkpoint: no DLRover venv at" in proc.stdout, proc.stdout
 
 
 T975_1 = 12.706  # Student's t, 97.5th percentile, 1 degree of freedom: the interval of 2 repetitions
