@@ -10,12 +10,16 @@ saves every k steps with `DdpCheckpointer.save_checkpoint`:
 
 Without `dlrover-run` (as here: one process, no DLRover master), the engine starts its saver itself: a child process
 (``start_saver_process``) that holds the shared memory and persists it, and that dies with the trainer (under
-`dlrover-run` the node's agent holds it and a restarted trainer restores from it). A save finds the saver still
-writing the previous step to disk skips the memory copy (DLRover's rule): those are counted, not hidden. The CPU
+`dlrover-run` the node's agent holds it and a restarted trainer restores from it). A save that finds the saver
+still writing the previous step to disk skips the memory copy (DLRover's rule): those are counted, not hidden.
+Storage saves run at ``--storage-ks`` only: the saver waits up to 15 s before it gives up persisting a step that
+a newer save overwrote in memory, which at k = 1 happens to most saves. The CPU
 time per step counts the trainer's and the saver process's. Restore: ``load_checkpoint`` (from the shared memory, in
 the same process) + ``load_state_dict`` into a fresh model and optimizer; from disk, ``torch.load`` of the file the
 saver wrote, its pages dropped first and kept.
 
+    python3 -m venv /work/venv-dlrover
+    /work/venv-dlrover/bin/pip install "dlrover[torch]==0.6.1" "torch==2.7.*" grpcio protobuf  # its imports
     /work/venv-dlrover/bin/python bench/dlrover_peer.py --hidden 1024 --layers 8 --steps 40 --rounds 2
 """
 
