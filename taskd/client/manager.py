@@ -77,14 +77,14 @@ class RecoverClient:
         self.credentials = creds
         self.frame = "pytorch"  # set by start_subscribe; informational only (see there)
         self._stopped = threading.Event()
-        self._registered_with: recover_pb2.ClientInfo | None = None
+        self.registered_with: recover_pb2.ClientInfo | None = None
         self._last_refusal: tuple[int, str] | None = None  # the last Register refused: its repeats log at debug
         self.init_refusal = ""  # "409 why" when the controller refused the Init's content (asking again cannot help)
-        self._rpc = RpcClient(address, creds, opts.channel_options, call_timeout=opts.call_timeout,
+        self.rpc = RpcClient(address, creds, opts.channel_options, call_timeout=opts.call_timeout,
                               wait_for_ready=opts.wait_for_ready)
         self._dispatcher = Dispatcher(info.jobId)
         self._subscription = Subscription(
-            self._rpc, self._dispatcher, lambda: self.info, self._resync, self._new_backoff, self._stopped,
+            self.rpc, self._dispatcher, lambda: self.info, self._resync, self._new_backoff, self._stopped,
             liveness_timeout=float(opts.liveness_timeout), wait_for_ready=opts.wait_for_ready)
 
     # -- TaskD's attribute names for the options, read-only --------------------------------------
@@ -109,22 +109,22 @@ class RecoverClient:
         identity it would register the process as a standby again, and its node's reports would go out as
         the standby's (tests/e2e/client/test_client_standby_takeover.py)."""
         request = arguments.with_identity(request if request is not None else self.info)
-        before = self.info, self._registered_with
+        before = self.info, self.registered_with
 
         def undo() -> None:
             if adopt:
-                self.info, self._registered_with = before
+                self.info, self.registered_with = before
                 self.client_info = self.info
 
         if adopt:
-            self.info = self.client_info = self._registered_with = request
+            self.info = self.client_info = self.registered_with = request
         try:
-            status = self._rpc.call("Register", request, timeout=timeout)
+            status = self.rpc.call("Register", request, timeout=timeout)
         except BaseException:
             undo()
             raise
         if status.code == Code.OK:
-            self._registered_with, self._last_refusal = request, None
+            self.registered_with, self._last_refusal = request, None
             logger.info("registered job %s node %d with %s", request.jobId, request.nodeRank, self.server_addr)
             return status
         undo()
@@ -151,7 +151,7 @@ class RecoverClient:
             attempt += 1
             remaining = deadline - time.monotonic()
             try:
-                status = self._rpc.call("Init", self.info, timeout=max(MIN_CALL_TIMEOUT, min(opts.call_timeout,
+                status = self.rpc.call("Init", self.info, timeout=max(MIN_CALL_TIMEOUT, min(opts.call_timeout,
                                                                                            remaining)))
             except ServerUnreachable as exc:
                 last_error = exc
@@ -185,7 +185,7 @@ class RecoverClient:
 
     def health_check(self) -> recover_pb2.Status:
         """0 when the controller knows this agent, 400 otherwise."""
-        return self._rpc.call("HealthCheck", self.info)
+        return self.rpc.call("HealthCheck", self.info)
 
     def _resync(self) -> None:
         """Init and Register again before a new stream (blocking: the subscription runs it in a thread)."""
@@ -193,7 +193,7 @@ class RecoverClient:
             raise RecoverClientError(f"Init of job {self.info.jobId} on {self.server_addr} did not succeed")
         if self._stopped.is_set():
             raise RecoverClientError("stopped")
-        status = self.register(self._registered_with or self.info)
+        status = self.register(self.registered_with or self.info)
         if status.code != Code.OK:
             raise RecoverClientError(f"Register on {self.server_addr} answered {status.code}: {status.info}")
 
@@ -222,7 +222,7 @@ class RecoverClient:
         outage = self._new_backoff()
         while True:
             try:
-                status = self._rpc.call(method, request, timeout=remaining(), service=service)
+                status = self.rpc.call(method, request, timeout=remaining(), service=service)
             except ServerUnreachable as exc:
                 delay = outage.next_delay()
                 if not through_outages or time.monotonic() - started + delay + MIN_CALL_TIMEOUT >= policy.budget:
@@ -241,10 +241,10 @@ class RecoverClient:
             logger.warning("%s answered %d; re-sending in %.2fs (%s)", method, code, decision.delay, decision.why)
             time.sleep(decision.delay)
             if decision.reinit:
-                status = self._rpc.call("Init", self.info, timeout=remaining())
+                status = self.rpc.call("Init", self.info, timeout=remaining())
                 logger.info("re-init of job %s answered %d %s", self.info.jobId, status.code, status.info)
             if decision.reregister:
-                self.register(self._registered_with or self.info, timeout=remaining())
+                self.register(self.registered_with or self.info, timeout=remaining())
         if code == Code.OK:
             if len(answers) > 1:
                 logger.info("%s accepted after %d attempts", method, len(answers))
@@ -252,10 +252,10 @@ class RecoverClient:
         logger.error("%s answered %d after %d attempt(s); giving up: %s", method, code, len(answers), decision.why)
         return code
 
-    def _identity(self) -> dict[str, Any]:
+    def identity(self) -> dict[str, Any]:
         """Who reports: the job, the node, and this process (host, pid), so that a report from an agent the
         controller declared lost is refused (411) once another agent holds its node."""
-        info = self._registered_with or self.info
+        info = self.registered_with or self.info
         return {"jobId": info.jobId, "nodeRank": info.nodeRank, "host": info.host, "pid": info.pid}
 
     # Each report's request, built (and its arguments checked: BadArgument) apart from sending it, so that the
@@ -264,11 +264,11 @@ class RecoverClient:
     def stop_complete_request(self, code: int, msg: str, fault_ranks: dict) -> recover_pb2.StopCompleteRequest:
         return recover_pb2.StopCompleteRequest(
             status=recover_pb2.Status(code=arguments.int32(code, "code"), info=str(msg or "")),
-            faultRanks=fault_ranks_to_proto(fault_ranks), **self._identity())
+            faultRanks=fault_ranks_to_proto(fault_ranks), **self.identity())
 
     def recover_strategy_request(self, fault_ranks: dict, strategy_list: list) -> recover_pb2.RecoverStrategyRequest:
         return recover_pb2.RecoverStrategyRequest(faultRanks=fault_ranks_to_proto(fault_ranks),
-                                                  strategies=arguments.strategies(strategy_list), **self._identity())
+                                                  strategies=arguments.strategies(strategy_list), **self.identity())
 
     def recover_status_request(self, code: int, msg: str, fault_ranks: dict, strategy: str,
                                isolate_ranks: Iterable[int] | None = None, *, rejoined: bool = False
@@ -280,15 +280,15 @@ class RecoverClient:
             status=recover_pb2.Status(code=arguments.int32(code, "code"), info=str(msg or "")),
             strategy=str(strategy or ""),
             isolateRankIds=[str(arguments.int32(r, "isolate rank")) for r in (isolate_ranks or ())],
-            rejoined=bool(rejoined), **self._identity())
+            rejoined=bool(rejoined), **self.identity())
 
     def process_fault_request(self, fault_ranks: dict, detail: str = "") -> recover_pb2.ProcessFaultRequest:
         return recover_pb2.ProcessFaultRequest(faultRanks=fault_ranks_to_proto(fault_ranks),
-                                               detail=str(detail or ""), **self._identity())
+                                               detail=str(detail or ""), **self.identity())
 
     def finish_request(self, exit_code: int, message: str = "") -> taskd_pb2.FinishRequest:
         return taskd_pb2.FinishRequest(exitCode=arguments.int32(exit_code, "exit_code"), message=str(message or ""),
-                                       **self._identity())
+                                       **self.identity())
 
     def report_stop_complete(self, code: int, msg: str, fault_ranks: dict) -> int:
         """Tell the controller the faulty local ranks are stopped (code 0) or could not be."""
@@ -341,15 +341,15 @@ class RecoverClient:
         re-sent: the caller polls the call and decides what comes next. The blocking `report_*` methods above
         are for TaskD's users; taskd's agent, whose loop must not sleep, uses this."""
         service = "agent" if method in AGENT_REPORTS else "recover"
-        return self._rpc.start(method, request, timeout=timeout, service=service, on_done=on_done)
+        return self.rpc.start(method, request, timeout=timeout, service=service, on_done=on_done)
 
     def resync(self, *, reinit: bool, timeout: float) -> int:
         """One re-Init (when `reinit`) and one re-Register, each within `timeout`: for a caller re-sending a report
         the controller answered "unknown agent" or "unknown job" to. Returns the Register's code."""
         if reinit:
-            status = self._rpc.call("Init", self.info, timeout=timeout)
+            status = self.rpc.call("Init", self.info, timeout=timeout)
             logger.info("re-init of job %s answered %d %s", self.info.jobId, status.code, status.info)
-        return int(self.register(self._registered_with or self.info, timeout=timeout).code)
+        return int(self.register(self.registered_with or self.info, timeout=timeout).code)
 
     # -- signals ----------------------------------------------------------------------------
 
@@ -381,7 +381,7 @@ class RecoverClient:
         logger.info("subscribing to signals of job %s at %s (frame %s)", self.info.jobId, self.server_addr,
                     self.frame)
         try:
-            self._subscription.run(need_sync=self._registered_with is None)
+            self._subscription.run(need_sync=self.registered_with is None)
         finally:
             logger.info("signal subscription of job %s (frame %s) stopped", self.info.jobId, self.frame)
 
@@ -389,7 +389,7 @@ class RecoverClient:
         """End start_subscribe promptly and close the channel; safe from any thread, idempotent."""
         self._stopped.set()
         self._subscription.stop()
-        self._rpc.close()
+        self.rpc.close()
 
     close = stop
 
@@ -462,7 +462,7 @@ def pace_request(client: RecoverClient, factor: float, paces: Iterable[tuple[int
     averaged) each, from the client's registered identity."""
     return taskd_pb2.PaceRequest(factor=float(factor), ranks=[
         taskd_pb2.RankPace(rank=arguments.int32(r, "rank"), computeSeconds=float(s),
-                           steps=arguments.int32(n, "steps")) for r, s, n in paces], **client._identity())
+                           steps=arguments.int32(n, "steps")) for r, s, n in paces], **client.identity())
 
 
 def resumed_request(client: RecoverClient, round_: int, seconds: float, seconds_ago: float, unseen: bool = False,
@@ -474,12 +474,12 @@ def resumed_request(client: RecoverClient, round_: int, seconds: float, seconds_
                                     secondsAgo=float(seconds_ago), unseen=bool(unseen), restores=[taskd_pb2.RankRestore(
                                         rank=r.rank, source=r.source, step=r.step,
                                         stepsRedone=-1 if r.redone is None else r.redone) for r in restores],
-                                    **client._identity())
+                                    **client.identity())
 
 
 def migration_request(client: RecoverClient, **fields: object) -> taskd_pb2.MigrationReport:
     """taskd.v1 `ReportMigration`: how a planned migration of this node's rank ended, from the registered identity."""
-    return taskd_pb2.MigrationReport(**fields, **client._identity())
+    return taskd_pb2.MigrationReport(**fields, **client.identity())
 
 
 def _arguments_key(info: object, server_addr: str, secure_conn: bool, cert_path: str,

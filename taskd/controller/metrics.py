@@ -40,8 +40,8 @@ class ControllerMetrics:
     def __init__(self, jobs: Callable[[], Iterable[Any]], streams: Callable[[], int]) -> None:
         pc = prometheus()
         self.registry = pc.CollectorRegistry()
-        self._jobs = jobs
-        self._streams = streams
+        self.jobs = jobs  # read at scrape time (_Gauges)
+        self.streams = streams
         r = self.registry
         self.events = pc.Counter("taskd_events", "History records the controller stored, by kind", ["kind"],
                                  registry=r)
@@ -109,7 +109,7 @@ class _Gauges:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
 
-        jobs = list(self._m._jobs())
+        jobs = list(self._m.jobs())
         by_state = GaugeMetricFamily("taskd_jobs", "Jobs the controller holds, by state", labels=["state"])
         for state, n in sorted(Tally(j.state.name for j in jobs).items()):
             by_state.add_metric([state], n)
@@ -139,4 +139,4 @@ class _Gauges:
                 behind.add_metric([j.job_id, str(node)], max(0, r.newest - r.replicated))
         yield lag
         yield behind
-        yield GaugeMetricFamily("taskd_streams_open", "Agents' signal streams open now", value=self._m._streams())
+        yield GaugeMetricFamily("taskd_streams_open", "Agents' signal streams open now", value=self._m.streams())

@@ -85,7 +85,7 @@ class _Beacon:
             self.seq += 1
             hbf._SEQ.pack_into(buf, hbf.OFF_SEQ, self.seq)
         if self.pending():
-            self._serve_save_request()
+            self.answer_save_request()
 
     def pending(self) -> bool:
         """Whether the agent asked for a save this rank has not served yet."""
@@ -144,7 +144,7 @@ class _Beacon:
                 layout.pack_into(self.buf, offset, *values)
             self._end()
 
-    def _serve_save_request(self) -> bool:
+    def answer_save_request(self) -> bool:
         request = hbf._REQUEST.unpack_from(self.buf, hbf.OFF_REQUEST)[0]
         self.handled = request  # before the callback: a heartbeat() inside it must not recurse
         callback = _save_callback
@@ -375,7 +375,7 @@ def serve_save_request(wait: float = 0.0) -> bool | None:
         if time.monotonic() >= deadline:
             return None
         time.sleep(_REQUEST_POLL)
-    return beacon._serve_save_request()
+    return beacon.answer_save_request()
 
 
 _REQUEST_POLL = 0.02  # seconds between looks for a save request the agent is about to make

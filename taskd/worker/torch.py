@@ -109,7 +109,7 @@ class LiveGroup(Migrating, HsdpLive):
         self._formed_at = 0  # the group's collective count once formed
         self._committed = False
         self._in_step = False
-        self._forwards = 0  # DDP forwards in this step
+        self.forwards = 0  # DDP forwards in this step
         self.mark = CollectiveMark(self.protocol)  # "inside a collective", for the agent
         self.backward = BackwardMark(self.mark)  # how far this step's backward got (which buckets were launched)
         self._stuck = StuckWatch(self.mark, exit_stuck(self.rank))  # ends the rank if gloo leaves it blocked
@@ -229,7 +229,7 @@ class LiveGroup(Migrating, HsdpLive):
         """One attempt at the current step; a recoverable failure inside it rolls it back (see module doc)."""
         step = self.step_no
         self._committed = False
-        self._forwards = 0
+        self.forwards = 0
         self.backward.new_step()
         self._in_step = True
         if self._seed is not None:
@@ -323,7 +323,7 @@ class LiveGroup(Migrating, HsdpLive):
             return False
         t0 = time.time()
         try:
-            if not self._forwards:  # the peers' forward rebuilds buckets (after the first backward), syncs buffers
+            if not self.forwards:  # the peers' forward rebuilds buckets (after the first backward), syncs buffers
                 if torch.is_grad_enabled() and reducer._rebuild_buckets():
                     ddp._has_rebuilt_buckets = True
                 if ddp._check_sync_bufs_pre_fwd():

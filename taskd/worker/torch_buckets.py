@@ -104,7 +104,7 @@ class DDPHandle:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.current is None:
             self.build()
-        self._group._forwards += 1  # a drain must know whether this step's forward-time collectives ran
+        self._group.forwards += 1  # a drain must know whether this step's forward-time collectives ran
         output = self.current(*args, **kwargs)  # type: ignore[misc]
         if self._group.live and self.current.require_backward_grad_sync and torch.is_grad_enabled():  # not no_sync()
             self._group.backward.attach(output)  # the mark while its gradients are reduced (torch_mark)

@@ -190,7 +190,7 @@ class ControllerLink:
         info.CopyFrom(mgr.info)
         info.nodeRank, info.standby, info.ranksPerNode = layout.node_rank, False, layout.ranks_per_node
         try:
-            reg = register_held(lambda: mgr.register(info, adopt=True), lambda: record_of(self, mgr),
+            reg = register_held(lambda: mgr.register(info, adopt=True), lambda: self.record_of(mgr),
                                 layout.node_rank, 0.0)  # refused: the client keeps its standby identity
         except FencedError as exc:
             self.fencing.fence(str(exc))
@@ -217,7 +217,7 @@ class ControllerLink:
         try:
             if not mgr.init_clusterd():
                 return mgr.init_refusal  # "" when none answered, or recovery is disabled
-            reg = register_held(lambda: mgr.register(info), lambda: record_of(self, mgr), info.nodeRank,
+            reg = register_held(lambda: mgr.register(info), lambda: self.record_of(mgr), info.nodeRank,
                                 2 * self.config.controller_timeout)
             status, self.taken_by = reg.status, reg.taken_by
             if status.code != Code.OK:
@@ -297,7 +297,7 @@ class ControllerLink:
     def rejoining(self, timeout: float = 2.0) -> frozenset[int] | None:
         """The node ranks an open node-loss round of this job waits for a replacement of (JobRecord.rejoining), or
         a scaled-in job runs without (JobRecord.absent); None when the controller did not answer or cannot say."""
-        record = record_of(self, self._mgr, timeout)
+        record = self.record_of(self._mgr, timeout)
         if record is None:
             return None
         self.lost_ago = lost_ago(record, self._mgr.info.nodeRank if self._mgr is not None else -1, time.time())
@@ -306,7 +306,7 @@ class ControllerLink:
     def absent(self, timeout: float = 2.0) -> frozenset[int] | None:
         """The nodes the job runs without now (JobRecord.absent: a MIN:MAX start's or a scale-in's); None when the
         controller did not answer or cannot say."""
-        record = record_of(self, self._mgr, timeout)
+        record = self.record_of(self._mgr, timeout)
         return None if record is None else frozenset(record.absent)
 
     def job_nodes(self, timeout: float = 2.0) -> tuple[str, str, frozenset[int], frozenset[int]] | None:
@@ -334,26 +334,28 @@ class ControllerLink:
         if self._local is not None and self._local_started:
             self._local.stop()
 
+    @property
+    def client(self) -> RecoverClient | None:
+        """The client registered with the controller; None without one (standalone, degraded before a connect)."""
+        return self._mgr
 
-def record_of(link: ControllerLink, mgr: RecoverClient | None, timeout: float = 2.0) -> taskd_pb2.JobRecord | None:
-    """The job's record; None when there is none to read (no answer, unknown job, no JobStatus offered)."""
-    try:
-        record = link._job_record(timeout, mgr)
-    except JobStatusUnsupported:
-        return None
-    return None if isinstance(record, str) else record
+    def record_of(self, mgr: RecoverClient | None, timeout: float = 2.0) -> taskd_pb2.JobRecord | None:
+        """The job's record; None when there is none to read (no answer, unknown job, no JobStatus offered)."""
+        try:
+            record = self._job_record(timeout, mgr)
+        except JobStatusUnsupported:
+            return None
+        return None if isinstance(record, str) else record
 
-
-def report_snapshots(link: ControllerLink, fields: dict[str, Any], timeout: float
-                     ) -> tuple[taskd_pb2.SnapshotReply | None, str]:
-    """One snapshot report (agent/snapshots/replication.py) from this agent's registered identity, and the controller's
-    address: (None, "") with no controller to take it or no answer."""
-    mgr = link._mgr
-    if mgr is None or link.fencing.fenced is not None or mgr.info.standby:
-        return None, ""
-    try:
-        request = taskd_pb2.SnapshotReport(**fields, **mgr._identity())
-        return mgr._rpc.call("ReportSnapshots", request, timeout=timeout, service="agent"), mgr._rpc.target
-    except (RecoverClientError, ValueError) as exc:
-        log.debug("snapshot report not sent: %s", exc)
-        return None, ""
+    def report_snapshots(self, fields: dict[str, Any], timeout: float) -> tuple[taskd_pb2.SnapshotReply | None, str]:
+        """One snapshot report (agent/snapshots/replication.py) from this agent's registered identity, and the
+        controller's address: (None, "") with no controller to take it or no answer."""
+        mgr = self._mgr
+        if mgr is None or self.fencing.fenced is not None or mgr.info.standby:
+            return None, ""
+        try:
+            request = taskd_pb2.SnapshotReport(**fields, **mgr.identity())
+            return mgr.rpc.call("ReportSnapshots", request, timeout=timeout, service="agent"), mgr.rpc.target
+        except (RecoverClientError, ValueError) as exc:
+            log.debug("snapshot report not sent: %s", exc)
+            return None, ""

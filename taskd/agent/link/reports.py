@@ -355,10 +355,10 @@ class Reporter:
         mgr = self._client()
         if mgr is None or self.refused():
             return
-        for info in (mgr.info, mgr._registered_with):
+        for info in (mgr.info, mgr.registered_with):
             if info is not None:
                 info.restartsUsed = restarts
-        self.add(RESTARTS, lambda c, _r: c._registered_with or c.info, time.monotonic())
+        self.add(RESTARTS, lambda c, _r: c.registered_with or c.info, time.monotonic())
 
     def pace(self, factor: float, paces: list[tuple[int, float, int]], timeout: float) -> Report | None:
         """One pace report (agent/watches/stragglers.py): its `outcome` holds the controller's verdicts once settled."""

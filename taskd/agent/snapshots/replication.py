@@ -29,7 +29,7 @@ from typing import BinaryIO
 
 import grpc
 
-from taskd.agent.link.controller import ControllerLink, report_snapshots
+from taskd.agent.link.controller import ControllerLink
 from taskd.agent.snapshots import copies as sc
 from taskd.proto import recover_pb2, taskd_pb2, taskd_pb2_grpc
 from taskd.worker.snapshot_account import Fetched, mark_fetched
@@ -147,13 +147,13 @@ class Replication:
         self._pushed: tuple[int, float] = (-1, 0.0)  # (step, publish time) the buddy acknowledged last
 
     def _job_id(self) -> str:
-        mgr = self.link._mgr
+        mgr = self.link.client
         return mgr.info.jobId if mgr is not None else ""
 
     def start(self) -> None:
         """Serve and push, from now until `close` (a no-op without a controller: one node replicates to no one)."""
-        _reply, target = report_snapshots(self.link, {"newestStep": -1, "replicatedStep": -1, "wardNodeRank": -1,
-                                                      "wardStep": -1}, timeout=2.0)
+        _reply, target = self.link.report_snapshots(
+            {"newestStep": -1, "replicatedStep": -1, "wardNodeRank": -1, "wardStep": -1}, timeout=2.0)
         if not target:
             return
         host = _reach(target)
@@ -168,7 +168,7 @@ class Replication:
 
     def _report(self) -> taskd_pb2.SnapshotReply | None:
         ward, ward_step = self.service.ward
-        reply, _target = report_snapshots(self.link, {
+        reply, _target = self.link.report_snapshots({
             "address": self._address, "newestStep": sc.newest_common(self.directory),
             "replicatedStep": self.replicated, "lagSeconds": self.lag, "wardNodeRank": ward, "wardStep": ward_step,
         }, timeout=2.0)
@@ -208,7 +208,7 @@ class Replication:
             for _rank, fh in files:
                 fh.close()
             return
-        node = self.link._mgr.info.nodeRank if self.link._mgr is not None else -1
+        node = self.link.client.info.nodeRank if self.link.client is not None else -1
         chunks = (c for rank, fh in files for c in _chunks(self._job_id(), node, rank, step, fh))
         try:
             with grpc.insecure_channel(self.buddy[1]) as channel:

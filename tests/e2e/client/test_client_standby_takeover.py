@@ -51,7 +51,7 @@ def test_a_standby_keeps_its_new_node_when_its_stream_is_re_registered_before_th
         assert assigned.get(timeout=10).node_ranks == [1]
 
         main = threading.current_thread()
-        call = spare._rpc.call
+        call = spare.rpc.call
 
         def slow_hand_over(method, request, **kw):  # noqa: ANN001, ANN202
             status = call(method, request, **kw)
@@ -59,7 +59,7 @@ def test_a_standby_keeps_its_new_node_when_its_stream_is_re_registered_before_th
                 time.sleep(1.0)  # the stream ended meanwhile: the subscription re-registers before this returns
             return status
 
-        spare._rpc.call = slow_hand_over
+        spare.rpc.call = slow_hand_over
         took = recover_pb2.ClientInfo()
         took.CopyFrom(spare.info)
         took.nodeRank, took.standby = 1, False
@@ -75,7 +75,7 @@ def test_a_standby_keeps_its_new_node_when_its_stream_is_re_registered_before_th
         kinds = [e.kind for e in rec.events]
         after = kinds[kinds.index("node_replaced"):]
         assert "standby_registered" not in after and after.count("agent_registered") >= 2, after  # re-registered as 1
-        assert spare._identity()["nodeRank"] == 1
+        assert spare.identity()["nodeRank"] == 1
         assert spare.report_finished(0, "done", timeout=5) == Code.OK
         (rec,) = node0.list_jobs(job).jobs
         assert [a.finished for a in rec.agents if a.nodeRank == 1] == [True], rec

@@ -31,9 +31,9 @@ class Client:
         self.sent: list[tuple[str, Any, float]] = []
         self.answers = list(answers)
         self.info = recover_pb2.ClientInfo(jobId="j", nodeRank=1, standby=standby)
-        self._registered_with = None
+        self.registered_with = None
 
-    def _identity(self) -> dict[str, Any]:
+    def identity(self) -> dict[str, Any]:
         return {"jobId": "j", "nodeRank": 1, "host": "h", "pid": 7}
 
     def __getattr__(self, name: str) -> Any:  # the *_request builders: the request names its method's arguments
