@@ -363,6 +363,8 @@ class Job:
         r.tried.append(chosen)
         self.record(out, "strategy_chosen", strategy=chosen, skipped=skipped,
                     restarts=self.restarts, max_restarts=self.max_restarts)
+        if chosen == Strategy.JOB_RESCHEDULING:
+            self.take_queued(r, out)
         timeout = 0 if chosen == Strategy.EXIT else int(round(self.config.recover_timeout))
         info = ""
         if chosen == Strategy.EXIT:
@@ -376,6 +378,17 @@ class Job:
             r.participants = r.participants | set(r.lost)  # the replacements report their recover status too
         self.deadline = now + self.config.recover_timeout
         return S.RECOVERING
+
+    def take_queued(self, r: Round, out: Outcome) -> None:
+        """A job-rescheduling restarts every rank: the faults queued before it (reported while an earlier strategy
+        of the round ran) are of processes it replaces, so they join this round instead of opening the next one,
+        which would recover a rank already restarted and wait for a rejoin that never comes."""
+        if not self.queued:
+            return
+        r.faults.update(self.queued)
+        self.record(out, "round_faults", faults=fmt_faults(r.faults), joined=fmt_faults(self.queued),
+                    why="queued before a job-rescheduling, which restarts them")
+        self.queued.clear()
 
     def close_round(self, outcome: str, now: float, out: Outcome) -> None:
         r = self.round

@@ -266,6 +266,22 @@ def test_fault_after_decision_is_queued_and_opens_the_next_round() -> None:
     assert m.round is not None and m.round.number == 2 and m.round.faults == {0: "1"}
 
 
+def test_a_fault_queued_before_a_job_rescheduling_joins_it_instead_of_opening_a_round() -> None:
+    """Ranks 3 and 1 die within a second: rank 1's report comes while recover of rank 3 runs (queued); that recover
+    fails and the round escalates to job-rescheduling, which restarts every rank, rank 1 included. Rank 1's fault
+    is of a process it replaced: it joins that round, and no second round recovers a rank already restarted
+    (which waited out the rejoin timeout for a group nobody else re-forms)."""
+    m = new_job()
+    play(m, round_steps({3: "1"}, ALL, "recover")[:-2] + [
+        Step(3, FaultReported(node_rank=0, faults={1: "1"}), S.RECOVERING, info="queued"),
+        Step(3, RecoverStatusReported(node_rank=1, strategy="recover", code=1), S.RECOVERING,
+             signals=["changeStrategy:job-rescheduling"]),
+        Step(4, RecoverStatusReported(node_rank=0, strategy="job-rescheduling"), S.RECOVERING),
+        Step(4, RecoverStatusReported(node_rank=1, strategy="job-rescheduling"), S.RUNNING),
+    ])
+    assert m.round is None and not m.queued and m.restarts == 1 and m.round_counter == 1
+
+
 def test_repeated_reports_are_idempotent() -> None:
     m = new_job()
     play(m, [
