@@ -203,6 +203,29 @@ def test_fault_after_decision_opens_the_next_round(server: str, agents_factory) 
     assert [r.outcome for r in job.rounds] == ["recovered", "open"] and job.state == "STOPPING"
 
 
+def test_a_fault_queued_before_a_job_rescheduling_joins_its_round(server: str, agents_factory) -> None:
+    """Ranks 3 and 1 die within a second: rank 1's report comes while the recover of rank 3 runs (queued), that
+    recover fails, and job-rescheduling restarts every rank. Rank 1's fault joins that round: no second round
+    recovers the restarted rank 1 (in a live job it waited out the 120 s rejoin timeout)."""
+    agents = agents_factory(server)
+    ok(agents[1].fault({3: 1}))
+    stop_and_collect(agents, ALL, {3: 1})
+    for a in agents:
+        a.expect("changeStrategy", "recover")
+    queued = agents[0].fault({1: 1})
+    assert queued.code == 0 and "queued" in queued.info
+    ok(agents[1].status("recover", code=1, info="rank(s) [1] ended before the group re-formed"))
+    for a in agents:
+        sig = a.expect("changeStrategy", "job-rescheduling")
+        assert sorted(f.rankId for f in sig.faultRanks) == ["1", "3"]
+    for a in agents:
+        ok(a.status("job-rescheduling"))
+    for a in agents:
+        a.no_signal()  # no round 2
+    job = job_record(agents[0])
+    assert job.state == "RUNNING" and [r.outcome for r in job.rounds] == ["recovered"] and job.restarts == 1
+
+
 def test_repeated_reports_are_idempotent(server: str, agents_factory) -> None:
     agents = agents_factory(server)
     for _ in range(3):
