@@ -67,6 +67,13 @@ def refusal(rank: int, local: Rank | None, live_enabled: bool, can_rejoin: bool,
     return ""
 
 
+def migration_generation(asked: int, newest: int) -> int:
+    """The generation a migration names: the controller's if it is above this node's newest, else the next of this
+    node's own. A called-off migration names one the controller never hears of (`_call_off`), after which every
+    later migration of the job was refused; one-node jobs only, as `LiveRanks.next_generation` for recoveries."""
+    return asked if asked > newest else newest + 1
+
+
 def pause_seconds(left: dict[int, float], joined: dict[int, float]) -> float:
     """How long no rank trained: from the first rank's end of its last step before the boundary (``left``) to the
     last rank's state synced in the new generation (``joined``); pure."""
@@ -111,8 +118,7 @@ class Migrations:
         busy = "a migration is already in progress on this node" if self.active is not None else \
             "a recovery is in progress on this node" if self.live.rebuild is not None else ""
         why = refusal(rank, local, self.live.enabled, self.live.can("rejoin"), busy)
-        if not why and generation <= self.live.generation:
-            why = f"generation {generation} is not above this node's newest ({self.live.generation})"
+        generation = migration_generation(generation, self.live.generation)
         if why:
             return self._end(Outcome(migration, rank, False, why, generation=generation))
         assert local is not None and local.pid is not None
@@ -236,5 +242,5 @@ def report_migration(link: ControllerLink, outcome: Outcome) -> bool:
         resumedSeconds=outcome.resumed_seconds, generation=outcome.generation)
 
 
-__all__ = ["FORM_TIMEOUT", "READY_TIMEOUT", "Migration", "Migrations", "Outcome", "pause_seconds", "refusal",
-           "report_migration"]
+__all__ = ["FORM_TIMEOUT", "READY_TIMEOUT", "Migration", "Migrations", "Outcome", "migration_generation",
+           "pause_seconds", "refusal", "report_migration"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from taskd.agent.ranks.migration import pause_seconds, refusal
+from taskd.agent.ranks.migration import migration_generation, pause_seconds, refusal
 from taskd.agent.ranks.table import Rank, RankState
 
 
@@ -27,3 +27,9 @@ def test_pause_runs_from_the_first_rank_leaving_to_the_last_rank_synced() -> Non
     joined = {0: 10.31, 1: 10.30, 2: 10.35}
     assert abs(pause_seconds(left, joined) - 0.35) < 1e-9
     assert pause_seconds({}, joined) == 0.0 and pause_seconds(left, {}) == 0.0
+
+
+def test_a_migration_after_one_called_off_names_the_next_generation_of_the_node() -> None:
+    """_call_off named generation 3 on the node, unknown to the controller, which then asks for 3 again."""
+    assert migration_generation(3, 2) == 3
+    assert migration_generation(3, 3) == 4 and migration_generation(2, 5) == 6
