@@ -312,6 +312,15 @@ def on_fault_merge(m: Job, ev: FaultReported, now: float, out: Outcome) -> Resul
 
 
 def on_fault_queue(m: Job, ev: FaultReported, now: float, out: Outcome) -> Result:
+    """Queued for the next round; but a node's reports come in order, so one made before its job-rescheduling
+    status names ranks that job-rescheduling restarts: it joins the round (a next round would recover them)."""
+    r = m.round
+    if r is not None and r.strategy == Strategy.JOB_RESCHEDULING and ev.node_rank not in r.statuses:
+        r.faults.update(ev.faults)
+        _fault_record(m, out, ev, ev.faults, "merged")
+        m.record(out, "round_faults", faults=fmt_faults(r.faults))
+        out.info = f"joined round {r.number}: its job-rescheduling restarts them"
+        return m.state
     new = {k: v for k, v in ev.faults.items() if m.queued.get(k) != v}
     if not new:
         out.info = "already queued"

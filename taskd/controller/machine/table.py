@@ -134,7 +134,8 @@ RULES: tuple[Rule, ...] = (
          "opens a round; FAILED when a node already finished"),
     Rule(_states(S.STOPPING, S.COLLECTING, S.RESUMING, S.REJOINING), FaultReported, _targets(S.STOPPING, UNCHANGED),
          h.on_fault_merge, "merged: `stopTrain` again (RESUMING waits); unchanged if nothing new"),
-    Rule(_states(S.RECOVERING), FaultReported, _targets(S.RECOVERING), h.on_fault_queue, "queued for the next round"),
+    Rule(_states(S.RECOVERING), FaultReported, _targets(S.RECOVERING), h.on_fault_queue,
+         "queued for the next round; joins a job-rescheduling whose node has not reported its status yet"),
     Rule(TERMINAL, FaultReported, _targets(UNCHANGED), h.on_fault_terminal, "401: no recovery for a finished job"),
     # the round: stop -> collect -> decide -> recover
     Rule(_states(S.STOPPING), StopComplete, _targets(S.STOPPING, S.COLLECTING, S.RECOVERING, S.REJOINING, S.FAILED),

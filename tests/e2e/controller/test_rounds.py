@@ -191,11 +191,11 @@ def test_fault_after_decision_opens_the_next_round(server: str, agents_factory) 
     stop_and_collect(agents, ALL, {0: 2})
     for a in agents:
         a.expect("changeStrategy", "job-rescheduling")
+    ok(agents[1].status("job-rescheduling"))  # node 1 restarted its ranks: a fault it reports now is a new one
     queued = agents[1].fault({3: 1})
     assert queued.code == 0 and "queued" in queued.info
     agents[1].no_signal()
-    for a in agents:
-        ok(a.status("job-rescheduling"))
+    ok(agents[0].status("job-rescheduling"))
     for a in agents:  # round 2 starts at once with the queued fault
         sig = a.expect("stopTrain")
         assert [f.rankId for f in sig.faultRanks] == ["3"]
@@ -224,6 +224,27 @@ def test_a_fault_queued_before_a_job_rescheduling_joins_its_round(server: str, a
         a.no_signal()  # no round 2
     job = job_record(agents[0])
     assert job.state == "RUNNING" and [r.outcome for r in job.rounds] == ["recovered"] and job.restarts == 1
+
+
+def test_a_fault_reported_before_the_nodes_job_rescheduling_status_joins_its_round(server: str,
+                                                                                  agents_factory) -> None:
+    """A node's reports come in order: rank 3's fault, reported by node 1 after the job-rescheduling was chosen but
+    before node 1's status, is of a process that job-rescheduling restarts (node 1 saw it die before it carried the
+    order out). It joins the round; no second round recovers the restarted rank."""
+    agents = agents_factory(server)
+    ok(agents[0].fault({0: 2}))
+    stop_and_collect(agents, ALL, {0: 2})
+    for a in agents:
+        a.expect("changeStrategy", "job-rescheduling")
+    joined = agents[1].fault({3: 1})
+    assert joined.code == 0 and "joined round" in joined.info
+    for a in agents:
+        ok(a.status("job-rescheduling"))
+    for a in agents:
+        a.no_signal()
+    job = job_record(agents[0])
+    assert job.state == "RUNNING" and [r.outcome for r in job.rounds] == ["recovered"]
+    assert sorted(f.rankId for f in job.rounds[0].faultRanks) == ["0", "3"]
 
 
 def test_repeated_reports_are_idempotent(server: str, agents_factory) -> None:

@@ -282,6 +282,19 @@ def test_a_fault_queued_before_a_job_rescheduling_joins_it_instead_of_opening_a_
     assert m.round is None and not m.queued and m.restarts == 1 and m.round_counter == 1
 
 
+def test_a_fault_reported_before_the_nodes_job_rescheduling_status_joins_that_round() -> None:
+    """A node's reports come in order: its fault report before its job-rescheduling status names a process that
+    job-rescheduling restarts; after its status, a new fault (queued)."""
+    m = new_job()
+    play(m, round_steps({1: "2"}, ALL, "job-rescheduling")[:-2] + [
+        Step(3, FaultReported(node_rank=0, faults={0: "1"}), S.RECOVERING, info="joined round 1"),
+        Step(3, RecoverStatusReported(node_rank=0, strategy="job-rescheduling"), S.RECOVERING),
+        Step(3, FaultReported(node_rank=0, faults={1: "1"}), S.RECOVERING, info="queued"),
+        Step(4, RecoverStatusReported(node_rank=1, strategy="job-rescheduling"), S.STOPPING, signals=["stopTrain"]),
+    ])
+    assert m.round is not None and m.round.number == 2 and m.round.faults == {1: "1"}
+
+
 def test_repeated_reports_are_idempotent() -> None:
     m = new_job()
     play(m, [
