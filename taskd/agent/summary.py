@@ -79,7 +79,7 @@ class RecoveryRecord:
             said = f"; {self.restored}" if self.restored else ""
             return f"{head}: {self.resumed_seconds:.3f}s from the fault to training resumed{said}"
         return (f"{head}: {self.restart_seconds:.3f}s from the fault to {self.milestone}; "
-                f"training's resumption {self.why_unresumed}")
+                f"training's resumption {self.why_unresumed}{f'; {self.restored}' if self.restored else ''}")
 
 
 _SOURCE_WORDS = {"memory": "this node's memory", "buddy": "the buddy's copy", "persisted": "the persisted snapshots",

@@ -166,7 +166,7 @@ class Supervisor:
             replication.start()
         if self.node_loss.is_replacement(layout, assigned):  # its ranks start with the round's changeStrategy
             if replication is not None:  # the lost node's snapshots, from its buddy (it says what they restore from)
-                replication.restore_node(layout.node_rank)
+                replication.restore_node(layout.node_rank, layout.global_ranks)
             lost_at = self.node_loss.lost_at(time.monotonic())
             return [ev.BeganReplacement(facts, layout.node_rank, self.node_loss.fault_ranks(), lost_at)]
         return [ev.BeganFirst(facts, layout.node_rank)]

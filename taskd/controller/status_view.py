@@ -143,6 +143,7 @@ def render_text(job_list: taskd_pb2.JobList, events: int = 20) -> str:
             out.append(f"  earlier runs of this job id: {numbers}, the last at {_ts(earlier[-1].startedAt)} "
                        "(`taskd status --json` lists them)")
         out += _node_losses(job)
+        out += _restores(job)
         out += _stragglers(job)
         out += _snapshots(job)
         if events and job.events:
@@ -188,6 +189,25 @@ def _node_losses(job) -> list[str]:  # noqa: ANN001 - JobRecord
                        f"{_ts(x.lostAt)}, replaced by {new}{took}")
     if job.rejoining:
         out.append(f"  waiting for a replacement of node(s) {', '.join(map(str, job.rejoining))}")
+    return out
+
+
+def _restores(job) -> list[str]:  # noqa: ANN001 - JobRecord
+    """One line per round whose ranks restored from snapshots (issue 33): each node's source, the step restored
+    and the steps redone, from the round's `round_training_resumed` event (its agents' reports)."""
+    out = []
+    for e in job.events:
+        if e.kind != "round_training_resumed":
+            continue
+        try:
+            restored = json.loads(e.detail or "{}").get("restored") or {}
+            parts = [f"node {n} from {x['from']} at step {x['step']}" +
+                     (f", {x['steps_redone']} step(s) redone" if x.get("steps_redone") is not None else "")
+                     for n, x in sorted(restored.items(), key=lambda item: int(item[0]))]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+        if parts:
+            out.append(f"    round {e.round}: restored {'; '.join(parts)}")
     return out
 
 

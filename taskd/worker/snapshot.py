@@ -291,6 +291,8 @@ class Snapshots:
         newest = max(self._published(self.rank), default=-1) if why is None else -1
         if why is None:
             step, why = self._cut()
+            if step is None and fetched is not None and fetched.why:  # what the agent knows, not a guess
+                why = f"node {fetched.node} was lost with its snapshots, and {fetched.why}"
             if step is not None:
                 started = time.perf_counter()
                 try:

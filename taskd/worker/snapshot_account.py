@@ -6,7 +6,9 @@ Two small JSON files per rank, in the job's snapshot directory (``TASKD_SNAPSHOT
 - ``rank<R>.fetched``: written by a replacement's agent when it fetched the lost node's copy from its buddy
   (`taskd.agent.replication`): the steps it fetched and the nodes involved. A rank's restore of one of those
   steps is then from "buddy", not from its own node's memory; it takes the file (removes it) as it restores, so
-  a later restart of the same rank restores from the node's memory again, and says so.
+  a later restart of the same rank restores from the node's memory again, and says so. With no steps and a
+  ``why``: the replacement's agent found no copy (the lost node's buddy lost too, or none held one), so the rank's
+  fallback to disk says that, not a guess.
 - ``rank<R>.restored``: written by the rank's restore (`Snapshots.restore`, `LiveGroup`): its pid, the source
   ("memory": the node's own, "buddy", "persisted", "disk" or "none"), the step restored and the newest step the
   rank held in memory before it (the steps past the restored one are redone). The agent reads it when it sees
@@ -31,11 +33,13 @@ SOURCES = ("memory", "buddy", "persisted", "disk", "none")
 
 @dataclass(frozen=True)
 class Fetched:
-    """A lost node's copy, fetched from its buddy: ``node`` is the lost node, ``holder`` the node that held it."""
+    """A lost node's copy, fetched from its buddy: ``node`` is the lost node, ``holder`` the node that held it
+    (-1: none); ``why``, when nothing was fetched, says why (both copies lost)."""
 
     node: int
     holder: int
     steps: tuple[int, ...]
+    why: str = ""
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,7 @@ def take_fetched(directory: str, rank: int) -> Fetched | None:
         pass
     try:
         return None if data is None else Fetched(int(data["node"]), int(data["holder"]),
-                                                 tuple(int(s) for s in data["steps"]))
+                                                 tuple(int(s) for s in data["steps"]), str(data.get("why", "")))
     except (KeyError, TypeError, ValueError):
         return None
 

@@ -8,6 +8,9 @@ stopped. The agent polls the files (`Supervisor` wakes every ``POLL`` while one 
 time it prints is when it saw the heartbeat, within ~one poll of it, and the step it names may be
 later than the first one the rank completed. Ranks that never wrote a heartbeat cannot say they
 resumed: the record then says so instead of pretending the restart was the end of the recovery.
+A fresh agent (a replacement or standby taking a lost node) has seen no heartbeat yet, so it cannot know
+whether its ranks write any: it watches for them anyway, for at most ``UNSURE_LIMIT`` seconds, then says it
+cannot tell (with the restores its ranks recorded, which the controller's round account keeps either way).
 Live rebuilds confirm their own resumption (agent/ranks/live.py).
 """
 
@@ -24,6 +27,8 @@ from taskd.worker.snapshot_account import Restored
 
 log = logging.getLogger("taskd.agent")
 
+UNSURE_LIMIT = 60.0  # s a fresh agent waits for its restarted ranks' first heartbeats before saying it cannot tell
+
 
 @dataclass
 class _Pending:
@@ -31,6 +36,7 @@ class _Pending:
     started: float  # monotonic time of the fault
     pids: dict[int, int | None]  # local rank -> pid of the incarnation started by the restart
     steps_before: dict[int, int | None]  # local rank -> last step its previous incarnation reported
+    unsure: bool = False  # no heartbeat seen on this node yet: the ranks may write none (bounded by UNSURE_LIMIT)
 
 
 class Resumption:
@@ -43,6 +49,7 @@ class Resumption:
         self._restored = restored  # where the rank's restore came from, as it told (taskd.worker.snapshot_account)
         self.restores: list[Restored] = []  # the last resumption's, for the controller's account
         self._beats = False  # some rank of this node has written a heartbeat: resumption can be seen
+        self._fresh = False  # the last start was this agent's first (a replacement's): no rank could have beaten
         self._pending: _Pending | None = None
 
     @property
@@ -52,6 +59,7 @@ class Resumption:
     def steps(self, local: list[int]) -> dict[int, int | None]:
         """Before a restart: each rank's last reported step (its old incarnation's file is still there)."""
         found: dict[int, int | None] = {}
+        self._fresh = all(rank.pid is None for rank in self.table.all())
         for rank in self.table.all():
             state = self._heartbeat(rank) if rank.pid is not None else None
             if state is not None and state.started:
@@ -67,11 +75,11 @@ class Resumption:
         if not local:
             record.resumption = ELSEWHERE
             return
-        if not self._beats:
+        if not self._beats and not self._fresh:
             record.resumption = NO_HEARTBEATS
             return
         pids = {lr: self.table[lr].pid for lr in local}
-        self._pending = _Pending(record, started, pids, steps_before)
+        self._pending = _Pending(record, started, pids, steps_before, unsure=not self._beats)
 
     def supersede(self) -> None:
         """A newer restart replaces the one being watched: its resumption will not be seen."""
@@ -92,7 +100,7 @@ class Resumption:
             if state is None or state.time <= 0.0:
                 return None
             seen[lr] = state
-        self._pending = None
+        self._pending, self._beats = None, True
         seconds = now - p.started
         p.record.resumed_at(seconds)
         self.restores = self.restored_since(p.pids, p.record.started - p.record.restart_seconds)
@@ -101,6 +109,21 @@ class Resumption:
                  "; ".join(self._describe(lr, seen[lr], p.steps_before.get(lr), p.record.ranks)
                            for lr in sorted(seen)), f"; {p.record.restored}" if p.record.restored else "")
         return seconds
+
+    def expire(self, now: float) -> bool:
+        """Every ``POLL`` while pending: True once a fresh agent's watch gave up (no heartbeat within
+        ``UNSURE_LIMIT``): the record says so, ``restores`` holds what its ranks recorded all the same."""
+        p = self._pending
+        if p is None or not p.unsure or now - p.started < UNSURE_LIMIT:
+            return False
+        self._pending = None
+        p.record.resumption = NO_HEARTBEATS
+        self.restores = self.restored_since(p.pids, p.record.started - p.record.restart_seconds)
+        p.record.restored = describe_restores(self.restores)
+        log.info("training's resumption not seen: no heartbeat step from rank(s) %s within %.0fs of the restart%s",
+                 ", ".join(str(self.table[lr].global_rank) for lr in sorted(p.pids)), UNSURE_LIMIT,
+                 f"; {p.record.restored}" if p.record.restored else "")
+        return True
 
     def restored_since(self, pids: dict[int, int | None], since: float) -> list[Restored]:
         """The restores the ranks ``pids`` (local rank -> the incarnation's pid) recorded after wall time ``since``
@@ -125,4 +148,4 @@ class Resumption:
         return f"{text}: it redoes at least {before - state.step + 1} step(s)"
 
 
-__all__ = ["Resumption"]
+__all__ = ["UNSURE_LIMIT", "Resumption"]

@@ -117,6 +117,8 @@ class Executors:
         seconds = self.resumption.check(now)
         if seconds is not None:
             events.append(ev.Resumed(seconds=seconds, at=now, restores=tuple(self.resumption.restores)))
+        elif self.resumption.expire(now):  # a fresh agent's ranks wrote no heartbeat: said unseen, with restores
+            events.append(ev.Resumed(seen=False, restores=tuple(self.resumption.restores)))
         if not self.live.enabled:
             return [], events
         errors = [(rank.local_rank, f"RetryableError at step {status.error_step}")

@@ -23,7 +23,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from typing import BinaryIO
 
@@ -125,8 +125,14 @@ def _chunks(job_id: str, node: int, rank: int, step: int, fh: BinaryIO) -> Itera
             part = after
 
 
-def _fallback(why: str) -> bool:
+def _fallback(why: str, directory: str, node: int, ranks: Sequence[int]) -> bool:
+    """Say it, and tell each of the node's ranks (`snapshot_account`), so that its restore says why it falls back."""
     log.warning("%s: its ranks fall back to their disk checkpoints", why)
+    for rank in ranks:
+        try:
+            mark_fetched(directory, rank, Fetched(node, -1, (), why))
+        except OSError as exc:
+            log.debug("rank %d: the fallback's reason not recorded: %s", rank, exc)
     return False
 
 
@@ -225,22 +231,24 @@ class Replication:
         else:
             log.debug("node %d's agent refused step %d: %s", self.buddy[0], step, status.info)
 
-    def restore_node(self, node: int) -> bool:
+    def restore_node(self, node: int, ranks: Sequence[int] = ()) -> bool:
         """Fetch node ``node``'s copy from its holder into this node's directory (a replacement, before its ranks
-        start), and say on the console what its ranks restore from: True when they restore from memory."""
+        start), and say on the console what its ranks restore from (``ranks``, the node's global ranks, are told why
+        when nothing can be fetched): True when they restore from memory."""
         started = time.monotonic()
         reply = self._report()
         if reply is None or reply.holderNodeRank < 0:
             why = "no agent holds a copy of it" if reply is not None else "the controller did not answer"
-            return _fallback(f"no buddy copy of node {node}'s snapshots survives ({why})")
+            return _fallback(f"no buddy copy of node {node}'s snapshots survives ({why})", self.directory, node, ranks)
         try:
             got = self._fetch(node, reply.holderAddress)
         except (grpc.RpcError, SnapshotError, OSError) as exc:  # its holder lost too, not yet known to be
             said = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.Call) else str(exc)
             return _fallback(f"node {node}'s snapshots could not be fetched from node {reply.holderNodeRank}'s agent "
-                             f"({said})")
+                             f"({said})", self.directory, node, ranks)
         if not got:
-            return _fallback(f"node {reply.holderNodeRank} holds no snapshot of node {node}")
+            return _fallback(f"node {reply.holderNodeRank} holds no snapshot of node {node}", self.directory, node,
+                             ranks)
         size = sum(n for _r, _s, n in got)
         steps = sorted({s for _r, s, _n in got})
         for rank in sorted({r for r, _s, _n in got}):  # so that its restore says "buddy" (snapshot_account)

@@ -10,9 +10,11 @@ it was restarted, or they write no heartbeat steps).
 The job keeps one `ResumeWatch`: the round recovering now, or the last one that recovered. Once every node the
 round waited for said so, `round_training_resumed` is recorded with the time from the round's start and, for a
 node-loss round, from each node's loss, to the last node's resumption; the store keeps both with the round
-(`taskd status`). The watch is in the job's snapshot: a controller restart between two nodes' reports loses
-neither. A report for another round (an older one, once a newer round recovers) is refused 401, and one that
-puts the resumption before the round's strategy was chosen 409: nothing changes.
+(`taskd status`), and, per node whose ranks restored from snapshots (issue 33), where from, the step and the steps
+redone (`restored`: its ranks' sources, the oldest step restored, the most steps one redid). The watch is in the
+job's snapshot: a controller restart between two nodes' reports loses neither. A report for another round (an
+older one, once a newer round recovers) is refused 401, and one that puts the resumption before the round's
+strategy was chosen 409: nothing changes.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from taskd.controller.machine.model import JobState, Round
 from taskd.vocabulary import Code
 
 S = JobState
+Restore = tuple[int, str, int, int]  # (rank, source, step, steps redone; -1: unknown), as ReportResumed says
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,7 @@ class ResumeWatch:
     nodes: frozenset[int] | None = None  # the nodes it waits for (those the round closed with); None: still open
     resumed: Mapping[int, float | None] = field(default_factory=dict)  # node -> when it resumed (None: cannot tell)
     done: bool = False  # `round_training_resumed` recorded
+    restores: Mapping[int, tuple[Restore, ...]] = field(default_factory=dict)  # node -> its ranks' restores
 
     def complete(self) -> bool:
         return self.nodes is not None and self.nodes <= self.resumed.keys()
@@ -87,7 +91,8 @@ def on_training_resumed(m: Job, ev: TrainingResumed, now: float, out: Outcome) -
         out.info = (f"secondsAgo {ev.seconds_ago:g} puts the resumption {w.since - at:.3f}s before round {w.round}'s "
                     "strategy was chosen: not counted")
         return m.state
-    w = replace(w, resumed={**w.resumed, n: at})
+    w = replace(w, resumed={**w.resumed, n: at},
+                restores={**w.restores, n: tuple(ev.restores)} if ev.restores else w.restores)
     detail: dict[str, Any] = {"node_rank": n, "seconds": round(ev.seconds, 6), "unseen": ev.unseen,
                               "since_fault": None if at is None else round(at - w.started_at, 6)}
     if ev.restores:  # where its restarted ranks restored from, and the steps they redo (issue 33)
@@ -107,8 +112,8 @@ def round_recovered(m: Job, r: Round, out: Outcome) -> None:
     if w is None or w.round != r.number or w.since != r.strategy_started_at:
         w = _open(r)
     nodes = frozenset(r.participants)
-    m.resume_watch = _finish(m, replace(w, nodes=nodes, resumed={k: t for k, t in w.resumed.items() if k in nodes}),
-                             out)
+    m.resume_watch = _finish(m, replace(w, nodes=nodes, resumed={k: t for k, t in w.resumed.items() if k in nodes},
+                                        restores={k: v for k, v in w.restores.items() if k in nodes}), out)
 
 
 def _finish(m: Job, w: ResumeWatch, out: Outcome) -> ResumeWatch:
@@ -126,8 +131,19 @@ def _finish(m: Job, w: ResumeWatch, out: Outcome) -> ResumeWatch:
             m.info = f"recovered round {w.round}: training resumed {t - w.started_at:.2f}s after its fault"
         if w.lost:
             detail["since_loss"] = {str(k): round(t - lost_at, 6) for k, lost_at in sorted(w.lost.items())}
+    if w.restores:
+        detail["restored"] = {str(n): node_restored(w.restores[n]) for n in sorted(w.restores)}
     out.records.append(Record("round_training_resumed", w.round, detail))
     return replace(w, done=True)
+
+
+def node_restored(restores: tuple[Restore, ...]) -> dict[str, Any]:
+    """One node's line of the round's account: its ranks' sources ("buddy", or "disk, memory" when they differ),
+    the oldest step one restored, and the most steps one redid (None: none could tell)."""
+    redone = [r for *_rest, r in restores if r >= 0]
+    return {"from": ", ".join(sorted({source for _rank, source, _step, _redone in restores})),
+            "step": min(step for _rank, _source, step, _redone in restores),
+            "steps_redone": max(redone) if redone else None}
 
 
 # ---------------------------------------------------------------------------- persistence (the job's snapshot)
@@ -141,7 +157,8 @@ def to_json(w: ResumeWatch | None, to_wall: Times) -> dict[str, Any] | None:
     return {"round": w.round, "started_at": to_wall(w.started_at), "since": to_wall(w.since),
             "lost": {str(n): to_wall(t) for n, t in w.lost.items()},
             "nodes": None if w.nodes is None else sorted(w.nodes),
-            "resumed": {str(n): None if t is None else to_wall(t) for n, t in w.resumed.items()}, "done": w.done}
+            "resumed": {str(n): None if t is None else to_wall(t) for n, t in w.resumed.items()}, "done": w.done,
+            "restores": {str(n): [list(r) for r in v] for n, v in w.restores.items()}}
 
 
 def from_json(d: Mapping[str, Any] | None, from_wall: Times) -> ResumeWatch | None:
@@ -151,7 +168,9 @@ def from_json(d: Mapping[str, Any] | None, from_wall: Times) -> ResumeWatch | No
         int(d["round"]), from_wall(d["started_at"]), from_wall(d["since"]),
         {int(n): from_wall(t) for n, t in d.get("lost", {}).items()},
         None if d.get("nodes") is None else frozenset(int(n) for n in d["nodes"]),
-        {int(n): None if t is None else from_wall(t) for n, t in d.get("resumed", {}).items()}, bool(d.get("done")))
+        {int(n): None if t is None else from_wall(t) for n, t in d.get("resumed", {}).items()}, bool(d.get("done")),
+        {int(n): tuple((int(r[0]), str(r[1]), int(r[2]), int(r[3])) for r in v)
+         for n, v in d.get("restores", {}).items()})
 
 
-__all__ = ["ResumeWatch", "from_json", "on_training_resumed", "round_recovered", "to_json"]
+__all__ = ["ResumeWatch", "from_json", "node_restored", "on_training_resumed", "round_recovered", "to_json"]

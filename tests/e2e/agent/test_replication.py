@@ -74,6 +74,20 @@ def buddy_address(log: Path, node_rank: int) -> str:
     return found[-1]
 
 
+def round_account(address: str, token: Path) -> dict:
+    """The restores the last `round_training_resumed` event collected (node -> from, step, steps_redone), and
+    whether `taskd status`'s text view shows node 1's: ({} until the round's last node reported)."""
+    done = [e for e in status(address, token).get("events", []) if e.get("kind") == "round_training_resumed"]
+    return json.loads(done[-1]["detail"]).get("restored", {}) if done else {}
+
+
+def status_text(address: str, token: Path) -> str:
+    out = subprocess.run([sys.executable, "-m", "taskd", "status", "--server", address, "--job", JOB,
+                          "--token-file", str(token)], capture_output=True, text=True, timeout=30, cwd=ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
 def fetch(address: str, node_rank: int, key: str) -> tuple[grpc.StatusCode | None, int]:
     """A Fetch of node ``node_rank``'s copy from the agent serving ``address``: (error code or None, bytes)."""
     with grpc.insecure_channel(address) as channel:
@@ -165,6 +179,14 @@ def test_a_replacement_restores_a_lost_nodes_ranks_from_its_buddys_copy(
             assert procs[name].wait(timeout=120) == 0, (tmp_path / f"{name}.log").read_text()
         log = (tmp_path / "replacement.log").read_text()
         assert "fetched node 1's snapshots" in log and "its ranks restore from memory" in log, log
+        # the replacement's agent says where its ranks restored from, as a survivor's does, and so does the round
+        assert re.search(r"training resumed .*; rank\(s\) 2, 3 restored step \d+ from the buddy's copy \(node 0's "
+                         r"agent\)", log), log
+        wait_for(lambda: round_account(address, admin).get("1", {}).get("from") == "buddy", 15,
+                 "the round's account to name node 1's buddy restore")
+        assert 0 <= round_account(address, admin)["1"]["steps_redone"] <= 5, round_account(address, admin)
+        assert re.search(r"round \d+: restored node 0 from memory at step \d+.*; node 1 from buddy at step \d+",
+                         status_text(address, admin)), status_text(address, admin)
         for rank, (got, want) in enumerate(zip([np.load(tmp_path / "out" / f"rank{r}.npy") for r in range(4)],
                                                fault_free, strict=True)):
             assert np.array_equal(got, want), f"rank {rank}'s final parameters differ from the fault-free run's"
@@ -191,7 +213,7 @@ def test_a_standby_taking_a_lost_node_restores_a_ddp_jobs_cut_from_memory(tmp_pa
     proc = node(["--nproc-per-node", "4", "--nnodes", "1", "--quiet", *plain(base, PLAIN_STEPS, 0.0)],
                 tmp_path / "baseline.log")
     assert proc.wait(timeout=180) == 0, (tmp_path / "baseline.log").read_text()
-    address, _admin, cred = server
+    address, admin, cred = server
     procs = {f"node{r}": node([*job_args(address, cred, r), *plain(tmp_path, PLAIN_STEPS, 0.05)],
                               tmp_path / f"node{r}.log") for r in range(2)}
     procs["standby"] = node([*job_args(address, cred, None), *plain(tmp_path, PLAIN_STEPS, 0.05)],
@@ -206,6 +228,11 @@ def test_a_standby_taking_a_lost_node_restores_a_ddp_jobs_cut_from_memory(tmp_pa
             assert procs[name].wait(timeout=180) == 0, (tmp_path / f"{name}.log").read_text()
         log = (tmp_path / "standby.log").read_text()
         assert "this standby takes over node 1" in log and "fetched node 1's snapshots" in log, log
+        assert re.search(r"training resumed .*; rank\(s\) 2, 3 restored step \d+ from the buddy's copy", log), log
+        wait_for(lambda: len(round_account(address, admin)) == 2, 15, "the round's account to name both nodes")
+        account = round_account(address, admin)
+        assert [account[n]["from"] for n in ("0", "1")] == ["memory", "buddy"], account
+        assert account["0"]["step"] == account["1"]["step"], account  # one cut
         survivor = (tmp_path / "node0.log").read_text()  # its account: where its restarted ranks restored from
         assert re.search(r"training resumed .*; rank\(s\) 0, 1 restored step \d+ from this node's memory", survivor), \
             survivor
@@ -252,6 +279,9 @@ def test_both_copies_lost_falls_back_to_disk_saying_so(tmp_path: Path, server: t
                              rf"node {r}'s snapshots could not be "
                              rf"fetched from node {1 - r}'s agent \(UNAVAILABLE: [^\n]*\)): its ranks fall back to "
                              "their disk checkpoints", log), log
+            # each rank's own line says what happened (its node's copy lost with its buddy's), not a guess
+            assert re.search(rf"rank {2 * r}: no snapshot in memory to restore \(node {r} was lost with its "
+                             r"snapshots, and [^\n]*\): falling back to", log), log
         for r in range(4):
             summary = json.loads((tmp_path / "out" / f"rank{r}.json").read_text())
             assert summary["restored_from"] == "disk" and 20 <= summary["resumed_from"] < 120, summary

@@ -102,3 +102,33 @@ def test_the_resumption_says_where_each_restarted_rank_restored_from(caplog) -> 
     watch.track(rec, [0, 1], before, started=1.0)
     watch.check(now=2.0)
     assert "rank(s) 1 restored step 9 from this node's memory, redoing the 1 newer step(s)" in rec.describe()
+
+
+def test_a_fresh_agent_watches_its_first_restart_and_says_where_its_ranks_restored_from(caplog) -> None:
+    """Issue 33: a replacement's (or standby's) agent has seen no heartbeat (its ranks never ran here), yet its
+    ranks' resumption and their buddy restores are said like a survivor's; if no heartbeat comes within
+    UNSURE_LIMIT it says it cannot tell, still with the restores."""
+    from taskd.agent.ranks.resumption import UNSURE_LIMIT
+    from taskd.worker.snapshot_account import Restored
+
+    for heartbeats in (True, False):
+        table, files = RankTable(RankLayout(0, 1, (0, 1))), Files()  # no pid: this agent never started them
+        said = {0: Restored(0, 20, "buddy", 9, -1, holder=0), 1: Restored(1, 21, "buddy", 9, -1, holder=0)}
+        watch = Resumption(table, files, lambda rank, said=said: said.get(rank.local_rank))
+        before = watch.steps([0, 1])
+        table[0].pid, table[1].pid = 20, 21
+        rec = RecoveryRecord("job-rescheduling", [2, 3], 0.0, 0.01)
+        watch.track(rec, [0, 1], before, started=1.0)
+        assert rec.resumption == PENDING and watch.pending
+        assert watch.check(now=2.0) is None and not watch.expire(now=2.0)
+        caplog.clear()
+        with caplog.at_level("INFO", logger="taskd.agent"):
+            if heartbeats:
+                files.states = {0: beat(20, 10), 1: beat(21, 10)}
+                assert watch.check(now=3.0) == 2.0 and rec.resumption == RESUMED
+            else:
+                assert watch.check(now=1.0 + UNSURE_LIMIT) is None and watch.expire(now=1.0 + UNSURE_LIMIT)
+                assert rec.resumption == NO_HEARTBEATS and "resumption not seen" in caplog.text
+        assert not watch.pending and [r.source for r in watch.restores] == ["buddy", "buddy"]
+        words = "rank(s) 0, 1 restored step 9 from the buddy's copy (node 0's agent)"
+        assert words in caplog.text and words in rec.describe(), (caplog.text, rec.describe())

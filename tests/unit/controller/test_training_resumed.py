@@ -264,3 +264,30 @@ def test_the_round_account_says_where_each_node_restored_from_and_the_steps_redo
     good.restores[0].source = "tape"
     assert "restores: rank 0 source 'tape'" in check_resumed(good)
     core.store.close()
+
+
+def test_the_round_closing_event_and_taskd_status_collect_each_nodes_restore(tmp_path: Path) -> None:
+    """Issue 33: `round_training_resumed` (the event that closes the round's account) names, per node, where its
+    ranks restored from, the step and the steps redone; a controller restart between the two nodes' reports keeps
+    the first node's (the job's snapshot); `taskd status`'s text view shows it; a node that cannot tell when its
+    ranks resumed (unseen) still says where they restored from."""
+    clock = ManualClock(T0)
+    core = make_core(tmp_path / "ctl.sqlite3", clock)
+    lose_and_replace_node_1(core, clock)
+    at(core, clock, 16.5, TrainingResumed(node_rank=0, host="h", pid=100, round=1, seconds=6.0, seconds_ago=0.0,
+                                          restores=((0, "memory", 9, 0), (1, "memory", 9, 2))))
+    core.store.close()
+    core = make_core(tmp_path / "ctl.sqlite3", clock)
+    core.load()
+    at(core, clock, 17, RecoverStatusReported(node_rank=1, host="h2", pid=201, strategy="recover", rejoined=True))
+    out = at(core, clock, 18, TrainingResumed(node_rank=1, host="h2", pid=201, round=1, seconds=0.0,
+                                              seconds_ago=0.0, unseen=True,
+                                              restores=((2, "buddy", 9, 1), (3, "disk", 0, -1))))
+    (done,) = records(out, "round_training_resumed")
+    assert done["restored"] == {"0": {"from": "memory", "step": 9, "steps_redone": 2},
+                                "1": {"from": "buddy, disk", "step": 0, "steps_redone": 1}}, done
+    assert done["unseen"] == [1]
+    text = render_text(core.job_list("j"))
+    assert ("round 1: restored node 0 from memory at step 9, 2 step(s) redone; node 1 from buddy, disk at step 0, "
+            "1 step(s) redone") in text, text
+    core.store.close()

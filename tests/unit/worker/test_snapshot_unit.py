@@ -302,6 +302,21 @@ def test_a_step_fetched_from_the_buddy_restores_as_buddy_and_the_agent_is_told(t
     assert read_restored(str(tmp_path), 0).source == "memory"
 
 
+def test_a_fallback_the_agent_explained_says_both_copies_are_lost(tmp_path, caplog) -> None:
+    """Issue 33: when a replacement's agent found no copy of the lost node's snapshots (its buddy lost too), the
+    rank's fallback to disk says so in the agent's words, not a guess about `keep`."""
+    from taskd.worker.snapshot_account import Fetched, mark_fetched, read_restored
+
+    ckpt = CheckpointManager(str(tmp_path / "ckpt"))
+    ckpt.save(state(2), 2)
+    why = "no buddy copy of node 1's snapshots survives (no agent holds a copy of it)"
+    mark_fetched(str(tmp_path), 0, Fetched(node=1, holder=-1, steps=(), why=why))
+    with caplog.at_level("INFO", logger="taskd.worker"):
+        assert Snapshots(directory=str(tmp_path), fallback=ckpt).restore()[1] == 2
+    assert f"(node 1 was lost with its snapshots, and {why}): falling back to" in caplog.text, caplog.text
+    assert read_restored(str(tmp_path), 0).source == "disk"
+
+
 def test_the_record_counts_the_steps_past_the_cut_and_a_disk_fallback(tmp_path, monkeypatch: pytest.MonkeyPatch
                                                                       ) -> None:
     from taskd.worker.snapshot_account import read_restored
