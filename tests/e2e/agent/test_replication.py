@@ -78,7 +78,8 @@ def round_account(address: str, token: Path) -> dict:
     """The restores the last `round_training_resumed` event collected (node -> from, step, steps_redone), and
     whether `taskd status`'s text view shows node 1's: ({} until the round's last node reported)."""
     done = [e for e in status(address, token).get("events", []) if e.get("kind") == "round_training_resumed"]
-    return json.loads(done[-1]["detail"]).get("restored", {}) if done else {}
+    detail = done[-1]["detail"] if done else {}  # --json parses the event's detail
+    return (json.loads(detail) if isinstance(detail, str) else detail).get("restored", {})
 
 
 def status_text(address: str, token: Path) -> str:
