@@ -269,6 +269,9 @@ def test_both_copies_lost_falls_back_to_disk_saying_so(tmp_path: Path, server: t
             os.killpg(procs[name].pid, signal.SIGKILL)
         for name in ("node0", "node1"):
             assert procs[name].wait(timeout=10) == -signal.SIGKILL
+        # a replacement that registers before its node is declared lost finds no agent connected: a rerun
+        wait_for(lambda: (tmp_path / "server.log").read_text().count("node_lost {") >= 2, 30,
+                 "the controller to declare both nodes lost")
         for r in range(2):
             procs[f"replacement{r}"] = node([*job_args(address, cred, r), *plain(tmp_path, 120, 0.0), *short],
                                             tmp_path / f"replacement{r}.log")
