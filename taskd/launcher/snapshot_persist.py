@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable
 
 from taskd.worker import snapshot_persist as sp
+from taskd.worker.checkpoint import lower_thread_priority, unlink_if_present
 from taskd.worker.snapshot_segment import SnapshotError
 
 log = logging.getLogger("taskd.agent.snapshot_persist")  # the agent's console shows its lines
@@ -78,7 +78,7 @@ class Persister:
         return max(multiples) if multiples else newest
 
     def _run(self) -> None:
-        _lower_priority()
+        lower_thread_priority(NICENESS, "snapshot persister")
         while not self._stop.wait(TICK):
             held = self._held()
             step = self.due(held) if held is not None else None
@@ -99,7 +99,7 @@ class Persister:
                     temps[i] = ""
             except (SnapshotError, OSError) as exc:
                 for tmp in filter(None, temps):
-                    _unlink(tmp)
+                    unlink_if_present(tmp)
                 self._failed(step, exc)
                 return False
             self.last, self.failures = step, 0
@@ -147,7 +147,7 @@ class _Pins:
         try:
             for rank, folder in sorted(sp.rank_folders(self.source).items()):
                 link = os.path.join(self.folder, f"rank{rank}-{sp.segment_name(self.step)}")
-                _unlink(link)
+                unlink_if_present(link)
                 os.link(os.path.join(folder, sp.segment_name(self.step)), link)
                 self.links[rank] = link
         except BaseException:
@@ -157,25 +157,7 @@ class _Pins:
 
     def __exit__(self, *exc: object) -> None:
         for link in self.links.values():
-            _unlink(link)
-
-
-def _lower_priority() -> None:
-    """The copy takes what the ranks leave of the CPU (Linux: setpriority of a thread id is that thread's)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + NICENESS))
-    except OSError as exc:
-        log.debug("snapshot persister keeps the agent's CPU priority: %s", exc)
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+            unlink_if_present(link)
 
 
 __all__ = ["Persister"]

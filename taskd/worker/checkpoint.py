@@ -207,9 +207,9 @@ class CheckpointManager:
                 os.fsync(f.fileno())
             os.replace(tmp, final)
         except BaseException:
-            _unlink(tmp)
+            unlink_if_present(tmp)
             raise
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
         self._prune(keep_step=step)
         log.debug("saved checkpoint of step %d to %s", step, final)
         return final
@@ -244,7 +244,7 @@ class CheckpointManager:
         return future
 
     def _save_in_background(self, snapshot: io.BytesIO, step: int, future: Future[str]) -> None:
-        _lower_priority()
+        lower_thread_priority(WRITER_NICENESS, "checkpoint writer")
         try:
             path = self._save(lambda out: out.write(snapshot.getbuffer()), step, _HOLD.wait)
         except Exception as exc:  # logged before the future completes: whoever waits on it finds it logged
@@ -277,14 +277,14 @@ class CheckpointManager:
         steps = self.steps()
         for step in steps[: max(0, len(steps) - self.keep)]:
             if step != keep_step:
-                _unlink(self.path_for(step))
+                unlink_if_present(self.path_for(step))
 
     def _remove_stale_temps(self) -> None:
         """Temporary files of saves that died half-way (their writer is gone)."""
         for name in os.listdir(self.directory):
             match = self._tmp_re.fullmatch(name)
-            if match and not _alive(int(match.group(1))):
-                _unlink(os.path.join(self.directory, name))
+            if match and not pid_alive_elsewhere(int(match.group(1))):
+                unlink_if_present(os.path.join(self.directory, name))
 
     # -- load --------------------------------------------------------------------------------
     def load(self, step: int) -> Any:
@@ -385,18 +385,20 @@ class _InFlight:
 _IN_FLIGHT = _InFlight()
 
 
-def _lower_priority() -> None:
-    """Run by the writer thread itself: on Linux, setpriority(2) of a thread id changes that thread only."""
+def lower_thread_priority(niceness: int, who: str) -> None:
+    """Run by a background writer thread itself (this one's checkpoints, the agent's snapshot persister): on Linux,
+    setpriority(2) of a thread id changes that thread only, so the copy takes what training leaves of the CPU."""
     if not sys.platform.startswith("linux"):
         return
     try:
         tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + WRITER_NICENESS))
-    except OSError as exc:  # a sandbox without the call: the writer keeps the rank's priority
-        log.debug("checkpoint writer keeps the rank's CPU priority: %s", exc)
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + niceness))
+    except OSError as exc:  # a sandbox without the call: the writer keeps its process's priority
+        log.debug("%s keeps its process's CPU priority: %s", who, exc)
 
 
-def _fsync_dir(directory: str) -> None:
+def fsync_dir(directory: str) -> None:
+    """Make a rename in ``directory`` durable."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -404,14 +406,15 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-def _unlink(path: str) -> None:
+def unlink_if_present(path: str) -> None:
     try:
         os.unlink(path)
     except FileNotFoundError:
         pass
 
 
-def _alive(pid: int) -> bool:
+def pid_alive_elsewhere(pid: int) -> bool:
+    """Whether ``pid`` runs and is not this process (whose leftovers no write of its own is in flight for)."""
     if pid == os.getpid():
         return False  # our own leftovers from an earlier, failed save
     try:

@@ -19,6 +19,7 @@ import re
 import zlib
 from collections.abc import Callable
 
+from taskd.worker.checkpoint import fsync_dir, pid_alive_elsewhere, unlink_if_present
 from taskd.worker.snapshot_segment import HEADER_SIZE, SnapshotError, read_header
 
 CHUNK = 1 << 20
@@ -93,8 +94,8 @@ def remove_stale_temps(folder: str) -> None:
         return
     for name in names:
         match = _TEMP.fullmatch(name)
-        if match and not _alive(int(match.group(1))):
-            _unlink(os.path.join(folder, name))
+        if match and not pid_alive_elsewhere(int(match.group(1))):
+            unlink_if_present(os.path.join(folder, name))
 
 
 def write_copy(source: str, folder: str, rank: int, step: int) -> str:
@@ -120,7 +121,7 @@ def write_copy(source: str, folder: str, rank: int, step: int) -> str:
                 raise SnapshotError(f"{source}: {'truncated' if left else 'checksum mismatch'} (its rank reused "
                                     "it while it was copied)")
     except BaseException:
-        _unlink(tmp)
+        unlink_if_present(tmp)
         raise
     return tmp
 
@@ -136,14 +137,10 @@ def publish(tmp: str, step: int, before_sync: Callable[[], None] | None = None) 
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
     except BaseException:
-        _unlink(tmp)
+        unlink_if_present(tmp)
         raise
     os.replace(tmp, final)
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(folder)
     return final
 
 
@@ -152,26 +149,7 @@ def prune(folder: str, newest: int, keep: int) -> None:
     steps = sorted(steps_in(folder))
     stale = [s for s in steps if s > newest] + [s for s in steps if s <= newest][:-keep]
     for step in stale:
-        _unlink(os.path.join(folder, segment_name(step)))
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return False  # our own leftovers: no copy of ours is in flight when we sweep
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        unlink_if_present(os.path.join(folder, segment_name(step)))
 
 
 __all__ = ["complete", "cut", "prune", "publish", "quarantine", "rank_folders", "remove_stale_temps",
