@@ -23,6 +23,7 @@ class Net(pl.LightningModule):
         super().__init__()
         self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
         self.kill_at = kill_at
+        self.before_kill = lambda: None  # the snapshot callback's publish of the step (as hf_job.py's Kill)
 
     def training_step(self, batch, batch_idx):  # noqa: ANN001, ANN201
         x, y = batch
@@ -30,6 +31,7 @@ class Net(pl.LightningModule):
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:  # noqa: ANN001
         if self.trainer.global_step == self.kill_at and worker.rank() == 1 and worker.restart_count() == 0:
+            self.before_kill()
             os.kill(os.getpid(), signal.SIGKILL)
 
     def configure_optimizers(self):  # noqa: ANN201
@@ -48,6 +50,7 @@ def main() -> None:
                       batch_size=4, shuffle=False)
     model = Net(a.kill_at)
     snapshots = SnapshotCallback(every=1)
+    model.before_kill = snapshots.snapshots.wait
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=a.steps, callbacks=[snapshots],
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, default_root_dir=os.path.join(a.out, "pl"))
