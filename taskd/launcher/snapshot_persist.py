@@ -84,6 +84,9 @@ class Persister:
             step = self.due(held) if held is not None else None
             if step is not None:
                 self.persist(step)
+        held = self._held()  # the job ends on this node: the newest step every rank holds, unless persisted already
+        if held and max(held) != self.last:
+            self.persist(max(held))
 
     def persist(self, step: int) -> bool:
         """Copy every local rank's segment of ``step``; True once all are published under ``target``."""
@@ -119,17 +122,14 @@ class Persister:
             log.debug("step %d not persisted: %s", step, exc)
 
     def close(self) -> None:
-        """Stop the thread, then persist the newest step every local rank holds (the job ends on this node: its
-        memory is about to be emptied) unless it already is."""
+        """Stop the thread, which persists the newest step every local rank holds on its way out (the job ends on
+        this node: its memory is about to be emptied); the job's end waits `STOP_WAIT` for it in all, a stalled
+        disk included (the last copy ran on the caller's thread before, its fsync unbounded)."""
         self._stop.set()
         self._thread.join(timeout=STOP_WAIT)
         if self._thread.is_alive():
             log.error("a snapshot copy to %s is still being written after %g s (a stalled disk?): left "
                       "unfinished; step %d stays the newest persisted", self.target, STOP_WAIT, self.last)
-            return
-        held = self._held()
-        if held and max(held) != self.last:
-            self.persist(max(held))
 
 
 class _Pins:
