@@ -483,7 +483,7 @@ class LiveGroup(Migrating, HsdpLive):
             if holders:  # HSDP: each shard coordinate's from a peer replica; else the most advanced rank's
                 self._hand_over(*(self._hsdp.sources(rows) if self._hsdp is not None else whole_copy(rows)))
             else:  # nobody holds live state: the newest step every rank holds in memory, else the newest checkpoint
-                self.step_no = start_afresh(self.memory, self.rank, rows, self._loaders, load)
+                self.step_no = start_afresh(self.memory, self.rank, rows, self._loaders, load, self._device)
         finally:
             self.mark.reset()
         for handle in self._handles:

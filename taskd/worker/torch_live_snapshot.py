@@ -54,16 +54,16 @@ class LiveSnapshots:
         if self.store is not None and step % self.every == 0:
             self.store.save(step)
 
-    def restore(self, rank: int, disk_step: int) -> int | None:
+    def restore(self, rank: int, disk_step: int, device: torch.device) -> int | None:
         """Collective (every rank of the group calls it, all alike on or off): the step restored from memory into
         the objects, or None when the ranks fall back to ``disk_step`` (the newest checkpoint every rank has), said in
-        the log."""
+        the log. ``device``: where the group reduces its own tensors (`torch_facts.group_device`: NCCL's on CUDA)."""
         if self.store is None:
             return None
         snapshots = self.store.snapshots
         found = snapshots.restore()  # no fallback: own copies, nothing loaded yet
-        mine = torch.tensor([found[1] if found is not None else -1], dtype=torch.int64)
-        table = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
+        mine = torch.tensor([found[1] if found is not None else -1], dtype=torch.int64, device=device)
+        table = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(dist.get_world_size())]
         dist.all_gather(table, mine)
         steps = [int(t[0]) for t in table]
         if found is not None and len(set(steps)) == 1 and found[1] >= disk_step:
@@ -100,13 +100,13 @@ def checked_snapshot_options(every: object, keep: object) -> tuple[int, int]:
     return every, keep
 
 
-def start_afresh(memory: LiveSnapshots, rank: int, rows: Sequence[tuple[int, int]],
-                             loaders: Sequence[Any], load: Callable[[int], object] | None) -> int:
+def start_afresh(memory: LiveSnapshots, rank: int, rows: Sequence[tuple[int, int]], loaders: Sequence[Any],
+                 load: Callable[[int], object] | None, device: torch.device) -> int:
     """No rank holds live state (job start, whole-job restart): the step to start from, collectively. The newest step
     every rank holds in memory, loaded (the loaders' positions with it), else the lowest of the ranks' ``rows``
     (has state, step: their newest checkpoints), which ``load`` restores."""
     step = min(s for _, s in rows)
-    restored = memory.restore(rank, step)
+    restored = memory.restore(rank, step, device)
     if restored is not None:
         return restored
     for loader in loaders:

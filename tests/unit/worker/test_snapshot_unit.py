@@ -342,6 +342,7 @@ def test_the_record_counts_the_steps_past_the_cut_and_a_disk_fallback(tmp_path, 
 def test_live_group_snapshot_options_are_checked_before_anything_and_off_means_the_disk() -> None:
     """LiveGroup(snapshot_every=..., snapshot_keep=...) refuses bad values at once; with snapshots off a start
     where no rank holds live state loads the lowest step the ranks' checkpoints share (torch_live_snapshot)."""
+    torch = pytest.importorskip("torch")
     from taskd.worker.torch import LiveGroup
     from taskd.worker.torch_live_snapshot import LiveSnapshots, start_afresh
 
@@ -349,6 +350,7 @@ def test_live_group_snapshot_options_are_checked_before_anything_and_off_means_t
         with pytest.raises(ValueError, match="snapshot_every must be an integer >= 0 and snapshot_keep one >= 2"):
             LiveGroup(snapshot_every=every, snapshot_keep=keep)
     loaded: list[int] = []
-    assert start_afresh(LiveSnapshots(0), 0, [(0, 4), (0, 2)], [], loaded.append) == 2 and loaded == [2]
+    cpu = torch.device("cpu")
+    assert start_afresh(LiveSnapshots(0), 0, [(0, 4), (0, 2)], [], loaded.append, cpu) == 2 and loaded == [2]
     with pytest.raises(RuntimeError, match="ranks would start at different steps"):
-        start_afresh(LiveSnapshots(0), 0, [(0, 4), (0, 2)], [], None)
+        start_afresh(LiveSnapshots(0), 0, [(0, 4), (0, 2)], [], None, cpu)
