@@ -38,7 +38,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import psutil  # noqa: E402
 import torch  # noqa: E402
-from snapshot_model import build, drop_cache, first_step  # noqa: E402
+from snapshot_model import build, drop_cache, first_step, train_step  # noqa: E402
 
 PERSIST_TIMEOUT = 120.0
 # What DLRover's saver leaves behind when it runs without its agent (fixed names: one DLRover job per node)
@@ -120,10 +120,7 @@ def train(args: argparse.Namespace, flash: Flash, method: str | None, k: int) ->
     skipped, last = 0, -1
     started, cpu_started = time.perf_counter(), flash.cpu()
     for step in range(1, args.steps + 1):
-        loss = model(x).square().mean()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        train_step(model, optimizer, x)
         if method is not None and step % k == 0:
             t0 = time.perf_counter()
             saved, took = flash.save(state(model, optimizer), disk=method == "storage")

@@ -52,13 +52,13 @@ import grpc  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
 from common import fmt_interval, header, interval95, narrow_enough, stats, table, write_result  # noqa: E402
-from snapshot_model import build, drop_cache, first_step, state_bytes  # noqa: E402
+from snapshot_model import build, drop_cache, first_step, state_bytes, train_step  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # noqa: E402
 
 from taskd.agent.snapshots import copies  # noqa: E402
-from taskd.agent.snapshots.replication import PeerService, _chunks  # noqa: E402
-from taskd.proto import taskd_pb2, taskd_pb2_grpc  # noqa: E402
+from taskd.agent.snapshots.replication import PeerService, fetch_segments, push_segments  # noqa: E402
+from taskd.proto import taskd_pb2_grpc  # noqa: E402
 from taskd.worker.torch_snapshot import TorchSnapshots  # noqa: E402
 
 KS = (1, 5, 20)
@@ -172,10 +172,7 @@ def train(args: argparse.Namespace, method: str | None, k: int, shm: str, disk_d
     saves: list[float] = []
     started, cpu_started = time.perf_counter(), time.process_time()
     for step in range(1, args.steps + 1):
-        loss = model(x).square().mean()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        train_step(model, optimizer, x)
         if method is not None and step % k == 0:
             t0 = time.perf_counter()
             if snaps is not None:
@@ -202,33 +199,19 @@ class Buddy:
         taskd_pb2_grpc.add_SnapshotPeerServicer_to_server(self.service, self.server)
         self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
         self.server.start()
-        self.auth = (("authorization", f"Bearer {BUDDY_KEY}"),)
 
     def push(self, own: str, step: int) -> None:
-        """What this node's agent pushes: every local rank's segment of ``step``."""
+        """What this node's agent pushes: every local rank's segment of ``step`` (replication.push_segments)."""
         files = [(rank, open(os.path.join(folder, copies.segment_name(step)), "rb"))  # noqa: SIM115
                  for rank, folder in sorted(copies.rank_dirs(own).items())]
-        chunks = (c for rank, fh in files for c in _chunks(BUDDY_JOB, 0, rank, step, fh))
-        with grpc.insecure_channel(self.address) as channel:
-            status = taskd_pb2_grpc.SnapshotPeerStub(channel).Push(chunks, timeout=60, metadata=self.auth)
+        status = push_segments(self.address, BUDDY_KEY, BUDDY_JOB, 0, step, files, 60.0)
         if status.code != 0:
             raise RuntimeError(f"the buddy refused the copy: {status.info}")
 
     def fetch(self, into: str) -> int:
-        """Fetch node 0's copy into ``into`` as a replacement's agent does; the bytes received."""
-        size, incoming = 0, None
-        with grpc.insecure_channel(self.address) as channel:
-            stream = taskd_pb2_grpc.SnapshotPeerStub(channel).Fetch(
-                taskd_pb2.FetchRequest(jobId=BUDDY_JOB, nodeRank=0), timeout=60, metadata=self.auth)
-            for chunk in stream:
-                if incoming is None:
-                    incoming = copies.Incoming(into, chunk.rank, chunk.step)
-                incoming.write(chunk.data)
-                size += len(chunk.data)
-                if chunk.last:
-                    incoming.finish(keep=None)
-                    incoming = None
-        return size
+        """Fetch node 0's copy into ``into`` as a replacement's agent does (replication.fetch_segments); the bytes
+        received."""
+        return sum(size for _rank, _step, size in fetch_segments(self.address, BUDDY_KEY, BUDDY_JOB, 0, into, 60.0))
 
     def close(self) -> None:
         self.server.stop(grace=None)

@@ -215,17 +215,11 @@ class Replication:
                 fh.close()
             return
         node = self.link.client.info.nodeRank if self.link.client is not None else -1
-        chunks = (c for rank, fh in files for c in _chunks(self._job_id(), node, rank, step, fh))
         try:
-            with grpc.insecure_channel(self.buddy[1]) as channel:
-                status = taskd_pb2_grpc.SnapshotPeerStub(channel).Push(
-                    chunks, timeout=PUSH_TIMEOUT, metadata=((_AUTH, f"Bearer {self.key}"),))
+            status = push_segments(self.buddy[1], self.key, self._job_id(), node, step, files, PUSH_TIMEOUT)
         except (grpc.RpcError, SnapshotError) as exc:
             log.debug("snapshot push of step %d to %s failed: %s", step, self.buddy[1], exc)
             return
-        finally:
-            for _rank, fh in files:
-                fh.close()
         if status.code == 0:
             self.replicated, self.lag, self._pushed = step, max(0.0, time.time() - published), (step, published)
         else:
@@ -241,7 +235,7 @@ class Replication:
             why = "no agent holds a copy of it" if reply is not None else "the controller did not answer"
             return _fallback(f"no buddy copy of node {node}'s snapshots survives ({why})", self.directory, node, ranks)
         try:
-            got = self._fetch(node, reply.holderAddress)
+            got = fetch_segments(reply.holderAddress, self.key, self._job_id(), node, self.directory, FETCH_TIMEOUT)
         except (grpc.RpcError, SnapshotError, OSError) as exc:  # its holder lost too, not yet known to be
             said = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.Call) else str(exc)
             return _fallback(f"node {node}'s snapshots could not be fetched from node {reply.holderNodeRank}'s agent "
@@ -259,29 +253,6 @@ class Replication:
                  reply.holderNodeRank, time.monotonic() - started)
         return True
 
-    def _fetch(self, node: int, address: str) -> list[tuple[int, int, int]]:
-        got: list[tuple[int, int, int]] = []
-        incoming: sc.Incoming | None = None
-        size = 0
-        with grpc.insecure_channel(address) as channel:
-            stream = taskd_pb2_grpc.SnapshotPeerStub(channel).Fetch(
-                taskd_pb2.FetchRequest(jobId=self._job_id(), nodeRank=node), timeout=FETCH_TIMEOUT,
-                metadata=((_AUTH, f"Bearer {self.key}"),))
-            try:
-                for chunk in stream:
-                    if incoming is None:
-                        incoming, size = sc.Incoming(self.directory, chunk.rank, chunk.step), 0
-                    incoming.write(chunk.data)
-                    size += len(chunk.data)
-                    if chunk.last:
-                        incoming.finish(keep=None)
-                        got.append((chunk.rank, chunk.step, size))
-                        incoming = None
-            finally:
-                if incoming is not None:
-                    incoming.abandon()
-        return got
-
     def close(self) -> None:
         self._stop.set()
         if self._thread is not None:  # a push to a buddy that stopped answering is not waited for (a daemon thread)
@@ -290,4 +261,44 @@ class Replication:
             self._server.stop(grace=None)
 
 
-__all__ = ["PeerService", "Replication"]
+def push_segments(address: str, key: str, job_id: str, node: int, step: int, files: list[tuple[int, BinaryIO]],
+                  timeout: float) -> recover_pb2.Status:
+    """Send node ``node``'s open segments of ``step`` (local rank, file) to the peer agent at ``address`` with the
+    job's key, read as they are sent; the files are closed. grpc.RpcError or SnapshotError when it fails."""
+    chunks = (c for rank, fh in files for c in _chunks(job_id, node, rank, step, fh))
+    try:
+        with grpc.insecure_channel(address) as channel:
+            return taskd_pb2_grpc.SnapshotPeerStub(channel).Push(chunks, timeout=timeout,
+                                                                 metadata=((_AUTH, f"Bearer {key}"),))
+    finally:
+        for _rank, fh in files:
+            fh.close()
+
+
+def fetch_segments(address: str, key: str, job_id: str, node: int, into: str,
+                   timeout: float) -> list[tuple[int, int, int]]:
+    """Fetch node ``node``'s copy from the peer agent at ``address`` into the snapshot directory ``into`` (each
+    segment published as it completes, a torn one abandoned): (rank, step, bytes) of each segment received."""
+    got: list[tuple[int, int, int]] = []
+    incoming: sc.Incoming | None = None
+    size = 0
+    with grpc.insecure_channel(address) as channel:
+        stream = taskd_pb2_grpc.SnapshotPeerStub(channel).Fetch(
+            taskd_pb2.FetchRequest(jobId=job_id, nodeRank=node), timeout=timeout, metadata=((_AUTH, f"Bearer {key}"),))
+        try:
+            for chunk in stream:
+                if incoming is None:
+                    incoming, size = sc.Incoming(into, chunk.rank, chunk.step), 0
+                incoming.write(chunk.data)
+                size += len(chunk.data)
+                if chunk.last:
+                    incoming.finish(keep=None)
+                    got.append((chunk.rank, chunk.step, size))
+                    incoming = None
+        finally:
+            if incoming is not None:
+                incoming.abandon()
+    return got
+
+
+__all__ = ["PeerService", "Replication", "fetch_segments", "push_segments"]
