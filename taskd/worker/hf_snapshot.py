@@ -30,9 +30,9 @@ import numpy as np
 import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from taskd.worker.env import Var, rank, world_size
+from taskd.worker.env import rank, world_size
 from taskd.worker.snapshot import Snapshots
-from taskd.worker.torch_snapshot import common_steps
+from taskd.worker.torch_snapshot import common_steps, resume_folder
 
 log = logging.getLogger(__name__)
 
@@ -85,11 +85,7 @@ class SnapshotCallback(TrainerCallback):
         if found is None:
             return None
         saved, step = found
-        root = os.environ.get(Var.TASKD_SNAPSHOT_DIR) or None
-        if root is not None:
-            os.makedirs(os.path.join(root, "resume"), mode=0o700, exist_ok=True)
-        folder = tempfile.mkdtemp(prefix=f"rank{rank()}-checkpoint-{step}-",
-                                  dir=os.path.join(root, "resume") if root else None)
+        folder = tempfile.mkdtemp(prefix=f"rank{rank()}-checkpoint-{step}-", dir=resume_folder())
         torch.save(saved["model"], os.path.join(folder, WEIGHTS))
         if saved["optimizer"] is not None:
             torch.save(saved["optimizer"], os.path.join(folder, OPTIMIZER))

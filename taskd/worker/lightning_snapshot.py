@@ -25,9 +25,10 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from taskd.worker.env import Var, rank
+from taskd.worker.checkpoint import unlink_if_present
+from taskd.worker.env import rank
 from taskd.worker.snapshot import Snapshots
-from taskd.worker.torch_snapshot import common_steps
+from taskd.worker.torch_snapshot import common_steps, resume_folder
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ class SnapshotCallback(pl.Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._resume_file is not None:  # restored by now (Lightning restores before training starts)
-            _unlink(self._resume_file)
+            unlink_if_present(self._resume_file)
             self._resume_file = None
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
@@ -68,11 +69,7 @@ class SnapshotCallback(pl.Callback):
         if found is None:
             return None
         checkpoint, step = found
-        root = os.environ.get(Var.TASKD_SNAPSHOT_DIR) or None
-        if root is not None:
-            os.makedirs(os.path.join(root, "resume"), mode=0o700, exist_ok=True)
-        fd, path = tempfile.mkstemp(prefix=f"rank{rank()}-step{step}-", suffix=".ckpt",
-                                    dir=os.path.join(root, "resume") if root else None)
+        fd, path = tempfile.mkstemp(prefix=f"rank{rank()}-step{step}-", suffix=".ckpt", dir=resume_folder())
         with os.fdopen(fd, "wb") as fh:
             torch.save(checkpoint, fh)
         self._resume_file = path
@@ -82,13 +79,6 @@ class SnapshotCallback(pl.Callback):
 
     def close(self) -> None:
         self.snapshots.close()
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 __all__ = ["SnapshotCallback"]
