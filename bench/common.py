@@ -21,6 +21,7 @@ from typing import Any
 import psutil
 
 from taskd.launcher.spec import free_port  # noqa: F401 (re-exported for the scripts)
+from taskd.process.groups import reap_processes
 from taskd.process.tree import rank_pids  # noqa: F401 (re-exported for the scripts)
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -209,6 +210,25 @@ def stop_process(proc: subprocess.Popen[Any] | None, grace: float = 10.0) -> Non
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(10)
+
+
+def run_job(cmd: list[str], timeout: float, **popen: Any) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(cmd, capture_output=True, text=True)``, but past ``timeout`` every process under it is
+    ended (taskd.process.groups.reap_processes), a launcher's ranks too: torchrun starts each in a session of its
+    own, so a plain run's timeout or a process-group kill leaves them running. Then TimeoutExpired is raised."""
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                          **popen) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            try:
+                tree = [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]
+            except psutil.NoSuchProcess:
+                tree = []
+            reap_processes(tree, grace=2.0)
+            proc.communicate(timeout=30)
+            raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def start_controller(port: int, state: str = ":memory:", log: Path | None = None,

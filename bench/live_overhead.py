@@ -41,6 +41,7 @@ from common import (
     header,
     interval95,
     narrow_enough,
+    run_job,
     table,
     write_result,
 )
@@ -67,8 +68,10 @@ def run_once(launcher: str, mode: str, ranks: int, size: str, steps: int, warmup
                *argv]
     else:
         cmd = [sys.executable, str(TORCHRUN_DRIVER), "--standalone", "--nproc-per-node", str(ranks), *argv]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=work,
-                          env=bench_env(BENCH_PID=str(os.getpid())))
+    try:
+        proc = run_job(cmd, timeout, cwd=work, env=bench_env(BENCH_PID=str(os.getpid())))
+    except subprocess.TimeoutExpired:  # its processes killed with it: none outlives the bench
+        return {"ok": False, "error": f"{launcher} job did not finish in {timeout:.0f} s: killed with its ranks"}
     if proc.returncode != 0:
         return {"ok": False, "error": (proc.stdout + proc.stderr)[-2000:]}
     data = json.loads((work / "rank0.json").read_text())
