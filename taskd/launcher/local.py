@@ -56,7 +56,7 @@ class LocalLauncher:
     """Starts, watches and stops the ranks of one node; see :meth:`callbacks` for the msrun contract.
 
     Beyond the callbacks it is the agent's `Launcher` (taskd/agent/ranks/launcher.py, checked by
-    tests/unit/agent/test_launcher_api.py): keep the two in step.
+    tests/unit/agent/ranks/test_launcher_api.py): keep the two in step.
     """
 
     rank_files = True  # each rank's heartbeat and log file is named here (heartbeat_path, log_path)

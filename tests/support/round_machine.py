@@ -1,5 +1,5 @@
 """The agent's round machine driven as its unit tests drive it: a stand-in node, orders built as the link builds
-them, the clock a number passed in (tests/unit/agent/test_round_machine.py, test_node_life.py)."""
+them, the clock a number passed in (tests/unit/agent/round/test_round_machine.py, test_node_life.py)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ provide, and the agent never probes (`hasattr`) for a member. Two launchers sati
   msrun could use (msrun sets its ranks' environment itself).
 
 The protocol lives with the agent, its consumer, not with the launcher: taskd.launcher is a lower
-layer that never imports the agent, and satisfies this structurally (tests/unit/agent/test_launcher_api.py
+layer that never imports the agent, and satisfies this structurally (tests/unit/agent/ranks/test_launcher_api.py
 checks both launchers against it, member by member).
 """
 

@@ -6,7 +6,7 @@ machine, `RoundMachine`, here too: one node's recovery as a pure state machine o
 
 Events go in (with the time, monotonic, passed by the caller) and actions come out; the machine does no
 I/O, reads no clock and touches no process, and it imports only the standard library and its own parts
-(an order is `agent/link/orders.py`'s, not the gRPC link's: tests/unit/agent/test_machine_imports.py). The
+(an order is `agent/link/orders.py`'s, not the gRPC link's: tests/unit/agent/round/test_machine_imports.py). The
 parts: `events` (what goes in and comes out), `states` (the states and the machine's data), `handlers`
 (one function per rule) and this table (which handler runs for which event in which state, and where it
 may lead). The supervisor sequences it: it pulls events (rank exits, orders, timers, signals), feeds them

@@ -12,7 +12,7 @@ import pytest
 from taskd.agent.ranks.launcher import MSRUN, Launcher, MsrunLauncher, NodeRankFixed, launcher_of
 from taskd.launcher import LocalLauncher, WorkerSpec
 
-AGENT = Path(__file__).resolve().parents[3] / "taskd" / "agent"
+AGENT = Path(__file__).resolve().parents[4] / "taskd" / "agent"
 MEMBERS = sorted(name for name in vars(Launcher) if not name.startswith("_"))
 PROPERTIES = sorted(name for name in MEMBERS if isinstance(vars(Launcher)[name], property))
 METHODS = sorted(set(MEMBERS) - set(PROPERTIES))

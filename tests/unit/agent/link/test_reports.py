@@ -21,7 +21,7 @@ from taskd.client.errors import ServerUnreachable
 from taskd.proto import recover_pb2, taskd_pb2
 from taskd.vocabulary import Code
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 class Client:

@@ -482,7 +482,7 @@ def test_the_docs_table_is_generated_from_the_current_rules(tmp_path) -> None:  
     from pathlib import Path
 
     from taskd.agent.round import rules as round_table
-    doc = Path(__file__).resolve().parents[3] / "docs" / "architecture.md"
+    doc = Path(__file__).resolve().parents[4] / "docs" / "architecture.md"
     text = doc.read_text(encoding="utf-8")
     assert round_table.update_doc(text) == text, "run: python -m taskd.agent.round.rules --write docs/architecture.md"
     stale = tmp_path / "architecture.md"
