@@ -30,14 +30,14 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.pop(Var.TASKD_HEARTBEAT_FILE, None)
     os.environ.pop(Var.TASKD_HEARTBEAT_DIR, None)
-    progress._beacon = None
+    progress.reattach()
     noop = _per_call(progress.heartbeat, args.calls)
 
     with tempfile.TemporaryDirectory(prefix="taskd-bench-") as tmp:
         path = os.path.join(tmp, "rank_0.hb")
         agent = HeartbeatFile(path).create().open()
         os.environ[Var.TASKD_HEARTBEAT_FILE] = path
-        progress._beacon = None
+        progress.reattach()
         progress.heartbeat(0)  # attach
         beat = _per_call(progress.heartbeat, args.calls)
 

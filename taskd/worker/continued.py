@@ -37,11 +37,11 @@ def wait_for_word(buf: Any, continued_at: float, hold: Callable[[float], None],
     `limit` seconds passed without it. `hold(seconds)` pauses the background checkpoint writes meanwhile."""
     deadline = clock() + limit
     while True:
-        value = hbf._CONTINUE.unpack_from(buf, hbf.OFF_CONTINUE)[0]
+        value = hbf.CONTINUE.unpack_from(buf, hbf.OFF_CONTINUE)[0]
         if value >= continued_at:
             return True
         if value >= 0:  # nothing asked yet, or an answer to an earlier stop: ask for this one
-            hbf._CONTINUE.pack_into(buf, hbf.OFF_CONTINUE, -continued_at)
+            hbf.CONTINUE.pack_into(buf, hbf.OFF_CONTINUE, -continued_at)
         if clock() >= deadline:
             return False
         hold(1.0)

@@ -77,21 +77,21 @@ VERSION = 1
 SIZE = 256
 SECTION_MAX = 64
 
-_HEADER = struct.Struct("<4sI")  # offset 0
-_SEQ = struct.Struct("<Q")  # offset 8
-_IDENT = struct.Struct("<iI")  # offset 16: pid, stack signal
-_BEAT = struct.Struct("<dq")  # offset 24: time, step
-_SECTION = struct.Struct("<dd")  # offset 40: timeout, start
-_REQUEST = struct.Struct("<Q")  # offset 56
-_ACK = struct.Struct("<QI")  # offset 64: ack, ok
-_NAME = struct.Struct("<I64s")  # offset 76: length, name
-_COUNT = struct.Struct("<Q")  # offset 144
-_ALL = struct.Struct("<4sIQiIdqddQQII64sQ")  # the whole record, for one-shot reads
-_LIVE = struct.Struct("<IIqqddQIqd")  # offset 152: the live-recovery fields, see taskd.worker.live
-_U32 = struct.Struct("<I")
-_FINISH = struct.Struct("<Id")  # offset 220: finishing state, since (packed: 220 + 4 = 224)
-_COMPUTE = struct.Struct("<dQ")  # offset 232: compute seconds, intervals counted
-_CONTINUE = struct.Struct("<d")  # offset 248: the continue handshake
+HEADER = struct.Struct("<4sI")  # offset 0
+SEQ = struct.Struct("<Q")  # offset 8
+IDENT = struct.Struct("<iI")  # offset 16: pid, stack signal
+BEAT = struct.Struct("<dq")  # offset 24: time, step
+SECTION = struct.Struct("<dd")  # offset 40: timeout, start
+REQUEST = struct.Struct("<Q")  # offset 56
+ACK = struct.Struct("<QI")  # offset 64: ack, ok
+NAME = struct.Struct("<I64s")  # offset 76: length, name
+COUNT = struct.Struct("<Q")  # offset 144
+ALL = struct.Struct("<4sIQiIdqddQQII64sQ")  # the whole record, for one-shot reads
+LIVE = struct.Struct("<IIqqddQIqd")  # offset 152: the live-recovery fields, see taskd.worker.live
+U32 = struct.Struct("<I")
+FINISH = struct.Struct("<Id")  # offset 220: finishing state, since (packed: 220 + 4 = 224)
+COMPUTE = struct.Struct("<dQ")  # offset 232: compute seconds, intervals counted
+CONTINUE = struct.Struct("<d")  # offset 248: the continue handshake
 
 OFF_SEQ = 8
 OFF_IDENT = 16
@@ -170,7 +170,7 @@ class HeartbeatState(NamedTuple):
 
 
 SPIN_RETRIES = 10  # read() attempts that only yield before it starts sleeping
-_RETRY_SLEEP = 0.0001
+RETRY_SLEEP = 0.0001
 
 _NO_HEARTBEAT = HeartbeatState(
     time=0.0, step=None, section="", section_timeout=None, section_start=None,
@@ -178,7 +178,7 @@ _NO_HEARTBEAT = HeartbeatState(
 )
 
 
-def _state(fields: tuple, finish: tuple = (FINISHING_NO, 0.0), pace: tuple = (0.0, 0)) -> HeartbeatState:
+def state_from(fields: tuple, finish: tuple = (FINISHING_NO, 0.0), pace: tuple = (0.0, 0)) -> HeartbeatState:
     (_, _, _, pid, stack_signal, beat_time, step, sec_timeout, sec_start, request, ack, ok, name_len, name,
      beats) = fields
     finishing, finishing_since = finish
@@ -217,8 +217,8 @@ class HeartbeatFile:
         Existing mappings (the agent's) stay valid and see the reset.
         """
         buf = bytearray(SIZE)
-        _HEADER.pack_into(buf, 0, MAGIC, VERSION)
-        _BEAT.pack_into(buf, OFF_BEAT, 0.0, -1)
+        HEADER.pack_into(buf, 0, MAGIC, VERSION)
+        BEAT.pack_into(buf, OFF_BEAT, 0.0, -1)
         # in place (one pwrite), so that a reader that already mapped the file sees the reset
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -246,7 +246,7 @@ class HeartbeatFile:
         except BaseException:
             os.close(fd)
             raise
-        magic, version = _HEADER.unpack_from(mapping, 0)
+        magic, version = HEADER.unpack_from(mapping, 0)
         if magic != MAGIC or version != VERSION:
             mapping.close()
             os.close(fd)
@@ -284,16 +284,16 @@ class HeartbeatFile:
         """
         mapping = self.buffer
         for attempt in range(max(1, retries)):
-            fields = _ALL.unpack_from(mapping, 0)
-            finish = _FINISH.unpack_from(mapping, OFF_FINISH)
-            pace = _COMPUTE.unpack_from(mapping, OFF_COMPUTE)
+            fields = ALL.unpack_from(mapping, 0)
+            finish = FINISH.unpack_from(mapping, OFF_FINISH)
+            pace = COMPUTE.unpack_from(mapping, OFF_COMPUTE)
             seq = fields[2]
-            if seq % 2 == 0 and _SEQ.unpack_from(mapping, OFF_SEQ)[0] == seq:
-                state = _state(fields, finish, pace)
+            if seq % 2 == 0 and SEQ.unpack_from(mapping, OFF_SEQ)[0] == seq:
+                state = state_from(fields, finish, pace)
                 self._last_good = state
                 return state
-            time.sleep(0 if attempt < SPIN_RETRIES else _RETRY_SLEEP)
-        request = _REQUEST.unpack_from(mapping, OFF_REQUEST)[0]
+            time.sleep(0 if attempt < SPIN_RETRIES else RETRY_SLEEP)
+        request = REQUEST.unpack_from(mapping, OFF_REQUEST)[0]
         fallback = self._last_good or _NO_HEARTBEAT
         return fallback._replace(save_request=request, torn=True)
 
@@ -303,18 +303,18 @@ class HeartbeatFile:
         The request is done when ``read().save_ack >= number``; ``save_ok`` then tells whether it worked.
         """
         mapping = self.buffer
-        number = _REQUEST.unpack_from(mapping, OFF_REQUEST)[0] + 1
-        _REQUEST.pack_into(mapping, OFF_REQUEST, number)
+        number = REQUEST.unpack_from(mapping, OFF_REQUEST)[0] + 1
+        REQUEST.pack_into(mapping, OFF_REQUEST, number)
         return number
 
     def continue_asked(self) -> float | None:
         """The monotonic time the rank was continued after a stop, while it waits for the agent's word; else None."""
-        value = _CONTINUE.unpack_from(self.buffer, OFF_CONTINUE)[0]
+        value = CONTINUE.unpack_from(self.buffer, OFF_CONTINUE)[0]
         return -value if value < 0 else None
 
     def answer_continue(self, asked_at: float) -> None:
         """The controller still counted this node's agent as the holder when asked at monotonic `asked_at`."""
-        _CONTINUE.pack_into(self.buffer, OFF_CONTINUE, asked_at)
+        CONTINUE.pack_into(self.buffer, OFF_CONTINUE, asked_at)
 
     def wait_save(self, number: int, timeout: float, interval: float = 0.01) -> HeartbeatState | None:
         """Wait until request ``number`` is acknowledged; None on timeout."""

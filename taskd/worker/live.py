@@ -135,15 +135,15 @@ def read_rank_status(file: hbf.HeartbeatFile | str | os.PathLike[str], retries: 
     hb = hbf.HeartbeatFile(file) if own else file
     try:
         mapping = hb.buffer
-        end = hbf.OFF_LIVE + hbf._LIVE.size
+        end = hbf.OFF_LIVE + hbf.LIVE.size
         for attempt in range(max(1, retries)):
-            seq = hbf._SEQ.unpack_from(mapping, hbf.OFF_SEQ)[0]
+            seq = hbf.SEQ.unpack_from(mapping, hbf.OFF_SEQ)[0]
             if seq % 2 == 0:
                 data = mapping[:end]
-                if hbf._SEQ.unpack_from(mapping, hbf.OFF_SEQ)[0] == seq:
-                    state = hbf._state(hbf._ALL.unpack_from(data, 0))
-                    return _status(state, hbf._LIVE.unpack_from(data, hbf.OFF_LIVE), torn=False)
-            time.sleep(0 if attempt < hbf.SPIN_RETRIES else hbf._RETRY_SLEEP)
+                if hbf.SEQ.unpack_from(mapping, hbf.OFF_SEQ)[0] == seq:
+                    state = hbf.state_from(hbf.ALL.unpack_from(data, 0))
+                    return _status(state, hbf.LIVE.unpack_from(data, hbf.OFF_LIVE), torn=False)
+            time.sleep(0 if attempt < hbf.SPIN_RETRIES else hbf.RETRY_SLEEP)
         return _status(hb.read(retries=1), _NO_LIVE, torn=True)
     finally:
         if own:

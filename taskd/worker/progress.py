@@ -35,10 +35,10 @@ class _Beacon:
         self.file = file
         self.buf = file.buffer
         self.lock = threading.Lock()
-        self.seq = hbf._SEQ.unpack_from(self.buf, hbf.OFF_SEQ)[0] & ~1
+        self.seq = hbf.SEQ.unpack_from(self.buf, hbf.OFF_SEQ)[0] & ~1
         self.step = -1
         self.beats = 0
-        self.handled = hbf._ACK.unpack_from(self.buf, hbf.OFF_ACK)[0]
+        self.handled = hbf.ACK.unpack_from(self.buf, hbf.OFF_ACK)[0]
         self.sections: list[tuple[str, float, float]] = []  # (name, timeout, start)
         self.finishing = hbf.FINISHING_NO
         # the rank's pace (heartbeat_file, bytes 232-247): monotonic seconds, waits in collectives left out
@@ -52,16 +52,16 @@ class _Beacon:
         continued.install(self.buf)  # after a stop, no step before the agent's word (issue 31)
         with self.lock:
             self._begin()
-            hbf._IDENT.pack_into(self.buf, hbf.OFF_IDENT, os.getpid(), self.stack_signal)
+            hbf.IDENT.pack_into(self.buf, hbf.OFF_IDENT, os.getpid(), self.stack_signal)
             self._end()
 
     def _begin(self) -> None:
         self.seq += 1
-        hbf._SEQ.pack_into(self.buf, hbf.OFF_SEQ, self.seq)
+        hbf.SEQ.pack_into(self.buf, hbf.OFF_SEQ, self.seq)
 
     def _end(self) -> None:
         self.seq += 1
-        hbf._SEQ.pack_into(self.buf, hbf.OFF_SEQ, self.seq)
+        hbf.SEQ.pack_into(self.buf, hbf.OFF_SEQ, self.seq)
 
     def beat(self, step: int | None) -> None:
         if step is not None:
@@ -77,19 +77,19 @@ class _Beacon:
                 self.wait_since = now
             self.seq += 1
             buf = self.buf
-            hbf._SEQ.pack_into(buf, hbf.OFF_SEQ, self.seq)
-            hbf._BEAT.pack_into(buf, hbf.OFF_BEAT, time.time(), self.step)
+            hbf.SEQ.pack_into(buf, hbf.OFF_SEQ, self.seq)
+            hbf.BEAT.pack_into(buf, hbf.OFF_BEAT, time.time(), self.step)
             self.beats += 1
-            hbf._COUNT.pack_into(buf, hbf.OFF_COUNT, self.beats)
-            hbf._COMPUTE.pack_into(buf, hbf.OFF_COMPUTE, self.compute, self.intervals)
+            hbf.COUNT.pack_into(buf, hbf.OFF_COUNT, self.beats)
+            hbf.COMPUTE.pack_into(buf, hbf.OFF_COMPUTE, self.compute, self.intervals)
             self.seq += 1
-            hbf._SEQ.pack_into(buf, hbf.OFF_SEQ, self.seq)
+            hbf.SEQ.pack_into(buf, hbf.OFF_SEQ, self.seq)
         if self.pending():
             self.answer_save_request()
 
     def pending(self) -> bool:
         """Whether the agent asked for a save this rank has not served yet."""
-        return hbf._REQUEST.unpack_from(self.buf, hbf.OFF_REQUEST)[0] > self.handled
+        return hbf.REQUEST.unpack_from(self.buf, hbf.OFF_REQUEST)[0] > self.handled
 
     def mark_wait(self, inside: bool) -> None:
         """Entering (True) or leaving (False) a wait on peers; nested marks count once."""
@@ -116,10 +116,10 @@ class _Beacon:
         encoded = name.encode("utf-8")[: hbf.SECTION_MAX]
         with self.lock:
             self._begin()
-            hbf._SECTION.pack_into(self.buf, hbf.OFF_SECTION, timeout, start)
-            hbf._NAME.pack_into(self.buf, hbf.OFF_NAME, len(encoded), encoded)
+            hbf.SECTION.pack_into(self.buf, hbf.OFF_SECTION, timeout, start)
+            hbf.NAME.pack_into(self.buf, hbf.OFF_NAME, len(encoded), encoded)
             if touch:
-                hbf._BEAT.pack_into(self.buf, hbf.OFF_BEAT, time.time(), self.step)
+                hbf.BEAT.pack_into(self.buf, hbf.OFF_BEAT, time.time(), self.step)
             self._end()
 
     def mark_finishing(self, kind: int) -> None:
@@ -130,9 +130,9 @@ class _Beacon:
         with self.lock:
             self._begin()
             if since is None:  # exiting already: keep its time, upgrade the kind
-                hbf._U32.pack_into(self.buf, hbf.OFF_FINISH, kind)
+                hbf.U32.pack_into(self.buf, hbf.OFF_FINISH, kind)
             else:
-                hbf._FINISH.pack_into(self.buf, hbf.OFF_FINISH, kind, since)
+                hbf.FINISH.pack_into(self.buf, hbf.OFF_FINISH, kind, since)
             self._end()
         self.finishing = kind
 
@@ -145,7 +145,7 @@ class _Beacon:
             self._end()
 
     def answer_save_request(self) -> bool:
-        request = hbf._REQUEST.unpack_from(self.buf, hbf.OFF_REQUEST)[0]
+        request = hbf.REQUEST.unpack_from(self.buf, hbf.OFF_REQUEST)[0]
         self.handled = request  # before the callback: a heartbeat() inside it must not recurse
         callback = _save_callback
         ok = False
@@ -160,7 +160,7 @@ class _Beacon:
                 log.exception("the on_save_request callback failed")
         with self.lock:
             self._begin()
-            hbf._ACK.pack_into(self.buf, hbf.OFF_ACK, request, 1 if ok else 0)
+            hbf.ACK.pack_into(self.buf, hbf.OFF_ACK, request, 1 if ok else 0)
             self._end()
         return ok
 
@@ -243,6 +243,14 @@ def _at_exit() -> None:
         except (ValueError, OSError):  # the mapping is already closed
             pass
 
+
+
+def reattach() -> None:
+    """Forget this process's heartbeat file: the next heartbeat attaches again, reading TASKD_HEARTBEAT_FILE anew
+    (a benchmark that times heartbeats without, then with, a file)."""
+    global _beacon
+    with _beacon_lock:
+        _beacon = None
 
 
 def _forget_in_child() -> None:

@@ -33,11 +33,11 @@ def write(path: str, *fields: tuple) -> None:
     """What a rank writes into its file, under the sequence counter as taskd.worker does."""
     hb = hbf.HeartbeatFile(path)
     buf = hb.buffer
-    seq = hbf._SEQ.unpack_from(buf, hbf.OFF_SEQ)[0]
-    hbf._SEQ.pack_into(buf, hbf.OFF_SEQ, seq + 1)
+    seq = hbf.SEQ.unpack_from(buf, hbf.OFF_SEQ)[0]
+    hbf.SEQ.pack_into(buf, hbf.OFF_SEQ, seq + 1)
     for layout, offset, values in fields:
         layout.pack_into(buf, offset, *values)
-    hbf._SEQ.pack_into(buf, hbf.OFF_SEQ, seq + 2)
+    hbf.SEQ.pack_into(buf, hbf.OFF_SEQ, seq + 2)
     hb.close()
 
 

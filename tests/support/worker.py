@@ -14,7 +14,7 @@ LAUNCHER_VARS = ("RANK", "RANK_ID", "LOCAL_RANK", "DEVICE_ID", "MS_WORKER_NUM", 
 def seq_of(path) -> int:  # noqa: ANN001 (a str or a Path)
     """The sequence counter of the heartbeat file at `path` (odd while a write is under way)."""
     with open(path, "rb") as fh:
-        return hbf._SEQ.unpack_from(fh.read(hbf.SIZE), hbf.OFF_SEQ)[0]
+        return hbf.SEQ.unpack_from(fh.read(hbf.SIZE), hbf.OFF_SEQ)[0]
 
 
 def rank_env_spec() -> WorkerSpec:

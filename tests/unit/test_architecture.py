@@ -1,5 +1,6 @@
 """The layout is the architecture (docs/architecture.md): layers never import upward, no cycles, small modules,
-no class reading another's `_private` members.
+no class reading another's `_private` members, no
+module reading another module's `_private` names.
 
 Read from the source with `ast`, so an import inside a function counts as much as one at the top.
 """
@@ -198,6 +199,59 @@ def test_the_private_rule_sees_a_function_beside_its_class_and_another_module() 
     gauges = ast.parse("class Gauges:\n    def collect(self):\n        return self._m._mgr, self._m.jobs\n"
                        "def fine(t):\n    return t._replace(a=1), t._other\n")
     assert sorted(private_uses({"link": link, "gauges": gauges})) == ["gauges:3 self._m._mgr", "link:7 link._mgr"]
+
+
+def module_privates(module: str, tree: ast.Module, modules: set[str]) -> list[str]:
+    """Every module-level `_private` name of another taskd module that `module` imports (`from m import _x`) or
+    reads through the module (`m._x`, `pkg.m._x`): what a module keeps `_private` is its own too."""
+    package = module if any(m.startswith(module + ".") for m in modules) else module.rpartition(".")[0]
+    aliases: dict[str, str] = {}
+    found = []
+
+    def private(name: str) -> bool:
+        return name.startswith("_") and not name.startswith("__")
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            source = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                source = ".".join(parts[:len(parts) - node.level + 1] + ([source] if source else []))
+            for alias in node.names:
+                if f"{source}.{alias.name}" in modules:
+                    aliases[alias.asname or alias.name] = f"{source}.{alias.name}"
+                elif source in modules and source != module and private(alias.name):
+                    found.append(f"{module}:{node.lineno} from {source} import {alias.name}")
+        elif isinstance(node, ast.Import):
+            aliases.update({a.asname: a.name for a in node.names if a.asname and a.name in modules})
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and private(node.attr):
+            value = node.value
+            owner = aliases.get(value.id) if isinstance(value, ast.Name) else ast.unparse(value)
+            if owner in modules and owner != module:
+                found.append(f"{module}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_no_module_reads_another_modules_private_names() -> None:
+    """A module-level `_name` (a struct of the heartbeat file's layout, a module's singleton) is its module's own:
+    another module that needs it gets a public name (heartbeat_file's `SEQ`, progress's `reattach()`)."""
+    wrong = [use for m, p in MODULES.items() for use in module_privates(m, ast.parse(p.read_text()), set(MODULES))]
+    assert wrong == [], "another module's _private names, read from outside it:\n" + "\n".join(sorted(wrong))
+
+
+def test_the_module_private_rule_sees_an_import_and_a_read_through_the_module() -> None:
+    modules = {"taskd.w", "taskd.w.hbf", "taskd.w.progress"}
+    progress = ast.parse("from taskd.w import hbf\nfrom taskd.w.hbf import _SEQ, SIZE\nimport taskd.w.hbf as h\n"
+                         "def beat(buf):\n    return hbf._SEQ, h._ACK, taskd.w.hbf._ALL, hbf.SIZE, hbf.__doc__\n")
+    own = ast.parse("_SEQ = 1\nfrom . import progress\ndef f():\n    return _SEQ, progress.beat\n")
+    assert module_privates("taskd.w.progress", progress, modules) == [
+        "taskd.w.progress:2 from taskd.w.hbf import _SEQ", "taskd.w.progress:5 hbf._SEQ", "taskd.w.progress:5 h._ACK",
+        "taskd.w.progress:5 taskd.w.hbf._ALL"]
+    assert module_privates("taskd.w.hbf", own, modules) == []
+    relative = ast.parse("from .hbf import _SEQ\nfrom . import hbf as f\nx = f._LIVE\n")
+    assert module_privates("taskd.w.progress", relative, modules) == [
+        "taskd.w.progress:1 from taskd.w.hbf import _SEQ", "taskd.w.progress:3 f._LIVE"]
 
 
 # these import their framework, at the top

@@ -18,12 +18,12 @@ from taskd.worker.heartbeat_file import HeartbeatFile
 def write_beat(hb: HeartbeatFile, seq: int, when: float, step: int, pid: int, beats: int) -> None:
     """What the rank's writer does, optionally stopped half-way (odd `seq`, fields already new)."""
     buf = hb.buffer
-    hbf._SEQ.pack_into(buf, hbf.OFF_SEQ, seq | 1)
-    hbf._IDENT.pack_into(buf, hbf.OFF_IDENT, pid, 0)
-    hbf._BEAT.pack_into(buf, hbf.OFF_BEAT, when, step)
-    hbf._COUNT.pack_into(buf, hbf.OFF_COUNT, beats)
+    hbf.SEQ.pack_into(buf, hbf.OFF_SEQ, seq | 1)
+    hbf.IDENT.pack_into(buf, hbf.OFF_IDENT, pid, 0)
+    hbf.BEAT.pack_into(buf, hbf.OFF_BEAT, when, step)
+    hbf.COUNT.pack_into(buf, hbf.OFF_COUNT, beats)
     if seq % 2 == 0:
-        hbf._SEQ.pack_into(buf, hbf.OFF_SEQ, seq)
+        hbf.SEQ.pack_into(buf, hbf.OFF_SEQ, seq)
 
 
 def test_odd_sequence_is_reported_torn_with_the_last_consistent_fields(tmp_path):
@@ -62,7 +62,7 @@ def test_odd_sequence_is_reported_torn_with_the_last_consistent_fields(tmp_path)
 def test_retries_are_bounded_even_with_retries_zero(tmp_path):
     path = tmp_path / "rank_0.hb"
     hb = HeartbeatFile(path).create().open()
-    hbf._SEQ.pack_into(hb.buffer, hbf.OFF_SEQ, 1)
+    hbf.SEQ.pack_into(hb.buffer, hbf.OFF_SEQ, 1)
     assert hb.read(retries=0).torn
     assert hb.read(retries=1).torn
     hb.close()

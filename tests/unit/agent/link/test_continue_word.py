@@ -8,7 +8,7 @@ from pathlib import Path
 from taskd.agent.link.registration import ContinueWord
 from taskd.proto import recover_pb2
 from taskd.vocabulary import Code
-from taskd.worker.heartbeat_file import _CONTINUE, OFF_CONTINUE, HeartbeatFile
+from taskd.worker.heartbeat_file import CONTINUE, OFF_CONTINUE, HeartbeatFile
 
 
 class Client:
@@ -26,7 +26,7 @@ class Client:
 
 def asking(tmp_path: Path, name: str, at: float) -> HeartbeatFile:
     hb = HeartbeatFile(tmp_path / name).create()
-    _CONTINUE.pack_into(hb.buffer, OFF_CONTINUE, -at)  # what the rank's SIGCONT handler writes
+    CONTINUE.pack_into(hb.buffer, OFF_CONTINUE, -at)  # what the rank's SIGCONT handler writes
     return hb
 
 
@@ -45,9 +45,9 @@ def test_the_holder_answers_every_rank_that_asked_with_the_time_it_asked_the_con
     settle(word)
     assert len(client.calls) == 1 and fenced == []
     for f in files:
-        answer = _CONTINUE.unpack_from(f.buffer, OFF_CONTINUE)[0]
+        answer = CONTINUE.unpack_from(f.buffer, OFF_CONTINUE)[0]
         assert at <= answer <= client.calls[0] and f.continue_asked() is None
-    assert _CONTINUE.unpack_from(quiet.buffer, OFF_CONTINUE)[0] == 0.0  # not asked, not answered
+    assert CONTINUE.unpack_from(quiet.buffer, OFF_CONTINUE)[0] == 0.0  # not asked, not answered
     word.watch(files, time.monotonic() + 1)
     settle(word)
     assert len(client.calls) == 1  # nothing asked since: no question to the controller
@@ -67,7 +67,7 @@ def test_without_a_controller_the_word_is_given_at_once(tmp_path: Path) -> None:
     hb = asking(tmp_path, "rank_0.hb", at)
     word = ContinueWord(lambda: None, lambda _why: None)
     word.watch([hb], time.monotonic())
-    assert hb.continue_asked() is None and _CONTINUE.unpack_from(hb.buffer, OFF_CONTINUE)[0] >= at
+    assert hb.continue_asked() is None and CONTINUE.unpack_from(hb.buffer, OFF_CONTINUE)[0] >= at
 
 
 def test_an_unreachable_controller_is_asked_again_not_answered_for(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ def new_node(tmp: Path) -> tuple[LiveRanks, FakeNode]:
 
 
 def started(details: FakeNode, local: int, phase: Phase) -> None:
-    write(details.heartbeat_path(local), (hbf._IDENT, hbf.OFF_IDENT, (PIDS[local], 0)),
+    write(details.heartbeat_path(local), (hbf.IDENT, hbf.OFF_IDENT, (PIDS[local], 0)),
           (_U32, hbf.OFF_LIVE_PHASE, (int(phase),)), (_U32, hbf.OFF_LIVE_FLAGS, (FLAG_REJOIN,)))
 
 

@@ -19,7 +19,7 @@ PIDS = {0: 5001, 1: 5002}
 
 
 def joined(node: FakeNode, local: int, generation: int) -> None:
-    write(node.heartbeat_path(local), (hbf._IDENT, hbf.OFF_IDENT, (PIDS[local], 0)),
+    write(node.heartbeat_path(local), (hbf.IDENT, hbf.OFF_IDENT, (PIDS[local], 0)),
           (_JOIN, hbf.OFF_LIVE_JOIN, (generation, 5, time.time())), (_U32, hbf.OFF_LIVE_PHASE, (int(Phase.TRAINING),)))
 
 
