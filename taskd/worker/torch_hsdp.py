@@ -55,6 +55,21 @@ class Hsdp:
         ranks = self.mesh.mesh.tolist()
         return [[row[c] for row in ranks] for c in range(self.shards)]
 
+    def node_loss(self, per_node: int) -> str:
+        """What losing one whole node (``per_node`` consecutive ranks, as `taskd run` and torchrun place them) does
+        to this mesh, in words. ``init_device_mesh`` lays ranks out row by row, so a shard coordinate's replicas
+        are ``shards`` ranks apart and span ``(replicas - 1) * shards + 1`` ranks, more than one node of a job of
+        >= 2 nodes holds (``per_node <= replicas * shards / 2`` < that span, as ``replicas >= 2``): every mesh
+        `hsdp_layout` accepts survives the loss of any one node, and only the loss of several at once can take
+        every replica of a coordinate (then `sources` refuses)."""
+        world = self.replicas * self.shards
+        if per_node <= 0 or world % per_node:
+            return f"how its ranks sit on nodes is not known (LOCAL_WORLD_SIZE {per_node})"
+        if per_node == world:
+            return "a lost node is the whole job (one node): every rank restarts"
+        return ("a lost node's ranks are replaced live too, from the other replica groups (a standby's or a "
+                "replacement's), except node 0's: its agent hosts the store, so its loss restarts every rank")
+
     def sources(self, rows: list[tuple[int, int]]) -> tuple[int, list[tuple[int, list[int]]]]:
         """(step, [(source, lacking ranks)]) from the state-sync table ((has state, step) per rank): at each shard
         coordinate, a rank at the newest step hands its shards to the ranks of that coordinate that lack them.

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from taskd.worker.env import Var, env_int
 from taskd.worker.torch_hsdp import Hsdp, hsdp_layout, reset_step, set_timeout
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,8 @@ class HsdpLive:
         self._hsdp = found
         if found is not None and self.rank == 0:
             log.warning("live recovery for this job: %s; a lost rank is replaced alone and receives its shards "
-                        "from its peer in another replica group (0 steps redone)", found.describe())
+                        "from its peer in another replica group (0 steps redone); %s", found.describe(),
+                        found.node_loss(env_int(Var.LOCAL_WORLD_SIZE, 0) or 0))
         return None
 
     def _reform_mesh(self, generation: int) -> None:

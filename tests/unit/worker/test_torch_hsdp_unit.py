@@ -70,6 +70,14 @@ def test_each_lacking_rank_takes_its_shards_from_the_peer_replica_at_the_newest_
         hsdp.sources([(1, 6), (1, 5), (1, 6), (1, 5)])  # shard 1's copies are a step behind shard 0's
 
 
+@pytest.mark.parametrize(("per_node", "said"), [(2, "a lost node's ranks are replaced live too"),
+                                               (1, "except node 0's"), (4, "the whole job (one node)"),
+                                               (3, "not known (LOCAL_WORLD_SIZE 3)"),
+                                               (0, "not known")])
+def test_what_a_lost_node_does_to_the_mesh_is_said_by_its_layout(fake_world, per_node: int, said: str) -> None:
+    assert said in Hsdp(mesh_of((2, 2))).node_loss(per_node)
+
+
 def test_dtensor_optimizer_state_travels_as_its_local_shard_and_comes_back_a_dtensor(fake_world) -> None:
     mesh = mesh_of((2, 2))
     model = hsdp_model(mesh)
