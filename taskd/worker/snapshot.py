@@ -313,10 +313,11 @@ class Snapshots:
                              _mb(size), time.perf_counter() - started)
                     return state, step
         if self.persist_dir is not None and not damaged:
-            found = self._restore_persisted(use, why)  # no cut in memory (the same on every rank): the copies
+            found, unpersisted = self._restore_persisted(use, why)  # no cut in memory (alike on every rank)
             if found is not None:
                 self._account(found[1], newest, None)
                 return found
+            why = f"{why}; {unpersisted}"
         if self.fallback is None:
             log.info("rank %d: no snapshot restored (%s)", self.rank, why)
             self._account(-1, newest, None)
@@ -337,35 +338,38 @@ class Snapshots:
         write_restored(self.directory, Restored(self.rank, os.getpid(), self.restored_from or "none", step, newest,
                                                 fetched.holder if fetched is not None else -1))
 
-    def _restore_persisted(self, use: Callable[[Any], Any] | None, why: str) -> tuple[Any, int] | None:
-        """The newest step every rank has whole in the agent's persisted copies (TASKD_SNAPSHOT_PERSIST_DIR), said
-        in one line; None when there is none, or this rank's copy of it is damaged (set aside, never used)."""
+    def _restore_persisted(self, use: Callable[[Any], Any] | None, why: str) -> tuple[tuple[Any, int] | None, str]:
+        """The newest step every rank has whole and intact in the agent's persisted copies
+        (TASKD_SNAPSHOT_PERSIST_DIR), said in one line, and the newer steps passed over (a copy that fails its check
+        on any rank: every rank takes the older step, never a mix); (None, why) when there is none."""
         root = self.persist_dir or ""
         multi = self.scope == "job" and self._nodes() > 1 and self.agree is not None
         try:
-            step = persisted.cut(root, self.world, self.agree if multi else None, self.rank) \
-                if self.scope == "job" else _own_newest(root, self.rank)
+            found = persisted.cut(root, self.world, self.agree if multi else None, self.rank) \
+                if self.scope == "job" else persisted.PersistedCut(_own_newest(root, self.rank))
         except SnapshotError as exc:
             log.warning("rank %d: the persisted snapshots in %s cannot be agreed on: %s", self.rank, root, exc)
-            return None
+            return None, f"the persisted snapshots in {root} cannot be agreed on: {exc}"
+        passed = f"; newer persisted steps passed over on every rank: {found.words()}" if found.passed else ""
+        step = found.step
         if step is None:
-            return None
+            return None, f"no step persisted in {root} that every rank can restore{passed}"
         path = os.path.join(root, f"rank{self.rank}", persisted.segment_name(step))
         started = time.perf_counter()
         try:
             state, size = load(path, step, self.rank, _guarded(use))
         except _InUse as exc:
             raise exc.__cause__ from None  # type: ignore[misc]
-        except (SnapshotError, OSError) as exc:
+        except (SnapshotError, OSError) as exc:  # verified a moment ago: changed since (never seen)
             persisted.quarantine(path)
             log.error("rank %d: its persisted snapshot of step %d is damaged, set aside as %s.corrupt: %s", self.rank,
                       step, path, exc)
-            return None
+            return None, f"rank {self.rank}'s persisted snapshot of step {step} is damaged: {exc}"
         self._drop_after(step)
         self.restored_from = "persisted"
         log.warning("rank %d restored step %d from the persisted snapshots in %s (%s in %.3f s): no snapshot in "
-                    "memory (%s)", self.rank, step, root, _mb(size), time.perf_counter() - started, why)
-        return state, step
+                    "memory (%s)%s", self.rank, step, root, _mb(size), time.perf_counter() - started, why, passed)
+        return (state, step), ""
 
     def _cut(self) -> tuple[int | None, str]:
         """The step to restore and, without one, why."""

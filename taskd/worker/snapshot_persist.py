@@ -18,14 +18,16 @@ import os
 import re
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from taskd.worker.checkpoint import fsync_dir, pid_alive_elsewhere, unlink_if_present
-from taskd.worker.snapshot_segment import HEADER_SIZE, SnapshotError, read_header
+from taskd.worker.snapshot_segment import HEADER_SIZE, SnapshotError, load, read_header
 
 CHUNK = 1 << 20
 _NAME = re.compile(r"s(\d{12})\.snap")
 _TEMP = re.compile(r"\.s\d+\.(\d+)\.[0-9a-f]+\.tmp")
 _RANK = re.compile(r"rank(\d+)")
+_CORRUPT = re.compile(r"s(\d{12})\.snap\.corrupt")
 
 
 def segment_name(step: int) -> str:
@@ -62,20 +64,92 @@ def complete(path: str, step: int, rank: int) -> bool:
     return (header.step, header.rank) == (step, rank) and size == HEADER_SIZE + header.length
 
 
-def cut(root: str, world: int, agree: Callable[[set[int]], set[int]] | None = None, own: int = 0) -> int | None:
-    """The newest step whose file every rank of ``world`` has whole under ``root``; with ``agree`` (a job on
-    several nodes, whose folders may not all be visible here) the newest that every rank's ``agree`` holds,
-    from this rank's (``own``) steps."""
-    if agree is not None:
-        folder = os.path.join(root, f"rank{own}")
-        mine = {s for s in steps_in(folder) if complete(os.path.join(folder, segment_name(s)), s, own)}
-        common = agree(mine)
-        return max(common) if common else None
-    held = [steps_in(os.path.join(root, f"rank{r}")) for r in range(world)]
-    for step in sorted(set.intersection(*held) if held else set(), reverse=True):
-        if all(complete(os.path.join(root, f"rank{r}", segment_name(step)), step, r) for r in range(world)):
-            return step
+@dataclass(frozen=True)
+class PersistedCut:
+    """The step every rank restores from the persisted copies (None: none), and the newer steps passed over and why
+    (every rank's copy of the step taken was verified, so no rank falls back alone)."""
+
+    step: int | None
+    passed: tuple[str, ...] = ()
+
+    def words(self) -> str:
+        return "; ".join(self.passed)
+
+
+def verify(path: str, step: int, rank: int) -> str:
+    """Why the copy at ``path`` is not the intact snapshot of ``step`` of ``rank`` ('' when it is): the check its
+    load makes (header, length, checksum of the whole body), so the format's own code decides."""
+    try:
+        load(path, step, rank, use=_discard)
+    except (SnapshotError, OSError) as exc:
+        return str(exc)
+    return ""
+
+
+def _discard(_state: object) -> None:
     return None
+
+
+def cut(root: str, world: int, agree: Callable[[set[int]], set[int]] | None = None, own: int = 0) -> PersistedCut:
+    """The newest step whose copy every rank of ``world`` has whole and intact under ``root``: the same step on every
+    rank, a copy that fails its check set aside (``*.corrupt``) and the next older step tried. Without ``agree``
+    (the ranks of one node, which all see ``root``) each rank checks every rank's copy of a step, so all reach the
+    same answer without talking; with ``agree`` (a job on several nodes) each checks its own (``own``) and the
+    ranks agree, twice per step tried: on the step, then on the ranks whose copy of it passed."""
+    if agree is not None:
+        return _agreed_cut(root, world, agree, own)
+    folders = [os.path.join(root, f"rank{r}") for r in range(world)]
+    held = [steps_in(f) for f in folders]
+    passed: list[str] = []
+    chosen = None
+    for step in sorted(set.intersection(*held) if held else set(), reverse=True):
+        order = [own] + [r for r in range(world) if r != own]  # its own first: its load then reads a cached file
+        paths = {r: os.path.join(folders[r], segment_name(step)) for r in order}
+        bad = {r: "incomplete" for r in order if not complete(paths[r], step, r)}
+        if not bad:
+            bad = {r: why for r in order if (why := verify(paths[r], step, r))}
+        if not bad:
+            chosen = step
+            break
+        for r, why in bad.items():
+            if why != "incomplete":
+                quarantine(paths[r])
+            said = "is incomplete" if why == "incomplete" else f"fails its check ({why})"
+            passed.append(f"step {step}: rank {r}'s copy {said}")
+    told = {p.split(":")[0] for p in passed}
+    for r, folder in enumerate(folders):  # copies a sibling rank set aside before this one looked
+        for step in _set_aside(folder):
+            if (chosen is None or step > chosen) and f"step {step}" not in told:
+                passed.append(f"step {step}: rank {r}'s copy was set aside as damaged")
+    return PersistedCut(chosen, tuple(sorted(passed, key=lambda p: -int(p.split(":")[0].split()[1]))))
+
+
+def _agreed_cut(root: str, world: int, agree: Callable[[set[int]], set[int]], own: int) -> PersistedCut:
+    folder = os.path.join(root, f"rank{own}")
+    mine = {s for s in steps_in(folder) if complete(os.path.join(folder, segment_name(s)), s, own)}
+    passed: list[str] = []
+    everyone = set(range(world))
+    while common := agree(mine):
+        step = max(common)
+        path = os.path.join(folder, segment_name(step))
+        why = verify(path, step, own)
+        if why:
+            quarantine(path)
+        good = agree(everyone - {own} if why else everyone)  # the ranks whose copy passed: the same set everywhere
+        if good >= everyone:
+            return PersistedCut(step, tuple(passed))
+        bad = ", ".join(map(str, sorted(everyone - good)))
+        passed.append(f"step {step}: the copy of rank(s) {bad} fails its check{f' ({why})' if why else ''}")
+        mine = {s for s in mine if s < step}
+    return PersistedCut(None, tuple(passed))
+
+
+def _set_aside(folder: str) -> set[int]:
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return set()
+    return {int(m.group(1)) for m in map(_CORRUPT.fullmatch, names) if m}
 
 
 def quarantine(path: str) -> None:
@@ -152,5 +226,5 @@ def prune(folder: str, newest: int, keep: int) -> None:
         unlink_if_present(os.path.join(folder, segment_name(step)))
 
 
-__all__ = ["complete", "cut", "prune", "publish", "quarantine", "rank_folders", "remove_stale_temps",
-           "segment_name", "steps_in", "write_copy"]
+__all__ = ["PersistedCut", "complete", "cut", "prune", "publish", "quarantine", "rank_folders", "remove_stale_temps",
+           "segment_name", "steps_in", "verify", "write_copy"]

@@ -77,3 +77,43 @@ def test_a_persist_directory_that_cannot_be_made_is_refused_and_leaves_nothing(t
     with pytest.raises(ValueError, match=f"--snapshot-persist-dir {blocked / 'ckpt'}: "):
         SnapshotArea("job", 1, {}, root=str(shm), persist=Persistence(str(blocked / "ckpt"), 10, 3))
     assert os.listdir(shm) == [], "the job's snapshot directory goes with the refusal"
+
+
+def test_across_nodes_a_copy_failing_its_check_moves_every_rank_to_the_older_step(tmp_path, monkeypatch) -> None:
+    """Two ranks of two nodes (threads, ``agree`` an intersection at a barrier, as the collective is): rank 1's copy
+    of step 2 is whole but one byte off. Both take step 1, and say why; before, rank 0 took 2 and rank 1 nothing."""
+    import threading
+
+    disk = tmp_path / "disk"
+    for rank in (0, 1):
+        monkeypatch.setenv(Var.RANK, str(rank))
+        monkeypatch.setenv(Var.WORLD_SIZE, "2")
+        shm = tmp_path / f"shm{rank}"
+        snaps = Snapshots(directory=str(shm), keep=3, background=False)
+        for step in (1, 2):
+            snaps.save(state(step), step)
+            sp.publish(sp.write_copy(str(shm / f"rank{rank}" / sp.segment_name(step)), str(disk / f"rank{rank}"),
+                                     rank, step), step)
+    with open(disk / "rank1" / sp.segment_name(2), "r+b") as fh:
+        fh.seek(300)
+        fh.write(b"\x01")
+    barrier, sets, got = threading.Barrier(2, timeout=30), [set(), set()], [None, None]
+
+    def run(rank: int) -> None:
+        def agree(held: set[int]) -> set[int]:
+            sets[rank] = held
+            barrier.wait()
+            common = sets[0] & sets[1]
+            barrier.wait()
+            return common
+        got[rank] = sp.cut(str(disk), 2, agree, rank)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert [g.step for g in got] == [1, 1], got
+    assert got[0].words() == "step 2: the copy of rank(s) 1 fails its check"  # said where it failed:
+    assert got[1].words().startswith("step 2: the copy of rank(s) 1 fails its check (") and \
+        "checksum mismatch" in got[1].words() and (disk / "rank1" / f"{sp.segment_name(2)}.corrupt").exists()
