@@ -22,12 +22,24 @@ def update(w: np.ndarray, rank: int, step: int) -> np.ndarray:
     return w * 0.5 + float((rank + 1) * (step + 1))
 
 
+def wait_persisted(rank: int, step: int, timeout: float = 120.0) -> None:
+    path = os.path.join(os.environ["TASKD_SNAPSHOT_PERSIST_DIR"], f"rank{rank}", f"s{step:012d}.snap")
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} not persisted within {timeout} s")
+        time.sleep(0.05)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--step-sleep", type=float, default=0.02)
+    p.add_argument("--wait-persisted", default="", help="steps (1,2,...) after whose save the rank waits until "
+                   "the agent persisted them: the test's copies, however loaded the machine")
     args = p.parse_args()
+    waits = {int(s) for s in args.wait_persisted.split(",") if s}
     rank = worker.rank()
     os.makedirs(args.out, exist_ok=True)
     snapshots = worker.Snapshots()
@@ -39,6 +51,8 @@ def main() -> None:
         started = time.perf_counter()
         snapshots.save(state, step + 1)
         saves.append(time.perf_counter() - started)
+        if step + 1 in waits:
+            wait_persisted(rank, step + 1)
         time.sleep(args.step_sleep)
     snapshots.close()
     np.save(os.path.join(args.out, f"rank{rank}.npy"), state["w"])

@@ -30,7 +30,7 @@ from persist_job import SIZE, update  # noqa: E402
 
 
 def run_job(tmp: Path, name: str, steps: int, *flags: str, env: dict[str, str] | None = None,
-            step_sleep: float = 0.02) -> str:
+            step_sleep: float = 0.02, job_args: tuple[str, ...] = ()) -> str:
     job = f"{name}-{uuid.uuid4().hex[:8]}"
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     for var in ("MINDX_SERVER_IP", "MINDX_TASK_ID", "TASKD_SNAPSHOT_MEMORY", "TASKD_SNAPSHOT_PERSIST_DIR",
@@ -40,7 +40,7 @@ def run_job(tmp: Path, name: str, steps: int, *flags: str, env: dict[str, str] |
     log = tmp / f"{name}.log"
     proc = subprocess.Popen([sys.executable, "-m", "taskd.run", "--monitor-interval", "0.2", "--job-id", job,
                              "--nproc-per-node", "2", *flags, str(JOB), "--steps", str(steps), "--out",
-                             str(tmp / name), "--step-sleep", str(step_sleep)],
+                             str(tmp / name), "--step-sleep", str(step_sleep), *job_args],
                             stdout=log.open("wb"), stderr=subprocess.STDOUT, env=full_env, cwd=ROOT)
     STARTED.append(proc)
     assert proc.wait(timeout=60) == 0, log.read_text()
@@ -94,9 +94,9 @@ def test_save_costs_the_same_with_the_agent_persisting_every_step(tmp_path: Path
 def test_a_rerun_after_the_job_ended_starts_from_the_persisted_copies_never_a_torn_or_a_bad_one(tmp_path: Path) -> None:
     where = tmp_path / "persist"
     flags = ("--snapshot-persist-dir", str(where), "--snapshot-persist-every", "10")
-    run_job(tmp_path, "first", 30, *flags)
+    run_job(tmp_path, "first", 30, *flags, job_args=("--wait-persisted", "10,20"))  # paced by the copies, not the clock
     steps = persisted(where, 0)
-    assert persisted(where, 1) == steps and len(steps) >= 2 and steps[-1] == 30, steps  # the end: its newest
+    assert persisted(where, 1) == steps == [10, 20, 30], steps  # the end: its newest
     torn = where / "rank1" / f"s{30:012d}.snap"
     os.truncate(torn, torn.stat().st_size // 2)  # a copy cut short under its step's name: never restored
     killed = where / "rank0" / f".s40.{2 ** 22 + 7}.deadbeef.tmp"  # what an agent SIGKILLed mid-copy leaves
