@@ -92,6 +92,12 @@ def leftovers(marker: str) -> list[int]:
     return out
 
 
+def master_args() -> list[str]:
+    """A multi-node job's --master-addr/--master-port on a free loopback port: never the default 29500, which a job
+    run beside the test (another test, another checkout's suite) may hold."""
+    return ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
+
+
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
     try:
         socket.create_connection((host, port), timeout=1).close()

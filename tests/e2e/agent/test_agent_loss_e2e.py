@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from support import free_port, leftovers, port_open, ranks_of, wait_for
+from support import free_port, leftovers, master_args, port_open, ranks_of, wait_for
 from support.run import ROOT, taskd_run
 
 LOSS_TIMEOUT = 3
@@ -33,11 +33,12 @@ def test_sigkilled_node_without_replacement_fails_the_job_and_the_other_node_exi
                                "--agent-loss-timeout", str(LOSS_TIMEOUT), "--node-rejoin-timeout", str(REJOIN_TIMEOUT)],
                               stdout=(tmp_path / "server.log").open("wb"), stderr=subprocess.STDOUT, cwd=ROOT)
     nodes: list[subprocess.Popen[bytes]] = []
+    master = master_args()
     try:
         wait_for(lambda: port_open(port), 30, "taskd server to listen")
         nodes = [
             taskd_run(["--nnodes", "2", "--node-rank", str(r), "--nproc-per-node", "2", "--job-id", "lost-node",
-                       "--server", address, "--stop-grace", "2", str(script)], tmp_path / f"node{r}.log")
+                       "--server", address, "--stop-grace", "2", *master, str(script)], tmp_path / f"node{r}.log")
             for r in range(2)
         ]
         for r, node in enumerate(nodes):
@@ -106,7 +107,8 @@ def test_a_controller_lost_in_the_middle_of_a_recovery_does_not_strand_the_agent
         wait_for(lambda: port_open(port), 30, "taskd server to listen")
         node0 = ScriptedAgent(address, "lost-controller", 0, 2, 2).join()  # never answers stopTrain
         node1 = taskd_run(["--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2", "--job-id",
-                           "lost-controller", "--server", address, str(script), str(tmp_path / "crashed")],
+                           "lost-controller", "--server", address, *master_args(), str(script),
+                           str(tmp_path / "crashed")],
                           tmp_path / "node1.log", env={"TASKD_CONTROLLER_TIMEOUT": "2"})
         node0.expect("stopTrain", timeout=60)  # rank 3 crashed: the round is open, waiting for node 0
         server.kill()
@@ -136,7 +138,8 @@ def test_a_multi_node_job_without_a_controller_stops_before_starting_ranks(tmp_p
     started = tmp_path / "started"
     script.write_text(f"open({str(started)!r}, 'a').close()\nimport time\ntime.sleep(60)\n")
     node = taskd_run(["--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1", "--job-id", "no-controller",
-                      "--server", f"127.0.0.1:{free_port()}", str(script)], tmp_path / "node1.log",
+                      "--server", f"127.0.0.1:{free_port()}", *master_args(), str(script)],
+                     tmp_path / "node1.log",
                      env={"TASKD_CONTROLLER_TIMEOUT": "1"})
     try:
         assert node.wait(timeout=60) == 1, (tmp_path / "node1.log").read_text()

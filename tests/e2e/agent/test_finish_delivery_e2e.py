@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support import free_port, leftovers, port_open, wait_for
+from support import free_port, leftovers, master_args, port_open, wait_for
 from support.run import ROOT, taskd_run
 
 # above the agent channel's reconnect backoff (at most 3 s, +20% jitter: client/rpc.py): the restarted controller
@@ -52,9 +52,11 @@ def test_a_node_that_finishes_while_the_controller_is_down_is_finished_not_lost(
     state = tmp_path / "ctl.sqlite3"
     server = _server(address, state, tmp_path / "server.log")
     nodes: list[subprocess.Popen[bytes]] = []
+    master = master_args()
     try:
         nodes = [taskd_run(["--nnodes", "2", "--node-rank", str(r), "--nproc-per-node", "1", "--job-id", "n1",
-                            "--server", address, str(script), str(tmp_path / f"go{r}")], tmp_path / f"node{r}.log",
+                            "--server", address, *master, str(script), str(tmp_path / f"go{r}")],
+                           tmp_path / f"node{r}.log",
                            env={"TASKD_CONTROLLER_TIMEOUT": "30"})
                  for r in range(2)]
         wait_for(lambda: len(_agents(address, "n1")) == 2, 60, "both nodes registered")

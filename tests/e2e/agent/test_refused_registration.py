@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support import STARTED, free_port, port_open, wait_for
+from support import STARTED, free_port, master_args, port_open, wait_for
 from support.run import ROOT, taskd_run
 
 
@@ -18,10 +18,11 @@ def test_a_standby_over_the_controllers_bound_exits_1_with_the_controllers_reaso
     STARTED.append(server)
     try:
         wait_for(lambda: port_open(port), 30, "taskd server to listen")
+        master = master_args()
         script = tmp_path / "never.py"
         script.write_text("raise SystemExit('a standby must not start a rank')\n")
         standby = taskd_run(["--standby", "--nnodes", "2", "--nproc-per-node", "1", "--job-id", "bounded",
-                             "--server", f"127.0.0.1:{port}", str(script)], tmp_path / "standby.log")
+                             "--server", f"127.0.0.1:{port}", *master, str(script)], tmp_path / "standby.log")
         assert standby.wait(timeout=60) == 1
         log = (tmp_path / "standby.log").read_text()
         assert "the controller refused this standby: 409" in log and "--max-standbys" in log, log
@@ -41,7 +42,8 @@ def test_a_node_started_with_another_nproc_per_node_exits_1_saying_so(tmp_path: 
     STARTED.append(server)
     script = tmp_path / "wait.py"
     script.write_text("import time\ntime.sleep(60)\n")
-    common = ["--nnodes", "2", "--job-id", "mixed", "--server", f"127.0.0.1:{port}", "--rdzv-conf", "join_timeout=60"]
+    common = ["--nnodes", "2", "--job-id", "mixed", "--server", f"127.0.0.1:{port}", "--rdzv-conf", "join_timeout=60",
+              *master_args()]
     node0 = None
     try:
         wait_for(lambda: port_open(port), 30, "taskd server to listen")

@@ -128,10 +128,17 @@ def server(tmp_path: Path) -> Iterator[tuple[str, Path, Path]]:
         proc.wait(timeout=10)
 
 
+MASTER_PORTS: dict[str, int] = {}  # server address -> the job's rendezvous port, the same for every node of the job
+
+
 def job_args(address: str, cred: Path, rank: int | None) -> list[str]:
+    """A node of the job; every node of one job (replacements, standbys) gets the job's free rendezvous port, never
+    the default 29500 that a parallel job may hold."""
     where = ["--standby"] if rank is None else ["--node-rank", str(rank)]
+    port = MASTER_PORTS.setdefault(address, free_port())
     return ["--nnodes", "2", *where, "--nproc-per-node", "2", "--job-id", JOB, "--server", address,
-            "--token-file", str(cred), "--stop-grace", "2", "--strategies", "job-rescheduling,exit"]
+            "--master-addr", "127.0.0.1", "--master-port", str(port), "--token-file", str(cred), "--stop-grace", "2",
+            "--strategies", "job-rescheduling,exit"]
 
 
 def kill_all(procs: dict[str, subprocess.Popen[bytes]]) -> None:

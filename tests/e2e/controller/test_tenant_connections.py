@@ -17,7 +17,7 @@ from pathlib import Path
 
 import grpc
 import psutil
-from support import STARTED, free_port, port_open, secret_file, wait_for
+from support import STARTED, free_port, master_args, port_open, secret_file, wait_for
 
 from taskd.controller.service.auth import job_credential
 from taskd.proto import taskd_pb2, taskd_pb2_grpc
@@ -79,8 +79,10 @@ def test_one_credentials_idle_connections_leave_room_for_another_jobs_agents_and
         script.write_text(CRASH_ONCE)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TASKD_TOKEN", "MINDX_"))}
         env["TASKD_TOKEN_FILE"] = str(good)
+        master = master_args()
         nodes = [subprocess.Popen([sys.executable, "-m", "taskd.run", "--server", f"127.0.0.1:{port}", "--job-id",
-                                   "good", "--nnodes", "2", "--node-rank", str(r), "--nproc-per-node", "2", str(script),
+                                   "good", "--nnodes", "2", "--node-rank", str(r), "--nproc-per-node", "2", *master,
+                                   str(script),
                                    str(tmp_path)], stdout=subprocess.DEVNULL, env=env, cwd=ROOT,
                                   stderr=(tmp_path / f"node{r}.log").open("wb")) for r in range(2)]
         STARTED.extend(nodes)

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support import EXAMPLES, ROOT, STARTED
+from support import EXAMPLES, ROOT, STARTED, free_port
 
 TIMEOUT = 90
 
@@ -74,13 +74,14 @@ def test_rdzv_endpoint_line_sets_master_addr_and_port_and_restarts(tmp_path: Pat
     script = tmp_path / "flaky.py"
     script.write_text(PROBE + "if os.environ['RANK'] == '1' and not os.path.exists(sys.argv[1] + '/crashed'):\n"
                       "    open(sys.argv[1] + '/crashed', 'w').close(); sys.exit(3)\n")
-    line = ["--nnodes", "1:1", "--nproc_per_node=2", "--rdzv-backend=c10d", "--rdzv_endpoint=127.0.0.1:29467",
+    port = free_port()  # a fixed port collides with a parallel job's
+    line = ["--nnodes", "1:1", "--nproc_per_node=2", "--rdzv-backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
             "--max_restarts=2", "--monitor-interval", "0.2", str(script), str(tmp_path)]
     done = run(line, tmp_path)
     assert done.returncode == 0, done.stdout
     assert "notice: --rdzv-backend" in done.stdout
     got = ranks(tmp_path, 2)
-    assert {(g["MASTER_ADDR"], g["MASTER_PORT"]) for g in got.values()} == {("127.0.0.1", "29467")}
+    assert {(g["MASTER_ADDR"], g["MASTER_PORT"]) for g in got.values()} == {("127.0.0.1", str(port))}
     assert "fault: rank 1" in done.stdout
 
 
