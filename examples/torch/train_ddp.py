@@ -62,6 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step (to watch it run)")
     p.add_argument("--sleep-while", default=None, metavar="FILE",
                    help="sleep --step-sleep per step only while FILE exists (a test paces the job while it acts on it)")
+    p.add_argument("--start-when", default=None, metavar="FILE",
+                   help="wait (up to 300 s) for FILE to exist before the first step (a test starts the steps once "
+                        "something else is ready, e.g. a warm spare)")
     p.add_argument("--slow", default=None, metavar="RANK:SECONDS",
                    help="rank RANK sleeps SECONDS more in every step, before its forward pass (outside collectives): "
                         "a straggler, for --straggler-factor")
@@ -188,6 +191,12 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(args.progress_dir, exist_ok=True)
         progress = os.open(os.path.join(args.progress_dir, f"rank{rank}.progress"),
                            os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    if args.start_when:
+        deadline = time.monotonic() + 300
+        while not os.path.exists(args.start_when):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"rank {rank}: {args.start_when} did not appear within 300 s")
+            time.sleep(0.05)
     started = time.time()
     first = None
     for step in live.steps(ckpt.latest_step() or 0, args.steps, load=load):

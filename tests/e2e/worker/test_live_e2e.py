@@ -150,14 +150,47 @@ def test_a_script_that_did_not_declare_itself_gets_job_rescheduling_first(tmp_pa
     assert "live recovery" not in console and "not every rank declared" not in console, console[-6000:]
 
 
+def spare_waiting(marker: str) -> bool:
+    """A warm spare of the job whose argv holds `marker` waits in `become_rank` (its main thread blocked reading the
+    pipe on its stdin): it has run the script up to LiveGroup()."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+            waiting = Path(f"/proc/{pid}/wchan").read_text().endswith("pipe_read")
+        except OSError:
+            continue
+        if waiting and b"\0TASKD_SPARE=1\0" in b"\0" + environ and marker.encode() in environ:
+            return True
+    return False
+
+
 def test_two_faults_in_a_row_are_each_recovered_in_place(tmp_path, reference):
     """Rank 2 is killed at step 20; once that recovery has resumed, rank 0 (the first SIGKILL of rank 0, the
     group's first member, in this file) is killed at step 26. A SIGKILL of rank 2 alone is
     test_live_recovery.py's, through the protocol. With a warm spare that runs the script up to LiveGroup()
-    before any fault (--warm-spare-mode script), ready long before step 20 (0.3 s a step): it becomes rank 2
-    the moment rank 2 dies. The second fault finds no spare (refilled 5 s after the first): a fresh start."""
-    code, console = taskd_run(tmp_path, ["--crash", "2:20", "--crash", "0:26", "--step-sleep", "0.3"],
+    before any fault (--warm-spare-mode script): the ranks take their first step only once it waits there
+    (--start-when), so that however loaded the machine, it is ready 6 s (20 steps of 0.3 s) before the fault and
+    becomes rank 2 the moment rank 2 dies. The second fault finds no spare (refilled 5 s after the first): a fresh
+    start."""
+    go = tmp_path / "go"
+    ready: list[float] = []  # seconds from the job's start until the spare waited in LiveGroup()
+
+    def start_when_the_spare_waits() -> None:
+        start = time.monotonic()
+        while time.monotonic() < start + TIMEOUT / 2:
+            if spare_waiting(str(tmp_path / "ckpt")):
+                ready.append(time.monotonic() - start)
+                break
+            time.sleep(0.2)
+        go.touch()  # a spare never ready: the job runs anyway, and the assertions below say what went wrong
+
+    opener = threading.Thread(target=start_when_the_spare_waits, daemon=True)
+    opener.start()
+    code, console = taskd_run(tmp_path, ["--crash", "2:20", "--crash", "0:26", "--step-sleep", "0.3",
+                                         "--start-when", str(go)],
                               flags=["--warm-spares", "1", "--warm-spare-mode", "script"])
+    opener.join(5)
+    assert ready, "the warm spare never waited in LiveGroup()"
     assert code == 0, console[-6000:]
     info = summary(tmp_path)
     pids = start_pids(console)
@@ -174,7 +207,7 @@ def test_two_faults_in_a_row_are_each_recovered_in_place(tmp_path, reference):
     assert_identical(torch.load(tmp_path / "out" / "final.pt"), reference)
     spent = float(re.search(r"([0-9.]+)s spent recovering", console).group(1))
     assert spent == pytest.approx(sum(resumed_after(console)), abs=0.02)  # fault -> resumed, not the restarts
-    print(f"two faults -> training resumed in {resumed_after(console)}s")
+    print(f"two faults -> training resumed in {resumed_after(console)}s; the spare was ready {ready[0]:.1f}s in")
 
 
 def test_a_fault_during_the_rebuild_fails_recover_and_escalates_once(tmp_path, reference):
