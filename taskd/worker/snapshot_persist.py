@@ -95,9 +95,9 @@ def cut(root: str, world: int, agree: Callable[[set[int]], set[int]] | None = No
     rank, a copy that fails its check set aside (``*.corrupt``) and the next older step tried. Without ``agree``
     (the ranks of one node, which all see ``root``) each rank checks every rank's copy of a step, so all reach the
     same answer without talking; with ``agree`` (a job on several nodes) each checks its own (``own``) and the
-    ranks agree, twice per step tried: on the step, then on the ranks whose copy of it passed."""
+    ranks agree, twice per step tried: on the step, then on whether every copy of it passed."""
     if agree is not None:
-        return _agreed_cut(root, world, agree, own)
+        return _agreed_cut(root, agree, own)
     folders = [os.path.join(root, f"rank{r}") for r in range(world)]
     held = [steps_in(f) for f in folders]
     passed: list[str] = []
@@ -124,22 +124,22 @@ def cut(root: str, world: int, agree: Callable[[set[int]], set[int]] | None = No
     return PersistedCut(chosen, tuple(sorted(passed, key=lambda p: -int(p.split(":")[0].split()[1]))))
 
 
-def _agreed_cut(root: str, world: int, agree: Callable[[set[int]], set[int]], own: int) -> PersistedCut:
+def _agreed_cut(root: str, agree: Callable[[set[int]], set[int]], own: int) -> PersistedCut:
+    """Across nodes: the ranks taking part in ``agree`` now (after a scale-in, fewer than the job started with),
+    never a count of them taken from the start: each votes for the step only when its own copy of it passed."""
     folder = os.path.join(root, f"rank{own}")
     mine = {s for s in steps_in(folder) if complete(os.path.join(folder, segment_name(s)), s, own)}
     passed: list[str] = []
-    everyone = set(range(world))
     while common := agree(mine):
         step = max(common)
         path = os.path.join(folder, segment_name(step))
         why = verify(path, step, own)
         if why:
             quarantine(path)
-        good = agree(everyone - {own} if why else everyone)  # the ranks whose copy passed: the same set everywhere
-        if good >= everyone:
+        if agree(set() if why else {step}):  # every rank's copy of it passed
             return PersistedCut(step, tuple(passed))
-        bad = ", ".join(map(str, sorted(everyone - good)))
-        passed.append(f"step {step}: the copy of rank(s) {bad} fails its check{f' ({why})' if why else ''}")
+        passed.append(f"step {step}: " + (f"rank {own}'s copy fails its check ({why})" if why else
+                                          "another rank's copy fails its check (its line says which)"))
         mine = {s for s in mine if s < step}
     return PersistedCut(None, tuple(passed))
 

@@ -80,14 +80,15 @@ def test_a_persist_directory_that_cannot_be_made_is_refused_and_leaves_nothing(t
 
 
 def test_across_nodes_a_copy_failing_its_check_moves_every_rank_to_the_older_step(tmp_path, monkeypatch) -> None:
-    """Two ranks of two nodes (threads, ``agree`` an intersection at a barrier, as the collective is): rank 1's copy
-    of step 2 is whole but one byte off. Both take step 1, and say why; before, rank 0 took 2 and rank 1 nothing."""
+    """Two ranks of two nodes (threads, ``agree`` an intersection at a barrier, as the collective is), what is left
+    of a job started with 4 ranks: rank 1's copy of step 2 is whole but one byte off. Both take step 1, and say why
+    (before, rank 0 took 2 and rank 1 nothing); the vote counts the ranks there now, not the 4 of the start."""
     import threading
 
     disk = tmp_path / "disk"
     for rank in (0, 1):
         monkeypatch.setenv(Var.RANK, str(rank))
-        monkeypatch.setenv(Var.WORLD_SIZE, "2")
+        monkeypatch.setenv(Var.WORLD_SIZE, "4")  # the job started with 4 ranks; 2 remain after a scale-in
         shm = tmp_path / f"shm{rank}"
         snaps = Snapshots(directory=str(shm), keep=3, background=False)
         for step in (1, 2):
@@ -106,7 +107,7 @@ def test_across_nodes_a_copy_failing_its_check_moves_every_rank_to_the_older_ste
             common = sets[0] & sets[1]
             barrier.wait()
             return common
-        got[rank] = sp.cut(str(disk), 2, agree, rank)
+        got[rank] = sp.cut(str(disk), 4, agree, rank)
 
     threads = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
     for t in threads:
@@ -114,6 +115,6 @@ def test_across_nodes_a_copy_failing_its_check_moves_every_rank_to_the_older_ste
     for t in threads:
         t.join(60)
     assert [g.step for g in got] == [1, 1], got
-    assert got[0].words() == "step 2: the copy of rank(s) 1 fails its check"  # said where it failed:
-    assert got[1].words().startswith("step 2: the copy of rank(s) 1 fails its check (") and \
+    assert got[0].words() == "step 2: another rank's copy fails its check (its line says which)"
+    assert got[1].words().startswith("step 2: rank 1's copy fails its check (") and \
         "checksum mismatch" in got[1].words() and (disk / "rank1" / f"{sp.segment_name(2)}.corrupt").exists()
