@@ -12,6 +12,7 @@ The cap, per job and node: `taskd run --snapshot-memory`, else TASKD_SNAPSHOT_ME
 With a persist directory (`taskd run --snapshot-persist-dir`) the area also runs the node's `Persister`, which
 copies the ranks' snapshots there every N steps and once more when the job ends on the node, and hands the
 directory to the ranks (TASKD_SNAPSHOT_PERSIST_DIR): their restore falls back to it when memory holds none.
+Under msrun (whose command line is not taskd's) the same settings come from their variables (`Persistence.from_env`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 
 from taskd.launcher.snapshot_persist import Persister
 from taskd.process.run_dir import make_run_dir, sweep_stale_run_dirs
+from taskd.settings import env_text, setting
 from taskd.worker.env import Var
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,26 @@ class Persistence:
     def __post_init__(self) -> None:
         if not self.directory or self.every < 1 or self.keep < 1:
             raise ValueError(f"snapshot persistence needs a directory, every >= 1 and keep >= 1, got {self!r}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> Persistence | None:
+        """msrun's way (its command line is not taskd's): TASKD_SNAPSHOT_PERSIST_DIR, ..._EVERY, ..._KEEP, read
+        through the settings table (`taskd/settings.py`: names, defaults, bounds); None without a directory.
+        ValueError naming the variable for a bad value."""
+        directory = env_text("snapshot_persist_dir", environ)
+        if not directory:
+            return None
+        numbers = []
+        for name in ("snapshot_persist_every", "snapshot_persist_keep"):
+            s, raw = setting(name), env_text(name, environ)
+            try:
+                value = int(raw) if raw else s.default
+            except ValueError:
+                raise ValueError(f"{s.env}={raw!r}: must be an integer") from None
+            if s.bound is not None and not s.bound.allows(value):
+                raise ValueError(f"{s.env}={raw!r}: must be {s.bound.rule}")
+            numbers.append(value)
+        return cls(directory, *numbers)
 
 
 class SnapshotArea:

@@ -118,3 +118,17 @@ def test_across_nodes_a_copy_failing_its_check_moves_every_rank_to_the_older_ste
     assert got[0].words() == "step 2: another rank's copy fails its check (its line says which)"
     assert got[1].words().startswith("step 2: rank 1's copy fails its check (") and \
         "checksum mismatch" in got[1].words() and (disk / "rank1" / f"{sp.segment_name(2)}.corrupt").exists()
+
+
+def test_msruns_persistence_comes_from_the_variables_through_the_settings_table() -> None:
+    """msrun's command line is not taskd's: its plugin reads TASKD_SNAPSHOT_PERSIST_* (names, defaults, bounds from
+    taskd/settings.py); a bad value is refused naming its variable."""
+    from taskd.launcher.snapshots import Persistence
+
+    assert Persistence.from_env({}) is None
+    assert Persistence.from_env({"TASKD_SNAPSHOT_PERSIST_DIR": "/ckpt"}) == Persistence("/ckpt", 100, 3)
+    assert Persistence.from_env({"TASKD_SNAPSHOT_PERSIST_DIR": "/ckpt", "TASKD_SNAPSHOT_PERSIST_EVERY": "4",
+                                 "TASKD_SNAPSHOT_PERSIST_KEEP": "2"}) == Persistence("/ckpt", 4, 2)
+    for var, raw in (("TASKD_SNAPSHOT_PERSIST_EVERY", "0"), ("TASKD_SNAPSHOT_PERSIST_KEEP", "two")):
+        with pytest.raises(ValueError, match=f"{var}="):
+            Persistence.from_env({"TASKD_SNAPSHOT_PERSIST_DIR": "/ckpt", var: raw})

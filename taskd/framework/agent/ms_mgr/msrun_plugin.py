@@ -3,7 +3,8 @@
 The plugin itself is `taskd.agent.plugin.MSRunPlugin`; this shim is a composition root: when no
 MINDX_SERVER_IP is set, `MSRunPlugin()` (as msrun builds it) runs an embedded controller, and the
 job's snapshot directory (`taskd.launcher.snapshots`) is made here, as `taskd run` makes it: msrun's
-ranks inherit msrun's environment, so TASKD_SNAPSHOT_DIR set here reaches every rank it spawns.
+ranks inherit msrun's environment, so TASKD_SNAPSHOT_DIR set here reaches every rank it spawns. The persisted
+copies (`taskd run --snapshot-persist-*`) are set by their variables, msrun's command line not being taskd's.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from taskd.agent.plugin import MSRunPlugin as AgentPlugin
 from taskd.agent.ranks.control import LauncherDetails
 from taskd.agent.summary import JobResult
 from taskd.launcher.node_files import safe_name
-from taskd.launcher.snapshots import SnapshotArea
+from taskd.launcher.snapshots import Persistence, SnapshotArea
 
 
 def embedded_controller(config: AgentConfig) -> Any:
@@ -38,11 +39,13 @@ class MSRunPlugin(AgentPlugin):
 
     def run(self) -> JobResult:
         """The job, with its snapshot directory in msrun's environment while it runs, removed when it ends
-        (every rank is gone then); a bad TASKD_SNAPSHOT_MEMORY fails the job with exit 2 naming it."""
+        (every rank is gone then), and persisted with TASKD_SNAPSHOT_PERSIST_DIR (..._EVERY, ..._KEEP) set; a bad
+        TASKD_SNAPSHOT_MEMORY or TASKD_SNAPSHOT_PERSIST_* fails the job with exit 2 naming it."""
         area = None
         if self.config is not None:
             try:
-                area = SnapshotArea(safe_name(f"msrun-{self.config.job_id or os.getpid()}"), local_workers(sys.argv))
+                area = SnapshotArea(safe_name(f"msrun-{self.config.job_id or os.getpid()}"), local_workers(sys.argv),
+                                    persist=Persistence.from_env(os.environ))
             except ValueError as exc:
                 self.config, self.config_error = None, str(exc)
         added = area.env() if area is not None else {}
