@@ -98,8 +98,7 @@ def on_training_resumed(m: Job, ev: TrainingResumed, now: float, out: Outcome) -
     if ev.restores:  # where its restarted ranks restored from, and the steps they redo (issue 33)
         detail["restored_from"] = {str(rank): source for rank, source, _step, _redone in ev.restores}
         detail["restored_step"] = {str(rank): step for rank, _source, step, _redone in ev.restores}
-        redone = [r for *_rest, r in ev.restores if r >= 0]
-        detail["steps_redone"] = max(redone) if redone else None
+        detail["steps_redone"] = node_restored(tuple(ev.restores), held_newest(w.restores))["steps_redone"]
     out.records.append(Record("training_resumed", w.round, detail))
     m.resume_watch = _finish(m, w, out)
     return m.state
@@ -132,15 +131,33 @@ def _finish(m: Job, w: ResumeWatch, out: Outcome) -> ResumeWatch:
         if w.lost:
             detail["since_loss"] = {str(k): round(t - lost_at, 6) for k, lost_at in sorted(w.lost.items())}
     if w.restores:
-        detail["restored"] = {str(n): node_restored(w.restores[n]) for n in sorted(w.restores)}
+        newest = held_newest(w.restores)
+        detail["restored"] = {str(n): node_restored(w.restores[n], newest) for n in sorted(w.restores)}
     out.records.append(Record("round_training_resumed", w.round, detail))
     return replace(w, done=True)
 
 
-def node_restored(restores: tuple[Restore, ...]) -> dict[str, Any]:
+def held_newest(restores: Mapping[int, tuple[Restore, ...]]) -> dict[int, int]:
+    """Per step restored, the newest step a rank that restored it held in its own node's memory before the fault:
+    how far ranks that restored the same cut had gone (a cut across ranks: they ran in step)."""
+    newest: dict[int, int] = {}
+    for rows in restores.values():
+        for _rank, source, step, redone in rows:
+            if source != "buddy" and step >= 0 and redone >= 0:
+                newest[step] = max(newest.get(step, -1), step + redone)
+    return newest
+
+
+def node_restored(restores: tuple[Restore, ...], newest: Mapping[int, int] | None = None) -> dict[str, Any]:
     """One node's line of the round's account: its ranks' sources ("buddy", or "disk, memory" when they differ),
-    the oldest step one restored, and the most steps one redid (None: none could tell)."""
-    redone = [r for *_rest, r in restores if r >= 0]
+    the oldest step one restored, and the most steps one redid (None: none could tell). A rank restored from the
+    buddy's copy redoes every step past it that the job had reached, not only those the copy held (it lags):
+    the newest step ranks that restored the same step held (``newest``, `held_newest`: they ran in step with the
+    lost node's ranks). Ranks that restore steps of their own (scope "rank") share no step, and count as they
+    said."""
+    newest = newest or {}
+    redone = [max(r, newest.get(step, -1) - step) if source == "buddy" else r for _rank, source, step, r in restores]
+    redone = [r for r in redone if r >= 0]
     return {"from": ", ".join(sorted({source for _rank, source, _step, _redone in restores})),
             "step": min(step for _rank, _source, step, _redone in restores),
             "steps_redone": max(redone) if redone else None}

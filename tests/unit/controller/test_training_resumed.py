@@ -285,9 +285,45 @@ def test_the_round_closing_event_and_taskd_status_collect_each_nodes_restore(tmp
                                               restores=((2, "buddy", 9, 1), (3, "disk", 0, -1))))
     (done,) = records(out, "round_training_resumed")
     assert done["restored"] == {"0": {"from": "memory", "step": 9, "steps_redone": 2},
-                                "1": {"from": "buddy, disk", "step": 0, "steps_redone": 1}}, done
+                                "1": {"from": "buddy, disk", "step": 0, "steps_redone": 2}}, done  # node 0 had 11
     assert done["unseen"] == [1]
     text = render_text(core.job_list("j"))
     assert ("round 1: restored node 0 from memory at step 9, 2 step(s) redone; node 1 from buddy, disk at step 0, "
-            "1 step(s) redone") in text, text
+            "2 step(s) redone") in text, text
+    core.store.close()
+
+
+def test_a_buddy_restore_redoes_the_steps_the_job_had_reached_not_only_those_its_copy_held(tmp_path: Path) -> None:
+    """Issue 33: node 1's ranks restored step 9 from the buddy's copy, whose newest was 9 (its rank says 0 redone),
+    while node 0's ranks had reached step 13 in their own memory: node 1's ranks, in step with them, had reached
+    it too, so the account says 4 steps redone for node 1 (it said 0, counting from the copy's newest)."""
+    clock = ManualClock(T0)
+    core = make_core(tmp_path / "ctl.sqlite3", clock)
+    lose_and_replace_node_1(core, clock)
+    at(core, clock, 16.5, TrainingResumed(node_rank=0, host="h", pid=100, round=1, seconds=6.0, seconds_ago=0.0,
+                                          restores=((0, "memory", 9, 4), (1, "memory", 9, 3))))
+    at(core, clock, 17, RecoverStatusReported(node_rank=1, host="h2", pid=201, strategy="recover", rejoined=True))
+    out = at(core, clock, 18, TrainingResumed(node_rank=1, host="h2", pid=201, round=1, seconds=1.0, seconds_ago=0.0,
+                                              restores=((2, "buddy", 9, 0), (3, "buddy", 9, 0))))
+    (said,) = records(out, "training_resumed")
+    assert said["steps_redone"] == 4, said
+    (done,) = records(out, "round_training_resumed")
+    assert done["restored"]["1"] == {"from": "buddy", "step": 9, "steps_redone": 4}, done
+    assert done["restored"]["0"]["steps_redone"] == 4
+    core.store.close()
+
+
+def test_ranks_restoring_steps_of_their_own_keep_the_steps_redone_they_said(tmp_path: Path) -> None:
+    """Scope "rank" (ranks that exchange no state): node 0's ranks ran on to step 190 while node 1 was replaced;
+    node 1's restored 131 from the buddy's copy. They were never in step, so 190 says nothing of node 1's."""
+    clock = ManualClock(T0)
+    core = make_core(tmp_path / "ctl.sqlite3", clock)
+    lose_and_replace_node_1(core, clock)
+    at(core, clock, 16.5, TrainingResumed(node_rank=0, host="h", pid=100, round=1, seconds=6.0, seconds_ago=0.0,
+                                          restores=((0, "memory", 190, 0), (1, "memory", 189, 0))))
+    at(core, clock, 17, RecoverStatusReported(node_rank=1, host="h2", pid=201, strategy="recover", rejoined=True))
+    out = at(core, clock, 18, TrainingResumed(node_rank=1, host="h2", pid=201, round=1, seconds=1.0, seconds_ago=0.0,
+                                              restores=((2, "buddy", 131, 0), (3, "buddy", 131, 1))))
+    (done,) = records(out, "round_training_resumed")
+    assert done["restored"]["1"] == {"from": "buddy", "step": 131, "steps_redone": 1}, done
     core.store.close()
