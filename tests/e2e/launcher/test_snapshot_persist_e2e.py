@@ -12,6 +12,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import uuid
 from pathlib import Path
 
 import numpy as np
-from support import STARTED
+from support import STARTED, secret_file
 
 from taskd.worker.snapshot_segment import load
 
@@ -130,3 +131,59 @@ def test_a_rerun_after_the_job_ended_starts_from_the_persisted_copies_never_a_to
         assert (f"rank {rank} restored step {older} from the persisted snapshots in {where}" in text
                 and "newer persisted steps passed over on every rank: step 40: rank 1's copy " in text), text
     assert "checksum mismatch" in text and Path(f"{flipped}.corrupt").exists(), text
+
+
+def two_free_ports() -> int:
+    """A port PORT with PORT + 1 free too (the endpoint, and node 0's controller beside it)."""
+    for _ in range(50):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+        return port
+    raise RuntimeError("no two consecutive free ports")
+
+
+def run_two_nodes(tmp: Path, name: str, steps: int, where: Path, *job_args: str) -> str:
+    """One job on two nodes (two `taskd run`s on loopback, one rank each; node 0 hosts the controller), its ranks
+    persisted to ``where`` by each node's agent; the consoles."""
+    port, job = two_free_ports(), f"{name}-{uuid.uuid4().hex[:8]}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MINDX_", "TASKD_", "TORCHELASTIC_"))
+           and k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
+    token = secret_file(tmp / "token", "s3cret-of-both-nodes-0123456789")
+    env.update(PYTHONPATH=str(ROOT), TASKD_TOKEN_FILE=str(token))
+    procs = []
+    for node in (0, 1):
+        log = tmp / f"{name}-node{node}.log"
+        procs.append((subprocess.Popen(
+            [sys.executable, "-m", "taskd.run", "--monitor-interval", "0.2", "--nnodes", "2", "--node-rank", str(node),
+             "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id",
+             job, "--snapshot-persist-dir", str(where), "--snapshot-persist-every", "10", str(JOB), "--steps",
+             str(steps), "--out", str(tmp / name), *job_args], stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env,
+            cwd=ROOT, start_new_session=True), log))
+        STARTED.append(procs[-1][0])
+    for proc, log in procs:
+        assert proc.wait(timeout=120) == 0, log.read_text()
+    return "".join(log.read_text() for _proc, log in procs)
+
+
+def test_a_two_node_job_persists_each_nodes_ranks_and_a_rerun_resumes_from_them(tmp_path: Path) -> None:
+    """Each node's agent persists its own rank into the shared directory: after the job it holds the same steps
+    for both ranks, intact; a new two-node run of the job starts both ranks from the newest and ends bit-identical
+    to a run that never stopped."""
+    where = tmp_path / "persist"
+    text = run_two_nodes(tmp_path, "first", 20, where, "--wait-persisted", "10")  # paced by the copy of step 10
+    assert text.count("persisted the snapshots of step 20 (1 ranks") == 2, text  # each node its own rank
+    assert persisted(where, 0) == persisted(where, 1) == [10, 20]
+    for rank in (0, 1):
+        state, _size = load(str(where / f"rank{rank}" / f"s{20:012d}.snap"), 20, rank)
+        assert state["w"].tobytes() == expected(rank, 20)
+    text = run_two_nodes(tmp_path, "again", 24, where)
+    for rank in (0, 1):
+        got = summary(tmp_path, "again", rank)
+        assert got["resumed_from"] == 20 and got["restored_from"] == "persisted", (got, text)
+        assert np.load(tmp_path / "again" / f"rank{rank}.npy").tobytes() == expected(rank, 24)
