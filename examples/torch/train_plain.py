@@ -49,6 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--snapshot-keep", type=int, default=2, help="snapshots kept per rank (on several nodes: more "
                    "than the steps a buddy's copy lags, so that the ranks still share a step with it)")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step (to watch it run)")
+    p.add_argument("--sleep-while", default=None, metavar="FILE",
+                   help="sleep --step-sleep per step only while FILE exists (a test paces the job while it acts on it)")
     p.add_argument("--kill-rank", type=int, default=None, help="this rank SIGKILLs itself once, after --kill-at-step")
     p.add_argument("--kill-at-step", type=int, default=None)
     p.add_argument("--hidden", type=int, default=64)
@@ -105,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         if ckpt is not None and args.ckpt_every and (step + 1) % args.ckpt_every == 0:
             ckpt.save(snapshots.state(), step + 1)
         worker.heartbeat(step + 1)
-        if args.step_sleep > 0:
+        if args.step_sleep > 0 and (args.sleep_while is None or os.path.exists(args.sleep_while)):
             time.sleep(args.step_sleep)
         if rank == args.kill_rank and step + 1 == args.kill_at_step and not os.path.exists(marker):
             with open(marker, "w") as fh:

@@ -40,8 +40,23 @@ JOB = f"buddy{os.getpid()}"  # its own: another run of this file on the machine 
 
 
 def example(tmp: Path, sleep: float = 0.1) -> list[str]:
+    """The job's script, `sleep` s a step while tmp/pace exists (`unpace`)."""
     return [str(EXAMPLE), "--steps", str(STEPS), "--ckpt-every", str(CKPT_EVERY), "--ckpt-dir", str(tmp / "ckpt"),
-            "--out", str(tmp / "out"), "--step-sleep", str(sleep)]
+            "--out", str(tmp / "out"), "--step-sleep", str(sleep), "--sleep-while", str(paced(tmp))]
+
+
+def paced(tmp: Path) -> Path:
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "pace").touch(exist_ok=True)
+    return tmp / "pace"
+
+
+def unpace(tmp: Path, *logs: str) -> None:
+    """Once every node in `logs` said its ranks train again after the round, let the rest of the job run at full
+    speed: the slow steps only had to outlast the replication, the loss and the replacement's restore."""
+    wait_for(lambda: all("training resumed" in (tmp / f"{name}.log").read_text() for name in logs), 120,
+             f"{', '.join(logs)} to say training resumed")
+    (tmp / "pace").unlink()
 
 
 def node(args: list[str], log: Path, **env: str) -> subprocess.Popen[bytes]:
@@ -183,6 +198,7 @@ def test_a_replacement_restores_a_lost_nodes_ranks_from_its_buddys_copy(
         reached = {r: os.path.getsize(tmp_path / "out" / f"rank{r}.computed") for r in (2, 3)}
         time.sleep(1)
         procs["replacement"] = node([*job_args(address, cred, 1), *example(tmp_path)], tmp_path / "replacement.log")
+        unpace(tmp_path, "node0", "replacement")
         for name in ("node0", "replacement"):
             assert procs[name].wait(timeout=120) == 0, (tmp_path / f"{name}.log").read_text()
         log = (tmp_path / "replacement.log").read_text()
@@ -209,8 +225,9 @@ def test_a_replacement_restores_a_lost_nodes_ranks_from_its_buddys_copy(
 
 
 def plain(tmp: Path, steps: int, sleep: float) -> list[str]:
+    """train_plain.py, `sleep` s a step while tmp/pace exists (`unpace`)."""
     return [str(PLAIN), "--steps", str(steps), "--out", str(tmp / "out"), "--ckpt-dir", str(tmp / "ckpt"),
-            "--ckpt-every", "100", "--snapshot-keep", "6", "--step-sleep", str(sleep)]
+            "--ckpt-every", "100", "--snapshot-keep", "6", "--step-sleep", str(sleep), "--sleep-while", str(paced(tmp))]
 
 
 def test_a_standby_taking_a_lost_node_restores_a_ddp_jobs_cut_from_memory(tmp_path: Path,
@@ -232,6 +249,7 @@ def test_a_standby_taking_a_lost_node_restores_a_ddp_jobs_cut_from_memory(tmp_pa
         os.killpg(procs["node1"].pid, signal.SIGKILL)
         assert procs["node1"].wait(timeout=10) == -signal.SIGKILL
         reached = os.path.getsize(tmp_path / "out" / "rank2.computed")
+        unpace(tmp_path, "node0", "standby")
         for name in ("node0", "standby"):
             assert procs[name].wait(timeout=180) == 0, (tmp_path / f"{name}.log").read_text()
         log = (tmp_path / "standby.log").read_text()
