@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import signal
 import socket
@@ -184,13 +185,13 @@ def one_size(n: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     return res
 
 
-def many_jobs_fault(n: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+def many_jobs_fault(n: int, args: argparse.Namespace, work: Path, server_kind: str | None = None) -> dict[str, Any]:
     """N one-agent jobs, every one faulting at once: how long each waits for its changeStrategy."""
     port = free_port()
     address = f"127.0.0.1:{port}"
-    res: dict[str, Any] = {"n": n, "procs": args.procs}
+    res: dict[str, Any] = {"n": n, "procs": args.procs, "loadavg_at_start": [round(x, 2) for x in os.getloadavg()]}
     extra = [*SERVER_FLAGS, "--max-jobs", str(max(n, 10000)), *args.server_args.split()]
-    if args.server == "null":  # the floor: the same wire and clients, no controller behind them
+    if (server_kind or args.server) == "null":  # the floor: the same wire and clients, no controller behind them
         res["server"] = "null"
         server = _null_controller(port, work / f"controller-jobs-{n}.log")
     else:
@@ -243,6 +244,59 @@ def many_jobs_fault(n: int, args: argparse.Namespace, work: Path) -> dict[str, A
                                                                   .read_text(errors="replace")[-200_000:]})
             res["controller_log"] = str(kept)
     return res
+
+
+def limit(n: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """taskd's many-jobs-fault p99 as a ratio to the null server's, pair by pair in one run, then the fan-out
+    to n agents of one job: the ratio is what the shared machine's load moves least (both sides share it)."""
+    res: dict[str, Any] = {"n": n, "pairs": []}
+    for rep in range(args.reps):
+        order = ("taskd", "null") if rep % 2 == 0 else ("null", "taskd")  # alternate: neither always runs first
+        pair = {kind: many_jobs_fault(n, args, work, kind) for kind in order}
+        p99 = {kind: pair[kind].get("fault_to_change_ms", {}).get("p99") for kind in order}
+        pair["ratio_p99"] = p99["taskd"] / p99["null"] if p99["taskd"] and p99["null"] else None
+        res["pairs"].append(pair)
+        print(f"N={n} pair {rep + 1}: taskd p99 {p99['taskd']} ms, null p99 {p99['null']} ms", file=sys.stderr)
+    ratios = [p["ratio_p99"] for p in res["pairs"] if p["ratio_p99"] is not None]
+    res["ratio_p99"] = stats(ratios)
+    fan = argparse.Namespace(**{**vars(args), "procs": args.fanout_procs, "no_storm": True})
+    res["fanout"] = one_size(n, fan, work)
+    return res
+
+
+def print_limit(result: dict[str, Any]) -> None:
+    rows = []
+    for r in result["runs"]:
+        for i, pair in enumerate(r["pairs"], 1):
+            for kind in ("taskd", "null"):
+                f = pair[kind]
+                rows.append([r["n"], i, kind, f["loadavg_at_start"][0], f.get("subscribe_all_s"),
+                             _s(f, "p50"), _s(f, "p99"), f.get("controller_cpu_s"), f.get("clients_cpu_s"),
+                             pair["ratio_p99"] if kind == "taskd" else None, f.get("error", "")])
+    print(f"Controller against its limit: N one-agent jobs faulting at once on taskd's server and on the null "
+          f"server (the same wire, nothing behind it), alternating, {result['procs']} client processes, same 2 cores")
+    print(table(["N jobs", "pair", "server", "load", "subscribe all s", "fault->changeStrategy p50 s", "p99 s",
+                 "server CPU s", "clients CPU s", "p99 taskd/null", "error"], rows, 2))
+    for r in result["runs"]:
+        q, fan = r["ratio_p99"], r["fanout"]
+        f = fan.get("fanout_ms", {})
+        print(f"\nN={r['n']}: taskd's p99 / the null server's: median {_x(q['p50'])} over {q['n']} pair(s) "
+              f"(max {_x(q['max'])}; goal <= 1.5x)")
+        print(f"N={r['n']}: stopTrain fan-out to {r['n']} agents of one job ({fan['procs']} client processes): "
+              f"p50 {_ms(f.get('p50'))}, p99 {_ms(f.get('p99'))}, max {_ms(f.get('max'))} {fan.get('error', '')}")
+
+
+def _s(run: dict[str, Any], key: str) -> float | None:
+    ms = run.get("fault_to_change_ms", {}).get(key)
+    return None if ms is None else ms / 1e3
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} ms"
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
 
 
 def _null_controller(port: int, log: Path) -> subprocess.Popen[bytes]:
@@ -322,9 +376,12 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, default=64, help="calls in flight per process")
     p.add_argument("--timeout", type=float, default=600.0, help="per phase")
     p.add_argument("--no-storm", action="store_true", help="skip the controller restart")
-    p.add_argument("--scenario", choices=("one-job", "many-jobs-fault"), default="one-job",
+    p.add_argument("--scenario", choices=("one-job", "many-jobs-fault", "limit"), default="one-job",
                    help="one-job: N agents of one job (fan-out, calls/s, restart); many-jobs-fault: N one-agent "
-                        "jobs faulting at once")
+                        "jobs faulting at once; limit: many-jobs-fault on taskd and on the null server, "
+                        "alternating --reps times, their p99 ratio, then one-job's fan-out (no restart)")
+    p.add_argument("--reps", type=int, default=1, help="limit: taskd/null pairs")
+    p.add_argument("--fanout-procs", type=int, default=4, help="limit: client processes for the fan-out")
     p.add_argument("--server", choices=("taskd", "null"), default="taskd",
                    help="many-jobs-fault: `null` runs bench/null_controller.py instead (the same wire with no "
                         "controller behind it: what gRPC and the clients alone cost)")
@@ -336,15 +393,15 @@ def main() -> int:
     sizes = [int(s) for s in args.sizes.split(",") if s]
     if args.quick:
         sizes, args.procs, args.probes, args.min_calls = [50], 2, 2, 200
-        if args.scenario == "many-jobs-fault":
-            sizes, args.procs = [20], 1
+        if args.scenario in ("many-jobs-fault", "limit"):
+            sizes, args.procs, args.fanout_procs = [20], 1, 1
     result = header("controller_scale", args)
     result["sizes"] = sizes
     result["procs"] = args.procs
     result["server"] = args.server
     result["server_args"] = args.server_args
     result["runs"] = []
-    measure = many_jobs_fault if args.scenario == "many-jobs-fault" else one_size
+    measure = {"many-jobs-fault": many_jobs_fault, "limit": limit}.get(args.scenario, one_size)
     with tempfile.TemporaryDirectory(prefix="taskd-bench-scale-") as tmp:
         for n in sizes:
             t = time.time()
@@ -353,6 +410,10 @@ def main() -> int:
             result["runs"].append(run)
             print(f"N={n}: done in {run['elapsed_s']:.0f}s{' - ' + run['error'] if 'error' in run else ''}",
                   file=sys.stderr)
+    if args.scenario == "limit":
+        print_limit(result)
+        write_result("controller_scale", result)
+        return 0
     if args.scenario == "many-jobs-fault":
         print_many_jobs(result)
         write_result("controller_scale", result)
