@@ -259,8 +259,9 @@ def limit(n: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
         print(f"N={n} pair {rep + 1}: taskd p99 {p99['taskd']} ms, null p99 {p99['null']} ms", file=sys.stderr)
     ratios = [p["ratio_p99"] for p in res["pairs"] if p["ratio_p99"] is not None]
     res["ratio_p99"] = stats(ratios)
-    fan = argparse.Namespace(**{**vars(args), "procs": args.fanout_procs, "no_storm": True})
-    res["fanout"] = one_size(n, fan, work)
+    if args.fanout_procs > 0:
+        fan = argparse.Namespace(**{**vars(args), "procs": args.fanout_procs, "no_storm": True})
+        res["fanout"] = one_size(n, fan, work)
     return res
 
 
@@ -278,10 +279,12 @@ def print_limit(result: dict[str, Any]) -> None:
     print(table(["N jobs", "pair", "server", "load", "subscribe all s", "fault->changeStrategy p50 s", "p99 s",
                  "server CPU s", "clients CPU s", "p99 taskd/null", "error"], rows, 2))
     for r in result["runs"]:
-        q, fan = r["ratio_p99"], r["fanout"]
-        f = fan.get("fanout_ms", {})
+        q, fan = r["ratio_p99"], r.get("fanout")
         print(f"\nN={r['n']}: taskd's p99 / the null server's: median {_x(q['p50'])} over {q['n']} pair(s) "
               f"(max {_x(q['max'])}; goal <= 1.5x)")
+        if fan is None:
+            continue
+        f = fan.get("fanout_ms", {})
         print(f"N={r['n']}: stopTrain fan-out to {r['n']} agents of one job ({fan['procs']} client processes): "
               f"p50 {_ms(f.get('p50'))}, p99 {_ms(f.get('p99'))}, max {_ms(f.get('max'))} {fan.get('error', '')}")
 
@@ -381,7 +384,8 @@ def main() -> int:
                         "jobs faulting at once; limit: many-jobs-fault on taskd and on the null server, "
                         "alternating --reps times, their p99 ratio, then one-job's fan-out (no restart)")
     p.add_argument("--reps", type=int, default=1, help="limit: taskd/null pairs")
-    p.add_argument("--fanout-procs", type=int, default=4, help="limit: client processes for the fan-out")
+    p.add_argument("--fanout-procs", type=int, default=4,
+                   help="limit: client processes for the fan-out (0: no fan-out)")
     p.add_argument("--server", choices=("taskd", "null"), default="taskd",
                    help="many-jobs-fault: `null` runs bench/null_controller.py instead (the same wire with no "
                         "controller behind it: what gRPC and the clients alone cost)")

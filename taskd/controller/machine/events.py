@@ -5,7 +5,9 @@ Events are final classes: the table looks rules up by an event's exact type.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from taskd.settings import default
@@ -252,6 +254,16 @@ class Record:
     kind: str
     round: int
     detail: dict[str, Any]
+
+    @cached_property
+    def detail_json(self) -> str:
+        """The detail as the state file stores it (sorted keys), encoded once: the quota counts it twice (the
+        refusal and the charge) and the store writes it, three encodings per record before."""
+        return _SORTED_JSON.encode(self.detail)
+
+
+_SORTED_JSON = json.JSONEncoder(sort_keys=True)
+"""What `json.dumps(d, sort_keys=True)` uses, made once: dumps builds an encoder per call for any option."""
 
 
 @dataclass

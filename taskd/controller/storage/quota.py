@@ -66,8 +66,7 @@ LOG_DETAIL_CHARS = 2048
 def record_bytes(rec: Record) -> int:
     """What `rec` adds to the state file, counted as `Store.job_bytes` counts the rows it writes."""
     d = rec.detail
-    text = json.dumps(d, sort_keys=True)
-    size = EVENT_ROW + len(text)
+    size = EVENT_ROW + len(rec.detail_json)
     faults = d.get("faults", "") if isinstance(d.get("faults"), str) else ""
     if rec.kind == "fault_reported" and faults:
         rows = _rank_count(faults, FAULT_ROWS_PER_REPORT)
@@ -196,7 +195,7 @@ class JobLimits:
             if rec.kind in unlogged:
                 continue
             ok, held = self.log.allow(job_id)
-            if ok:
+            if ok and history_log.isEnabledFor(logging.INFO):  # the line's JSON only for a line that is written
                 history_log.info("job %s round %d: %s %s%s", job_id, rec.round, rec.kind, log_detail(rec.detail),
                                  _held(held))
 

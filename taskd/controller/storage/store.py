@@ -36,9 +36,6 @@ log = logging.getLogger(__name__)
 
 MEMORY = ":memory:"
 
-_SORTED_JSON = json.JSONEncoder(sort_keys=True)
-"""What `json.dumps(d, sort_keys=True)` uses, made once: dumps builds an encoder per call for any option."""
-
 _UPSERT_JOB = ("INSERT INTO jobs (job_id, state, snapshot, created_at, updated_at) VALUES (?, ?, ?, ?, ?) "
                "ON CONFLICT(job_id) DO UPDATE SET state=excluded.state, snapshot=excluded.snapshot, "
                "updated_at=excluded.updated_at")
@@ -301,7 +298,7 @@ class Store:
 
     def _write_record(self, job_id: str, rec: Record, now: float) -> None:
         c, d = self.conn, rec.detail
-        row = (job_id, rec.round, now, rec.kind, _SORTED_JSON.encode(d))
+        row = (job_id, rec.round, now, rec.kind, rec.detail_json)
         if self._events is not None:
             self._events.append(row)  # inserted with the transaction's others, before its COMMIT
         else:
