@@ -398,7 +398,7 @@ def main() -> int:
     if args.quick:
         sizes, args.procs, args.probes, args.min_calls = [50], 2, 2, 200
         if args.scenario in ("many-jobs-fault", "limit"):
-            sizes, args.procs, args.fanout_procs = [20], 1, 1
+            sizes, args.procs, args.fanout_procs = [20], 1, min(args.fanout_procs, 1)
     result = header("controller_scale", args)
     result["sizes"] = sizes
     result["procs"] = args.procs
