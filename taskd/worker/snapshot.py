@@ -274,7 +274,7 @@ class Snapshots:
         self._pending = None
 
     # -- restore ---------------------------------------------------------------------------------------------
-    def restore(self, use: Callable[[Any], Any] | None = None) -> tuple[Any, int] | None:
+    def restore(self, use: Callable[[Any], Any] | None = None, *, agreed: bool = False) -> tuple[Any, int] | None:
         """``(state, step)`` of the newest consistent snapshot in memory, else of the agent's persisted copies
         (TASKD_SNAPSHOT_PERSIST_DIR), else what the fallback loads (its newest checkpoint), else None; the log
         says which, and ``restored_from`` is "memory" (this node's), "buddy" (a lost node's copy its replacement
@@ -282,15 +282,17 @@ class Snapshots:
 
         With ``use``: ``(use(state), step)``, the state from memory being views of the mapped segment, valid
         only inside ``use`` (which copies what it keeps: one copy instead of two; see `load`). An error of ``use`` is
-        raised as it is, never taken for a damaged snapshot (no fallback loaded over a half-applied state)."""
+        raised as it is, never taken for a damaged snapshot (no fallback loaded over a half-applied state).
+        ``agreed``: the cut comes from ``agree`` (a collective) on one node too: ranks that are running (a live
+        group's rollback) may still be publishing, so what the node's directories show is not yet the same for all."""
         self.wait()
         why, damaged = self.off, False
-        if why is not None and self.scope == "job" and self._nodes() > 1 and self.agree is not None:
+        if why is not None and self.scope == "job" and (self._nodes() > 1 or agreed) and self.agree is not None:
             self.agree(set())  # the other ranks agree on a cut: take part, holding nothing
         fetched = take_fetched(self.directory, self.rank) if self.directory else None
         newest = max(self._published(self.rank), default=-1) if why is None else -1
         if why is None:
-            step, why = self._cut()
+            step, why = self._cut(agreed)
             if step is None and fetched is not None and fetched.why:  # what the agent knows, not a guess
                 why = f"node {fetched.node} was lost with its snapshots, and {fetched.why}"
             if step is not None:
@@ -371,13 +373,13 @@ class Snapshots:
                     "memory (%s)%s", self.rank, step, root, _mb(size), time.perf_counter() - started, why, passed)
         return (state, step), ""
 
-    def _cut(self) -> tuple[int | None, str]:
+    def _cut(self, agreed: bool = False) -> tuple[int | None, str]:
         """The step to restore and, without one, why."""
         if self.scope == "rank":
             own = self._published(self.rank)
             return (max(own), "") if own else (None, f"rank {self.rank} holds no snapshot")
         nodes = self._nodes()
-        if nodes > 1:  # each node sees its own ranks only (a lost node's, fetched from its buddy, among them)
+        if nodes > 1 or agreed:  # each node sees its own ranks only (a lost node's, fetched from its buddy, too)
             if self.agree is None:
                 return None, (f"the job runs on {nodes} nodes and nothing agrees on a step across them (`agree`: "
                               "TorchSnapshots passes one once torch.distributed is initialized)")
@@ -385,8 +387,8 @@ class Snapshots:
                 common = self.agree(self._published(self.rank))
             except SnapshotError as exc:
                 return None, str(exc)
-            return (max(common), "") if common else (None, f"no step is held by every rank of the job's {nodes} "
-                                                          "nodes (a buddy's copy further behind than `keep` steps?)")
+            return (max(common), "") if common else (None, f"no step is held by every rank of the job ({nodes} "
+                                                          "node(s); a copy further behind than `keep` steps?)")
         held = {r: self._published(r) for r in range(self.world)}
         common = set.intersection(*held.values()) if held else set()
         if common:

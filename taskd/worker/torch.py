@@ -52,6 +52,7 @@ from taskd.worker.torch_facts import (
     stable_ddp_kwargs,
     step_seed,
 )
+from taskd.worker.torch_fsdp_live import FsdpLive
 from taskd.worker.torch_group import GroupSockets, LeaveWatch, RetiredGroups, collect, drop_frames
 from taskd.worker.torch_hsdp_live import HsdpLive
 from taskd.worker.torch_live_snapshot import LiveSnapshots, start_afresh
@@ -68,7 +69,7 @@ log = logging.getLogger(__name__)
 __all__ = ["LiveGroup", "LiveLoader", "LiveRecoveryFailed", "LiveUsageError", "RetryableError", "stable_ddp_kwargs"]
 
 
-class LiveGroup(RetryInPlace, Migrating, HsdpLive):
+class LiveGroup(RetryInPlace, Migrating, FsdpLive, HsdpLive):
     """The default process group of a job that can rebuild it in place; see the module docstring."""
 
     def __init__(self, backend: str = "gloo", timeout: float = 60.0, init_timeout: float = 120.0,
@@ -172,7 +173,10 @@ class LiveGroup(RetryInPlace, Migrating, HsdpLive):
         of the step."""
         self._model, self._optimizer, self._seed = model, optimizer, seed
         self._extra = dict(extra)
-        why = self._sharded = self._path(model) if self.live and model is not None else None
+        why = self._path(model) if self.live and model is not None else None
+        if why is not None and model is not None:  # pure FSDP2 with snapshots: every rank rolls back (torch_fsdp_live)
+            why = self._rolls_back(model, why)
+        self._sharded = why
         if why is not None:
             # no peer holds a whole copy to hand a replacement: say so now, so that the first fault takes the
             # checkpoint path at once (issue 21, D7: a recover that could not work failed after 175 s)
@@ -388,7 +392,9 @@ class LiveGroup(RetryInPlace, Migrating, HsdpLive):
                 dist.all_gather(table, mine)
             rows = [(int(t[0]), int(t[1])) for t in table]
             holders = [r for r, (has, _) in enumerate(rows) if has]
-            if holders:  # HSDP: each shard coordinate's from a peer replica; else the most advanced rank's
+            if holders and self._fsdp:  # FSDP2: no peer holds a lost rank's shards, every rank rolls back
+                self.step_no = self._roll_back()
+            elif holders:  # HSDP: each shard coordinate's from a peer replica; else the most advanced rank's
                 self._hand_over(*(self._hsdp.sources(rows) if self._hsdp is not None else whole_copy(rows)))
             else:  # nobody holds live state: the newest step every rank holds in memory, else the newest checkpoint
                 self.step_no = start_afresh(self.memory, self.rank, rows, self._loaders, load, self._device)

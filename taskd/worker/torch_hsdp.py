@@ -90,22 +90,10 @@ class Hsdp:
         """After the default group of a new generation formed: rebuild the mesh's sub-groups on it (every rank
         creates every sub-group, in the order DeviceMesh does) and point FSDP2's cached process groups at them."""
         mesh = self.mesh
-        names = DeviceMesh._init_process_groups(mesh._layout, mesh._rank_map, mesh._mesh_dim_names,
-                                                ((None, None),) * mesh.ndim)
-        mesh._dim_group_names = names
-        mesh._pg_registry = {name: dist.distributed_c10d._resolve_process_group(name) for name in names}
-        set_timeout(mesh, timeout)
+        reform_groups(mesh, timeout)
         if model is None:
             return
-        infos: dict[int, Any] = {}
-        for state in _fsdp_states(model):
-            for group in state._fsdp_param_groups:
-                for info in (group.mesh_info, group.post_forward_mesh_info,
-                             *(p.mesh_info for p in group.fsdp_params),
-                             *(p.post_forward_mesh_info for p in group.fsdp_params)):
-                    if info is not None:
-                        infos[id(info)] = info
-        for info in infos.values():
+        for info in mesh_infos(model):
             if info.mesh is not mesh and info.mesh._get_root_mesh() is not mesh:
                 raise RuntimeError(f"an FSDP module's mesh {info.mesh} is not the live mesh {mesh}")
             if getattr(info, "reduce_scatter_process_group", None) is not None:
@@ -116,6 +104,28 @@ class Hsdp:
     def groups(self) -> list[Any]:
         """The mesh's current sub-groups (held after a rank leaves them, like the default group)."""
         return [dist.distributed_c10d._resolve_process_group(n) for n in getattr(self.mesh, "_dim_group_names", [])]
+
+
+def reform_groups(mesh: DeviceMesh, timeout: Any) -> None:
+    """``mesh``'s sub-groups made again on the new generation's default group (every rank makes every sub-group,
+    in the order DeviceMesh does: the names agree with a replacement's), with the script's timeout."""
+    names = DeviceMesh._init_process_groups(mesh._layout, mesh._rank_map, mesh._mesh_dim_names,
+                                            ((None, None),) * mesh.ndim)
+    mesh._dim_group_names = names
+    mesh._pg_registry = {name: dist.distributed_c10d._resolve_process_group(name) for name in names}
+    set_timeout(mesh, timeout)
+
+
+def mesh_infos(model: torch.nn.Module) -> list[Any]:
+    """FSDP2's mesh infos in ``model``'s ``fully_shard``-ed modules, once each: each caches its mesh's groups."""
+    infos: dict[int, Any] = {}
+    for state in _fsdp_states(model):
+        for group in state._fsdp_param_groups:
+            for info in (group.mesh_info, group.post_forward_mesh_info, *(p.mesh_info for p in group.fsdp_params),
+                         *(p.post_forward_mesh_info for p in group.fsdp_params)):
+                if info is not None:
+                    infos[id(info)] = info
+    return list(infos.values())
 
 
 def set_timeout(mesh: DeviceMesh, timeout: Any) -> None:
@@ -191,4 +201,5 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-__all__ = ["Hsdp", "from_local", "hsdp_layout", "local", "reset_step", "set_timeout", "to_local"]
+__all__ = ["Hsdp", "from_local", "hsdp_layout", "local", "mesh_infos", "reform_groups", "reset_step", "set_timeout",
+           "to_local"]

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from taskd.worker.snapshot_account import Restored, read_restored, write_restored
-from taskd.worker.torch_snapshot import Stateful, TorchSnapshots
+from taskd.worker.torch_snapshot import ShardedSnapshots, Stateful, TorchSnapshots, is_sharded
 
 log = logging.getLogger(__name__)
 
@@ -32,13 +32,14 @@ class LiveSnapshots:
 
     def __init__(self, every: int = 0, keep: int = 4) -> None:
         self.every, self.keep = checked_snapshot_options(every, keep)
-        self.objects: list[Stateful] = []
-        self.store: TorchSnapshots | None = None
+        self.objects: list[Stateful] = []  # what the snapshot holds; a sharded model's: besides model and optimizer
+        self.store: TorchSnapshots | ShardedSnapshots | None = None
         self.restored_from: str | None = None
 
     def start(self, objects: list[Any], sharded: str | None) -> None:
-        """Once, at the group's first steps(): the tracked objects (None left out); nothing for a sharded model
-        (its ranks use `ShardedSnapshots`)."""
+        """Once, at the group's first steps(): the tracked objects (model, optimizer, the rest; None left out). A
+        sharded model (FSDP2, HSDP) and its optimizer go in as this rank's shards (`ShardedSnapshots`), the rest as
+        the snapshot's ``extra``; nothing for a sharded model that live recovery does not take (``sharded``: why)."""
         if self.store is not None or self.every <= 0:
             return
         if sharded is not None:
@@ -46,13 +47,33 @@ class LiveSnapshots:
                         "taskd.worker.torch_snapshot.ShardedSnapshots", sharded)
             self.every = 0
             return
+        model, optimizer, *rest = objects
+        if model is not None and is_sharded(model):
+            self.objects = [o for o in rest if o is not None]
+            self.store = ShardedSnapshots(model, optimizer, keep=self.keep)
+            return
         self.objects = [o for o in objects if o is not None]
         self.store = TorchSnapshots(*self.objects, keep=self.keep)
 
     def save(self, step: int) -> None:
         """After a committed step: a snapshot every ``every`` steps (one memory copy, published in the background)."""
-        if self.store is not None and step % self.every == 0:
+        if isinstance(self.store, ShardedSnapshots) and step % self.every == 0:
+            self.store.save(step, extra=[o.state_dict() for o in self.objects])
+        elif self.store is not None and step % self.every == 0:
             self.store.save(step)
+
+    def roll_back(self) -> int | None:
+        """Collective, sharded models only: load the newest step every rank of the group holds (agreed over the
+        group: running ranks may still be publishing) into model, optimizer and objects; that step, or None."""
+        if not isinstance(self.store, ShardedSnapshots):
+            return None
+        step = self.store.restore(agreed=True)
+        self.restored_from = self.store.restored_from
+        if self.restored_from is None:
+            return None
+        for obj, saved in zip(self.objects, self.store.extra or [], strict=True):
+            obj.load_state_dict(saved)
+        return step
 
     def restore(self, rank: int, disk_step: int, device: torch.device) -> int | None:
         """Collective (every rank of the group calls it, all alike on or off): the step restored from memory into
@@ -60,6 +81,13 @@ class LiveSnapshots:
         the log. ``device``: where the group reduces its own tensors (`torch_facts.group_device`: NCCL's on CUDA)."""
         if self.store is None:
             return None
+        if isinstance(self.store, ShardedSnapshots):
+            step = self.roll_back()
+            if step is not None and step >= disk_step:
+                return step
+            why = ("no step is held by every rank: the line above says why" if step is None
+                   else f"the snapshots' step {step} is older than the disk checkpoints' {disk_step}")
+            return self._fall_back(rank, disk_step, why, loud=step is not None or disk_step > 0)
         snapshots = self.store.snapshots
         found = snapshots.restore()  # no fallback: own copies, nothing loaded yet
         mine = torch.tensor([found[1] if found is not None else -1], dtype=torch.int64, device=device)
@@ -78,8 +106,14 @@ class LiveSnapshots:
             why = f"the ranks' snapshots are of different steps ({steps})"
         else:
             why = f"the snapshots' step {steps[0]} is older than the disk checkpoints' {disk_step}"
+        return self._fall_back(rank, disk_step, why, loud=disk_step > 0 or max(steps) >= 0)
+
+    def _fall_back(self, rank: int, disk_step: int, why: str, loud: bool) -> None:
+        """No step restored from memory: say why, and tell the agent that the disk checkpoints are next."""
+        assert self.store is not None
+        snapshots = self.store.snapshots
         self.restored_from = "disk" if disk_step > 0 else None
-        log.log(logging.WARNING if disk_step > 0 or max(steps) >= 0 else logging.INFO,
+        log.log(logging.WARNING if loud else logging.INFO,
                 "rank %d: no step restored from memory (%s): falling back to the disk checkpoints: %s", rank, why,
                 f"step {disk_step}" if disk_step > 0 else "none, starting afresh")
         said = read_restored(snapshots.directory, snapshots.rank)  # what the snapshots' restore told the agent

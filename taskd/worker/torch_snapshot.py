@@ -57,7 +57,8 @@ def _rebuild_tensor(data: Any, dtype: str, shape: tuple[int, ...]) -> torch.Tens
 register_reducer(torch.Tensor, _reduce_tensor)
 
 
-def _is_sharded(obj: Any) -> bool:
+def is_sharded(obj: Any) -> bool:
+    """Whether ``obj`` is a module with DTensor parameters (FSDP2, HSDP, tensor parallel): `ShardedSnapshots`'."""
     return isinstance(obj, torch.nn.Module) and any(type(p).__name__ == "DTensor" for p in obj.parameters())
 
 
@@ -87,7 +88,7 @@ class TorchSnapshots:
         for obj in objects:
             if not callable(getattr(obj, "state_dict", None)) or not callable(getattr(obj, "load_state_dict", None)):
                 raise TypeError(f"{type(obj).__name__} has no state_dict()/load_state_dict()")
-            if _is_sharded(obj):
+            if is_sharded(obj):
                 raise TypeError(f"{type(obj).__name__} holds DTensor shards (FSDP2, tensor parallel): snapshot it "
                                 "with ShardedSnapshots(model, optimizer)")
         self.objects = objects
@@ -209,10 +210,10 @@ class ShardedSnapshots:
         """Snapshot this rank's shards (and ``extra``, small and picklable) as ``step``; False when off."""
         return self.snapshots.save(self.state(extra), step)
 
-    def restore(self) -> int:
+    def restore(self, agreed: bool = False) -> int:
         """Load the newest step every rank holds (or the fallback's checkpoint) into the model and optimizer; the
-        step to start from, 0 when there is none."""
-        found = self.snapshots.restore(use=self._load_into)
+        step to start from, 0 when there is none. ``agreed``: as `Snapshots.restore` (a running group rolls back)."""
+        found = self.snapshots.restore(use=self._load_into, agreed=agreed)
         return 0 if found is None else found[1]
 
     def _load_into(self, saved: dict[str, Any]) -> None:
@@ -229,4 +230,4 @@ class ShardedSnapshots:
         self.snapshots.close()
 
 
-__all__ = ["ShardedSnapshots", "TorchSnapshots", "common_steps", "resume_folder"]
+__all__ = ["ShardedSnapshots", "TorchSnapshots", "common_steps", "is_sharded", "resume_folder"]

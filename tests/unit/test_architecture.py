@@ -258,6 +258,7 @@ def test_the_module_private_rule_sees_an_import_and_a_read_through_the_module() 
 FRAMEWORK_BINDINGS = ("taskd.worker.torch", "taskd.worker.torch_facts", "taskd.worker.torch_data",
                       "taskd.worker.torch_state", "taskd.worker.torch_mark", "taskd.worker.torch_buckets",
                       "taskd.worker.torch_snapshot", "taskd.worker.torch_hsdp", "taskd.worker.torch_retry",
+                      "taskd.worker.torch_fsdp_live",
                       "taskd.worker.torch_hsdp_live", "taskd.worker.torch_live_snapshot", "taskd.worker.mindspore",
                       "taskd.worker.hf_snapshot", "taskd.worker.lightning_snapshot")
 FRAMEWORKS = ("torch", "mindspore", "numpy")  # only inside functions: serialised when a rank hands them over

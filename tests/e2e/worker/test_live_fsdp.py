@@ -1,9 +1,15 @@
-"""Issue 21 D7: FSDP2 inside `LiveGroup` declares at `track()` that it cannot be recovered live, so the first
-fault takes job-rescheduling at once (a recover that could not work failed after 175 s, 260 steps redone)."""
+"""FSDP2 (`fully_shard`) inside `LiveGroup`.
+
+Issue 34, item 2: with ``LiveGroup(snapshot_every=k)`` a pure FSDP2 job's killed rank alone is replaced under
+`taskd run`; the replacement restores its shards from the snapshot its predecessor left in the node's memory, the
+survivors keep their processes and roll their shards back to the same step, at most k steps redone. Without
+snapshots (issue 21, D7) it says at `track()` that no live path exists, so the first fault takes job-rescheduling
+at once (a recover that could not work failed after 175 s, 260 steps redone)."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -11,12 +17,78 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
+
+from support.run import taskd_run  # noqa: E402
+
+pytestmark = pytest.mark.torch
 ROOT = Path(__file__).resolve().parents[3]
+EXAMPLE = ROOT / "examples" / "torch" / "train_fsdp2_live.py"
+STEPS, KILL_RANK, KILL_AT, EVERY = 6, 1, 2, 1
+TIMEOUT = 150.0
 
 
-@pytest.mark.torch
-def test_fsdp2_under_live_group_says_so_at_the_start_and_its_fault_takes_job_rescheduling(tmp_path: Path) -> None:
+def start(tmp: Path, name: str, extra: list[str], flags: list[str] = ()) -> tuple[subprocess.Popen, Path]:
+    (tmp / name).mkdir(parents=True)
+    argv = ["--nproc-per-node", "4", *flags, str(EXAMPLE), "--steps", str(STEPS), "--snapshot-every", str(EVERY),
+            "--pg-timeout", "30", "--out", str(tmp / name / "out"), *extra]
+    log = tmp / name / "console.log"
+    return taskd_run(argv, log, env={"OMP_NUM_THREADS": "1"}), log
+
+
+def finish(proc: subprocess.Popen, log: Path) -> str:
+    try:
+        code = proc.wait(TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+        pytest.fail(f"taskd run did not finish in {TIMEOUT:.0f}s:\n{log.read_text()[-6000:]}")
+    console = log.read_text()
+    assert code == 0, console[-6000:]
+    return console
+
+
+def steps_done(out: Path, rank: int) -> list[tuple[int, float, int]]:
+    """(step, time, pid) of each step rank ``rank`` completed, by every process that was that rank."""
+    lines = (out / f"rank{rank}.computed").read_text().splitlines()
+    return [(int(s), float(t), int(p)) for s, t, p in (line.split() for line in lines)]
+
+
+def test_a_killed_fsdp2_rank_alone_is_replaced_and_every_rank_rolls_back_to_its_snapshot(tmp_path: Path) -> None:
+    faulty, faulty_log = start(tmp_path, "faulty", ["--kill-rank", str(KILL_RANK), "--kill-at-step", str(KILL_AT)],
+                               flags=["--warm-spares", "1", "--warm-spare-mode", "script"])
+    reference, reference_log = start(tmp_path, "reference", [])
+    console = finish(faulty, faulty_log)
+    finish(reference, reference_log)
+    pids = {int(r): int(p) for r, p in re.findall(r"(\d+):(\d+)", re.search(
+        r"started 4 rank\(s\) \(rank:pid ([0-9:, ]+)\)", console).group(1))}
+    said = "live recovery for this job: FSDP2 over 4 ranks"
+    assert said in console and console.index(said) < console.index("fault: rank 1"), console[-6000:]
+    assert "strategy: recover for rank(s) [1]" in console and "job-rescheduling" not in console, console[-6000:]
+    out, ref = tmp_path / "faulty" / "out", tmp_path / "reference" / "out"
+    killed_at = float((out / "killed_once").read_text().split()[1])
+    resumed = []
+    for rank in range(4):
+        done = steps_done(out, rank)
+        # the killed rank updated step KILL_AT but never snapshotted it, the others went on into KILL_AT + 1: every
+        # rank rolls back to the newest step all hold in memory, KILL_AT, and redoes it (EVERY = 1 step)
+        assert [s for s, _, _ in done] == [*range(KILL_AT + 1), *range(KILL_AT, STEPS)], f"rank {rank}: {done}"
+        if rank != KILL_RANK:  # the survivors kept their processes
+            assert {p for _, _, p in done} == {pids[rank]}, (rank, done, pids)
+        else:
+            assert done[KILL_AT][2] == pids[rank] and done[KILL_AT + 1][2] != pids[rank], done
+        resumed.append(done[KILL_AT + 2][1] - killed_at)  # past the redone step and the next one
+        mine, theirs = torch.load(out / f"rank{rank}.pt"), torch.load(ref / f"rank{rank}.pt")
+        assert mine.keys() == theirs.keys()
+        for key in mine:
+            assert torch.equal(mine[key], theirs[key]), f"rank {rank} {key}: {(mine[key] - theirs[key]).abs().max()}"
+    assert not Path(f"/proc/{pids[KILL_RANK]}").exists()  # the killed process is gone, reaped
+    print(f"FSDP2 x4, k={EVERY}, rank {KILL_RANK} SIGKILLed after its update of step {KILL_AT}: every rank past "
+          f"step {KILL_AT + 1} {max(resumed):.3f}s after the kill (per rank {[round(r, 3) for r in resumed]}), "
+          f"1 step redone, load {os.getloadavg()[0]:.1f}")
+
+
+def test_fsdp2_without_snapshots_says_so_at_the_start_and_its_fault_takes_job_rescheduling(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("MINDX_SERVER_IP", "MINDX_TASK_ID")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     started = time.monotonic()
@@ -28,5 +100,6 @@ def test_fsdp2_under_live_group_says_so_at_the_start_and_its_fault_takes_job_res
     assert proc.returncode == 0, console[-4000:]
     said = "live recovery is off for this job: FSDPSequential is sharded by FSDP"
     assert console.count(said) >= 1 and console.index(said) < console.index("rank 1 (pid"), console[-4000:]
+    assert "LiveGroup(snapshot_every=k) would replace a lost rank alone" in console, console[-4000:]
     assert "strategy: job-rescheduling" in console and "strategy: recover" not in console, console[-4000:]
     assert took < 100, f"{took:.0f}s"

@@ -92,7 +92,7 @@ def test_across_nodes_the_cut_is_what_agree_says_every_rank_holds(tmp_path, monk
     assert files(tmp_path, 2) == ["s000000000004.snap", "s000000000005.snap"]
     caplog.set_level(logging.INFO, "taskd.worker.snapshot")
     assert Snapshots(directory=str(tmp_path), agree=lambda steps: set()).restore() is None
-    assert "no step is held by every rank of the job's 2 nodes" in caplog.text
+    assert "no step is held by every rank of the job (2 node(s)" in caplog.text
     assert Snapshots(directory=str(tmp_path)).restore() is None  # nothing to agree with: never a guess
     assert "the job runs on 2 nodes and nothing agrees on a step across them" in caplog.text
     off: list[set[int]] = []
