@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from taskd.worker.env import in_spare
 from taskd.worker.snapshot_account import Restored, read_restored, write_restored
 from taskd.worker.torch_snapshot import ShardedSnapshots, Stateful, TorchSnapshots, is_sharded
 
@@ -35,6 +36,8 @@ class LiveSnapshots:
         self.objects: list[Stateful] = []  # what the snapshot holds; a sharded model's: besides model and optimizer
         self.store: TorchSnapshots | ShardedSnapshots | None = None
         self.restored_from: str | None = None
+        if self.every > 0 and in_spare():  # a warm spare imports now what a sharded model's restore needs, not
+            import torch.distributed.checkpoint.state_dict  # noqa: F401  # after the fault (1-2 s under load)
 
     def start(self, objects: list[Any], sharded: str | None) -> None:
         """Once, at the group's first steps(): the tracked objects (model, optimizer, the rest; None left out). A
