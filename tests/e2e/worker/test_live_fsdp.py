@@ -24,7 +24,7 @@ from support.run import taskd_run  # noqa: E402
 pytestmark = pytest.mark.torch
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "torch" / "train_fsdp2_live.py"
-STEPS, KILL_RANK, KILL_AT, EVERY = 6, 1, 2, 1
+STEPS, KILL_RANK, KILL_AT, EVERY = 4, 1, 2, 1
 TIMEOUT = 150.0
 
 
