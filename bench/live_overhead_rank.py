@@ -12,6 +12,7 @@ argv: MODE OUT STEPS HIDDEN LAYERS [WARMUP]
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import sys
@@ -28,6 +29,9 @@ from common import job_cpu_seconds  # noqa: E402 (bench/: this script's own dire
 from taskd.worker.torch import LiveGroup  # noqa: E402
 
 INPUTS, BATCH, SEED = 256, 32, 1234
+TEARDOWN_TIMEOUT = 60.0
+"""Seconds the plain rank's teardown (destroy_process_group) may take before faulthandler prints every thread's
+stack to stderr (the bench shows it in the run's error) and exits 1: a hang becomes a failure that says where."""
 
 
 def build(hidden: int, layers: int) -> nn.Module:
@@ -72,6 +76,7 @@ def main() -> int:
         for step in range(steps):
             train_step(ddp, optimizer, rank, step)
             stepped(rank)
+        faulthandler.dump_traceback_later(TEARDOWN_TIMEOUT, exit=True)
         dist.destroy_process_group()
     else:
         live = LiveGroup(backend="gloo")
@@ -90,6 +95,12 @@ def main() -> int:
         params = sum(p.numel() for p in model.parameters())
         with open(os.path.join(out, "rank0.json"), "w") as fh:
             json.dump({"mode": mode, "times": times, "params": params, "cpu": cpu}, fh)
+    if mode == "plain":
+        # no interpreter teardown: a plain rank once sat in a futex wait after its results were written, gloo's two
+        # worker threads still alive (the DDP reducer still held the process group), until the bench's timeout
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 
