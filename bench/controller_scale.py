@@ -32,6 +32,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -258,7 +259,10 @@ def limit(n: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
         res["pairs"].append(pair)
         print(f"N={n} pair {rep + 1}: taskd p99 {p99['taskd']} ms, null p99 {p99['null']} ms", file=sys.stderr)
     ratios = [p["ratio_p99"] for p in res["pairs"] if p["ratio_p99"] is not None]
-    res["ratio_p99"] = stats(ratios)
+    cpu = [p["taskd"]["controller_cpu_s"] / p["null"]["controller_cpu_s"] for p in res["pairs"]
+           if p["taskd"].get("controller_cpu_s") and p["null"].get("controller_cpu_s")]
+    res["ratio_p99"] = _spread(ratios)
+    res["ratio_server_cpu"] = _spread(cpu)  # the server's CPU for the round: what the load moves least
     if args.fanout_procs > 0:
         fan = argparse.Namespace(**{**vars(args), "procs": args.fanout_procs, "no_storm": True})
         res["fanout"] = one_size(n, fan, work)
@@ -280,13 +284,19 @@ def print_limit(result: dict[str, Any]) -> None:
                  "server CPU s", "clients CPU s", "p99 taskd/null", "error"], rows, 2))
     for r in result["runs"]:
         q, fan = r["ratio_p99"], r.get("fanout")
-        print(f"\nN={r['n']}: taskd's p99 / the null server's: median {_x(q['p50'])} over {q['n']} pair(s) "
-              f"(max {_x(q['max'])}; goal <= 1.5x)")
+        c = r["ratio_server_cpu"]
+        print(f"\nN={r['n']}: taskd's p99 / the null server's: median {_x(q['median'])} over {q['n']} pair(s) "
+              f"({', '.join(_x(v) for v in q['values'])}; goal <= 1.5x); the server's CPU for the round, "
+              f"taskd's / the null's: median {_x(c['median'])} ({', '.join(_x(v) for v in c['values'])})")
         if fan is None:
             continue
         f = fan.get("fanout_ms", {})
         print(f"N={r['n']}: stopTrain fan-out to {r['n']} agents of one job ({fan['procs']} client processes): "
               f"p50 {_ms(f.get('p50'))}, p99 {_ms(f.get('p99'))}, max {_ms(f.get('max'))} {fan.get('error', '')}")
+
+
+def _spread(values: list[float]) -> dict[str, Any]:
+    return {"n": len(values), "values": values, "median": statistics.median(values) if values else None}
 
 
 def _s(run: dict[str, Any], key: str) -> float | None:
