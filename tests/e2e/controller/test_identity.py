@@ -96,7 +96,8 @@ def test_a_node_whose_agent_was_declared_lost_is_taken_over(ctl: EmbeddedControl
     wait_for(lambda: not agents_of(peer, "j")[nodes][3], what="node 0's stream to close")
     wait_for(lambda: list(peer.list_jobs("j").jobs[0].rejoining) == [0], what="node 0 to be declared lost")
     second = ScriptedAgent(ctl.address, "j", 0, 2, host="node-b", pid=222).join()  # restarted elsewhere
-    assert agents_of(peer, "j")[0] == (0, "node-b", 222, True)
+    # join() returns once the stream is opened, not once the controller has read it: online follows
+    wait_for(lambda: agents_of(peer, "j")[0] == (0, "node-b", 222, True), what="node-b to hold node 0, online")
     for a in (peer, second):
         a.close()
 
