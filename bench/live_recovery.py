@@ -94,6 +94,7 @@ class Progress:
 
     folder: Path
     ranks: int
+    name: str = "rank{}.progress"  # each rank's file in `folder` ("STEP TIME PID" lines)
     records: dict[int, list[tuple[int, float, int]]] = field(default_factory=dict)
     _pos: dict[int, int] = field(default_factory=dict)
     _partial: dict[int, bytes] = field(default_factory=dict)
@@ -101,7 +102,7 @@ class Progress:
     def poll(self) -> dict[int, list[tuple[int, float, int]]]:
         for r in range(self.ranks):
             try:
-                with (self.folder / f"rank{r}.progress").open("rb") as fh:
+                with (self.folder / self.name.format(r)).open("rb") as fh:
                     fh.seek(self._pos.get(r, 0))
                     data = fh.read()
             except FileNotFoundError:
@@ -235,7 +236,7 @@ def run_once(label: str, family: str, flags: tuple[str, ...], n: int, args: argp
     res: dict[str, Any] = {"config": label, "ranks": n, "kill": None if kill is None else vars(kill), "ok": False}
     try:
         if kill is not None:
-            res.update(_kill_and_watch(job, prog, kill, n, args))
+            res.update(kill_and_watch(job, prog, kill, n, args))
         wait_for(lambda: (job.look(), job.proc.poll() is not None)[1], args.run_timeout - (time.time() - t0),
                  "the job to end", 0.05)
         res["rc"] = job.proc.returncode
@@ -252,7 +253,7 @@ def run_once(label: str, family: str, flags: tuple[str, ...], n: int, args: argp
     return res
 
 
-def _kill_and_watch(job: Launch, prog: Progress, kill: Kill, n: int, args: argparse.Namespace) -> dict[str, Any]:
+def kill_and_watch(job: Launch, prog: Progress, kill: Kill, n: int, args: argparse.Namespace) -> dict[str, Any]:
     def reached() -> bool:
         job.look()
         if job.proc.poll() is not None:

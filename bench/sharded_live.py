@@ -1,0 +1,274 @@
+"""Recovery of a sharded (HSDP) job side by side: the same model, the same seeded kills, one run.
+
+The job is examples/torch/train_hsdp.py's: an MLP ``fully_shard``-ed over a 2-D mesh (2 replica groups x
+ranks/2 shards, gloo on CPU), AdamW, the batch of step s a pure function of (seed, rank, s). Systems:
+
+- taskd live HSDP with a spare that has run the script up to ``LiveGroup()`` (``--warm-spares 1
+  --warm-spare-mode script``): only the killed rank is replaced; it receives its shards from the rank at the
+  same shard coordinate in the other replica group. It writes no checkpoint (it needs none);
+- taskd ``job-rescheduling``: every rank restarts from the newest ``torch.distributed.checkpoint`` (the
+  example's ``--ckpt-dir``, every ``--ckpt-every`` steps);
+- torchrun ``--max-restarts 3`` with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (as bench/peers.py runs it):
+  the whole group restarts from the same checkpoints;
+- torchft 0.2.0's HSDP (bench/sharded_torchft_rank.py, when torchft is importable): FSDP2 over each replica
+  group's shards, the gradients averaged across replica groups by torchft's Manager; a dead rank takes its
+  replica group out of the quorum until its torchrun has restarted it, and the group fetches the state from a
+  healthy one.
+
+The measure is bench/live_recovery.py's: a seeded rank SIGKILLed at a seeded point of a seeded step (the same
+kill for every system), kill → every rank past its next step (the last rank's first step > S completed after
+the kill, S the highest step any rank had completed then; steps redone do not count as progress). Each rank
+appends ``STEP TIME PID`` per completed step to OUT/rank<R>.computed, every process that was that rank, so:
+**steps redone** = lines - distinct steps (survivors and the killed rank apart); **samples never processed** =
+(steps a rank never completed) x the batch, over every rank; **bit-identical**: every rank's final shards equal
+to a fault-free taskd run's. The ratio column is torchrun's kill → resumed p50 over the system's.
+
+    python bench/sharded_live.py [--quick] [--ranks 4] [--reps 3] [--seed 1] [--steps 40] [--ckpt-every 10]
+        [--hidden 256] [--systems PREFIX,...] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from common import ROOT, TASKD_DRIVER, TORCHRUN_DRIVER, bench_env, header, ratio, stats, table, wait_for, write_result
+from live_recovery import Kill, Launch, Progress, kill_and_watch, plan
+
+EXAMPLE = ROOT / "examples" / "torch" / "train_hsdp.py"
+TORCHFT_RANK = Path(__file__).resolve().parent / "sharded_torchft_rank.py"
+TORCHFT_DRIVER = Path(__file__).resolve().parent / "run_torchft.py"
+TORCHRUN = "torchrun + TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (DCP)"
+
+
+@dataclass(frozen=True)
+class System:
+    label: str
+    family: str  # taskd, torchrun or torchft: how it is started
+    flags: tuple[str, ...] = ()
+    checkpoints: bool = True  # restarts from torch.distributed.checkpoint
+    env: tuple[tuple[str, str], ...] = ()
+    needs: str = ""
+    comparable: bool = True  # its shards can equal taskd's reference (torchft averages across groups its own way)
+    quick: bool = False  # run by --quick
+
+
+SYSTEMS: tuple[System, ...] = (
+    System("taskd live HSDP + script-mode spare", "taskd",
+           ("--strategies", "recover,job-rescheduling,exit", "--warm-spares", "1", "--warm-spare-mode", "script"),
+           checkpoints=False, quick=True),
+    System("taskd job-rescheduling (DCP)", "taskd", ("--strategies", "job-rescheduling,exit")),
+    System(TORCHRUN, "torchrun", env=(("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"),), quick=True),
+    System("torchft 0.2.0 HSDP", "torchft", checkpoints=False, needs="torchft", comparable=False),
+)
+
+
+def missing(system: System) -> str | None:
+    if system.needs and importlib.util.find_spec(system.needs) is None:
+        return f"{system.needs} is not installed in {sys.executable} (`pip install torchft==0.2.0`)"
+    return None
+
+
+def job_args(args: argparse.Namespace, run_dir: Path, system: System) -> list[str]:
+    out = ["--steps", str(args.steps), "--out", str(run_dir / "out"), "--replicas", "2", "--hidden",
+           str(args.hidden), "--layers", str(args.layers), "--batch", str(args.batch), "--seed", str(args.seed),
+           "--pg-timeout", str(args.pg_timeout)]
+    if system.checkpoints:
+        out += ["--ckpt-dir", str(run_dir / "ckpt"), "--ckpt-every", str(args.ckpt_every)]
+    if args.step_sleep:
+        out += ["--step-sleep", str(args.step_sleep)]
+    return out
+
+
+def start(system: System, n: int, args: argparse.Namespace, run_dir: Path) -> Launch:
+    run_dir.mkdir(parents=True)
+    env = bench_env(BENCH_EVENTS=str(run_dir / "agent.jsonl"), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+                    **dict(system.env))
+    if system.family != "taskd":
+        env = {k: v for k, v in env.items() if not k.startswith("TASKD_")}
+    script = job_args(args, run_dir, system)
+    if system.family == "taskd":
+        cmd = [sys.executable, str(TASKD_DRIVER), "--nproc-per-node", str(n), "--max-restarts", "3",
+               "--log-dir", str(run_dir / "logs"), *system.flags, str(EXAMPLE), *script]
+    elif system.family == "torchrun":
+        cmd = [sys.executable, str(TORCHRUN_DRIVER), "--standalone", "--nproc-per-node", str(n),
+               "--max-restarts", "3", str(EXAMPLE), *script]
+    elif system.family == "torchft":  # one torchrun of n/2 ranks per replica group, a Lighthouse
+        cmd = [sys.executable, str(TORCHFT_DRIVER), "--replicas", "2", "--nproc-per-replica", str(n // 2),
+               "--min-replicas", "1", "--max-restarts", "3", "--timeout", str(args.torchft_timeout),
+               str(TORCHFT_RANK), *script]
+    else:
+        raise ValueError(f"unknown family {system.family!r}")
+    return Launch(cmd, env, run_dir / "console.log")
+
+
+def run_once(system: System, n: int, args: argparse.Namespace, run_dir: Path, kill: Kill | None) -> dict[str, Any]:
+    """One job from start to end, with at most one kill; every wait is bounded; nothing left running."""
+    t0 = time.time()
+    job = start(system, n, args, run_dir)
+    prog = Progress(run_dir / "out", n, name="rank{}.computed")
+    res: dict[str, Any] = {"system": system.label, "ranks": n, "kill": None if kill is None else vars(kill),
+                           "ok": False}
+    try:
+        if kill is not None:
+            res.update(kill_and_watch(job, prog, kill, n, args))
+        wait_for(lambda: (job.look(), job.proc.poll() is not None)[1], args.run_timeout - (time.time() - t0),
+                 "the job to end", 0.05)
+        res["rc"] = job.proc.returncode
+        res["ok"] = job.proc.returncode == 0
+        res["leftovers"] = job.leftovers()
+    except (TimeoutError, RuntimeError) as exc:
+        res["error"] = str(exc)
+    finally:
+        job.close()
+    res["seconds"] = time.time() - t0
+    res.update(account(run_dir / "out", n, args, kill))
+    return res
+
+
+def account(out: Path, n: int, args: argparse.Namespace, kill: Kill | None) -> dict[str, Any]:
+    """Steps redone and samples never processed, from every rank's ``STEP TIME PID`` lines."""
+    redone, never = {}, 0
+    for r in range(n):
+        path = out / f"rank{r}.computed"
+        steps = [int(line.split()[0]) for line in path.read_text().splitlines()] if path.exists() else []
+        redone[r] = len(steps) - len(set(steps))
+        never += len(set(range(args.steps)) - set(steps)) * args.batch
+    victim = None if kill is None else kill.victim
+    return {"redone": redone, "redone_survivors_max": max((v for r, v in redone.items() if r != victim), default=0),
+            "redone_victim": None if victim is None else redone[victim], "samples_never_processed": never}
+
+
+def identical(out: Path, ref: Path, n: int) -> bool | None:
+    import torch
+
+    files = [(out / f"rank{r}.pt", ref / f"rank{r}.pt") for r in range(n)]
+    if not all(a.exists() and b.exists() for a, b in files):
+        return None
+    for a, b in files:
+        x, y = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
+        if set(x) != set(y) or not all(torch.equal(x[k], y[k]) for k in x):
+            return False
+    return True
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="4 ranks, a small model, 1 kill, taskd live and torchrun "
+                   "(torchft's surviving group would finish so short a job before the dead one is back)")
+    p.add_argument("--ranks", default="4", help="ranks per job (even: 2 replica groups), comma-separated")
+    p.add_argument("--reps", type=int, default=3, help="kills per system and size")
+    p.add_argument("--seed", type=int, default=1, help="seeds the kills (step, rank, point in the step)")
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--ckpt-every", type=int, default=10, help="DCP checkpoint interval of the restarting systems")
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--layers", type=int, default=3)
+    p.add_argument("--batch", type=int, default=16, help="samples per rank per step")
+    p.add_argument("--step-sleep", type=float, default=0.0)
+    p.add_argument("--pg-timeout", type=float, default=60.0)
+    p.add_argument("--torchft-timeout", type=int, default=5, help="torchft's collective and Manager timeout (s)")
+    p.add_argument("--run-timeout", type=float, default=300.0, help="seconds one job may take in all")
+    p.add_argument("--resume-timeout", type=float, default=120.0, help="seconds from the kill to resumed")
+    p.add_argument("--systems", default="", help="only these systems (comma-separated label prefixes)")
+    p.add_argument("--keep", default="", help="keep every job's files under this directory")
+    args = p.parse_args()
+    if args.quick:
+        args.ranks, args.reps, args.hidden, args.layers, args.steps, args.ckpt_every = "4", 1, 32, 2, 12, 4
+        args.step_sleep, args.run_timeout, args.resume_timeout = 0.05, min(args.run_timeout, 90.0), 45.0
+    sizes = [int(s) for s in args.ranks.split(",") if s]
+    if not sizes or any(s < 4 or s % 2 for s in sizes) or args.reps < 1 or args.steps < 8 or args.ckpt_every < 1:
+        p.error("--ranks: even sizes >= 4; --reps >= 1, --steps >= 8, --ckpt-every >= 1")
+    chosen = [s for s in SYSTEMS if not args.systems or any(s.label.startswith(x) for x in args.systems.split(","))]
+    skipped = {s.label: why for s in chosen if (why := missing(s))}
+    if args.quick and not args.systems:
+        skipped.update({s.label: "not run by --quick (name it with --systems)" for s in chosen
+                        if s.label not in skipped and not s.quick})
+    for label, why in skipped.items():
+        print(f"skipped: {label}: {why}", flush=True)
+    systems = [s for s in chosen if s.label not in skipped]
+    result = header("sharded_live", args)
+    result.update({"sizes": sizes, "reps": args.reps, "seed": args.seed, "steps": args.steps,
+                   "ckpt_every": args.ckpt_every, "hidden": args.hidden, "layers": args.layers, "batch": args.batch,
+                   "systems": [s.label for s in systems], "skipped": skipped, "runs": [], "references": {}})
+    with tempfile.TemporaryDirectory(prefix="taskd-bench-sharded-") as tmp:
+        work = Path(args.keep or tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        for n in sizes:
+            ref_dir = work / f"ref-{n}"
+            ref = run_once(System("reference", "taskd", checkpoints=False), n, args, ref_dir, None)
+            print(f"reference (taskd, no fault) {n} ranks: ok={ref['ok']} in {ref['seconds']:.1f}s", flush=True)
+            result["references"][str(n)] = ref
+            for rep in range(args.reps):
+                kill = plan(args, n, rep)  # the same kill for every system
+                for i, system in enumerate(systems):
+                    run_dir = work / f"run-{n}-{rep}-{i}"
+                    r = run_once(system, n, args, run_dir, kill)
+                    r["bit_identical"] = identical(run_dir / "out", ref_dir / "out", n) if system.comparable else None
+                    result["runs"].append(r)
+                    print(f"{system.label} {n} ranks rep {rep}: kill rank {kill.victim} at step {kill.step}: resumed "
+                          f"{_f(r.get('resumed_s'))} s, redone {r['redone']}, never processed "
+                          f"{r['samples_never_processed']}, identical {r['bit_identical']}, ok {r['ok']}"
+                          + (f", error: {r['error']}" if r.get("error") else ""), flush=True)
+                    write_result("sharded_live", result)
+                    if not args.keep:
+                        shutil.rmtree(run_dir / "ckpt", ignore_errors=True)
+    result["rows"] = rows(result, systems, sizes)
+    print_table(result)
+    write_result("sharded_live", result)
+    return 0
+
+
+def rows(result: dict[str, Any], systems: list[System], sizes: list[int]) -> list[dict[str, Any]]:
+    out = []
+    for n in sizes:
+        by = {s.label: [r for r in result["runs"] if r["system"] == s.label and r["ranks"] == n] for s in systems}
+        p50 = {label: stats([r["resumed_s"] for r in runs if "resumed_s" in r])["p50"] for label, runs in by.items()}
+        for s in systems:
+            runs = by[s.label]
+            k = stats([r["resumed_s"] for r in runs if "resumed_s" in r])
+            out.append({"system": s.label, "ranks": n, "runs": len(runs),
+                        "resumed": sum(1 for r in runs if "resumed_s" in r), "p50_s": k["p50"], "max_s": k["max"],
+                        "step_s": stats([r["step_s"] for r in runs if r.get("step_s")])["p50"],
+                        "redone_survivors_max": max((r["redone_survivors_max"] for r in runs), default=None),
+                        "redone_victim_max": max((r["redone_victim"] or 0 for r in runs), default=None),
+                        "samples_never_processed": sum(r["samples_never_processed"] for r in runs),
+                        "survivors_kept_pid": sum(1 for r in runs if r.get("survivors_kept_pid")),
+                        "bit_identical": sum(1 for r in runs if r.get("bit_identical")),
+                        "compared": sum(1 for r in runs if r.get("bit_identical") is not None),
+                        "torchrun_over_this": ratio(p50.get(TORCHRUN), k["p50"])})
+    return out
+
+
+def print_table(result: dict[str, Any]) -> None:
+    lines = [[r["system"], r["ranks"], f"{r['resumed']}/{r['runs']}", r["p50_s"], r["max_s"], r["step_s"],
+              f"{_v(r['redone_survivors_max'])} / {_v(r['redone_victim_max'])}", r["samples_never_processed"],
+              f"{r['survivors_kept_pid']}/{r['resumed']}",
+              f"{r['bit_identical']}/{r['compared']}" if r["compared"] else "n/a",
+              "-" if r["torchrun_over_this"] is None else f"{r['torchrun_over_this']:.1f}×"]
+             for r in result["rows"]]
+    print(f"\nSIGKILL of one rank of examples/torch/train_hsdp.py's HSDP job (2 replica groups, {result['steps']} "
+          f"steps) → every rank past its next step")
+    print(table(["system", "ranks", "resumed", "kill → resumed p50 s", "max s", "step s",
+                 "steps redone max: survivors / killed rank", "samples never processed", "survivors kept their process",
+                 "bit-identical", "torchrun p50 / this p50"], lines, 2))
+    for label, why in result["skipped"].items():
+        print(f"skipped: {label}: {why}")
+
+
+def _f(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def _v(v: Any) -> str:
+    return "-" if v is None else str(v)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
