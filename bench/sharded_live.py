@@ -66,7 +66,8 @@ SYSTEMS: tuple[System, ...] = (
            checkpoints=False, quick=True),
     System("taskd job-rescheduling (DCP)", "taskd", ("--strategies", "job-rescheduling,exit")),
     System(TORCHRUN, "torchrun", env=(("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"),), quick=True),
-    System("torchft 0.2.0 HSDP", "torchft", checkpoints=False, needs="torchft", comparable=False),
+    System("torchft 0.2.0 HSDP", "torchft", checkpoints=False, needs="torchft", comparable=False,
+           env=(("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"),)),  # a restarted group's rank 1 read rank 0's old address
 )
 
 
@@ -76,8 +77,14 @@ def missing(system: System) -> str | None:
     return None
 
 
+def steps_of(system: System, args: argparse.Namespace) -> int:
+    """torchft's job runs longer: its surviving group goes on alone at full speed, and a job that ends before the
+    dead group's torchrun has restarted it would end with that group never back (nothing to measure)."""
+    return args.torchft_steps or 3 * args.steps if system.family == "torchft" else args.steps
+
+
 def job_args(args: argparse.Namespace, run_dir: Path, system: System) -> list[str]:
-    out = ["--steps", str(args.steps), "--out", str(run_dir / "out"), "--replicas", "2", "--hidden",
+    out = ["--steps", str(steps_of(system, args)), "--out", str(run_dir / "out"), "--replicas", "2", "--hidden",
            str(args.hidden), "--layers", str(args.layers), "--batch", str(args.batch), "--seed", str(args.seed),
            "--pg-timeout", str(args.pg_timeout)]
     if system.checkpoints:
@@ -129,18 +136,18 @@ def run_once(system: System, n: int, args: argparse.Namespace, run_dir: Path, ki
     finally:
         job.close()
     res["seconds"] = time.time() - t0
-    res.update(account(run_dir / "out", n, args, kill))
+    res.update(account(run_dir / "out", n, steps_of(system, args), args.batch, kill))
     return res
 
 
-def account(out: Path, n: int, args: argparse.Namespace, kill: Kill | None) -> dict[str, Any]:
+def account(out: Path, n: int, total: int, batch: int, kill: Kill | None) -> dict[str, Any]:
     """Steps redone and samples never processed, from every rank's ``STEP TIME PID`` lines."""
     redone, never = {}, 0
     for r in range(n):
         path = out / f"rank{r}.computed"
         steps = [int(line.split()[0]) for line in path.read_text().splitlines()] if path.exists() else []
         redone[r] = len(steps) - len(set(steps))
-        never += len(set(range(args.steps)) - set(steps)) * args.batch
+        never += len(set(range(total)) - set(steps)) * batch
     victim = None if kill is None else kill.victim
     return {"redone": redone, "redone_survivors_max": max((v for r, v in redone.items() if r != victim), default=0),
             "redone_victim": None if victim is None else redone[victim], "samples_never_processed": never}
@@ -174,6 +181,7 @@ def main() -> int:
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--pg-timeout", type=float, default=60.0)
     p.add_argument("--torchft-timeout", type=int, default=5, help="torchft's collective and Manager timeout (s)")
+    p.add_argument("--torchft-steps", type=int, default=0, help="torchft's job's steps (0: 3 x --steps)")
     p.add_argument("--run-timeout", type=float, default=300.0, help="seconds one job may take in all")
     p.add_argument("--resume-timeout", type=float, default=120.0, help="seconds from the kill to resumed")
     p.add_argument("--systems", default="", help="only these systems (comma-separated label prefixes)")
