@@ -13,7 +13,11 @@ ranks/2 shards, gloo on CPU), AdamW, the batch of step s a pure function of (see
 - torchft 0.2.0's HSDP (bench/sharded_torchft_rank.py, when torchft is importable): FSDP2 over each replica
   group's shards, the gradients averaged across replica groups by torchft's Manager; a dead rank takes its
   replica group out of the quorum until its torchrun has restarted it, and the group fetches the state from a
-  healthy one.
+  healthy one. Its torchruns get ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` too (without it a restarted group's
+  rank 1 read the dead rank 0's Manager address from the shared store and never connected), and its job runs
+  ``--torchft-steps`` (3 x ``--steps``): the surviving group goes on alone at full speed, and a job that ended
+  before the dead group was back would leave nothing to measure. Its shards are not compared (its average
+  across groups is its own reduction, and the dead group's batches are missing).
 
 The measure is bench/live_recovery.py's: a seeded rank SIGKILLed at a seeded point of a seeded step (the same
 kill for every system), kill → every rank past its next step (the last rank's first step > S completed after
