@@ -190,7 +190,15 @@ def main() -> int:
     p.add_argument("--resume-timeout", type=float, default=120.0, help="seconds from the kill to resumed")
     p.add_argument("--systems", default="", help="only these systems (comma-separated label prefixes)")
     p.add_argument("--keep", default="", help="keep every job's files under this directory")
+    p.add_argument("--table", default="", metavar="RESULTS_JSON", help="only print the table of a stored result")
     args = p.parse_args()
+    if args.table:
+        import json
+
+        result = json.loads(Path(args.table).read_text())
+        result["rows"] = rows(result, [s for s in SYSTEMS if s.label in result["systems"]], result["sizes"])
+        print_table(result)
+        return 0
     if args.quick:
         args.ranks, args.reps, args.hidden, args.layers, args.steps, args.ckpt_every = "4", 1, 32, 2, 12, 4
         args.step_sleep, args.run_timeout, args.resume_timeout = 0.05, min(args.run_timeout, 90.0), 45.0
@@ -250,7 +258,7 @@ def rows(result: dict[str, Any], systems: list[System], sizes: list[int]) -> lis
                         "step_s": stats([r["step_s"] for r in runs if r.get("step_s")])["p50"],
                         "redone_survivors_max": max((r["redone_survivors_max"] for r in runs), default=None),
                         "redone_victim_max": max((r["redone_victim"] or 0 for r in runs), default=None),
-                        "samples_never_processed": sum(r["samples_never_processed"] for r in runs),
+                        "samples_never_processed": sum(r["samples_never_processed"] for r in runs if r["ok"]),
                         "survivors_kept_pid": sum(1 for r in runs if r.get("survivors_kept_pid")),
                         "bit_identical": sum(1 for r in runs if r.get("bit_identical")),
                         "compared": sum(1 for r in runs if r.get("bit_identical") is not None),
@@ -268,7 +276,8 @@ def print_table(result: dict[str, Any]) -> None:
     print(f"\nSIGKILL of one rank of examples/torch/train_hsdp.py's HSDP job (2 replica groups, {result['steps']} "
           f"steps) → every rank past its next step")
     print(table(["system", "ranks", "resumed", "kill → resumed p50 s", "max s", "step s",
-                 "steps redone max: survivors / killed rank", "samples never processed", "survivors kept their process",
+                 "steps redone max: survivors / killed rank", "samples never processed (jobs that ended)",
+                 "survivors kept their process",
                  "bit-identical", "torchrun p50 / this p50"], lines, 2))
     for label, why in result["skipped"].items():
         print(f"skipped: {label}: {why}")
