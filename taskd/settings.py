@@ -209,6 +209,10 @@ SETTINGS: tuple[Setting, ...] = (
             "`--straggler-factor`)", _POSITIVE, flags=("--straggler-interval", "--straggler_interval"),
             env="TASKD_STRAGGLER_INTERVAL", metavar="S",
             help="taskd: seconds between pace reports with --straggler-factor (default {default})"),
+    Setting("migrate_stragglers", bool, False, "taskd: with --straggler-factor, move a rank that stays a straggler "
+            "for a window (two pace reports) to a warm spare (--warm-spares) at a step boundary, at most one a "
+            "window, never without a spare ready; one-node LiveGroup jobs (docs/pytorch.md, \"Stragglers moved\")",
+            flags=("--migrate-stragglers", "--migrate_stragglers")),
     # `taskd run` only (the launcher's)
     Setting("warm_spares", int, 0, "taskd: Python interpreters kept ready to become a restarted rank (.py scripts; "
             "default {default})", _NONNEGATIVE, flags=("--warm-spares", "--warm_spares"), scope="run", metavar="N"),

@@ -126,3 +126,7 @@ class Code(IntEnum):
 
 
 DEFAULT_PORT = 8899
+
+STRAGGLER_MIGRATION = "straggler-"
+"""The id prefix of a migration an agent started itself for a straggler (`--migrate-stragglers`); the controller's
+events and metrics name the trigger by it (a `taskd migrate`'s id is its signal's uuid)."""

@@ -68,6 +68,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slow", default=None, metavar="RANK:SECONDS",
                    help="rank RANK sleeps SECONDS more in every step, before its forward pass (outside collectives): "
                         "a straggler, for --straggler-factor")
+    p.add_argument("--slow-process", action="store_true",
+                   help="--slow only in a process started with the job, not in one that joined it later (a successor "
+                        "or replacement: TASKD_JOIN_AFTER set): a slow device or host, which a move leaves behind")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--hidden", type=int, default=2048, help="width of the hidden layers (2048: ~9 M parameters)")
     p.add_argument("--layers", type=int, default=3, help="number of hidden layers")
@@ -105,6 +108,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             if args.slow else (None, 0.0)
     except (ValueError, IndexError):
         p.error(f"--slow takes RANK:SECONDS, got {args.slow}")
+    if args.slow_process and os.environ.get("TASKD_JOIN_AFTER"):
+        args.slow_rank = None  # this process joined a running job: it is not on the slow device
     return args
 
 

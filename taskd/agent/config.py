@@ -68,6 +68,7 @@ class AgentConfig:
     metrics_listen: str | None = default("metrics_listen")  # HOST[:PORT] of this node's metrics (watches/metrics.py)
     straggler_factor: float | None = default("straggler_factor")  # None = no straggler reports (taskd/pace.py)
     straggler_interval: float = default("straggler_interval")
+    migrate_stragglers: bool = default("migrate_stragglers")  # a sustained straggler moves to a warm spare
     # field -> the variable or flag that set it, named by a validation error (not part of the settings)
     origins: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
@@ -141,6 +142,9 @@ class AgentConfig:
                              f"{self.node_count} node(s): MIN:MAX needs MIN <= MAX")
         if why := check_factor(self.straggler_factor):  # the table's bound lets inf through
             raise ValueError(f"straggler_factor{self._origin('straggler_factor')} {why}")
+        if self.migrate_stragglers and self.straggler_factor is None:
+            raise ValueError(f"migrate_stragglers{self._origin('migrate_stragglers')} needs a straggler factor "
+                             "(--straggler-factor F): nothing names a straggler without one")
         if self.metrics_listen is not None:
             from taskd.agent.watches.metrics import check_listen
 

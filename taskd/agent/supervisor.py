@@ -41,6 +41,7 @@ from taskd.agent.summary import FaultRecord, JobResult
 from taskd.agent.watches.exits import DepartureWatch
 from taskd.agent.watches.hangs import Hang, HangWatch
 from taskd.agent.watches.metrics import NodeMetrics, sample_ranks
+from taskd.agent.watches.straggler_moves import straggler_moves
 from taskd.agent.watches.stragglers import StragglerWatch
 from taskd.callbacks import MONITOR, STATUS_FAILED
 from taskd.client import ClientCredentials, ConfigurationError
@@ -94,7 +95,9 @@ class Supervisor:
         self._done = False
         self._old_handlers: dict[int, Any] = {}
         self.metrics = NodeMetrics() if config.metrics_listen else None  # --metrics-listen (agent/watches/metrics.py)
-        self.stragglers = (StragglerWatch(config.straggler_factor, config.straggler_interval, socket.gethostname())
+        self.stragglers = (StragglerWatch(config.straggler_factor, config.straggler_interval, socket.gethostname(),
+                                          straggler_moves(config, self.table, self.executors.migrations,
+                                                          lambda: self.machine.state.value))
                            if config.straggler_factor else None)  # --straggler-factor (agent/watches/stragglers.py)
 
     # ----------------------------------------------------------------- lifecycle

@@ -54,6 +54,9 @@ class ControllerMetrics:
                                      registry=r)
         self.jobs_ended = pc.Counter("taskd_jobs_ended", "Jobs that reached a final state", ["state"], registry=r)
         self.node_losses = pc.Counter("taskd_node_losses", "Nodes declared lost (their agent gone)", registry=r)
+        self.migrations = pc.Counter("taskd_migrations", "Planned migrations ended, by what asked for them "
+                                     "(`taskd migrate`, straggler) and their outcome (migrated, failed)",
+                                     ["trigger", "outcome"], registry=r)
         self.refusals = pc.Counter("taskd_refused", "Calls refused and connections closed, by reason", ["reason"],
                                    registry=r)
         self.store_errors = pc.Counter("taskd_store_errors", "Changes the state file could not take (nothing "
@@ -77,6 +80,9 @@ class ControllerMetrics:
                 self.jobs_ended.labels(kind[4:].upper()).inc()
             elif kind == "node_lost":
                 self.node_losses.inc()
+            elif kind in ("migrated", "migration_failed"):
+                self.migrations.labels(str(detail.get("trigger", "")), "migrated" if kind == "migrated" else
+                                       "failed").inc()
 
     def refused(self, reason: str) -> None:
         self.refusals.labels(reason).inc()

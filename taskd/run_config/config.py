@@ -80,6 +80,7 @@ class RunConfig:
     heartbeat_timeout: float | None = default("heartbeat_timeout")
     straggler_factor: float | None = default("straggler_factor")
     straggler_interval: float = default("straggler_interval")
+    migrate_stragglers: bool = default("migrate_stragglers")
     dump_timeout: float = default("dump_timeout")
     warm_spares: int = default("warm_spares")
     warm_spare_mode: str = default("warm_spare_mode")

@@ -131,6 +131,12 @@ class Migrations:
         self.active = Migration(migration, local, generation, path, now + READY_TIMEOUT, local.pid, new_pid=pid)
         log.info("migration of rank %d (pid %d): successor pid %d starting from a warm spare", rank, local.pid, pid)
 
+    def start_local(self, migration: str, rank: int, now: float) -> bool:
+        """A migration this agent decided itself (`--migrate-stragglers`), of the node's next generation: whether it
+        started (else it was refused and reported, with its reason)."""
+        self.start(migration, rank, 0, now)
+        return self.active is not None and self.active.migration == migration
+
     def poll(self, now: float) -> None:
         m = self.active
         if m is None:

@@ -5,8 +5,8 @@ rank; every `--straggler-interval` it sends the windows' averages to the control
 of the outbox sent once, beside the others: agent/link/report_policy.py), which
 compares every rank of the job with the median of the others and answers with the verdicts about this
 node's ranks, each once: they become console lines here. Without a controller that judges (degraded mode,
-a ClusterD controller without taskd.v1) the agent judges its own node's ranks with the same judge. Nothing
-here acts on a straggler.
+a ClusterD controller without taskd.v1) the agent judges its own node's ranks with the same judge. With
+`--migrate-stragglers` the verdicts go on to agent/watches/straggler_moves.py, which moves a sustained straggler.
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ class PaceLink(Protocol):
 class StragglerWatch:
     """Windows of this node's ranks, the pace report in flight, and the local judge when no controller judges."""
 
-    def __init__(self, factor: float, interval: float, host: str) -> None:
+    def __init__(self, factor: float, interval: float, host: str, moves: Any = None) -> None:
         self.factor = factor
+        self.moves = moves  # --migrate-stragglers: a StragglerMoves (agent/watches/straggler_moves.py), else None
         self.interval = interval
         self.host = host
         self.windows: dict[int, PaceWindow] = {}
@@ -68,7 +69,15 @@ class StragglerWatch:
 
     def sweep(self, ranks: Iterable[Rank], heartbeat: Callable[[Rank], Any], link: PaceLink | None,
               now: float) -> list[Verdict]:
-        """One sweep: the answer to the report in flight, then (when due) the next report; the verdicts to say."""
+        """One sweep: the answer to the report in flight, then (when due) the next report; the verdicts to say
+        (and, with --migrate-stragglers, acted on)."""
+        verdicts = self._judged(ranks, heartbeat, link, now)
+        if self.moves is not None:
+            self.moves.act(verdicts, now)
+        return verdicts
+
+    def _judged(self, ranks: Iterable[Rank], heartbeat: Callable[[Rank], Any], link: PaceLink | None,
+                now: float) -> list[Verdict]:
         ranks = list(ranks)
         paces = self.sample(ranks, heartbeat)
         self._say_if_blind(ranks, now)

@@ -13,7 +13,7 @@ import asyncio
 from taskd.controller.machine.events import MigrationReported, MigrationRequested, Outcome
 from taskd.controller.machine.job import Job
 from taskd.controller.machine.model import JobState
-from taskd.vocabulary import Code, SignalType
+from taskd.vocabulary import STRAGGLER_MIGRATION, Code, SignalType
 
 
 def refusal(m: Job, rank: int) -> tuple[int, str]:
@@ -51,9 +51,11 @@ def on_migrate(m: Job, ev: MigrationRequested, now: float, out: Outcome) -> JobS
 
 
 def on_migrated(m: Job, ev: MigrationReported, now: float, out: Outcome) -> JobState:
-    """Record the agent's account as one job event (`migrated` or `migration_failed`)."""
+    """Record the agent's account as one job event (`migrated` or `migration_failed`), with what asked for it
+    (`trigger`: `taskd migrate`, or `straggler` for one its agent started itself, `--migrate-stragglers`)."""
+    trigger = "straggler" if ev.migration.startswith(STRAGGLER_MIGRATION) else "taskd migrate"
     detail: dict[str, object] = {"rank": ev.rank, "node_rank": ev.node_rank, "migration": ev.migration,
-                                 "generation": ev.generation}
+                                 "generation": ev.generation, "trigger": trigger}
     if ev.migrated:
         detail.update(old_pid=ev.old_pid, new_pid=ev.new_pid, step=ev.step, pause_seconds=round(ev.pause_seconds, 6),
                       resumed_seconds=round(ev.resumed_seconds, 6))
