@@ -56,6 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step (to watch it run)")
+    p.add_argument("--sleep-while", default=None, metavar="FILE",
+                   help="sleep --step-sleep per step only while FILE exists (a test paces the job while it acts on it)")
     p.add_argument("--pg-timeout", type=float, default=60.0)
     p.add_argument("--ckpt-dir", default=None, help="torch.distributed.checkpoint of model and optimizer here "
                    "(ckpt-dir/step<N>), resumed from its newest at start: how torchrun and job-rescheduling restart")
@@ -159,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             os.write(counter, f"{step} {time.time():.6f} {os.getpid()}\n".encode())
         if ckpt is not None and live.step_no % args.ckpt_every == 0 and live.step_no > step:
             ckpt.save(live.step_no)
-        if args.step_sleep:
+        if args.step_sleep and (args.sleep_while is None or os.path.exists(args.sleep_while)):
             time.sleep(args.step_sleep)
     os.close(counter)
     torch.save({k: v.to_local().clone() for k, v in model.state_dict().items()},

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from support.controller import running_job
 
 from taskd.controller.machine.events import MigrationReported, MigrationRequested
@@ -49,3 +50,26 @@ def test_the_agents_account_is_one_event() -> None:
                                         reason="no warm spare is ready"), 2.0)
     assert [(r.kind, r.detail["reason"]) for r in failed.records] == [("migration_failed", "no warm spare is ready")]
     assert m.state.value == "RUNNING" and m.restarts == 0
+
+
+def test_the_event_names_its_trigger_and_the_metrics_count_it() -> None:
+    """An agent's own move of a straggler (`--migrate-stragglers`: its id starts "straggler-") against one of
+    `taskd migrate`'s; `taskd_migrations_total` counts both by trigger and outcome."""
+    pytest.importorskip("prometheus_client")
+    from taskd.controller.metrics import ControllerMetrics
+
+    m = running_job(nodes=1, per_node=2)
+    records = [*m.handle(MigrationReported(node_rank=0, host="h", pid=100, migration="straggler-0123456789ab",
+                                           migrated=True, rank=1, old_pid=11, new_pid=12, step=9), 1.0).records,
+               *m.handle(MigrationReported(node_rank=0, host="h", pid=100, migration="straggler-ba9876543210",
+                                           rank=1, reason="no warm spare is ready"), 2.0).records,
+               *m.handle(MigrationReported(node_rank=0, host="h", pid=100, migration="j-0-1", rank=0,
+                                           reason="no warm spare is ready"), 3.0).records]
+    assert [(r.kind, r.detail["trigger"]) for r in records] == [
+        ("migrated", "straggler"), ("migration_failed", "straggler"), ("migration_failed", "taskd migrate")]
+    metrics = ControllerMetrics(lambda: [], lambda: 0)
+    metrics.observe(records)
+    count = metrics.registry.get_sample_value
+    assert count("taskd_migrations_total", {"trigger": "straggler", "outcome": "migrated"}) == 1
+    assert count("taskd_migrations_total", {"trigger": "straggler", "outcome": "failed"}) == 1
+    assert count("taskd_migrations_total", {"trigger": "taskd migrate", "outcome": "failed"}) == 1
