@@ -7,7 +7,8 @@ the state handed over in memory, 0 steps redone). Why a straggler moves: a slow 
 throttled host slows the process, not the rank's work, so a fresh process from a spare runs at its peers' pace.
 
 The decision is a rule table (`RULES`, first match wins) over `Facts`. A *window* is two pace reports
-(2 x `--straggler-interval`): a rank still a straggler a window after it was first judged one is sustained; a node
+(2 x `--straggler-interval`): a rank still a straggler a window after it was first judged one (and at least as
+long as the judge's pace window of 10 steps takes to forget a stall of the host) is sustained; a node
 moves at most one straggler per window; a rank whose move was refused (no spare ready, a recovery under way) is
 tried again a window later, never sooner. Every attempt is one job event: `migrated`, or `migration_failed` with
 its reason (the controller counts both in `taskd_migrations{trigger="straggler"}`).
@@ -21,7 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from taskd.pace import Verdict
+from taskd.pace import WINDOW, Verdict
 from taskd.vocabulary import STRAGGLER_MIGRATION
 
 log = logging.getLogger("taskd.agent")
@@ -129,7 +130,10 @@ class StragglerMoves:
 
     def facts(self, rank: int, since: float, now: float) -> Facts:
         tried = self.tried.get(rank)
-        return Facts(sustained=now - since >= self.window,
+        verdict = self.since[rank][1]
+        # a stall of the shared host stays in the judge's pace window for WINDOW steps (each at least the
+        # straggler's compute seconds long): it must have left it before a verdict counts as sustained
+        return Facts(sustained=now - since >= max(self.window, WINDOW * verdict.seconds),
                      moved_recently=self.last_move is not None and now - self.last_move < self.window,
                      tried_recently=tried is not None and now - tried < self.window,
                      running=self.running(), busy=self.busy(), one_node=self.one_node())

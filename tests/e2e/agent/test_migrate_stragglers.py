@@ -1,12 +1,12 @@
 """`taskd run --straggler-factor F --migrate-stragglers`: a straggler moves to a warm spare (issue 34, item 4).
 
-Two 2-rank DDP LiveGroup jobs (examples/torch/train_ddp.py, gloo, CPU) run side by side against one `taskd server`,
-with the same flags: `even`, and `slow`, whose rank 1 sleeps 0.8 s more per step outside collectives in the process
-started with the job only (`--slow 1:0.8 --slow-process`: a slow device, which a new process leaves behind), 5x its
-peer's 0.2 s. The slow job's agent moves rank 1 to its warm spare, once; its step rate afterwards is compared with
-the even job's over the same seconds on the same machine (not 10 % slower, each at its median step interval); no step
-is redone or lost, the final parameters are bit-identical to the even job's, each decision is one job event with
-its trigger, nothing is left.
+Two 2-rank DDP LiveGroup jobs (examples/torch/train_ddp.py, gloo, CPU) run side by side against one `taskd server`:
+`even`, the reference, and `slow`, with `--straggler-factor 3 --migrate-stragglers`, whose rank 1 sleeps 0.8 s more
+per step outside collectives in the process started with the job only (`--slow 1:0.8 --slow-process`: a slow
+device, which a new process leaves behind), 5x its peer's 0.2 s. The slow job's agent moves rank 1 to its warm
+spare, once; its step rate afterwards is compared with the even job's over the same seconds on the same machine
+(within 10 %, each at its median step interval); no step is redone or lost, the final parameters are
+bit-identical to the even job's, each decision is one job event with its trigger, nothing is left.
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ SLEEP = 0.2  # every rank's step (outside collectives); the slow one's 0.8 s mor
 def job(tmp: Path, address: str, name: str, slow: bool):  # noqa: ANN201 - a Popen
     """The job, paced (SLEEP a step) while `tmp`/`name`.pace exists; removing the file lets it finish at full speed."""
     (tmp / f"{name}.pace").touch()
+    moves = ["--straggler-factor", "3", "--straggler-interval", "1", "--migrate-stragglers"] if slow else []
     args = ["--server", address, "--nproc-per-node", "2", "--job-id", name, "--stop-grace", "2", "--warm-spares", "1",
-            "--straggler-factor", "3", "--straggler-interval", "1", "--migrate-stragglers", str(EXAMPLE),
+            *moves, str(EXAMPLE),
             "--hidden", "32", "--layers", "1", "--inputs", "32", "--batch", "8", "--steps", str(STEPS),
             "--ckpt-every", "0", "--step-sleep", str(SLEEP), "--sleep-while", str(tmp / f"{name}.pace"),
             "--pg-timeout", "30", "--ckpt-dir", str(tmp / name / "ckpt"), "--out", str(tmp / name / "out"),
@@ -86,9 +87,7 @@ def test_a_straggler_moves_to_a_warm_spare_once_and_the_job_keeps_pace(tmp_path:
         means = {name: (len(t) - 1) / (t[-1] - t[0])
                  for name in rates for t in [steps_between(tmp_path, name, start, end)]}
         print(f"steps/s over {end - start:.1f}s after the move: at the median interval {rates}, mean {means}")
-        # back within 10 % of the even job: not slower by more (after the move it measured 3-9 % *faster*, the cause
-        # not found; the slow rank's 5x, had it stayed, would be 75 % slower)
-        assert rates["slow"] >= 0.9 * rates["even"], rates
+        assert abs(rates["slow"] / rates["even"] - 1) <= 0.10, rates  # had it stayed, 5x: 75 % slower
         for name in ("even", "slow"):
             (tmp_path / f"{name}.pace").unlink()
         for name, proc in (("even", even), ("slow", slow)):
@@ -96,7 +95,7 @@ def test_a_straggler_moves_to_a_warm_spare_once_and_the_job_keeps_pace(tmp_path:
         print(f"ended {time.monotonic() - t0:.1f}s after the start")
         events = {name: [e for e in status(srv.address, name)["events"]
                          if e["kind"] in ("migrated", "migration_failed")] for name in ("even", "slow")}
-    assert not events["even"], events  # no straggler, no decision
+    assert not events["even"], events
     done = [e["detail"] for e in events["slow"] if e["kind"] == "migrated"]
     assert len(done) == 1 and done[0]["rank"] == 1 and done[0]["trigger"] == "straggler", events
     assert all(e["detail"]["trigger"] == "straggler" for e in events["slow"]), events

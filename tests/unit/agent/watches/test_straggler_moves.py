@@ -8,8 +8,8 @@ from taskd.pace import Verdict
 INTERVAL = 1.0  # a window is two: 2 s
 
 
-def slow(rank: int = 1, cleared: bool = False) -> Verdict:
-    return Verdict(rank, "h", 5.0, 0.5, 0.1, cleared)
+def slow(rank: int = 1, cleared: bool = False, seconds: float = 0.1) -> Verdict:
+    return Verdict(rank, "h", 5.0, seconds, 0.02, cleared)
 
 
 class Node:
@@ -39,6 +39,14 @@ def test_a_straggler_moves_once_it_was_one_for_a_whole_window() -> None:
     assert migration.startswith("straggler-") and node.started == [(migration, 1)]
     node.active = False  # the migration ended; its successor is judged afresh: no second move without a verdict
     assert node.moves.act([], 30.0) == [] and len(node.started) == 1
+
+
+def test_a_slow_step_must_have_left_the_pace_window_too() -> None:
+    """One stall of the host stays in the judge's 10-step window: a straggler whose steps take 0.5 s of compute
+    is sustained after 10 x 0.5 s, not after the 2 s window."""
+    node = Node()
+    node.moves.act([slow(seconds=0.5)], 10.0)
+    assert node.moves.act([], 14.9) == [] and len(node.moves.act([], 15.0)) == 1
 
 
 def test_a_rank_cleared_within_the_window_is_not_moved() -> None:
