@@ -63,8 +63,8 @@ def refusal(rank: int, local: Rank | None, live_enabled: bool, can_rejoin: bool,
     if local.state is not RankState.RUNNING:
         return f"rank {rank} is {local.state.value}, not running"
     if not can_rejoin:
-        return ("not every rank of the node declared it can rejoin in place (LiveGroup; not pure FSDP2, where no "
-                "peer holds a rank's shards)")
+        return ("not every rank of the node declared it can rejoin in place (LiveGroup; not pure FSDP2 without "
+                "snapshots, where no peer holds a rank's shards)")
     return ""
 
 
