@@ -53,6 +53,18 @@ def newest_common(root: str) -> int:
     return max(common) if common else -1
 
 
+def to_push(root: str) -> dict[int, int]:
+    """The step of each rank under ``root`` its buddy's copy should hold next: the newest step every rank published
+    (a consistent cut, scope "job"), else each rank's own newest. Ranks that never exchange state (scope "rank")
+    drift apart under load by more than the two steps a rank keeps, leaving no common step: the copy must follow
+    each rank's newest then, or it stops where they last agreed."""
+    held = {rank: published(d) for rank, d in rank_dirs(root).items()}
+    if not held or not all(held.values()):
+        return {}
+    common = set.intersection(*held.values())
+    return {rank: max(common) if common else max(steps) for rank, steps in held.items()}
+
+
 class Incoming:
     """One segment being received into ``root``/rank<R>/: written, checked, then published under its step's name."""
 
@@ -121,4 +133,5 @@ def _unlink(path: str) -> None:
         pass
 
 
-__all__ = ["CHUNK", "HEADER_SIZE", "KEEP", "Incoming", "check", "copies", "newest_common", "published", "rank_dirs"]
+__all__ = ["CHUNK", "HEADER_SIZE", "KEEP", "Incoming", "check", "copies", "newest_common", "published", "rank_dirs",
+           "to_push"]

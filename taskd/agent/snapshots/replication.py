@@ -1,8 +1,9 @@
 """A node's snapshots copied to its buddy's agent, and a lost node's copy fetched back (issue 33, item 3).
 
 Each agent of a multi-node job serves taskd.v1 `SnapshotPeer` on the address that reaches its controller (port
-0) and runs one thread: every `TICK` it looks for the newest step every local rank published and pushes those
-segments, as files, to its buddy's agent; every `REPORT` it tells the controller what it holds (`ReportSnapshots`)
+0) and runs one thread: every `TICK` it looks for the newest step every local rank published (else, ranks that
+drifted apart with no step in common, each rank's newest: `copies.to_push`) and pushes those segments, as files,
+to its buddy's agent; every `REPORT` it tells the controller what it holds (`ReportSnapshots`)
 and learns its buddy, the holder of its own node's copy and the job's peer key (controller/nodes/replicas.py). The
 thread never touches a rank: a training step never waits for it. Its lag, from a step's publish here until the
 buddy acknowledged its copy, goes into the report (`taskd status`, the controller's metrics).
@@ -23,7 +24,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent import futures
 from typing import BinaryIO
 
@@ -150,7 +151,7 @@ class Replication:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._reported = 0.0
-        self._pushed: tuple[int, float] = (-1, 0.0)  # (step, publish time) the buddy acknowledged last
+        self._pushed: tuple[tuple[tuple[int, int], ...], float] = ((), 0.0)  # ((rank, step)s, publish) acknowledged
 
     def _job_id(self) -> str:
         mgr = self.link.client
@@ -175,7 +176,7 @@ class Replication:
     def _report(self) -> taskd_pb2.SnapshotReply | None:
         ward, ward_step = self.service.ward
         reply, _target = self.link.report_snapshots({
-            "address": self._address, "newestStep": sc.newest_common(self.directory),
+            "address": self._address, "newestStep": min(sc.to_push(self.directory).values(), default=-1),
             "replicatedStep": self.replicated, "lagSeconds": self.lag, "wardNodeRank": ward, "wardStep": ward_step,
         }, timeout=2.0)
         if reply is None or reply.status.code != 0:
@@ -185,7 +186,7 @@ class Replication:
         if buddy != self.buddy:
             if buddy[0] >= 0:
                 log.info("snapshots of this node are copied to node %d's agent (%s)", *buddy)
-            self.buddy, self.replicated, self._pushed = buddy, -1, (-1, 0.0)  # a new buddy holds nothing yet
+            self.buddy, self.replicated, self._pushed = buddy, -1, ((), 0.0)  # a new buddy holds nothing yet
         return reply
 
     def _run(self) -> None:
@@ -194,36 +195,38 @@ class Replication:
             if now - self._reported >= REPORT:
                 self._reported = now
                 self._report()
-            newest = sc.newest_common(self.directory)
-            if self.buddy[0] >= 0 and self.key and newest >= 0:
-                self._push(newest)
+            plan = sc.to_push(self.directory)
+            if self.buddy[0] >= 0 and self.key and plan:
+                self._push(plan)
 
-    def _push(self, step: int) -> None:
-        """Push every local rank's segment of ``step`` (opened first: a segment a rank reuses meanwhile fails its
-        check at the buddy, and the next tick pushes a newer step)."""
+    def _push(self, plan: dict[int, int]) -> None:
+        """Push each local rank's segment of its step in ``plan`` (opened first: a segment a rank reuses meanwhile
+        fails its check at the buddy, and the next tick pushes a newer step)."""
         files: list[tuple[int, BinaryIO]] = []
+        folders = sc.rank_dirs(self.directory)
         try:
-            for rank, folder in sorted(sc.rank_dirs(self.directory).items()):
-                files.append((rank, open(os.path.join(folder, sc.segment_name(step)), "rb")))  # noqa: SIM115
+            for rank, step in sorted(plan.items()):
+                files.append((rank, open(os.path.join(folders[rank], sc.segment_name(step)), "rb")))  # noqa: SIM115
             published = max(os.fstat(fh.fileno()).st_ctime for _rank, fh in files)  # the publish: its rename
-        except OSError:  # a rank freed it meanwhile: a newer step is there
+        except (OSError, KeyError):  # a rank freed it meanwhile: a newer step is there
             for _rank, fh in files:
                 fh.close()
             return
-        if (step, published) == self._pushed:
+        key = (tuple(sorted(plan.items())), published)
+        if key == self._pushed:
             for _rank, fh in files:
                 fh.close()
             return
         node = self.link.client.info.nodeRank if self.link.client is not None else -1
         try:
-            status = push_segments(self.buddy[1], self.key, self._job_id(), node, step, files, PUSH_TIMEOUT)
+            status = push_segments(self.buddy[1], self.key, self._job_id(), node, plan, files, PUSH_TIMEOUT)
         except (grpc.RpcError, SnapshotError) as exc:
-            log.debug("snapshot push of step %d to %s failed: %s", step, self.buddy[1], exc)
+            log.debug("snapshot push of steps %s to %s failed: %s", plan, self.buddy[1], exc)
             return
         if status.code == 0:
-            self.replicated, self.lag, self._pushed = step, max(0.0, time.time() - published), (step, published)
+            self.replicated, self.lag, self._pushed = min(plan.values()), max(0.0, time.time() - published), key
         else:
-            log.debug("node %d's agent refused step %d: %s", self.buddy[0], step, status.info)
+            log.debug("node %d's agent refused steps %s: %s", self.buddy[0], plan, status.info)
 
     def restore_node(self, node: int, ranks: Sequence[int] = ()) -> bool:
         """Fetch node ``node``'s copy from its holder into this node's directory (a replacement, before its ranks
@@ -261,11 +264,13 @@ class Replication:
             self._server.stop(grace=None)
 
 
-def push_segments(address: str, key: str, job_id: str, node: int, step: int, files: list[tuple[int, BinaryIO]],
-                  timeout: float) -> recover_pb2.Status:
-    """Send node ``node``'s open segments of ``step`` (local rank, file) to the peer agent at ``address`` with the
-    job's key, read as they are sent; the files are closed. grpc.RpcError or SnapshotError when it fails."""
-    chunks = (c for rank, fh in files for c in _chunks(job_id, node, rank, step, fh))
+def push_segments(address: str, key: str, job_id: str, node: int, step: int | Mapping[int, int],
+                  files: list[tuple[int, BinaryIO]], timeout: float) -> recover_pb2.Status:
+    """Send node ``node``'s open segments (local rank, file) of ``step`` (every rank's, or a step per rank) to the peer
+    agent at ``address`` with the job's key, read as they are sent; the files are closed. grpc.RpcError or
+    SnapshotError when it fails."""
+    steps = step if isinstance(step, Mapping) else {rank: step for rank, _fh in files}
+    chunks = (c for rank, fh in files for c in _chunks(job_id, node, rank, steps[rank], fh))
     try:
         with grpc.insecure_channel(address) as channel:
             return taskd_pb2_grpc.SnapshotPeerStub(channel).Push(chunks, timeout=timeout,

@@ -50,3 +50,30 @@ def test_a_torn_copy_is_never_published(tmp_path: Path) -> None:
     with pytest.raises(SnapshotError, match="not 2 of 0"):
         _receive(root, 2, data)  # step 1's segment under step 2's name
     assert os.listdir(root / "rank0") == []  # nothing published, nothing half-written left
+
+
+def _rank(directory: Path, rank: int, monkeypatch: pytest.MonkeyPatch) -> Snapshots:
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    return Snapshots(scope="rank", directory=str(directory), background=False)
+
+
+def test_the_push_follows_each_ranks_newest_when_ranks_drifted_apart(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranks that never exchange state (scope "rank") drift apart under load by more than the two steps each keeps:
+    no step is common then, and a push of the newest common step stopped the buddy's copy where they last agreed
+    (the copy at step 6 while the ranks trained past 500). Each rank's own newest is what goes next."""
+    fast, slow = _rank(tmp_path, 2, monkeypatch), _rank(tmp_path, 3, monkeypatch)
+    for step in range(1, 7):
+        fast.save({"w": np.zeros(10)}, step)
+        slow.save({"w": np.zeros(10)}, step)
+    assert sc.to_push(str(tmp_path)) == {2: 6, 3: 6}  # in step: the newest common one, a consistent cut
+    for step in range(7, 30):
+        fast.save({"w": np.zeros(10)}, step)
+    slow.save({"w": np.zeros(10)}, 7)
+    assert sc.newest_common(str(tmp_path)) == -1
+    assert sc.to_push(str(tmp_path)) == {2: 29, 3: 7}
+    fast.close()
+    slow.close()
+    (tmp_path / "rank4").mkdir()  # a rank that published nothing yet: nothing to push until it has
+    assert sc.to_push(str(tmp_path)) == {}
