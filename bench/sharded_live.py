@@ -6,6 +6,10 @@ ranks/2 shards, gloo on CPU), AdamW, the batch of step s a pure function of (see
 - taskd live HSDP with a spare that has run the script up to ``LiveGroup()`` (``--warm-spares 1
   --warm-spare-mode script``): only the killed rank is replaced; it receives its shards from the rank at the
   same shard coordinate in the other replica group. It writes no checkpoint (it needs none);
+- taskd live pure FSDP2 (examples/torch/train_fsdp2_live.py, the same MLP sharded over every rank,
+  ``LiveGroup(snapshot_every=1)``): the killed rank alone is replaced and restores its shards from its node's
+  snapshot, the survivors roll back in place (at most 1 step redone); its shards are not compared with the
+  HSDP reference (another sharding; tests/e2e/worker/test_live_fsdp.py checks them);
 - taskd ``job-rescheduling``: every rank restarts from the newest ``torch.distributed.checkpoint`` (the
   example's ``--ckpt-dir``, every ``--ckpt-every`` steps);
 - torchrun ``--max-restarts 3`` with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (as bench/peers.py runs it):
@@ -47,6 +51,7 @@ from common import ROOT, TASKD_DRIVER, TORCHRUN_DRIVER, bench_env, header, ratio
 from live_recovery import Kill, Launch, Progress, kill_and_watch, plan
 
 EXAMPLE = ROOT / "examples" / "torch" / "train_hsdp.py"
+FSDP2 = ROOT / "examples" / "torch" / "train_fsdp2_live.py"  # the same MLP, fully_shard over every rank
 TORCHFT_RANK = Path(__file__).resolve().parent / "sharded_torchft_rank.py"
 TORCHFT_DRIVER = Path(__file__).resolve().parent / "run_torchft.py"
 TORCHRUN = "torchrun + TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (DCP)"
@@ -62,12 +67,16 @@ class System:
     needs: str = ""
     comparable: bool = True  # its shards can equal taskd's reference (torchft averages across groups its own way)
     quick: bool = False  # run by --quick
+    script: Path = EXAMPLE
 
 
 SYSTEMS: tuple[System, ...] = (
     System("taskd live HSDP + script-mode spare", "taskd",
            ("--strategies", "recover,job-rescheduling,exit", "--warm-spares", "1", "--warm-spare-mode", "script"),
            checkpoints=False, quick=True),
+    System("taskd live FSDP2, snapshots k=1 + script-mode spare", "taskd",
+           ("--strategies", "recover,job-rescheduling,exit", "--warm-spares", "1", "--warm-spare-mode", "script"),
+           checkpoints=False, comparable=False, script=FSDP2),
     System("taskd job-rescheduling (DCP)", "taskd", ("--strategies", "job-rescheduling,exit")),
     System(TORCHRUN, "torchrun", env=(("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"),), quick=True),
     System("torchft 0.2.0 HSDP", "torchft", checkpoints=False, needs="torchft", comparable=False,
@@ -88,7 +97,8 @@ def steps_of(system: System, args: argparse.Namespace) -> int:
 
 
 def job_args(args: argparse.Namespace, run_dir: Path, system: System) -> list[str]:
-    out = ["--steps", str(steps_of(system, args)), "--out", str(run_dir / "out"), "--replicas", "2", "--hidden",
+    layout = ["--snapshot-every", "1"] if system.script == FSDP2 else ["--replicas", "2"]
+    out = ["--steps", str(steps_of(system, args)), "--out", str(run_dir / "out"), *layout, "--hidden",
            str(args.hidden), "--layers", str(args.layers), "--batch", str(args.batch), "--seed", str(args.seed),
            "--pg-timeout", str(args.pg_timeout)]
     if system.checkpoints:
@@ -107,7 +117,7 @@ def start(system: System, n: int, args: argparse.Namespace, run_dir: Path) -> La
     script = job_args(args, run_dir, system)
     if system.family == "taskd":
         cmd = [sys.executable, str(TASKD_DRIVER), "--nproc-per-node", str(n), "--max-restarts", "3",
-               "--log-dir", str(run_dir / "logs"), *system.flags, str(EXAMPLE), *script]
+               "--log-dir", str(run_dir / "logs"), *system.flags, str(system.script), *script]
     elif system.family == "torchrun":
         cmd = [sys.executable, str(TORCHRUN_DRIVER), "--standalone", "--nproc-per-node", str(n),
                "--max-restarts", "3", str(EXAMPLE), *script]
@@ -274,7 +284,7 @@ def print_table(result: dict[str, Any]) -> None:
               "-" if r["torchrun_over_this"] is None else f"{r['torchrun_over_this']:.1f}×"]
              for r in result["rows"]]
     print(f"\nSIGKILL of one rank of examples/torch/train_hsdp.py's HSDP job (2 replica groups, {result['steps']} "
-          f"steps) → every rank past its next step")
+          f"steps; the FSDP2 row: train_fsdp2_live.py's, the same MLP) → every rank past its next step")
     print(table(["system", "ranks", "resumed", "kill → resumed p50 s", "max s", "step s",
                  "steps redone max: survivors / killed rank", "samples never processed (jobs that ended)",
                  "survivors kept their process",
