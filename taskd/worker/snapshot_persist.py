@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import os
 import re
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from taskd.worker.checkpoint import fsync_dir, pid_alive_elsewhere, unlink_if_present
-from taskd.worker.snapshot_segment import HEADER_SIZE, SnapshotError, load, read_header
+from taskd.worker.snapshot_segment import HEADER_SIZE, SnapshotError, crc32, load, read_header
 
 CHUNK = 1 << 20
 _NAME = re.compile(r"s(\d{12})\.snap")
@@ -188,7 +187,7 @@ def write_copy(source: str, folder: str, rank: int, step: int) -> str:
             out.write(head)
             crc, left = 0, header.length
             while left > 0 and (chunk := src.read(min(CHUNK, left))):
-                crc = zlib.crc32(chunk, crc)
+                crc = crc32(chunk, crc)
                 out.write(chunk)
                 left -= len(chunk)
             if left or crc != header.crc:

@@ -11,7 +11,8 @@
 Tensors go into the snapshot as raw bytes (any dtype, bfloat16 included), out of band: a CPU tensor is copied
 once, straight into the shared-memory segment; a GPU tensor is first copied to the host. On restore a module's
 ``load_state_dict`` copies them straight from the mapped segment into its parameters (one copy, nothing
-allocated); other objects (optimizers keep what they are given) get copies of their own. See `taskd.worker.snapshot`.
+allocated), an optimizer's into the state tensors it holds (allocated only where it has none yet: a fresh
+process's); other objects (they keep what they are given) get copies of their own. See `taskd.worker.snapshot`.
 
 FSDP2 (``fully_shard``) and other DTensor state: `ShardedSnapshots(model, optimizer)`, same two lines. Each rank
 snapshots its own shards, what ``torch.distributed.checkpoint``'s ``get_model_state_dict`` and
@@ -55,6 +56,43 @@ def _rebuild_tensor(data: Any, dtype: str, shape: tuple[int, ...]) -> torch.Tens
 
 
 register_reducer(torch.Tensor, _reduce_tensor)
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer, saved: Any) -> Any:
+    """``saved`` (an optimizer's state dict whose tensors are views of a snapshot) made the optimizer's own, for its
+    ``load_state_dict``: each tensor copied into the one the optimizer already holds under the same parameter and
+    key (same shape and dtype: nothing allocated or re-created, and a GPU optimizer's state filled by one copy
+    from the host), the others into copies of their own. In place only when the groups have the sizes
+    ``load_state_dict`` checks, so that a state it refuses changes nothing."""
+    if not _same_groups(optimizer, saved):
+        return copy.deepcopy(saved)
+    held = optimizer.state_dict()["state"]  # the optimizer's own tensors, not copies
+    out = {key: copy.deepcopy(value) for key, value in saved.items() if key != "state"}
+    out["state"] = {}
+    for index, entry in saved["state"].items():
+        mine = held.get(index)
+        if isinstance(entry, dict) and isinstance(mine, dict):
+            out["state"][index] = {key: _copied_into(mine.get(key), value) for key, value in entry.items()}
+        else:
+            out["state"][index] = copy.deepcopy(entry)
+    return out
+
+
+def _same_groups(optimizer: torch.optim.Optimizer, saved: Any) -> bool:
+    groups = saved.get("param_groups") if isinstance(saved, dict) else None
+    if not isinstance(groups, list) or not isinstance(saved.get("state"), dict) \
+            or not all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups):
+        return False
+    return [len(g["params"]) for g in groups] == [len(g["params"]) for g in optimizer.param_groups]
+
+
+def _copied_into(held: Any, value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and isinstance(held, torch.Tensor) and held is not value \
+            and held.shape == value.shape and held.dtype == value.dtype and not held.requires_grad:
+        with torch.no_grad():
+            held.copy_(value)
+        return held
+    return copy.deepcopy(value)
 
 
 def is_sharded(obj: Any) -> bool:
@@ -115,10 +153,15 @@ class TorchSnapshots:
 
     def _load_into(self, state: dict[str, Any]) -> None:
         """Load ``state`` (views of the snapshot's mapped segment) into the objects, copying each tensor once: a
-        module copies into its own parameters and buffers (no allocation); anything else (an optimizer keeps
-        the tensors it is given) gets its own copies first."""
+        module copies into its own parameters and buffers (no allocation), an optimizer into the state tensors it
+        already holds (`optimizer_state`); anything else (it keeps the tensors it is given) gets its own copies."""
         for obj, saved in zip(self.objects, state["objects"], strict=True):
-            obj.load_state_dict(saved if isinstance(obj, torch.nn.Module) else copy.deepcopy(saved))
+            if isinstance(obj, torch.nn.Module):
+                obj.load_state_dict(saved)
+            elif isinstance(obj, torch.optim.Optimizer):
+                obj.load_state_dict(optimizer_state(obj, saved))
+            else:
+                obj.load_state_dict(copy.deepcopy(saved))
         self.extra = copy.deepcopy(state.get("extra"))
 
     def close(self) -> None:
@@ -230,4 +273,4 @@ class ShardedSnapshots:
         self.snapshots.close()
 
 
-__all__ = ["ShardedSnapshots", "TorchSnapshots", "common_steps", "is_sharded", "resume_folder"]
+__all__ = ["ShardedSnapshots", "TorchSnapshots", "common_steps", "is_sharded", "optimizer_state", "resume_folder"]

@@ -13,10 +13,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import zlib
 from collections.abc import Iterator
 
-from taskd.worker.snapshot_segment import HEADER_SIZE, SnapshotError, read_header
+from taskd.worker.snapshot_segment import HEADER_SIZE, SnapshotError, crc32, read_header
 
 CHUNK = 1 << 20
 KEEP = 2
@@ -108,7 +107,7 @@ def check(path: str, step: int, rank: int) -> None:
             raise SnapshotError(f"{path}: holds step {header.step} of rank {header.rank}, not {step} of {rank}")
         crc, left = 0, header.length
         while left > 0 and (chunk := fh.read(min(CHUNK, left))):
-            crc = zlib.crc32(chunk, crc)
+            crc = crc32(chunk, crc)
             left -= len(chunk)
     if left or crc != header.crc:
         raise SnapshotError(f"{path}: {'truncated' if left else 'checksum mismatch'} (the rank reused it while "

@@ -1,0 +1,74 @@
+"""The snapshots' checksum: zlib-ng's CRC-32 where it is installed, the same values as zlib's (so a segment, a
+buddy's copy or a persisted copy checks either way), and what a restore copies into (no process, no socket)."""
+
+from __future__ import annotations
+
+import mmap
+import zlib
+
+import numpy as np
+import pytest
+
+from taskd.worker import snapshot_segment
+
+
+def test_the_checksum_is_zlibs_crc32_chunk_by_chunk_and_over_a_mapping(tmp_path) -> None:
+    data = np.random.default_rng(7).integers(0, 256, 3 * (1 << 20) + 13, dtype=np.uint8).tobytes()
+    assert snapshot_segment.crc32(data) == zlib.crc32(data)
+    crc = 0
+    for start in range(0, len(data), 1 << 20):  # how the agent checks a copy: chunk by chunk, carried on
+        crc = snapshot_segment.crc32(data[start:start + (1 << 20)], crc)
+    assert crc == zlib.crc32(data)
+    path = tmp_path / "body"
+    path.write_bytes(data)
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY) as mapped:
+        view = memoryview(mapped)
+        assert snapshot_segment.crc32(view[5:]) == zlib.crc32(data[5:])  # how a restore checks: the mapped body
+        view.release()
+
+
+def test_zlib_ngs_crc32_is_used_where_it_is_installed() -> None:
+    fast = pytest.importorskip("zlib_ng.zlib_ng")
+    assert snapshot_segment.crc32 is fast.crc32  # 4-5x less CPU than zlib's per snapshot (BENCHMARKS.md)
+
+
+def _stepped(torch, lr: float = 1e-3, seed: int = 0) -> tuple:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 3))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    model(torch.randn(4, 6)).square().sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def test_a_restore_copies_into_the_optimizer_state_it_holds_and_allocates_none(tmp_path) -> None:
+    torch = pytest.importorskip("torch")
+    from taskd.worker.torch_snapshot import TorchSnapshots
+
+    model, optimizer = _stepped(torch, seed=1)
+    TorchSnapshots(model, optimizer, directory=str(tmp_path), background=False).save(4)
+    model2, optimizer2 = _stepped(torch, lr=0.5, seed=2)  # a process that trained on: its state differs
+    held = {(i, k): t for i, entry in optimizer2.state_dict()["state"].items() for k, t in entry.items()}
+    assert TorchSnapshots(model2, optimizer2, directory=str(tmp_path)).restore() == 4
+    now = optimizer2.state_dict()
+    for (i, k), tensor in held.items():
+        assert now["state"][i][k] is tensor  # the same tensors, refilled: nothing re-created
+        assert torch.equal(tensor, optimizer.state_dict()["state"][i][k])
+    assert now["param_groups"][0]["lr"] == 1e-3
+    for a, b in zip(model.state_dict().values(), model2.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_an_optimizer_state_its_load_refuses_changes_nothing() -> None:
+    torch = pytest.importorskip("torch")
+    from taskd.worker.torch_snapshot import optimizer_state
+
+    _, optimizer = _stepped(torch, seed=1)
+    _, other = _stepped(torch, seed=2)
+    saved = other.state_dict()
+    saved["param_groups"][0]["params"] = saved["param_groups"][0]["params"][:3]  # a group of another size
+    before = {(i, k): t.clone() for i, entry in optimizer.state_dict()["state"].items() for k, t in entry.items()}
+    with pytest.raises(ValueError, match="size"):
+        optimizer.load_state_dict(optimizer_state(optimizer, saved))
+    after = optimizer.state_dict()["state"]
+    assert all(torch.equal(after[i][k], t) for (i, k), t in before.items())
