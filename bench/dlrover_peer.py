@@ -16,7 +16,7 @@ Storage saves run at ``--storage-ks`` only: the saver waits up to 15 s before it
 a newer save overwrote in memory, which at k = 1 happens to most saves. The CPU
 time per step counts the trainer's and the saver process's. Restore: ``load_checkpoint`` (from the shared memory, in
 the same process) + ``load_state_dict`` into a fresh model and optimizer; from disk, ``torch.load`` of the file the
-saver wrote, its pages dropped first and kept.
+saver wrote, its pages dropped first and kept. Host memory: the bytes of its shared memory and its saver's RSS.
 
     python3 -m venv /work/venv-dlrover
     /work/venv-dlrover/bin/pip install "dlrover[torch]==0.6.1" "torch==2.7.*" grpcio protobuf  # its imports
@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--restores", type=int, default=5)
-    p.add_argument("--ks", default="1,5,20", help="save intervals of the memory saves")
+    p.add_argument("--ks", default="1,5,10,20", help="save intervals of the memory saves")
     p.add_argument("--storage-ks", default="20", help="save intervals of the storage saves (each save that the "
                    "saver finds overwritten before it persisted it costs the saver a 15 s wait: see the docs)")
     p.add_argument("--disk", default=None, help="parent of the checkpoint directory (default: the temp dir)")
@@ -165,6 +165,23 @@ def restores(args: argparse.Namespace, flash: Flash) -> dict[str, list[float]]:
     return out
 
 
+def memory_held(args: argparse.Namespace, flash: Flash) -> dict[str, int]:
+    """After a memory save: the bytes of DLRover's shared memory (/dev/shm) and its saver process's RssAnon and
+    RssShmem (the agent's side: under dlrover-run the agent holds that memory)."""
+    model, optimizer = build(args)
+    first_step(model, optimizer, args.hidden)
+    flash.save(state(model, optimizer), disk=False)
+    facts = {"RssAnon": 0, "RssShmem": 0}
+    if flash.saver is not None:
+        with open(f"/proc/{flash.saver.pid}/status") as fh:
+            for line in fh:
+                name, _, value = line.partition(":")
+                if name in facts:
+                    facts[name] = int(value.split()[0]) * 1024
+    shm = os.stat(LEFTOVERS[0]).st_blocks * 512 if os.path.exists(LEFTOVERS[0]) else 0
+    return {"shm_bytes": shm, "saver_anon": facts["RssAnon"], "saver_shmem": facts["RssShmem"]}
+
+
 def cleanup() -> None:
     """Remove what DLRover's saver leaves once it is stopped: its shared memory and sockets are never unlinked."""
     for path in LEFTOVERS:
@@ -201,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
                 result["runs"].setdefault(name, []).append(train(args, flash, method, k))
                 print(f"dlrover round {r + 1}: {name}: {result['runs'][name][-1]['steps_per_s']:.2f} steps/s",
                       file=sys.stderr, flush=True)
+        result["memory"] = memory_held(args, flash)
         result["restores"] = restores(args, flash)
     finally:
         if flash is not None:
