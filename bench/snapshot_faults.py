@@ -159,10 +159,11 @@ def child(args: argparse.Namespace, saver: Saver, steps: int, report: str, kill:
         train_step(model, optimizer, x)
         if saver.method is not None and step % saver.k == 0:
             saver.save(model, optimizer, snaps, step)
-    if saver.pending is not None:
-        saver.pending.result(timeout=300)
-    if snaps is not None and not kill:
-        snaps.snapshots.wait()  # the last publish done: what a rank holds between its saves
+    if not kill:  # the last save's background work done: what a trainer holds between its saves
+        if saver.pending is not None:
+            saver.pending.result(timeout=300)
+        if snaps is not None:
+            snaps.snapshots.wait()
     with open(report, "w") as fh:
         json.dump({**status(), "outside": saver.outside()}, fh)
     if kill:
