@@ -1,4 +1,4 @@
-"""An FSDP2 (``fully_shard``) script that loses at most a step to a fault: each rank snapshots its own shards.
+"""An FSDP2 (``fully_shard``) script that loses at most k steps to a fault: each rank snapshots its own shards.
 
 An MLP, sharded over every rank by ``fully_shard`` (gloo, CPU), learns a fixed random teacher with AdamW. The
 batch of step s is a pure function of (seed, rank, s), so a run with faults ends with shards bit-identical to
@@ -32,6 +32,7 @@ try:
 except ImportError:  # run from a source checkout without installing taskd
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     from taskd import worker
+from taskd.worker.snapshot import DEFAULT_EVERY
 from taskd.worker.torch_snapshot import ShardedSnapshots
 
 
@@ -39,7 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--snapshot-every", type=int, default=1, help="snapshot every K steps (0: never)")
+    p.add_argument("--snapshot-every", type=int, default=DEFAULT_EVERY,
+                   help=f"snapshot every K steps (0: never; default {DEFAULT_EVERY}: within 3 %% of a step's CPU)")
     p.add_argument("--kill-rank", type=int, default=None, help="this rank SIGKILLs itself once, after --kill-at-step")
     p.add_argument("--kill-at-step", type=int, default=None)
     p.add_argument("--hidden", type=int, default=64)

@@ -1,4 +1,4 @@
-"""A plain DDP script (no LiveGroup) that loses no work to a fault: in-memory snapshots every step.
+"""A plain DDP script (no LiveGroup) that loses at most k steps to a fault: in-memory snapshots every k steps.
 
 An MLP learns a fixed random teacher with AdamW over gloo. The batch of step s is a pure function of
 (seed, rank, s), so a run with faults ends with parameters bit-identical to a run without. Two lines make it
@@ -35,6 +35,7 @@ try:
 except ImportError:  # run from a source checkout without installing taskd
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     from taskd import worker
+from taskd.worker.snapshot import DEFAULT_EVERY
 from taskd.worker.torch_buckets import stable_ddp
 from taskd.worker.torch_snapshot import TorchSnapshots
 
@@ -45,7 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", required=True)
     p.add_argument("--ckpt-dir", default=None, help="disk checkpoints every --ckpt-every steps: the fallback")
     p.add_argument("--ckpt-every", type=int, default=0)
-    p.add_argument("--snapshot-every", type=int, default=1, help="snapshot every K steps (0: never)")
+    p.add_argument("--snapshot-every", type=int, default=DEFAULT_EVERY,
+                   help=f"snapshot every K steps (0: never; default {DEFAULT_EVERY}: within 3 %% of a step's CPU)")
     p.add_argument("--snapshot-keep", type=int, default=2, help="snapshots kept per rank (on several nodes: more "
                    "than the steps a buddy's copy lags, so that the ranks still share a step with it)")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step (to watch it run)")

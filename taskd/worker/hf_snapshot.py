@@ -2,7 +2,7 @@
 
     from taskd.worker.hf_snapshot import SnapshotCallback
 
-    snapshots = SnapshotCallback(every=1)                  # a snapshot every step (or every k)
+    snapshots = SnapshotCallback()                         # a snapshot every 10 steps (every=k: any k)
     trainer = Trainer(model, args, train_dataset=data, callbacks=[snapshots])
     trainer.train(resume_from_checkpoint=snapshots.resume())   # None: nothing to restore, a fresh start
 
@@ -31,7 +31,7 @@ import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from taskd.worker.env import rank, world_size
-from taskd.worker.snapshot import Snapshots
+from taskd.worker.snapshot import DEFAULT_EVERY, Snapshots
 from taskd.worker.torch_snapshot import common_steps, resume_folder
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ class SnapshotCallback(TrainerCallback):
     from. ``keep``, ``fallback`` and the other options as `taskd.worker.Snapshots` (scope "job": every rank
     resumes the same step)."""
 
-    def __init__(self, every: int = 1, keep: int = 2, **options: Any) -> None:
+    def __init__(self, every: int = DEFAULT_EVERY, keep: int = 2, **options: Any) -> None:
         if not isinstance(every, int) or isinstance(every, bool) or every < 1:
             raise ValueError(f"every must be an integer >= 1, got {every!r}")
         self.every = every

@@ -2,7 +2,7 @@
 
     from taskd.worker.lightning_snapshot import SnapshotCallback
 
-    snapshots = SnapshotCallback(every=1)                       # a snapshot every step (or every k)
+    snapshots = SnapshotCallback()                              # a snapshot every 10 steps (every=k: any k)
     trainer = L.Trainer(max_steps=1000, callbacks=[snapshots])
     trainer.fit(model, data, ckpt_path=snapshots.resume())      # None: nothing to restore, a fresh start
 
@@ -27,7 +27,7 @@ import torch
 
 from taskd.worker.checkpoint import unlink_if_present
 from taskd.worker.env import rank
-from taskd.worker.snapshot import Snapshots
+from taskd.worker.snapshot import DEFAULT_EVERY, Snapshots
 from taskd.worker.torch_snapshot import common_steps, resume_folder
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ class SnapshotCallback(pl.Callback):
     """Snapshots the trainer's checkpoint every ``every`` optimizer steps; ``resume()`` gives the path to fit
     from. ``keep``, ``fallback`` and the other options as `taskd.worker.Snapshots` (scope "job")."""
 
-    def __init__(self, every: int = 1, keep: int = 2, **options: Any) -> None:
+    def __init__(self, every: int = DEFAULT_EVERY, keep: int = 2, **options: Any) -> None:
         if not isinstance(every, int) or isinstance(every, bool) or every < 1:
             raise ValueError(f"every must be an integer >= 1, got {every!r}")
         self.every = every

@@ -34,7 +34,7 @@ from mindspore.train import Callback
 
 from taskd.worker.live import declare_rejoinable
 from taskd.worker.progress import heartbeat, on_save_request, section, serve_after_error
-from taskd.worker.snapshot import Fallback, SnapshotError, Snapshots
+from taskd.worker.snapshot import DEFAULT_EVERY, Fallback, SnapshotError, Snapshots
 
 log = logging.getLogger("taskd.worker")
 
@@ -162,7 +162,7 @@ class SnapshotCallback(Callback):
     own; ``restore()`` before training loads the newest consistent step. ``keep``, ``fallback`` and the options
     as `taskd.worker.Snapshots`."""
 
-    def __init__(self, *cells: Any, every: int = 1, keep: int = 2, fallback: Fallback | None = None,
+    def __init__(self, *cells: Any, every: int = DEFAULT_EVERY, keep: int = 2, fallback: Fallback | None = None,
                  **options: Any) -> None:
         super().__init__()
         if not cells or not all(callable(getattr(c, "parameters_and_names", None)) for c in cells):

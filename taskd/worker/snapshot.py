@@ -48,6 +48,10 @@ SCOPES = ("job", "rank")
 PUBLISH_WAIT = 60.0
 """How long a save (or restore) waits for the previous snapshot's publish (a checksum of the state: well under a
 second for gigabytes); past it SnapshotError, since a publish that takes that long is stuck."""
+DEFAULT_EVERY = 10
+"""The adapters' default snapshot interval in steps (`SnapshotCallback(every=...)` of Hugging Face, Lightning and
+MindSpore, the examples' --snapshot-every): the smallest k <= 10 whose CPU cost per step, measured against no
+snapshots, stays within 3 % (BENCHMARKS.md, issue 33: bench/snapshot_save_cpu.py). A fault redoes at most k steps."""
 _ROUND = 1 << 16  # segments grow in 64 KiB steps, so that a state whose small objects vary keeps its segment
 _NAME = re.compile(r"s(\d{12})\.snap")
 
@@ -488,4 +492,4 @@ def _fault_step(of_rank: int) -> int | None:
     return int(match.group(2)) if int(match.group(1)) == of_rank else None
 
 
-__all__ = ["SCOPES", "Snapshots", "SnapshotError"]
+__all__ = ["DEFAULT_EVERY", "SCOPES", "Snapshots", "SnapshotError"]

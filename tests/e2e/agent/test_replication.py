@@ -230,7 +230,8 @@ def test_a_replacement_restores_a_lost_nodes_ranks_from_its_buddys_copy(
 def plain(tmp: Path, steps: int, sleep: float) -> list[str]:
     """train_plain.py, `sleep` s a step while tmp/pace exists (`unpace`)."""
     return [str(PLAIN), "--steps", str(steps), "--out", str(tmp / "out"), "--ckpt-dir", str(tmp / "ckpt"),
-            "--ckpt-every", "100", "--snapshot-keep", "6", "--step-sleep", str(sleep), "--sleep-while", str(paced(tmp))]
+            "--ckpt-every", "100", "--snapshot-every", "1", "--snapshot-keep", "6", "--step-sleep", str(sleep),
+            "--sleep-while", str(paced(tmp))]
 
 
 def test_a_standby_taking_a_lost_node_restores_a_ddp_jobs_cut_from_memory(tmp_path: Path,

@@ -31,7 +31,8 @@ def run_job(tmp: Path, name: str, *extra: str) -> tuple[Path, str]:
     for var in ("MINDX_SERVER_IP", "MINDX_TASK_ID", "TASKD_SNAPSHOT_MEMORY", "TASKD_SNAPSHOT_FAULT"):
         env.pop(var, None)
     proc = subprocess.Popen([sys.executable, "-m", "taskd.run", "--monitor-interval", "0.2", "--job-id", job,
-                             "--nproc-per-node", "4", str(FSDP2), "--steps", str(STEPS), "--out", str(out), *extra],
+                             "--nproc-per-node", "4", str(FSDP2), "--steps", str(STEPS), "--out", str(out),
+                             "--snapshot-every", "1", *extra],
                             stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     STARTED.append(proc)
     assert proc.wait(timeout=300) == 0, log.read_text()[-6000:]

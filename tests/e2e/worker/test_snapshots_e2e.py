@@ -63,7 +63,7 @@ def plain_run(tmp: Path, name: str, *extra: str) -> tuple[Path, str]:
     job = new_job(name)
     out, log = tmp / name, tmp / f"{name}.log"
     proc = taskd_run(job, ["--nproc-per-node", "4", str(PLAIN), "--steps", str(PLAIN_STEPS), "--out", str(out),
-                           *extra], log)
+                           "--snapshot-every", "1", *extra], log)
     return out, finish(proc, log, job)
 
 

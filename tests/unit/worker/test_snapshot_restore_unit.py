@@ -72,3 +72,31 @@ def test_an_optimizer_state_its_load_refuses_changes_nothing() -> None:
         optimizer.load_state_dict(optimizer_state(optimizer, saved))
     after = optimizer.state_dict()["state"]
     assert all(torch.equal(after[i][k], t) for (i, k), t in before.items())
+
+
+def test_every_adapter_and_example_defaults_to_the_measured_interval() -> None:
+    """One default k (snapshot.DEFAULT_EVERY, chosen from bench/snapshots.py's CPU cost): ≤ 10 (issue 33), and what
+    the callbacks' ``every`` and the examples' --snapshot-every default to (read from their source: no framework
+    imported)."""
+    import ast
+    from pathlib import Path
+
+    from taskd.worker.snapshot import DEFAULT_EVERY
+
+    assert isinstance(DEFAULT_EVERY, int) and 1 <= DEFAULT_EVERY <= 10
+    root = Path(__file__).resolve().parents[3]
+    defaults = {}
+    for path in ("taskd/worker/hf_snapshot.py", "taskd/worker/lightning_snapshot.py", "taskd/worker/mindspore.py"):
+        tree = ast.parse((root / path).read_text())
+        init = next(f for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name == "SnapshotCallback"
+                    for f in c.body if isinstance(f, ast.FunctionDef) and f.name == "__init__")
+        names = [a.arg for a in init.args.kwonlyargs]
+        default = init.args.kw_defaults[names.index("every")] if "every" in names else \
+            init.args.defaults[[a.arg for a in init.args.args][-len(init.args.defaults):].index("every")]
+        defaults[path] = ast.unparse(default)
+    for path in ("examples/torch/train_plain.py", "examples/torch/train_fsdp2.py"):
+        tree = ast.parse((root / path).read_text())
+        call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and n.args and
+                    isinstance(n.args[0], ast.Constant) and n.args[0].value == "--snapshot-every")
+        defaults[path] = ast.unparse(next(k.value for k in call.keywords if k.arg == "default"))
+    assert set(defaults.values()) == {"DEFAULT_EVERY"}, defaults
