@@ -447,8 +447,10 @@ def default_k(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def fault_tables(faults: dict[str, Any], summary: dict[str, Any], size: int, buddy_bytes: int,
-                 dlrover: dict[str, Any] | None) -> None:
+def fault_tables(faults: dict[str, Any], size: int, buddy_bytes: int, dlrover: dict[str, Any] | None
+                 ) -> dict[str, Any]:
+    """Print the steps redone and the memory held; their summary (apart from the steady state's)."""
+    summary: dict[str, Any] = {}
     rows = []
     for name, items in faults["faults"].items():
         redone = [f["redone"] for f in items]
@@ -479,6 +481,7 @@ def fault_tables(faults: dict[str, Any], summary: dict[str, Any], size: int, bud
           "saved nothing; RssShmem: the segments it maps, the same pages as /dev/shm's)")
     print(table(["method", "held outside the trainer", "x state", "trainer RssAnon over none MB",
                  "trainer RssShmem MB"], mrows))
+    return summary
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -543,8 +546,8 @@ def main(argv: list[str] | None = None) -> int:
     print(restore_goal(summary, result["state_bytes"]))
     print(default_k(summary))
     if isinstance(faults, dict):
-        fault_tables(faults, summary, result["state_bytes"], buddy_bytes,
-                     flash.get("memory") if isinstance(flash, dict) else None)
+        result["fault_summary"] = fault_tables(faults, result["state_bytes"], buddy_bytes,
+                                               flash.get("memory") if isinstance(flash, dict) else None)
     else:
         print(f"skipped: steps redone and memory held: {faults}")
     if isinstance(flash, str):
