@@ -53,6 +53,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step (to watch it run)")
     p.add_argument("--sleep-while", default=None, metavar="FILE",
                    help="sleep --step-sleep per step only while FILE exists (a test paces the job while it acts on it)")
+    p.add_argument("--restart-gate", default=None, metavar="FILE",
+                   help="after a restart, create FILE.waiting<RANK> and wait (up to 120 s) for FILE before restoring "
+                   "(a test damages a snapshot meanwhile)")
     p.add_argument("--kill-rank", type=int, default=None, help="this rank SIGKILLs itself once, after --kill-at-step")
     p.add_argument("--kill-at-step", type=int, default=None)
     p.add_argument("--hidden", type=int, default=64)
@@ -74,6 +77,16 @@ def build(args: argparse.Namespace) -> tuple[nn.Module, nn.Module]:
     return model, teacher
 
 
+def wait_for_gate(gate: str, rank: int, timeout: float = 120.0) -> None:
+    with open(f"{gate}.waiting{rank}", "w"):
+        pass
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(gate):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"rank {rank}: {gate} did not appear within {timeout} s")
+        time.sleep(0.05)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     rank = worker.rank()
@@ -85,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     ckpt = worker.CheckpointManager(os.path.join(args.ckpt_dir, f"rank{rank}")) if args.ckpt_dir else None
 
     snapshots = TorchSnapshots(model, optimizer, keep=args.snapshot_keep, fallback=ckpt)  # snapshot: what to keep
+    if args.restart_gate and worker.restart_count() > 0:
+        wait_for_gate(args.restart_gate, rank)
     start = snapshots.restore()  # snapshot: state in (the newest step every rank holds in memory, else disk, else 0)
     steps = torch.tensor([start])
     dist.all_reduce(steps, op=dist.ReduceOp.MAX)

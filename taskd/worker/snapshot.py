@@ -41,6 +41,7 @@ from taskd.worker import snapshot_persist as persisted
 from taskd.worker.env import Var, env_int, rank, restart_count, world_size
 from taskd.worker.snapshot_account import Fetched, Restored, take_fetched, write_restored
 from taskd.worker.snapshot_segment import SnapshotError, flatten, load, seal, write_body
+from taskd.worker.snapshot_vote import InUse, Outvoted, Unagreed, Vote, guarded, load_voted
 
 log = logging.getLogger(__name__)
 
@@ -295,29 +296,37 @@ class Snapshots:
             self.agree(set())  # the other ranks agree on a cut: take part, holding nothing
         fetched = take_fetched(self.directory, self.rank) if self.directory else None
         newest = max(self._published(self.rank), default=-1) if why is None else -1
-        if why is None:
-            step, why = self._cut(agreed)
-            if step is None and fetched is not None and fetched.why:  # what the agent knows, not a guess
-                why = f"node {fetched.node} was lost with its snapshots, and {fetched.why}"
-            if step is not None:
-                started = time.perf_counter()
-                try:
-                    state, size = load(os.path.join(self._own, f"s{step:012d}.snap"), step, self.rank,
-                                       _guarded(use))
-                except _InUse as exc:  # the caller's own error, not a damaged snapshot: no fallback over it
-                    raise exc.__cause__ from None  # type: ignore[misc]
-                except (SnapshotError, OSError) as exc:
-                    why, damaged = f"rank {self.rank}'s snapshot of step {step} cannot be read: {exc}", True
-                else:
-                    self._drop_after(step)
-                    buddy = fetched is not None and step in fetched.steps
-                    self.restored_from = "buddy" if buddy else "memory"
-                    self._account(step, newest, fetched if buddy else None)
-                    where = (f"node {fetched.node}'s copy, fetched from node {fetched.holder}'s agent"
-                             if buddy and fetched is not None else "this node's memory")
-                    log.info("rank %d restored step %d from memory: %s (%s in %.3f s)", self.rank, step, where,
-                             _mb(size), time.perf_counter() - started)
-                    return state, step
+        passed: list[str] = []  # newer steps every rank passed over: a copy of one failed its check
+        vote = Vote(self.agree, self.rank, self.world, self._nodes(), self.directory or "", self.scope == "rank")
+        step: int | None = None
+        while self.off is None:
+            step, why = self._cut(agreed, step)
+            if step is None:
+                if fetched is not None and fetched.why and not passed:  # what the agent knows, not a guess
+                    why = f"node {fetched.node} was lost with its snapshots, and {fetched.why}"
+                break
+            started = time.perf_counter()
+            try:
+                state, size = load_voted(vote, os.path.join(self._own, f"s{step:012d}.snap"), step, use)
+            except InUse as exc:  # the caller's own error, not a damaged snapshot: no fallback over it
+                raise exc.__cause__ from None  # type: ignore[misc]
+            except Outvoted as exc:
+                passed.append(str(exc))
+                continue
+            except Unagreed as exc:  # several nodes and no vote: this rank alone knows (the old fallback)
+                why, damaged = f"rank {self.rank}'s snapshot of step {step} cannot be agreed on: {exc}", True
+                break
+            self._drop_after(step)
+            buddy = fetched is not None and step in fetched.steps
+            self.restored_from = "buddy" if buddy else "memory"
+            self._account(step, newest, fetched if buddy else None)
+            where = (f"node {fetched.node}'s copy, fetched from node {fetched.holder}'s agent"
+                     if buddy and fetched is not None else "this node's memory")
+            log.log(logging.WARNING if passed else logging.INFO, "rank %d restored step %d from memory: %s (%s in "
+                    "%.3f s, the vote included)%s", self.rank, step, where, _mb(size), time.perf_counter() - started,
+                    _passed_words(passed, vote.alone))
+            return state, step
+        why = f"{why}{_passed_words(passed, vote.alone)}"
         if self.persist_dir is not None and not damaged:
             found, unpersisted = self._restore_persisted(use, why)  # no cut in memory (alike on every rank)
             if found is not None:
@@ -363,8 +372,8 @@ class Snapshots:
         path = os.path.join(root, f"rank{self.rank}", persisted.segment_name(step))
         started = time.perf_counter()
         try:
-            state, size = load(path, step, self.rank, _guarded(use))
-        except _InUse as exc:
+            state, size = load(path, step, self.rank, guarded(use))
+        except InUse as exc:
             raise exc.__cause__ from None  # type: ignore[misc]
         except (SnapshotError, OSError) as exc:  # verified a moment ago: changed since (never seen)
             persisted.quarantine(path)
@@ -377,10 +386,10 @@ class Snapshots:
                     "memory (%s)%s", self.rank, step, root, _mb(size), time.perf_counter() - started, why, passed)
         return (state, step), ""
 
-    def _cut(self, agreed: bool = False) -> tuple[int | None, str]:
-        """The step to restore and, without one, why."""
+    def _cut(self, agreed: bool = False, below: int | None = None) -> tuple[int | None, str]:
+        """The step to restore (older than ``below``: newer ones were passed over) and, without one, why."""
         if self.scope == "rank":
-            own = self._published(self.rank)
+            own = self._published(self.rank, below)
             return (max(own), "") if own else (None, f"rank {self.rank} holds no snapshot")
         nodes = self._nodes()
         if nodes > 1 or agreed:  # each node sees its own ranks only (a lost node's, fetched from its buddy, too)
@@ -388,12 +397,12 @@ class Snapshots:
                 return None, (f"the job runs on {nodes} nodes and nothing agrees on a step across them (`agree`: "
                               "TorchSnapshots passes one once torch.distributed is initialized)")
             try:
-                common = self.agree(self._published(self.rank))
+                common = self.agree(self._published(self.rank, below))
             except SnapshotError as exc:
                 return None, str(exc)
             return (max(common), "") if common else (None, f"no step is held by every rank of the job ({nodes} "
                                                           "node(s); a copy further behind than `keep` steps?)")
-        held = {r: self._published(r) for r in range(self.world)}
+        held = {r: self._published(r, below) for r in range(self.world)}
         common = set.intersection(*held.values()) if held else set()
         if common:
             return max(common), ""
@@ -407,12 +416,13 @@ class Snapshots:
     def _nodes() -> int:
         return env_int(Var.GROUP_WORLD_SIZE, 1) or 1
 
-    def _published(self, of_rank: int) -> set[int]:
+    def _published(self, of_rank: int, below: int | None = None) -> set[int]:
         try:
             names = os.listdir(os.path.join(self.directory or "", f"rank{of_rank}"))
         except FileNotFoundError:
             return set()
-        return {int(m.group(1)) for m in map(_NAME.fullmatch, names) if m}
+        steps = {int(m.group(1)) for m in map(_NAME.fullmatch, names) if m}
+        return steps if below is None else {s for s in steps if s < below}
 
     def _drop_after(self, step: int) -> None:
         """Forget this rank's snapshots past the restored step: they belong to the run the fault ended."""
@@ -464,20 +474,9 @@ def _own_newest(root: str, of_rank: int) -> int | None:
     return None
 
 
-class _InUse(Exception):
-    """An error raised by restore's ``use`` (its cause), kept apart from a segment that cannot be read."""
-
-
-def _guarded(use: Callable[[Any], Any] | None) -> Callable[[Any], Any] | None:
-    if use is None:
-        return None
-
-    def run(state: Any) -> Any:
-        try:
-            return use(state)
-        except (SnapshotError, OSError) as exc:
-            raise _InUse() from exc
-    return run
+def _passed_words(passed: list[str], alone: bool) -> str:
+    """The newer steps a restore passed over (a copy of each failed its check), for its line."""
+    return f"; newer steps passed over{'' if alone else ' on every rank'}: {'; '.join(passed)}" if passed else ""
 
 
 def _fault_step(of_rank: int) -> int | None:

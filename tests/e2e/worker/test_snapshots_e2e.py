@@ -2,6 +2,8 @@
 
 - a plain torch DDP script (no LiveGroup), 4 ranks, a rank SIGKILLed: every rank restored from memory, at most
   one step redone, parameters bit-identical to a fault-free run;
+- a rank SIGKILLed, and one byte of another rank's newest snapshot flipped before the restart: every rank restores
+  the same older step from memory (a consistent cut), and the damaged copy's rank says which and why;
 - a rank SIGKILLed inside the copy of its snapshot: that snapshot is never restored;
 - `taskd run` SIGKILLed: the next `taskd run` on the node removes the directory it left;
 - a cap too small: snapshots off, the message names the fallback, the ranks resume from their disk checkpoints;
@@ -14,6 +16,7 @@ import glob
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import uuid
@@ -84,6 +87,40 @@ def test_plain_torch_rank_sigkilled_restores_every_rank_from_memory_bit_identica
         want = torch.load(reference / f"rank{rank}.pt")
         for key in want:
             assert torch.equal(got[key], want[key]), f"rank {rank}: {key} differs from the fault-free run"
+
+
+def flip_a_byte(path: str) -> None:
+    """One byte in the middle of the segment's body (its header says how long the body is: the file is longer)."""
+    with open(path, "r+b") as fh:
+        length = struct.unpack_from("<Q", fh.read(64), 32)[0]
+        fh.seek(64 + length // 2)
+        byte = fh.read(1)
+        fh.seek(64 + length // 2)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_a_damaged_snapshot_moves_every_rank_to_the_same_older_step(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    job, out, log, gate = new_job("flip"), tmp_path / "flip", tmp_path / "flip.log", tmp_path / "gate"
+    proc = taskd_run(job, ["--nproc-per-node", "2", str(PLAIN), "--steps", "8", "--out", str(out),
+                           "--snapshot-every", "1", "--snapshot-keep", "3", "--kill-rank", "1", "--kill-at-step", "5",
+                           "--restart-gate", str(gate)], log)
+    # the restarted ranks wait at the gate: the killed run's processes are gone, their snapshots settled
+    wait_for(lambda: all(os.path.exists(f"{gate}.waiting{r}") for r in (0, 1)), 180, "both restarted ranks at the gate")
+    [folder] = job_dirs(job)
+    held = [{int(n[1:13]) for n in os.listdir(os.path.join(folder, f"rank{r}")) if n.endswith(".snap")}
+            for r in (0, 1)]
+    newest = max(held[0] & held[1])
+    assert newest - 1 in held[0] & held[1], held
+    flip_a_byte(os.path.join(folder, "rank0", f"s{newest:012d}.snap"))
+    gate.touch()
+    text = finish(proc, log, job)
+    assert f"rank 0: its snapshot of step {newest} in memory fails its check" in text, text
+    assert "checksum mismatch" in text, text
+    for rank in (0, 1):
+        summary = json.loads((out / f"rank{rank}.json").read_text())
+        assert summary["restored_from"] == "memory" and summary["resumed_from"] == newest - 1, (rank, summary)
+    assert f"restored step {newest - 1} from memory" in text and "newer steps passed over on every rank" in text, text
 
 
 # ------------------------------------------------------------------ the numpy example, 2 ranks

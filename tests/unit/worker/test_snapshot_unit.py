@@ -88,7 +88,7 @@ def test_across_nodes_the_cut_is_what_agree_says_every_rank_holds(tmp_path, monk
         asked.append(steps)
         return steps & {3, 4, 5}  # the other node's ranks (or the buddy's copy of them) hold 3-5
     restored = Snapshots(keep=3, directory=str(tmp_path), agree=agree)
-    assert restored.restore()[1] == 5 and asked == [{4, 5, 6}]
+    assert restored.restore()[1] == 5 and asked == [{4, 5, 6}, {5}]  # the step, then the vote: every copy passed
     assert files(tmp_path, 2) == ["s000000000004.snap", "s000000000005.snap"]
     caplog.set_level(logging.INFO, "taskd.worker.snapshot")
     assert Snapshots(directory=str(tmp_path), agree=lambda steps: set()).restore() is None
@@ -137,6 +137,72 @@ def test_a_damaged_segment_falls_back_to_disk_saying_so(tmp_path, caplog) -> Non
     assert step == 2 and got["step"] == 2 and snaps.restored_from == "disk"
     assert "checksum mismatch" in caplog.text and f"falling back to the disk checkpoints in {ckpt.directory}" \
         in caplog.text
+
+
+def flip(segment) -> None:
+    data = bytearray(segment.read_bytes())
+    data[200] ^= 0xFF
+    segment.write_bytes(bytes(data))
+
+
+def test_one_node_without_a_vote_every_rank_passes_a_damaged_copy_over(tmp_path, monkeypatch, caplog) -> None:
+    """No ``agree`` (one node, nothing to vote through): each rank checks every rank's copy of the step, so rank 0,
+    whose own copy of step 2 is intact, takes step 1 with rank 1, whose copy is one byte off (before: 2 and disk)."""
+    for rank in (0, 1):
+        as_rank(monkeypatch, rank, 2)
+        snaps = Snapshots(directory=str(tmp_path), background=False)
+        for step in (1, 2):
+            snaps.save(state(step), step)
+    flip(tmp_path / "rank1" / "s000000000002.snap")
+    caplog.set_level(logging.INFO, "taskd.worker.snapshot")
+    got = []
+    for rank in (0, 1):
+        as_rank(monkeypatch, rank, 2)
+        snaps = Snapshots(directory=str(tmp_path))
+        got.append((snaps.restore()[1], snaps.restored_from))
+    assert got == [(1, "memory"), (1, "memory")]
+    assert "rank 0 restored step 1 from memory" in caplog.text and "newer steps passed over on every rank: step " \
+        "2: rank 1's snapshot fails its check (" in caplog.text and "checksum mismatch" in caplog.text
+
+
+def test_with_a_vote_each_rank_checks_its_own_and_nothing_is_applied_before_it(tmp_path, monkeypatch,
+                                                                              caplog) -> None:
+    """``agree`` (one node: the adapters' collective; here threads at a barrier): each rank checks only its own copy,
+    then votes; rank 0's ``use`` never sees the step rank 1's damaged copy made every rank pass over."""
+    import threading
+
+    for rank in (0, 1):
+        as_rank(monkeypatch, rank, 2)
+        snaps = Snapshots(directory=str(tmp_path), background=False)
+        for step in (1, 2):
+            snaps.save(state(step), step)
+    flip(tmp_path / "rank1" / "s000000000002.snap")
+    barrier, sets, asked = threading.Barrier(2, timeout=30), [set(), set()], [[], []]
+    stores = []
+    for rank in (0, 1):
+        as_rank(monkeypatch, rank, 2)
+        stores.append(Snapshots(directory=str(tmp_path), agree=lambda held, r=rank: vote(r, held)))
+
+    def vote(rank: int, held: set[int]) -> set[int]:
+        asked[rank].append(held)
+        sets[rank] = held
+        barrier.wait()
+        common = sets[0] & sets[1]
+        barrier.wait()
+        return common
+    applied, got = [[], []], [None, None]
+
+    def run(rank: int) -> None:
+        got[rank] = stores[rank].restore(use=lambda s, r=rank: applied[r].append(s["step"]))[1]
+    threads = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert got == [1, 1] and applied == [[1], [1]], (got, applied)
+    assert asked == [[{2}, {1}], [set(), {1}]]  # one vote per step tried; the step itself from the files
+    assert "rank 1: its snapshot of step 2 in memory fails its check (" in caplog.text and "checksum mismatch" in \
+        caplog.text and "step 2: another rank's snapshot fails its check" in caplog.text
 
 
 def test_a_truncated_segment_is_never_restored(tmp_path, caplog) -> None:
