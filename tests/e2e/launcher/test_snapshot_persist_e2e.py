@@ -44,7 +44,7 @@ def run_job(tmp: Path, name: str, steps: int, *flags: str, env: dict[str, str] |
                              str(tmp / name), "--step-sleep", str(step_sleep), *job_args],
                             stdout=log.open("wb"), stderr=subprocess.STDOUT, env=full_env, cwd=ROOT)
     STARTED.append(proc)
-    assert proc.wait(timeout=60) == 0, log.read_text()
+    assert proc.wait(timeout=120) == 0, log.read_text()
     assert glob.glob(f"/dev/shm/taskd-snap-{job}-*") == [], "the job's end must leave nothing in /dev/shm"
     return log.read_text()
 
@@ -66,10 +66,12 @@ def persisted(where: Path, rank: int) -> list[int]:
 
 def test_persisted_every_n_steps_intact_and_a_save_never_waits_on_the_disk(tmp_path: Path) -> None:
     where = tmp_path / "persist"
-    # 60 steps of 0.1 s: the agent's copies (at a lower CPU priority) run while the ranks do, even on loaded cores
+    # 60 steps of 0.1 s: the agent's copies (at a lower CPU priority) run while the ranks do. Its thread can starve
+    # on loaded cores (an agent SIGSTOPped for the ranks' 6 s persisted step 60 alone), so the ranks wait at step 10
+    # for its copy: two copies at least, however loaded, paced by the copy and not the clock
     text = run_job(tmp_path, "slow", 60, "--snapshot-persist-dir", str(where), "--snapshot-persist-every", "10",
                    "--snapshot-persist-keep", "6", step_sleep=0.1,
-                   env={"TASKD_SNAPSHOT_PERSIST_FAULT": "slow-disk:2"})
+                   env={"TASKD_SNAPSHOT_PERSIST_FAULT": "slow-disk:2"}, job_args=("--wait-persisted", "10"))
     assert "persisted the snapshots of step 60 (2 ranks, 16.8 MB)" in text, text
     for rank in (0, 1):
         steps = persisted(where, rank)  # one per 10 steps: the multiple, or the first step after it the agent saw
