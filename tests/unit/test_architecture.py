@@ -315,3 +315,16 @@ def test_docs_cite_only_files_in_the_repository() -> None:
         if "DESIGN.md" in path.read_text():
             cited.append(str(path.relative_to(ROOT)))
     assert cited == [], f"these cite DESIGN.md, which is not in the repository: {cited}"
+
+
+def test_the_runtime_dependencies_are_grpcio_protobuf_and_psutil() -> None:
+    """The agent and the controller install with these three only: anything else (torch, MindSpore, zlib-ng's
+    faster CRC for snapshots) is an extra, which the code imports optionally."""
+    import configparser
+    import re
+
+    cfg = configparser.ConfigParser()
+    cfg.read(Path(__file__).resolve().parents[2] / "setup.cfg")
+    lines = [ln.split("#")[0].strip() for ln in cfg["options"]["install_requires"].splitlines()]
+    names = sorted(re.split(r"[<>=!~ \[]", ln)[0].lower() for ln in lines if ln)
+    assert names == ["grpcio", "protobuf", "psutil"]
