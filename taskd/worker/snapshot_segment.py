@@ -24,9 +24,9 @@ the check over 2-4 threads (zlib releases the GIL; the parts' CRCs combine into 
 cores: 30-43 ms of wall time either way, more CPU. What did pay off is
 on restore: the segment is mapped with its pages populated in one call and checksummed in place, then each
 buffer copied once (see `load`), instead of read into fresh memory, checksummed, and copied again. And a faster
-implementation of the same CRC-32: zlib-ng's (the ``zlib-ng`` package, in the extras that snapshot: ``snapshots``, ``torch``, ``mindspore``,
-``examples``; folded with carry-less
-multiplies on CPUs that have them) takes 4.7-5.0 ms of CPU per 100 MB where zlib 1.2.13's takes 24 (ISA-L's,
+implementation of the same CRC-32: zlib-ng's (the ``zlib-ng`` package, in the extras that snapshot:
+``snapshots``, ``torch``, ``mindspore``, ``examples``; folded with carry-less multiplies on CPUs that have
+them) takes 4.7-5.0 ms of CPU per 100 MB where zlib 1.2.13's takes 24 (ISA-L's,
 ``isal``, 6.4), with the same values, so segments, buddies' copies and persisted copies check either way.
 """
 
