@@ -71,16 +71,19 @@ def test_a_missing_directory_gives_none_so_the_caller_polls(tmp_path: Path) -> N
     assert FileReplaced.open(str(tmp_path / "gone" / "control.json")) is None
 
 
-def _looks(path: Path, seconds: float) -> int:
-    """How many times a real LeaveWatch on ``path`` looks at the control file in ``seconds``."""
+def _looks(path: Path, seconds: float, idle: float = 0.1, enough: int | None = None) -> int:
+    """How many times a real LeaveWatch on ``path`` looks at the control file in ``seconds`` (or until it has
+    looked ``enough`` times)."""
     from taskd.worker.torch_group import GroupSockets, LeaveWatch  # standard library only, like FileReplaced
 
-    watch = LeaveWatch(str(path), GroupSockets(), interval=0.005, idle=0.1)
+    watch = LeaveWatch(str(path), GroupSockets(), interval=0.005, idle=idle)
     checks: list[float] = []
     check = watch._check
     watch._check = lambda: (checks.append(time.monotonic()), check())[1]  # type: ignore[method-assign]
     watch.start()
-    time.sleep(seconds)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and (enough is None or len(checks) < enough):
+        time.sleep(0.01)
     watch.stop()
     return len(checks)
 
@@ -95,5 +98,7 @@ def test_a_broken_inotify_watch_leaves_the_leave_watch_polling(tmp_path: Path, m
         raise OSError(9, "Bad file descriptor")
 
     monkeypatch.setattr(FileReplaced, "wait", broken)
-    looks = _looks(tmp_path / "control.json", 0.3)
-    assert looks > 10, f"{looks} looks in 0.3 s: the watch died with its inotify instead of polling"
+    # idle 60 s: a watch that died with its inotify looks once or twice at most, one that polls every 5 ms
+    # reaches 11 looks within the 10 s however loaded the machine (at load 41 it took over 0.3 s)
+    looks = _looks(tmp_path / "control.json", 10.0, idle=60.0, enough=11)
+    assert looks > 10, f"{looks} looks in 10 s: the watch died with its inotify instead of polling"
