@@ -7,6 +7,7 @@
 - a rank SIGKILLed inside the copy of its snapshot: that snapshot is never restored;
 - `taskd run` SIGKILLed: the next `taskd run` on the node removes the directory it left;
 - a cap too small: snapshots off, the message names the fallback, the ranks resume from their disk checkpoints;
+- a full /dev/shm (a 64 KiB tmpfs in the job's own mount namespace): the same, with the filesystem named as full;
 - every job's end leaves nothing of it in /dev/shm.
 """
 
@@ -173,6 +174,51 @@ def test_a_cap_too_small_falls_back_to_disk_and_says_so(tmp_path: Path, referenc
     summary, params = example_result(tmp_path, 1)
     assert summary["restored_from"] == "disk" and summary["resumed_from"] == 10, summary
     assert params == reference[1]
+
+
+def _own_shm() -> str | None:
+    """Why this machine cannot give a job a /dev/shm of its own (a tmpfs in a private mount namespace), or None."""
+    try:
+        probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /dev/shm"],
+                               capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unshare: {exc}"
+    return None if probe.returncode == 0 else f"unshare -rm + mount tmpfs: {probe.stderr.strip()}"
+
+
+def test_a_full_dev_shm_falls_back_to_disk_and_says_so(tmp_path: Path) -> None:
+    """A real full /dev/shm: the job runs in a mount namespace of its own whose /dev/shm is a 64 KiB tmpfs, and
+    each rank's state (20,000 doubles, 0.2 MB) does not fit. The cap (64 MB) is not what refuses it: the
+    filesystem is (ENOSPC from posix_fallocate). Every rank says so and names its fallback; the job goes on,
+    and the rank killed at step 12 resumes from its disk checkpoint of step 10, bit-identical."""
+    why = _own_shm()
+    if why is not None:
+        pytest.skip(f"no private /dev/shm here ({why})")
+    args = ["--steps", "15", "--ckpt-every", "5", "--dim", "20000", "--lr", "0.001"]
+    ref_env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": "1"}
+    ref_env.pop("TASKD_SNAPSHOT_DIR", None)
+    subprocess.run([sys.executable, str(EXAMPLE), *args, "--ckpt-dir", str(tmp_path / "ref-ckpt"),
+                    "--out", str(tmp_path / "ref")], env=ref_env, check=True, timeout=120)
+    job, log = new_job("fullshm"), tmp_path / "console.log"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TASKD_SNAPSHOT_MEMORY": "64M"}
+    for var in ("MINDX_SERVER_IP", "MINDX_TASK_ID", "TASKD_SNAPSHOT_FAULT"):
+        env.pop(var, None)
+    proc = subprocess.Popen(
+        ["unshare", "-rm", "sh", "-c", 'mount -t tmpfs -o size=64k tmpfs /dev/shm && exec "$@"', "sh",
+         sys.executable, "-m", "taskd.run", "--monitor-interval", "0.2", "--job-id", job, "--nproc-per-node", "2",
+         str(EXAMPLE), *args, "--ckpt-dir", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out"),
+         "--crash-once-at-step", "12"],
+        stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    STARTED.append(proc)
+    text = finish(proc, log, job, timeout=120)
+    assert "more than the 65536 bytes free in /dev/shm" in text, text
+    for rank in (0, 1):
+        assert (f"rank {rank}: snapshots off: /dev/shm/taskd-snap-{job}-" in text
+                and "is full: a snapshot of 0.2 MB does not fit in the 0.1 MB left of its 0.1 MB; a restart falls "
+                f"back to the disk checkpoints in {tmp_path / 'ckpt' / f'rank{rank}'}" in text), text
+    summary, params = example_result(tmp_path, 1)
+    assert summary["restored_from"] == "disk" and summary["resumed_from"] == 10, summary
+    assert params == np.load(tmp_path / "ref" / "rank1.npy").tobytes()
 
 
 def test_a_sigkilled_agents_segments_are_removed_by_the_next_start(tmp_path: Path) -> None:
