@@ -40,3 +40,25 @@ def run_to_end(argv: list[str], console: Path, timeout: float, env: dict[str, st
             proc.wait(10)
             pytest.fail(f"{' '.join(argv[1:4])} did not finish in {timeout:.0f}s:\n{console.read_text()[-6000:]}")
     return code, console.read_text()
+
+
+def wait_ok(proc: subprocess.Popen[bytes], log: Path, timeout: float) -> str:
+    """Wait for a `taskd run` to exit 0 within `timeout` and return its console; else kill it and fail the test
+    with the console's tail."""
+    try:
+        code = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+        pytest.fail(f"taskd run did not finish in {timeout:.0f}s:\n{log.read_text()[-6000:]}")
+    console = log.read_text()
+    assert code == 0, console[-6000:]
+    return console
+
+
+def computed_steps(out: Path, rank: int) -> list[tuple[int, float, int]]:
+    """(step, time, pid) of each step rank ``rank`` completed, by every process that was that rank, from the
+    `rankN.computed` file the sharded examples append to (a line still being written is left out)."""
+    path = out / f"rank{rank}.computed"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [(int(s), float(t), int(p)) for s, t, p in (line.split() for line in lines if line.count(" ") == 2)]

@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 
 from support import ROOT, leftovers, wait_for  # noqa: E402
 from support.restartable import server, status  # noqa: E402
-from support.run import taskd_run  # noqa: E402
+from support.run import computed_steps, taskd_run  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -38,9 +38,7 @@ def start(tmp: Path, name: str, flags: list[str], extra: list[str]) -> subproces
 
 def steps_done(tmp: Path, name: str, rank: int) -> list[tuple[int, int]]:
     """(step, pid) of each step the rank completed, by every process that was that rank."""
-    path = tmp / name / "out" / f"rank{rank}.computed"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [(int(s), int(p)) for s, _, p in (line.split() for line in lines if line.count(" ") == 2)]
+    return [(s, p) for s, _, p in computed_steps(tmp / name / "out", rank)]
 
 
 def migrate(address: str, job: str, rank: int) -> subprocess.CompletedProcess[str]:

@@ -20,6 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from support import free_port, leftovers, wait_for  # noqa: E402
+from support.run import computed_steps  # noqa: E402
 from test_node_loss_e2e import finish, kill_all, logs, node, server, status  # noqa: E402,F401 (server: a fixture)
 
 pytestmark = pytest.mark.torch
@@ -36,9 +37,7 @@ def script(out: Path, sleep: float) -> list[str]:
 
 def steps_done(out: Path, rank: int) -> list[tuple[int, int]]:
     """(step, pid) of each step rank ``rank`` completed, by every process that was that rank."""
-    path = out / f"rank{rank}.computed"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [(int(s), int(p)) for s, _, p in (line.split() for line in lines)]
+    return [(s, p) for s, _, p in computed_steps(out, rank)]
 
 
 def start_pids(text: str) -> dict[int, int]:

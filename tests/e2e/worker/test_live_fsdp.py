@@ -19,7 +19,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from support.run import taskd_run  # noqa: E402
+from support.run import computed_steps, taskd_run, wait_ok  # noqa: E402
 
 pytestmark = pytest.mark.torch
 ROOT = Path(__file__).resolve().parents[3]
@@ -37,21 +37,10 @@ def start(tmp: Path, name: str, extra: list[str], flags: list[str] = ()) -> tupl
 
 
 def finish(proc: subprocess.Popen, log: Path) -> str:
-    try:
-        code = proc.wait(TIMEOUT)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
-        pytest.fail(f"taskd run did not finish in {TIMEOUT:.0f}s:\n{log.read_text()[-6000:]}")
-    console = log.read_text()
-    assert code == 0, console[-6000:]
-    return console
+    return wait_ok(proc, log, TIMEOUT)
 
 
-def steps_done(out: Path, rank: int) -> list[tuple[int, float, int]]:
-    """(step, time, pid) of each step rank ``rank`` completed, by every process that was that rank."""
-    lines = (out / f"rank{rank}.computed").read_text().splitlines()
-    return [(int(s), float(t), int(p)) for s, t, p in (line.split() for line in lines)]
+steps_done = computed_steps
 
 
 def test_a_killed_fsdp2_rank_alone_is_replaced_and_every_rank_rolls_back_to_its_snapshot(tmp_path: Path) -> None:
