@@ -45,13 +45,6 @@ def rank_dirs(root: str) -> dict[int, str]:
     return {int(m.group(1)): os.path.join(root, m.group(0)) for m in map(_RANK.fullmatch, names) if m}
 
 
-def newest_common(root: str) -> int:
-    """The newest step every rank under ``root`` published (-1: none)."""
-    held = [published(d) for d in rank_dirs(root).values()]
-    common = set.intersection(*held) if held else set()
-    return max(common) if common else -1
-
-
 def to_push(root: str) -> dict[int, int]:
     """The step of each rank under ``root`` its buddy's copy should hold next: the newest step every rank published
     (a consistent cut, scope "job"), else each rank's own newest. Ranks that never exchange state (scope "rank")
@@ -132,5 +125,5 @@ def _unlink(path: str) -> None:
         pass
 
 
-__all__ = ["CHUNK", "HEADER_SIZE", "KEEP", "Incoming", "check", "copies", "newest_common", "published", "rank_dirs",
+__all__ = ["CHUNK", "HEADER_SIZE", "KEEP", "Incoming", "check", "copies", "published", "rank_dirs",
            "to_push"]
