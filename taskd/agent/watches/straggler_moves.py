@@ -111,8 +111,9 @@ class StragglerMoves:
         """One sweep: the new verdicts, then at most one move; the migration ids started (for tests and logs)."""
         self.observe(verdicts, now)
         started = []
+        mine = self.local()
         for rank, (since, verdict) in sorted(self.since.items(), key=lambda item: item[1][0]):
-            if rank not in self.local():
+            if rank not in mine:
                 del self.since[rank]
                 continue
             rule = decide(self.facts(rank, since, now))
