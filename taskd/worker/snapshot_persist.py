@@ -99,28 +99,27 @@ def cut(root: str, world: int, agree: Callable[[set[int]], set[int]] | None = No
         return _agreed_cut(root, agree, own)
     folders = [os.path.join(root, f"rank{r}") for r in range(world)]
     held = [steps_in(f) for f in folders]
-    passed: list[str] = []
+    passed: dict[int, list[str]] = {}  # step -> what was wrong with its copies
     chosen = None
     for step in sorted(set.intersection(*held) if held else set(), reverse=True):
         order = [own] + [r for r in range(world) if r != own]  # its own first: its load then reads a cached file
         paths = {r: os.path.join(folders[r], segment_name(step)) for r in order}
-        bad = {r: "incomplete" for r in order if not complete(paths[r], step, r)}
-        if not bad:
-            bad = {r: why for r in order if (why := verify(paths[r], step, r))}
-        if not bad:
+        incomplete = [r for r in order if not complete(paths[r], step, r)]
+        damaged = {} if incomplete else {r: why for r in order if (why := verify(paths[r], step, r))}
+        if not incomplete and not damaged:
             chosen = step
             break
-        for r, why in bad.items():
-            if why != "incomplete":
-                quarantine(paths[r])
-            said = "is incomplete" if why == "incomplete" else f"fails its check ({why})"
-            passed.append(f"step {step}: rank {r}'s copy {said}")
-    told = {p.split(":")[0] for p in passed}
+        for r in damaged:
+            quarantine(paths[r])
+        passed[step] = ([f"rank {r}'s copy is incomplete" for r in incomplete]
+                        + [f"rank {r}'s copy fails its check ({why})" for r, why in damaged.items()])
+    told = set(passed)
     for r, folder in enumerate(folders):  # copies a sibling rank set aside before this one looked
         for step in _set_aside(folder):
-            if (chosen is None or step > chosen) and f"step {step}" not in told:
-                passed.append(f"step {step}: rank {r}'s copy was set aside as damaged")
-    return PersistedCut(chosen, tuple(sorted(passed, key=lambda p: -int(p.split(":")[0].split()[1]))))
+            if (chosen is None or step > chosen) and step not in told:
+                passed.setdefault(step, []).append(f"rank {r}'s copy was set aside as damaged")
+    return PersistedCut(chosen, tuple(f"step {step}: {said}" for step in sorted(passed, reverse=True)
+                                      for said in passed[step]))
 
 
 def _agreed_cut(root: str, agree: Callable[[set[int]], set[int]], own: int) -> PersistedCut:
