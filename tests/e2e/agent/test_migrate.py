@@ -155,7 +155,8 @@ def test_migrate_a_rank_of_a_live_ddp_job(tmp_path: Path) -> None:
         done = mig_events["migrated"]
         assert len(done) == 1 and done[0]["old_pid"] == pids[2] and done[0]["pause_seconds"] > 0, done
         failed = mig_events["migration_failed"]
-        assert "ended before it was ready" in failed[0]["reason"], failed
+        # killed as it starts: before it says it is ready, or (on a slow machine) just after, before the group re-formed
+        assert re.search(r"ended before (it was ready|the group re-formed)", failed[0]["reason"]), failed
 
     for r in range(WORLD):
         steps = progress(tmp_path, "mig", r)
