@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from taskd.worker import snapshot_files as sf
 from taskd.worker import snapshot_persist as sp
 from taskd.worker.checkpoint import lower_thread_priority, unlink_if_present
 from taskd.worker.snapshot_segment import SnapshotError
@@ -45,9 +46,9 @@ class Persister:
         os.makedirs(target, exist_ok=True)
         if not os.access(target, os.W_OK | os.X_OK):
             raise PermissionError(f"not writable by this agent (uid {os.getuid()})")
-        for folder in sp.rank_folders(target).values():
+        for folder in sf.rank_folders(target).values():
             sp.remove_stale_temps(folder)
-        newest = [max(steps) for steps in map(sp.steps_in, sp.rank_folders(target).values()) if steps]
+        newest = [max(steps) for steps in sf.held(target).values() if steps]
         self.last = max(newest, default=0)  # a job resumed from these starts past them: the next multiple is new
         self.persisted: list[int] = []
         self.failures = 0  # copies failed in a row
@@ -59,10 +60,10 @@ class Persister:
 
     def _held(self) -> set[int] | None:
         """The steps every local rank holds in memory; None until every rank has its folder."""
-        folders = sp.rank_folders(self.source)
-        if len(folders) < self.ranks:
+        held = sf.held(self.source)
+        if len(held) < self.ranks:
             return None
-        return set.intersection(*(sp.steps_in(f) for f in folders.values()))
+        return set.intersection(*held.values())
 
     def due(self, held: set[int]) -> int | None:
         """The step to persist now: the newest held multiple of N past the last one persisted, else the newest
@@ -145,10 +146,10 @@ class _Pins:
     def __enter__(self) -> dict[int, str]:
         os.makedirs(self.folder, mode=0o700, exist_ok=True)
         try:
-            for rank, folder in sorted(sp.rank_folders(self.source).items()):
-                link = os.path.join(self.folder, f"rank{rank}-{sp.segment_name(self.step)}")
+            for rank, folder in sorted(sf.rank_folders(self.source).items()):
+                link = os.path.join(self.folder, f"rank{rank}-{sf.segment_name(self.step)}")
                 unlink_if_present(link)
-                os.link(os.path.join(folder, sp.segment_name(self.step)), link)
+                os.link(os.path.join(folder, sf.segment_name(self.step)), link)
                 self.links[rank] = link
         except BaseException:
             self.__exit__()

@@ -37,6 +37,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Protocol
 
+from taskd.worker import snapshot_files as files
 from taskd.worker import snapshot_persist as persisted
 from taskd.worker.env import Var, env_int, rank, restart_count, world_size
 from taskd.worker.snapshot_account import Fetched, Restored, take_fetched, write_restored
@@ -54,7 +55,6 @@ DEFAULT_EVERY = 10
 MindSpore, the examples' --snapshot-every): the smallest k <= 10 whose CPU cost per step, measured against no
 snapshots, stays within 3 % (BENCHMARKS.md, issue 33: bench/snapshot_save_cpu.py). A fault redoes at most k steps."""
 _ROUND = 1 << 16  # segments grow in 64 KiB steps, so that a state whose small objects vary keeps its segment
-_NAME = re.compile(r"s(\d{12})\.snap")
 
 
 class Fallback(Protocol):
@@ -209,7 +209,7 @@ class Snapshots:
         try:
             seal(view, step, self.rank, self.world, length, skeleton, count)
             view.release()
-            final = os.path.join(self._own, f"s{step:012d}.snap")
+            final = os.path.join(self._own, files.segment_name(step))
             replaced = [s for s in self._segments if s.step == step and s is not segment]
             os.replace(segment.path, final)  # published: complete and checksummed, or not there at all
             segment.path, segment.step = final, step
@@ -307,7 +307,7 @@ class Snapshots:
                 break
             started = time.perf_counter()
             try:
-                state, size = load_voted(vote, os.path.join(self._own, f"s{step:012d}.snap"), step, use)
+                state, size = load_voted(vote, os.path.join(self._own, files.segment_name(step)), step, use)
             except InUse as exc:  # the caller's own error, not a damaged snapshot: no fallback over it
                 raise exc.__cause__ from None  # type: ignore[misc]
             except Outvoted as exc:
@@ -369,7 +369,7 @@ class Snapshots:
         step = found.step
         if step is None:
             return None, f"no step persisted in {root} that every rank can restore{passed}"
-        path = os.path.join(root, f"rank{self.rank}", persisted.segment_name(step))
+        path = os.path.join(root, f"rank{self.rank}", files.segment_name(step))
         started = time.perf_counter()
         try:
             state, size = load(path, step, self.rank, guarded(use))
@@ -417,12 +417,7 @@ class Snapshots:
         return env_int(Var.GROUP_WORLD_SIZE, 1) or 1
 
     def _published(self, of_rank: int, below: int | None = None) -> set[int]:
-        try:
-            names = os.listdir(os.path.join(self.directory or "", f"rank{of_rank}"))
-        except FileNotFoundError:
-            return set()
-        steps = {int(m.group(1)) for m in map(_NAME.fullmatch, names) if m}
-        return steps if below is None else {s for s in steps if s < below}
+        return files.steps_in(os.path.join(self.directory or "", f"rank{of_rank}"), below)
 
     def _drop_after(self, step: int) -> None:
         """Forget this rank's snapshots past the restored step: they belong to the run the fault ended."""
@@ -440,9 +435,9 @@ class Snapshots:
         what it was writing when it died is removed (never restored)."""
         for name in os.listdir(self._own):
             path = os.path.join(self._own, name)
-            match = _NAME.fullmatch(name)
-            if match:
-                self._new_segment(path, int(match.group(1)))
+            step = files.step_of(name)
+            if step is not None:
+                self._new_segment(path, step)
             else:
                 try:
                     os.unlink(path)
@@ -468,8 +463,8 @@ class Snapshots:
 def _own_newest(root: str, of_rank: int) -> int | None:
     """Scope "rank": this rank's own newest whole persisted copy."""
     folder = os.path.join(root, f"rank{of_rank}")
-    for step in sorted(persisted.steps_in(folder), reverse=True):
-        if persisted.complete(os.path.join(folder, persisted.segment_name(step)), step, of_rank):
+    for step in sorted(files.steps_in(folder), reverse=True):
+        if persisted.complete(os.path.join(folder, files.segment_name(step)), step, of_rank):
             return step
     return None
 

@@ -20,35 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from taskd.worker.checkpoint import fsync_dir, pid_alive_elsewhere, unlink_if_present
+from taskd.worker.snapshot_files import segment_name, steps_in
 from taskd.worker.snapshot_segment import HEADER_SIZE, SnapshotError, crc32, load, read_header
 
 CHUNK = 1 << 20
-_NAME = re.compile(r"s(\d{12})\.snap")
 _TEMP = re.compile(r"\.s\d+\.(\d+)\.[0-9a-f]+\.tmp")
-_RANK = re.compile(r"rank(\d+)")
-_CORRUPT = re.compile(r"s(\d{12})\.snap\.corrupt")
-
-
-def segment_name(step: int) -> str:
-    return f"s{step:012d}.snap"
-
-
-def steps_in(folder: str) -> set[int]:
-    """The steps with a segment under its published name in ``folder`` (not yet verified)."""
-    try:
-        names = os.listdir(folder)
-    except FileNotFoundError:
-        return set()
-    return {int(m.group(1)) for m in map(_NAME.fullmatch, names) if m}
-
-
-def rank_folders(root: str) -> dict[int, str]:
-    """The ``rank<R>`` folders under ``root``, by global rank."""
-    try:
-        names = os.listdir(root)
-    except FileNotFoundError:
-        return {}
-    return {int(m.group(1)): os.path.join(root, m.group(0)) for m in map(_RANK.fullmatch, names) if m}
+CORRUPT = ".corrupt"
 
 
 def complete(path: str, step: int, rank: int) -> bool:
@@ -115,7 +92,7 @@ def cut(root: str, world: int, agree: Callable[[set[int]], set[int]] | None = No
                         + [f"rank {r}'s copy fails its check ({why})" for r, why in damaged.items()])
     told = set(passed)
     for r, folder in enumerate(folders):  # copies a sibling rank set aside before this one looked
-        for step in _set_aside(folder):
+        for step in steps_in(folder, suffix=CORRUPT):
             if (chosen is None or step > chosen) and step not in told:
                 passed.setdefault(step, []).append(f"rank {r}'s copy was set aside as damaged")
     return PersistedCut(chosen, tuple(f"step {step}: {said}" for step in sorted(passed, reverse=True)
@@ -142,18 +119,10 @@ def _agreed_cut(root: str, agree: Callable[[set[int]], set[int]], own: int) -> P
     return PersistedCut(None, tuple(passed))
 
 
-def _set_aside(folder: str) -> set[int]:
-    try:
-        names = os.listdir(folder)
-    except FileNotFoundError:
-        return set()
-    return {int(m.group(1)) for m in map(_CORRUPT.fullmatch, names) if m}
-
-
 def quarantine(path: str) -> None:
     """Set a damaged copy aside (``*.corrupt``, kept for inspection) so that no later cut picks it."""
     try:
-        os.replace(path, path + ".corrupt")
+        os.replace(path, path + CORRUPT)
     except OSError:
         pass
 
@@ -224,5 +193,5 @@ def prune(folder: str, newest: int, keep: int) -> None:
         unlink_if_present(os.path.join(folder, segment_name(step)))
 
 
-__all__ = ["PersistedCut", "complete", "cut", "prune", "publish", "quarantine", "rank_folders", "remove_stale_temps",
-           "segment_name", "steps_in", "verify", "write_copy"]
+__all__ = ["PersistedCut", "complete", "cut", "prune", "publish", "quarantine", "remove_stale_temps", "verify",
+           "write_copy"]

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from taskd.worker.snapshot_files import segment_name
 from taskd.worker.snapshot_persist import verify
 from taskd.worker.snapshot_segment import SnapshotError, load
 
@@ -65,7 +66,7 @@ class Vote:
             raise Outvoted(f"step {step}: another rank's snapshot fails its check (that rank's line says which)")
         if voted is None:
             for other in range(self.world):
-                path = os.path.join(self.directory, f"rank{other}", f"s{step:012d}.snap")
+                path = os.path.join(self.directory, f"rank{other}", segment_name(step))
                 why = verify(path, step, other) if other != self.rank else ""
                 if why:
                     raise Outvoted(f"step {step}: rank {other}'s snapshot fails its check ({why})")

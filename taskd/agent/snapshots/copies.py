@@ -11,38 +11,15 @@ read fails here) and only then renamed to its step's name, so a restorable name 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from collections.abc import Iterator
 
+from taskd.worker.snapshot_files import held, rank_folders, segment_name, steps_in
 from taskd.worker.snapshot_segment import HEADER_SIZE, SnapshotError, crc32, read_header
 
 CHUNK = 1 << 20
 KEEP = 2
 """Copies a buddy keeps per rank: the newest two received (a cut across nodes needs the step before the newest)."""
-_SEGMENT = re.compile(r"s(\d{12})\.snap")
-_RANK = re.compile(r"rank(\d+)")
-
-
-def segment_name(step: int) -> str:
-    return f"s{step:012d}.snap"
-
-
-def published(rank_dir: str) -> set[int]:
-    try:
-        names = os.listdir(rank_dir)
-    except FileNotFoundError:
-        return set()
-    return {int(m.group(1)) for m in map(_SEGMENT.fullmatch, names) if m}
-
-
-def rank_dirs(root: str) -> dict[int, str]:
-    """The ``rank<R>`` folders under ``root``, by global rank."""
-    try:
-        names = os.listdir(root)
-    except FileNotFoundError:
-        return {}
-    return {int(m.group(1)): os.path.join(root, m.group(0)) for m in map(_RANK.fullmatch, names) if m}
 
 
 def to_push(root: str) -> dict[int, int]:
@@ -50,11 +27,11 @@ def to_push(root: str) -> dict[int, int]:
     (a consistent cut, scope "job"), else each rank's own newest. Ranks that never exchange state (scope "rank")
     drift apart under load by more than the two steps a rank keeps, leaving no common step: the copy must follow
     each rank's newest then, or it stops where they last agreed."""
-    held = {rank: published(d) for rank, d in rank_dirs(root).items()}
-    if not held or not all(held.values()):
+    ranks = held(root)
+    if not ranks or not all(ranks.values()):
         return {}
-    common = set.intersection(*held.values())
-    return {rank: max(common) if common else max(steps) for rank, steps in held.items()}
+    common = set.intersection(*ranks.values())
+    return {rank: max(common) if common else max(steps) for rank, steps in ranks.items()}
 
 
 class Incoming:
@@ -82,7 +59,7 @@ class Incoming:
         os.replace(self.path, os.path.join(self.folder, segment_name(self.step)))
         if keep is None:
             return
-        steps = sorted(published(self.folder))
+        steps = sorted(steps_in(self.folder))
         stale = [s for s in steps if s > self.step] + [s for s in steps if s <= self.step][:-keep]
         for s in stale:
             _unlink(os.path.join(self.folder, segment_name(s)))
@@ -109,8 +86,8 @@ def check(path: str, step: int, rank: int) -> None:
 
 def copies(root: str) -> Iterator[tuple[int, int, str]]:
     """(rank, step, path) of every published segment under ``root``, oldest step first."""
-    for rank, folder in sorted(rank_dirs(root).items()):
-        for step in sorted(published(folder)):
+    for rank, folder in sorted(rank_folders(root).items()):
+        for step in sorted(steps_in(folder)):
             yield rank, step, os.path.join(folder, segment_name(step))
 
 
@@ -125,5 +102,4 @@ def _unlink(path: str) -> None:
         pass
 
 
-__all__ = ["CHUNK", "HEADER_SIZE", "KEEP", "Incoming", "check", "copies", "published", "rank_dirs",
-           "to_push"]
+__all__ = ["CHUNK", "HEADER_SIZE", "KEEP", "Incoming", "check", "copies", "segment_name", "to_push"]

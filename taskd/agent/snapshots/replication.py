@@ -34,6 +34,7 @@ from taskd.agent.link.controller import ControllerLink
 from taskd.agent.snapshots import copies as sc
 from taskd.proto import recover_pb2, taskd_pb2, taskd_pb2_grpc
 from taskd.worker.snapshot_account import Fetched, mark_fetched
+from taskd.worker.snapshot_files import rank_folders
 from taskd.worker.snapshot_segment import SnapshotError, read_header
 
 log = logging.getLogger("taskd.agent")
@@ -203,7 +204,7 @@ class Replication:
         """Push each local rank's segment of its step in ``plan`` (opened first: a segment a rank reuses meanwhile
         fails its check at the buddy, and the next tick pushes a newer step)."""
         files: list[tuple[int, BinaryIO]] = []
-        folders = sc.rank_dirs(self.directory)
+        folders = rank_folders(self.directory)
         try:
             for rank, step in sorted(plan.items()):
                 files.append((rank, open(os.path.join(folders[rank], sc.segment_name(step)), "rb")))  # noqa: SIM115

@@ -12,6 +12,7 @@ from taskd.launcher.snapshot_persist import Persister, _Pins
 from taskd.worker import SnapshotError, Snapshots
 from taskd.worker import snapshot_persist as sp
 from taskd.worker.env import Var
+from taskd.worker.snapshot_files import segment_name
 
 
 @pytest.fixture(autouse=True)
@@ -46,7 +47,7 @@ def test_a_copy_of_a_segment_changed_while_read_is_refused_and_leaves_nothing(tm
     shm = str(tmp_path / "shm")
     snaps = Snapshots(directory=shm, background=False)
     snaps.save(state(1), 1)
-    path = os.path.join(shm, "rank0", sp.segment_name(1))
+    path = os.path.join(shm, "rank0", segment_name(1))
     with open(path, "r+b") as fh:  # what a rank reusing it would do: new bytes under the old header
         fh.seek(200)
         fh.write(b"\xff" * 8)
@@ -93,9 +94,9 @@ def test_across_nodes_a_copy_failing_its_check_moves_every_rank_to_the_older_ste
         snaps = Snapshots(directory=str(shm), keep=3, background=False)
         for step in (1, 2):
             snaps.save(state(step), step)
-            sp.publish(sp.write_copy(str(shm / f"rank{rank}" / sp.segment_name(step)), str(disk / f"rank{rank}"),
+            sp.publish(sp.write_copy(str(shm / f"rank{rank}" / segment_name(step)), str(disk / f"rank{rank}"),
                                      rank, step), step)
-    with open(disk / "rank1" / sp.segment_name(2), "r+b") as fh:
+    with open(disk / "rank1" / segment_name(2), "r+b") as fh:
         fh.seek(300)
         fh.write(b"\x01")
     barrier, sets, got = threading.Barrier(2, timeout=30), [set(), set()], [None, None]
@@ -117,7 +118,7 @@ def test_across_nodes_a_copy_failing_its_check_moves_every_rank_to_the_older_ste
     assert [g.step for g in got] == [1, 1], got
     assert got[0].words() == "step 2: another rank's copy fails its check (its line says which)"
     assert got[1].words().startswith("step 2: rank 1's copy fails its check (") and \
-        "checksum mismatch" in got[1].words() and (disk / "rank1" / f"{sp.segment_name(2)}.corrupt").exists()
+        "checksum mismatch" in got[1].words() and (disk / "rank1" / f"{segment_name(2)}.corrupt").exists()
 
 
 def test_msruns_persistence_comes_from_the_variables_through_the_settings_table() -> None:

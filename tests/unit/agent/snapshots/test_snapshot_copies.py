@@ -10,6 +10,7 @@ import pytest
 
 from taskd.agent.snapshots import copies as sc
 from taskd.worker.snapshot import Snapshots
+from taskd.worker.snapshot_files import steps_in
 from taskd.worker.snapshot_segment import SnapshotError
 
 
@@ -34,9 +35,9 @@ def test_copies_are_published_pruned_and_a_newer_step_of_an_ended_run_dropped(tm
     root = tmp_path / "peer"
     for step in (1, 2, 3, 4):
         _receive(root, step, data[step])
-    assert sc.published(str(root / "rank0")) == {3, 4}  # the newest KEEP
+    assert steps_in(str(root / "rank0")) == {3, 4}  # the newest KEEP
     _receive(root, 2, data[2])  # the job restored step 2 and goes on: 3 and 4 belong to the run the fault ended
-    assert sc.published(str(root / "rank0")) == {2}
+    assert steps_in(str(root / "rank0")) == {2}
     assert sc.to_push(str(root)) == {0: 2}
 
 
@@ -71,7 +72,7 @@ def test_the_push_follows_each_ranks_newest_when_ranks_drifted_apart(tmp_path: P
     for step in range(7, 30):
         fast.save({"w": np.zeros(10)}, step)
     slow.save({"w": np.zeros(10)}, 7)
-    assert not sc.published(str(tmp_path / "rank2")) & sc.published(str(tmp_path / "rank3"))  # no common step
+    assert not steps_in(str(tmp_path / "rank2")) & steps_in(str(tmp_path / "rank3"))  # no common step
     assert sc.to_push(str(tmp_path)) == {2: 29, 3: 7}
     fast.close()
     slow.close()
