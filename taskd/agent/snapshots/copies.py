@@ -48,14 +48,22 @@ class Incoming:
         self._fh.write(data)
 
     def finish(self, keep: int | None = KEEP) -> None:
-        """Check the copy and publish it (SnapshotError, and nothing published, when it is not intact); then keep
-        the newest ``keep`` received, dropping any newer step (left by a run the fault ended)."""
+        """`verify`, then `publish`: SnapshotError, and nothing published, when the copy is not intact."""
+        self.verify()
+        self.publish(keep)
+
+    def verify(self) -> None:
+        """Close the copy and check it (SnapshotError, the copy gone, when it is not the intact segment)."""
         self._fh.close()
         try:
             check(self.path, self.step, self.rank)
         except (SnapshotError, OSError):
             self.abandon()
             raise
+
+    def publish(self, keep: int | None = KEEP) -> None:
+        """Rename the verified copy to its step's name; then keep the newest ``keep`` received, dropping any newer
+        step (left by a run the fault ended)."""
         os.replace(self.path, os.path.join(self.folder, segment_name(self.step)))
         if keep is None:
             return
@@ -91,6 +99,23 @@ def copies(root: str) -> Iterator[tuple[int, int, str]]:
             yield rank, step, os.path.join(folder, segment_name(step))
 
 
+def pin(root: str, into: str) -> list[tuple[int, int, str]]:
+    """Hard links to every published segment under ``root``, made under ``into`` (laid out the same): (rank, step,
+    link) of each, oldest step first. A received copy is never written in place (a new file, renamed), so what a
+    link holds stays that copy whatever replaces or prunes its name meanwhile; `remove` ``into`` when done."""
+    pinned = []
+    for rank, step, path in copies(root):
+        folder = os.path.join(into, f"rank{rank}")
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        link = os.path.join(folder, segment_name(step))
+        try:
+            os.link(path, link)
+        except FileNotFoundError:  # pruned between the listing and the link (a caller not holding the lock)
+            continue
+        pinned.append((rank, step, link))
+    return pinned
+
+
 def remove(root: str) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
@@ -102,4 +127,4 @@ def _unlink(path: str) -> None:
         pass
 
 
-__all__ = ["CHUNK", "HEADER_SIZE", "KEEP", "Incoming", "check", "copies", "segment_name", "to_push"]
+__all__ = ["CHUNK", "HEADER_SIZE", "KEEP", "Incoming", "check", "copies", "pin", "segment_name", "to_push"]

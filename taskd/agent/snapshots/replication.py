@@ -64,6 +64,7 @@ class PeerService(taskd_pb2_grpc.SnapshotPeerServicer):
     def __init__(self, directory: str, job_id: Callable[[], str], key: Callable[[], str | None]) -> None:
         self.directory, self.job_id, self.key = directory, job_id, key
         self.ward: tuple[int, int] = (-1, -1)  # (node, newest step) of the copy held here
+        self._lock = threading.Lock()  # a push's publish, a ward's removal, a fetch's pins: one at a time
 
     def _refusal(self, context: grpc.ServicerContext, job_id: str) -> None:
         key = self.key()
@@ -78,37 +79,61 @@ class PeerService(taskd_pb2_grpc.SnapshotPeerServicer):
 
     def Push(self, request_iterator: Iterator[taskd_pb2.SnapshotChunk], context: grpc.ServicerContext
              ) -> recover_pb2.Status:
+        """Receive a push whole, then publish it whole: every segment is checked as it arrives, and only when all
+        passed are they renamed to their steps' names, together (under the lock a fetch pins under), so that the
+        copy never holds one rank's newer step without the others' (a torn segment of one rank, pushed again and
+        again, would otherwise prune the step the node's ranks have in common)."""
+        try:
+            node, received = self._receive(request_iterator, context)
+        except (SnapshotError, OSError) as exc:
+            return recover_pb2.Status(code=409, info=str(exc))
+        if received:
+            with self._lock:
+                if self.ward[0] not in (-1, node):  # a new ward: the old one's copy goes (a fetch keeps its pins)
+                    sc.remove(self._root(self.ward[0]))
+                for incoming in received:
+                    incoming.publish()
+                self.ward = (node, min(incoming.step for incoming in received))
+        return recover_pb2.Status(code=0, info=f"{len(received)} segment(s)")
+
+    def _receive(self, request_iterator: Iterator[taskd_pb2.SnapshotChunk], context: grpc.ServicerContext
+                 ) -> tuple[int, list[sc.Incoming]]:
+        """The pushing node and its segments, each verified, none published; on any error none is left behind."""
+        received: list[sc.Incoming] = []
         incoming: sc.Incoming | None = None
-        done: list[tuple[int, int]] = []
+        node = -1
         try:
             for chunk in request_iterator:
                 if incoming is None:
-                    self._refusal(context, chunk.jobId)
-                    if self.ward[0] not in (-1, chunk.nodeRank):  # a new ward: the old one's copy goes
-                        sc.remove(self._root(self.ward[0]))
-                    incoming = sc.Incoming(self._root(chunk.nodeRank), chunk.rank, chunk.step)
-                    node = chunk.nodeRank
+                    if node < 0:
+                        self._refusal(context, chunk.jobId)
+                        node = chunk.nodeRank
+                    incoming = sc.Incoming(self._root(node), chunk.rank, chunk.step)
                 incoming.write(chunk.data)
                 if chunk.last:
-                    incoming.finish()
-                    done.append((chunk.rank, chunk.step))
-                    incoming = None
-        except (SnapshotError, OSError) as exc:
-            if incoming is not None:
-                incoming.abandon()
-            return recover_pb2.Status(code=409, info=str(exc))
-        finally:
-            if incoming is not None:
-                incoming.abandon()
-        if done:
-            self.ward = (node, min(step for _rank, step in done))
-        return recover_pb2.Status(code=0, info=f"{len(done)} segment(s)")
+                    incoming, done = None, incoming
+                    done.verify()
+                    received.append(done)
+        except BaseException:
+            for left in ([incoming] if incoming is not None else []) + received:
+                left.abandon()
+            raise
+        return node, received
 
     def Fetch(self, request: taskd_pb2.FetchRequest, context: grpc.ServicerContext
               ) -> Iterator[taskd_pb2.SnapshotChunk]:
+        """Node ``request.nodeRank``'s copy as it is now: every segment pinned (hard links, under the lock a push
+        publishes under) before the first is sent, so that a push meanwhile, which replaces and prunes names,
+        changes nothing of what this fetch sends."""
         self._refusal(context, request.jobId)
-        for rank, step, path in sc.copies(self._root(request.nodeRank)):
-            yield from _chunks(request.jobId, request.nodeRank, rank, step, open(path, "rb"))  # noqa: SIM115
+        pins = os.path.join(self.directory, "peer", f".fetch-{os.urandom(4).hex()}")
+        try:
+            with self._lock:
+                pinned = sc.pin(self._root(request.nodeRank), pins)
+            for rank, step, path in pinned:
+                yield from _chunks(request.jobId, request.nodeRank, rank, step, open(path, "rb"))  # noqa: SIM115
+        finally:
+            sc.remove(pins)
 
 
 def _chunks(job_id: str, node: int, rank: int, step: int, fh: BinaryIO) -> Iterator[taskd_pb2.SnapshotChunk]:
