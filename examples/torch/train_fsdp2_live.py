@@ -12,7 +12,9 @@ bit-identical to a run without.
         --kill-rank 1 --kill-at-step 17
 
 --kill-at-step S: that rank SIGKILLs itself once, after its update of step S and before its snapshot of it, so
-that the other ranks go one step past its newest snapshot and roll back (one step redone, k = 1).
+that the other ranks go one step past its newest snapshot and roll back (one step redone, k = 1). With
+--stall-ranks 2,3 those ranks instead stall there once (OUT/stalled<R> says so), so that a test can SIGKILL their
+whole node at a known step, once the buddy node's agent holds their snapshots of it.
 
 Under torchrun (``torchrun --standalone --nproc-per-node 4 ...``) it is an ordinary FSDP2 script: LiveGroup is
 ``init_process_group`` and the snapshots are off (no `taskd run` agent holds them); its shards end bit-identical
@@ -53,6 +55,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kill-rank", type=int, default=None, help="this rank SIGKILLs itself once, after its update "
                    "of --kill-at-step")
     p.add_argument("--kill-at-step", type=int, default=None)
+    p.add_argument("--stall-ranks", default="", help="comma-separated ranks that stall once, after their update of "
+                   "--kill-at-step and before its snapshot (a test SIGKILLs their node meanwhile)")
+    p.add_argument("--stall-seconds", type=float, default=120.0, help="how long a stalled rank waits at most")
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--batch", type=int, default=16)
@@ -87,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
 
     counter = os.open(os.path.join(args.out, f"rank{rank}.computed"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     marker = os.path.join(args.out, "killed_once")
+    stalls = rank in {int(r) for r in args.stall_ranks.split(",") if r.strip()}
+    stalled = os.path.join(args.out, f"stalled{rank}")
     first, started = None, time.time()
     for step in live.steps(0, args.steps):
         first = step if first is None else first
@@ -103,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
                 with open(marker, "w") as fh:  # updated, not yet snapshotted: the others go past it and roll back
                     fh.write(f"{step} {time.time():.6f}")
                 os.kill(os.getpid(), signal.SIGKILL)
+            if stalls and step == args.kill_at_step and not os.path.exists(stalled):
+                with open(stalled, "w") as fh:  # its snapshot of the step before is published, this one never is
+                    fh.write(f"{step} {time.time():.6f} {os.getpid()}")
+                time.sleep(args.stall_seconds)
         if args.step_sleep:
             time.sleep(args.step_sleep)
     os.close(counter)

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
+from taskd.worker.env import Var, env_int
 from taskd.worker.live import Phase
 from taskd.worker.torch_hsdp import mesh_infos, reform_groups, reset_step
 from taskd.worker.torch_retry import LiveRecoveryFailed
@@ -43,6 +44,18 @@ def fsdp2_meshes(model: torch.nn.Module, world: int) -> tuple[DeviceMesh, ...]:
     if any(m.ndim != 1 or m.size() != world for m in meshes.values()):
         return ()
     return tuple(meshes.values())
+
+
+def node_loss(world: int, per_node: int) -> str:
+    """What losing one whole node (``per_node`` of the ``world`` ranks) does to a pure FSDP2 job, in words: its
+    ranks' shards are nowhere else, but their snapshots are, on the buddy node's agent (issue 33)."""
+    if per_node <= 0 or world % per_node:
+        return f"how its ranks sit on nodes is not known (LOCAL_WORLD_SIZE {per_node})"
+    if per_node == world:
+        return "a lost node is the whole job (one node): every rank restarts"
+    return ("a lost node's ranks are replaced live too (a standby's or a replacement's), restoring their shards from "
+            "the copy of its snapshots on its buddy node, except node 0's: its agent hosts the store, so its loss "
+            "restarts every rank from the snapshots in memory")
 
 
 class FsdpLive:
@@ -76,8 +89,9 @@ class FsdpLive:
             log.warning("live recovery for this job: FSDP2 over %d ranks, no peer holding a rank's shards; a lost "
                         "rank is replaced alone and restores its shards from the snapshots in memory (its node's, "
                         "else the buddy's), and every rank rolls back in place to the newest step all hold "
-                        "(a snapshot every %d step%s: at most %d redone)", self.world_size, every,
-                        "" if every == 1 else "s", every)
+                        "(a snapshot every %d step%s: at most %d redone); %s", self.world_size, every,
+                        "" if every == 1 else "s", every,
+                        node_loss(self.world_size, env_int(Var.LOCAL_WORLD_SIZE, 0) or 0))
         return None
 
     def _roll_back(self) -> int:
@@ -118,4 +132,4 @@ class FsdpLive:
                     self._retired.hold(resolve_group(name), self._group_timeout.total_seconds())
 
 
-__all__ = ["FsdpLive", "fsdp2_meshes"]
+__all__ = ["FsdpLive", "fsdp2_meshes", "node_loss"]
