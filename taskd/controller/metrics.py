@@ -134,8 +134,10 @@ class _Gauges:
             if board is not None:
                 stragglers.add_metric([j.job_id], len(board.current))
         yield stragglers
-        lag = GaugeMetricFamily("taskd_snapshot_replication_lag_seconds", "From a node's newest replicated snapshot's "
-                                "publish until its buddy held it (issue 33)", labels=["job", "node"])
+        lag = GaugeMetricFamily("taskd_snapshot_replication_lag_seconds", "How far a node's buddy's copy is behind "
+                                "(issue 33): the last copy's publish to its acknowledgement, or, while the buddy lacks "
+                                "a newer step, the time since that step's publish (grows while replication stalls)",
+                                labels=["job", "node"])
         behind = GaugeMetricFamily("taskd_snapshot_replication_steps_behind", "A node's newest snapshot step minus "
                                    "the newest its buddy holds", labels=["job", "node"])
         for j in jobs:

@@ -247,8 +247,10 @@ def _snapshots(job) -> list[str]:  # noqa: ANN001 - JobRecord
     out = ["  snapshots (each node's newest step, and its buddy's copy):"]
     for s in job.snapshots:
         buddy = f"node {s.buddyNodeRank}" if s.buddyNodeRank >= 0 else "no buddy"
-        held = (f"step {s.replicatedStep} (copied {s.lagSeconds:.3f}s after its publish)" if s.replicatedStep >= 0
-                else "none")
+        behind = s.newestStep > s.replicatedStep  # the lag then counts from the first step the copy lacks
+        held = (f"step {s.replicatedStep}" if s.replicatedStep >= 0 else "none") + (
+            f" ({s.lagSeconds:.3f}s behind)" if behind and s.lagSeconds > 0 else
+            f" (copied {s.lagSeconds:.3f}s after its publish)" if s.replicatedStep >= 0 else "")
         out.append(f"    node {s.nodeRank}: newest step {s.newestStep}; {buddy} holds {held} "
                    f"(reported {_ts(s.reportedAt)})")
     return out

@@ -1,12 +1,12 @@
 """A node's snapshots copied to its buddy's agent, and a lost node's copy fetched back (issue 33, item 3).
 
 Each agent of a multi-node job serves taskd.v1 `SnapshotPeer` on the address that reaches its controller (port
-0) and runs one thread: every `TICK` it looks for the newest step every local rank published (else, ranks that
+0) and runs two threads. Every `TICK` one looks for the newest step every local rank published (else, ranks that
 drifted apart with no step in common, each rank's newest: `copies.to_push`) and pushes those segments, as files,
-to its buddy's agent; every `REPORT` it tells the controller what it holds (`ReportSnapshots`)
-and learns its buddy, the holder of its own node's copy and the job's peer key (controller/nodes/replicas.py). The
-thread never touches a rank: a training step never waits for it. Its lag, from a step's publish here until the
-buddy acknowledged its copy, goes into the report (`taskd status`, the controller's metrics).
+to its buddy's agent; every `REPORT` the other tells the controller what it holds (`ReportSnapshots`)
+and learns its buddy, the holder of its own node's copy and the job's peer key (controller/nodes/replicas.py).
+Neither touches a rank: a training step never waits for them. The report's lag (`CopyLag`) says how far the
+buddy's copy is behind, in seconds (`taskd status`, the controller's metrics).
 
 A replacement or a standby taking a lost node calls `restore_node` before its ranks start: it fetches the node's
 copy from its holder into the node's own snapshot directory, where the ranks' `Snapshots.restore` finds it as
@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent import futures
+from dataclasses import dataclass
 from typing import BinaryIO
 
 import grpc
@@ -34,7 +35,6 @@ from taskd.agent.link.controller import ControllerLink
 from taskd.agent.snapshots import copies as sc
 from taskd.proto import recover_pb2, taskd_pb2, taskd_pb2_grpc
 from taskd.worker.snapshot_account import Fetched, mark_fetched
-from taskd.worker.snapshot_files import rank_folders
 from taskd.worker.snapshot_segment import SnapshotError, read_header
 
 log = logging.getLogger("taskd.agent")
@@ -163,20 +163,48 @@ def _fallback(why: str, directory: str, node: int, ranks: Sequence[int]) -> bool
     return False
 
 
+@dataclass
+class CopyLag:
+    """How far, in seconds, the buddy's copy is behind what this node's ranks published (``lagSeconds``): while it
+    holds their newest, the time from that copy's publish to its acknowledgement; while it lacks a newer one, the
+    time since the first such step was published, so that it grows while replication stalls (pushes failing,
+    refused or hung) instead of staying at the last copy's figure."""
+
+    acked: float = 0.0  # the last acknowledged copy: seconds from its publish to the acknowledgement
+    lacking_since: float | None = None  # the publish (wall clock) of the first step seen that the buddy lacks
+
+    def lacks(self, published: float) -> None:
+        if self.lacking_since is None:
+            self.lacking_since = published
+
+    def acknowledged(self, published: float, now: float) -> None:
+        self.acked, self.lacking_since = max(0.0, now - published), None
+
+    def seconds(self, now: float) -> float:
+        return self.acked if self.lacking_since is None else max(self.acked, now - self.lacking_since)
+
+
 class Replication:
-    """This node's side: the peer service, the push thread, and the restore of a lost node's copy."""
+    """This node's side: the peer service, the push and report threads, and the restore of a lost node's copy.
+
+    Two threads, so that a push hung on a buddy that stopped answering (up to `PUSH_TIMEOUT`) never holds back the
+    reports: the controller keeps hearing the node (a node silent for `replicas.STALE` is no one's buddy) and sees
+    its lag grow. The push thread looks at the ranks' folders once a `TICK` (one listdir each); the report says what
+    that look saw."""
 
     def __init__(self, directory: str, link: ControllerLink) -> None:
         self.directory, self.link = directory, link
         self.key: str | None = None
         self.buddy: tuple[int, str] = (-1, "")
-        self.replicated, self.lag = -1, 0.0
+        self.replicated = -1
+        self.lag = CopyLag()
         self.service = PeerService(directory, lambda: self._job_id(), lambda: self.key)
         self._server: grpc.Server | None = None
         self._address = ""
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._reported = 0.0
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()  # buddy, replicated, lag, _pushed: set by both threads
+        self._plan: dict[int, int] = {}  # what the last look at the ranks' folders would push
         self._pushed: tuple[tuple[tuple[int, int], ...], float] = ((), 0.0)  # ((rank, step)s, publish) acknowledged
 
     def _job_id(self) -> str:
@@ -195,64 +223,83 @@ class Replication:
         port = self._server.add_insecure_port(f"{host}:0" if ":" not in host else f"[{host}]:0")
         self._server.start()
         self._address = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
-        self._thread = threading.Thread(target=self._run, name="taskd-replication", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._reporting, name="taskd-replication-report", daemon=True),
+                         threading.Thread(target=self._pushing, name="taskd-replication", daemon=True)]
+        for thread in self._threads:
+            thread.start()
         log.debug("snapshot peer service on %s", self._address)
 
     def _report(self) -> taskd_pb2.SnapshotReply | None:
         ward, ward_step = self.service.ward
-        reply, _target = self.link.report_snapshots({
-            "address": self._address, "newestStep": min(sc.to_push(self.directory).values(), default=-1),
-            "replicatedStep": self.replicated, "lagSeconds": self.lag, "wardNodeRank": ward, "wardStep": ward_step,
-        }, timeout=2.0)
+        with self._lock:
+            said = {"address": self._address, "newestStep": min(self._plan.values(), default=-1),
+                    "replicatedStep": self.replicated, "lagSeconds": self.lag.seconds(time.time()),
+                    "wardNodeRank": ward, "wardStep": ward_step}
+        reply, _target = self.link.report_snapshots(said, timeout=2.0)
         if reply is None or reply.status.code != 0:
             return None
         self.key = reply.key or None
         buddy = (reply.buddyNodeRank, reply.buddyAddress)
-        if buddy != self.buddy:
-            if buddy[0] >= 0:
-                log.info("snapshots of this node are copied to node %d's agent (%s)", *buddy)
-            self.buddy, self.replicated, self._pushed = buddy, -1, ((), 0.0)  # a new buddy holds nothing yet
+        with self._lock:
+            if buddy != self.buddy:
+                if buddy[0] >= 0:
+                    log.info("snapshots of this node are copied to node %d's agent (%s)", *buddy)
+                self.buddy, self.replicated, self.lag, self._pushed = buddy, -1, CopyLag(), ((), 0.0)  # holds nothing
         return reply
 
-    def _run(self) -> None:
-        while not self._stop.wait(TICK):
-            now = time.monotonic()
-            if now - self._reported >= REPORT:
-                self._reported = now
-                self._report()
-            plan = sc.to_push(self.directory)
-            if self.buddy[0] >= 0 and self.key and plan:
-                self._push(plan)
+    def _reporting(self) -> None:
+        while True:
+            self._report()
+            if self._stop.wait(REPORT):
+                return
 
-    def _push(self, plan: dict[int, int]) -> None:
-        """Push each local rank's segment of its step in ``plan`` (opened first: a segment a rank reuses meanwhile
-        fails its check at the buddy, and the next tick pushes a newer step)."""
+    def _pushing(self) -> None:
+        while not self._stop.wait(TICK):
+            self.tick()
+
+    def tick(self) -> None:
+        """One look at the ranks' folders and, when the buddy lacks what they published, one push."""
+        plan = sc.to_push(self.directory)
+        with self._lock:
+            self._plan, buddy = plan, self.buddy
+        if buddy[0] >= 0 and self.key and plan:
+            self._push(plan, buddy, self.key)
+
+    def _push(self, plan: dict[int, int], buddy: tuple[int, str], key: str) -> None:
+        """Push each local rank's segment of its step in ``plan`` to ``buddy`` (opened first: a segment a rank reuses
+        meanwhile fails its check at the buddy, and the next tick pushes a newer step)."""
         files: list[tuple[int, BinaryIO]] = []
-        folders = rank_folders(self.directory)
         try:
             for rank, step in sorted(plan.items()):
-                files.append((rank, open(os.path.join(folders[rank], sc.segment_name(step)), "rb")))  # noqa: SIM115
+                path = os.path.join(self.directory, f"rank{rank}", sc.segment_name(step))
+                files.append((rank, open(path, "rb")))  # noqa: SIM115 - closed by push_segments
             published = max(os.fstat(fh.fileno()).st_ctime for _rank, fh in files)  # the publish: its rename
-        except (OSError, KeyError):  # a rank freed it meanwhile: a newer step is there
+        except OSError:  # a rank freed it meanwhile: a newer step is there
             for _rank, fh in files:
                 fh.close()
             return
-        key = (tuple(sorted(plan.items())), published)
-        if key == self._pushed:
+        done = (tuple(sorted(plan.items())), published)
+        with self._lock:
+            current = buddy == self.buddy
+            if current and done != self._pushed:
+                self.lag.lacks(published)
+        if not current or done == self._pushed:
             for _rank, fh in files:
                 fh.close()
             return
         node = self.link.client.info.nodeRank if self.link.client is not None else -1
         try:
-            status = push_segments(self.buddy[1], self.key, self._job_id(), node, plan, files, PUSH_TIMEOUT)
+            status = push_segments(buddy[1], key, self._job_id(), node, plan, files, PUSH_TIMEOUT)
         except (grpc.RpcError, SnapshotError) as exc:
-            log.debug("snapshot push of steps %s to %s failed: %s", plan, self.buddy[1], exc)
+            log.debug("snapshot push of steps %s to %s failed: %s", plan, buddy[1], exc)
             return
-        if status.code == 0:
-            self.replicated, self.lag, self._pushed = min(plan.values()), max(0.0, time.time() - published), key
-        else:
-            log.debug("node %d's agent refused steps %s: %s", self.buddy[0], plan, status.info)
+        if status.code != 0:
+            log.debug("node %d's agent refused steps %s: %s", buddy[0], plan, status.info)
+            return
+        with self._lock:
+            if buddy == self.buddy:  # not a buddy given up meanwhile
+                self.replicated, self._pushed = min(plan.values()), done
+                self.lag.acknowledged(published, time.time())
 
     def restore_node(self, node: int, ranks: Sequence[int] = ()) -> bool:
         """Fetch node ``node``'s copy from its holder into this node's directory (a replacement, before its ranks
@@ -284,8 +331,8 @@ class Replication:
 
     def close(self) -> None:
         self._stop.set()
-        if self._thread is not None:  # a push to a buddy that stopped answering is not waited for (a daemon thread)
-            self._thread.join(timeout=2.0)
+        for thread in self._threads:  # a push to a buddy that stopped answering is not waited for (a daemon thread)
+            thread.join(timeout=2.0)
         if self._server is not None:
             self._server.stop(grace=None)
 
