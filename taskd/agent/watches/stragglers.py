@@ -13,15 +13,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Protocol
 
 from taskd.agent.link.reports import Report
 from taskd.agent.ranks.table import Rank, RankState
+from taskd.agent.watches.straggler_moves import StragglerMoves
 from taskd.pace import PaceWindow, RankPace, StragglerJudge, Verdict
+from taskd.worker.heartbeat_file import HeartbeatState
 
 log = logging.getLogger("taskd.agent")
 
-BLIND_AFTER = 6  # intervals of running ranks without one compute sample: --straggler-factor says it sees nothing
+BLIND_AFTER = 6  # intervals of running ranks without one reported step: --straggler-factor says it sees nothing...
+BLIND_START = 120.0  # ...and no sooner than this many seconds: a rank's start (imports, loading, rendezvous) took
+# 75 s on a loaded 2-core host, and a rank that reports its first step reports its compute time with its second
+
+Beats = Callable[[Rank], HeartbeatState | None]  # a rank's heartbeat file as read on this sweep (None: unreadable)
 
 
 class PaceLink(Protocol):
@@ -32,9 +38,9 @@ class PaceLink(Protocol):
 class StragglerWatch:
     """Windows of this node's ranks, the pace report in flight, and the local judge when no controller judges."""
 
-    def __init__(self, factor: float, interval: float, host: str, moves: Any = None) -> None:
+    def __init__(self, factor: float, interval: float, host: str, moves: StragglerMoves | None = None) -> None:
         self.factor = factor
-        self.moves = moves  # --migrate-stragglers: a StragglerMoves (agent/watches/straggler_moves.py), else None
+        self.moves = moves  # --migrate-stragglers (agent/watches/straggler_moves.py)
         self.interval = interval
         self.host = host
         self.windows: dict[int, PaceWindow] = {}
@@ -43,10 +49,10 @@ class StragglerWatch:
         self.next_at = 0.0
         self._report: Report | None = None  # the pace report not settled yet (its `outcome` then holds the answer)
         self._running_since: float | None = None  # the first sweep that found a running rank
-        self._seen = False  # some rank reported a step's compute time: the watch can see
+        self._stepped = False  # some rank reported a step: its compute time follows with its next one
         self._said_blind = False
 
-    def sample(self, ranks: Iterable[Rank], heartbeat: Callable[[Rank], Any]) -> list[RankPace]:
+    def sample(self, ranks: Iterable[Rank], heartbeat: Beats) -> list[RankPace]:
         """Read each running rank's compute sums into its window; the ranks with a judged pace."""
         out = []
         seen = set()
@@ -59,7 +65,7 @@ class StragglerWatch:
             seen.add(rank.global_rank)
             window = self.windows.setdefault(rank.global_rank, PaceWindow())
             window.observe(rank.pid, state.compute, state.compute_intervals)
-            self._seen = self._seen or state.compute_intervals > 0
+            self._stepped = self._stepped or state.beats > 0
             seconds = window.seconds()
             if seconds is not None:
                 out.append(RankPace(rank.global_rank, self.host, seconds, window.intervals))
@@ -67,42 +73,44 @@ class StragglerWatch:
             del self.windows[gone]
         return out
 
-    def sweep(self, ranks: Iterable[Rank], heartbeat: Callable[[Rank], Any], link: PaceLink | None,
+    def sweep(self, ranks: Iterable[Rank], heartbeat: Beats, link: PaceLink | None,
               now: float) -> list[Verdict]:
         """One sweep: the answer to the report in flight, then (when due) the next report; the verdicts to say
         (and, with --migrate-stragglers, acted on)."""
-        verdicts = self._judged(ranks, heartbeat, link, now)
-        if self.moves is not None:
-            self.moves.act(verdicts, now)
-        return verdicts
-
-    def _judged(self, ranks: Iterable[Rank], heartbeat: Callable[[Rank], Any], link: PaceLink | None,
-                now: float) -> list[Verdict]:
         ranks = list(ranks)
         paces = self.sample(ranks, heartbeat)
         self._say_if_blind(ranks, now)
         verdicts = self._answer()
-        if now < self.next_at or self._report is not None:
-            return verdicts
+        due = now >= self.next_at and self._report is None
+        verdicts += self._judged(paces, link, now) if due else []
+        if self.moves is not None:
+            if due:
+                self.moves.standing(paces, now)  # the same figures the report carries, on the same clock
+            self.moves.act(verdicts, now)
+        return verdicts
+
+    def _judged(self, paces: list[RankPace], link: PaceLink | None, now: float) -> list[Verdict]:
+        """A pace report is due: send it, or, with no controller that judges, judge here."""
         self.next_at = now + self.interval
         if self.remote and link is not None:
             self._report = link(self.factor, [(p.rank, p.seconds, p.intervals) for p in paces], self.interval)
             if self._report is not None:
-                return verdicts
-        return verdicts + self.local.judge(paces)
+                return []
+        return self.local.judge(paces)
 
     def _say_if_blind(self, ranks: list[Rank], now: float) -> None:
-        """One console line when the ranks have run BLIND_AFTER intervals and none reported a step's compute
-        time (a script that sends no heartbeats): the flag would otherwise do nothing and say nothing."""
-        if self._seen or self._said_blind or not any(r.state is RankState.RUNNING for r in ranks):
+        """One console line when the ranks have run BLIND_AFTER intervals (BLIND_START seconds at least) and none
+        reported a step (a script that sends no heartbeats): the flag would otherwise do nothing and say nothing.
+        Once a rank reported one it never fires: its compute time comes with its next."""
+        if self._stepped or self._said_blind or not any(r.state is RankState.RUNNING for r in ranks):
             return
         if self._running_since is None:
             self._running_since = now
         waited = now - self._running_since
-        if waited >= BLIND_AFTER * self.interval:
+        if waited >= max(BLIND_AFTER * self.interval, BLIND_START):
             self._said_blind = True
-            log.warning("--straggler-factor %g: no rank reported a step's compute time in the %.0fs since the ranks "
-                        "started (the script sends no heartbeats: call taskd.worker.heartbeat(step) each step, or "
+            log.warning("--straggler-factor %g: no rank reported a step in the %.0fs since the ranks started (a "
+                        "script that sends no heartbeats names none: call taskd.worker.heartbeat(step) each step, or "
                         "use LiveGroup), so no straggler can be named", self.factor, waited)
 
     def _answer(self) -> list[Verdict]:

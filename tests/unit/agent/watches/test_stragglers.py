@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from types import SimpleNamespace
 
 import pytest
 
 from taskd.agent.ranks.table import RankState
-from taskd.agent.watches.stragglers import StragglerWatch
+from taskd.agent.watches.stragglers import BLIND_AFTER, BLIND_START, StragglerWatch
 from taskd.pace import CHANGE, CLEAR, MIN_INTERVALS, PaceWindow, RankPace, StragglerJudge, check_factor, peer_medians
 from taskd.proto import recover_pb2, taskd_pb2
 
@@ -96,7 +97,8 @@ class FakeReport:
 
 def ranks_and_beats(compute: dict[int, float], intervals: int):  # noqa: ANN201
     ranks = [SimpleNamespace(global_rank=r, local_rank=r, pid=100 + r, state=RankState.RUNNING) for r in compute]
-    beats = {r: SimpleNamespace(compute=c * intervals, compute_intervals=intervals) for r, c in compute.items()}
+    beats = {r: SimpleNamespace(compute=c * intervals, compute_intervals=intervals,
+                                beats=intervals + 1 if intervals else 0) for r, c in compute.items()}
     return ranks, lambda rank: beats[rank.global_rank]
 
 
@@ -151,3 +153,31 @@ def test_the_agent_config_refuses_a_factor_that_names_no_straggler(value: float)
     with pytest.raises(ValueError, match="straggler_factor"):
         AgentConfig(straggler_factor=value)
     assert AgentConfig(straggler_factor=1.5).straggler_factor == 1.5 and AgentConfig().straggler_factor is None
+
+
+BLIND = "no rank reported a step"
+
+
+def test_ranks_still_starting_under_load_are_not_called_blind(caplog: pytest.LogCaptureFixture) -> None:
+    """Under load the ranks' imports and rendezvous took 75 s here: the watch, every 0.5 s, used to say after 3 s
+    that the script sends no heartbeats. Not before the ranks' first step, nor after it: its compute time comes with
+    the second."""
+    watch = StragglerWatch(3.0, interval=0.5, host="nodeA")
+    with caplog.at_level(logging.WARNING, logger="taskd.agent"):
+        for now in range(0, 100):
+            watch.sweep(*ranks_and_beats({0: 0.1, 1: 0.1}, 0), None, float(now))  # running, no step yet
+        ranks, beat = ranks_and_beats({0: 0.1, 1: 0.1}, 0)
+        first = {r.global_rank: SimpleNamespace(compute=0.0, compute_intervals=0, beats=1) for r in ranks}
+        for now in range(100, 400):  # the first step's heartbeat, and a long first step under load
+            watch.sweep(ranks, lambda rank: first[rank.global_rank], None, float(now))
+    assert BLIND not in caplog.text
+
+
+def test_ranks_that_never_report_a_step_are_called_blind_once(caplog: pytest.LogCaptureFixture) -> None:
+    watch = StragglerWatch(3.0, interval=5.0, host="nodeA")
+    quiet = max(BLIND_AFTER * 5.0, BLIND_START)
+    with caplog.at_level(logging.WARNING, logger="taskd.agent"):
+        for now in (0.0, quiet - 1, quiet, quiet + 100):
+            watch.sweep(*ranks_and_beats({0: 0.1, 1: 0.1}, 0), None, 10.0 + now)
+            assert (BLIND in caplog.text) == (now >= quiet), now
+    assert caplog.text.count(BLIND) == 1 and "heartbeat(step)" in caplog.text
