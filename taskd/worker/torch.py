@@ -60,7 +60,7 @@ from taskd.worker.torch_mark import Backward, BackwardMark, CollectiveMark
 from taskd.worker.torch_migrate import Migrating
 from taskd.worker.torch_origin import collective, raised_by, watch_torch_collectives
 from taskd.worker.torch_resize import Resize, ResizeHook
-from taskd.worker.torch_retry import LiveRecoveryFailed, RetryInPlace, StepVoided
+from taskd.worker.torch_retry import LiveRecoveryFailed, RetryInPlace, ShardsLost, StepVoided, exit_shards_lost
 from taskd.worker.torch_state import LiveUsageError, hand_over, refuse_own_collectives, whole_copy
 from taskd.worker.torch_stuck import StuckWatch, exit_stuck
 
@@ -392,12 +392,17 @@ class LiveGroup(RetryInPlace, Migrating, FsdpLive, HsdpLive):
                 dist.all_gather(table, mine)
             rows = [(int(t[0]), int(t[1])) for t in table]
             holders = [r for r, (has, _) in enumerate(rows) if has]
-            if holders and self._fsdp:  # FSDP2: no peer holds a lost rank's shards, every rank rolls back
-                self.step_no = self._roll_back()
-            elif holders:  # HSDP: each shard coordinate's from a peer replica; else the most advanced rank's
-                self._hand_over(*(self._hsdp.sources(rows) if self._hsdp is not None else whole_copy(rows)))
-            else:  # nobody holds live state: the newest step every rank holds in memory, else the newest checkpoint
-                self.step_no = start_afresh(self.memory, self.rank, rows, self._loaders, load, self._device)
+            try:
+                if holders and self._fsdp:  # FSDP2: no peer holds a lost rank's shards, every rank rolls back
+                    self.step_no = self._roll_back()
+                elif holders:  # HSDP: each shard coordinate's from a peer replica; else the most advanced rank's
+                    self._hand_over(*(self._hsdp.sources(rows) if self._hsdp is not None else whole_copy(rows)))
+                else:  # nobody holds live state: the newest step every rank holds in memory, else the checkpoint
+                    self.step_no = start_afresh(self.memory, self.rank, rows, self._loaders, load, self._device)
+            except ShardsLost as exc:  # alike on every rank: each says no more than rank 0's line and exits
+                self.memory.close()
+                dist.destroy_process_group()  # a healthy group, left before the interpreter's exit tears it down
+                exit_shards_lost(self.rank, exc, self.protocol)
         finally:
             self.mark.reset()
         for handle in self._handles:

@@ -24,9 +24,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
 from taskd.worker.env import Var, env_int
-from taskd.worker.live import Phase
 from taskd.worker.torch_hsdp import mesh_infos, reform_groups, reset_step
-from taskd.worker.torch_retry import LiveRecoveryFailed
+from taskd.worker.torch_retry import ShardsLost
 
 resolve_group = dist.distributed_c10d._resolve_process_group
 
@@ -58,6 +57,16 @@ def node_loss(world: int, per_node: int) -> str:
             "restarts every rank from the snapshots in memory")
 
 
+def lost_words(newest: list[int]) -> str:
+    """Why no step is common to every rank's snapshots, from each rank's newest (-1: it holds none)."""
+    lacking = [r for r, s in enumerate(newest) if s < 0]
+    if lacking:
+        return (f"rank(s) {', '.join(map(str, lacking))} hold no snapshot in memory (neither their node's segments nor "
+                "a copy fetched from the buddy node), so the shards they held are lost")
+    return (f"the ranks' snapshots share no step (newest from step {min(newest)} to {max(newest)}: a copy further "
+            "behind than snapshot_keep steps), so some rank's shards are lost")
+
+
 class FsdpLive:
     """Mixed into `LiveGroup` (taskd.worker.torch) before `HsdpLive`: it uses the group's snapshots, sockets,
     timeout, protocol and tracked model."""
@@ -73,6 +82,7 @@ class FsdpLive:
     _retired: Any
     _group_timeout: Any
     _model: torch.nn.Module | None
+    _device: torch.device
     _fsdp: tuple[DeviceMesh, ...] = ()  # a pure FSDP2 model's meshes: its ranks roll back to a common snapshot
 
     def _rolls_back(self, model: torch.nn.Module, why: str) -> str | None:
@@ -95,13 +105,15 @@ class FsdpLive:
         return None
 
     def _roll_back(self) -> int:
-        """Collective: every rank loads the newest step all hold in memory; the step, or LiveRecoveryFailed."""
+        """Collective: every rank loads the newest step all hold in memory; the step, or ShardsLost (alike on every
+        rank: the step was agreed over the group) naming the ranks that hold none."""
         held = self.step_no
         step = self.memory.roll_back()
         if step is None:
-            self.protocol.set_phase(Phase.GAVE_UP)
-            raise LiveRecoveryFailed(f"rank {self.rank}: no step is held in memory by every rank: the shards a lost "
-                                     "rank held are gone, and the job restarts from its checkpoints")
+            mine = torch.tensor([self.memory.newest_held()], dtype=torch.int64, device=self._device)
+            table = [torch.zeros(1, dtype=torch.int64, device=self._device) for _ in range(self.world_size)]
+            dist.all_gather(table, mine)
+            raise ShardsLost(lost_words([int(t[0]) for t in table]))
         log.info("rank %d: rolled back from step %d to step %d, restored from %s", self.rank, held, step,
                  self.memory.restored_from)
         return step
@@ -132,4 +144,4 @@ class FsdpLive:
                     self._retired.hold(resolve_group(name), self._group_timeout.total_seconds())
 
 
-__all__ = ["FsdpLive", "fsdp2_meshes", "node_loss"]
+__all__ = ["FsdpLive", "fsdp2_meshes", "lost_words", "node_loss"]

@@ -26,6 +26,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from taskd.worker.torch_facts import sharded_state
+from taskd.worker.torch_retry import ShardsLost
 
 
 def _fsdp_states(model: torch.nn.Module) -> list[Any]:
@@ -73,14 +74,14 @@ class Hsdp:
     def sources(self, rows: list[tuple[int, int]]) -> tuple[int, list[tuple[int, list[int]]]]:
         """(step, [(source, lacking ranks)]) from the state-sync table ((has state, step) per rank): at each shard
         coordinate, a rank at the newest step hands its shards to the ranks of that coordinate that lack them.
-        RuntimeError when a coordinate has no rank at that step (its shards are lost: no live recovery)."""
+        ShardsLost when a coordinate has no rank at that step (its shards are lost: no live recovery)."""
         step = max(s for has, s in rows if has)
         pairs: list[tuple[int, list[int]]] = []
         for holders in self.peers():
             good = [r for r in holders if rows[r] == (1, step)]
             if not good:
-                raise RuntimeError(f"no rank of {holders} holds its shards at step {step}: they are lost with every "
-                                   "replica (every rank that held them died, or none has committed that step)")
+                raise ShardsLost(f"no rank of {holders} holds its shards at step {step}: they are lost with every "
+                                 "replica (every rank that held them died, or none has committed that step)")
             lacking = [r for r in holders if rows[r] != (1, step)]
             if lacking:
                 pairs.append((good[0], lacking))

@@ -78,6 +78,13 @@ class LiveSnapshots:
             obj.load_state_dict(saved)
         return step
 
+    def newest_held(self) -> int:
+        """This rank's newest step in memory, as its last restore found it (`snapshot_account`); -1 for none."""
+        if self.store is None:
+            return -1
+        said = read_restored(self.store.snapshots.directory, self.store.snapshots.rank)
+        return said.newest if said is not None else -1
+
     def restore(self, rank: int, disk_step: int, device: torch.device) -> int | None:
         """Collective (every rank of the group calls it, all alike on or off): the step restored from memory into
         the objects, or None when the ranks fall back to ``disk_step`` (the newest checkpoint every rank has), said in

@@ -22,6 +22,26 @@ class LiveRecoveryFailed(RuntimeError):
     """The agent named no new generation in time, or asked to abort: the rank exits so the job restarts."""
 
 
+SHARDS_LOST_EXIT = 76
+"""A rank's exit code when live recovery refused because shards are lost (`ShardsLost`): the agent takes the
+ranks' exits as the rebuild's failure, and the round goes on to job-rescheduling."""
+
+
+class ShardsLost(LiveRecoveryFailed):
+    """Some shards are held by no live rank (HSDP: every replica of a coordinate lost) and by no snapshot every rank
+    can restore (FSDP2: neither the node's segments nor the buddy's copy of the step): every rank of the new group
+    finds it alike, and exits with `SHARDS_LOST_EXIT` (`exit_shards_lost`)."""
+
+
+def exit_shards_lost(rank: int, exc: ShardsLost, protocol: Any) -> None:
+    """End this rank cleanly, no traceback: GAVE_UP for the agent, and the refusal said once, by rank 0 (every rank
+    reached the same verdict from the same all-gathered table); SystemExit(`SHARDS_LOST_EXIT`)."""
+    protocol.set_phase(Phase.GAVE_UP)
+    log.log(logging.ERROR if rank == 0 else logging.INFO, "live recovery refused: %s; every rank exits (code %d) "
+            "and the job restarts from its checkpoints (job-rescheduling)", exc, SHARDS_LOST_EXIT)
+    raise SystemExit(SHARDS_LOST_EXIT)
+
+
 class StepVoided(RuntimeError):
     """A rank abandoned this step (RetryableError): every rank drops it together, before the optimizer step."""
 
@@ -127,4 +147,4 @@ class RetryInPlace:
                  control.generation, event["total_s"])
 
 
-__all__ = ["LiveRecoveryFailed", "RetryInPlace", "StepVoided"]
+__all__ = ["SHARDS_LOST_EXIT", "LiveRecoveryFailed", "RetryInPlace", "ShardsLost", "StepVoided", "exit_shards_lost"]

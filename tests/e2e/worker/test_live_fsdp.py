@@ -92,3 +92,21 @@ def test_fsdp2_without_snapshots_says_so_at_the_start_and_its_fault_takes_job_re
     assert "LiveGroup(snapshot_every=k) would replace a lost rank alone" in console, console[-4000:]
     assert "strategy: job-rescheduling" in console and "strategy: recover" not in console, console[-4000:]
     assert took < 100, f"{took:.0f}s"
+
+
+def test_a_rank_lost_before_its_first_snapshot_is_refused_in_one_line_and_takes_job_rescheduling(
+        tmp_path: Path) -> None:
+    """The give-up path: rank 1 dies after its update of step 0, before any snapshot of its shards, so no step is
+    held by every rank (the survivor holds step 1, the replacement nothing): every rank of the re-formed group exits
+    cleanly, rank 0 says why in one line, and the round goes on to job-rescheduling (a fresh start here)."""
+    proc = taskd_run(["--nproc-per-node", "2", str(EXAMPLE), "--steps", "2", "--snapshot-every", "1", "--pg-timeout",
+                      "30", "--hidden", "16", "--layers", "1", "--out", str(tmp_path / "out"), "--kill-rank", "1",
+                      "--kill-at-step", "0"], tmp_path / "console.log", env={"OMP_NUM_THREADS": "1"})
+    console = wait_ok(proc, tmp_path / "console.log", TIMEOUT)
+    said = ("live recovery refused: rank(s) 1 hold no snapshot in memory (neither their node's segments nor a copy "
+            "fetched from the buddy node), so the shards they held are lost; every rank exits (code 76)")
+    assert console.count(said) == 1 and "Traceback" not in console, console[-6000:]
+    assert console.index("strategy: recover for rank(s) [1]") < console.index(said) \
+        < console.index("strategy: job-rescheduling"), console[-6000:]
+    for rank in range(2):  # restarted from scratch (no checkpoints): step 0 by the first processes, then 0 and 1
+        assert [s for s, _, _ in steps_done(tmp_path / "out", rank)] == [0, 0, 1], (rank, console[-6000:])

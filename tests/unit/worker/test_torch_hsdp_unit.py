@@ -16,6 +16,7 @@ from torch.distributed.fsdp import fully_shard  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
 from taskd.worker.torch_hsdp import Hsdp, from_local, hsdp_layout, to_local  # noqa: E402
+from taskd.worker.torch_retry import ShardsLost  # noqa: E402
 
 
 @pytest.fixture
@@ -64,9 +65,9 @@ def test_each_lacking_rank_takes_its_shards_from_the_peer_replica_at_the_newest_
     assert hsdp.sources([(1, 5), (0, 0), (1, 5), (1, 5)]) == (5, [(3, [1])])
     assert hsdp.sources([(0, 0), (1, 5), (1, 5), (1, 5)]) == (5, [(2, [0])])
     assert hsdp.sources([(1, 5), (1, 5), (1, 5), (1, 5)]) == (5, [])
-    with pytest.raises(RuntimeError, match=r"no rank of \[1, 3\] holds its shards at step 5"):
+    with pytest.raises(ShardsLost, match=r"no rank of \[1, 3\] holds its shards at step 5"):
         hsdp.sources([(1, 5), (0, 0), (1, 5), (0, 0)])  # both replicas of shard 1 lost
-    with pytest.raises(RuntimeError, match=r"no rank of \[1, 3\] holds its shards at step 6"):
+    with pytest.raises(ShardsLost, match=r"no rank of \[1, 3\] holds its shards at step 6"):
         hsdp.sources([(1, 6), (1, 5), (1, 6), (1, 5)])  # shard 1's copies are a step behind shard 0's
 
 
