@@ -31,8 +31,17 @@ appends ``STEP TIME PID`` per completed step to OUT/rank<R>.computed, every proc
 (steps a rank never completed) x the batch, over every rank; **bit-identical**: every rank's final shards equal
 to a fault-free taskd run's. The ratio column is torchrun's kill → resumed p50 over the system's.
 
+And a planned migration (`taskd migrate`, no kill): the same HSDP job with a warm spare against a `taskd server`
+(``--migrate-steps`` steps, so that the spare is ready while it trains; ``--step-sleep`` only until the rank has
+moved, the rest at full speed); once every rank has completed 3 steps the
+seeded victim rank is moved to the spare at the next step boundary (tried again while no spare is ready). Its
+**pause** is the job event `migrated`'s `pause_seconds` (the first rank's end of the step before it to the last
+rank's state synced in the new generation), set against the job's **step time** (the median gap between two
+consecutive steps of one process, every rank's last 8 before the request); also its steps redone and whether the
+other ranks kept their processes (its shards are compared by tests/e2e/agent/test_migrate_hsdp.py).
+
     python bench/sharded_live.py [--quick] [--ranks 4] [--reps 3] [--seed 1] [--steps 40] [--ckpt-every 10]
-        [--hidden 256] [--systems PREFIX,...] [--keep DIR]
+        [--hidden 256] [--systems PREFIX,...] [--migrate-steps 400] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -47,8 +57,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common import ROOT, TASKD_DRIVER, TORCHRUN_DRIVER, bench_env, header, ratio, stats, table, wait_for, write_result
-from live_recovery import Kill, Launch, Progress, kill_and_watch, plan
+from common import (
+    ROOT,
+    TASKD_DRIVER,
+    TORCHRUN_DRIVER,
+    bench_env,
+    free_port,
+    header,
+    job_events,
+    ratio,
+    start_controller,
+    stats,
+    stop_process,
+    table,
+    wait_for,
+    write_result,
+)
+from live_recovery import Kill, Launch, Progress, kill_and_watch, plan, step_time
 
 EXAMPLE = ROOT / "examples" / "torch" / "train_hsdp.py"
 FSDP2 = ROOT / "examples" / "torch" / "train_fsdp2_live.py"  # the same MLP, fully_shard over every rank
@@ -68,6 +93,8 @@ class System:
     comparable: bool = True  # its shards can equal taskd's reference (torchft averages across groups its own way)
     quick: bool = False  # run by --quick
     script: Path = EXAMPLE
+    steps: int = 0  # the job's steps (0: --steps)
+    sleep_while: str = ""  # --step-sleep only while this file exists
 
 
 SYSTEMS: tuple[System, ...] = (
@@ -93,6 +120,8 @@ def missing(system: System) -> str | None:
 def steps_of(system: System, args: argparse.Namespace) -> int:
     """torchft's job runs longer: its surviving group goes on alone at full speed, and a job that ends before the
     dead group's torchrun has restarted it would end with that group never back (nothing to measure)."""
+    if system.steps:
+        return system.steps
     return args.torchft_steps or 3 * args.steps if system.family == "torchft" else args.steps
 
 
@@ -105,6 +134,8 @@ def job_args(args: argparse.Namespace, run_dir: Path, system: System) -> list[st
         out += ["--ckpt-dir", str(run_dir / "ckpt"), "--ckpt-every", str(args.ckpt_every)]
     if args.step_sleep:
         out += ["--step-sleep", str(args.step_sleep)]
+    if system.sleep_while:
+        out += ["--sleep-while", system.sleep_while]
     return out
 
 
@@ -154,6 +185,70 @@ def run_once(system: System, n: int, args: argparse.Namespace, run_dir: Path, ki
     return res
 
 
+MIGRATION = "taskd migrate of one rank (planned), HSDP + spare"
+
+
+def migrate_once(n: int, args: argparse.Namespace, run_dir: Path, rank: int) -> dict[str, Any]:
+    """One fault-free HSDP job with a warm spare against a `taskd server`; `taskd migrate` of `rank` once every rank
+    has completed 3 steps. Every wait is bounded; nothing left running."""
+    run_dir.mkdir(parents=True)
+    port = free_port()
+    ctl = start_controller(port, log=run_dir / "controller.log")
+    address, job_id, pace = f"127.0.0.1:{port}", f"migrate-{n}", run_dir / "pace"
+    pace.touch()  # paced (--step-sleep) until moved, then the rest of its steps at full speed
+    system = System(MIGRATION, "taskd", ("--server", address, "--job-id", job_id, "--warm-spares", "1"),
+                    checkpoints=False, steps=args.migrate_steps, sleep_while=str(pace))
+    t0 = time.time()
+    res: dict[str, Any] = {"system": MIGRATION, "ranks": n, "rank": rank, "ok": False}
+    job = None
+    try:
+        job = start(system, n, args, run_dir / "job")
+        prog = Progress(run_dir / "job" / "out", n, name="rank{}.computed")
+        ended = lambda: (job.look(), job.proc.poll() is not None)[1]  # noqa: E731
+        wait_for(lambda: ended() or all(len(prog.poll().get(r, [])) >= 3 for r in range(n)),
+                 args.run_timeout, "every rank's first 3 steps", 0.05)
+        before = {r: prog.records[r][-1][2] for r in range(n) if prog.records.get(r)}
+        asked = time.time()
+        done = wait_for(lambda: "ended" if ended() else _migrated(address, job_id, rank) and "moved",
+                        args.resume_timeout, "a migration with a ready spare", 0.5)
+        res["step_s"] = step_time(prog.poll(), asked)
+        if done == "ended":
+            raise RuntimeError(f"the job ended before rank {rank} was moved (--migrate-steps {args.migrate_steps})")
+        res["migrate_s"] = time.time() - asked
+        pace.unlink()
+        wait_for(ended, args.run_timeout - (time.time() - t0), "the job to end", 0.05)
+        res["rc"] = job.proc.returncode
+        res["leftovers"] = job.leftovers()
+        res["ok"] = job.proc.returncode == 0 and not res["leftovers"]
+        event = next((e["detail"] for e in job_events(address, job_id) if e["kind"] == "migrated"), None)
+        if event is not None:
+            res.update(pause_s=event["pause_seconds"], step=event["step"], old_pid=event["old_pid"])
+            res["survivors_kept_pid"] = all({p for *_, p in prog.poll()[r]} == {before[r]} for r in range(n)
+                                            if r != rank)
+    except (TimeoutError, RuntimeError) as exc:
+        res["error"] = str(exc)
+    finally:
+        if job is not None:
+            job.close()
+        stop_process(ctl)
+    res["seconds"] = time.time() - t0
+    res["pause_over_step"] = ratio(res.get("pause_s"), res.get("step_s"))
+    res.update(account(run_dir / "job" / "out", n, args.migrate_steps, args.batch, None))
+    return res
+
+
+def _migrated(address: str, job_id: str, rank: int) -> bool:
+    """`taskd migrate` of the rank: True once it moved; False while the node's warm spare is not ready yet."""
+    done = subprocess.run([sys.executable, "-m", "taskd", "migrate", "--server", address, "--job", job_id, "--rank",
+                           str(rank), "--timeout", "100"], capture_output=True, text=True, timeout=150, cwd=ROOT,
+                          env=bench_env())
+    if done.returncode == 0:
+        return True
+    if "no warm spare is ready" in done.stderr:
+        return False
+    raise RuntimeError(f"taskd migrate: {done.stderr.strip() or done.stdout.strip()}")
+
+
 def account(out: Path, n: int, total: int, batch: int, kill: Kill | None) -> dict[str, Any]:
     """Steps redone and samples never processed, from every rank's ``STEP TIME PID`` lines."""
     redone, never = {}, 0
@@ -196,6 +291,8 @@ def main() -> int:
     p.add_argument("--pg-timeout", type=float, default=60.0)
     p.add_argument("--torchft-timeout", type=int, default=5, help="torchft's collective and Manager timeout (s)")
     p.add_argument("--torchft-steps", type=int, default=0, help="torchft's job's steps (0: 3 x --steps)")
+    p.add_argument("--migrate-steps", type=int, default=1000, help="the migrated job's steps (its spare must be "
+                   "ready before it ends)")
     p.add_argument("--run-timeout", type=float, default=300.0, help="seconds one job may take in all")
     p.add_argument("--resume-timeout", type=float, default=120.0, help="seconds from the kill to resumed")
     p.add_argument("--systems", default="", help="only these systems (comma-separated label prefixes)")
@@ -212,10 +309,12 @@ def main() -> int:
     if args.quick:
         args.ranks, args.reps, args.hidden, args.layers, args.steps, args.ckpt_every = "4", 1, 32, 2, 12, 4
         args.step_sleep, args.run_timeout, args.resume_timeout = 0.05, min(args.run_timeout, 90.0), 45.0
+        args.migrate_steps = 300
     sizes = [int(s) for s in args.ranks.split(",") if s]
     if not sizes or any(s < 4 or s % 2 for s in sizes) or args.reps < 1 or args.steps < 8 or args.ckpt_every < 1:
         p.error("--ranks: even sizes >= 4; --reps >= 1, --steps >= 8, --ckpt-every >= 1")
     chosen = [s for s in SYSTEMS if not args.systems or any(s.label.startswith(x) for x in args.systems.split(","))]
+    migrating = not args.systems or any(MIGRATION.startswith(x) for x in args.systems.split(","))
     skipped = {s.label: why for s in chosen if (why := missing(s))}
     if args.quick and not args.systems:
         skipped.update({s.label: "not run by --quick (name it with --systems)" for s in chosen
@@ -226,16 +325,18 @@ def main() -> int:
     result = header("sharded_live", args)
     result.update({"sizes": sizes, "reps": args.reps, "seed": args.seed, "steps": args.steps,
                    "ckpt_every": args.ckpt_every, "hidden": args.hidden, "layers": args.layers, "batch": args.batch,
-                   "systems": [s.label for s in systems], "skipped": skipped, "runs": [], "references": {}})
+                   "systems": [s.label for s in systems], "skipped": skipped, "runs": [], "references": {},
+                   "migrate_steps": args.migrate_steps, "migrations": []})
     with tempfile.TemporaryDirectory(prefix="taskd-bench-sharded-") as tmp:
         work = Path(args.keep or tmp)
         work.mkdir(parents=True, exist_ok=True)
         for n in sizes:
             ref_dir = work / f"ref-{n}"
-            ref = run_once(System("reference", "taskd", checkpoints=False), n, args, ref_dir, None)
-            print(f"reference (taskd, no fault) {n} ranks: ok={ref['ok']} in {ref['seconds']:.1f}s", flush=True)
-            result["references"][str(n)] = ref
-            for rep in range(args.reps):
+            if systems:  # the kills' reference (the migration's shards are compared by its e2e test)
+                ref = run_once(System("reference", "taskd", checkpoints=False), n, args, ref_dir, None)
+                print(f"reference (taskd, no fault) {n} ranks: ok={ref['ok']} in {ref['seconds']:.1f}s", flush=True)
+                result["references"][str(n)] = ref
+            for rep in range(args.reps if systems else 0):
                 kill = plan(args, n, rep)  # the same kill for every system
                 for i, system in enumerate(systems):
                     run_dir = work / f"run-{n}-{rep}-{i}"
@@ -249,6 +350,13 @@ def main() -> int:
                     write_result("sharded_live", result)
                     if not args.keep:
                         shutil.rmtree(run_dir / "ckpt", ignore_errors=True)
+            for rep in range(args.reps if migrating else 0):
+                m = migrate_once(n, args, work / f"migrate-{n}-{rep}", plan(args, n, rep).victim)
+                result["migrations"].append(m)
+                print(f"{MIGRATION} {n} ranks rep {rep}: rank {m['rank']} paused the job {_f(m.get('pause_s'))} s, "
+                      f"a step takes {_f(m.get('step_s'))} s, redone {m['redone']}, ok {m['ok']}"
+                      + (f", error: {m['error']}" if m.get("error") else ""), flush=True)
+                write_result("sharded_live", result)
     result["rows"] = rows(result, systems, sizes)
     print_table(result)
     write_result("sharded_live", result)
@@ -276,6 +384,20 @@ def rows(result: dict[str, Any], systems: list[System], sizes: list[int]) -> lis
     return out
 
 
+def migration_rows(result: dict[str, Any]) -> list[list[Any]]:
+    out = []
+    for n in result["sizes"]:
+        runs = [m for m in result.get("migrations", []) if m["ranks"] == n]
+        if runs:
+            moved = [m for m in runs if m.get("pause_s") is not None]
+            pause, step = stats([m["pause_s"] for m in moved]), stats([m["step_s"] for m in moved if m.get("step_s")])
+            out.append([MIGRATION, n, f"{len(moved)}/{len(runs)}", pause["p50"], pause["max"], step["p50"],
+                        stats([m["pause_over_step"] for m in moved if m.get("pause_over_step")])["p50"],
+                        max((m["redone_survivors_max"] for m in runs), default=None),
+                        f"{sum(1 for m in moved if m.get('survivors_kept_pid'))}/{len(moved)}"])
+    return out
+
+
 def print_table(result: dict[str, Any]) -> None:
     lines = [[r["system"], r["ranks"], f"{r['resumed']}/{r['runs']}", r["p50_s"], r["max_s"], r["step_s"],
               f"{_v(r['redone_survivors_max'])} / {_v(r['redone_victim_max'])}", r["samples_never_processed"],
@@ -283,12 +405,19 @@ def print_table(result: dict[str, Any]) -> None:
               f"{r['bit_identical']}/{r['compared']}" if r["compared"] else "n/a",
               "-" if r["torchrun_over_this"] is None else f"{r['torchrun_over_this']:.1f}×"]
              for r in result["rows"]]
-    print(f"\nSIGKILL of one rank of examples/torch/train_hsdp.py's HSDP job (2 replica groups, {result['steps']} "
-          f"steps; the FSDP2 row: train_fsdp2_live.py's, the same MLP) → every rank past its next step")
-    print(table(["system", "ranks", "resumed", "kill → resumed p50 s", "max s", "step s",
-                 "steps redone max: survivors / killed rank", "samples never processed (jobs that ended)",
-                 "survivors kept their process",
-                 "bit-identical", "torchrun p50 / this p50"], lines, 2))
+    if result["rows"]:
+        print(f"\nSIGKILL of one rank of examples/torch/train_hsdp.py's HSDP job (2 replica groups, {result['steps']} "
+              f"steps; the FSDP2 row: train_fsdp2_live.py's, the same MLP) → every rank past its next step")
+        print(table(["system", "ranks", "resumed", "kill → resumed p50 s", "max s", "step s",
+                     "steps redone max: survivors / killed rank", "samples never processed (jobs that ended)",
+                     "survivors kept their process",
+                     "bit-identical", "torchrun p50 / this p50"], lines, 2))
+    if migrations := migration_rows(result):
+        load = result["machine"]["loadavg_at_start"][0]
+        print(f"\nA planned migration of one rank (`taskd migrate`, {result['migrate_steps']} steps, load "
+              f"{load:.1f} at the start{'' if load < 1.5 else ': loaded'}) → the job's pause against one step")
+        print(table(["system", "ranks", "migrated", "pause p50 s", "max s", "step s p50", "pause / step p50",
+                     "steps redone max", "other ranks kept their process"], migrations, 3))
     for label, why in result["skipped"].items():
         print(f"skipped: {label}: {why}")
 
