@@ -97,7 +97,8 @@ def describe_restores(restores: list[Restored]) -> str:
             where = _SOURCE_WORDS[source] + (f" (node {at[0].holder}'s agent)" if source == "buddy" else "")
             what = f"step {step} from {where}" if step >= 0 else f"from {where}"
             redone = [r.redone for r in at if r.redone is not None]
-            tail = f", redoing the {max(redone)} newer step(s) it held in memory" if redone and source != "none" else ""
+            had = "it had reached" if source == "buddy" else "it held in memory"  # a lost rank: its last report
+            tail = f", redoing the {max(redone)} newer step(s) {had}" if redone and source != "none" else ""
             parts.append(f"rank(s) {', '.join(str(r.rank) for r in at)} restored {what}{tail}")
     return "; ".join(parts)
 

@@ -111,7 +111,14 @@ class RankRestore(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., source: _Optional[str] = ..., step: _Optional[int] = ..., stepsRedone: _Optional[int] = ...) -> None: ...
 
 class SnapshotReport(_message.Message):
-    __slots__ = ("jobId", "nodeRank", "host", "pid", "address", "newestStep", "replicatedStep", "lagSeconds", "wardNodeRank", "wardStep")
+    __slots__ = ("jobId", "nodeRank", "host", "pid", "address", "newestStep", "replicatedStep", "lagSeconds", "wardNodeRank", "wardStep", "rankNewest")
+    class RankNewestEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
     JOBID_FIELD_NUMBER: _ClassVar[int]
     NODERANK_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +129,7 @@ class SnapshotReport(_message.Message):
     LAGSECONDS_FIELD_NUMBER: _ClassVar[int]
     WARDNODERANK_FIELD_NUMBER: _ClassVar[int]
     WARDSTEP_FIELD_NUMBER: _ClassVar[int]
+    RANKNEWEST_FIELD_NUMBER: _ClassVar[int]
     jobId: str
     nodeRank: int
     host: str
@@ -132,10 +140,18 @@ class SnapshotReport(_message.Message):
     lagSeconds: float
     wardNodeRank: int
     wardStep: int
-    def __init__(self, jobId: _Optional[str] = ..., nodeRank: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., address: _Optional[str] = ..., newestStep: _Optional[int] = ..., replicatedStep: _Optional[int] = ..., lagSeconds: _Optional[float] = ..., wardNodeRank: _Optional[int] = ..., wardStep: _Optional[int] = ...) -> None: ...
+    rankNewest: _containers.ScalarMap[int, int]
+    def __init__(self, jobId: _Optional[str] = ..., nodeRank: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., address: _Optional[str] = ..., newestStep: _Optional[int] = ..., replicatedStep: _Optional[int] = ..., lagSeconds: _Optional[float] = ..., wardNodeRank: _Optional[int] = ..., wardStep: _Optional[int] = ..., rankNewest: _Optional[_Mapping[int, int]] = ...) -> None: ...
 
 class SnapshotReply(_message.Message):
-    __slots__ = ("status", "buddyNodeRank", "buddyAddress", "holderNodeRank", "holderAddress", "holderStep", "key")
+    __slots__ = ("status", "buddyNodeRank", "buddyAddress", "holderNodeRank", "holderAddress", "holderStep", "key", "lostNewest")
+    class LostNewestEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
     STATUS_FIELD_NUMBER: _ClassVar[int]
     BUDDYNODERANK_FIELD_NUMBER: _ClassVar[int]
     BUDDYADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -143,6 +159,7 @@ class SnapshotReply(_message.Message):
     HOLDERADDRESS_FIELD_NUMBER: _ClassVar[int]
     HOLDERSTEP_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
+    LOSTNEWEST_FIELD_NUMBER: _ClassVar[int]
     status: _recover_pb2.Status
     buddyNodeRank: int
     buddyAddress: str
@@ -150,7 +167,8 @@ class SnapshotReply(_message.Message):
     holderAddress: str
     holderStep: int
     key: str
-    def __init__(self, status: _Optional[_Union[_recover_pb2.Status, _Mapping]] = ..., buddyNodeRank: _Optional[int] = ..., buddyAddress: _Optional[str] = ..., holderNodeRank: _Optional[int] = ..., holderAddress: _Optional[str] = ..., holderStep: _Optional[int] = ..., key: _Optional[str] = ...) -> None: ...
+    lostNewest: _containers.ScalarMap[int, int]
+    def __init__(self, status: _Optional[_Union[_recover_pb2.Status, _Mapping]] = ..., buddyNodeRank: _Optional[int] = ..., buddyAddress: _Optional[str] = ..., holderNodeRank: _Optional[int] = ..., holderAddress: _Optional[str] = ..., holderStep: _Optional[int] = ..., key: _Optional[str] = ..., lostNewest: _Optional[_Mapping[int, int]] = ...) -> None: ...
 
 class SnapshotRecord(_message.Message):
     __slots__ = ("nodeRank", "buddyNodeRank", "newestStep", "replicatedStep", "lagSeconds", "reportedAt")

@@ -296,6 +296,8 @@ class Snapshots:
             self.agree(set())  # the other ranks agree on a cut: take part, holding nothing
         fetched = take_fetched(self.directory, self.rank) if self.directory else None
         newest = max(self._published(self.rank), default=-1) if why is None else -1
+        if fetched is not None:  # a lost node's rank: it had got this far, past the buddy's copy (steps redone)
+            newest = max(newest, fetched.newest)
         passed: list[str] = []  # newer steps every rank passed over: a copy of one failed its check
         vote = Vote(self.agree, self.rank, self.world, self._nodes(), self.directory or "", self.scope == "rank")
         step: int | None = None

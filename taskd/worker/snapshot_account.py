@@ -4,16 +4,18 @@ Two small JSON files per rank, in the job's snapshot directory (``TASKD_SNAPSHOT
 ``rank<R>/`` (whose names a rank's `Snapshots` owns and a buddy copies):
 
 - ``rank<R>.fetched``: written by a replacement's agent when it fetched the lost node's copy from its buddy
-  (`taskd.agent.replication`): the steps it fetched and the nodes involved. A rank's restore of one of those
+  (`taskd.agent.replication`): the steps it fetched, the nodes involved and how far the lost rank had got (its
+  newest step as the lost node's agent last reported it to the controller: the buddy's copy lags it, and ranks of
+  scope "rank" share no cut whose other ranks could tell). A rank's restore of one of those
   steps is then from "buddy", not from its own node's memory; it takes the file (removes it) as it restores, so
   a later restart of the same rank restores from the node's memory again, and says so. With no steps and a
   ``why``: the replacement's agent found no copy (the lost node's buddy lost too, or none held one), so the rank's
   fallback to disk says that, not a guess.
 - ``rank<R>.restored``: written by the rank's restore (`Snapshots.restore`, `LiveGroup`): its pid, the source
   ("memory": the node's own, "buddy", "persisted", "disk" or "none"), the step restored and the newest step the
-  rank held in memory before it (the steps past the restored one are redone). The agent reads it when it sees
-  training resume (`taskd.agent.ranks.resumption`) and puts it in its console line and its report to the
-  controller.
+  rank held in memory before it, or, a lost node's rank, had reached (the steps past the restored one are
+  redone). The agent reads it when it sees training resume (`taskd.agent.ranks.resumption`) and puts it in its
+  console line and its report to the controller.
 
 Standard library only: a rank imports it.
 """
@@ -40,6 +42,7 @@ class Fetched:
     holder: int
     steps: tuple[int, ...]
     why: str = ""
+    newest: int = -1  # the newest step the lost rank had published, as its node's agent last reported (-1: unknown)
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,8 @@ def take_fetched(directory: str, rank: int) -> Fetched | None:
         pass
     try:
         return None if data is None else Fetched(int(data["node"]), int(data["holder"]),
-                                                 tuple(int(s) for s in data["steps"]), str(data.get("why", "")))
+                                                 tuple(int(s) for s in data["steps"]), str(data.get("why", "")),
+                                                 int(data.get("newest", -1)))
     except (KeyError, TypeError, ValueError):
         return None
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from taskd.worker.snapshot_files import held, rank_folders, segment_name, steps_in
 from taskd.worker.snapshot_segment import HEADER_SIZE, SnapshotError, crc32, read_header
@@ -23,11 +23,16 @@ KEEP = 2
 
 
 def to_push(root: str) -> dict[int, int]:
-    """The step of each rank under ``root`` its buddy's copy should hold next: the newest step every rank published
-    (a consistent cut, scope "job"), else each rank's own newest. Ranks that never exchange state (scope "rank")
-    drift apart under load by more than the two steps a rank keeps, leaving no common step: the copy must follow
-    each rank's newest then, or it stops where they last agreed."""
-    ranks = held(root)
+    """The step of each rank under ``root`` its buddy's copy should hold next (`plan` of what they hold)."""
+    return plan(held(root))
+
+
+def plan(ranks: Mapping[int, set[int]]) -> dict[int, int]:
+    """The step of each rank its buddy's copy should hold next, from each rank's published steps: the newest step
+    every rank published (a consistent cut, scope "job"), else each rank's own newest. Ranks that never exchange
+    state (scope "rank") drift apart under load by more than the two steps a rank keeps, leaving no common step:
+    the copy must follow each rank's newest then, or it stops where they last agreed. {} while any rank has
+    published nothing."""
     if not ranks or not all(ranks.values()):
         return {}
     common = set.intersection(*ranks.values())
@@ -127,4 +132,5 @@ def _unlink(path: str) -> None:
         pass
 
 
-__all__ = ["CHUNK", "HEADER_SIZE", "KEEP", "Incoming", "check", "copies", "pin", "segment_name", "to_push"]
+__all__ = ["CHUNK", "HEADER_SIZE", "KEEP", "Incoming", "check", "copies", "pin", "plan", "segment_name",
+           "to_push"]

@@ -35,6 +35,7 @@ from taskd.agent.link.controller import ControllerLink
 from taskd.agent.snapshots import copies as sc
 from taskd.proto import recover_pb2, taskd_pb2, taskd_pb2_grpc
 from taskd.worker.snapshot_account import Fetched, mark_fetched
+from taskd.worker.snapshot_files import held
 from taskd.worker.snapshot_segment import SnapshotError, read_header
 
 log = logging.getLogger("taskd.agent")
@@ -152,12 +153,13 @@ def _chunks(job_id: str, node: int, rank: int, step: int, fh: BinaryIO) -> Itera
             part = after
 
 
-def _fallback(why: str, directory: str, node: int, ranks: Sequence[int]) -> bool:
-    """Say it, and tell each of the node's ranks (`snapshot_account`), so that its restore says why it falls back."""
+def _fallback(why: str, directory: str, node: int, ranks: Sequence[int], lost: Mapping[int, int]) -> bool:
+    """Say it, and tell each of the node's ranks (`snapshot_account`), so that its restore says why it falls back
+    (and counts its steps redone from how far it got, ``lost``, as the node's previous agent last reported)."""
     log.warning("%s: its ranks fall back to their disk checkpoints", why)
     for rank in ranks:
         try:
-            mark_fetched(directory, rank, Fetched(node, -1, (), why))
+            mark_fetched(directory, rank, Fetched(node, -1, (), why, lost.get(rank, -1)))
         except OSError as exc:
             log.debug("rank %d: the fallback's reason not recorded: %s", rank, exc)
     return False
@@ -205,6 +207,7 @@ class Replication:
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()  # buddy, replicated, lag, _pushed: set by both threads
         self._plan: dict[int, int] = {}  # what the last look at the ranks' folders would push
+        self._newest: dict[int, int] = {}  # and each rank's own newest step there
         self._pushed: tuple[tuple[tuple[int, int], ...], float] = ((), 0.0)  # ((rank, step)s, publish) acknowledged
 
     def _job_id(self) -> str:
@@ -234,7 +237,7 @@ class Replication:
         with self._lock:
             said = {"address": self._address, "newestStep": min(self._plan.values(), default=-1),
                     "replicatedStep": self.replicated, "lagSeconds": self.lag.seconds(time.time()),
-                    "wardNodeRank": ward, "wardStep": ward_step}
+                    "wardNodeRank": ward, "wardStep": ward_step, "rankNewest": dict(self._newest)}
         reply, _target = self.link.report_snapshots(said, timeout=2.0)
         if reply is None or reply.status.code != 0:
             return None
@@ -259,9 +262,10 @@ class Replication:
 
     def tick(self) -> None:
         """One look at the ranks' folders and, when the buddy lacks what they published, one push."""
-        plan = sc.to_push(self.directory)
+        ranks = held(self.directory)
+        plan = sc.plan(ranks)
         with self._lock:
-            self._plan, buddy = plan, self.buddy
+            self._plan, self._newest, buddy = plan, {r: max(s) for r, s in ranks.items() if s}, self.buddy
         if buddy[0] >= 0 and self.key and plan:
             self._push(plan, buddy, self.key)
 
@@ -309,21 +313,23 @@ class Replication:
         reply = self._report()
         if reply is None or reply.holderNodeRank < 0:
             why = "no agent holds a copy of it" if reply is not None else "the controller did not answer"
-            return _fallback(f"no buddy copy of node {node}'s snapshots survives ({why})", self.directory, node, ranks)
+            return _fallback(f"no buddy copy of node {node}'s snapshots survives ({why})", self.directory, node, ranks,
+                             reply.lostNewest if reply is not None else {})
         try:
             got = fetch_segments(reply.holderAddress, self.key, self._job_id(), node, self.directory, FETCH_TIMEOUT)
         except (grpc.RpcError, SnapshotError, OSError) as exc:  # its holder lost too, not yet known to be
             said = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.Call) else str(exc)
             return _fallback(f"node {node}'s snapshots could not be fetched from node {reply.holderNodeRank}'s agent "
-                             f"({said})", self.directory, node, ranks)
+                             f"({said})", self.directory, node, ranks, reply.lostNewest)
         if not got:
             return _fallback(f"node {reply.holderNodeRank} holds no snapshot of node {node}", self.directory, node,
-                             ranks)
+                             ranks, reply.lostNewest)
         size = sum(n for _r, _s, n in got)
         steps = sorted({s for _r, s, _n in got})
         for rank in sorted({r for r, _s, _n in got}):  # so that its restore says "buddy" (snapshot_account)
             mark_fetched(self.directory, rank, Fetched(node, reply.holderNodeRank,
-                                                       tuple(sorted(s for r, s, _n in got if r == rank))))
+                                                       tuple(sorted(s for r, s, _n in got if r == rank)),
+                                                       newest=reply.lostNewest.get(rank, -1)))
         log.info("fetched node %d's snapshots (steps %s, %d segments, %.1f MB) from node %d's agent in %.2fs: its "
                  "ranks restore from memory", node, ", ".join(map(str, steps)), len(got), size / 1e6,
                  reply.holderNodeRank, time.monotonic() - started)

@@ -154,7 +154,7 @@ def node_restored(restores: tuple[Restore, ...], newest: Mapping[int, int] | Non
     buddy's copy redoes every step past it that the job had reached, not only those the copy held (it lags):
     the newest step ranks that restored the same step held (``newest``, `held_newest`: they ran in step with the
     lost node's ranks). Ranks that restore steps of their own (scope "rank") share no step, and count as they
-    said."""
+    said: a lost node's rank from the newest step its node's agent last reported (`replicas` ``lostNewest``)."""
     newest = newest or {}
     redone = [max(r, newest.get(step, -1) - step) if source == "buddy" else r for _rank, source, step, r in restores]
     redone = [r for r in redone if r >= 0]

@@ -5,7 +5,9 @@ its ranks published, how far its buddy's copy lags, and whose copy it holds itse
 its buddy (`buddy_ring`, the policy: the next live node in ring order, rechosen as nodes are lost and replaced),
 the live agent that holds the reporting node's own copy (where a replacement fetches it from) and the key the
 job's agents present to each other: the job's credential under the admin token, else (a controller without
-one) a random key per job, so that another job's agents are refused either way.
+one) a random key per job, so that another job's agents are refused either way. When a new agent reports as a
+node (a replacement, a standby), the answer also carries how far the node's ranks had got by its previous
+agent's last report (`lostNewest`): the replacement's ranks count their steps redone from there.
 
 Soft state, like the pace board: nothing is stored or snapshotted; after a controller restart the reports
 rebuild it within a second (a random key changes then, and the agents take the new one with their next answer).
@@ -14,7 +16,7 @@ rebuild it within a second (a random key changes then, and the agents take the n
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from taskd.controller.machine.job import Job
@@ -46,6 +48,7 @@ class NodeReport:
     ward: int
     ward_step: int
     at: float
+    ranks: Mapping[int, int] = field(default_factory=dict)  # each local rank's own newest published step
 
 
 @dataclass
@@ -54,6 +57,9 @@ class ReplicaBoard:
 
     key: str
     reports: dict[int, NodeReport] = field(default_factory=dict)
+    lost: dict[int, Mapping[int, int]] = field(default_factory=dict)
+    """Per node, its ranks' newest steps as the node's previous agent last reported them: when a replacement (or
+    a standby) reports as that node, how far the lost ranks got, past the copy their buddy held."""
 
     def live(self, m: Job, now: float) -> dict[int, NodeReport]:
         """The nodes whose report is fresh and comes from the agent the job now has for that node (a lost node's
@@ -73,7 +79,7 @@ class ReplicaBoard:
         step, holder = max(holders) if holders else (-1, -1)
         return taskd_pb2.SnapshotReply(buddyNodeRank=buddy, buddyAddress=live[buddy].address if buddy >= 0 else "",
                                        holderNodeRank=holder, holderAddress=live[holder].address if holder >= 0 else "",
-                                       holderStep=step, key=self.key)
+                                       holderStep=step, key=self.key, lostNewest=self.lost.get(node, {}))
 
 
 def board_of(m: Job, credential: Callable[[str], str] | None) -> ReplicaBoard:
@@ -89,8 +95,12 @@ def board_of(m: Job, credential: Callable[[str], str] | None) -> ReplicaBoard:
 def on_report(m: Job, req: taskd_pb2.SnapshotReport, now: float,
               credential: Callable[[str], str] | None) -> taskd_pb2.SnapshotReply:
     board = board_of(m, credential)
+    before = board.reports.get(req.nodeRank)
+    if before is not None and (before.host, before.pid) != (req.host, req.pid) and before.ranks:
+        board.lost[req.nodeRank] = before.ranks  # a new agent for the node: what the old one's ranks had reached
     board.reports[req.nodeRank] = NodeReport(req.host, req.pid, req.address, req.newestStep, req.replicatedStep,
-                                             req.lagSeconds, req.wardNodeRank, req.wardStep, now)
+                                             req.lagSeconds, req.wardNodeRank, req.wardStep, now,
+                                             dict(req.rankNewest))
     return board.answer(m, req.nodeRank, now)
 
 

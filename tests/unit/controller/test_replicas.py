@@ -59,3 +59,29 @@ def test_a_stale_report_makes_no_buddy() -> None:
     job = _Job(agents={0: _Agent("h", 10), 1: _Agent("h", 11)})
     on_report(job, _report(1, 11), 0.0, None)  # type: ignore[arg-type]
     assert on_report(job, _report(0, 10), 60.0, None).buddyNodeRank == -1  # type: ignore[arg-type]
+
+
+def test_a_new_agent_for_a_node_is_told_how_far_its_lost_ranks_had_got() -> None:
+    """Issue 33: a replacement's ranks restore from a buddy's copy that lags them; the node's previous agent last
+    reported each rank's newest step (ranks of scope "rank" each their own), and the replacement learns them."""
+    job = _Job(agents={0: _Agent("h", 10), 1: _Agent("h", 11)})
+    lost = taskd_pb2.SnapshotReport(jobId="j", nodeRank=1, host="h", pid=11, address="10.0.0.1:1", newestStep=35,
+                                    replicatedStep=33, wardNodeRank=0, wardStep=30, rankNewest={2: 40, 3: 35})
+    assert dict(on_report(job, lost, 0.0, None).lostNewest) == {}  # type: ignore[arg-type]
+    assert dict(on_report(job, lost, 1.0, None).lostNewest) == {}  # type: ignore[arg-type]  # the same agent
+    job.agents[1] = _Agent("h", 99)  # its replacement registered
+    reply = on_report(job, _report(1, 99), 2.0, None)  # type: ignore[arg-type]
+    assert dict(reply.lostNewest) == {2: 40, 3: 35}
+    assert dict(on_report(job, _report(1, 99), 3.0, None).lostNewest) == {2: 40, 3: 35}  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("fields", "said"), [
+    ({"rankNewest": {-1: 4}}, "rankNewest needs ranks >= 0 and steps >= -1, got {-1: 4}"),
+    ({"rankNewest": {2: -5}}, "rankNewest needs ranks >= 0 and steps >= -1, got {2: -5}"),
+    ({"lagSeconds": float("nan")}, "lagSeconds must be finite and >= 0, got nan"),
+    ({"rankNewest": {2: 4, 3: -1}}, ""),
+])
+def test_a_snapshot_report_is_checked(fields: dict, said: str) -> None:
+    from taskd.controller.service.validation import check_snapshots
+    req = taskd_pb2.SnapshotReport(jobId="j", nodeRank=1, host="h", pid=11, address="10.0.0.1:1", **fields)
+    assert check_snapshots(req) == said

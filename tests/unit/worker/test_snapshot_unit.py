@@ -368,6 +368,21 @@ def test_a_step_fetched_from_the_buddy_restores_as_buddy_and_the_agent_is_told(t
     assert read_restored(str(tmp_path), 0).source == "memory"
 
 
+def test_a_lost_ranks_restore_from_the_buddy_counts_the_steps_it_had_reached_past_the_copy(tmp_path) -> None:
+    """Scope "rank": a lost rank restores its own newest fetched copy (step 4), but it had reached step 9, as its
+    node's agent last reported: 5 steps redone, not the 0 its fetched copies alone say (no cut's other ranks can
+    tell for this scope)."""
+    from taskd.worker.snapshot_account import Fetched, mark_fetched, read_restored
+
+    snaps = Snapshots(scope="rank", directory=str(tmp_path), background=False)
+    for step in (3, 4):
+        snaps.save(state(step), step)
+    mark_fetched(str(tmp_path), 0, Fetched(node=1, holder=0, steps=(3, 4), newest=9))
+    assert Snapshots(scope="rank", directory=str(tmp_path)).restore()[1] == 4
+    said = read_restored(str(tmp_path), 0)
+    assert (said.source, said.step, said.newest, said.redone) == ("buddy", 4, 9, 5)
+
+
 def test_a_fallback_the_agent_explained_says_both_copies_are_lost(tmp_path, caplog) -> None:
     """Issue 33: when a replacement's agent found no copy of the lost node's snapshots (its buddy lost too), the
     rank's fallback to disk says so in the agent's words, not a guess about `keep`."""

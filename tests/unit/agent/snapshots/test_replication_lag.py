@@ -17,6 +17,7 @@ from taskd.agent.snapshots import replication
 from taskd.agent.snapshots.replication import CopyLag, Replication
 from taskd.proto import recover_pb2, taskd_pb2
 from taskd.worker.snapshot import Snapshots
+from taskd.worker.snapshot_account import take_fetched
 
 
 class _Link:
@@ -100,6 +101,12 @@ def test_a_tick_and_its_report_look_at_each_rank_folder_once(tmp_path: Path, mon
     rep._report()
     assert sorted(looked) == sorted([str(tmp_path), str(tmp_path / "rank0"), str(tmp_path / "rank1")])
     assert link.said[-1]["replicatedStep"] == 1
+    assert link.said[-1]["rankNewest"] == {0: 1, 1: 1}  # each rank's own newest (scope "rank": they differ)
+
+
+def test_a_replacement_that_fetches_nothing_still_tells_its_ranks_how_far_they_had_got(tmp_path: Path) -> None:
+    replication._fallback("no buddy copy of node 1's snapshots survives", str(tmp_path), 1, [2, 3], {2: 40, 3: 35})
+    assert [take_fetched(str(tmp_path), rank).newest for rank in (2, 3)] == [40, 35]  # type: ignore[union-attr]
 
 
 def test_copy_lag() -> None:
