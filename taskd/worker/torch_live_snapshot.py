@@ -63,7 +63,7 @@ class LiveSnapshots:
         if isinstance(self.store, ShardedSnapshots) and step % self.every == 0:
             self.store.save(step, extra=[o.state_dict() for o in self.objects])
         elif self.store is not None and step % self.every == 0:
-            self.store.save(step)
+            self.store.save(step, extra=step)  # the step, for `restore`'s check inside the load
 
     def roll_back(self) -> int | None:
         """Collective, sharded models only: load the newest step every rank of the group holds (agreed over the
@@ -98,15 +98,22 @@ class LiveSnapshots:
             why = ("no step is held by every rank: the line above says why" if step is None
                    else f"the snapshots' step {step} is older than the disk checkpoints' {disk_step}")
             return self._fall_back(rank, disk_step, why, loud=step is not None or disk_step > 0)
-        snapshots = self.store.snapshots
-        found = snapshots.restore()  # no fallback: own copies, nothing loaded yet
-        mine = torch.tensor([found[1] if found is not None else -1], dtype=torch.int64, device=device)
-        table = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(dist.get_world_size())]
-        dist.all_gather(table, mine)
-        steps = [int(t[0]) for t in table]
-        if found is not None and len(set(steps)) == 1 and found[1] >= disk_step:
-            for obj, saved in zip(self.objects, found[0]["objects"], strict=True):
-                obj.load_state_dict(saved)
+        store, snapshots = self.store, self.store.snapshots
+        steps: list[int] = []
+
+        def load_if_every_rank_holds_it(state: dict[str, Any]) -> bool:
+            """Inside the restore, over views of the mapped segment: loaded straight into the objects (one copy)
+            only once every rank said it holds this step; a copy first, then a load, copied the state twice."""
+            steps.extend(_gathered(state.get("extra") if isinstance(state.get("extra"), int) else -1, device))
+            if len(set(steps)) == 1 and steps[0] >= disk_step:
+                store.load_into(state)
+                return True
+            return False
+
+        found = snapshots.restore(use=load_if_every_rank_holds_it)  # no fallback: its own copies only
+        if not steps:  # nothing of its own restored: it takes part all the same
+            steps = _gathered(-1, device)
+        if found is not None and found[0] is True:
             self.restored_from = snapshots.restored_from
             return found[1]
         if min(steps) < 0:
@@ -134,6 +141,14 @@ class LiveSnapshots:
     def close(self) -> None:
         if self.store is not None:
             self.store.close()
+
+
+def _gathered(step: int, device: torch.device) -> list[int]:
+    """Every rank's step (-1: none), from this rank's: a collective of the group."""
+    mine = torch.tensor([step], dtype=torch.int64, device=device)
+    table = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(dist.get_world_size())]
+    dist.all_gather(table, mine)
+    return [int(t[0]) for t in table]
 
 
 def checked_snapshot_options(every: object, keep: object) -> tuple[int, int]:

@@ -148,10 +148,10 @@ class TorchSnapshots:
     def restore(self) -> int:
         """Load the newest consistent snapshot (or the fallback's checkpoint) into the objects; the step to
         start from, 0 when there is none."""
-        found = self.snapshots.restore(use=self._load_into)
+        found = self.snapshots.restore(use=self.load_into)
         return 0 if found is None else found[1]
 
-    def _load_into(self, state: dict[str, Any]) -> None:
+    def load_into(self, state: dict[str, Any]) -> None:
         """Load ``state`` (views of the snapshot's mapped segment) into the objects, copying each tensor once: a
         module copies into its own parameters and buffers (no allocation), an optimizer into the state tensors it
         already holds (`optimizer_state`); anything else (it keeps the tensors it is given) gets its own copies."""

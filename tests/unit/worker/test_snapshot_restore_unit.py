@@ -100,3 +100,50 @@ def test_every_adapter_and_example_defaults_to_the_measured_interval() -> None:
                     isinstance(n.args[0], ast.Constant) and n.args[0].value == "--snapshot-every")
         defaults[path] = ast.unparse(next(k.value for k in call.keywords if k.arg == "default"))
     assert set(defaults.values()) == {"DEFAULT_EVERY"}, defaults
+
+
+class _OneRank:
+    """torch.distributed as a group of one rank sees it (no process group in this tier)."""
+
+    @staticmethod
+    def get_world_size() -> int:
+        return 1
+
+    @staticmethod
+    def all_gather(table: list, mine) -> None:  # noqa: ANN001
+        table[0].copy_(mine)
+
+
+def test_a_live_groups_restore_copies_the_state_once_straight_into_the_model(tmp_path, monkeypatch) -> None:
+    """LiveGroup's whole-job restart (torch_live_snapshot): the state went from the segment into copies of its own,
+    then into the model and optimizer, twice the copying of `TorchSnapshots.restore`. It is loaded from views of
+    the mapped segment now, once every rank said it holds the step."""
+    torch = pytest.importorskip("torch")
+    from taskd.worker import torch_live_snapshot
+    from taskd.worker.env import Var
+
+    monkeypatch.setenv(Var.TASKD_SNAPSHOT_DIR, str(tmp_path))
+    monkeypatch.setenv(Var.RANK, "0")
+    monkeypatch.setenv(Var.WORLD_SIZE, "1")
+    monkeypatch.setattr(torch_live_snapshot, "dist", _OneRank)
+    model, optimizer = _stepped(torch)
+    live = torch_live_snapshot.LiveSnapshots(every=1, keep=2)
+    live.start([model, optimizer], None)
+    live.save(3)
+    live.close()
+    want = [p.detach().clone() for p in model.parameters()]
+    moment = optimizer.state_dict()["state"][0]["exp_avg"].clone()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        optimizer.state_dict()["state"][0]["exp_avg"].zero_()
+    copies: list[bool] = []
+    rebuild = snapshot_segment._rebuild
+    monkeypatch.setattr(snapshot_segment, "_rebuild", lambda *a, copy: copies.append(copy) or rebuild(*a, copy=copy))
+    again = torch_live_snapshot.LiveSnapshots(every=1, keep=2)
+    again.start([model, optimizer], None)
+    assert again.restore(0, 0, torch.device("cpu")) == 3 and again.restored_from == "memory"
+    assert all(torch.equal(p, w) for p, w in zip(model.parameters(), want, strict=True))
+    assert torch.equal(optimizer.state_dict()["state"][0]["exp_avg"], moment)
+    assert copies == [False]  # views of the segment: the one copy is the load's
+    again.close()
