@@ -10,7 +10,8 @@ After a fault the survivors keep their processes and re-form the group, and the 
 mechanics are HSDP's, `Hsdp.reform`: any mesh); then every rank, the replacement included, agrees over the new
 group on the newest step all of them hold (the replacement's from its node's segments, which the dead rank
 published, else from the copy its agent fetched from the buddy) and loads it in place: at most k steps redone,
-nothing read from disk. Without such a step the ranks give up and the job restarts from its checkpoints.
+nothing read from disk. Without such a step every rank exits cleanly after rank 0's one line (`ShardsLost`), and
+the job restarts from its checkpoints.
 """
 
 from __future__ import annotations
