@@ -82,7 +82,7 @@ class Supervisor:
         self.live = LiveRanks(self.table, details)  # live recovery (agent/ranks/live.py)
         self.departures = DepartureWatch(self.table)  # a group rank's exit 0 before its loop's end
         hooks = AgentHooks(self._finish, self._failure_code, lambda: self.result.capture_first_failure(self.details),
-                           self._take_node)
+                           self._take_node, self._lay_out)
         self.executors = Executors(self.table, self.control, self.link, self.policy, self.hang, self.result, hooks,
                                  self.live, snapshot_dir)
         self.machine = RoundMachine(NodeFacts(), self.executors.view, budget=self.policy)  # the round (agent/round_*)
@@ -201,7 +201,7 @@ class Supervisor:
             for exit_ in self.watch.wait(max(0.0, wake_at - time.monotonic())):
                 self._on_exit(exit_.local_rank, exit_.pid, exit_.returncode)
             self._run_orders()
-            self.executors.migrations.poll(time.monotonic())
+            self._feed(*self.executors.poll_migrations(time.monotonic()))
             self._poll_live()
             self._watch_controller()
             self.loss_wait.tick(time.monotonic())

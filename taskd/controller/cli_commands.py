@@ -169,8 +169,11 @@ def _embedded_jobs(args: argparse.Namespace):  # noqa: ANN202 - a taskd_pb2.JobL
 
 def add_migrate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job", required=True, metavar="ID", help="the job (its --job-id / MINDX_TASK_ID)")
-    parser.add_argument("--rank", required=True, type=int, metavar="R", help="the global rank to move to a warm spare "
-                        "on its node, at the job's next step boundary")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--rank", type=int, metavar="R", help="the global rank to move to a warm spare on its node, at "
+                       "the job's next step boundary")
+    which.add_argument("--node", type=int, metavar="N", help="the node whose every rank moves to a standby agent "
+                       "(`taskd run --standby`) at the job's next step boundary (maintenance: drain the node)")
     parser.add_argument("--server", default=env_text("server") or None, metavar="ADDR",
                         help=f"controller host[:port] (default $MINDX_SERVER_IP, else 127.0.0.1:{DEFAULT_PORT})")
     parser.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
@@ -192,9 +195,10 @@ def migrate_main(args: argparse.Namespace) -> int:
     if why := check_job_id(args.job):
         sys.stderr.write(f"taskd migrate: --job: {why}\n")
         return 2
-    if args.rank < 0 or not 0 < args.timeout <= 3600:
-        sys.stderr.write("taskd migrate: --rank must be >= 0 and --timeout in (0, 3600] seconds\n")
+    if (args.rank if args.node is None else args.node) < 0 or not 0 < args.timeout <= 3600:
+        sys.stderr.write("taskd migrate: --rank and --node must be >= 0 and --timeout in (0, 3600] seconds\n")
         return 2
+    what = f"rank {args.rank}" if args.node is None else f"node {args.node}"
     server = args.server or f"127.0.0.1:{DEFAULT_PORT}"
     try:
         token, credentials = read_credentials(args.token_file, args.tls_ca, args.tls_cert, args.tls_key)
@@ -207,17 +211,22 @@ def migrate_main(args: argparse.Namespace) -> int:
     try:
         with channel:
             reply = taskd_pb2_grpc.JobControlStub(channel).Migrate(
-                taskd_pb2.MigrateRequest(jobId=args.job, rank=args.rank, timeout=args.timeout),
+                taskd_pb2.MigrateRequest(jobId=args.job, rank=args.rank or 0, timeout=args.timeout, node=args.node),
                 timeout=args.timeout + 10.0, metadata=metadata)
     except grpc.RpcError as exc:
-        sys.stderr.write(f"taskd migrate: the controller at {target} did not migrate rank {args.rank}: "
+        sys.stderr.write(f"taskd migrate: the controller at {target} did not migrate {what}: "
                          f"{exc.code().name}: {exc.details()}\n")
         return 1
     report = reply.report
     if reply.status.code != 0:
-        sys.stderr.write(f"taskd migrate: rank {args.rank} of job {args.job} not migrated ({reply.status.code}): "
+        sys.stderr.write(f"taskd migrate: {what} of job {args.job} not migrated ({reply.status.code}): "
                          f"{reply.status.info}\n")
         return 1
+    if args.node is not None:
+        sys.stdout.write(f"migrated node {args.node} of job {args.job} (agent pid {report.oldPid} -> {report.newPid}) "
+                         f"at step {report.step}: training paused {report.pauseSeconds:.3f}s (the longest of the "
+                         "staying nodes' pauses)\n")
+        return 0
     sys.stdout.write(f"migrated rank {report.rank} of job {args.job} (pid {report.oldPid} -> {report.newPid}) at "
                      f"step {report.step}: training paused {report.pauseSeconds:.3f}s\n")
     return 0

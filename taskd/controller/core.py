@@ -30,7 +30,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from taskd.controller.clock import Clock
 from taskd.controller.machine.events import AgentConnected, Event, JobInit, Outcome, Record, Signal
@@ -79,6 +79,7 @@ class ControllerCore:
         self.store = store
         self.hub = hub
         self.max_jobs = max_jobs
+        self.on_settled: Callable[[Any], None] | None = None  # the waiting `Migrate` calls (service/servicers.py)
         # every deadline and duration on `clock` (monotonic), what is stored and shown in `wall` time
         # (taskd.controller.clock); the machines only ever see `clock`
         self.clock = clock
@@ -180,6 +181,8 @@ class ControllerCore:
     def stored(self, m: JobMachine, out: Outcome, now: float, reply_to: Subscriber | None = None) -> None:
         """What follows a change once it is on disk: its signals, its log lines, the job's timer."""
         self._retry_at.pop(m.job_id, None)
+        if out.settled is not None and self.on_settled is not None:  # a migration's end: its `Migrate` call answered
+            self.on_settled(out.settled)
         self._publish(m, out, reply_to)
         self._touch(m, now)
 

@@ -187,7 +187,7 @@ class SnapshotRecord(_message.Message):
     def __init__(self, nodeRank: _Optional[int] = ..., buddyNodeRank: _Optional[int] = ..., newestStep: _Optional[int] = ..., replicatedStep: _Optional[int] = ..., lagSeconds: _Optional[float] = ..., reportedAt: _Optional[float] = ...) -> None: ...
 
 class MigrationReport(_message.Message):
-    __slots__ = ("jobId", "nodeRank", "host", "pid", "migration", "migrated", "reason", "rank", "oldPid", "newPid", "step", "pauseSeconds", "resumedSeconds", "generation")
+    __slots__ = ("jobId", "nodeRank", "host", "pid", "migration", "migrated", "reason", "rank", "oldPid", "newPid", "step", "pauseSeconds", "resumedSeconds", "generation", "stage")
     JOBID_FIELD_NUMBER: _ClassVar[int]
     NODERANK_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -202,6 +202,7 @@ class MigrationReport(_message.Message):
     PAUSESECONDS_FIELD_NUMBER: _ClassVar[int]
     RESUMEDSECONDS_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
     jobId: str
     nodeRank: int
     host: str
@@ -216,17 +217,20 @@ class MigrationReport(_message.Message):
     pauseSeconds: float
     resumedSeconds: float
     generation: int
-    def __init__(self, jobId: _Optional[str] = ..., nodeRank: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., migration: _Optional[str] = ..., migrated: bool = ..., reason: _Optional[str] = ..., rank: _Optional[int] = ..., oldPid: _Optional[int] = ..., newPid: _Optional[int] = ..., step: _Optional[int] = ..., pauseSeconds: _Optional[float] = ..., resumedSeconds: _Optional[float] = ..., generation: _Optional[int] = ...) -> None: ...
+    stage: str
+    def __init__(self, jobId: _Optional[str] = ..., nodeRank: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., migration: _Optional[str] = ..., migrated: bool = ..., reason: _Optional[str] = ..., rank: _Optional[int] = ..., oldPid: _Optional[int] = ..., newPid: _Optional[int] = ..., step: _Optional[int] = ..., pauseSeconds: _Optional[float] = ..., resumedSeconds: _Optional[float] = ..., generation: _Optional[int] = ..., stage: _Optional[str] = ...) -> None: ...
 
 class MigrateRequest(_message.Message):
-    __slots__ = ("jobId", "rank", "timeout")
+    __slots__ = ("jobId", "rank", "timeout", "node")
     JOBID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
     jobId: str
     rank: int
     timeout: float
-    def __init__(self, jobId: _Optional[str] = ..., rank: _Optional[int] = ..., timeout: _Optional[float] = ...) -> None: ...
+    node: int
+    def __init__(self, jobId: _Optional[str] = ..., rank: _Optional[int] = ..., timeout: _Optional[float] = ..., node: _Optional[int] = ...) -> None: ...
 
 class MigrateReply(_message.Message):
     __slots__ = ("status", "report")

@@ -42,6 +42,7 @@ from taskd.worker import live as live_protocol
 from taskd.worker import progress
 from taskd.worker.env import Var, rank, restart_count, world_size
 from taskd.worker.live import STORE_PREFIX, Control, ErrorKind, LiveRank, Phase, RetryableError, classify_error
+from taskd.worker.migration import count_joined
 from taskd.worker.spare import become_rank
 from taskd.worker.torch_buckets import DDPHandle
 from taskd.worker.torch_data import LiveLoader
@@ -410,6 +411,7 @@ class LiveGroup(RetryInPlace, Migrating, FsdpLive, HsdpLive):
         self.has_state = True
         if self.live:
             self.protocol.joined(self.protocol.generation, self.step_no)
+            count_joined(self._store, self.protocol.generation)  # a node migration's leaving ranks wait for all
 
     def _hand_over(self, step: int, pairs: list[tuple[int, list[int]]]) -> None:
         self.step_no = step

@@ -21,11 +21,18 @@ class Migrating:
     protocol: Any
     step_no: int
     rank: int
+    world_size: int
+    _counted: int | None = None  # the migration's generation this rank counted itself in for (migration.boundary)
 
     def _due(self, control: Control) -> bool:
-        """Whether to act on ``control`` at this boundary: at once, but a migration at the boundary the ranks agree."""
-        return control.action != migration.MIGRATE or self.step_no >= migration.boundary(self._store, control,
-                                                                                           self.step_no)
+        """Whether to act on ``control`` at this boundary: at once, but a migration at the boundary the ranks agree
+        once every rank has seen it."""
+        if control.action != migration.MIGRATE:
+            return True
+        at = migration.boundary(self._store, control, self.step_no, self.world_size,
+                                counted=self._counted == control.generation)
+        self._counted = control.generation
+        return at is not None and self.step_no >= at
 
     def _act_on(self, control: Control) -> None:
         """A request at a step boundary: this rank hands off if the migration names it, else re-forms the group."""
@@ -40,11 +47,16 @@ class Migrating:
         self.protocol.set_phase(Phase.PAUSED)
         self._leave(None)  # type: ignore[attr-defined]
         collect()
-        answer = migration.await_release(self.protocol.watch, control.generation, control.timeout * 2)
+        if migration.is_node_move(control):  # no agent adopts the successor here: the store says g formed
+            answer = migration.await_group(self._store, self.protocol.watch, control.generation, self.world_size,
+                                           control.timeout * 2)
+        else:
+            answer = migration.await_release(self.protocol.watch, control.generation, control.timeout * 2)
         if answer is not None and answer.action == migration.RELEASE:
             log.info("rank %d: handed its place to its successor at step %d; this process exits", self.rank,
                      self.step_no)
             self.close()  # type: ignore[attr-defined]
+            self.protocol.set_phase(Phase.COMPLETE)  # its exit 0 is no departure from the group: it was replaced
             raise SystemExit(0)
         if answer is None:  # the agent always answers first; without a word the rank gives up as a paused one does
             self.protocol.set_phase(Phase.GAVE_UP)

@@ -65,6 +65,8 @@ class Order:
     # signal, so that "training resumed N s after the fault" counts from the fault, not from its declaration
     fault_ago: float | None = None
     rank: int | None = None  # a taskd.migrate's rank to move (extraParams {"rank": R})
+    stage: str = ""  # a node migration's taskd.migrate (extraParams {"stage": ...}; agent/ranks/node_migration.py)
+    migration: str = ""  # and the migration it belongs to (extraParams {"migration": ...}; "" in its first order)
 
     @classmethod
     def of(cls, command: Command, sig: Any) -> Order:
@@ -78,7 +80,8 @@ class Order:
         return cls(command, sig.uuid, sig.signal_type, tuple(sig.actions), faults, sig.strategy,
                    float(sig.timeout or 0), sig.extra_params, _count(params, "generation"), _count(params, "restarts"),
                    _count(params, "node_rank"), Resize.parse(params), _count(params, "round"),
-                   _seconds(params, "fault_ago"), _count(params, "rank"))
+                   _seconds(params, "fault_ago"), _count(params, "rank"), _word(params, "stage"),
+                   _word(params, "migration", 256))
 
     def reason(self) -> str:
         """taskd's controller says why it ends a job in extraParams {"reason": ...}; ClusterD sends other JSON."""
@@ -100,6 +103,12 @@ def _count(params: dict[str, Any], name: str) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         return None
     return value
+
+
+def _word(params: dict[str, Any], name: str, most: int = 32) -> str:
+    """A short string field of extraParams, or "" (missing, not a string, longer than `most` characters)."""
+    value = params.get(name)
+    return value if isinstance(value, str) and len(value) <= most else ""
 
 
 def _seconds(params: dict[str, Any], name: str, most: float = 86400.0) -> float | None:

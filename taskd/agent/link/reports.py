@@ -265,6 +265,7 @@ class Reporter:
         self._settled_faults: list[Settled] = []
         self._finish: Report | None = None  # this node's finish report, once the job ended here
         self._finish_thread: threading.Thread | None = None
+        self.handed_over = False  # a node migration moved this node's ranks to another agent: no finish to report
 
     def refused(self) -> str:
         """Why no report can be sent now ("" when one can)."""
@@ -276,10 +277,13 @@ class Reporter:
         return "a standby" if mgr.info.standby else ""  # the controller's view: no node, no ranks to report on
 
     def add(self, kind: ReportKind, build: Callable[[RecoverClient, Report], Any], now: float,
-            faults: FaultRanks | None = None, detail: str = "", call: float = ATTEMPT_TIMEOUT) -> Report | None:
-        """Queue one report (its first attempt goes at once); None when none can be sent."""
+            faults: FaultRanks | None = None, detail: str = "", call: float = ATTEMPT_TIMEOUT,
+            standby: bool = False) -> Report | None:
+        """Queue one report (its first attempt goes at once); None when none can be sent (``standby``: a standby
+        may send it, a node migration's successor)."""
         report = None
-        if not self.refused():
+        why = self.refused()
+        if not why or (standby and why == "a standby"):
             report = Report(kind, build, ReportRetry(now + kind.budget(self._timeout, call)), dict(faults or {}),
                             detail)
             self.outbox.add(report)
@@ -346,7 +350,8 @@ class Reporter:
 
     def migration(self, **fields: Any) -> bool:
         """How a planned migration of a rank of this node ended (ranks/migration.py; taskd.v1 `ReportMigration`)."""
-        return self.add(MIGRATION, lambda c, _r: migration_request(c, **fields), time.monotonic()) is not None
+        return self.add(MIGRATION, lambda c, _r: migration_request(c, **fields), time.monotonic(),
+                        standby=True) is not None
 
     def restarts(self, restarts: int) -> None:
         """The job's restarts counted here (degraded mode's local restarts): every later Register carries the count
@@ -368,7 +373,7 @@ class Reporter:
         """Every local rank ended: after the round's reports (flushed, bounded), the finish report, polled from a
         thread of its own until taken or its deadline (`wait_finished`). A node whose finish the controller never
         hears of is, after --agent-loss-timeout, a lost node: the controller would end the healthy nodes' job."""
-        if self._finish is not None or self.refused():
+        if self._finish is not None or self.refused() or self.handed_over:
             return
         self.outbox.drop(PACE)  # the ranks ended: their pace is moot
         self.poll(time.monotonic())

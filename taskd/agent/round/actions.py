@@ -22,6 +22,7 @@ from taskd.agent.ranks.control import Adopted, RankControl
 from taskd.agent.ranks.launcher import MSRUN
 from taskd.agent.ranks.live import LiveRanks
 from taskd.agent.ranks.migration import Migrations, Outcome, report_migration
+from taskd.agent.ranks.node_migration import GaveUp, NodeMoves, Took
 from taskd.agent.ranks.resumption import Resumption
 from taskd.agent.ranks.table import RankState, RankTable
 from taskd.agent.round import events as ev
@@ -45,6 +46,7 @@ class AgentHooks:
     failure_code: Callable[[], int]
     capture_first_failure: Callable[[], None]  # before a new incarnation replaces the failed one
     take_node: Callable[[int], list[object]]  # a standby's assignment: lay out, register; the events it led to
+    lay_out: Callable[[int], object]  # a node migration's successor: the rank table laid out as that node
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,7 @@ class Executors:
         self.bugs = BugJudge()  # errors no restart mends (agent/watches/exits.py)
         self.migrations = Migrations(table, self.live, self.live.details, control.take_over,  # `taskd migrate`
                                      lambda outcome: report_migration(link, outcome))
+        self.node_moves = NodeMoves(table, self.live, control, link, hooks.lay_out)  # `taskd migrate --node`
         self.bug: Bug | None = None  # the last round's, when it was one: the job's end names it
 
     def carry_out(self, actions: list[ev.Action]) -> list[object]:
@@ -108,7 +111,16 @@ class Executors:
     @property
     def polling(self) -> bool:
         """Whether the ranks' files must be read every ``POLL``: live recovery, or a resumption to see."""
-        return self.live.enabled or self.resumption.pending or self.migrations.active is not None
+        return self.live.enabled or self.resumption.pending or self.migrations.active is not None \
+            or self.node_moves.active is not None
+
+    def poll_migrations(self, now: float) -> list[object]:
+        """A migration's progress; a node migration's successor that took its node, or gave up, is an event."""
+        self.migrations.poll(now)
+        done = self.node_moves.poll(now)
+        if isinstance(done, Took):
+            return [ev.SuccessorJoined(done.node_rank)]
+        return [ev.Ended(False, 1, done.reason)] if isinstance(done, GaveUp) else []
 
     def poll(self, now: float) -> tuple[list[tuple[int, str]], list[object]]:
         """Every few ms: new retryable errors of live ranks (local rank, why), and the events the ranks' files
@@ -325,7 +337,12 @@ def take_node(x: Executors, a: ev.TakeNode) -> list[object]:
 
 
 def start_migration(x: Executors, a: ev.StartMigration) -> None:
-    if a.refused:
+    if a.order.stage:  # a node migration's (agent/ranks/node_migration.py)
+        busy = "a migration is already in progress on this node" if x.migrations.active or x.node_moves.active \
+            else "a recovery is in progress on this node" if x.live.rebuild is not None else ""
+        x.node_moves.order(a.order.migration or a.order.uuid, a.order.stage, a.order.node_rank, a.order.generation,
+                           a.refused, busy if a.order.stage != "off" else "", time.monotonic())
+    elif a.refused:
         x.migrations.report(Outcome(a.order.uuid, a.order.rank or 0, False, a.refused))
     else:
         x.migrations.start(a.order.uuid, a.order.rank, a.order.generation, time.monotonic())
@@ -340,6 +357,7 @@ def start_job(x: Executors, a: ev.StartJob) -> list[object]:
 
 
 def finish(x: Executors, a: ev.Finish) -> None:
+    x.node_moves.ending()  # a node migration's leaving node ends here: it sends no finish
     reason = a.reason
     if not a.succeeded and x.bug is not None:  # the controller's exit only followed this node's verdict
         reason = f"the script's own error, not restarted: rank {x.bug.end.global_rank} raised {x.bug.end.error}"

@@ -162,6 +162,13 @@ class BeganStandby(Began):
 
 
 @dataclass(frozen=True)
+class SuccessorJoined:
+    """A standby's node migration is done: it holds node `node_rank`, whose ranks run already (node_migration.py)."""
+
+    node_rank: int
+
+
+@dataclass(frozen=True)
 class JobSeen:
     """A standby asked its job's state: SUCCEEDED or FAILED end its wait, "" says the controller forgot the job."""
 
@@ -196,7 +203,7 @@ class Ended:
 
 EVENT_TYPES: tuple[type, ...] = (RankFault, *ORDER_EVENTS.values(), ReportSettled, ControllerLost, StartResult,
                                  GroupRejoined, GroupFailed, Resumed, BeganFirst, BeganDegraded, BeganReplacement,
-                                 BeganStandby, JobSeen, RejoinOverdue, Signalled, Ended)
+                                 BeganStandby, SuccessorJoined, JobSeen, RejoinOverdue, Signalled, Ended)
 
 # ------------------------------------------------------------------------------------------------ actions
 

@@ -53,6 +53,7 @@ from taskd.agent.round.events import (
     StopOrder,
     StopRanks,
     StrategiesOrder,
+    SuccessorJoined,
     Supersede,
     TakeNode,
     TellResumed,
@@ -318,6 +319,11 @@ def on_began_replacement(m: NodeRound, ev: BeganReplacement, now: float, out: Ou
     m.add_faults(ev.faults, ev.lost_at)
     m.rejoin_since = now
     return S.REJOINING
+
+
+def on_successor_joined(m: NodeRound, ev: SuccessorJoined, now: float, out: Out) -> NodeState:
+    m.node_rank = ev.node_rank
+    return S.RUNNING
 
 
 def on_began_standby(m: NodeRound, ev: Began, now: float, out: Out) -> NodeState:

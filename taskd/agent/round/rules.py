@@ -52,6 +52,7 @@ from taskd.agent.round.events import (
     StartResult,
     StopOrder,
     StrategiesOrder,
+    SuccessorJoined,
 )
 from taskd.agent.round.states import ANY, TERMINAL, WITH_RANKS, NodeRound, NodeState
 from taskd.doc_block import DocBlock
@@ -109,10 +110,13 @@ RULES: tuple[NodeRule, ...] = (
     Rule(_states(S.STANDBY), AssignOrder, _targets(UNCHANGED), h.on_assign,
          "takes over the lost node's rank (TakeNode); its registration's outcome is the next event"),
     Rule(ANY - {S.STANDBY}, AssignOrder, _targets(UNCHANGED), h.on_assign_ignored, "not a standby: ignored"),
-    Rule(_states(S.RUNNING), MigrateOrder, _targets(UNCHANGED), h.on_migrate,
-         "a planned migration starts beside the round machine (StartMigration; agent/ranks/migration.py)"),
-    Rule(ANY - {S.RUNNING}, MigrateOrder, _targets(UNCHANGED), h.on_migrate_refused,
+    Rule(_states(S.RUNNING, S.STANDBY), MigrateOrder, _targets(UNCHANGED), h.on_migrate,
+         "a planned migration starts beside the round machine (StartMigration; agent/ranks/migration.py; a node's: "
+         "agent/ranks/node_migration.py, a standby its successor)"),
+    Rule(ANY - {S.RUNNING, S.STANDBY}, MigrateOrder, _targets(UNCHANGED), h.on_migrate_refused,
          "refused: a round or the job's end is under way here (reported to the controller)"),
+    Rule(_states(S.STANDBY), SuccessorJoined, _targets(S.RUNNING), h.on_successor_joined,
+         "a node migration's successor holds the node: its ranks already run (no start)"),
     # a node's life: how it begins (after registering, or failing to), how it ends when no order ends it
     Rule(_states(S.RUNNING), BeganFirst, _targets(S.RUNNING), h.on_began_first,
          "registered as its node: every rank starts (StartJob)"),

@@ -152,6 +152,7 @@ class MigrationRequested:
     """`taskd migrate --job J --rank R` (taskd.v1 `JobControl.Migrate`)."""
 
     rank: int = 0
+    node: int | None = None  # `--node N`: every rank of node N moves to a standby (nodes/node_migration.py)
 
 
 @dataclass(frozen=True)
@@ -171,6 +172,7 @@ class MigrationReported:
     pause_seconds: float = 0.0
     resumed_seconds: float = 0.0
     generation: int = 0
+    stage: str = ""  # a node migration's: "ready", "joined", "" (the successor's final account); "node": the whole
 
 
 @dataclass(frozen=True)
@@ -278,3 +280,4 @@ class Outcome:
     to_standbys: list[tuple[tuple[str, int], Signal | None]] = field(default_factory=list)
     records: list[Record] = field(default_factory=list)
     agents_changed: set[int] = field(default_factory=set)
+    settled: MigrationReported | None = None  # how a migration ended: the `Migrate` call waiting on it is answered

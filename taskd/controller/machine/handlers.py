@@ -30,7 +30,7 @@ from taskd.controller.machine.events import (
 from taskd.controller.machine.job import Job, rerun_refusal
 from taskd.controller.machine.model import DECLINED, LIVE, TERMINAL, Declined, JobState, fmt_faults, loss_clock
 from taskd.controller.machine.strategy import IN_PLACE
-from taskd.controller.nodes import node_loss, standby
+from taskd.controller.nodes import node_loss, node_migration, standby
 from taskd.vocabulary import Code, FaultRanks, SignalType, Strategy
 
 S = JobState
@@ -126,7 +126,8 @@ def on_register(m: Job, ev: AgentRegistered, now: float, out: Outcome) -> Result
         out.code = Code.INVALID_PARAMS
         out.info = f"nodeRank {ev.node_rank} out of range: job {m.job_id} has nodeCount {m.node_count}"
         return m.state
-    if why := m.holder_refusal(ev.node_rank, ev.host, ev.pid, now):
+    moved = node_migration.take(m, ev.node_rank, ev.host, ev.pid, now, out)  # a node migration's successor
+    if not moved and (why := m.holder_refusal(ev.node_rank, ev.host, ev.pid, now)):
         out.code = Code.INVALID_PARAMS  # the live agent keeps its node, its signals and its loss clock
         out.info = why
         return m.state
@@ -221,7 +222,7 @@ def on_disconnected(m: Job, ev: AgentDisconnected, now: float, out: Outcome) -> 
 def on_disconnected_live(m: Job, ev: AgentDisconnected, now: float, out: Outcome) -> Result:
     """Start the agent's loss clock: unless it resubscribes or finishes in time, the job fails."""
     a = m.agents.get(ev.node_rank)
-    if a is not None and a.subscribed and not a.finished:
+    if a is not None and a.subscribed and not a.finished and not node_migration.old_agent_left(m, ev.node_rank):
         m.agents.set_gone(a, now, loss_clock(m.config, "ended"))
     return on_disconnected(m, ev, now, out)
 

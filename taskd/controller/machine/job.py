@@ -86,6 +86,7 @@ class Job:
         self.absent: dict[int, float] = {}
         self.paces: Any = None  # the agents' pace reports and straggler verdicts (controller/nodes/stragglers.py); soft
         self.replicas: Any = None  # each node's snapshot replication and its buddy (controller/nodes/replicas.py); soft
+        self.node_move: Any = None  # the node migration in progress (controller/nodes/node_migration.py); soft
         self.resume_watch: Any = None  # the last round's nodes saying training resumed (controller/machine/resumed.py)
         self.apply_init(init or JobInit())
 

@@ -13,6 +13,7 @@ import asyncio
 from taskd.controller.machine.events import MigrationReported, MigrationRequested, Outcome
 from taskd.controller.machine.job import Job
 from taskd.controller.machine.model import JobState
+from taskd.controller.nodes import node_migration
 from taskd.vocabulary import STRAGGLER_MIGRATION, Code, SignalType
 
 
@@ -36,7 +37,10 @@ def refusal(m: Job, rank: int) -> tuple[int, str]:
 
 
 def on_migrate(m: Job, ev: MigrationRequested, now: float, out: Outcome) -> JobState:
-    """Ask the rank's agent (`taskd.migrate`, extraParams rank and generation); refused: nothing is sent."""
+    """Ask the rank's agent (`taskd.migrate`, extraParams rank and generation); refused: nothing is sent. A node's
+    migration is nodes/node_migration.py's."""
+    if ev.node is not None:
+        return node_migration.on_migrate(m, ev, now, out)
     code, why = refusal(m, ev.rank)
     if code:
         out.code, out.info = code, why
@@ -52,7 +56,11 @@ def on_migrate(m: Job, ev: MigrationRequested, now: float, out: Outcome) -> JobS
 
 def on_migrated(m: Job, ev: MigrationReported, now: float, out: Outcome) -> JobState:
     """Record the agent's account as one job event (`migrated` or `migration_failed`), with what asked for it
-    (`trigger`: `taskd migrate`, or `straggler` for one its agent started itself, `--migrate-stragglers`)."""
+    (`trigger`: `taskd migrate`, or `straggler` for one its agent started itself, `--migrate-stragglers`). A node
+    migration's stages are nodes/node_migration.py's."""
+    if ev.stage or (m.node_move is not None and ev.migration == m.node_move.migration):
+        return node_migration.on_report(m, ev, now, out)
+    out.settled = ev
     trigger = "straggler" if ev.migration.startswith(STRAGGLER_MIGRATION) else "taskd migrate"
     detail: dict[str, object] = {"rank": ev.rank, "node_rank": ev.node_rank, "migration": ev.migration,
                                  "generation": ev.generation, "trigger": trigger}

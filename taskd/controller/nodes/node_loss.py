@@ -22,7 +22,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 from taskd.controller.machine.agents import AgentInfo
-from taskd.controller.machine.events import AgentConnected, AgentRegistered, Event, Outcome, RejoinDue
+from taskd.controller.machine.events import (
+    AgentConnected,
+    AgentRegistered,
+    Event,
+    MigrationReported,
+    Outcome,
+    RejoinDue,
+)
 from taskd.controller.machine.job import Job
 from taskd.controller.machine.model import TERMINAL, Fence, JobState, fmt_faults
 from taskd.controller.nodes import standby
@@ -161,6 +168,9 @@ def reporter_refusal(m: Job, event: Event) -> str:
     that send no pid (ClusterD's) are not checked, as for fencing."""
     pid = getattr(event, "pid", 0)
     if not pid or m.state in TERMINAL:
+        return ""
+    move = m.node_move  # a node migration's successor reports its stages while still a standby
+    if isinstance(event, MigrationReported) and move is not None and (event.host, pid) == move.standby:
         return ""
     n = getattr(event, "node_rank", 0)
     a = m.agents.get(n)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from taskd.controller.machine.events import AgentRegistered, Outcome, Signal, StandbyConnected, StandbyDisconnected
 from taskd.controller.machine.job import Job
 from taskd.controller.machine.model import LIVE, TERMINAL, JobState
+from taskd.controller.nodes import node_migration
 from taskd.vocabulary import Action, Code, SignalType, Strategy
 
 Key = tuple[str, int]
@@ -126,6 +127,7 @@ def on_disconnected(m: Job, ev: StandbyDisconnected, now: float, out: Outcome) -
     _put(m, key, None)
     why = (f"no signal stream for {ev.silent:g}s (--agent-loss-timeout)" if ev.silent else "its stream ended")
     m.record(out, "standby_dropped", host=ev.host, pid=ev.pid, assigned=s.assigned, reason=why)
+    node_migration.on_standby_gone(m, key, now, out)  # the successor of a node migration: called off
     if s.assigned is not None and m.state in LIVE:
         assign_waiting(m, now, out)  # the node it did not take goes to the next standby
     return m.state

@@ -277,10 +277,8 @@ class AgentReportService(taskd_pb2_grpc.AgentReportServicer):
             node_rank=request.nodeRank, host=request.host, pid=request.pid, migration=request.migration,
             migrated=request.migrated, reason=request.reason, rank=request.rank, old_pid=request.oldPid,
             new_pid=request.newPid, step=request.step, pause_seconds=request.pauseSeconds,
-            resumed_seconds=request.resumedSeconds, generation=request.generation)
-        out = self.core.dispatch(request.jobId, ev)
-        if out.code == Code.OK:
-            self.migrations.settle(ev)
+            resumed_seconds=request.resumedSeconds, generation=request.generation, stage=request.stage)
+        out = self.core.dispatch(request.jobId, ev)  # a migration's end answers its `Migrate` (core.on_settled)
         return _answer(out, "ReportMigration", request.jobId, self.core.limits)
 
     async def ReportSnapshots(self, request: taskd_pb2.SnapshotReport, context: grpc.aio.ServicerContext
@@ -400,7 +398,8 @@ class JobControlService(taskd_pb2_grpc.JobControlServicer):
         if not 0 <= request.timeout <= MIGRATE_TIMEOUT_MAX:
             return taskd_pb2.MigrateReply(status=_invalid(f"timeout must be 0..{MIGRATE_TIMEOUT_MAX:g} seconds, got "
                                                           f"{request.timeout:g}"))
-        out = self.core.dispatch(request.jobId, MigrationRequested(rank=request.rank))
+        node = request.node if request.HasField("node") else None
+        out = self.core.dispatch(request.jobId, MigrationRequested(rank=request.rank, node=node))
         if out.code != Code.OK:
             return taskd_pb2.MigrateReply(status=Status(code=out.code, info=out.info))
         migration = out.info
@@ -410,7 +409,8 @@ class JobControlService(taskd_pb2_grpc.JobControlServicer):
             report = await asyncio.wait_for(waiting, timeout)
         except asyncio.TimeoutError:
             return taskd_pb2.MigrateReply(status=Status(code=Code.REPORT_TIMEOUT, info=(
-                f"rank {request.rank}'s agent did not say within {timeout:g}s how migration {migration} ended "
+                f"{'node' if node is not None else 'rank'} {request.rank if node is None else node}: no agent said "
+                f"within {timeout:g}s how migration {migration} ended "
                 "(`taskd status --job` shows it once it does)")))
         finally:
             self.migrations.forget(migration)
@@ -418,7 +418,7 @@ class JobControlService(taskd_pb2_grpc.JobControlServicer):
             jobId=request.jobId, nodeRank=report.node_rank, host=report.host, pid=report.pid, migration=migration,
             migrated=report.migrated, reason=report.reason, rank=report.rank, oldPid=report.old_pid,
             newPid=report.new_pid, step=report.step, pauseSeconds=report.pause_seconds,
-            resumedSeconds=report.resumed_seconds, generation=report.generation)
+            resumedSeconds=report.resumed_seconds, generation=report.generation, stage=report.stage)
         code = Code.OK if report.migrated else Code.PROCESS_NOT_READY
         return taskd_pb2.MigrateReply(status=Status(code=code, info=report.reason), report=account)
 
@@ -451,6 +451,7 @@ def add_services(server: grpc.aio.Server, core: ControllerCore, max_node_count: 
                  max_ranks: int = v.RANK_LIMIT, credential: Callable[[str], str] | None = None) -> None:
     server.add_generic_rpc_handlers((recover_handler(RecoverService(core, max_node_count, max_ranks)),))
     migrations = MigrationWaits()
+    core.on_settled = migrations.settle
     taskd_pb2_grpc.add_AgentReportServicer_to_server(AgentReportService(core, max_ranks, credential, migrations),
                                                      server)
     taskd_pb2_grpc.add_JobControlServicer_to_server(JobControlService(core, migrations), server)

@@ -1,5 +1,6 @@
 """A rank's side of a planned migration (taskd.worker.migration): who leaves, and the one step boundary every rank
-takes (the first to ask names the boundary after its next step; the others read it)."""
+takes (once every rank has seen the request, the one that completes the count names the boundary after its next
+step; the others read it)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from taskd.worker.control_file import Control, LiveProtocolError, read_control, write_control
-from taskd.worker.migration import BOUNDARY_KEY, boundary, leaving
+from taskd.worker.migration import BOUNDARY_KEY, SEEN_KEY, boundary, is_node_move, leaving
 
 
 class DictStore:
@@ -16,6 +17,10 @@ class DictStore:
 
     def __init__(self) -> None:
         self.data: dict[str, bytes] = {}
+
+    def add(self, key: str, amount: int) -> int:
+        self.data[key] = str(int(self.data.get(key, b"0")) + amount).encode()
+        return int(self.data[key])
 
     def compare_set(self, key: str, expected: str, desired: str) -> bytes:
         if key not in self.data and expected == "":
@@ -25,12 +30,23 @@ class DictStore:
         return self.data.get(key, expected.encode())
 
 
-def test_the_first_rank_to_ask_names_the_boundary_after_its_next_step() -> None:
+def test_once_every_rank_has_seen_it_the_boundary_is_after_the_next_step() -> None:
     store, control = DictStore(), Control(7, "migrate", extra={"leaving": [2]})
-    assert boundary(store, control, 40) == 41  # rank A, about to run step 40: every rank can still stop before 41
-    assert boundary(store, control, 41) == 41  # rank B, already at 41 when it first looked: the same boundary
-    assert boundary(store, control, 40) == 41
-    assert list(store.data) == [BOUNDARY_KEY.format(generation=7)]
+    assert boundary(store, control, 40, 2, counted=False) is None  # rank A, about to run step 40: B has not seen it
+    assert boundary(store, control, 40, 2, counted=False) == 41  # rank B, the last to see it: every rank stops at 41
+    assert boundary(store, control, 41, 2, counted=True) == 41  # rank A, at 41: the same boundary, counted once
+    assert sorted(store.data) == sorted([SEEN_KEY.format(generation=7), BOUNDARY_KEY.format(generation=7)])
+
+
+def test_a_rank_whose_request_came_late_is_waited_for() -> None:
+    """Across nodes: B's node's control file came a step late. A keeps training until B has seen it too, so no rank
+    passes a boundary B never heard of (B would block in a step its peers left)."""
+    store, control = DictStore(), Control(7, "migrate", extra={"leaving": [2], "node": True})
+    assert boundary(store, control, 40, 2, counted=False) is None  # A sees it before step 40
+    assert boundary(store, control, 41, 2, counted=True) is None  # and before 41: B still has not
+    assert boundary(store, control, 41, 2, counted=False) == 42  # B sees it before 41 (A is inside step 41)
+    assert boundary(store, control, 42, 2, counted=True) == 42  # both leave at 42
+    assert is_node_move(control) and not is_node_move(Control(7, "migrate", extra={"node": 1}))
 
 
 def test_leaving_reads_only_rank_numbers() -> None:

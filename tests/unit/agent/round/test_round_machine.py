@@ -342,6 +342,15 @@ def test_on_migrate_starts_the_migration_beside_the_round_machine() -> None:
     assert m.handle(ev.MigrateOrder(migrate), NOW) == [ev.StartMigration(migrate)] and m.state is S.RUNNING
 
 
+def test_a_standby_prepares_a_node_migration_and_runs_the_node_once_its_ranks_joined() -> None:
+    covers("on_successor_joined")
+    m = machine(S.STANDBY)
+    prepare = order(Command.MIGRATE, extra='{"stage": "prepare", "node_rank": 1, "generation": 7}')
+    assert prepare.stage == "prepare" and prepare.node_rank == 1 and prepare.generation == 7
+    assert m.handle(ev.MigrateOrder(prepare), NOW) == [ev.StartMigration(prepare)] and m.state is S.STANDBY
+    assert m.handle(ev.SuccessorJoined(1), NOW) == [] and m.state is S.RUNNING and m.node_rank == 1
+
+
 def test_on_migrate_refused_while_a_round_is_under_way() -> None:
     covers("on_migrate_refused")
     m = machine(S.STOPPING)

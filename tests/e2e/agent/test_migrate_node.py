@@ -1,0 +1,157 @@
+"""`taskd migrate --node 1` of a 2-node DDP LiveGroup job (examples/torch/train_ddp.py, one rank per node, gloo, CPU)
+to a standby agent, against a real `taskd server --token-file` on loopback (issue 34, item 4).
+
+Refused first, each with its reason, exit 1 and nothing changed: no standby waits, node 0 (its agent hosts the
+rendezvous store), a wrong token. Then a standby whose agent is SIGKILLed while it starts node 1's ranks: called
+off (exit 1, the reason named), the job runs as it was. Then a second standby, and `taskd migrate --node 1` with the
+job's own credential moves node 1: rank 1's old process is gone and node 1's old agent exits 0 (no fault, no
+round), rank 0 keeps its pid, no step is redone or skipped, the final parameters are bit-identical to a fault-free
+run of the same job on one node, the pause is shown by the CLI, in the job's events and on the console, and nothing
+of the job is left running.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from support import ROOT, STARTED, free_port, leftovers, secret_file, wait_for  # noqa: E402
+from support.restartable import server  # noqa: E402
+from test_migrate import events, progress  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+EXAMPLE = ROOT / "examples" / "torch" / "train_ddp.py"
+STEPS = 600  # paced while the test acts (0.2 s a step: 120 s of room), then at full speed
+ADMIN = "migrate-node-test-admin-token-0123456789"
+JOB = f"mignode{os.getpid()}"  # its own names (/dev/shm): another run may share the host
+
+
+def script(tmp: Path, name: str, paced: bool) -> list[str]:
+    """The job's script, paced (0.2 s a step) while `tmp`/`name`.pace exists: the test acts meanwhile."""
+    if paced:
+        (tmp / f"{name}.pace").touch()
+    return [str(EXAMPLE), "--hidden", "32", "--layers", "2", "--inputs", "32", "--batch", "8", "--steps", str(STEPS),
+            "--ckpt-every", "0", "--step-sleep", "0.2", "--sleep-while", str(tmp / f"{name}.pace"),
+            "--pg-timeout", "30", "--ckpt-dir", str(tmp / name / "ckpt"), "--out", str(tmp / name / "out"),
+            "--progress-dir", str(tmp / name / "progress")]
+
+
+def agent(tmp: Path, log: str, args: list[str]) -> subprocess.Popen[bytes]:
+    """A `taskd run` in a session of its own (its process group is the node), its console in `tmp`/`log`.log."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MINDX_SERVER_IP", "MINDX_TASK_ID")}
+    env["OMP_NUM_THREADS"] = "1"
+    proc = subprocess.Popen([sys.executable, "-m", "taskd.run", "--monitor-interval", "0.2", "--stop-grace", "2",
+                             *args], stdout=(tmp / f"{log}.log").open("wb"), stderr=subprocess.STDOUT, env=env,
+                            cwd=ROOT, start_new_session=True)
+    STARTED.append(proc)
+    return proc
+
+
+def migrate_call(address: str, node: int, token: Path) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("MINDX_SERVER_IP", "TASKD_TOKEN_FILE")}
+    return subprocess.Popen([sys.executable, "-m", "taskd", "migrate", "--server", address, "--job", JOB, "--node",
+                             str(node), "--token-file", str(token), "--timeout", "150"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+
+
+def migrate(address: str, node: int, token: Path) -> subprocess.CompletedProcess[str]:
+    call = migrate_call(address, node, token)
+    out, err = call.communicate(timeout=200)
+    return subprocess.CompletedProcess(call.args, call.returncode, out, err)
+
+
+def ended(proc: subprocess.Popen[bytes], tmp: Path, log: str, timeout: float = 180) -> int:
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{log} did not end:\n{(tmp / f'{log}.log').read_text()[-6000:]}")
+
+
+def console(tmp: Path, *names: str) -> str:
+    return "\n".join(f"--- {n}\n{(tmp / f'{n}.log').read_text()}" for n in names)
+
+
+def test_migrate_node_1_of_a_live_ddp_job_to_a_standby(tmp_path: Path) -> None:
+    admin = secret_file(tmp_path / "admin.token", ADMIN + "\n")
+    wrong = secret_file(tmp_path / "wrong.token", "not-the-token\n")
+    with server(tmp_path, ("--token-file", str(admin))) as srv:
+        common = ["--server", srv.address, "--token-file", str(admin)]
+        ref = agent(tmp_path, "ref", [*common, "--nproc-per-node", "2", "--job-id", f"{JOB}ref",
+                                      *script(tmp_path, "ref", False)])
+        job = ["--nnodes", "2", "--nproc-per-node", "1", "--job-id", JOB, *common, "--master-addr", "127.0.0.1",
+               "--master-port", str(free_port())]
+        nodes = {n: agent(tmp_path, f"node{n}", [*job, "--node-rank", str(n), *script(tmp_path, "mig", True)])
+                 for n in (0, 1)}
+        credential = secret_file(tmp_path / "job.cred", subprocess.run(
+            [sys.executable, "-m", "taskd", "token", "--job", JOB, "--token-file", str(admin)],
+            capture_output=True, text=True, timeout=30, cwd=ROOT, check=True).stdout)
+        wait_for(lambda: all(len(progress(tmp_path, "mig", r)) >= 3 for r in (0, 1)), 120, "both ranks to train")
+        pids = {r: progress(tmp_path, "mig", r)[0][1] for r in (0, 1)}
+
+        refused = migrate(srv.address, 1, admin)
+        assert refused.returncode == 1 and f"no standby agent waits for job {JOB}" in refused.stderr, refused
+        refused = migrate(srv.address, 0, admin)
+        assert refused.returncode == 1 and "hosts the job's rendezvous store" in refused.stderr, refused
+        refused = migrate(srv.address, 1, wrong)
+        assert refused.returncode == 1 and "UNAUTHENTICATED" in refused.stderr, refused
+
+        # a standby that dies while it starts node 1's ranks: called off, the job runs as it was
+        doomed = agent(tmp_path, "doomed", [*job, "--standby", *script(tmp_path, "mig", True)])
+        wait_for(lambda: f"standby for job {JOB}: waiting" in (tmp_path / "doomed.log").read_text(), 90, "a standby")
+        call = migrate_call(srv.address, 1, credential)
+        wait_for(lambda: "this standby starts node 1's ranks" in (tmp_path / "doomed.log").read_text(), 60,
+                 "the standby to start node 1's ranks")
+        os.killpg(doomed.pid, signal.SIGKILL)
+        assert doomed.wait(timeout=10) == -signal.SIGKILL  # reaped: the next agent removes what it left in /dev/shm
+        out, err = call.communicate(timeout=200)
+        assert call.returncode == 1 and "called off: the standby" in err and "went away" in err, (out, err)
+
+        # a second standby: node 1 moves
+        spare = agent(tmp_path, "spare", [*job, "--standby", *script(tmp_path, "mig", True)])
+        wait_for(lambda: f"standby for job {JOB}: waiting" in (tmp_path / "spare.log").read_text(), 90, "a standby")
+        moved = migrate(srv.address, 1, credential)
+        assert moved.returncode == 0, f"{moved}\n{console(tmp_path, 'node0', 'node1', 'spare')[-8000:]}"
+        shown = re.search(rf"migrated node 1 of job {JOB} \(agent pid {nodes[1].pid} -> {spare.pid}\) at step (\d+): "
+                          r"training paused (\d+\.\d+)s", moved.stdout)
+        assert shown, moved.stdout
+        print(moved.stdout.strip())
+        assert ended(nodes[1], tmp_path, "node1", 60) == 0, console(tmp_path, "node1")  # ended cleanly, not a fault
+        (tmp_path / "mig.pace").unlink()
+        assert ended(nodes[0], tmp_path, "node0") == 0, console(tmp_path, "node0", "spare")
+        assert ended(spare, tmp_path, "spare") == 0, console(tmp_path, "node0", "spare")
+        assert ended(ref, tmp_path, "ref") == 0, console(tmp_path, "ref")
+        found = events(srv.address, JOB, admin)
+        record = subprocess.run([sys.executable, "-m", "taskd", "status", "--server", srv.address, "--job", JOB,
+                                 "--token-file", str(admin)], capture_output=True, text=True, timeout=30, cwd=ROOT)
+
+    text = console(tmp_path, "node0", "node1", "spare")
+    (done,) = [e for e in found["migrated"] if e.get("node_rank") == 1]
+    assert done["old_pid"] == nodes[1].pid and done["pid"] == spare.pid and done["pause_seconds"] > 0, done
+    assert done["step"] == int(shown.group(1)) and abs(done["pause_seconds"] - float(shown.group(2))) < 0.001, done
+    assert [f["reason"] for f in found["migration_failed"]] and not found.get("round_started"), found  # no round
+    assert "training paused" in (tmp_path / "node0.log").read_text(), text  # the console says it too
+    assert "runs on its successor; this agent ends" in (tmp_path / "node1.log").read_text(), text
+    assert "fault:" not in text, text
+    for r in (0, 1):
+        steps = progress(tmp_path, "mig", r)
+        assert [s for s, _ in steps] == list(range(STEPS)), f"rank {r} redid or skipped steps\n{text[-6000:]}"
+    assert {p for _, p in progress(tmp_path, "mig", 0)} == {pids[0]}, "rank 0 changed its process"
+    moved_pids = [p for _, p in progress(tmp_path, "mig", 1)]
+    assert moved_pids[0] == pids[1] and moved_pids[-1] != pids[1] and len(set(moved_pids)) == 2, moved_pids
+    reference = torch.load(tmp_path / "ref" / "out" / "final.pt")
+    final = torch.load(tmp_path / "mig" / "out" / "final.pt")
+    assert reference.keys() == final.keys()
+    for key in reference:
+        assert torch.equal(reference[key], final[key]), f"{key} differs from the fault-free run"
+    assert record.returncode == 0 and "migrat" in record.stdout, record
+    assert not leftovers(str(tmp_path / "mig" / "out")), "a process of the job is left"
+    assert not [p for p in os.listdir("/dev/shm") if JOB in p], "a shared-memory segment of the job is left"
