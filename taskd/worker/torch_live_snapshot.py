@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from taskd.worker.env import in_spare
 from taskd.worker.snapshot_account import Restored, read_restored, write_restored
+from taskd.worker.snapshot_files import steps_in
 from taskd.worker.torch_snapshot import ShardedSnapshots, Stateful, TorchSnapshots, is_sharded
 
 log = logging.getLogger(__name__)
@@ -79,11 +80,12 @@ class LiveSnapshots:
         return step
 
     def newest_held(self) -> int:
-        """This rank's newest step in memory, as its last restore found it (`snapshot_account`); -1 for none."""
-        if self.store is None:
+        """This rank's newest step in its node's memory (its own segments, or those its agent fetched from the
+        buddy); -1 for none. Not the restore's account: a lost node's rank is counted there from how far it got."""
+        snapshots = self.store.snapshots if self.store is not None else None
+        if snapshots is None or snapshots.directory is None:
             return -1
-        said = read_restored(self.store.snapshots.directory, self.store.snapshots.rank)
-        return said.newest if said is not None else -1
+        return max(steps_in(os.path.join(snapshots.directory, f"rank{snapshots.rank}")), default=-1)
 
     def restore(self, rank: int, disk_step: int, device: torch.device) -> int | None:
         """Collective (every rank of the group calls it, all alike on or off): the step restored from memory into

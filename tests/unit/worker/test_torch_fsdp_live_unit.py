@@ -47,3 +47,22 @@ def test_lost_shards_end_the_rank_cleanly_with_one_line_from_rank_0(
         (level, f"live recovery refused: rank(s) 2, 3 hold no snapshot in memory; every rank exits (code "
                 f"{SHARDS_LOST_EXIT}) and the job restarts from its checkpoints (job-rescheduling)")]
     assert issubclass(ShardsLost, LiveRecoveryFailed)  # what a script that catches the old error still catches
+
+
+def test_the_newest_step_held_is_read_from_the_ranks_segments_not_its_account(tmp_path) -> None:  # noqa: ANN001
+    from types import SimpleNamespace
+
+    from taskd.worker.snapshot_account import Fetched, mark_fetched
+    from taskd.worker.torch_live_snapshot import LiveSnapshots
+
+    memory = LiveSnapshots(every=1)
+    assert memory.newest_held() == -1  # not started: no store
+    memory.store = SimpleNamespace(snapshots=SimpleNamespace(directory=str(tmp_path), rank=2))  # type: ignore[assignment]
+    assert memory.newest_held() == -1  # no folder yet
+    mark_fetched(str(tmp_path), 2, Fetched(1, -1, (), "no buddy copy survives", 9))  # how far the lost rank got
+    (tmp_path / "rank2").mkdir()
+    assert memory.newest_held() == -1
+    for step in (3, 4):
+        (tmp_path / "rank2" / f"s{step:012d}.snap").write_bytes(b"")
+    (tmp_path / "rank2" / ".free-0-abc").write_bytes(b"")
+    assert memory.newest_held() == 4
