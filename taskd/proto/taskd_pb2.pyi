@@ -111,8 +111,15 @@ class RankRestore(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., source: _Optional[str] = ..., step: _Optional[int] = ..., stepsRedone: _Optional[int] = ...) -> None: ...
 
 class SnapshotReport(_message.Message):
-    __slots__ = ("jobId", "nodeRank", "host", "pid", "address", "newestStep", "replicatedStep", "lagSeconds", "wardNodeRank", "wardStep", "rankNewest")
+    __slots__ = ("jobId", "nodeRank", "host", "pid", "address", "newestStep", "replicatedStep", "lagSeconds", "wardNodeRank", "wardStep", "rankNewest", "wards")
     class RankNewestEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
+    class WardsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +137,7 @@ class SnapshotReport(_message.Message):
     WARDNODERANK_FIELD_NUMBER: _ClassVar[int]
     WARDSTEP_FIELD_NUMBER: _ClassVar[int]
     RANKNEWEST_FIELD_NUMBER: _ClassVar[int]
+    WARDS_FIELD_NUMBER: _ClassVar[int]
     jobId: str
     nodeRank: int
     host: str
@@ -141,10 +149,11 @@ class SnapshotReport(_message.Message):
     wardNodeRank: int
     wardStep: int
     rankNewest: _containers.ScalarMap[int, int]
-    def __init__(self, jobId: _Optional[str] = ..., nodeRank: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., address: _Optional[str] = ..., newestStep: _Optional[int] = ..., replicatedStep: _Optional[int] = ..., lagSeconds: _Optional[float] = ..., wardNodeRank: _Optional[int] = ..., wardStep: _Optional[int] = ..., rankNewest: _Optional[_Mapping[int, int]] = ...) -> None: ...
+    wards: _containers.ScalarMap[int, int]
+    def __init__(self, jobId: _Optional[str] = ..., nodeRank: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., address: _Optional[str] = ..., newestStep: _Optional[int] = ..., replicatedStep: _Optional[int] = ..., lagSeconds: _Optional[float] = ..., wardNodeRank: _Optional[int] = ..., wardStep: _Optional[int] = ..., rankNewest: _Optional[_Mapping[int, int]] = ..., wards: _Optional[_Mapping[int, int]] = ...) -> None: ...
 
 class SnapshotReply(_message.Message):
-    __slots__ = ("status", "buddyNodeRank", "buddyAddress", "holderNodeRank", "holderAddress", "holderStep", "key", "lostNewest")
+    __slots__ = ("status", "buddyNodeRank", "buddyAddress", "holderNodeRank", "holderAddress", "holderStep", "key", "lostNewest", "dropWards")
     class LostNewestEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -160,6 +169,7 @@ class SnapshotReply(_message.Message):
     HOLDERSTEP_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     LOSTNEWEST_FIELD_NUMBER: _ClassVar[int]
+    DROPWARDS_FIELD_NUMBER: _ClassVar[int]
     status: _recover_pb2.Status
     buddyNodeRank: int
     buddyAddress: str
@@ -168,7 +178,8 @@ class SnapshotReply(_message.Message):
     holderStep: int
     key: str
     lostNewest: _containers.ScalarMap[int, int]
-    def __init__(self, status: _Optional[_Union[_recover_pb2.Status, _Mapping]] = ..., buddyNodeRank: _Optional[int] = ..., buddyAddress: _Optional[str] = ..., holderNodeRank: _Optional[int] = ..., holderAddress: _Optional[str] = ..., holderStep: _Optional[int] = ..., key: _Optional[str] = ..., lostNewest: _Optional[_Mapping[int, int]] = ...) -> None: ...
+    dropWards: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, status: _Optional[_Union[_recover_pb2.Status, _Mapping]] = ..., buddyNodeRank: _Optional[int] = ..., buddyAddress: _Optional[str] = ..., holderNodeRank: _Optional[int] = ..., holderAddress: _Optional[str] = ..., holderStep: _Optional[int] = ..., key: _Optional[str] = ..., lostNewest: _Optional[_Mapping[int, int]] = ..., dropWards: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SnapshotRecord(_message.Message):
     __slots__ = ("nodeRank", "buddyNodeRank", "newestStep", "replicatedStep", "lagSeconds", "reportedAt")

@@ -24,7 +24,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -64,7 +64,8 @@ class PeerService(taskd_pb2_grpc.SnapshotPeerServicer):
 
     def __init__(self, directory: str, job_id: Callable[[], str], key: Callable[[], str | None]) -> None:
         self.directory, self.job_id, self.key = directory, job_id, key
-        self.ward: tuple[int, int] = (-1, -1)  # (node, newest step) of the copy held here
+        self.ward: tuple[int, int] = (-1, -1)  # (node, newest step) of the copy pushed here last
+        self.wards: dict[int, int] = {}  # every node whose copy is held here -> the newest step of its copy
         self._lock = threading.Lock()  # a push's publish, a ward's removal, a fetch's pins: one at a time
 
     def _refusal(self, context: grpc.ServicerContext, job_id: str) -> None:
@@ -89,13 +90,22 @@ class PeerService(taskd_pb2_grpc.SnapshotPeerServicer):
         except (SnapshotError, OSError) as exc:
             return recover_pb2.Status(code=409, info=str(exc))
         if received:
-            with self._lock:
-                if self.ward[0] not in (-1, node):  # a new ward: the old one's copy goes (a fetch keeps its pins)
-                    sc.remove(self._root(self.ward[0]))
+            with self._lock:  # an old ward's copy stays (its node may be lost, its replacement yet to fetch it)
                 for incoming in received:
                     incoming.publish()
                 self.ward = (node, min(incoming.step for incoming in received))
+                self.wards[node] = self.ward[1]
         return recover_pb2.Status(code=0, info=f"{len(received)} segment(s)")
+
+    def drop(self, nodes: Iterable[int]) -> None:
+        """Remove the copies of ``nodes`` (the controller's word: each is live again and copied elsewhere)."""
+        with self._lock:
+            for node in nodes:
+                if self.wards.pop(node, None) is not None:
+                    sc.remove(self._root(node))
+                    log.debug("node %d's snapshot copy dropped: that node is copied to another agent now", node)
+                if self.ward[0] == node:
+                    self.ward = (-1, -1)
 
     def _receive(self, request_iterator: Iterator[taskd_pb2.SnapshotChunk], context: grpc.ServicerContext
                  ) -> tuple[int, list[sc.Incoming]]:
@@ -237,11 +247,14 @@ class Replication:
         with self._lock:
             said = {"address": self._address, "newestStep": min(self._plan.values(), default=-1),
                     "replicatedStep": self.replicated, "lagSeconds": self.lag.seconds(time.time()),
-                    "wardNodeRank": ward, "wardStep": ward_step, "rankNewest": dict(self._newest)}
+                    "wardNodeRank": ward, "wardStep": ward_step, "rankNewest": dict(self._newest),
+                    "wards": dict(self.service.wards)}
         reply, _target = self.link.report_snapshots(said, timeout=2.0)
         if reply is None or reply.status.code != 0:
             return None
         self.key = reply.key or None
+        if reply.dropWards:
+            self.service.drop(reply.dropWards)
         buddy = (reply.buddyNodeRank, reply.buddyAddress)
         with self._lock:
             if buddy != self.buddy:

@@ -35,6 +35,15 @@ def buddy_ring(live: Iterable[int]) -> dict[int, int]:
     return {node: ring[(i + 1) % len(ring)] for i, node in enumerate(ring)}
 
 
+def obsolete(live: Mapping[int, NodeReport], ring: Mapping[int, int], holder: int) -> list[int]:
+    """The copies ``holder`` may drop: of nodes live again whose buddy, another agent, says it holds a copy of
+    theirs too. A lost node's copy stays until then, whatever ward the rechosen ring sends the holder meanwhile
+    (its first push once removed it, before the lost node's replacement could fetch it). Pure: the whole policy."""
+    held = live[holder].wards if holder in live else {}
+    return sorted(w for w in held if w in live and (b := ring.get(w, -1)) not in (-1, holder) and b in live
+                  and live[b].wards.get(w, -1) >= 0)
+
+
 @dataclass(frozen=True)
 class NodeReport:
     """A node's last report, and when it came (the controller's monotonic clock)."""
@@ -49,6 +58,7 @@ class NodeReport:
     ward_step: int
     at: float
     ranks: Mapping[int, int] = field(default_factory=dict)  # each local rank's own newest published step
+    wards: Mapping[int, int] = field(default_factory=dict)  # every node whose copy it holds -> its newest step
 
 
 @dataclass
@@ -75,11 +85,13 @@ class ReplicaBoard:
     def answer(self, m: Job, node: int, now: float) -> taskd_pb2.SnapshotReply:
         live = self.live(m, now)
         buddy = buddy_ring(live).get(node, -1) if node in live else -1
-        holders = [(r.ward_step, n) for n, r in live.items() if r.ward == node and r.ward_step >= 0 and n != node]
+        holders = [(r.wards.get(node, -1), n) for n, r in live.items() if r.wards.get(node, -1) >= 0 and n != node]
         step, holder = max(holders) if holders else (-1, -1)
+        ring = buddy_ring(live)
         return taskd_pb2.SnapshotReply(buddyNodeRank=buddy, buddyAddress=live[buddy].address if buddy >= 0 else "",
                                        holderNodeRank=holder, holderAddress=live[holder].address if holder >= 0 else "",
-                                       holderStep=step, key=self.key, lostNewest=self.lost.get(node, {}))
+                                       holderStep=step, key=self.key, lostNewest=self.lost.get(node, {}),
+                                       dropWards=obsolete(live, ring, node))
 
 
 def board_of(m: Job, credential: Callable[[str], str] | None) -> ReplicaBoard:
@@ -100,8 +112,13 @@ def on_report(m: Job, req: taskd_pb2.SnapshotReport, now: float,
         board.lost[req.nodeRank] = before.ranks  # a new agent for the node: what the old one's ranks had reached
     board.reports[req.nodeRank] = NodeReport(req.host, req.pid, req.address, req.newestStep, req.replicatedStep,
                                              req.lagSeconds, req.wardNodeRank, req.wardStep, now,
-                                             dict(req.rankNewest))
+                                             dict(req.rankNewest), dict(req.wards) or _one_ward(req))
     return board.answer(m, req.nodeRank, now)
+
+
+def _one_ward(req: taskd_pb2.SnapshotReport) -> dict[int, int]:
+    """An agent that reports no ``wards`` (an older one): the one ward it names."""
+    return {req.wardNodeRank: req.wardStep} if req.wardNodeRank >= 0 and req.wardStep >= 0 else {}
 
 
 def snapshot_records(m: Job, to_wall: Callable[[float], float], now: float) -> list[taskd_pb2.SnapshotRecord]:
@@ -115,4 +132,4 @@ def snapshot_records(m: Job, to_wall: Callable[[float], float], now: float) -> l
             for n, r in sorted(board.reports.items())]
 
 
-__all__ = ["ReplicaBoard", "board_of", "buddy_ring", "on_report", "snapshot_records"]
+__all__ = ["ReplicaBoard", "board_of", "buddy_ring", "obsolete", "on_report", "snapshot_records"]

@@ -201,11 +201,13 @@ def check_snapshots(req: taskd_pb2.SnapshotReport) -> str:
             return f"{name} must be >= -1, got {getattr(req, name)}"
     if not math.isfinite(req.lagSeconds) or req.lagSeconds < 0:
         return f"lagSeconds must be finite and >= 0, got {req.lagSeconds}"
-    if len(req.rankNewest) > RANK_LIMIT:
-        return f"rankNewest names {len(req.rankNewest)} ranks, more than {RANK_LIMIT}"
-    bad = sorted((rank, step) for rank, step in req.rankNewest.items() if rank < 0 or step < -1)
-    if bad:
-        return f"rankNewest needs ranks >= 0 and steps >= -1, got {dict(bad)}"
+    for name, what in (("rankNewest", "ranks"), ("wards", "nodes")):
+        table = getattr(req, name)
+        if len(table) > RANK_LIMIT:
+            return f"{name} names {len(table)} {what}, more than {RANK_LIMIT}"
+        bad = sorted((key, step) for key, step in table.items() if key < 0 or step < -1)
+        if bad:
+            return f"{name} needs {what} >= 0 and steps >= -1, got {dict(bad)}"
     return ""
 
 

@@ -85,3 +85,27 @@ def test_a_snapshot_report_is_checked(fields: dict, said: str) -> None:
     from taskd.controller.service.validation import check_snapshots
     req = taskd_pb2.SnapshotReport(jobId="j", nodeRank=1, host="h", pid=11, address="10.0.0.1:1", **fields)
     assert check_snapshots(req) == said
+
+
+def _held(node: int, pid: int, wards: dict[int, int], replicated: int = 4) -> taskd_pb2.SnapshotReport:
+    return taskd_pb2.SnapshotReport(jobId="j", nodeRank=node, host="h", pid=pid, address=f"10.0.0.{node}:1",
+                                    newestStep=5, replicatedStep=replicated, wardNodeRank=-1, wardStep=-1,
+                                    wards=wards)
+
+
+def test_a_lost_nodes_copy_is_kept_until_its_node_is_copied_elsewhere() -> None:
+    """Three nodes, node 1 lost: node 2 holds node 1's copy, and the rechosen ring sends it node 0's too. Node 1's
+    replacement is told node 2 holds its copy; node 2 drops node 0's only once node 0 is copied to node 1 again."""
+    job = _Job(agents={0: _Agent("h", 10), 1: _Agent("h", 11), 2: _Agent("h", 12)})
+    job.agents[1] = _Agent("h", 11, gone_since=1.0)
+    on_report(job, _held(0, 10, {2: 7}), 2.0, None)  # type: ignore[arg-type]
+    reply = on_report(job, _held(2, 12, {1: 20, 0: 30}), 2.0, None)  # type: ignore[arg-type]
+    assert (reply.buddyNodeRank, list(reply.dropWards)) == (0, [])  # node 1's copy stays: its node is lost
+    job.agents[1] = _Agent("h", 99)  # the replacement
+    reply = on_report(job, _held(1, 99, {}, replicated=-1), 3.0, None)  # type: ignore[arg-type]
+    assert (reply.holderNodeRank, reply.holderStep) == (2, 20)
+    assert list(on_report(job, _held(2, 12, {1: 20, 0: 30}), 3.0, None).dropWards) == []  # type: ignore[arg-type]
+    on_report(job, _held(0, 10, {2: 7}), 4.0, None)  # type: ignore[arg-type]  # node 0 copied to node 1 now
+    on_report(job, _held(1, 99, {0: 31}), 4.0, None)  # type: ignore[arg-type]
+    reply = on_report(job, _held(2, 12, {1: 20, 0: 30}), 4.0, None)  # type: ignore[arg-type]
+    assert list(reply.dropWards) == [0]  # node 1, its own buddy node 2 again, is not dropped: its pushes land here

@@ -43,12 +43,12 @@ def _node(tmp: Path, monkeypatch: pytest.MonkeyPatch, steps: range) -> Path:
     return own
 
 
-def _push(service: PeerService, own: Path, step: int, torn: int | None = None) -> int:
+def _push(service: PeerService, own: Path, step: int, torn: int | None = None, node: int = NODE) -> int:
     def stream() -> Iterator[taskd_pb2.SnapshotChunk]:
         for rank in (2, 3):
-            for chunk in _chunks(JOB, NODE, rank, step, open(own / f"rank{rank}" / segment_name(step), "rb")):
+            for chunk in _chunks(JOB, node, rank, step, open(own / f"rank{rank}" / segment_name(step), "rb")):
                 if rank == torn and chunk.last:  # the rank reused the segment while it was read
-                    chunk = taskd_pb2.SnapshotChunk(jobId=JOB, nodeRank=NODE, rank=rank, step=step, last=True,
+                    chunk = taskd_pb2.SnapshotChunk(jobId=JOB, nodeRank=node, rank=rank, step=step, last=True,
                                                     data=chunk.data[:-1] + bytes([chunk.data[-1] ^ 0xFF]))
                 yield chunk
     return service.Push(stream(), _Context()).code  # type: ignore[arg-type]
@@ -95,3 +95,18 @@ def test_a_push_lands_whole_or_not_at_all(tmp_path: Path, monkeypatch: pytest.Mo
     assert buddy.ward == (NODE, 2)
     assert sorted(name for rank in (2, 3) for name in os.listdir(copy / f"rank{rank}")) == \
         sorted([segment_name(1), segment_name(2)] * 2)  # nothing half-received left behind
+
+
+def test_a_lost_wards_copy_outlives_the_first_push_of_a_new_ward(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                 ) -> None:
+    """Three nodes, node 1 lost: node 2 held node 1's copy, and the ring, rechosen, makes node 2 node 0's buddy.
+    Node 0's first push once removed node 1's copy, seconds before node 1's replacement came to fetch it."""
+    own = _node(tmp_path, monkeypatch, range(1, 3))
+    buddy = PeerService(str(tmp_path / "buddy"), lambda: JOB, lambda: KEY)
+    assert _push(buddy, own, 2) == 0  # node 1's copy
+    assert _push(buddy, own, 1, node=0) == 0  # node 0's, a new ward (the same bytes serve: where they land counts)
+    assert buddy.wards == {1: 2, 0: 1}
+    fetch = buddy.Fetch(taskd_pb2.FetchRequest(jobId=JOB, nodeRank=1), _Context())  # type: ignore[arg-type]
+    assert _receive(fetch, tmp_path / "replacement") == {2: {2}, 3: {2}}
+    buddy.drop([1])  # the controller's word, once node 1 is copied elsewhere
+    assert buddy.wards == {0: 1} and not (tmp_path / "buddy" / "peer" / "node1").exists()
