@@ -313,10 +313,9 @@ class Supervisor:
         self.watch.close()
         self.hang.close()
         self.live.close()
-        if self.metrics is not None:
-            self.metrics.close()
-        if self.stragglers is not None:
-            self.stragglers.close()
+        for closing in (self.metrics, self.stragglers):  # the optional watches
+            if closing is not None:
+                closing.close()
         for signum, handler in self._old_handlers.items():
             signal.signal(signum, handler)
         self.result.ended = time.time()
@@ -341,11 +340,12 @@ class Supervisor:
     def _install_signal_handlers(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             self._old_handlers[signum] = signal.signal(signum, self._on_signal)
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
-        self._terminate_signal = signum
+        if not self.executors.drain.signalled(signum):  # SIGUSR1: drain this node (agent/link/drain.py)
+            self._terminate_signal = signum
         self.watch.wake()
 
     # ----------------------------------------------------------------- rank exits and faults

@@ -7,7 +7,8 @@ off (exit 1, the reason named), the job runs as it was. Then a second standby, a
 job's own credential moves node 1: rank 1's old process is gone and node 1's old agent exits 0 (no fault, no
 round), rank 0 keeps its pid, no step is redone or skipped, the final parameters are bit-identical to a fault-free
 run of the same job on one node, the pause is shown by the CLI, in the job's events and on the console, and nothing
-of the job is left running.
+of the job is left running. Last, the drain hook: SIGUSR1 to node 0's agent is refused (node 0 runs on); SIGUSR1 to
+node 1's agent (the standby that took it) moves node 1 on to a third standby the same way.
 """
 
 from __future__ import annotations
@@ -103,6 +104,8 @@ def test_migrate_node_1_of_a_live_ddp_job_to_a_standby(tmp_path: Path) -> None:
         assert refused.returncode == 1 and "hosts the job's rendezvous store" in refused.stderr, refused
         refused = migrate(srv.address, 1, wrong)
         assert refused.returncode == 1 and "UNAUTHENTICATED" in refused.stderr, refused
+        os.kill(nodes[0].pid, signal.SIGUSR1)  # the drain hook, refused the same way: node 0 runs on
+        wait_for(lambda: "drain of node 0 not done" in (tmp_path / "node0.log").read_text(), 60, "the drain's answer")
 
         # a standby that dies while it starts node 1's ranks: called off, the job runs as it was
         doomed = agent(tmp_path, "doomed", [*job, "--standby", *script(tmp_path, "mig", True)])
@@ -125,28 +128,37 @@ def test_migrate_node_1_of_a_live_ddp_job_to_a_standby(tmp_path: Path) -> None:
         assert shown, moved.stdout
         print(moved.stdout.strip())
         assert ended(nodes[1], tmp_path, "node1", 60) == 0, console(tmp_path, "node1")  # ended cleanly, not a fault
+
+        # the drain hook: SIGUSR1 to node 1's agent (the standby that took it) moves it on to the next standby
+        last = agent(tmp_path, "last", [*job, "--standby", *script(tmp_path, "mig", True)])
+        wait_for(lambda: f"standby for job {JOB}: waiting" in (tmp_path / "last.log").read_text(), 90, "a standby")
+        os.kill(spare.pid, signal.SIGUSR1)
+        assert ended(spare, tmp_path, "spare", 150) == 0, console(tmp_path, "node0", "spare", "last")
         (tmp_path / "mig.pace").unlink()
-        assert ended(nodes[0], tmp_path, "node0") == 0, console(tmp_path, "node0", "spare")
-        assert ended(spare, tmp_path, "spare") == 0, console(tmp_path, "node0", "spare")
+        assert ended(nodes[0], tmp_path, "node0") == 0, console(tmp_path, "node0", "last")
+        assert ended(last, tmp_path, "last") == 0, console(tmp_path, "node0", "last")
         assert ended(ref, tmp_path, "ref") == 0, console(tmp_path, "ref")
         found = events(srv.address, JOB, admin)
         record = subprocess.run([sys.executable, "-m", "taskd", "status", "--server", srv.address, "--job", JOB,
                                  "--token-file", str(admin)], capture_output=True, text=True, timeout=30, cwd=ROOT)
 
-    text = console(tmp_path, "node0", "node1", "spare")
-    (done,) = [e for e in found["migrated"] if e.get("node_rank") == 1]
+    text = console(tmp_path, "node0", "node1", "spare", "last")
+    done, drained = [e for e in found["migrated"] if e.get("node_rank") == 1]
+    assert drained["old_pid"] == spare.pid and drained["pid"] == last.pid and drained["step"] > done["step"], drained
+    assert "drain (SIGUSR1): asking the controller to move node 1's ranks" in text, text
     assert done["old_pid"] == nodes[1].pid and done["pid"] == spare.pid and done["pause_seconds"] > 0, done
     assert done["step"] == int(shown.group(1)) and abs(done["pause_seconds"] - float(shown.group(2))) < 0.001, done
     assert [f["reason"] for f in found["migration_failed"]] and not found.get("round_started"), found  # no round
     assert "training paused" in (tmp_path / "node0.log").read_text(), text  # the console says it too
-    assert "runs on its successor; this agent ends" in (tmp_path / "node1.log").read_text(), text
+    for old in ("node1", "spare"):
+        assert "runs on its successor; this agent ends" in (tmp_path / f"{old}.log").read_text(), text
     assert "fault:" not in text, text
     for r in (0, 1):
         steps = progress(tmp_path, "mig", r)
         assert [s for s, _ in steps] == list(range(STEPS)), f"rank {r} redid or skipped steps\n{text[-6000:]}"
     assert {p for _, p in progress(tmp_path, "mig", 0)} == {pids[0]}, "rank 0 changed its process"
     moved_pids = [p for _, p in progress(tmp_path, "mig", 1)]
-    assert moved_pids[0] == pids[1] and moved_pids[-1] != pids[1] and len(set(moved_pids)) == 2, moved_pids
+    assert moved_pids[0] == pids[1] and len(set(moved_pids)) == 3, moved_pids  # node 1's, the spare's, the last's
     reference = torch.load(tmp_path / "ref" / "out" / "final.pt")
     final = torch.load(tmp_path / "mig" / "out" / "final.pt")
     assert reference.keys() == final.keys()
