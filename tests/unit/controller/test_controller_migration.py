@@ -8,8 +8,13 @@ import json
 import pytest
 from support.controller import running_job
 
-from taskd.controller.machine.events import MigrationReported, MigrationRequested
-from taskd.controller.machine.state_machine import FaultReported
+from taskd.controller.machine.events import (
+    MigrationReported,
+    MigrationRequested,
+    StandbyConnected,
+    StandbyDisconnected,
+)
+from taskd.controller.machine.state_machine import AgentRegistered, FaultReported, JobMachine
 from taskd.controller.service.hub import extra_params
 from taskd.vocabulary import Code, SignalType
 
@@ -73,3 +78,60 @@ def test_the_event_names_its_trigger_and_the_metrics_count_it() -> None:
     assert count("taskd_migrations_total", {"trigger": "straggler", "outcome": "migrated"}) == 1
     assert count("taskd_migrations_total", {"trigger": "straggler", "outcome": "failed"}) == 1
     assert count("taskd_migrations_total", {"trigger": "taskd migrate", "outcome": "failed"}) == 1
+
+
+def _with_standby(nodes: int = 2) -> JobMachine:
+    m = running_job(nodes=nodes, per_node=1)
+    assert m.handle(AgentRegistered(node_rank=0, host="s", pid=7, standby=True, ranks_per_node=1), 0.0).code == 0
+    m.handle(StandbyConnected(host="s", pid=7), 0.0)
+    return m
+
+
+def test_a_node_migration_is_refused_with_its_reason_and_sends_nothing() -> None:
+    """Refused: no standby waits, node 0 (it hosts the store), a node outside the job; nothing sent or recorded."""
+    bare = running_job(nodes=2, per_node=1)
+    out = bare.handle(MigrationRequested(node=1), 1.0)
+    assert out.code == Code.OUT_OF_ORDER and "no standby agent waits for job j" in out.info
+    m = _with_standby()
+    for node, words in ((0, "hosts the job's rendezvous store"), (2, "node 2 is not a node of job j")):
+        out = m.handle(MigrationRequested(node=node), 1.0)
+        assert out.code == Code.INVALID_PARAMS and words in out.info and not out.signals and not out.to_standbys
+    assert m.node_move is None and all(s.assigned is None for s in m.standbys.values())
+
+
+def test_a_node_migration_runs_its_stages_and_ends_in_one_event() -> None:
+    """prepare (to the standby) -> ready -> go (to every node) -> the staying node's pause -> the standby registers
+    as the node (no fence) -> its final account: `migrated` with the pause, and the `Migrate` call is answered."""
+    m = _with_standby()
+    seq = m.signal_seq
+    out = m.handle(MigrationRequested(node=1), 1.0)
+    [(key, prepare)] = out.to_standbys
+    assert key == ("s", 7) and json.loads(extra_params(prepare)) == {"node_rank": 1, "generation": seq + 1,
+                                                                      "stage": "prepare"}
+    migration = out.info
+    ready = m.handle(MigrationReported(node_rank=0, host="s", pid=7, migration=migration, migrated=True,
+                                       stage="ready"), 2.0)
+    assert ready.code == Code.OK and json.loads(extra_params(ready.signals[0]))["stage"] == "go"
+    joined = m.handle(MigrationReported(node_rank=0, host="h", pid=100, migration=migration, migrated=True,
+                                        stage="joined", step=40, pause_seconds=0.25), 3.0)
+    assert joined.settled is None  # the standby does not hold the node yet
+    took = m.handle(AgentRegistered(node_rank=1, host="s", pid=7, ranks_per_node=1), 3.5)
+    assert took.code == Code.OK and m.agents[1].pid == 7 and not m.fences and ("s", 7) not in m.standbys
+    done = m.handle(MigrationReported(node_rank=1, host="s", pid=7, migration=migration, migrated=True, new_pid=7,
+                                      step=40), 4.0)
+    assert done.settled is not None and done.settled.migrated and done.settled.pause_seconds == 0.25
+    (event,) = [r for r in done.records if r.kind == "migrated"]
+    assert (event.detail["old_pid"], event.detail["pid"], event.detail["step"]) == (101, 7, 40)
+    assert m.node_move is None and m.state.value == "RUNNING" and m.restarts == 0
+
+
+def test_a_standby_that_goes_away_after_go_calls_it_off() -> None:
+    """Every node is told to re-form as it was (stage "off", a newer generation); the call is answered why."""
+    m = _with_standby()
+    migration = m.handle(MigrationRequested(node=1), 1.0).info
+    m.handle(MigrationReported(node_rank=0, host="s", pid=7, migration=migration, migrated=True, stage="ready"), 2.0)
+    out = m.handle(StandbyDisconnected(host="s", pid=7), 3.0)
+    off = [json.loads(extra_params(s)) for s in out.signals]
+    assert [o["stage"] for o in off] == ["off"] and off[0]["generation"] > m.signal_seq - 1
+    assert out.settled is not None and not out.settled.migrated and "went away" in out.settled.reason
+    assert m.node_move is None and [r.kind for r in out.records][-1] == "migration_failed"
