@@ -54,7 +54,7 @@ from taskd.worker.torch_facts import (
     step_seed,
 )
 from taskd.worker.torch_fsdp_live import FsdpLive
-from taskd.worker.torch_group import GroupSockets, LeaveWatch, RetiredGroups, collect, drop_frames
+from taskd.worker.torch_group import GroupSockets, LeaveWatch, RetiredGroups, collect, drop_frames, outlive_exit
 from taskd.worker.torch_hsdp_live import HsdpLive
 from taskd.worker.torch_live_snapshot import LiveSnapshots, start_afresh
 from taskd.worker.torch_mark import Backward, BackwardMark, CollectiveMark
@@ -272,7 +272,9 @@ class LiveGroup(RetryInPlace, Migrating, FsdpLive, HsdpLive):
         if self._leave_watch is not None:
             self._leave_watch.stop()
         if dist.is_initialized():
+            groups = list(dist.distributed_c10d._world.pg_map)  # DDP keeps them alive past the destroy: see
             dist.destroy_process_group()
+            outlive_exit(groups)  # outlive_exit for why they must not be freed while the interpreter finalizes
         self._sockets.release()
         # what follows (results, the interpreter's exit, where torch 2.13's gloo teardown aborts a rank now and then)
         # is no fault: nothing collective is left (issue 32, F2)

@@ -1,4 +1,5 @@
-"""A rank that left a gloo group with work still waiting exits at once when training ends.
+"""A rank that left a gloo group with work still waiting exits at once when training ends, and so does a
+rank whose group torch's DDP kept alive past ``live.close()``.
 
 Freeing such a group joins its worker threads, and they wait out the work's collective timeout: in a
 3-node live job (CI, test_node_loss_live) rank 0 finished its last step and was then held 20 s at
@@ -9,6 +10,9 @@ reference goes in `destroy_process_group`, which then waits for the allreduce to
 
 from __future__ import annotations
 
+import os
+import re
+import socket
 import subprocess
 import sys
 import time
@@ -20,7 +24,9 @@ pytest.importorskip("torch")
 
 pytestmark = pytest.mark.torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "torch_scripts" / "retired_group_exit.py"
+SCRIPTS = Path(__file__).resolve().parents[2] / "torch_scripts"
+SCRIPT = SCRIPTS / "retired_group_exit.py"
+ROOT = SCRIPTS.parents[1]
 TIMEOUT = 120.0  # the allreduce's: an exit that waited for it would take two minutes
 
 
@@ -39,3 +45,36 @@ def test_a_held_group_with_waiting_work_does_not_hold_the_exit(tmp_path: Path) -
     assert "its allreduce completed: False" in out.stdout  # the work was still waiting when the group was left
     assert "kept past exit: 1" in out.stdout
     assert took < TIMEOUT / 2, f"rank 0's exit took {took:.1f}s: it waited on the left group's allreduce"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_a_group_ddp_kept_past_close_is_not_freed_while_the_interpreter_finalizes(tmp_path: Path) -> None:
+    """torch 2.13's DDP keeps its group past destroy_process_group, so without `outlive_exit` the group was freed
+    while the interpreter finalized: that joins gloo's workers there (this exit waited out the allreduce's 60 s
+    timeout, measured 15.4 s after close with a 15 s one), and a worker that then needs the GIL aborts the rank
+    (SIGABRT, "terminate called without an active exception": 1 plain-torchrun job in 30 to 70 here)."""
+    port = _free_port()
+    procs = []
+    for rank in (0, 1):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("TASKD_", "MINDX_", "TORCHELASTIC_"))}
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                   WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", OMP_NUM_THREADS="1",
+                   PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
+        procs.append(subprocess.Popen([sys.executable, str(SCRIPTS / "ddp_group_exit.py"), "60"], env=env, cwd=tmp_path,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        out, _ = procs[0].communicate(timeout=TIMEOUT)
+        ended = time.time()
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert procs[0].returncode == 0, out[-3000:]
+    closed = re.search(r"rank 0: closed at ([0-9.]+)", out)
+    assert closed, out[-3000:]
+    assert ended - float(closed[1]) < 30.0, f"rank 0's exit took {ended - float(closed[1]):.1f}s after live.close()"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import weakref
 
-from taskd.worker.torch_group import RetiredGroups
+from taskd.worker.torch_group import RetiredGroups, outlive_exit
 
 
 class Group:
@@ -54,3 +54,11 @@ def test_groups_still_held_at_the_end_get_a_reference_no_one_gives_back() -> Non
     assert retired.keep_past_exit() == 1  # the expired one is simply let go
     assert sys.getrefcount(recent) == refs  # our list's reference became the extra, permanent one
     assert len(retired) == 0
+
+
+def test_outlive_exit_gives_each_group_a_reference_no_one_gives_back() -> None:
+    groups = [Group(), Group()]
+    refs = [weakref.ref(g) for g in groups]
+    assert outlive_exit(groups) == 2
+    del groups
+    assert all(ref() is not None for ref in refs)  # never freed, so never freed while the interpreter finalizes
