@@ -147,6 +147,27 @@ class PeerService(taskd_pb2_grpc.SnapshotPeerServicer):
             sc.remove(pins)
 
 
+def _pinned(pins: str, paths: Mapping[int, str], stats: Mapping[int, os.stat_result]) -> list[tuple[int, BinaryIO]]:
+    """Each rank's segment (``paths``, as ``stats`` saw it) linked under ``pins`` and opened there: (rank, file), for
+    `push_segments`, which closes them. OSError, nothing left open, when one changed or went meanwhile (a newer
+    step is there). The links keep the bytes until ``pins`` is removed, whatever the ranks do."""
+    os.makedirs(pins, mode=0o700, exist_ok=True)
+    files: list[tuple[int, BinaryIO]] = []
+    try:
+        for rank, path in sorted(paths.items()):
+            link = os.path.join(pins, f"rank{rank}-{os.path.basename(path)}")
+            os.link(path, link)
+            fh = open(link, "rb")  # noqa: SIM115 - closed by push_segments, or below
+            files.append((rank, fh))
+            if os.fstat(fh.fileno()).st_ino != stats[rank].st_ino:
+                raise FileNotFoundError(f"{path}: published again since it was looked at")
+    except BaseException:
+        for _rank, fh in files:
+            fh.close()
+        raise
+    return files
+
+
 def _chunks(job_id: str, node: int, rank: int, step: int, fh: BinaryIO) -> Iterator[taskd_pb2.SnapshotChunk]:
     """The open segment ``fh`` as chunks, its header and body only (not the padding of its reuse), the last one
     marked; read as they are sent, so one chunk is in memory. SnapshotError when it holds no finished segment."""
@@ -218,7 +239,8 @@ class Replication:
         self._lock = threading.Lock()  # buddy, replicated, lag, _pushed: set by both threads
         self._plan: dict[int, int] = {}  # what the last look at the ranks' folders would push
         self._newest: dict[int, int] = {}  # and each rank's own newest step there
-        self._pushed: tuple[tuple[tuple[int, int], ...], float] = ((), 0.0)  # ((rank, step)s, publish) acknowledged
+        self._pushed: tuple[tuple[tuple[int, int], ...], tuple[int, ...]] = ((), ())  # ((rank, step)s, inodes) acked
+        self._seen: dict[int, float] = {}  # inode -> publish time, of the segments of the plan last pushed
 
     def _job_id(self) -> str:
         mgr = self.link.client
@@ -260,7 +282,7 @@ class Replication:
             if buddy != self.buddy:
                 if buddy[0] >= 0:
                     log.info("snapshots of this node are copied to node %d's agent (%s)", *buddy)
-                self.buddy, self.replicated, self.lag, self._pushed = buddy, -1, CopyLag(), ((), 0.0)  # holds nothing
+                self.buddy, self.replicated, self.lag, self._pushed = buddy, -1, CopyLag(), ((), ())  # holds nothing
         return reply
 
     def _reporting(self) -> None:
@@ -283,33 +305,33 @@ class Replication:
             self._push(plan, buddy, self.key)
 
     def _push(self, plan: dict[int, int], buddy: tuple[int, str], key: str) -> None:
-        """Push each local rank's segment of its step in ``plan`` to ``buddy`` (opened first: a segment a rank reuses
-        meanwhile fails its check at the buddy, and the next tick pushes a newer step)."""
-        files: list[tuple[int, BinaryIO]] = []
+        """Push each local rank's segment of its step in ``plan`` to ``buddy``, pinned while it is read (`_pinned`:
+        a rank never writes into a segment with a link besides its own, so a fast rank cannot tear the copy)."""
+        paths = {r: os.path.join(self.directory, f"rank{r}", sc.segment_name(step)) for r, step in plan.items()}
         try:
-            for rank, step in sorted(plan.items()):
-                path = os.path.join(self.directory, f"rank{rank}", sc.segment_name(step))
-                files.append((rank, open(path, "rb")))  # noqa: SIM115 - closed by push_segments
-            published = max(os.fstat(fh.fileno()).st_ctime for _rank, fh in files)  # the publish: its rename
+            stats = {rank: os.stat(path) for rank, path in paths.items()}
         except OSError:  # a rank freed it meanwhile: a newer step is there
-            for _rank, fh in files:
-                fh.close()
             return
-        done = (tuple(sorted(plan.items())), published)
+        # the publish is the segment's rename: its ctime when first seen (a link, ours or the persister's, moves it)
+        self._seen = {st.st_ino: self._seen.get(st.st_ino, st.st_ctime) for st in stats.values()}
+        published = max(self._seen.values())
+        done = (tuple(sorted(plan.items())), tuple(sorted(st.st_ino for st in stats.values())))
         with self._lock:
             current = buddy == self.buddy
             if current and done != self._pushed:
                 self.lag.lacks(published)
         if not current or done == self._pushed:
-            for _rank, fh in files:
-                fh.close()
             return
         node = self.link.client.info.nodeRank if self.link.client is not None else -1
+        pins = os.path.join(self.directory, ".replicate")
         try:
+            files = _pinned(pins, paths, stats)
             status = push_segments(buddy[1], key, self._job_id(), node, plan, files, PUSH_TIMEOUT)
-        except (grpc.RpcError, SnapshotError) as exc:
+        except (grpc.RpcError, SnapshotError, OSError) as exc:
             log.debug("snapshot push of steps %s to %s failed: %s", plan, buddy[1], exc)
             return
+        finally:
+            sc.remove(pins)
         if status.code != 0:
             log.debug("node %d's agent refused steps %s: %s", buddy[0], plan, status.info)
             return

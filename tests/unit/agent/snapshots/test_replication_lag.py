@@ -13,11 +13,13 @@ import grpc
 import numpy as np
 import pytest
 
+from taskd.agent.snapshots import copies as sc
 from taskd.agent.snapshots import replication
 from taskd.agent.snapshots.replication import CopyLag, Replication
 from taskd.proto import recover_pb2, taskd_pb2
 from taskd.worker.snapshot import Snapshots
 from taskd.worker.snapshot_account import take_fetched
+from taskd.worker.snapshot_files import steps_in
 
 
 class _Link:
@@ -132,3 +134,34 @@ def test_status_says_how_long_a_copy_has_been_behind() -> None:
     assert "node 0: newest step 9; node 1 holds step 9 (copied 0.020s after its publish)" in lines
     assert "node 1: newest step 60; node 0 holds step 9 (12.500s behind)" in lines
     assert "node 2: newest step 3; node 0 holds none (4.000s behind)" in lines
+
+
+def test_a_push_pins_what_it_reads_so_a_fast_rank_cannot_tear_it(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank that reuses the segment being pushed (it saves faster than the push reads) once sent the buddy a torn
+    copy (refused, retried, and again while the ranks outran it). The push links its segments while it reads them:
+    the rank takes another segment, and the bytes sent are the step's."""
+    [snaps] = _ranks(tmp_path, monkeypatch, world=1)
+    for step in (1, 2):
+        snaps.save({"w": np.full(50_000, float(step))}, step)
+    received = tmp_path / "buddy"
+
+    def push(_address: str, _key: str, job: str, node: int, plan: dict, files: list, _timeout: float
+             ) -> recover_pb2.Status:
+        for step in (3, 4, 5):  # the rank goes on meanwhile: step 5 takes the segment step 2 was freed from
+            snaps.save({"w": np.full(50_000, float(step))}, step)
+        for rank, fh in files:
+            incoming = sc.Incoming(str(received), rank, plan[rank])
+            for chunk in replication._chunks(job, node, rank, plan[rank], fh):
+                incoming.write(chunk.data)
+            incoming.finish()  # SnapshotError for a torn copy
+        return recover_pb2.Status(code=0)
+    monkeypatch.setattr(replication, "push_segments", push)
+    link = _Link()
+    rep = Replication(str(tmp_path), link)  # type: ignore[arg-type]
+    rep._report()
+    rep.tick()
+    rep._report()
+    assert link.said[-1]["replicatedStep"] == 2 and steps_in(str(received / "rank0")) == {2}
+    assert not (tmp_path / ".replicate").exists()  # the pins go with the push
+    snaps.close()
