@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from taskd.worker.checkpoint import fsync_dir, pid_alive_elsewhere, unlink_if_present
+from taskd.worker.snapshot_ballot import ballot, outvoted
 from taskd.worker.snapshot_files import segment_name, steps_in
 from taskd.worker.snapshot_segment import HEADER_SIZE, SnapshotError, crc32, load, read_header
 
@@ -111,10 +112,11 @@ def _agreed_cut(root: str, agree: Callable[[set[int]], set[int]], own: int) -> P
         why = verify(path, step, own)
         if why:
             quarantine(path)
-        if agree(set() if why else {step}):  # every rank's copy of it passed
+        voted = agree(ballot(not why, step, own))
+        if step in voted:  # every rank's copy of it passed
             return PersistedCut(step, tuple(passed))
-        passed.append(f"step {step}: " + (f"rank {own}'s copy fails its check ({why})" if why else
-                                          "another rank's copy fails its check (its line says which)"))
+        passed.append(f"step {step}: rank {own}'s copy fails its check ({why})" if why else
+                      outvoted(step, voted, "copy"))
         mine = {s for s in mine if s < step}
     return PersistedCut(None, tuple(passed))
 

@@ -6,6 +6,8 @@ the persisted copies): the step stands only if every copy passed, else every ran
 Nothing is loaded into the caller's objects before the vote (it runs inside ``use``, after the checksum). Without
 a channel (one node, no ``agree`` or no torch.distributed yet) each rank checks every rank's copy of the step
 instead: the same answer on every rank without talking, at the cost of a CRC over each copy.
+
+The ballot (`snapshot_ballot`) carries the failing rank's number too, so every rank's line names it.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from taskd.worker.snapshot_ballot import ballot, outvoted
 from taskd.worker.snapshot_files import segment_name
 from taskd.worker.snapshot_persist import verify
 from taskd.worker.snapshot_segment import SnapshotError, load
 
 log = logging.getLogger(__name__)
+
 
 
 class Outvoted(Exception):
@@ -44,16 +48,17 @@ class Vote:
     directory: str
     alone: bool = False
 
-    def cast(self, ok: bool, step: int) -> bool | None:
-        """Whether every rank's copy of ``step`` passed (a collective); None: no channel (one node only)."""
+    def cast(self, ok: bool, step: int) -> set[int] | None:
+        """The vote's outcome (a collective): the intersection of the ranks' ballots (`ballot`: ``step`` in it
+        when every copy passed); None: no channel (one node only)."""
         if self.alone:
-            return ok
+            return ballot(ok, step, self.rank)
         if self.agree is None:
             if self.nodes > 1:
                 raise Unagreed("the job runs on several nodes and nothing agrees on a step (`agree`)")
             return None
         try:
-            return bool(self.agree({step} if ok else set()))
+            return set(self.agree(ballot(ok, step, self.rank)))
         except SnapshotError as exc:
             if self.nodes > 1:
                 raise Unagreed(str(exc)) from exc
@@ -62,8 +67,8 @@ class Vote:
     def confirm(self, step: int) -> None:
         """This rank's copy of ``step`` passed its check: Outvoted when another rank's did not."""
         voted = self.cast(True, step)
-        if voted is False:
-            raise Outvoted(f"step {step}: another rank's snapshot fails its check (that rank's line says which)")
+        if voted is not None and step not in voted:
+            raise Outvoted(outvoted(step, voted))
         if voted is None:
             for other in range(self.world):
                 path = os.path.join(self.directory, f"rank{other}", segment_name(step))

@@ -116,7 +116,7 @@ def test_across_nodes_a_copy_failing_its_check_moves_every_rank_to_the_older_ste
     for t in threads:
         t.join(60)
     assert [g.step for g in got] == [1, 1], got
-    assert got[0].words() == "step 2: another rank's copy fails its check (its line says which)"
+    assert got[0].words() == "step 2: rank 1's copy fails its check (its line says why)"  # was: another rank's
     assert got[1].words().startswith("step 2: rank 1's copy fails its check (") and \
         "checksum mismatch" in got[1].words() and (disk / "rank1" / f"{segment_name(2)}.corrupt").exists()
 

@@ -88,7 +88,9 @@ def test_across_nodes_the_cut_is_what_agree_says_every_rank_holds(tmp_path, monk
         asked.append(steps)
         return steps & {3, 4, 5}  # the other node's ranks (or the buddy's copy of them) hold 3-5
     restored = Snapshots(keep=3, directory=str(tmp_path), agree=agree)
-    assert restored.restore()[1] == 5 and asked == [{4, 5, 6}, {5}]  # the step, then the vote: every copy passed
+    assert restored.restore()[1] == 5
+    steps = [{s for s in held if s >= 0} for held in asked]  # a ballot's bit marks are negative
+    assert steps == [{4, 5, 6}, {5}]  # the step, then the vote: every copy passed
     assert files(tmp_path, 2) == ["s000000000004.snap", "s000000000005.snap"]
     caplog.set_level(logging.INFO, "taskd.worker.snapshot")
     assert Snapshots(directory=str(tmp_path), agree=lambda steps: set()).restore() is None
@@ -200,9 +202,22 @@ def test_with_a_vote_each_rank_checks_its_own_and_nothing_is_applied_before_it(t
     for t in threads:
         t.join(60)
     assert got == [1, 1] and applied == [[1], [1]], (got, applied)
-    assert asked == [[{2}, {1}], [set(), {1}]]  # one vote per step tried; the step itself from the files
+    steps = [[{s for s in held if s >= 0} for held in ballots] for ballots in asked]
+    assert steps == [[{2}, {1}], [set(), {1}]]  # one vote per step tried; the step itself from the files
     assert "rank 1: its snapshot of step 2 in memory fails its check (" in caplog.text and "checksum mismatch" in \
-        caplog.text and "step 2: another rank's snapshot fails its check" in caplog.text
+        caplog.text and "step 2: rank 1's snapshot fails its check (its line says why)" in caplog.text
+
+
+@pytest.mark.parametrize("failing", [(0,), (5,), (3,), (2, 6), (1, 2, 7)])
+def test_the_vote_names_the_one_failing_rank_or_says_several(failing) -> None:
+    """The ballots' intersection (what any ``agree`` returns) spells the failing rank's number, so a passing rank's
+    line names it; several failing ranks are told apart from one (before: "another rank" whatever failed)."""
+    from taskd.worker.snapshot_ballot import ballot, failing_rank
+
+    voted = set.intersection(*(ballot(rank not in failing, 9, rank) for rank in range(8)))
+    assert 9 not in voted
+    assert failing_rank(voted) == (failing[0] if len(failing) == 1 else None)
+    assert 9 in set.intersection(*(ballot(True, 9, rank) for rank in range(8)))
 
 
 def test_a_truncated_segment_is_never_restored(tmp_path, caplog) -> None:
