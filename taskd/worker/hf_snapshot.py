@@ -9,10 +9,12 @@
 After each k-th optimizer step the callback snapshots what a Trainer checkpoint holds (the model's and the
 optimizer's state dicts, the LR scheduler's, the `TrainerState`, the RNG states) into the node's memory
 (`taskd.worker.Snapshots`, one memory copy, no disk). ``resume()`` restores the newest step every rank holds
-(from memory, else the agent's persisted copies) and lays it out as a Trainer checkpoint folder in the job's
-snapshot directory (tmpfs), so that the Trainer's own resume restores it exactly: weights, optimizer, scheduler,
-RNG, and the data loader fast-forwarded past the batches already trained on. The folder is removed once the
-first step after it has run (and with the job's snapshot directory anyway).
+(from memory, else the agent's persisted copies) and lays it out as a Trainer checkpoint folder on disk, in the
+Trainer's ``output_dir`` (``taskd-resume/rank<R>/``), so that the Trainer's own resume restores it exactly: weights,
+optimizer, scheduler, RNG, and the data loader fast-forwarded past the batches already trained on. Not in the job's
+snapshot directory: that is tmpfs, where a second copy of the whole state would take host memory outside the
+snapshots' cap. The folder is removed once the first step after it has run, at the end of training, and (one left
+by a rank killed before either) at this rank's next ``resume``.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 
 from taskd.worker.env import rank, world_size
 from taskd.worker.snapshot import DEFAULT_EVERY, Snapshots
-from taskd.worker.torch_snapshot import common_steps, resume_folder
+from taskd.worker.torch_snapshot import common_steps
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +54,19 @@ class SnapshotCallback(TrainerCallback):
         self.snapshots = Snapshots(keep=keep, scope="job", **{"agree": common_steps, **options})
         self._objects: tuple[Any, Any, Any] | None = None
         self._resume_dir: str | None = None
+        self._output_dir: str | None = None  # the Trainer's, told at its construction (on_init_end)
 
     @property
     def restored_from(self) -> str | None:
         return self.snapshots.restored_from
+
+    def on_init_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> None:
+        self._output_dir = args.output_dir
+
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     **kwargs: Any) -> None:
+        self._drop_resume_dir()
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        model: Any = None, optimizer: Any = None, lr_scheduler: Any = None, **kwargs: Any) -> None:
@@ -63,9 +74,7 @@ class SnapshotCallback(TrainerCallback):
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     **kwargs: Any) -> None:
-        if self._resume_dir is not None:  # the Trainer has read it all (the RNG states last, at its first epoch)
-            shutil.rmtree(self._resume_dir, ignore_errors=True)
-            self._resume_dir = None
+        self._drop_resume_dir()  # the Trainer has read it all (the RNG states last, at its first epoch)
         if self._objects is None or state.global_step % self.every:
             return
         model, optimizer, scheduler = self._objects
@@ -85,7 +94,10 @@ class SnapshotCallback(TrainerCallback):
         if found is None:
             return None
         saved, step = found
-        folder = tempfile.mkdtemp(prefix=f"rank{rank()}-checkpoint-{step}-", dir=resume_folder())
+        self._resume_dir = self._resume_root()
+        shutil.rmtree(self._resume_dir, ignore_errors=True)  # one a killed incarnation of this rank left
+        folder = os.path.join(self._resume_dir, f"checkpoint-{step}")
+        os.makedirs(folder, mode=0o700)
         torch.save(saved["model"], os.path.join(folder, WEIGHTS))
         if saved["optimizer"] is not None:
             torch.save(saved["optimizer"], os.path.join(folder, OPTIMIZER))
@@ -95,11 +107,26 @@ class SnapshotCallback(TrainerCallback):
             json.dump(saved["trainer_state"], fh)
         rng = f"rng_state_{rank()}.pth" if world_size() > 1 else "rng_state.pth"  # the Trainer's names for them
         torch.save(saved["rng"], os.path.join(folder, rng))
-        self._resume_dir = folder
         log.info("rank %d resumes the Trainer at step %d from %s", rank(), step, self.snapshots.restored_from)
         return folder
 
+    def _resume_root(self) -> str:
+        """This rank's resume folder: on disk under the Trainer's output_dir (else the system's temporary one)."""
+        base = self._output_dir or os.path.join(tempfile.gettempdir(), f"taskd-{os.getuid()}")
+        return os.path.join(base, "taskd-resume", f"rank{rank()}")
+
+    def _drop_resume_dir(self) -> None:
+        if self._resume_dir is None:
+            return
+        shutil.rmtree(self._resume_dir, ignore_errors=True)
+        try:
+            os.rmdir(os.path.dirname(self._resume_dir))  # taskd-resume/, once no rank's folder is left in it
+        except OSError:
+            pass
+        self._resume_dir = None
+
     def close(self) -> None:
+        self._drop_resume_dir()
         self.snapshots.close()
 
 

@@ -56,7 +56,8 @@ def main() -> None:
     with open(os.path.join(a.out, f"rank{worker.rank()}.json"), "w") as fh:
         json.dump({"resumed_from": int(resume.rsplit("checkpoint-", 1)[1].split("-")[0]) if resume else resumed_from,
                    "restored_from": snapshots.restored_from, "final": trainer.state.global_step,
-                   "restarts": worker.restart_count(), "digest": digest}, fh)
+                   "restarts": worker.restart_count(), "digest": digest, "resume": resume,
+                   "snapshot_dir": os.environ.get("TASKD_SNAPSHOT_DIR", "")}, fh)
     snapshots.close()
 
 

@@ -49,6 +49,11 @@ def test_hugging_face_trainer_resumes_from_memory_bit_identical(tmp_path: Path) 
     pytest.importorskip("transformers")
     killed, text = run(tmp_path, "hf_job.py", "hf-kill", "--kill-at", str(KILL_AT))
     check_resumed_from_memory(killed, text)
+    trainer_dir = str(tmp_path / "hf-kill" / "trainer")
+    for got in killed:  # the Trainer's checkpoint folder on disk in its output_dir, never in tmpfs
+        assert got["resume"].startswith(trainer_dir + os.sep) and got["snapshot_dir"], got
+        assert not got["resume"].startswith(got["snapshot_dir"]) and not got["resume"].startswith("/dev/shm"), got
+    assert not os.path.exists(os.path.join(trainer_dir, "taskd-resume")), "the resume folders must be removed"
     reference, _ = run(tmp_path, "hf_job.py", "hf-ref")
     assert [r["digest"] for r in killed] == [r["digest"] for r in reference], "weights differ from a fault-free run"
 
