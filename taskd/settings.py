@@ -213,6 +213,13 @@ SETTINGS: tuple[Setting, ...] = (
             "for a window (two pace reports) to a warm spare (--warm-spares) at a step boundary, at most one a "
             "window, never without a spare ready; one-node LiveGroup jobs (docs/pytorch.md, \"Stragglers moved\")",
             flags=("--migrate-stragglers", "--migrate_stragglers")),
+    Setting("drain_file", str, None, "taskd: the drain hook as a file: when it appears, this node's agent asks the "
+            "controller to move its ranks to a standby agent, as SIGUSR1 does, and removes it (a Kubernetes preStop "
+            "hook or a health check `touch`es it; docs/operations.md, \"Draining a node\")", optional=True,
+            flags=("--drain-file", "--drain_file"), env="TASKD_DRAIN_FILE", shown="unset: off", metavar="PATH",
+            help="taskd: when PATH appears, move this node's ranks to a standby agent (`taskd migrate --node`, as "
+                 "SIGUSR1 does) and remove PATH; its directory must exist (default ${env}, else off; "
+                 "docs/operations.md)"),
     # `taskd run` only (the launcher's)
     Setting("warm_spares", int, 0, "taskd: Python interpreters kept ready to become a restarted rank (.py scripts; "
             "default {default})", _NONNEGATIVE, flags=("--warm-spares", "--warm_spares"), scope="run", metavar="N"),

@@ -69,6 +69,7 @@ class AgentConfig:
     straggler_factor: float | None = default("straggler_factor")  # None = no straggler reports (taskd/pace.py)
     straggler_interval: float = default("straggler_interval")
     migrate_stragglers: bool = default("migrate_stragglers")  # a sustained straggler moves to a warm spare
+    drain_file: str | None = default("drain_file")  # the drain hook's file (agent/link/drain.py); None: off
     # field -> the variable or flag that set it, named by a validation error (not part of the settings)
     origins: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
@@ -145,6 +146,11 @@ class AgentConfig:
         if self.migrate_stragglers and self.straggler_factor is None:
             raise ValueError(f"migrate_stragglers{self._origin('migrate_stragglers')} needs a straggler factor "
                              "(--straggler-factor F): nothing names a straggler without one")
+        if self.drain_file is not None:
+            from taskd.agent.link.drain import check_drain_file
+
+            if why := check_drain_file(self.drain_file):
+                raise ValueError(f"drain_file{self._origin('drain_file')}: {why}")
         if self.metrics_listen is not None:
             from taskd.agent.watches.metrics import check_listen
 

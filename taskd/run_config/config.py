@@ -60,6 +60,7 @@ class RunConfig:
     node_rank: int = default("node_rank")
     standby: bool = default("standby")  # a spare node: no node rank until the controller assigns it a lost one's
     metrics_listen: str | None = default("metrics_listen")  # this node's Prometheus metrics (agent/watches/metrics.py)
+    drain_file: str | None = default("drain_file")  # the drain hook's file (agent/link/drain.py)
     job_id: str  # given, else generated (run_config/build.py)
     server: str | None = default("server")  # None = an embedded controller
     # a multi-node job without --server: node 0 hosts its controller here, next to the rendezvous endpoint (PORT + 1),

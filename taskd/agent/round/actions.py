@@ -100,7 +100,7 @@ class Executors:
         self.migrations = Migrations(table, self.live, self.live.details, control.take_over,  # `taskd migrate`
                                      lambda outcome: report_migration(link, outcome))
         self.node_moves = NodeMoves(table, self.live, control, link, hooks.lay_out)  # `taskd migrate --node`
-        self.drain = Drain(link)  # SIGUSR1: this node's own `taskd migrate --node`
+        self.drain = Drain(link, link.config.drain_file)  # SIGUSR1 or --drain-file: its own `taskd migrate --node`
         self.bug: Bug | None = None  # the last round's, when it was one: the job's end names it
 
     def carry_out(self, actions: list[ev.Action]) -> list[object]:
@@ -119,7 +119,7 @@ class Executors:
     def poll_migrations(self, now: float) -> list[object]:
         """A migration's progress; a node migration's successor that took its node, or gave up, is an event."""
         self.migrations.poll(now)
-        self.drain.poll(self.table.layout.node_rank if self.table.layout is not None else None)
+        self.drain.poll(self.table.layout.node_rank if self.table.layout is not None else None, now)
         done = self.node_moves.poll(now)
         if isinstance(done, Took):
             return [ev.SuccessorJoined(done.node_rank)]

@@ -7,8 +7,9 @@ off (exit 1, the reason named), the job runs as it was. Then a second standby, a
 job's own credential moves node 1: rank 1's old process is gone and node 1's old agent exits 0 (no fault, no
 round), rank 0 keeps its pid, no step is redone or skipped, the final parameters are bit-identical to a fault-free
 run of the same job on one node, the pause is shown by the CLI, in the job's events and on the console, and nothing
-of the job is left running. Last, the drain hook: SIGUSR1 to node 0's agent is refused (node 0 runs on); SIGUSR1 to
-node 1's agent (the standby that took it) moves node 1 on to a third standby the same way.
+of the job is left running. Last, the drain hooks: SIGUSR1 to node 0's agent is refused (node 0 runs on); its drain file
+(`--drain-file`), touched for node 1's agent (the standby that took it), moves node 1 on to a third standby the same
+way, and is removed once acted on.
 """
 
 from __future__ import annotations
@@ -119,7 +120,9 @@ def test_migrate_node_1_of_a_live_ddp_job_to_a_standby(tmp_path: Path) -> None:
         assert call.returncode == 1 and "called off: the standby" in err and "went away" in err, (out, err)
 
         # a second standby: node 1 moves
-        spare = agent(tmp_path, "spare", [*job, "--standby", *script(tmp_path, "mig", True)])
+        drain_file = tmp_path / "spare.drain"
+        spare = agent(tmp_path, "spare", [*job, "--standby", "--drain-file", str(drain_file),
+                                          *script(tmp_path, "mig", True)])
         wait_for(lambda: f"standby for job {JOB}: waiting" in (tmp_path / "spare.log").read_text(), 90, "a standby")
         moved = migrate(srv.address, 1, credential)
         assert moved.returncode == 0, f"{moved}\n{console(tmp_path, 'node0', 'node1', 'spare')[-8000:]}"
@@ -129,10 +132,10 @@ def test_migrate_node_1_of_a_live_ddp_job_to_a_standby(tmp_path: Path) -> None:
         print(moved.stdout.strip())
         assert ended(nodes[1], tmp_path, "node1", 60) == 0, console(tmp_path, "node1")  # ended cleanly, not a fault
 
-        # the drain hook: SIGUSR1 to node 1's agent (the standby that took it) moves it on to the next standby
+        # the drain file of node 1's agent (the standby that took it), touched: node 1 moves on to the next standby
         last = agent(tmp_path, "last", [*job, "--standby", *script(tmp_path, "mig", True)])
         wait_for(lambda: f"standby for job {JOB}: waiting" in (tmp_path / "last.log").read_text(), 90, "a standby")
-        os.kill(spare.pid, signal.SIGUSR1)
+        drain_file.touch()
         assert ended(spare, tmp_path, "spare", 150) == 0, console(tmp_path, "node0", "spare", "last")
         (tmp_path / "mig.pace").unlink()
         assert ended(nodes[0], tmp_path, "node0") == 0, console(tmp_path, "node0", "last")
@@ -145,7 +148,8 @@ def test_migrate_node_1_of_a_live_ddp_job_to_a_standby(tmp_path: Path) -> None:
     text = console(tmp_path, "node0", "node1", "spare", "last")
     done, drained = [e for e in found["migrated"] if e.get("node_rank") == 1]
     assert drained["old_pid"] == spare.pid and drained["pid"] == last.pid and drained["step"] > done["step"], drained
-    assert "drain (SIGUSR1): asking the controller to move node 1's ranks" in text, text
+    assert f"drain (file {drain_file}): asking the controller to move node 1's ranks" in text, text
+    assert not drain_file.exists(), "the drain file was not taken"
     assert done["old_pid"] == nodes[1].pid and done["pid"] == spare.pid and done["pause_seconds"] > 0, done
     assert done["step"] == int(shown.group(1)) and abs(done["pause_seconds"] - float(shown.group(2))) < 0.001, done
     assert [f["reason"] for f in found["migration_failed"]] and not found.get("round_started"), found  # no round
