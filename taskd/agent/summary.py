@@ -120,6 +120,7 @@ class JobResult:
     # what the first failing rank recorded with torch's @record (the launcher's RankError), if anything
     first_failure_error: Any = None
     first_failure_captured: bool = False
+    moved: str = ""  # this node's ranks moved to another agent (a node migration): said instead of "job succeeded"
 
     def capture_first_failure(self, details: Launcher) -> None:
         """Read the first failure's log tail and @record error file from the failing incarnation itself.
@@ -165,8 +166,9 @@ class JobResult:
     def format_summary(self) -> str:
         lines = self._root_cause() if not self.succeeded else []
         lines += [
-            ("job succeeded" if self.succeeded else "node FENCED, its ranks stopped" if self.reason.startswith("fenced")
-             else "job FAILED")  # a fenced node's job goes on, or ended, without it: not this node's to judge
+            (f"{self.moved}: this agent ended cleanly" if self.succeeded and self.moved else "job succeeded"
+             if self.succeeded else "node FENCED, its ranks stopped" if self.reason.startswith("fenced")
+             else "job FAILED")  # a fenced or moved node's job goes on, or ended, without it: not this node's to judge
             + (f" ({self.reason})" if self.reason else "")
             + f": {self.ranks} ranks, {len(self.faults)} fault(s), {self._recovery_accounts()}, "
             f"{max(0.0, self.ended - self.started):.1f}s in all"

@@ -11,6 +11,11 @@ class RecoverClientError(Exception):
     """A call to the controller failed for a reason other than a status code."""
 
 
+class HandedOver(RecoverClientError):
+    """A re-Register refused while this client's node was being handed over (`RecoverClient.handing_over`, a node
+    migration): another agent holds the node now, so the signal stream ends for good, as the hand-over meant."""
+
+
 class ServerUnreachable(RecoverClientError, ConnectionError):
     """The controller did not answer: refused, unresolvable, or silent past the deadline.
 

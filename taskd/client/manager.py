@@ -21,7 +21,7 @@ from taskd.client import arguments
 from taskd.client.arguments import BadArgument, ClientOptions
 from taskd.client.credentials import ClientCredentials
 from taskd.client.dispatch import Dispatcher, SignalHandler
-from taskd.client.errors import ConfigurationError, FencedError, RecoverClientError, ServerUnreachable
+from taskd.client.errors import ConfigurationError, FencedError, HandedOver, RecoverClientError, ServerUnreachable
 from taskd.client.retry import MIN_CALL_TIMEOUT, Backoff, ReportRetryPolicy
 from taskd.client.rpc import PendingCall, RpcClient, normalize_address
 from taskd.client.signals import fault_ranks_to_proto
@@ -70,8 +70,8 @@ class RecoverClient:
             if cert_path:
                 root_ca = ClientCredentials.from_files(ca=cert_path, names=("", "cert_path", "", "")).root_ca
             creds = replace(creds, root_ca=root_ca, tls=True)
-        self.info = info
-        self.client_info = info  # TaskD's attribute name
+        self.info = self.client_info = info  # client_info: TaskD's attribute name
+        self.handing_over = False  # its node passes to another agent (a node migration): a held Register is no fault
         self.server_addr = address
         self.options = opts
         self.credentials = creds
@@ -85,7 +85,8 @@ class RecoverClient:
         self._dispatcher = Dispatcher(info.jobId)
         self._subscription = Subscription(
             self.rpc, self._dispatcher, lambda: self.info, self._resync, self._new_backoff, self._stopped,
-            liveness_timeout=float(opts.liveness_timeout), wait_for_ready=opts.wait_for_ready)
+            liveness_timeout=float(opts.liveness_timeout), wait_for_ready=opts.wait_for_ready,
+            handing_over=lambda: self.handing_over)
 
     # -- TaskD's attribute names for the options, read-only --------------------------------------
 
@@ -100,8 +101,7 @@ class RecoverClient:
 
     def register(self, request: recover_pb2.ClientInfo | None = None, *,
                  timeout: float | None = None, adopt: bool = False) -> recover_pb2.Status:
-        """Register this agent (default: `self.info`); the request, with host and pid filled in, is
-        reused on every re-register.
+        """Register this agent (default: `self.info`); with host and pid filled in, it is reused on every re-register.
 
         `adopt`: a new identity (a standby given a node) is this client's before the Register is sent, and
         stays only if it is accepted. The controller ends a standby's stream as it takes that Register, and
@@ -113,8 +113,7 @@ class RecoverClient:
 
         def undo() -> None:
             if adopt:
-                self.info, self.registered_with = before
-                self.client_info = self.info
+                (self.info, self.registered_with), self.client_info = before, before[0]
 
         if adopt:
             self.info = self.client_info = self.registered_with = request
@@ -133,7 +132,7 @@ class RecoverClient:
         repeated = self._last_refusal == (status.code, status.info)
         self._last_refusal = (status.code, status.info)
         # an agent asking again for a held node (agent/link/registration.py) gets the same answer twice a second
-        (logger.debug if repeated else logger.warning)(
+        (logger.debug if repeated or self.handing_over else logger.warning)(
             "Register of job %s answered %d: %s", request.jobId, status.code, status.info)
         return status
 
@@ -194,8 +193,9 @@ class RecoverClient:
         if self._stopped.is_set():
             raise RecoverClientError("stopped")
         status = self.register(self.registered_with or self.info)
-        if status.code != Code.OK:
-            raise RecoverClientError(f"Register on {self.server_addr} answered {status.code}: {status.info}")
+        if status.code != Code.OK:  # refused as the node is handed over: the successor holds it, the stream ends
+            refused = HandedOver if self.handing_over and status.code == Code.INVALID_PARAMS else RecoverClientError
+            raise refused(f"Register on {self.server_addr} answered {status.code}: {status.info}")
 
     # -- reports ----------------------------------------------------------------------------
 

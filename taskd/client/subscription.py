@@ -24,7 +24,7 @@ import grpc
 import grpc.aio
 
 from taskd.client.dispatch import Dispatcher
-from taskd.client.errors import FencedError, RecoverClientError, ServerUnreachable
+from taskd.client.errors import FencedError, HandedOver, RecoverClientError, ServerUnreachable
 from taskd.client.retry import Backoff
 from taskd.client.rpc import RpcClient, translate
 from taskd.proto import recover_pb2, recover_pb2_grpc
@@ -77,12 +77,14 @@ class Subscription:
 
     def __init__(self, rpc: RpcClient, dispatcher: Dispatcher, info: Callable[[], recover_pb2.ClientInfo],
                  resync: Callable[[], None], new_backoff: Callable[[], Backoff], stopped: threading.Event, *,
-                 liveness_timeout: float, wait_for_ready: bool) -> None:
+                 liveness_timeout: float, wait_for_ready: bool, handing_over: Callable[[], bool] = lambda: False
+                 ) -> None:
         self._rpc = rpc
         self._dispatcher = dispatcher
         self._info = info
         self._resync = resync  # blocking; run in the worker thread
         self._new_backoff = new_backoff
+        self._handing_over = handing_over  # its node passes to another agent: a stream's end is expected, not a fault
         self._stopped = stopped
         self.liveness_timeout = liveness_timeout
         self.wait_for_ready = wait_for_ready
@@ -275,6 +277,10 @@ class Subscription:
                             logger.warning("signal stream broke: %s; retrying", why)
                         else:
                             logger.warning("signal stream from %s broke: %s", target, why)
+                except HandedOver as exc:  # this node is another agent's now, as a node migration meant
+                    logger.info("signal stream of job %s handed over to the node's successor; not resubscribing (%s)",
+                                self._info().jobId, exc)
+                    break
                 except RecoverClientError as exc:
                     if not self._stopped.is_set():
                         logger.warning("cannot resubscribe yet: %s; retrying", exc)
@@ -284,7 +290,8 @@ class Subscription:
                 if self._stopped.is_set():
                     break
                 now = time.monotonic()
-                if ended and now - quick_at >= QUICK_RESUBSCRIBE_EVERY:
+                if ended and (now - quick_at >= QUICK_RESUBSCRIBE_EVERY or self._handing_over()):  # the re-Register
+                    # says whether the node was handed over (HandedOver: the stream ends for good)
                     quick_at = now  # at once: a standby given a node waited 0.4 s here for nothing
                     logger.info("signal stream from %s ended by the controller; resubscribing at once", target)
                     continue

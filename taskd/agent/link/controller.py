@@ -206,6 +206,13 @@ class ControllerLink:
                       status.info)
         return status.code == Code.OK
 
+    def hand_over(self, on: bool) -> None:
+        """This node moves to another agent (a node migration's "go" here), or not any more (called off): while on,
+        a re-Register refused because the successor holds the node ends the signal stream quietly (no 409 warning,
+        no reconnecting: client/manager.py, `handing_over`)."""
+        if self._mgr is not None:
+            self._mgr.handing_over = on
+
     def probe_fenced(self, now: float) -> None:
         """Cut off from the controller: ask, in the background, whether this agent was fenced (registration.py)."""
         last = self._mgr.last_signal_time if self._mgr is not None else None

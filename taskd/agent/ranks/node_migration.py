@@ -76,6 +76,7 @@ class NodeMoves:
         self.link = link
         self.lay_out = lay_out  # the supervisor's: the rank table laid out as node N (MONITOR), no registration
         self.active: NodeMove | None = None
+        self.moved = ""  # a leaving node's, once its ranks left: what this agent's summary says instead of success
 
     def order(self, migration: str, stage: str, node: int | None, generation: int | None, refused: str,
               busy: str, now: float) -> None:
@@ -161,6 +162,7 @@ class NodeMoves:
                       leaving=leaving, node=True)
         self.live.details.set_generation(generation)
         role = "leaving" if layout.node_rank == node else "staying"
+        self.link.hand_over(role == "leaving")  # its stream passes to the successor: expected, not a fault
         self.active = NodeMove(migration, node, generation, role, now + FORM_TIMEOUT)
         log.info("node migration %s: ranks %s move to a standby; this node's ranks %s at their next step boundary "
                  "(generation %d)", migration, leaving, "leave" if role == "leaving" else "stay and re-form the group",
@@ -197,6 +199,7 @@ class NodeMoves:
         if ranks and all(r.state is RankState.SUCCEEDED for r in ranks):
             self.active = None
             self.link.reports.handed_over = True  # no finish: the node goes on, run by its successor
+            self.moved = f"node {m.node} migrated to a standby agent (node migration {m.migration})"
             log.info("node migration %s: this node's ranks left at their step boundary and the group re-formed "
                      "without them: node %d runs on its successor; this agent ends (exit 0)", m.migration, m.node)
 
@@ -205,6 +208,7 @@ class NodeMoves:
         if m is None or m.migration != migration or m.role == "successor":
             return
         self.active = None
+        self.link.hand_over(False)
         generation = self.live.next_generation(generation)
         write_control(self.live.control_path, generation, "rejoin", timeout=RANK_TIMEOUT)  # type: ignore[arg-type]
         self.live.details.set_generation(generation)

@@ -361,6 +361,7 @@ def start_job(x: Executors, a: ev.StartJob) -> list[object]:
 
 def finish(x: Executors, a: ev.Finish) -> None:
     x.node_moves.ending()  # a node migration's leaving node ends here: it sends no finish
+    x.result.moved = x.node_moves.moved if a.succeeded else ""
     reason = a.reason
     if not a.succeeded and x.bug is not None:  # the controller's exit only followed this node's verdict
         reason = f"the script's own error, not restarted: rank {x.bug.end.global_rank} raised {x.bug.end.error}"

@@ -5,11 +5,11 @@ Refused first, each with its reason, exit 1 and nothing changed: no standby wait
 rendezvous store), a wrong token. Then a standby whose agent is SIGKILLed while it starts node 1's ranks: called
 off (exit 1, the reason named), the job runs as it was. Then a second standby, and `taskd migrate --node 1` with the
 job's own credential moves node 1: rank 1's old process is gone and node 1's old agent exits 0 (no fault, no
-round), rank 0 keeps its pid, no step is redone or skipped, the final parameters are bit-identical to a fault-free
-run of the same job on one node, the pause is shown by the CLI, in the job's events and on the console, and nothing
-of the job is left running. Last, the drain hooks: SIGUSR1 to node 0's agent is refused (node 0 runs on); its drain file
-(`--drain-file`), touched for node 1's agent (the standby that took it), moves node 1 on to a third standby the same
-way, and is removed once acted on.
+round, no 409 on its way out, its summary says its node moved), rank 0 keeps its pid, no step is redone or skipped,
+the final parameters are bit-identical to a fault-free run of the same job on one node, the pause is shown by the
+CLI, in the job's events and on the console, and nothing of the job is left running. Last, the drain hooks: SIGUSR1
+to node 0's agent is refused (node 0 runs on); the drain file (`--drain-file`) of node 1's agent (the standby that
+took it), touched, moves node 1 on to a third standby the same way, and is removed once acted on.
 """
 
 from __future__ import annotations
@@ -154,8 +154,12 @@ def test_migrate_node_1_of_a_live_ddp_job_to_a_standby(tmp_path: Path) -> None:
     assert done["step"] == int(shown.group(1)) and abs(done["pause_seconds"] - float(shown.group(2))) < 0.001, done
     assert [f["reason"] for f in found["migration_failed"]] and not found.get("round_started"), found  # no round
     assert "training paused" in (tmp_path / "node0.log").read_text(), text  # the console says it too
-    for old in ("node1", "spare"):
-        assert "runs on its successor; this agent ends" in (tmp_path / f"{old}.log").read_text(), text
+    for old in ("node1", "spare"):  # node 1's old agents say what happened to their node, and no 409 on the way
+        said = (tmp_path / f"{old}.log").read_text()
+        assert "runs on its successor; this agent ends" in said, text
+        assert re.search(r"node 1 migrated to a standby agent \(node migration \S+\): this agent ended cleanly",
+                         said), said
+        assert "given to two agents" not in said and "job succeeded" not in said, said
     assert "fault:" not in text, text
     for r in (0, 1):
         steps = progress(tmp_path, "mig", r)
