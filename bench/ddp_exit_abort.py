@@ -7,7 +7,7 @@ freed while the interpreter finalizes, and a gloo worker that then needs the GIL
 all-reduce, a barrier, ``destroy_process_group``), ending either as plain DDP does or keeping its groups; the two
 endings alternate, so the machine's load touches both alike. A reliability count, not a timing.
 
-    python bench/ddp_exit_abort.py [--runs 36]
+    python bench/ddp_exit_abort.py [--quick] [--runs 36]
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 
-from common import bench_env, header, table
+from common import bench_env, header, table, write_result
 
 ENDINGS = ("plain", "kept")
 
@@ -63,13 +63,16 @@ def one_job(ending: str) -> tuple[bool, bool]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=36, help="jobs per ending (default 36)")
+    parser.add_argument("--quick", action="store_true", help="one job per ending")
     parser.add_argument("--rank-of", choices=ENDINGS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank_of:
         return rank_main(args.rank_of)
+    if args.quick:
+        args.runs = 1
     info = header("ddp_exit_abort", args)
-    print(f"DDP over gloo, 2 ranks under torchrun, {args.runs} jobs per ending; load at start "
-          f"{info['machine']['load'] if 'load' in info['machine'] else os.getloadavg()}", flush=True)
+    print(f"DDP over gloo, 2 ranks under torchrun, {args.runs} jobs per ending; load average at start "
+          f"{info['machine']['loadavg_at_start']}", flush=True)
     counts = {ending: [0, 0] for ending in ENDINGS}
     for _ in range(args.runs):
         for ending in ENDINGS:
@@ -78,6 +81,8 @@ def main() -> int:
             counts[ending][1] += aborted
     print(table(["ending", "jobs", "failed", "of them aborted (terminate called ...)"],
                 [[ending, args.runs, failed, aborted] for ending, (failed, aborted) in counts.items()]))
+    write_result("ddp_exit_abort", {**info, "runs": args.runs,
+                                    "endings": {e: {"failed": f, "aborted": a} for e, (f, a) in counts.items()}})
     return 0
 
 

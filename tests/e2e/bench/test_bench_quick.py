@@ -26,8 +26,9 @@ EXPECTED = {
     "hand_over": ("| hand_over", {"hand_over", "two_tensors", "state_equal", "machine"}),
     "overhead": ("| taskd run", {"taskd", "torchrun", "worker_sdk_us_per_call", "taskd_over_torchrun"}),
     "snapshots": ("| dcp.async_save k=1", {"runs", "restores", "summary", "state_bytes", "dlrover"}),
+    "ddp_exit_abort": ("| plain", {"runs", "endings", "machine"}),
 }
-NEEDS_TORCH = {"snapshots"}
+NEEDS_TORCH = {"snapshots", "ddp_exit_abort"}
 
 
 @pytest.mark.timeout(150)
