@@ -16,7 +16,9 @@ Pass the `ModelCheckpoint` to `TaskdCallback`, not also to `Model.train`: it is 
 
 `SnapshotCallback(net, optimizer, every=k)` keeps the cells' parameters (the optimizer's state is parameters
 too) in the node's memory every k steps (`taskd.worker.snapshot`): its ``restore()``, before training, loads
-the newest step every rank holds and returns it, so that a rescheduled job redoes at most k steps.
+the newest step every rank holds and returns it, so that a rescheduled job redoes at most k steps. Once
+``mindspore.communication.init()`` has run, the ranks agree on that step and vote on its copies through
+MindSpore's own AllReduce (`common_steps`): msrun gives no node count, so without it a rank sees only its node.
 With dataset sink mode, MindSpore calls step callbacks once per sink: the heartbeat then comes per
 sink, so the heartbeat timeout must be longer than one sink.
 """
@@ -35,6 +37,7 @@ from mindspore.train import Callback
 from taskd.worker.live import declare_rejoinable
 from taskd.worker.progress import heartbeat, on_save_request, section, serve_after_error
 from taskd.worker.snapshot import DEFAULT_EVERY, Fallback, SnapshotError, Snapshots
+from taskd.worker.snapshot_ballot import SLOTS, common_of_rows, to_row
 
 log = logging.getLogger("taskd.worker")
 
@@ -169,8 +172,10 @@ class SnapshotCallback(Callback):
             raise TypeError("SnapshotCallback needs the cells to snapshot (network, optimizer): MindSpore Cells")
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"SnapshotCallback: every must be a positive number of steps, not {every!r}")
+        if isinstance(keep, int) and keep >= SLOTS:  # Snapshots checks the rest; the vote's rows hold SLOTS steps
+            raise ValueError(f"SnapshotCallback: keep must be below {SLOTS}, not {keep}")
         self.cells, self.every = cells, every
-        self.snapshots = Snapshots(keep=keep, scope="job", fallback=fallback, **options)
+        self.snapshots = Snapshots(keep=keep, scope="job", fallback=fallback, **{"agree": common_steps, **options})
 
     @property
     def restored_from(self) -> str | None:
@@ -185,7 +190,8 @@ class SnapshotCallback(Callback):
 
     def restore(self) -> int:
         """Load the newest step every rank holds (else the fallback's) into the cells; that step, 0 if none."""
-        found = self.snapshots.restore(use=self._load_into)
+        agreed = self.snapshots.agree is not None and communicating()  # a cut across all of msrun's nodes
+        found = self.snapshots.restore(use=self._load_into, agreed=agreed)
         return 0 if found is None else found[1]
 
     def _load_into(self, saved: dict[str, Any]) -> None:
@@ -203,6 +209,26 @@ class SnapshotCallback(Callback):
 
     def on_train_end(self, run_context: Any) -> None:
         self.snapshots.close()
+
+
+def communicating() -> bool:
+    """Whether ``mindspore.communication.init()`` has run in a job of several ranks (a collective can agree)."""
+    from mindspore.communication import GlobalComm, get_group_size
+
+    return bool(GlobalComm.INITED) and get_group_size() > 1
+
+
+def common_steps(steps: set[int]) -> set[int]:
+    """The values every rank of the job holds, from each rank's own (`Snapshots`'s ``agree``): one AllReduce of
+    MindSpore's world group (on CPU it sums float32 only: each rank fills its own row, `to_row`). A collective
+    every rank calls; SnapshotError before ``mindspore.communication.init()``."""
+    if not communicating():
+        raise SnapshotError("mindspore.communication.init() has not run: nothing agrees on a step across the ranks")
+    from mindspore import Tensor, ops
+    from mindspore.communication import get_group_size, get_rank
+
+    rows = to_row(steps, get_rank(), get_group_size())
+    return common_of_rows(ops.AllReduce()(Tensor(rows)).asnumpy())
 
 
 def global_step(params: Any) -> int:
@@ -230,4 +256,4 @@ def _rank_id() -> str:
     return os.environ.get("RANK_ID", "0")
 
 
-__all__ = ["SnapshotCallback", "TaskdCallback", "global_step"]
+__all__ = ["SnapshotCallback", "TaskdCallback", "common_steps", "communicating", "global_step"]

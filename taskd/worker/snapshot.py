@@ -330,7 +330,7 @@ class Snapshots:
             return state, step
         why = f"{why}{_passed_words(passed, vote.alone)}"
         if self.persist_dir is not None and not damaged:
-            found, unpersisted = self._restore_persisted(use, why)  # no cut in memory (alike on every rank)
+            found, unpersisted = self._restore_persisted(use, why, agreed)  # no cut in memory (alike on every rank)
             if found is not None:
                 self._account(found[1], newest, None)
                 return found
@@ -355,12 +355,13 @@ class Snapshots:
         write_restored(self.directory, Restored(self.rank, os.getpid(), self.restored_from or "none", step, newest,
                                                 fetched.holder if fetched is not None else -1))
 
-    def _restore_persisted(self, use: Callable[[Any], Any] | None, why: str) -> tuple[tuple[Any, int] | None, str]:
+    def _restore_persisted(self, use: Callable[[Any], Any] | None, why: str,
+                           agreed: bool = False) -> tuple[tuple[Any, int] | None, str]:
         """The newest step every rank has whole and intact in the agent's persisted copies
         (TASKD_SNAPSHOT_PERSIST_DIR), said in one line, and the newer steps passed over (a copy that fails its check
         on any rank: every rank takes the older step, never a mix); (None, why) when there is none."""
         root = self.persist_dir or ""
-        multi = self.scope == "job" and self._nodes() > 1 and self.agree is not None
+        multi = self.scope == "job" and (self._nodes() > 1 or agreed) and self.agree is not None
         try:
             found = persisted.cut(root, self.world, self.agree if multi else None, self.rank) \
                 if self.scope == "job" else persisted.PersistedCut(_own_newest(root, self.rank))

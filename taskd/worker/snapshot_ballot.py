@@ -9,6 +9,8 @@ failed (the memory cut's vote, `snapshot_vote`, and the persisted copies' agreed
 
 from __future__ import annotations
 
+from typing import Any
+
 RANK_BITS = 24
 """Bits of a failing rank's number the ballot carries (16M ranks): 48 small ints in each vote."""
 
@@ -43,4 +45,37 @@ def outvoted(step: int, voted: set[int], copy: str = "snapshot") -> str:
     return f"step {step}: rank {failed}'s {copy} fails its check (its line says why)"
 
 
-__all__ = ["RANK_BITS", "ballot", "failing_rank", "outvoted"]
+SLOTS = 128
+"""Values a rank's set may hold in a sum-only collective's row (a ballot: 49; a cut: its published steps)."""
+_PIECE, _PIECES, _OFFSET = 1 << 21, 3, 1 << 16  # float32 holds integers exactly to 2**24: 21-bit pieces
+
+
+def to_row(values: set[int], rank: int, world: int) -> Any:
+    """``values`` as this rank's row of a (world, SLOTS, 1 + pieces) float32 numpy array, zeros elsewhere: summed over
+    the ranks (MindSpore's CPU AllReduce, which only sums float32) it holds every rank's set, read by
+    `common_of_rows`. A slot is (1, the value + OFFSET in 21-bit pieces), so the ballot's negative marks fit."""
+    import numpy as np  # inside: taskd.worker needs only the standard library to import
+
+    if len(values) > SLOTS:
+        raise ValueError(f"{len(values)} values to agree on: at most {SLOTS}")
+    rows = np.zeros((world, SLOTS, 1 + _PIECES), dtype=np.float32)
+    for slot, value in enumerate(sorted(values)):
+        shifted = value + _OFFSET
+        if not 0 <= shifted < _PIECE ** _PIECES:
+            raise ValueError(f"{value} cannot be agreed on: outside [-{_OFFSET}, 2**63 - {_OFFSET})")
+        rows[rank, slot, 0] = 1.0
+        for piece in range(_PIECES):
+            rows[rank, slot, 1 + piece] = float((shifted // _PIECE ** piece) % _PIECE)
+    return rows
+
+
+def common_of_rows(rows: Any) -> set[int]:
+    """The values every rank's row holds (the intersection `agree` returns), from the summed rows."""
+    sets = []
+    for row in rows:
+        sets.append({sum(int(slot[1 + piece]) * _PIECE ** piece for piece in range(_PIECES)) - _OFFSET
+                     for slot in row if slot[0] == 1.0})
+    return set.intersection(*sets) if sets else set()
+
+
+__all__ = ["RANK_BITS", "SLOTS", "ballot", "common_of_rows", "failing_rank", "outvoted", "to_row"]

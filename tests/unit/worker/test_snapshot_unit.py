@@ -450,3 +450,61 @@ def test_live_group_snapshot_options_are_checked_before_anything_and_off_means_t
     assert start_afresh(LiveSnapshots(0), 0, [(0, 4), (0, 2)], [], loaded.append, cpu) == 2 and loaded == [2]
     with pytest.raises(RuntimeError, match="ranks would start at different steps"):
         start_afresh(LiveSnapshots(0), 0, [(0, 4), (0, 2)], [], None, cpu)
+
+
+def test_a_sum_only_collective_carries_each_ranks_set_and_the_ballot() -> None:
+    """MindSpore's CPU AllReduce sums float32 only: each rank's row (`to_row`) summed over the ranks gives back every
+    rank's set exactly (steps past float32's 2**24, the ballot's negative marks), and the failing rank's number."""
+    from taskd.worker.snapshot_ballot import SLOTS, ballot, common_of_rows, failing_rank, to_row
+
+    sets = [{4, 5, 2**40 + 7}, {5, 2**40 + 7, 9}, {2**40 + 7, 5}]
+    summed = sum(to_row(held, rank, 3) for rank, held in enumerate(sets))
+    assert summed.dtype == np.float32 and common_of_rows(summed) == {5, 2**40 + 7}
+    votes = sum(to_row(ballot(rank != 2, 2**30, rank), rank, 3) for rank in range(3))
+    voted = common_of_rows(votes)
+    assert 2**30 not in voted and failing_rank(voted) == 2
+    assert common_of_rows(sum(to_row(set() if r else {1}, r, 2) for r in range(2))) == set()
+    with pytest.raises(ValueError, match="at most"):
+        to_row(set(range(SLOTS + 1)), 0, 1)
+
+
+def test_msrun_on_two_nodes_restores_from_memory_only_with_a_vote(tmp_path, monkeypatch, caplog) -> None:
+    """msrun sets no node count (GROUP_WORLD_SIZE): a rank sees its node's directory only. Without ``agree`` no rank
+    has a cut (each misses the other node's ranks: alike on every rank, none restores); with the MindSpore
+    callback's (``agreed``, MindSpore's AllReduce; threads here) every rank takes step 1, rank 3's copy of step 2
+    being damaged, and rank 0's line names rank 3."""
+    import threading
+
+    monkeypatch.setenv(Var.RANK_SIZE, "4")
+    nodes = [tmp_path / "node0", tmp_path / "node1"]
+    for rank in range(4):
+        monkeypatch.setenv(Var.RANK_ID, str(rank))
+        snaps = Snapshots(directory=str(nodes[rank // 2]), background=False)
+        for step in (1, 2):
+            snaps.save(state(step), step)
+    flip(nodes[1] / "rank3" / "s000000000002.snap")
+    caplog.set_level(logging.INFO, "taskd.worker.snapshot")
+    monkeypatch.setenv(Var.RANK_ID, "0")
+    assert Snapshots(directory=str(nodes[0])).restore() is None
+    assert "rank(s) 2, 3 hold no snapshot" in caplog.text
+    barrier, sets = threading.Barrier(4, timeout=30), [set()] * 4
+
+    def vote(rank: int, held: set[int]) -> set[int]:
+        sets[rank] = held
+        barrier.wait()
+        common = set.intersection(*sets)
+        barrier.wait()
+        return common
+    stores = []
+    for rank in range(4):
+        monkeypatch.setenv(Var.RANK_ID, str(rank))
+        stores.append(Snapshots(directory=str(nodes[rank // 2]), agree=lambda held, r=rank: vote(r, held)))
+    got: list = [None] * 4
+    threads = [threading.Thread(target=lambda r=r: got.__setitem__(r, stores[r].restore(agreed=True)[1]))
+               for r in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert got == [1, 1, 1, 1], got
+    assert "step 2: rank 3's snapshot fails its check (its line says why)" in caplog.text
