@@ -71,6 +71,15 @@ class RankTable:
         """How many incarnations ``rank`` had so far."""
         return len(self._incarnations.get(rank, []))
 
+    def fresh_if_idle(self, wait: Callable[[Incarnation], None]) -> RankTable:
+        """An empty table for another node rank, once every rank that ran here ended (`wait`: waits for a stopped
+        one and reaps it); RuntimeError while one still runs."""
+        for inc in self.running():
+            wait(inc)
+        if self.running():
+            raise RuntimeError("the node rank can only change while no rank runs")
+        return RankTable(len(self._incarnations))
+
     def append(self, inc: Incarnation) -> None:
         """Add the rank's new incarnation; old ones beyond KEEP_TAILS drop their output tail."""
         incs = self._incarnations[inc.local_rank]

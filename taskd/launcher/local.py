@@ -296,19 +296,19 @@ class LocalLauncher:
             self._generation = generation
 
     def set_node_rank(self, node_rank: int | None) -> None:
-        """A standby's node rank, given once the controller assigned it and before any rank started: from now on
-        every rank's variables (RANK, GROUP_RANK, MS_NODE_ID, ...), log file and heartbeat file are node
-        ``node_rank``'s, and node 0 hosts the live-recovery store. None: no node (an agent that yields its node to
-        the replacement holding it is a standby now: it no longer listens on node 0's store port)."""
+        """A standby's node rank, given once the controller assigned it, while no rank runs: from now on every
+        rank's variables (RANK, GROUP_RANK, MS_NODE_ID, ...), log file and heartbeat file are node ``node_rank``'s,
+        and node 0 hosts the store. None: no node (an agent that yields its node, or a standby whose node migration
+        was called off: it no longer listens on node 0's store port); ranks stopped before stay the old node's."""
         if node_rank is not None and (not isinstance(node_rank, int) or isinstance(node_rank, bool)
                                       or not 0 <= node_rank < self.spec.nnodes):
             raise ValueError(f"set_node_rank takes a node rank in [0, {self.spec.nnodes}), got {node_rank!r}")
         with self._lock:
             self._check_open()
-            if any(self._table.starts(r) for r in range(self.spec.nproc_per_node)):
-                raise RuntimeError("the node rank can only change before any rank started")
             if node_rank == self.spec.node_rank:
                 return
+            if any(self._table.starts(r) for r in range(self.spec.nproc_per_node)):  # stopped: a new node's history
+                self._table = self._table.fresh_if_idle(lambda inc: self._reaper.wait(inc, timeout=5.0))
             spec = dataclasses.replace(self.spec, node_rank=node_rank)
             logs, live = open_node_files(spec)
             old_logs, old_live = self._logs, self._live

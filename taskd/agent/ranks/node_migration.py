@@ -8,7 +8,7 @@ Each agent plays one role, from the controller's `taskd.migrate` orders (extraPa
   g, waiting in `LiveGroup()` for the group to form. Once every one declared itself it reports "ready". Once every
   one has joined g (past the state sync: the group formed) it registers as node N (the controller's hand-over), and
   the machine runs the node (`Took`); then it sends its final account. Anything else ends it: its ranks are
-  stopped, the migration called off with why, and the standby exits 1 (`GaveUp`).
+  stopped, the migration called off with why, and the standby gives the node back and waits again (`GaveUp`).
 - **staying** (stage "go", another node): it names g with action ``migrate`` and N's ranks leaving; its ranks leave
   g-1 at the boundary every rank agreed on and form g with the successors. Once they all joined it reports
   "joined", with this node's pause: from its first rank's end of the last step before the boundary to its last
@@ -47,7 +47,7 @@ class Took:
 
 @dataclass(frozen=True)
 class GaveUp:
-    """The successor could not take the node: its ranks were stopped; the standby ends (exit 1)."""
+    """The successor could not take the node: its ranks were stopped, its node given back; it waits again."""
 
     reason: str
 
@@ -141,6 +141,11 @@ class NodeMoves:
     def _give_up(self, m: NodeMove, why: str) -> GaveUp:
         self.active = None
         self.control.stop(self.table.alive(), graceful=False)
+        try:  # a standby again: no node rank, no rank table (a lost node or another migration lays them out anew)
+            self.live.details.set_node_rank(None)
+        except (RuntimeError, ValueError) as exc:
+            log.debug("node rank not given back: %s", exc)
+        self.table.clear()
         reason = f"the successor could not take node {m.node}: {why}"
         self._report(m.migration, False, reason)
         return GaveUp(reason)

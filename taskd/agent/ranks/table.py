@@ -113,6 +113,10 @@ class RankTable:
         self.ranks = {local: Rank(local, global_) for local, global_ in enumerate(layout.global_ranks)}
         self._local_of = {r.global_rank: r.local_rank for r in self.ranks.values()}
 
+    def clear(self) -> None:
+        """No node any more (a standby whose node migration was called off): no layout, no rank."""
+        self.layout, self.ranks, self._local_of = None, {}, {}
+
     def __len__(self) -> int:
         return len(self.ranks)
 

@@ -123,7 +123,7 @@ class Executors:
         done = self.node_moves.poll(now)
         if isinstance(done, Took):
             return [ev.SuccessorJoined(done.node_rank)]
-        return [ev.Ended(False, 1, done.reason)] if isinstance(done, GaveUp) else []
+        return [ev.SuccessorGaveUp(done.reason)] if isinstance(done, GaveUp) else []
 
     def poll(self, now: float) -> tuple[list[tuple[int, str]], list[object]]:
         """Every few ms: new retryable errors of live ranks (local rank, why), and the events the ranks' files

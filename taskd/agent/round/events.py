@@ -169,6 +169,14 @@ class SuccessorJoined:
 
 
 @dataclass(frozen=True)
+class SuccessorGaveUp:
+    """A standby's node migration was called off while it prepared the node (its ranks stopped, its node given
+    back): `reason` says why."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class JobSeen:
     """A standby asked its job's state: SUCCEEDED or FAILED end its wait, "" says the controller forgot the job."""
 
@@ -203,7 +211,8 @@ class Ended:
 
 EVENT_TYPES: tuple[type, ...] = (RankFault, *ORDER_EVENTS.values(), ReportSettled, ControllerLost, StartResult,
                                  GroupRejoined, GroupFailed, Resumed, BeganFirst, BeganDegraded, BeganReplacement,
-                                 BeganStandby, SuccessorJoined, JobSeen, RejoinOverdue, Signalled, Ended)
+                                 BeganStandby, SuccessorJoined, SuccessorGaveUp, JobSeen, RejoinOverdue, Signalled,
+                                 Ended)
 
 # ------------------------------------------------------------------------------------------------ actions
 

@@ -53,6 +53,7 @@ from taskd.agent.round.events import (
     StopOrder,
     StopRanks,
     StrategiesOrder,
+    SuccessorGaveUp,
     SuccessorJoined,
     Supersede,
     TakeNode,
@@ -324,6 +325,12 @@ def on_began_replacement(m: NodeRound, ev: BeganReplacement, now: float, out: Ou
 def on_successor_joined(m: NodeRound, ev: SuccessorJoined, now: float, out: Out) -> NodeState:
     m.node_rank = ev.node_rank
     return S.RUNNING
+
+
+def on_successor_gave_up(m: NodeRound, ev: SuccessorGaveUp, now: float, out: Out) -> NodeState:
+    """Its migration was called off: nothing is wrong with this agent, so it stays a spare (its ranks are stopped)."""
+    out.append(Note(WARNING, f"{ev.reason}: this standby waits again for a node to take over (or the job's end)"))
+    return m.state
 
 
 def on_began_standby(m: NodeRound, ev: Began, now: float, out: Out) -> NodeState:

@@ -52,6 +52,7 @@ from taskd.agent.round.events import (
     StartResult,
     StopOrder,
     StrategiesOrder,
+    SuccessorGaveUp,
     SuccessorJoined,
 )
 from taskd.agent.round.states import ANY, TERMINAL, WITH_RANKS, NodeRound, NodeState
@@ -117,6 +118,8 @@ RULES: tuple[NodeRule, ...] = (
          "refused: a round or the job's end is under way here (reported to the controller)"),
     Rule(_states(S.STANDBY), SuccessorJoined, _targets(S.RUNNING), h.on_successor_joined,
          "a node migration's successor holds the node: its ranks already run (no start)"),
+    Rule(_states(S.STANDBY), SuccessorGaveUp, _targets(UNCHANGED), h.on_successor_gave_up,
+         "a node migration's successor that could not take the node: still a healthy spare, it waits again"),
     # a node's life: how it begins (after registering, or failing to), how it ends when no order ends it
     Rule(_states(S.RUNNING), BeganFirst, _targets(S.RUNNING), h.on_began_first,
          "registered as its node: every rank starts (StartJob)"),

@@ -4,6 +4,8 @@ a number passed in."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from support.round_machine import NOW, S, change, covers, fault, machine, of, order
 
@@ -349,6 +351,20 @@ def test_a_standby_prepares_a_node_migration_and_runs_the_node_once_its_ranks_jo
     assert prepare.stage == "prepare" and prepare.node_rank == 1 and prepare.generation == 7
     assert m.handle(ev.MigrateOrder(prepare), NOW) == [ev.StartMigration(prepare)] and m.state is S.STANDBY
     assert m.handle(ev.SuccessorJoined(1), NOW) == [] and m.state is S.RUNNING and m.node_rank == 1
+
+
+def test_a_standby_whose_node_migration_was_called_off_waits_again() -> None:
+    """Still a healthy spare: no Finish (it exited 1 before), a warning naming why, and it stays a standby, which
+    the next assignment or migration may use (tests/e2e/agent/test_migrate_node.py reuses it)."""
+    covers("on_successor_gave_up")
+    m = machine(S.STANDBY)
+    m.handle(ev.MigrateOrder(order(Command.MIGRATE, extra='{"stage": "prepare", "node_rank": 1, "generation": 7}')),
+             NOW)
+    [said] = m.handle(ev.SuccessorGaveUp("the successor could not take node 1: rank(s) [1] ended"), NOW)
+    assert isinstance(said, ev.Note) and said.level == logging.WARNING and m.state is S.STANDBY, said
+    assert said.text == ("the successor could not take node 1: rank(s) [1] ended: this standby waits again for a "
+                         "node to take over (or the job's end)")
+    assert m.handle(ev.AssignOrder(order(Command.ASSIGN, extra='{"node_rank": 1}')), NOW) == [ev.TakeNode(1)]
 
 
 def test_on_migrate_refused_while_a_round_is_under_way() -> None:
