@@ -17,8 +17,9 @@ Each agent plays one role, from the controller's `taskd.migrate` orders (extraPa
   them (taskd.worker.migration). When they all have, the node has moved: the agent ends with exit 0 and sends no
   finish (its node is not finished: its successor runs it).
 
-Stage "off" (the controller called it off after "go"): a staying or leaving node names the controller's new
-generation with ``rejoin``, and its ranks form it as they were.
+Stage "off" (the controller called it off): a staying or leaving node (after "go") names the controller's new
+generation with ``rejoin``, and its ranks form it as they were; the successor stops the ranks it started, gives the
+node back and waits again as a standby (`GaveUp`, no report: the controller called it off itself).
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class NodeMoves:
         self.lay_out = lay_out  # the supervisor's: the rank table laid out as node N (MONITOR), no registration
         self.active: NodeMove | None = None
         self.moved = ""  # a leaving node's, once its ranks left: what this agent's summary says instead of success
+        self._called_off: GaveUp | None = None  # a successor's, told "off" by the controller: `poll` returns it
 
     def order(self, migration: str, stage: str, node: int | None, generation: int | None, refused: str,
               busy: str, now: float) -> None:
@@ -138,7 +140,7 @@ class NodeMoves:
         self._report(m.migration, True, new_pid=os.getpid(), step=step)
         return Took(m.node)
 
-    def _give_up(self, m: NodeMove, why: str) -> GaveUp:
+    def _give_up(self, m: NodeMove, why: str, report: bool = True) -> GaveUp:
         self.active = None
         self.control.stop(self.table.alive(), graceful=False)
         try:  # a standby again: no node rank, no rank table (a lost node or another migration lays them out anew)
@@ -147,7 +149,8 @@ class NodeMoves:
             log.debug("node rank not given back: %s", exc)
         self.table.clear()
         reason = f"the successor could not take node {m.node}: {why}"
-        self._report(m.migration, False, reason)
+        if report:
+            self._report(m.migration, False, reason)
         return GaveUp(reason)
 
     # -- the job's nodes -------------------------------------------------------------------------
@@ -210,7 +213,10 @@ class NodeMoves:
 
     def _off(self, migration: str, generation: int) -> None:
         m = self.active
-        if m is None or m.migration != migration or m.role == "successor":
+        if m is None or m.migration != migration:
+            return
+        if m.role == "successor":  # called off by the controller (a node could not take part, a timeout)
+            self._called_off = self._give_up(m, "the controller called the migration off", report=False)
             return
         self.active = None
         self.link.hand_over(False)
@@ -226,6 +232,9 @@ class NodeMoves:
             self._leaving(self.active)
 
     def poll(self, now: float) -> Took | GaveUp | None:
+        if self._called_off is not None:
+            done, self._called_off = self._called_off, None
+            return done
         m = self.active
         if m is None:
             return None

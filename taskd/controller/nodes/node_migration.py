@@ -17,8 +17,9 @@ The controller leads it in three stages, each an event of the job's table, no ro
 
 A migration that cannot complete is called off and says why (`migration_failed`): before *go* nothing changed;
 after it, every node is told `taskd.migrate` {stage "off", generation g'}: the ranks form g' as they were (node N's
-leaving ranks rejoin as themselves). If node N's old agent had ended meanwhile, its node is a lost node from then
-on (the node-loss round). Node 0 is never moved: its agent hosts the job's rendezvous store.
+leaving ranks rejoin as themselves). The standby, if still there, is told "off" too: it stops the ranks it started
+and waits again, free for the next lost node or migration. If node N's old agent had ended meanwhile, its node is
+a lost node from then on (the node-loss round). Node 0 is never moved: its agent hosts the job's rendezvous store.
 """
 
 from __future__ import annotations
@@ -178,14 +179,14 @@ def _fail(m: Job, move: NodeMove, why: str, now: float, out: Outcome) -> JobStat
     m.node_move = None
     if move.standby in m.standbys:  # free for the next lost node or migration
         m.standbys = {**m.standbys, move.standby: replace(m.standbys[move.standby], assigned=None, assigned_at=None)}
+    off = (("node_rank", move.node), ("generation", m.signal_seq + 1), ("stage", "off"), ("migration", move.migration))
     if move.stage == "go" and not move.held:
-        sig = m.signal(SignalType.MIGRATE, (), nodes=tuple(sorted(m.agents)), keep=False,
-                       extra=(("node_rank", move.node), ("generation", m.signal_seq + 1), ("stage", "off"),
-                              ("migration", move.migration)))
-        out.signals.append(sig)
+        out.signals.append(m.signal(SignalType.MIGRATE, (), nodes=tuple(sorted(m.agents)), keep=False, extra=off))
         a = m.agents.get(move.node)
         if a is not None and not a.subscribed and a.gone_since is None and not a.finished:
             m.agents.set_gone(a, now, loss_clock(m.config, "ended"))  # its agent ended: a lost node from here
+    if move.standby in m.standbys and not move.held:  # the successor stops the ranks it started and waits again
+        out.to_standbys.append((move.standby, m.signal(SignalType.MIGRATE, (), nodes=(), keep=False, extra=off)))
     reason = f"called off: {why}; the job runs as it was"
     m.record(out, "migration_failed", node_rank=move.node, migration=move.migration, generation=move.generation,
              trigger="taskd migrate", reason=reason)

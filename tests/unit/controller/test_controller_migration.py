@@ -125,6 +125,23 @@ def test_a_node_migration_runs_its_stages_and_ends_in_one_event() -> None:
     assert m.node_move is None and m.state.value == "RUNNING" and m.restarts == 0
 
 
+def test_a_node_that_cannot_take_part_calls_it_off_and_the_standby_is_told_too() -> None:
+    """A staying node refuses "go": every node re-forms as it was, and the standby (not a node of the job: no
+    broadcast reaches it) is told "off" on its own stream, so that it stops the ranks it started and waits again."""
+    m = _with_standby()
+    migration = m.handle(MigrationRequested(node=1), 1.0).info
+    m.handle(MigrationReported(node_rank=0, host="s", pid=7, migration=migration, migrated=True, stage="ready"), 2.0)
+    out = m.handle(MigrationReported(node_rank=0, host="h", pid=100, migration=migration, migrated=False,
+                                     reason="node 0 cannot take part: a recovery", stage="joined"), 3.0)
+    assert [json.loads(extra_params(s))["stage"] for s in out.signals] == ["off"]
+    [(key, told)] = out.to_standbys
+    assert key == ("s", 7) and json.loads(extra_params(told)) | {"generation": 0} == {
+        "node_rank": 1, "generation": 0, "stage": "off", "migration": migration}
+    assert m.standbys[("s", 7)].assigned is None and out.settled is not None and not out.settled.migrated
+    before = m.handle(MigrationRequested(node=1), 4.0)  # free again: the next migration may use it
+    assert [k for k, _ in before.to_standbys] == [("s", 7)]
+
+
 def test_a_standby_that_goes_away_after_go_calls_it_off() -> None:
     """Every node is told to re-form as it was (stage "off", a newer generation); the call is answered why."""
     m = _with_standby()
