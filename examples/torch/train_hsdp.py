@@ -10,6 +10,10 @@ of (seed, rank, s), so a run with faults ends with shards bit-identical to a run
     taskd run --nproc-per-node 4 examples/torch/train_hsdp.py --replicas 2 --steps 40 --out /tmp/hsdp/out \\
         --kill-rank 1 --kill-at-step 17
 
+With ``--snapshot-every K`` (``LiveGroup(snapshot_every=K)``) each rank also keeps its shards in the node's memory
+every K steps: a restart of every rank (both replicas of a shard lost, a failed recover) restores the newest step
+every rank holds from there (tests/e2e/worker/test_live_hsdp.py).
+
 Under torchrun (``torchrun --standalone --nproc-per-node 4 ...``) it is an ordinary HSDP script: LiveGroup is
 ``init_process_group`` and ``live.init_device_mesh`` is ``init_device_mesh``; its shards end bit-identical to a
 fault-free run under taskd.
@@ -49,7 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--replicas", type=int, default=2, help="replica groups (the mesh's first dimension)")
-    p.add_argument("--kill-rank", type=int, default=None, help="this rank SIGKILLs itself once, at --kill-at-step")
+    p.add_argument("--kill-rank", type=int, nargs="+", default=[], help="these ranks SIGKILL themselves once, at "
+                   "--kill-at-step (both replicas of a shard: no peer holds it, every rank restarts)")
     p.add_argument("--kill-at-step", type=int, default=None)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=3)
@@ -59,6 +64,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sleep-while", default=None, metavar="FILE",
                    help="sleep --step-sleep per step only while FILE exists (a test paces the job while it acts on it)")
     p.add_argument("--pg-timeout", type=float, default=60.0)
+    p.add_argument("--snapshot-every", type=int, default=0, help="LiveGroup(snapshot_every=K): each rank's shards "
+                   "in memory every K steps, what a whole-job restart restores (0: off)")
     p.add_argument("--ckpt-dir", default=None, help="torch.distributed.checkpoint of model and optimizer here "
                    "(ckpt-dir/step<N>), resumed from its newest at start: how torchrun and job-rescheduling restart")
     p.add_argument("--ckpt-every", type=int, default=0, help="a checkpoint every K steps (0: never)")
@@ -134,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     model, teacher = build(args)
 
-    live = LiveGroup(backend="gloo", timeout=args.pg_timeout)
+    live = LiveGroup(backend="gloo", timeout=args.pg_timeout, snapshot_every=args.snapshot_every)
     rank, world = worker.rank(), worker.world_size()
     if world % args.replicas:
         raise SystemExit(f"--replicas {args.replicas} does not divide the world size {world}")
@@ -144,13 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     live.track(model=model, optimizer=optimizer, seed=args.seed)
 
     counter = os.open(os.path.join(args.out, f"rank{rank}.computed"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    marker = os.path.join(args.out, "killed_once")
+    marker = os.path.join(args.out, "killed_once" if rank == (args.kill_rank or [rank])[0] else f"killed_once.{rank}")
     first, started = None, time.time()
     ckpt = Checkpoints(args.ckpt_dir, model, optimizer) if args.ckpt_dir and args.ckpt_every else None
     for step in live.steps(ckpt.newest() if ckpt else 0, args.steps, load=ckpt.load if ckpt else None):
         first = step if first is None else first
         with live.step():
-            if rank == args.kill_rank and step == args.kill_at_step and not os.path.exists(marker):
+            if rank in args.kill_rank and step == args.kill_at_step and not os.path.exists(marker):
                 with open(marker, "w") as fh:
                     fh.write(f"{step} {time.time():.6f}")
                 os.kill(os.getpid(), signal.SIGKILL)
