@@ -81,9 +81,10 @@ class Drain:
             return
         self.requested = False
         mgr = self.link.client
-        if node_rank is None or mgr is None:
-            log.warning("drain (%s) ignored: %s", how, "this agent holds no node" if node_rank is None else
-                        "no controller to ask (a drain needs `taskd run --server`)")
+        # a standby registers as one until it takes a node: one that yielded a node keeps that node's layout
+        if node_rank is None or mgr is None or mgr.info.standby:
+            log.warning("drain (%s) ignored: %s", how, "no controller to ask (a drain needs `taskd run --server`)"
+                        if mgr is None and node_rank is not None else "this agent holds no node")
             return
         log.info("drain (%s): asking the controller to move node %d's ranks to a standby", how, node_rank)
         self._thread = threading.Thread(target=self._ask, args=(mgr, node_rank), name="taskd-drain", daemon=True)

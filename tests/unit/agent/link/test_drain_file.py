@@ -19,7 +19,7 @@ from taskd.agent.link.drain import LOOK_EVERY, Drain, check_drain_file
 class Asked(Drain):
     """Records the requests it would send instead of calling the controller (no socket in unit tests)."""
 
-    def __init__(self, file: str | None, client: object = "client") -> None:
+    def __init__(self, file: str | None, client: object = SimpleNamespace(info=SimpleNamespace(standby=False))) -> None:
         super().__init__(SimpleNamespace(client=client), file)
         self.asked: list[int] = []
 
@@ -73,12 +73,16 @@ def test_no_node_or_no_controller_takes_the_file_and_asks_nothing(tmp_path: Path
                                                                    caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "drain"
     standby, alone = Asked(str(path)), Asked(str(path), client=None)
+    # a standby that yielded a node to another agent keeps that node's layout, but is registered as a standby
+    yielded = Asked(str(path), client=SimpleNamespace(info=SimpleNamespace(standby=True)))
     with caplog.at_level(logging.WARNING, "taskd.agent"):
         path.touch()
         standby.poll(None, 1.0)
         path.touch()
         alone.poll(0, 1.0)
-    assert standby.asked == alone.asked == [] and not path.exists()
+        path.touch()
+        yielded.poll(1, 1.0)
+    assert standby.asked == alone.asked == yielded.asked == [] and not path.exists()
     assert f"drain (file {path}) ignored: this agent holds no node" in caplog.text
     assert f"drain (file {path}) ignored: no controller to ask" in caplog.text
 
