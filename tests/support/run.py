@@ -62,3 +62,14 @@ def computed_steps(out: Path, rank: int) -> list[tuple[int, float, int]]:
     path = out / f"rank{rank}.computed"
     lines = path.read_text().splitlines() if path.exists() else []
     return [(int(s), float(t), int(p)) for s, t, p in (line.split() for line in lines if line.count(" ") == 2)]
+
+
+def assert_same_shards(out: Path, reference: Path, rank: int) -> None:
+    """Rank ``rank``'s final shards (`rankN.pt`, what the sharded examples save) in ``out`` are bit-identical to a
+    fault-free run's in ``reference``."""
+    import torch
+
+    mine, theirs = torch.load(out / f"rank{rank}.pt"), torch.load(reference / f"rank{rank}.pt")
+    assert mine.keys() == theirs.keys()
+    for key in mine:
+        assert torch.equal(mine[key], theirs[key]), f"rank {rank} {key} differs from the fault-free run's"

@@ -99,6 +99,18 @@ class Migration:
     joined: dict[int, float] = field(default_factory=dict)
 
 
+def keep_beats(ranks: list[Rank], live: LiveRanks, generation: int, beats: dict[int, dict[int, float]]) -> None:
+    """Keep each rank's recent (step, heartbeat time) while it is still in the generation before ``generation``:
+    the end of its last step before the boundary, which a migration's pause is measured from."""
+    for rank in ranks:
+        status = live.status(rank)
+        if status is not None and status.heartbeat.step is not None and status.generation != generation:
+            steps = beats.setdefault(rank.global_rank, {})
+            steps[status.heartbeat.step] = status.heartbeat.time
+            for old in sorted(steps)[:-4]:
+                del steps[old]
+
+
 class Migrations:
     """This node's migration, driven from the supervisor's loop; `report` tells the controller how it ended."""
 
@@ -186,14 +198,7 @@ class Migrations:
             self._call_off(m, f"the successor was not ready within {READY_TIMEOUT:.0f}s")
 
     def _beats(self, m: Migration) -> None:
-        """Keep each rank's recent (step, heartbeat time): the end of its last step before the boundary."""
-        for rank in self.table.all():
-            status = self.live.status(rank)
-            if status is not None and status.heartbeat.step is not None and status.generation != m.generation:
-                steps = m.beats.setdefault(rank.global_rank, {})
-                steps[status.heartbeat.step] = status.heartbeat.time
-                for old in sorted(steps)[:-4]:
-                    del steps[old]
+        keep_beats(self.table.all(), self.live, m.generation, m.beats)
 
     def _migrate(self, m: Migration, now: float) -> None:
         self._beats(m)
@@ -249,5 +254,5 @@ def report_migration(link: ControllerLink, outcome: Outcome) -> bool:
         resumedSeconds=outcome.resumed_seconds, generation=outcome.generation)
 
 
-__all__ = ["FORM_TIMEOUT", "READY_TIMEOUT", "Migration", "Migrations", "Outcome", "migration_generation",
-           "pause_seconds", "refusal", "report_migration"]
+__all__ = ["FORM_TIMEOUT", "READY_TIMEOUT", "Migration", "Migrations", "Outcome", "keep_beats",
+           "migration_generation", "pause_seconds", "refusal", "report_migration"]

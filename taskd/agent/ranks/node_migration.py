@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from taskd.agent.link.controller import ControllerLink
 from taskd.agent.ranks.control import RankControl
 from taskd.agent.ranks.live import RANK_TIMEOUT, LiveRanks
-from taskd.agent.ranks.migration import FORM_TIMEOUT, READY_TIMEOUT, pause_seconds
+from taskd.agent.ranks.migration import FORM_TIMEOUT, READY_TIMEOUT, keep_beats, pause_seconds
 from taskd.agent.ranks.table import RankState, RankTable
 from taskd.worker.live import Phase, write_control
 
@@ -178,13 +178,7 @@ class NodeMoves:
 
     def _staying(self, m: NodeMove, now: float) -> None:
         ranks = self.table.all()
-        for rank in ranks:
-            status = self.live.status(rank)
-            if status is not None and status.heartbeat.step is not None and status.generation != m.generation:
-                steps = m.beats.setdefault(rank.global_rank, {})
-                steps[status.heartbeat.step] = status.heartbeat.time
-                for old in sorted(steps)[:-4]:
-                    del steps[old]
+        keep_beats(ranks, self.live, m.generation, m.beats)
         statuses = {r.global_rank: self.live.status(r) for r in ranks}
         if not all(s is not None and s.rejoined(m.generation) for s in statuses.values()):
             if now >= m.deadline:

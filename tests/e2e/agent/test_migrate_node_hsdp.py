@@ -20,7 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from support import free_port, leftovers, wait_for  # noqa: E402
-from support.run import computed_steps  # noqa: E402
+from support.run import assert_same_shards, computed_steps  # noqa: E402
 from test_node_loss_e2e import finish, kill_all, logs, node, server, status  # noqa: E402,F401 (server: a fixture)
 
 pytestmark = pytest.mark.torch
@@ -74,11 +74,7 @@ def test_migrate_node_1_of_an_hsdp_job_to_a_standby(tmp_path: Path, server: str,
                 assert set(used) == {pids[rank]}, (rank, pids)
             else:  # node 1's: the old process up to the boundary, the standby's after it
                 assert used[0] == pids[rank] and used[-1] != pids[rank] and len(set(used)) == 2, (rank, pids)
-            mine = torch.load(out / f"rank{rank}.pt")
-            theirs = torch.load(tmp_path / "reference" / "out" / f"rank{rank}.pt")
-            assert mine.keys() == theirs.keys()
-            for key in mine:
-                assert torch.equal(mine[key], theirs[key]), f"rank {rank} {key} differs from the fault-free run's"
+            assert_same_shards(out, tmp_path / "reference" / "out", rank)
         record = status(server, job)
         kinds = [e.get("kind") for e in record.get("events", [])]
         assert record.get("state") == "SUCCEEDED" and record.get("restarts") == 0, record

@@ -23,7 +23,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from support import free_port, leftovers, wait_for  # noqa: E402
-from support.run import computed_steps  # noqa: E402
+from support.run import assert_same_shards, computed_steps  # noqa: E402
 from test_node_loss_e2e import finish, kill_all, logs, node, server, status  # noqa: E402,F401 (server: a fixture)
 from test_node_loss_hsdp import start_pids  # noqa: E402
 
@@ -89,11 +89,7 @@ def test_a_lost_node_of_an_fsdp2_job_restores_its_shards_from_the_buddys_copy(
                 assert pids[rank] not in {p for _, _, p in done[STALL_AT + 1:]}, (rank, done, pids)
                 assert record["restored_from"] == "buddy", (rank, record)
             resumed.append(done[STALL_AT + 1][1] - killed_at)
-            mine = torch.load(out / f"rank{rank}.pt")
-            theirs = torch.load(tmp_path / "reference" / "out" / f"rank{rank}.pt")
-            assert mine.keys() == theirs.keys()
-            for key in mine:
-                assert torch.equal(mine[key], theirs[key]), f"rank {rank} {key} differs from the fault-free run's"
+            assert_same_shards(out, tmp_path / "reference" / "out", rank)
         record = status(server, job)
         assert record.get("state") == "SUCCEEDED" and record.get("restarts") == 1, record
         wait_for(lambda: leftovers(str(out)) == [], 15, "no process of the job left")
