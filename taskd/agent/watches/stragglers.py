@@ -49,6 +49,7 @@ class StragglerWatch:
         self.next_at = 0.0
         self._report: Report | None = None  # the pace report not settled yet (its `outcome` then holds the answer)
         self._running_since: float | None = None  # the first sweep that found a running rank
+        self._running_until = 0.0  # the last one
         self._stepped = False  # some rank reported a step: its compute time follows with its next one
         self._said_blind = False
 
@@ -106,12 +107,15 @@ class StragglerWatch:
             return
         if self._running_since is None:
             self._running_since = now
-        waited = now - self._running_since
-        if waited >= max(BLIND_AFTER * self.interval, BLIND_START):
-            self._said_blind = True
-            log.warning("--straggler-factor %g: no rank reported a step in the %.0fs since the ranks started (a "
-                        "script that sends no heartbeats names none: call taskd.worker.heartbeat(step) each step, or "
-                        "use LiveGroup), so no straggler can be named", self.factor, waited)
+        self._running_until = now
+        if now - self._running_since >= max(BLIND_AFTER * self.interval, BLIND_START):
+            self._say_blind("since the ranks started", "can be")
+
+    def _say_blind(self, span: str, can: str) -> None:
+        self._said_blind = True
+        log.warning("--straggler-factor %g: no rank reported a step in the %.0fs %s (a script that sends no heartbeats "
+                    "names none: call taskd.worker.heartbeat(step) each step, or use LiveGroup), so no straggler %s "
+                    "named", self.factor, self._running_until - (self._running_since or 0.0), span, can)
 
     def _answer(self) -> list[Verdict]:
         outcome = self._report.outcome if self._report is not None else None
@@ -130,4 +134,9 @@ class StragglerWatch:
                 for v in outcome.reply.verdicts]
 
     def close(self) -> None:
+        """The ranks ended: a job shorter than BLIND_START whose ranks ran BLIND_AFTER intervals without one step is
+        told now that the flag named nothing (said once, as during the run)."""
         self._report = None  # the outbox drops a pace report still pending when the ranks end (Reporter.finished)
+        ran = self._running_until - self._running_since if self._running_since is not None else 0.0
+        if not (self._stepped or self._said_blind) and ran >= BLIND_AFTER * self.interval:
+            self._say_blind("the ranks ran", "could be")

@@ -181,3 +181,24 @@ def test_ranks_that_never_report_a_step_are_called_blind_once(caplog: pytest.Log
             watch.sweep(*ranks_and_beats({0: 0.1, 1: 0.1}, 0), None, 10.0 + now)
             assert (BLIND in caplog.text) == (now >= quiet), now
     assert caplog.text.count(BLIND) == 1 and "heartbeat(step)" in caplog.text
+
+
+def test_a_job_shorter_than_the_start_grace_is_told_at_its_end(caplog: pytest.LogCaptureFixture) -> None:
+    """Ranks that ran BLIND_AFTER intervals without a step, and ended before BLIND_START: said once, at the end."""
+    watch = StragglerWatch(3.0, interval=0.5, host="nodeA")
+    with caplog.at_level(logging.WARNING, logger="taskd.agent"):
+        for now in (0.0, 1.0, 2.0, 3.0, 4.0):
+            watch.sweep(*ranks_and_beats({0: 0.1, 1: 0.1}, 0), None, 10.0 + now)
+        assert BLIND not in caplog.text
+        watch.close()
+    assert caplog.text.count(BLIND) == 1 and "in the 4s the ranks ran" in caplog.text
+    assert "so no straggler could be named" in caplog.text
+
+
+def test_a_job_that_ended_before_blind_after_intervals_is_not_told(caplog: pytest.LogCaptureFixture) -> None:
+    watch = StragglerWatch(3.0, interval=0.5, host="nodeA")
+    with caplog.at_level(logging.WARNING, logger="taskd.agent"):
+        for now in (0.0, 1.0, 2.0):
+            watch.sweep(*ranks_and_beats({0: 0.1, 1: 0.1}, 0), None, 10.0 + now)
+        watch.close()
+    assert BLIND not in caplog.text
