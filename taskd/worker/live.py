@@ -93,6 +93,11 @@ class RankStatus(NamedTuple):
     declared: bool = False  # the rank said what it can do in place (possibly nothing)
     can_resize: bool = False  # it re-shards through a resize hook: its job may scale in and out (issue 17)
 
+    def erred_before_joining(self) -> bool:
+        """Whether its last in-place error came before it joined its current generation: an old group's, read only
+        once the rank had moved on (a timed-out collective of a group a recovery left behind)."""
+        return self.error_time is not None and self.joined_time is not None and self.error_time < self.joined_time
+
     def rejoined(self, generation: int) -> bool:
         """Whether the rank has joined ``generation`` (or a later one) and is past the state sync."""
         return self.generation is not None and self.generation >= generation \

@@ -181,7 +181,7 @@ class LiveRanks:
                 self._errors[key] = status.errors
                 if status.error_kind == ErrorKind.RETRYABLE:
                     found.append((rank, status))
-                elif status.error_kind == ErrorKind.COLLECTIVE_TIMEOUT:
+                elif status.error_kind == ErrorKind.COLLECTIVE_TIMEOUT and not status.erred_before_joining():
                     self._timed_out[rank.local_rank] = (rank.pid, status.generation)
         return found
 

@@ -52,3 +52,16 @@ def test_a_timeout_in_a_generation_the_rank_has_left_since_accuses_nobody(tmp_pa
     assert live.stalled() == []
     assert live.stalled() == []  # and the stale timeout is forgotten
     assert not live._timed_out
+
+
+def test_a_timeout_read_only_after_the_rank_joined_a_newer_generation_accuses_nobody(tmp_path: Path) -> None:
+    """Seen in a whole-suite run (test_node_loss_resize): an old group's collective timed out 30 s into a scale-out,
+    the rank then joined the new group at once, and the agent read both together: the timeout was taken for the
+    new group's, and a healthy rank of it was killed as hung."""
+    live, node, table = two_ranks(tmp_path)
+    timed_out(node, 0)  # its old group's collective timed out ...
+    time.sleep(0.01)
+    joined(node, 0, 3)  # ... and it joined the re-formed group, before the agent's next read
+    joined(node, 1, 3)
+    assert live.new_errors() == []
+    assert live.stalled() == []
