@@ -80,12 +80,16 @@ class JobMachine(Job):
         rule = find_rule(kind, self.state)
         if rule is None:
             return self._refuse(event, out)
-        if needs_registered:
-            agent = self.agents[event.node_rank]
+        agent = self.agents[event.node_rank] if needs_registered else None
+        if agent is not None:  # a sign of life, taken back below if the call is refused: a refusal changes nothing
+            seen = agent.last_seen, agent.online
             agent.last_seen = now
             self.agents.set_online(agent, True)
         source = self.state
         target = rule.handler(self, event, now, out)
+        if agent is not None and (target is DECLINED or out.code != Code.OK):
+            agent.last_seen = seen[0]
+            self.agents.set_online(agent, seen[1])
         if target is DECLINED:
             return self._refuse(event, out)
         check_target(rule, source, target)

@@ -537,6 +537,22 @@ def test_exit_status_reports_are_accepted_after_failure() -> None:
     assert m.handle(RecoverStatusReported(strategy="recover"), 2).code == Code.OUT_OF_ORDER
 
 
+@pytest.mark.parametrize("event", [RecoverStatusReported(strategy="retry"), StopComplete(node_rank=0, code=1)],
+                         ids=["refused by its handler", "no rule takes it"])
+def test_a_refused_report_leaves_the_agents_liveness_as_it_was(event: Any) -> None:
+    # found by tests/e2e/controller/test_fuzz.py: a refused call from node 0 moved its lastSeen
+    m = new_job(nodes=1)
+    _full_round(m, 1, {0: "1"}, ("exit",))
+    agent = m.agents[0]
+    m.handle(AgentDisconnected(node_rank=0), 3)
+    before = agent.last_seen, agent.online, m.agents.online_count
+    out = m.handle(event, 7)
+    assert out.code == Code.OUT_OF_ORDER
+    assert (agent.last_seen, agent.online, m.agents.online_count) == before
+    assert m.handle(RecoverStatusReported(strategy="exit"), 8).code == 0  # an accepted one still counts
+    assert agent.last_seen == 8 and agent.online
+
+
 INIT_CASES = {
     "finished job is reset by a new run": (True, True, 999, "reset"),
     "finished job: its own agent re-Inits and joins": (True, True, 100, "joined"),
