@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from taskd.worker import resume_dir
 from taskd.worker.env import rank, world_size
 from taskd.worker.snapshot import DEFAULT_EVERY, Snapshots
 from taskd.worker.torch_snapshot import common_steps
@@ -113,16 +114,12 @@ class SnapshotCallback(TrainerCallback):
     def _resume_root(self) -> str:
         """This rank's resume folder: on disk under the Trainer's output_dir (else the system's temporary one)."""
         base = self._output_dir or os.path.join(tempfile.gettempdir(), f"taskd-{os.getuid()}")
-        return os.path.join(base, "taskd-resume", f"rank{rank()}")
+        return resume_dir.rank_folder(base, rank())
 
     def _drop_resume_dir(self) -> None:
         if self._resume_dir is None:
             return
-        shutil.rmtree(self._resume_dir, ignore_errors=True)
-        try:
-            os.rmdir(os.path.dirname(self._resume_dir))  # taskd-resume/, once no rank's folder is left in it
-        except OSError:
-            pass
+        resume_dir.drop(self._resume_dir)
         self._resume_dir = None
 
     def close(self) -> None:

@@ -23,13 +23,11 @@ restores them into DTensors on the mesh of the model it is handed (``set_*_state
 from __future__ import annotations
 
 import copy
-import os
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
 
-from taskd.worker.env import Var
 from taskd.worker.snapshot import Fallback, Snapshots
 from taskd.worker.snapshot_segment import SnapshotError, register_reducer
 
@@ -178,18 +176,6 @@ class _Shard:
         return _Shard, (self.local, self.placements, self.shape)
 
 
-def resume_folder() -> str | None:
-    """Where a framework adapter (hf_snapshot, lightning_snapshot) writes the checkpoint its trainer resumes from:
-    ``resume/`` in the job's snapshot directory (memory, emptied with the job), else None (the system's temporary
-    directory)."""
-    root = os.environ.get(Var.TASKD_SNAPSHOT_DIR) or None
-    if root is None:
-        return None
-    folder = os.path.join(root, "resume")
-    os.makedirs(folder, mode=0o700, exist_ok=True)
-    return folder
-
-
 def _reduce_dtensor(tensor: Any) -> tuple[Any, ...]:
     return _Shard, (tensor.to_local(), tuple(tensor.placements), tuple(tensor.shape))
 
@@ -273,4 +259,4 @@ class ShardedSnapshots:
         self.snapshots.close()
 
 
-__all__ = ["ShardedSnapshots", "TorchSnapshots", "common_steps", "is_sharded", "optimizer_state", "resume_folder"]
+__all__ = ["ShardedSnapshots", "TorchSnapshots", "common_steps", "is_sharded", "optimizer_state"]

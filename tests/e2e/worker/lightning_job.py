@@ -8,6 +8,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import signal
 
 import lightning.pytorch as pl
@@ -54,12 +55,14 @@ def main() -> None:
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=a.steps, callbacks=[snapshots],
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, default_root_dir=os.path.join(a.out, "pl"))
-    resume = snapshots.resume()
+    resume = snapshots.resume(trainer)
+    resume_existed = resume is not None and os.path.isfile(resume)
     trainer.fit(model, data, ckpt_path=resume)
     digest = hashlib.sha256(b"".join(t.detach().numpy().tobytes() for t in model.state_dict().values())).hexdigest()
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, f"rank{worker.rank()}.json"), "w") as fh:
-        json.dump({"resumed_from": int(resume.rsplit("step", 1)[1].split("-")[0]) if resume else 0,
+        json.dump({"resumed_from": int(re.findall(r"step=?(\d+)", resume)[-1]) if resume else 0, "resume": resume,
+                   "resume_existed": resume_existed, "snapshot_dir": os.environ.get("TASKD_SNAPSHOT_DIR"),
                    "restored_from": snapshots.restored_from, "final": trainer.global_step,
                    "restarts": worker.restart_count(), "digest": digest}, fh)
     snapshots.close()

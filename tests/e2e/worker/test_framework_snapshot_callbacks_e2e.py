@@ -64,3 +64,8 @@ def test_lightning_trainer_resumes_from_memory(tmp_path: Path) -> None:
     killed, text = run(tmp_path, "lightning_job.py", "pl-kill", "--kill-at", str(KILL_AT))
     check_resumed_from_memory(killed, text)
     assert killed[0]["digest"] == killed[1]["digest"], "the two DDP replicas diverged"
+    root = str(tmp_path / "pl-kill" / "pl")  # the trainer's default_root_dir: the .ckpt on disk there, never in tmpfs
+    for r, got in enumerate(killed):
+        assert got["resume"] == os.path.join(root, "taskd-resume", f"rank{r}", f"step={KILL_AT}.ckpt"), got
+        assert got["resume_existed"] and got["snapshot_dir"] and not got["resume"].startswith("/dev/shm"), got
+    assert not os.path.exists(os.path.join(root, "taskd-resume")), "the resume files must be removed"
