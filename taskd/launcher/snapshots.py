@@ -93,7 +93,7 @@ class SnapshotArea:
     def __init__(self, name: str, nproc_per_node: int, environ: Mapping[str, str] | None = None,
                  root: str = SHM, memory: str | None = None, persist: Persistence | None = None) -> None:
         env = os.environ if environ is None else environ
-        raw = (memory if memory is not None else env.get(Var.TASKD_SNAPSHOT_MEMORY, "")).strip()
+        raw = (memory if memory is not None else env_text("snapshot_memory", env)).strip()
         self.path: str | None = None
         self.root = root
         self.cap = self.share = 0

@@ -15,12 +15,20 @@ PARSERS = ("env_int", "env_float", "worker_env_int")  # taskd.worker.env's parse
 NOT_OURS = {
     # another process's environment, read through psutil to tell msrun's ranks of this job: not a setting
     "taskd/process/msrun.py": {"MINDX_TASK_ID"},
+    # the ranks' variable (taskd/worker/env.py's `Var`), which this agent sets for the ranks msrun starts: one
+    # already set is used as it is, and the agent unsets only its own
+    "taskd/agent/watches/hangs.py": {"TASKD_HEARTBEAT_DIR"},
+    # the ranks' variable (`Var`): a user's own is left to the ranks, not replaced by the multi-node default
+    "taskd/run.py": {"TASKD_REJOIN_TIMEOUT"},
+    # a test's fault (slow-disk:SECONDS before each persisted copy's fsync), not a knob
+    "taskd/launcher/snapshots.py": {"TASKD_SNAPSHOT_PERSIST_FAULT"},
 }
 
 
 def env_reads(text: str) -> set[str]:
-    """The TASKD_*/MINDX_* variables `text` reads through os.environ[...], os.environ.get, os.getenv or env.get, by
-    a constant or by a module-level name bound to one (TOKEN_ENV stays a name: its value is the table's)."""
+    """The TASKD_*/MINDX_* variables `text` reads through os.environ[...], os.environ.get, os.getenv, env.get or
+    `NAME in environ`, by a constant, by a module-level name bound to one (TOKEN_ENV stays a name: its value is the
+    table's) or by a constant's attribute (`Var.TASKD_X`: the rank side's names, read by the agent's side)."""
     tree = ast.parse(text)
     constants = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
                  and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
@@ -36,10 +44,15 @@ def env_reads(text: str) -> set[str]:
             found.update(a.value for a in node.args if isinstance(a, ast.Constant))  # env_int(env, "TASKD_X", 0)
         elif isinstance(node, ast.Subscript) and "environ" in ast.unparse(node.value):
             arg = node.slice
+        elif isinstance(node, ast.Compare) and isinstance(node.ops[0], (ast.In, ast.NotIn)) \
+                and "environ" in ast.unparse(node.comparators[0]):
+            arg = node.left
         if isinstance(arg, ast.Constant):
             found.add(arg.value)
         elif isinstance(arg, ast.Name):
             found.add(constants.get(arg.id, arg.id))
+        elif isinstance(arg, ast.Attribute):
+            found.add(arg.attr)
     return {n for n in found if isinstance(n, str) and (n.startswith(("TASKD_", "MINDX_")) or n == "TOKEN_ENV")}
 
 
@@ -56,5 +69,7 @@ def test_no_module_reads_a_taskd_variable_outside_the_table() -> None:
 def test_the_scan_finds_a_variable_read() -> None:
     text = ("import os\nVAR = 'TASKD_V'\nos.environ.get('TASKD_X')\nos.getenv('MINDX_Y')\nenv.get(TOKEN_ENV)\n"
             "os.environ.get('HOME')\nd.get('TASKD_Z')\nos.environ['TASKD_W']\nos.environ.get(VAR, '')\n"
-            "env_int(env, 'TASKD_U', 0)\nenv_float('TASKD_T')\nenv_int('RANK')\n")
-    assert env_reads(text) == {"TASKD_X", "MINDX_Y", "TOKEN_ENV", "TASKD_W", "TASKD_V", "TASKD_U", "TASKD_T"}
+            "env_int(env, 'TASKD_U', 0)\nenv_float('TASKD_T')\nenv_int('RANK')\nos.environ.get(Var.TASKD_S)\n"
+            "if 'TASKD_R' in os.environ: pass\nif Var.MINDX_Q not in environ: pass\nif Var.TASKD_P in d: pass\n")
+    assert env_reads(text) == {"TASKD_X", "MINDX_Y", "TOKEN_ENV", "TASKD_W", "TASKD_V", "TASKD_U", "TASKD_T",
+                               "TASKD_S", "TASKD_R", "MINDX_Q"}
