@@ -9,7 +9,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from taskd.launcher.snapshots import is_memory
-from taskd.settings import WARM_SPARE_MODES
+from taskd.settings import WARM_SPARE_MODES, default
 
 
 def command_for(script: str, args: Sequence[str] = ()) -> list[str]:
@@ -80,20 +80,20 @@ class WorkerSpec:
     nproc_per_node: int = 1
     nnodes: int = 1
     node_rank: int | None = 0  # None: a standby's, set once the controller assigns one (LocalLauncher.set_node_rank)
-    master_addr: str = "127.0.0.1"
-    master_port: int = 0
+    master_addr: str = default("master_addr")
+    master_port: int = default("master_port")
     job_id: str = "default"
     log_dir: str | None = None
     run_dir: str | None = None
     extra_env: Mapping[str, str] = field(default_factory=dict)
     console: bool = False
     cwd: str | None = None
-    warm_spares: int = 0  # idle interpreters kept ready to become a restarted rank (.py entrypoints only)
+    warm_spares: int = default("warm_spares")  # interpreters ready to become a restarted rank (.py only)
     snapshot_memory: str | None = None  # the snapshots' cap on this node (None: TASKD_SNAPSHOT_MEMORY or its default)
     snapshot_persist_dir: str | None = None  # where the agent persists the snapshots (None: memory only)
-    snapshot_persist_every: int = 100  # persist every Nth step's snapshot
-    snapshot_persist_keep: int = 3  # persisted steps kept per rank
-    warm_spare_mode: str = "import"  # WARM_SPARE_MODES: "script" runs the script up to become_rank() in each spare
+    snapshot_persist_every: int = default("snapshot_persist_every")  # persist every Nth step's snapshot
+    snapshot_persist_keep: int = default("snapshot_persist_keep")  # persisted steps kept per rank
+    warm_spare_mode: str = default("warm_spare_mode")  # WARM_SPARE_MODES ("script": up to become_rank())
     role: str = "default"  # torchrun's ROLE_NAME
     max_restarts: int = 0  # the job's restart budget, given to ranks as TORCHELASTIC_MAX_RESTARTS
     redirects: Streams = 0  # streams that go to the log file only, not the console
@@ -103,7 +103,7 @@ class WorkerSpec:
     # when the entrypoint is a .py script that imports taskd.worker.torch (taskd run's default); "rank": rank 0
     # hosts it, as under torchrun
     rdzv_store: str = "rank"
-    preimport: str = ""  # modules warm spares import before becoming a rank (default for live jobs: LIVE_PREIMPORT)
+    preimport: str = default("preimport")  # what warm spares import first (live jobs: LIVE_PREIMPORT)
 
     def __post_init__(self) -> None:
         problems: list[str] = []

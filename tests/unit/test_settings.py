@@ -220,8 +220,9 @@ WIRE = {"node_rank", "node_count", "ranks_per_node", "role", "job_id", "strategi
         "launcher"}  # who runs an agent: each caller says (`AgentConfig.from_env(launcher="taskd")`), not a default
 # (file, class): literal defaults that are not taskd run's or the agent's, and why.
 ELSEWHERE = {
-    ("taskd/launcher/spec.py", "WorkerSpec"): "the launcher's programmatic API, torchrun's defaults "
-                                              "(max_restarts 0); `taskd run` passes every value",
+    # the launcher's programmatic API keeps torchrun's defaults where they differ from taskd run's; `taskd run`
+    # passes every value. Its other defaults are the table's (`default(name)`).
+    ("taskd/launcher/spec.py", "WorkerSpec"): {"max_restarts", "rdzv_store"},
 }
 
 
@@ -247,7 +248,7 @@ def _literal_defaults(text: str, where: str, names: dict[str, Setting]) -> list[
             for item in node.body:
                 if (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and item.target.id in names
                         and isinstance(item.value, ast.Constant) and item.value.value is not None
-                        and (where, node.name) not in ELSEWHERE):
+                        and item.target.id not in ELSEWHERE.get((where, node.name), ())):
                     found.append(f"{node.name}.{item.target.id} = {item.value.value!r}")
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             args = node.args
