@@ -88,15 +88,23 @@ class Persistence:
 class SnapshotArea:
     """The job's snapshot directory on this node (or none, with the reason logged once). The launcher makes it
     first thing, before anything it would have to undo: a bad TASKD_SNAPSHOT_MEMORY raises here. ``memory``
-    (`taskd run --snapshot-memory`) goes before the variable; ``persist``: see the module's doc."""
+    (`taskd run --snapshot-memory`) goes before the variable; ``persist``: see the module's doc. ``nodes``: the
+    job's node count (more than one: the agent pushes each rank's newest segment to a buddy node).
+
+    ``pins``: how many of a rank's segments the agent's copiers may hold at once besides the rank's own, each by a
+    hard link while it reads it (`snapshot_persist._Pins`, `replication._pinned`): one for the push to the buddy,
+    one for the persister. A rank never writes into a held segment (`Snapshots._pinned`): its next save takes a fresh
+    one, so its share of the cap must hold ``keep`` + 1 + ``pins`` segments (TASKD_SNAPSHOT_PINS tells it)."""
 
     def __init__(self, name: str, nproc_per_node: int, environ: Mapping[str, str] | None = None,
-                 root: str = SHM, memory: str | None = None, persist: Persistence | None = None) -> None:
+                 root: str = SHM, memory: str | None = None, persist: Persistence | None = None,
+                 nodes: int = 1) -> None:
         env = os.environ if environ is None else environ
         raw = (memory if memory is not None else env_text("snapshot_memory", env)).strip()
         self.path: str | None = None
         self.root = root
         self.cap = self.share = 0
+        self.pins = int(nodes > 1) + int(persist is not None)
         self.persist_dir = os.path.abspath(persist.directory) if persist is not None else None
         self.persister: Persister | None = None
         if not os.path.isdir(root):
@@ -125,11 +133,13 @@ class SnapshotArea:
                 raise ValueError(f"--snapshot-persist-dir {persist.directory}: {exc}") from exc
 
     def env(self) -> dict[str, str]:
-        """What each rank is given: the directory and its share of the cap, and the persisted copies'."""
+        """What each rank is given: the directory, its share of the cap and the pins it leaves room for, and the
+        persisted copies'."""
         persisted = {Var.TASKD_SNAPSHOT_PERSIST_DIR: self.persist_dir} if self.persist_dir else {}
         if self.path is None:
             return persisted
-        return {Var.TASKD_SNAPSHOT_DIR: self.path, Var.TASKD_SNAPSHOT_BYTES: str(self.share), **persisted}
+        return {Var.TASKD_SNAPSHOT_DIR: self.path, Var.TASKD_SNAPSHOT_BYTES: str(self.share),
+                Var.TASKD_SNAPSHOT_PINS: str(self.pins), **persisted}
 
     def held_bytes(self) -> int:
         """Host memory the job's snapshots hold on this node now."""

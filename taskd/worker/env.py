@@ -63,6 +63,7 @@ class Var:
     TASKD_SNAPSHOT_DIR = "TASKD_SNAPSHOT_DIR"  # snapshots: the job's directory in /dev/shm, the node's agent owns it
     TASKD_SNAPSHOT_BYTES = "TASKD_SNAPSHOT_BYTES"  # snapshots: this rank's share of the job's host-memory cap
     TASKD_SNAPSHOT_MEMORY = "TASKD_SNAPSHOT_MEMORY"  # snapshots: the cap per job and node (taskd run's environment)
+    TASKD_SNAPSHOT_PINS = "TASKD_SNAPSHOT_PINS"  # snapshots: segments of a rank the agent's copiers may hold at once
     TASKD_SNAPSHOT_FAULT = "TASKD_SNAPSHOT_FAULT"  # tests: "kill-in-copy:RANK:STEP", a rank SIGKILLed mid-copy
     TASKD_SNAPSHOT_PERSIST_DIR = "TASKD_SNAPSHOT_PERSIST_DIR"  # snapshots: the agent's persisted copies (restore)
     TASKD_SNAPSHOT_PERSIST_FAULT = "TASKD_SNAPSHOT_PERSIST_FAULT"  # tests: "slow-disk:SECONDS" before each fsync

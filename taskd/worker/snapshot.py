@@ -131,16 +131,19 @@ class Snapshots:
     """A rank's snapshots in the node's memory, and their restore (see the module's doc).
 
     ``keep``: published snapshots kept (at least 2 for scope "job"); the rank holds at most ``keep`` + 1 segments
-    (one being written), which must fit in its share of the job's cap (TASKD_SNAPSHOT_BYTES). ``scope``: "job"
+    (one being written), and the agent's copiers up to ``pins`` more (segments the rank let go while the push to the
+    buddy or the persister held a link to them: never written again, so a save takes a fresh one rather than wait;
+    TASKD_SNAPSHOT_PINS), all of which must fit in its share of the job's cap (TASKD_SNAPSHOT_BYTES). ``scope``: "job"
     restores the newest step every rank holds; "rank" this rank's own newest (ranks that exchange no state).
     ``fallback``: what ``restore`` returns when no snapshot can be restored (a `CheckpointManager`), said in
     the log. ``background``: publish (checksum, header, rename) on a thread, so that ``save`` costs the copy only.
-    ``directory`` and ``cap`` default to the agent's variables.
+    ``directory``, ``cap`` and ``pins`` default to the agent's variables.
     """
 
     def __init__(self, keep: int = 2, scope: str = "job", fallback: Fallback | None = None, *,
                  directory: str | None = None, cap: int | None = None, background: bool = True,
-                 agree: Callable[[set[int]], set[int]] | None = None, persist_dir: str | None = None) -> None:
+                 agree: Callable[[set[int]], set[int]] | None = None, persist_dir: str | None = None,
+                 pins: int | None = None) -> None:
         if scope not in SCOPES:
             raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
         lowest = 2 if scope == "job" else 1
@@ -151,6 +154,9 @@ class Snapshots:
         self.agree = agree  # a job on several nodes: the steps every rank holds, from this rank's (a collective)
         self.directory = directory if directory is not None else os.environ.get(Var.TASKD_SNAPSHOT_DIR) or None
         self.cap = cap if cap is not None else env_int(Var.TASKD_SNAPSHOT_BYTES)
+        self.pins = pins if pins is not None else env_int(Var.TASKD_SNAPSHOT_PINS, 0) or 0
+        if not isinstance(self.pins, int) or isinstance(self.pins, bool) or self.pins < 0:
+            raise ValueError(f"pins must be an integer >= 0, got {self.pins!r}")
         self.rank, self.world = rank(), world_size()
         self.restored_from: str | None = None  # "memory", "buddy", "persisted", "disk" or None, once restore() ran
         self.persist_dir = persist_dir if persist_dir is not None else \
@@ -178,10 +184,11 @@ class Snapshots:
             return False
         self.wait()
         flat = flatten(state)
-        need = (self.keep + 1) * _round(flat.size)
+        need = (self.keep + 1 + self.pins) * _round(flat.size)
         if self.cap is not None and need > self.cap:
+            held = f" plus {self.pins} the agent may still be copying (to the buddy node, to disk)" if self.pins else ""
             self._turn_off(f"the snapshot of step {step} is {_mb(flat.size)}, and {self.keep} kept plus one being "
-                           f"written need {_mb(need)}, above this rank's share of the job's snapshot memory, "
+                           f"written{held} need {_mb(need)}, above this rank's share of the job's snapshot memory, "
                            f"{_mb(self.cap)} ({Var.TASKD_SNAPSHOT_MEMORY} of `taskd run`, split over the node's ranks)")
             return False
         segment = self._free_segment()

@@ -333,7 +333,8 @@ def test_the_area_removes_a_dead_agents_directory_and_its_own_at_close(tmp_path)
     (stale / OWNER_FILE).write_text(json.dumps({**owner, "pid": 2 ** 22 + 1}))
     area = SnapshotArea("job", 4, {Var.TASKD_SNAPSHOT_MEMORY: "4M"}, root=str(tmp_path))
     assert not stale.exists()
-    assert area.env() == {Var.TASKD_SNAPSHOT_DIR: area.path, Var.TASKD_SNAPSHOT_BYTES: str(1 << 20)}
+    assert area.env() == {Var.TASKD_SNAPSHOT_DIR: area.path, Var.TASKD_SNAPSHOT_BYTES: str(1 << 20),
+                          Var.TASKD_SNAPSHOT_PINS: "0"}
     area.close()
     assert os.listdir(tmp_path) == []
     assert SnapshotArea("off", 1, {Var.TASKD_SNAPSHOT_MEMORY: "0"}, root=str(tmp_path)).env() == {}

@@ -45,7 +45,7 @@ class MSRunPlugin(AgentPlugin):
         if self.config is not None:
             try:
                 area = SnapshotArea(safe_name(f"msrun-{self.config.job_id or os.getpid()}"), local_workers(sys.argv),
-                                    persist=Persistence.from_env(os.environ))
+                                    persist=Persistence.from_env(os.environ), nodes=msrun_nodes(sys.argv))
             except ValueError as exc:
                 self.config, self.config_error = None, str(exc)
         added = area.env() if area is not None else {}
@@ -59,15 +59,25 @@ class MSRunPlugin(AgentPlugin):
                 area.close()
 
 
+def _count(argv: list[str], flag: str) -> int | None:
+    """The positive integer msrun's ``flag`` has in its own argv (``--flag N`` or ``--flag=N``), else None."""
+    for i, arg in enumerate(argv):
+        raw = argv[i + 1] if arg == flag and i + 1 < len(argv) else arg.partition("=")[2] \
+            if arg.startswith(flag + "=") else ""
+        if raw.isdigit() and int(raw) > 0:
+            return int(raw)
+    return None
+
+
 def local_workers(argv: list[str]) -> int:
     """msrun's --local_worker_num (else --worker_num) in its own argv: the ranks that share the node's cap."""
-    for flag in ("--local_worker_num", "--worker_num"):
-        for i, arg in enumerate(argv):
-            raw = argv[i + 1] if arg == flag and i + 1 < len(argv) else arg.partition("=")[2] \
-                if arg.startswith(flag + "=") else ""
-            if raw.isdigit() and int(raw) > 0:
-                return int(raw)
-    return 1
+    return _count(argv, "--local_worker_num") or _count(argv, "--worker_num") or 1
 
 
-__all__ = ["CALLBACKS", "MSRunPlugin", "embedded_controller", "local_workers"]
+def msrun_nodes(argv: list[str]) -> int:
+    """The job's node count from msrun's argv: --worker_num over --local_worker_num (1 without both)."""
+    total, local = _count(argv, "--worker_num"), _count(argv, "--local_worker_num")
+    return -(-total // local) if total and local else 1
+
+
+__all__ = ["CALLBACKS", "MSRunPlugin", "embedded_controller", "local_workers", "msrun_nodes"]
