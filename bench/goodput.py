@@ -24,16 +24,33 @@ Systems (one not installed in this interpreter is skipped, with the reason):
 taskd's systems run with `--heartbeat-timeout` (a stopped rank is found by its missing heartbeat); torchrun and
 torchft find it by the collectives' timeout (--pg-timeout; torchft's own --torchft-timeout).
 
-Per system, from two runs made back to back in this process: the time to --steps steps without faults and with
-the schedule's faults (launch to the launcher's exit), goodput (fault-free / with faults; also against the
-fastest fault-free run of any system, which charges a system's steady-state cost), seconds lost per fault,
-fault → every rank past its next step (each fault), steps redone (summed over the ranks, from the job's
-summary.json), final parameters against the same system's fault-free run, and leftovers (processes of the job
-still running 3 s after its launcher ended by itself). Ratios: each system's lost seconds against the best peer's
-(the non-taskd system that lost least) measured in the same run.
+Per system, from runs made back to back in this process: --baseline-runs fault-free runs (default 2; 1 with
+--quick) around one run under the schedule's faults (half of them before it, half after, so that a drift of the
+machine during the system's runs cancels in their mean), each timed from launch to the launcher's exit. Its row:
+the fault-free time (the mean) and spread (the range), the time with faults, goodput (fault-free / with faults,
+± the spread; also against the fastest fault-free system, which charges a system's steady-state cost), seconds
+lost per fault, fault → every rank past its next step (each fault), steps redone (summed over the ranks, from the
+job's summary.json), final parameters against the same system's first fault-free run, and leftovers (processes
+of the job still running 3 s after its launcher ended by itself). Ratios: each system's lost seconds against the
+best peer's (the non-taskd system that lost least) measured in the same run.
+
+The goal lines (issue 36; arithmetic in bench/goodput_verdict.py): taskd's best configuration keeps goodput
+>= 97 %, loses <= half the best peer's time, and the run counts as the goal run only where torchrun's goodput is
+below 80 %. Each says "met" or "missed" only when its margin exceeds the fault-free spread, else "cannot tell"
+and by how much; then, per system, what the lost time went to (detection, redone steps, the pause, the time
+outside recoveries, the steady-state cost). Before it starts, the bench prints its estimated duration
+(bench/goodput_plan.py: a model from the quiet run's per-fault costs, under this run's own schedule).
 
     python bench/goodput.py [--quick] [--ranks 4] [--steps 150] [--mtbf 30] [--hang-share 0.25] [--seed 1]
-        [--systems PREFIX,...] [--keep DIR]
+        [--baseline-runs 2] [--systems PREFIX,...] [--keep DIR]
+    python bench/goodput.py --table bench/results/goodput.json   # the table and verdict again, older results too
+
+The goal run (~26 min by the estimate, alone on the machine; --goal sets bench/goodput_plan.py's GOAL):
+
+    PYTHONPATH=. python bench/goodput.py --goal --keep /tmp/goodput-goal
+    # = --ranks 4 --steps 480 --mtbf 40 --hang-share 0.25 --seed 3 --heartbeat-timeout 3 --torchft-timeout 5
+    #   --pg-timeout 30 --ckpt-every 10 --baseline-runs 2 --run-timeout 600
+    #   --systems "taskd live,taskd +,torchrun,torchft"
 """
 
 from __future__ import annotations
@@ -50,7 +67,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from common import TASKD_DRIVER, TORCHRUN_DRIVER, bench_env, fmt, has_torch, header, ratio, stats, table, write_result
+from common import TASKD_DRIVER, TORCHRUN_DRIVER, bench_env, fmt, has_torch, header, table, write_result
+from goodput_plan import GOAL, estimate, estimate_lines
+from goodput_verdict import breakdown, compare, goodput_text, row, verdict_lines
 from live_recovery import EXAMPLE, Launch, Progress, drop_checkpoints, example_args, final_equal
 from peers import PEER_RANK, TASKD_LIVE, TORCHFT_DRIVER, System, missing
 
@@ -65,7 +84,6 @@ SYSTEMS: tuple[System, ...] = (
     System("torchft, Manager.allreduce", "torchft", ("--api=torchft",), needs="torchft"),
 )
 OURS = {s.label for s in SYSTEMS if s.family in ("taskd", "snapshots")}
-GOAL_GOODPUT = 0.97  # issue 36: taskd's best configuration loses at most 3 % of the fault-free time
 
 
 @dataclass(frozen=True)
@@ -191,76 +209,50 @@ def run_job(system: System, n: int, args: argparse.Namespace, run_dir: Path, fau
 
 def measure(system: System, n: int, args: argparse.Namespace, work: Path, faults: list[Fault],
             result: dict[str, Any]) -> dict[str, Any]:
-    """The system's fault-free run, then its run under `faults`, and the row that compares them."""
+    """The system's --baseline-runs fault-free runs, half before and half after its run under `faults` (the first
+    half the larger), and the row that compares them."""
     run_dir = work / f"{system.family}-{len(result['rows'])}"
-    ref_dir = run_dir.with_name(run_dir.name + "-ref")
-    ref = run_job(system, n, args, ref_dir, [])
-    print(f"{system.label}: fault-free {ref.get('seconds', float('nan')):.1f} s, ok {ref['ok']}"
-          + (f", error: {ref['error']}" if ref.get("error") else ""), flush=True)
+    before = (args.baseline_runs + 1) // 2
+    refs: list[dict[str, Any]] = []
+    ref_dirs = [run_dir.with_name(f"{run_dir.name}-ref{k}") for k in range(args.baseline_runs)]
+    for k in range(before):
+        refs.append(_reference(system, n, args, ref_dirs[k]))
     run = run_job(system, n, args, run_dir, faults)
-    run["bit_identical"] = final_equal(run_dir / "out" / "final.pt", ref_dir / "out" / "final.pt")
+    run["bit_identical"] = final_equal(run_dir / "out" / "final.pt", ref_dirs[0] / "out" / "final.pt")
     print(f"{system.label}: with faults {run.get('seconds', float('nan')):.1f} s, "
           f"{len(run['faults'])} faults {[(f['kind'], f['rank'], _r(f.get('resumed_s'))) for f in run['faults']]}, "
           f"redone {run.get('redone')}, identical {run['bit_identical']}, leftovers {run.get('leftovers')}, "
           f"ok {run['ok']}" + (f", error: {run['error']}" if run.get("error") else ""), flush=True)
-    result["runs"] += [ref, run]
-    for d in (ref_dir, run_dir):
+    for k in range(before, args.baseline_runs):
+        refs.append(_reference(system, n, args, ref_dirs[k]))
+    result["runs"] += [*refs[:before], run, *refs[before:]]
+    for d in (*ref_dirs, run_dir):
         drop_checkpoints(args, d)
-    return row(system.label, ref, run, args.run_timeout)
+    return row(system.label, system.label not in OURS, refs, run, args.run_timeout)
 
 
-def row(label: str, ref: dict[str, Any], run: dict[str, Any], run_timeout: float) -> dict[str, Any]:
-    """The comparison of a system's two runs. A run with faults stopped at --run-timeout gives bounds: it takes
-    longer than that ("bound": true; with_faults_s and lost_s are lower bounds, goodput an upper one)."""
-    free, faulted = ref.get("seconds") if ref["ok"] else None, run.get("seconds") if run["ok"] else None
-    bound = faulted is None and "did not end within --run-timeout" in run.get("error", "")
-    if bound:
-        faulted = run.get("stopped_at_s", run_timeout)
-    fired = run["faults"]
-    lost = None if free is None or faulted is None else faulted - free
-    resumed = [f["resumed_s"] for f in fired if f.get("resumed_s") is not None]
-    return {"system": label, "peer": label not in OURS, "fault_free_s": free, "with_faults_s": faulted,
-            "bound": bound, "goodput": ratio(free, faulted), "faults": len(fired),
-            "kills": sum(1 for f in fired if f["kind"] == "kill"),
-            "hangs": sum(1 for f in fired if f["kind"] == "hang"),
-            "lost_s": lost, "lost_per_fault_s": ratio(lost, len(fired)) if fired else None,
-            "fault_to_resumed_s": stats(resumed), "fault_to_resumed_sum_s": sum(resumed) if resumed else None,
-            "unresumed": len(fired) - len(resumed), "redone_steps": None if "redone" not in run else
-            sum(run["redone"].values()), "bit_identical": run.get("bit_identical"), "leftovers": run.get("leftovers"),
-            "ok": bool(free is not None and faulted is not None and not bound)}
+def _reference(system: System, n: int, args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
+    ref = run_job(system, n, args, run_dir, [])
+    print(f"{system.label}: fault-free {ref.get('seconds', float('nan')):.1f} s, ok {ref['ok']}"
+          + (f", error: {ref['error']}" if ref.get("error") else ""), flush=True)
+    return ref
 
 
-def compare(result: dict[str, Any]) -> None:
-    """Ratios against the peers of the same run, and the goal's verdict for taskd's best configuration."""
-    rows = result["rows"]
-    fastest = min((r["fault_free_s"] for r in rows if r["fault_free_s"]), default=None)
-    peers = [r for r in rows if r["peer"] and r["lost_s"] is not None]
-    best_peer = min(peers, key=lambda r: r["lost_s"], default=None)  # a bounded peer by its lower bound
-    for r in rows:
-        r["goodput_vs_fastest"] = ratio(fastest, r["with_faults_s"])
-        both_bounds = best_peer is not None and best_peer["bound"] and r["bound"] and r is not best_peer
-        r["lost_over_best_peer"] = ratio(r["lost_s"], best_peer["lost_s"]) if best_peer and not both_bounds else None
-    result["best_peer"] = best_peer["system"] if best_peer else None
-    ours = [r for r in rows if not r["peer"] and r["goodput"] is not None and not r["bound"]]
-    best = max(ours, key=lambda r: r["goodput"], default=None)
-    result["taskd_best"] = best["system"] if best else None
-    if best is None:
-        result["verdict"] = "no taskd system completed both runs"
-        return
-    lines = [f"taskd's best: {best['system']}, goodput {best['goodput']:.3f} (goal >= {GOAL_GOODPUT}: "
-             + ("met" if best["goodput"] >= GOAL_GOODPUT else
-                f"missed by {100 * (GOAL_GOODPUT - best['goodput']):.1f} points") + ")"]
-    if best_peer is not None and best["lost_s"] is not None and best_peer["lost_s"]:
-        share, over = best["lost_s"] / best_peer["lost_s"], best_peer["bound"]
-        verdict = "met" if share <= 0.5 else "not established (the peer's loss is a lower bound)" if over else "missed"
-        lines.append(f"lost {best['lost_s']:.1f} s against {best_peer['system']}'s {'> ' * over}"
-                     f"{best_peer['lost_s']:.1f} s: {'< ' * over}{share:.2f}x (goal <= 0.5: {verdict})")
-    if best["lost_s"] is not None:
-        in_recovery = best["fault_to_resumed_sum_s"] or 0.0
-        lines.append(f"where {best['system']}'s {best['lost_s']:.1f} s went: {in_recovery:.1f} s from its faults to "
-                     f"every rank past its next step ({best['kills']} kills, {best['hangs']} hangs: a hang's includes "
-                     f"the --heartbeat-timeout before it is noticed), {best['lost_s'] - in_recovery:.1f} s elsewhere "
-                     "(the steps that ran during those recoveries' fault-free share, noise between the two runs)")
+def verdict(result: dict[str, Any]) -> None:
+    """The peers' ratios on each row, and the goal lines with what each system's lost time went to."""
+    s, rows = result["settings"], result["rows"]
+    v = compare(rows)
+    result["best_peer"] = v["best_peer"]["system"] if v["best_peer"] else None
+    result["taskd_best"] = v["best"]["system"] if v["best"] else None
+    result["noise_floor_s"] = v["floor_s"]
+    result["goals"] = {k: None if v[k] is None else v[k].verdict for k in ("goodput", "peer", "qualifies")}
+    detect = {"taskd": s["heartbeat_timeout"], "snapshots": s["heartbeat_timeout"], "torchrun": s["pg_timeout"],
+              "torchft": s["torchft_timeout"]}
+    family = {x.label: x.family for x in SYSTEMS}
+    lines = verdict_lines(v)
+    lines.append("where the lost time went (per system):")
+    lines += ["  " + breakdown(r, s["steps"], s["ranks"], float(detect.get(family.get(r["system"], ""), 0.0)),
+                               v["fastest"]) for r in rows if r["lost_s"] is not None]
     result["verdict"] = "\n".join(lines)
 
 
@@ -269,8 +261,8 @@ def print_table(result: dict[str, Any]) -> None:
     for r in result["rows"]:
         over, peer_bound = ("> ", "< ") if r["bound"] else ("", ""), next(
             (p["bound"] for p in result["rows"] if p["system"] == result.get("best_peer")), False)
-        lines.append([r["system"], r["fault_free_s"], over[0] + fmt(r["with_faults_s"]),
-                      f"{r['faults']} ({r['kills']}/{r['hangs']})", over[1] + _pct(r["goodput"]),
+        lines.append([r["system"], r["fault_free_s"], r.get("fault_free_spread_s"), over[0] + fmt(r["with_faults_s"]),
+                      f"{r['faults']} ({r['kills']}/{r['hangs']})", goodput_text(r),
                       over[1] + _pct(r["goodput_vs_fastest"]), over[0] + fmt(r["lost_per_fault_s"]),
                       r["fault_to_resumed_s"]["p50"], r["fault_to_resumed_s"]["max"], r["redone_steps"],
                       _v(r["bit_identical"]), _v(None if r["leftovers"] is None else len(r["leftovers"])),
@@ -279,8 +271,8 @@ def print_table(result: dict[str, Any]) -> None:
                       f"{r['lost_over_best_peer']:.2f}×"])
     s = result["settings"]
     print(f"\nGoodput: {s['ranks']} ranks of train_ddp.py, {s['steps']} steps, faults every {s['mtbf']} s on average "
-          f"(seed {s['seed']}, {s['hang_share']:.0%} hangs)")
-    print(table(["system", "fault-free s", "with faults s", "faults (kills/hangs)", "goodput",
+          f"(seed {s['seed']}, {s['hang_share']:.0%} hangs), {s.get('baseline_runs', 1)} fault-free run(s) per system")
+    print(table(["system", "fault-free s", "spread s", "with faults s", "faults (kills/hangs)", "goodput",
                  "goodput vs fastest fault-free", "lost s per fault", "fault → resumed p50 s", "max s",
                  "steps redone (all ranks)", "bit-identical", "leftovers", "lost / best peer's"], lines, 2))
     for label, why in result["skipped"].items():
@@ -327,13 +319,28 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--keep", default="", help="keep every job's files under this directory")
     p.add_argument("--table", default="", metavar="RESULTS_JSON",
                    help="only print the table of a stored result (bench/results/goodput.json) and exit")
+    p.add_argument("--baseline-runs", type=int, default=None,
+                   help="fault-free runs per system, around its run with faults (default 2; 1 with --quick): "
+                        "their spread is the noise a verdict must exceed")
+    p.add_argument("--goal", action="store_true", help="the goal run's settings (bench/goodput_plan.py GOAL; "
+                   "~26 min alone on 2 cores); flags given beside it override them")
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--goal", action="store_true")
+    if pre.parse_known_args()[0].goal:
+        p.set_defaults(**GOAL)
     args = p.parse_args()
+    if args.quick and args.goal:
+        p.error("--quick and --goal are two different runs: give one")
+    if args.baseline_runs is None:
+        args.baseline_runs = 1 if args.quick else 2
     if args.quick:
         args.ranks, args.hidden, args.layers, args.steps, args.ckpt_every = 2, 64, 2, 30, 5
         args.step_sleep, args.mtbf, args.hang_share, args.max_faults = 0.05, 0.5, 0.0, 1
         args.run_timeout = min(args.run_timeout, 120.0)
-    if args.ranks < 2 or args.steps < 8 or args.ckpt_every < 1 or args.mtbf <= 0 or not 0 <= args.hang_share <= 1:
-        p.error("--ranks >= 2, --steps >= 8, --ckpt-every >= 1, --mtbf > 0 and 0 <= --hang-share <= 1")
+    if args.ranks < 2 or args.steps < 8 or args.ckpt_every < 1 or args.mtbf <= 0 or not 0 <= args.hang_share <= 1 \
+            or args.baseline_runs < 1:
+        p.error("--ranks >= 2, --steps >= 8, --ckpt-every >= 1, --mtbf > 0, 0 <= --hang-share <= 1 and "
+                "--baseline-runs >= 1")
     return args
 
 
@@ -356,29 +363,37 @@ def main() -> int:
     result.update({"settings": {k: getattr(args, k) for k in (
         "ranks", "steps", "ckpt_every", "hidden", "layers", "step_sleep", "seed", "mtbf", "arrivals", "hang_share",
         "pg_timeout", "heartbeat_timeout", "stop_grace", "snapshot_every", "snapshot_memory", "max_restarts",
-        "torchft_timeout", "run_timeout")},
+        "torchft_timeout", "run_timeout", "baseline_runs")},
         "schedule": [asdict(f) for f in faults], "systems": [s.label for s in systems], "skipped": skipped,
         "runs": [], "rows": []})
+    est = estimate([x.label for x in systems], result["settings"], [(f.at, f.kind) for f in faults])
+    result["estimate_s"] = est["total_s"]
+    print("\n".join(estimate_lines(est, args.baseline_runs)), flush=True)
     with tempfile.TemporaryDirectory(prefix="taskd-bench-goodput-") as tmp:
         work = Path(args.keep or tmp)
         work.mkdir(parents=True, exist_ok=True)
         for system in systems:
             result["rows"].append(measure(system, args.ranks, args, work, faults, result))
             write_result("goodput", result)  # partial results survive an interrupted run
-    compare(result)
+    verdict(result)
     print_table(result)
     write_result("goodput", result)
     return 0
 
 
 def reprint(path: Path) -> int:
-    """The table of a stored result, its rows made again by this version of the script (each system's runs are
-    stored in order: fault-free, then with faults)."""
+    """The table and verdict of a stored result, its rows made again by this version of the script from its runs:
+    each system's fault-free runs and its run with faults (older results hold one fault-free run per system)."""
     result = json.loads(path.read_text())
-    runs = result["runs"]
-    result["rows"] = [row(ref["system"], ref, run, result["settings"].get("run_timeout", 900.0))
-                      for ref, run in zip(runs[::2], runs[1::2], strict=True)]
-    compare(result)
+    by_system: dict[str, list[dict[str, Any]]] = {}
+    for run in result["runs"]:
+        by_system.setdefault(run["system"], []).append(run)
+    result["settings"].setdefault("baseline_runs", 1)
+    result["rows"] = [row(label, label not in OURS, [r for r in runs if not r["faulted"]], faulted,
+                          result["settings"].get("run_timeout", 900.0))
+                      for label, runs in by_system.items()
+                      for faulted in [next((r for r in runs if r["faulted"]), None)] if faulted is not None]
+    verdict(result)
     print_table(result)
     return 0
 
