@@ -66,9 +66,20 @@ def boundary(store: Any, control: Control, step: int, world_size: int, counted: 
     return int(value.decode() if isinstance(value, bytes) else value)
 
 
-def count_joined(store: Any, generation: int) -> None:
-    """A rank past the state sync of ``generation``: counted for a node migration's leaving ranks."""
+def names_node_move(control: Control | None, generation: int) -> bool:
+    """Whether ``control``, the request a rank joined ``generation`` for, names a node migration of it: every
+    joining rank reads it (the staying ranks' ``migrate`` and the successors', written by their standby agent)."""
+    return control is not None and control.generation == generation and control.action == MIGRATE \
+        and is_node_move(control)
+
+
+def count_joined(store: Any, control: Control | None, generation: int) -> bool:
+    """A rank past the state sync of ``generation`` counts itself in for a node migration's leaving ranks, and only
+    then: a store round trip to node 0 on every join of every recovery was work for nobody. Whether it counted."""
+    if not names_node_move(control, generation):
+        return False
     store.add(JOINED_KEY.format(generation=generation), 1)
+    return True
 
 
 def await_group(store: Any, watch: ControlWatch, generation: int, world_size: int, timeout: float) -> Control | None:
@@ -105,4 +116,5 @@ def await_release(watch: ControlWatch, generation: int, timeout: float) -> Contr
 
 
 __all__ = ["BOUNDARY_KEY", "JOINED_KEY", "MIGRATE", "MigrationFailed", "RELEASE", "SEEN_KEY", "await_group",
-           "await_release", "boundary", "count_joined", "is_node_move", "leaving"]
+           "await_release", "boundary", "count_joined", "is_node_move", "leaving",
+           "names_node_move"]

@@ -4,11 +4,13 @@ taskd/controller/nodes/node_migration.py): every rank of node N moves to a stand
 Each agent plays one role, from the controller's `taskd.migrate` orders (extraParams stage, node_rank, generation):
 
 - **successor** (a standby, stage "prepare"): it becomes node N without registering as it yet (the launcher's node
-  rank, the rank table), names generation g and starts N's ranks (warm spares if it has them): each is a joiner of
-  g, waiting in `LiveGroup()` for the group to form. Once every one declared itself it reports "ready". Once every
-  one has joined g (past the state sync: the group formed) it registers as node N (the controller's hand-over), and
-  the machine runs the node (`Took`); then it sends its final account. Anything else ends it: its ranks are
-  stopped, the migration called off with why, and the standby gives the node back and waits again (`GaveUp`).
+  rank, the rank table), names generation g (its control file says ``migrate`` of g with ``node``, as the job's
+  nodes' will: every rank that joins g knows it joins a node move) and starts N's ranks (warm spares if it has
+  them): each is a joiner of g, waiting in `LiveGroup()` for the group to form. Once every one declared itself it
+  reports "ready". Once every one has joined g (past the state sync: the group formed) it registers as node N
+  (the controller's hand-over), and the machine runs the node (`Took`); then it sends its final account. Anything
+  else ends it: its ranks are stopped, the migration called off with why, and the standby gives the node back and
+  waits again (`GaveUp`).
 - **staying** (stage "go", another node): it names g with action ``migrate`` and N's ranks leaving; its ranks leave
   g-1 at the boundary every rank agreed on and form g with the successors. Once they all joined it reports
   "joined", with this node's pause: from its first rank's end of the last step before the boundary to its last
@@ -66,6 +68,12 @@ class NodeMove:
     beats: dict[int, dict[int, float]] = field(default_factory=dict)  # global rank -> {step: heartbeat time}
 
 
+def node_ranks(table: RankTable, node: int) -> list[int]:
+    """The global ranks of ``node`` (the ranks that leave it), by the rank table's layout."""
+    per_node = table.layout.ranks_per_node if table.layout is not None else 0
+    return list(range(node * per_node, (node + 1) * per_node))
+
+
 class NodeMoves:
     """This agent's node migration, driven by the controller's orders and polled from the supervisor's loop."""
 
@@ -105,6 +113,8 @@ class NodeMoves:
         except (RuntimeError, ValueError) as exc:
             return self._report(migration, False, f"the standby cannot take node {node}: {exc}", stage="ready")
         self.live.next_generation(generation)
+        write_control(self.live.control_path, generation, "migrate", timeout=RANK_TIMEOUT,  # type: ignore[arg-type]
+                      leaving=node_ranks(self.table, node), node=True)  # the ranks join a node move: they count
         self.live.details.set_generation(generation)
         code, gone = self.control.start(None)
         self.active = NodeMove(migration, node, generation, "successor", now + READY_TIMEOUT)
@@ -163,8 +173,7 @@ class NodeMoves:
         if why or layout is None:
             return self._report(migration, False, f"node {layout.node_rank if layout else '?'} cannot take part: "
                                 f"{why or 'no ranks laid out'}", stage="joined")
-        per_node = layout.ranks_per_node
-        leaving = list(range(node * per_node, (node + 1) * per_node))
+        leaving = node_ranks(self.table, node)
         self.live.next_generation(generation)
         write_control(self.live.control_path, generation, "migrate", timeout=RANK_TIMEOUT,  # type: ignore[arg-type]
                       leaving=leaving, node=True)

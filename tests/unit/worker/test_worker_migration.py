@@ -64,3 +64,21 @@ def test_migrate_and_release_keep_the_group_until_the_boundary(tmp_path: Path) -
     assert not write_control(path, 5, "release").ends(5)
     with pytest.raises(LiveProtocolError):
         write_control(path, 5, "move")
+
+
+def test_only_a_join_a_node_migration_named_counts_itself_in() -> None:
+    """A join of any other generation (first start, recovery, a one-rank migration) makes no store round trip."""
+    from torch.distributed import HashStore
+
+    from taskd.worker.migration import JOINED_KEY, count_joined
+
+    store = HashStore()
+    node_move = Control(7, "migrate", extra={"leaving": [2, 3], "node": True})
+    for control in (None, Control(7, "rejoin"), Control(7, "migrate", extra={"leaving": [2]}), node_move):
+        assert not count_joined(store, control, 8)  # joined 8: the request named another generation
+    for control in (None, Control(7, "rejoin"), Control(7, "retry"), Control(7, "migrate", extra={"leaving": [2]}),
+                    Control(7, "rejoin", extra={"node": True})):
+        assert not count_joined(store, control, 7)
+    assert store.num_keys() == 0  # not one call reached the store
+    assert count_joined(store, node_move, 7) and count_joined(store, node_move, 7)
+    assert store.num_keys() == 1 and store.add(JOINED_KEY.format(generation=7), 0) == 2
