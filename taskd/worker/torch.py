@@ -114,7 +114,6 @@ class LiveGroup(RetryInPlace, Migrating, FsdpLive, HsdpLive):
         self._dropped: list[weakref.ref[DistributedDataParallel]] = []  # wrappers a recovery let go of
         self._retired = RetiredGroups()  # groups left, held while work of theirs may still wait (torch_group)
         self._group_timeout = self.timeout  # the longest collective timeout the current group had
-        self._joining: Control | None = None  # the request the generation being joined was named by (if read)
         if self.live and (off := backend_not_live(backend)):
             self._form_static(off, init_timeout)
             return
@@ -133,7 +132,6 @@ class LiveGroup(RetryInPlace, Migrating, FsdpLive, HsdpLive):
         latest = self.protocol.watch.latest() if self.protocol.watch is not None else None
         if latest is not None and latest.generation == self.protocol.generation:  # started into a resized group
             self.rank, self.world_size = self._resize.place(latest, self.rank, self.world_size)
-            self._joining = latest  # a node migration's successor: its agent named the move (count_joined)
         self._sockets = GroupSockets(os.environ[Var.MASTER_ADDR], os.environ[Var.MASTER_PORT])
         self._leave_watch = LeaveWatch(self.protocol.control_path, self._sockets, on_end=self._told_to_leave).start()
         self._store = dist.TCPStore(os.environ[Var.MASTER_ADDR], int(os.environ[Var.MASTER_PORT]),
@@ -318,13 +316,12 @@ class LiveGroup(RetryInPlace, Migrating, FsdpLive, HsdpLive):
                 exc = error[1] if error else None
                 raise LiveRecoveryFailed(f"rank {self.rank}: live recovery failed: {reason}") from exc
             event.update(generation=control.generation, action=control.action, control_s=time.time() - t0)
-            self._joining = control
             self.rank, self.world_size = self._resize.place(control, self.rank, self.world_size)
             for loader in self._loaders:
                 loader.rank = self.rank
             try:
                 self._join(control.generation, control.timeout)
-                self._sync_and_wrap()
+                self._sync_and_wrap(joining=control)
                 break
             except Exception as exc:  # a fault during the rebuild: wait for the next generation
                 kind = classify_error(exc, raised_by(exc) is not None)
@@ -386,8 +383,9 @@ class LiveGroup(RetryInPlace, Migrating, FsdpLive, HsdpLive):
         self._formed_at = collectives_issued()  # what forming the group ran itself (TORCH_DIST_INIT_BARRIER=1)
         log.debug("rank %d: joined %s in %.3fs", self.rank, prefix, time.time() - t0)
 
-    def _sync_and_wrap(self, load: Callable[[int], object] | None = None) -> None:
-        """Everyone takes the state of the most advanced rank that has one, then DDP is (re)built."""
+    def _sync_and_wrap(self, load: Callable[[int], object] | None = None, joining: Control | None = None) -> None:
+        """Everyone takes the state of the most advanced rank that has one, then DDP is (re)built. ``joining``: the
+        request this generation was formed for (None: the one it started into, read once formed, below)."""
         if self.live and not self._sharded:  # FSDP: no replacement joins
             refuse_own_collectives(self.rank, collectives_issued() - self._formed_at)
         self.mark.enter()
@@ -416,7 +414,9 @@ class LiveGroup(RetryInPlace, Migrating, FsdpLive, HsdpLive):
         self.has_state = True
         if self.live:
             self.protocol.joined(self.protocol.generation, self.step_no)
-            count_joined(self._store, self._joining, self.protocol.generation)  # only for a node migration
+            if joining is None and self.protocol.watch is not None:  # a node migration's successor: its standby
+                joining = self.protocol.watch.latest()  # wrote the move after starting it, before g could form
+            count_joined(self._store, joining, self.protocol.generation)  # a node migration's leaving ranks wait
 
     def _hand_over(self, step: int, pairs: list[tuple[int, list[int]]]) -> None:
         self.step_no = step

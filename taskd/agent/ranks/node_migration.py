@@ -113,10 +113,11 @@ class NodeMoves:
         except (RuntimeError, ValueError) as exc:
             return self._report(migration, False, f"the standby cannot take node {node}: {exc}", stage="ready")
         self.live.next_generation(generation)
-        write_control(self.live.control_path, generation, "migrate", timeout=RANK_TIMEOUT,  # type: ignore[arg-type]
-                      leaving=node_ranks(self.table, node), node=True)  # the ranks join a node move: they count
         self.live.details.set_generation(generation)
-        code, gone = self.control.start(None)
+        code, gone = self.control.start(None)  # (the launcher clears the control file first)
+        # the move, as the job's nodes will name it: the ranks read it once g formed, which is after their "ready"
+        write_control(self.live.control_path, generation, "migrate", timeout=RANK_TIMEOUT,  # type: ignore[arg-type]
+                      leaving=node_ranks(self.table, node), node=True)
         self.active = NodeMove(migration, node, generation, "successor", now + READY_TIMEOUT)
         log.info("node migration %s: this standby starts node %d's ranks (rank:pid %s) to join generation %d%s",
                  migration, node, self.table.pids(), generation, "" if code == 0 else f"; start returned {code}")

@@ -20,7 +20,12 @@ def moves(tmp_path: Path, table: RankTable, node_rank: int | None) -> tuple[Node
     details = SimpleNamespace(live_recovery=True, set_node_rank=lambda node: None, set_generation=generations.append)
     live = SimpleNamespace(details=details, control_path=str(tmp_path / "control"), enabled=True, generation=3,
                            next_generation=lambda g: g)
-    control = SimpleNamespace(start=lambda local: (0, []))
+    control_path = tmp_path / "control"
+
+    def start(local: list[int] | None) -> tuple[int, list[object]]:  # as the launcher's: a stale request cleared
+        control_path.unlink(missing_ok=True)
+        return 0, []
+    control = SimpleNamespace(start=start)
     link = SimpleNamespace(reports=SimpleNamespace(migration=lambda **kw: reports.append(kw)),
                            hand_over=lambda on: None)
     if node_rank is not None:
@@ -32,6 +37,8 @@ def moves(tmp_path: Path, table: RankTable, node_rank: int | None) -> tuple[Node
 
 
 def test_the_successors_control_names_the_node_move_as_the_staying_nodes_does(tmp_path: Path) -> None:
+    """Written once its ranks started (the launcher clears the file as it starts them): they read it once g formed,
+    which needs the staying ranks, told only after the successor's "ready"."""
     successor, reports = moves(tmp_path / "standby", RankTable(), None)
     staying, _ = moves(tmp_path / "node0", RankTable(), 0)
     (tmp_path / "standby").mkdir()
