@@ -8,12 +8,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from taskd.process.exitcodes import describe_returncode
+from taskd.worker.live import SHARDS_LOST_EXIT
 from taskd.worker.snapshot_account import Restored
 
 if TYPE_CHECKING:
     from taskd.agent.ranks.launcher import Launcher
 
 log = logging.getLogger("taskd.agent")
+
+
+REFUSED = "refused"
+"""A `FaultRecord`'s reason for a rank that exited refusing live recovery (`SHARDS_LOST_EXIT` after GAVE_UP): the
+round goes on as after a fault (job-rescheduling), but the summary counts it as a refusal."""
 
 
 @dataclass
@@ -23,11 +29,18 @@ class FaultRecord:
     local_rank: int
     pid: int | None
     returncode: int | None
-    reason: str  # "exit", "hang", ...
+    reason: str  # "exit", "hang", ..., REFUSED
+
+    @property
+    def kind(self) -> str:
+        """What the agent's event line calls it: a clean refusal of live recovery is no fault."""
+        return "refusal" if self.reason == REFUSED else "fault"
 
     def describe(self) -> str:
         pid = f"pid {self.pid}" if self.pid else "no pid"
-        if self.reason == "hang":
+        if self.reason == REFUSED:
+            what = f"refused live recovery: the shards it would need are lost (exit {SHARDS_LOST_EXIT})"
+        elif self.reason == "hang":
             what = "stopped making progress (hang)"
         elif self.reason == "left":
             what = "left its group early (exit 0 before its loop's end)"
@@ -114,6 +127,7 @@ class JobResult:
     started: float = field(default_factory=time.time)
     ended: float = 0.0
     faults: list[FaultRecord] = field(default_factory=list)
+    refusals: list[FaultRecord] = field(default_factory=list)  # ranks that refused live recovery cleanly (REFUSED)
     recoveries: list[RecoveryRecord] = field(default_factory=list)
     first_failure: FaultRecord | None = None
     first_failure_log: list[str] = field(default_factory=list)
@@ -121,6 +135,13 @@ class JobResult:
     first_failure_error: Any = None
     first_failure_captured: bool = False
     moved: str = ""  # this node's ranks moved to another agent (a node migration): said instead of "job succeeded"
+
+    def add(self, record: FaultRecord) -> None:
+        """A rank's end the round acts on: a fault, or a refusal, counted apart; the first of either is the first
+        failure (the job's exit code, as before: a refusal follows the fault it could not recover)."""
+        (self.refusals if record.reason == REFUSED else self.faults).append(record)
+        if self.first_failure is None:
+            self.first_failure = record
 
     def capture_first_failure(self, details: Launcher) -> None:
         """Read the first failure's log tail and @record error file from the failing incarnation itself.
@@ -163,6 +184,9 @@ class JobResult:
         return (f"{text}, {self.time_lost:.2f}s spent recovering in {len(resumed)}, "
                 f"{restart} in {len(others)} (training's resumption {why})")
 
+    def _refusals(self) -> str:
+        return f"{len(self.refusals)} rank(s) refused live recovery (shards lost), " if self.refusals else ""
+
     def format_summary(self) -> str:
         lines = self._root_cause() if not self.succeeded else []
         lines += [
@@ -170,7 +194,7 @@ class JobResult:
              if self.succeeded else "node FENCED, its ranks stopped" if self.reason.startswith("fenced")
              else "job FAILED")  # a fenced or moved node's job goes on, or ended, without it: not this node's to judge
             + (f" ({self.reason})" if self.reason else "")
-            + f": {self.ranks} ranks, {len(self.faults)} fault(s), {self._recovery_accounts()}, "
+            + f": {self.ranks} ranks, {len(self.faults)} fault(s), {self._refusals()}{self._recovery_accounts()}, "
             f"{max(0.0, self.ended - self.started):.1f}s in all"
         ]
         lines.extend(f"  {rec.describe()}" for rec in self.recoveries)

@@ -37,7 +37,7 @@ from taskd.agent.round.actions import AgentHooks, Executors, Gone
 from taskd.agent.round.rules import RoundMachine
 from taskd.agent.round.states import LocalPolicy, NodeFacts, NodeState
 from taskd.agent.snapshots.replication import Replication
-from taskd.agent.summary import FaultRecord, JobResult
+from taskd.agent.summary import REFUSED, FaultRecord, JobResult
 from taskd.agent.watches.exits import DepartureWatch
 from taskd.agent.watches.hangs import Hang, HangWatch
 from taskd.agent.watches.metrics import NodeMetrics, sample_ranks
@@ -386,12 +386,11 @@ class Supervisor:
 
     def _fault(self, rank: Rank, reason: str, fault_type: str, why: str = "", unseen: float = 0.0,
                say_why: bool = False) -> None:
+        reason = REFUSED if reason == "exit" and self.live.refused(rank) else reason  # no fault, acted on as one
         record = FaultRecord(time.time(), rank.global_rank, rank.local_rank, rank.pid, rank.returncode, reason)
-        self.result.faults.append(record)
-        if self.result.first_failure is None:
-            self.result.first_failure = record
+        self.result.add(record)
         detail = f"{record.describe()}: {why}" if why else record.describe()
-        log.warning("fault: %s", detail if say_why else record.describe())
+        log.warning("%s: %s", record.kind, detail if say_why else record.describe())
         self._feed(ev.RankFault(rank.global_rank, rank.local_rank, fault_type, detail, unseen))
 
     def _poll_reports(self) -> None:

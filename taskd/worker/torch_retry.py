@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from taskd.worker.live import ErrorKind, Phase
+from taskd.worker.live import SHARDS_LOST_EXIT, ErrorKind, Phase
 from taskd.worker.torch_mark import Backward
 from taskd.worker.torch_origin import collective
 
@@ -20,11 +20,6 @@ log = logging.getLogger(__name__)
 
 class LiveRecoveryFailed(RuntimeError):
     """The agent named no new generation in time, or asked to abort: the rank exits so the job restarts."""
-
-
-SHARDS_LOST_EXIT = 76
-"""A rank's exit code when live recovery refused because shards are lost (`ShardsLost`): the agent takes the
-ranks' exits as the rebuild's failure, and the round goes on to job-rescheduling."""
 
 
 class ShardsLost(LiveRecoveryFailed):

@@ -20,7 +20,7 @@ from taskd.agent.ranks.table import Rank, RankState, RankTable
 from taskd.agent.round.events import GroupFailed, GroupRejoined, Resumed
 from taskd.vocabulary import FaultRanks, FaultType, Strategy
 from taskd.worker.heartbeat_file import HeartbeatFile, HeartbeatFileError
-from taskd.worker.live import ErrorKind, Phase, RankStatus, read_rank_status, write_control
+from taskd.worker.live import SHARDS_LOST_EXIT, ErrorKind, Phase, RankStatus, read_rank_status, write_control
 
 log = logging.getLogger("taskd.agent")
 
@@ -95,6 +95,14 @@ class LiveRanks:
         if status.generation is not None or status.phase is Phase.REJOINING:  # joined, or forming, a group
             self._group.add(rank.local_rank)
         return status
+
+    def refused(self, rank: Rank) -> bool:
+        """Whether ``rank`` exited refusing live recovery cleanly: `SHARDS_LOST_EXIT` after it said GAVE_UP (its
+        shards are lost; a script's own exit 76 says no GAVE_UP). The round acts on it as on a fault; it is none."""
+        if rank.returncode != SHARDS_LOST_EXIT:
+            return False
+        status = self.status(rank)
+        return status is not None and status.phase is Phase.GAVE_UP
 
     def forget(self, local_rank: int) -> None:
         """Drop the rank's cached mapping: its heartbeat file was replaced by another (a migration's successor's)."""
