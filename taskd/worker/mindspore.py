@@ -37,7 +37,7 @@ from mindspore.train import Callback
 from taskd.worker.live import declare_rejoinable
 from taskd.worker.progress import heartbeat, on_save_request, section, serve_after_error
 from taskd.worker.snapshot import DEFAULT_EVERY, Fallback, SnapshotError, Snapshots
-from taskd.worker.snapshot_ballot import SLOTS, common_of_rows, to_row
+from taskd.worker.snapshot_ballot import SLOTS, common, holds, offer, offered
 
 log = logging.getLogger("taskd.worker")
 
@@ -219,16 +219,18 @@ def communicating() -> bool:
 
 
 def common_steps(steps: set[int]) -> set[int]:
-    """The values every rank of the job holds, from each rank's own (`Snapshots`'s ``agree``): one AllReduce of
-    MindSpore's world group (on CPU it sums float32 only: each rank fills its own row, `to_row`). A collective
-    every rank calls; SnapshotError before ``mindspore.communication.init()``."""
+    """The values every rank of the job holds, from each rank's own (`Snapshots`'s ``agree``): two AllReduces of
+    MindSpore's world group (on CPU it sums float32 only), of 2 KB and 512 bytes whatever the world size: rank 0's
+    set (`offer`), then how many ranks hold each of its values (`holds`; taskd.worker.snapshot_ballot). A
+    collective every rank calls; SnapshotError before ``mindspore.communication.init()``."""
     if not communicating():
         raise SnapshotError("mindspore.communication.init() has not run: nothing agrees on a step across the ranks")
     from mindspore import Tensor, ops
     from mindspore.communication import get_group_size, get_rank
 
-    rows = to_row(steps, get_rank(), get_group_size())
-    return common_of_rows(ops.AllReduce()(Tensor(rows)).asnumpy())
+    candidates = offered(ops.AllReduce()(Tensor(offer(steps, get_rank()))).asnumpy())
+    counts = ops.AllReduce()(Tensor(holds(candidates, steps))).asnumpy()
+    return common(candidates, counts, get_group_size())
 
 
 def global_step(params: Any) -> int:

@@ -49,33 +49,52 @@ SLOTS = 128
 """Values a rank's set may hold in a sum-only collective's row (a ballot: 49; a cut: its published steps)."""
 _PIECE, _PIECES, _OFFSET = 1 << 21, 3, 1 << 16  # float32 holds integers exactly to 2**24: 21-bit pieces
 
+# Intersecting every rank's set through MindSpore's CPU AllReduce (which only sums float32) in two sums of a few KB
+# whatever the world size (one (world, SLOTS, 4) array summed was 8 MB at 4,096 ranks): rank 0 offers its set
+# (`offer`: its row, every other rank's zeros), each rank then says which of those values it holds (`holds`), and a
+# value every rank holds is in the intersection (`common`): no value outside rank 0's set can be.
 
-def to_row(values: set[int], rank: int, world: int) -> Any:
-    """``values`` as this rank's row of a (world, SLOTS, 1 + pieces) float32 numpy array, zeros elsewhere: summed over
-    the ranks (MindSpore's CPU AllReduce, which only sums float32) it holds every rank's set, read by
-    `common_of_rows`. A slot is (1, the value + OFFSET in 21-bit pieces), so the ballot's negative marks fit."""
+
+def offer(values: set[int], rank: int) -> Any:
+    """Rank 0's ``values`` as a (SLOTS, 1 + pieces) float32 numpy array, zeros from every other rank: summed over
+    the ranks it is rank 0's set, read by `offered`. A slot is (1, the value + OFFSET in 21-bit pieces), so the
+    ballot's negative marks fit; ValueError for a set no rank could offer (checked on every rank alike)."""
     import numpy as np  # inside: taskd.worker needs only the standard library to import
 
     if len(values) > SLOTS:
         raise ValueError(f"{len(values)} values to agree on: at most {SLOTS}")
-    rows = np.zeros((world, SLOTS, 1 + _PIECES), dtype=np.float32)
+    row = np.zeros((SLOTS, 1 + _PIECES), dtype=np.float32)
     for slot, value in enumerate(sorted(values)):
         shifted = value + _OFFSET
         if not 0 <= shifted < _PIECE ** _PIECES:
             raise ValueError(f"{value} cannot be agreed on: outside [-{_OFFSET}, 2**63 - {_OFFSET})")
-        rows[rank, slot, 0] = 1.0
-        for piece in range(_PIECES):
-            rows[rank, slot, 1 + piece] = float((shifted // _PIECE ** piece) % _PIECE)
-    return rows
+        if rank == 0:
+            row[slot, 0] = 1.0
+            for piece in range(_PIECES):
+                row[slot, 1 + piece] = float((shifted // _PIECE ** piece) % _PIECE)
+    return row
 
 
-def common_of_rows(rows: Any) -> set[int]:
-    """The values every rank's row holds (the intersection `agree` returns), from the summed rows."""
-    sets = []
-    for row in rows:
-        sets.append({sum(int(slot[1 + piece]) * _PIECE ** piece for piece in range(_PIECES)) - _OFFSET
-                     for slot in row if slot[0] == 1.0})
-    return set.intersection(*sets) if sets else set()
+def offered(row: Any) -> list[int]:
+    """Rank 0's values, slot by slot, from the summed `offer` rows."""
+    return [sum(int(slot[1 + piece]) * _PIECE ** piece for piece in range(_PIECES)) - _OFFSET
+            for slot in row if slot[0] == 1.0]
 
 
-__all__ = ["RANK_BITS", "SLOTS", "ballot", "common_of_rows", "failing_rank", "outvoted", "to_row"]
+def holds(candidates: list[int], values: set[int]) -> Any:
+    """A (SLOTS,) float32 numpy array: 1 in each slot of ``candidates`` (rank 0's offer) that ``values`` holds too."""
+    import numpy as np
+
+    row = np.zeros(SLOTS, dtype=np.float32)
+    for slot, value in enumerate(candidates):
+        row[slot] = 1.0 if value in values else 0.0
+    return row
+
+
+def common(candidates: list[int], counts: Any, world: int) -> set[int]:
+    """The values every one of the ``world`` ranks holds (the intersection `agree` returns), from the summed
+    `holds` rows (counts exact in float32 up to 2**24 ranks)."""
+    return {value for slot, value in enumerate(candidates) if int(counts[slot]) == world}
+
+
+__all__ = ["RANK_BITS", "SLOTS", "ballot", "common", "failing_rank", "holds", "offer", "offered", "outvoted"]

@@ -108,5 +108,10 @@ def test_a_rank_lost_before_its_first_snapshot_is_refused_in_one_line_and_takes_
     assert console.count(said) == 1 and "Traceback" not in console, console[-6000:]
     assert console.index("strategy: recover for rank(s) [1]") < console.index(said) \
         < console.index("strategy: job-rescheduling"), console[-6000:]
+    # the refusal is no fault: its event line and the summary say so (the SIGKILL is the job's one fault)
+    assert re.search(r"refusal: rank [01] \(pid \d+\) refused live recovery: the shards it would need are lost "
+                     r"\(exit 76\)", console) and "exited with code 76" not in console, console[-6000:]
+    assert re.search(r"job succeeded[^:\n]*: 2 ranks, 1 fault\(s\), [12] rank\(s\) refused live recovery \(shards "
+                     r"lost\), ", console), console[-6000:]
     for rank in range(2):  # restarted from scratch (no checkpoints): step 0 by the first processes, then 0 and 1
         assert [s for s, _, _ in steps_done(tmp_path / "out", rank)] == [0, 0, 1], (rank, console[-6000:])

@@ -453,20 +453,37 @@ def test_live_group_snapshot_options_are_checked_before_anything_and_off_means_t
         start_afresh(LiveSnapshots(0), 0, [(0, 4), (0, 2)], [], None, cpu)
 
 
+def sum_only_intersection(sets: list[set[int]]) -> set[int]:
+    """`taskd.worker.mindspore.common_steps` with its two AllReduces (MindSpore's CPU one sums float32 only) as sums
+    over the ranks' arrays; each array as big whatever the number of ranks."""
+    from taskd.worker.snapshot_ballot import common, holds, offer, offered
+
+    offers = [offer(held, rank) for rank, held in enumerate(sets)]
+    assert all(o.dtype == np.float32 and o.nbytes == 2048 for o in offers)
+    candidates = offered(sum(offers))
+    counts = [holds(candidates, held) for held in sets]
+    assert all(c.dtype == np.float32 and c.nbytes == 512 for c in counts)
+    return common(candidates, sum(counts), len(sets))
+
+
 def test_a_sum_only_collective_carries_each_ranks_set_and_the_ballot() -> None:
-    """MindSpore's CPU AllReduce sums float32 only: each rank's row (`to_row`) summed over the ranks gives back every
-    rank's set exactly (steps past float32's 2**24, the ballot's negative marks), and the failing rank's number."""
-    from taskd.worker.snapshot_ballot import SLOTS, ballot, common_of_rows, failing_rank, to_row
+    """Two sums of a few KB (rank 0's set offered, then how many ranks hold each of its values) give the ranks' sets'
+    intersection exactly (steps past float32's 2**24, the ballot's negative marks), and the failing rank's number."""
+    from taskd.worker.snapshot_ballot import SLOTS, ballot, failing_rank, offer
 
     sets = [{4, 5, 2**40 + 7}, {5, 2**40 + 7, 9}, {2**40 + 7, 5}]
-    summed = sum(to_row(held, rank, 3) for rank, held in enumerate(sets))
-    assert summed.dtype == np.float32 and common_of_rows(summed) == {5, 2**40 + 7}
-    votes = sum(to_row(ballot(rank != 2, 2**30, rank), rank, 3) for rank in range(3))
-    voted = common_of_rows(votes)
+    assert sum_only_intersection(sets) == {5, 2**40 + 7} == set.intersection(*sets)
+    assert sum_only_intersection([{5, 9}, {4, 5, 2**40 + 7, 9}, {9, 1}]) == {9}  # values rank 0 lacks are in none
+    voted = sum_only_intersection([ballot(rank != 2, 2**30, rank) for rank in range(3)])
     assert 2**30 not in voted and failing_rank(voted) == 2
-    assert common_of_rows(sum(to_row(set() if r else {1}, r, 2) for r in range(2))) == set()
+    assert failing_rank(sum_only_intersection([ballot(rank != 5, 7, rank) for rank in range(6)])) == 5
+    assert sum_only_intersection([set() if r else {1} for r in range(2)]) == set()
+    assert sum_only_intersection([set(), {1}]) == set()
+    assert sum_only_intersection([{3}]) == {3}
     with pytest.raises(ValueError, match="at most"):
-        to_row(set(range(SLOTS + 1)), 0, 1)
+        offer(set(range(SLOTS + 1)), 1)  # every rank refuses alike, not only rank 0
+    with pytest.raises(ValueError, match="cannot be agreed on"):
+        offer({-(1 << 17)}, 1)
 
 
 def test_msrun_on_two_nodes_restores_from_memory_only_with_a_vote(tmp_path, monkeypatch, caplog) -> None:
