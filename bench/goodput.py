@@ -6,7 +6,8 @@ seeded schedule counted from the launch of the job: gaps of mean --mtbf seconds,
 times it (`--arrivals uniform`: in one job of a few minutes, exponential gaps would make the number of faults
 itself the largest noise; `--arrivals exponential` draws them so). Each fault is a SIGKILL of a seeded rank, or
 (a --hang-share of them) a SIGSTOP of it: a hang, which a
-system notices only by a missing heartbeat or a collective's timeout. Every system gets the same schedule, so a
+system notices only by a missing heartbeat, a collective's timeout or (taskd's agent: STOPPED_AFTER, 2 s) the
+rank's stopped state. Every system gets the same schedule, so a
 system that runs longer meets more faults, as on a cluster. A fault that falls due while the job is not
 training (starting, or not yet past the step after the previous fault) waits until every rank has completed a
 step after the previous fault; one due after a rank completed the last step is dropped (the job is ending).
@@ -48,7 +49,7 @@ outside recoveries, the steady-state cost). Before it starts, the bench prints i
 The goal run (~26 min by the estimate, alone on the machine; --goal sets bench/goodput_plan.py's GOAL):
 
     PYTHONPATH=. python bench/goodput.py --goal --keep /tmp/goodput-goal
-    # = --ranks 4 --steps 480 --mtbf 40 --hang-share 0.25 --seed 3 --heartbeat-timeout 3 --torchft-timeout 5
+    # = --ranks 4 --steps 480 --mtbf 40 --hang-share 0.25 --seed 3 --heartbeat-timeout 5 --torchft-timeout 5
     #   --pg-timeout 30 --ckpt-every 10 --baseline-runs 2 --run-timeout 600
     #   --systems "taskd live,taskd +,torchrun,torchft"
 """
@@ -198,6 +199,7 @@ def run_job(system: System, n: int, args: argparse.Namespace, run_dir: Path, fau
         res["error"] = str(exc)
     finally:
         job.close()
+    detected(run_dir / "agent.jsonl", inj.fired)
     res["faults"] = [{k: v for k, v in f.items() if k != "t_abs"} for f in inj.fired]
     res["faults_dropped"] = inj.dropped + len(inj.pending)
     summary = run_dir / "out" / "summary.json"
@@ -205,6 +207,19 @@ def run_job(system: System, n: int, args: argparse.Namespace, run_dir: Path, fau
         redone = json.loads(summary.read_text())["recomputed"]
         res["redone"] = {int(r): v for r, v in redone.items()}
     return res
+
+
+def detected(events: Path, fired: list[dict[str, Any]]) -> None:
+    """Each fault's detection where the job's agent logs it (taskd's systems): its time to the agent's first
+    "fault: rank R (pid P)" record of the faulted process ("detected_s"); other systems log no such record."""
+    if not events.exists():
+        return
+    recs = [json.loads(line) for line in events.read_text().splitlines() if line.startswith("{")]
+    for f in fired:
+        ts = [r["t"] for r in recs if r["msg"].startswith("fault: ") and f"(pid {f['pid']})" in r["msg"]
+              and r["t"] >= f["t_abs"]]
+        if ts:
+            f["detected_s"] = min(ts) - f["t_abs"]
 
 
 def measure(system: System, n: int, args: argparse.Namespace, work: Path, faults: list[Fault],

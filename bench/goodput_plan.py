@@ -14,18 +14,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from taskd.agent.watches.culprit import STOPPED_AFTER
+
 STARTUP_S = 4.0  # launch to the first step, 4 ranks, quiet (from 200 steps taking 48-56 s at ~0.25 s a step)
 STEP_S = 0.25  # one step at 4 ranks, 9 M parameters, quiet
 
 # The goal run (issue 36), ~26 min by the estimate: 4 ranks, 480 steps (~2 min fault-free); a fault every 40 s on
-# average (gaps 20-60 s), a quarter of them hangs; taskd finds a hang by a 3 s heartbeat timeout, torchft by its
-# bench default of 5 s (its Manager's quorum shares that timeout; 3 s was never tried), torchrun by the 30 s
-# collective timeout; disk checkpoints every 10 steps (~Young's interval here); two fault-free runs per system, one
-# before and one after its run with faults. Seed 3 by a rule that looks at torchrun alone: the first seed whose
-# schedule the estimate expects to take torchrun below 80 % (seeds 1, 2 draw no hang before torchrun ends). Its
-# faults: kill rank 2 at 56 s, hang rank 3 at 111 s, kill rank 2 at 164 s, kill rank 1 at 215 s, ...
+# average (gaps 20-60 s), a quarter of them hangs (SIGSTOP); taskd's --heartbeat-timeout and torchft's timeout
+# both 5 s (taskd's agent finds a *stopped* rank sooner: STOPPED_AFTER, 2 s after its last heartbeat, by its
+# process state), torchrun finds a hang by the 30 s collective timeout; disk checkpoints every 10 steps (~Young's
+# interval here); two fault-free runs per system, one before and one after its run with faults. Seed 3 by a rule
+# that looks at torchrun alone: the first seed whose schedule the estimate expects to take torchrun below 80 %
+# (seeds 1, 2 draw no hang before torchrun ends). Its faults: kill rank 2 at 56 s, hang rank 3 at 111 s, kill
+# rank 2 at 164 s, kill rank 1 at 215 s, ...
 GOAL: dict[str, Any] = {
-    "ranks": 4, "steps": 480, "mtbf": 40.0, "hang_share": 0.25, "seed": 3, "heartbeat_timeout": 3.0,
+    "ranks": 4, "steps": 480, "mtbf": 40.0, "hang_share": 0.25, "seed": 3, "heartbeat_timeout": 5.0,
     "torchft_timeout": 5, "pg_timeout": 30.0, "ckpt_every": 10, "snapshot_every": 1, "baseline_runs": 2,
     "run_timeout": 600.0, "arrivals": "uniform", "systems": "taskd live,taskd +,torchrun,torchft",
 }
@@ -47,7 +50,7 @@ PER_FAULT: dict[str, FaultCost] = {  # by label prefix, the first that matches
     "torchrun": FaultCost(7.0, "ckpt_every", "pg_timeout"),
     "torchft": FaultCost(2.7, "", "torchft_timeout"),
 }
-MONITOR_S = 0.5  # a hang found by taskd's heartbeat waits on average half the agent's 1 s sweep beyond the timeout
+MONITOR_S = 0.5  # a hang found by taskd's agent waits on average half its 1 s sweep beyond the timeout
 
 
 def fault_cost(label: str, kind: str, settings: dict[str, Any], step_s: float = STEP_S) -> float | None:
@@ -56,7 +59,9 @@ def fault_cost(label: str, kind: str, settings: dict[str, Any], step_s: float = 
     if cost is None:
         return None
     redone = (settings[cost.redone_of] - 1) / 2 * step_s if cost.redone_of else 0.0
-    detect = float(settings[cost.detect]) + (MONITOR_S if cost.detect == "heartbeat_timeout" else 0.0)
+    detect = float(settings[cost.detect])
+    if cost.detect == "heartbeat_timeout":  # a SIGSTOPped rank is seen by its state after STOPPED_AFTER s
+        detect = min(detect, STOPPED_AFTER) + MONITOR_S
     return cost.recover_s + redone + (detect if kind == "hang" else 0.0)
 
 

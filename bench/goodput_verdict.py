@@ -93,6 +93,8 @@ def row(label: str, peer: bool, refs: list[dict[str, Any]], run: dict[str, Any],
             "fault_to_resumed_s": {"n": len(resumed), "p50": statistics.median(resumed) if resumed else None,
                                    "max": max(resumed, default=None)},
             "fault_to_resumed_sum_s": sum(resumed) if resumed else None,
+            "detected_sum_s": sum(f["detected_s"] for f in fired) if fired and all("detected_s" in f for f in fired)
+            else None,  # measured where the agent logs each fault (taskd's systems)
             "unresumed": len(fired) - len(resumed), "redone_steps": None if "redone" not in run else
             sum(run["redone"].values()), "bit_identical": run.get("bit_identical"), "leftovers": run.get("leftovers"),
             "ok": bool(free is not None and faulted is not None and not bound)}
@@ -128,19 +130,22 @@ def goodput_text(r: dict[str, Any]) -> str:
 
 
 def breakdown(r: dict[str, Any], steps: int, ranks: int, detect_s: float, fastest: dict[str, Any] | None) -> str:
-    """Where a system's lost seconds went: detection (each hang x the timeout that finds it: configured, not
-    measured), redone steps (steps redone per rank x the fault-free time per step), the rest of fault -> every rank
-    past its next step (the pause), the time outside the recoveries, and the steady-state cost against the
-    fastest fault-free system of the run (which its own goodput does not charge)."""
+    """Where a system's lost seconds went: detection (measured where the agent logs each fault, else each hang x
+    the timeout that finds it: configured, not measured), redone steps (steps redone per rank x the fault-free
+    time per step), the rest of fault -> every rank past its next step (the pause), the time outside the
+    recoveries, and the steady-state cost against the fastest fault-free system of the run (which its own
+    goodput does not charge)."""
     step_s = r["fault_free_s"] / steps
     in_recovery = r["fault_to_resumed_sum_s"] or 0.0
-    detection = r["hangs"] * detect_s
+    measured = r.get("detected_sum_s")
+    detection = r["hangs"] * detect_s if measured is None else measured
     redone = (r["redone_steps"] or 0) / ranks * step_s
     pause = in_recovery - detection - redone
-    spread_s = "no spread measured" if r["spread_s"] is None else f"± {r['spread_s']:.1f} s"
+    how = (f"~{detection:.1f} s ({r['hangs']} hangs x {detect_s:g} s timeout: configured, not measured)"
+           if measured is None else f"{detection:.1f} s (measured: each fault → the agent's fault record)")
+    spread_s = "no spread measured" if r.get("spread_s") is None else f"± {r['spread_s']:.1f} s"
     text = (f"{r['system']}: lost {'> ' if r['bound'] else ''}{r['lost_s']:.1f} s ({spread_s}) over {r['faults']} "
-            f"faults ({r['kills']} kills, {r['hangs']} hangs) = detection ~{detection:.1f} s ({r['hangs']} hangs x "
-            f"{detect_s:g} s timeout: configured, not measured) + redone steps {redone:.1f} s "
+            f"faults ({r['kills']} kills, {r['hangs']} hangs) = detection {how} + redone steps {redone:.1f} s "
             f"({r['redone_steps'] or 0} steps / {ranks} ranks x {step_s:.3f} s) + pause {pause:.1f} s "
             f"(the rest of fault → every rank past its next step: {in_recovery:.1f} s in all) + outside recoveries "
             f"{r['lost_s'] - in_recovery:.1f} s (slower steps after them, noise)")

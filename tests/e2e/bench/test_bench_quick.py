@@ -200,6 +200,9 @@ def test_goodput_quick_same_fault_under_taskd_live_and_torchrun(tmp_path: Path) 
     faulted = [r for r in data["runs"] if r["faulted"]]
     assert [(f["kind"], f["rank"], f["at"]) for r in faulted for f in r["faults"]] == \
         [(fault["kind"], fault["rank"], fault["at"])] * 2  # the same fault for both systems
+    live_fault, torchrun_fault = (f for r in faulted for f in r["faults"])
+    assert 0 <= live_fault["detected_s"] < live_fault["resumed_s"]  # the agent's fault record, timed
+    assert "detected_s" not in torchrun_fault  # torchrun logs none: its breakdown says so
     assert rows[GOODPUT_QUICK[0]]["redone_steps"] == 0 and rows[GOODPUT_QUICK[1]]["redone_steps"] > 0
     assert data["best_peer"] == GOODPUT_QUICK[1] and rows[GOODPUT_QUICK[1]]["lost_over_best_peer"] == 1.0
     assert rows[GOODPUT_QUICK[0]]["lost_over_best_peer"] == pytest.approx(

@@ -104,17 +104,21 @@ def test_a_goal_run_with_clear_margins_gets_verdicts() -> None:
     text = gv.breakdown(slow, 480, 4, 3.0, v["fastest"])
     assert "detection ~3.0 s (1 hangs x 3 s timeout" in text and "pause 6.0 s" in text
     assert "outside recoveries 0.5 s" in text
+    seen = _row(LIVE, [120.0, 121.0], 130.0, [{**_fault("hang", 9.0), "detected_s": 2.4}], peer=False)
+    text = gv.breakdown(seen, 480, 4, 3.0, None)  # the agent's own record of the fault, not the setting
+    assert "detection 2.4 s (measured" in text and "pause 6.6 s" in text
 
 
 def test_the_estimate_follows_the_schedule_and_each_systems_fault_cost() -> None:
     s = {**plan.GOAL, "steps": 400, "mtbf": 40.0}
     free = plan.STARTUP_S + 400 * plan.STEP_S  # 104 s
     assert plan.fault_cost(LIVE, "kill", s) == 0.5
-    assert plan.fault_cost(LIVE, "hang", s) == 0.5 + 3.0 + plan.MONITOR_S
+    assert plan.fault_cost(LIVE, "hang", s) == 0.5 + plan.STOPPED_AFTER + plan.MONITOR_S  # a stopped rank
+    assert plan.fault_cost(LIVE, "hang", {**s, "heartbeat_timeout": 1.0}) == 0.5 + 1.0 + plan.MONITOR_S
     assert plan.fault_cost(TORCHRUN, "hang", s) == pytest.approx(7.0 + 4.5 * plan.STEP_S + 30.0)
     est = plan.estimate([LIVE, TORCHRUN, "nvrx"], s, [(50.0, "kill"), (100.0, "hang"), (150.0, "kill")])
     live, torchrun, unknown = (est["systems"][k] for k in (LIVE, TORCHRUN, "nvrx"))
-    assert (live["faults"], live["with_faults_s"]) == (2, pytest.approx(free + 0.5 + 4.0))
+    assert (live["faults"], live["with_faults_s"]) == (2, pytest.approx(free + 0.5 + 3.0))
     assert torchrun["faults"] == 3 and torchrun["goodput"] < 0.8
     assert not unknown["known"] and unknown["with_faults_s"] == free
     assert est["total_s"] == pytest.approx(sum(2 * free + r["with_faults_s"] for r in est["systems"].values()))
