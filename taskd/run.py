@@ -138,7 +138,8 @@ def run_main(config: RunConfig) -> int:
         return _config_errors([str(exc)])
     try:
         result = Supervisor(agent_config, launcher.callbacks(), details=launcher, controller=controller,
-                            credentials=credentials, snapshot_dir=launcher.snapshots.path).run()
+                            credentials=credentials, snapshot_dir=launcher.snapshots.path,
+                            ward_bytes=launcher.snapshots.wards).run()
     finally:
         launcher.close(config.stop_grace)
     return result.exit_code

@@ -61,8 +61,9 @@ class Supervisor:
 
     def __init__(self, config: AgentConfig, callbacks: dict[str, Callable[..., Any]],
                  details: LauncherDetails | None = None, controller: LocalController | None = None,
-                 credentials: ClientCredentials | None = None, snapshot_dir: str | None = None) -> None:
-        """`snapshot_dir`: the job's snapshot directory on this node (`taskd run`'s), replicated to a buddy node."""
+                 credentials: ClientCredentials | None = None, snapshot_dir: str | None = None,
+                 ward_bytes: int = 0) -> None:
+        """`snapshot_dir`: the job's snapshot directory here, replicated to a buddy; its copies here: `ward_bytes`."""
         self.config = config
         self.cb = callbacks
         self.details = details = launcher_of(details)  # msrun's: a null object (agent/ranks/launcher.py)
@@ -89,7 +90,7 @@ class Supervisor:
         self._events: deque[object] = deque()  # what the machine handles next, one at a time (`_feed`)
         self._draining = False
         self.node_loss = NodeLoss(self.config, self.link, self.table, details)  # issue 17
-        self.replication = Replication(snapshot_dir, self.link) if snapshot_dir else None  # issue 33, item 3
+        self.replication = Replication(snapshot_dir, self.link, ward_bytes) if snapshot_dir else None  # issue 33
         self.loss_wait = LossWait()  # a survivor's console while its round awaits a replacement
         self._terminate_signal: int | None = None
         self._done = False

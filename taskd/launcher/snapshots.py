@@ -7,7 +7,9 @@ The ranks write their snapshots (`taskd.worker.snapshot`) into segments under on
 directory (`taskd.process.run_dir`), so a new agent on the node removes those whose agent was SIGKILLed.
 
 The cap, per job and node: `taskd run --snapshot-memory`, else TASKD_SNAPSHOT_MEMORY in its environment
-(bytes, or a K/M/G suffix; 0 turns snapshots off), by default half of /dev/shm's size.
+(bytes, or a K/M/G suffix; 0 turns snapshots off), by default half of /dev/shm's size. It bounds everything the
+job holds there on this node: the ranks' own segments and, on several nodes, the copies of the peer node's ranks
+the agent receives as their buddy (`SnapshotArea.wards`, enforced by `replication.PeerService`).
 
 With a persist directory (`taskd run --snapshot-persist-dir`) the area also runs the node's `Persister`, which
 copies the ranks' snapshots there every N steps and once more when the job ends on the node, and hands the
@@ -29,10 +31,12 @@ from taskd.launcher.snapshot_persist import Persister
 from taskd.process.run_dir import make_run_dir, sweep_stale_run_dirs
 from taskd.settings import env_text, setting
 from taskd.worker.env import Var
+from taskd.worker.snapshot_files import BUDDY_KEEP
 
 log = logging.getLogger(__name__)
 
 SHM = "/dev/shm"
+_RANK_KEEP = 2  # `Snapshots`' default keep: what the split of the cap between ranks and wards assumes
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -94,7 +98,12 @@ class SnapshotArea:
     ``pins``: how many of a rank's segments the agent's copiers may hold at once besides the rank's own, each by a
     hard link while it reads it (`snapshot_persist._Pins`, `replication._pinned`): one for the push to the buddy,
     one for the persister. A rank never writes into a held segment (`Snapshots._pinned`): its next save takes a fresh
-    one, so its share of the cap must hold ``keep`` + 1 + ``pins`` segments (TASKD_SNAPSHOT_PINS tells it)."""
+    one, so its share of the cap must hold ``keep`` + 1 + ``pins`` segments (TASKD_SNAPSHOT_PINS tells it).
+
+    ``wards``: on several nodes, the part of the cap kept for the copies this node's agent receives from its peer
+    node (`BUDDY_KEEP` per rank, plus the one being received), so that the node's total for the job stays within the
+    cap; the ranks share the rest. Split as the segments are counted, for a peer node like this one (as many ranks,
+    as large a state) whose ranks keep the default two: (2 + 1) of (2 + 1 + ``pins`` + 2 + 1) parts."""
 
     def __init__(self, name: str, nproc_per_node: int, environ: Mapping[str, str] | None = None,
                  root: str = SHM, memory: str | None = None, persist: Persistence | None = None,
@@ -103,7 +112,7 @@ class SnapshotArea:
         raw = (memory if memory is not None else env_text("snapshot_memory", env)).strip()
         self.path: str | None = None
         self.root = root
-        self.cap = self.share = 0
+        self.cap = self.share = self.wards = 0
         self.pins = int(nodes > 1) + int(persist is not None)
         self.persist_dir = os.path.abspath(persist.directory) if persist is not None else None
         self.persister: Persister | None = None
@@ -121,7 +130,10 @@ class SnapshotArea:
                         "that finds it full falls back to its disk checkpoints", Var.TASKD_SNAPSHOT_MEMORY, cap,
                         free, root)
         self.cap = cap
-        self.share = cap // max(1, nproc_per_node)
+        if nodes > 1:
+            ward_parts = BUDDY_KEEP + 1
+            self.wards = cap * ward_parts // (_RANK_KEEP + 1 + self.pins + ward_parts)
+        self.share = (cap - self.wards) // max(1, nproc_per_node)
         self.path = make_run_dir(f"snap-{name}", root)  # first removes the directories of agents that died
         if persist is not None and self.persist_dir is not None:
             try:

@@ -14,6 +14,10 @@ from __future__ import annotations
 import os
 import re
 
+BUDDY_KEEP = 2
+"""Copies a buddy keeps per rank of a ward (its peer node): the newest two received (a cut across nodes needs the
+step before the newest). Here, not in the agent, because the launcher's cap split counts them too."""
+
 _STEP = re.compile(r"s(\d{12})\.snap")
 _RANK = re.compile(r"rank(\d+)")
 
@@ -58,4 +62,4 @@ def held(root: str) -> dict[int, set[int]]:
     return {rank: steps_in(folder) for rank, folder in rank_folders(root).items()}
 
 
-__all__ = ["held", "rank_folders", "segment_name", "step_of", "steps_in"]
+__all__ = ["BUDDY_KEEP", "held", "rank_folders", "segment_name", "step_of", "steps_in"]

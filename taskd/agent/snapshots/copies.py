@@ -14,11 +14,11 @@ import os
 import shutil
 from collections.abc import Iterator, Mapping
 
-from taskd.worker.snapshot_files import held, rank_folders, segment_name, steps_in
+from taskd.worker.snapshot_files import BUDDY_KEEP, held, rank_folders, segment_name, steps_in
 from taskd.worker.snapshot_segment import HEADER_SIZE, SnapshotError, crc32, read_header
 
 CHUNK = 1 << 20
-KEEP = 2
+KEEP = BUDDY_KEEP
 """Copies a buddy keeps per rank: the newest two received (a cut across nodes needs the step before the newest)."""
 
 
@@ -121,6 +121,22 @@ def pin(root: str, into: str) -> list[tuple[int, int, str]]:
     return pinned
 
 
+def held_bytes(root: str) -> int:
+    """Bytes the copies under ``root`` hold: each file once however many links pin it (a fetch's), the copies being
+    received left out (`_receiving` counts them as they arrive)."""
+    sizes: dict[int, int] = {}
+    for folder, _dirs, names in os.walk(root):
+        for name in names:
+            if name.startswith(".in-"):
+                continue
+            try:
+                st = os.lstat(os.path.join(folder, name))
+            except FileNotFoundError:
+                continue
+            sizes[st.st_ino] = st.st_size
+    return sum(sizes.values())
+
+
 def remove(root: str) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
@@ -132,5 +148,5 @@ def _unlink(path: str) -> None:
         pass
 
 
-__all__ = ["CHUNK", "HEADER_SIZE", "KEEP", "Incoming", "check", "copies", "pin", "plan", "segment_name",
-           "to_push"]
+__all__ = ["CHUNK", "HEADER_SIZE", "KEEP", "Incoming", "check", "copies", "held_bytes", "pin", "plan",
+           "segment_name", "to_push"]

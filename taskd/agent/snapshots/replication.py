@@ -12,6 +12,11 @@ A replacement or a standby taking a lost node calls `restore_node` before its ra
 copy from its holder into the node's own snapshot directory, where the ranks' `Snapshots.restore` finds it as
 their own. With no copy anywhere it says so, and the ranks fall back to their disk checkpoints.
 
+A buddy's copies count against the job's snapshot memory on its node (`--snapshot-memory`): the launcher keeps a
+share of the cap for them (`SnapshotArea.wards`), and a push that would take the copies held here past it is refused
+(`FULL`, the ward's copy dropped, both sides logging why): replication is off for that pair, the pushing node keeps
+its local snapshots, and a restore of it falls back as when no copy exists.
+
 Every call between agents carries ``authorization: Bearer <key>``, the job's credential (a random key per job
 when the controller has no token): a peer presenting another job's is refused, UNAUTHENTICATED.
 """
@@ -45,6 +50,16 @@ REPORT = 1.0  # seconds between two reports to the controller
 PUSH_TIMEOUT = 30.0
 FETCH_TIMEOUT = 60.0
 _AUTH = "authorization"
+FULL = 507
+"""A push's status when the copies it adds would take this node's past their share of the job's snapshot memory."""
+
+
+class CopyRefused(Exception):
+    """A push that would take the copies held here past their share of the cap: received no further."""
+
+    def __init__(self, node: int, why: str) -> None:
+        super().__init__(why)
+        self.node = node
 
 
 def _reach(target: str) -> str:
@@ -62,8 +77,11 @@ def _reach(target: str) -> str:
 class PeerService(taskd_pb2_grpc.SnapshotPeerServicer):
     """What a buddy serves: copies pushed to it (kept under ``<dir>/peer/node<N>/``), fetched back by a replacement."""
 
-    def __init__(self, directory: str, job_id: Callable[[], str], key: Callable[[], str | None]) -> None:
-        self.directory, self.job_id, self.key = directory, job_id, key
+    def __init__(self, directory: str, job_id: Callable[[], str], key: Callable[[], str | None], cap: int = 0
+                 ) -> None:
+        """``cap``: bytes the copies held here may take, those being received included (0: no bound)."""
+        self.directory, self.job_id, self.key, self.cap = directory, job_id, key, cap
+        self._receiving = 0  # bytes of the pushes in flight, not yet published (counted as they arrive)
         self.ward: tuple[int, int] = (-1, -1)  # (node, newest step) of the copy pushed here last
         self.wards: dict[int, int] = {}  # every node whose copy is held here -> the newest step of its copy
         self._lock = threading.Lock()  # a push's publish, a ward's removal, a fetch's pins: one at a time
@@ -85,17 +103,56 @@ class PeerService(taskd_pb2_grpc.SnapshotPeerServicer):
         passed are they renamed to their steps' names, together (under the lock a fetch pins under), so that the
         copy never holds one rank's newer step without the others' (a torn segment of one rank, pushed again and
         again, would otherwise prune the step the node's ranks have in common)."""
+        taken = [0]  # bytes this push added to `_receiving`: given back once they are published, or gone
         try:
-            node, received = self._receive(request_iterator, context)
+            node, received = self._receive(request_iterator, context, taken)
+        except CopyRefused as exc:
+            self._give_back(taken)
+            self._refuse(exc.node, str(exc))
+            return recover_pb2.Status(code=FULL, info=str(exc))
         except (SnapshotError, OSError) as exc:
+            self._give_back(taken)
             return recover_pb2.Status(code=409, info=str(exc))
-        if received:
-            with self._lock:  # an old ward's copy stays (its node may be lost, its replacement yet to fetch it)
+        except BaseException:
+            self._give_back(taken)
+            raise
+        with self._lock:  # an old ward's copy stays (its node may be lost, its replacement yet to fetch it)
+            try:
                 for incoming in received:
                     incoming.publish()
+            finally:
+                self._receiving -= taken[0]  # counted by `held_bytes` now, under their steps' names
+            if received:
                 self.ward = (node, min(incoming.step for incoming in received))
                 self.wards[node] = self.ward[1]
         return recover_pb2.Status(code=0, info=f"{len(received)} segment(s)")
+
+    def _give_back(self, taken: list[int]) -> None:
+        with self._lock:
+            self._receiving -= taken[0]
+
+    def _take(self, node: int, size: int, taken: list[int]) -> None:
+        """Count ``size`` more bytes of ``node``'s push, or CopyRefused when the copies held here, those received
+        meanwhile included, would then pass the cap: the node's total for the job stays within it."""
+        if not self.cap:
+            return
+        with self._lock:
+            total = sc.held_bytes(os.path.join(self.directory, "peer")) + self._receiving + size
+            if total > self.cap:
+                raise CopyRefused(node, f"node {node}'s snapshots would take the copies this node holds to "
+                                        f"{total / 1e6:.1f} MB, above their share of the job's snapshot memory, "
+                                        f"{self.cap / 1e6:.1f} MB (--snapshot-memory / TASKD_SNAPSHOT_MEMORY)")
+            self._receiving += size
+        taken[0] += size
+
+    def _refuse(self, node: int, why: str) -> None:
+        """Drop ``node``'s copy too (older than its ranks' kept steps from now on, it could only mislead a restore
+        and hold memory): a restore of that node falls back as when no copy exists."""
+        self.drop([node])
+        with self._lock:
+            sc.remove(self._root(node))  # the folders its first push made, had it no copy here yet
+        log.warning("%s: refused; node %d's copy is dropped and its snapshots are not replicated here (a lost "
+                    "node %d restores from disk)", why, node, node)
 
     def drop(self, nodes: Iterable[int]) -> None:
         """Remove the copies of ``nodes`` (the controller's word: each is live again and copied elsewhere)."""
@@ -107,8 +164,8 @@ class PeerService(taskd_pb2_grpc.SnapshotPeerServicer):
                 if self.ward[0] == node:
                     self.ward = (-1, -1)
 
-    def _receive(self, request_iterator: Iterator[taskd_pb2.SnapshotChunk], context: grpc.ServicerContext
-                 ) -> tuple[int, list[sc.Incoming]]:
+    def _receive(self, request_iterator: Iterator[taskd_pb2.SnapshotChunk], context: grpc.ServicerContext,
+                 taken: list[int]) -> tuple[int, list[sc.Incoming]]:
         """The pushing node and its segments, each verified, none published; on any error none is left behind."""
         received: list[sc.Incoming] = []
         incoming: sc.Incoming | None = None
@@ -120,6 +177,7 @@ class PeerService(taskd_pb2_grpc.SnapshotPeerServicer):
                         self._refusal(context, chunk.jobId)
                         node = chunk.nodeRank
                     incoming = sc.Incoming(self._root(node), chunk.rank, chunk.step)
+                self._take(node, len(chunk.data), taken)
                 incoming.write(chunk.data)
                 if chunk.last:
                     incoming, done = None, incoming
@@ -225,13 +283,15 @@ class Replication:
     its lag grow. The push thread looks at the ranks' folders once a `TICK` (one listdir each); the report says what
     that look saw."""
 
-    def __init__(self, directory: str, link: ControllerLink) -> None:
+    def __init__(self, directory: str, link: ControllerLink, cap: int = 0) -> None:
+        """``cap``: bytes the copies this node receives as a buddy may take (`PeerService`; 0: no bound)."""
         self.directory, self.link = directory, link
         self.key: str | None = None
         self.buddy: tuple[int, str] = (-1, "")
         self.replicated = -1
         self.lag = CopyLag()
-        self.service = PeerService(directory, lambda: self._job_id(), lambda: self.key)
+        self.service = PeerService(directory, lambda: self._job_id(), lambda: self.key, cap)
+        self.refused_by: tuple[int, str] = (-1, "")  # the buddy that refused a push (FULL): pushed to no more
         self._server: grpc.Server | None = None
         self._address = ""
         self._stop = threading.Event()
@@ -283,6 +343,7 @@ class Replication:
                 if buddy[0] >= 0:
                     log.info("snapshots of this node are copied to node %d's agent (%s)", *buddy)
                 self.buddy, self.replicated, self.lag, self._pushed = buddy, -1, CopyLag(), ((), ())  # holds nothing
+                self.refused_by = (-1, "")
         return reply
 
     def _reporting(self) -> None:
@@ -301,7 +362,8 @@ class Replication:
         plan = sc.plan(ranks)
         with self._lock:
             self._plan, self._newest, buddy = plan, {r: max(s) for r, s in ranks.items() if s}, self.buddy
-        if buddy[0] >= 0 and self.key and plan:
+            refused = buddy == self.refused_by  # its lag grows from the refusal on (`taskd status`): never acked
+        if buddy[0] >= 0 and not refused and self.key and plan:
             self._push(plan, buddy, self.key)
 
     def _push(self, plan: dict[int, int], buddy: tuple[int, str], key: str) -> None:
@@ -332,6 +394,13 @@ class Replication:
             return
         finally:
             sc.remove(pins)
+        if status.code == FULL:
+            with self._lock:
+                self.refused_by = buddy
+            log.warning("node %d's agent refused this node's snapshots (steps %s): %s; replication to it is off, "
+                        "this node's ranks keep their local snapshots (a lost node here restores from disk)",
+                        buddy[0], plan, status.info)
+            return
         if status.code != 0:
             log.debug("node %d's agent refused steps %s: %s", buddy[0], plan, status.info)
             return
