@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from taskd.framework.agent.ms_mgr.msrun_plugin import local_workers, msrun_nodes
+from taskd.framework.agent.ms_mgr.msrun_plugin import local_workers, msrun_area
 from taskd.launcher.snapshots import Persistence, SnapshotArea
 from taskd.worker import Snapshots
 from taskd.worker.env import Var
@@ -82,8 +82,17 @@ def test_the_area_tells_each_rank_the_pins_of_the_agents_copiers(tmp_path) -> No
     assert os.listdir(tmp_path / "shm") == []
 
 
-def test_msrun_nodes_come_from_its_worker_counts() -> None:
-    assert msrun_nodes(["msrun", "--worker_num=8", "--local_worker_num", "4", "t.py"]) == 2
-    assert msrun_nodes(["msrun", "--worker_num", "4", "--local_worker_num=4", "t.py"]) == 1
-    assert msrun_nodes(["msrun", "--worker_num", "4", "t.py"]) == 1 and msrun_nodes(["msrun", "t.py"]) == 1
+def test_an_msrun_node_keeps_no_share_for_a_buddy_it_never_has(tmp_path) -> None:
+    # msrun's agent replicates nothing: a two-node msrun job's ranks get the whole cap, the persister's pin aside
+    (tmp_path / "shm").mkdir()
+    argv = ["msrun", "--worker_num=4", "--local_worker_num", "2", "t.py"]
+    for persisted, pins in (({}, "0"), ({Var.TASKD_SNAPSHOT_PERSIST_DIR: str(tmp_path / "disk")}, "1")):
+        area = msrun_area("job", argv, {Var.TASKD_SNAPSHOT_MEMORY: "4M", **persisted}, root=str(tmp_path / "shm"))
+        try:
+            assert (area.env()[Var.TASKD_SNAPSHOT_PINS], area.wards, area.share) == (pins, 0, (4 << 20) // 2)
+        finally:
+            area.close()
+
+
+def test_msrun_ranks_per_node_come_from_its_worker_counts() -> None:
     assert local_workers(["msrun", "--worker_num", "4", "t.py"]) == 4

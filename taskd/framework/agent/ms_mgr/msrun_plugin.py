@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import taskd.client  # noqa: F401 (first: its import switches gRPC fork support off before grpc loads)
@@ -20,7 +21,7 @@ from taskd.agent.plugin import MSRunPlugin as AgentPlugin
 from taskd.agent.ranks.control import LauncherDetails
 from taskd.agent.summary import JobResult
 from taskd.launcher.node_files import safe_name
-from taskd.launcher.snapshots import Persistence, SnapshotArea
+from taskd.launcher.snapshots import SHM, Persistence, SnapshotArea
 
 
 def embedded_controller(config: AgentConfig) -> Any:
@@ -44,8 +45,7 @@ class MSRunPlugin(AgentPlugin):
         area = None
         if self.config is not None:
             try:
-                area = SnapshotArea(safe_name(f"msrun-{self.config.job_id or os.getpid()}"), local_workers(sys.argv),
-                                    persist=Persistence.from_env(os.environ), nodes=msrun_nodes(sys.argv))
+                area = msrun_area(self.config.job_id or str(os.getpid()), sys.argv, os.environ)
             except ValueError as exc:
                 self.config, self.config_error = None, str(exc)
         added = area.env() if area is not None else {}
@@ -74,10 +74,12 @@ def local_workers(argv: list[str]) -> int:
     return _count(argv, "--local_worker_num") or _count(argv, "--worker_num") or 1
 
 
-def msrun_nodes(argv: list[str]) -> int:
-    """The job's node count from msrun's argv: --worker_num over --local_worker_num (1 without both)."""
-    total, local = _count(argv, "--worker_num"), _count(argv, "--local_worker_num")
-    return -(-total // local) if total and local else 1
+def msrun_area(job: str, argv: list[str], environ: Mapping[str, str], root: str = SHM) -> SnapshotArea:
+    """The job's snapshot area on this msrun node. As one node's, whatever msrun's node count: msrun's agent copies
+    nothing to a buddy node (replication is `taskd run`'s), so no part of the cap is kept for a peer's copies and no
+    push pins a rank's segment; only the persister (TASKD_SNAPSHOT_PERSIST_DIR) may."""
+    return SnapshotArea(safe_name(f"msrun-{job}"), local_workers(argv), environ, root=root,
+                        persist=Persistence.from_env(environ))
 
 
-__all__ = ["CALLBACKS", "MSRunPlugin", "embedded_controller", "local_workers", "msrun_nodes"]
+__all__ = ["CALLBACKS", "MSRunPlugin", "embedded_controller", "local_workers", "msrun_area"]
