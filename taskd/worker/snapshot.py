@@ -9,9 +9,10 @@
 Where a snapshot lives: in a segment (a file in /dev/shm) of the job's snapshot directory, which the node's agent
 (`taskd run`'s launcher, `taskd.launcher.snapshots`) creates, hands to the ranks (TASKD_SNAPSHOT_DIR), accounts
 for and removes when the job ends; a new agent removes the directories of agents that were SIGKILLed. A rank
-writes into its own segments (``<dir>/rank<R>/``): ``save`` copies the state into a free segment and returns; a
-background thread checksums it, writes its header and publishes it by renaming it to its step's name
-(``s<step>.snap``), then frees the oldest beyond ``keep``. A rank killed at any moment therefore leaves its
+writes into its own segments (``<dir>/rank<R>/``): ``save`` copies the state into a free segment, taking its
+checksum piece by piece behind the copy (cache-hot: cheaper than a second pass), and returns; a background
+thread writes its header and publishes it by renaming it to its step's name (``s<step>.snap``), then frees the
+oldest beyond ``keep``. A rank killed at any moment therefore leaves its
 published snapshots intact, and what it was writing unpublished (removed by its next incarnation).
 
 On start ``restore`` finds the consistent cut: the newest step every rank of the job has published (scope
@@ -54,6 +55,7 @@ DEFAULT_EVERY = 10
 """The adapters' default snapshot interval in steps (`SnapshotCallback(every=...)` of Hugging Face, Lightning and
 MindSpore, the examples' --snapshot-every): the smallest k <= 10 whose CPU cost per step, measured against no
 snapshots, stays within 3 % (BENCHMARKS.md, issue 33: bench/snapshot_save_cpu.py). A fault redoes at most k steps."""
+_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 _ROUND = 1 << 16  # segments grow in 64 KiB steps, so that a state whose small objects vary keeps its segment
 
 
@@ -106,6 +108,10 @@ class _Segment:
             self.capacity = need
         if self._map is None:
             self._map = mmap.mmap(self._fd, self.capacity)
+            try:  # map every page now, in one call: a third less CPU than a fault per 4 KiB page in the copy
+                self._map.madvise(_MADV_POPULATE_WRITE)
+            except OSError:  # Linux < 5.14: the copy faults them in; fallocate has already taken the room
+                pass
         return memoryview(self._map)
 
     def _unmap(self) -> None:
@@ -136,8 +142,8 @@ class Snapshots:
     TASKD_SNAPSHOT_PINS), all of which must fit in its share of the job's cap (TASKD_SNAPSHOT_BYTES). ``scope``: "job"
     restores the newest step every rank holds; "rank" this rank's own newest (ranks that exchange no state).
     ``fallback``: what ``restore`` returns when no snapshot can be restored (a `CheckpointManager`), said in
-    the log. ``background``: publish (checksum, header, rename) on a thread, so that ``save`` costs the copy only.
-    ``directory``, ``cap`` and ``pins`` default to the agent's variables.
+    the log. ``background``: publish (header, rename, the oldest freed) on a thread; ``save`` costs the copy and
+    its checksum. ``directory``, ``cap`` and ``pins`` default to the agent's variables.
     """
 
     def __init__(self, keep: int = 2, scope: str = "job", fallback: Fallback | None = None, *,
@@ -198,11 +204,11 @@ class Snapshots:
             self._turn_off(str(exc))
             return False
         try:
-            length = write_body(view, flat, self._injected_fault(step, len(flat.buffers)))
+            length, crc = write_body(view, flat, self._injected_fault(step, len(flat.buffers)))
         except BaseException:
             view.release()
             raise
-        args = (segment, view, step, length, len(flat.skeleton), len(flat.buffers))
+        args = (segment, view, step, length, len(flat.skeleton), len(flat.buffers), crc)
         if self.background:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="taskd-snapshot")
@@ -212,9 +218,9 @@ class Snapshots:
         return True
 
     def _publish(self, segment: _Segment, view: memoryview, step: int, length: int, skeleton: int,
-                 count: int) -> None:
+                 count: int, crc: int) -> None:
         try:
-            seal(view, step, self.rank, self.world, length, skeleton, count)
+            seal(view, step, self.rank, self.world, length, skeleton, count, crc)
             view.release()
             final = os.path.join(self._own, files.segment_name(step))
             replaced = [s for s in self._segments if s.step == step and s is not segment]

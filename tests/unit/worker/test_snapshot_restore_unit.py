@@ -147,3 +147,20 @@ def test_a_live_groups_restore_copies_the_state_once_straight_into_the_model(tmp
     assert torch.equal(optimizer.state_dict()["state"][0]["exp_avg"], moment)
     assert copies == [False]  # views of the segment: the one copy is the load's
     again.close()
+
+
+def test_the_crc_taken_during_the_copy_covers_the_whole_body_stale_padding_included(tmp_path) -> None:
+    rng = np.random.default_rng(3)  # buffers of odd sizes (padding between them), two over a piece (1 MB)
+    state = {"a": rng.integers(0, 256, (1 << 20) * 2 + 7, dtype=np.uint8), "b": np.arange(5, dtype=np.int8),
+             "c": rng.standard_normal(300_001), "n": 4}
+    flat = snapshot_segment.flatten(state)
+    path = tmp_path / "seg"
+    path.write_bytes(b"\xa5" * flat.size)  # a reused segment: its padding holds an older snapshot's bytes
+    with open(path, "r+b") as fh, mmap.mmap(fh.fileno(), flat.size) as mapped:
+        view = memoryview(mapped)
+        length, crc = snapshot_segment.write_body(view, flat)
+        assert crc == zlib.crc32(view[snapshot_segment.HEADER_SIZE:snapshot_segment.HEADER_SIZE + length])
+        snapshot_segment.seal(view, 9, 0, 1, length, len(flat.skeleton), len(flat.buffers), crc)
+        view.release()
+    got, _ = snapshot_segment.load(str(path), 9, 0)
+    assert got["n"] == 4 and all(got[k].tobytes() == state[k].tobytes() for k in "abc")
