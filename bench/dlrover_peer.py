@@ -51,6 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--warm-saves", type=int, default=0, help="untimed steps, each with a save, before each run")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--restores", type=int, default=5)
     p.add_argument("--ks", default="1,5,10,20", help="save intervals of the memory saves")
@@ -118,6 +119,12 @@ def train(args: argparse.Namespace, flash: Flash, method: str | None, k: int) ->
     x = torch.randn(args.batch, args.hidden, generator=torch.Generator().manual_seed(1))
     saves: list[float] = []
     skipped, last = 0, -1
+    for _ in range(args.warm_saves):  # untimed, as bench/snapshots.py's --warm-saves
+        train_step(model, optimizer, x)
+        if method is not None:
+            saved, took = flash.save(state(model, optimizer), disk=method == "storage")
+            if method == "storage" and took:
+                flash.wait_persisted(saved)
     started, cpu_started = time.perf_counter(), flash.cpu()
     for step in range(1, args.steps + 1):
         train_step(model, optimizer, x)

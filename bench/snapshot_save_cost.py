@@ -4,13 +4,19 @@ bench/snapshot_save_cpu.py times the save call alone; a whole run (bench/snapsho
 to the steps after it (the caches its copy evicts, the background publish beside the next step) and, once per
 process, the first saves into fresh segments; on a loaded machine its runs move by more than that. Here each
 sample is a pair of blocks run back to back in alternating order: ``--block`` training steps, once after a
-`TorchSnapshots.save` (the default, background publish) and once without; each block's CPU is the process's
-(``getrusage``: every thread of it, the publisher's included, which the block waits for at its end). A save's
-cost is the difference, its minor page faults too (``ru_minflt``: the count, which the load does not move).
+`TorchSnapshots.save` (the default, background publish, waited for) and once without; each block's CPU is the
+process's (``getrusage``: every thread of it, the publisher's included). A save's whole cost is the difference
+(what it does to the steps after it included; as noisy as the steps), its minor page faults too (``ru_minflt``:
+a count, which the load does not move, though the steps' own allocations do); the save alone (the call and its
+publish, before the steps) is measured too, precisely.
 Before them, the first ``keep + 1`` saves of fresh `TorchSnapshots` (each into a new segment: a once-per-process
 cost), ``--fresh`` times. Means with their 95 % interval (Student's t over the samples).
 
-    PYTHONPATH=. python bench/snapshot_save_cost.py [--samples 60] [--block 2] [--fresh 3]
+With ``--second-pass PAIRS``: a save (call and publish) with the CRC taken behind the copy, as `write_body` does,
+against the same with the CRC as a second pass over the body on the publishing thread (as before), alternating in
+one process, paired.
+
+    PYTHONPATH=. python bench/snapshot_save_cost.py [--samples 60] [--block 2] [--fresh 3] [--second-pass 80]
         [--hidden 1024 --layers 8]
 """
 
@@ -29,6 +35,8 @@ import torch  # noqa: E402
 from common import fmt_interval, interval95  # noqa: E402
 from snapshot_model import build, first_step, state_bytes, train_step  # noqa: E402
 
+from taskd.worker import snapshot as snapshot_module  # noqa: E402
+from taskd.worker import snapshot_segment as segment  # noqa: E402
 from taskd.worker.torch_snapshot import TorchSnapshots  # noqa: E402
 
 
@@ -55,19 +63,62 @@ def fresh_saves(snaps: TorchSnapshots, model: Any, optimizer: Any, x: torch.Tens
 
 def block(snaps: TorchSnapshots, model: Any, optimizer: Any, x: torch.Tensor, steps: int,
           save_step: int | None) -> tuple[float, int, tuple[float, int]]:
-    """One block: a save (unless ``save_step`` is None), ``steps`` training steps, the publish waited for; its CPU,
-    minor faults, and the CPU and minor faults of the save call alone."""
+    """One block: a save (unless ``save_step`` is None) and its publish, then ``steps`` training steps; the block's
+    CPU and minor faults, and those of the save (the call and its publish, waited for before the steps)."""
     c, f = usage()
-    call = (0.0, 0)
+    saved = (0.0, 0)
     if save_step is not None:
         snaps.save(save_step)
+        snaps.snapshots.wait()
         c1, f1 = usage()
-        call = (c1 - c, f1 - f)
+        saved = (c1 - c, f1 - f)
     for _ in range(steps):
         train_step(model, optimizer, x)
-    snaps.snapshots.wait()
     c2, f2 = usage()
-    return c2 - c, f2 - f, call
+    return c2 - c, f2 - f, saved
+
+
+def _copy_only(target: memoryview, flat: segment.Flat, between: Any = None) -> tuple[int, int]:
+    """The copy without its CRC (what `write_body` did before the CRC moved behind the copy)."""
+    offsets, length = flat.layout
+    body = target[segment.HEADER_SIZE:segment.HEADER_SIZE + length]
+    table = b"".join(segment._ENTRY.pack(o, b.nbytes) for o, b in zip(offsets, flat.buffers, strict=True))
+    body[:len(table)] = table
+    body[len(table):len(table) + len(flat.skeleton)] = flat.skeleton
+    for offset, buf in zip(offsets, flat.buffers, strict=True):
+        body[offset:offset + buf.nbytes] = buf
+    body.release()
+    return length, -1
+
+
+def _seal_second_pass(target: memoryview, step: int, rank: int, world: int, length: int, skeleton: int,
+                      count: int, crc: int) -> None:
+    """The CRC as a second pass over the whole body, on the publishing thread (before)."""
+    body = target[segment.HEADER_SIZE:segment.HEADER_SIZE + length]
+    crc = segment.crc32(body)
+    body.release()
+    segment.seal(target, step, rank, world, length, skeleton, count, crc)
+
+
+def second_pass(snaps: TorchSnapshots, model: Any, optimizer: Any, x: torch.Tensor, pairs: int,
+                step: int) -> dict[str, list[float]]:
+    """A save's CPU (call and publish) with the CRC behind the copy and with it as a second pass on the
+    publishing thread, alternating in this process, one training step before each."""
+    out: dict[str, list[float]] = {"behind the copy": [], "second pass": []}
+    ways = {"behind the copy": (segment.write_body, segment.seal), "second pass": (_copy_only, _seal_second_pass)}
+    try:
+        for i in range(pairs):
+            for way in list(ways) if i % 2 == 0 else list(ways)[::-1]:
+                snapshot_module.write_body, snapshot_module.seal = ways[way]
+                train_step(model, optimizer, x)
+                c, _ = usage()
+                step += 1
+                snaps.save(step)
+                snaps.snapshots.wait()
+                out[way].append((usage()[0] - c) * 1e3)
+    finally:
+        snapshot_module.write_body, snapshot_module.seal = segment.write_body, segment.seal
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block", type=int, default=2, help="training steps per block")
     p.add_argument("--fresh", type=int, default=3, help="fresh TorchSnapshots whose first saves are measured")
     p.add_argument("--ks", default="1,5,10")
+    p.add_argument("--second-pass", type=int, default=0, metavar="PAIRS",
+                   help="also this many pairs of saves: the CRC behind the copy against a second pass on the thread")
     args = p.parse_args(argv)
     if args.samples < 2 or args.block < 1 or args.fresh < 0:
         p.error("--samples >= 2, --block >= 1, --fresh >= 0")
@@ -113,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             call_faults.append(float(call[1]))
             per_step.append(without_cpu * 1e3 / args.block)
             ratio.append(cost[-1] / per_step[-1])
+        ways = second_pass(snaps, model, optimizer, x, args.second_pass, step) if args.second_pass else {}
         snaps.close()
     finally:
         shutil.rmtree(shm, ignore_errors=True)
@@ -125,7 +179,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{count([f for _, f in first])}")
     print(f"step CPU {ms(per_step)} ms")
     print(f"save, whole (block with - block without): CPU {ms(cost)} ms, minor faults {count(faults)}")
-    print(f"save, the call alone: CPU {ms(calls)} ms, minor faults {count(call_faults)}")
+    print(f"save, alone (the call and its publish): CPU {ms(calls)} ms, minor faults {count(call_faults)}")
+    if ways:
+        diff = [a - b for a, b in zip(ways["second pass"], ways["behind the copy"], strict=True)]
+        print(f"save (call and publish), CRC behind the copy: {ms(ways['behind the copy'])} ms; as a second pass: "
+              f"{ms(ways['second pass'])} ms; paired difference {ms(diff)} ms ({args.second_pass} pairs)")
     for k in (int(k) for k in args.ks.split(",")):
         print(f"k={k}: whole save CPU / (k x step CPU) = {fmt_interval(interval95([100.0 * r / k for r in ratio]))} %")
     return 0

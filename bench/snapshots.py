@@ -36,7 +36,13 @@ from a seeded generator, restored by the next process from what survived it; --f
 and host memory held (/dev/shm bytes and the trainer's RSS against a trainer that saves nothing; taskd at keep
 2 and 4); the buddy's copies' bytes come from the restore section (it keeps 2 per rank).
 
-    PYTHONPATH=. python bench/snapshots.py [--hidden 1024 --layers 8 --steps 40] [--target 1.5]
+With ``--warm-saves N`` each run first trains N steps untimed, each followed by a save (of its method; the
+no-save run trains them too): the steady state of a long job, without a process's first saves, which it pays
+once (taskd's first keep + 1 = 3 saves each map a fresh segment: ~60 ms of CPU each for 100 MB against ~13 in
+the steady state, bench/snapshot_save_cost.py); without it a run of 300 steps at k = 10 counts 3 of its 30
+saves fresh.
+
+    PYTHONPATH=. python bench/snapshots.py [--hidden 1024 --layers 8 --steps 40] [--target 1.5] [--warm-saves 3]
         [--min-rounds 3] [--max-rounds 20] [--rounds N] [--faults 3] [--quick]
 """
 
@@ -83,6 +89,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--steps", type=int, default=40, help="steps per measured run")
+    p.add_argument("--warm-saves", type=int, default=0,
+                   help="untimed steps, each followed by a save, before each run's measured steps: the steady state "
+                   "without a process's first saves (taskd's first 3 each map a fresh 100 MB segment, once)")
     p.add_argument("--target", type=float, default=1.5,
                    help="stop once every CPU cost's 95 %% interval is narrower than ± this many points")
     p.add_argument("--min-rounds", type=int, default=3, help="rounds, each running every configuration once, at least")
@@ -101,11 +110,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.quick:
         args.hidden, args.layers, args.steps, args.rounds, args.restores, args.ks = 128, 2, 6, 2, 1, "1,5"
-        args.faults = 1
+        args.faults, args.warm_saves = 1, 1
     if args.rounds:
         args.min_rounds = args.max_rounds = args.rounds
-    if not 2 <= args.min_rounds <= args.max_rounds or args.target <= 0:
-        p.error("2 <= --min-rounds <= --max-rounds (an interval needs 2 rounds) and --target > 0")
+    if not 2 <= args.min_rounds <= args.max_rounds or args.target <= 0 or args.warm_saves < 0:
+        p.error("2 <= --min-rounds <= --max-rounds (an interval needs 2 rounds), --target > 0, --warm-saves >= 0")
     try:
         args.ks = tuple(int(k) for k in args.ks.split(","))
     except ValueError:
@@ -181,23 +190,35 @@ class AsyncDcp:
 
 
 def train(args: argparse.Namespace, method: str | None, k: int, shm: str, disk_dir: str) -> dict[str, Any]:
-    """One run of ``args.steps`` steps saving every ``k`` with ``method`` (None: no saves)."""
+    """One run of ``args.steps`` steps saving every ``k`` with ``method`` (None: no saves), after
+    ``args.warm_saves`` untimed steps each followed by a save (a long job's first saves, paid once)."""
     model, optimizer = build(args)
     snaps = TorchSnapshots(model, optimizer, directory=shm) if method == "taskd" else None
     disk, adcp = Disk(disk_dir), AsyncDcp(disk_dir)
     x = torch.randn(args.batch, args.hidden, generator=torch.Generator().manual_seed(1))
+
+    def save(step: int) -> None:
+        if snaps is not None:
+            snaps.save(step)
+        elif method == "torch.save":
+            disk.save(model, optimizer, step)
+        else:
+            adcp.save(model, optimizer)
+
+    for step in range(1, args.warm_saves + 1):  # untimed: taskd's first keep + 1 saves each map a fresh segment
+        train_step(model, optimizer, x)
+        if method is not None:
+            save(step)
+    if snaps is not None:
+        snaps.snapshots.wait()
+    adcp.wait()
     saves: list[float] = []
     started, cpu_started = time.perf_counter(), time.process_time()
     for step in range(1, args.steps + 1):
         train_step(model, optimizer, x)
         if method is not None and step % k == 0:
             t0 = time.perf_counter()
-            if snaps is not None:
-                snaps.save(step)
-            elif method == "torch.save":
-                disk.save(model, optimizer, step)
-            else:
-                adcp.save(model, optimizer)
+            save(args.warm_saves + step)
             saves.append(time.perf_counter() - t0)
     if snaps is not None:
         snaps.close()  # the last publish: counted in the run's time
@@ -353,6 +374,7 @@ def run_dlrover(args: argparse.Namespace, rounds: int) -> dict[str, Any] | str:
     cmd = [args.dlrover_python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "dlrover_peer.py"),
            "--hidden", str(args.hidden), "--layers", str(args.layers), "--batch", str(args.batch),
            "--steps", str(args.steps), "--rounds", str(rounds), "--restores", str(args.restores),
+           "--warm-saves", str(args.warm_saves),
            "--ks", ",".join(map(str, args.ks)),
            "--storage-ks", ",".join(str(k) for k in args.ks if k > 1)] + (["--disk", args.disk] if args.disk else [])
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
