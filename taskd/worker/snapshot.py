@@ -9,11 +9,10 @@
 Where a snapshot lives: in a segment (a file in /dev/shm) of the job's snapshot directory, which the node's agent
 (`taskd run`'s launcher, `taskd.launcher.snapshots`) creates, hands to the ranks (TASKD_SNAPSHOT_DIR), accounts
 for and removes when the job ends; a new agent removes the directories of agents that were SIGKILLed. A rank
-writes into its own segments (``<dir>/rank<R>/``): ``save`` copies the state into a free segment, taking its
-checksum piece by piece behind the copy (cache-hot: cheaper than a second pass), and returns; a background
-thread writes its header and publishes it by renaming it to its step's name (``s<step>.snap``), then frees the
-oldest beyond ``keep``. A rank killed at any moment therefore leaves its
-published snapshots intact, and what it was writing unpublished (removed by its next incarnation).
+writes into its own segments (``<dir>/rank<R>/``): ``save`` copies the state into a free segment, its checksum
+taken behind the copy, and returns; a background thread writes its header and publishes it by renaming it to its
+step's name (``s<step>.snap``), then frees the oldest beyond ``keep``. A rank killed at any moment therefore
+leaves its published snapshots intact, and what it was writing unpublished (removed by its next incarnation).
 
 On start ``restore`` finds the consistent cut: the newest step every rank of the job has published (scope
 "job"), or this rank's own newest (scope "rank", for ranks that never exchange state). With ``keep`` >= 2 a
@@ -42,7 +41,7 @@ from taskd.worker import snapshot_files as files
 from taskd.worker import snapshot_persist as persisted
 from taskd.worker.env import Var, env_int, rank, restart_count, world_size
 from taskd.worker.snapshot_account import Fetched, Restored, take_fetched, write_restored
-from taskd.worker.snapshot_segment import SnapshotError, flatten, load, seal, write_body
+from taskd.worker.snapshot_segment import SnapshotError, flatten, load, populate, seal, write_body
 from taskd.worker.snapshot_vote import InUse, Outvoted, Unagreed, Vote, guarded, load_voted
 
 log = logging.getLogger(__name__)
@@ -55,7 +54,6 @@ DEFAULT_EVERY = 10
 """The adapters' default snapshot interval in steps (`SnapshotCallback(every=...)` of Hugging Face, Lightning and
 MindSpore, the examples' --snapshot-every): the smallest k <= 10 whose CPU cost per step, measured against no
 snapshots, stays within 3 % (BENCHMARKS.md, issue 33: bench/snapshot_save_cpu.py). A fault redoes at most k steps."""
-_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 _ROUND = 1 << 16  # segments grow in 64 KiB steps, so that a state whose small objects vary keeps its segment
 
 
@@ -108,10 +106,7 @@ class _Segment:
             self.capacity = need
         if self._map is None:
             self._map = mmap.mmap(self._fd, self.capacity)
-            try:  # map every page now, in one call: a third less CPU than a fault per 4 KiB page in the copy
-                self._map.madvise(_MADV_POPULATE_WRITE)
-            except OSError:  # Linux < 5.14: the copy faults them in; fallocate has already taken the room
-                pass
+            populate(self._map, write=True)  # every page at once (fallocate took the room), not a fault each
         return memoryview(self._map)
 
     def _unmap(self) -> None:
