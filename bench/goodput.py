@@ -46,11 +46,11 @@ outside recoveries, the steady-state cost). Before it starts, the bench prints i
         [--baseline-runs 2] [--systems PREFIX,...] [--keep DIR]
     python bench/goodput.py --table bench/results/goodput.json   # the table and verdict again, older results too
 
-The goal run (~26 min by the estimate, alone on the machine; --goal sets bench/goodput_plan.py's GOAL):
+The goal run (~28 min by the estimate, alone on the machine; --goal sets bench/goodput_plan.py's GOAL):
 
     PYTHONPATH=. python bench/goodput.py --goal --keep /tmp/goodput-goal
     # = --ranks 4 --steps 480 --mtbf 40 --hang-share 0.25 --seed 3 --heartbeat-timeout 5 --torchft-timeout 5
-    #   --pg-timeout 30 --ckpt-every 10 --baseline-runs 2 --run-timeout 600
+    #   --pg-timeout 30 --ckpt-every 10 --baseline-runs 2 --run-timeout 270
     #   --systems "taskd live,taskd +,torchrun,torchft"
 """
 
@@ -338,7 +338,7 @@ def parse_args() -> argparse.Namespace:
                    help="fault-free runs per system, around its run with faults (default 2; 1 with --quick): "
                         "their spread is the noise a verdict must exceed")
     p.add_argument("--goal", action="store_true", help="the goal run's settings (bench/goodput_plan.py GOAL; "
-                   "~26 min alone on 2 cores); flags given beside it override them")
+                   "~28 min alone on 2 cores); flags given beside it override them")
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--goal", action="store_true")
     if pre.parse_known_args()[0].goal:

@@ -149,6 +149,9 @@ def breakdown(r: dict[str, Any], steps: int, ranks: int, detect_s: float, fastes
             f"({r['redone_steps'] or 0} steps / {ranks} ranks x {step_s:.3f} s) + pause {pause:.1f} s "
             f"(the rest of fault → every rank past its next step: {in_recovery:.1f} s in all) + outside recoveries "
             f"{r['lost_s'] - in_recovery:.1f} s (slower steps after them, noise)")
+    if r["unresumed"]:
+        text += (f"; {r['unresumed']} of its faults never saw every rank past its next step (the job stalled there"
+                 + (" until --run-timeout)" if r["bound"] else ")"))
     if fastest is not None and fastest is not r:
         text += (f"; steady-state cost {r['fault_free_s'] - fastest['fault_free_s']:+.1f} s against the fastest "
                  f"fault-free ({fastest['system']}, not in its goodput)")

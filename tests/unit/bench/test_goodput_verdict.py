@@ -103,7 +103,13 @@ def test_a_goal_run_with_clear_margins_gets_verdicts() -> None:
     assert v["goodput"].verdict == "missed" and "missed by 5.8 s" in gv.verdict_lines(v)[0]
     text = gv.breakdown(slow, 480, 4, 3.0, v["fastest"])
     assert "detection ~3.0 s (1 hangs x 3 s timeout" in text and "pause 6.0 s" in text
-    assert "outside recoveries 0.5 s" in text
+    assert "outside recoveries 0.5 s" in text and "stalled" not in text
+    stuck = gv.row(TORCHFT, True, [_run(TORCHFT, 120.0)], {**_run(TORCHFT, 0.0, [_fault("kill", 3.0),
+                   {"kind": "hang", "rank": 3, "at": 20.0}]), "ok": False, "stopped_at_s": 270.0,
+                   "error": "the job did not end within --run-timeout 270 s"}, 270.0)
+    assert stuck["bound"] and stuck["lost_s"] == 150.0 and stuck["unresumed"] == 1
+    assert "1 of its faults never saw every rank past its next step (the job stalled there until --run-timeout)" \
+        in gv.breakdown(stuck, 480, 4, 5.0, None)
     seen = _row(LIVE, [120.0, 121.0], 130.0, [{**_fault("hang", 9.0), "detected_s": 2.4}], peer=False)
     text = gv.breakdown(seen, 480, 4, 3.0, None)  # the agent's own record of the fault, not the setting
     assert "detection 2.4 s (measured" in text and "pause 6.6 s" in text
@@ -122,6 +128,9 @@ def test_the_estimate_follows_the_schedule_and_each_systems_fault_cost() -> None
     assert torchrun["faults"] == 3 and torchrun["goodput"] < 0.8
     assert not unknown["known"] and unknown["with_faults_s"] == free
     assert est["total_s"] == pytest.approx(sum(2 * free + r["with_faults_s"] for r in est["systems"].values()))
+    stalled = plan.estimate([TORCHFT], s, [(50.0, "kill"), (100.0, "hang")])["systems"][TORCHFT]
+    assert plan.fault_cost(TORCHFT, "hang", s) == float("inf")  # nothing replaces its stopped replica
+    assert (stalled["faults"], stalled["with_faults_s"], stalled["stalls"]) == (2, s["run_timeout"], True)
 
 
 def test_the_goal_preset_fits_its_time_and_takes_torchrun_below_80_percent(monkeypatch: Any) -> None:
