@@ -1,4 +1,4 @@
-"""The settings of `taskd server`, rows of taskd's settings table: field, flag, default, help, once each.
+"""The settings of `taskd server` (and of `taskd status`/`token`/`migrate`), rows of taskd's settings table.
 
 `ControllerConfig`'s defaults (and `MachineConfig`'s, its recovery timeouts), `taskd server`'s argparse flags
 (`add_server_flags`: the same flags, defaults, metavars and --help lines as before the table), `FLAGS` (which
@@ -8,6 +8,10 @@ rejoin timeouts) takes that row's default from taskd/settings.py. tests/unit/tes
 every config field and flag against the rows.
 
 Adding a `taskd server` flag is one row here plus its `ControllerConfig` field (``name: T = server_default(...)``).
+
+The controller's client commands, `taskd status`, `taskd token` and `taskd migrate`, hold no config: their flags
+are `COMMAND_FLAGS`' rows (`add_command_flags`), and a flag shared with `taskd run` (`same`: --server and the
+credential paths) takes its row's variable, when set, as its default.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from taskd.settings import setting
+from taskd.settings import env_text, setting
 from taskd.vocabulary import DEFAULT_PORT
 
 TOKEN_ENV = setting("token_file").env  # the same variable as the clients' (taskd/settings.py)
@@ -202,5 +206,113 @@ def add_server_flags(parser: argparse.ArgumentParser, environ: Mapping[str, str]
         parser.add_argument(s.flag, **kwargs)
 
 
-__all__ = ["BY_FIELD", "FLAGS", "SERVER_SETTINGS", "TOKEN_ENV", "ServerSetting", "add_server_flags", "flag_dest",
-           "server_default"]
+# ---------------------------------------------------------------------------- taskd status / token / migrate
+
+COMMANDS = ("status", "token", "migrate")
+
+
+@dataclass(frozen=True)
+class CommandFlag:
+    """One flag of `taskd status`, `taskd token` or `taskd migrate`. `help` may name ``{default}`` and ``{env}``
+    (the variable of `same`, the row of taskd/settings.py whose variable, when set, is the flag's default)."""
+
+    command: str  # one of COMMANDS
+    flag: str
+    kind: type  # int, float, str or bool (a bool flag is set by its presence)
+    default: Any = None
+    help: str | None = None
+    metavar: str | None = None
+    same: str = ""
+    required: bool = False
+    one_of: str = ""  # a required choice: exactly one of the command's flags with this name is given
+
+    def help_text(self) -> str | None:
+        if self.help is None:
+            return None
+        shown = f"{self.default:g}" if isinstance(self.default, float) else str(self.default)
+        return self.help.format(default=shown, env=setting(self.same).env if self.same else "")
+
+
+C = CommandFlag
+_STATUS_SERVER = ("controller address host[:port] (default ${env}; else every `taskd run` of this user on this host "
+                  f"that runs its own controller, else 127.0.0.1:{DEFAULT_PORT})")
+COMMAND_FLAGS: tuple[CommandFlag, ...] = (
+    C("status", "--server", str, help=_STATUS_SERVER, metavar="ADDR", same="server"),
+    C("status", "--job", str, help="only this job", metavar="ID"),
+    C("status", "--json", bool, False, "machine-readable output"),
+    C("status", "--timeout", float, 5.0, metavar="SECONDS"),  # the ListJobs call's deadline
+    C("status", "--token-file", str, help="send the token in this file (default ${env})", metavar="PATH",
+      same="token_file"),
+    C("status", "--tls-ca", str, help="connect with TLS, trusting this CA (default ${env})", metavar="PEM",
+      same="tls_ca"),
+    C("status", "--tls-cert", str, help="client certificate for mTLS (default ${env})", metavar="PEM",
+      same="tls_cert"),
+    C("status", "--tls-key", str, help="its private key (default ${env})", metavar="PEM", same="tls_key"),
+    C("token", "--job", str, help="the job the credential is for (its --run-id / MINDX_TASK_ID, what its agents "
+      "send as jobId)", metavar="ID", required=True),
+    C("token", "--token-file", str, help="the controller's admin token, as given to `taskd server --token-file` "
+      "(default ${env})", metavar="PATH", same="token_file"),
+    C("migrate", "--job", str, help="the job (its --job-id / MINDX_TASK_ID)", metavar="ID", required=True),
+    C("migrate", "--rank", int, help="the global rank to move to a warm spare on its node, at the job's next step "
+      "boundary", metavar="R", one_of="which"),
+    C("migrate", "--node", int, help="the node whose every rank moves to a standby agent (`taskd run --standby`) at "
+      "the job's next step boundary (maintenance: drain the node)", metavar="N", one_of="which"),
+    C("migrate", "--server", str, help=f"controller host[:port] (default ${{env}}, else 127.0.0.1:{DEFAULT_PORT})",
+      metavar="ADDR", same="server"),
+    C("migrate", "--timeout", float, 120.0, "how long to wait for the migration's outcome (default {default})",
+      "SECONDS"),
+    C("migrate", "--token-file", str, help="the admin token or the job's credential (`taskd token --job ID`) "
+      "(default ${env})", metavar="PATH", same="token_file"),
+    C("migrate", "--tls-ca", str, metavar="PEM", same="tls_ca"),
+    C("migrate", "--tls-cert", str, metavar="PEM", same="tls_cert"),
+    C("migrate", "--tls-key", str, metavar="PEM", same="tls_key"),
+)
+del C
+
+
+def _check_commands(rows: tuple[CommandFlag, ...]) -> None:
+    """At import: one row per command and flag, a known command, a default of the row's kind, a known `same`."""
+    keys = [(s.command, s.flag) for s in rows]
+    assert len(set(keys)) == len(keys), f"a flag given twice in {keys}"
+    for s in rows:
+        assert s.command in COMMANDS, f"{s.flag}: command {s.command!r} is not one of {COMMANDS}"
+        assert s.kind in (int, float, str, bool), f"{s.command} {s.flag}: kind {s.kind!r}"
+        assert s.default is None or isinstance(s.default, s.kind), f"{s.command} {s.flag}: default {s.default!r}"
+        assert not s.same or setting(s.same).env, f"{s.command} {s.flag}: {s.same} has no variable"
+        assert not (s.required and s.one_of), f"{s.command} {s.flag}: a choice's flags are required together"
+
+
+_check_commands(COMMAND_FLAGS)
+
+
+def command_flags(command: str) -> tuple[CommandFlag, ...]:
+    """A command's rows, in --help's order."""
+    rows = tuple(s for s in COMMAND_FLAGS if s.command == command)
+    if not rows:
+        raise KeyError(f"no command {command!r} in taskd/server_settings.py; known: {', '.join(COMMANDS)}")
+    return rows
+
+
+def add_command_flags(parser: argparse.ArgumentParser, command: str, environ: Mapping[str, str] | None = None) -> None:
+    """`taskd COMMAND`'s flags, in the table's order; a row's `same` variable, when set, is its flag's default."""
+    choices: dict[str, argparse._MutuallyExclusiveGroup] = {}
+    for s in command_flags(command):
+        target: argparse.ArgumentParser | argparse._MutuallyExclusiveGroup = parser
+        if s.one_of:
+            if s.one_of not in choices:
+                choices[s.one_of] = parser.add_mutually_exclusive_group(required=True)
+            target = choices[s.one_of]
+        if s.kind is bool:
+            target.add_argument(s.flag, action="store_true", help=s.help_text())
+            continue
+        kwargs: dict[str, Any] = {"default": (env_text(s.same, environ) or None) if s.same else s.default,
+                                  "help": s.help_text(), "metavar": s.metavar}
+        if s.kind is not str:
+            kwargs["type"] = s.kind
+        if s.required:
+            kwargs["required"] = True
+        target.add_argument(s.flag, **kwargs)
+
+
+__all__ = ["BY_FIELD", "COMMANDS", "COMMAND_FLAGS", "FLAGS", "SERVER_SETTINGS", "TOKEN_ENV", "CommandFlag",
+           "ServerSetting", "add_command_flags", "add_server_flags", "command_flags", "flag_dest", "server_default"]

@@ -4,7 +4,8 @@ From `SETTINGS`: `AgentConfig` (its field defaults, the TASKD_* variables `from_
 (its defaults and bounds), `taskd run`'s argparse (run_config/flags.py lays the rows out: spellings, metavars,
 --help lines, torchrun's notices), `ClientOptions`' defaults, the `taskd server` fields holding the same setting,
 and three docs' tables (docs/mindspore.md's variables here; README's flags, run_config/flag_table.py;
-docs/client.md's options, client/option_table.py). `taskd server`'s own rows are taskd/server_settings.py's.
+docs/client.md's options, client/option_table.py). `taskd server`'s own rows, and `taskd status`/`token`/
+`migrate`'s flags, are taskd/server_settings.py's.
 tests/unit/test_settings.py checks the rest against it (no default written anywhere else, no config dataclass
 with a literal default), tests/unit/test_settings_readers.py that no TASKD_*/MINDX_* variable is read elsewhere.
 

@@ -1,4 +1,4 @@
-"""`taskd server` and `taskd status`: flags -> ControllerConfig / a status query. taskd/cli.py calls these."""
+"""`taskd server`, `status`, `token`, `migrate`: flags (the settings table's rows) -> a config, a query, a call."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import sys
 import grpc
 
 from taskd.controller.config import TOKEN_ENV
-from taskd.server_settings import add_server_flags, flag_dest
-from taskd.settings import env_text
+from taskd.server_settings import add_command_flags, add_server_flags, flag_dest
 from taskd.vocabulary import DEFAULT_PORT
 
 log = logging.getLogger(__name__)
@@ -54,11 +53,8 @@ def server_main(args: argparse.Namespace) -> int:
 
 
 def add_token_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--job", required=True, metavar="ID", help="the job the credential is for (its --run-id / "
-                        "MINDX_TASK_ID, what its agents send as jobId)")
-    parser.add_argument("--token-file", default=env_text("token_file") or None, metavar="PATH",
-                        help=f"the controller's admin token, as given to `taskd server --token-file` (default "
-                             f"${TOKEN_ENV})")
+    """`taskd token`'s flags, rows of taskd/server_settings.py's `COMMAND_FLAGS`."""
+    add_command_flags(parser, "token")
 
 
 def token_main(args: argparse.Namespace) -> int:
@@ -89,20 +85,8 @@ def token_main(args: argparse.Namespace) -> int:
 
 
 def add_status_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--server", default=env_text("server") or None, metavar="ADDR",
-                        help="controller address host[:port] (default $MINDX_SERVER_IP; else every `taskd run` of "
-                             f"this user on this host that runs its own controller, else 127.0.0.1:{DEFAULT_PORT})")
-    parser.add_argument("--job", default=None, metavar="ID", help="only this job")
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
-    parser.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS")
-    parser.add_argument("--token-file", default=env_text("token_file") or None, metavar="PATH",
-                        help=f"send the token in this file (default ${TOKEN_ENV})")
-    parser.add_argument("--tls-ca", default=env_text("tls_ca") or None, metavar="PEM",
-                        help="connect with TLS, trusting this CA (default $TASKD_TLS_CA)")
-    parser.add_argument("--tls-cert", default=env_text("tls_cert") or None, metavar="PEM",
-                        help="client certificate for mTLS (default $TASKD_TLS_CERT)")
-    parser.add_argument("--tls-key", default=env_text("tls_key") or None, metavar="PEM",
-                        help="its private key (default $TASKD_TLS_KEY)")
+    """`taskd status`'s flags, rows of taskd/server_settings.py's `COMMAND_FLAGS`."""
+    add_command_flags(parser, "status")
 
 
 UNREACHABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
@@ -168,21 +152,8 @@ def _embedded_jobs(args: argparse.Namespace):  # noqa: ANN202 - a taskd_pb2.JobL
 
 
 def add_migrate_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--job", required=True, metavar="ID", help="the job (its --job-id / MINDX_TASK_ID)")
-    which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--rank", type=int, metavar="R", help="the global rank to move to a warm spare on its node, at "
-                       "the job's next step boundary")
-    which.add_argument("--node", type=int, metavar="N", help="the node whose every rank moves to a standby agent "
-                       "(`taskd run --standby`) at the job's next step boundary (maintenance: drain the node)")
-    parser.add_argument("--server", default=env_text("server") or None, metavar="ADDR",
-                        help=f"controller host[:port] (default $MINDX_SERVER_IP, else 127.0.0.1:{DEFAULT_PORT})")
-    parser.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
-                        help="how long to wait for the migration's outcome (default 120)")
-    parser.add_argument("--token-file", default=env_text("token_file") or None, metavar="PATH",
-                        help=f"the admin token or the job's credential (`taskd token --job ID`) (default ${TOKEN_ENV})")
-    parser.add_argument("--tls-ca", default=env_text("tls_ca") or None, metavar="PEM")
-    parser.add_argument("--tls-cert", default=env_text("tls_cert") or None, metavar="PEM")
-    parser.add_argument("--tls-key", default=env_text("tls_key") or None, metavar="PEM")
+    """`taskd migrate`'s flags, rows of taskd/server_settings.py's `COMMAND_FLAGS`."""
+    add_command_flags(parser, "migrate")
 
 
 def migrate_main(args: argparse.Namespace) -> int:

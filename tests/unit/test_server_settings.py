@@ -1,6 +1,7 @@
 """`taskd server`'s settings are rows of the table (taskd/server_settings.py): ControllerConfig's and MachineConfig's
 defaults, the argparse flags (default, type, metavar, help) and the flag names errors give all come from the rows,
-and `taskd server` reads its one variable (TASKD_TOKEN_FILE) through the table."""
+and `taskd server` reads its one variable (TASKD_TOKEN_FILE) through the table; `taskd status`, `token` and
+`migrate`'s flags are rows too (`COMMAND_FLAGS`), and docs/controller.md's table of them is generated."""
 
 from __future__ import annotations
 
@@ -12,7 +13,20 @@ import pytest
 
 from taskd.controller.cli_commands import add_server_arguments, server_config
 from taskd.controller.config import FLAGS, ControllerConfig
-from taskd.server_settings import SERVER_SETTINGS, TOKEN_ENV, ServerSetting, _check, add_server_flags, server_default
+from taskd.server_settings import (
+    COMMANDS,
+    SERVER_SETTINGS,
+    TOKEN_ENV,
+    CommandFlag,
+    ServerSetting,
+    _check,
+    _check_commands,
+    add_command_flags,
+    add_server_flags,
+    command_flags,
+    flag_dest,
+    server_default,
+)
 from taskd.settings import setting
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,3 +103,76 @@ def test_the_table_refuses_a_contradiction_at_import() -> None:
                  (ServerSetting("a", "--a", int, 1.5),), (ServerSetting("", "", int, 1),)):
         with pytest.raises(AssertionError):
             _check(rows)
+
+
+# ------------------------------------------------------------------ `taskd status`, `taskd token`, `taskd migrate`
+
+def _command(command: str, environ: dict[str, str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=f"taskd {command}")
+    add_command_flags(parser, command, environ)
+    return parser
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_each_command_flag_is_its_row_and_there_is_no_other(command: str) -> None:
+    """Built from the rows: the flags in the table's order, each with its row's default, type, metavar and help."""
+    actions = _actions(_command(command, {}))
+    rows = command_flags(command)
+    assert list(actions) == [s.flag for s in rows]
+    for s in rows:
+        action = actions[s.flag]
+        assert (action.default, action.help, action.metavar, action.required) == (
+            s.default, s.help_text(), s.metavar, s.required), s.flag
+        assert action.type is (None if s.kind in (str, bool) else s.kind), s.flag
+
+
+def test_the_command_timeouts_are_the_rows() -> None:
+    """status's ListJobs deadline and migrate's wait for the outcome: two settings, each one row."""
+    assert _command("status", {}).parse_args([]).timeout == 5.0
+    migrate = _command("migrate", {}).parse_args(["--job", "j", "--rank", "1"])
+    assert (migrate.timeout, migrate.rank, migrate.node) == (120.0, 1, None)
+    assert _actions(_command("migrate", {}))["--timeout"].help.endswith("(default 120)")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_shared_flag_takes_its_rows_variable_as_default(command: str) -> None:
+    shared = [s for s in command_flags(command) if s.same]
+    environ = {setting(s.same).env: f"/from/{s.same}" for s in shared}
+    required = {"status": [], "token": ["--job", "j"], "migrate": ["--job", "j", "--node", "0"]}[command]
+    args = _command(command, environ).parse_args(required)
+    assert {s.flag: getattr(args, flag_dest(s.flag)) for s in shared} == {s.flag: f"/from/{s.same}" for s in shared}
+    assert {"token_file"} <= {s.same for s in shared}
+    unset = _command(command, {}).parse_args(required)
+    assert all(getattr(unset, flag_dest(s.flag)) is None for s in shared)
+
+
+def test_migrate_needs_exactly_one_of_rank_and_node(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["--job", "j"], ["--job", "j", "--rank", "1", "--node", "2"]):
+        with pytest.raises(SystemExit):
+            _command("migrate", {}).parse_args(argv)
+    assert "one of the arguments --rank --node is required" in capsys.readouterr().err
+
+
+def test_the_command_table_refuses_a_contradiction_at_import() -> None:
+    for rows in ((CommandFlag("status", "--a", int), CommandFlag("status", "--a", int)),
+                 (CommandFlag("stats", "--a", int),), (CommandFlag("status", "--a", int, 1.5),),
+                 (CommandFlag("status", "--a", str, same="standby"),),
+                 (CommandFlag("status", "--a", int, required=True, one_of="x"),)):
+        with pytest.raises(AssertionError):
+            _check_commands(rows)
+    with pytest.raises(KeyError, match="no command 'stat'"):
+        command_flags("stat")
+
+
+def test_the_command_flag_table_is_generated_from_the_current_rows(tmp_path: Path) -> None:
+    from taskd.controller import command_table
+
+    text = (ROOT / "docs" / "controller.md").read_text(encoding="utf-8")
+    assert command_table.update_doc(text) == text, "run: python -m taskd.controller.command_table --write " \
+        "docs/controller.md"
+    row = "| `taskd migrate` | `--timeout SECONDS` | 120 |"
+    assert row in text
+    stale = tmp_path / "controller.md"
+    stale.write_text(text.replace(row, row.replace("120", "60")), encoding="utf-8")
+    assert command_table.main(["--check", str(stale)]) == 1
+    assert command_table.main(["--write", str(stale)]) == 0 and stale.read_text(encoding="utf-8") == text
