@@ -77,9 +77,10 @@ class WorkerSpec:
     """
 
     entrypoint: list[str]
-    nproc_per_node: int = 1
-    nnodes: int = 1
-    node_rank: int | None = 0  # None: a standby's, set once the controller assigns one (LocalLauncher.set_node_rank)
+    nproc_per_node: int = default("ranks_per_node")
+    nnodes: int = default("node_count")
+    # None: a standby's, set once the controller assigns one (LocalLauncher.set_node_rank)
+    node_rank: int | None = default("node_rank")
     master_addr: str = default("master_addr")
     master_port: int = default("master_port")
     job_id: str = "default"
@@ -94,10 +95,10 @@ class WorkerSpec:
     snapshot_persist_every: int = default("snapshot_persist_every")  # persist every Nth step's snapshot
     snapshot_persist_keep: int = default("snapshot_persist_keep")  # persisted steps kept per rank
     warm_spare_mode: str = default("warm_spare_mode")  # WARM_SPARE_MODES ("script": up to become_rank())
-    role: str = "default"  # torchrun's ROLE_NAME
+    role: str = default("role")  # torchrun's ROLE_NAME
     max_restarts: int = 0  # the job's restart budget, given to ranks as TORCHELASTIC_MAX_RESTARTS
-    redirects: Streams = 0  # streams that go to the log file only, not the console
-    tee: Streams = 0  # streams that go to the log file and the console
+    redirects: Streams = STD_NONE  # streams that go to the log file only, not the console
+    tee: Streams = STD_NONE  # streams that go to the log file and the console
     local_ranks_filter: Collection[int] | None = None  # local ranks shown on the console; None = all
     # live recovery: "agent" hosts the rendezvous store on node 0 and turns live recovery on; "auto" does so
     # when the entrypoint is a .py script that imports taskd.worker.torch (taskd run's default); "rank": rank 0

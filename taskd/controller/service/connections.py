@@ -38,6 +38,11 @@ from taskd.server_settings import server_default
 log = logging.getLogger(__name__)
 
 ESTABLISHED = "01"
+NO_BOUND = 0  # a budget of 0 bounds nothing: a watch built without one (tests); server.py computes both budgets
+# The scans' pace, a mechanism's constants rather than knobs: a never-authenticating connection is seen within a
+# second of its auth timeout, and a flood of early scans (credentials at their cap) costs at most five a second.
+SCAN_INTERVAL = 1.0
+MIN_SCAN_GAP = 0.2
 
 
 @dataclass(frozen=True)
@@ -45,11 +50,11 @@ class WatchConfig:
     port: int
     auth_timeout: float = server_default("auth_timeout")  # 0 = never close for that
     max_per_peer: int = server_default("max_connections_per_peer")  # 0 = no per-IP bound
-    soft_budget: int = 0  # 0 = no global bound (server.py computes both from the open-file limit)
-    budget: int = 0  # gRPC's own cap (grpc.max_allowed_incoming_connections): at it, new connections are refused
+    soft_budget: int = NO_BOUND  # past it, idle connections are closed (server.py: 90% of `budget`)
+    budget: int = NO_BOUND  # gRPC's own cap (grpc.max_allowed_incoming_connections): at it, new connections are refused
     limit_loopback: bool = server_default("limit_loopback")  # loopback peers count against max_per_peer
-    interval: float = 1.0
-    min_interval: float = 0.2  # a scan asked for early (a credential at its cap) comes no sooner after the last
+    interval: float = SCAN_INTERVAL
+    min_interval: float = MIN_SCAN_GAP  # a scan asked for early (a credential at its cap) comes no sooner
 
 
 @dataclass
