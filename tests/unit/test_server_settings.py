@@ -176,3 +176,17 @@ def test_the_command_flag_table_is_generated_from_the_current_rows(tmp_path: Pat
     stale.write_text(text.replace(row, row.replace("120", "60")), encoding="utf-8")
     assert command_table.main(["--check", str(stale)]) == 1
     assert command_table.main(["--write", str(stale)]) == 0 and stale.read_text(encoding="utf-8") == text
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_taskd_builds_the_commands_parser_from_its_rows(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """taskd/cli.py's subcommand has the rows' flags and defaults, and no hand-written one beside them."""
+    from taskd.cli import build_parser
+
+    for s in command_flags(command):
+        if s.same:
+            monkeypatch.delenv(setting(s.same).env, raising=False)
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    actions = _actions(sub)
+    assert [(flag, a.default, a.help) for flag, a in actions.items()] == [
+        (s.flag, s.default, s.help_text()) for s in command_flags(command)]
