@@ -346,6 +346,8 @@ def parse_args() -> argparse.Namespace:
     args = p.parse_args()
     if args.quick and args.goal:
         p.error("--quick and --goal are two different runs: give one")
+    if args.keep and Path(args.keep).is_dir() and any(Path(args.keep).iterdir()):
+        p.error(f"--keep {args.keep} holds files already: name an empty or new directory (its runs' names repeat)")
     if args.baseline_runs is None:
         args.baseline_runs = 1 if args.quick else 2
     if args.quick:

@@ -168,3 +168,21 @@ def test_table_reprints_both_result_formats(tmp_path: Path, monkeypatch: Any, ca
         assert spread_col in live, live
         assert "goal, taskd's best (taskd live + script-mode spare)" in out
     assert "97.1 % ± 2.0" in out  # 49.5 / 51, ± the larger of its spread and the median one (1.0) / 51
+
+
+def test_goal_sets_the_plan_flags_override_and_a_used_keep_dir_is_refused(tmp_path: Path, monkeypatch: Any,
+                                                                         capsys: Any) -> None:
+    monkeypatch.setattr(sys, "argv", ["goodput.py"])
+    goodput = _load("goodput")
+    monkeypatch.setattr(sys, "argv", ["goodput.py", "--goal", "--seed", "7"])
+    args = goodput.parse_args()
+    assert (args.steps, args.mtbf, args.baseline_runs, args.systems, args.seed) == \
+        (plan.GOAL["steps"], plan.GOAL["mtbf"], 2, plan.GOAL["systems"], 7)
+    monkeypatch.setattr(sys, "argv", ["goodput.py", "--quick"])
+    assert goodput.parse_args().baseline_runs == 1
+    (tmp_path / "taskd-0-ref0").mkdir()  # a previous run's files: the new runs' directories would collide
+    monkeypatch.setattr(sys, "argv", ["goodput.py", "--goal", "--keep", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        goodput.parse_args()
+    assert "holds files already" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["taskd-0-ref0"]  # nothing changed
