@@ -240,7 +240,8 @@ COMMAND_FLAGS: tuple[CommandFlag, ...] = (
     C("status", "--server", str, help=_STATUS_SERVER, metavar="ADDR", same="server"),
     C("status", "--job", str, help="only this job", metavar="ID"),
     C("status", "--json", bool, False, "machine-readable output"),
-    C("status", "--timeout", float, 5.0, metavar="SECONDS"),  # the ListJobs call's deadline
+    C("status", "--timeout", float, 5.0, "how long to wait for the controller's answer (default {default})",
+      "SECONDS"),
     C("status", "--token-file", str, help="send the token in this file (default ${env})", metavar="PATH",
       same="token_file"),
     C("status", "--tls-ca", str, help="connect with TLS, trusting this CA (default ${env})", metavar="PEM",
@@ -248,7 +249,7 @@ COMMAND_FLAGS: tuple[CommandFlag, ...] = (
     C("status", "--tls-cert", str, help="client certificate for mTLS (default ${env})", metavar="PEM",
       same="tls_cert"),
     C("status", "--tls-key", str, help="its private key (default ${env})", metavar="PEM", same="tls_key"),
-    C("token", "--job", str, help="the job the credential is for (its --run-id / MINDX_TASK_ID, what its agents "
+    C("token", "--job", str, help="the job the credential is for (its --job-id / MINDX_TASK_ID, what its agents "
       "send as jobId)", metavar="ID", required=True),
     C("token", "--token-file", str, help="the controller's admin token, as given to `taskd server --token-file` "
       "(default ${env})", metavar="PATH", same="token_file"),
@@ -263,9 +264,11 @@ COMMAND_FLAGS: tuple[CommandFlag, ...] = (
       "SECONDS"),
     C("migrate", "--token-file", str, help="the admin token or the job's credential (`taskd token --job ID`) "
       "(default ${env})", metavar="PATH", same="token_file"),
-    C("migrate", "--tls-ca", str, metavar="PEM", same="tls_ca"),
-    C("migrate", "--tls-cert", str, metavar="PEM", same="tls_cert"),
-    C("migrate", "--tls-key", str, metavar="PEM", same="tls_key"),
+    C("migrate", "--tls-ca", str, help="connect with TLS, trusting this CA (default ${env})", metavar="PEM",
+      same="tls_ca"),
+    C("migrate", "--tls-cert", str, help="client certificate for mTLS (default ${env})", metavar="PEM",
+      same="tls_cert"),
+    C("migrate", "--tls-key", str, help="its private key (default ${env})", metavar="PEM", same="tls_key"),
 )
 del C
 
