@@ -41,6 +41,7 @@ from taskd.worker import snapshot_files as files
 from taskd.worker import snapshot_persist as persisted
 from taskd.worker.env import Var, env_int, rank, restart_count, world_size
 from taskd.worker.snapshot_account import Fetched, Restored, take_fetched, write_restored
+from taskd.worker.snapshot_ballot import cut_answer, cut_offer
 from taskd.worker.snapshot_segment import SnapshotError, flatten, load, populate, seal, write_body
 from taskd.worker.snapshot_vote import InUse, Outvoted, Unagreed, Vote, guarded, load_voted
 
@@ -299,9 +300,7 @@ class Snapshots:
         ``agreed``: the cut comes from ``agree`` (a collective) on one node too: ranks that are running (a live
         group's rollback) may still be publishing, so what the node's directories show is not yet the same for all."""
         self.wait()
-        why, damaged = self.off, False
-        if why is not None and self.scope == "job" and (self._nodes() > 1 or agreed) and self.agree is not None:
-            self.agree(set())  # the other ranks agree on a cut: take part, holding nothing
+        why, damaged, persists = self.off, False, self.persist_dir is not None
         fetched = take_fetched(self.directory, self.rank) if self.directory else None
         newest = max(self._published(self.rank), default=-1) if why is None else -1
         if fetched is not None:  # a lost node's rank: it had got this far, past the buddy's copy (steps redone)
@@ -309,8 +308,8 @@ class Snapshots:
         passed: list[str] = []  # newer steps every rank passed over: a copy of one failed its check
         vote = Vote(self.agree, self.rank, self.world, self._nodes(), self.directory or "", self.scope == "rank")
         step: int | None = None
-        while self.off is None:
-            step, why = self._cut(agreed, step)
+        while self.off is None or self._collective(agreed):  # an off rank takes part, holding nothing
+            step, why, persists = self._cut(agreed, step)
             if step is None:
                 if fetched is not None and fetched.why and not passed:  # what the agent knows, not a guess
                     why = f"node {fetched.node} was lost with its snapshots, and {fetched.why}"
@@ -337,12 +336,14 @@ class Snapshots:
                     _passed_words(passed, vote.alone))
             return state, step
         why = f"{why}{_passed_words(passed, vote.alone)}"
-        if self.persist_dir is not None and not damaged:
+        if persists and not damaged:  # across nodes: every rank has persisted copies (the cut said), or none looks
             found, unpersisted = self._restore_persisted(use, why, agreed)  # no cut in memory (alike on every rank)
             if found is not None:
                 self._account(found[1], newest, None)
                 return found
             why = f"{why}; {unpersisted}"
+        elif self.persist_dir is not None and not damaged:  # the cut said: a rank of the job has no persisted copies
+            why = f"{why}; not every rank has persisted copies ({Var.TASKD_SNAPSHOT_PERSIST_DIR}): none tried"
         if self.fallback is None:
             log.info("rank %d: no snapshot restored (%s)", self.rank, why)
             self._account(-1, newest, None)
@@ -369,10 +370,10 @@ class Snapshots:
         (TASKD_SNAPSHOT_PERSIST_DIR), said in one line, and the newer steps passed over (a copy that fails its check
         on any rank: every rank takes the older step, never a mix); (None, why) when there is none."""
         root = self.persist_dir or ""
-        multi = self.scope == "job" and (self._nodes() > 1 or agreed) and self.agree is not None
+        multi = self._collective(agreed)
         try:
             found = persisted.cut(root, self.world, self.agree if multi else None, self.rank) \
-                if self.scope == "job" else persisted.PersistedCut(_own_newest(root, self.rank))
+                if self.scope == "job" else persisted.PersistedCut(persisted.own_newest(root, self.rank))
         except SnapshotError as exc:
             log.warning("rank %d: the persisted snapshots in %s cannot be agreed on: %s", self.rank, root, exc)
             return None, f"the persisted snapshots in {root} cannot be agreed on: {exc}"
@@ -397,31 +398,32 @@ class Snapshots:
                     "memory (%s)%s", self.rank, step, root, _mb(size), time.perf_counter() - started, why, passed)
         return (state, step), ""
 
-    def _cut(self, agreed: bool = False, below: int | None = None) -> tuple[int | None, str]:
-        """The step to restore (older than ``below``: newer ones were passed over) and, without one, why."""
+    def _collective(self, agreed: bool) -> bool:
+        """Whether the cut comes from ``agree``: then every rank of the job calls it equally often (an off one too)."""
+        return self.scope == "job" and (self._nodes() > 1 or agreed) and self.agree is not None
+
+    def _cut(self, agreed: bool = False, below: int | None = None) -> tuple[int | None, str, bool]:
+        """The step to restore (older than ``below``: newer ones were passed over) and, without one, why; and
+        whether to try the persisted copies next (across nodes only when every rank has them: `cut_offer`)."""
+        local = self.persist_dir is not None
         if self.scope == "rank":
             own = self._published(self.rank, below)
-            return (max(own), "") if own else (None, f"rank {self.rank} holds no snapshot")
+            return (max(own), "", local) if own else (None, f"rank {self.rank} holds no snapshot", local)
         nodes = self._nodes()
         if nodes > 1 or agreed:  # each node sees its own ranks only (a lost node's, fetched from its buddy, too)
             if self.agree is None:
                 return None, (f"the job runs on {nodes} nodes and nothing agrees on a step across them (`agree`: "
-                              "TorchSnapshots passes one once torch.distributed is initialized)")
+                              "TorchSnapshots passes one once torch.distributed is initialized)"), local
             try:
-                common = self.agree(self._published(self.rank, below))
+                common, persists = cut_answer(self.agree(cut_offer(
+                    self._published(self.rank, below) if self.off is None else set(), local)))
             except SnapshotError as exc:
-                return None, str(exc)
-            return (max(common), "") if common else (None, f"no step is held by every rank of the job ({nodes} "
-                                                          "node(s); a copy further behind than `keep` steps?)")
-        held = {r: self._published(r, below) for r in range(self.world)}
-        common = set.intersection(*held.values()) if held else set()
-        if common:
-            return max(common), ""
-        empty = [r for r, steps in held.items() if not steps]
-        if empty:
-            return None, f"rank(s) {', '.join(map(str, empty))} hold no snapshot"
-        newest = ", ".join(f"rank {r}: {max(s)}" for r, s in held.items())
-        return None, f"no step is held by every rank (newest {newest})"
+                return None, str(exc), local
+            if self.off is not None or not common:
+                return None, self.off or (f"no step is held by every rank of the job ({nodes} node(s); a copy "
+                                          "further behind than `keep` steps?)"), persists
+            return max(common), "", persists
+        return *files.common_cut({r: self._published(r, below) for r in range(self.world)}), local
 
     @staticmethod
     def _nodes() -> int:
@@ -469,15 +471,6 @@ class Snapshots:
         self.wait()
         for segment in self._segments:
             segment.close()
-
-
-def _own_newest(root: str, of_rank: int) -> int | None:
-    """Scope "rank": this rank's own newest whole persisted copy."""
-    folder = os.path.join(root, f"rank{of_rank}")
-    for step in sorted(files.steps_in(folder), reverse=True):
-        if persisted.complete(os.path.join(folder, files.segment_name(step)), step, of_rank):
-            return step
-    return None
 
 
 def _passed_words(passed: list[str], alone: bool) -> str:

@@ -26,6 +26,22 @@ def ballot(ok: bool, step: int, rank: int) -> set[int]:
     return {_mark(bit, (rank >> bit) & 1) for bit in range(RANK_BITS)}
 
 
+PERSISTS = -1
+"""The memory cut's mark (never a step) of a rank with persisted copies to offer (TASKD_SNAPSHOT_PERSIST_DIR): the
+cut's intersection keeps it only when every rank has them, so every rank goes on to the persisted copies' agreed
+cut (more collectives) or none does, decided by the same collective on every rank."""
+
+
+def cut_offer(steps: set[int], persists: bool) -> set[int]:
+    """A rank's part in the memory cut: the steps it holds (none when its snapshots are off), and `PERSISTS`."""
+    return steps | {PERSISTS} if persists else set(steps)
+
+
+def cut_answer(common: set[int]) -> tuple[set[int], bool]:
+    """The steps every rank holds, and whether every rank has persisted copies, from the cut's intersection."""
+    return {s for s in common if s >= 0}, PERSISTS in common
+
+
 def failing_rank(voted: set[int]) -> int | None:
     """The one rank whose copy failed, read from the ballots' intersection; None when several (or none) failed."""
     rank = 0
@@ -97,4 +113,5 @@ def common(candidates: list[int], counts: Any, world: int) -> set[int]:
     return {value for slot, value in enumerate(candidates) if int(counts[slot]) == world}
 
 
-__all__ = ["RANK_BITS", "SLOTS", "ballot", "common", "failing_rank", "holds", "offer", "offered", "outvoted"]
+__all__ = ["PERSISTS", "RANK_BITS", "SLOTS", "ballot", "common", "cut_answer", "cut_offer", "failing_rank", "holds",
+           "offer", "offered", "outvoted"]

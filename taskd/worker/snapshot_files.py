@@ -62,4 +62,16 @@ def held(root: str) -> dict[int, set[int]]:
     return {rank: steps_in(folder) for rank, folder in rank_folders(root).items()}
 
 
-__all__ = ["BUDDY_KEEP", "held", "rank_folders", "segment_name", "step_of", "steps_in"]
+def common_cut(held: dict[int, set[int]]) -> tuple[int | None, str]:
+    """The newest step every rank holds (one node: each rank reads every rank's folder, ``held``), or why none."""
+    common = set.intersection(*held.values()) if held else set()
+    if common:
+        return max(common), ""
+    empty = [r for r, steps in held.items() if not steps]
+    if empty:
+        return None, f"rank(s) {', '.join(map(str, empty))} hold no snapshot"
+    newest = ", ".join(f"rank {r}: {max(s)}" for r, s in held.items())
+    return None, f"no step is held by every rank (newest {newest})"
+
+
+__all__ = ["BUDDY_KEEP", "common_cut", "held", "rank_folders", "segment_name", "step_of", "steps_in"]

@@ -121,6 +121,15 @@ def _agreed_cut(root: str, agree: Callable[[set[int]], set[int]], own: int) -> P
     return PersistedCut(None, tuple(passed))
 
 
+def own_newest(root: str, of_rank: int) -> int | None:
+    """Scope "rank": this rank's own newest whole persisted copy."""
+    folder = os.path.join(root, f"rank{of_rank}")
+    for step in sorted(steps_in(folder), reverse=True):
+        if complete(os.path.join(folder, segment_name(step)), step, of_rank):
+            return step
+    return None
+
+
 def quarantine(path: str) -> None:
     """Set a damaged copy aside (``*.corrupt``, kept for inspection) so that no later cut picks it."""
     try:
@@ -195,5 +204,5 @@ def prune(folder: str, newest: int, keep: int) -> None:
         unlink_if_present(os.path.join(folder, segment_name(step)))
 
 
-__all__ = ["PersistedCut", "complete", "cut", "prune", "publish", "quarantine", "remove_stale_temps", "verify",
-           "write_copy"]
+__all__ = ["PersistedCut", "complete", "cut", "own_newest", "prune", "publish", "quarantine", "remove_stale_temps",
+           "verify", "write_copy"]
