@@ -271,10 +271,7 @@ class LiveGroup(RetryInPlace, Migrating, FsdpLive, HsdpLive):
         self.memory.close()  # the publish in flight; the segments stay for the agent to remove
         if self._leave_watch is not None:
             self._leave_watch.stop()
-        if dist.is_initialized():
-            groups = list(dist.distributed_c10d._world.pg_map)  # DDP keeps them alive past the destroy: see
-            dist.destroy_process_group()
-            outlive_exit(groups)  # outlive_exit for why they must not be freed while the interpreter finalizes
+        self._end_groups()
         self._sockets.release()
         # what follows (results, the interpreter's exit, where torch 2.13's gloo teardown aborts a rank now and then)
         # is no fault: nothing collective is left (issue 32, F2)
@@ -282,6 +279,14 @@ class LiveGroup(RetryInPlace, Migrating, FsdpLive, HsdpLive):
         kept = self._retired.keep_past_exit()  # freed at interpreter exit, a left group's leftover work held the rank
         if kept:
             log.debug("rank %d: %d group(s) left less than their timeout ago are kept past exit", self.rank, kept)
+
+    def _end_groups(self) -> None:
+        """Destroy the group for good, every group torch knows kept past the process's exit (DDP keeps them alive
+        past the destroy: `outlive_exit` says why they must not be freed while the interpreter finalizes)."""
+        if dist.is_initialized():
+            groups = list(dist.distributed_c10d._world.pg_map)
+            dist.destroy_process_group()
+            outlive_exit(groups)
 
     def _data(self, what: str) -> None:
         for loader in self._loaders:
@@ -405,7 +410,8 @@ class LiveGroup(RetryInPlace, Migrating, FsdpLive, HsdpLive):
                     self.step_no = start_afresh(self.memory, self.rank, rows, self._loaders, load, self._device)
             except ShardsLost as exc:  # alike on every rank: each says no more than rank 0's line and exits
                 self.memory.close()
-                dist.destroy_process_group()  # a healthy group, left before the interpreter's exit tears it down
+                self._end_groups()  # a healthy group, left so that the interpreter's exit never tears it down
+                self._retired.keep_past_exit()
                 exit_shards_lost(self.rank, exc, self.protocol)
         finally:
             self.mark.reset()
