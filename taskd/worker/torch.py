@@ -411,8 +411,7 @@ class LiveGroup(RetryInPlace, Migrating, FsdpLive, HsdpLive):
             except ShardsLost as exc:  # alike on every rank: each says no more than rank 0's line and exits
                 self.memory.close()
                 self._end_groups()  # a healthy group, left so that the interpreter's exit never tears it down
-                self._retired.keep_past_exit()
-                exit_shards_lost(self.rank, exc, self.protocol)
+                exit_shards_lost(self.rank, exc, self.protocol, at_once=True)
         finally:
             self.mark.reset()
         for handle in self._handles:

@@ -5,6 +5,8 @@ be done exactly (or the controller chose recover) does the group re-form."""
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import time
 from typing import Any
 
@@ -28,12 +30,26 @@ class ShardsLost(LiveRecoveryFailed):
     finds it alike, and exits with `SHARDS_LOST_EXIT` (`exit_shards_lost`)."""
 
 
-def exit_shards_lost(rank: int, exc: ShardsLost, protocol: Any) -> None:
+def exit_shards_lost(rank: int, exc: ShardsLost, protocol: Any, at_once: bool = False) -> None:
     """End this rank cleanly, no traceback: GAVE_UP for the agent, and the refusal said once, by rank 0 (every rank
-    reached the same verdict from the same all-gathered table); SystemExit(`SHARDS_LOST_EXIT`)."""
+    reached the same verdict from the same all-gathered table); SystemExit(`SHARDS_LOST_EXIT`).
+
+    ``at_once``: `os._exit` once the logs are flushed, no interpreter finalization. A rank that has just joined
+    (and left) a gloo group can abort in it ("terminate called without an active exception", SIGABRT: 2 runs in 6
+    of tests/e2e/worker/test_live_fsdp.py's refusal with groups kept past exit), which the agent would take for a
+    fault; the job restarts every rank anyway, so nothing the finalization would run is owed."""
     protocol.set_phase(Phase.GAVE_UP)
     log.log(logging.ERROR if rank == 0 else logging.INFO, "live recovery refused: %s; every rank exits (code %d) "
             "and the job restarts from its checkpoints (job-rescheduling)", exc, SHARDS_LOST_EXIT)
+    if at_once:
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(SHARDS_LOST_EXIT)
     raise SystemExit(SHARDS_LOST_EXIT)
 
 
