@@ -5,8 +5,6 @@ be done exactly (or the controller chose recover) does the group re-form."""
 from __future__ import annotations
 
 import logging
-import os
-import sys
 import time
 from typing import Any
 
@@ -16,6 +14,7 @@ import torch.distributed as dist
 from taskd.worker.live import SHARDS_LOST_EXIT, ErrorKind, Phase
 from taskd.worker.torch_mark import Backward
 from taskd.worker.torch_origin import collective
+from taskd.worker.torch_stuck import exit_at_once
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +41,7 @@ def exit_shards_lost(rank: int, exc: ShardsLost, protocol: Any, at_once: bool = 
     log.log(logging.ERROR if rank == 0 else logging.INFO, "live recovery refused: %s; every rank exits (code %d) "
             "and the job restarts from its checkpoints (job-rescheduling)", exc, SHARDS_LOST_EXIT)
     if at_once:
-        for handler in logging.getLogger().handlers:
-            handler.flush()
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(SHARDS_LOST_EXIT)
+        exit_at_once(SHARDS_LOST_EXIT)
     raise SystemExit(SHARDS_LOST_EXIT)
 
 

@@ -108,11 +108,19 @@ def exit_stuck(rank: int) -> Callable[[float], None]:
                   "(gloo does not wake a receive whose message was arriving when the connection failed): exiting "
                   "with %d so that the agent's recovery goes on without waiting for the collective timeout",
                   rank, seconds, STUCK_EXIT)
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(STUCK_EXIT)
+        exit_at_once(STUCK_EXIT)
 
     return end
+
+
+def exit_at_once(code: int) -> None:
+    """Flush what the rank said (its log handlers, stdout, stderr), then `os._exit(code)`: no interpreter
+    finalization, for a rank whose cleanup would block (a thread in C++) or abort (gloo torn down mid-work)."""
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
