@@ -392,7 +392,7 @@ class Supervisor:
         self.result.add(record)
         detail = f"{record.describe()}: {why}" if why else record.describe()
         log.warning("%s: %s", record.kind, detail if say_why else record.describe())
-        self._feed(ev.RankFault(rank.global_rank, rank.local_rank, fault_type, detail, unseen))
+        self._feed(ev.RankFault(rank.global_rank, rank.local_rank, fault_type, detail, unseen, self.live.stuck(rank)))
 
     def _poll_reports(self) -> None:
         """Answers to the reports in flight, re-sends that are due; a fault report settles as taken, or not within

@@ -47,6 +47,10 @@ FLAG_DECLARED = 4  # set by every declare(): "neither" is then an answer (sharde
 FLAG_RESIZE = 8  # the rank has a resize hook (LiveGroup(on_resize=...)): the job may go on at another world size
 
 
+STUCK_EXIT = 75
+"""The exit code of a rank that ended itself left blocked in its broken group (taskd.worker.torch_stuck): a survivor
+whose state its peers hold, so its agent starts it again into the group being re-formed."""
+
 SHARDS_LOST_EXIT = 76
 """A rank's exit code when live recovery refused because shards are lost (`ShardsLost`, taskd.worker.torch_retry),
 after it said GAVE_UP: the agent takes the ranks' exits as the rebuild's failure, and the round goes on to
@@ -362,7 +366,7 @@ def preimport(modules: str | list[str] | tuple[str, ...] | None = None) -> list[
 
 
 __all__ = ["ACTIONS", "DEFAULT_REJOIN_TIMEOUT", "FLAG_DECLARED", "FLAG_REJOIN", "FLAG_RESIZE", "FLAG_RETRY",
-           "SHARDS_LOST_EXIT", "STORE_PREFIX", "Control", "ControlWatch", "ErrorKind", "LiveProtocolError",
-           "LiveRank", "Phase", "RankStatus", "RetryableError", "classify_error", "declare_rejoinable", "join_after",
-           "preimport", "read_control", "read_rank_status", "rejoin_timeout", "start_generation", "why_not_live",
-           "write_control"]
+           "SHARDS_LOST_EXIT", "STORE_PREFIX", "STUCK_EXIT", "Control", "ControlWatch", "ErrorKind",
+           "LiveProtocolError", "LiveRank", "Phase", "RankStatus", "RetryableError", "classify_error",
+           "declare_rejoinable", "join_after", "preimport", "read_control", "read_rank_status", "rejoin_timeout",
+           "start_generation", "why_not_live", "write_control"]

@@ -295,10 +295,7 @@ class LiveGroup(RetryInPlace, Migrating, FsdpLive, HsdpLive):
     def _told_to_leave(self, ended: int, control: Control) -> None:  # on the leave watch's thread
         log.info("rank %d: the agent says generation %d is over (%s %d): %d connection(s) ended", self.rank,
                  self.protocol.generation, control.action, control.generation, ended)
-        if control.world_size is None:  # its collective now fails in milliseconds, or it is left blocked (torch_stuck)
-            self._stuck.arm()
-        # a resize's round replaces no rank: one ended while stuck would fail the scale-out (the controller's next
-        # strategy is exit), where the collective's own timeout lets it rejoin late
+        self._stuck.arm()  # its collective now fails in milliseconds, or it is left blocked (torch_stuck)
 
     # -- recovery ----------------------------------------------------------------------------------
     def _recover(self, error: tuple[ErrorKind, BaseException] | None, control: Control | None) -> None:

@@ -7,8 +7,8 @@ that moment. That receive is woken only by the collective timeout, and the rank 
 (60 s in the example, often 30 minutes in real jobs) while every other rank waits for it to rejoin: at 8 ranks,
 1 kill of 10 in one run and 0 of 15 in the next, and 1 of 3 in an earlier one (BENCHMARKS.md, "A survivor left
 blocked in its broken group"). Nothing in torch wakes that wait (``ProcessGroupGloo.abort()`` does not), so the
-rank ends itself with `STUCK_EXIT`, and the agent's recovery takes it from there: a rank that ended during the
-rebuild fails the recover, and the round escalates to job-rescheduling (docs/pytorch.md).
+rank ends itself with `STUCK_EXIT`, and its agent starts it again into the group being re-formed, as a replacement
+(agent/round/handlers.py `on_fault_rebuilding`): its state is its peers'.
 
 "Blocked" is told apart from "still computing" by the process's CPU time: a backward that is still computing
 (the rank's mark is on during all of backward, torch_mark) uses CPU, on the training thread or, for a GPU, on
@@ -26,12 +26,12 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from taskd.worker.live import STUCK_EXIT
+
 log = logging.getLogger(__name__)
 
 STUCK_AFTER = 5.0
 """Seconds a rank may stay inside a collective, its process using no CPU, after the group's connections were ended."""
-STUCK_EXIT = 75
-"""The exit code of a rank that ended itself because it was left blocked in its broken group."""
 _IDLE_SHARE = 0.1  # under this share of one CPU over a poll, the process is waiting, not computing
 
 

@@ -20,7 +20,15 @@ from taskd.agent.ranks.table import Rank, RankState, RankTable
 from taskd.agent.round.events import GroupFailed, GroupRejoined, Resumed
 from taskd.vocabulary import FaultRanks, FaultType, Strategy
 from taskd.worker.heartbeat_file import HeartbeatFile, HeartbeatFileError
-from taskd.worker.live import SHARDS_LOST_EXIT, ErrorKind, Phase, RankStatus, read_rank_status, write_control
+from taskd.worker.live import (
+    SHARDS_LOST_EXIT,
+    STUCK_EXIT,
+    ErrorKind,
+    Phase,
+    RankStatus,
+    read_rank_status,
+    write_control,
+)
 
 log = logging.getLogger("taskd.agent")
 
@@ -103,6 +111,11 @@ class LiveRanks:
             return False
         status = self.status(rank)
         return status is not None and status.phase is Phase.GAVE_UP
+
+    def stuck(self, rank: Rank) -> bool:
+        """Whether ``rank`` ended itself left blocked in its broken group (`STUCK_EXIT`) while this node rebuilds
+        that group: a survivor, started again into the new generation (agent/round/handlers.py)."""
+        return self.enabled and self.rebuild is not None and rank.returncode == STUCK_EXIT
 
     def forget(self, local_rank: int) -> None:
         """Drop the rank's cached mapping: its heartbeat file was replaced by another (a migration's successor's)."""

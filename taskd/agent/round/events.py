@@ -28,6 +28,7 @@ class RankFault:
     fault_type: str
     detail: str = ""
     unseen: float = 0.0  # seconds the fault went on before it was seen: a hang's, since its last heartbeat
+    stuck: bool = False  # a live rank that ended itself left blocked in its broken group (STUCK_EXIT): a survivor
 
 
 @dataclass(frozen=True)

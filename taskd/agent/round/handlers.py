@@ -90,11 +90,29 @@ def on_fault(m: NodeRound, ev: RankFault, now: float, out: Out) -> NodeState:
 
 
 def on_fault_rebuilding(m: NodeRound, ev: RankFault, now: float, out: Out) -> NodeState:
-    """A rank that ends while its group re-forms fails that recover (the rebuild's check reports it)."""
+    """A rank that ends while its group re-forms fails that recover (the rebuild's check reports it). Except a
+    survivor that ended itself left blocked in its broken group (worker/torch_stuck.py): its state is its peers',
+    so it starts again into the generation being formed, as a replacement does (once per rank and rebuild)."""
     faults = {ev.global_rank: ev.fault_type}
     m.add_faults(faults, now - ev.unseen)
+    plan = m.plan
+    if ev.stuck and plan is not None and plan.strategy in (Strategy.RECOVER, *Strategy.RESIZE) \
+            and ev.local_rank not in plan.restarted:
+        plan.restarted.add(ev.local_rank)
+        out.append(Note(WARNING, f"rank {ev.global_rank} ended itself blocked in its broken group: started again "
+                                 f"into the group being re-formed ({plan.strategy})"))
+        out.append(StartRanks((ev.local_rank,)))
+        return S.REBUILDING
     _leave_if_broken(m, faults, out)
     return S.REBUILDING
+
+
+def on_restarted_rebuilding(m: NodeRound, ev: StartResult, now: float, out: Out) -> NodeState:
+    """A stuck survivor started again into the rebuild (`on_fault_rebuilding`); not started: the rebuild fails."""
+    if ev.code == 0:
+        return S.REBUILDING
+    out.append(LeaveGroup())
+    return on_group_failed(m, GroupFailed(f"a rank ended stuck could not be started again: {ev.message}"), now, out)
 
 
 def on_fault_degraded(m: NodeRound, ev: RankFault, now: float, out: Out) -> NodeState:

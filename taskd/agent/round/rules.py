@@ -82,7 +82,8 @@ RULES: tuple[NodeRule, ...] = (
     Rule(ROUND_OPEN, RankFault, _targets(S.REPORTING), h.on_fault,
          "reported (joins the report still pending); the controller opens or joins a round"),
     Rule(_states(S.REBUILDING), RankFault, _targets(S.REBUILDING), h.on_fault_rebuilding,
-         "its group was re-forming: that recover fails (GroupFailed reports it)"),
+         "its group was re-forming: that recover fails (GroupFailed reports it); a survivor that ended stuck "
+         "(exit 75) is started again into the group instead, once"),
     Rule(_states(S.DEGRADED), RankFault, _targets(S.RESTARTING, S.ENDED), h.on_fault_degraded,
          "every rank restarted locally; ENDED when the budget (counted on from the controller's) is spent"),
     # the controller, or its absence
@@ -147,6 +148,9 @@ RULES: tuple[NodeRule, ...] = (
     Rule(_states(S.RESTARTING), StartResult, _targets(S.REBUILDING, S.RESUMING, S.STOPPING, S.DEGRADED),
          h.on_started, "started: RESUMING (a live recover: REBUILDING until its group re-forms); failed: STOPPING "
          "(the controller chooses again); degraded: DEGRADED. Ranks already gone are the next events"),
+    Rule(_states(S.REBUILDING), StartResult, _targets(S.REBUILDING, S.STOPPING), h.on_restarted_rebuilding,
+         "a survivor that ended stuck in its broken group was started again into the group (not started: the "
+         "recover fails, status 1 reported)"),
     Rule(_states(S.REBUILDING), GroupRejoined, _targets(S.RESUMING), h.on_rejoined,
          "every local rank rejoined: status 0 reported, the restart recorded"),
     Rule(UNREPORTED, GroupRejoined, _targets(UNCHANGED), h.on_rejoined_unreported,

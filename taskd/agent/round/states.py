@@ -98,6 +98,7 @@ class RestartPlan:
     started: float  # the round's start (monotonic): its records measure from the fault
     degraded: bool = False
     round: int | None = None  # the controller's round (Order.round): named when telling it training resumed
+    restarted: set[int] = field(default_factory=set, compare=False)  # ranks started again into it (ended stuck)
 
 
 @dataclass

@@ -241,6 +241,71 @@ def test_a_fault_during_the_rebuild_fails_recover_and_escalates_once(tmp_path, r
     assert_identical(torch.load(tmp_path / "out" / "final.pt"), reference)
 
 
+STUCK_AT_FLAG = """
+import os, runpy, sys, time
+from taskd.worker import torch as live_torch
+from taskd.worker.torch_stuck import exit_stuck
+
+flag, once = os.environ["STUCK_FLAG"], os.environ["STUCK_FLAG"] + ".once"
+recover = live_torch.LiveGroup._recover
+
+
+def stuck_once(self, *args, **kwargs):  # rank 1 stays out of the new group, as if blocked in the broken one
+    if self.rank == 1 and not os.path.exists(once):
+        open(once, "w").close()
+        while not os.path.exists(flag):  # the test sets it once the agent rebuilds the group
+            time.sleep(0.01)
+        exit_stuck(self.rank)(5.0)  # what StuckWatch calls
+    return recover(self, *args, **kwargs)
+
+
+live_torch.LiveGroup._recover = stuck_once
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_a_survivor_that_ends_stuck_during_the_rebuild_is_started_again_into_it(tmp_path, reference):
+    """worker/torch_stuck.py: a survivor left blocked in its broken group ends itself with exit 75, possibly while
+    its group re-forms. Rank 2 is killed; survivor rank 1 stays out of the new group, as if blocked in the broken
+    one, and once the agent rebuilds the group it exits as StuckWatch makes it (its real `exit_stuck`). The agent
+    starts rank 1 again into the generation being formed, where it takes the state from its peers: the recover
+    succeeds without job-rescheduling (it used to fail the recover, and a resize's, whose next strategy is exit,
+    the job), and the result is bit-identical."""
+    console_path = tmp_path / "console.log"
+    flag = tmp_path / "stuck"
+    made: list[int] = []
+
+    def stuck_when_the_rebuild_starts() -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:
+            text = console_path.read_text() if console_path.exists() else ""
+            if "live recovery: generation" in text:
+                flag.touch()
+                made.append(1)
+                return
+            time.sleep(0.01)
+
+    wrapper = tmp_path / "stuck_at_flag.py"
+    wrapper.write_text(STUCK_AT_FLAG)
+    watcher = threading.Thread(target=stuck_when_the_rebuild_starts, daemon=True)
+    watcher.start()
+    code, console = taskd_run(tmp_path, script=wrapper, env={"STUCK_FLAG": str(flag), "TASKD_RDZV_STORE": "agent"},
+                              args=[str(EXAMPLE), *SMALL, "--ckpt-dir", str(tmp_path / "ckpt"), "--out",
+                                    str(tmp_path / "out"), "--crash", "2:8"])
+    watcher.join(5)
+    assert made, console[-6000:]
+    assert code == 0, console[-6000:]
+    assert "rank 1: still blocked in a collective" in console, console[-6000:]
+    assert "rank 1 ended itself blocked in its broken group: started again into the group being re-formed " \
+           "(recover)" in console, console[-6000:]
+    assert "job-rescheduling" not in console and "live recovery failed" not in console, console[-6000:]
+    info = summary(tmp_path)
+    assert info["restart_count"] == 1, info
+    assert info["ranks"]["0"]["pid"] == start_pids(console)[0], "the survivor that was not stuck kept its process"
+    assert_identical(torch.load(tmp_path / "out" / "final.pt"), reference)
+
+
 def test_sigstopped_rank_is_named_its_stack_not_taken_and_replaced(tmp_path, reference):
     console_path = tmp_path / "console.log"
     stopped: list[int] = []

@@ -93,6 +93,50 @@ def test_on_fault_rebuilding_is_absorbed_by_the_rebuild() -> None:
     assert actions == [ev.LeaveGroup()], "the group being formed has lost a rank: the ranks leave it at once"
 
 
+def _rebuilding(strategy: str) -> object:
+    m = machine(S.RUNNING, live=True)
+    m.handle(change(strategy, extra='{"world_size": 4, "rank_map": {"0": 0, "1": 1, "2": 2, "3": 3}}'), NOW)
+    m.handle(ev.StartResult(0), NOW)
+    assert m.state is S.REBUILDING
+    return m
+
+
+@pytest.mark.parametrize("strategy", [Strategy.RECOVER, Strategy.UPGRADE, Strategy.DOWNGRADE])
+def test_a_survivor_that_ended_stuck_is_started_again_into_the_rebuild_once(strategy: str) -> None:
+    """worker/torch_stuck.py: a survivor left blocked in its broken group ends itself (exit 75) while its group
+    re-forms. Its peers hold its state: it starts again into the generation being formed, where it used to fail
+    the recover (and a resize, whose next strategy is exit, the job). Once: a second stuck exit fails as any."""
+    covers("on_fault_rebuilding")
+    covers("on_restarted_rebuilding")
+    m = _rebuilding(strategy)
+    stuck = ev.RankFault(0, 0, FaultType.PROCESS, "rank 0 exited with code 75", stuck=True)
+    actions = m.handle(stuck, NOW + 6)
+    assert m.state is S.REBUILDING and of(actions, ev.StartRanks) == [ev.StartRanks((0,))], actions
+    assert not of(actions, ev.LeaveGroup) and not of(actions, ev.SendReport), "the group being formed waits for it"
+    assert "started again into the group being re-formed" in of(actions, ev.Note)[0].text
+    assert m.handle(ev.StartResult(0), NOW + 6) == [] and m.state is S.REBUILDING
+    assert m.handle(stuck, NOW + 9) == [ev.LeaveGroup()] and m.state is S.REBUILDING, "once per rank and rebuild"
+
+
+def test_a_stuck_survivor_that_cannot_be_started_again_fails_the_recover() -> None:
+    covers("on_restarted_rebuilding")
+    m = _rebuilding(Strategy.RECOVER)
+    m.handle(ev.RankFault(0, 0, FaultType.PROCESS, "exit 75", stuck=True), NOW + 6)
+    actions = m.handle(ev.StartResult(1, "START_WORKER_LIST([0]) returned 1"), NOW + 6)
+    assert m.state is S.STOPPING and of(actions, ev.LeaveGroup) and of(actions, ev.AbandonRebuild)
+    [report] = of(actions, ev.SendReport)
+    assert report.kind == ev.STATUS and report.code == 1 and "could not be started again" in report.detail
+
+
+def test_a_stuck_exit_outside_a_live_rebuild_is_an_ordinary_fault() -> None:
+    covers("on_fault_rebuilding")
+    m = _rebuilding(Strategy.RECOVER)
+    m.plan = None  # type: ignore[attr-defined]
+    assert m.handle(ev.RankFault(0, 0, FaultType.PROCESS, "exit 75", stuck=True), NOW) == [ev.LeaveGroup()]
+    actions = machine(S.RUNNING, live=True).handle(ev.RankFault(0, 0, FaultType.PROCESS, "75", stuck=True), NOW)
+    assert of(actions, ev.SendReport), "before the rebuild it is reported: the round restarts it as a fault rank"
+
+
 def test_on_fault_degraded_restarts_every_rank_locally_until_the_budget_is_spent() -> None:
     covers("on_fault_degraded")
     m = machine(S.DEGRADED, max_restarts=1)
