@@ -49,7 +49,7 @@ outside recoveries, the steady-state cost). Before it starts, the bench prints i
 The goal run (~28 min by the estimate, alone on the machine; --goal sets bench/goodput_plan.py's GOAL):
 
     PYTHONPATH=. python bench/goodput.py --goal --keep /tmp/goodput-goal
-    # = --ranks 4 --steps 480 --mtbf 40 --hang-share 0.25 --seed 3 --heartbeat-timeout 5 --torchft-timeout 5
+    # = --ranks 4 --steps 480 --mtbf 40 --hang-share 0.25 --seed 6 --heartbeat-timeout 5 --torchft-timeout 5
     #   --pg-timeout 30 --ckpt-every 10 --baseline-runs 2 --run-timeout 270
     #   --systems "taskd live,taskd +,torchrun,torchft"
 """

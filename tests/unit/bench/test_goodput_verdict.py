@@ -116,13 +116,13 @@ def test_a_goal_run_with_clear_margins_gets_verdicts() -> None:
 
 
 def test_the_estimate_follows_the_schedule_and_each_systems_fault_cost() -> None:
-    s = {**plan.GOAL, "steps": 400, "mtbf": 40.0}
-    free = plan.STARTUP_S + 400 * plan.STEP_S  # 104 s
+    s = {**plan.GOAL, "steps": 450, "mtbf": 40.0}
+    free = plan.STARTUP_S + 450 * plan.STEP_S
     assert plan.fault_cost(LIVE, "kill", s) == 0.5
     assert plan.fault_cost(LIVE, "hang", s) == 0.5 + plan.STOPPED_AFTER + plan.MONITOR_S  # a stopped rank
     assert plan.fault_cost(LIVE, "hang", {**s, "heartbeat_timeout": 1.0}) == 0.5 + 1.0 + plan.MONITOR_S
     assert plan.fault_cost(TORCHRUN, "hang", s) == pytest.approx(7.0 + 4.5 * plan.STEP_S + 30.0)
-    est = plan.estimate([LIVE, TORCHRUN, "nvrx"], s, [(50.0, "kill"), (100.0, "hang"), (150.0, "kill")])
+    est = plan.estimate([LIVE, TORCHRUN, "nvrx"], s, [(50.0, "kill"), (100.0, "hang"), (140.0, "kill")])
     live, torchrun, unknown = (est["systems"][k] for k in (LIVE, TORCHRUN, "nvrx"))
     assert (live["faults"], live["with_faults_s"]) == (2, pytest.approx(free + 0.5 + 3.0))
     assert torchrun["faults"] == 3 and torchrun["goodput"] < 0.8
@@ -139,7 +139,12 @@ def test_the_goal_preset_fits_its_time_and_takes_torchrun_below_80_percent(monke
     g = plan.GOAL
     faults = goodput.fault_schedule(g["seed"], g["ranks"], g["mtbf"], g["hang_share"], g["run_timeout"], 1000)
     assert [(f.kind, f.rank, round(f.at)) for f in faults[:4]] == \
-        [("kill", 2, 56), ("hang", 3, 111), ("kill", 2, 164), ("kill", 1, 215)]  # as the docstring says
+        [("hang", 2, 39), ("kill", 2, 72), ("kill", 0, 119), ("hang", 3, 153)]  # as the comment says
+    free = plan.STARTUP_S + g["steps"] * plan.STEP_S
+    assert {f.kind for f in faults if f.at < free} == {"hang", "kill"}, "every system meets a hang and a kill"
+    for seed in range(1, g["seed"]):  # the first seed that does, by the rule
+        early = goodput.fault_schedule(seed, g["ranks"], g["mtbf"], g["hang_share"], g["run_timeout"], 1000)
+        assert {f.kind for f in early if f.at < free} != {"hang", "kill"}, seed
     labels = [s.label for s in goodput.SYSTEMS if any(s.label.startswith(p) for p in g["systems"].split(","))]
     assert len(labels) == 4
     est = plan.estimate(labels, g, [(f.at, f.kind) for f in faults])
