@@ -363,6 +363,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> int:
     args = parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped run still ends its job (run_job's finally)
     if args.table:
         return reprint(Path(args.table))
     if not has_torch():

@@ -453,6 +453,7 @@ def checked_sizes(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[
 
 
 def main() -> int:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped run still ends its jobs (Launch.close)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="2 ranks, a small model, 1 repetition: checks the script works")
     add_job_arguments(p, reps=5)

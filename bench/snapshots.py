@@ -70,7 +70,7 @@ from snapshot_model import build, drop_cache, first_step, state_bytes, train_ste
 from torch import nn  # noqa: E402
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # noqa: E402
 
-from taskd.agent.snapshots.replication import PeerService, fetch_segments, push_segments  # noqa: E402
+from taskd.agent.snapshots.peer import PeerService, fetch_segments, push_segments  # noqa: E402
 from taskd.proto import taskd_pb2_grpc  # noqa: E402
 from taskd.worker.snapshot_files import rank_folders, segment_name  # noqa: E402
 from taskd.worker.snapshot_segment import crc32  # noqa: E402
@@ -239,7 +239,7 @@ class Buddy:
         self.server.start()
 
     def push(self, own: str, step: int) -> None:
-        """What this node's agent pushes: every local rank's segment of ``step`` (replication.push_segments)."""
+        """What this node's agent pushes: every local rank's segment of ``step`` (peer.push_segments)."""
         files = [(rank, open(os.path.join(folder, segment_name(step)), "rb"))  # noqa: SIM115
                  for rank, folder in sorted(rank_folders(own).items())]
         status = push_segments(self.address, BUDDY_KEY, BUDDY_JOB, 0, step, files, 60.0)
@@ -247,7 +247,7 @@ class Buddy:
             raise RuntimeError(f"the buddy refused the copy: {status.info}")
 
     def fetch(self, into: str) -> int:
-        """Fetch node 0's copy into ``into`` as a replacement's agent does (replication.fetch_segments); the bytes
+        """Fetch node 0's copy into ``into`` as a replacement's agent does (peer.fetch_segments); the bytes
         received."""
         return sum(size for _rank, _step, size in fetch_segments(self.address, BUDDY_KEY, BUDDY_JOB, 0, into, 60.0))
 

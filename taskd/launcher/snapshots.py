@@ -9,7 +9,7 @@ directory (`taskd.process.run_dir`), so a new agent on the node removes those wh
 The cap, per job and node: `taskd run --snapshot-memory`, else TASKD_SNAPSHOT_MEMORY in its environment
 (bytes, or a K/M/G suffix; 0 turns snapshots off), by default half of /dev/shm's size. It bounds everything the
 job holds there on this node: the ranks' own segments and, on several nodes, the copies of the peer node's ranks
-the agent receives as their buddy (`SnapshotArea.wards`, enforced by `replication.PeerService`).
+the agent receives as their buddy (`SnapshotArea.wards`, enforced by `agent/snapshots/peer.py`'s `PeerService`).
 
 With a persist directory (`taskd run --snapshot-persist-dir`) the area also runs the node's `Persister`, which
 copies the ranks' snapshots there every N steps and once more when the job ends on the node, and hands the

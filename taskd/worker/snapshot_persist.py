@@ -22,9 +22,8 @@ from dataclasses import dataclass
 from taskd.worker.checkpoint import fsync_dir, pid_alive_elsewhere, unlink_if_present
 from taskd.worker.snapshot_ballot import ballot, outvoted
 from taskd.worker.snapshot_files import segment_name, steps_in
-from taskd.worker.snapshot_segment import HEADER_SIZE, SnapshotError, crc32, load, read_header
+from taskd.worker.snapshot_segment import CHUNK, HEADER_SIZE, SnapshotError, crc32, load, read_header
 
-CHUNK = 1 << 20
 _TEMP = re.compile(r"\.s\d+\.(\d+)\.[0-9a-f]+\.tmp")
 CORRUPT = ".corrupt"
 

@@ -52,7 +52,9 @@ _HEADER = struct.Struct("<8sIIqiiQQII")  # magic, version, header size, step, ra
 HEADER_SIZE = 64
 _ENTRY = struct.Struct("<QQ")  # a buffer's offset and length in the body
 _ALIGN = 64
-_PIECE = 1 << 20  # the copy's piece, checksummed right after it while in the cache (L2 here: 1 MB a core)
+CHUNK = 1 << 20
+"""The unit a segment is handled in: the copy's piece, checksummed right after it while in the cache (L2 here: 1 MB
+a core), and what an agent reads, checks, sends and persists at a time."""
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 
@@ -140,8 +142,8 @@ def write_body(target: memoryview, flat: Flat, between: Callable[[int], None] | 
         if between is not None:
             between(i)
         crc = crc32(body[done:offset], crc)  # the table, the skeleton, the padding before this buffer
-        for start in range(0, buf.nbytes, _PIECE):
-            end = min(start + _PIECE, buf.nbytes)
+        for start in range(0, buf.nbytes, CHUNK):
+            end = min(start + CHUNK, buf.nbytes)
             piece = body[offset + start:offset + end]
             piece[:] = buf[start:end]
             crc = crc32(piece, crc)
@@ -250,5 +252,5 @@ def _rebuild(body: memoryview, header: Header, path: str, copy: bool) -> Any:
         raise SnapshotError(f"{path}: cannot rebuild the state: {type(exc).__name__}: {exc}") from exc
 
 
-__all__ = ["HEADER_SIZE", "Flat", "SnapshotError", "crc32", "flatten", "load", "populate", "register_reducer", "seal",
-           "write_body"]
+__all__ = ["CHUNK", "HEADER_SIZE", "Flat", "SnapshotError", "crc32", "flatten", "load", "populate", "register_reducer",
+           "seal", "write_body"]

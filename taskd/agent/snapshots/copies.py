@@ -15,9 +15,8 @@ import shutil
 from collections.abc import Iterator, Mapping
 
 from taskd.worker.snapshot_files import BUDDY_KEEP, held, rank_folders, segment_name, steps_in
-from taskd.worker.snapshot_segment import HEADER_SIZE, SnapshotError, crc32, read_header
+from taskd.worker.snapshot_segment import CHUNK, HEADER_SIZE, SnapshotError, crc32, read_header
 
-CHUNK = 1 << 20
 KEEP = BUDDY_KEEP
 """Copies a buddy keeps per rank: the newest two received (a cut across nodes needs the step before the newest)."""
 

@@ -1,12 +1,12 @@
 """A node's snapshots copied to its buddy's agent, and a lost node's copy fetched back (issue 33, item 3).
 
-Each agent of a multi-node job serves taskd.v1 `SnapshotPeer` on the address that reaches its controller (port
-0) and runs two threads. Every `TICK` one looks for the newest step every local rank published (else, ranks that
-drifted apart with no step in common, each rank's newest: `copies.to_push`) and pushes those segments, as files,
-to its buddy's agent; every `REPORT` the other tells the controller what it holds (`ReportSnapshots`)
-and learns its buddy, the holder of its own node's copy and the job's peer key (controller/nodes/replicas.py).
-Neither touches a rank: a training step never waits for them. The report's lag (`CopyLag`) says how far the
-buddy's copy is behind, in seconds (`taskd status`, the controller's metrics).
+Each agent of a multi-node job serves taskd.v1 `SnapshotPeer` (agent/snapshots/peer.py) on the address that reaches
+its controller (port 0) and runs two threads. Every `TICK` one looks for the newest step every local rank published
+(else, ranks that drifted apart with no step in common, each rank's newest: `copies.to_push`) and pushes those
+segments, as files, to its buddy's agent; every `REPORT` the other tells the controller what it holds
+(`ReportSnapshots`) and learns its buddy, the holder of its own node's copy and the job's peer key
+(controller/nodes/replicas.py). Neither touches a rank: a training step never waits for them. The report's lag
+(`CopyLag`) says how far the buddy's copy is behind, in seconds (`taskd status`, the controller's metrics).
 
 A replacement or a standby taking a lost node calls `restore_node` before its ranks start: it fetches the node's
 copy from its holder into the node's own snapshot directory, where the ranks' `Snapshots.restore` finds it as
@@ -14,8 +14,9 @@ their own. With no copy anywhere it says so, and the ranks fall back to their di
 
 A buddy's copies count against the job's snapshot memory on its node (`--snapshot-memory`): the launcher keeps a
 share of the cap for them (`SnapshotArea.wards`), and a push that would take the copies held here past it is refused
-(`FULL`, the ward's copy dropped, both sides logging why): replication is off for that pair, the pushing node keeps
-its local snapshots, and a restore of it falls back as when no copy exists.
+(`FULL`, the ward's copy dropped, both sides logging why): the pushing node keeps its local snapshots, a restore of
+it falls back as when no copy exists, and it pushes to that buddy again only `REFUSED_RETRY` s later (the space
+may have freed: a fetch's pins released, a lost ward's copy dropped), or at once to another buddy.
 
 Every call between agents carries ``authorization: Bearer <key>``, the job's credential (a random key per job
 when the controller has no token): a peer presenting another job's is refused, UNAUTHENTICATED.
@@ -23,13 +24,12 @@ when the controller has no token): a peer presenting another job's is refused, U
 
 from __future__ import annotations
 
-import hmac
 import logging
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -38,28 +38,19 @@ import grpc
 
 from taskd.agent.link.controller import ControllerLink
 from taskd.agent.snapshots import copies as sc
-from taskd.proto import recover_pb2, taskd_pb2, taskd_pb2_grpc
+from taskd.agent.snapshots.peer import FULL, PeerService, fetch_segments, push_segments
+from taskd.proto import taskd_pb2, taskd_pb2_grpc
 from taskd.worker.snapshot_account import Fetched, mark_fetched
 from taskd.worker.snapshot_files import held
-from taskd.worker.snapshot_segment import SnapshotError, read_header
+from taskd.worker.snapshot_segment import SnapshotError
 
 log = logging.getLogger("taskd.agent")
 
 TICK = 0.1  # seconds between two looks for a newer published step
 REPORT = 1.0  # seconds between two reports to the controller
 PUSH_TIMEOUT = 30.0
+REFUSED_RETRY = 30.0  # seconds before a push to a buddy that refused one (FULL) is tried again
 FETCH_TIMEOUT = 60.0
-_AUTH = "authorization"
-FULL = 507
-"""A push's status when the copies it adds would take this node's past their share of the job's snapshot memory."""
-
-
-class CopyRefused(Exception):
-    """A push that would take the copies held here past their share of the cap: received no further."""
-
-    def __init__(self, node: int, why: str) -> None:
-        super().__init__(why)
-        self.node = node
 
 
 def _reach(target: str) -> str:
@@ -72,137 +63,6 @@ def _reach(target: str) -> str:
             return str(s.getsockname()[0])
     except OSError:
         return "127.0.0.1"
-
-
-class PeerService(taskd_pb2_grpc.SnapshotPeerServicer):
-    """What a buddy serves: copies pushed to it (kept under ``<dir>/peer/node<N>/``), fetched back by a replacement."""
-
-    def __init__(self, directory: str, job_id: Callable[[], str], key: Callable[[], str | None], cap: int = 0
-                 ) -> None:
-        """``cap``: bytes the copies held here may take, those being received included (0: no bound)."""
-        self.directory, self.job_id, self.key, self.cap = directory, job_id, key, cap
-        self._receiving = 0  # bytes of the pushes in flight, not yet published (counted as they arrive)
-        self.ward: tuple[int, int] = (-1, -1)  # (node, newest step) of the copy pushed here last
-        self.wards: dict[int, int] = {}  # every node whose copy is held here -> the newest step of its copy
-        self._lock = threading.Lock()  # a push's publish, a ward's removal, a fetch's pins: one at a time
-
-    def _refusal(self, context: grpc.ServicerContext, job_id: str) -> None:
-        key = self.key()
-        sent = dict(context.invocation_metadata()).get(_AUTH, "")
-        if key is None or not hmac.compare_digest(sent.encode(), f"Bearer {key}".encode()):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "not this job's snapshot key (another job's credential?)")
-        if job_id != self.job_id():
-            context.abort(grpc.StatusCode.PERMISSION_DENIED, f"this agent serves job {self.job_id()!r}, not {job_id!r}")
-
-    def _root(self, node: int) -> str:
-        return os.path.join(self.directory, "peer", f"node{node}")
-
-    def Push(self, request_iterator: Iterator[taskd_pb2.SnapshotChunk], context: grpc.ServicerContext
-             ) -> recover_pb2.Status:
-        """Receive a push whole, then publish it whole: every segment is checked as it arrives, and only when all
-        passed are they renamed to their steps' names, together (under the lock a fetch pins under), so that the
-        copy never holds one rank's newer step without the others' (a torn segment of one rank, pushed again and
-        again, would otherwise prune the step the node's ranks have in common)."""
-        taken = [0]  # bytes this push added to `_receiving`: given back once they are published, or gone
-        try:
-            node, received = self._receive(request_iterator, context, taken)
-        except CopyRefused as exc:
-            self._give_back(taken)
-            self._refuse(exc.node, str(exc))
-            return recover_pb2.Status(code=FULL, info=str(exc))
-        except (SnapshotError, OSError) as exc:
-            self._give_back(taken)
-            return recover_pb2.Status(code=409, info=str(exc))
-        except BaseException:
-            self._give_back(taken)
-            raise
-        with self._lock:  # an old ward's copy stays (its node may be lost, its replacement yet to fetch it)
-            try:
-                for incoming in received:
-                    incoming.publish()
-            finally:
-                self._receiving -= taken[0]  # counted by `held_bytes` now, under their steps' names
-            if received:
-                self.ward = (node, min(incoming.step for incoming in received))
-                self.wards[node] = self.ward[1]
-        return recover_pb2.Status(code=0, info=f"{len(received)} segment(s)")
-
-    def _give_back(self, taken: list[int]) -> None:
-        with self._lock:
-            self._receiving -= taken[0]
-
-    def _take(self, node: int, size: int, taken: list[int]) -> None:
-        """Count ``size`` more bytes of ``node``'s push, or CopyRefused when the copies held here, those received
-        meanwhile included, would then pass the cap: the node's total for the job stays within it."""
-        if not self.cap:
-            return
-        with self._lock:
-            total = sc.held_bytes(os.path.join(self.directory, "peer")) + self._receiving + size
-            if total > self.cap:
-                raise CopyRefused(node, f"node {node}'s snapshots would take the copies this node holds to "
-                                        f"{total / 1e6:.1f} MB, above their share of the job's snapshot memory, "
-                                        f"{self.cap / 1e6:.1f} MB (--snapshot-memory / TASKD_SNAPSHOT_MEMORY)")
-            self._receiving += size
-        taken[0] += size
-
-    def _refuse(self, node: int, why: str) -> None:
-        """Drop ``node``'s copy too (older than its ranks' kept steps from now on, it could only mislead a restore
-        and hold memory): a restore of that node falls back as when no copy exists."""
-        self.drop([node])
-        with self._lock:
-            sc.remove(self._root(node))  # the folders its first push made, had it no copy here yet
-        log.warning("%s: refused; node %d's copy is dropped and its snapshots are not replicated here (a lost "
-                    "node %d restores from disk)", why, node, node)
-
-    def drop(self, nodes: Iterable[int]) -> None:
-        """Remove the copies of ``nodes`` (the controller's word: each is live again and copied elsewhere)."""
-        with self._lock:
-            for node in nodes:
-                if self.wards.pop(node, None) is not None:
-                    sc.remove(self._root(node))
-                    log.debug("node %d's snapshot copy dropped: that node is copied to another agent now", node)
-                if self.ward[0] == node:
-                    self.ward = (-1, -1)
-
-    def _receive(self, request_iterator: Iterator[taskd_pb2.SnapshotChunk], context: grpc.ServicerContext,
-                 taken: list[int]) -> tuple[int, list[sc.Incoming]]:
-        """The pushing node and its segments, each verified, none published; on any error none is left behind."""
-        received: list[sc.Incoming] = []
-        incoming: sc.Incoming | None = None
-        node = -1
-        try:
-            for chunk in request_iterator:
-                if incoming is None:
-                    if node < 0:
-                        self._refusal(context, chunk.jobId)
-                        node = chunk.nodeRank
-                    incoming = sc.Incoming(self._root(node), chunk.rank, chunk.step)
-                self._take(node, len(chunk.data), taken)
-                incoming.write(chunk.data)
-                if chunk.last:
-                    incoming, done = None, incoming
-                    done.verify()
-                    received.append(done)
-        except BaseException:
-            for left in ([incoming] if incoming is not None else []) + received:
-                left.abandon()
-            raise
-        return node, received
-
-    def Fetch(self, request: taskd_pb2.FetchRequest, context: grpc.ServicerContext
-              ) -> Iterator[taskd_pb2.SnapshotChunk]:
-        """Node ``request.nodeRank``'s copy as it is now: every segment pinned (hard links, under the lock a push
-        publishes under) before the first is sent, so that a push meanwhile, which replaces and prunes names,
-        changes nothing of what this fetch sends."""
-        self._refusal(context, request.jobId)
-        pins = os.path.join(self.directory, "peer", f".fetch-{os.urandom(4).hex()}")
-        try:
-            with self._lock:
-                pinned = sc.pin(self._root(request.nodeRank), pins)
-            for rank, step, path in pinned:
-                yield from _chunks(request.jobId, request.nodeRank, rank, step, open(path, "rb"))  # noqa: SIM115
-        finally:
-            sc.remove(pins)
 
 
 def _pinned(pins: str, paths: Mapping[int, str], stats: Mapping[int, os.stat_result]) -> list[tuple[int, BinaryIO]]:
@@ -224,22 +84,6 @@ def _pinned(pins: str, paths: Mapping[int, str], stats: Mapping[int, os.stat_res
             fh.close()
         raise
     return files
-
-
-def _chunks(job_id: str, node: int, rank: int, step: int, fh: BinaryIO) -> Iterator[taskd_pb2.SnapshotChunk]:
-    """The open segment ``fh`` as chunks, its header and body only (not the padding of its reuse), the last one
-    marked; read as they are sent, so one chunk is in memory. SnapshotError when it holds no finished segment."""
-    with fh:
-        head = fh.read(sc.HEADER_SIZE)
-        left = sc.HEADER_SIZE + read_header(head, fh.name).length
-        part, left = head, left - len(head)
-        while True:
-            after = fh.read(min(sc.CHUNK, left)) if left > 0 else b""
-            left -= len(after)
-            yield taskd_pb2.SnapshotChunk(jobId=job_id, nodeRank=node, rank=rank, step=step, data=part, last=not after)
-            if not after:
-                return
-            part = after
 
 
 def _fallback(why: str, directory: str, node: int, ranks: Sequence[int], lost: Mapping[int, int]) -> bool:
@@ -291,7 +135,8 @@ class Replication:
         self.replicated = -1
         self.lag = CopyLag()
         self.service = PeerService(directory, lambda: self._job_id(), lambda: self.key, cap)
-        self.refused_by: tuple[int, str] = (-1, "")  # the buddy that refused a push (FULL): pushed to no more
+        self.refused_by: tuple[int, str] = (-1, "")  # the buddy that refused a push (FULL): tried again only
+        self._refused_at = 0.0  # REFUSED_RETRY after this (monotonic), when it refused last
         self._server: grpc.Server | None = None
         self._address = ""
         self._stop = threading.Event()
@@ -362,7 +207,8 @@ class Replication:
         plan = sc.plan(ranks)
         with self._lock:
             self._plan, self._newest, buddy = plan, {r: max(s) for r, s in ranks.items() if s}, self.buddy
-            refused = buddy == self.refused_by  # its lag grows from the refusal on (`taskd status`): never acked
+            # its lag grows from the refusal on (`taskd status`): never acked
+            refused = buddy == self.refused_by and time.monotonic() - self._refused_at < REFUSED_RETRY
         if buddy[0] >= 0 and not refused and self.key and plan:
             self._push(plan, buddy, self.key)
 
@@ -394,12 +240,14 @@ class Replication:
             return
         finally:
             sc.remove(pins)
+        steps = dict(sorted(plan.items()))
         if status.code == FULL:
             with self._lock:
-                self.refused_by = buddy
-            log.warning("node %d's agent refused this node's snapshots (steps %s): %s; replication to it is off, "
-                        "this node's ranks keep their local snapshots (a lost node here restores from disk)",
-                        buddy[0], plan, status.info)
+                again, self.refused_by, self._refused_at = self.refused_by == buddy, buddy, time.monotonic()
+            log.log(logging.DEBUG if again else logging.WARNING,
+                    "node %d's agent refused this node's snapshots (steps %s): %s; this node's ranks keep their local "
+                    "snapshots (a lost node here restores from disk); tried again every %.0fs", buddy[0], steps,
+                    status.info, REFUSED_RETRY)
             return
         if status.code != 0:
             log.debug("node %d's agent refused steps %s: %s", buddy[0], plan, status.info)
@@ -408,6 +256,11 @@ class Replication:
             if buddy == self.buddy:  # not a buddy given up meanwhile
                 self.replicated, self._pushed = min(plan.values()), done
                 self.lag.acknowledged(published, time.time())
+            taken_again = self.refused_by == buddy
+            if taken_again:
+                self.refused_by = (-1, "")
+        if taken_again:
+            log.info("node %d's agent takes this node's snapshots again (steps %s)", buddy[0], steps)
 
     def restore_node(self, node: int, ranks: Sequence[int] = ()) -> bool:
         """Fetch node ``node``'s copy from its holder into this node's directory (a replacement, before its ranks
@@ -447,46 +300,4 @@ class Replication:
             self._server.stop(grace=None)
 
 
-def push_segments(address: str, key: str, job_id: str, node: int, step: int | Mapping[int, int],
-                  files: list[tuple[int, BinaryIO]], timeout: float) -> recover_pb2.Status:
-    """Send node ``node``'s open segments (local rank, file) of ``step`` (every rank's, or a step per rank) to the peer
-    agent at ``address`` with the job's key, read as they are sent; the files are closed. grpc.RpcError or
-    SnapshotError when it fails."""
-    steps = step if isinstance(step, Mapping) else {rank: step for rank, _fh in files}
-    chunks = (c for rank, fh in files for c in _chunks(job_id, node, rank, steps[rank], fh))
-    try:
-        with grpc.insecure_channel(address) as channel:
-            return taskd_pb2_grpc.SnapshotPeerStub(channel).Push(chunks, timeout=timeout,
-                                                                 metadata=((_AUTH, f"Bearer {key}"),))
-    finally:
-        for _rank, fh in files:
-            fh.close()
-
-
-def fetch_segments(address: str, key: str, job_id: str, node: int, into: str,
-                   timeout: float) -> list[tuple[int, int, int]]:
-    """Fetch node ``node``'s copy from the peer agent at ``address`` into the snapshot directory ``into`` (each
-    segment published as it completes, a torn one abandoned): (rank, step, bytes) of each segment received."""
-    got: list[tuple[int, int, int]] = []
-    incoming: sc.Incoming | None = None
-    size = 0
-    with grpc.insecure_channel(address) as channel:
-        stream = taskd_pb2_grpc.SnapshotPeerStub(channel).Fetch(
-            taskd_pb2.FetchRequest(jobId=job_id, nodeRank=node), timeout=timeout, metadata=((_AUTH, f"Bearer {key}"),))
-        try:
-            for chunk in stream:
-                if incoming is None:
-                    incoming, size = sc.Incoming(into, chunk.rank, chunk.step), 0
-                incoming.write(chunk.data)
-                size += len(chunk.data)
-                if chunk.last:
-                    incoming.finish(keep=None)
-                    got.append((chunk.rank, chunk.step, size))
-                    incoming = None
-        finally:
-            if incoming is not None:
-                incoming.abandon()
-    return got
-
-
-__all__ = ["PeerService", "Replication", "fetch_segments", "push_segments"]
+__all__ = ["CopyLag", "Replication"]

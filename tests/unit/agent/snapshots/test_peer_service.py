@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from taskd.agent.snapshots import copies as sc
-from taskd.agent.snapshots.replication import PeerService, _chunks
+from taskd.agent.snapshots.peer import PeerService, _chunks
 from taskd.proto import taskd_pb2
 from taskd.worker.snapshot import Snapshots
 from taskd.worker.snapshot_files import held, segment_name

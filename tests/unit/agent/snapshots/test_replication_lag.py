@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from taskd.agent.snapshots import copies as sc
-from taskd.agent.snapshots import replication
+from taskd.agent.snapshots import peer, replication
 from taskd.agent.snapshots.replication import CopyLag, Replication
 from taskd.proto import recover_pb2, taskd_pb2
 from taskd.worker.snapshot import Snapshots
@@ -152,7 +152,7 @@ def test_a_push_pins_what_it_reads_so_a_fast_rank_cannot_tear_it(tmp_path: Path,
             snaps.save({"w": np.full(50_000, float(step))}, step)
         for rank, fh in files:
             incoming = sc.Incoming(str(received), rank, plan[rank])
-            for chunk in replication._chunks(job, node, rank, plan[rank], fh):
+            for chunk in peer._chunks(job, node, rank, plan[rank], fh):
                 incoming.write(chunk.data)
             incoming.finish()  # SnapshotError for a torn copy
         return recover_pb2.Status(code=0)

@@ -17,7 +17,8 @@ import pytest
 
 from taskd.agent.snapshots import copies as sc
 from taskd.agent.snapshots import replication
-from taskd.agent.snapshots.replication import FULL, PeerService, Replication, _chunks
+from taskd.agent.snapshots.peer import FULL, PeerService, _chunks
+from taskd.agent.snapshots.replication import Replication
 from taskd.launcher.snapshots import SnapshotArea
 from taskd.proto import recover_pb2, taskd_pb2
 from taskd.worker.snapshot import Snapshots
@@ -107,10 +108,31 @@ class _Link:
                                        key=KEY), "10.0.0.1:2"
 
 
-def test_a_refused_push_turns_replication_off_for_that_pair_the_ranks_keeping_their_snapshots(
+def test_a_push_walks_the_copies_held_once_not_once_a_chunk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cap's check counts what the published copies hold by walking them (an lstat a file); a push of 100 MB
+    sends ~100 chunks, and each used to walk them again under the lock. Now once after each change."""
+    own = _node(tmp_path, monkeypatch, range(1, 3))
+    walks = []
+    real = sc.held_bytes
+    monkeypatch.setattr(sc, "held_bytes", lambda root: walks.append(root) or real(root))
+    monkeypatch.setattr(sc, "CHUNK", 4096)  # many chunks a segment
+    buddy = PeerService(str(tmp_path / "buddy"), lambda: JOB, lambda: KEY, cap=1 << 30)
+    chunks = [c for rank in RANKS
+              for c in _chunks(JOB, NODE, rank, 1, open(own / f"rank{rank}" / segment_name(1), "rb"))]
+    assert len(chunks) > 4
+    assert buddy.Push(iter(chunks), _Context()).code == 0  # type: ignore[arg-type]
+    assert len(walks) == 1, "one walk for the whole push"
+    assert _push(buddy, own, 2, [0]) == 0
+    assert len(walks) == 2, "the publish changed what is held: walked again once"
+    assert buddy._held_bytes() == _bytes_under(Path(buddy.directory) / "peer") and len(walks) == 3
+
+
+def test_a_refused_push_stops_pushes_to_that_buddy_until_it_is_tried_again_the_ranks_keeping_their_snapshots(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    """The pushing side says why, pushes to that buddy no more (not the whole state again every tick), and reports a
-    copy that is not there (replicatedStep -1, a growing lag); its ranks' own snapshots are untouched."""
+    """The pushing side says why, pushes to that buddy no more for `REFUSED_RETRY` s (not the whole state again every
+    tick), and reports a copy that is not there (replicatedStep -1, a growing lag); its ranks' own snapshots are
+    untouched. Once that time has passed it tries again, quietly while refused, and says so when the buddy takes
+    the copy (its space freed)."""
     own = tmp_path / "own"
     monkeypatch.setenv("WORLD_SIZE", "2")
     for rank in range(2):
@@ -134,7 +156,7 @@ def test_a_refused_push_turns_replication_off_for_that_pair_the_ranks_keeping_th
     with caplog.at_level(logging.WARNING, logger="taskd.agent"):
         rep.tick()
     assert pushes == [{0: 1, 1: 1}]
-    assert "refused this node's snapshots" in caplog.text and "replication to it is off" in caplog.text
+    assert "refused this node's snapshots" in caplog.text and "tried again every 30s" in caplog.text
     rep.tick()
     rep.tick()
     assert len(pushes) == 1  # off for that pair
@@ -142,6 +164,19 @@ def test_a_refused_push_turns_replication_off_for_that_pair_the_ranks_keeping_th
     assert link.said[-1]["replicatedStep"] == -1 and link.said[-1]["lagSeconds"] >= 0.0
     assert held(str(own)) == {0: {1}, 1: {1}}
     assert not os.path.exists(tmp_path / "buddy" / "peer" / "node-1")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="taskd.agent"):
+        rep._refused_at -= replication.REFUSED_RETRY
+        rep.tick()  # still full: refused again, not said again at WARNING
+        assert len(pushes) == 2 and rep.refused_by == rep.buddy
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "refused" in r.getMessage()]
+        rep.tick()
+        assert len(pushes) == 2
+        buddy.cap = 0  # the space freed
+        rep._refused_at -= replication.REFUSED_RETRY
+        rep.tick()
+    assert len(pushes) == 3 and rep.refused_by == (-1, "") and rep.replicated == 1
+    assert "agent takes this node's snapshots again (steps {0: 1, 1: 1})" in caplog.text
 
 
 @pytest.mark.parametrize("persist", [False, True])
