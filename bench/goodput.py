@@ -31,7 +31,9 @@ machine during the system's runs cancels in their mean), each timed from launch 
 the fault-free time (the mean) and spread (the range), the time with faults, goodput (fault-free / with faults,
 ± the spread; also against the fastest fault-free system, which charges a system's steady-state cost), seconds
 lost per fault, fault → every rank past its next step (each fault), steps redone (summed over the ranks, from the
-job's summary.json), final parameters against the same system's first fault-free run, and leftovers (processes
+job's summary.json), final parameters against the same system's first fault-free run, the samples never trained on
+(0 where those are bit-identical: each batch is drawn from its rank's and step's seed, so identical parameters
+mean every step's batches were applied once, in order), and leftovers (processes
 of the job still running 3 s after its launcher ended by itself). Ratios: each system's lost seconds against the
 best peer's (the non-taskd system that lost least) measured in the same run.
 
@@ -280,7 +282,8 @@ def print_table(result: dict[str, Any]) -> None:
                       f"{r['faults']} ({r['kills']}/{r['hangs']})", goodput_text(r),
                       over[1] + _pct(r["goodput_vs_fastest"]), over[0] + fmt(r["lost_per_fault_s"]),
                       r["fault_to_resumed_s"]["p50"], r["fault_to_resumed_s"]["max"], r["redone_steps"],
-                      _v(r["bit_identical"]), _v(None if r["leftovers"] is None else len(r["leftovers"])),
+                      _v(r["bit_identical"]), _never_processed(r["bit_identical"]),
+                      _v(None if r["leftovers"] is None else len(r["leftovers"])),
                       "-" if r["lost_over_best_peer"] is None else
                       f"{'< ' if peer_bound and not r['bound'] else '> ' if r['bound'] and not peer_bound else ''}"
                       f"{r['lost_over_best_peer']:.2f}×"])
@@ -289,10 +292,18 @@ def print_table(result: dict[str, Any]) -> None:
           f"(seed {s['seed']}, {s['hang_share']:.0%} hangs), {s.get('baseline_runs', 1)} fault-free run(s) per system")
     print(table(["system", "fault-free s", "spread s", "with faults s", "faults (kills/hangs)", "goodput",
                  "goodput vs fastest fault-free", "lost s per fault", "fault → resumed p50 s", "max s",
-                 "steps redone (all ranks)", "bit-identical", "leftovers", "lost / best peer's"], lines, 2))
+                 "steps redone (all ranks)", "bit-identical", "samples never processed", "leftovers",
+                 "lost / best peer's"], lines, 2))
     for label, why in result["skipped"].items():
         print(f"skipped: {label}: {why}")
     print(result["verdict"])
+
+
+def _never_processed(identical: bool | None) -> str:
+    """Samples the job never trained on. The example's batches are drawn from the step's seed, so final parameters
+    bit-identical to the fault-free run's prove every step's batches were applied once, in order: 0. A run not
+    identical may have dropped or doubled some ("?"); one that did not finish says nothing ("-")."""
+    return "-" if identical is None else "0" if identical else "?"
 
 
 def _pct(v: float | None) -> str:
