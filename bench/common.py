@@ -215,12 +215,13 @@ def stop_process(proc: subprocess.Popen[Any] | None, grace: float = 10.0) -> Non
 def run_job(cmd: list[str], timeout: float, **popen: Any) -> subprocess.CompletedProcess[str]:
     """``subprocess.run(cmd, capture_output=True, text=True)``, but past ``timeout`` every process under it is
     ended (taskd.process.groups.reap_processes), a launcher's ranks too: torchrun starts each in a session of its
-    own, so a plain run's timeout or a process-group kill leaves them running. Then TimeoutExpired is raised."""
+    own, so a plain run's timeout or a process-group kill leaves them running. Then TimeoutExpired is raised (and
+    the same for any exception that stops the wait: the bench's SIGTERM, a ^C)."""
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                           **popen) as proc:
         try:
             out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
+        except BaseException:  # past the timeout, or the bench itself stopped (SIGTERM, ^C): nothing left running
             try:
                 tree = [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]
             except psutil.NoSuchProcess:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -162,6 +163,7 @@ def measure(args: argparse.Namespace, n: int, size: str, tmp: Path, result: dict
 
 
 def main() -> int:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped run still ends its job (run_job)
     args = parse_args()
     if not has_torch():
         print("torch is not installed: this benchmark needs it (`pip install torch==2.13.0`, a CPU build)")
