@@ -90,11 +90,18 @@ def test_a_lost_node_not_replaced_in_time_scales_the_job_in_and_a_new_node_grows
     finally:
         kill_all(list(procs.values()))
     info = json.loads((out / "summary.json").read_text())
-    survivors = (0, 1, 4, 5)
-    assert {r: info["ranks"][str(r)]["pid"] for r in survivors} == {r: pids[r] for r in survivors}, text
-    assert all(info["ranks"][str(r)]["pid"] != pids[r] for r in (2, 3))  # node 1's new ranks
-    sizes = {r: [(e["rank"], e["world_size"]) for e in info["ranks"][str(r)]["recoveries"]] for r in survivors}
-    assert sizes == {0: [(0, 4), (0, 6)], 1: [(1, 4), (1, 6)], 4: [(2, 4), (4, 6)], 5: [(3, 4), (5, 6)]}, sizes
+    # a survivor left blocked in its broken group ends itself (worker/torch_stuck.py) and its agent starts it again
+    # into the group being re-formed (seen in 2 of ~4 full runs under load): it takes its peers' state, the job
+    # goes on; every other survivor keeps its process
+    restarted = {int(r) for r in re.findall(r"rank (\d+) ended itself blocked in its broken group: started again "
+                                             r"into the group being re-formed \((?:downgrade|upgrade)\)", text)}
+    kept = [r for r in (0, 1, 4, 5) if r not in restarted]
+    assert kept, text
+    assert {r: info["ranks"][str(r)]["pid"] for r in kept} == {r: pids[r] for r in kept}, text
+    assert all(info["ranks"][str(r)]["pid"] != pids[r] for r in (2, 3, *restarted))  # node 1's new ranks
+    sizes = {r: [(e["rank"], e["world_size"]) for e in info["ranks"][str(r)]["recoveries"]] for r in kept}
+    expected = {0: [(0, 4), (0, 6)], 1: [(1, 4), (1, 6)], 4: [(2, 4), (4, 6)], 5: [(3, 4), (5, 6)]}
+    assert sizes == {r: expected[r] for r in kept}, sizes
     assert "rank 4: resized to rank 2 of 4, 48 samples a step" in text and "rank 4: resized to rank 4 of 6" in text
     assert "strategy: downgrade for rank(s) [2, 3]" in text and "strategy: upgrade for rank(s) [2, 3]" in text
     assert "job-rescheduling" not in text, text
@@ -108,7 +115,7 @@ def test_a_lost_node_not_replaced_in_time_scales_the_job_in_and_a_new_node_grows
     assert "size: 3 of 3 node(s), world size 6" in shown, shown
     assert re.search(r"downgrade to 2 node\(s\), world size 4\n.*upgrade to 3 node\(s\), world size 6", shown), shown
     wait_for(lambda: leftovers(str(out)) == [], 15, "no process of the job left")
-    grown = [e["step"] for e in info["ranks"]["0"]["recoveries"]][-1]
+    grown = [e["step"] for e in info["ranks"][str(kept[0])]["recoveries"]][-1]
     print(f"scale-in {scaled_at - killed:.1f}s after the kill (rejoin timeout 3 s); replacement started at step "
           f"{at_join}, the job grew back at step {grown} of {STEPS}; done {done - scaled_at:.1f}s after the scale-in, "
-          f"{time.monotonic() - t0:.1f}s in all")
+          f"{time.monotonic() - t0:.1f}s in all; survivors started again after ending stuck: {sorted(restarted)}")
