@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -210,25 +211,34 @@ def test_two_faults_in_a_row_are_each_recovered_in_place(tmp_path, reference):
     print(f"two faults -> training resumed in {resumed_after(console)}s; the spare was ready {ready[0]:.1f}s in")
 
 
+def on_console(console: Path, text: str, act: Callable[[str], object]) -> threading.Thread:
+    """A started thread that calls ``act(console text)`` once the console shows ``text`` (polled every 10 ms, for
+    at most TIMEOUT): a fault injected at a moment of the round."""
+    def watch() -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:
+            seen = console.read_text() if console.exists() else ""
+            if text in seen:
+                act(seen)
+                return
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    return watcher
+
+
 def test_a_fault_during_the_rebuild_fails_recover_and_escalates_once(tmp_path, reference):
     """Rank 2 is killed; while generation g forms (its replacement is still importing torch), survivor rank 1
     is killed too. docs/pytorch.md: the recover fails, the round escalates to job-rescheduling, and the round
     is charged one restart in all; the job restarts from its newest common checkpoint."""
-    console_path = tmp_path / "console.log"
     killed: list[int] = []
 
-    def kill_survivor_when_the_rebuild_starts() -> None:
-        deadline = time.monotonic() + TIMEOUT
-        while time.monotonic() < deadline:
-            text = console_path.read_text() if console_path.exists() else ""
-            if "strategy: recover for rank(s) [2]" in text:
-                os.kill(start_pids(text)[1], signal.SIGKILL)
-                killed.append(start_pids(text)[1])
-                return
-            time.sleep(0.01)
+    def kill_survivor(text: str) -> None:
+        os.kill(start_pids(text)[1], signal.SIGKILL)
+        killed.append(start_pids(text)[1])
 
-    watcher = threading.Thread(target=kill_survivor_when_the_rebuild_starts, daemon=True)
-    watcher.start()
+    watcher = on_console(tmp_path / "console.log", "strategy: recover for rank(s) [2]", kill_survivor)
     code, console = taskd_run(tmp_path, ["--crash", "2:8"])
     watcher.join(5)
     assert killed, console[-6000:]
@@ -272,24 +282,12 @@ def test_a_survivor_that_ends_stuck_during_the_rebuild_is_started_again_into_it(
     starts rank 1 again into the generation being formed, where it takes the state from its peers: the recover
     succeeds without job-rescheduling (it used to fail the recover, and a resize's, whose next strategy is exit,
     the job), and the result is bit-identical."""
-    console_path = tmp_path / "console.log"
     flag = tmp_path / "stuck"
     made: list[int] = []
-
-    def stuck_when_the_rebuild_starts() -> None:
-        deadline = time.monotonic() + TIMEOUT
-        while time.monotonic() < deadline:
-            text = console_path.read_text() if console_path.exists() else ""
-            if "live recovery: generation" in text:
-                flag.touch()
-                made.append(1)
-                return
-            time.sleep(0.01)
-
     wrapper = tmp_path / "stuck_at_flag.py"
     wrapper.write_text(STUCK_AT_FLAG)
-    watcher = threading.Thread(target=stuck_when_the_rebuild_starts, daemon=True)
-    watcher.start()
+    watcher = on_console(tmp_path / "console.log", "live recovery: generation",
+                         lambda _text: (flag.touch(), made.append(1)))
     code, console = taskd_run(tmp_path, script=wrapper, env={"STUCK_FLAG": str(flag), "TASKD_RDZV_STORE": "agent"},
                               args=[str(EXAMPLE), *SMALL, "--ckpt-dir", str(tmp_path / "ckpt"), "--out",
                                     str(tmp_path / "out"), "--crash", "2:8"])
