@@ -85,10 +85,10 @@ class LocalLauncher:
             os.makedirs(log_dir, exist_ok=True)
         persist = Persistence(os.fspath(spec.snapshot_persist_dir), spec.snapshot_persist_every,
                               spec.snapshot_persist_keep) if spec.snapshot_persist_dir else None
-        self.snapshots = SnapshotArea(safe_name(spec.job_id), spec.nproc_per_node, {**os.environ, **spec.extra_env},
-                                       memory=spec.snapshot_memory, persist=persist,
-                                       nodes=spec.nnodes)
         port, self._port_hold = node_master_port(spec)  # node 0 holds it for the job's life (launcher/ports.py)
+        self.snapshots = SnapshotArea(safe_name(spec.job_id), spec.nproc_per_node, {**os.environ, **spec.extra_env},
+                                       memory=spec.snapshot_memory, persist=persist, nodes=spec.nnodes)
+        # (made after the port's check, so that a port in use, MasterPortBusy, leaves no snapshot directory behind)
         run_dir = spec.run_dir or make_run_dir(safe_name(spec.job_id))  # removes those SIGKILLed agents left
         os.makedirs(run_dir, mode=0o700, exist_ok=True)
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import socket
 import subprocess
 import sys
@@ -57,8 +58,10 @@ def test_the_port_node_0_picked_is_its_own_until_it_closes_and_rank_0_can_serve_
 def test_a_given_port_something_listens_on_is_refused_before_any_rank_starts(tmp_path: Path) -> None:
     with socket.create_server(("", 0)) as taken:
         port = taken.getsockname()[1]
+        areas = set(glob.glob("/dev/shm/taskd-snap-busy-*"))
         with pytest.raises(MasterPortBusy, match=f"port {port} is already in use"):
             LocalLauncher(WorkerSpec(command_for("x.py"), nproc_per_node=1, master_port=port, job_id="busy"))
+        assert set(glob.glob("/dev/shm/taskd-snap-busy-*")) == areas, "its snapshot directory was left behind"
         # the same through `taskd run`, for a plain script (not only live ones): exit 2, nothing started
         out = tmp_path / "ran"
         script = tmp_path / "plain.py"
