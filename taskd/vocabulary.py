@@ -83,6 +83,7 @@ class Strategy:
     ORDER = (RETRY, RECOVER, JOB_RESCHEDULING, DUMP, EXIT)
     TERMINAL = (DUMP, EXIT)
     RESIZE = (DOWNGRADE, UPGRADE)
+    REJOIN = (RECOVER, *RESIZE)  # the ranks a live node keeps re-form their group; only some start (a joiner's)
     KNOWN = ORDER + RESIZE  # what a strategy report may name
 
 

@@ -281,7 +281,7 @@ class LiveRanks:
         generation = self.generation
         if resized is not None:
             self._resize = resized
-        if strategy in (Strategy.RECOVER, Strategy.RETRY, *Strategy.RESIZE):
+        if strategy in (*Strategy.REJOIN, Strategy.RETRY):
             action = "retry" if strategy == Strategy.RETRY else "rejoin"
             place = {}
             if self._resize is not None and strategy != Strategy.RETRY:
@@ -317,7 +317,7 @@ class LiveRanks:
             s = statuses[r.local_rank]
             if r.local_rank in self._group:
                 return s is not None and s.rejoined(rb.generation)
-            if rb.strategy in (Strategy.RECOVER, *Strategy.RESIZE) and r.local_rank not in self._declared:
+            if rb.strategy in Strategy.REJOIN and r.local_rank not in self._declared:
                 return False  # never seen here (a replacement node's new rank): a group joiner or not, it says first
             return r.state is RankState.RUNNING
 

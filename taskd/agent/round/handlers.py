@@ -96,7 +96,7 @@ def on_fault_rebuilding(m: NodeRound, ev: RankFault, now: float, out: Out) -> No
     faults = {ev.global_rank: ev.fault_type}
     m.add_faults(faults, now - ev.unseen)
     plan = m.plan
-    if ev.stuck and plan is not None and plan.strategy in (Strategy.RECOVER, *Strategy.RESIZE) \
+    if ev.stuck and plan is not None and plan.strategy in Strategy.REJOIN \
             and ev.local_rank not in plan.restarted:
         plan.restarted.add(ev.local_rank)
         out.append(Note(WARNING, f"rank {ev.global_rank} ended itself blocked in its broken group: started again "
@@ -239,7 +239,7 @@ def _restart(m: NodeRound, order: Order, faults: FaultRanks, now: float, out: Ou
         out.append(BeginRebuild(strategy, dict(faults), started, order.timeout, order.generation, order.resize))
     if strategy == Strategy.RETRY:
         return S.REBUILDING
-    if strategy in (Strategy.RECOVER, *Strategy.RESIZE):  # a resize starts only a joining node's ranks
+    if strategy in Strategy.REJOIN:  # a resize starts only a joining node's ranks
         out.append(StartRanks(tuple(lr for lr in m.view.local_of(faults) if not m.view.live_fault(lr, faults))))
     else:
         out.append(StartRanks(None))
@@ -408,7 +408,7 @@ def on_started(m: NodeRound, ev: StartResult, now: float, out: Out) -> NodeState
         if not plan.degraded:
             out.append(SendReport(STATUS, plan.faults, ev.message, 1, plan.strategy))
         return rest  # the controller chooses again (or, degraded, the ranks' exits bring the next restart)
-    if m.facts.live and plan.strategy in (Strategy.RECOVER, *Strategy.RESIZE) and not plan.degraded:
+    if m.facts.live and plan.strategy in Strategy.REJOIN and not plan.degraded:
         return S.REBUILDING  # reported when every local rank has rejoined
     if not plan.degraded:
         out.append(SendReport(STATUS, plan.faults, "", Code.OK, plan.strategy))
