@@ -5,9 +5,9 @@ checkpoint every --ckpt-every steps where the system restarts from disk). Faults
 seeded schedule counted from the launch of the job: gaps of mean --mtbf seconds, drawn uniformly from 0.5 to 1.5
 times it (`--arrivals uniform`: in one job of a few minutes, exponential gaps would make the number of faults
 itself the largest noise; `--arrivals exponential` draws them so). Each fault is a SIGKILL of a seeded rank, or
-(a --hang-share of them) a SIGSTOP of it: a hang, which a
-system notices only by a missing heartbeat, a collective's timeout or (taskd's agent: STOPPED_AFTER, 2 s) the
-rank's stopped state. Every system gets the same schedule, so a
+(a --hang-share of them) a SIGSTOP of it: a hang, which a system notices only by a missing heartbeat, a
+collective's timeout or (taskd's agent: seen stopped for STOPPED_AFTER, 1 s) the rank's stopped state. Every
+system gets the same schedule, so a
 system that runs longer meets more faults, as on a cluster. A fault that falls due while the job is not
 training (starting, or not yet past the step after the previous fault) waits until every rank has completed a
 step after the previous fault; one due after a rank completed the last step is dropped (the job is ending).

@@ -15,16 +15,17 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from taskd.agent.watches.culprit import STOPPED_AFTER
+from taskd.agent.watches.culprit import STOP_LOOK, STOPPED_AFTER
 
 STARTUP_S = 4.0  # launch to the first step, 4 ranks, quiet (from 200 steps taking 48-56 s at ~0.25 s a step)
 STEP_S = 0.22  # one step at 4 ranks, 9 M parameters, quiet (the goal run of 2026-12-05 03:46: 0.22-0.23 s)
 
 # The goal run (issue 36), ~26 min by the estimate: 4 ranks, 480 steps (~2 min fault-free); a fault every 40 s on
 # average (gaps 20-60 s), a quarter of them hangs (SIGSTOP); taskd's --heartbeat-timeout and torchft's timeout
-# both 5 s (taskd's agent finds a *stopped* rank sooner: STOPPED_AFTER, 2 s after its last heartbeat, by its
-# process state), torchrun finds a hang by the 30 s collective timeout; disk checkpoints every 10 steps (~Young's
-# interval here); two fault-free runs per system, one before and one after its run with faults. Seed 6 by a rule:
+# both 5 s (taskd's agent finds a *stopped* rank sooner, by its process state: once its looks every STOP_LOOK s
+# have seen it stopped for STOPPED_AFTER s), torchrun finds a hang by the 30 s collective timeout; disk
+# checkpoints every 10 steps (~Young's interval here); two fault-free runs per system, one before and one after
+# its run with faults. Seed 6 by a rule:
 # the first seed whose schedule gives every system both a hang and a kill before a fault-free job would end
 # (STARTUP_S + 480 x STEP_S) and that the estimate expects to take torchrun below 80 %. (Seed 3, the first by
 # torchrun alone, put its hang at 111 s, after three of the four jobs of the run of 2026-12-05 03:46 had ended.)
@@ -67,8 +68,8 @@ def fault_cost(label: str, kind: str, settings: dict[str, Any], step_s: float = 
         return math.inf
     redone = (settings[cost.redone_of] - 1) / 2 * step_s if cost.redone_of else 0.0
     detect = float(settings[cost.detect])
-    if cost.detect == "heartbeat_timeout":  # a SIGSTOPped rank is seen by its state after STOPPED_AFTER s
-        detect = min(detect, STOPPED_AFTER) + MONITOR_S
+    if cost.detect == "heartbeat_timeout":  # a SIGSTOPped rank is seen by its state, looked at every STOP_LOOK s
+        detect = min(detect + MONITOR_S, STOPPED_AFTER + STOP_LOOK / 2)
     return cost.recover_s + redone + (detect if kind == "hang" else 0.0)
 
 

@@ -82,7 +82,8 @@ class Supervisor:
                 config.node_count or 1, a)
         self.live = LiveRanks(self.table, details)  # live recovery (agent/ranks/live.py)
         self.departures = DepartureWatch(self.table)  # a group rank's exit 0 before its loop's end
-        hooks = AgentHooks(self._finish, self._failure_code, lambda: self.result.capture_first_failure(self.details),
+        failure_code = lambda: 1 if (f := self.result.first_failure) is None else job_exit_code(f.returncode)  # noqa: E731
+        hooks = AgentHooks(self._finish, failure_code, lambda: self.result.capture_first_failure(self.details),
                            self._take_node, self._lay_out)
         self.executors = Executors(self.table, self.control, self.link, self.policy, self.hang, self.result, hooks,
                                  self.live, snapshot_dir)
@@ -199,6 +200,7 @@ class Supervisor:
                 wake_at = min(wake_at, time.monotonic() + POLL)  # from rank files
             if self.node_loss.standby_watch is not None and self.machine.standby:  # its next question
                 wake_at = min(wake_at, self.node_loss.standby_watch.next_poll)
+            wake_at = min(wake_at, self.hang.stops.next_at) if self.hang.on else wake_at  # _look_for_stops
             for exit_ in self.watch.wait(max(0.0, wake_at - time.monotonic())):
                 self._on_exit(exit_.local_rank, exit_.pid, exit_.returncode)
             self._run_orders()
@@ -210,6 +212,7 @@ class Supervisor:
                 self._feed(ev.Signalled(self._terminate_signal, signal.Signals(self._terminate_signal).name))
                 break
             self._poll_reports()
+            self._look_for_stops()
             if time.monotonic() >= next_sweep:
                 if not self.machine.standby:  # a standby runs no rank: nothing to sweep
                     self._sweep()
@@ -260,9 +263,8 @@ class Supervisor:
         self._events.extendleft(reversed(follow))  # next, in the order the actions produced them
 
     def _watch_controller(self) -> None:
-        """A round in progress waits on the controller's next signal: if the controller is gone for
-        `controller_timeout`, nothing else would ever end that wait, so recover locally (degraded). A standby asks
-        its job's state; a replacement's wait for its strategy is bounded."""
+        """A round waiting on a controller gone for `controller_timeout` would wait forever: recover locally
+        (degraded). A standby asks its job's state; a replacement's wait for its strategy is bounded."""
         if self._done:
             return
         if self.machine.standby:
@@ -311,10 +313,7 @@ class Supervisor:
             self.replication.close()
         self.control.reap_msrun_scheduler()
         self.link.close(0 if self.result.succeeded else self.result.exit_code, self.result.reason)
-        self.watch.close()
-        self.hang.close()
-        self.live.close()
-        for closing in (self.metrics, self.stragglers):  # the optional watches
+        for closing in (self.watch, self.hang, self.live, self.metrics, self.stragglers):  # the last two optional
             if closing is not None:
                 closing.close()
         for signum, handler in self._old_handlers.items():
@@ -395,15 +394,10 @@ class Supervisor:
         self._feed(ev.RankFault(rank.global_rank, rank.local_rank, fault_type, detail, unseen, self.live.stuck(rank)))
 
     def _poll_reports(self) -> None:
-        """Answers to the reports in flight, re-sends that are due; a fault report settles as taken, or not within
-        the controller timeout (then the machine goes degraded, agent/link/reports.py)."""
+        """Answers to the reports in flight, re-sends due; a fault report settles as taken or not (link/reports.py)."""
         self.link.reports.poll(time.monotonic())
         for settled in self.link.reports.settled_faults():
             self._feed(ev.ReportSettled(settled.taken))
-
-    def _failure_code(self) -> int:
-        first = self.result.first_failure
-        return job_exit_code(first.returncode) if first is not None else 1
 
     # ----------------------------------------------------------------- the slow sweep
     def _sweep(self) -> None:
@@ -425,6 +419,12 @@ class Supervisor:
                 suspects.append(rank)
         if suspects:
             self._check_hangs(suspects)
+
+    def _look_for_stops(self) -> None:
+        """A stopped rank (SIGSTOP, a debugger) is judged once the looks have held it stopped, not on the sweep."""
+        if self.hang.on and not self._done and not self.machine.standby and time.monotonic() >= self.hang.stops.next_at:
+            if self.hang.look(running := self.table.in_state(RankState.RUNNING), time.monotonic()):
+                self._check_hangs(running)
 
     def _check_hangs(self, ranks: list[Rank]) -> None:
         """Name the culprit first (not the ranks waiting on it in a collective), take stacks, replace it."""

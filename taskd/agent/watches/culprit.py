@@ -22,7 +22,7 @@ on another node, whose agent names it first.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 # Where a rank that waits on a peer is found in its stacks: inside the framework (a collective, a device sync
@@ -196,8 +196,39 @@ def _ids(suspects: Sequence[Suspect]) -> list[int]:
 AUTO_FLOOR = 5.0
 AUTO_FACTOR = 10.0
 AUTO_SAMPLES = 2  # step times seen before the derived timeout applies
-STOPPED_AFTER = 2.0  # seconds a rank that beats must stay stopped (state T) before it is a hang: not a race of
-#                      a job-wide SIGSTOP/SIGCONT (`scontrol suspend`) whose SIGCONT reached the agent first
+STOPPED_AFTER = 1.0  # seconds the agent must have seen a rank stopped (state T or t) at every look before it is
+#                      a hang: not a job-wide SIGSTOP/SIGCONT (`scontrol suspend`) whose SIGCONT reached the agent
+#                      first, nor a `py-spy dump` of a healthy rank (it holds the rank for ~0.1 s)
+STOP_LOOK = 0.25  # seconds between the agent's looks at its running ranks' process states (hang detection on)
+STOP_GAP = 4 * STOP_LOOK  # looks further apart than this (the agent itself stopped or starved) start over
+
+
+class StopLooks:
+    """How long each rank has been seen stopped at every one of the agent's looks, without a gap between them.
+
+    A SIGSTOPped rank beats no more, but waiting for its heartbeat's age to tell costs seconds; its process
+    state tells at once. Only a state held across looks is believed: the agent may itself have been stopped
+    with the whole job and continued first (its looks then have a gap, and the count starts over)."""
+
+    def __init__(self) -> None:
+        self._since: dict[tuple[int, int], float] = {}  # (local rank, pid) -> first look that saw it stopped
+        self._last: float | None = None
+        self.next_at = 0.0  # monotonic time of the next look
+
+    def look(self, stopped: Iterable[tuple[int, int]], now: float) -> bool:
+        """Record one look (the (local rank, pid) of every rank seen stopped at monotonic `now`); True when one
+        has been stopped for STOPPED_AFTER seconds."""
+        gap = self._last is None or now - self._last > STOP_GAP
+        self._since = {key: now if gap else self._since.get(key, now) for key in stopped}
+        self._last, self.next_at = now, now + STOP_LOOK
+        return any(now - since >= STOPPED_AFTER for since in self._since.values())
+
+    def held(self, local_rank: int, pid: int) -> float:
+        """Seconds the rank had been seen stopped at the last look (0: not seen stopped then)."""
+        since = self._since.get((local_rank, pid))
+        return 0.0 if since is None or self._last is None else self._last - since
+
+
 COLLECTIVE_TIMEOUTS = ("MS_CPU_COMM_OP_TIMEOUT", "HCCL_EXEC_TIMEOUT")
 MS_CPU_COMM_DEFAULT = 30.0  # MindSpore's CPU collectives give up after this many seconds when the variable is unset
 

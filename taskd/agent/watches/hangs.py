@@ -1,5 +1,6 @@
-"""Hangs: each rank's heartbeat file (`taskd.worker.heartbeat()`), judged on the slow sweep, and the
-hung rank's Python stacks put in its log before it is killed (py-spy when installed, else faulthandler).
+"""Hangs: each rank's heartbeat file (`taskd.worker.heartbeat()`), judged on the slow sweep (a stopped rank
+once the agent's looks have seen it stopped for STOPPED_AFTER s), and the hung rank's Python stacks put in
+its log before it is killed (py-spy when installed, else faulthandler).
 
 In a collective job every rank stops beating when one hangs: the others wait for it inside a
 collective. Only the *culprit* is flagged (`HangWatch.culprits`, deciding with `taskd.agent.watches.culprit`):
@@ -34,6 +35,7 @@ from taskd.agent.ranks.table import Rank
 from taskd.agent.watches.culprit import (
     STOPPED_AFTER,
     AutoTimeout,
+    StopLooks,
     Suspect,
     collective_timeout,
     decide,
@@ -85,6 +87,7 @@ class HangWatch:
         self._dumps: dict[int, str] = {}  # pid -> its stacks as taken for a hang (each incarnation once)
         self._warned_silent = False
         self._cpu: dict[int, tuple[int | None, float | None, float]] = {}  # pid -> (step, CPU s, when) (_busy)
+        self.stops = StopLooks()  # the running ranks' process states, looked at every STOP_LOOK s (`look`)
 
     def export_dir(self, parent: str | None = None) -> None:
         """Under msrun, give the ranks (through our environment) a directory to write their heartbeat files in.
@@ -119,6 +122,11 @@ class HangWatch:
     def on(self) -> bool:
         """Hang detection is on: a timeout was set, or one is derived (msrun)."""
         return self.timeout is not None or self.auto is not None
+
+    def look(self, ranks: Iterable[Rank], now: float) -> bool:
+        """Look at the running ranks' process states (monotonic `now`); True when one has been stopped long
+        enough to be judged now rather than on the next sweep."""
+        return self.on and self.stops.look([(r.local_rank, r.pid) for r in ranks if r.pid and _stopped(r)], now)
 
     def _busy(self, rank: Rank, step: int | None, now: float) -> bool:
         """Whether the rank used CPU (IDLE_SHARE of the time) since the first sweep that found it still at its
@@ -196,7 +204,8 @@ class HangWatch:
             busy = self._busy(rank, state.step, now)
         timeout = self.effective
         deadline = state.deadline(timeout)
-        stopped = self.on and state.time > 0 and now - state.time >= STOPPED_AFTER and _stopped(rank)
+        stopped = (self.on and state.time > 0 and now - state.time >= STOPPED_AFTER
+                   and self.stops.held(rank.local_rank, rank.pid or 0) >= STOPPED_AFTER and _stopped(rank))
         if not stopped and (deadline is None or now <= deadline):
             return None
         if busy and not stopped and self.timeout is None and not (state.section_start and state.section_timeout):

@@ -119,12 +119,13 @@ def test_the_estimate_follows_the_schedule_and_each_systems_fault_cost() -> None
     s = {**plan.GOAL, "steps": 450, "mtbf": 40.0}
     free = plan.STARTUP_S + 450 * plan.STEP_S
     assert plan.fault_cost(LIVE, "kill", s) == 0.5
-    assert plan.fault_cost(LIVE, "hang", s) == 0.5 + plan.STOPPED_AFTER + plan.MONITOR_S  # a stopped rank
-    assert plan.fault_cost(LIVE, "hang", {**s, "heartbeat_timeout": 1.0}) == 0.5 + 1.0 + plan.MONITOR_S
+    stopped = plan.STOPPED_AFTER + plan.STOP_LOOK / 2  # a stopped rank, told by its state
+    assert plan.fault_cost(LIVE, "hang", s) == 0.5 + stopped
+    assert plan.fault_cost(LIVE, "hang", {**s, "heartbeat_timeout": 0.5}) == 0.5 + 0.5 + plan.MONITOR_S
     assert plan.fault_cost(TORCHRUN, "hang", s) == pytest.approx(7.0 + 4.5 * plan.STEP_S + 30.0)
     est = plan.estimate([LIVE, TORCHRUN, "nvrx"], s, [(50.0, "kill"), (100.0, "hang"), (140.0, "kill")])
     live, torchrun, unknown = (est["systems"][k] for k in (LIVE, TORCHRUN, "nvrx"))
-    assert (live["faults"], live["with_faults_s"]) == (2, pytest.approx(free + 0.5 + 3.0))
+    assert (live["faults"], live["with_faults_s"]) == (2, pytest.approx(free + 0.5 + 0.5 + stopped))
     assert torchrun["faults"] == 3 and torchrun["goodput"] < 0.8
     assert not unknown["known"] and unknown["with_faults_s"] == free
     assert est["total_s"] == pytest.approx(sum(2 * free + r["with_faults_s"] for r in est["systems"].values()))

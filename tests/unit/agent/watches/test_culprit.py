@@ -8,7 +8,16 @@ from __future__ import annotations
 
 import pytest
 
-from taskd.agent.watches.culprit import Suspect, decide, stall_in_sight, waits_in_framework
+from taskd.agent.watches.culprit import (
+    STOP_GAP,
+    STOP_LOOK,
+    STOPPED_AFTER,
+    StopLooks,
+    Suspect,
+    decide,
+    stall_in_sight,
+    waits_in_framework,
+)
 
 SITE = "/work/main/.venv/lib/python3.11/site-packages"
 WAITING_DUMP = f"""rank 0 pid 27659 started (first incarnation)
@@ -216,3 +225,46 @@ def test_a_derived_timeout_judges_only_a_stall_in_sight() -> None:
     assert stall_in_sight([lone, Suspect(rank=0, stale=True, step=41, quiet=5.8)], 5.0)  # rank 0 waits on it
     assert not stall_in_sight([lone, Suspect(rank=0, stale=False, step=41, quiet=0.3)], 5.0)  # rank 0 trains on
     assert stall_in_sight([Suspect(rank=1, stale=False, step=40, quiet=2.1, stopped=True)], 5.0)  # SIGSTOP
+
+
+def test_a_rank_seen_stopped_at_every_look_for_stopped_after_is_due() -> None:
+    looks = StopLooks()
+    t = 100.0
+    assert not looks.look([(1, 501)], t)  # first seen stopped
+    while t + STOP_LOOK < 100.0 + STOPPED_AFTER:
+        t += STOP_LOOK
+        assert not looks.look([(1, 501)], t)
+    t += STOP_LOOK
+    assert looks.look([(1, 501)], t)
+    assert looks.held(1, 501) >= STOPPED_AFTER and looks.held(0, 500) == 0.0
+    assert looks.next_at == t + STOP_LOOK
+
+
+def test_a_look_that_sees_it_running_starts_the_count_over() -> None:
+    looks = StopLooks()
+    looks.look([(1, 501)], 0.0)
+    looks.look([], STOP_LOOK)  # SIGCONT: running again
+    assert looks.held(1, 501) == 0.0
+    t = 2 * STOP_LOOK
+    while t < 2 * STOP_LOOK + STOPPED_AFTER:
+        assert not looks.look([(1, 501)], t)
+        t += STOP_LOOK
+    assert looks.look([(1, 501)], t)
+
+
+def test_after_a_gap_in_the_looks_the_agent_itself_was_stopped_and_counts_anew() -> None:
+    """`scontrol suspend` stops the agent with its ranks; continued first, it finds them still stopped for a
+    moment, with a heartbeat as old as the suspension: the gap in its own looks says not to believe it yet."""
+    looks = StopLooks()
+    looks.look([(1, 501)], 0.0)  # the ranks stopped a moment before the agent
+    assert not looks.look([(1, 501)], 3600.0)  # continued an hour later, the rank not yet
+    assert looks.held(1, 501) == 0.0
+    assert not looks.look([], 3600.0 + STOP_LOOK)  # its SIGCONT arrived
+    assert STOP_GAP > STOP_LOOK
+
+
+def test_a_new_process_of_the_same_rank_is_counted_apart() -> None:
+    looks = StopLooks()
+    looks.look([(1, 501)], 0.0)
+    looks.look([(1, 777)], STOP_LOOK)  # replaced by a new process, stopped too
+    assert looks.held(1, 501) == 0.0 and looks.held(1, 777) == 0.0
