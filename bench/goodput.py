@@ -296,7 +296,7 @@ def print_table(result: dict[str, Any]) -> None:
                       over[1] + _pct(r["goodput_vs_fastest"]), over[0] + fmt(r["lost_per_fault_s"]),
                       r["fault_to_resumed_s"]["p50"], r["fault_to_resumed_s"]["max"], r["redone_steps"],
                       _v(r["bit_identical"]), _never_processed(r["bit_identical"]),
-                      _v(None if r["leftovers"] is None else len(r["leftovers"])),
+                      _leftovers(r),
                       "-" if r["lost_over_best_peer"] is None else
                       f"{'< ' if peer_bound and not r['bound'] else '> ' if r['bound'] and not peer_bound else ''}"
                       f"{r['lost_over_best_peer']:.2f}×"])
@@ -317,6 +317,13 @@ def _never_processed(identical: bool | None) -> str:
     bit-identical to the fault-free run's prove every step's batches were applied once, in order: 0. A run not
     identical may have dropped or doubled some ("?"); one that did not finish says nothing ("-")."""
     return "-" if identical is None else "0" if identical else "?"
+
+
+def _leftovers(r: dict[str, Any]) -> str:
+    """Processes left running, and the named objects (shared memory, sockets) a job's launcher left on the node
+    after the run with faults, which the bench removed (DLRover's agent: bench/goodput_dlrover.py)."""
+    files = f" + {len(r['residue'])} files" if r.get("residue") else ""
+    return _v(None if r["leftovers"] is None else len(r["leftovers"])) + files
 
 
 def _pct(v: float | None) -> str:

@@ -107,3 +107,13 @@ def test_the_rank_script_runs_no_taskd_code(monkeypatch: Any) -> None:
     finally:
         sys.modules.clear()
         sys.modules.update(saved)
+
+
+def test_the_table_counts_what_a_launcher_left_on_the_node(monkeypatch: Any) -> None:
+    monkeypatch.setattr(sys, "argv", ["goodput.py"])
+    goodput, gv = _load("goodput"), _load("goodput_verdict")
+    run = {"ok": True, "seconds": 60.0, "faults": [], "leftovers": [], "residue": ["/dev/shm/j_ckpt_shm_0", "/s/j"]}
+    r = gv.row(goodput.DLROVER, True, [{"ok": True, "seconds": 50.0}], run, 300.0)
+    assert r["residue"] == run["residue"] and goodput._leftovers(r) == "0 + 2 files"
+    assert goodput._leftovers({**r, "residue": None}) == "0"
+    assert goodput._leftovers({**r, "leftovers": None, "residue": None}) == "-"
