@@ -414,8 +414,6 @@ def main() -> int:
         args.dlrover_python = dlrover.find_python(args.dlrover_python)
         skipped.update({s.label: why for s in chosen if s.family == "dlrover" and why})
     systems = [s for s in chosen if s.label not in skipped]
-    for label, why in skipped.items():
-        print(f"skipped: {label}: {why}", flush=True)
     faults = fault_schedule(args.seed, args.ranks, args.mtbf, args.hang_share, args.run_timeout, args.max_faults,
                             args.arrivals)
     result = header("goodput", args)
@@ -428,6 +426,8 @@ def main() -> int:
     est = estimate([x.label for x in systems], result["settings"], [(f.at, f.kind) for f in faults])
     result["estimate_s"] = est["total_s"]
     print("\n".join(estimate_lines(est, args.baseline_runs)), flush=True)
+    for label, why in skipped.items():  # and again under the table
+        print(f"skipped: {label}: {why}", flush=True)
     with tempfile.TemporaryDirectory(prefix="taskd-bench-goodput-") as tmp:
         work = Path(args.keep or tmp)
         work.mkdir(parents=True, exist_ok=True)
