@@ -20,10 +20,13 @@ Systems (one not installed in this interpreter is skipped, with the reason):
   restarted (`job-rescheduling`) from the newest step all ranks hold in memory;
 - taskd job-rescheduling: every rank restarted from its newest common checkpoint on disk;
 - torchrun with disk checkpoints and `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` (bench/peers.py's fixed torchrun);
-- torchft's live mode (`Manager.allreduce`, bench/run_torchft.py), where torchft is installed.
+- torchft's live mode (`Manager.allreduce`, bench/run_torchft.py), where torchft is installed;
+- DLRover 0.6.1's `dlrover-run --standalone` with its Flash Checkpoint in memory every --snapshot-every steps, in a
+  venv of its own (torch 2.7: --dlrover-python, else $BENCH_DLROVER_PYTHON, else /work/venv-dlrover; skipped with
+  the reason where none imports it; bench/goodput_dlrover.py); every rank restarted from the agent's memory.
 
-taskd's systems run with `--heartbeat-timeout` (a stopped rank is found by its missing heartbeat); torchrun and
-torchft find it by the collectives' timeout (--pg-timeout; torchft's own --torchft-timeout).
+taskd's systems run with `--heartbeat-timeout` (a stopped rank is found by its missing heartbeat); torchrun,
+DLRover and torchft find it by the collectives' timeout (--pg-timeout; torchft's own --torchft-timeout).
 
 Per system, from runs made back to back in this process: --baseline-runs fault-free runs (default 2; 1 with
 --quick) around one run under the schedule's faults (half of them before it, half after, so that a drift of the
@@ -70,6 +73,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import goodput_dlrover as dlrover
 from common import TASKD_DRIVER, TORCHRUN_DRIVER, bench_env, fmt, has_torch, header, table, write_result
 from goodput_plan import GOAL, estimate, estimate_lines
 from goodput_verdict import breakdown, compare, goodput_text, row, verdict_lines
@@ -79,12 +83,14 @@ from peers import PEER_RANK, TASKD_LIVE, TORCHFT_DRIVER, System, missing
 LIVE = "taskd live + script-mode spare"
 SNAPSHOTS = "taskd + in-memory snapshots"
 TORCHRUN = "torchrun + TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"
+DLROVER = "DLRover dlrover-run + Flash Checkpoint in memory"
 SYSTEMS: tuple[System, ...] = (
     System(LIVE, "taskd", (*TASKD_LIVE, "--warm-spares", "1", "--warm-spare-mode", "script"), quick=True),
     System(SNAPSHOTS, "snapshots", ("--strategies", "job-rescheduling,exit")),
     System("taskd job-rescheduling (disk)", "taskd", ("--strategies", "job-rescheduling,exit")),
     System(TORCHRUN, "torchrun", env=(("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"),), quick=True),
     System("torchft, Manager.allreduce", "torchft", ("--api=torchft",), needs="torchft"),
+    System(DLROVER, "dlrover"),
 )
 OURS = {s.label for s in SYSTEMS if s.family in ("taskd", "snapshots")}
 
@@ -130,6 +136,10 @@ def start(system: System, n: int, args: argparse.Namespace, run_dir: Path) -> La
     if system.family == "torchrun":
         cmd = [sys.executable, str(TORCHRUN_DRIVER), "--standalone", "--nproc-per-node", str(n),
                "--max-restarts", restarts, str(EXAMPLE), *job]
+    elif system.family == "dlrover":  # its venv's torch 2.7, not this interpreter's
+        env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+        env["ELASTIC_JOB_NAME"] = dlrover.job_name(run_dir)
+        cmd = dlrover.command(args.dlrover_python, n, args.max_restarts, args.snapshot_every, job)
     else:
         cmd = [sys.executable, str(TORCHFT_DRIVER), "--replicas", str(n), "--max-restarts", restarts,
                "--timeout", str(args.torchft_timeout), str(PEER_RANK), *system.flags, *job]
@@ -201,6 +211,8 @@ def run_job(system: System, n: int, args: argparse.Namespace, run_dir: Path, fau
         res["error"] = str(exc)
     finally:
         job.close()
+        if system.family == "dlrover":  # its agent's shared memory and sockets, removed after every job
+            res["residue"] = dlrover.clean(dlrover.job_name(run_dir))
     detected(run_dir / "agent.jsonl", inj.fired)
     res["faults"] = [{k: v for k, v in f.items() if k != "t_abs"} for f in inj.fired]
     res["faults_dropped"] = inj.dropped + len(inj.pending)
@@ -239,7 +251,8 @@ def measure(system: System, n: int, args: argparse.Namespace, work: Path, faults
     print(f"{system.label}: with faults {run.get('seconds', float('nan')):.1f} s, "
           f"{len(run['faults'])} faults {[(f['kind'], f['rank'], _r(f.get('resumed_s'))) for f in run['faults']]}, "
           f"redone {run.get('redone')}, identical {run['bit_identical']}, leftovers {run.get('leftovers')}, "
-          f"ok {run['ok']}" + (f", error: {run['error']}" if run.get("error") else ""), flush=True)
+          + (f"residue {run['residue']}, " if "residue" in run else "")
+          + f"ok {run['ok']}" + (f", error: {run['error']}" if run.get("error") else ""), flush=True)
     for k in range(before, args.baseline_runs):
         refs.append(_reference(system, n, args, ref_dirs[k]))
     result["runs"] += [*refs[:before], run, *refs[before:]]
@@ -264,7 +277,7 @@ def verdict(result: dict[str, Any]) -> None:
     result["noise_floor_s"] = v["floor_s"]
     result["goals"] = {k: None if v[k] is None else v[k].verdict for k in ("goodput", "peer", "qualifies")}
     detect = {"taskd": s["heartbeat_timeout"], "snapshots": s["heartbeat_timeout"], "torchrun": s["pg_timeout"],
-              "torchft": s["torchft_timeout"]}
+              "torchft": s["torchft_timeout"], "dlrover": s["pg_timeout"]}
     family = {x.label: x.family for x in SYSTEMS}
     lines = verdict_lines(v)
     lines.append("where the lost time went (per system):")
@@ -283,7 +296,7 @@ def print_table(result: dict[str, Any]) -> None:
                       over[1] + _pct(r["goodput_vs_fastest"]), over[0] + fmt(r["lost_per_fault_s"]),
                       r["fault_to_resumed_s"]["p50"], r["fault_to_resumed_s"]["max"], r["redone_steps"],
                       _v(r["bit_identical"]), _never_processed(r["bit_identical"]),
-                      _v(None if r["leftovers"] is None else len(r["leftovers"])),
+                      _leftovers(r),
                       "-" if r["lost_over_best_peer"] is None else
                       f"{'< ' if peer_bound and not r['bound'] else '> ' if r['bound'] and not peer_bound else ''}"
                       f"{r['lost_over_best_peer']:.2f}×"])
@@ -304,6 +317,13 @@ def _never_processed(identical: bool | None) -> str:
     bit-identical to the fault-free run's prove every step's batches were applied once, in order: 0. A run not
     identical may have dropped or doubled some ("?"); one that did not finish says nothing ("-")."""
     return "-" if identical is None else "0" if identical else "?"
+
+
+def _leftovers(r: dict[str, Any]) -> str:
+    """Processes left running, and the named objects (shared memory, sockets) a job's launcher left on the node
+    after the run with faults, which the bench removed (DLRover's agent: bench/goodput_dlrover.py)."""
+    files = f" + {len(r['residue'])} files" if r.get("residue") else ""
+    return _v(None if r["leftovers"] is None else len(r["leftovers"])) + files
 
 
 def _pct(v: float | None) -> str:
@@ -343,6 +363,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--run-timeout", type=float, default=900.0, help="seconds one job may take in all")
     p.add_argument("--systems", default="", help="only these systems (comma-separated label prefixes)")
     p.add_argument("--keep", default="", help="keep every job's files under this directory")
+    p.add_argument("--dlrover-python", default="", metavar="PATH",
+                   help="the python of DLRover 0.6.1's venv (torch 2.7) for the DLRover system (default: "
+                        f"${dlrover.ENV_PYTHON}, else {dlrover.DEFAULT_PYTHON} if it exists; none: skipped)")
     p.add_argument("--table", default="", metavar="RESULTS_JSON",
                    help="only print the table of a stored result (bench/results/goodput.json) and exit")
     p.add_argument("--baseline-runs", type=int, default=None,
@@ -385,6 +408,11 @@ def main() -> int:
     if args.quick and not args.systems:
         skipped.update({s.label: "not run by --quick (name it with --systems)" for s in chosen
                         if not s.quick and s.label not in skipped})
+    versions: dict[str, str] = {}
+    if any(s.family == "dlrover" and s.label not in skipped for s in chosen):  # probed only when it would run
+        why, versions = dlrover.probe(args.dlrover_python)
+        args.dlrover_python = dlrover.find_python(args.dlrover_python)
+        skipped.update({s.label: why for s in chosen if s.family == "dlrover" and why})
     systems = [s for s in chosen if s.label not in skipped]
     faults = fault_schedule(args.seed, args.ranks, args.mtbf, args.hang_share, args.run_timeout, args.max_faults,
                             args.arrivals)
@@ -392,12 +420,14 @@ def main() -> int:
     result.update({"settings": {k: getattr(args, k) for k in (
         "ranks", "steps", "ckpt_every", "hidden", "layers", "step_sleep", "seed", "mtbf", "arrivals", "hang_share",
         "pg_timeout", "heartbeat_timeout", "stop_grace", "snapshot_every", "snapshot_memory", "max_restarts",
-        "torchft_timeout", "run_timeout", "baseline_runs")},
-        "schedule": [asdict(f) for f in faults], "systems": [s.label for s in systems], "skipped": skipped,
-        "runs": [], "rows": []})
+        "torchft_timeout", "run_timeout", "baseline_runs", "dlrover_python")},
+        "dlrover_versions": versions, "schedule": [asdict(f) for f in faults], "systems": [s.label for s in systems],
+        "skipped": skipped, "runs": [], "rows": []})
     est = estimate([x.label for x in systems], result["settings"], [(f.at, f.kind) for f in faults])
     result["estimate_s"] = est["total_s"]
     print("\n".join(estimate_lines(est, args.baseline_runs)), flush=True)
+    for label, why in skipped.items():  # and again under the table
+        print(f"skipped: {label}: {why}", flush=True)
     with tempfile.TemporaryDirectory(prefix="taskd-bench-goodput-") as tmp:
         work = Path(args.keep or tmp)
         work.mkdir(parents=True, exist_ok=True)

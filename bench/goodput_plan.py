@@ -55,6 +55,9 @@ PER_FAULT: dict[str, FaultCost] = {  # by label prefix, the first that matches
     # bench/run_torchft.py's quorum needs every replica and nothing replaces a stopped one (seen 2026-12-05: a
     # SIGSTOPped replica held the job until --run-timeout)
     "torchft": FaultCost(2.7, "", "torchft_timeout", hang_stalls=True),
+    # a guess, not measured quiet: torch elastic's restart of every rank as torchrun's, from the agent's memory;
+    # 33 s was seen at load 12 (2026-12-05, bench/goodput_dlrover.py's first runs), where taskd's took 17-65 s
+    "DLRover": FaultCost(7.0, "snapshot_every", "pg_timeout"),
 }
 MONITOR_S = 0.5  # a hang found by taskd's agent waits on average half its 1 s sweep beyond the timeout
 
