@@ -140,6 +140,7 @@ class GroupCommit:
         with contextlib.suppress(RuntimeError):  # no loop: a synchronous caller at shutdown
             self._last_flush = asyncio.get_running_loop().time()
         core = self.core
+        to_wall = core.clocks.frozen()
         soft = {}
         batch: list[tuple[JobMachine, list[tuple[Record, float]], set[int]]] = []
         for p in pending:
@@ -151,11 +152,11 @@ class GroupCommit:
                 earlier = soft[job_id] = core.soft_batches.pop(job_id, None)
                 if earlier is not None:
                     batch.append((p.job, earlier.records, earlier.agents))
-            wall = core.clocks.to_wall(p.now)
+            wall = to_wall(p.now)
             batch.append((p.job, [(rec, wall) for rec in out.records], out.agents_changed))
         try:
             if batch:
-                core.store.commit_group(batch, to_wall=core.clocks.to_wall)
+                core.store.commit_group(batch, to_wall=to_wall)
                 self.transactions += 1
                 self.committed += len(pending)
         except Exception as exc:  # noqa: BLE001 - any failure: undone and answered, never a report left waiting
