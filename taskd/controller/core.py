@@ -201,9 +201,10 @@ class ControllerCore:
             return
         soft = self.soft_batches.pop(m.job_id, None)
         changed = out.agents_changed | soft.agents if soft else out.agents_changed
+        to_wall = self.clocks.frozen()
         try:
-            self.store.commit(m, out.records, changed, self.clocks.to_wall(now), earlier=soft.records if soft else (),
-                              to_wall=self.clocks.to_wall)
+            self.store.commit(m, out.records, changed, to_wall(now), earlier=soft.records if soft else (),
+                              to_wall=to_wall)
         except StoreError:
             if soft is not None:
                 self.soft_batches[m.job_id] = soft  # still to be written
@@ -300,7 +301,7 @@ class ControllerCore:
             return
         batches, self.soft_batches = list(self.soft_batches.values()), {}
         try:
-            self.store.commit_soft(((b.job, b.records, b.agents) for b in batches), to_wall=self.clocks.to_wall)
+            self.store.commit_soft(((b.job, b.records, b.agents) for b in batches), to_wall=self.clocks.frozen())
         except StoreError as exc:
             log.error("stream history of %d job(s) not written: %s", len(batches), exc)
 

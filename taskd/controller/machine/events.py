@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from functools import cached_property
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from taskd.settings import default
 from taskd.vocabulary import Code, FaultRanks
@@ -249,6 +248,29 @@ class Signal:
     extra: tuple[tuple[str, object], ...] = ()  # more extraParams (taskd.assignNode's {"node_rank": R})
 
 
+T = TypeVar("T")
+
+
+class _once(Generic[T]):
+    """`functools.cached_property` without the lock it takes on every first read before Python 3.12 (one RLock
+    shared by every instance of the class): the value goes into the instance's __dict__, where every later read
+    finds it without reaching here. For values that are a pure function of a frozen instance."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+        self.name = fn.__name__
+        self.__doc__ = fn.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> T:
+        if obj is None:
+            return self  # type: ignore[return-value]
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
+
+
 @dataclass(frozen=True)
 class Record:
     """One entry of the job's event history."""
@@ -257,7 +279,7 @@ class Record:
     round: int
     detail: dict[str, Any]
 
-    @cached_property
+    @_once
     def detail_json(self) -> str:
         """The detail as the state file stores it (sorted keys), encoded once: the quota counts it twice (the
         refusal and the charge) and the store writes it, three encodings per record before."""

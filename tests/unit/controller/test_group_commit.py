@@ -73,6 +73,43 @@ def test_reports_of_one_moment_share_a_transaction_and_are_answered_after_it(tmp
     core.store.close()
 
 
+def test_many_jobs_reporting_under_the_rate_of_a_burst_still_share_transactions(tmp_path: Path) -> None:
+    """Jobs faulting together whose reports arrive one at a time, fewer than `burst` within the window: the rule
+    that counted reports alone committed each on its own (2,000 jobs at once: 90 % of the transactions held one
+    report); reports of `jobs_burst` different jobs within the horizon are a burst too."""
+    state = tmp_path / "ctl.sqlite3"
+    jobs = [f"j{i}" for i in range(12)]
+    core = ControllerCore(MachineConfig(stop_timeout=60, agent_loss_timeout=3600), Store(state), SignalHub())
+    for job in jobs:
+        ok(core.init_job(job, JobInit(node_count=1, ranks_per_node=1)))
+        ok(core.dispatch(job, AgentRegistered(node_rank=0, host="h", pid=1)))
+    group = core.group
+    group.window, group.horizon = 0.1, 60.0  # a wide window: "waited for it" is told apart on a loaded machine
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        for job in jobs[:7]:  # seven jobs, each report more than a window after the one before: each alone, at once
+            t0 = loop.time()
+            ok(await group.submit(job, fault()))
+            assert loop.time() - t0 < group.window
+            await asyncio.sleep(group.window * 1.2)
+        tx = group.transactions
+        assert tx == 7
+        calls = []
+        for job in jobs[7:]:  # five more, 5 ms apart: never more than `burst` reports within the window
+            calls.append(asyncio.create_task(group.submit(job, fault())))
+            await asyncio.sleep(0.005)
+        outs = await asyncio.wait_for(asyncio.gather(*calls), 5)
+        assert [o.code for o in outs] == [Code.OK] * 5
+        # the first of them was committed at once (the last commit was more than a window before); the others,
+        # reports of the 9th to 12th job within the horizon, waited for the window and shared one transaction
+        assert group.transactions - tx <= 3, group.transactions - tx
+        assert memory(core) == disk(state)
+
+    asyncio.run(scenario())
+    core.store.close()
+
+
 def test_a_refused_transaction_undoes_every_report_in_it_and_signals_nothing(tmp_path: Path) -> None:
     state = tmp_path / "ctl.sqlite3"
     core = make_core(state)
