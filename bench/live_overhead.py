@@ -226,7 +226,7 @@ def main_paired(args: argparse.Namespace, result: dict[str, Any]) -> int:
                     continue
                 result["summary"][f"{n}/{size}"] = {**s, "pairs": len(live.pairs["cpu_cost"]),
                                                     "null_pairs": len(null.pairs["cpu_cost"]),
-                                                    "threads": live.threads, "params": live.params,
+                                                    "thread_names": live.threads, "params": live.params,
                                                     "launcher_processes": live.launcher_processes}
                 print_paired(args, n, live, null, s)
     write_result("live_overhead", result)
@@ -247,7 +247,7 @@ def print_paired(args: argparse.Namespace, n: int, live: Pooled, null: Pooled, s
          f"{fmt_interval(s['torchrun_ms'], 2)} CPU ms/step", "per block, taskd job against torchrun job",
          f"{2 * pairs}/{2 * npairs}", fmt_interval(s["launcher"], 2)],
         [f"taskd's threads in the ranks ({', '.join(live.threads) or 'none'})",
-         "their CPU over the measured steps, every rank", len(live.threads_per_step), fmt_interval(s["threads"], 2)],
+         "their CPU per block, every rank", len(live.threads_per_step), fmt_interval(s["threads"], 2)],
         ["**total**", "the sum; half-widths in quadrature", "", f"**{fmt_interval(s['total'], 2)}**"],
         ["null check: the same switch under torchrun (nothing live)", "paired as the first row", npairs,
          fmt_interval(s["null"], 2)],

@@ -13,7 +13,7 @@ gloo's included) and the launcher's (taskd's agent: it reads the heartbeats the 
 What cannot be switched inside a job, and is measured beside it:
 - the launcher's own CPU (taskd's agent against torchrun's): CPU per step of the job's non-rank processes over the
   measured blocks of the taskd job and of a torchrun job (the same paired script, where nothing live runs);
-- taskd's Python threads in each rank (the leave watch): their CPU over the measured window, summed over ranks;
+- taskd's Python threads in each rank (the leave watch): their CPU over each block, summed over ranks;
 - the DDP wrapper's fixed buckets: at this model they are plain DDP's own rebuilt layout
   (tests/e2e/worker/test_stable_buckets.py), so no steady-state difference; ``--method jobs`` compares whole jobs.
 
@@ -82,7 +82,7 @@ class Pooled:
     def __init__(self) -> None:
         self.pairs: dict[str, list[float]] = {"cpu_cost": [], "wall_cost": [], "off_cpu": [], "off_wall": []}
         self.launcher_per_step: list[float] = []  # per block, CPU s
-        self.threads_per_step: list[float] = []  # per job, CPU s (every rank's Python threads)
+        self.threads_per_step: list[float] = []  # per block, CPU s (every rank's Python threads)
         self.threads: list[str] = []
         self.launcher_processes: list[str] = []
         self.params = 0
@@ -93,7 +93,8 @@ class Pooled:
         for k, v in pair_costs(bl).items():
             self.pairs[k] += v
         self.launcher_per_step += [b["launcher"] / block for b in bl]
-        self.threads_per_step.append(sum(r["threads_cpu"] for r in records) / (block * len(bl)))
+        self.threads_per_step += [sum(r["blocks"][i].get("threads", 0.0) for r in records) / block
+                                  for i in range(len(bl))]
         r0 = next(r for r in records if r["rank"] == 0)
         self.threads, self.launcher_processes, self.params = r0["threads"], r0["launcher_processes"], r0["params"]
 
@@ -122,7 +123,7 @@ def summary(live: Pooled, null: Pooled, block: int) -> dict[str, dict[str, Any]]
     step = live.step_cpu(block)["mean"] or float("nan")
     agent, torchrun = interval95(live.launcher_per_step), interval95(null.launcher_per_step)
     launcher = scaled(combine(agent, scaled(torchrun, -1.0)), 100 / step)
-    threads = scaled(interval95(live.threads_per_step), 100 / step)  # one job: no half-width (read once)
+    threads = scaled(interval95(live.threads_per_step), 100 / step)
     per_step = interval95(live.pairs["cpu_cost"])
     return {"per_step": per_step, "launcher": launcher, "threads": threads,
             "total": combine(per_step, launcher, threads), "null": interval95(null.pairs["cpu_cost"]),
