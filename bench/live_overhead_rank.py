@@ -72,7 +72,8 @@ def thread_cpu() -> dict[int, float]:
         if t is threading.main_thread() or t.native_id is None:
             continue
         try:
-            out[t.native_id] = int(open(f"/proc/self/task/{t.native_id}/schedstat").read().split()[0]) / 1e9
+            with open(f"/proc/self/task/{t.native_id}/schedstat") as fh:
+                out[t.native_id] = int(fh.read().split()[0]) / 1e9
         except (OSError, ValueError, IndexError):
             continue
     return out
@@ -145,8 +146,8 @@ def paired(out: str, pairs: int, hidden: int, layers: int, warmup: int, block: i
         "launcher_processes": [p.name() for p in procs]}
     with open(os.path.join(out, f"rank{rank}.json"), "w") as fh:
         json.dump(record, fh)
-    # no interpreter teardown, as the plain mode: torch 2.13's gloo teardown aborts a rank now and then after its
-    # results are written (LiveGroup.close), and torchrun then fails the job (seen once in the quick run's test)
+    # no interpreter teardown, as the plain mode: torch 2.13's gloo teardown can hang or abort a rank after its results
+    # are written (LiveGroup.close says so); a torchrun quick job failed once at this point (its cause was not kept)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
