@@ -89,6 +89,20 @@ def fmt_interval(i: dict[str, Any], digits: int = 1) -> str:
     return f"{i['mean']:.{digits}f}" + ("" if i["half"] is None else f" ± {i['half']:.{digits}f}")
 
 
+def job_processes(root_parent: int) -> list[psutil.Process]:
+    """The processes of the job this process belongs to: the ancestor whose parent is `root_parent` (the benchmark
+    that started the job's launcher) and every process under it; [] when no ancestor has that parent."""
+    try:
+        root = psutil.Process()
+        while root.ppid() != root_parent:
+            root = root.parent()
+            if root is None or root.pid <= 1:
+                return []
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
 def job_cpu_seconds(root_parent: int) -> float | None:
     """CPU seconds (user + system, every thread) used so far by the job this process belongs to: the ancestor
     whose parent is `root_parent` (the benchmark that started the job's launcher) and every process under it,

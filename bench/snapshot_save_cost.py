@@ -9,6 +9,9 @@ process's (``getrusage``: every thread of it, the publisher's included). A save'
 (what it does to the steps after it included; as noisy as the steps), its minor page faults too (``ru_minflt``:
 a count, which the load does not move, though the steps' own allocations do); the save alone (the call and its
 publish, before the steps) is measured too, precisely.
+This is the paired method bench/live_overhead.py uses for LiveGroup's steady-state cost (blocks with and without
+the work, alternating in the same process, each pair's difference taken): a snapshot's steady-state cost is
+measured here, not by bench/snapshots.py's whole runs, whose rounds drift by more than the cost.
 Before them, the first ``keep + 1`` saves of fresh `TorchSnapshots` (each into a new segment: a once-per-process
 cost), ``--fresh`` times. Means with their 95 % interval (Student's t over the samples).
 
@@ -171,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(shm, ignore_errors=True)
     print(f"state {state_bytes(model, optimizer) / 1e6:.1f} MB, {args.samples} pairs of {args.block}-step blocks, "
-          f"load {os.getloadavg()[0]:.1f}")
+          f"load {os.getloadavg()[0]:.1f}; paired in this process (with a save, without; alternating), CPU of every "
+          "thread (getrusage), mean ± 95 % interval")
     ms = lambda values: fmt_interval(interval95(values), 2)  # noqa: E731
     count = lambda values: fmt_interval(interval95([float(v) for v in values]), 0)  # noqa: E731
     if first:

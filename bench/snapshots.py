@@ -22,9 +22,10 @@ included), which other processes' load does not move. Each round runs every conf
 order); a configuration's costs are paired with the no-save run of the same round, and rounds go on until every
 CPU cost's 95 % interval (Student's t over the rounds) is narrower than ±--target points, from --min-rounds up
 to --max-rounds; the table prints the intervals (mean ± half-width), not a median. DLRover's process then runs
-as many rounds as this one did, its costs paired with its own no-save runs. Then restore time into a fresh model
-and optimizer: from local memory (`TorchSnapshots.restore`), from the buddy's copy (fetched over the agents'
-`SnapshotPeer` gRPC channel on loopback, as a replacement node's agent does, then restored), from disk
+as many rounds as this one did, its costs paired with its own no-save runs. (Whole runs drift by more than a save
+costs: a save's steady-state cost of record is bench/snapshot_save_cost.py's, paired in one process.) Then restore
+time into a fresh model and optimizer: from local memory (`TorchSnapshots.restore`), from the buddy's copy (fetched
+over the agents' `SnapshotPeer` gRPC channel on loopback, as a replacement node's agent does, then restored), from disk
 (``torch.load`` + ``load_state_dict``; ``dcp.load`` + ``set_state_dict``), the files' pages dropped from the page
 cache first (``posix_fadvise(DONTNEED)``, after their fsync) and kept ("warm"). Beside them, what bounds a
 restore on this machine: reading the torch.save file's bytes (cache dropped, and cached), one memory copy of the
