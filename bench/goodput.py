@@ -52,7 +52,7 @@ outside recoveries, the steady-state cost). Before it starts, the bench prints i
 (bench/goodput_plan.py: a model from the quiet run's per-fault costs, under this run's own schedule).
 
     python bench/goodput.py [--quick] [--ranks 4] [--steps 150] [--mtbf 30] [--hang-share 0.25] [--seed 1]
-        [--baseline-runs 2] [--systems PREFIX,...] [--keep DIR]
+        [--baseline-runs 2] [--systems PREFIX,...] [--keep DIR] [--job ddp|hsdp]
     python bench/goodput.py --table bench/results/goodput.json   # the table and verdict again, older results too
 
 The goal run (~28 min by the estimate, alone on the machine; --goal sets bench/goodput_plan.py's GOAL):
@@ -224,7 +224,7 @@ def run_job(system: System, n: int, args: argparse.Namespace, run_dir: Path, fau
     detected(run_dir / "agent.jsonl", inj.fired)
     res["faults"] = [{k: v for k, v in f.items() if k != "t_abs"} for f in inj.fired]
     res["faults_dropped"] = inj.dropped + len(inj.pending)
-    res.update(jobs.outcome(args.job, args, run_dir, n))
+    res.update(jobs.outcome(args.job, args, run_dir, n, system))
     return res
 
 
@@ -318,6 +318,10 @@ def print_table(result: dict[str, Any]) -> None:
     for label, why in jobs.NOT_COMPARED.items():
         if s.get("job") == "hsdp" and any(r["system"] == label for r in result["rows"]):
             print(f"bit-identical not compared: {label}: {why}")
+    if agree := {r["system"]: r["replicas_agree"] for r in result["runs"] if r["faulted"] and "replicas_agree" in r
+                 and r["replicas_agree"] is not None}:
+        print("the replica groups' final shards agree (rank r and r + ranks/2, the run with faults): "
+              + ", ".join(f"{label}: {v}" for label, v in agree.items()))
     print(result["verdict"])
 
 

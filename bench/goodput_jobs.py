@@ -18,7 +18,8 @@ fault-free run. torchft's HSDP is not compared (NOT_COMPARED: sharded_live does 
 group's batches of the steps the other trained alone are never processed, so its shards differ by design. Its job
 runs --steps steps like every other system's (sharded_live runs it 3 x longer to measure one recovery; here the
 job is the same work for every system): where the surviving group ends before the dead one is back, that group
-trains its steps again from its start alone, which its time and steps redone show.
+trains its steps again from its start alone: no step is redone or never processed, but the two groups end with
+different models, which "replica groups agree" shows (every HSDP run is checked so).
 """
 
 from __future__ import annotations
@@ -103,16 +104,37 @@ def finished(job: str, run_dir: Path, n: int) -> bool:
     return all((run_dir / "out" / f"rank{r}.pt").exists() for r in range(n))
 
 
-def outcome(job: str, args: argparse.Namespace, run_dir: Path, n: int) -> dict[str, Any]:
+def outcome(job: str, args: argparse.Namespace, run_dir: Path, n: int, system: Any = None) -> dict[str, Any]:
     """Steps redone per rank (DDP: its summary.json; HSDP: lines - distinct steps of each rank's .computed file,
-    with the samples never processed counted from the steps a rank never completed)."""
+    with the samples never processed counted from the steps a rank never completed, and whether the replica
+    groups ended with the same model: see replicas_agree)."""
     if job == "ddp":
         summary = run_dir / "out" / "summary.json"
         if not summary.exists():
             return {}
         return {"redone": {int(r): v for r, v in json.loads(summary.read_text())["recomputed"].items()}}
     got = sharded.account(run_dir / "out", n, args.steps, args.batch, None)
-    return {"redone": got["redone"], "samples_never_processed": got["samples_never_processed"]}
+    agree = replicas_agree(run_dir / "out", n) if system is not None and system.script == sharded.EXAMPLE else None
+    return {"redone": got["redone"], "samples_never_processed": got["samples_never_processed"],
+            "replicas_agree": agree}
+
+
+def replicas_agree(out: Path, n: int) -> bool | None:
+    """Whether rank r and rank r + n/2 (the same shard in the two replica groups) ended with equal shards: what an
+    HSDP job must end with, and the check that holds where a run is not compared with a fault-free one (torchft:
+    a replica group that its torchrun restarted after the other had finished trains every step again alone, and
+    the job ends with two models). None where a rank wrote no shards."""
+    import torch
+
+    half = n // 2
+    files = [(out / f"rank{r}.pt", out / f"rank{r + half}.pt") for r in range(half)]
+    if not all(a.exists() and b.exists() for a, b in files):
+        return None
+    for a, b in files:
+        x, y = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
+        if set(x) != set(y) or not all(torch.equal(x[k], y[k]) for k in x):
+            return False
+    return True
 
 
 def identical(job: str, system: Any, run_dir: Path, ref_dir: Path, n: int) -> bool | None:

@@ -87,7 +87,7 @@ def test_hsdp_outcome_counts_redone_and_never_processed(tmp_path: Path) -> None:
     (out / "rank1.computed").write_text("".join(f"{s} 1.0 11\n" for s in [0, 1, 2, 3, 6, 7]))  # 4, 5 never
     args = argparse.Namespace(steps=8, batch=16)
     got = jobs.outcome("hsdp", args, tmp_path, 2)
-    assert got == {"redone": {0: 2, 1: 0}, "samples_never_processed": 2 * 16}
+    assert got == {"redone": {0: 2, 1: 0}, "samples_never_processed": 2 * 16, "replicas_agree": None}
     assert not jobs.finished("hsdp", tmp_path, 2)
     torchft = next(s for s in sharded.SYSTEMS if s.family == "torchft")
     assert jobs.identical("hsdp", torchft, tmp_path, tmp_path, 2) is None and torchft.label in jobs.NOT_COMPARED
@@ -97,3 +97,14 @@ def test_hsdp_outcome_counts_redone_and_never_processed(tmp_path: Path) -> None:
 def test_never_processed_column() -> None:
     assert gp._never_processed(True) == "0" and gp._never_processed(False) == "?" and gp._never_processed(None) == "-"
     assert gp._never_processed(None, 32) == "32" and gp._never_processed(True, 0) == "0"
+
+
+def test_replicas_agree_compares_the_same_shard_of_the_two_groups(tmp_path: Path) -> None:
+    import torch
+
+    assert jobs.replicas_agree(tmp_path, 4) is None  # no shards written
+    for r, v in enumerate([1.0, 2.0, 1.0, 2.0]):  # ranks 0 and 2 hold shard 0, ranks 1 and 3 shard 1
+        torch.save({"w": torch.full((2,), v)}, tmp_path / f"rank{r}.pt")
+    assert jobs.replicas_agree(tmp_path, 4) is True
+    torch.save({"w": torch.full((2,), 2.5)}, tmp_path / "rank3.pt")  # a group that trained alone
+    assert jobs.replicas_agree(tmp_path, 4) is False
