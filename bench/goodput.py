@@ -225,6 +225,8 @@ def run_job(system: System, n: int, args: argparse.Namespace, run_dir: Path, fau
     res["faults"] = [{k: v for k, v in f.items() if k != "t_abs"} for f in inj.fired]
     res["faults_dropped"] = inj.dropped + len(inj.pending)
     res.update(jobs.outcome(args.job, args, run_dir, n, system))
+    if not res["ok"]:  # a job that did not end left its steps undone, not unprocessed: "-", as sharded_live
+        res.pop("samples_never_processed", None)
     return res
 
 
