@@ -25,6 +25,10 @@ Systems (one not installed in this interpreter is skipped, with the reason):
   venv of its own (torch 2.7: --dlrover-python, else $BENCH_DLROVER_PYTHON, else /work/venv-dlrover; skipped with
   the reason where none imports it; bench/goodput_dlrover.py); every rank restarted from the agent's memory.
 
+With `--job hsdp` the job is examples/torch/train_hsdp.py's HSDP job instead, run by bench/sharded_live.py's
+systems (taskd live HSDP + script-mode spare, taskd live pure FSDP2, taskd job-rescheduling and torchrun from DCP
+checkpoints, torchft 0.2.0's HSDP; the others are skipped with the reason): bench/goodput_jobs.py.
+
 taskd's systems run with `--heartbeat-timeout` (a stopped rank is found by its missing heartbeat); torchrun,
 DLRover and torchft find it by the collectives' timeout (--pg-timeout; torchft's own --torchft-timeout).
 
@@ -48,7 +52,7 @@ outside recoveries, the steady-state cost). Before it starts, the bench prints i
 (bench/goodput_plan.py: a model from the quiet run's per-fault costs, under this run's own schedule).
 
     python bench/goodput.py [--quick] [--ranks 4] [--steps 150] [--mtbf 30] [--hang-share 0.25] [--seed 1]
-        [--baseline-runs 2] [--systems PREFIX,...] [--keep DIR]
+        [--baseline-runs 2] [--systems PREFIX,...] [--keep DIR] [--job ddp|hsdp]
     python bench/goodput.py --table bench/results/goodput.json   # the table and verdict again, older results too
 
 The goal run (~28 min by the estimate, alone on the machine; --goal sets bench/goodput_plan.py's GOAL):
@@ -74,10 +78,12 @@ from pathlib import Path
 from typing import Any
 
 import goodput_dlrover as dlrover
+import goodput_jobs as jobs
+import sharded_live
 from common import TASKD_DRIVER, TORCHRUN_DRIVER, bench_env, fmt, has_torch, header, table, write_result
 from goodput_plan import GOAL, estimate, estimate_lines
 from goodput_verdict import breakdown, compare, goodput_text, row, verdict_lines
-from live_recovery import EXAMPLE, Launch, Progress, drop_checkpoints, example_args, final_equal
+from live_recovery import EXAMPLE, Launch, Progress, drop_checkpoints, example_args
 from peers import PEER_RANK, TASKD_LIVE, TORCHFT_DRIVER, System, missing
 
 LIVE = "taskd live + script-mode spare"
@@ -119,6 +125,8 @@ def fault_schedule(seed: int, n: int, mtbf: float, hang_share: float, horizon: f
 
 def start(system: System, n: int, args: argparse.Namespace, run_dir: Path) -> Launch:
     """Launch `system`'s job of `n` ranks; every system gets the same job arguments."""
+    if args.job == "hsdp":
+        return jobs.start_hsdp(system, n, args, run_dir)  # type: ignore[arg-type]
     run_dir.mkdir(parents=True)
     env = bench_env(BENCH_EVENTS=str(run_dir / "agent.jsonl"), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                     **dict(system.env))
@@ -192,7 +200,7 @@ def run_job(system: System, n: int, args: argparse.Namespace, run_dir: Path, fau
     """One job from launch to its launcher's exit under the schedule `faults`; every wait is bounded."""
     t0 = time.time()
     job = start(system, n, args, run_dir)
-    inj = Injector(job, Progress(run_dir / "progress", n), n, args.steps, faults, t0)
+    inj = Injector(job, jobs.progress(args.job, run_dir, n), n, args.steps, faults, t0)
     res: dict[str, Any] = {"system": system.label, "ranks": n, "faulted": bool(faults), "ok": False}
     try:
         while job.proc.poll() is None:
@@ -205,7 +213,7 @@ def run_job(system: System, n: int, args: argparse.Namespace, run_dir: Path, fau
         res["seconds"] = time.time() - t0
         inj.tick()
         res["rc"] = job.proc.returncode
-        res["ok"] = job.proc.returncode == 0 and (run_dir / "out" / "final.pt").exists()
+        res["ok"] = job.proc.returncode == 0 and jobs.finished(args.job, run_dir, n)
         res["leftovers"] = job.leftovers()
     except TimeoutError as exc:
         res["error"] = str(exc)
@@ -216,10 +224,9 @@ def run_job(system: System, n: int, args: argparse.Namespace, run_dir: Path, fau
     detected(run_dir / "agent.jsonl", inj.fired)
     res["faults"] = [{k: v for k, v in f.items() if k != "t_abs"} for f in inj.fired]
     res["faults_dropped"] = inj.dropped + len(inj.pending)
-    summary = run_dir / "out" / "summary.json"
-    if summary.exists():
-        redone = json.loads(summary.read_text())["recomputed"]
-        res["redone"] = {int(r): v for r, v in redone.items()}
+    res.update(jobs.outcome(args.job, args, run_dir, n, system))
+    if not res["ok"]:  # a job that did not end left its steps undone, not unprocessed: "-", as sharded_live
+        res.pop("samples_never_processed", None)
     return res
 
 
@@ -247,7 +254,7 @@ def measure(system: System, n: int, args: argparse.Namespace, work: Path, faults
     for k in range(before):
         refs.append(_reference(system, n, args, ref_dirs[k]))
     run = run_job(system, n, args, run_dir, faults)
-    run["bit_identical"] = final_equal(run_dir / "out" / "final.pt", ref_dirs[0] / "out" / "final.pt")
+    run["bit_identical"] = jobs.identical(args.job, system, run_dir, ref_dirs[0], n)
     print(f"{system.label}: with faults {run.get('seconds', float('nan')):.1f} s, "
           f"{len(run['faults'])} faults {[(f['kind'], f['rank'], _r(f.get('resumed_s'))) for f in run['faults']]}, "
           f"redone {run.get('redone')}, identical {run['bit_identical']}, leftovers {run.get('leftovers')}, "
@@ -258,7 +265,7 @@ def measure(system: System, n: int, args: argparse.Namespace, work: Path, faults
     result["runs"] += [*refs[:before], run, *refs[before:]]
     for d in (*ref_dirs, run_dir):
         drop_checkpoints(args, d)
-    return row(system.label, system.label not in OURS, refs, run, args.run_timeout)
+    return row(system.label, system.label not in jobs.ours(args.job, OURS), refs, run, args.run_timeout)
 
 
 def _reference(system: System, n: int, args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
@@ -278,7 +285,7 @@ def verdict(result: dict[str, Any]) -> None:
     result["goals"] = {k: None if v[k] is None else v[k].verdict for k in ("goodput", "peer", "qualifies")}
     detect = {"taskd": s["heartbeat_timeout"], "snapshots": s["heartbeat_timeout"], "torchrun": s["pg_timeout"],
               "torchft": s["torchft_timeout"], "dlrover": s["pg_timeout"]}
-    family = {x.label: x.family for x in SYSTEMS}
+    family = {x.label: x.family for x in jobs.systems(s.get("job", "ddp"), SYSTEMS)}
     lines = verdict_lines(v)
     lines.append("where the lost time went (per system):")
     lines += ["  " + breakdown(r, s["steps"], s["ranks"], float(detect.get(family.get(r["system"], ""), 0.0)),
@@ -295,13 +302,14 @@ def print_table(result: dict[str, Any]) -> None:
                       f"{r['faults']} ({r['kills']}/{r['hangs']})", goodput_text(r),
                       over[1] + _pct(r["goodput_vs_fastest"]), over[0] + fmt(r["lost_per_fault_s"]),
                       r["fault_to_resumed_s"]["p50"], r["fault_to_resumed_s"]["max"], r["redone_steps"],
-                      _v(r["bit_identical"]), _never_processed(r["bit_identical"]),
+                      _v(r["bit_identical"]), _never_processed(r["bit_identical"], r.get("samples_never_processed")),
                       _leftovers(r),
                       "-" if r["lost_over_best_peer"] is None else
                       f"{'< ' if peer_bound and not r['bound'] else '> ' if r['bound'] and not peer_bound else ''}"
                       f"{r['lost_over_best_peer']:.2f}×"])
     s = result["settings"]
-    print(f"\nGoodput: {s['ranks']} ranks of train_ddp.py, {s['steps']} steps, faults every {s['mtbf']} s on average "
+    print(f"\nGoodput: {s['ranks']} ranks of {jobs.title(s.get('job', 'ddp'))}, {s['steps']} steps, faults every "
+          f"{s['mtbf']} s on average "
           f"(seed {s['seed']}, {s['hang_share']:.0%} hangs), {s.get('baseline_runs', 1)} fault-free run(s) per system")
     print(table(["system", "fault-free s", "spread s", "with faults s", "faults (kills/hangs)", "goodput",
                  "goodput vs fastest fault-free", "lost s per fault", "fault → resumed p50 s", "max s",
@@ -309,13 +317,23 @@ def print_table(result: dict[str, Any]) -> None:
                  "lost / best peer's"], lines, 2))
     for label, why in result["skipped"].items():
         print(f"skipped: {label}: {why}")
+    for label, why in jobs.NOT_COMPARED.items():
+        if s.get("job") == "hsdp" and any(r["system"] == label for r in result["rows"]):
+            print(f"bit-identical not compared: {label}: {why}")
+    if agree := {r["system"]: r["replicas_agree"] for r in result["runs"] if r["faulted"] and "replicas_agree" in r
+                 and r["replicas_agree"] is not None}:
+        print("the replica groups' final shards agree (rank r and r + ranks/2, the run with faults): "
+              + ", ".join(f"{label}: {v}" for label, v in agree.items()))
     print(result["verdict"])
 
 
-def _never_processed(identical: bool | None) -> str:
-    """Samples the job never trained on. The example's batches are drawn from the step's seed, so final parameters
-    bit-identical to the fault-free run's prove every step's batches were applied once, in order: 0. A run not
-    identical may have dropped or doubled some ("?"); one that did not finish says nothing ("-")."""
+def _never_processed(identical: bool | None, counted: int | None = None) -> str:
+    """Samples the job never trained on. The HSDP job's are counted (`counted`: the steps a rank never completed x
+    its batch). The DDP example's batches are drawn from the step's seed, so final parameters bit-identical to the
+    fault-free run's prove every step's batches were applied once, in order: 0. A run not identical may have
+    dropped or doubled some ("?"); one that did not finish says nothing ("-")."""
+    if counted is not None:
+        return str(counted)
     return "-" if identical is None else "0" if identical else "?"
 
 
@@ -340,12 +358,18 @@ def _v(v: Any) -> str:
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="2 ranks, a small model, one kill, taskd live and torchrun")
+    p.add_argument("--quick", action="store_true", help="2 ranks (4 with --job hsdp), a small model, one kill, "
+                   "taskd live and torchrun")
+    p.add_argument("--job", choices=jobs.JOBS, default="ddp", help="the training job: train_ddp.py (ddp) or "
+                   "train_hsdp.py's HSDP job with bench/sharded_live.py's systems (hsdp; bench/goodput_jobs.py)")
+    p.add_argument("--batch", type=int, default=jobs.HSDP_BATCH, help="samples per rank per step (--job hsdp)")
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--steps", type=int, default=150, help="training steps per job")
     p.add_argument("--ckpt-every", type=int, default=10, help="disk checkpoint interval (steps) of train_ddp.py")
-    p.add_argument("--hidden", type=int, default=0, help="the example's --hidden (0: its default, ~9 M parameters)")
-    p.add_argument("--layers", type=int, default=0, help="the example's --layers (0: its default)")
+    p.add_argument("--hidden", type=int, default=0, help="the example's --hidden (0: its default, ~9 M parameters; "
+                   f"--job hsdp: {jobs.HSDP_HIDDEN})")
+    p.add_argument("--layers", type=int, default=0, help=f"the example's --layers (0: its default; --job hsdp: "
+                   f"{jobs.HSDP_LAYERS})")
     p.add_argument("--step-sleep", type=float, default=0.0, help="the example's --step-sleep")
     p.add_argument("--seed", type=int, default=1, help="seeds the fault schedule and the job")
     p.add_argument("--mtbf", type=float, default=30.0, help="mean seconds between faults")
@@ -388,10 +412,14 @@ def parse_args() -> argparse.Namespace:
         args.ranks, args.hidden, args.layers, args.steps, args.ckpt_every = 2, 64, 2, 30, 5
         args.step_sleep, args.mtbf, args.hang_share, args.max_faults = 0.05, 0.5, 0.0, 1
         args.run_timeout = min(args.run_timeout, 120.0)
+        if args.job == "hsdp":  # 2 replica groups of 2 shards
+            args.ranks, args.steps = 4, 40
     if args.ranks < 2 or args.steps < 8 or args.ckpt_every < 1 or args.mtbf <= 0 or not 0 <= args.hang_share <= 1 \
             or args.baseline_runs < 1:
         p.error("--ranks >= 2, --steps >= 8, --ckpt-every >= 1, --mtbf > 0, 0 <= --hang-share <= 1 and "
                 "--baseline-runs >= 1")
+    if why := jobs.check(args.job, args.ranks):
+        p.error(why)
     return args
 
 
@@ -403,8 +431,12 @@ def main() -> int:
     if not has_torch():
         print("torch is not installed: this benchmark needs it (`pip install torch==2.13.0`, a CPU build)")
         return 2
-    chosen = [s for s in SYSTEMS if not args.systems or any(s.label.startswith(x) for x in args.systems.split(","))]
-    skipped = {s.label: why for s in chosen if (why := missing(s))}
+    prefixes = [x for x in args.systems.split(",") if x]
+    chosen = [s for s in jobs.systems(args.job, SYSTEMS) if not prefixes or any(s.label.startswith(x)
+                                                                                 for x in prefixes)]
+    skipped = jobs.skipped(args.job, SYSTEMS, prefixes)
+    absent = missing if args.job == "ddp" else sharded_live.missing
+    skipped.update({s.label: why for s in chosen if (why := absent(s))})
     if args.quick and not args.systems:
         skipped.update({s.label: "not run by --quick (name it with --systems)" for s in chosen
                         if not s.quick and s.label not in skipped})
@@ -420,12 +452,13 @@ def main() -> int:
     result.update({"settings": {k: getattr(args, k) for k in (
         "ranks", "steps", "ckpt_every", "hidden", "layers", "step_sleep", "seed", "mtbf", "arrivals", "hang_share",
         "pg_timeout", "heartbeat_timeout", "stop_grace", "snapshot_every", "snapshot_memory", "max_restarts",
-        "torchft_timeout", "run_timeout", "baseline_runs", "dlrover_python")},
+        "torchft_timeout", "run_timeout", "baseline_runs", "dlrover_python", "job", "batch")},
         "dlrover_versions": versions, "schedule": [asdict(f) for f in faults], "systems": [s.label for s in systems],
         "skipped": skipped, "runs": [], "rows": []})
-    est = estimate([x.label for x in systems], result["settings"], [(f.at, f.kind) for f in faults])
+    est = estimate([x.label for x in systems], result["settings"], [(f.at, f.kind) for f in faults],
+                   **({"step_s": jobs.HSDP_STEP_S} if args.job == "hsdp" else {}))
     result["estimate_s"] = est["total_s"]
-    print("\n".join(estimate_lines(est, args.baseline_runs)), flush=True)
+    print("\n".join(estimate_lines(est, args.baseline_runs, jobs.title(args.job))), flush=True)
     for label, why in skipped.items():  # and again under the table
         print(f"skipped: {label}: {why}", flush=True)
     with tempfile.TemporaryDirectory(prefix="taskd-bench-goodput-") as tmp:
@@ -448,7 +481,8 @@ def reprint(path: Path) -> int:
     for run in result["runs"]:
         by_system.setdefault(run["system"], []).append(run)
     result["settings"].setdefault("baseline_runs", 1)
-    result["rows"] = [row(label, label not in OURS, [r for r in runs if not r["faulted"]], faulted,
+    ours = jobs.ours(result["settings"].get("job", "ddp"), OURS)
+    result["rows"] = [row(label, label not in ours, [r for r in runs if not r["faulted"]], faulted,
                           result["settings"].get("run_timeout", 900.0))
                       for label, runs in by_system.items()
                       for faulted in [next((r for r in runs if r["faulted"]), None)] if faulted is not None]

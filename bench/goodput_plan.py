@@ -99,8 +99,10 @@ def estimate(labels: list[str], settings: dict[str, Any], schedule: list[tuple[f
     return {"systems": rows, "total_s": total, "step_s": step_s}
 
 
-def estimate_lines(est: dict[str, Any], baseline_runs: int) -> list[str]:
-    lines = [f"estimate (a model, not a measurement: {est['step_s']} s a step as at 4 ranks, 9 M parameters, quiet; "
+def estimate_lines(est: dict[str, Any], baseline_runs: int, job: str = "train_ddp.py") -> list[str]:
+    """The estimate as printed; `job` names the job whose step time it assumes (the DDP job's by default)."""
+    size = "4 ranks, 9 M parameters, quiet" if job == "train_ddp.py" else f"{job} at 4 ranks, loaded"
+    lines = [f"estimate (a model, not a measurement: {est['step_s']} s a step as {size}; "
              f"{STARTUP_S:g} s to start; the per-fault costs of the quiet run of 2026-12-04): "
              f"{est['total_s'] / 60:.0f} min in all"]
     for label, r in est["systems"].items():

@@ -97,6 +97,7 @@ def row(label: str, peer: bool, refs: list[dict[str, Any]], run: dict[str, Any],
             else None,  # measured where the agent logs each fault (taskd's systems)
             "unresumed": len(fired) - len(resumed), "redone_steps": None if "redone" not in run else
             sum(run["redone"].values()), "bit_identical": run.get("bit_identical"), "leftovers": run.get("leftovers"),
+            "samples_never_processed": run.get("samples_never_processed"),  # counted where the job can (HSDP)
             "residue": run.get("residue"),  # named objects its launcher left on the node (the bench removed them)
             "ok": bool(free is not None and faulted is not None and not bound)}
 

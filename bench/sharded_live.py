@@ -53,6 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -139,7 +140,10 @@ def job_args(args: argparse.Namespace, run_dir: Path, system: System) -> list[st
     return out
 
 
-def start(system: System, n: int, args: argparse.Namespace, run_dir: Path) -> Launch:
+def start(system: System, n: int, args: argparse.Namespace, run_dir: Path, max_restarts: int = 3,
+          taskd_flags: Sequence[str] = ()) -> Launch:
+    """Launch `system`'s job of `n` ranks. bench/goodput.py starts the same systems (its --job hsdp) with a larger
+    restart budget (it injects many faults) and taskd's --heartbeat-timeout (`taskd_flags`: it injects hangs)."""
     run_dir.mkdir(parents=True)
     env = bench_env(BENCH_EVENTS=str(run_dir / "agent.jsonl"), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                     **dict(system.env))
@@ -147,14 +151,14 @@ def start(system: System, n: int, args: argparse.Namespace, run_dir: Path) -> La
         env = {k: v for k, v in env.items() if not k.startswith("TASKD_")}
     script = job_args(args, run_dir, system)
     if system.family == "taskd":
-        cmd = [sys.executable, str(TASKD_DRIVER), "--nproc-per-node", str(n), "--max-restarts", "3",
-               "--log-dir", str(run_dir / "logs"), *system.flags, str(system.script), *script]
+        cmd = [sys.executable, str(TASKD_DRIVER), "--nproc-per-node", str(n), "--max-restarts", str(max_restarts),
+               "--log-dir", str(run_dir / "logs"), *taskd_flags, *system.flags, str(system.script), *script]
     elif system.family == "torchrun":
         cmd = [sys.executable, str(TORCHRUN_DRIVER), "--standalone", "--nproc-per-node", str(n),
-               "--max-restarts", "3", str(EXAMPLE), *script]
+               "--max-restarts", str(max_restarts), str(EXAMPLE), *script]
     elif system.family == "torchft":  # one torchrun of n/2 ranks per replica group, a Lighthouse
         cmd = [sys.executable, str(TORCHFT_DRIVER), "--replicas", "2", "--nproc-per-replica", str(n // 2),
-               "--min-replicas", "1", "--max-restarts", "3", "--timeout", str(args.torchft_timeout),
+               "--min-replicas", "1", "--max-restarts", str(max_restarts), "--timeout", str(args.torchft_timeout),
                str(TORCHFT_RANK), *script]
     else:
         raise ValueError(f"unknown family {system.family!r}")
