@@ -29,7 +29,7 @@ from taskd.agent.link.job_status import await_job_end, join_or_end
 from taskd.agent.link.node_loss import LossWait, NodeLoss
 from taskd.agent.ranks.control import LauncherDetails, MsrunLogs, RankControl
 from taskd.agent.ranks.launcher import launcher_of
-from taskd.agent.ranks.live import POLL, LiveRanks
+from taskd.agent.ranks.live import LiveRanks
 from taskd.agent.ranks.resize import present_nodes
 from taskd.agent.ranks.table import Rank, RankLayout, RankState, RankTable, discover_layout
 from taskd.agent.round import events as ev
@@ -70,7 +70,7 @@ class Supervisor:
         self.controller = controller
         self.result = JobResult()
         self.policy = LocalPolicy(config.max_restarts, config.controller_timeout, config.dump_timeout)
-        self.watch = RankWatch()
+        self.watch = RankWatch(bell=True)  # ranks ring it when they write what the agent must act on
         self.logs = MsrunLogs(config.log_dir, enabled=not details.rank_files)
         self.hang = HangWatch(details, config.heartbeat_timeout, lambda rank: self.logs.worker_log(rank.global_rank),
                               auto=config.launcher == "msrun")
@@ -196,8 +196,8 @@ class Supervisor:
         while not self._done:
             report_at = self.link.reports.wake_at()  # a report's re-send or deadline (an answer wakes the loop itself)
             wake_at = next_sweep if report_at is None else min(next_sweep, report_at)
-            if self.executors.polling:  # in-place errors, a rebuild's or a migration's progress, a resumption: read
-                wake_at = min(wake_at, time.monotonic() + POLL)  # from rank files
+            if self.executors.polling:  # the ranks' files: often in a round, at leisure where they ring (actions.py)
+                wake_at = min(wake_at, time.monotonic() + self.executors.poll_every(self.machine.state))
             if self.node_loss.standby_watch is not None and self.machine.standby:  # its next question
                 wake_at = min(wake_at, self.node_loss.standby_watch.next_poll)
             wake_at = min(wake_at, self.hang.stops.next_at) if self.hang.on else wake_at  # _look_for_stops

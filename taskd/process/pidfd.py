@@ -15,13 +15,18 @@ import logging
 import os
 import select
 import selectors
+import shutil
+import socket
 from collections.abc import Hashable
 from dataclasses import dataclass
+
+from taskd.process.run_dir import make_run_dir
 
 log = logging.getLogger(__name__)
 
 EXIT = "exit"
 READ = "read"
+BELL = "bell"
 _WAKEUP = ("wakeup",)
 
 
@@ -126,6 +131,12 @@ class ExitSelector:
         if fd is not None:
             self._selector.unregister(fd)
 
+    def add_bell(self, fd: int) -> None:
+        """A non-blocking socket whose datagrams only wake :meth:`select`, drained there like the wake-up pipe
+        (the fd stays the caller's: remove it with `remove_reader(fd)` before closing it)."""
+        self._readers[fd] = fd
+        self._selector.register(fd, selectors.EVENT_READ, (BELL, fd))
+
     def wake(self) -> None:
         """Interrupt :meth:`select` from another thread or a signal handler."""
         try:
@@ -139,7 +150,9 @@ class ExitSelector:
         for key, _ in self._selector.select(None if timeout is None else max(0.0, timeout)):
             kind, watch_key = key.data[0], key.data[-1]
             if key.data is _WAKEUP:
-                self._drain_wakeups()
+                self._drain(self._wake_r)
+            elif kind == BELL:
+                self._drain(key.fd)
             elif kind == READ:
                 ready.append(Ready(watch_key, READ))
             else:
@@ -148,11 +161,12 @@ class ExitSelector:
                 ready.append(Ready(watch_key, EXIT, returncode))
         return ready
 
-    def _drain_wakeups(self) -> None:
+    @staticmethod
+    def _drain(fd: int) -> None:
         try:
-            while os.read(self._wake_r, 4096):
+            while os.read(fd, 4096):
                 pass
-        except BlockingIOError:
+        except OSError:  # BlockingIOError: drained
             pass
 
     def close(self) -> None:
@@ -182,8 +196,44 @@ class Exit:
 class RankWatch:
     """The agent's view of :class:`ExitSelector`: rank pidfds by (local rank, pid); ``wait()`` returns exits."""
 
-    def __init__(self) -> None:
+    def __init__(self, bell: bool = False) -> None:
+        """`bell`: open the ranks' doorbell (`open_bell`)."""
         self._selector = ExitSelector()
+        self._bell: socket.socket | None = None
+        self._bell_dir: str | None = None
+        self.bell: str | None = None  # the doorbell's path
+        if bell:
+            self.open_bell()
+
+    def open_bell(self) -> str | None:
+        """A doorbell that wakes ``wait()`` the moment a rank rings it (`taskd.worker.env.ring_agent`), so the
+        agent need not read its ranks' files every few ms to see what they write: a Unix datagram socket in a
+        private directory (mode 0700: only this user's processes can ring). Its path (the caller tells the
+        ranks); None where it cannot be made (the caller then keeps reading often)."""
+        if self._bell is not None:
+            return self.bell
+        try:
+            self._bell_dir = make_run_dir("bell")
+            self._bell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
+            path = os.path.join(self._bell_dir, "bell")
+            self._bell.bind(path)
+        except OSError as exc:
+            log.warning("no doorbell for the ranks (%s): their files are read every few ms instead", exc)
+            self._close_bell()
+            return None
+        self._selector.add_bell(self._bell.fileno())
+        self.bell = path
+        return path
+
+    def _close_bell(self) -> None:
+        self.bell = None
+        if self._bell is not None:
+            self._selector.remove_reader(self._bell.fileno())
+            self._bell.close()
+            self._bell = None
+        if self._bell_dir is not None:
+            shutil.rmtree(self._bell_dir, ignore_errors=True)
+            self._bell_dir = None
 
     def watch(self, local_rank: int, pid: int) -> bool:
         """Start watching; False when the pid is already gone (the caller treats it as an exit)."""
@@ -205,4 +255,5 @@ class RankWatch:
                 for r in self._selector.select(max(0.0, timeout)) if r.kind == EXIT]
 
     def close(self) -> None:
+        self._close_bell()
         self._selector.close()

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from taskd.worker import heartbeat_file as hbf
+from taskd.worker.env import ring_agent
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ def wait_for_word(buf: Any, continued_at: float, hold: Callable[[float], None],
             return True
         if value >= 0:  # nothing asked yet, or an answer to an earlier stop: ask for this one
             hbf.CONTINUE.pack_into(buf, hbf.OFF_CONTINUE, -continued_at)
+            ring_agent()
         if clock() >= deadline:
             return False
         hold(1.0)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from collections.abc import Mapping
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ class Var:
     TASKD_HEARTBEAT_FILE = "TASKD_HEARTBEAT_FILE"
     TASKD_HEARTBEAT_DIR = "TASKD_HEARTBEAT_DIR"  # set by an agent for ranks another launcher starts
     TASKD_CONTROL_FILE = "TASKD_CONTROL_FILE"  # live recovery: the agent's per-node control file
+    TASKD_AGENT_BELL = "TASKD_AGENT_BELL"  # the agent's doorbell (a Unix datagram socket): `ring_agent`
     TASKD_GENERATION = "TASKD_GENERATION"  # live recovery: the group generation a rank starts into
     TASKD_JOIN_AFTER = "TASKD_JOIN_AFTER"  # live: started before its generation was named: the first named above this
     TASKD_REJOIN_TIMEOUT = "TASKD_REJOIN_TIMEOUT"  # live recovery: seconds a rank waits for a generation
@@ -122,6 +124,20 @@ def _int_env(*names: str, default: int) -> int:
 
 class NotARankYet(RuntimeError):
     """Asked for the rank in a warm spare that runs the script before it becomes one (taskd.worker.spare)."""
+
+
+def ring_agent() -> None:
+    """Wake this rank's agent now: it reads its ranks' files only every few hundred ms while nothing happens,
+    so a rank that has just written something the agent must act on (an in-place error, a question after a
+    SIGCONT) rings. Never blocks, never raises: at worst the agent reads the file on its next look."""
+    path = os.environ.get(Var.TASKD_AGENT_BELL)
+    if not path:
+        return
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC) as bell:
+            bell.sendto(b"!", path)
+    except OSError as exc:  # the agent gone, its queue full (it is awake then): nothing to do
+        log.debug("cannot ring the agent's bell %s: %s", path, exc)
 
 
 def in_spare() -> bool:

@@ -37,7 +37,7 @@ from taskd.worker.control_file import (  # the control file is part of this prot
     read_control,
     write_control,
 )
-from taskd.worker.env import Var, env_int
+from taskd.worker.env import Var, env_int, ring_agent
 
 log = logging.getLogger(__name__)
 
@@ -263,6 +263,7 @@ class LiveRank:
             (_F64, hbf.OFF_LIVE_COLLECTIVE, (0.0,)),
             (_U32, hbf.OFF_LIVE_PHASE, (int(Phase.PAUSED),)),
         ])
+        ring_agent()
 
     def requested(self) -> Control | None:
         """A request for a newer generation, checked at a step boundary (one stat); None if none."""

@@ -18,6 +18,9 @@ NOT_OURS = {
     # the ranks' variable (taskd/worker/env.py's `Var`), which this agent sets for the ranks msrun starts: one
     # already set is used as it is, and the agent unsets only its own
     "taskd/agent/watches/hangs.py": {"TASKD_HEARTBEAT_DIR"},
+    # the ranks' variable (`Var`), the agent's doorbell it exports for its ranks: at the job's end it unsets only
+    # its own (another agent in the same process may have set it since)
+    "taskd/agent/ranks/control.py": {"TASKD_AGENT_BELL"},
     # the ranks' variable (`Var`): a user's own is left to the ranks, not replaced by the multi-node default
     "taskd/run.py": {"TASKD_REJOIN_TIMEOUT"},
     # a test's fault (slow-disk:SECONDS before each persisted copy's fsync), not a knob

@@ -32,6 +32,7 @@ from taskd.callbacks import KILL_WORKER, MONITOR, START_ALL_WORKER, START_WORKER
 from taskd.process.groups import process_group, stop_groups, wait_groups_gone
 from taskd.process.msrun import MsrunScheduler, stale_msrun_workers
 from taskd.process.pidfd import RankWatch
+from taskd.worker.env import Var
 
 log = logging.getLogger("taskd.agent")
 
@@ -70,6 +71,8 @@ class RankControl:
         # msrun's scheduler, read now (it runs before any rank): a fresh one can be started from this record
         # even after it exited, on the node whose msrun started it
         self.scheduler = MsrunScheduler.find() if config.launcher == "msrun" and not details.rank_files else None
+        if watch.bell:  # every rank started from here (any launcher's) inherits it: taskd.worker.env.ring_agent
+            os.environ[Var.TASKD_AGENT_BELL] = watch.bell
 
     def monitor(self, local_ranks: list[int]) -> dict[int, Entry]:
         return self.cb[MONITOR](local_ranks) or {}
@@ -142,6 +145,8 @@ class RankControl:
                 rank.state = RankState.STOPPED
 
     def ensure_all_gone(self) -> None:
+        if self.watch.bell and os.environ.get(Var.TASKD_AGENT_BELL) == self.watch.bell:  # the job's end
+            del os.environ[Var.TASKD_AGENT_BELL]
         try:
             self.cb[KILL_WORKER]([-1])
         except Exception as exc:

@@ -33,6 +33,7 @@ from taskd.worker.live import (
 log = logging.getLogger("taskd.agent")
 
 POLL = 0.05  # seconds between reads of the heartbeat files while live recovery is on (~3 us a rank)
+IDLE_POLL = 0.25  # the same between rounds: the ranks ring the agent's doorbell when they write what it must act on
 REJOIN_TIMEOUT = 120.0  # the longest a group may take to re-form, if the controller's deadline is longer
 RANK_TIMEOUT = 60.0  # how long ranks may spend forming one generation (the control file's "timeout")
 

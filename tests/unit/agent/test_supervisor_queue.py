@@ -16,11 +16,13 @@ from taskd.agent.round.states import NodeFacts, NodeState
 from taskd.agent.supervisor import Supervisor
 from taskd.callbacks import KILL_WORKER, MONITOR, START_ALL_WORKER, START_WORKER_LIST, STATUS_FAILED
 from taskd.vocabulary import Action, SignalType, Strategy
+from taskd.worker.env import Var
 
 NO_PID = 4_194_000  # above any pid this machine hands out in a test run
 
 
-def test_a_rank_gone_when_its_restart_returns_is_handled_after_the_restart() -> None:
+def test_a_rank_gone_when_its_restart_returns_is_handled_after_the_restart(monkeypatch) -> None:
+    monkeypatch.setenv(Var.TASKD_AGENT_BELL, "")  # the agent exports its doorbell: taken back after the test
     started: list[list[int]] = []
     callbacks = {
         MONITOR: lambda ranks: {1: {"pid": NO_PID + 2, "status": STATUS_FAILED}},  # the new rank 1: already gone
