@@ -140,6 +140,34 @@ def test_leave_watch_ends_the_generation_the_agent_says_is_over_and_nothing_else
             s.close()
 
 
+def test_a_generation_the_agent_ended_while_it_formed_is_ended_once_formed(tmp_path):
+    """The agent writes `leave g` while the rank still forms g (the file's change came before g's connections
+    existed): the rank's watch, asleep in inotify until the next change, would look again only when idle. The
+    thread that formed g checks the file the moment g is formed (GroupSockets.on_formed); idle 60 s here, so
+    nothing else can end g within the test's 10 s."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    control = tmp_path / "control.json"
+    group = GroupSockets()
+    ended: list[tuple[int, str, int]] = []
+    watch = LeaveWatch(str(control), group, interval=0.002, idle=60.0,
+                       on_end=lambda n, c: ended.append((n, c.action, c.generation))).start()
+    opened = [listener]
+    try:
+        with group.forming(generation=7):
+            opened.append(socket.create_connection(listener.getsockname()))
+            write_control(control, 7, "leave")  # said while g is forming: the watch looks, finds nothing held
+            time.sleep(0.3)  # and sleeps again
+        theirs, _ = listener.accept()
+        opened.append(theirs)
+        theirs.settimeout(10)
+        assert ended == [(1, "leave", 7)] and len(group) == 0, ended  # at once, on the forming thread
+        assert theirs.recv(1) == b""
+    finally:
+        watch.stop()
+        for s in opened:
+            s.close()
+
+
 def wait_until(predicate, timeout: float) -> bool:  # noqa: ANN001
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
