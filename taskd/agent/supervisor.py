@@ -70,7 +70,7 @@ class Supervisor:
         self.controller = controller
         self.result = JobResult()
         self.policy = LocalPolicy(config.max_restarts, config.controller_timeout, config.dump_timeout)
-        self.watch = RankWatch(bell=True)  # ranks ring it when they write what the agent must act on
+        self.watch = RankWatch()
         self.logs = MsrunLogs(config.log_dir, enabled=not details.rank_files)
         self.hang = HangWatch(details, config.heartbeat_timeout, lambda rank: self.logs.worker_log(rank.global_rank),
                               auto=config.launcher == "msrun")

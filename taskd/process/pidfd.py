@@ -15,12 +15,9 @@ import logging
 import os
 import select
 import selectors
-import shutil
 import socket
 from collections.abc import Hashable
 from dataclasses import dataclass
-
-from taskd.process.run_dir import make_run_dir
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +25,7 @@ EXIT = "exit"
 READ = "read"
 BELL = "bell"
 _WAKEUP = ("wakeup",)
+BELL_NAME = "agent.bell"  # the doorbell's socket, beside the ranks' heartbeat files
 
 
 def wait_readable(fd: int, timeout: float) -> bool:
@@ -196,29 +194,24 @@ class Exit:
 class RankWatch:
     """The agent's view of :class:`ExitSelector`: rank pidfds by (local rank, pid); ``wait()`` returns exits."""
 
-    def __init__(self, bell: bool = False) -> None:
-        """`bell`: open the ranks' doorbell (`open_bell`)."""
+    def __init__(self) -> None:
         self._selector = ExitSelector()
         self._bell: socket.socket | None = None
-        self._bell_dir: str | None = None
-        self.bell: str | None = None  # the doorbell's path
-        if bell:
-            self.open_bell()
+        self.bell: str | None = None  # the doorbell's path (`open_bell`)
 
-    def open_bell(self) -> str | None:
+    def open_bell(self, directory: str) -> str | None:
         """A doorbell that wakes ``wait()`` the moment a rank rings it (`taskd.worker.env.ring_agent`), so the
-        agent need not read its ranks' files every few ms to see what they write: a Unix datagram socket in a
-        private directory (mode 0700: only this user's processes can ring). Its path (the caller tells the
-        ranks); None where it cannot be made (the caller then keeps reading often)."""
+        agent need not read its ranks' files every few ms to see what they write: a Unix datagram socket in
+        `directory` (the ranks' heartbeat directory: private to the job's user, removed with the job). Its path
+        (the caller tells the ranks); None where it cannot be made (the caller then keeps reading often)."""
         if self._bell is not None:
             return self.bell
+        path = os.path.join(directory, BELL_NAME)
         try:
-            self._bell_dir = make_run_dir("bell")
             self._bell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
-            path = os.path.join(self._bell_dir, "bell")
             self._bell.bind(path)
-        except OSError as exc:
-            log.warning("no doorbell for the ranks (%s): their files are read every few ms instead", exc)
+        except OSError as exc:  # e.g. a path past the 107 bytes a socket's name may have
+            log.info("no doorbell for the ranks at %s (%s): their files are read every 50 ms instead", path, exc)
             self._close_bell()
             return None
         self._selector.add_bell(self._bell.fileno())
@@ -226,14 +219,16 @@ class RankWatch:
         return path
 
     def _close_bell(self) -> None:
-        self.bell = None
         if self._bell is not None:
             self._selector.remove_reader(self._bell.fileno())
             self._bell.close()
             self._bell = None
-        if self._bell_dir is not None:
-            shutil.rmtree(self._bell_dir, ignore_errors=True)
-            self._bell_dir = None
+        if self.bell is not None:
+            try:
+                os.unlink(self.bell)
+            except OSError:
+                pass
+            self.bell = None
 
     def watch(self, local_rank: int, pid: int) -> bool:
         """Start watching; False when the pid is already gone (the caller treats it as an exit)."""

@@ -71,8 +71,6 @@ class RankControl:
         # msrun's scheduler, read now (it runs before any rank): a fresh one can be started from this record
         # even after it exited, on the node whose msrun started it
         self.scheduler = MsrunScheduler.find() if config.launcher == "msrun" and not details.rank_files else None
-        if watch.bell:  # every rank started from here (any launcher's) inherits it: taskd.worker.env.ring_agent
-            os.environ[Var.TASKD_AGENT_BELL] = watch.bell
 
     def monitor(self, local_ranks: list[int]) -> dict[int, Entry]:
         return self.cb[MONITOR](local_ranks) or {}
@@ -91,6 +89,7 @@ class RankControl:
                 self.details.set_node_count(count)
         self.logs.before_start({lr: self.table[lr].global_rank for lr in local_ranks})
         self.hang.reset(self.table[lr] for lr in local_ranks)
+        self._open_bell()
         code = self.cb[START_ALL_WORKER]() if local is None else self.cb[START_WORKER_LIST](local)
         return code, self._adopt(local_ranks)
 
@@ -143,6 +142,13 @@ class RankControl:
             self.watch.unwatch(rank.local_rank, rank.pid)
             if rank.state is RankState.STOPPING:
                 rank.state = RankState.STOPPED
+
+    def _open_bell(self) -> None:
+        """Before the first start: the ranks' doorbell beside their heartbeat files, its path in the environment
+        every rank started from here inherits (any launcher's): taskd.worker.env.ring_agent."""
+        where = self.hang.files_dir() if self.watch.bell is None else None
+        if where and (path := self.watch.open_bell(where)):
+            os.environ[Var.TASKD_AGENT_BELL] = path
 
     def ensure_all_gone(self) -> None:
         if self.watch.bell and os.environ.get(Var.TASKD_AGENT_BELL) == self.watch.bell:  # the job's end

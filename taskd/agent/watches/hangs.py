@@ -123,6 +123,13 @@ class HangWatch:
         """Hang detection is on: a timeout was set, or one is derived (msrun)."""
         return self.timeout is not None or self.auto is not None
 
+    def files_dir(self) -> str | None:
+        """The directory of the ranks' heartbeat files: the launcher's run directory, or the one exported here."""
+        if self.details.rank_files:
+            path = self.details.heartbeat_path(0)
+            return os.path.dirname(path) if path else None
+        return self._dir
+
     def look(self, ranks: Iterable[Rank], now: float) -> bool:
         """Look at the running ranks' process states (monotonic `now`); True when one has been stopped long
         enough to be judged now rather than on the next sweep."""

@@ -21,18 +21,17 @@ def test_taskd_process_imports_nothing_above_it():
                 assert not name.startswith("taskd.") or name.startswith("taskd.process"), f"{path.name}: {name}"
 
 
-def test_a_ring_wakes_the_agents_wait_and_is_drained(monkeypatch):
+def test_a_ring_wakes_the_agents_wait_and_is_drained(monkeypatch, tmp_path):
     """The doorbell: a rank's `ring_agent` ends the agent's wait at once; once drained, the next wait waits."""
-    import os
     import time
 
     from taskd.process.pidfd import RankWatch
     from taskd.worker.env import Var, ring_agent
 
-    watch = RankWatch(bell=True)
+    watch = RankWatch()
     try:
-        assert watch.bell and os.path.exists(watch.bell)
-        assert oct(os.stat(os.path.dirname(watch.bell)).st_mode & 0o777) == "0o700"  # only this user rings
+        assert watch.open_bell(str(tmp_path)) == watch.bell == str(tmp_path / "agent.bell")
+        assert watch.open_bell(str(tmp_path)) == watch.bell  # once
         monkeypatch.setenv(Var.TASKD_AGENT_BELL, watch.bell)
         ring_agent()
         ring_agent()  # two rings before the agent looks: one wake-up
@@ -43,10 +42,19 @@ def test_a_ring_wakes_the_agents_wait_and_is_drained(monkeypatch):
         assert watch.wait(0.2) == []
         assert time.monotonic() - started >= 0.15  # drained: no busy loop on a stale ring
     finally:
-        path = watch.bell
         watch.close()
-    assert watch.bell is None and not os.path.exists(os.path.dirname(path))  # nothing left in the temp dir
+    assert watch.bell is None and list(tmp_path.iterdir()) == []  # the socket removed with it
     ring_agent()  # the agent gone: the rank goes on
+
+
+def test_a_doorbell_that_cannot_be_made_says_none(tmp_path):
+    from taskd.process.pidfd import RankWatch
+
+    watch = RankWatch()
+    try:
+        assert watch.open_bell(str(tmp_path / ("x" * 120))) is None and watch.bell is None  # past a socket name's limit
+    finally:
+        watch.close()
 
 
 def test_ring_agent_outside_taskd_is_a_no_op(monkeypatch):
