@@ -124,17 +124,8 @@ def replicas_agree(out: Path, n: int) -> bool | None:
     HSDP job must end with, and the check that holds where a run is not compared with a fault-free one (torchft:
     a replica group that its torchrun restarted after the other had finished trains every step again alone, and
     the job ends with two models). None where a rank wrote no shards."""
-    import torch
-
     half = n // 2
-    files = [(out / f"rank{r}.pt", out / f"rank{r + half}.pt") for r in range(half)]
-    if not all(a.exists() and b.exists() for a, b in files):
-        return None
-    for a, b in files:
-        x, y = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
-        if set(x) != set(y) or not all(torch.equal(x[k], y[k]) for k in x):
-            return False
-    return True
+    return sharded.same_shards([(out / f"rank{r}.pt", out / f"rank{r + half}.pt") for r in range(half)])
 
 
 def identical(job: str, system: Any, run_dir: Path, ref_dir: Path, n: int) -> bool | None:

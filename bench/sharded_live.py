@@ -267,9 +267,14 @@ def account(out: Path, n: int, total: int, batch: int, kill: Kill | None) -> dic
 
 
 def identical(out: Path, ref: Path, n: int) -> bool | None:
+    """Whether every rank's final shards equal the reference run's; None where a rank wrote none."""
+    return same_shards([(out / f"rank{r}.pt", ref / f"rank{r}.pt") for r in range(n)])
+
+
+def same_shards(files: list[tuple[Path, Path]]) -> bool | None:
+    """Whether each pair of shard files holds equal tensors; None where a file is missing."""
     import torch
 
-    files = [(out / f"rank{r}.pt", ref / f"rank{r}.pt") for r in range(n)]
     if not all(a.exists() and b.exists() for a, b in files):
         return None
     for a, b in files:

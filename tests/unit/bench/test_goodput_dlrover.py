@@ -3,7 +3,6 @@ leaves on the node and their removal, its command, and that its rank script runs
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
@@ -11,20 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.bench import BENCH, load_bench
 
-BENCH = Path(__file__).resolve().parents[3] / "bench"
-sys.path.insert(0, str(BENCH))  # the bench's modules import their siblings as top-level modules
-
-
-def _load(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-dlr = _load("goodput_dlrover")
+dlr = load_bench("goodput_dlrover")
 VERSIONS = "VERSIONS " + json.dumps({"torch": "2.7.1+cpu", "dlrover": "0.6.1"})
 
 
@@ -82,7 +70,7 @@ def test_goodput_skips_the_system_with_the_reason(monkeypatch: Any, tmp_path: Pa
     pytest.importorskip("torch")
     monkeypatch.setenv("BENCH_RESULTS_DIR", str(tmp_path))
     monkeypatch.setattr(sys, "argv", ["goodput.py", "--systems", "DLRover", "--dlrover-python", "/nonexistent/python"])
-    goodput = _load("goodput")
+    goodput = load_bench("goodput")
     assert goodput.main() == 0
     data = json.loads((tmp_path / "goodput.json").read_text())
     assert data["systems"] == [] and data["runs"] == []
@@ -100,7 +88,7 @@ def test_the_rank_script_runs_no_taskd_code(monkeypatch: Any) -> None:
         for name in [n for n in sys.modules if n.split(".")[0] in ("taskd", "train_ddp", "peer_rank", "dlrover_rank")]:
             del sys.modules[name]
         monkeypatch.syspath_prepend(str(BENCH.parent))
-        rank = _load("dlrover_rank")
+        rank = load_bench("dlrover_rank")
         assert rank.taskd_stubbed(), [m for m in sys.modules if m.startswith("taskd")]
         assert sys.modules["train_ddp"].make_model is not None and rank.parse_args(
             ["--steps", "3", "--ckpt-every", "0", "--ckpt-dir", "c", "--out", "o"]).steps == 3
@@ -111,7 +99,7 @@ def test_the_rank_script_runs_no_taskd_code(monkeypatch: Any) -> None:
 
 def test_the_table_counts_what_a_launcher_left_on_the_node(monkeypatch: Any) -> None:
     monkeypatch.setattr(sys, "argv", ["goodput.py"])
-    goodput, gv = _load("goodput"), _load("goodput_verdict")
+    goodput, gv = load_bench("goodput"), load_bench("goodput_verdict")
     run = {"ok": True, "seconds": 60.0, "faults": [], "leftovers": [], "residue": ["/dev/shm/j_ckpt_shm_0", "/s/j"]}
     r = gv.row(goodput.DLROVER, True, [{"ok": True, "seconds": 50.0}], run, 300.0)
     assert r["residue"] == run["residue"] and goodput._leftovers(r) == "0 + 2 files"

@@ -5,30 +5,15 @@ and hang detection, and reads its runs from the ranks' .computed lines and final
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
+from support.bench import load_bench
 
-BENCH = Path(__file__).resolve().parents[3] / "bench"
-sys.path.insert(0, str(BENCH))  # goodput.py imports its siblings as top-level modules, as when run as a script
-
-
-def _load(name: str) -> Any:
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-gp = _load("goodput")
-jobs = _load("goodput_jobs")
-sharded = _load("sharded_live")
+gp = load_bench("goodput")
+jobs = load_bench("goodput_jobs")
+sharded = load_bench("sharded_live")
 
 
 def _args(monkeypatch: pytest.MonkeyPatch, *argv: str) -> argparse.Namespace:

@@ -3,28 +3,16 @@ says it cannot tell and by how much; the goal run's plan; --table over the older
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.bench import load_bench
 
-BENCH = Path(__file__).resolve().parents[3] / "bench"
-sys.path.insert(0, str(BENCH))  # goodput.py imports its siblings as top-level modules, as when run as a script
-
-
-def _load(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-gv = _load("goodput_verdict")
-plan = _load("goodput_plan")
+gv = load_bench("goodput_verdict")
+plan = load_bench("goodput_plan")
 
 LIVE, TORCHRUN, TORCHFT = "taskd live + script-mode spare", "torchrun + X", "torchft, Manager.allreduce"
 
@@ -136,7 +124,7 @@ def test_the_estimate_follows_the_schedule_and_each_systems_fault_cost() -> None
 
 def test_the_goal_preset_fits_its_time_and_takes_torchrun_below_80_percent(monkeypatch: Any) -> None:
     monkeypatch.setattr(sys, "argv", ["goodput.py"])
-    goodput = _load("goodput")
+    goodput = load_bench("goodput")
     g = plan.GOAL
     faults = goodput.fault_schedule(g["seed"], g["ranks"], g["mtbf"], g["hang_share"], g["run_timeout"], 1000)
     assert [(f.kind, f.rank, round(f.at)) for f in faults[:4]] == \
@@ -155,7 +143,7 @@ def test_the_goal_preset_fits_its_time_and_takes_torchrun_below_80_percent(monke
 
 def test_table_reprints_both_result_formats(tmp_path: Path, monkeypatch: Any, capsys: Any) -> None:
     monkeypatch.setattr(sys, "argv", ["goodput.py"])
-    goodput = _load("goodput")
+    goodput = load_bench("goodput")
     settings = {"ranks": 4, "steps": 200, "mtbf": 30.0, "seed": 2, "hang_share": 0.25, "heartbeat_timeout": 5.0,
                 "pg_timeout": 30.0, "torchft_timeout": 5, "run_timeout": 300.0}
     faulted = {"faults": [_fault("kill", 0.5)], "redone": {"0": 0}, "bit_identical": True, "leftovers": []}
@@ -179,7 +167,7 @@ def test_table_reprints_both_result_formats(tmp_path: Path, monkeypatch: Any, ca
 def test_goal_sets_the_plan_flags_override_and_a_used_keep_dir_is_refused(tmp_path: Path, monkeypatch: Any,
                                                                          capsys: Any) -> None:
     monkeypatch.setattr(sys, "argv", ["goodput.py"])
-    goodput = _load("goodput")
+    goodput = load_bench("goodput")
     monkeypatch.setattr(sys, "argv", ["goodput.py", "--goal", "--seed", "7"])
     args = goodput.parse_args()
     assert (args.steps, args.mtbf, args.baseline_runs, args.systems, args.seed) == \

@@ -3,26 +3,12 @@ tests/e2e/bench/test_live_overhead_quick.py). No timing is asserted: the figures
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
+from support.bench import load_bench
 
-BENCH = Path(__file__).resolve().parents[3] / "bench"
-sys.path.insert(0, str(BENCH))  # the bench's modules import their siblings as top-level modules
-
-
-def _load(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-lp = _load("live_overhead_paired")
+lp = load_bench("live_overhead_paired")
 
 
 def _records(kinds: list[str], cpu: dict[str, float], launcher: float, ranks: int = 2) -> list[dict[str, Any]]:
