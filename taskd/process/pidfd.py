@@ -184,6 +184,18 @@ class ExitSelector:
         self._wake_r = self._wake_w = -1
 
 
+def _unlink_if_dead(path: str) -> None:
+    """Remove a doorbell a SIGKILLed agent left (nothing receives on it: connecting is refused), so that the next
+    agent of a heartbeat directory the user named can bind there; a live agent's is left alone."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as probe:
+            probe.connect(path)
+    except ConnectionRefusedError:
+        os.unlink(path)
+    except OSError:  # no such file (the usual case), or not ours to judge
+        pass
+
+
 @dataclass(frozen=True)
 class Exit:
     local_rank: int
@@ -209,6 +221,7 @@ class RankWatch:
         path = os.path.join(directory, BELL_NAME)
         try:
             self._bell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
+            _unlink_if_dead(path)
             self._bell.bind(path)
         except OSError as exc:  # e.g. a path past the 107 bytes a socket's name may have
             log.info("no doorbell for the ranks at %s (%s): their files are read every 50 ms instead", path, exc)

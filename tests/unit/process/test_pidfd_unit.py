@@ -64,3 +64,24 @@ def test_ring_agent_outside_taskd_is_a_no_op(monkeypatch):
     ring_agent()
     monkeypatch.setenv(Var.TASKD_AGENT_BELL, "/nonexistent/taskd-bell")
     ring_agent()  # never raises
+
+
+def test_a_doorbell_left_by_a_killed_agent_is_replaced_and_a_live_one_kept(tmp_path):
+    import socket
+
+    from taskd.process.pidfd import RankWatch
+
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    dead.bind(str(tmp_path / "agent.bell"))
+    dead.close()  # its file stays, as after a SIGKILL
+    first = RankWatch()
+    try:
+        assert first.open_bell(str(tmp_path)) == str(tmp_path / "agent.bell")
+        second = RankWatch()
+        try:
+            assert second.open_bell(str(tmp_path)) is None  # the first agent's bell is alive: not taken
+        finally:
+            second.close()
+        assert (tmp_path / "agent.bell").exists()
+    finally:
+        first.close()
