@@ -1,11 +1,19 @@
-"""How often a finished DDP job over gloo fails at its end under plain torchrun, with and without keeping its groups.
+"""How often a finished DDP job over gloo fails at its end under plain torchrun, by how the script ends.
 
-torch 2.13's DistributedDataParallel keeps its gloo group alive past ``destroy_process_group``, so the group is
-freed while the interpreter finalizes, and a gloo worker that then needs the GIL aborts the rank (``SIGABRT``,
-"terminate called without an active exception"). ``live.close()`` therefore keeps every group
-(``taskd.worker.torch_group.outlive_exit``). Each run here is one 2-rank torchrun job (a few DDP steps, an
-all-reduce, a barrier, ``destroy_process_group``), ending either as plain DDP does or keeping its groups; the two
-endings alternate, so the machine's load touches both alike. A reliability count, not a timing.
+A gloo worker that needs the GIL once the interpreter is finalizing aborts the rank (``SIGABRT``, "terminate
+called without an active exception"). Two things make a worker need it then. torch 2.13's
+DistributedDataParallel keeps its gloo group alive past ``destroy_process_group``, so the group is freed while the
+interpreter finalizes, joining its workers there: ``live.close()`` therefore keeps every group
+(``taskd.worker.torch_group.outlive_exit``). And a worker frees each work it finished itself, which for a work
+made during backward takes the GIL (torch stashes a context in the thread-local state the work captures): a
+script that ends right after its last backward may be finalizing by then, so ``live.close()`` also waits until
+no other thread is runnable (``settle_threads``).
+
+Each run is one 2-rank torchrun job of a few DDP steps; the endings alternate, so the machine's load touches them
+alike. "plain" ends as a DDP script usually does (an all-reduce, a barrier, ``destroy_process_group``); "kept"
+also keeps the groups; "last step, kept" ends right after the last step's optimizer step, keeping the groups
+(``live.close()`` before this commit's change); "last step, settled" also waits for the threads (``live.close()``
+now). A reliability count, not a timing.
 
     python bench/ddp_exit_abort.py [--quick] [--runs 36]
 """
@@ -20,31 +28,36 @@ import tempfile
 
 from common import bench_env, header, table, write_result
 
-ENDINGS = ("plain", "kept")
+ENDINGS = ("plain", "kept", "last step, kept", "last step, settled")
 
 
 def rank_main(ending: str) -> int:
-    """One rank of the job: the DDP script's end, either plain or keeping the groups as live.close() does."""
+    """One rank of the job, ending as ``ending`` names (the module's docstring)."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from taskd.worker.torch_group import outlive_exit
+    from taskd.worker.torch_group import outlive_exit, settle_threads
 
     dist.init_process_group("gloo")
     model = torch.nn.Linear(64, 64)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     ddp = DistributedDataParallel(model)
-    for _ in range(5):
+    at_last_step = ending.startswith("last step")
+    for step in range(5):
         optimizer.zero_grad()
         ddp(torch.randn(8, 64)).sum().backward()
         optimizer.step()
-        dist.all_reduce(torch.ones(1))
-    dist.barrier()
+        if not (at_last_step and step == 4):
+            dist.all_reduce(torch.ones(1))
+    if not at_last_step:
+        dist.barrier()
     groups = list(dist.distributed_c10d._world.pg_map)
     dist.destroy_process_group()
-    if ending == "kept":
+    if ending != "plain":
         outlive_exit(groups)
+    if ending == "last step, settled":
+        settle_threads()
     return 0
 
 

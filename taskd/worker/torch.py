@@ -54,7 +54,15 @@ from taskd.worker.torch_facts import (
     step_seed,
 )
 from taskd.worker.torch_fsdp_live import FsdpLive
-from taskd.worker.torch_group import GroupSockets, LeaveWatch, RetiredGroups, collect, drop_frames, outlive_exit
+from taskd.worker.torch_group import (
+    GroupSockets,
+    LeaveWatch,
+    RetiredGroups,
+    collect,
+    drop_frames,
+    outlive_exit,
+    settle_threads,
+)
 from taskd.worker.torch_hsdp_live import HsdpLive
 from taskd.worker.torch_live_snapshot import LiveSnapshots, start_afresh
 from taskd.worker.torch_mark import Backward, BackwardMark, CollectiveMark
@@ -279,6 +287,8 @@ class LiveGroup(RetryInPlace, Migrating, FsdpLive, HsdpLive):
         kept = self._retired.keep_past_exit()  # freed at interpreter exit, a left group's leftover work held the rank
         if kept:
             log.debug("rank %d: %d group(s) left less than their timeout ago are kept past exit", self.rank, kept)
+        if not settle_threads():  # gloo's workers free the last step's works (and take the GIL) before the exit
+            log.debug("rank %d: threads still runnable at close; the exit goes on", self.rank)
 
     def _end_groups(self) -> None:
         """Destroy the group for good, every group torch knows kept past the process's exit (DDP keeps them alive

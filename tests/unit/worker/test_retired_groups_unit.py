@@ -1,11 +1,14 @@
-"""RetiredGroups holds a left group until its work has timed out, and past exit whatever is still held."""
+"""RetiredGroups holds a left group until its work has timed out, and past exit whatever is still held; at close,
+the other threads get the GIL until none is runnable (settle_threads)."""
 
 from __future__ import annotations
 
 import sys
+import threading
+import time
 import weakref
 
-from taskd.worker.torch_group import RetiredGroups, outlive_exit
+from taskd.worker.torch_group import RetiredGroups, outlive_exit, runnable_threads, settle_threads
 
 
 class Group:
@@ -62,3 +65,58 @@ def test_outlive_exit_gives_each_group_a_reference_no_one_gives_back() -> None:
     assert outlive_exit(groups) == 2
     del groups
     assert all(ref() is not None for ref in refs)  # never freed, so never freed while the interpreter finalizes
+
+
+class Looks:
+    """A clock that moves by each sleep, and a scripted count of runnable threads at each look."""
+
+    def __init__(self, counts: list[int]) -> None:
+        self.now = 0.0
+        self.counts = counts
+        self.looks = 0
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+    def runnable(self) -> int:
+        self.looks += 1
+        return self.counts.pop(0) if self.counts else 0
+
+
+def test_settle_waits_for_two_quiet_looks_in_a_row() -> None:
+    looks = Looks([1, 0, 1, 0, 0, 1])
+    assert settle_threads(2.0, 0.02, runnable=looks.runnable, clock=lambda: looks.now, sleep=looks.sleep)
+    assert looks.looks == 5  # a quiet look then a runnable one starts the count over
+
+
+def test_settle_gives_up_at_its_limit_when_a_thread_stays_runnable() -> None:
+    looks = Looks([1] * 1000)
+    assert not settle_threads(1.0, 0.02, runnable=looks.runnable, clock=lambda: looks.now, sleep=looks.sleep)
+    assert 0.98 <= looks.now <= 1.02
+
+
+def test_a_spinning_thread_is_runnable_and_a_waiting_one_is_not() -> None:
+    """The real /proc look: a thread computing counts, one blocked on an event does not."""
+    stop, waiting = threading.Event(), threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            sum(range(1000))
+
+    blocked = threading.Thread(target=waiting.wait, daemon=True)
+    blocked.start()
+    quiet = []
+    for _ in range(5):
+        time.sleep(0.01)  # long enough for the new thread to reach its wait
+        quiet.append(runnable_threads())
+    spinner = threading.Thread(target=spin, daemon=True)
+    spinner.start()
+    try:
+        busy = [runnable_threads() for _ in range(20)]
+    finally:
+        stop.set()
+        waiting.set()
+        spinner.join(5)
+        blocked.join(5)
+    assert min(quiet) == 0, quiet  # the blocked thread (and pytest's own) are asleep
+    assert max(busy) >= 1, busy  # the spinner wants the GIL the looking thread holds between looks: runnable
