@@ -3,6 +3,7 @@ the other threads get the GIL until none is runnable (settle_threads)."""
 
 from __future__ import annotations
 
+import ctypes
 import sys
 import threading
 import time
@@ -96,10 +97,13 @@ def test_settle_gives_up_at_its_limit_when_a_thread_stays_runnable() -> None:
 
 
 def test_a_spinning_thread_is_runnable_and_a_waiting_one_is_not() -> None:
-    """The real /proc look: a thread computing counts, one blocked on an event does not."""
-    stop, waiting = threading.Event(), threading.Event()
+    """The real /proc look: a thread computing counts, one blocked on an event does not, nor one whose name is
+    left out (as gloo's I/O loop is: it never takes the GIL)."""
+    stop, waiting, named = threading.Event(), threading.Event(), threading.Event()
 
     def spin() -> None:
+        ctypes.CDLL(None).prctl(15, b"spin-test", 0, 0, 0)  # PR_SET_NAME: the name /proc shows
+        named.set()
         while not stop.is_set():
             sum(range(1000))
 
@@ -112,7 +116,9 @@ def test_a_spinning_thread_is_runnable_and_a_waiting_one_is_not() -> None:
     spinner = threading.Thread(target=spin, daemon=True)
     spinner.start()
     try:
+        assert named.wait(5)
         busy = [runnable_threads() for _ in range(20)]
+        left_out = [runnable_threads(frozenset({"spin-test"})) for _ in range(20)]
     finally:
         stop.set()
         waiting.set()
@@ -120,3 +126,4 @@ def test_a_spinning_thread_is_runnable_and_a_waiting_one_is_not() -> None:
         blocked.join(5)
     assert min(quiet) == 0, quiet  # the blocked thread (and pytest's own) are asleep
     assert max(busy) >= 1, busy  # the spinner wants the GIL the looking thread holds between looks: runnable
+    assert max(left_out) == 0, left_out
