@@ -3,8 +3,11 @@ job-rescheduling, the degraded local restart): read from the ranks' heartbeat fi
 
 A restart only starts processes; a replacement then loads a checkpoint and recomputes before it is
 training again. Training has resumed once every rank restarted in the round has written a heartbeat
-from its new incarnation (a file counts only if its pid is the rank's current one); survivors never
-stopped. The agent polls the files (`Supervisor` wakes every ``POLL`` while one is pending), so the
+from its new incarnation (a file counts only if its pid is the rank's current one) naming a step, if its
+previous incarnation named steps (a beat without one, such as a framework callback's at the start of
+training, comes before the first step: counted, it made a job-rescheduling's line say one rank "sent a
+heartbeat" while its peer was at step 33); survivors never stopped.
+The agent polls the files (`Supervisor` wakes every ``POLL`` while one is pending), so the
 time it prints is when it saw the heartbeat, within ~one poll of it, and the step it names may be
 later than the first one the rank completed. Ranks that never wrote a heartbeat cannot say they
 resumed: the record then says so instead of pretending the restart was the end of the recovery.
@@ -99,6 +102,8 @@ class Resumption:
             state = self._heartbeat(rank) if rank.pid == pid and pid is not None else None
             if state is None or state.time <= 0.0:
                 return None
+            if state.step is None and p.steps_before.get(lr) is not None:
+                return None  # beating, but not past a step yet, where the rank's steps are known to be told
             seen[lr] = state
         self._pending, self._beats = None, True
         seconds = now - p.started

@@ -56,6 +56,26 @@ def test_resumed_once_every_restarted_rank_beat_from_its_new_process(caplog) -> 
     assert "1.250s from the fault to training resumed" in rec.describe()
 
 
+def test_a_beat_without_a_step_counts_only_for_a_rank_that_never_named_steps(caplog) -> None:
+    """A job-rescheduling restarts both ranks: rank 0's first beat names no step (a callback's at the start of
+    training); rank 1, which never named steps, counts with such a beat, rank 0 only once it names a step."""
+    table, files = two_ranks(), Files()
+    files.states = {0: beat(10, 36), 1: beat(11, None)}
+    watch = Resumption(table, files)
+    before = watch.steps([0, 1])
+    assert before == {0: 36, 1: None}
+    table[0].pid, table[1].pid = 20, 21
+    rec = record()
+    watch.track(rec, [0, 1], before, started=1.0)
+    files.states = {0: beat(20, None), 1: beat(21, None)}
+    assert watch.check(now=1.5) is None and watch.pending  # rank 0 is beating but has not named a step
+    files.states[0] = beat(20, 33)
+    with caplog.at_level("INFO", logger="taskd.agent"):
+        assert watch.check(now=2.0) == 1.0
+    assert "rank 0 at step 33, step 36 when stopped: it redoes at least 4 step(s)" in caplog.text
+    assert "rank 1 sent a heartbeat (no step number)" in caplog.text
+
+
 def test_a_restart_with_no_heartbeats_says_it_cannot_tell() -> None:
     table, files = two_ranks(), Files()
     watch = Resumption(table, files)
