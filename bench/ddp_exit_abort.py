@@ -6,13 +6,13 @@ DistributedDataParallel keeps its gloo group alive past ``destroy_process_group`
 interpreter finalizes, joining its workers there: ``live.close()`` therefore keeps every group
 (``taskd.worker.torch_group.outlive_exit``). And a worker frees each work it finished itself, which for a work
 made during backward takes the GIL (torch stashes a context in the thread-local state the work captures): a
-script that ends right after its last backward may be finalizing by then, so ``live.close()`` also waits until
-no other thread is runnable (``settle_threads``).
+script that ends right after its last backward may be finalizing by then, so a LiveGroup's process also waits
+until no other thread is runnable before the interpreter finalizes (``settle_threads``, ``settle_at_exit``).
 
 Each run is one 2-rank torchrun job of a few DDP steps; the endings alternate, so the machine's load touches them
 alike. "plain" ends as a DDP script usually does (an all-reduce, a barrier, ``destroy_process_group``); "kept"
 also keeps the groups; "last step, kept" ends right after the last step's optimizer step, keeping the groups
-(``live.close()`` before this commit's change); "last step, settled" also waits for the threads (``live.close()``
+(``live.close()`` before 2f79527); "last step, settled" also waits for the threads (what a LiveGroup's exit does
 now). A reliability count, not a timing.
 
     python bench/ddp_exit_abort.py [--quick] [--runs 36]

@@ -61,7 +61,7 @@ from taskd.worker.torch_group import (
     collect,
     drop_frames,
     outlive_exit,
-    settle_threads,
+    settle_at_exit,
 )
 from taskd.worker.torch_hsdp_live import HsdpLive
 from taskd.worker.torch_live_snapshot import LiveSnapshots, start_afresh
@@ -121,6 +121,7 @@ class LiveGroup(RetryInPlace, Migrating, FsdpLive, HsdpLive):
         self._leave_watch: LeaveWatch | None = None  # ends them when the agent says the group is broken
         self._dropped: list[weakref.ref[DistributedDataParallel]] = []  # wrappers a recovery let go of
         self._retired = RetiredGroups()  # groups left, held while work of theirs may still wait (torch_group)
+        settle_at_exit()  # gloo's workers free their last works (and take the GIL) before the interpreter finalizes
         self._group_timeout = self.timeout  # the longest collective timeout the current group had
         if self.live and (off := backend_not_live(backend)):
             self._form_static(off, init_timeout)
@@ -287,8 +288,6 @@ class LiveGroup(RetryInPlace, Migrating, FsdpLive, HsdpLive):
         kept = self._retired.keep_past_exit()  # freed at interpreter exit, a left group's leftover work held the rank
         if kept:
             log.debug("rank %d: %d group(s) left less than their timeout ago are kept past exit", self.rank, kept)
-        if not settle_threads():  # gloo's workers free the last step's works (and take the GIL) before the exit
-            log.debug("rank %d: threads still runnable at close; the exit goes on", self.rank)
 
     def _end_groups(self) -> None:
         """Destroy the group for good, every group torch knows kept past the process's exit (DDP keeps them alive

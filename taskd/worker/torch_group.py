@@ -21,6 +21,7 @@ connects later and nothing is tracked: leaving then relies on the group being fr
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import gc
 import logging
@@ -305,7 +306,7 @@ def settle_threads(limit: float = 2.0, look: float = 0.02, *, runnable: Callable
     """Leave the GIL to the process's other threads until none is runnable at two looks in a row, for at most
     ``limit`` seconds; whether they settled.
 
-    Called when training ends, before the interpreter finalizes. A gloo worker frees each work it finished
+    Run at the interpreter's exit, before it finalizes (`settle_at_exit`). A gloo worker frees each work it finished
     itself, and a work made during backward holds a Python object (torch 2.13 stashes a context in the
     thread-local state that every work captures), so the worker takes the GIL to free it. The main thread
     wakes from the last step's allreduce before its worker has done so; a worker that asks for the GIL once
@@ -322,6 +323,18 @@ def settle_threads(limit: float = 2.0, look: float = 0.02, *, runnable: Callable
         sleep(look)
         quiet = quiet + 1 if runnable() == 0 else 0
     return True
+
+
+_settle_registered = False
+
+
+def settle_at_exit() -> None:
+    """Run `settle_threads` when the interpreter exits, before it finalizes, whichever way the script ends (after
+    ``live.close()``, or with an exception out of a step); registered once per process."""
+    global _settle_registered
+    if not _settle_registered:
+        atexit.register(settle_threads)
+        _settle_registered = True
 
 
 def drop_frames(error: BaseException | None) -> None:

@@ -54,14 +54,8 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_a_group_ddp_kept_past_close_is_not_freed_while_the_interpreter_finalizes(tmp_path: Path) -> None:
-    """torch 2.13's DDP keeps its group past destroy_process_group, so without `outlive_exit` the group was freed
-    while the interpreter finalized: that joins gloo's workers there (this exit waited out the allreduce's 60 s
-    timeout, measured 15.4 s after close with a 15 s one), and a worker that then needs the GIL aborts the rank
-    (SIGABRT, "terminate called without an active exception": 1 plain-torchrun job in 30 to 70 here). The same
-    abort came from a gloo worker freeing the last step's work (which takes the GIL) once the interpreter was
-    finalizing: this test failed CI at stop 44, 5 exits in 80 here, 0 in 100 since `close()` waits for the
-    process's threads to settle (`settle_threads`). A count of one exit: it catches that one time in sixteen."""
+def _start_pair(script: str, args: list[str], cwd: Path) -> list[subprocess.Popen]:
+    """Ranks 0 and 1 of a 2-rank job running tests/torch_scripts/<script>, without a launcher."""
     port = _free_port()
     procs = []
     for rank in (0, 1):
@@ -69,8 +63,21 @@ def test_a_group_ddp_kept_past_close_is_not_freed_while_the_interpreter_finalize
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                    WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", OMP_NUM_THREADS="1",
                    PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
-        procs.append(subprocess.Popen([sys.executable, str(SCRIPTS / "ddp_group_exit.py"), "60"], env=env, cwd=tmp_path,
+        procs.append(subprocess.Popen([sys.executable, str(SCRIPTS / script), *args], env=env, cwd=cwd,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return procs
+
+
+def test_a_group_ddp_kept_past_close_is_not_freed_while_the_interpreter_finalizes(tmp_path: Path) -> None:
+    """torch 2.13's DDP keeps its group past destroy_process_group, so without `outlive_exit` the group was freed
+    while the interpreter finalized: that joins gloo's workers there (this exit waited out the allreduce's 60 s
+    timeout, measured 15.4 s after close with a 15 s one), and a worker that then needs the GIL aborts the rank
+    (SIGABRT, "terminate called without an active exception": 1 plain-torchrun job in 30 to 70 here). The same
+    abort came from a gloo worker freeing the last step's work (which takes the GIL) once the interpreter was
+    finalizing: this test failed CI at stop 44, 5 exits in 80 here, 0 in 100 since a LiveGroup waits for the
+    process's threads to settle before the interpreter finalizes (`settle_threads`, registered by
+    `settle_at_exit`). A count of one exit: it catches that one time in sixteen."""
+    procs = _start_pair("ddp_group_exit.py", ["60"], tmp_path)
     try:
         out, _ = procs[0].communicate(timeout=TIMEOUT)
         ended = time.time()
@@ -85,18 +92,11 @@ def test_a_group_ddp_kept_past_close_is_not_freed_while_the_interpreter_finalize
 
 
 def test_after_settle_threads_no_gloo_worker_still_holds_the_last_backwards_context(tmp_path: Path) -> None:
-    """What `live.close()` relies on: right after backward a gloo worker may still hold the step's work, and with it
+    """What a LiveGroup's exit relies on: after backward a gloo worker may still hold the step's work, and with it
     a Python object it needs the GIL to free (the abort at exit when that comes during finalization); after
     `settle_threads` none does, at any of 50 steps on either rank. Measured here: held right after backward at 4-16
     of 50 steps per rank, never after settling; a `settle_threads` that gave nothing away fails this."""
-    port = _free_port()
-    procs = []
-    for rank in (0, 1):
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("TASKD_", "MINDX_", "TORCHELASTIC_"))}
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
-                   OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
-        procs.append(subprocess.Popen([sys.executable, str(SCRIPTS / "settle_after_backward.py")], env=env,
-                                      cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    procs = _start_pair("settle_after_backward.py", [], tmp_path)
     outs = []
     try:
         for proc in procs:

@@ -127,3 +127,14 @@ def test_a_spinning_thread_is_runnable_and_a_waiting_one_is_not() -> None:
     assert min(quiet) == 0, quiet  # the blocked thread (and pytest's own) are asleep
     assert max(busy) >= 1, busy  # the spinner wants the GIL the looking thread holds between looks: runnable
     assert max(left_out) == 0, left_out
+
+
+def test_settle_at_exit_registers_settle_threads_once(monkeypatch) -> None:
+    from taskd.worker import torch_group
+
+    registered: list[object] = []
+    monkeypatch.setattr(torch_group, "_settle_registered", False)
+    monkeypatch.setattr(torch_group.atexit, "register", registered.append)
+    torch_group.settle_at_exit()
+    torch_group.settle_at_exit()  # a second LiveGroup in the same process
+    assert registered == [settle_threads]
